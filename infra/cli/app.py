@@ -1,0 +1,38 @@
+"""The `gpuplat` command: a thin Typer app; the work lives in library modules."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from infra.cli import output
+from infra.cli.commands.inventory import inventory
+from infra.cli.commands.plan import plan
+from infra.cli.commands.size import size
+from infra.cli.commands.stacks import stacks
+from infra.errors import GpuPlatError
+
+app = typer.Typer(
+    name="gpuplat",
+    help="Plan, check, size and bring up a GPU AI platform (training and inference) as code.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command()(stacks)
+app.command()(plan)
+app.command()(size)
+app.command()(inventory)
+
+
+def main() -> None:
+    """Run the app; usage errors exit 2 (click), domain errors print one paragraph and their exit code."""
+    try:
+        app()
+    except GpuPlatError as exc:
+        output.error(exc.message)
+        sys.exit(int(exc.exit_code))
+    except KeyboardInterrupt:
+        output.error("interrupted")
+        sys.exit(130)

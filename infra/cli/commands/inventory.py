@@ -1,0 +1,26 @@
+"""`gpuplat inventory`: the Ansible inventory for a stack, on stdout or written to a directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from infra.cli import output
+from infra.cli.stack_options import StackFile, StackName, platform_from_options
+from infra.inventory import inventory_documents, render, write_inventory
+
+OutputDir = Annotated[
+    Path | None, typer.Option("--output", "-o", help="directory to write the inventory into")
+]
+
+
+def inventory(stack: StackName = None, stack_file: StackFile = None, output_dir: OutputDir = None) -> None:
+    """Write the Ansible inventory: a group per pool, role groups, resolved versions as vars."""
+    documents = inventory_documents(platform_from_options(stack, stack_file))
+    if output_dir is None:
+        output.stdout().out(render(documents), end="")
+        return
+    for path in write_inventory(documents, output_dir):
+        output.stderr().print(f"wrote {path}")

@@ -1,0 +1,87 @@
+"""`gpuplat plan`: run the program offline under mocks and show resources, costs, storage and budget."""
+
+from __future__ import annotations
+
+from infra.cli import output
+from infra.cli.stack_options import JsonFlag, StackFile, StackName, platform_from_options
+from infra.plan.report import PlanReport, build_report
+
+
+def render_plan(report: PlanReport) -> None:
+    console = output.stdout()
+    console.print(f"Plan for stack [bold]{report.stack}[/] (backend {report.backend}, {report.source})")
+    console.print(
+        output.table(
+            "Resources by type",
+            ["type", "count"],
+            [[t, n] for t, n in report.resources_by_type.items()] or [["(none: no cloud resources)", 0]],
+        )
+    )
+    console.print(
+        output.table(
+            "Pools",
+            [
+                "pool",
+                "role",
+                "type",
+                "GPU",
+                "nodes",
+                "GPUs",
+                "capacity",
+                "$/h node",
+                "$/h pool",
+                "$/h on-demand",
+            ],
+            [
+                [
+                    p.name,
+                    p.role,
+                    p.instance_type,
+                    p.gpu_model,
+                    f"{p.nodes_min}-{p.nodes_max}" if p.nodes_min != p.nodes_max else p.nodes_max,
+                    p.gpus,
+                    p.capacity,
+                    output.usd(p.node_usd_per_hour),
+                    output.usd(p.usd_per_hour),
+                    output.usd(p.on_demand_usd_per_hour),
+                ]
+                for p in report.pools
+            ],
+        )
+    )
+    s = report.storage
+    supply = (
+        "-"
+        if s.supply_gbps is None
+        else f"{s.supply_gbps:.1f} GB/s ({s.capacity_gib} GiB at {s.per_unit_mbps} MB/s/TiB)"
+    )
+    verdict = {True: "meets demand", False: "SHORT", None: "not provisioned by this backend"}[s.meets_demand]
+    console.print(
+        f"Storage {s.kind}: {s.training_gpus} training GPUs need {s.demand_gbps:.1f} GB/s; "
+        f"supply {supply}: {verdict}"
+    )
+    b = report.budget
+    console.print(
+        f"Budget: {b.gpus}/{b.max_gpus} GPUs, {output.usd(b.usd_per_hour)}/{output.usd(b.max_usd_per_hour)} "
+        f"per hour at full size: {'within budget' if b.within else 'OVER BUDGET'}"
+    )
+    sw = report.software
+    console.print(
+        f"Software: driver {sw['driver_version']} ({'open' if sw['open_kernel_modules'] else 'proprietary'} "
+        f"modules), fabric manager {sw['fabric_manager_version']}, CUDA {sw['cuda_package_version']}, "
+        f"NCCL {sw['nccl']}+cuda{sw['nccl_cuda_build']}"
+    )
+    for verdict_line in report.verdicts:
+        console.print(
+            f"[{verdict_line['severity']}] {verdict_line['rule']} {verdict_line['resource']}: "
+            f"{verdict_line['message']}"
+        )
+
+
+def plan(stack: StackName = None, stack_file: StackFile = None, json_output: JsonFlag = False) -> None:
+    """Plan offline: the real Pulumi program under the SDK's mocks; no Pulumi CLI, no cloud calls."""
+    report = build_report(platform_from_options(stack, stack_file))
+    if json_output:
+        output.print_json(report.to_dict())
+    else:
+        render_plan(report)

@@ -1,0 +1,30 @@
+"""The stack selection every command shares: --stack NAME or --stack-file PATH."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from infra.errors import SpecError
+from infra.resolve import ResolvedPlatform, load_platform
+from infra.spec.load import stack_file
+
+StackName = Annotated[str | None, typer.Option("--stack", "-s", help="stack name: stacks/Pulumi.NAME.yaml")]
+StackFile = Annotated[Path | None, typer.Option("--stack-file", help="path of a stack file to read instead")]
+JsonFlag = Annotated[bool, typer.Option("--json", help="print JSON instead of tables")]
+
+
+def stack_path(stack: str | None, stack_file_path: Path | None) -> Path:
+    if stack and stack_file_path:
+        raise SpecError("give --stack or --stack-file, not both")
+    if stack_file_path:
+        return stack_file_path
+    if stack:
+        return stack_file(stack)
+    raise SpecError("name a stack: --stack NAME (see `gpuplat stacks`) or --stack-file PATH")
+
+
+def platform_from_options(stack: str | None, stack_file_path: Path | None) -> ResolvedPlatform:
+    return load_platform(stack_path(stack, stack_file_path))

@@ -1,0 +1,140 @@
+"""Typed models of the shipped data files: the GPU node catalog and the compatibility matrix.
+
+Every entry carries where its figures come from (`source`) and when they were read (`as_of`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+GpuArchitecture = Literal["ampere", "ada", "hopper", "blackwell"]
+NodeProvider = Literal["aws", "onprem"]
+NicFabric = Literal["efa", "infiniband", "roce", "ethernet"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Sourced(_Strict):
+    source: str = Field(min_length=8, description="URL or document the figures come from")
+    as_of: dt.date = Field(description="date the source was read or published")
+
+
+class GpuSpec(_Strict):
+    model: str = Field(description="GPU model name, e.g. H100, L4")
+    architecture: GpuArchitecture
+    count: int = Field(ge=0, description="GPUs per node; 0 for CPU-only node types")
+    memory_gib: int = Field(ge=0, description="memory per GPU in GiB")
+    nvlink: bool = False
+    nvswitch: bool = Field(False, description="node has NVSwitch (needs the fabric manager)")
+
+
+class NetworkSpec(_Strict):
+    fabric: NicFabric
+    nics: int = Field(ge=1, description="network cards usable for the fabric (EFA interfaces, IB ports)")
+    gbps_per_nic: float = Field(gt=0)
+
+    @property
+    def total_gbps(self) -> float:
+        return self.nics * self.gbps_per_nic
+
+
+class PriceSpec(Sourced):
+    on_demand_usd_per_hour: float = Field(ge=0)
+    spot_discount: float | None = Field(
+        None, ge=0, lt=1, description="typical spot discount as a fraction of on-demand; None where no spot"
+    )
+    region: str | None = None
+
+
+class NodeType(Sourced):
+    name: str
+    provider: NodeProvider
+    family: str = Field(description="instance family or hardware class, e.g. p5, g6e, hgx")
+    vcpus: int = Field(ge=1)
+    memory_gib: int = Field(ge=1)
+    gpu: GpuSpec | None = None
+    network: NetworkSpec
+    price: PriceSpec
+
+    @property
+    def gpu_count(self) -> int:
+        return self.gpu.count if self.gpu else 0
+
+    @property
+    def gpu_memory_gib(self) -> int:
+        return self.gpu.memory_gib if self.gpu else 0
+
+    @property
+    def spot_usd_per_hour(self) -> float | None:
+        if self.price.spot_discount is None:
+            return None
+        return round(self.price.on_demand_usd_per_hour * (1 - self.price.spot_discount), 4)
+
+
+class Catalog(_Strict):
+    node_types: list[NodeType]
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Catalog:
+        seen: set[str] = set()
+        for node in self.node_types:
+            if node.name in seen:
+                raise ValueError(f"node type {node.name!r} is listed twice")
+            seen.add(node.name)
+        return self
+
+    def get(self, name: str) -> NodeType | None:
+        return next((n for n in self.node_types if n.name == name), None)
+
+    def names(self, provider: NodeProvider | None = None) -> list[str]:
+        return sorted(n.name for n in self.node_types if provider is None or n.provider == provider)
+
+
+class ArchitectureSupport(Sourced):
+    architecture: GpuArchitecture
+    min_driver_branch: int
+    open_kernel_modules: Literal["required", "recommended", "unsupported"]
+
+
+class DriverBranch(Sourced):
+    branch: int
+    version: str = Field(description="full driver version pinned for this branch, e.g. 570.195.03")
+    max_cuda: str = Field(pattern=r"^\d+\.\d+$", description="highest CUDA toolkit this driver supports")
+    lifecycle: Literal["production", "lts", "new-feature"] = "production"
+
+    @model_validator(mode="after")
+    def _version_in_branch(self) -> DriverBranch:
+        if not self.version.startswith(f"{self.branch}."):
+            raise ValueError(f"driver version {self.version} is not on branch {self.branch}")
+        return self
+
+
+class CudaRelease(Sourced):
+    version: str = Field(pattern=r"^\d+\.\d+$")
+    package_version: str = Field(description="full toolkit version used in package pins, e.g. 12.8.1")
+
+
+class NcclRelease(Sourced):
+    version: str = Field(pattern=r"^\d+\.\d+\.\d+$")
+    cuda_builds: list[str] = Field(
+        min_length=1, description="CUDA major.minor builds published, e.g. ['12.8', '13.0']"
+    )
+
+
+class Compatibility(_Strict):
+    architectures: list[ArchitectureSupport]
+    drivers: list[DriverBranch]
+    cuda: list[CudaRelease]
+    nccl: list[NcclRelease]
+    default_driver_branch: int
+
+    @model_validator(mode="after")
+    def _default_known(self) -> Compatibility:
+        if self.default_driver_branch not in {d.branch for d in self.drivers}:
+            raise ValueError(f"default_driver_branch {self.default_driver_branch} is not among drivers")
+        return self

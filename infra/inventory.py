@@ -1,0 +1,173 @@
+"""Render the Ansible inventory: a group per pool, role groups, resolved values as group vars.
+
+`local` and `onprem` get a static hosts.yml; `aws` gets an `amazon.aws.aws_ec2` plugin config that
+finds instances by the tags the pools set, plus group_vars files with the same resolved values.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from infra.resolve import ResolvedPlatform, ResolvedPool
+from infra.scheduler import slurm_vars
+
+TAG_STACK = "gpuplat:stack"
+TAG_POOL = "gpuplat:pool"
+TAG_ROLE = "gpuplat:role"
+TAG_GROUP = "gpuplat:group"
+
+ROLE_GROUPS = {"train": "train", "infer": "infer", "service": "service"}
+
+
+def pool_group(pool_name: str) -> str:
+    return "pool_" + pool_name.replace("-", "_")
+
+
+def container_name(stack: str, node: str) -> str:
+    return f"gpuplat-{stack}-{node}"
+
+
+def pool_vars(platform: ResolvedPlatform, pool: ResolvedPool) -> dict[str, Any]:
+    gpu = pool.node_type.gpu
+    return {
+        "gpuplat_pool": pool.name,
+        "gpuplat_role": pool.role,
+        "gpuplat_instance_type": pool.node_type.name,
+        "gpuplat_capacity": pool.spec.capacity,
+        "gpuplat_interruptible": pool.spec.interruptible,
+        "gpuplat_gpu_model": gpu.model if gpu else "",
+        "gpuplat_gpu_architecture": gpu.architecture if gpu else "",
+        "gpuplat_gpu_count": pool.gpus_per_node,
+        "gpuplat_gpu_simulated": pool.simulated and pool.gpus_per_node > 0,
+        "gpuplat_nvswitch": bool(gpu and gpu.nvswitch),
+        "gpuplat_fabric": platform.spec.fabric.kind if pool.role == "train" else "none",
+        "gpuplat_fabric_nics": pool.node_type.network.nics if pool.role == "train" else 0,
+        "gpuplat_labels": dict(pool.spec.labels),
+        "gpuplat_taints": [t.model_dump() for t in pool.spec.taints],
+    }
+
+
+def platform_vars(platform: ResolvedPlatform) -> dict[str, Any]:
+    spec = platform.spec
+    sw = platform.software
+    values: dict[str, Any] = {
+        "gpuplat_stack": platform.name,
+        "gpuplat_backend": spec.backend,
+        "gpuplat_environment": spec.environment,
+        "gpuplat_shared_path": spec.storage.parallel_fs.mount_path,
+        "gpuplat_checkpoint_path": spec.storage.checkpoint_path,
+        "gpu_driver_branch": sw.driver_branch,
+        "gpu_driver_version": sw.driver_version,
+        "gpu_driver_open_kernel_modules": sw.open_kernel_modules,
+        "fabric_manager_version": sw.fabric_manager_version,
+        "cuda_toolkit_version": sw.cuda,
+        "cuda_toolkit_package_version": sw.cuda_package_version,
+        "nccl_version": sw.nccl,
+        "nccl_cuda_version": sw.nccl_cuda_build,
+        "nccl_socket_interface": spec.fabric.socket_interface,
+        "nccl_roce_gid_index": spec.fabric.roce_gid_index,
+        **slurm_vars(platform),
+    }
+    if spec.serving is not None:
+        serving = spec.serving
+        values.update(
+            {
+                "inference_engine": serving.engine,
+                "inference_model": serving.model,
+                "inference_max_inflight_per_replica": serving.max_inflight_per_replica,
+                "inference_gpu_memory_fraction": serving.gpu_memory_fraction,
+                "inference_gateway_timeout_s": serving.gateway_timeout_s,
+                "inference_gateway_max_queue": serving.max_queue,
+                "inference_gateway_queue_timeout_s": serving.queue_timeout_s,
+                "inference_p95_target_ms": serving.p95_target_ms,
+            }
+        )
+    return values
+
+
+def role_group_members(platform: ResolvedPlatform) -> dict[str, list[str]]:
+    """Functional group -> the pool groups it is made of (first controller host is the primary)."""
+    members: dict[str, list[str]] = {
+        group: [pool_group(p.name) for p in platform.pools_with_role(role)]
+        for role, group in ROLE_GROUPS.items()
+    }
+    members["slurm_controller"] = [pool_group(platform.controller_pool.name)]
+    members["slurm_compute"] = [pool_group(p.name) for p in platform.pools_with_role("train")]
+    members["monitoring"] = [pool_group(platform.controller_pool.name)]
+    if platform.spec.serving is not None:
+        members["inference_gateway"] = [pool_group(platform.gateway_pool.name)]
+        members["inference_server"] = [pool_group(platform.spec.serving.pool)]
+    return {group: pools for group, pools in members.items() if pools}
+
+
+def _host_vars(platform: ResolvedPlatform, pool: ResolvedPool, node: str) -> dict[str, Any]:
+    if platform.spec.backend == "local":
+        return {
+            "ansible_connection": "containers.podman.podman",
+            "ansible_host": container_name(platform.name, node),
+        }
+    address = next(h.address for h in pool.spec.hosts if h.name == node)
+    return {"ansible_host": address}
+
+
+def static_inventory(platform: ResolvedPlatform) -> dict[str, Any]:
+    children: dict[str, Any] = {}
+    for pool in platform.pools:
+        children[pool_group(pool.name)] = {
+            "hosts": {node: _host_vars(platform, pool, node) for node in pool.node_names()},
+            "vars": pool_vars(platform, pool),
+        }
+    for group, pools in role_group_members(platform).items():
+        children[group] = {"children": {name: {} for name in pools}}
+    return {"all": {"vars": platform_vars(platform), "children": children}}
+
+
+def aws_ec2_config(platform: ResolvedPlatform) -> dict[str, Any]:
+    return {
+        "plugin": "amazon.aws.aws_ec2",
+        "regions": [platform.spec.region],
+        "filters": {f"tag:{TAG_STACK}": platform.name, "instance-state-name": "running"},
+        "hostnames": ["instance-id"],
+        "compose": {"ansible_host": "private_ip_address", "ansible_connection": "'amazon.aws.aws_ssm'"},
+        "groups": {
+            group: " or ".join(f"tags.get('{TAG_GROUP}') == '{name}'" for name in pools)
+            for group, pools in role_group_members(platform).items()
+        },
+        "keyed_groups": [
+            {"key": f"tags['{TAG_GROUP}']", "prefix": "", "separator": "", "leading_separator": False},
+        ],
+    }
+
+
+def inventory_documents(platform: ResolvedPlatform) -> dict[str, dict[str, Any]]:
+    """File name (relative to the inventory directory) -> YAML document."""
+    if platform.spec.backend != "aws":
+        return {"hosts.yml": static_inventory(platform)}
+    documents: dict[str, dict[str, Any]] = {
+        "aws_ec2.yml": aws_ec2_config(platform),
+        "group_vars/all.yml": platform_vars(platform),
+    }
+    for pool in platform.pools:
+        documents[f"group_vars/{pool_group(pool.name)}.yml"] = pool_vars(platform, pool)
+    return documents
+
+
+def render(documents: dict[str, dict[str, Any]]) -> str:
+    parts = [f"# file: {name}\n" + yaml.safe_dump(doc, sort_keys=False) for name, doc in documents.items()]
+    return "---\n".join(parts)
+
+
+def write_inventory(documents: dict[str, dict[str, Any]], directory: Path) -> list[Path]:
+    """Render everything first, then write: a failure leaves nothing half-written."""
+    rendered = {directory / name: yaml.safe_dump(doc, sort_keys=False) for name, doc in documents.items()}
+    written = []
+    for path, text in rendered.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+        written.append(path)
+    return written

@@ -1,0 +1,149 @@
+"""Run the real Pulumi program in-process under the SDK's mock engine and record every resource.
+
+No Pulumi CLI and no cloud calls: the mock monitor answers registrations; we keep type, name, inputs
+and parent of each, and the stack outputs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pulumi
+from pulumi.runtime import mocks as pulumi_mocks
+from pulumi.runtime import rpc
+from pulumi.runtime.stack import run_in_stack
+from pulumi.runtime.sync_await import _sync_await
+
+from infra.resolve import ResolvedPlatform
+
+PROJECT = "gpu-platform"
+_FAKE_ACCOUNT = "123456789012"
+
+
+@dataclass(frozen=True)
+class RecordedResource:
+    type: str
+    name: str
+    urn: str
+    inputs: dict[str, Any]
+    parent_urn: str | None
+    custom: bool
+
+    @property
+    def parent_name(self) -> str | None:
+        return self.parent_urn.rsplit("::", 1)[-1] if self.parent_urn else None
+
+
+@dataclass
+class Recording:
+    resources: list[RecordedResource] = field(default_factory=list)
+    outputs: dict[str, Any] = field(default_factory=dict)
+
+    def of_type(self, type_token: str) -> list[RecordedResource]:
+        return [r for r in self.resources if r.type == type_token]
+
+    def named(self, name: str) -> RecordedResource:
+        return next(r for r in self.resources if r.name == name)
+
+    def by_urn(self) -> dict[str, RecordedResource]:
+        return {r.urn: r for r in self.resources}
+
+
+def _plain(value: Any) -> Any:
+    """Inputs as plain JSON-able data (unknowns and secrets rendered as strings, whole floats as ints:
+    the wire format carries every number as a double)."""
+
+    def whole(number: float) -> int | float:
+        return int(number) if number.is_integer() else number
+
+    return json.loads(json.dumps(value, default=str, sort_keys=True), parse_float=lambda t: whole(float(t)))
+
+
+class _Mocks(pulumi.runtime.Mocks):
+    """Answers like a cloud would, with deterministic ids and the computed attributes callers read."""
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict[str, Any]]:
+        state = dict(args.inputs)
+        resource_id = f"{args.name}-id"
+        state.setdefault("arn", f"arn:aws:mock:::{args.typ.split(':')[-1].lower()}/{args.name}")
+        if args.typ == "aws:fsx/lustreFileSystem:LustreFileSystem":
+            state.setdefault("dnsName", f"{resource_id}.fsx.mock.amazonaws.com")
+            state.setdefault("mountName", "mockmnt")
+        if args.typ == "aws:s3/bucket:Bucket":
+            state.setdefault("bucket", args.inputs.get("bucketPrefix", args.name) + "mock")
+        return resource_id, state
+
+    def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict[str, Any], list[tuple[str, str]] | None]:
+        token = args.token
+        if token == "aws:ssm/getParameter:getParameter":
+            return {"name": args.args.get("name"), "value": "ami-0mockdeeplearning0", "type": "String"}, None
+        if token == "aws:index/getCallerIdentity:getCallerIdentity":
+            return {
+                "accountId": _FAKE_ACCOUNT,
+                "arn": f"arn:aws:iam::{_FAKE_ACCOUNT}:root",
+                "userId": "mock",
+            }, None
+        if token == "aws:index/getPartition:getPartition":
+            return {"partition": "aws", "dnsSuffix": "amazonaws.com"}, None
+        if token == "aws:iam/getPolicyDocument:getPolicyDocument":
+            return {"json": json.dumps(args.args, default=str, sort_keys=True)}, None
+        return {}, None
+
+
+class _RecordingMonitor(pulumi_mocks.MockMonitor):
+    def __init__(self, mocks: pulumi.runtime.Mocks, recording: Recording) -> None:
+        super().__init__(mocks)
+        self.recording = recording
+        self._stack_urn = ""
+
+    def RegisterResource(self, request: Any) -> Any:
+        response = super().RegisterResource(request)  # type: ignore[no-untyped-call]
+        if request.type == "pulumi:pulumi:Stack":
+            self._stack_urn = response.urn
+            return response
+        inputs = _sync_await(_deserialize(request.object))
+        parent = request.parent if request.parent and request.parent != self._stack_urn else None
+        self.recording.resources.append(
+            RecordedResource(
+                request.type, request.name, response.urn, _plain(inputs), parent, bool(request.custom)
+            )
+        )
+        return response
+
+    def RegisterResourceOutputs(self, request: Any) -> Any:
+        if request.urn == self._stack_urn:
+            self.recording.outputs.update(_plain(_sync_await(_deserialize(request.outputs))))
+        return super().RegisterResourceOutputs(request)  # type: ignore[no-untyped-call]
+
+
+async def _deserialize(struct: Any) -> dict[str, Any]:
+    return dict(rpc.deserialize_properties(struct))
+
+
+def record(platform: ResolvedPlatform, program: Any = None) -> Recording:
+    """Run `program(platform)` (default: the real program) under mocks; return what it declared."""
+    from infra.program import build
+
+    recording = Recording()
+    mocks = _Mocks()
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        pulumi.runtime.settings.ROOT.set(None)
+        pulumi_mocks.set_mocks(
+            mocks,
+            project=PROJECT,
+            stack=platform.name,
+            preview=False,
+            monitor=_RecordingMonitor(mocks, recording),
+        )
+        pulumi.runtime.settings.ROOT.set(None)
+        _sync_await(run_in_stack(lambda: (program or build)(platform)))
+    finally:
+        loop.close()
+        asyncio.set_event_loop(None)
+    recording.resources.sort(key=lambda r: (r.type, r.urn))
+    return recording

@@ -1,0 +1,124 @@
+"""The offline plan: what the program declares, what each pool costs, storage against GPU demand, budget."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from infra.plan.record import Recording, record
+from infra.resolve import ResolvedPlatform
+
+
+@dataclass(frozen=True)
+class PoolLine:
+    name: str
+    role: str
+    instance_type: str
+    gpu_model: str
+    nodes_min: int
+    nodes_max: int
+    gpus_per_node: int
+    gpus: int
+    capacity: str
+    node_usd_per_hour: float
+    usd_per_hour: float
+    on_demand_usd_per_hour: float
+
+
+@dataclass(frozen=True)
+class StorageLine:
+    kind: str
+    training_gpus: int
+    demand_gbps: float
+    supply_gbps: float | None
+    capacity_gib: int | None
+    per_unit_mbps: int | None
+    meets_demand: bool | None
+
+
+@dataclass(frozen=True)
+class BudgetLine:
+    gpus: int
+    max_gpus: int
+    usd_per_hour: float
+    max_usd_per_hour: float
+
+    @property
+    def within(self) -> bool:
+        return self.gpus <= self.max_gpus and self.usd_per_hour <= self.max_usd_per_hour
+
+
+@dataclass
+class PlanReport:
+    stack: str
+    backend: str
+    source: str
+    resources_by_type: dict[str, int]
+    resources: list[dict[str, Any]]
+    pools: list[PoolLine]
+    storage: StorageLine
+    budget: BudgetLine
+    software: dict[str, Any]
+    outputs: dict[str, Any]
+    verdicts: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["budget"]["within"] = self.budget.within
+        return data
+
+
+def _pool_lines(platform: ResolvedPlatform) -> list[PoolLine]:
+    return [
+        PoolLine(
+            name=p.name,
+            role=p.role,
+            instance_type=p.node_type.name,
+            gpu_model=p.node_type.gpu.model if p.node_type.gpu else "-",
+            nodes_min=p.spec.min_nodes,
+            nodes_max=p.spec.max_nodes,
+            gpus_per_node=p.gpus_per_node,
+            gpus=p.max_gpus,
+            capacity=p.spec.capacity,
+            node_usd_per_hour=p.node_usd_per_hour,
+            usd_per_hour=p.max_usd_per_hour,
+            on_demand_usd_per_hour=p.on_demand_usd_per_hour,
+        )
+        for p in platform.pools
+    ]
+
+
+def _storage_line(platform: ResolvedPlatform) -> StorageLine:
+    layout = platform.lustre_layout
+    return StorageLine(
+        kind=platform.spec.storage.parallel_fs.kind,
+        training_gpus=platform.training_gpus,
+        demand_gbps=platform.storage_demand_gbps,
+        supply_gbps=round(layout.aggregate_gbps, 3) if layout else None,
+        capacity_gib=layout.capacity_gib if layout else None,
+        per_unit_mbps=layout.per_unit_mbps if layout else None,
+        meets_demand=layout.meets_demand if layout else None,
+    )
+
+
+def build_report(platform: ResolvedPlatform, recording: Recording | None = None) -> PlanReport:
+    recording = recording or record(platform)
+    budget = platform.spec.budget
+    return PlanReport(
+        stack=platform.name,
+        backend=platform.spec.backend,
+        source=str(platform.source),
+        resources_by_type=dict(sorted(Counter(r.type for r in recording.resources).items())),
+        resources=[{"type": r.type, "name": r.name, "parent": r.parent_name} for r in recording.resources],
+        pools=_pool_lines(platform),
+        storage=_storage_line(platform),
+        budget=BudgetLine(
+            gpus=platform.total_gpus,
+            max_gpus=budget.max_gpus,
+            usd_per_hour=platform.max_usd_per_hour,
+            max_usd_per_hour=budget.max_hourly_usd,
+        ),
+        software=asdict(platform.software),
+        outputs=recording.outputs,
+    )

@@ -1,0 +1,32 @@
+"""The Pulumi program: read the platform once, resolve it, let its backend declare the resources."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pulumi
+
+from infra.backends.base import Backend
+from infra.resolve import ResolvedPlatform, resolve
+from infra.spec.load import parse_spec, stack_file
+
+
+def backend_for(name: str) -> Backend:
+    if name == "aws":
+        from infra.backends.aws import AwsBackend
+
+        return AwsBackend()
+    from infra.backends.hosts import HostBackend
+
+    return HostBackend(name)
+
+
+def build(platform: ResolvedPlatform) -> None:
+    for key, value in backend_for(platform.spec.backend).declare(platform).items():
+        pulumi.export(key, value)
+
+
+def platform_from_config() -> ResolvedPlatform:
+    raw = pulumi.Config("gpu-platform").require_object("platform")
+    source = stack_file(pulumi.get_stack())
+    return resolve(parse_spec(raw, source), Path(source))

@@ -1,0 +1,160 @@
+"""Resolve a PlatformSpec against the shipped data: node types, GPU counts, prices, software versions.
+
+The result is what every consumer reads: the Pulumi program, the policy rules, the inventory, the CLI.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from infra.data.load import catalog, compatibility
+from infra.data.models import NodeProvider, NodeType
+from infra.spec.errors import spec_error
+from infra.spec.load import CONFIG_KEY, load_spec_file
+from infra.spec.models import NodePool, PlatformSpec
+from infra.storage import LustreLayout, fsx_lustre_layout
+from infra.versions import Problem, SoftwareVersions, resolve_versions
+
+_PROVIDER_FOR_BACKEND: dict[str, set[NodeProvider]] = {
+    "aws": {"aws"},
+    "onprem": {"onprem"},
+    "local": {"aws", "onprem"},
+}
+
+
+@dataclass(frozen=True)
+class ResolvedPool:
+    spec: NodePool
+    node_type: NodeType
+    simulated: bool
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def role(self) -> str:
+        return self.spec.role
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.node_type.gpu_count
+
+    @property
+    def max_gpus(self) -> int:
+        return self.gpus_per_node * self.spec.max_nodes
+
+    @property
+    def node_usd_per_hour(self) -> float:
+        """Price of one node-hour for the pool's capacity type (reserved capacity bills at on-demand)."""
+        if self.spec.capacity == "spot" and self.node_type.spot_usd_per_hour is not None:
+            return self.node_type.spot_usd_per_hour
+        return self.node_type.price.on_demand_usd_per_hour
+
+    @property
+    def max_usd_per_hour(self) -> float:
+        return round(self.node_usd_per_hour * self.spec.max_nodes, 2)
+
+    @property
+    def on_demand_usd_per_hour(self) -> float:
+        return round(self.node_type.price.on_demand_usd_per_hour * self.spec.max_nodes, 2)
+
+    def node_names(self) -> list[str]:
+        if self.spec.hosts:
+            return [h.name for h in self.spec.hosts]
+        return [f"{self.name}-{index}" for index in range(self.spec.max_nodes)]
+
+
+@dataclass(frozen=True)
+class ResolvedPlatform:
+    spec: PlatformSpec
+    source: Path
+    pools: tuple[ResolvedPool, ...]
+    software: SoftwareVersions
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def pool(self, name: str) -> ResolvedPool:
+        return next(p for p in self.pools if p.name == name)
+
+    def pools_with_role(self, role: str) -> list[ResolvedPool]:
+        return [p for p in self.pools if p.role == role]
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(p.max_gpus for p in self.pools)
+
+    @property
+    def training_gpus(self) -> int:
+        return sum(p.max_gpus for p in self.pools_with_role("train"))
+
+    @property
+    def max_usd_per_hour(self) -> float:
+        return round(sum(p.max_usd_per_hour for p in self.pools), 2)
+
+    @property
+    def storage_demand_gbps(self) -> float:
+        return round(self.training_gpus * self.spec.storage.parallel_fs.read_gbps_per_gpu, 3)
+
+    @property
+    def lustre_layout(self) -> LustreLayout | None:
+        fs = self.spec.storage.parallel_fs
+        if fs.kind != "fsx-lustre":
+            return None
+        return fsx_lustre_layout(fs.capacity_tib, self.storage_demand_gbps)
+
+    @property
+    def controller_pool(self) -> ResolvedPool:
+        wanted = self.spec.scheduler.controller_pool
+        return self.pool(wanted) if wanted else self.pools_with_role("service")[0]
+
+    @property
+    def gateway_pool(self) -> ResolvedPool:
+        wanted = self.spec.serving.gateway_pool if self.spec.serving else None
+        return self.pool(wanted) if wanted else self.pools_with_role("service")[0]
+
+
+def _resolve_pool(
+    spec: PlatformSpec, index: int, pool: NodePool, problems: list[Problem]
+) -> ResolvedPool | None:
+    path = f"{CONFIG_KEY}.pools[{index}]"
+    allowed = _PROVIDER_FOR_BACKEND[spec.backend]
+    node_type = catalog().get(pool.instance_type)
+    if node_type is None or node_type.provider not in allowed:
+        names = [n for provider in sorted(allowed) for n in catalog().names(provider)]
+        problems.append(
+            (
+                f"{path}.instance_type",
+                f"unknown instance type {pool.instance_type!r} for backend {spec.backend}; "
+                f"allowed: {', '.join(names)}",
+            )
+        )
+        return None
+    if pool.role in ("train", "infer") and node_type.gpu_count == 0:
+        problems.append(
+            (f"{path}.instance_type", f"{pool.instance_type} has no GPUs; a {pool.role} pool needs them")
+        )
+    if pool.capacity == "spot" and spec.backend == "aws" and node_type.price.spot_discount is None:
+        problems.append(
+            (f"{path}.capacity", f"{pool.instance_type} is not offered as spot; use on-demand or reserved")
+        )
+    return ResolvedPool(spec=pool, node_type=node_type, simulated=spec.backend == "local")
+
+
+def resolve(spec: PlatformSpec, source: Path) -> ResolvedPlatform:
+    problems: list[Problem] = []
+    pools = [_resolve_pool(spec, i, p, problems) for i, p in enumerate(spec.pools)]
+    resolved_pools = tuple(p for p in pools if p is not None)
+    architectures = [p.node_type.gpu.architecture for p in resolved_pools if p.node_type.gpu]
+    software, version_problems = resolve_versions(spec.software, architectures, compatibility(), CONFIG_KEY)
+    problems += version_problems
+    if problems or software is None:
+        raise spec_error(source, problems)
+    return ResolvedPlatform(spec=spec, source=source, pools=resolved_pools, software=software)
+
+
+def load_platform(path: Path) -> ResolvedPlatform:
+    return resolve(load_spec_file(path), path)

@@ -1,0 +1,264 @@
+"""The platform description: one typed model read from `gpu-platform:platform` of a stack file.
+
+Everything downstream (Pulumi program, policy rules, inventory, local cluster) reads this model after
+it has been resolved against the shipped data (see `infra.resolve`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Backend = Literal["aws", "onprem", "local"]
+PoolRole = Literal["train", "infer", "service"]
+Capacity = Literal["on-demand", "spot", "reserved"]
+FabricKind = Literal["efa", "infiniband", "roce", "none"]
+Placement = Literal["cluster", "spread", "none"]
+
+Name = Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]{0,30}$", description="lower-case name, dashes allowed")]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class Taint(_Model):
+    key: str = Field(min_length=1)
+    value: str = ""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
+
+
+class Host(_Model):
+    name: Name
+    address: str = Field(min_length=1, description="IP address or DNS name Ansible connects to")
+
+
+class Reservation(_Model):
+    kind: Literal["capacity-reservation", "capacity-block"]
+    id: str = Field(pattern=r"^cr-[0-9a-f]{8,17}$", description="EC2 capacity reservation id (cr-...)")
+
+
+class NodePool(_Model):
+    name: Name
+    role: PoolRole = Field(
+        description="train, infer or service: one per pool, never train and infer together"
+    )
+    instance_type: str = Field(description="a node type of the catalog (gpuplat catalog lists them)")
+    count: int | None = Field(None, ge=0, description="fixed node count; or give min/max")
+    min: int | None = Field(None, ge=0)
+    max: int | None = Field(None, ge=0)
+    capacity: Capacity = "on-demand"
+    reservation: Reservation | None = None
+    interruptible: bool = Field(False, description="its work survives losing a node (checkpoints, requeue)")
+    hosts: list[Host] = Field(default_factory=list, description="on-prem: the existing hosts of this pool")
+    labels: dict[str, str] = Field(default_factory=dict)
+    taints: list[Taint] = Field(default_factory=list)
+
+    @field_validator("role", mode="before")
+    @classmethod
+    def _one_role(cls, value: Any) -> Any:
+        roles = value if isinstance(value, list) else [value]
+        if isinstance(value, str) and re.search(r"[,+/ ]", value):
+            roles = [r for r in re.split(r"[,+/ ]+", value) if r]
+        if {"train", "infer"} <= set(roles):
+            raise ValueError(
+                "a pool is either train or infer, never both: training and inference must not share "
+                "nodes; split it into two pools"
+            )
+        if len(roles) != 1:
+            raise ValueError("give exactly one role: train, infer or service")
+        return roles[0]
+
+    @model_validator(mode="after")
+    def _sizes(self) -> NodePool:
+        if self.count is None and self.max is None and not self.hosts:
+            raise ValueError("give either count or min/max (on-prem: the list of hosts)")
+        if self.count is not None and (self.min is not None or self.max is not None):
+            raise ValueError("give either count or min/max, not both")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min ({self.min}) is larger than max ({self.max})")
+        if self.capacity == "reserved" and self.reservation is None:
+            raise ValueError(
+                "capacity 'reserved' needs a reservation (capacity-reservation or capacity-block id)"
+            )
+        if self.reservation is not None and self.capacity != "reserved":
+            raise ValueError("a reservation is only used with capacity 'reserved'")
+        if self.hosts and (self.min is not None or self.max is not None):
+            raise ValueError("a pool of listed hosts has as many nodes as hosts; drop min/max")
+        if self.hosts and self.count is not None and self.count != len(self.hosts):
+            raise ValueError(f"count ({self.count}) differs from the number of hosts ({len(self.hosts)})")
+        return self
+
+    @property
+    def min_nodes(self) -> int:
+        if self.hosts:
+            return len(self.hosts)
+        if self.count is not None:
+            return self.count
+        return self.min if self.min is not None else 0
+
+    @property
+    def max_nodes(self) -> int:
+        if self.hosts:
+            return len(self.hosts)
+        if self.count is not None:
+            return self.count
+        return self.max if self.max is not None else self.min_nodes
+
+
+class Fabric(_Model):
+    kind: FabricKind = "none"
+    placement: Placement = "cluster"
+    roce_gid_index: int = Field(3, ge=0, description="RoCE v2 GID index NCCL uses")
+    socket_interface: str = Field("eth0", description="interface NCCL bootstraps on (NCCL_SOCKET_IFNAME)")
+
+
+class ParallelFilesystem(_Model):
+    kind: Literal["fsx-lustre", "lustre", "nfs", "local-volume"]
+    capacity_tib: float = Field(gt=0)
+    read_gbps_per_gpu: float = Field(
+        gt=0, description="target sustained read throughput per training GPU, in GB/s"
+    )
+    mount_path: str = Field("/shared", pattern=r"^/")
+
+
+Purpose = Literal["datasets", "checkpoints", "models"]
+
+
+class Bucket(_Model):
+    purpose: Purpose
+    noncurrent_retention_days: int = Field(30, ge=1, le=3650)
+
+
+class ObjectStore(_Model):
+    buckets: list[Bucket] = Field(default_factory=list)
+
+    @field_validator("buckets")
+    @classmethod
+    def _unique_purpose(cls, buckets: list[Bucket]) -> list[Bucket]:
+        purposes = [b.purpose for b in buckets]
+        if len(purposes) != len(set(purposes)):
+            raise ValueError("each purpose (datasets, checkpoints, models) may appear once")
+        return buckets
+
+
+class Storage(_Model):
+    parallel_fs: ParallelFilesystem
+    object_store: ObjectStore = Field(default_factory=ObjectStore)
+    checkpoint_path: str = Field(pattern=r"^/")
+
+
+class Team(_Model):
+    name: Name
+    gpu_quota: int = Field(ge=1, description="most GPUs the team's running jobs may hold (GrpTRES gres/gpu)")
+    fairshare: int = Field(1, ge=1, description="fair-share weight (Slurm association Fairshare)")
+    users: list[Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_-]{0,31}$")]] = Field(default_factory=list)
+
+
+class Scheduler(_Model):
+    kind: Literal["slurm"] = "slurm"
+    controller_pool: Name | None = Field(None, description="service pool hosting slurmctld; default: first")
+    teams: list[Team] = Field(min_length=1)
+    spot_preempt_mode: Literal["requeue", "cancel"] = "requeue"
+    default_time_limit: str = Field("24:00:00", pattern=r"^\d+:\d{2}:\d{2}$")
+
+
+class Serving(_Model):
+    engine: Literal["vllm", "cpu-reference"]
+    model: str = Field(min_length=1, description="model name or object-store/mirror path")
+    pool: Name = Field(description="the infer pool that serves it")
+    gateway_pool: Name | None = Field(None, description="service pool hosting the gateway; default: first")
+    min_replicas: int = Field(1, ge=1)
+    max_replicas: int = Field(1, ge=1)
+    gateway_timeout_s: float = Field(30, gt=0)
+    max_queue: int = Field(64, ge=0, description="requests the gateway queues before answering 503")
+    queue_timeout_s: float = Field(2, gt=0)
+    max_inflight_per_replica: int = Field(8, ge=1)
+    gpu_memory_fraction: float = Field(0.9, gt=0, le=1)
+    p95_target_ms: int = Field(2000, ge=1)
+
+    @model_validator(mode="after")
+    def _replicas(self) -> Serving:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"min_replicas ({self.min_replicas}) is larger than max_replicas ({self.max_replicas})"
+            )
+        return self
+
+
+class Software(_Model):
+    driver_branch: int | None = None
+    driver_version: str | None = None
+    cuda: str | None = Field(None, pattern=r"^\d+\.\d+$")
+    nccl: str | None = Field(None, pattern=r"^\d+\.\d+\.\d+$")
+    fabric_manager: str | None = None
+
+
+class Tags(_Model):
+    owner: str = Field(min_length=1)
+    team: str = Field(min_length=1)
+    cost_center: str = Field(min_length=1, alias="cost-center")
+
+
+class Budget(_Model):
+    max_gpus: int = Field(ge=0)
+    max_hourly_usd: float = Field(ge=0)
+
+
+class PlatformSpec(_Model):
+    name: Name
+    backend: Backend
+    environment: Literal["production", "staging", "development"] = "development"
+    region: str | None = None
+    zones: list[str] = Field(default_factory=list)
+    fabric: Fabric = Field(default_factory=Fabric)
+    pools: list[NodePool] = Field(min_length=1)
+    storage: Storage
+    scheduler: Scheduler
+    serving: Serving | None = None
+    software: Software = Field(default_factory=Software)
+    tags: Tags
+    budget: Budget
+
+    @model_validator(mode="after")
+    def _cross_references(self) -> PlatformSpec:
+        names = [p.name for p in self.pools]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"pool names must be unique: {', '.join(duplicates)}")
+        if self.backend == "aws" and (not self.region or not self.zones):
+            raise ValueError("backend aws needs region and zones")
+        by_name = {p.name: p for p in self.pools}
+        if not any(p.role == "service" for p in self.pools):
+            raise ValueError("a platform needs a service pool (Slurm controller, gateway, monitoring)")
+        if not any(p.role == "train" for p in self.pools):
+            raise ValueError("a platform needs at least one train pool")
+        if self.scheduler.controller_pool and by_name.get(self.scheduler.controller_pool) is None:
+            raise ValueError(f"scheduler.controller_pool {self.scheduler.controller_pool!r} is not a pool")
+        if self.serving is not None:
+            target = by_name.get(self.serving.pool)
+            if target is None or target.role != "infer":
+                raise ValueError(f"serving.pool {self.serving.pool!r} must name an infer pool")
+            if self.serving.max_replicas > target.max_nodes:
+                raise ValueError(
+                    f"serving.max_replicas ({self.serving.max_replicas}) exceeds the nodes of pool "
+                    f"{target.name!r} ({target.max_nodes})"
+                )
+        for pool in self.pools:
+            if self.backend == "onprem" and not pool.hosts:
+                raise ValueError(f"pool {pool.name!r}: backend onprem lists its hosts (name, address)")
+            if self.backend != "onprem" and pool.hosts:
+                raise ValueError(f"pool {pool.name!r}: hosts are only given for backend onprem")
+            if self.backend == "onprem" and pool.capacity != "on-demand":
+                raise ValueError(f"pool {pool.name!r}: on-prem hosts are owned; capacity must be on-demand")
+            if self.backend == "local" and pool.capacity == "reserved":
+                raise ValueError(f"pool {pool.name!r}: capacity reservations exist only on aws")
+        return self
+
+    def pool(self, name: str) -> NodePool:
+        return next(p for p in self.pools if p.name == name)
+
+    def pools_with_role(self, role: PoolRole) -> list[NodePool]:
+        return [p for p in self.pools if p.role == role]

@@ -1,0 +1,38 @@
+"""The real Pulumi program under the SDK's mocks, for every shipped stack."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra.plan.record import record
+from infra.plan.report import build_report
+from infra.resolve import ResolvedPlatform
+
+
+@pytest.mark.parametrize("stack", ["local", "onprem"])
+def test_host_backends_declare_one_component_per_pool(
+    stack: str, shipped_platforms: dict[str, ResolvedPlatform]
+) -> None:
+    platform = shipped_platforms[stack]
+    recording = record(platform)
+    pools = recording.of_type(f"gpu-platform:{stack}:HostPool")
+    assert sorted(r.name for r in pools) == sorted(p.name for p in platform.pools)
+    assert recording.outputs["backend"] == stack
+    assert set(recording.outputs["hosts"]["train"]) == set(platform.pool("train").node_names())
+
+
+def test_recording_twice_in_one_process_is_identical(shipped_platforms: dict[str, ResolvedPlatform]) -> None:
+    first = record(shipped_platforms["aws-prod"])
+    second = record(shipped_platforms["aws-prod"])
+    assert [(r.type, r.name, r.inputs) for r in first.resources] == [
+        (r.type, r.name, r.inputs) for r in second.resources
+    ]
+    assert first.outputs == second.outputs
+
+
+def test_report_costs_spot_below_on_demand(shipped_platforms: dict[str, ResolvedPlatform]) -> None:
+    report = build_report(shipped_platforms["aws-prod"])
+    spot = next(p for p in report.pools if p.name == "train-spot")
+    assert spot.usd_per_hour < spot.on_demand_usd_per_hour
+    assert report.storage.meets_demand is True
+    assert report.storage.demand_gbps == pytest.approx(64 * 0.5)

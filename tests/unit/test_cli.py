@@ -1,0 +1,101 @@
+"""The CLI through its real entry point: exit codes, JSON shapes, no tracebacks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+def gpuplat(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", "from infra.cli.app import main; main()", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={"NO_COLOR": "1", "PATH": "/usr/bin:/bin"},
+        check=False,
+    )
+
+
+def test_size_json_has_the_breakdown() -> None:
+    result = gpuplat("size", "--params", "7.5e9", "--dp", "64", "--zero", "3", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    per_gpu = data["per_gpu_bytes"]
+    assert set(per_gpu) >= {"params", "grads", "optimizer", "model_states", "activations", "total"}
+    assert per_gpu["model_states"] == pytest.approx(1.875e9, rel=1e-3)
+    assert data["node_plan"]["node_type"]
+
+
+def test_size_rejects_bad_zero_stage() -> None:
+    result = gpuplat("size", "--params", "7e9", "--zero", "5")
+    assert result.returncode == 2
+    assert "zero" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("stack", ["local", "aws-prod", "onprem"])
+def test_plan_json_for_each_stack(stack: str) -> None:
+    result = gpuplat("plan", "--stack", stack, "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["stack"] == stack
+    assert data["budget"]["within"] is True
+    assert {p["name"] for p in data["pools"]} >= {"head", "train", "infer"}
+
+
+def test_plan_is_deterministic() -> None:
+    first = gpuplat("plan", "--stack", "aws-prod", "--json").stdout
+    assert first == gpuplat("plan", "--stack", "aws-prod", "--json").stdout
+
+
+def test_unknown_stack_exits_2_without_traceback() -> None:
+    result = gpuplat("plan", "--stack", "nope")
+    assert result.returncode == 2
+    assert "stack file not found" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_bad_stack_file_exits_2(write_stack: Callable[..., Path]) -> None:
+    def negative(platform: dict[str, Any]) -> None:
+        platform["pools"][1]["count"] = -1
+
+    path = write_stack("local", negative)
+    result = gpuplat("plan", "--stack-file", str(path))
+    assert result.returncode == 2
+    assert str(path) in result.stderr and "pools[1].count" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_inventory_to_directory_writes_nothing_on_bad_input(
+    write_stack: Callable[..., Path], tmp_path: Path
+) -> None:
+    def unknown(platform: dict[str, Any]) -> None:
+        platform["pools"][1]["instance_type"] = "p9.huge"
+
+    out = tmp_path / "inventory"
+    result = gpuplat("inventory", "--stack-file", str(write_stack("local", unknown)), "--output", str(out))
+    assert result.returncode == 2
+    assert not out.exists()
+
+
+def test_inventory_to_directory(tmp_path: Path) -> None:
+    result = gpuplat("inventory", "--stack", "aws-prod", "--output", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "aws_ec2.yml").exists() and (tmp_path / "group_vars" / "pool_train_spot.yml").exists()
+
+
+def test_stacks_lists_every_stack() -> None:
+    result = gpuplat("stacks", "--json")
+    assert result.returncode == 0
+    assert {row["stack"] for row in json.loads(result.stdout)} >= {"local", "aws-prod", "onprem"}
+
+
+def test_usage_error_exits_2() -> None:
+    result = gpuplat("plan", "--no-such-flag")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr

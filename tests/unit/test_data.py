@@ -1,0 +1,62 @@
+"""The shipped data files load, carry sources, and hold the figures the platform depends on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from infra.data.load import catalog, compatibility, load_data_file
+from infra.data.models import Catalog
+from infra.errors import SpecError
+
+REQUIRED_TYPES = [
+    "p4d.24xlarge", "p4de.24xlarge", "p5.48xlarge", "p5e.48xlarge", "p5en.48xlarge", "p6-b200.48xlarge",
+    "hgx-h100", "hgx-h200", "hgx-b200",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", REQUIRED_TYPES)
+def test_catalog_has_required_node_types(name: str) -> None:
+    node = catalog().get(name)
+    assert node is not None and node.gpu is not None and node.gpu.count == 8
+    assert node.source.startswith("http") or "from memory" in node.source
+
+
+@pytest.mark.parametrize("family", ["g5", "g6", "g6e"])
+def test_catalog_has_g_families(family: str) -> None:
+    assert len([n for n in catalog().node_types if n.family == family]) >= 3
+
+
+@pytest.mark.parametrize(("name", "nics"), [("p5.48xlarge", 32), ("p4d.24xlarge", 4), ("p5en.48xlarge", 16)])
+def test_efa_interface_counts(name: str, nics: int) -> None:
+    node = catalog().get(name)
+    assert node is not None and node.network.fabric == "efa" and node.network.nics == nics
+
+
+def test_every_gpu_node_with_nvswitch_is_8_gpu() -> None:
+    for node in catalog().node_types:
+        if node.gpu and node.gpu.nvswitch:
+            assert node.gpu.count == 8, node.name
+
+
+def test_spot_price_is_below_on_demand() -> None:
+    node = catalog().get("p5.48xlarge")
+    assert node is not None and node.spot_usd_per_hour is not None
+    assert node.spot_usd_per_hour < node.price.on_demand_usd_per_hour
+
+
+def test_compatibility_rules_present() -> None:
+    data = compatibility()
+    blackwell = next(a for a in data.architectures if a.architecture == "blackwell")
+    assert blackwell.open_kernel_modules == "required"
+    assert {d.branch for d in data.drivers} >= {535, 550, 570, 580}
+    assert all(d.version.startswith(f"{d.branch}.") for d in data.drivers)
+
+
+def test_bad_data_file_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "catalog.yaml"
+    path.write_text("node_types:\n  - name: x\n    provider: mars\n")
+    with pytest.raises(SpecError) as raised:
+        load_data_file(path, Catalog)
+    assert str(path) in raised.value.message and "node_types[0].provider" in raised.value.message

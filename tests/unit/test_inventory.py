@@ -1,0 +1,45 @@
+"""The inventory carries resolved values from the spec; groups follow pools and roles."""
+
+from __future__ import annotations
+
+from infra.inventory import aws_ec2_config, inventory_documents, platform_vars, static_inventory
+from infra.resolve import ResolvedPlatform
+
+
+def test_local_inventory_groups_and_vars(shipped_platforms: dict[str, ResolvedPlatform]) -> None:
+    local = shipped_platforms["local"]
+    inventory = static_inventory(local)["all"]
+    children = inventory["children"]
+    assert set(children["pool_train"]["hosts"]) == {"train-0", "train-1"}
+    train_vars = children["pool_train"]["vars"]
+    assert train_vars["gpuplat_gpu_count"] == 8 and train_vars["gpuplat_gpu_simulated"] is True
+    assert children["pool_head"]["vars"]["gpuplat_gpu_simulated"] is False
+    assert children["pool_train"]["hosts"]["train-0"]["ansible_connection"] == "containers.podman.podman"
+    assert children["slurm_compute"]["children"] == {"pool_train": {}}
+    assert children["inference_server"]["children"] == {"pool_infer": {}}
+    assert inventory["vars"]["fabric_manager_version"] == inventory["vars"]["gpu_driver_version"]
+
+
+def test_inference_pools_are_not_partitions(shipped_platforms: dict[str, ResolvedPlatform]) -> None:
+    for platform in shipped_platforms.values():
+        partitions = platform_vars(platform)["slurm_partitions"]
+        assert {p["pool"] for p in partitions} == {p.name for p in platform.pools_with_role("train")}
+
+
+def test_spot_partition_requeues(shipped_platforms: dict[str, ResolvedPlatform]) -> None:
+    partitions = inventory_documents(shipped_platforms["aws-prod"])["group_vars/all.yml"]["slurm_partitions"]
+    spot = next(p for p in partitions if p["pool"] == "train-spot")
+    normal = next(p for p in partitions if p["pool"] == "train")
+    assert spot["preempt_mode"] == "REQUEUE" and spot["priority_tier"] < normal["priority_tier"]
+
+
+def test_onprem_hosts_by_address(shipped_platforms: dict[str, ResolvedPlatform]) -> None:
+    hosts = static_inventory(shipped_platforms["onprem"])["all"]["children"]["pool_train"]["hosts"]
+    assert hosts["gpu-01"]["ansible_host"] == "10.40.1.11"
+
+
+def test_aws_inventory_finds_nodes_by_tags(shipped_platforms: dict[str, ResolvedPlatform]) -> None:
+    config = aws_ec2_config(shipped_platforms["aws-prod"])
+    assert config["plugin"] == "amazon.aws.aws_ec2"
+    assert config["filters"]["tag:gpuplat:stack"] == "aws-prod"
+    assert "pool_head" in config["groups"]["slurm_controller"]
