@@ -68,6 +68,7 @@ class _Mocks(pulumi.runtime.Mocks):
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict[str, Any]]:
         state = dict(args.inputs)
         resource_id = f"{args.name}-id"
+        state.setdefault("name", args.name)
         state.setdefault("arn", f"arn:aws:mock:::{args.typ.split(':')[-1].lower()}/{args.name}")
         if args.typ == "aws:fsx/lustreFileSystem:LustreFileSystem":
             state.setdefault("dnsName", f"{resource_id}.fsx.mock.amazonaws.com")
@@ -76,21 +77,21 @@ class _Mocks(pulumi.runtime.Mocks):
             state.setdefault("bucket", args.inputs.get("bucketPrefix", args.name) + "mock")
         return resource_id, state
 
-    def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict[str, Any], list[tuple[str, str]] | None]:
+    def call(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:  # type: ignore[override]
         token = args.token
         if token == "aws:ssm/getParameter:getParameter":
-            return {"name": args.args.get("name"), "value": "ami-0mockdeeplearning0", "type": "String"}, None
+            return {"name": args.args.get("name"), "value": "ami-0mockdeeplearning0", "type": "String"}
         if token == "aws:index/getCallerIdentity:getCallerIdentity":
             return {
                 "accountId": _FAKE_ACCOUNT,
                 "arn": f"arn:aws:iam::{_FAKE_ACCOUNT}:root",
                 "userId": "mock",
-            }, None
+            }
         if token == "aws:index/getPartition:getPartition":
-            return {"partition": "aws", "dnsSuffix": "amazonaws.com"}, None
+            return {"partition": "aws", "dnsSuffix": "amazonaws.com"}
         if token == "aws:iam/getPolicyDocument:getPolicyDocument":
-            return {"json": json.dumps(args.args, default=str, sort_keys=True)}, None
-        return {}, None
+            return {"json": json.dumps(args.args, default=str, sort_keys=True)}
+        return {}
 
 
 class _RecordingMonitor(pulumi_mocks.MockMonitor):

@@ -196,6 +196,21 @@ class Software(_Model):
     fabric_manager: str | None = None
 
 
+class AwsSettings(_Model):
+    image_id: str | None = Field(
+        None,
+        pattern=r"^ami-[0-9a-f]{8,17}$",
+        description="AMI for every pool; default: the public SSM parameter of the Deep Learning Base GPU AMI",
+    )
+    image_ssm_parameter: str = (
+        "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
+    )
+    vpc_cidr: str = Field("10.64.0.0/16", pattern=r"^\d+\.\d+\.\d+\.\d+/\d+$")
+    root_volume_gib: int = Field(200, ge=50, le=16384)
+    gateway_port: int = Field(8080, ge=1, le=65535)
+    model_server_port: int = Field(8000, ge=1, le=65535)
+
+
 class Tags(_Model):
     owner: str = Field(min_length=1)
     team: str = Field(min_length=1)
@@ -219,6 +234,7 @@ class PlatformSpec(_Model):
     scheduler: Scheduler
     serving: Serving | None = None
     software: Software = Field(default_factory=Software)
+    aws: AwsSettings = Field(default_factory=AwsSettings)
     tags: Tags
     budget: Budget
 
