@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 PERSISTENT_2_MBPS_PER_TIB = (125, 250, 500, 1000)
 _STEP_GIB = 2400
+# AWS calls its 1200 and 2400 GiB steps "1.2 TiB" and "2.4 TiB"; a spec's capacity_tib reads the same way.
+_NOMINAL_GIB_PER_TIB = 1000
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,7 @@ def aggregate_gbps(capacity_gib: int, per_unit_mbps: int) -> float:
 def fsx_lustre_layout(capacity_tib: float, demand_gbps: float) -> LustreLayout:
     """Cheapest layout: the smallest per-unit throughput that meets demand at the asked capacity;
     if even 1000 MB/s/TiB does not, the capacity grows until it does."""
-    capacity = _round_capacity(capacity_tib * 1024)
+    capacity = _round_capacity(capacity_tib * _NOMINAL_GIB_PER_TIB)
     for per_unit in PERSISTENT_2_MBPS_PER_TIB:
         if aggregate_gbps(capacity, per_unit) >= demand_gbps:
             return LustreLayout(capacity, per_unit, aggregate_gbps(capacity, per_unit), demand_gbps)
