@@ -23,8 +23,8 @@ plan: venv
 
 ## lint: ruff and mypy on the Python code
 lint: venv
-	$(BIN)/ruff check infra tests benchmarks
-	$(BIN)/ruff format --check infra tests benchmarks
+	$(BIN)/ruff check infra tests benchmarks examples
+	$(BIN)/ruff format --check infra tests benchmarks examples
 	$(BIN)/mypy infra
 
 ## test-unit: fast tests (spec, data, sizing, policy rules, CLI, Pulumi program under mocks)

@@ -94,6 +94,9 @@ def role_group_members(platform: ResolvedPlatform) -> dict[str, list[str]]:
         group: [pool_group(p.name) for p in platform.pools_with_role(role)]
         for role, group in ROLE_GROUPS.items()
     }
+    members["gpu_nodes"] = [
+        pool_group(p.name) for p in platform.pools if p.role in ("train", "infer") and p.gpus_per_node > 0
+    ]
     members["slurm_controller"] = [pool_group(platform.controller_pool.name)]
     members["slurm_compute"] = [pool_group(p.name) for p in platform.pools_with_role("train")]
     members["monitoring"] = [pool_group(platform.controller_pool.name)]

@@ -8,6 +8,7 @@ import typer
 
 from infra.cli import output
 from infra.cli.commands.inventory import inventory
+from infra.cli.commands.lifecycle import down, status, up
 from infra.cli.commands.plan import plan
 from infra.cli.commands.size import size
 from infra.cli.commands.stacks import stacks
@@ -24,6 +25,9 @@ app.command()(stacks)
 app.command()(plan)
 app.command()(size)
 app.command()(inventory)
+app.command()(up)
+app.command()(down)
+app.command()(status)
 
 
 def main() -> None:

@@ -1,0 +1,164 @@
+"""`gpuplat up`: machines, inventory, playbooks, validation; timed phase by phase.
+
+local: podman containers (infra/local); cloud stacks: `pulumi up` through the Automation API.
+Both then write the inventory, run playbooks/site.yml and validate what applies.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from infra.ansible import run_playbook, state_dir
+from infra.errors import EnvironmentProblem, GpuPlatError
+from infra.inventory import inventory_documents, write_inventory
+from infra.local.cluster import LocalCluster
+from infra.local.status import PlatformStatus, collect_status, parse_sinfo
+from infra.resolve import ResolvedPlatform
+from infra.scheduler import partitions
+from infra.spec.load import PROJECT_ROOT
+
+_HEALTHY_NODE_STATES = {"idle", "mixed", "allocated", "completing"}
+
+
+@dataclass(frozen=True)
+class PhaseTiming:
+    name: str
+    seconds: float
+    summary: str
+
+
+@dataclass
+class UpResult:
+    stack: str
+    phases: list[PhaseTiming] = field(default_factory=list)
+    changes: int = 0
+    status: PlatformStatus | None = None
+
+
+PhaseStart = Callable[[str], None]
+PhaseDone = Callable[[PhaseTiming], None]
+
+
+class _Phases:
+    def __init__(self, result: UpResult, on_start: PhaseStart, on_done: PhaseDone) -> None:
+        self.result, self.on_start, self.on_done = result, on_start, on_done
+
+    def run(self, name: str, step: Callable[[], str]) -> None:
+        self.on_start(name)
+        start = time.perf_counter()
+        summary = step()
+        timing = PhaseTiming(name, time.perf_counter() - start, summary)
+        self.result.phases.append(timing)
+        self.on_done(timing)
+
+
+def inventory_dir(platform: ResolvedPlatform) -> Path:
+    return state_dir(platform.name) / "inventory"
+
+
+def validate_local(cluster: LocalCluster) -> str:
+    platform = cluster.platform
+    controller = platform.controller_pool.node_names()[0]
+    if not cluster.exec_unchecked(controller, "sh", "-c", "command -v sinfo").strip():
+        return "Slurm not installed on the controller: scheduler checks skipped"
+    sinfo = cluster.exec_unchecked(controller, "sinfo", "-h", "-o", "%P|%a|%D|%G|%T")
+    lines = parse_sinfo(sinfo)
+    expected = {p.name for p in partitions(platform)}
+    missing = expected - {line.name for line in lines}
+    unhealthy = [
+        f"{line.name}:{line.node_states}" for line in lines if line.node_states not in _HEALTHY_NODE_STATES
+    ]
+    if missing or unhealthy:
+        raise GpuPlatError(
+            f"Slurm validation failed on {controller}: missing partitions {sorted(missing) or 'none'}, "
+            f"unhealthy nodes {unhealthy or 'none'}; sinfo said:\n{sinfo.strip()}"
+        )
+    partition = next(p for p in partitions(platform) if p.default)
+    srun = ["srun", "--partition", partition.name, "--nodes", "1", "--gres", "gpu:1", "--time", "2"]
+    job = cluster.exec_unchecked(
+        controller, "timeout", "120", *srun, "sh", "-c", "echo $(hostname) $CUDA_VISIBLE_DEVICES"
+    )
+    if not job.strip():
+        raise GpuPlatError(f"a test job with --gres=gpu:1 on partition {partition.name} printed nothing")
+    return (
+        f"{len(expected)} partition(s) healthy; test job ran on {job.split()[0]} with GPU {job.split()[-1]}"
+    )
+
+
+def up_local(platform: ResolvedPlatform, on_start: PhaseStart, on_done: PhaseDone) -> UpResult:
+    result = UpResult(platform.name)
+    phases = _Phases(result, on_start, on_done)
+    cluster = LocalCluster(platform)
+
+    def machines() -> str:
+        changed = cluster.ensure()
+        result.changes += len(changed)
+        return f"{len(cluster.nodes)} nodes; " + (", ".join(changed) if changed else "no changes")
+
+    def inventory() -> str:
+        written = write_inventory(inventory_documents(platform), inventory_dir(platform))
+        return ", ".join(str(p) for p in written)
+
+    def configure() -> str:
+        run = run_playbook("site.yml", inventory_dir(platform), state_dir(platform.name) / "logs")
+        result.changes += run.changed
+        return f"{run.changed} task(s) changed; log {run.log}"
+
+    phases.run("machines", machines)
+    phases.run("inventory", inventory)
+    phases.run("configure", configure)
+    phases.run("validate", lambda: validate_local(cluster))
+    result.status = collect_status(cluster)
+    return result
+
+
+def pulumi_up(platform: ResolvedPlatform) -> dict[str, Any]:
+    if shutil.which("pulumi") is None:
+        raise EnvironmentProblem(
+            f"`gpuplat up` on the {platform.spec.backend} stack {platform.name} runs `pulumi up` through the "
+            "Automation API, which needs the Pulumi CLI: install it (https://www.pulumi.com/docs/install/), "
+            "run `pulumi login`, then retry. `gpuplat plan` and `gpuplat check` work without it."
+        )
+    from pulumi import automation
+
+    stack = automation.create_or_select_stack(stack_name=platform.name, work_dir=str(PROJECT_ROOT))
+    outcome = stack.up(on_output=lambda line: None)
+    return {key: output.value for key, output in outcome.outputs.items()}
+
+
+def up_cloud(platform: ResolvedPlatform, on_start: PhaseStart, on_done: PhaseDone) -> UpResult:
+    result = UpResult(platform.name)
+    phases = _Phases(result, on_start, on_done)
+    phases.run("pulumi up", lambda: f"{len(pulumi_up(platform))} stack outputs")
+
+    def inventory() -> str:
+        return ", ".join(
+            str(p) for p in write_inventory(inventory_documents(platform), inventory_dir(platform))
+        )
+
+    def configure() -> str:
+        run = run_playbook("site.yml", inventory_dir(platform), state_dir(platform.name) / "logs")
+        result.changes += run.changed
+        return f"{run.changed} task(s) changed"
+
+    phases.run("inventory", inventory)
+    phases.run("configure", configure)
+    if (PROJECT_ROOT / "playbooks" / "validate.yml").exists():
+
+        def validate() -> str:
+            run_playbook("validate.yml", inventory_dir(platform), state_dir(platform.name) / "logs")
+            return "playbooks/validate.yml passed"
+
+        phases.run("validate", validate)
+    return result
+
+
+def up(platform: ResolvedPlatform, on_start: PhaseStart, on_done: PhaseDone) -> UpResult:
+    if platform.spec.backend == "local":
+        return up_local(platform, on_start, on_done)
+    return up_cloud(platform, on_start, on_done)

@@ -1,0 +1,142 @@
+"""The `local` backend's machines: one systemd container per node on a podman network, a shared volume
+standing in for the parallel filesystem, and simulated GPU device files (NVIDIA's character major 195)
+so Slurm can account GPUs. Everything above the machines is the real software, installed by Ansible.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from infra.errors import EnvironmentProblem, GpuPlatError
+from infra.inventory import container_name
+from infra.local.podman import exists, inspect, podman
+from infra.resolve import ResolvedPlatform
+
+BASE_IMAGE = "localhost/gpuplat-base:bookworm"
+NVIDIA_CHAR_MAJOR = 195
+_BOOT_TIMEOUT_S = 120
+
+
+@dataclass(frozen=True)
+class LocalNode:
+    name: str
+    pool: str
+    role: str
+    container: str
+    gpus: int
+
+
+@dataclass(frozen=True)
+class NodeState:
+    node: LocalNode
+    state: str
+    address: str
+
+
+class LocalCluster:
+    def __init__(self, platform: ResolvedPlatform, image: str = BASE_IMAGE) -> None:
+        if platform.spec.backend != "local":
+            raise GpuPlatError(f"stack {platform.name} has backend {platform.spec.backend}, not local")
+        self.platform = platform
+        self.image = image
+        self.network = f"gpuplat-{platform.name}"
+        self.volume = f"gpuplat-{platform.name}-shared"
+        self.nodes = [
+            LocalNode(node, pool.name, pool.role, container_name(platform.name, node), pool.gpus_per_node)
+            for pool in platform.pools
+            for node in pool.node_names()
+        ]
+
+    def ensure(self) -> list[str]:
+        """Create what is missing, start what is stopped; return what changed (empty when converged)."""
+        if not exists("image", self.image):
+            raise EnvironmentProblem(
+                f"base image {self.image} is missing: build it with scripts/build-base-image.sh "
+                "(make up does)."
+            )
+        changed: list[str] = []
+        if not exists("network", self.network):
+            podman("network", "create", self.network)
+            changed.append(f"network {self.network}")
+        if not exists("volume", self.volume):
+            podman("volume", "create", self.volume)
+            changed.append(f"volume {self.volume}")
+        mount = self.platform.spec.storage.parallel_fs.mount_path
+        for node in self.nodes:
+            info = inspect("container", node.container)
+            if info is None:
+                podman(
+                    "run", "--detach", "--name", node.container, "--hostname", node.name,
+                    "--network", self.network, "--network-alias", node.name,
+                    "--systemd=always", "--privileged",
+                    "--volume", f"{self.volume}:{mount}",
+                    "--label", f"gpuplat.stack={self.platform.name}", "--label", f"gpuplat.pool={node.pool}",
+                    self.image, "/sbin/init",
+                )  # fmt: skip
+                changed.append(f"container {node.container}")
+            elif not info["State"]["Running"]:
+                podman("start", node.container)
+                changed.append(f"started {node.container}")
+        for node in self.nodes:
+            self._wait_booted(node)
+            if node.gpus and self._simulate_gpus(node):
+                changed.append(f"simulated GPUs on {node.name}")
+        return changed
+
+    def _wait_booted(self, node: LocalNode) -> None:
+        deadline = time.monotonic() + _BOOT_TIMEOUT_S
+        state = ""
+        while time.monotonic() < deadline:
+            state = podman(
+                "exec", node.container, "systemctl", "is-system-running", check=False
+            ).stdout.strip()
+            if state in ("running", "degraded"):
+                return
+            time.sleep(1)
+        raise GpuPlatError(f"{node.container} did not boot in {_BOOT_TIMEOUT_S} s (systemd state {state!r})")
+
+    def _simulate_gpus(self, node: LocalNode) -> bool:
+        make = f"mknod -m 666 /dev/nvidia$i c {NVIDIA_CHAR_MAJOR}"
+        script = (
+            f"changed=0; for i in $(seq 0 {node.gpus - 1}); do "
+            f"[ -e /dev/nvidia$i ] || {{ {make} $i; changed=1; }}; done; "
+            f"i=ctl; [ -e /dev/nvidiactl ] || {{ {make} 255; changed=1; }}; "
+            "echo $changed"
+        )
+        return podman("exec", node.container, "sh", "-c", script).stdout.strip() == "1"
+
+    def states(self) -> list[NodeState]:
+        result = []
+        for node in self.nodes:
+            info = inspect("container", node.container)
+            if info is None:
+                result.append(NodeState(node, "absent", "-"))
+                continue
+            networks = info.get("NetworkSettings", {}).get("Networks", {}) or {}
+            address = networks.get(self.network, {}).get("IPAddress", "-")
+            result.append(NodeState(node, info["State"]["Status"], address or "-"))
+        return result
+
+    def exec(self, node: str, *command: str, timeout: float = 120) -> str:
+        container = container_name(self.platform.name, node)
+        return podman("exec", container, *command, timeout=timeout).stdout
+
+    def exec_unchecked(self, node: str, *command: str, timeout: float = 60) -> str:
+        """stdout of a command that may fail (a service not installed yet, Slurm still starting)."""
+        container = container_name(self.platform.name, node)
+        return podman("exec", container, *command, check=False, timeout=timeout).stdout
+
+    def destroy(self) -> list[str]:
+        removed: list[str] = []
+        for node in self.nodes:
+            if exists("container", node.container):
+                podman("rm", "--force", "--time", "5", node.container)
+                removed.append(node.container)
+        if exists("network", self.network):
+            podman("network", "rm", "--force", self.network)
+            removed.append(self.network)
+        if exists("volume", self.volume):
+            podman("volume", "rm", "--force", self.volume)
+            removed.append(self.volume)
+        return removed

@@ -1,0 +1,48 @@
+"""Run podman with the project's settings (runc, explicit ulimits: scripts/containers.conf)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from typing import Any
+
+from infra.errors import EnvironmentProblem, GpuPlatError
+from infra.spec.load import PROJECT_ROOT
+
+CONTAINERS_CONF = PROJECT_ROOT / "scripts" / "containers.conf"
+
+
+def podman_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("CONTAINERS_CONF", str(CONTAINERS_CONF))
+    return env
+
+
+def podman(*args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    if shutil.which("podman") is None:
+        raise EnvironmentProblem(
+            "podman is not installed: run `make up` (it runs scripts/setup-host.sh) or install podman, "
+            "runc and debootstrap from your distribution."
+        )
+    result = subprocess.run(
+        ["podman", *args], capture_output=True, text=True, env=podman_env(), timeout=timeout, check=False
+    )
+    if check and result.returncode != 0:
+        raise GpuPlatError(
+            f"podman {' '.join(args[:3])} failed ({result.returncode}): {result.stderr.strip()}"
+        )
+    return result
+
+
+def exists(kind: str, name: str) -> bool:
+    return podman(kind, "exists", name, check=False).returncode == 0
+
+
+def inspect(kind: str, name: str) -> dict[str, Any] | None:
+    result = podman(kind, "inspect", name, check=False)
+    if result.returncode != 0:
+        return None
+    data = json.loads(result.stdout)
+    return data[0] if isinstance(data, list) and data else None

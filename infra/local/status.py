@@ -1,0 +1,74 @@
+"""What the local platform looks like now: nodes, Slurm partitions and GPUs, services, endpoints."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from infra.local.cluster import LocalCluster, NodeState
+
+# Services each functional group runs once the playbooks have converged.
+EXPECTED_SERVICES = {
+    "service": ["munge", "slurmctld", "slurmdbd"],
+    "train": ["munge", "slurmd"],
+    "infer": [],
+}
+
+
+@dataclass(frozen=True)
+class PartitionLine:
+    name: str
+    state: str
+    nodes: int
+    gres: str
+    node_states: str
+
+
+@dataclass(frozen=True)
+class ServiceLine:
+    node: str
+    service: str
+    state: str
+
+
+@dataclass
+class PlatformStatus:
+    stack: str
+    nodes: list[NodeState]
+    partitions: list[PartitionLine] = field(default_factory=list)
+    services: list[ServiceLine] = field(default_factory=list)
+    endpoints: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def parse_sinfo(text: str) -> list[PartitionLine]:
+    """Lines of `sinfo -h -o '%P|%a|%D|%G|%T'`, one per partition and node state."""
+    lines = []
+    for raw in text.splitlines():
+        parts = raw.strip().split("|")
+        if len(parts) != 5:
+            continue
+        name, state, count, gres, node_state = parts
+        lines.append(PartitionLine(name.rstrip("*"), state, int(count), gres, node_state))
+    return lines
+
+
+def collect_status(cluster: LocalCluster) -> PlatformStatus:
+    states = cluster.states()
+    status = PlatformStatus(cluster.platform.name, states)
+    running = {s.node.name for s in states if s.state == "running"}
+    if not running:
+        status.notes.append("no node is running: `gpuplat up --stack local` starts them")
+        return status
+    controller = cluster.platform.controller_pool.node_names()[0]
+    for state in states:
+        if state.node.name not in running:
+            continue
+        for service in EXPECTED_SERVICES.get(state.node.role, []):
+            result = cluster.exec_unchecked(state.node.name, "systemctl", "is-active", service)
+            status.services.append(ServiceLine(state.node.name, service, result.strip() or "unknown"))
+    if controller in running:
+        sinfo = cluster.exec_unchecked(controller, "sinfo", "-h", "-o", "%P|%a|%D|%G|%T")
+        status.partitions = parse_sinfo(sinfo)
+        if not status.partitions:
+            status.notes.append("Slurm is not answering on the controller yet (sinfo printed nothing)")
+    return status

@@ -1,0 +1,58 @@
+"""The demo job's checkpointing: atomic, resumable, and interruption leaves the result unchanged."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "train_demo" / "train.py"
+
+
+def _module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("train_demo", SCRIPT)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_uninterrupted_and_resumed_runs_agree(tmp_path: Path) -> None:
+    demo = _module()
+    assert demo.main(["--dir", str(tmp_path / "a"), "--steps", "120", "--every", "10"]) == 0
+    reference = json.loads((tmp_path / "a" / "result.json").read_text())
+
+    interrupted = tmp_path / "b"
+    process = subprocess.Popen(
+        [sys.executable, str(SCRIPT), "--dir", str(interrupted), "--steps", "120", "--every", "10",
+         "--step-seconds", "0.01"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 20
+    while not list(interrupted.glob("ckpt-*.json")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.15)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    resumed_at = demo.load_latest(interrupted)["step"]
+    assert 0 < resumed_at < 120
+    assert demo.main(["--dir", str(interrupted), "--steps", "120", "--every", "10"]) == 0
+    result = json.loads((interrupted / "result.json").read_text())
+    assert result["resumed_from"] == resumed_at
+    assert (result["w"], result["b"], result["loss"]) == (reference["w"], reference["b"], reference["loss"])
+
+
+def test_keeps_last_k_and_skips_damaged(tmp_path: Path) -> None:
+    demo = _module()
+    assert demo.main(["--dir", str(tmp_path), "--steps", "50", "--every", "10", "--keep", "2"]) == 0
+    names = sorted(p.name for p in tmp_path.glob("ckpt-*.json"))
+    assert names == ["ckpt-00000040.json", "ckpt-00000050.json"]
+    (tmp_path / "ckpt-00000050.json").write_text('{"state": {"step": 50}, "sha256": "bad"}')
+    assert demo.load_latest(tmp_path)["step"] == 40
+    assert not list(tmp_path.glob(".*.tmp-*"))
