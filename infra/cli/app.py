@@ -7,6 +7,7 @@ import sys
 import typer
 
 from infra.cli import output
+from infra.cli.commands.check import check
 from infra.cli.commands.inventory import inventory
 from infra.cli.commands.lifecycle import down, status, up
 from infra.cli.commands.plan import plan
@@ -23,6 +24,7 @@ app = typer.Typer(
 )
 app.command()(stacks)
 app.command()(plan)
+app.command()(check)
 app.command()(size)
 app.command()(inventory)
 app.command()(up)

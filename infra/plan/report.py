@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from infra.plan.record import Recording, record
+from infra.policy.check import verdicts_for
 from infra.resolve import ResolvedPlatform
 
 
@@ -121,4 +122,5 @@ def build_report(platform: ResolvedPlatform, recording: Recording | None = None)
         ),
         software=asdict(platform.software),
         outputs=recording.outputs,
+        verdicts=[v.to_dict() for v in verdicts_for(platform, recording)],
     )

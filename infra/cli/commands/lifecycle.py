@@ -56,7 +56,8 @@ def _local_cluster(stack: str | None, stack_file: StackFile) -> LocalCluster:
     if platform.spec.backend != "local":
         raise GpuPlatError(
             f"stack {platform.name} has backend {platform.spec.backend}: `pulumi destroy -s {platform.name}` "
-            "removes cloud resources, and `pulumi stack output` shows them; this command is for local stacks.",
+            "removes cloud resources, and `pulumi stack output` shows them; this command is for local "
+            "stacks.",
             exit_code=ExitCode.BAD_INPUT,
         )
     return LocalCluster(platform)

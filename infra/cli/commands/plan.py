@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from rich.markup import escape
+
 from infra.cli import output
 from infra.cli.stack_options import JsonFlag, StackFile, StackName, platform_from_options
 from infra.plan.report import PlanReport, build_report
@@ -71,10 +73,14 @@ def render_plan(report: PlanReport) -> None:
         f"modules), fabric manager {sw['fabric_manager_version']}, CUDA {sw['cuda_package_version']}, "
         f"NCCL {sw['nccl']}+cuda{sw['nccl_cuda_build']}"
     )
+    if not report.verdicts:
+        console.print("Policies: no violations (details: gpuplat check)")
     for verdict_line in report.verdicts:
         console.print(
-            f"[{verdict_line['severity']}] {verdict_line['rule']} {verdict_line['resource']}: "
-            f"{verdict_line['message']}"
+            escape(
+                f"[{verdict_line['severity']}] {verdict_line['rule']} {verdict_line['resource']}: "
+                f"{verdict_line['message']} Fix: {verdict_line['remediation']}"
+            )
         )
 
 

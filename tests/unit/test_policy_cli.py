@@ -1,0 +1,45 @@
+"""`gpuplat check` through the real entry point: exit 0 on the shipped stacks, 1 naming the rule."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tests.unit.test_cli import gpuplat
+
+
+def test_check_all_shipped_stacks_pass() -> None:
+    result = gpuplat("check", "--all", "--json")
+    assert result.returncode == 0, result.stderr
+    reports = json.loads(result.stdout)
+    assert {r["stack"] for r in reports} >= {"local", "aws-prod", "onprem"}
+    assert all(r["passed"] and r["verdicts"] == [] for r in reports)
+
+
+def test_broken_variant_exits_1_naming_the_rule(write_stack: Callable[..., Path]) -> None:
+    def untaint_and_overspend(spec: dict[str, Any]) -> None:
+        spec["budget"]["max_gpus"] = 8
+        next(p for p in spec["pools"] if p["name"] == "infer")["taints"] = []
+
+    path = write_stack("onprem", untaint_and_overspend, name="broken")
+    result = gpuplat("check", "--stack-file", str(path))
+    assert result.returncode == 1
+    assert "budget-gpus" in result.stdout and "isolation-inference-taint" in result.stdout
+    assert "budget-gpus, isolation-inference-taint" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_advisory_only_exits_0_and_plan_shows_verdicts(write_stack: Callable[..., Path]) -> None:
+    def staging(spec: dict[str, Any]) -> None:
+        spec["environment"] = "staging"
+        next(p for p in spec["pools"] if p["name"] == "train-spot")["max"] = 1
+
+    path = write_stack("aws-prod", staging, name="staging")
+    result = gpuplat("check", "--stack-file", str(path), "--json")
+    assert result.returncode == 0, result.stderr
+    (verdict,) = json.loads(result.stdout)["verdicts"]
+    assert verdict["rule"] == "spot-training-share" and verdict["severity"] == "advisory"
+    plan = json.loads(gpuplat("plan", "--stack-file", str(path), "--json").stdout)
+    assert [v["rule"] for v in plan["verdicts"]] == ["spot-training-share"]
+    assert set(plan["verdicts"][0]) == {"rule", "severity", "resource", "message", "remediation"}
