@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STACK ?= local
 export CONTAINERS_CONF := $(CURDIR)/scripts/containers.conf
 
-.PHONY: venv plan test test-unit test-pulumi lint clean
+.PHONY: venv host plan test test-unit test-roles lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,12 +27,21 @@ lint: venv
 	$(BIN)/ruff format --check infra tests benchmarks examples
 	$(BIN)/mypy infra
 
-## test-unit: fast tests (spec, data, sizing, policy rules, CLI, Pulumi program under mocks)
+## host: podman, runc, debootstrap and friends from the distribution (root; skips what is installed)
+host:
+	@if command -v podman >/dev/null && command -v debootstrap >/dev/null && command -v apt-ftparchive >/dev/null; \
+		then echo "host packages present"; else scripts/setup-host.sh; fi
+
+## test-unit: fast tests (spec, data, sizing, policy rules, CLI, Pulumi program under mocks, role contracts)
 test-unit: venv
-	$(BIN)/pytest -q tests/unit tests/pulumi
+	$(BIN)/pytest -q tests/unit tests/pulumi tests/roles
+
+## test-roles: ansible-lint and the Molecule scenarios of the node roles (podman)
+test-roles: venv host
+	scripts/test-roles.sh
 
 ## test: everything CI runs
-test: lint test-unit
+test: lint test-unit test-roles
 
 clean:
 	rm -rf .pytest_cache .mypy_cache .ruff_cache build *.egg-info
