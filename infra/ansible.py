@@ -49,24 +49,36 @@ def parse_recap(output: str) -> tuple[int, list[str]]:
     return changed, failed
 
 
-def run_playbook(playbook: str, inventory: Path, log_dir: Path, extra_vars: dict[str, str] | None = None,
-                 timeout: float = 3600) -> PlaybookRun:  # fmt: skip
+def playbook_log(log_dir: Path, playbook: str) -> Path:
+    return log_dir / f"{Path(playbook).stem}.log"
+
+
+def run_playbook(playbook: str, inventory: Path, log_dir: Path, timeout: float = 3600) -> PlaybookRun:
     env = podman_env()
     env["ANSIBLE_CONFIG"] = str(PROJECT_ROOT / "ansible.cfg")
     env.setdefault("ANSIBLE_FORCE_COLOR", "0")
     command = [ansible_playbook_binary(), "-i", str(inventory), str(PROJECT_ROOT / "playbooks" / playbook)]
-    for key, value in (extra_vars or {}).items():
-        command += ["-e", f"{key}={value}"]
     log_dir.mkdir(parents=True, exist_ok=True)
-    log = log_dir / f"{Path(playbook).stem}.log"
-    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout, check=False,
-                            cwd=PROJECT_ROOT)  # fmt: skip
-    log.write_text(result.stdout + result.stderr, encoding="utf-8")
-    changed, failed = parse_recap(result.stdout)
-    if result.returncode != 0 or failed:
-        tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-15:])
+    log = playbook_log(log_dir, playbook)
+    with log.open("w", encoding="utf-8") as sink:  # streamed, so `tail -f` shows progress
+        try:
+            returncode = subprocess.run(
+                command,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                env=env,
+                timeout=timeout,
+                check=False,
+                cwd=PROJECT_ROOT,
+            ).returncode
+        except subprocess.TimeoutExpired as exc:
+            raise GpuPlatError(f"{playbook} did not finish in {timeout:.0f} s; log: {log}") from exc
+    text = log.read_text(encoding="utf-8", errors="replace")
+    changed, failed = parse_recap(text)
+    if returncode != 0 or failed:
+        tail = "\n".join(text.strip().splitlines()[-15:])
         raise GpuPlatError(
-            f"{playbook} failed on {', '.join(failed) or 'the run'} (exit {result.returncode}); "
+            f"{playbook} failed on {', '.join(failed) or 'the run'} (exit {returncode}); "
             f"full log: {log}\n{tail}"
         )
     return PlaybookRun(playbook, changed, failed, log)

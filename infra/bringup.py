@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infra.ansible import run_playbook, state_dir
+from infra.ansible import playbook_log, run_playbook, state_dir
 from infra.errors import EnvironmentProblem, GpuPlatError
 from infra.inventory import inventory_documents, write_inventory
 from infra.local.cluster import LocalCluster
@@ -40,7 +40,7 @@ class UpResult:
     status: PlatformStatus | None = None
 
 
-PhaseStart = Callable[[str], None]
+PhaseStart = Callable[[str, str], None]
 PhaseDone = Callable[[PhaseTiming], None]
 
 
@@ -48,8 +48,8 @@ class _Phases:
     def __init__(self, result: UpResult, on_start: PhaseStart, on_done: PhaseDone) -> None:
         self.result, self.on_start, self.on_done = result, on_start, on_done
 
-    def run(self, name: str, step: Callable[[], str]) -> None:
-        self.on_start(name)
+    def run(self, name: str, step: Callable[[], str], hint: str = "") -> None:
+        self.on_start(name, hint)
         start = time.perf_counter()
         summary = step()
         timing = PhaseTiming(name, time.perf_counter() - start, summary)
@@ -111,7 +111,7 @@ def up_local(platform: ResolvedPlatform, on_start: PhaseStart, on_done: PhaseDon
 
     phases.run("machines", machines)
     phases.run("inventory", inventory)
-    phases.run("configure", configure)
+    phases.run("configure", configure, f"log: {playbook_log(state_dir(platform.name) / 'logs', 'site.yml')}")
     phases.run("validate", lambda: validate_local(cluster))
     result.status = collect_status(cluster)
     return result

@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep per step (for fault tests)")
+    parser.add_argument("--progress", action="store_true", help="print a line per step")
     args = parser.parse_args(argv)
 
     rows = dataset(args.seed)
@@ -119,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         train_step(state, rows, args.lr)
         if state["step"] % args.every == 0 or state["step"] == args.steps:
             save_checkpoint(args.dir, state, args.keep)
+        if args.progress:
+            print(f"step {state['step']}", flush=True)
         if args.step_seconds:
             time.sleep(args.step_seconds)
     result = {"step": state["step"], "w": state["w"], "b": state["b"], "loss": state["loss"],

@@ -5,7 +5,9 @@ so Slurm can account GPUs. Everything above the machines is the real software, i
 
 from __future__ import annotations
 
+import ipaddress
 import time
+import zlib
 from dataclasses import dataclass
 
 from infra.errors import EnvironmentProblem, GpuPlatError
@@ -25,6 +27,13 @@ class LocalNode:
     role: str
     container: str
     gpus: int
+    address: str
+
+
+def stack_subnet(stack: str) -> ipaddress.IPv4Network:
+    """A /24 per stack, stable across runs: the network has no DNS (CNI without dnsname), so nodes get
+    fixed addresses and /etc/hosts entries for each other that survive container restarts."""
+    return ipaddress.IPv4Network(f"10.213.{zlib.crc32(stack.encode()) % 200 + 20}.0/24")
 
 
 @dataclass(frozen=True)
@@ -42,10 +51,18 @@ class LocalCluster:
         self.image = image
         self.network = f"gpuplat-{platform.name}"
         self.volume = f"gpuplat-{platform.name}-shared"
+        self.subnet = stack_subnet(platform.name)
+        names = [(pool, node) for pool in platform.pools for node in pool.node_names()]
         self.nodes = [
-            LocalNode(node, pool.name, pool.role, container_name(platform.name, node), pool.gpus_per_node)
-            for pool in platform.pools
-            for node in pool.node_names()
+            LocalNode(
+                node,
+                pool.name,
+                pool.role,
+                container_name(platform.name, node),
+                pool.gpus_per_node,
+                str(self.subnet.network_address + 10 + index),
+            )
+            for index, (pool, node) in enumerate(names)
         ]
 
     def ensure(self) -> list[str]:
@@ -56,19 +73,26 @@ class LocalCluster:
                 "(make up does)."
             )
         changed: list[str] = []
-        if not exists("network", self.network):
-            podman("network", "create", self.network)
+        network = inspect("network", self.network)
+        if network is None:
+            podman("network", "create", "--subnet", str(self.subnet), self.network)
             changed.append(f"network {self.network}")
+        elif str(self.subnet) not in str(network.get("subnets", "")):
+            raise GpuPlatError(
+                f"podman network {self.network} exists with another subnet than {self.subnet}: "
+                f"run `gpuplat down --stack {self.platform.name}` first"
+            )
         if not exists("volume", self.volume):
             podman("volume", "create", self.volume)
             changed.append(f"volume {self.volume}")
         mount = self.platform.spec.storage.parallel_fs.mount_path
+        hosts = [arg for n in self.nodes for arg in ("--add-host", f"{n.name}:{n.address}")]
         for node in self.nodes:
             info = inspect("container", node.container)
             if info is None:
                 podman(
                     "run", "--detach", "--name", node.container, "--hostname", node.name,
-                    "--network", self.network, "--network-alias", node.name,
+                    "--network", self.network, "--ip", node.address, *hosts,
                     "--systemd=always", "--privileged",
                     "--volume", f"{self.volume}:{mount}",
                     "--label", f"gpuplat.stack={self.platform.name}", "--label", f"gpuplat.pool={node.pool}",

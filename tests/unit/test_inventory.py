@@ -43,3 +43,14 @@ def test_aws_inventory_finds_nodes_by_tags(shipped_platforms: dict[str, Resolved
     assert config["plugin"] == "amazon.aws.aws_ec2"
     assert config["filters"]["tag:gpuplat:stack"] == "aws-prod"
     assert "pool_head" in config["groups"]["slurm_controller"]
+
+
+def test_play_recap_counts_changes_and_failures() -> None:
+    from infra.ansible import parse_recap
+
+    recap = """PLAY RECAP *********
+head-0     : ok=40   changed=3    unreachable=0    failed=0    skipped=9    rescued=0    ignored=0
+train-0    : ok=12   changed=0    unreachable=1    failed=0    skipped=0    rescued=0    ignored=0
+train-1    : ok=12   changed=2    unreachable=0    failed=1    skipped=0    rescued=0    ignored=0
+"""
+    assert parse_recap(recap) == (5, ["train-0", "train-1"])

@@ -38,8 +38,8 @@ def up(stack: StackName = None, stack_file: StackFile = None) -> None:
     platform = platform_from_options(stack, stack_file)
     err = output.stderr()
 
-    def started(name: str) -> None:
-        err.print(f"▶ {name} ...")
+    def started(name: str, hint: str) -> None:
+        err.print(f"▶ {name} ..." + (f" ({hint})" if hint else ""))
 
     def done(phase: PhaseTiming) -> None:
         err.print(f"✓ {phase.name} ({phase.seconds:.1f} s): {phase.summary}")

@@ -1,0 +1,172 @@
+"""The embedded default end to end: `gpuplat up --stack local` on podman, a second `up` that changes
+nothing, a training job that survives losing its node, and `gpuplat down` leaving nothing behind.
+
+Needs podman and the base image (`make host image`); traffic stays on the project's own containers.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from infra.inventory import container_name
+from infra.local.cluster import BASE_IMAGE
+from infra.local.podman import podman
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+GPUPLAT = str(Path(sys.executable).parent / "gpuplat")
+STACK = "local"
+STEPS, EVERY, STEP_SECONDS = 300, 10, 0.2
+JOB_DIR = "/shared/checkpoints/fault-demo"
+
+
+def gpuplat(*args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
+    env = {"NO_COLOR": "1", "PATH": f"{Path(sys.executable).parent}:/usr/sbin:/usr/bin:/sbin:/bin"}
+    return subprocess.run(
+        [GPUPLAT, *args], capture_output=True, text=True, timeout=timeout, check=False, env=env
+    )
+
+
+def on(node: str, *command: str, check: bool = True, timeout: float = 120) -> str:
+    return podman("exec", container_name(STACK, node), *command, check=check, timeout=timeout).stdout
+
+
+def wait_for(what: str, probe: object, timeout: float, interval: float = 2.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = probe()  # type: ignore[operator]
+        if value:
+            return str(value)
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def first_up() -> subprocess.CompletedProcess[str]:
+    if shutil.which("podman") is None:
+        pytest.skip("podman is not installed: run `make host` (scripts/setup-host.sh) first")
+    if podman("image", "exists", BASE_IMAGE, check=False).returncode != 0:
+        pytest.skip(f"base image {BASE_IMAGE} missing: run scripts/build-base-image.sh (make image)")
+    return gpuplat("up", "--stack", STACK)
+
+
+def test_up_brings_the_platform_up(first_up: subprocess.CompletedProcess[str]) -> None:
+    assert first_up.returncode == 0, first_up.stderr[-3000:]
+    for phase in ("machines", "inventory", "configure", "validate"):
+        assert re.search(rf"✓ {phase} \(\d+\.\d s\)", first_up.stderr), phase
+    assert "Slurm partitions" in first_up.stdout
+    assert re.search(r"train\s.*gpu:h100:8", first_up.stdout), first_up.stdout
+
+
+def test_second_up_changes_nothing(first_up: subprocess.CompletedProcess[str]) -> None:
+    again = gpuplat("up", "--stack", STACK)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "(0 change(s))" in again.stderr, again.stderr[-2000:]
+
+
+def _uninterrupted_result(tmp_path: Path) -> dict[str, object]:
+    script = ROOT / "examples" / "train_demo" / "train.py"
+    command = [
+        sys.executable,
+        str(script),
+        "--dir",
+        str(tmp_path),
+        "--steps",
+        str(STEPS),
+        "--every",
+        str(EVERY),
+    ]
+    subprocess.run(command, check=True, capture_output=True)
+    return json.loads((tmp_path / "result.json").read_text())
+
+
+def test_training_survives_losing_its_node(
+    first_up: subprocess.CompletedProcess[str], tmp_path: Path
+) -> None:
+    assert first_up.returncode == 0
+    podman(
+        "cp",
+        str(ROOT / "examples" / "train_demo" / "train.py"),
+        f"{container_name(STACK, 'head-0')}:/shared/",
+    )
+    on("head-0", "sh", "-c", f"rm -rf {JOB_DIR} && mkdir -p {JOB_DIR} && chown alice {JOB_DIR}")
+    sbatch = ["sbatch", "--parsable", "--requeue", "--partition", "train", "--account", "research"]
+    sbatch += [
+        "--nodes",
+        "1",
+        "--gres",
+        "gpu:1",
+        "--output",
+        f"{JOB_DIR}/slurm-%j.out",
+        "--open-mode",
+        "append",
+    ]
+    train = f"python3 /shared/train.py --dir {JOB_DIR} --steps {STEPS} --every {EVERY}"
+    train += f" --step-seconds {STEP_SECONDS}"
+    submitted = on("head-0", "runuser", "-u", "alice", "--", *sbatch, "--wrap", f"{train} --progress").strip()
+    job = submitted.split(";")[0]
+
+    def job_field(field: str) -> str:
+        text = on("head-0", "scontrol", "show", "job", job, check=False)
+        match = re.search(rf"\b{field}=(\S+)", text)
+        return match.group(1) if match else ""
+
+    def running_on() -> str:
+        return job_field("NodeList") if job_field("JobState") == "RUNNING" else ""
+
+    first_node = wait_for("the job to run", running_on, 120)
+    kill_after = random.randint(EVERY * 2, STEPS // 2)
+
+    def progress() -> int:
+        log = on("head-0", "sh", "-c", f"cat {JOB_DIR}/slurm-{job}.out", check=False)
+        steps = re.findall(r"^step (\d+)$", log, re.MULTILINE)
+        return int(steps[-1]) if steps else 0
+
+    wait_for(f"step {kill_after}", lambda: progress() >= kill_after, STEPS * STEP_SECONDS + 60, 0.2)
+    podman("kill", container_name(STACK, first_node))
+    killed_at = progress()
+    try:
+        wait_for("the requeued job to finish", lambda: job_field("JobState") == "COMPLETED", 600, 3)
+    finally:
+        podman("start", container_name(STACK, first_node))
+    assert int(job_field("Restarts")) >= 1
+    log = on("head-0", "cat", f"{JOB_DIR}/slurm-{job}.out")
+    starts = re.findall(r"^start host=(\S+) resumed_from=(\d+)", log, re.MULTILINE)
+    assert len(starts) >= 2, log[-2000:]
+    second_host, resumed_from = starts[-1][0], int(starts[-1][1])
+    assert second_host != first_node
+    redone = killed_at - resumed_from
+    print(
+        f"killed {first_node} at step {killed_at}; resumed on {second_host} from step {resumed_from}; "
+        f"steps redone: {redone} (checkpoint interval {EVERY})"
+    )
+    assert 0 <= redone <= EVERY
+    result = json.loads(on("head-0", "cat", f"{JOB_DIR}/result.json"))
+    reference = _uninterrupted_result(tmp_path)
+    assert (result["w"], result["b"], result["loss"]) == (reference["w"], reference["b"], reference["loss"])
+
+    def back_in_service() -> bool:
+        return "idle" in on("head-0", "sinfo", "-h", "-n", first_node, "-o", "%T", check=False)
+
+    wait_for(f"{first_node} back in service", back_in_service, 180)
+
+
+def test_down_leaves_nothing(first_up: subprocess.CompletedProcess[str]) -> None:
+    result = gpuplat("down", "--stack", STACK)
+    assert result.returncode == 0, result.stderr
+    leftovers = podman(
+        "ps", "--all", "--filter", f"label=gpuplat.stack={STACK}", "--format", "{{.Names}}"
+    ).stdout
+    assert leftovers.strip() == ""
+    assert podman("network", "exists", f"gpuplat-{STACK}", check=False).returncode != 0
+    assert podman("volume", "exists", f"gpuplat-{STACK}-shared", check=False).returncode != 0
