@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STACK ?= local
 export CONTAINERS_CONF := $(CURDIR)/scripts/containers.conf
 
-.PHONY: venv host plan test test-unit test-roles lint clean
+.PHONY: venv host image up down status plan test test-unit test-roles test-scheduler test-serving test-integration lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +15,21 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 venv: $(VENV)/.installed
+
+## image: the local Debian 12 systemd base image (debootstrap + podman import; skipped when present)
+image: host
+	scripts/build-base-image.sh
+
+## up: the main job: bring the platform of STACK (default local) up and print its status
+up: venv image
+	$(BIN)/gpuplat up --stack $(STACK)
+
+## down: remove the local platform (containers, network, volume)
+down: venv
+	$(BIN)/gpuplat down --stack $(STACK)
+
+status: venv
+	$(BIN)/gpuplat status --stack $(STACK)
 
 ## plan: the offline plan of every shipped stack (no cloud account, no Pulumi CLI)
 plan: venv
@@ -40,8 +55,20 @@ test-unit: venv
 test-roles: venv host
 	scripts/test-roles.sh
 
+## test-scheduler: the multi-node Slurm scenario (quotas, preemption, node failure, health check)
+test-scheduler: venv host
+	scripts/test-scheduler.sh
+
+## test-serving: the serving scenario (model server, gateway overload, Prometheus, openai client)
+test-serving: venv host
+	scripts/test-serving.sh
+
+## test-integration: the local platform end to end (up, idempotent up, node-loss requeue, down)
+test-integration: venv image
+	$(BIN)/pytest -v -s -m integration tests/integration
+
 ## test: everything CI runs
-test: lint test-unit test-roles
+test: lint test-unit test-roles test-scheduler test-serving test-integration
 
 clean:
 	rm -rf .pytest_cache .mypy_cache .ruff_cache build *.egg-info

@@ -6,6 +6,7 @@ Both then write the inventory, run playbooks/site.yml and validate what applies.
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import time
 from collections.abc import Callable
@@ -90,10 +91,28 @@ def validate_local(cluster: LocalCluster) -> str:
     )
 
 
-def up_local(platform: ResolvedPlatform, on_start: PhaseStart, on_done: PhaseDone) -> UpResult:
+def configuration_fingerprint(inventory_text: str, machine_ids: list[str]) -> str:
+    """What the playbooks' outcome depends on: the inventory, every file of playbooks/ and roles/, and
+    the machines themselves (a recreated container has a new id)."""
+    digest = hashlib.sha256(inventory_text.encode())
+    for root in ("playbooks", "roles", "ansible.cfg"):
+        base = PROJECT_ROOT / root
+        for path in sorted([base] if base.is_file() else base.rglob("*")):
+            if path.is_file():
+                digest.update(str(path.relative_to(PROJECT_ROOT)).encode())
+                digest.update(path.read_bytes())
+    for machine in machine_ids:
+        digest.update(machine.encode())
+    return digest.hexdigest()
+
+
+def up_local(
+    platform: ResolvedPlatform, on_start: PhaseStart, on_done: PhaseDone, reconfigure: bool = False
+) -> UpResult:
     result = UpResult(platform.name)
     phases = _Phases(result, on_start, on_done)
     cluster = LocalCluster(platform)
+    stamp = state_dir(platform.name) / "converged.sha256"
 
     def machines() -> str:
         changed = cluster.ensure()
@@ -105,8 +124,17 @@ def up_local(platform: ResolvedPlatform, on_start: PhaseStart, on_done: PhaseDon
         return ", ".join(str(p) for p in written)
 
     def configure() -> str:
+        inventory_text = (inventory_dir(platform) / "hosts.yml").read_text(encoding="utf-8")
+        fingerprint = configuration_fingerprint(inventory_text, cluster.machine_ids())
+        if not reconfigure and stamp.exists() and stamp.read_text(encoding="utf-8").strip() == fingerprint:
+            return (
+                "skipped: inventory, playbooks, roles and machines unchanged since the last converge "
+                "(--reconfigure runs the playbooks anyway)"
+            )
+        stamp.unlink(missing_ok=True)
         run = run_playbook("site.yml", inventory_dir(platform), state_dir(platform.name) / "logs")
         result.changes += run.changed
+        stamp.write_text(fingerprint, encoding="utf-8")
         return f"{run.changed} task(s) changed; log {run.log}"
 
     phases.run("machines", machines)
@@ -158,7 +186,9 @@ def up_cloud(platform: ResolvedPlatform, on_start: PhaseStart, on_done: PhaseDon
     return result
 
 
-def up(platform: ResolvedPlatform, on_start: PhaseStart, on_done: PhaseDone) -> UpResult:
+def up(
+    platform: ResolvedPlatform, on_start: PhaseStart, on_done: PhaseDone, reconfigure: bool = False
+) -> UpResult:
     if platform.spec.backend == "local":
-        return up_local(platform, on_start, on_done)
+        return up_local(platform, on_start, on_done, reconfigure)
     return up_cloud(platform, on_start, on_done)

@@ -142,6 +142,9 @@ class LocalCluster:
             result.append(NodeState(node, info["State"]["Status"], address or "-"))
         return result
 
+    def machine_ids(self) -> list[str]:
+        return [str((inspect("container", n.container) or {}).get("Id", "")) for n in self.nodes]
+
     def exec(self, node: str, *command: str, timeout: float = 120) -> str:
         container = container_name(self.platform.name, node)
         return podman("exec", container, *command, timeout=timeout).stdout

@@ -72,6 +72,10 @@ def test_second_up_changes_nothing(first_up: subprocess.CompletedProcess[str]) -
     again = gpuplat("up", "--stack", STACK)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "(0 change(s))" in again.stderr, again.stderr[-2000:]
+    assert (
+        "configure" in again.stderr
+        and "skipped: inventory, playbooks, roles and machines unchanged" in again.stderr
+    )
 
 
 def _uninterrupted_result(tmp_path: Path) -> dict[str, object]:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
+import typer
+
 from infra.bringup import PhaseTiming
 from infra.bringup import up as bring_up
 from infra.cli import output
@@ -33,7 +37,13 @@ def render_status(status: PlatformStatus) -> None:
         console.print(f"note: {note}")
 
 
-def up(stack: StackName = None, stack_file: StackFile = None) -> None:
+def up(
+    stack: StackName = None,
+    stack_file: StackFile = None,
+    reconfigure: Annotated[
+        bool, typer.Option(help="run the playbooks even when nothing changed since the last converge")
+    ] = False,
+) -> None:
     """Bring the platform up: machines, inventory, playbooks/site.yml, validation, status."""
     platform = platform_from_options(stack, stack_file)
     err = output.stderr()
@@ -44,7 +54,7 @@ def up(stack: StackName = None, stack_file: StackFile = None) -> None:
     def done(phase: PhaseTiming) -> None:
         err.print(f"✓ {phase.name} ({phase.seconds:.1f} s): {phase.summary}")
 
-    result = bring_up(platform, started, done)
+    result = bring_up(platform, started, done, reconfigure)
     total = sum(p.seconds for p in result.phases)
     err.print(f"{platform.name} is up in {total:.1f} s ({result.changes} change(s)).")
     if result.status is not None:
