@@ -7,8 +7,10 @@ Both then write the inventory, run playbooks/site.yml and validate what applies.
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,6 +108,26 @@ def configuration_fingerprint(inventory_text: str, machine_ids: list[str]) -> st
     return digest.hexdigest()
 
 
+def validate_serving(cluster: LocalCluster) -> str:
+    """One embeddings request through the gateway, from this host to the project's own container."""
+    url, serving = cluster.gateway_url(), cluster.platform.spec.serving
+    if url is None or serving is None:
+        return "no serving configured"
+    body = json.dumps({"model": serving.model, "input": "gpu-platform validation"}).encode()
+    request = urllib.request.Request(
+        f"{url}/embeddings", data=body, headers={"Content-Type": "application/json"}, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            answer = json.loads(response.read())
+    except (OSError, ValueError) as exc:
+        raise GpuPlatError(
+            f"the inference gateway at {url} did not answer an embeddings request: {exc}"
+        ) from exc
+    dimensions = len(answer["data"][0]["embedding"])
+    return f"gateway {url} answered with a {dimensions}-dimensional embedding"
+
+
 def up_local(
     platform: ResolvedPlatform, on_start: PhaseStart, on_done: PhaseDone, reconfigure: bool = False
 ) -> UpResult:
@@ -140,7 +162,7 @@ def up_local(
     phases.run("machines", machines)
     phases.run("inventory", inventory)
     phases.run("configure", configure, f"log: {playbook_log(state_dir(platform.name) / 'logs', 'site.yml')}")
-    phases.run("validate", lambda: validate_local(cluster))
+    phases.run("validate", lambda: f"{validate_local(cluster)}; {validate_serving(cluster)}")
     result.status = collect_status(cluster)
     return result
 

@@ -116,6 +116,15 @@ def _host_vars(platform: ResolvedPlatform, pool: ResolvedPool, node: str) -> dic
     return {"ansible_host": address}
 
 
+# Where local nodes find the host's CA bundle: they reach PyPI the way the host does (through its TLS
+# proxy, if there is one). The local cluster copies it there.
+LOCAL_NODE_CA_BUNDLE = "/usr/local/share/gpuplat/host-ca.crt"
+
+
+def local_vars() -> dict[str, Any]:
+    return {"inference_server_pip_cert": LOCAL_NODE_CA_BUNDLE}
+
+
 def static_inventory(platform: ResolvedPlatform) -> dict[str, Any]:
     children: dict[str, Any] = {}
     for pool in platform.pools:
@@ -125,7 +134,10 @@ def static_inventory(platform: ResolvedPlatform) -> dict[str, Any]:
         }
     for group, pools in role_group_members(platform).items():
         children[group] = {"children": {name: {} for name in pools}}
-    return {"all": {"vars": platform_vars(platform), "children": children}}
+    all_vars = platform_vars(platform)
+    if platform.spec.backend == "local":
+        all_vars.update(local_vars())
+    return {"all": {"vars": all_vars, "children": children}}
 
 
 def aws_ec2_config(platform: ResolvedPlatform) -> dict[str, Any]:

@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 _NO_COLOR = bool(os.environ.get("NO_COLOR"))
@@ -31,7 +32,7 @@ def print_json(data: Any) -> None:
 
 
 def error(message: str) -> None:
-    stderr().print(f"[bold red]error:[/] {message}", markup=True, highlight=False)
+    stderr().print(f"[bold red]error:[/] {escape(message)}", markup=True, highlight=False)
 
 
 def table(title: str, columns: list[str], rows: list[list[Any]]) -> Table:

@@ -5,18 +5,23 @@ so Slurm can account GPUs. Everything above the machines is the real software, i
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import time
 import zlib
 from dataclasses import dataclass
+from pathlib import Path
 
 from infra.errors import EnvironmentProblem, GpuPlatError
-from infra.inventory import container_name
+from infra.inventory import LOCAL_NODE_CA_BUNDLE, container_name
 from infra.local.podman import exists, inspect, podman
 from infra.resolve import ResolvedPlatform
 
 BASE_IMAGE = "localhost/gpuplat-base:bookworm"
+HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 NVIDIA_CHAR_MAJOR = 195
+GATEWAY_PORT = 8080  # roles/inference_gateway
+PROMETHEUS_PORT = 9090  # roles/monitoring
 _BOOT_TIMEOUT_S = 120
 
 
@@ -86,7 +91,14 @@ class LocalCluster:
             podman("volume", "create", self.volume)
             changed.append(f"volume {self.volume}")
         mount = self.platform.spec.storage.parallel_fs.mount_path
-        hosts = [arg for n in self.nodes for arg in ("--add-host", f"{n.name}:{n.address}")]
+        # Nodes reach each other by inventory name (Slurm) and by container name (the ansible_host
+        # that the gateway and Prometheus address them by).
+        hosts = [
+            arg
+            for n in self.nodes
+            for name in (n.name, n.container)
+            for arg in ("--add-host", f"{name}:{n.address}")
+        ]
         for node in self.nodes:
             info = inspect("container", node.container)
             if info is None:
@@ -106,6 +118,8 @@ class LocalCluster:
             self._wait_booted(node)
             if node.gpus and self._simulate_gpus(node):
                 changed.append(f"simulated GPUs on {node.name}")
+            if self._share_host_ca(node):
+                changed.append(f"host CA bundle on {node.name}")
         return changed
 
     def _wait_booted(self, node: LocalNode) -> None:
@@ -129,6 +143,31 @@ class LocalCluster:
             "echo $changed"
         )
         return podman("exec", node.container, "sh", "-c", script).stdout.strip() == "1"
+
+    def _share_host_ca(self, node: LocalNode) -> bool:
+        if not HOST_CA_BUNDLE.exists():
+            return False
+        present = podman(
+            "exec", node.container, "sha256sum", LOCAL_NODE_CA_BUNDLE, check=False
+        ).stdout.split()
+        wanted = hashlib.sha256(HOST_CA_BUNDLE.read_bytes()).hexdigest()
+        if present and present[0] == wanted:
+            return False
+        podman("exec", node.container, "mkdir", "-p", str(Path(LOCAL_NODE_CA_BUNDLE).parent))
+        podman("cp", str(HOST_CA_BUNDLE), f"{node.container}:{LOCAL_NODE_CA_BUNDLE}")
+        return True
+
+    def gateway_url(self) -> str | None:
+        if self.platform.spec.serving is None:
+            return None
+        gateway = self.platform.gateway_pool.node_names()[0]
+        address = next(n.address for n in self.nodes if n.name == gateway)
+        return f"http://{address}:{GATEWAY_PORT}/v1"
+
+    def prometheus_url(self) -> str:
+        monitor = self.platform.controller_pool.node_names()[0]
+        address = next(n.address for n in self.nodes if n.name == monitor)
+        return f"http://{address}:{PROMETHEUS_PORT}"
 
     def states(self) -> list[NodeState]:
         result = []

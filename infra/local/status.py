@@ -6,12 +6,17 @@ from dataclasses import dataclass, field
 
 from infra.local.cluster import LocalCluster, NodeState
 
-# Services each functional group runs once the playbooks have converged.
+# Services each pool role runs once the playbooks have converged.
 EXPECTED_SERVICES = {
-    "service": ["munge", "slurmctld", "slurmdbd"],
-    "train": ["munge", "slurmd"],
-    "infer": [],
+    "service": ["munge", "slurmctld", "slurmdbd", "prometheus-node-exporter"],
+    "train": ["munge", "slurmd", "prometheus-node-exporter"],
+    "infer": ["prometheus-node-exporter"],
 }
+SERVING_SERVICES = {"service": ["haproxy", "prometheus"], "infer": ["gpuplat-inference"]}
+
+
+def expected_services(role: str, serving: bool) -> list[str]:
+    return EXPECTED_SERVICES.get(role, []) + (SERVING_SERVICES.get(role, []) if serving else [])
 
 
 @dataclass(frozen=True)
@@ -63,9 +68,18 @@ def collect_status(cluster: LocalCluster) -> PlatformStatus:
     for state in states:
         if state.node.name not in running:
             continue
-        for service in EXPECTED_SERVICES.get(state.node.role, []):
+        for service in expected_services(state.node.role, cluster.platform.spec.serving is not None):
             result = cluster.exec_unchecked(state.node.name, "systemctl", "is-active", service)
             status.services.append(ServiceLine(state.node.name, service, result.strip() or "unknown"))
+    gateway = cluster.gateway_url()
+    if gateway is not None:
+        model = cluster.platform.spec.serving.model if cluster.platform.spec.serving else ""
+        status.endpoints["inference gateway (OpenAI API)"] = gateway
+        status.endpoints["sample request"] = (
+            f"curl -s {gateway}/embeddings -H 'Content-Type: application/json' "
+            f"""-d '{{"model": "{model}", "input": "hello"}}'"""
+        )
+    status.endpoints["prometheus"] = cluster.prometheus_url()
     if controller in running:
         sinfo = cluster.exec_unchecked(controller, "sinfo", "-h", "-o", "%P|%a|%D|%G|%T")
         status.partitions = parse_sinfo(sinfo)

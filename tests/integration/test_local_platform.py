@@ -78,6 +78,25 @@ def test_second_up_changes_nothing(first_up: subprocess.CompletedProcess[str]) -
     )
 
 
+def test_openai_client_through_the_gateway(first_up: subprocess.CompletedProcess[str]) -> None:
+    from openai import OpenAI
+
+    from infra.local.cluster import LocalCluster
+    from infra.resolve import load_platform
+    from infra.spec.load import stack_file
+
+    cluster = LocalCluster(load_platform(stack_file(STACK)))
+    assert cluster.gateway_url() in first_up.stdout
+    client = OpenAI(base_url=cluster.gateway_url(), api_key="unused", timeout=30, max_retries=0)
+    model = cluster.platform.spec.serving.model if cluster.platform.spec.serving else ""
+    assert model in [m.id for m in client.models.list().data]
+    answer = client.embeddings.create(model=model, input=["a man is eating food", "a man is eating bread"])
+    first, second = (item.embedding for item in answer.data)
+    assert len(first) == len(second) > 100
+    cosine = sum(a * b for a, b in zip(first, second, strict=True))
+    assert cosine > 0.5
+
+
 def _uninterrupted_result(tmp_path: Path) -> dict[str, object]:
     script = ROOT / "examples" / "train_demo" / "train.py"
     command = [

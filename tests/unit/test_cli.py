@@ -99,3 +99,10 @@ def test_usage_error_exits_2() -> None:
     result = gpuplat("plan", "--no-such-flag")
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
+
+
+def test_error_text_with_brackets_is_printed_verbatim(tmp_path: Path) -> None:
+    path = tmp_path / "Pulumi.[/odd].yaml"
+    result = gpuplat("plan", "--stack-file", str(path))
+    assert result.returncode == 2
+    assert "[/odd]" in result.stderr and "Traceback" not in result.stderr
