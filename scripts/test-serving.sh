@@ -18,47 +18,11 @@ set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
-VENV=${VENV:-$ROOT/.venv}
-export PATH="$VENV/bin:$PATH"
-export CONTAINERS_CONF="$ROOT/scripts/containers.conf"
-export ANSIBLE_NOCOLOR=1 NO_COLOR=1 PY_COLORS=0 ANSIBLE_FORCE_COLOR=0
-LOGS=$ROOT/build/test-serving
-mkdir -p "$LOGS"
+SUITE=test-serving
+# shellcheck source=scripts/lib/test-steps.sh
+source "$ROOT/scripts/lib/test-steps.sh"
+require_tools podman debootstrap molecule ansible-lint
 
-passed=0
-failed=0
-failures=()
-
-run_step() {
-  local name=$1
-  shift
-  local log="$LOGS/${name//[^A-Za-z0-9_.-]/_}.log"
-  local start=$SECONDS
-  printf '%-40s ' "$name"
-  if "$@" >"$log" 2>&1; then
-    passed=$((passed + 1))
-    printf 'PASS  (%ds)\n' $((SECONDS - start))
-    return 0
-  fi
-  failed=$((failed + 1))
-  failures+=("$name")
-  printf 'FAIL  (%ds)  log: %s\n' $((SECONDS - start)) "${log#"$ROOT"/}"
-  tail -n 40 "$log" | sed 's/^/    | /'
-  return 1
-}
-
-missing=()
-command -v podman >/dev/null || missing+=("podman (run scripts/setup-host.sh as root)")
-command -v debootstrap >/dev/null || missing+=("debootstrap (run scripts/setup-host.sh as root)")
-command -v molecule >/dev/null || missing+=("molecule (run $VENV/bin/pip install -e '.[dev,ansible]')")
-command -v ansible-lint >/dev/null || missing+=("ansible-lint (run $VENV/bin/pip install -e '.[dev,ansible]')")
-if ((${#missing[@]})); then
-  printf 'test-serving.sh: missing %s\n' "${missing[@]}" >&2
-  echo "0 passed, 1 failed"
-  exit 2
-fi
-
-total_start=$SECONDS
 ready=1
 if ! podman image exists localhost/gpuplat-base:bookworm; then
   run_step base-image scripts/build-base-image.sh || ready=0
@@ -69,13 +33,7 @@ run_step ansible-lint ansible-lint --profile production \
 if ((ready)); then
   run_step molecule:serving molecule test -s serving
 else
-  failed=$((failed + 1))
-  failures+=("molecule:serving (not run: no base image)")
-  printf '%-40s SKIP  (no base image)\n' "molecule:serving"
+  skip_step molecule:serving "no base image"
 fi
 
-echo
-echo "serving tests took $((SECONDS - total_start))s"
-((failed)) && printf 'failed: %s\n' "${failures[@]}"
-echo "$passed passed, $failed failed"
-((failed == 0))
+finish_steps

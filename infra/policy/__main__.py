@@ -1,7 +1,7 @@
 """The CrossGuard policy pack: `pulumi preview --policy-pack infra/policy`.
 
 Constructing PolicyPack starts the policy server and blocks, so this file does nothing else: the rules
-live in infra/policy/rules.py, their CrossGuard wrappers in infra/policy/pack.py.
+live in the infra/policy/rules/ package, their CrossGuard wrappers in infra/policy/pack.py.
 """
 
 from pulumi_policy import EnforcementLevel, PolicyPack

@@ -1,0 +1,245 @@
+"""The rule registry (RULES, in evaluation order) and `evaluate`, which runs rules over one stack."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from infra.policy.rules.base import PolicyContext, ResourceRule, StackRule, Verdict
+from infra.policy.rules.budget import check_budget_cost, check_budget_gpus
+from infra.policy.rules.fabric import check_cluster_placement, check_efa_security_group, check_multi_node_rdma
+from infra.policy.rules.isolation import check_inference_taint, check_partitions, check_shared_resources
+from infra.policy.rules.resource_types import (
+    INGRESS_RULE,
+    INSTANCE,
+    LAUNCH_TEMPLATE,
+    LUSTRE,
+    SECURITY_GROUP,
+    SG_RULE,
+    TAGGABLE,
+    VOLUME,
+)
+from infra.policy.rules.security import (
+    check_ebs_encrypted,
+    check_fsx_encrypted,
+    check_imdsv2,
+    check_open_ingress,
+    check_required_tags,
+    check_s3_encrypted,
+    check_s3_public_access,
+)
+from infra.policy.rules.spot import (
+    check_inference_base_capacity,
+    check_interruptible_on_spot,
+    check_spot_training_recovery,
+    check_spot_training_share,
+)
+from infra.policy.view import ResourceIndex, ResourceView
+
+RULES: tuple[ResourceRule | StackRule, ...] = (
+    StackRule(
+        id="spot-interruptible-pools",
+        group="spot",
+        description="Interruptible pools run on spot capacity (aws; onprem and local have no spot market).",
+        remediation="Set `capacity: spot` on the pool (or `reserved` to use capacity already paid for), or "
+        "set `interruptible: false` if its work cannot survive losing a node.",
+        needs_platform=True,
+        check=check_interruptible_on_spot,
+    ),
+    StackRule(
+        id="spot-inference-base-capacity",
+        group="spot",
+        description="Inference pools keep on-demand or reserved base capacity of at least their minimum.",
+        remediation="Give the inference pool `capacity: on-demand` or `reserved`; the node pool then sets "
+        "the Auto Scaling group's onDemandBaseCapacity to the pool minimum and uses spot only above it.",
+        check=check_inference_base_capacity,
+    ),
+    StackRule(
+        id="spot-training-recovery",
+        group="spot",
+        description="A spot training pool has persistent checkpoint storage and a requeue partition.",
+        remediation="Put `storage.checkpoint_path` under the parallel filesystem's mount path on a "
+        "persistent filesystem (fsx-lustre PERSISTENT_2, lustre, nfs) and keep "
+        "`scheduler.spot_preempt_mode: requeue`.",
+        needs_platform=True,
+        check=check_spot_training_recovery,
+    ),
+    StackRule(
+        id="spot-training-share",
+        group="spot",
+        description="Non-production aws stacks run at least a configured share of training GPUs on spot.",
+        remediation="Move training capacity to a pool with `capacity: spot` and `interruptible: true`, or "
+        "lower `minSpotShare` in the policy config for this stack.",
+        severity="advisory",
+        options=("min_spot_share",),
+        needs_platform=True,
+        check=check_spot_training_share,
+    ),
+    StackRule(
+        id="isolation-shared-resources",
+        group="isolation",
+        description="No launch template, Auto Scaling group, placement group, security group or (when "
+        "configured) subnet serves both training and inference.",
+        remediation="Give training and inference pools their own launch templates, placement groups and "
+        "security groups (GpuNetwork.security_groups[role]); with `isolateSubnets`, their own subnets.",
+        options=("isolate_subnets",),
+        check=check_shared_resources,
+    ),
+    StackRule(
+        id="isolation-partitions",
+        group="isolation",
+        description="No Slurm partition holds a node that also serves inference.",
+        remediation="List each host in exactly one pool; inference hosts never join a training pool.",
+        needs_platform=True,
+        check=check_partitions,
+    ),
+    StackRule(
+        id="isolation-inference-taint",
+        group="isolation",
+        description="Inference nodes carry the taint (or configured label) keeping training jobs off them.",
+        remediation='Add `taints: [{key: gpuplat/inference, value: "true", effect: NoSchedule}]` to the '
+        "inference pool (or set `inferenceLabel` in the policy config to a label the scheduler honours).",
+        options=("inference_label",),
+        needs_platform=True,
+        check=check_inference_taint,
+    ),
+    StackRule(
+        id="fabric-multi-node-rdma",
+        group="fabric",
+        description="A training pool of more than one node has RDMA on every NIC the catalog lists.",
+        remediation="aws: use an EFA instance type and `fabric.kind: efa` (one EFA interface per network "
+        "card); onprem: `fabric.kind: infiniband` or `roce` on RDMA NICs; or keep the pool to one node.",
+        check=check_multi_node_rdma,
+    ),
+    StackRule(
+        id="fabric-cluster-placement",
+        group="fabric",
+        description="A multi-node training pool on aws sits in a cluster placement group.",
+        remediation="Set `fabric.placement: cluster`; the node pool creates a cluster placement group and "
+        "puts the Auto Scaling group in it (one zone).",
+        check=check_cluster_placement,
+    ),
+    StackRule(
+        id="fabric-efa-security-group",
+        group="fabric",
+        description="A security group on EFA interfaces allows all traffic to and from itself.",
+        remediation="Add ingress and egress rules with ipProtocol -1 referencing the group itself "
+        "(GpuNetwork `train-from-self` / `train-to-self`).",
+        check=check_efa_security_group,
+    ),
+    ResourceRule(
+        id="security-imdsv2",
+        group="security",
+        description="Launch templates and instances require IMDSv2 (metadata httpTokens required).",
+        remediation='Set metadata_options.http_tokens = "required".',
+        types=(LAUNCH_TEMPLATE, INSTANCE),
+        check=check_imdsv2,
+    ),
+    ResourceRule(
+        id="security-ebs-encrypted",
+        group="security",
+        description="EBS volumes (launch template block devices, instances, volumes) are encrypted.",
+        remediation='Set ebs.encrypted = "true" on every block device mapping (encrypted = True on volumes).',
+        types=(LAUNCH_TEMPLATE, INSTANCE, VOLUME),
+        check=check_ebs_encrypted,
+    ),
+    ResourceRule(
+        id="security-fsx-encrypted",
+        group="security",
+        description="FSx for Lustre file systems are encrypted at rest (a PERSISTENT deployment type).",
+        remediation="Use deployment_type PERSISTENT_2 (optionally with kms_key_id).",
+        types=(LUSTRE,),
+        check=check_fsx_encrypted,
+    ),
+    StackRule(
+        id="security-s3-encrypted",
+        group="security",
+        description="Every S3 bucket has a server-side encryption configuration (SSE-KMS or SSE-S3).",
+        remediation="Declare a BucketServerSideEncryptionConfiguration with sse_algorithm aws:kms.",
+        check=check_s3_encrypted,
+    ),
+    StackRule(
+        id="security-s3-public-access-blocked",
+        group="security",
+        description="Every S3 bucket has a public access block with all four settings on.",
+        remediation="Declare a BucketPublicAccessBlock with block_public_acls, block_public_policy, "
+        "ignore_public_acls and restrict_public_buckets all True.",
+        check=check_s3_public_access,
+    ),
+    ResourceRule(
+        id="security-no-open-ingress",
+        group="security",
+        description="No security group accepts ingress from 0.0.0.0/0 or ::/0.",
+        remediation="Allow ingress from the VPC CIDR or another security group; reach nodes through SSM.",
+        types=(INGRESS_RULE, SG_RULE, SECURITY_GROUP),
+        check=check_open_ingress,
+    ),
+    ResourceRule(
+        id="security-required-tags",
+        group="security",
+        description="Taggable cloud resources carry the required tags (default owner, team, cost-center).",
+        remediation="Set `tags:` (owner, team, cost-center) in the stack; every component passes them on. "
+        "Change the keys with `requiredTags` in the policy config.",
+        options=("required_tags",),
+        types=TAGGABLE,
+        any_tagged=True,
+        check=check_required_tags,
+    ),
+    StackRule(
+        id="budget-gpus",
+        group="budget",
+        description="The pools' GPUs at full size stay within the stack's budget.max_gpus.",
+        remediation="Lower pool counts/max, pick smaller node types, or raise budget.max_gpus deliberately.",
+        needs_platform=True,
+        check=check_budget_gpus,
+    ),
+    StackRule(
+        id="budget-hourly-cost",
+        group="budget",
+        description="The pools' hourly cost at full size stays within the stack's budget.max_hourly_usd.",
+        remediation="Use spot for interruptible training, lower pool sizes, or raise budget.max_hourly_usd "
+        "deliberately.",
+        needs_platform=True,
+        check=check_budget_cost,
+    ),
+)
+
+RULES_BY_ID = {rule.id: rule for rule in RULES}
+
+
+def rule(rule_id: str) -> ResourceRule | StackRule:
+    return RULES_BY_ID[rule_id]
+
+
+def applies_to(rule_: ResourceRule, resource: ResourceView) -> bool:
+    return resource.type in rule_.types or (rule_.any_tagged and "tags" in resource.props)
+
+
+def evaluate(
+    resources: Iterable[ResourceView],
+    ctx: PolicyContext,
+    rules: Iterable[ResourceRule | StackRule] = RULES,
+) -> list[Verdict]:
+    """Run the rules over one stack's resources; enforcement overrides from the config apply."""
+    index = resources if isinstance(resources, ResourceIndex) else ResourceIndex(resources)
+    verdicts: list[Verdict] = []
+    for rule_ in rules:
+        level = ctx.config.enforcement.get(rule_.id, rule_.severity)
+        if level == "disabled":
+            continue
+        if isinstance(rule_, ResourceRule):
+            for resource in index:
+                if applies_to(rule_, resource):
+                    verdicts += [
+                        Verdict(
+                            rule_.id, level, resource.name, message, rule_.remediation, resource.urn or None
+                        )
+                        for message in rule_.check(resource, ctx)
+                    ]
+        else:
+            if rule_.needs_platform and ctx.platform is None:
+                continue
+            verdicts += [
+                Verdict(rule_.id, level, f.resource, f.message, rule_.remediation, f.urn)
+                for f in rule_.check(index, ctx)
+            ]
+    return verdicts

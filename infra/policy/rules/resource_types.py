@@ -1,0 +1,43 @@
+"""The Pulumi type tokens the rules judge, and the CIDRs that mean "the whole internet"."""
+
+from __future__ import annotations
+
+ASG = "aws:autoscaling/group:Group"
+LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
+PLACEMENT_GROUP = "aws:ec2/placementGroup:PlacementGroup"
+SECURITY_GROUP = "aws:ec2/securityGroup:SecurityGroup"
+SUBNET = "aws:ec2/subnet:Subnet"
+INGRESS_RULE = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
+EGRESS_RULE = "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule"
+SG_RULE = "aws:ec2/securityGroupRule:SecurityGroupRule"
+INSTANCE = "aws:ec2/instance:Instance"
+VOLUME = "aws:ebs/volume:Volume"
+LUSTRE = "aws:fsx/lustreFileSystem:LustreFileSystem"
+BUCKETS = ("aws:s3/bucket:Bucket", "aws:s3/bucketV2:BucketV2")
+BUCKET_SSE = (
+    "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration",
+    "aws:s3/bucketServerSideEncryptionConfigurationV2:BucketServerSideEncryptionConfigurationV2",
+)
+BUCKET_PAB = "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock"
+TAGGABLE = (
+    "aws:ec2/vpc:Vpc",
+    SUBNET,
+    SECURITY_GROUP,
+    "aws:ec2/internetGateway:InternetGateway",
+    "aws:ec2/routeTable:RouteTable",
+    "aws:ec2/eip:Eip",
+    "aws:ec2/natGateway:NatGateway",
+    "aws:ec2/vpcEndpoint:VpcEndpoint",
+    LAUNCH_TEMPLATE,
+    PLACEMENT_GROUP,
+    ASG,
+    INSTANCE,
+    VOLUME,
+    LUSTRE,
+    "aws:fsx/dataRepositoryAssociation:DataRepositoryAssociation",
+    *BUCKETS,
+    "aws:iam/role:Role",
+    "aws:iam/instanceProfile:InstanceProfile",
+)
+OPEN_IPV4 = "0.0.0.0/0"
+OPEN_IPV6 = "::/0"
