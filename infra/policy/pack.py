@@ -92,6 +92,19 @@ def _message(message: str, remediation: str) -> str:
     return f"{message}.\nFix: {remediation}"
 
 
+def _policy_fields(rule: ResourceRule | StackRule) -> dict[str, Any]:
+    """What a CrossGuard policy says about its rule, the same for resource and stack policies."""
+    return {
+        "name": rule.id,
+        "description": rule.description,
+        "enforcement_level": _LEVELS[rule.severity],
+        "config_schema": _config_schema(rule),
+        "severity": _SEVERITY[rule.severity],
+        "tags": [rule.group],
+        "remediation_steps": rule.remediation,
+    }
+
+
 def resource_policy(rule: ResourceRule, loader: PlatformLoader = platform_from_stack) -> Any:
     def validate(args: Any, report_violation: Callable[[str, str | None], None]) -> None:
         view = from_policy_args(args)
@@ -101,16 +114,7 @@ def resource_policy(rule: ResourceRule, loader: PlatformLoader = platform_from_s
         for message in rule.check(view, ctx):
             report_violation(_message(message, rule.remediation), None)
 
-    return pp.ResourceValidationPolicy(
-        name=rule.id,
-        description=rule.description,
-        validate=validate,
-        enforcement_level=_LEVELS[rule.severity],
-        config_schema=_config_schema(rule),
-        severity=_SEVERITY[rule.severity],
-        tags=[rule.group],
-        remediation_steps=rule.remediation,
-    )
+    return pp.ResourceValidationPolicy(validate=validate, **_policy_fields(rule))
 
 
 def stack_policy(rule: StackRule, loader: PlatformLoader = platform_from_stack) -> Any:
@@ -128,16 +132,7 @@ def stack_policy(rule: StackRule, loader: PlatformLoader = platform_from_stack) 
                 _message(f"{finding.resource}: {finding.message}", rule.remediation), finding.urn
             )
 
-    return pp.StackValidationPolicy(
-        name=rule.id,
-        description=rule.description,
-        validate=validate,
-        enforcement_level=_LEVELS[rule.severity],
-        config_schema=_config_schema(rule),
-        severity=_SEVERITY[rule.severity],
-        tags=[rule.group],
-        remediation_steps=rule.remediation,
-    )
+    return pp.StackValidationPolicy(validate=validate, **_policy_fields(rule))
 
 
 def policies(loader: PlatformLoader = platform_from_stack) -> list[Any]:
