@@ -59,6 +59,7 @@ def platform_vars(platform: ResolvedPlatform) -> dict[str, Any]:
         "gpuplat_environment": spec.environment,
         "gpuplat_shared_path": spec.storage.parallel_fs.mount_path,
         "gpuplat_checkpoint_path": spec.storage.checkpoint_path,
+        "gpuplat_os_release": sw.os_release,
         "gpu_driver_branch": sw.driver_branch,
         "gpu_driver_version": sw.driver_version,
         "gpu_driver_open_kernel_modules": sw.open_kernel_modules,
@@ -67,12 +68,16 @@ def platform_vars(platform: ResolvedPlatform) -> dict[str, Any]:
         "cuda_toolkit_package_version": sw.cuda_package_version,
         "nccl_version": sw.nccl,
         "nccl_cuda_version": sw.nccl_cuda_build,
-        "nccl_socket_interface": spec.fabric.socket_interface,
-        "nccl_roce_gid_index": spec.fabric.roce_gid_index,
+        "nccl_ib_gid_index": spec.fabric.roce_gid_index,
         **slurm_vars(platform),
     }
+    if spec.fabric.socket_interface:
+        values["nccl_socket_ifname"] = spec.fabric.socket_interface
+    if spec.fabric.ib_hca:
+        values["nccl_ib_hca"] = spec.fabric.ib_hca
     if spec.serving is not None:
         serving = spec.serving
+        layout = platform.serving_layout
         values.update(
             {
                 "inference_engine": serving.engine,
@@ -83,6 +88,10 @@ def platform_vars(platform: ResolvedPlatform) -> dict[str, Any]:
                 "inference_gateway_max_queue": serving.max_queue,
                 "inference_gateway_queue_timeout_s": serving.queue_timeout_s,
                 "inference_p95_target_ms": serving.p95_target_ms,
+                "inference_vllm_version": sw.serving.version if sw.serving else "",
+                "inference_tensor_parallel_size": layout.tensor_parallel if layout else 1,
+                "inference_replicas_per_node": layout.replicas if layout else 1,
+                "inference_replica_gpus": list(layout.devices) if layout else [""],
             }
         )
     return values

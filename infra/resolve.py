@@ -10,6 +10,8 @@ from pathlib import Path
 
 from infra.data.load import catalog, compatibility
 from infra.data.models import NodeProvider, NodeType
+from infra.data.packages import package_facts, release_offer
+from infra.serving import ServingLayout, serving_layout
 from infra.spec.errors import spec_error
 from infra.spec.load import CONFIG_KEY, load_spec_file
 from infra.spec.models import NodePool, PlatformSpec
@@ -72,6 +74,8 @@ class ResolvedPlatform:
     source: Path
     pools: tuple[ResolvedPool, ...]
     software: SoftwareVersions
+    serving_layout: ServingLayout | None = None
+    """Model-server replicas per node of the serving pool (tensor parallel, GPU groups)."""
 
     @property
     def name(self) -> str:
@@ -144,16 +148,40 @@ def _resolve_pool(
     return ResolvedPool(spec=pool, node_type=node_type, simulated=spec.backend == "local")
 
 
+def os_release(spec: PlatformSpec) -> str:
+    """The GPU nodes' OS release: the stack's, else the default AMI's on aws (Ubuntu 22.04), else Debian 12
+    (the local cluster's image and the release the Molecule scenarios install on)."""
+    if spec.software.os_release:
+        return spec.software.os_release
+    return "ubuntu2204" if spec.backend == "aws" else "debian12"
+
+
 def resolve(spec: PlatformSpec, source: Path) -> ResolvedPlatform:
     problems: list[Problem] = []
     pools = [_resolve_pool(spec, i, p, problems) for i, p in enumerate(spec.pools)]
     resolved_pools = tuple(p for p in pools if p is not None)
     architectures = [p.node_type.gpu.architecture for p in resolved_pools if p.node_type.gpu]
-    software, version_problems = resolve_versions(spec.software, architectures, compatibility(), CONFIG_KEY)
+    offer = release_offer(package_facts(), os_release(spec))
+    software, version_problems = resolve_versions(
+        spec.software, architectures, compatibility(), CONFIG_KEY, spec.serving, offer
+    )
     problems += version_problems
+    layout: ServingLayout | None = None
+    if spec.serving is not None:
+        serving_pool = next((p for p in resolved_pools if p.name == spec.serving.pool), None)
+        if serving_pool is not None:
+            layout, layout_problems = serving_layout(
+                spec.serving,
+                serving_pool.node_type,
+                simulated=serving_pool.simulated,
+                path=f"{CONFIG_KEY}.serving",
+            )
+            problems += layout_problems
     if problems or software is None:
         raise spec_error(source, problems)
-    return ResolvedPlatform(spec=spec, source=source, pools=resolved_pools, software=software)
+    return ResolvedPlatform(
+        spec=spec, source=source, pools=resolved_pools, software=software, serving_layout=layout
+    )
 
 
 def load_platform(path: Path) -> ResolvedPlatform:

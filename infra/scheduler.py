@@ -10,11 +10,18 @@ from typing import Any
 
 from infra.resolve import ResolvedPlatform
 
+# QoS tiers: high and normal preempt spot. The preempt mode of every QoS is the spec's
+# scheduler.spot_preempt_mode (see qos()), the same mode the spot partitions use.
 QOS = (
-    {"name": "high", "priority": 1000, "preempt": ["spot"], "preempt_mode": "requeue"},
-    {"name": "normal", "priority": 100, "preempt": ["spot"], "preempt_mode": "requeue"},
-    {"name": "spot", "priority": 10, "preempt": [], "preempt_mode": "requeue"},
+    {"name": "high", "priority": 1000, "preempt": ["spot"]},
+    {"name": "normal", "priority": 100, "preempt": ["spot"]},
+    {"name": "spot", "priority": 10, "preempt": []},
 )
+
+# Seconds a preempted spot job keeps running after Slurm sends it SIGTERM (QoS GraceTime),
+# so it can write a checkpoint before it is requeued or cancelled (then SIGKILL after
+# KillWait). Sized for a checkpoint of a large model to shared storage.
+SPOT_GRACE_TIME_S = 120
 
 
 @dataclass(frozen=True)
@@ -64,6 +71,19 @@ def partitions(platform: ResolvedPlatform) -> list[Partition]:
     return result
 
 
+def qos(platform: ResolvedPlatform) -> list[dict[str, Any]]:
+    """QoS with the spec's preempt mode and the spot grace period.
+
+    Only the spot QoS is ever preempted; the others carry the same mode so that no QoS
+    disagrees with the spot partitions (slurm_common checks that they agree).
+    """
+    mode = platform.spec.scheduler.spot_preempt_mode
+    return [
+        {**q, "preempt_mode": mode, "grace_time": SPOT_GRACE_TIME_S if q["name"] == "spot" else 0}
+        for q in QOS
+    ]
+
+
 def accounts(platform: ResolvedPlatform) -> list[Account]:
     return [Account(t.name, t.gpu_quota, t.fairshare, list(t.users)) for t in platform.spec.scheduler.teams]
 
@@ -73,6 +93,6 @@ def slurm_vars(platform: ResolvedPlatform) -> dict[str, Any]:
         "slurm_cluster_name": platform.name.replace("-", "_"),
         "slurm_partitions": [asdict(p) for p in partitions(platform)],
         "slurm_accounts": [asdict(a) for a in accounts(platform)],
-        "slurm_qos": [dict(q) for q in QOS],
+        "slurm_qos": qos(platform),
         "slurm_default_time_limit": platform.spec.scheduler.default_time_limit,
     }

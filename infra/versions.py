@@ -1,8 +1,14 @@
-"""Resolve the GPU software stack (driver, fabric manager, CUDA, NCCL) against the compatibility data.
+"""Resolve the GPU software stack (driver, fabric manager, CUDA, NCCL, serving engine) against the data.
 
 Rules (DESIGN.md): driver branch >= what every GPU architecture of the platform needs, open kernel
 modules where an architecture requires them, CUDA <= the driver's highest CUDA, NCCL built for the
 CUDA major, fabric manager version == driver version exactly.
+
+Serving engine (vLLM): the release pins a torch; the torch wheel PyPI serves is built for one CUDA
+major; binaries of that major need a minimum driver branch. With the engine version left open, the
+newest release that runs on the resolved driver is chosen; with it pinned and the driver left open,
+the driver branch is raised to what it needs; pinned against an explicit older driver, the stack is
+rejected naming both fields.
 """
 
 from __future__ import annotations
@@ -10,8 +16,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from infra.data.models import Compatibility, GpuArchitecture
-from infra.spec.models import Software
+from infra.data.models import Compatibility, GpuArchitecture, ServingEngineRelease
+from infra.data.packages import ReleaseOffer
+from infra.spec.models import Serving, Software
 
 Problem = tuple[str, str]
 
@@ -30,16 +37,109 @@ class SoftwareVersions:
     cuda_package_version: str
     nccl: str
     nccl_cuda_build: str
+    serving: ServingVersions | None = None
+    os_release: str | None = None
+
+
+@dataclass(frozen=True)
+class ServingVersions:
+    """A serving engine release and the chain that decides which driver it runs on."""
+
+    engine: str
+    version: str
+    torch: str
+    torch_cuda: str
+    min_driver_branch: int
+
+
+def serving_chain(release: ServingEngineRelease, data: Compatibility) -> ServingVersions:
+    torch = next(t for t in data.torch if t.version == release.torch)
+    minimum = next(m for m in data.cuda_major_drivers if m.cuda_major == torch.cuda_major)
+    return ServingVersions(
+        engine=release.engine,
+        version=release.version,
+        torch=torch.version,
+        torch_cuda=torch.default_cuda,
+        min_driver_branch=minimum.min_driver_branch,
+    )
+
+
+def _resolve_serving(
+    serving: Serving, branch: int, driver_open: bool, data: Compatibility, root: str
+) -> tuple[ServingVersions | None, list[Problem]]:
+    """The engine release for the resolved driver branch (None for engines outside the data)."""
+    if serving.engine != "vllm":
+        return None, []
+    path = f"{root}.serving.engine_version"
+    chains = [serving_chain(r, data) for r in data.serving_engines if r.engine == serving.engine]
+    runnable = [c for c in chains if c.min_driver_branch <= branch]
+    if serving.engine_version is None:
+        if not runnable:
+            return None, [
+                (
+                    path,
+                    f"no vLLM release in the compatibility data runs on driver branch {branch}; known: "
+                    + ", ".join(f"{c.version} (driver >= {c.min_driver_branch})" for c in chains),
+                )
+            ]
+        return max(runnable, key=lambda c: version_tuple(c.version)), []
+    chain = next((c for c in chains if c.version == serving.engine_version), None)
+    if chain is None:
+        known = ", ".join(c.version for c in chains)
+        return None, [(path, f"unknown vLLM {serving.engine_version}; known: {known}")]
+    if chain.min_driver_branch > branch:
+        cuda_major = chain.torch_cuda.split(".")[0]
+        alternatives = ", ".join(c.version for c in runnable) or "none"
+        where = "the default" if driver_open else f"set in {root}.software"
+        return None, [
+            (
+                path,
+                f"vLLM {chain.version} pins torch {chain.torch}, whose PyPI wheel is built for CUDA "
+                f"{chain.torch_cuda}: it needs CUDA {cuda_major} / driver >= {chain.min_driver_branch}, but "
+                f"software.driver_branch is {branch} ({where}). Raise software.driver_branch to "
+                f"{chain.min_driver_branch} or newer, or pick a vLLM release that runs on {branch}: "
+                f"{alternatives}",
+            )
+        ]
+    return chain, []
+
+
+def _unpublished(what: str, offer: ReleaseOffer, published: frozenset[str]) -> str:
+    listed = ", ".join(sorted(published, key=version_tuple)) or "none of the versions in the data"
+    return (
+        f"{what} is not published for {offer.release_name} in NVIDIA's repository "
+        f"(infra/data/packages.yaml lists: {listed}); pick a published version or set software.os_release "
+        "to a release that has it"
+    )
 
 
 def resolve_versions(
-    wanted: Software, architectures: Iterable[GpuArchitecture], data: Compatibility, root: str
+    wanted: Software,
+    architectures: Iterable[GpuArchitecture],
+    data: Compatibility,
+    root: str,
+    serving: Serving | None = None,
+    offer: ReleaseOffer | None = None,
 ) -> tuple[SoftwareVersions | None, list[Problem]]:
+    """The software set for the GPU architectures; with `offer`, only what NVIDIA's repository publishes
+    for the nodes' OS release (infra/data/packages.yaml) is chosen, and pinned versions it lacks are
+    rejected."""
     problems: list[Problem] = []
     path = f"{root}.software"
     archs = sorted(set(architectures))
     support = {a.architecture: a for a in data.architectures}
-    needed_branch = max((support[a].min_driver_branch for a in archs), default=0)
+    arch_branch = max((support[a].min_driver_branch for a in archs), default=0)
+    driver_open = wanted.driver_branch is None and not wanted.driver_version
+    # A pinned engine raises the default driver branch when the stack leaves the driver open.
+    serving_branch = 0
+    if driver_open and serving is not None and serving.engine == "vllm" and serving.engine_version:
+        pinned = [
+            serving_chain(r, data)
+            for r in data.serving_engines
+            if r.engine == serving.engine and r.version == serving.engine_version
+        ]
+        serving_branch = max((c.min_driver_branch for c in pinned), default=0)
+    needed_branch = max(arch_branch, serving_branch)
 
     branch = wanted.driver_branch
     if branch is None and wanted.driver_version:
@@ -52,17 +152,24 @@ def resolve_versions(
     if driver is None:
         known = ", ".join(str(d.branch) for d in data.drivers)
         return None, [(f"{path}.driver_branch", f"unknown driver branch {branch}; known: {known}")]
-    if branch < needed_branch:
+    if branch < arch_branch:
         blockers = [a for a in archs if support[a].min_driver_branch > branch]
         problems.append(
             (
                 f"{path}.driver_branch",
-                f"branch {branch} does not support {', '.join(blockers)} GPUs; use {needed_branch} or newer",
+                f"branch {branch} does not support {', '.join(blockers)} GPUs; use {arch_branch} or newer",
             )
         )
+    serving_versions: ServingVersions | None = None
+    if serving is not None:
+        serving_versions, serving_problems = _resolve_serving(serving, branch, driver_open, data, root)
+        problems += serving_problems
     driver_version = wanted.driver_version or driver.version
     if not driver_version.startswith(f"{branch}."):
         problems.append((f"{path}.driver_version", f"{driver_version} is not on driver branch {branch}"))
+    elif offer is not None and driver_version not in offer.drivers:
+        field = "driver_version" if wanted.driver_version else "driver_branch"
+        problems.append((f"{path}.{field}", _unpublished(f"driver {driver_version}", offer, offer.drivers)))
 
     modules = {support[a].open_kernel_modules for a in archs}
     if "required" in modules and "unsupported" in modules:
@@ -97,20 +204,34 @@ def resolve_versions(
                 f"(supports up to {driver.max_cuda})",
             )
         )
+    elif offer is not None and cuda.package_version not in offer.cuda_releases:
+        problems.append(
+            (f"{path}.cuda", _unpublished(f"CUDA {cuda.package_version}", offer, offer.cuda_releases))
+        )
     if cuda is None or problems:
         return None, problems
 
-    def nccl_build(release_builds: list[str]) -> str | None:
-        """The exact CUDA build if published, else the newest build of the same CUDA major the driver runs."""
-        if cuda.version in release_builds:
-            return cuda.version
-        same_major = [
+    def runs_on_driver(build: str) -> bool:
+        """Minor version compatibility: a build of a CUDA major runs on any driver from that major's
+        minimum branch on (NCCL links the CUDA runtime statically)."""
+        minimum = next((m for m in data.cuda_major_drivers if m.cuda_major == int(build.split(".")[0])), None)
+        if minimum is None:
+            return version_tuple(build) <= version_tuple(driver.max_cuda)
+        return branch >= minimum.min_driver_branch
+
+    def nccl_build(nccl_version: str, release_builds: list[str]) -> str | None:
+        """The toolkit's exact CUDA build if there is one, else the newest build of the same CUDA major
+        that runs on the driver; with `offer`, only builds NVIDIA publishes for the OS release."""
+        eligible = [
             b
             for b in release_builds
             if b.split(".")[0] == cuda.version.split(".")[0]
-            and version_tuple(b) <= version_tuple(driver.max_cuda)
+            and runs_on_driver(b)
+            and (offer is None or (nccl_version, b) in offer.nccl_builds)
         ]
-        return max(same_major, key=version_tuple) if same_major else None
+        if cuda.version in eligible:
+            return cuda.version
+        return max(eligible, key=version_tuple) if eligible else None
 
     if wanted.nccl:
         nccl = next((n for n in data.nccl if n.version == wanted.nccl), None)
@@ -118,16 +239,22 @@ def resolve_versions(
             known = ", ".join(n.version for n in data.nccl)
             return None, [(f"{path}.nccl", f"unknown NCCL {wanted.nccl}; known: {known}")]
     else:
-        candidates = [n for n in data.nccl if nccl_build(n.cuda_builds)]
+        candidates = [n for n in data.nccl if nccl_build(n.version, n.cuda_builds)]
         nccl = max(candidates, key=lambda n: version_tuple(n.version)) if candidates else None
-    build = nccl_build(nccl.cuda_builds) if nccl else None
+    build = nccl_build(nccl.version, nccl.cuda_builds) if nccl else None
     if nccl is None or build is None:
         builds = ", ".join(nccl.cuda_builds) if nccl else "none"
+        published = (
+            f"; NVIDIA publishes for {offer.release_name}: "
+            + (", ".join(f"{v}+cuda{b}" for v, b in sorted(offer.nccl_builds)) or "none")
+            if offer is not None
+            else ""
+        )
         return None, [
             (
                 f"{path}.nccl",
-                f"no NCCL {wanted.nccl or ''} build for CUDA {cuda.version} (builds: {builds}); "
-                "pick an NCCL release built for this CUDA major",
+                f"no NCCL {wanted.nccl or ''} build for CUDA {cuda.version} on driver branch {branch} "
+                f"(builds: {builds}{published}); pick an NCCL release built for this CUDA major",
             )
         ]
     return SoftwareVersions(
@@ -139,4 +266,6 @@ def resolve_versions(
         cuda_package_version=cuda.package_version,
         nccl=nccl.version,
         nccl_cuda_build=build,
+        serving=serving_versions,
+        os_release=offer.release_id if offer is not None else None,
     ), []

@@ -1,35 +1,47 @@
 #!/usr/bin/env bash
-# Build the local Debian 12 systemd base image used by Molecule and the local
-# cluster: debootstrap a minbase rootfs and `podman import` it (no registry is
-# reachable from the test hosts). Skips when the image already exists.
+# Build a local Debian systemd base image used by Molecule and the local cluster:
+# debootstrap a minbase rootfs and `podman import` it (no registry is reachable
+# from the test hosts). Skips when the image already exists.
 #
-#   scripts/build-base-image.sh [--force]
+#   scripts/build-base-image.sh [--force] [SUITE]
+#
+# SUITE is a Debian release the project supports: bookworm (Debian 12, the default,
+# used by the local cluster) or trixie (Debian 13, the second OS of the role tests).
+# The image is localhost/gpuplat-base:SUITE.
 #
 # Environment:
-#   GPUPLAT_BASE_IMAGE   image name (default localhost/gpuplat-base:bookworm)
+#   GPUPLAT_BASE_IMAGE   image name (default localhost/gpuplat-base:SUITE)
 #   GPUPLAT_DEBIAN_MIRROR  Debian archive URL (default: read from the host's apt sources)
 set -euo pipefail
 
-IMAGE=${GPUPLAT_BASE_IMAGE:-localhost/gpuplat-base:bookworm}
+force=0
 SUITE=bookworm
+for arg in "$@"; do
+  case $arg in
+    --force) force=1 ;;
+    bookworm | trixie) SUITE=$arg ;;
+    *)
+      echo "build-base-image.sh: unknown argument '$arg'; allowed: --force, bookworm, trixie" >&2
+      exit 2
+      ;;
+  esac
+done
+IMAGE=${GPUPLAT_BASE_IMAGE:-localhost/gpuplat-base:$SUITE}
 HERE=$(cd "$(dirname "$0")" && pwd)
 export CONTAINERS_CONF=${CONTAINERS_CONF:-$HERE/containers.conf}
-
-force=0
-[[ ${1:-} == --force ]] && force=1
 
 if ((!force)) && podman image exists "$IMAGE"; then
   echo "build-base-image.sh: $IMAGE already present (use --force to rebuild)"
   exit 0
 fi
 
-# The Debian mirror the host itself uses (deb822 .sources or one-line .list).
+# The Debian mirror the host itself uses (any release: the archive holds them all) (deb822 .sources or one-line .list).
 debian_mirror() {
   local f uri
   for f in /etc/apt/sources.list.d/*.sources; do
     [[ -f $f ]] || continue
-    # A stanza whose URIs is a Debian archive (not -security) and Suites has bookworm.
-    uri=$(awk -v suite="$SUITE" '
+    # A stanza whose URIs is a Debian archive (not -security) and Suites has the host's release.
+    uri=$(awk -v suite="$HOST_SUITE" '
       BEGIN { RS=""; FS="\n" }
       {
         u=""; s=""
@@ -43,7 +55,7 @@ debian_mirror() {
   done
   for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
     [[ -f $f ]] || continue
-    uri=$(awk -v suite="$SUITE" '$1=="deb" && $0 !~ /security/ {
+    uri=$(awk -v suite="$HOST_SUITE" '$1=="deb" && $0 !~ /security/ {
             for (i = 2; i <= NF; i++) if ($i !~ /^\[/ && $i ~ /^[a-z]+:\/\//) { if ($(i+1)==suite) { print $i; exit } }
           }' "$f")
     [[ -n $uri ]] && { echo "$uri"; return; }
@@ -51,6 +63,7 @@ debian_mirror() {
   echo "http://deb.debian.org/debian"
 }
 
+HOST_SUITE=$(. /etc/os-release 2>/dev/null && echo "${VERSION_CODENAME:-bookworm}")
 MIRROR=${GPUPLAT_DEBIAN_MIRROR:-$(debian_mirror)}
 ROOTFS=$(mktemp -d /var/tmp/gpuplat-rootfs.XXXXXX)
 trap 'rm -rf "$ROOTFS"' EXIT

@@ -1,26 +1,30 @@
 #!/usr/bin/env python3
 """Build the offline fixture package repositories the role tests install from.
 
-The layout mirrors NVIDIA's own repositories so the roles use the same URLs
-shape against a mirror as against NVIDIA:
+Every package name and version comes from infra/data/packages.yaml, the table of what NVIDIA's and
+the distribution's real repositories carry: the fixture can offer nothing the real world lacks, and
+the build checks its own indexes against the table before it finishes. What this script adds is
+only the payload: stand-in binaries that say they are stand-ins and fail without a GPU, unit files,
+version files. The layout mirrors NVIDIA's repositories so the roles use the same URL shapes
+against the fixture as against NVIDIA or a mirror:
 
-  <out>/cuda/debian12/x86_64/            flat apt repo, like NVIDIA's
+  <out>/cuda/<cuda_repo>/x86_64/         flat apt repo per release, like NVIDIA's
                                          developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/
       *.deb Packages Packages.gz Release InRelease Release.gpg
       gpuplat-fixture.pub                ASCII-armoured signing key (NVIDIA ships e.g. 3bf863cc.pub)
   <out>/libnvidia-container/gpgkey       key, like nvidia.github.io/libnvidia-container/gpgkey
   <out>/libnvidia-container/stable/deb/amd64/   flat apt repo for the container toolkit
+  <out>/distro/<release>/                flat apt repo standing in for the distribution's archive, for
+                                         the kernel headers DKMS needs (the test nodes have no network)
   <out>/efa/aws-efa-installer-<v>.tar.gz a stand-in for the AWS EFA installer tarball
 
-Packages carry NVIDIA's names, versions and Depends, and almost no payload
-(a marker file, stub binaries, unit files). Several versions per package exist
-on purpose: two drivers on branch 570 (version skew), a newer 580 driver with
-the same Debian-style package names (branch pinning), NCCL for two CUDA
-versions (CUDA-major pinning), two CUDA 12.8 updates, two toolkit releases.
+The repositories carry several versions on purpose (as the real ones do): driver branches 570 and
+580 under the same Debian-style names (branch pinning), two CUDA 12.8 updates, NCCL releases,
+toolkit releases.
 
-The signing key is generated at build time into a throwaway GNUPGHOME and is
-never committed. The build is skipped when the output is already up to date
-with this script (a stamp holds the script's hash); --force rebuilds.
+The signing key is generated at build time into a throwaway GNUPGHOME and is never committed. The
+build is skipped when the output is up to date with this script and the facts table (a stamp holds
+their hash); --force rebuilds.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import argparse
 import hashlib
 import io
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -39,19 +44,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from infra.data.packages import (  # noqa: E402
+    PACKAGES_FILE,
+    PackageFacts,
+    Release,
+    Repository,
+    package_facts,
+)
+
 DEFAULT_OUT = ROOT / "build" / "fixture-repo"
 KEY_UID = "gpuplat fixture repository (TEST ONLY) <fixture-repo@gpuplat.invalid>"
-
-DRIVER_VERSIONS = ["570.172.08", "570.195.03", "580.95.05"]
-CUDA_TOOLKITS = {  # toolkit package version -> (cudart version, nvcc version)
-    "12.8.0": ("12.8.57", "12.8.61"),
-    "12.8.1": ("12.8.90", "12.8.93"),
-}
-NCCL_BUILDS = ["2.26.5-1+cuda12.8", "2.27.3-1+cuda12.8", "2.27.3-1+cuda12.9"]
-DCGM_VERSION = "1:4.2.3-1"
-DCGM_EXPORTER_VERSION = "4.2.3-4.1.3-1"
-TOOLKIT_VERSIONS = ["1.17.7-1", "1.17.8-1"]
-EFA_INSTALLER_VERSION = "1.43.1"
+# The releases the Molecule GPU scenario installs on (its base image).
+FIXTURE_RELEASES = ("debian12",)
 
 
 @dataclass
@@ -90,195 +96,150 @@ def unit(description: str, exec_start: str) -> tuple[str, int]:
     return (textwrap.dedent(text), 0o644)
 
 
-def driver_packages(v: str) -> list[Deb]:
-    branch = v.split(".")[0]
-    rev = f"{v}-1"
+def payload(name: str, version: str) -> dict[str, tuple[str, int]]:
+    """The stand-in files of a package, by its real name: what the roles and the scenario's checks
+    look for on disk. Packages not listed here carry only their marker file."""
+    upstream = version.split(":", 1)[-1].rsplit("-", 1)[0]
     no_gpu = (
-        "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver (fixture " + v + ")"
+        f"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver (fixture {upstream})"
     )
-    pkgs = [
-        Deb("libcuda1", rev, files={"/usr/lib/x86_64-linux-gnu/libcuda.so." + v: ("", 0o644)}),
-        Deb("nvidia-kernel-open-dkms", rev, files={f"/usr/src/nvidia-{v}/README.fixture": ("open\n", 0o644)}),
-        Deb(
-            "nvidia-kernel-dkms", rev, files={f"/usr/src/nvidia-{v}/README.fixture": ("proprietary\n", 0o644)}
-        ),
-        Deb(
-            "nvidia-driver-cuda",
-            rev,
-            depends=[f"libcuda1 (= {rev})"],
-            files={"/usr/bin/nvidia-smi": stub("nvidia-smi", no_gpu, 9)},
-        ),
-        Deb(
-            "nvidia-persistenced",
-            rev,
-            files={
-                "/usr/bin/nvidia-persistenced": stub("nvidia-persistenced", "no NVIDIA device", 1),
-                "/lib/systemd/system/nvidia-persistenced.service": unit(
-                    "NVIDIA Persistence Daemon", "/usr/bin/nvidia-persistenced --verbose"
-                ),
-            },
-        ),
-        Deb(
-            f"cuda-drivers-{branch}",
-            rev,
-            depends=[
-                f"nvidia-driver-cuda (= {rev})",
-                f"nvidia-persistenced (= {rev})",
-                f"nvidia-kernel-open-dkms (= {rev}) | nvidia-kernel-dkms (= {rev})",
-            ],
-        ),
-        # From 580 on NVIDIA dropped the branch from the fabric manager's name.
-        Deb(
-            "nvidia-fabricmanager" if int(branch) >= 580 else f"nvidia-fabricmanager-{branch}",
-            rev,
-            files={
-                "/usr/bin/nv-fabricmanager": stub("nv-fabricmanager", "no NVSwitch found", 1),
-                "/usr/share/nvidia/nvswitch/fabricmanager.cfg": ("LOG_LEVEL=4\nFABRIC_MODE=0\n", 0o644),
-                "/lib/systemd/system/nvidia-fabricmanager.service": unit(
-                    "NVIDIA fabric manager service",
-                    "/usr/bin/nv-fabricmanager -c /usr/share/nvidia/nvswitch/fabricmanager.cfg",
-                ),
-            },
-        ),
-        Deb(
-            "libnvidia-nscq" if int(branch) >= 580 else f"libnvidia-nscq-{branch}",
-            rev,
-            files={f"/usr/lib/x86_64-linux-gnu/libnvidia-nscq.so.{v}": ("", 0o644)},
-        ),
-    ]
-    return pkgs
-
-
-def cuda_packages() -> list[Deb]:
-    pkgs: list[Deb] = []
-    for tk, (cudart, nvcc) in CUDA_TOOLKITS.items():
-        major, minor, _ = tk.split(".")
-        dash, dot = f"{major}-{minor}", f"{major}.{minor}"
+    if name == "libcuda1":
+        return {f"/usr/lib/x86_64-linux-gnu/libcuda.so.{upstream}": ("", 0o644)}
+    if name in ("nvidia-kernel-open-dkms", "nvidia-kernel-dkms"):
+        flavour = "open" if "open" in name else "proprietary"
+        return {f"/usr/src/nvidia-{upstream}/README.fixture": (flavour + "\n", 0o644)}
+    if name == "nvidia-driver-cuda":
+        return {"/usr/bin/nvidia-smi": stub("nvidia-smi", no_gpu, 9)}
+    if name == "nvidia-persistenced":
+        return {
+            "/usr/bin/nvidia-persistenced": stub("nvidia-persistenced", "no NVIDIA device", 1),
+            "/lib/systemd/system/nvidia-persistenced.service": unit(
+                "NVIDIA Persistence Daemon", "/usr/bin/nvidia-persistenced --no-persistence-mode --verbose"
+            ),
+        }
+    if name.startswith("nvidia-fabricmanager"):
+        return {
+            "/usr/bin/nv-fabricmanager": stub("nv-fabricmanager", "no NVSwitch found", 1),
+            "/usr/share/nvidia/nvswitch/fabricmanager.cfg": ("LOG_LEVEL=4\nFABRIC_MODE=0\n", 0o644),
+            "/lib/systemd/system/nvidia-fabricmanager.service": unit(
+                "NVIDIA fabric manager service",
+                "/usr/bin/nv-fabricmanager -c /usr/share/nvidia/nvswitch/fabricmanager.cfg",
+            ),
+        }
+    if name.startswith("libnvidia-nscq"):
+        return {f"/usr/lib/x86_64-linux-gnu/libnvidia-nscq.so.{upstream}": ("", 0o644)}
+    if name.startswith("cuda-cudart-") or name.startswith("cuda-nvcc-"):
+        dot = name.rsplit("-", 2)[-2] + "." + name.rsplit("-", 1)[-1]
         prefix = f"/usr/local/cuda-{dot}"
-        pkgs += [
-            Deb(
-                f"cuda-cudart-{dash}",
-                f"{cudart}-1",
-                files={
-                    f"{prefix}/lib64/libcudart.so.{cudart}": ("", 0o644),
-                    f"{prefix}/version.json": (
-                        f'{{"cuda": {{"name": "CUDA SDK", "version": "{tk}"}}}}\n',
-                        0o644,
-                    ),
-                },
+        if name.startswith("cuda-cudart-"):
+            return {f"{prefix}/lib64/libcudart.so.{upstream}": ("", 0o644)}
+        return {
+            f"{prefix}/bin/nvcc": (
+                "#!/bin/sh\n# gpuplat test fixture stand-in for nvcc\n"
+                f"echo 'Cuda compilation tools, release {dot}, V{upstream}'\n",
+                0o755,
+            )
+        }
+    if name.startswith("cuda-toolkit-"):
+        dot = name.rsplit("-", 2)[-2] + "." + name.rsplit("-", 1)[-1]
+        return {
+            f"/usr/local/cuda-{dot}/version.json": (
+                f'{{"cuda": {{"name": "CUDA SDK", "version": "{upstream}"}}}}\n',
+                0o644,
+            )
+        }
+    if name == "libnccl2":
+        return {f"/usr/lib/x86_64-linux-gnu/libnccl.so.{upstream}": ("", 0o644)}
+    if name == "libnccl-dev":
+        major, minor, patch = upstream.split(".")
+        header = (
+            f"/* gpuplat test fixture stand-in for nccl.h */\n#define NCCL_MAJOR {major}\n"
+            f"#define NCCL_MINOR {minor}\n#define NCCL_PATCH {patch}\n"
+        )
+        return {"/usr/include/nccl.h": (header, 0o644), "/usr/lib/x86_64-linux-gnu/libnccl.so": ("", 0o644)}
+    if name == "datacenter-gpu-manager-4-core":
+        return {
+            "/usr/bin/nv-hostengine": stub("nv-hostengine", "no NVIDIA driver loaded", 1),
+            "/usr/bin/dcgmi": stub("dcgmi", "Unable to establish a connection to the host engine", 1),
+            "/lib/systemd/system/nvidia-dcgm.service": unit(
+                "NVIDIA DCGM service", "/usr/bin/nv-hostengine -n"
             ),
-            Deb(
-                f"cuda-nvcc-{dash}",
-                f"{nvcc}-1",
-                files={
-                    f"{prefix}/bin/nvcc": (
-                        "#!/bin/sh\n# gpuplat test fixture stand-in for nvcc\n"
-                        f"echo 'Cuda compilation tools, release {dot}, V{nvcc}'\n",
-                        0o755,
-                    ),
-                },
+        }
+    if name == "datacenter-gpu-manager-exporter":
+        return {
+            "/usr/bin/dcgm-exporter": stub("dcgm-exporter", "DCGM host engine not reachable", 1),
+            "/etc/dcgm-exporter/default-counters.csv": (
+                "DCGM_FI_DEV_GPU_UTIL, gauge, GPU utilization.\n",
+                0o644,
             ),
-            Deb(
-                f"cuda-toolkit-{dash}",
-                f"{tk}-1",
-                depends=[f"cuda-cudart-{dash} (>= {cudart})", f"cuda-nvcc-{dash} (>= {nvcc})"],
+            "/lib/systemd/system/nvidia-dcgm-exporter.service": unit(
+                "NVIDIA DCGM exporter", "/usr/bin/dcgm-exporter"
             ),
-        ]
-    for build in NCCL_BUILDS:
-        upstream = build.split("-")[0]
-        mj, mn, pt = upstream.split(".")
-        pkgs += [
-            Deb("libnccl2", build, files={f"/usr/lib/x86_64-linux-gnu/libnccl.so.{upstream}": ("", 0o644)}),
-            Deb(
-                "libnccl-dev",
-                build,
-                depends=[f"libnccl2 (= {build})"],
-                files={
-                    "/usr/include/nccl.h": (
-                        f"/* gpuplat test fixture stand-in for nccl.h */\n#define NCCL_MAJOR {mj}\n"
-                        f"#define NCCL_MINOR {mn}\n#define NCCL_PATCH {pt}\n",
-                        0o644,
-                    ),
-                    "/usr/lib/x86_64-linux-gnu/libnccl.so": ("", 0o644),
-                },
+        }
+    if name == "libnvidia-container1":
+        return {"/usr/lib/x86_64-linux-gnu/libnvidia-container.so.1": ("", 0o644)}
+    if name == "libnvidia-container-tools":
+        return {"/usr/bin/nvidia-container-cli": stub("nvidia-container-cli", "no NVIDIA driver", 1)}
+    if name == "nvidia-container-toolkit-base":
+        return {
+            "/usr/bin/nvidia-ctk": (
+                "#!/bin/sh\n# gpuplat test fixture stand-in for nvidia-ctk\n"
+                f'[ "$1" = --version ] && echo "NVIDIA Container Toolkit CLI version {upstream}" && exit 0\n'
+                "echo 'nvidia-ctk fixture: no NVIDIA driver' >&2; exit 1\n",
+                0o755,
             ),
-        ]
-    dcgm_core = "datacenter-gpu-manager-4-core"
-    pkgs += [
-        Deb(
-            dcgm_core,
-            DCGM_VERSION,
-            files={
-                "/usr/bin/nv-hostengine": stub("nv-hostengine", "no NVIDIA driver loaded", 1),
-                "/usr/bin/dcgmi": stub("dcgmi", "Unable to establish a connection to the host engine", 1),
-                "/lib/systemd/system/nvidia-dcgm.service": unit(
-                    "NVIDIA DCGM service", "/usr/bin/nv-hostengine -n"
-                ),
-            },
-        ),
-        Deb("datacenter-gpu-manager-4-cuda12", DCGM_VERSION, depends=[f"{dcgm_core} (= {DCGM_VERSION})"]),
-        Deb(
-            "datacenter-gpu-manager-exporter",
-            DCGM_EXPORTER_VERSION,
-            depends=[f"{dcgm_core} (>= 1:4.2.3)"],
-            files={
-                "/usr/bin/dcgm-exporter": stub("dcgm-exporter", "DCGM host engine not reachable", 1),
-                "/etc/dcgm-exporter/default-counters.csv": (
-                    "DCGM_FI_DEV_GPU_UTIL, gauge, GPU utilization.\n",
-                    0o644,
-                ),
-                "/lib/systemd/system/nvidia-dcgm-exporter.service": unit(
-                    "NVIDIA DCGM exporter", "/usr/bin/dcgm-exporter"
-                ),
-            },
-        ),
+            "/usr/bin/nvidia-container-runtime": stub("nvidia-container-runtime", "no NVIDIA driver", 1),
+        }
+    if name == "nvidia-container-toolkit":
+        return {
+            "/usr/bin/nvidia-container-runtime-hook": stub("nvidia-container-runtime-hook", "no driver", 1)
+        }
+    return {}
+
+
+def planned_debs(facts: PackageFacts, release_id: str, repository: Repository) -> list[Deb]:
+    """One stand-in per (name, version) the facts list for the release's repository. Depends are kept
+    where they name packages of the same fixture repository (the rest live in the distribution)."""
+    packages = list(facts.packages_of(release_id, (repository,)))
+    names = {p.name for p in packages}
+    debs = []
+    for package in packages:
+        for version in package.versions:
+            depends = [
+                d
+                for d in package.depends_for(version)
+                if all(alt.split()[0] in names for alt in d.split("|"))
+            ]
+            debs.append(Deb(package.name, version, depends=depends, files=payload(package.name, version)))
+    return debs
+
+
+def kernel_header_debs(release: Release, kernel: str) -> list[Deb]:
+    """Stand-ins for the headers of the running kernel (the pattern of the facts, rendered as the role
+    renders it) and its flavour's meta package, as the distribution's archive would offer them."""
+    names = [release.kernel_headers.replace("{kernel}", kernel)] + [
+        meta
+        for flavour, meta in release.kernel_headers_by_kernel_flavour.items()
+        if flavour in kernel.split("-")
     ]
-    return pkgs
+    return [
+        Deb(name, "1.0-1", files={f"/usr/src/{name}/README.fixture": ("headers\n", 0o644)}) for name in names
+    ]
 
 
-def toolkit_packages() -> list[Deb]:
-    pkgs: list[Deb] = []
-    for v in TOOLKIT_VERSIONS:
-        pkgs += [
-            Deb(
-                "libnvidia-container1",
-                v,
-                files={"/usr/lib/x86_64-linux-gnu/libnvidia-container.so.1": ("", 0o644)},
-            ),
-            Deb(
-                "libnvidia-container-tools",
-                v,
-                depends=[f"libnvidia-container1 (= {v})"],
-                files={"/usr/bin/nvidia-container-cli": stub("nvidia-container-cli", "no NVIDIA driver", 1)},
-            ),
-            Deb(
-                "nvidia-container-toolkit-base",
-                v,
-                files={
-                    "/usr/bin/nvidia-ctk": (
-                        "#!/bin/sh\n# gpuplat test fixture stand-in for nvidia-ctk\n"
-                        f'[ "$1" = --version ] && '
-                        f"echo 'NVIDIA Container Toolkit CLI version {v.split('-')[0]}' && exit 0\n"
-                        "echo 'nvidia-ctk fixture: no NVIDIA driver' >&2; exit 1\n",
-                        0o755,
-                    ),
-                    "/usr/bin/nvidia-container-runtime": stub(
-                        "nvidia-container-runtime", "no NVIDIA driver", 1
-                    ),
-                },
-            ),
-            Deb(
-                "nvidia-container-toolkit",
-                v,
-                depends=[f"nvidia-container-toolkit-base (= {v})", f"libnvidia-container-tools (= {v})"],
-                files={
-                    "/usr/bin/nvidia-container-runtime-hook": stub(
-                        "nvidia-container-runtime-hook", "no driver", 1
-                    )
-                },
-            ),
-        ]
-    return pkgs
+def parse_index(text: str) -> set[tuple[str, str]]:
+    """(Package, Version) pairs of an apt Packages index."""
+    pairs = set()
+    for stanza in text.split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in stanza.splitlines() if ": " in line and line[0] != " ")
+        if "Package" in fields:
+            pairs.add((fields["Package"], fields["Version"]))
+    return pairs
+
+
+def unlisted(index: set[tuple[str, str]], offered: dict[str, set[str]]) -> list[str]:
+    """What an index offers that the facts table does not list for that repository."""
+    return sorted(f"{name} {version}" for name, version in index if version not in offered.get(name, set()))
 
 
 def build_deb(deb: Deb, pool: Path, work: Path) -> None:
@@ -348,18 +309,18 @@ def index_and_sign(repo: Path, gnupg: Path, origin: str, label: str) -> None:
     run(["gpg", "--batch", "--yes", "-abs", "-o", "Release.gpg", "Release"], cwd=repo, env=env)
 
 
-def efa_installer_tarball(path: Path) -> None:
+def efa_installer_tarball(path: Path, version: str, plugin_dir: str) -> None:
     script = textwrap.dedent(f"""\
         #!/bin/sh
-        # gpuplat test fixture stand-in for the AWS EFA installer {EFA_INSTALLER_VERSION}.
+        # gpuplat test fixture stand-in for the AWS EFA installer {version}.
         # Lays down the paths the rdma and nccl roles rely on; installs no software.
         set -e
-        mkdir -p /opt/amazon/efa/bin /opt/amazon/efa/lib /opt/amazon/ofi-nccl/lib
+        mkdir -p /opt/amazon/efa/bin /opt/amazon/efa/lib {plugin_dir}
         printf '#!/bin/sh\\necho "provider: efa (fixture)"\\n' > /opt/amazon/efa/bin/fi_info
         chmod 0755 /opt/amazon/efa/bin/fi_info
-        : > /opt/amazon/ofi-nccl/lib/libnccl-net.so
-        echo "{EFA_INSTALLER_VERSION}" > /opt/amazon/efa_installed_packages
-        echo "EFA installer fixture {EFA_INSTALLER_VERSION}: done"
+        : > {plugin_dir}/libnccl-net.so
+        echo "{version}" > /opt/amazon/efa_installed_packages
+        echo "EFA installer fixture {version}: done"
         """)
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
@@ -371,6 +332,63 @@ def efa_installer_tarball(path: Path) -> None:
     path.write_bytes(buf.getvalue())
 
 
+def generate_key(gnupg: Path) -> tuple[bytes, bytes]:
+    """A throwaway signing key: (ASCII-armoured, binary) public key."""
+    env = {**os.environ, "GNUPGHOME": str(gnupg)}
+    quick_gen = ["gpg", "--batch", "--quiet", "--passphrase", "", "--quick-gen-key", KEY_UID, "ed25519"]
+    run([*quick_gen, "sign", "never"], env=env, stderr=subprocess.DEVNULL)
+    armored = run(["gpg", "--batch", "--armor", "--export", KEY_UID], env=env, stdout=subprocess.PIPE).stdout
+    binary = run(["gpg", "--batch", "--export", KEY_UID], env=env, stdout=subprocess.PIPE).stdout
+    return armored, binary
+
+
+def build(out: Path, facts: PackageFacts, kernel: str) -> int:
+    """Build every fixture repository into `out`; returns the number of packages."""
+    toolkit = out / "libnvidia-container" / "stable" / "deb" / "amd64"
+    repos: list[tuple[Path, list[Deb], dict[str, set[str]], str]] = []
+    for release_id in FIXTURE_RELEASES:
+        release = facts.release(release_id)
+        cuda = out / "cuda" / str(release.cuda_repo) / "x86_64"
+        repos.append(
+            (cuda, planned_debs(facts, release_id, "cuda"), facts.offered(release_id, "cuda"), "NVIDIA")
+        )
+        headers = kernel_header_debs(release, kernel)
+        repos.append(
+            (out / "distro" / release_id, headers, {d.name: {d.version} for d in headers}, "gpuplat distro")
+        )
+    repos.append(
+        (
+            toolkit,
+            planned_debs(facts, FIXTURE_RELEASES[0], "container-toolkit"),
+            facts.offered(FIXTURE_RELEASES[0], "container-toolkit"),
+            "github.com/nvidia/libnvidia-container",
+        )
+    )
+    with tempfile.TemporaryDirectory(prefix="gpuplat-fixture-") as tmp:
+        gnupg = Path(tmp) / "gnupg"
+        gnupg.mkdir(mode=0o700)
+        armored, binary = generate_key(gnupg)
+        for index, (repo, debs, offered, origin) in enumerate(repos):
+            repo.mkdir(parents=True)
+            for deb in debs:
+                build_deb(deb, repo, Path(tmp) / f"debs-{index}")
+            index_and_sign(repo, gnupg, origin, f"{origin} (gpuplat fixture)")
+            extra = unlisted(parse_index((repo / "Packages").read_text()), offered)
+            if extra:
+                listed = PACKAGES_FILE.name
+                raise SystemExit(
+                    f"build-fixture-repo: {repo} offers what {listed} does not list: {', '.join(extra)}"
+                )
+            (repo / "gpuplat-fixture.pub").write_bytes(armored)
+            (repo / "cuda-archive-keyring.gpg").write_bytes(binary)
+    (out / "libnvidia-container" / "gpgkey").write_bytes(armored)
+    for release_id in FIXTURE_RELEASES:
+        plugin_dir = facts.release(release_id).ofi_nccl_libdir
+        for version in facts.efa_installer.versions:
+            efa_installer_tarball(out / "efa" / f"aws-efa-installer-{version}.tar.gz", version, plugin_dir)
+    return sum(len(debs) for _, debs, _, _ in repos)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -378,7 +396,10 @@ def main() -> int:
     args = parser.parse_args()
     out: Path = args.out.resolve()
 
-    digest = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    kernel = platform.release()
+    digest = hashlib.sha256(
+        Path(__file__).read_bytes() + PACKAGES_FILE.read_bytes() + kernel.encode()
+    ).hexdigest()
     stamp = out / ".stamp"
     if not args.force and stamp.is_file() and stamp.read_text().strip() == digest:
         print(f"build-fixture-repo: {out} is up to date")
@@ -392,57 +413,12 @@ def main() -> int:
 
     if out.exists():
         shutil.rmtree(out)
-    cuda = out / "cuda" / "debian12" / "x86_64"
-    toolkit = out / "libnvidia-container" / "stable" / "deb" / "amd64"
-    cuda.mkdir(parents=True)
-    toolkit.mkdir(parents=True)
-
-    with tempfile.TemporaryDirectory(prefix="gpuplat-fixture-") as tmp:
-        gnupg = Path(tmp) / "gnupg"
-        gnupg.mkdir(mode=0o700)
-        env = {**os.environ, "GNUPGHOME": str(gnupg)}
-        run(
-            [
-                "gpg",
-                "--batch",
-                "--quiet",
-                "--passphrase",
-                "",
-                "--quick-gen-key",
-                KEY_UID,
-                "ed25519",
-                "sign",
-                "never",
-            ],
-            env=env,
-            stderr=subprocess.DEVNULL,
-        )
-        armored = run(
-            ["gpg", "--batch", "--armor", "--export", KEY_UID], env=env, stdout=subprocess.PIPE
-        ).stdout
-        binary = run(["gpg", "--batch", "--export", KEY_UID], env=env, stdout=subprocess.PIPE).stdout
-
-        work = Path(tmp) / "debs"
-        for deb in [p for v in DRIVER_VERSIONS for p in driver_packages(v)] + cuda_packages():
-            build_deb(deb, cuda, work)
-        for deb in toolkit_packages():
-            build_deb(deb, toolkit, work)
-
-        index_and_sign(cuda, gnupg, "NVIDIA", "NVIDIA CUDA (gpuplat fixture)")
-        index_and_sign(
-            toolkit, gnupg, "github.com/nvidia/libnvidia-container", "libnvidia-container (gpuplat fixture)"
-        )
-
-    (cuda / "gpuplat-fixture.pub").write_bytes(armored)
-    (cuda / "cuda-archive-keyring.gpg").write_bytes(binary)
-    (out / "libnvidia-container" / "gpgkey").write_bytes(armored)
-    efa_installer_tarball(out / "efa" / f"aws-efa-installer-{EFA_INSTALLER_VERSION}.tar.gz")
-    for p in out.rglob("*"):
-        p.chmod(0o755 if p.is_dir() else 0o644)
+    count = build(out, package_facts(), kernel)
+    for path in out.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
     out.chmod(0o755)
     stamp.write_text(digest + "\n")
-    count = len(list(cuda.glob("*.deb"))) + len(list(toolkit.glob("*.deb")))
-    print(f"build-fixture-repo: {count} packages signed into {out}")
+    print(f"build-fixture-repo: {count} packages from {PACKAGES_FILE.name} signed into {out}")
     return 0
 
 

@@ -10,7 +10,10 @@
 #                    rdma from Debian's archive, every GPU role skips and leaves nothing behind
 #   fm_version_skew  negative test: fabric manager != driver version fails with a clear message
 #
-#   scripts/test-roles.sh [scenario ...]     (default: all)
+# Then node_base again on Debian 13 (trixie), the second supported Debian release
+# (GPUPLAT_TEST_SUITE selects the base image; see molecule/shared/create.yml).
+#
+#   scripts/test-roles.sh [scenario ...]     (default: all, then node_base on trixie)
 #
 # Needs: scripts/setup-host.sh (as root) and `.venv/bin/pip install -e '.[dev,ansible]'`.
 # Prints `N passed, M failed` last and exits non-zero if anything failed.
@@ -23,6 +26,7 @@ SUITE=test-roles
 # shellcheck source=scripts/lib/test-steps.sh
 source "$ROOT/scripts/lib/test-steps.sh"
 ALL_SCENARIOS=(gpu_stack node_base fm_version_skew)
+TRIXIE_SCENARIOS=(node_base)
 SCENARIOS=("${@:-${ALL_SCENARIOS[@]}}")
 require_tools podman debootstrap apt-ftparchive molecule ansible-lint
 
@@ -38,5 +42,17 @@ for scenario in "${SCENARIOS[@]}"; do
     skip_step "molecule:$scenario" "base image or fixture repository missing"
   fi
 done
+
+if (($# == 0)); then
+  if run_step base-image:trixie scripts/build-base-image.sh trixie; then
+    for scenario in "${TRIXIE_SCENARIOS[@]}"; do
+      run_step "molecule:$scenario@trixie" env GPUPLAT_TEST_SUITE=trixie molecule test -s "$scenario"
+    done
+  else
+    for scenario in "${TRIXIE_SCENARIOS[@]}"; do
+      skip_step "molecule:$scenario@trixie" "Debian 13 base image missing"
+    done
+  fi
+fi
 
 finish_steps

@@ -3,10 +3,16 @@
 
 It fits y = w.x + b by SGD on a synthetic data set fixed by --seed (pure Python, CPU, no packages),
 saving a checkpoint every --every steps to shared storage and resuming from the newest complete one
-when it starts. Submit it requeueable:
+when it starts. Submit it requeueable, with the work in a job step (srun), which is what Slurm
+signals first when it preempts the job:
 
     sbatch --requeue --partition train --gres gpu:1 --wrap \
-        "python3 /shared/jobs/train.py --dir /shared/checkpoints/demo --steps 400 --every 20"
+        "srun python3 /shared/jobs/train.py --dir /shared/checkpoints/demo --steps 400 --every 20"
+
+Preemption (spot): Slurm sends SIGTERM and gives the job its QoS's GraceTime before it requeues or
+cancels it. On SIGTERM the job finishes the step it is in, writes a checkpoint at once (not at the
+next --every), and then waits to be stopped (at most --term-wait seconds, then exits 143): a job
+that exits by itself during the grace period could be recorded as finished instead of requeued.
 
 Checkpoint conventions (use the same for your own jobs):
 - write to a temporary name in the same directory, flush and fsync the file, rename it over the final
@@ -24,9 +30,11 @@ import hashlib
 import json
 import os
 import random
+import signal
 import sys
 import time
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 FEATURES = 4
@@ -97,6 +105,16 @@ def load_latest(directory: Path) -> dict[str, Any] | None:
     return None
 
 
+class Preemption:
+    """Remembers a SIGTERM (preemption, time limit, scancel) so the loop can checkpoint at a step boundary."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        self.requested = True
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", type=Path, required=True, help="checkpoint directory on shared storage")
@@ -107,7 +125,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep per step (for fault tests)")
     parser.add_argument("--progress", action="store_true", help="print a line per step")
+    parser.add_argument("--term-wait", type=float, default=900.0,
+                        help="after SIGTERM and its checkpoint, seconds to wait to be stopped")  # fmt: skip
     args = parser.parse_args(argv)
+    preemption = Preemption()
+    previous = signal.signal(signal.SIGTERM, preemption.handle)
+    try:
+        return _train(args, preemption)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _train(args: argparse.Namespace, preemption: Preemption) -> int:
 
     rows = dataset(args.seed)
     state = load_latest(args.dir)
@@ -122,6 +151,13 @@ def main(argv: list[str] | None = None) -> int:
             save_checkpoint(args.dir, state, args.keep)
         if args.progress:
             print(f"step {state['step']}", flush=True)
+        if preemption.requested:
+            save_checkpoint(args.dir, state, args.keep)
+            print(f"SIGTERM: checkpoint at step {state['step']}; waiting to be requeued", flush=True)
+            deadline = time.monotonic() + args.term_wait
+            while time.monotonic() < deadline:
+                time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+            return 128 + signal.SIGTERM
         if args.step_seconds:
             time.sleep(args.step_seconds)
     result = {"step": state["step"], "w": state["w"], "b": state["b"], "loss": state["loss"],

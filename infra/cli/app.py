@@ -14,6 +14,7 @@ from infra.cli.commands.plan import plan
 from infra.cli.commands.size import size
 from infra.cli.commands.stacks import stacks
 from infra.errors import GpuPlatError
+from infra.plan.record import release_event_loops
 
 app = typer.Typer(
     name="gpuplat",
@@ -42,3 +43,5 @@ def main() -> None:
     except KeyboardInterrupt:
         output.error("interrupted")
         sys.exit(130)
+    finally:
+        release_event_loops()

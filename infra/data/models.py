@@ -126,12 +126,51 @@ class NcclRelease(Sourced):
     )
 
 
+class CudaMajorDriver(Sourced):
+    """Minimum driver branch for binaries built with any toolkit of a CUDA major (minor version compat)."""
+
+    cuda_major: int = Field(ge=11)
+    min_driver_branch: int
+
+
+class TorchRelease(Sourced):
+    version: str = Field(pattern=r"^\d+\.\d+\.\d+$")
+    default_cuda: str = Field(
+        pattern=r"^\d+\.\d+$", description="CUDA build of the wheel `pip install torch` gets from PyPI"
+    )
+
+    @property
+    def cuda_major(self) -> int:
+        return int(self.default_cuda.split(".")[0])
+
+
+class ServingEngineRelease(Sourced):
+    engine: Literal["vllm"]
+    version: str = Field(pattern=r"^\d+\.\d+\.\d+(\.\d+)?$")
+    torch: str = Field(pattern=r"^\d+\.\d+\.\d+$", description="the torch version the release pins (==)")
+
+
 class Compatibility(_Strict):
     architectures: list[ArchitectureSupport]
     drivers: list[DriverBranch]
     cuda: list[CudaRelease]
     nccl: list[NcclRelease]
     default_driver_branch: int
+    cuda_major_drivers: list[CudaMajorDriver] = Field(default_factory=list)
+    torch: list[TorchRelease] = Field(default_factory=list)
+    serving_engines: list[ServingEngineRelease] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _serving_chain_known(self) -> Compatibility:
+        torch = {t.version: t for t in self.torch}
+        majors = {m.cuda_major for m in self.cuda_major_drivers}
+        for engine in self.serving_engines:
+            pinned = torch.get(engine.torch)
+            if pinned is None:
+                raise ValueError(f"{engine.engine} {engine.version} pins torch {engine.torch}: not listed")
+            if pinned.cuda_major not in majors:
+                raise ValueError(f"torch {pinned.version}: CUDA {pinned.cuda_major} has no minimum driver")
+        return self
 
     @model_validator(mode="after")
     def _default_known(self) -> Compatibility:

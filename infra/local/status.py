@@ -12,7 +12,8 @@ EXPECTED_SERVICES = {
     "train": ["munge", "slurmd", "prometheus-node-exporter"],
     "infer": ["prometheus-node-exporter"],
 }
-SERVING_SERVICES = {"service": ["haproxy", "prometheus"], "infer": ["gpuplat-inference"]}
+# Model servers run one `gpuplat-inference@N` unit per GPU group; replica 0 exists on every inference node.
+SERVING_SERVICES = {"service": ["haproxy", "prometheus"], "infer": ["gpuplat-inference@0"]}
 
 
 def expected_services(role: str, serving: bool) -> list[str]:

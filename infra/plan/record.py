@@ -7,6 +7,7 @@ and parent of each, and the stack outputs.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -148,3 +149,16 @@ def record(platform: ResolvedPlatform, program: Any = None) -> Recording:
         asyncio.set_event_loop(None)
     recording.resources.sort(key=lambda r: (r.type, r.urn))
     return recording
+
+
+def release_event_loops() -> None:
+    """Close the event loops the Pulumi SDK leaves behind (it creates one on demand when none is set)
+    while the process can still close them cleanly; left to interpreter shutdown, their finalizers
+    print 'Exception ignored in BaseEventLoop.__del__ ... Invalid file descriptor'."""
+    gc.collect()
+    policy = asyncio.get_event_loop_policy()
+    loop = getattr(getattr(policy, "_local", None), "_loop", None)
+    if isinstance(loop, asyncio.AbstractEventLoop) and not loop.is_running() and not loop.is_closed():
+        loop.close()
+    asyncio.set_event_loop(None)
+    gc.collect()

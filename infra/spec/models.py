@@ -112,7 +112,20 @@ class Fabric(_Model):
     kind: FabricKind = "none"
     placement: Placement = "cluster"
     roce_gid_index: int = Field(3, ge=0, description="RoCE v2 GID index NCCL uses")
-    socket_interface: str = Field("eth0", description="interface NCCL bootstraps on (NCCL_SOCKET_IFNAME)")
+    socket_interface: str | None = Field(
+        None,
+        description=(
+            "interface NCCL bootstraps on (NCCL_SOCKET_IFNAME), e.g. bond0; unset: every interface but "
+            "loopback and container bridges (interface names differ per machine image)"
+        ),
+    )
+    ib_hca: str | None = Field(
+        None,
+        description=(
+            "NCCL_IB_HCA for InfiniBand/RoCE, e.g. '=mlx5_0,mlx5_3'; unset: NCCL picks every active HCA. "
+            "Device names are a per-host fact (inbox rdma-core renames devices): set it only where known"
+        ),
+    )
 
 
 class ParallelFilesystem(_Model):
@@ -178,6 +191,23 @@ class Serving(_Model):
     max_inflight_per_replica: int = Field(8, ge=1)
     gpu_memory_fraction: float = Field(0.9, gt=0, le=1)
     p95_target_ms: int = Field(2000, ge=1)
+    engine_version: str | None = Field(
+        None,
+        pattern=r"^\d+\.\d+\.\d+(\.\d+)?$",
+        description="vLLM release; default: the newest one whose torch's CUDA runs on the driver branch",
+    )
+    model_params_b: float | None = Field(
+        None, gt=0, description="model size in billions of parameters; sizes the tensor-parallel degree"
+    )
+    weight_bytes_per_param: float = Field(
+        2, gt=0, le=4, description="2 for bf16/fp16, 1 for fp8, 0.5 for int4"
+    )
+    kv_cache_gib: float = Field(
+        8, ge=0, description="KV cache one replica needs at max_inflight_per_replica sequences (GiB)"
+    )
+    tensor_parallel: int | None = Field(
+        None, ge=1, description="GPUs per replica; default: the smallest power of two the model fits in"
+    )
 
     @model_validator(mode="after")
     def _replicas(self) -> Serving:
@@ -188,7 +218,17 @@ class Serving(_Model):
         return self
 
 
+OsRelease = Literal["debian12", "debian13", "ubuntu2204", "ubuntu2404"]
+
+
 class Software(_Model):
+    os_release: OsRelease | None = Field(
+        None,
+        description=(
+            "OS release of the GPU nodes (infra/data/packages.yaml); versions are only picked from what "
+            "NVIDIA publishes for it. Default: ubuntu2204 on aws (the default AMI), debian12 elsewhere"
+        ),
+    )
     driver_branch: int | None = None
     driver_version: str | None = None
     cuda: str | None = Field(None, pattern=r"^\d+\.\d+$")

@@ -130,7 +130,7 @@ def test_inference_scales_on_gpu_memory_and_requests(aws_prod: Recording) -> Non
         p.inputs["targetTrackingConfiguration"]["customizedMetricSpecification"]["metricName"]
         for p in policies
     }
-    assert metrics == {"GPUMemoryUtilization", "RequestsPerSecond"}
+    assert metrics == {"KVCacheUtilization", "RequestsPerSecond"}
 
 
 def test_pool_tags_for_the_inventory(aws_prod: Recording) -> None:

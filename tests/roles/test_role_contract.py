@@ -10,10 +10,13 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from infra.data.packages import package_facts, role_release_facts
 
 yaml = pytest.importorskip("yaml")
 jinja2 = pytest.importorskip("jinja2")
@@ -30,6 +33,7 @@ NODE_ROLES = [
     "dcgm",
     "node_exporter",
     "nvidia_common",
+    "node_identity",
 ]
 CONTRACT = {
     "gpu_driver": [
@@ -81,25 +85,31 @@ def test_contract_variables_are_required_not_defaulted(role: str, names: list[st
         assert name not in defaults, f"{role}: {name} comes from the inventory and must have no default"
 
 
-def render_nccl_conf(fabric: str, nics: int = 8, **overrides: Any) -> str:
+def render(env: Any, text: str, variables: dict[str, Any]) -> Any:
+    """Render one value the way Ansible does: strings are templates, the rest passes through."""
+    return env.from_string(text).render(**variables).strip() if isinstance(text, str) else text
+
+
+def render_nccl_conf(fabric: str, nics: int = 8, release: str = "debian12", **overrides: Any) -> str:
+    """nccl.conf as the role renders it: its defaults, then its vars, then the template."""
     env = jinja2.Environment(trim_blocks=True, lstrip_blocks=False, keep_trailing_newline=True)
     env.filters["comment"] = lambda text: "#\n# " + text + "\n#"
-    variables: dict[str, Any] = dict(load(ROLES / "nccl" / "defaults" / "main.yml"))
-    variables.update(
-        ansible_managed="Ansible managed",
-        nccl_version="2.27.3",
-        nccl_cuda_version="12.8",
-        gpuplat_fabric=fabric,
-        gpuplat_fabric_nics=nics,
-    )
+    env.filters["regex_escape"] = re.escape
+    variables: dict[str, Any] = {
+        "ansible_managed": "Ansible managed",
+        "nvidia_common_release": role_release_facts(package_facts())[release],
+        "nccl_version": "2.27.3",
+        "nccl_cuda_version": "12.8",
+        "gpuplat_fabric": fabric,
+        "gpuplat_fabric_nics": nics,
+    }
+    defaults = load(ROLES / "nccl" / "defaults" / "main.yml")
+    variables.update({k: v for k, v in defaults.items() if k not in overrides})
     variables.update(overrides)
-    # The role's computed values, as in roles/nccl/vars/main.yml.
-    variables["__nccl_ib_hca"] = variables["nccl_ib_hca"] or "=" + ",".join(f"mlx5_{i}" for i in range(nics))
-    variables["__nccl_net"] = variables["nccl_net"] or {
-        "infiniband": "IB",
-        "roce": "IB",
-        "efa": "AWS Libfabric",
-    }.get(fabric, "")
+    for key, value in load(ROLES / "nccl" / "vars" / "main.yml").items():
+        variables[key] = render(env, value, variables)
+    for key in defaults:
+        variables[key] = render(env, variables[key], variables)
     template = env.from_string((ROLES / "nccl" / "templates" / "nccl.conf.j2").read_text())
     return template.render(**variables)
 
@@ -108,33 +118,57 @@ def settings(text: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in text.splitlines() if line and not line.startswith("#"))
 
 
-def test_nccl_conf_infiniband_forces_ib_on_every_hca() -> None:
+def test_nccl_conf_infiniband_enables_ib_without_guessing_device_names() -> None:
     conf = settings(render_nccl_conf("infiniband", nics=4))
-    assert conf["NCCL_NET"] == "IB"
     assert conf["NCCL_IB_DISABLE"] == "0"
-    assert conf["NCCL_IB_HCA"] == "=mlx5_0,mlx5_1,mlx5_2,mlx5_3"
+    # Inbox rdma-core names devices ibp<bus>s<slot>, not mlx5_N: a guessed list would match nothing.
+    assert "NCCL_IB_HCA" not in conf
+    assert "NCCL_NET" not in conf
     assert "NCCL_IB_GID_INDEX" not in conf
+
+
+def test_nccl_conf_takes_an_explicit_hca_list_per_host() -> None:
+    conf = settings(render_nccl_conf("infiniband", nccl_ib_hca="=mlx5_0,mlx5_3"))
+    assert conf["NCCL_IB_HCA"] == "=mlx5_0,mlx5_3"
 
 
 def test_nccl_conf_roce_sets_gid_index_and_traffic_class() -> None:
     conf = settings(render_nccl_conf("roce", nccl_ib_traffic_class="106"))
-    assert conf["NCCL_NET"] == "IB"
     assert conf["NCCL_IB_GID_INDEX"] == "3"
     assert conf["NCCL_IB_TC"] == "106"
 
 
-def test_nccl_conf_efa_uses_libfabric_plugin() -> None:
+def test_nccl_conf_efa_leaves_the_network_to_the_plugin() -> None:
     conf = settings(render_nccl_conf("efa"))
     assert conf["FI_PROVIDER"] == "efa"
-    assert conf["NCCL_NET_PLUGIN"] == "/opt/amazon/ofi-nccl/lib/libnccl-net.so"
-    assert conf["NCCL_NET"] == "AWS Libfabric"
+    assert "NCCL_NET" not in conf
+    assert "NCCL_NET_PLUGIN" not in conf
     assert "NCCL_IB_HCA" not in conf
+
+
+@pytest.mark.parametrize("release", ["debian12", "debian13", "ubuntu2204", "ubuntu2404"])
+def test_efa_plugin_directory_is_the_multiarch_one(release: str) -> None:
+    """The EFA installer (before 1.44) puts aws-ofi-nccl under lib/x86_64-linux-gnu on Debian/Ubuntu."""
+    assert "(/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu)" in render_nccl_conf("efa", release=release)
+
+
+def test_nccl_conf_forces_a_network_only_when_asked() -> None:
+    assert settings(render_nccl_conf("efa", nccl_net="AWS Libfabric"))["NCCL_NET"] == "AWS Libfabric"
 
 
 def test_nccl_conf_without_fabric_uses_sockets_explicitly() -> None:
     conf = settings(render_nccl_conf("none"))
     assert conf["NCCL_IB_DISABLE"] == "1"
     assert "NCCL_NET" not in conf
+
+
+def test_stack_socket_interface_reaches_nccl_conf(shipped_platforms: dict[str, Any]) -> None:
+    from infra.inventory import platform_vars
+
+    values = platform_vars(shipped_platforms["onprem"])
+    conf = settings(render_nccl_conf("infiniband", nccl_socket_ifname=values["nccl_socket_ifname"]))
+    assert conf["NCCL_SOCKET_IFNAME"] == "bond0"
+    assert "nccl_socket_ifname" not in platform_vars(shipped_platforms["local"])
 
 
 @pytest.mark.parametrize("fabric", ["infiniband", "roce", "efa", "none"])

@@ -25,7 +25,9 @@ from infra.data.models import NodeType
 from infra.spec.models import NodePool
 
 INFERENCE_METRICS_NAMESPACE = "GpuPlatform/Inference"
-INFERENCE_TARGETS = {"GPUMemoryUtilization": 80.0, "RequestsPerSecond": 20.0}
+# Load, as the scaling agent on each inference node publishes it: vLLM's KV-cache use (device memory is
+# no load signal: vLLM pre-allocates ~90% of it at idle) and the request rate per instance.
+INFERENCE_TARGETS = {"KVCacheUtilization": 75.0, "RequestsPerSecond": 20.0}
 
 
 @dataclass(frozen=True)

@@ -1,17 +1,23 @@
 #!/usr/bin/env python3
 """Publish the inference pool's autoscaling signals to CloudWatch, once a minute.
 
-The infer pool's Auto Scaling group tracks two custom metrics (infra/backends/aws/node_pool.py):
-namespace GpuPlatform/Inference, dimension AutoScalingGroupName, statistic Average:
+The infer pool's Auto Scaling group tracks custom metrics (infra/backends/aws/node_pool.py):
+namespace GpuPlatform/Inference, dimension AutoScalingGroupName, statistic Average. They measure
+load, read from every model-server replica of the node (one /metrics URL per replica):
 
-  RequestsPerSecond     requests this node's model server finished per second, read as the
-                        increase of its request counter between two scrapes of /metrics
-                        (vLLM: vllm:request_success_total; CPU reference server:
-                        gpuplat_inference_requests_total)
-  GPUMemoryUtilization  GPU memory in use, percent, the highest over the node's GPUs
-                        (nvidia-smi); not sent where there is no GPU
+  RequestsPerSecond     requests the node's replicas finished per second, read as the increase of
+                        their request counters between two scrapes (vLLM: vllm:request_success_total;
+                        CPU reference server: gpuplat_inference_requests_total)
+  KVCacheUtilization    KV-cache blocks in use, percent, averaged over the replicas (vLLM:
+                        vllm:kv_cache_usage_perc, named vllm:gpu_cache_usage_perc before vLLM 0.10);
+                        not sent where the engine has no KV cache
+  RequestsWaiting       requests queued inside the replicas, summed (vllm:num_requests_waiting;
+                        gpuplat_inference_requests_waiting)
 
-  gpuplat_scaling_agent.py --asg NAME --region REGION [--interval 60]
+GPU memory is not a load signal: vLLM pre-allocates gpu_memory_fraction (~90%) of every GPU at
+start, idle or not.
+
+  gpuplat_scaling_agent.py --asg NAME --region REGION --metrics-url URL [--metrics-url URL ...]
   gpuplat_scaling_agent.py --dry-run --once --interval 5     # print what it would send
 
 Standard library, plus boto3 only when it publishes.
@@ -23,89 +29,100 @@ import argparse
 import json
 import logging
 import re
-import shutil
-import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass
 from typing import Any
 
 NAMESPACE = "GpuPlatform/Inference"
 REQUEST_COUNTERS = ("vllm:request_success_total", "gpuplat_inference_requests_total")
+KV_CACHE_GAUGES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+WAITING_GAUGES = ("vllm:num_requests_waiting", "gpuplat_inference_requests_waiting")
 LOG = logging.getLogger("gpuplat-scaling-agent")
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 
 
-def request_count(metrics_text: str) -> float | None:
-    """Total finished requests in a Prometheus text exposition (None: no known counter)."""
+def _totals(metrics_text: str, names: tuple[str, ...]) -> dict[str, float]:
     totals: dict[str, float] = {}
     for line in metrics_text.splitlines():
         match = _SAMPLE.match(line)
-        if match and match.group(1) in REQUEST_COUNTERS:
+        if match and match.group(1) in names:
             totals[match.group(1)] = totals.get(match.group(1), 0.0) + float(match.group(3))
-    for name in REQUEST_COUNTERS:
-        if name in totals:
-            return totals[name]
-    return None
+    return totals
 
 
-def gpu_memory_percent(nvidia_smi_csv: str) -> float | None:
-    """Highest memory.used / memory.total over the GPUs, percent (csv,noheader,nounits)."""
-    worst = None
-    for line in nvidia_smi_csv.strip().splitlines():
-        used, total = (float(v) for v in line.split(","))
-        if total > 0:
-            worst = max(worst or 0.0, 100.0 * used / total)
-    return worst
+def _first(totals: dict[str, float], names: tuple[str, ...]) -> float | None:
+    return next((totals[name] for name in names if name in totals), None)
 
 
-def read_gpu_memory() -> float | None:
-    if not shutil.which("nvidia-smi"):
-        return None
-    out = subprocess.run(
-        ["nvidia-smi", "--query-gpu=memory.used,memory.total", "--format=csv,noheader,nounits"],
-        capture_output=True,
-        text=True,
-        timeout=20,
-        check=True,
-    ).stdout
-    return gpu_memory_percent(out)
+def request_count(metrics_text: str) -> float | None:
+    """Total finished requests in a Prometheus text exposition (None: no known counter)."""
+    return _first(_totals(metrics_text, REQUEST_COUNTERS), REQUEST_COUNTERS)
 
 
-def scrape(url: str) -> float | None:
-    with urllib.request.urlopen(url, timeout=10) as resp:
-        return request_count(resp.read().decode())
+def kv_cache_usage(metrics_text: str) -> float | None:
+    """KV-cache usage of one replica, 0..1 (None: the engine exports none)."""
+    return _first(_totals(metrics_text, KV_CACHE_GAUGES), KV_CACHE_GAUGES)
 
 
-def metric_data(asg: str, rps: float | None, gpu_mem: float | None) -> list[dict[str, Any]]:
+def requests_waiting(metrics_text: str) -> float | None:
+    return _first(_totals(metrics_text, WAITING_GAUGES), WAITING_GAUGES)
+
+
+@dataclass(frozen=True)
+class Sample:
+    requests: float | None
+    kv_cache_percent: float | None
+    waiting: float | None
+
+
+def node_sample(texts: list[str]) -> Sample:
+    """One node's load over its replicas: requests and waiting summed, KV-cache usage averaged."""
+    counts = [c for c in map(request_count, texts) if c is not None]
+    kv = [k for k in map(kv_cache_usage, texts) if k is not None]
+    waiting = [w for w in map(requests_waiting, texts) if w is not None]
+    return Sample(
+        requests=sum(counts) if counts else None,
+        kv_cache_percent=100.0 * sum(kv) / len(kv) if kv else None,
+        waiting=sum(waiting) if waiting else None,
+    )
+
+
+def scrape(urls: list[str]) -> Sample:
+    texts = []
+    for url in urls:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            texts.append(resp.read().decode())
+    return node_sample(texts)
+
+
+def metric_data(
+    asg: str, rps: float | None, kv_cache_percent: float | None, waiting: float | None
+) -> list[dict[str, Any]]:
     dims = [{"Name": "AutoScalingGroupName", "Value": asg}]
-    data = []
-    if rps is not None:
-        data.append(
-            {
-                "MetricName": "RequestsPerSecond",
-                "Dimensions": dims,
-                "Value": round(rps, 3),
-                "Unit": "Count/Second",
-            }
-        )
-    if gpu_mem is not None:
-        data.append(
-            {
-                "MetricName": "GPUMemoryUtilization",
-                "Dimensions": dims,
-                "Value": round(gpu_mem, 2),
-                "Unit": "Percent",
-            }
-        )
-    return data
+    values = (
+        ("RequestsPerSecond", rps, "Count/Second", 3),
+        ("KVCacheUtilization", kv_cache_percent, "Percent", 2),
+        ("RequestsWaiting", waiting, "Count", 1),
+    )
+    return [
+        {"MetricName": name, "Dimensions": dims, "Value": round(value, digits), "Unit": unit}
+        for name, value, unit, digits in values
+        if value is not None
+    ]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--metrics-url", default="http://127.0.0.1:8000/metrics")
+    parser.add_argument(
+        "--metrics-url",
+        action="append",
+        dest="metrics_urls",
+        help="/metrics of one model-server replica; repeat per replica (default: http://127.0.0.1:8000/metrics)",
+    )
     parser.add_argument("--asg", default="", help="Auto Scaling group name (the metric's dimension)")
     parser.add_argument("--region", default="")
     parser.add_argument("--interval", type=float, default=60.0, help="seconds between two samples")
@@ -115,6 +132,7 @@ def main() -> int:
     logging.basicConfig(level="INFO", format="%(levelname)s %(name)s: %(message)s")
     if not args.dry_run and not (args.asg and args.region):
         parser.error("--asg and --region are required unless --dry-run")
+    urls = args.metrics_urls or ["http://127.0.0.1:8000/metrics"]
 
     client = None
     if not args.dry_run:
@@ -122,11 +140,12 @@ def main() -> int:
 
         client = boto3.client("cloudwatch", region_name=args.region)
 
-    previous, previous_at = scrape(args.metrics_url), time.monotonic()
+    previous, previous_at = scrape(urls).requests, time.monotonic()
     while True:
         time.sleep(args.interval)
         try:
-            count, now = scrape(args.metrics_url), time.monotonic()
+            sample, now = scrape(urls), time.monotonic()
+            count = sample.requests
             rps = (
                 (count - previous) / (now - previous_at)
                 if count is not None and previous is not None
@@ -134,7 +153,10 @@ def main() -> int:
             )
             previous, previous_at = count, now
             data = metric_data(
-                args.asg or "dry-run", max(rps, 0.0) if rps is not None else None, read_gpu_memory()
+                args.asg or "dry-run",
+                max(rps, 0.0) if rps is not None else None,
+                sample.kv_cache_percent,
+                sample.waiting,
             )
             if client is None:
                 print(json.dumps({"Namespace": NAMESPACE, "MetricData": data}), flush=True)

@@ -1,0 +1,204 @@
+"""The package-repository facts (infra/data/packages.yaml): OS releases and the real packages they carry.
+
+Two consumers are generated from it, so neither can invent a package: the roles' per-release facts
+(`roles/nvidia_common/vars/releases.yml`, by `scripts/generate-role-facts.py`) and the test fixture
+repository (`scripts/build-fixture-repo.py`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cache
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from infra.data.load import DATA_DIR, load_data_file
+
+PACKAGES_FILE = DATA_DIR / "packages.yaml"
+
+ReleaseId = Literal["debian12", "debian13", "ubuntu2204", "ubuntu2404", "rhel9"]
+Repository = Literal["cuda", "container-toolkit", "distro"]
+Component = Literal[
+    "driver",
+    "fabric_manager",
+    "cuda",
+    "nccl",
+    "dcgm",
+    "dcgm_exporter",
+    "container_toolkit",
+    "efa",
+    "slurm",
+    "rdma",
+    "kernel",
+]
+# The NVIDIA repositories the GPU roles install from (the distribution's own archive is the node's).
+NVIDIA_REPOSITORIES: tuple[Repository, ...] = ("cuda", "container-toolkit")
+
+# The releases the roles support, and how each is tested. RHEL 9 is in the facts but not here: no RPM
+# repository is reachable from the test machines, so no test exercises an RPM install.
+SUPPORTED_RELEASES: dict[str, str] = {
+    "debian12": "Molecule scenarios on a Debian 12 image (packages from the fixture built from these facts)",
+    "debian13": "Molecule scenarios on a Debian 13 image (GPU roles: preflight against these facts)",
+    "ubuntu2204": "contract tests: the roles' package names and versions against these facts",
+    "ubuntu2404": "contract tests: the roles' package names and versions against these facts",
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _Sourced(_Strict):
+    verified: bool = Field(description="seen in the repository index itself (false: inferred, see source)")
+    source: str = Field(min_length=8)
+    as_of: dt.date
+
+
+class SlurmFacts(_Strict):
+    version: str | None
+    pmix_plugin_package: str | None
+    nvml_plugin_package: str | None
+
+
+class Release(_Sourced):
+    id: ReleaseId
+    family: Literal["debian", "ubuntu", "rhel"]
+    name: str
+    distribution: str | None = None
+    distributions: list[str] = Field(default_factory=list)
+    version: str
+    cuda_repo: str | None
+    cuda_repo_key: str | None
+    version_revision: str
+    kernel_headers: str = Field(pattern=r"\{kernel\}")
+    kernel_headers_by_kernel_flavour: dict[str, str] = Field(default_factory=dict)
+    ofi_nccl_libdir: str
+    slurm: SlurmFacts | None = None
+
+    @property
+    def ansible_distributions(self) -> list[str]:
+        return self.distributions or ([self.distribution] if self.distribution else [])
+
+
+class Package(_Sourced):
+    name: str
+    repository: Repository
+    component: Component
+    releases: list[ReleaseId] = Field(min_length=1)
+    versions: list[str]
+    depends: list[str] = Field(default_factory=list)
+
+    def depends_for(self, version: str) -> list[str]:
+        return [d.replace("{version}", version) for d in self.depends]
+
+
+class EfaInstaller(_Sourced):
+    versions: list[str] = Field(min_length=1)
+    url: str = Field(pattern=r"\{version\}")
+
+
+class PackageFacts(_Strict):
+    releases: list[Release]
+    packages: list[Package]
+    efa_installer: EfaInstaller
+
+    @model_validator(mode="after")
+    def _releases_known(self) -> PackageFacts:
+        known = {r.id for r in self.releases}
+        if len(known) != len(self.releases):
+            raise ValueError("release ids must be unique")
+        return self
+
+    def release(self, release_id: str) -> Release:
+        return next(r for r in self.releases if r.id == release_id)
+
+    def packages_of(self, release_id: str, repositories: tuple[Repository, ...]) -> Iterator[Package]:
+        return (p for p in self.packages if release_id in p.releases and p.repository in repositories)
+
+    def offered(self, release_id: str, repository: Repository) -> dict[str, set[str]]:
+        """Package name -> every version string the facts say the repository carries for the release."""
+        result: dict[str, set[str]] = {}
+        for package in self.packages_of(release_id, (repository,)):
+            result.setdefault(package.name, set()).update(package.versions)
+        return result
+
+
+@cache
+def package_facts() -> PackageFacts:
+    return load_data_file(PACKAGES_FILE, PackageFacts)
+
+
+def role_release_facts(facts: PackageFacts) -> dict[str, Any]:
+    """What the roles need per release: how to recognise it, repository paths, per-host package patterns,
+    and every NVIDIA package name with the versions published for it."""
+    releases: dict[str, Any] = {}
+    for release in facts.releases:
+        if release.id not in SUPPORTED_RELEASES:
+            continue
+        published: dict[str, list[str]] = {}
+        for package in facts.packages_of(release.id, NVIDIA_REPOSITORIES):
+            published.setdefault(package.name, [])
+            published[package.name] = sorted(set(published[package.name]) | set(package.versions))
+        releases[release.id] = {
+            "name": release.name,
+            "family": release.family,
+            "distributions": release.ansible_distributions,
+            "version": release.version,
+            "cuda_repo": release.cuda_repo,
+            "cuda_repo_key": release.cuda_repo_key,
+            "kernel_headers": release.kernel_headers,
+            "kernel_headers_by_kernel_flavour": dict(release.kernel_headers_by_kernel_flavour),
+            "ofi_nccl_libdir": release.ofi_nccl_libdir,
+            "published": dict(sorted(published.items())),
+        }
+    return releases
+
+
+def upstream_version(version: str) -> str:
+    """'1:570.195.03-0ubuntu1' -> '570.195.03' (no epoch, no revision)."""
+    return version.split(":", 1)[-1].rsplit("-", 1)[0]
+
+
+@dataclass(frozen=True)
+class ReleaseOffer:
+    """What NVIDIA's CUDA repository publishes for one OS release, as the version resolver needs it."""
+
+    release_id: str
+    release_name: str
+    drivers: frozenset[str]
+    cuda_releases: frozenset[str]
+    nccl_builds: frozenset[tuple[str, str]]  # (NCCL version, CUDA build)
+
+
+def release_offer(facts: PackageFacts, release_id: str) -> ReleaseOffer:
+    def upstreams(component: str) -> frozenset[str]:
+        return frozenset(
+            upstream_version(v)
+            for p in facts.packages_of(release_id, ("cuda",))
+            if p.component == component
+            for v in p.versions
+        )
+
+    nccl = frozenset(
+        (v.split("-", 1)[0], v.rsplit("+cuda", 1)[1])
+        for p in facts.packages_of(release_id, ("cuda",))
+        if p.component == "nccl" and p.name in ("libnccl2", "libnccl")
+        for v in p.versions
+        if "+cuda" in v
+    )
+    cuda_toolkits = frozenset(
+        upstream_version(v)
+        for p in facts.packages_of(release_id, ("cuda",))
+        if p.component == "cuda" and p.name.startswith("cuda-toolkit-")
+        for v in p.versions
+    )
+    return ReleaseOffer(
+        release_id=release_id,
+        release_name=facts.release(release_id).name,
+        drivers=upstreams("driver"),
+        cuda_releases=cuda_toolkits,
+        nccl_builds=nccl,
+    )

@@ -1,0 +1,258 @@
+"""Serving templates rendered as the roles render them (no containers): one model-server replica per
+GPU group behind the gateway and in Prometheus, load (not GPU memory) as the scaling signal, XID
+alerts on new events, HAProxy series grouped by their real labels."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+yaml = pytest.importorskip("yaml")
+jinja2 = pytest.importorskip("jinja2")
+
+ROOT = Path(__file__).resolve().parents[2]
+ROLES = ROOT / "roles"
+INFER_HOST = "gpu-21"
+
+
+def environment() -> Any:
+    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=False, keep_trailing_newline=True)
+    env.filters["comment"] = lambda text: "#\n# " + text + "\n#"
+    env.filters["urlencode"] = lambda text: text
+    env.filters["bool"] = lambda value: str(value).lower() in ("true", "yes", "1")
+    env.tests["match"] = lambda value, pattern: re.match(pattern, str(value)) is not None
+    return env
+
+
+def render(path: Path, variables: dict[str, Any]) -> str:
+    return environment().from_string(path.read_text()).render(ansible_managed="Ansible managed", **variables)
+
+
+def defaults(role: str) -> dict[str, Any]:
+    return dict(yaml.safe_load((ROLES / role / "defaults" / "main.yml").read_text()))
+
+
+def cluster(replicas: int, tp: int) -> dict[str, Any]:
+    """An 8-GPU inference node as `gpuplat inventory` describes it, and a head node."""
+    gpus = [",".join(str(g) for g in range(i * tp, (i + 1) * tp)) for i in range(replicas)]
+    serving = {
+        "inference_engine": "vllm",
+        "inference_model": "/lustre/models/Llama-3.1-70B-Instruct",
+        "inference_vllm_version": "0.16.0",
+        "inference_max_inflight_per_replica": 32,
+        "inference_gpu_memory_fraction": 0.9,
+        "inference_gateway_timeout_s": 60.0,
+        "inference_gateway_max_queue": 64,
+        "inference_gateway_queue_timeout_s": 2.0,
+        "inference_p95_target_ms": 2000,
+        "inference_tensor_parallel_size": tp,
+        "inference_replicas_per_node": replicas,
+        "inference_replica_gpus": gpus,
+    }
+    hostvars = {
+        "head-0": {**serving, "ansible_host": "10.40.0.10", "gpuplat_pool": "head", "gpuplat_gpu_count": 0},
+        INFER_HOST: {
+            **serving,
+            "ansible_host": "10.40.2.21",
+            "gpuplat_pool": "infer",
+            "gpuplat_gpu_count": 8,
+            "gpuplat_gpu_simulated": False,
+        },
+    }
+    groups = {
+        "all": ["head-0", INFER_HOST],
+        "inference_server": [INFER_HOST],
+        "inference_gateway": ["head-0"],
+        "gpu_nodes": [INFER_HOST],
+    }
+    return {**serving, "hostvars": hostvars, "groups": groups}
+
+
+def gateway_backends(variables: dict[str, Any]) -> list[dict[str, Any]]:
+    tasks = yaml.safe_load((ROLES / "inference_gateway" / "tasks" / "preflight.yml").read_text())
+    expression = tasks[0]["ansible.builtin.set_fact"]["__inference_gateway_backends"]
+    text = environment().from_string(expression).render(**variables)
+    return list(ast.literal_eval(text.strip()))
+
+
+def test_gateway_lists_every_replica_of_every_node() -> None:
+    variables = {**defaults("inference_gateway"), **cluster(replicas=4, tp=2)}
+    backends = gateway_backends(variables)
+    assert [(b["name"], b["address"], b["port"]) for b in backends] == [
+        (f"{INFER_HOST}-{i}", "10.40.2.21", 8000 + i) for i in range(4)
+    ]
+    config = render(
+        ROLES / "inference_gateway" / "templates" / "haproxy.cfg.j2",
+        {**variables, "__inference_gateway_backends": backends},
+    )
+    servers = re.findall(r"^\s+server (\S+) (\S+)$", config, re.MULTILINE)
+    assert servers == [(f"{INFER_HOST}-{i}", f"10.40.2.21:{8000 + i}") for i in range(4)]
+
+
+def inference_targets(variables: dict[str, Any]) -> list[dict[str, Any]]:
+    monitoring = {
+        **defaults("monitoring"),
+        **variables,
+        "__monitoring_rules_dir": "/etc/prometheus/rules",
+        "gpuplat_stack": "onprem",
+    }
+    config = yaml.safe_load(render(ROLES / "monitoring" / "templates" / "prometheus.yml.j2", monitoring))
+    job = next(j for j in config["scrape_configs"] if j["job_name"] == "inference_server")
+    return list(job["static_configs"])
+
+
+def test_prometheus_scrapes_every_replica() -> None:
+    targets = inference_targets(cluster(replicas=8, tp=1))
+    assert [t["targets"] for t in targets] == [[f"10.40.2.21:{8000 + i}"] for i in range(8)]
+    assert [t["labels"]["replica"] for t in targets] == [str(i) for i in range(8)]
+    assert {t["labels"]["host"] for t in targets} == {INFER_HOST}
+
+
+def role_vars(role: str, variables: dict[str, Any]) -> dict[str, Any]:
+    """defaults + vars/main.yml of a role, the vars rendered once against the inventory."""
+    merged = {**defaults(role), **variables}
+    for name, value in yaml.safe_load((ROLES / role / "vars" / "main.yml").read_text()).items():
+        if isinstance(value, str):
+            value = environment().from_string(value).render(**merged).strip()
+            # Ansible turns a rendered list or dict back into one.
+            value = ast.literal_eval(value) if value[:1] in ("[", "{") else value
+        merged[name] = value
+    return merged
+
+
+def infer_node_vars(replicas: int, tp: int) -> dict[str, Any]:
+    """What the infer node sees: the inventory's all vars and its pool vars, then the role's vars."""
+    inventory = cluster(replicas=replicas, tp=tp)
+    return role_vars("inference_server", {**inventory, **inventory["hostvars"][INFER_HOST]})
+
+
+def unit_and_replica_env(replicas: int, tp: int, replica: int) -> tuple[str, str]:
+    variables = infer_node_vars(replicas, tp)
+    variables["inventory_hostname"] = INFER_HOST
+    templates = ROLES / "inference_server" / "templates"
+    unit = render(templates / "gpuplat-inference@.service.j2", variables)
+    env = render(templates / "replica.env.j2", {**variables, "item": replica})
+    return unit, env
+
+
+def test_vllm_unit_is_a_template_with_tensor_parallel_and_per_replica_port() -> None:
+    unit, env = unit_and_replica_env(replicas=4, tp=2, replica=1)
+    assert "EnvironmentFile=/etc/gpuplat-inference/replica-%i.env" in unit
+    assert "--tensor-parallel-size 2" in unit
+    assert "--port ${GPUPLAT_INFERENCE_PORT}" in unit
+    settings = dict(line.split("=", 1) for line in env.splitlines() if line and not line.startswith("#"))
+    assert settings == {"GPUPLAT_INFERENCE_PORT": "8001", "CUDA_VISIBLE_DEVICES": "2,3"}
+
+
+def test_eight_gpu_node_never_serves_on_gpu0_alone() -> None:
+    seen: list[str] = []
+    for replica in range(8):
+        _, env = unit_and_replica_env(replicas=8, tp=1, replica=replica)
+        seen += [
+            line.split("=", 1)[1] for line in env.splitlines() if line.startswith("CUDA_VISIBLE_DEVICES=")
+        ]
+    assert seen == [str(g) for g in range(8)]
+
+
+def test_no_role_pins_a_vllm_version_of_its_own() -> None:
+    for role in ("inference_server", "inference_gateway", "monitoring"):
+        assert not [k for k in defaults(role) if "vllm_version" in k], role
+
+
+def rules(template: str, engine: str = "vllm") -> list[dict[str, Any]]:
+    variables = role_vars("monitoring", {"inference_engine": engine, "inference_p95_target_ms": 2000})
+    text = render(ROLES / "monitoring" / "templates" / template, variables)
+    return [rule for group in yaml.safe_load(text)["groups"] for rule in group["rules"]]
+
+
+HAPROXY_LABELS = {
+    "haproxy_frontend_": {"proxy", "code"},
+    "haproxy_backend_": {"proxy", "code"},
+    "haproxy_server_": {"proxy", "server", "code"},
+}
+
+
+@pytest.mark.parametrize("engine", ["vllm", "cpu-reference"])
+def test_haproxy_series_are_grouped_by_their_real_labels(engine: str) -> None:
+    checked = 0
+    for rule in rules("gpuplat-recording.rules.yml.j2", engine):
+        expr = rule["expr"]
+        for prefix, labels in HAPROXY_LABELS.items():
+            if prefix not in expr:
+                continue
+            for grouping in re.findall(r"\bby \(([^)]*)\)", expr):
+                used = {label.strip() for label in grouping.split(",")}
+                assert used <= labels, f"{rule['record']}: groups {prefix}* by {used - labels}"
+                checked += 1
+    per_server = next(
+        r
+        for r in rules("gpuplat-recording.rules.yml.j2", engine)
+        if r.get("record", "").endswith("inference_server_requests:rate1m")
+    )
+    assert "server" in per_server["expr"]
+    assert checked >= 2
+
+
+def test_xid_alert_fires_on_new_events_not_on_the_held_gauge() -> None:
+    xid = next(r for r in rules("gpuplat-alerts.rules.yml.j2") if r.get("alert") == "GpuXidError")
+    assert "changes(DCGM_FI_DEV_XID_ERRORS[" in xid["expr"] or "delta(DCGM_FI_DEV_XID_ERRORS[" in xid["expr"]
+    assert "max_over_time" not in xid["expr"]
+
+
+def test_vllm_kv_cache_usage_is_recorded() -> None:
+    records = {r["record"]: r["expr"] for r in rules("gpuplat-recording.rules.yml.j2") if "record" in r}
+    assert "vllm:kv_cache_usage_perc" in records["gpuplat:inference_kv_cache_usage:ratio"]
+    cpu = {r["record"] for r in rules("gpuplat-recording.rules.yml.j2", "cpu-reference") if "record" in r}
+    assert "gpuplat:inference_kv_cache_usage:ratio" not in cpu
+
+
+def scaling_agent() -> ModuleType:
+    path = ROLES / "inference_server" / "files" / "gpuplat_scaling_agent.py"
+    spec = importlib.util.spec_from_file_location("gpuplat_scaling_agent", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+VLLM_METRICS = """\
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{{engine="0",model_name="m"}} {kv}
+vllm:num_requests_waiting{{engine="0",model_name="m"}} {waiting}
+vllm:request_success_total{{engine="0",finished_reason="stop",model_name="m"}} {done}
+"""
+
+
+def test_scaling_agent_publishes_load_not_gpu_memory() -> None:
+    agent = scaling_agent()
+    sample = agent.node_sample(
+        [VLLM_METRICS.format(kv=0.2, waiting=1, done=10), VLLM_METRICS.format(kv=0.6, waiting=3, done=5)]
+    )
+    assert sample.kv_cache_percent == pytest.approx(40.0)
+    assert sample.waiting == 4 and sample.requests == 15
+    names = [m["MetricName"] for m in agent.metric_data("asg", 2.0, sample.kv_cache_percent, sample.waiting)]
+    assert names == ["RequestsPerSecond", "KVCacheUtilization", "RequestsWaiting"]
+    assert "nvidia-smi" not in (ROLES / "inference_server" / "files" / "gpuplat_scaling_agent.py").read_text()
+
+
+def test_scaling_agent_reads_the_older_vllm_kv_metric_name() -> None:
+    agent = scaling_agent()
+    text = 'vllm:gpu_cache_usage_perc{model_name="m"} 0.5\n'
+    assert agent.kv_cache_usage(text) == pytest.approx(0.5)
+
+
+def test_scaling_agent_unit_reads_every_replica() -> None:
+    variables = infer_node_vars(replicas=4, tp=2)
+    variables.update(inference_server_scaling_asg_name="asg", inference_server_scaling_region="r")
+    unit = render(ROLES / "inference_server" / "templates" / "gpuplat-scaling-agent.service.j2", variables)
+    assert re.findall(r"--metrics-url (\S+)", unit) == [
+        f"http://127.0.0.1:{8000 + i}/metrics" for i in range(4)
+    ]

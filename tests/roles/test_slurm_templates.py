@@ -1,0 +1,369 @@
+"""The Slurm roles' shared configuration, rendered with Ansible's own templating.
+
+slurm.conf, gres.conf and cgroup.conf are rendered from the role's defaults and vars, an
+inventory shaped like `gpuplat inventory` output (the slurm_* values come from
+infra.scheduler for the shipped stacks) and the facts the role gathers on the nodes
+(tasks/facts.yml): Slurm version, cgroup hierarchy, NVML plugin; node hardware facts.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+yaml = pytest.importorskip("yaml")
+pytest.importorskip("ansible")
+
+from ansible.parsing.dataloader import DataLoader  # noqa: E402
+from ansible.template import Templar, trust_as_template  # noqa: E402
+
+from infra import scheduler  # noqa: E402
+from infra.resolve import load_platform  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+ROLES = ROOT / "roles"
+OVERRIDES = {"trim_blocks": True, "lstrip_blocks": False}
+
+# Facts as Ansible gathers them: a 2-socket, 48-core, 2-thread node (p5.48xlarge-like) and
+# the 2-vCPU test host (what the podman containers see).
+P5_FACTS = {
+    "memtotal_mb": 2063844,
+    "processor_vcpus": 192,
+    "processor_count": 2,
+    "processor_cores": 48,
+    "processor_threads_per_core": 2,
+    "distribution_release": "bookworm",
+    "architecture": "x86_64",
+}
+SMALL_FACTS = {
+    "memtotal_mb": 24105,
+    "processor_vcpus": 2,
+    "processor_count": 1,
+    "processor_cores": 2,
+    "processor_threads_per_core": 1,
+    "distribution_release": "bookworm",
+    "architecture": "x86_64",
+}
+
+
+def role_vars(role: str) -> dict[str, Any]:
+    loader = DataLoader()
+    values: dict[str, Any] = {}
+    for part in ("defaults", "vars"):
+        path = ROLES / role / part / "main.yml"
+        if path.exists():
+            values.update(loader.load_from_file(str(path), trusted_as_template=True) or {})
+    return values
+
+
+def render(
+    template: str,
+    *,
+    version: str = "22.05.8-4+deb12u3",
+    cgroup_fs: str = "tmpfs",
+    nvml: bool = False,
+    simulated: bool = True,
+    facts: dict[str, Any] | None = None,
+    slurm: dict[str, Any] | None = None,
+    **overrides: Any,
+) -> str:
+    """Render a slurm_common template for a controller and two 8-GPU training nodes."""
+    computes = ["train-0", "train-1"]
+    node_vars = {
+        "gpuplat_pool": "train",
+        "gpuplat_role": "train",
+        "gpuplat_gpu_model": "H100",
+        "gpuplat_gpu_count": 8,
+        "gpuplat_gpu_simulated": simulated,
+        "ansible_facts": dict(facts or P5_FACTS),
+    }
+    hostvars = {host: dict(node_vars) for host in computes}
+    hostvars["head-0"] = {"ansible_facts": dict(SMALL_FACTS), "gpuplat_gpu_count": 0}
+    slurm = slurm or {
+        "slurm_cluster_name": "test",
+        "slurm_partitions": [
+            {"name": "train", "pool": "train", "nodes": computes, "gpus_per_node": 8, "gpu_type": "h100",
+             "priority_tier": 10, "preempt_mode": "OFF", "default": True, "spot": False,
+             "allowed_qos": ["normal", "high", "spot"]},
+        ],
+        "slurm_accounts": [{"name": "research", "gpu_limit": 8, "fairshare": 1, "users": ["alice"]}],
+        "slurm_qos": [
+            {"name": "high", "priority": 1000, "preempt": ["spot"], "preempt_mode": "requeue",
+             "grace_time": 0},
+            {"name": "normal", "priority": 100, "preempt": ["spot"], "preempt_mode": "requeue",
+             "grace_time": 0},
+            {"name": "spot", "priority": 10, "preempt": [], "preempt_mode": "requeue", "grace_time": 120},
+        ],
+        "slurm_default_time_limit": "24:00:00",
+    }  # fmt: skip
+    variables = role_vars("slurm_common")
+    variables.update(slurm)
+    variables.update(
+        ansible_managed="Ansible managed",
+        gpuplat_stack="test",
+        gpuplat_backend="aws",
+        inventory_hostname="head-0",
+        ansible_facts=dict(SMALL_FACTS),
+        groups={"all": ["head-0", *computes], "slurm_controller": ["head-0"], "slurm_compute": computes,
+                "pool_train": computes},
+        hostvars=hostvars,
+        __slurm_common_version_probe={"stdout": version},
+        __slurm_common_node_probes={
+            "results": [{"item": host, "stdout_lines": [cgroup_fs, "nvml" if nvml else "-"]}
+                        for host in computes]
+        },
+    )  # fmt: skip
+    variables.update(overrides)
+    templar = Templar(loader=DataLoader(), variables=variables)
+    text = (ROLES / "slurm_common" / "templates" / template).read_text()
+    return str(templar.template(trust_as_template(text), escape_backslashes=False, overrides=OVERRIDES))
+
+
+def settings(text: str) -> dict[str, str]:
+    """key=value lines of a Slurm config file (the last one wins), comments dropped."""
+    result = {}
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if "=" in line and " " not in line.split("=", 1)[0]:
+            key, value = line.split("=", 1)
+            result[key] = value
+    return result
+
+
+def lines_starting(text: str, prefix: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith(prefix)]
+
+
+def line_fields(line: str) -> dict[str, str]:
+    return dict(field.split("=", 1) for field in line.split())
+
+
+# --- 1. GPU isolation: explicit device files unless NVML autodetection is really there -----
+
+
+@pytest.mark.parametrize("simulated", [True, False])
+def test_gres_lists_one_device_file_per_gpu_without_nvml(simulated: bool) -> None:
+    gres = render("gres.conf.j2", simulated=simulated)
+    lines = lines_starting(gres, "NodeName=train-0")
+    assert lines == [f"NodeName=train-0 Name=gpu Type=h100 File=/dev/nvidia{i}" for i in range(8)]
+    assert not [line for line in gres.splitlines() if "AutoDetect" in line and not line.startswith("#")]
+
+
+def test_gres_autodetects_only_where_the_nvml_plugin_is_installed() -> None:
+    gres = render("gres.conf.j2", simulated=False, nvml=True)
+    assert lines_starting(gres, "NodeName=train-0") == ["NodeName=train-0 AutoDetect=nvml"]
+    # Simulated GPUs are never autodetected; "off" never autodetects.
+    simulated = render("gres.conf.j2", simulated=True, nvml=True)
+    assert not [
+        line for line in simulated.splitlines() if line.startswith("NodeName") and "AutoDetect" in line
+    ]
+    off = render("gres.conf.j2", simulated=False, nvml=True, slurm_common_gpu_autodetect="off")
+    assert "NodeName=train-0 Name=gpu Type=h100 File=/dev/nvidia7" in off
+    assert not [line for line in off.splitlines() if line.startswith("NodeName") and "AutoDetect" in line]
+
+
+def test_gpu_autodetect_default_is_not_nvml() -> None:
+    assert role_vars("slurm_common")["slurm_common_gpu_autodetect"] == "auto"
+
+
+# --- 2. Node lines: topology and memory from the node's facts --------------------------
+
+
+def test_node_lines_carry_topology_and_real_memory_below_memtotal() -> None:
+    conf = render("slurm.conf.j2")
+    node = line_fields(lines_starting(conf, "NodeName=train-0")[0])
+    assert (node["CPUs"], node["Sockets"], node["CoresPerSocket"], node["ThreadsPerCore"]) == (
+        "192",
+        "2",
+        "48",
+        "2",
+    )
+    real = int(node["RealMemory"])
+    assert P5_FACTS["memtotal_mb"] * 0.98 <= real < P5_FACTS["memtotal_mb"]  # 1 % margin
+
+
+def test_small_node_keeps_at_least_512_mib_margin() -> None:
+    conf = render("slurm.conf.j2", facts=SMALL_FACTS)
+    node = line_fields(lines_starting(conf, "NodeName=train-0")[0])
+    assert int(node["RealMemory"]) == SMALL_FACTS["memtotal_mb"] - 512
+    assert (node["CPUs"], node["Sockets"], node["CoresPerSocket"], node["ThreadsPerCore"]) == (
+        "2",
+        "1",
+        "2",
+        "1",
+    )
+
+
+def test_inconsistent_topology_falls_back_to_single_core_sockets() -> None:
+    facts = dict(
+        SMALL_FACTS, processor_vcpus=4, processor_count=1, processor_cores=1, processor_threads_per_core=1
+    )
+    node = line_fields(lines_starting(render("slurm.conf.j2", facts=facts), "NodeName=train-0")[0])
+    assert (node["CPUs"], node["Sockets"], node["CoresPerSocket"], node["ThreadsPerCore"]) == (
+        "4",
+        "4",
+        "1",
+        "1",
+    )
+
+
+def test_memory_is_consumable_and_gpu_jobs_get_a_share_by_default() -> None:
+    conf = render("slurm.conf.j2")
+    assert settings(conf)["SelectTypeParameters"] == "CR_Core_Memory"
+    partition = line_fields(lines_starting(conf, "PartitionName=train")[0])
+    real = int(line_fields(lines_starting(conf, "NodeName=train-0")[0])["RealMemory"])
+    assert int(partition["DefMemPerGPU"]) == real // 8
+
+
+# --- 3. cgroup plugins from the nodes' cgroup hierarchy and the Slurm version -----------
+
+
+def test_cgroup_v2_nodes_get_the_cgroup_plugins_and_device_constraints() -> None:
+    conf = settings(render("slurm.conf.j2", cgroup_fs="cgroup2fs", version="24.11.5-4+deb13u1"))
+    assert conf["ProctrackType"] == "proctrack/cgroup"
+    assert conf["TaskPlugin"] == "task/cgroup,task/affinity"
+    cgroup = settings(render("cgroup.conf.j2", cgroup_fs="cgroup2fs", version="24.11.5-4+deb13u1"))
+    assert cgroup["CgroupPlugin"] == "cgroup/v2"
+    assert cgroup["ConstrainDevices"] == "yes" and cgroup["ConstrainRAMSpace"] == "yes"
+    assert "CgroupAutomount" not in cgroup
+
+
+@pytest.mark.parametrize("backend", ["aws", "local"])
+def test_cgroup_v1_or_hybrid_nodes_use_linuxproc_whatever_the_backend(backend: str) -> None:
+    conf = settings(render("slurm.conf.j2", cgroup_fs="tmpfs", gpuplat_backend=backend))
+    assert (conf["ProctrackType"], conf["TaskPlugin"]) == ("proctrack/linuxproc", "task/none")
+
+
+def test_one_cgroup_v1_node_keeps_the_whole_cluster_off_cgroups() -> None:
+    probes = {"results": [{"item": "train-0", "stdout_lines": ["cgroup2fs", "-"]},
+                          {"item": "train-1", "stdout_lines": ["tmpfs", "-"]}]}  # fmt: skip
+    conf = settings(render("slurm.conf.j2", __slurm_common_node_probes=probes))
+    assert conf["ProctrackType"] == "proctrack/linuxproc"
+
+
+def test_cgroup_conf_follows_the_slurm_version() -> None:
+    old = settings(render("cgroup.conf.j2", version="22.05.8-4+deb12u3"))
+    new = settings(render("cgroup.conf.j2", version="24.11.5-4+deb13u1"))
+    assert old["CgroupPlugin"] == "autodetect"  # 22.05 has no "disabled"
+    assert new["CgroupPlugin"] == "disabled"  # 24.11 would otherwise init a cgroup plugin in slurmd
+    forced_v1 = settings(render("cgroup.conf.j2", version="22.05.8", slurm_common_cgroup_mode="cgroup"))
+    assert forced_v1["CgroupPlugin"] == "cgroup/v1" and forced_v1["CgroupAutomount"] == "yes"
+    forced_v1_new = settings(render("cgroup.conf.j2", version="24.11.5", slurm_common_cgroup_mode="cgroup"))
+    assert "CgroupAutomount" not in forced_v1_new  # removed from newer Slurm
+
+
+# --- 4. PMIx and the extern step -------------------------------------------------------
+
+
+def test_slurmctld_pid_file_where_the_distros_unit_lets_it_write() -> None:
+    assert settings(render("slurm.conf.j2", version="22.05.8"))["SlurmctldPidFile"] == "/run/slurmctld.pid"
+    new = settings(render("slurm.conf.j2", version="24.11.5-4+deb13u1"))
+    assert new["SlurmctldPidFile"] == "/run/slurmctld/slurmctld.pid"
+
+
+def test_pmix_is_the_default_mpi_and_jobs_are_contained() -> None:
+    conf = settings(render("slurm.conf.j2"))
+    assert conf["MpiDefault"] == "pmix"
+    assert conf["PrologFlags"] == "Contain"
+
+
+@pytest.mark.parametrize(
+    ("release", "packages"), [("bookworm", ["libpmix-dev"]), ("trixie", ["libpmix2t64"]), ("jammy", [])]
+)
+def test_pmix_packages_per_release(release: str, packages: list[str]) -> None:
+    variables = role_vars("slurm_common")
+    variables["ansible_facts"] = {"distribution_release": release}
+    templar = Templar(loader=DataLoader(), variables=variables)
+    assert list(templar.template(trust_as_template("{{ slurm_common_pmix_packages }}"))) == packages
+
+
+# --- 5. Preemption: one mode, grace period -----------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["requeue", "cancel"])
+def test_spec_preempt_mode_reaches_qos_partitions_and_slurm_conf(
+    write_stack: Callable[..., Path], mode: str
+) -> None:
+    path = write_stack(
+        "aws-prod", lambda platform: platform["scheduler"].__setitem__("spot_preempt_mode", mode)
+    )
+    values = scheduler.slurm_vars(load_platform(path))
+    spot_partitions = [p for p in values["slurm_partitions"] if p["spot"]]
+    assert spot_partitions and {p["preempt_mode"] for p in spot_partitions} == {mode.upper()}
+    qos = {q["name"]: q for q in values["slurm_qos"]}
+    assert (
+        qos["spot"]["preempt_mode"] == mode
+        and qos["spot"].get("grace_time") == getattr(scheduler, "SPOT_GRACE_TIME_S", None)
+        and qos["spot"]["grace_time"] > 0
+    )
+    assert {q["preempt_mode"] for q in values["slurm_qos"]} == {mode}
+    computes = ["train-0", "train-1"]
+    for p in values["slurm_partitions"]:
+        p["nodes"] = computes
+        p["pool"] = "train"
+    conf = render("slurm.conf.j2", slurm={**values, "slurm_cluster_name": "t"})
+    assert settings(conf)["PreemptMode"] == mode.upper()
+    assert (
+        f"PreemptMode={mode.upper()}"
+        in lines_starting(conf, f"PartitionName={spot_partitions[0]['name']}")[0]
+    )
+
+
+def test_dbd_innodb_settings_follow_slurms_accounting_guide() -> None:
+    variables = role_vars("slurm_dbd")
+    variables.update(ansible_managed="Ansible managed", ansible_facts={"memtotal_mb": 65536})
+    templar = Templar(loader=DataLoader(), variables=variables)
+    text = (ROLES / "slurm_dbd" / "templates" / "60-slurmdbd.cnf.j2").read_text()
+    cnf = settings(str(templar.template(trust_as_template(text), overrides=OVERRIDES)))
+    assert cnf["innodb_buffer_pool_size"] == "4096M"
+    assert cnf["innodb_log_file_size"] == "64M"
+    assert cnf["innodb_lock_wait_timeout"] == "900"
+    small = dict(variables, ansible_facts={"memtotal_mb": 2048})
+    assert (
+        Templar(loader=DataLoader(), variables=small).template(
+            trust_as_template("{{ slurm_dbd_innodb_buffer_pool_size }}")
+        )
+        == "1024M"
+    )  # never below what slurmdbd checks for
+
+
+@pytest.mark.parametrize(
+    ("runtime_dir", "pid_file"), [("", "/run/slurmdbd.pid"), ("slurmdbd", "/run/slurmdbd/slurmdbd.pid")]
+)
+def test_slurmdbd_pid_file_follows_the_unit(runtime_dir: str, pid_file: str) -> None:
+    variables = role_vars("slurm_dbd")
+    variables.update(ansible_managed="Ansible managed", inventory_hostname="head-0",
+                     __slurm_dbd_unit={"status": {"RuntimeDirectory": runtime_dir}})  # fmt: skip
+    text = (ROLES / "slurm_dbd" / "templates" / "slurmdbd.conf.j2").read_text()
+    conf = Templar(loader=DataLoader(), variables=variables).template(
+        trust_as_template(text), overrides=OVERRIDES
+    )
+    assert settings(str(conf))["PidFile"] == pid_file
+
+
+# --- role contract --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("role", ["slurm_common", "slurm_compute", "slurm_controller", "slurm_dbd", "munge"])
+def test_slurm_role_defaults_are_declared(role: str) -> None:
+    defaults_file = ROLES / role / "defaults" / "main.yml"
+    defaults = yaml.safe_load(defaults_file.read_text()) if defaults_file.exists() else {}
+    specs = yaml.safe_load((ROLES / role / "meta" / "argument_specs.yml").read_text())["argument_specs"]
+    options: dict[str, Any] = {}
+    for entry in specs.values():
+        options.update(entry.get("options", {}))
+    assert not sorted(set(defaults or {}) - set(options))
+    for template in (
+        (ROLES / role / "templates").glob("*.j2") if (ROLES / role / "templates").exists() else []
+    ):
+        first = template.read_text().splitlines()
+        assert "{{ ansible_managed | comment }}" in first[:2], template
+
+
+def test_templates_have_no_leftover_backend_switches() -> None:
+    text = (ROLES / "slurm_common" / "templates" / "slurm.conf.j2").read_text()
+    assert not re.search(r"gpuplat_backend", text)
