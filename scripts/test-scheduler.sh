@@ -59,7 +59,7 @@ for suite in "${SUITES[@]}"; do
     overall_rc=1
     continue
   fi
-  export MOLECULE_GPUPLAT_SUITE=$suite
+  export GPUPLAT_TEST_SUITE=$suite
   log=$(mktemp "/tmp/test-scheduler.$suite.XXXXXX.log")
   start=$SECONDS
   if [[ $suite == bookworm ]]; then
