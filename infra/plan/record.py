@@ -153,12 +153,11 @@ def record(platform: ResolvedPlatform, program: Any = None) -> Recording:
 
 def release_event_loops() -> None:
     """Close the event loops the Pulumi SDK leaves behind (it creates one on demand when none is set)
-    while the process can still close them cleanly; left to interpreter shutdown, their finalizers
-    print 'Exception ignored in BaseEventLoop.__del__ ... Invalid file descriptor'."""
-    gc.collect()
-    policy = asyncio.get_event_loop_policy()
-    loop = getattr(getattr(policy, "_local", None), "_loop", None)
-    if isinstance(loop, asyncio.AbstractEventLoop) and not loop.is_running() and not loop.is_closed():
-        loop.close()
+    while their sockets are still open. Left to the garbage collector, a loop and its self-pipe sit in
+    one reference cycle, the sockets may be finalized first, and the loop's finalizer then prints
+    'Exception ignored in BaseEventLoop.__del__ ... Invalid file descriptor'."""
+    for obj in gc.get_objects():
+        if isinstance(obj, asyncio.AbstractEventLoop) and not obj.is_running() and not obj.is_closed():
+            obj.close()
     asyncio.set_event_loop(None)
     gc.collect()

@@ -52,3 +52,14 @@ def test_no_event_loop_finalizer_noise_after_a_recorded_plan() -> None:
         result = gpuplat("check", "--stack", "onprem")
         assert result.returncode == 0, result.stderr
         assert "Exception ignored" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_leftover_event_loops_are_closed_before_exit() -> None:
+    """Deterministic half of the check above: a loop nobody closed is closed while its sockets live."""
+    import asyncio
+
+    from infra.plan.record import release_event_loops
+
+    leftover = asyncio.new_event_loop()
+    release_event_loops()
+    assert leftover.is_closed()
