@@ -54,13 +54,14 @@ class ServingVersions:
 
 def serving_chain(release: ServingEngineRelease, data: Compatibility) -> ServingVersions:
     torch = next(t for t in data.torch if t.version == release.torch)
-    minimum = next(m for m in data.cuda_major_drivers if m.cuda_major == torch.cuda_major)
+    minimum = data.min_driver_branch_for(torch.cuda_major)
+    assert minimum is not None  # the Compatibility model checks every serving chain is complete
     return ServingVersions(
         engine=release.engine,
         version=release.version,
         torch=torch.version,
         torch_cuda=torch.default_cuda,
-        min_driver_branch=minimum.min_driver_branch,
+        min_driver_branch=minimum,
     )
 
 
@@ -214,10 +215,10 @@ def resolve_versions(
     def runs_on_driver(build: str) -> bool:
         """Minor version compatibility: a build of a CUDA major runs on any driver from that major's
         minimum branch on (NCCL links the CUDA runtime statically)."""
-        minimum = next((m for m in data.cuda_major_drivers if m.cuda_major == int(build.split(".")[0])), None)
+        minimum = data.min_driver_branch_for(int(build.split(".")[0]))
         if minimum is None:
             return version_tuple(build) <= version_tuple(driver.max_cuda)
-        return branch >= minimum.min_driver_branch
+        return branch >= minimum
 
     def nccl_build(nccl_version: str, release_builds: list[str]) -> str | None:
         """The toolkit's exact CUDA build if there is one, else the newest build of the same CUDA major

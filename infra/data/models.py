@@ -160,6 +160,12 @@ class Compatibility(_Strict):
     torch: list[TorchRelease] = Field(default_factory=list)
     serving_engines: list[ServingEngineRelease] = Field(default_factory=list)
 
+    def min_driver_branch_for(self, cuda_major: int) -> int | None:
+        """The oldest driver branch that runs binaries of a CUDA major (minor version compatibility)."""
+        return next(
+            (m.min_driver_branch for m in self.cuda_major_drivers if m.cuda_major == cuda_major), None
+        )
+
     @model_validator(mode="after")
     def _serving_chain_known(self) -> Compatibility:
         torch = {t.version: t for t in self.torch}

@@ -22,6 +22,7 @@ import yaml
 
 from infra.data.packages import SUPPORTED_RELEASES, package_facts, role_release_facts
 from infra.resolve import ResolvedPlatform
+from tests.roles.ansible_values import render_value
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLES = ROOT / "roles"
@@ -97,16 +98,6 @@ def test_fixture_depends_are_satisfiable_inside_the_fixture() -> None:
 
 
 # --- the driver package sets of roles/gpu_driver against the table --------------------------------
-
-
-def render_value(env: jinja2.Environment, value: Any, variables: dict[str, Any]) -> Any:
-    if not isinstance(value, str) or "{{" not in value:
-        return value
-    rendered = env.from_string(value).render(**variables).strip()
-    try:
-        return yaml.safe_load(rendered) if rendered.startswith("[") else rendered
-    except yaml.YAMLError:
-        return rendered
 
 
 def driver_packages(release_id: str, branch: int, open_modules: bool) -> tuple[list[str], str]:

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from infra.data.packages import package_facts, role_release_facts
+from tests.roles.ansible_values import render_value
 
 yaml = pytest.importorskip("yaml")
 jinja2 = pytest.importorskip("jinja2")
@@ -85,11 +86,6 @@ def test_contract_variables_are_required_not_defaulted(role: str, names: list[st
         assert name not in defaults, f"{role}: {name} comes from the inventory and must have no default"
 
 
-def render(env: Any, text: str, variables: dict[str, Any]) -> Any:
-    """Render one value the way Ansible does: strings are templates, the rest passes through."""
-    return env.from_string(text).render(**variables).strip() if isinstance(text, str) else text
-
-
 def render_nccl_conf(fabric: str, nics: int = 8, release: str = "debian12", **overrides: Any) -> str:
     """nccl.conf as the role renders it: its defaults, then its vars, then the template."""
     env = jinja2.Environment(trim_blocks=True, lstrip_blocks=False, keep_trailing_newline=True)
@@ -107,9 +103,9 @@ def render_nccl_conf(fabric: str, nics: int = 8, release: str = "debian12", **ov
     variables.update({k: v for k, v in defaults.items() if k not in overrides})
     variables.update(overrides)
     for key, value in load(ROLES / "nccl" / "vars" / "main.yml").items():
-        variables[key] = render(env, value, variables)
+        variables[key] = render_value(env, value, variables)
     for key in defaults:
-        variables[key] = render(env, variables[key], variables)
+        variables[key] = render_value(env, variables[key], variables)
     template = env.from_string((ROLES / "nccl" / "templates" / "nccl.conf.j2").read_text())
     return template.render(**variables)
 
