@@ -5,6 +5,8 @@ PYTHON ?= python3
 BIN := $(VENV)/bin
 STACK ?= local
 export CONTAINERS_CONF := $(CURDIR)/scripts/containers.conf
+# Python programs the roles install on nodes (stdlib + distro boto3), linted like infra/.
+NODE_PROGRAMS := roles/slurm_elastic/files/gpuplat_ec2_nodes.py roles/inference_gateway/files/gpuplat_gateway_targets.py
 
 .PHONY: venv host image up down status plan test test-unit test-roles test-scheduler test-serving test-integration lint clean
 
@@ -41,6 +43,9 @@ lint: venv
 	$(BIN)/ruff check infra tests benchmarks examples
 	$(BIN)/ruff format --check infra tests benchmarks examples
 	$(BIN)/mypy infra
+	$(BIN)/ruff check $(NODE_PROGRAMS)
+	$(BIN)/ruff format --check $(NODE_PROGRAMS)
+	$(BIN)/mypy --strict --ignore-missing-imports $(NODE_PROGRAMS)
 
 ## host: podman, runc, debootstrap and friends from the distribution (root; skips what is installed)
 host:

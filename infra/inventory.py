@@ -18,6 +18,9 @@ TAG_STACK = "gpuplat:stack"
 TAG_POOL = "gpuplat:pool"
 TAG_ROLE = "gpuplat:role"
 TAG_GROUP = "gpuplat:group"
+TAG_NODE = "gpuplat:node"
+TAG_MIN_NODES = "gpuplat:min-nodes"
+TAG_MAX_NODES = "gpuplat:max-nodes"
 
 ROLE_GROUPS = {"train": "train", "infer": "infer", "service": "service"}
 
@@ -50,6 +53,16 @@ def pool_vars(platform: ResolvedPlatform, pool: ResolvedPool) -> dict[str, Any]:
     }
 
 
+def shared_fs_vars(platform: ResolvedPlatform) -> dict[str, Any]:
+    """What roles/shared_fs mounts; on aws the FSx address is a stack output (group_vars)."""
+    fs = platform.spec.storage.parallel_fs
+    return {
+        "shared_fs_kind": fs.kind,
+        "shared_fs_mount_path": fs.mount_path,
+        "shared_fs_source": fs.source or "",
+    }
+
+
 def platform_vars(platform: ResolvedPlatform) -> dict[str, Any]:
     spec = platform.spec
     sw = platform.software
@@ -70,7 +83,10 @@ def platform_vars(platform: ResolvedPlatform) -> dict[str, Any]:
         "nccl_cuda_version": sw.nccl_cuda_build,
         "nccl_ib_gid_index": spec.fabric.roce_gid_index,
         **slurm_vars(platform),
+        **shared_fs_vars(platform),
     }
+    if spec.region:
+        values["gpuplat_region"] = spec.region
     if spec.fabric.socket_interface:
         values["nccl_socket_ifname"] = spec.fabric.socket_interface
     if spec.fabric.ib_hca:
@@ -92,6 +108,10 @@ def platform_vars(platform: ResolvedPlatform) -> dict[str, Any]:
                 "inference_tensor_parallel_size": layout.tensor_parallel if layout else 1,
                 "inference_replicas_per_node": layout.replicas if layout else 1,
                 "inference_replica_gpus": list(layout.devices) if layout else [""],
+                "inference_gateway_instances": platform.gateway_pool.spec.max_nodes,
+                "inference_gateway_max_servers": (
+                    platform.pool(serving.pool).spec.max_nodes * (layout.replicas if layout else 1)
+                ),
             }
         )
     return values
@@ -149,13 +169,28 @@ def static_inventory(platform: ResolvedPlatform) -> dict[str, Any]:
     return {"all": {"vars": all_vars, "children": children}}
 
 
-def aws_ec2_config(platform: ResolvedPlatform) -> dict[str, Any]:
+# `gpuplat inventory` writes the aws inventory offline, before the transfer bucket exists: the bucket's
+# name then comes from this variable (`pulumi stack output buckets`); the stack's own `inventory_config`
+# output has it filled in.
+SSM_BUCKET_ENV = "GPUPLAT_SSM_BUCKET"
+
+
+def aws_ec2_config(platform: ResolvedPlatform, transfer_bucket: str | None = None) -> dict[str, Any]:
+    """Instances by the stack's tags, named by their node name (instance id where they have none), reached
+    through SSM Session Manager: the aws_ssm connection targets the instance id in the stack's region and
+    moves files through the stack's transfer bucket."""
+    bucket = repr(transfer_bucket) if transfer_bucket else f"lookup('env', '{SSM_BUCKET_ENV}')"
     return {
         "plugin": "amazon.aws.aws_ec2",
         "regions": [platform.spec.region],
         "filters": {f"tag:{TAG_STACK}": platform.name, "instance-state-name": "running"},
-        "hostnames": ["instance-id"],
-        "compose": {"ansible_host": "private_ip_address", "ansible_connection": "'amazon.aws.aws_ssm'"},
+        "hostnames": [f"tag:{TAG_NODE}", "instance-id"],
+        "compose": {
+            "ansible_host": "instance_id",
+            "ansible_connection": "'amazon.aws.aws_ssm'",
+            "ansible_aws_ssm_region": repr(platform.spec.region),
+            "ansible_aws_ssm_bucket_name": bucket,
+        },
         "groups": {
             group: " or ".join(f"tags.get('{TAG_GROUP}') == '{name}'" for name in pools)
             for group, pools in role_group_members(platform).items()

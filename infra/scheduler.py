@@ -1,6 +1,11 @@
 """The Slurm layout derived from the spec: partitions from training pools, accounts from teams, QoS.
 
 Inference pools never become partitions: training jobs cannot land on inference nodes.
+
+On backend aws the training nodes are launched and terminated by Slurm's power saving
+(https://slurm.schedmd.com/power_save.html): slurm.conf names every node a pool may ever have, with
+State=CLOUD, before any of them exists. Their node lines therefore come from the GPU catalog
+(cloud_nodes()), not from facts gathered on the nodes as on local and onprem.
 """
 
 from __future__ import annotations
@@ -39,6 +44,28 @@ class Partition:
 
 
 @dataclass(frozen=True)
+class CloudNodes:
+    """The slurm.conf node lines of one training pool whose nodes Slurm powers up and down.
+
+    `names` are every node the pool may have (ResolvedPool.node_names()); `static` are the first
+    min_nodes of them, which are never suspended (SuspendExcNodes) and are powered up by a timer;
+    `cloud` are the rest, launched on demand by the ResumeProgram and terminated by the
+    SuspendProgram after SuspendTime idle.
+    """
+
+    pool: str
+    names: list[str]
+    static: list[str]
+    cloud: list[str]
+    cpus: int
+    real_memory_mb: int
+    gpu_type: str
+    gpu_count: int
+    gres: str
+    feature: str
+
+
+@dataclass(frozen=True)
 class Account:
     name: str
     gpu_limit: int
@@ -48,6 +75,67 @@ class Account:
 
 def gres_type(model: str) -> str:
     return model.lower().replace("-", "_") or "gpu"
+
+
+# RealMemory of a node that does not exist yet: the catalog's memory less what the kernel keeps.
+# The OS reports less than the marketed GiB: the kernel's page array alone takes 1.5625 % of RAM
+# (a 64-byte struct page per 4 KiB page), firmware, the kernel image and crashkernel take a few
+# hundred MiB more (a p5.48xlarge, 2048 GiB, shows MemTotal 2015.5 GiB, 1.6 % less); on top of
+# that the same 1 % headroom the facts-based node lines keep for the OS. slurmd sets a node whose
+# memory is below RealMemory INVALID, and a RealMemory above what is there lets jobs ask for memory
+# the node cannot give, so the margin errs on the low side: 3 % plus a fixed 512 MiB (small
+# instances lose proportionally more to fixed reservations).
+CLOUD_MEMORY_RESERVE_PERCENT = 3
+CLOUD_MEMORY_RESERVE_MB = 512
+
+
+def cloud_real_memory_mb(memory_gib: int) -> int:
+    """RealMemory (MiB) for a node of `memory_gib` marketed GiB."""
+    total = memory_gib * 1024
+    return total - -(-total * CLOUD_MEMORY_RESERVE_PERCENT // 100) - CLOUD_MEMORY_RESERVE_MB
+
+
+def power_saving(platform: ResolvedPlatform) -> bool:
+    """Slurm launches and terminates the training nodes itself: only on aws, where nodes are bought."""
+    return platform.spec.backend == "aws"
+
+
+def cloud_nodes(platform: ResolvedPlatform) -> list[CloudNodes]:
+    """Node lines of every training pool from the catalog; empty unless power saving is on."""
+    if not power_saving(platform):
+        return []
+    result = []
+    for pool in platform.pools_with_role("train"):
+        names = pool.node_names()
+        gpu = pool.node_type.gpu
+        kind = gres_type(gpu.model if gpu else "")
+        static = names[: pool.spec.min_nodes]
+        result.append(
+            CloudNodes(
+                pool=pool.name,
+                names=names,
+                static=static,
+                cloud=names[len(static) :],
+                cpus=pool.node_type.vcpus,
+                real_memory_mb=cloud_real_memory_mb(pool.node_type.memory_gib),
+                gpu_type=kind,
+                gpu_count=pool.gpus_per_node,
+                gres=f"gpu:{kind}:{pool.gpus_per_node}",
+                feature=f"pool_{pool.name}",
+            )
+        )
+    return result
+
+
+def controllers(platform: ResolvedPlatform) -> list[str]:
+    """Slurm names of the slurmctld hosts, primary first: the controller pool's first node, and its
+    second as the backup when scheduler.high_availability is set (the spec requires two nodes then).
+
+    On local and onprem these are the inventory hosts of the controller pool; on aws the nodes'
+    hostnames (the instances name themselves after their node name at boot).
+    """
+    names = platform.controller_pool.node_names()
+    return names[: 2 if platform.spec.scheduler.high_availability else 1]
 
 
 def partitions(platform: ResolvedPlatform) -> list[Partition]:
@@ -95,4 +183,9 @@ def slurm_vars(platform: ResolvedPlatform) -> dict[str, Any]:
         "slurm_accounts": [asdict(a) for a in accounts(platform)],
         "slurm_qos": qos(platform),
         "slurm_default_time_limit": platform.spec.scheduler.default_time_limit,
+        "slurm_controllers": controllers(platform),
+        "slurm_high_availability": platform.spec.scheduler.high_availability,
+        "slurm_power_saving": power_saving(platform),
+        "slurm_cloud_nodes": [asdict(n) for n in cloud_nodes(platform)],
+        "slurm_suspend_time": platform.spec.scheduler.scale_down_idle_s,
     }

@@ -60,7 +60,37 @@ def _plain(value: Any) -> Any:
     def whole(number: float) -> int | float:
         return int(number) if number.is_integer() else number
 
-    return json.loads(json.dumps(value, default=str, sort_keys=True), parse_float=lambda t: whole(float(t)))
+    return json.loads(
+        json.dumps(_redact(value), default=_describe, sort_keys=True), parse_float=lambda t: whole(float(t))
+    )
+
+
+# Pulumi's wire marker of a secret value: {SPECIAL_SIG_KEY: SECRET_SIG, "value": ...}.
+_SIG_KEY = "4dabf18193072939515e22adb298388d"
+_SECRET_SIG = "1b47061264138c4ac30d75fd1eb44270"
+SECRET = "[secret]"
+
+
+def _redact(value: Any) -> Any:
+    """Secrets never reach a recording, a plan report or a policy finding."""
+    if isinstance(value, dict):
+        if value.get(_SIG_KEY) == _SECRET_SIG:
+            return SECRET
+        return {key: _redact(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_redact(item) for item in value]
+    return value
+
+
+def _describe(value: Any) -> Any:
+    """Assets and archives by what they hold (their repr carries a memory address)."""
+    if isinstance(value, pulumi.AssetArchive):
+        return {"archive": value.assets}
+    if isinstance(value, pulumi.FileArchive | pulumi.FileAsset):
+        return {type(value).__name__: value.path}
+    if isinstance(value, pulumi.StringAsset):
+        return {"StringAsset": value.text}
+    return str(value)
 
 
 class _Mocks(pulumi.runtime.Mocks):
@@ -74,6 +104,8 @@ class _Mocks(pulumi.runtime.Mocks):
         if args.typ == "aws:fsx/lustreFileSystem:LustreFileSystem":
             state.setdefault("dnsName", f"{resource_id}.fsx.mock.amazonaws.com")
             state.setdefault("mountName", "mockmnt")
+        if args.typ == "aws:lb/loadBalancer:LoadBalancer":
+            state.setdefault("dnsName", f"{resource_id}.elb.mock.amazonaws.com")
         if args.typ == "aws:s3/bucket:Bucket":
             state.setdefault("bucket", args.inputs.get("bucketPrefix", args.name) + "mock")
         return resource_id, state

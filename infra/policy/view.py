@@ -11,6 +11,24 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+# The tags the pools set (one definition, with the inventory that finds nodes by them). A Slurm-managed
+# training pool's size range is on its launch template: Slurm, not an Auto Scaling group, scales it.
+from infra.inventory import TAG_MAX_NODES, TAG_MIN_NODES, TAG_POOL, TAG_ROLE
+
+__all__ = [
+    "TAG_MAX_NODES",
+    "TAG_MIN_NODES",
+    "TAG_POOL",
+    "TAG_ROLE",
+    "UNKNOWN",
+    "ResourceIndex",
+    "ResourceView",
+    "from_policy_args",
+    "from_policy_resource",
+    "from_recorded",
+    "plain",
+]
+
 # What an unknown value (preview: not computed yet) becomes in a view.
 UNKNOWN = "<unknown>"
 _UNKNOWN_SENTINELS = frozenset(
@@ -25,17 +43,15 @@ _UNKNOWN_SENTINELS = frozenset(
     }
 )
 
-TAG_POOL = "gpuplat:pool"
-TAG_ROLE = "gpuplat:role"
-
 
 @dataclass(frozen=True)
 class ResourceView:
     """One resource as the rules see it.
 
-    `ids` are the values other resources use to refer to this one (its id when known; under the SDK
-    mocks the id is `<name>-id`); `dependencies` maps a top-level property to the URNs it depends on,
-    where the engine says so (CrossGuard stack validation).
+    `ids` are the values other resources use to refer to this one (its id, arn and physical name when
+    known; under the SDK mocks the id is `<name>-id` and the name the logical name); `dependencies`
+    maps a top-level property to the URNs it depends on, where the engine says so (CrossGuard stack
+    validation).
     """
 
     type: str
@@ -85,10 +101,15 @@ class _Recorded(Protocol):
 
 
 def _mock_ids(name: str, props: Mapping[str, Any]) -> frozenset[str]:
-    ids = {f"{name}-id"}
-    for key in ("id", "arn"):
+    """The values that may refer to a resource: its id, arn and physical name where the props carry them,
+    `<name>-id` (the SDK mocks' id) and its logical name. Under the SDK mocks (the offline recording, and
+    views built from it) a resource's `name` output is its logical name, so a reference by name (a
+    launch template's placement group) holds that; in a real stack the engine's property dependencies
+    or the physical name in the props resolve it."""
+    ids = {f"{name}-id", name}
+    for key in ("id", "arn", "name"):
         value = props.get(key)
-        if isinstance(value, str) and value != UNKNOWN:
+        if isinstance(value, str) and value and value != UNKNOWN:
             ids.add(value)
     return frozenset(ids)
 
@@ -177,10 +198,12 @@ class ResourceIndex:
     def __init__(self, resources: Iterable[ResourceView]) -> None:
         self.resources = list(resources)
         self._by_urn = {r.urn: r for r in self.resources if r.urn}
-        self._by_id: dict[str, ResourceView] = {}
+        # one value may name several resources (a logical name shared across types): keep them all and
+        # let the caller's type filter choose
+        self._by_id: dict[str, list[ResourceView]] = {}
         for resource in self.resources:
             for identifier in resource.ids:
-                self._by_id.setdefault(identifier, resource)
+                self._by_id.setdefault(identifier, []).append(resource)
 
     def __iter__(self) -> Iterator[ResourceView]:
         return iter(self.resources)
@@ -200,9 +223,9 @@ class ResourceIndex:
                 if target is not None:
                     found[target.urn or target.name] = target
             for value in _strings(resource.props.get(key)):
-                target = self._by_id.get(value)
-                if target is not None:
-                    found[target.urn or target.name] = target
+                for target in self._by_id.get(value, ()):
+                    if target is not resource:
+                        found[target.urn or target.name] = target
         result = list(found.values())
         return [r for r in result if type_ is None or r.type == type_]
 

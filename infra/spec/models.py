@@ -52,6 +52,14 @@ class NodePool(_Model):
     capacity: Capacity = "on-demand"
     reservation: Reservation | None = None
     interruptible: bool = Field(False, description="its work survives losing a node (checkpoints, requeue)")
+    zone: str | None = Field(
+        None,
+        description=(
+            "aws: the availability zone the pool launches in (one of the stack's zones); required with a "
+            "reservation or Capacity Block, which exist in one zone. Default: training pools the first "
+            "zone, other pools every zone"
+        ),
+    )
     hosts: list[Host] = Field(default_factory=list, description="on-prem: the existing hosts of this pool")
     labels: dict[str, str] = Field(default_factory=dict)
     taints: list[Taint] = Field(default_factory=list)
@@ -135,7 +143,20 @@ class ParallelFilesystem(_Model):
         gt=0, description="target sustained read throughput per training GPU, in GB/s"
     )
     mount_path: str = Field("/shared", pattern=r"^/")
+    source: str | None = Field(
+        None,
+        description=(
+            "onprem: what the nodes mount, e.g. '10.0.0.5@o2ib:/lustre' (Lustre MGS NID and file system) "
+            "or 'nfs1.example.com:/export/shared' (NFS). aws (FSx) and local get it from the platform"
+        ),
+    )
 
+
+_FILESYSTEMS_BY_BACKEND: dict[str, tuple[str, ...]] = {
+    "aws": ("fsx-lustre",),
+    "onprem": ("lustre", "nfs"),
+    "local": ("local-volume",),
+}
 
 Purpose = Literal["datasets", "checkpoints", "models"]
 
@@ -175,6 +196,21 @@ class Scheduler(_Model):
     controller_pool: Name | None = Field(None, description="service pool hosting slurmctld; default: first")
     teams: list[Team] = Field(min_length=1)
     spot_preempt_mode: Literal["requeue", "cancel"] = "requeue"
+    scale_down_idle_s: int = Field(
+        600,
+        ge=60,
+        description=(
+            "aws: seconds a node of an elastic training pool (min < max) stays idle before it is powered "
+            "down (Slurm SuspendTime)"
+        ),
+    )
+    high_availability: bool = Field(
+        False,
+        description=(
+            "two controller nodes as a primary/backup slurmctld pair sharing their state on the parallel "
+            "filesystem, with one accounting database; needs exactly two nodes in the controller pool"
+        ),
+    )
     default_time_limit: str = Field("24:00:00", pattern=r"^\d+:\d{2}:\d{2}$")
 
 
@@ -302,7 +338,10 @@ class PlatformSpec(_Model):
                     f"serving.max_replicas ({self.serving.max_replicas}) exceeds the nodes of pool "
                     f"{target.name!r} ({target.max_nodes})"
                 )
+        self._check_controllers(by_name)
+        self._check_parallel_fs()
         for pool in self.pools:
+            self._check_zone(pool)
             if self.backend == "onprem" and not pool.hosts:
                 raise ValueError(f"pool {pool.name!r}: backend onprem lists its hosts (name, address)")
             if self.backend != "onprem" and pool.hosts:
@@ -312,6 +351,61 @@ class PlatformSpec(_Model):
             if self.backend == "local" and pool.capacity == "reserved":
                 raise ValueError(f"pool {pool.name!r}: capacity reservations exist only on aws")
         return self
+
+    def _check_controllers(self, by_name: dict[str, NodePool]) -> None:
+        wanted = self.scheduler.controller_pool
+        pool = by_name[wanted] if wanted else self.pools_with_role("service")[0]
+        where = f"pool {pool.name!r} (the Slurm controller pool)"
+        if pool.min_nodes != pool.max_nodes:
+            raise ValueError(f"{where} runs slurmctld: give it a fixed count (1, or 2 for high availability)")
+        nodes = pool.max_nodes
+        if self.scheduler.high_availability and nodes != 2:
+            raise ValueError(
+                f"scheduler.high_availability pairs a primary and a backup slurmctld: {where} needs "
+                f"exactly 2 nodes, it has {nodes}"
+            )
+        if not self.scheduler.high_availability and nodes != 1:
+            raise ValueError(
+                f"{where} has {nodes} nodes, but only one would be the controller while every node ran "
+                "slurmctld and slurmdbd: give it count 1, or count 2 with scheduler.high_availability: "
+                "true (primary/backup slurmctld sharing state on the parallel filesystem)"
+            )
+
+    def _check_parallel_fs(self) -> None:
+        fs = self.storage.parallel_fs
+        allowed = _FILESYSTEMS_BY_BACKEND[self.backend]
+        if fs.kind not in allowed:
+            raise ValueError(
+                f"storage.parallel_fs.kind {fs.kind!r} is not provided on backend {self.backend}; "
+                f"allowed: {', '.join(allowed)}"
+            )
+        if self.backend == "onprem" and not fs.source:
+            raise ValueError(
+                f"storage.parallel_fs.source: backend onprem mounts an existing {fs.kind} file system; "
+                "give what the nodes mount, e.g. '10.0.0.5@o2ib:/lustre' or 'nfs1:/export/shared'"
+            )
+        if self.backend != "onprem" and fs.source:
+            raise ValueError(
+                f"storage.parallel_fs.source is only given on backend onprem; on {self.backend} the "
+                "platform creates the file system and knows its address"
+            )
+
+    def _check_zone(self, pool: NodePool) -> None:
+        if pool.zone is not None and self.backend != "aws":
+            raise ValueError(f"pool {pool.name!r}: zone is only given on backend aws")
+        if self.backend != "aws":
+            return
+        if pool.zone is not None and pool.zone not in self.zones:
+            raise ValueError(
+                f"pool {pool.name!r}: zone {pool.zone!r} is not one of the stack's zones "
+                f"({', '.join(self.zones)})"
+            )
+        if pool.reservation is not None and pool.zone is None:
+            raise ValueError(
+                f"pool {pool.name!r}: a {pool.reservation.kind} exists in one availability zone; give the "
+                f"pool's zone (one of {', '.join(self.zones)}) so its instances launch where the "
+                "reservation is"
+            )
 
     def pool(self, name: str) -> NodePool:
         return next(p for p in self.pools if p.name == name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,18 +32,29 @@ def test_every_efa_interface_of_p5(aws_prod: Recording) -> None:
     assert [i["deviceIndex"] for i in interfaces] == [0] + [1] * 31
 
 
-def test_inference_and_service_templates_have_no_efa(aws_prod: Recording) -> None:
-    for name in ("aws-prod-infer-lt", "aws-prod-head-lt"):
-        assert "networkInterfaces" not in aws_prod.named(name).inputs
+def test_inference_templates_and_controllers_have_no_efa(aws_prod: Recording) -> None:
+    assert "networkInterfaces" not in aws_prod.named("aws-prod-infer-lt").inputs
+    for node in ("head-0", "head-1"):
+        assert "networkInterfaces" not in aws_prod.named(f"aws-prod-head-{node}").inputs
 
 
 def test_training_pools_in_cluster_placement_groups(aws_prod: Recording) -> None:
     groups = aws_prod.of_type("aws:ec2/placementGroup:PlacementGroup")
     assert sorted(g.name for g in groups) == ["aws-prod-train-placement", "aws-prod-train-spot-placement"]
     assert {g.inputs["strategy"] for g in groups} == {"cluster"}
-    assert aws_prod.named("aws-prod-train-asg").inputs["placementGroup"] == "aws-prod-train-placement-id"
-    assert len(aws_prod.named("aws-prod-train-asg").inputs["vpcZoneIdentifiers"]) == 1
+    template = aws_prod.named("aws-prod-train-lt").inputs
+    assert template["placement"] == {"groupName": "aws-prod-train-placement"}  # the mocks name it so
+    assert {i["subnetId"] for i in template["networkInterfaces"]} == {"aws-prod-private-us-east-1a-id"}
     assert "placementGroup" not in aws_prod.named("aws-prod-infer-asg").inputs
+
+
+def test_slurm_launches_training_nodes_not_an_autoscaling_group(aws_prod: Recording) -> None:
+    groups = {g.name for g in aws_prod.of_type(ASG)}
+    assert groups == {"aws-prod-infer-asg"}
+    spot = aws_prod.named("aws-prod-train-spot-lt").inputs
+    assert spot["instanceMarketOptions"]["marketType"] == "spot"
+    assert {t["key"]: t["value"] for t in _tag_list(spot)}["gpuplat:max-nodes"] == "4"
+    assert "instanceMarketOptions" not in aws_prod.named("aws-prod-train-lt").inputs
 
 
 def test_efa_security_group_references_itself(aws_prod: Recording) -> None:
@@ -80,7 +92,7 @@ def test_imdsv2_and_encrypted_root_volumes(aws_prod: Recording) -> None:
 
 
 def test_buckets_are_private_versioned_encrypted_tls_only(aws_prod: Recording) -> None:
-    purposes = {"datasets", "checkpoints", "models"}
+    purposes = {"datasets", "checkpoints", "models", "bootstrap", "ssm-transfer"}
     kinds = (
         "bucketVersioning:BucketVersioning",
         "bucketPublicAccessBlock:BucketPublicAccessBlock",
@@ -115,13 +127,16 @@ def test_fsx_meets_gpu_read_demand(
 
 
 def test_capacity_per_pool(aws_prod: Recording) -> None:
-    spot = aws_prod.named("aws-prod-train-spot-asg").inputs["mixedInstancesPolicy"]["instancesDistribution"]
-    assert spot["onDemandBaseCapacity"] == 0 and spot["onDemandPercentageAboveBaseCapacity"] == 0
     infer = aws_prod.named("aws-prod-infer-asg").inputs
     distribution = infer["mixedInstancesPolicy"]["instancesDistribution"]
     assert distribution["onDemandBaseCapacity"] == infer["minSize"] == 2
-    on_demand = aws_prod.named("aws-prod-train-asg").inputs
-    assert "mixedInstancesPolicy" not in on_demand and on_demand["minSize"] == on_demand["maxSize"] == 4
+    assert distribution["onDemandPercentageAboveBaseCapacity"] == 0
+
+
+def test_scaling_policies_own_the_desired_capacity_and_up_never_waits(aws_prod: Recording) -> None:
+    for group in aws_prod.of_type(ASG):
+        assert "desiredCapacity" not in group.inputs
+        assert group.inputs["waitForCapacityTimeout"] == "0"
 
 
 def test_inference_scales_on_gpu_memory_and_requests(aws_prod: Recording) -> None:
@@ -133,8 +148,12 @@ def test_inference_scales_on_gpu_memory_and_requests(aws_prod: Recording) -> Non
     assert metrics == {"KVCacheUtilization", "RequestsPerSecond"}
 
 
+def _tag_list(template: dict[str, Any]) -> list[dict[str, str]]:
+    return [{"key": k, "value": v} for k, v in template["tags"].items()]
+
+
 def test_pool_tags_for_the_inventory(aws_prod: Recording) -> None:
-    tags = {t["key"]: t["value"] for t in aws_prod.named("aws-prod-train-spot-asg").inputs["tags"]}
+    tags = aws_prod.named("aws-prod-train-spot-lt").inputs["tagSpecifications"][0]["tags"]
     assert tags["gpuplat:stack"] == "aws-prod" and tags["gpuplat:pool"] == "train-spot"
     assert tags["gpuplat:role"] == "train" and tags["gpuplat:group"] == "pool_train_spot"
     assert {"owner", "team", "cost-center"} <= set(tags)
@@ -169,6 +188,7 @@ def test_capacity_block(write_stack: Callable[..., Path]) -> None:
     def block(platform: dict[str, Any]) -> None:
         platform["pools"][1]["capacity"] = "reserved"
         platform["pools"][1]["reservation"] = {"kind": "capacity-block", "id": "cr-0123456789abcdef0"}
+        platform["pools"][1]["zone"] = "us-east-1b"
 
     template = _variant(write_stack, block).named("aws-prod-train-lt").inputs
     assert template["instanceMarketOptions"] == {"marketType": "capacity-block"}
@@ -193,3 +213,110 @@ def test_ami_from_stack_config(write_stack: Callable[..., Path]) -> None:
     assert (
         _variant(write_stack, pinned).named("aws-prod-train-lt").inputs["imageId"] == "ami-0123456789abcdef0"
     )
+
+
+def test_efa_only_on_instance_types_that_have_it(write_stack: Callable[..., Path]) -> None:
+    def ethernet(platform: dict[str, Any]) -> None:
+        platform["pools"][1]["instance_type"] = "g6e.2xlarge"
+
+    template = _variant(write_stack, ethernet).named("aws-prod-train-lt").inputs
+    assert [i.get("interfaceType") for i in template["networkInterfaces"]] == [None]
+
+
+def test_a_pool_launches_in_its_own_zone(write_stack: Callable[..., Path]) -> None:
+    def reserved_in_b(platform: dict[str, Any]) -> None:
+        platform["pools"][1]["capacity"] = "reserved"
+        platform["pools"][1]["reservation"] = {"kind": "capacity-reservation", "id": "cr-0123456789abcdef0"}
+        platform["pools"][1]["zone"] = "us-east-1b"
+        platform["pools"][3]["zone"] = "us-east-1b"
+
+    recording = _variant(write_stack, reserved_in_b)
+    interfaces = recording.named("aws-prod-train-lt").inputs["networkInterfaces"]
+    assert {i["subnetId"] for i in interfaces} == {"aws-prod-private-us-east-1b-id"}
+    assert recording.named("aws-prod-infer-asg").inputs["vpcZoneIdentifiers"] == [
+        "aws-prod-private-us-east-1b-id"
+    ]
+
+
+def test_reserved_inference_never_spills_to_spot(write_stack: Callable[..., Path]) -> None:
+    def reserved_infer(platform: dict[str, Any]) -> None:
+        platform["pools"][3]["capacity"] = "reserved"
+        platform["pools"][3]["reservation"] = {"kind": "capacity-reservation", "id": "cr-0123456789abcdef0"}
+        platform["pools"][3]["zone"] = "us-east-1a"
+
+    group = _variant(write_stack, reserved_infer).named("aws-prod-infer-asg").inputs
+    assert "mixedInstancesPolicy" not in group and "launchTemplate" in group
+
+
+@pytest.mark.parametrize(("placement", "strategies"), [("spread", {"spread"}), ("none", set())])
+def test_placement_as_the_spec_says(
+    write_stack: Callable[..., Path], placement: str, strategies: set[str]
+) -> None:
+    def placed(platform: dict[str, Any]) -> None:
+        platform["fabric"]["placement"] = placement
+
+    recording = _variant(write_stack, placed)
+    groups = recording.of_type("aws:ec2/placementGroup:PlacementGroup")
+    assert {g.inputs["strategy"] for g in groups} == strategies
+    assert ("placement" in recording.named("aws-prod-train-lt").inputs) == bool(strategies)
+
+
+def test_bucket_prefixes_fit_for_a_long_stack_name(write_stack: Callable[..., Path]) -> None:
+    def long_name(platform: dict[str, Any]) -> None:
+        platform["name"] = "research-platform-production-a"
+
+    buckets = _variant(write_stack, long_name).of_type("aws:s3/bucket:Bucket")
+    assert buckets and all(len(b.inputs["bucketPrefix"]) <= 37 for b in buckets)
+
+
+def test_controllers_have_their_names_and_fixed_addresses_in_two_zones(aws_prod: Recording) -> None:
+    head0, head1 = (aws_prod.named(f"aws-prod-head-{n}").inputs for n in ("head-0", "head-1"))
+    assert (head0["privateIp"], head1["privateIp"]) == ("10.64.0.10", "10.64.16.11")
+    assert head0["subnetId"] != head1["subnetId"]
+    assert head0["tags"]["gpuplat:node"] == "head-0"
+    assert head0["maintenanceOptions"] == {"autoRecovery": "default"}
+    assert aws_prod.outputs["controller_addresses"] == {"head-0": "10.64.0.10", "head-1": "10.64.16.11"}
+
+
+def test_every_node_boots_into_the_published_bundle(aws_prod: Recording) -> None:
+    key = aws_prod.outputs["bootstrap_bundle"]
+    assert aws_prod.named("aws-prod-bundle").inputs["key"] == key
+    scripts = {
+        name: base64.b64decode(aws_prod.named(name).inputs[field]).decode()
+        for name, field in (
+            ("aws-prod-train-spot-lt", "userData"),
+            ("aws-prod-head-head-1", "userDataBase64"),
+        )
+    }
+    assert all(f"BUNDLE_KEY={key}" in script for script in scripts.values())
+    assert "NODE_NAME=head-1" in scripts["aws-prod-head-head-1"]
+    assert "NODE_NAME=''" in scripts["aws-prod-train-spot-lt"]
+    assert "hostnamectl set-hostname" in scripts["aws-prod-train-spot-lt"]
+    assert "pool_train_spot:" in scripts["aws-prod-train-spot-lt"]
+
+
+def test_only_controllers_launch_and_terminate_nodes(aws_prod: Recording) -> None:
+    policies = {r.name: r.inputs["policy"] for r in aws_prod.of_type("aws:iam/rolePolicy:RolePolicy")}
+    assert "ec2:RunInstances" in policies["aws-prod-service-platform"]
+    assert "iam:PassRole" in policies["aws-prod-service-platform"]
+    assert "ec2:ResourceTag/gpuplat:stack" in policies["aws-prod-service-platform"]
+    for role in ("train", "infer"):
+        assert "ec2:" not in policies[f"aws-prod-{role}-platform"]
+        assert "ssm:GetParameter" in policies[f"aws-prod-{role}-platform"]
+
+
+def test_inventory_reaches_nodes_through_ssm(aws_prod: Recording) -> None:
+    config = aws_prod.outputs["inventory_config"]
+    assert config["hostnames"][0] == "tag:gpuplat:node"
+    assert config["compose"]["ansible_host"] == "instance_id"
+    assert config["compose"]["ansible_aws_ssm_region"] == "'us-east-1'"
+    assert config["compose"]["ansible_aws_ssm_bucket_name"].startswith("'")
+
+
+def test_one_gateway_address_in_front_of_both_gateways(aws_prod: Recording) -> None:
+    assert aws_prod.named("aws-prod-gateway-nlb").inputs["internal"] is True
+    attached = {
+        a.inputs["targetId"] for a in aws_prod.of_type("aws:lb/targetGroupAttachment:TargetGroupAttachment")
+    }
+    assert attached == {"aws-prod-head-head-0-id", "aws-prod-head-head-1-id"}
+    assert aws_prod.outputs["gateway_endpoint"].endswith(":8080/v1")

@@ -36,3 +36,8 @@ def test_report_costs_spot_below_on_demand(shipped_platforms: dict[str, Resolved
     assert spot.usd_per_hour < spot.on_demand_usd_per_hour
     assert report.storage.meets_demand is True
     assert report.storage.demand_gbps == pytest.approx(64 * 0.5)
+
+
+def test_secrets_never_reach_the_recording(shipped_platforms: dict[str, ResolvedPlatform]) -> None:
+    recording = record(shipped_platforms["aws-prod"])
+    assert recording.named("aws-prod-munge-key").inputs["value"] == "[secret]"

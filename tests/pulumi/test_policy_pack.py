@@ -181,6 +181,42 @@ def test_unknown_values_at_preview_do_not_break_rules(aws_prod: tuple[ResolvedPl
     assert violations == []
 
 
+def _preview_placement(recording: Recording, *, with_dependency: bool) -> Violations:
+    """Run fabric-cluster-placement as at `pulumi preview`: a training template's placement group name is
+    not computed yet, and the engine says (property dependencies) which resource it comes from."""
+    args = stack_args(recording)
+    by_urn = {r.urn: r for r in args.resources}
+    for template in recording.of_type("aws:ec2/launchTemplate:LaunchTemplate"):
+        if "placement" not in template.inputs:
+            continue
+        inputs = copy.deepcopy(template.inputs)
+        inputs["placement"]["groupName"] = UNKNOWN_STRING_VALUE
+        resource = by_urn[template.urn]
+        resource.props = unknown_checking_proxy(inputs)
+        group = next(
+            r for r in args.resources if r.name == template.inputs["placement"]["groupName"]
+        )  # the mocks name the group after its resource
+        resource.property_dependencies = {"placement": [group]} if with_dependency else {}
+    violations: Violations = []
+    policy = by_name(lambda: None)["fabric-cluster-placement"]
+    policy.validate(args, lambda m, u=None: violations.append((m, u)))
+    return violations
+
+
+def test_slurm_pool_placement_group_found_through_dependencies(
+    aws_prod: tuple[ResolvedPlatform, Recording],
+) -> None:
+    _, recording = aws_prod
+    # the training pools are Slurm-managed: launch templates naming their placement group, no ASG
+    assert not [r for r in recording.of_type("aws:autoscaling/group:Group") if "-train" in r.name]
+    assert _preview_placement(recording, with_dependency=True) == []
+    # without the engine's word the group cannot be found, and the rule names each template
+    found = _preview_placement(recording, with_dependency=False)
+    urns = {recording.named(n).urn for n in ("aws-prod-train-lt", "aws-prod-train-spot-lt")}
+    assert {urn for _, urn in found} == urns
+    assert all("no placement group" in message for message, _ in found)
+
+
 def test_pack_main_starts_a_policy_server() -> None:
     """`infra/policy/__main__.py` builds the pack: the server prints its port and waits."""
     root = Path(__file__).resolve().parents[2]

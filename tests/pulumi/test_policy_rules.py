@@ -280,7 +280,8 @@ def test_rule_passes_and_fails(
 
 def test_interruptible_names_the_pool_group_and_saving(verdicts: Callable[..., list[Verdict]]) -> None:
     (verdict,) = fired(verdicts("interruptible-on-demand"), "spot-interruptible-pools")
-    assert verdict.resource == "aws-prod-train-spot-asg"
+    # a training pool is Slurm-managed: the finding names the launch template Slurm launches from
+    assert verdict.resource == "aws-prod-train-spot-lt"
     assert "train-spot" in verdict.message and "% less" in verdict.message
 
 

@@ -20,7 +20,15 @@ ROOT = Path(__file__).resolve().parents[2]
 ROLES = ROOT / "roles"
 
 # Ansible's own connection variables: read by Ansible, not by a role.
-ANSIBLE_VARIABLES = {"ansible_connection", "ansible_host", "ansible_user", "ansible_python_interpreter"}
+ANSIBLE_VARIABLES = {
+    "ansible_connection",
+    "ansible_host",
+    "ansible_user",
+    "ansible_python_interpreter",
+    # the amazon.aws.aws_ssm connection plugin's
+    "ansible_aws_ssm_region",
+    "ansible_aws_ssm_bucket_name",
+}
 
 
 def declared_options() -> dict[str, dict[str, dict[str, Any]]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import posixpath
 import re
 import sys
 from pathlib import Path
@@ -27,6 +28,7 @@ def environment() -> Any:
     env.filters["comment"] = lambda text: "#\n# " + text + "\n#"
     env.filters["urlencode"] = lambda text: text
     env.filters["bool"] = lambda value: str(value).lower() in ("true", "yes", "1")
+    env.filters["dirname"] = posixpath.dirname
     env.tests["match"] = lambda value, pattern: re.match(pattern, str(value)) is not None
     return env
 

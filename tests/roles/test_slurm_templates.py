@@ -305,7 +305,7 @@ def test_spec_preempt_mode_reaches_qos_partitions_and_slurm_conf(
     for p in values["slurm_partitions"]:
         p["nodes"] = computes
         p["pool"] = "train"
-    conf = render("slurm.conf.j2", slurm={**values, "slurm_cluster_name": "t"})
+    conf = render("slurm.conf.j2", slurm={**values, "slurm_cluster_name": "t"}, gpuplat_shared_path="/fsx")
     assert settings(conf)["PreemptMode"] == mode.upper()
     assert (
         f"PreemptMode={mode.upper()}"
@@ -367,3 +367,213 @@ def test_slurm_role_defaults_are_declared(role: str) -> None:
 def test_templates_have_no_leftover_backend_switches() -> None:
     text = (ROLES / "slurm_common" / "templates" / "slurm.conf.j2").read_text()
     assert not re.search(r"gpuplat_backend", text)
+
+
+# --- 6. Elastic training pools on aws: power saving, CLOUD node lines, configless ------------
+
+VERSIONS = {  # Slurm of Ubuntu 22.04, Debian 12, Ubuntu 24.04, Debian 13
+    "21.08": "21.08.5-2ubuntu1",
+    "22.05": "22.05.8-4+deb12u3",
+    "23.11": "23.11.4-1.2ubuntu5",
+    "24.11": "24.11.5-4+deb13u1",
+}
+# The aws inventory names hosts by instance id.
+AWS_CONTROLLERS = ["i-0c0ffee0000000001", "i-0c0ffee0000000002"]
+
+
+def stack_values(path_or_name: str | Path) -> dict[str, Any]:
+    path = path_or_name if isinstance(path_or_name, Path) else ROOT / "stacks" / f"Pulumi.{path_or_name}.yaml"
+    return scheduler.slurm_vars(load_platform(path))
+
+
+def render_aws(template: str, values: dict[str, Any] | None = None, **overrides: Any) -> str:
+    """Render for an aws stack as the controller sees it: no training instance is running (the aws
+    inventory lists running instances only, by instance id), the controllers are instance ids."""
+    variables: dict[str, Any] = dict(
+        slurm=values or stack_values("aws-prod"),
+        gpuplat_shared_path="/fsx",
+        inventory_hostname=AWS_CONTROLLERS[0],
+        groups={"all": AWS_CONTROLLERS, "slurm_controller": AWS_CONTROLLERS, "slurm_compute": []},
+        hostvars={host: {"ansible_facts": dict(SMALL_FACTS)} for host in AWS_CONTROLLERS},
+        __slurm_common_node_probes={"results": []},
+    )
+    variables.update(overrides)
+    return render(template, **variables)
+
+
+@pytest.mark.parametrize("version", VERSIONS.values())
+def test_aws_training_nodes_are_cloud_nodes_with_catalog_figures(version: str) -> None:
+    conf = render_aws("slurm.conf.j2", version=version)
+    nodes = {line_fields(line)["NodeName"]: line_fields(line) for line in lines_starting(conf, "NodeName=")}
+    names = [f"train-{i}" for i in range(4)] + [f"train-spot-{i}" for i in range(4)]
+    assert sorted(nodes) == sorted(names)  # every node a pool may have, none of them running
+    real = scheduler.cloud_real_memory_mb(2048)  # p5.48xlarge: 192 vCPU, 2048 GiB, 8 H100
+    for name, node in nodes.items():
+        pool = name.rsplit("-", 1)[0]
+        assert node == {"NodeName": name, "CPUs": "192", "RealMemory": str(real), "Gres": "gpu:h100:8",
+                        "Feature": f"pool_{pool}", "State": "CLOUD"}  # fmt: skip
+    assert real < int(str(P5_FACTS["memtotal_mb"]))  # below what a p5.48xlarge reports: it can register
+    partitions = {line_fields(line)["PartitionName"]: line_fields(line)
+                  for line in lines_starting(conf, "PartitionName=")}  # fmt: skip
+    assert partitions["train"]["Nodes"] == "train-0,train-1,train-2,train-3"
+    assert partitions["train_spot"]["Nodes"] == "train-spot-0,train-spot-1,train-spot-2,train-spot-3"
+    assert partitions["train"]["DefMemPerGPU"] == str(real // 8)
+
+
+@pytest.mark.parametrize("version", VERSIONS.values())
+def test_aws_power_saving_programs_timeouts_and_static_nodes(version: str) -> None:
+    conf = settings(render_aws("slurm.conf.j2", version=version))
+    assert conf["ResumeProgram"] == "/usr/local/sbin/gpuplat-slurm-resume"
+    assert conf["SuspendProgram"] == "/usr/local/sbin/gpuplat-slurm-suspend"
+    assert conf["ResumeFailProgram"] == "/usr/local/sbin/gpuplat-slurm-resume-fail"
+    assert conf["SuspendTime"] == "600"  # scheduler.scale_down_idle_s default
+    assert conf["ResumeTimeout"] == "1800" and int(conf["SuspendTimeout"]) > 0
+    assert (conf["ResumeRate"], conf["SuspendRate"]) == ("0", "0")
+    # train (count 4) is static: never suspended; train-spot (min 0) is all on demand.
+    assert conf["SuspendExcNodes"] == "train-0,train-1,train-2,train-3"
+    parameters = conf["SlurmctldParameters"].split(",")
+    assert {"enable_configless", "idle_on_node_suspend"} <= set(parameters)
+    old = version.startswith(("21.", "22."))
+    # Parameters later releases dropped (their behaviour became the default): only where they exist.
+    assert ("cloud_reg_addrs" in parameters) == old
+    assert (conf.get("PrivateData") == "cloud") == old and ("PrivateData" in conf) == old
+    assert (conf.get("CommunicationParameters") == "NoAddrCache") == old
+    assert ("TreeWidth" in conf) == old and (not old or int(conf["TreeWidth"]) >= 8)
+
+
+def test_aws_static_nodes_and_suspend_time_follow_the_spec(write_stack: Callable[..., Path]) -> None:
+    def mutate(platform: dict[str, Any]) -> None:
+        platform["scheduler"]["scale_down_idle_s"] = 900
+        spot = next(p for p in platform["pools"] if p["name"] == "train-spot")
+        spot["min"] = 1
+
+    conf = settings(render_aws("slurm.conf.j2", stack_values(write_stack("aws-prod", mutate))))
+    assert conf["SuspendTime"] == "900"
+    assert conf["SuspendExcNodes"] == "train-0,train-1,train-2,train-3,train-spot-0"
+
+
+@pytest.mark.parametrize("autodetect", ["auto", "nvml"])
+def test_aws_gres_conf_lists_every_cloud_node(autodetect: str) -> None:
+    gres = render_aws("gres.conf.j2", simulated=False, slurm_common_gpu_autodetect=autodetect)
+    for name in ("train-0", "train-spot-3"):
+        lines = lines_starting(gres, f"NodeName={name} ")
+        if autodetect == "nvml":
+            assert lines == [f"NodeName={name} AutoDetect=nvml"]
+        else:  # nothing to probe on a node that does not exist: the catalog's 8 GPUs by device file
+            assert lines == [f"NodeName={name} Name=gpu Type=h100 File=/dev/nvidia{i}" for i in range(8)]
+    assert len(lines_starting(gres, "NodeName=")) == (8 if autodetect == "nvml" else 64)
+
+
+def test_configless_files_are_written_on_controllers_only() -> None:
+    variables = role_vars("slurm_common")
+    variables.update(slurm_power_saving=True, groups={"slurm_controller": ["head-0"]})
+    for host, configless in (("head-0", False), ("i-0abc", True)):
+        templar = Templar(loader=DataLoader(), variables=dict(variables, inventory_hostname=host))
+        assert (
+            templar.template(trust_as_template("{{ __slurm_common_configless_node | bool }}")) is configless
+        )
+    local = Templar(
+        loader=DataLoader(), variables=dict(variables, slurm_power_saving=False, inventory_hostname="x")
+    )
+    assert local.template(trust_as_template("{{ __slurm_common_configless_node | bool }}")) is False
+
+
+def render_role_template(role: str, template: str, **variables: Any) -> str:
+    values = role_vars(role)
+    values.update(ansible_managed="Ansible managed", **variables)
+    text = (ROLES / role / "templates" / template).read_text()
+    return str(
+        Templar(loader=DataLoader(), variables=values).template(trust_as_template(text), overrides=OVERRIDES)
+    )
+
+
+def test_configless_slurmd_gets_the_controllers_as_conf_servers() -> None:
+    values = stack_values("aws-prod")
+    default = render_role_template(
+        "slurm_compute", "slurmd.default.j2", **values, slurm_common_controller_host=AWS_CONTROLLERS[0]
+    )
+    assert settings(default)["SLURMD_OPTIONS"] == '"--conf-server head-0,head-1"'
+    # aws: the controllers' fixed addresses, where the backend gives them (no DNS needed).
+    addresses = {"head-0": "10.64.0.10", "head-1": "10.64.16.11"}
+    default = render_role_template(
+        "slurm_compute", "slurmd.default.j2", **values, gpuplat_controller_addresses=addresses
+    )
+    assert settings(default)["SLURMD_OPTIONS"] == '"--conf-server 10.64.0.10,10.64.16.11"'
+    dropin = render_role_template("slurm_compute", "slurmd-configless.conf.j2")
+    # Debian's slurmd.service only starts with a local slurm.conf; the drop-in clears that condition.
+    assert "\nConditionPathExists=\n" in dropin and "EnvironmentFile=-/etc/default/slurmd" in dropin
+    variables = dict(
+        role_vars("slurm_compute"), inventory_hostname="i-0abc", ansible_facts={"hostname": "train-2"}
+    )
+    for power_saving, name in ((True, "train-2"), (False, "i-0abc")):
+        templar = Templar(loader=DataLoader(), variables=dict(variables, slurm_power_saving=power_saving))
+        assert templar.template(trust_as_template("{{ __slurm_compute_node_name }}")) == name
+
+
+def test_local_stack_renders_exactly_what_an_inventory_without_the_new_values_does() -> None:
+    values = stack_values("local")
+    assert values["slurm_power_saving"] is False and values["slurm_cloud_nodes"] == []
+    assert values["slurm_controllers"] == ["head-0"] and values["slurm_high_availability"] is False
+    legacy = {k: v for k, v in values.items() if k not in {"slurm_controllers", "slurm_high_availability",
+              "slurm_power_saving", "slurm_cloud_nodes", "slurm_suspend_time"}}  # fmt: skip
+    for template in ("slurm.conf.j2", "gres.conf.j2"):
+        assert render(template, slurm=values, gpuplat_backend="local") == render(
+            template, slurm=legacy, gpuplat_backend="local"
+        )
+    conf = render("slurm.conf.j2", slurm=values, gpuplat_backend="local")
+    for key in ("SuspendProgram", "ResumeProgram", "SuspendTime", "SlurmctldParameters", "SuspendExcNodes"):
+        assert key not in settings(conf)
+    assert "State=CLOUD" not in conf and lines_starting(conf, "SlurmctldHost=") == ["SlurmctldHost=head-0"]
+    assert settings(conf)["StateSaveLocation"] == "/var/lib/slurm/slurmctld"
+
+
+# --- 7. High availability: primary and backup slurmctld -----------------------------------
+
+
+def test_ha_controllers_share_their_state_on_the_shared_filesystem() -> None:
+    values = stack_values("aws-prod")  # scheduler.high_availability, head count 2
+    assert values["slurm_controllers"] == ["head-0", "head-1"] and values["slurm_high_availability"] is True
+    conf = render_aws("slurm.conf.j2", values)
+    # Slurm names, primary first, not the inventory's instance ids.
+    assert lines_starting(conf, "SlurmctldHost=") == ["SlurmctldHost=head-0", "SlurmctldHost=head-1"]
+    assert settings(conf)["StateSaveLocation"] == "/fsx/slurm/aws_prod/state"
+    assert settings(conf)["AccountingStorageHost"] == "head-0"
+    addresses = {"head-0": "10.64.0.10", "head-1": "10.64.16.11"}
+    with_addresses = render_aws("slurm.conf.j2", values, gpuplat_controller_addresses=addresses)
+    assert lines_starting(with_addresses, "SlurmctldHost=") == [
+        "SlurmctldHost=head-0(10.64.0.10)",
+        "SlurmctldHost=head-1(10.64.16.11)",
+    ]
+
+
+def test_ha_on_static_nodes_keeps_facts_based_node_lines(write_stack: Callable[..., Path]) -> None:
+    def mutate(platform: dict[str, Any]) -> None:
+        platform["scheduler"]["high_availability"] = True
+        next(p for p in platform["pools"] if p["name"] == "head")["count"] = 2
+
+    values = stack_values(write_stack("local", mutate))
+    conf = render("slurm.conf.j2", slurm=values, gpuplat_backend="local", gpuplat_shared_path="/shared")
+    assert lines_starting(conf, "SlurmctldHost=") == ["SlurmctldHost=head-0", "SlurmctldHost=head-1"]
+    assert settings(conf)["StateSaveLocation"] == f"/shared/slurm/{values['slurm_cluster_name']}/state"
+    assert "State=CLOUD" not in conf and "State=UNKNOWN" in lines_starting(conf, "NodeName=train-0")[0]
+    single = dict(values, slurm_controllers=["head-0"], slurm_high_availability=False)
+    assert lines_starting(render("slurm.conf.j2", slurm=single), "SlurmctldHost=") == ["SlurmctldHost=head-0"]
+
+
+@pytest.mark.parametrize(
+    ("host", "hostname", "enabled"),
+    [("i-0aaa", "head-0", True), ("i-0bbb", "head-1", False), ("head-0", "x", True), ("head-1", "x", False)],
+)
+def test_ha_runs_slurmdbd_on_the_primary_only(host: str, hostname: str, enabled: bool) -> None:
+    variables = role_vars("slurm_dbd")
+    variables.update(ansible_managed="Ansible managed", inventory_hostname=host,
+                     ansible_facts={"hostname": hostname}, slurm_controllers=["head-0", "head-1"],
+                     slurm_high_availability=True, __slurm_dbd_unit={"status": {}})  # fmt: skip
+    templar = Templar(loader=DataLoader(), variables=variables)
+    assert templar.template(trust_as_template("{{ __slurm_dbd_enabled | bool }}")) is enabled
+    text = (ROLES / "slurm_dbd" / "templates" / "slurmdbd.conf.j2").read_text()
+    assert (
+        settings(str(templar.template(trust_as_template(text), overrides=OVERRIDES)))["DbdHost"] == "head-0"
+    )
+    single = Templar(loader=DataLoader(), variables=dict(variables, slurm_high_availability=False))
+    assert single.template(trust_as_template("{{ __slurm_dbd_enabled | bool }}")) is True

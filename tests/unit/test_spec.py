@@ -85,6 +85,40 @@ BAD_CASES = {
         "software.driver_branch: branch 535 does not support blackwell GPUs; use 570 or newer",
     ),
     "unknown-capacity": (_set(["pools", 1, "capacity"], "cheap"), "must be one of"),
+    "two-heads-without-ha": (
+        _set(["scheduler", "high_availability"], False),
+        "pool 'head' (the Slurm controller pool) has 2 nodes",
+    ),
+    "ha-with-three-heads": (_set(["pools", 0, "count"], 3), "needs exactly 2 nodes, it has 3"),
+    "elastic-controller": (
+        lambda platform: (
+            _set(["pools", 0, "count"], None)(platform),
+            _set(["pools", 0, "min"], 1)(platform),
+            _set(["pools", 0, "max"], 2)(platform),
+        ),
+        "give it a fixed count",
+    ),
+    "zone-outside-the-stack": (
+        _set(["pools", 1, "zone"], "us-west-2a"),
+        "zone 'us-west-2a' is not one of the stack's zones (us-east-1a, us-east-1b)",
+    ),
+    "reservation-without-zone": (
+        lambda platform: (
+            _set(["pools", 1, "capacity"], "reserved")(platform),
+            _set(["pools", 1, "reservation"], {"kind": "capacity-block", "id": "cr-0123456789abcdef0"})(
+                platform
+            ),
+        ),
+        "a capacity-block exists in one availability zone; give the pool's zone",
+    ),
+    "nfs-on-aws": (
+        _set(["storage", "parallel_fs", "kind"], "nfs"),
+        "storage.parallel_fs.kind 'nfs' is not provided on backend aws; allowed: fsx-lustre",
+    ),
+    "source-on-aws": (
+        _set(["storage", "parallel_fs", "source"], "fs@tcp:/x"),
+        "storage.parallel_fs.source is only given on backend onprem",
+    ),
 }
 
 

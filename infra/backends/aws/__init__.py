@@ -1,13 +1,33 @@
-"""AWS backend: network, identities, storage and GPU node pools composed from one resolved platform."""
+"""AWS backend: network, identities, storage, the node bootstrap and the node pools, from one resolved
+platform. How nodes boot and join: infra/backends/aws/bootstrap.py; who launches them: node_pool.py."""
 
 from __future__ import annotations
 
+import base64
+import json
+import secrets
+from pathlib import Path
 from typing import Any
 
 import pulumi
 import pulumi_aws as aws
 
-from infra.backends.aws.iam import NodeIdentity, NodeIdentityArgs
+from infra.backends.aws.bootstrap import (
+    GROUP_VARS_KEY,
+    BootScript,
+    bundle_key,
+    munge_parameter,
+    node_inventory,
+)
+from infra.backends.aws.controller_nodes import ControllerNodes, ControllerNodesArgs, controller_addresses
+from infra.backends.aws.gateway import GatewayEndpoint, GatewayEndpointArgs
+from infra.backends.aws.iam import (
+    NodeIdentity,
+    NodeIdentityArgs,
+    bootstrap_statements,
+    cluster_manager_statements,
+    policy_document,
+)
 from infra.backends.aws.network import GpuNetwork, NetworkArgs
 from infra.backends.aws.node_pool import GpuNodePool, GpuNodePoolArgs
 from infra.backends.aws.storage import (
@@ -20,9 +40,48 @@ from infra.backends.aws.storage import (
 from infra.backends.aws.tags import base_tags, pool_tags
 from infra.backends.base import common_outputs
 from infra.inventory import aws_ec2_config, platform_vars
-from infra.resolve import ResolvedPlatform
+from infra.resolve import ResolvedPlatform, ResolvedPool
 
 _REPOSITORY_PURPOSES = ("datasets", "checkpoints")
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
+BOOTSTRAP_BUCKET = "bootstrap"
+# The aws_ssm connection plugin moves files through a bucket with presigned URLs (the operator's
+# credentials sign them; nodes need no S3 permission for it). Nothing there outlives a day.
+SSM_TRANSFER_BUCKET = "ssm-transfer"
+_PLATFORM_BUCKETS = (BucketArgs(BOOTSTRAP_BUCKET, 30), BucketArgs(SSM_TRANSFER_BUCKET, 1, expire_days=1))
+MUNGE_KEY_BYTES = 1024
+
+
+def pool_zones(platform: ResolvedPlatform, pool: ResolvedPool) -> list[str]:
+    """A pool's zone, else the first zone for training (EFA and cluster placement stay within one zone),
+    else every zone."""
+    zones = list(platform.spec.zones)
+    if pool.spec.zone:
+        return [pool.spec.zone]
+    return zones[:1] if pool.role == "train" else zones
+
+
+def uses_efa(platform: ResolvedPlatform, pool: ResolvedPool) -> bool:
+    return (
+        pool.role == "train" and platform.spec.fabric.kind == "efa" and pool.node_type.network.fabric == "efa"
+    )
+
+
+def elastic_pools(
+    platform: ResolvedPlatform, templates: dict[str, pulumi.Output[str]]
+) -> pulumi.Output[dict[str, Any]]:
+    """The Slurm resume program's view of the training pools: template and the static node names."""
+    names = sorted(templates)
+    return pulumi.Output.all(*[templates[n] for n in names]).apply(
+        lambda ids: {
+            pool: {
+                "launch_template_id": template_id,
+                "subnet_id": None,
+                "static_nodes": platform.pool(pool).node_names()[: platform.pool(pool).spec.min_nodes],
+            }
+            for pool, template_id in zip(names, ids, strict=True)
+        }
+    )
 
 
 class AwsBackend:
@@ -46,37 +105,32 @@ class AwsBackend:
             ObjectStoreArgs(
                 stack=platform.name,
                 buckets=[
-                    BucketArgs(b.purpose, b.noncurrent_retention_days)
-                    for b in spec.storage.object_store.buckets
+                    *(
+                        BucketArgs(b.purpose, b.noncurrent_retention_days)
+                        for b in spec.storage.object_store.buckets
+                    ),
+                    *_PLATFORM_BUCKETS,
                 ],
                 tags=tags,
             ),
         )
-        bucket_arns = {purpose: bucket.arn for purpose, bucket in store.buckets.items()}
-        identities = {
-            role: NodeIdentity(f"{platform.name}-{role}", NodeIdentityArgs(role, bucket_arns, tags))
-            for role in sorted({p.role for p in platform.pools})
-        }
-        image_id: pulumi.Input[str] = (
-            spec.aws.image_id or aws.ssm.get_parameter_output(name=spec.aws.image_ssm_parameter).value
+        bootstrap_bucket = store.buckets[BOOTSTRAP_BUCKET]
+        # What nodes fetch when they boot: the MUNGE key, the bundle and the group vars.
+        bootstrap = pulumi.ComponentResource("gpu-platform:aws:NodeBootstrap", f"{platform.name}-bootstrap")
+        in_bootstrap = pulumi.ResourceOptions(parent=bootstrap)
+        munge_key = aws.ssm.Parameter(
+            f"{platform.name}-munge-key",
+            name=munge_parameter(platform.name),
+            type="SecureString",
+            value=pulumi.Output.secret(base64.b64encode(secrets.token_bytes(MUNGE_KEY_BYTES)).decode()),
+            description="MUNGE key of the stack's Slurm cluster (created once, never rotated by pulumi up)",
+            tags=tags,
+            opts=pulumi.ResourceOptions(parent=bootstrap, ignore_changes=["value"]),
         )
-        for pool in platform.pools:
-            GpuNodePool(
-                f"{platform.name}-{pool.name}",
-                GpuNodePoolArgs(
-                    pool=pool.spec,
-                    node_type=pool.node_type,
-                    image_id=image_id,
-                    subnet_ids=[s.id for s in network.private_subnets],
-                    security_group_id=network.security_groups[pool.role].id,
-                    instance_profile_arn=identities[pool.role].profile.arn,
-                    root_volume_gib=spec.aws.root_volume_gib,
-                    efa=pool.role == "train" and spec.fabric.kind == "efa",
-                    tags=pool_tags(platform, pool),
-                ),
-            )
+        identities = self._identities(platform, store, bootstrap_bucket, munge_key, tags)
+
+        filesystem_source: pulumi.Input[str] = ""
         outputs = common_outputs(platform)
-        outputs["buckets"] = {purpose: bucket.bucket for purpose, bucket in store.buckets.items()}
         layout = platform.lustre_layout
         if layout is not None:
             filesystem = ParallelFilesystem(
@@ -95,6 +149,162 @@ class AwsBackend:
             )
             outputs["fsx_dns_name"] = filesystem.filesystem.dns_name
             outputs["fsx_mount_name"] = filesystem.filesystem.mount_name
-        outputs["inventory_config"] = aws_ec2_config(platform)
-        outputs["group_vars"] = platform_vars(platform)
+            filesystem_source = pulumi.Output.concat(
+                filesystem.filesystem.dns_name, "@tcp:/", filesystem.filesystem.mount_name
+            )
+
+        image_id: pulumi.Input[str] = (
+            spec.aws.image_id or aws.ssm.get_parameter_output(name=spec.aws.image_ssm_parameter).value
+        )
+        key = bundle_key(PROJECT_ROOT)
+        aws.s3.BucketObjectv2(
+            f"{platform.name}-bundle",
+            bucket=bootstrap_bucket.id,
+            key=key,
+            source=pulumi.AssetArchive(
+                {
+                    directory: pulumi.FileArchive(str(PROJECT_ROOT / directory))
+                    for directory in ("playbooks", "roles")
+                }
+            ),
+            tags=tags,
+            opts=in_bootstrap,
+        )
+
+        def boot_script(pool: ResolvedPool, node_name: str = "") -> pulumi.Output[str]:
+            return bootstrap_bucket.bucket.apply(
+                lambda bucket: BootScript(
+                    stack=platform.name,
+                    region=str(spec.region),
+                    bucket=bucket,
+                    bundle_key=key,
+                    inventory=node_inventory(platform, pool),
+                    node_name=node_name,
+                ).render()
+            )
+
+        controller = platform.controller_pool
+        addresses = controller_addresses(
+            controller.node_names(), pool_zones(platform, controller), network.subnet_cidrs
+        )
+        controllers = ControllerNodes(
+            f"{platform.name}-{controller.name}",
+            ControllerNodesArgs(
+                node_names=controller.node_names(),
+                instance_type=controller.node_type.name,
+                image_id=image_id,
+                zones=pool_zones(platform, controller),
+                subnet_by_zone={zone: subnet.id for zone, subnet in network.subnet_by_zone.items()},
+                subnet_cidrs=network.subnet_cidrs,
+                security_group_id=network.security_groups[controller.role].id,
+                instance_profile_name=identities[controller.role].profile.name,
+                root_volume_gib=spec.aws.root_volume_gib,
+                tags=pool_tags(platform, controller),
+                user_data={node: boot_script(controller, node) for node in controller.node_names()},
+            ),
+        )
+        templates: dict[str, pulumi.Output[str]] = {}
+        groups: dict[str, pulumi.Output[str]] = {}
+        for pool in platform.pools:
+            if pool.name == controller.name:
+                continue
+            node_pool = GpuNodePool(
+                f"{platform.name}-{pool.name}",
+                GpuNodePoolArgs(
+                    pool=pool.spec,
+                    node_type=pool.node_type,
+                    image_id=image_id,
+                    subnet_ids=[network.subnet_by_zone[zone].id for zone in pool_zones(platform, pool)],
+                    security_group_id=network.security_groups[pool.role].id,
+                    instance_profile_arn=identities[pool.role].profile.arn,
+                    root_volume_gib=spec.aws.root_volume_gib,
+                    efa=uses_efa(platform, pool),
+                    placement=spec.fabric.placement if pool.role == "train" else "none",
+                    tags=pool_tags(platform, pool),
+                    user_data=boot_script(pool),
+                ),
+            )
+            if pool.role == "train":
+                templates[pool.name] = node_pool.launch_template.id
+            if node_pool.group is not None:
+                groups[pool.name] = node_pool.group.name
+        if spec.serving is not None:
+            gateway = platform.gateway_pool
+            endpoint = GatewayEndpoint(
+                f"{platform.name}-gateway",
+                GatewayEndpointArgs(
+                    vpc_id=network.vpc.id,
+                    subnet_ids=[subnet.id for subnet in network.private_subnets],
+                    port=spec.aws.gateway_port,
+                    instance_ids=(
+                        [i.id for i in controllers.instances.values()]
+                        if gateway.name == controller.name
+                        else []
+                    ),
+                    group_names=[groups[gateway.name]] if gateway.name in groups else [],
+                    tags=tags,
+                ),
+            )
+            outputs["gateway_endpoint"] = pulumi.Output.concat(
+                "http://", endpoint.balancer.dns_name, f":{spec.aws.gateway_port}/v1"
+            )
+
+        group_vars = pulumi.Output.all(
+            source=filesystem_source, pools=elastic_pools(platform, templates)
+        ).apply(
+            lambda values: {
+                **platform_vars(platform),
+                "gpuplat_region": spec.region,
+                "gpuplat_controller_addresses": addresses,
+                "shared_fs_source": values["source"],
+                "slurm_elastic_stack": platform.name,
+                "slurm_elastic_region": spec.region,
+                "slurm_elastic_pools": values["pools"],
+            }
+        )
+        aws.s3.BucketObjectv2(
+            f"{platform.name}-group-vars",
+            bucket=bootstrap_bucket.id,
+            key=GROUP_VARS_KEY,
+            content=group_vars.apply(lambda values: json.dumps(values, sort_keys=True, indent=1)),
+            content_type="application/json",
+            tags=tags,
+            opts=in_bootstrap,
+        )
+        bootstrap.register_outputs({"bundle_key": key})
+        outputs["buckets"] = {purpose: bucket.bucket for purpose, bucket in store.buckets.items()}
+        outputs["controller_addresses"] = addresses
+        outputs["bootstrap_bundle"] = key
+        outputs["inventory_config"] = store.buckets[SSM_TRANSFER_BUCKET].bucket.apply(
+            lambda bucket: aws_ec2_config(platform, bucket)
+        )
+        outputs["group_vars"] = group_vars
         return outputs
+
+    def _identities(
+        self,
+        platform: ResolvedPlatform,
+        store: ObjectStore,
+        bootstrap_bucket: aws.s3.Bucket,
+        munge_key: aws.ssm.Parameter,
+        tags: dict[str, str],
+    ) -> dict[str, NodeIdentity]:
+        bucket_arns = {purpose: bucket.arn for purpose, bucket in store.buckets.items()}
+        boot = pulumi.Output.all(bootstrap_bucket.arn, munge_key.arn).apply(
+            lambda arns: bootstrap_statements(arns[0], arns[1])
+        )
+        roles = sorted({p.role for p in platform.pools})
+        identities: dict[str, NodeIdentity] = {}
+        for role in sorted(roles, key=lambda r: r == "service"):  # the controllers pass the train role
+            document: pulumi.Output[str] = boot.apply(policy_document)
+            if role == "service" and "train" in identities:
+                train_arn = identities["train"].role.arn
+                document = pulumi.Output.all(boot, train_arn).apply(
+                    lambda parts: policy_document(
+                        parts[0] + cluster_manager_statements(platform.name, [parts[1]])
+                    )
+                )
+            identities[role] = NodeIdentity(
+                f"{platform.name}-{role}", NodeIdentityArgs(role, bucket_arns, tags, platform_policy=document)
+            )
+        return identities

@@ -29,6 +29,8 @@ class NodeIdentityArgs:
     role: str
     bucket_arns: dict[str, pulumi.Output[str]] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
+    # What the role's nodes need beyond their buckets (bootstrap, cluster management): a policy document.
+    platform_policy: pulumi.Input[str] | None = None
 
 
 def bucket_policy_document(role: str, arns: dict[str, str]) -> str:
@@ -75,7 +77,38 @@ class NodeIdentity(pulumi.ComponentResource):
                 lambda arns: bucket_policy_document(args.role, dict(zip(purposes, arns, strict=True)))
             )
             aws.iam.RolePolicy(f"{name}-buckets", role=self.role.id, policy=document, opts=child)
+        if args.platform_policy is not None:
+            aws.iam.RolePolicy(f"{name}-platform", role=self.role.id, policy=args.platform_policy, opts=child)
         self.profile = aws.iam.InstanceProfile(
             f"{name}-profile", role=self.role.name, tags=args.tags, opts=child
         )
         self.register_outputs({"role_arn": self.role.arn, "instance_profile_arn": self.profile.arn})
+
+
+def bootstrap_statements(platform_bucket_arn: str, munge_parameter_arn: str) -> list[dict[str, Any]]:
+    """Every node: read the bundle and group vars, and the MUNGE key."""
+    return [
+        {"Sid": "ReadBootstrapBundle", "Effect": "Allow", "Action": ["s3:GetObject"],
+         "Resource": [f"{platform_bucket_arn}/bootstrap/*"]},
+        {"Sid": "ReadMungeKey", "Effect": "Allow", "Action": ["ssm:GetParameter"],
+         "Resource": [munge_parameter_arn]},
+    ]  # fmt: skip
+
+
+def cluster_manager_statements(stack: str, train_role_arns: list[str]) -> list[dict[str, Any]]:
+    """The controllers: launch and terminate training nodes (Slurm power saving) and find inference
+    nodes (gateway and Prometheus discovery). Termination only of this stack's instances."""
+    return [
+        {"Sid": "DiscoverInstances", "Effect": "Allow", "Action": ["ec2:DescribeInstances"], "Resource": "*"},
+        {"Sid": "LaunchTrainingNodes", "Effect": "Allow", "Action": ["ec2:RunInstances", "ec2:CreateTags"],
+         "Resource": "*"},
+        {"Sid": "TerminateOwnNodes", "Effect": "Allow", "Action": ["ec2:TerminateInstances"], "Resource": "*",
+         "Condition": {"StringEquals": {"ec2:ResourceTag/gpuplat:stack": stack}}},
+        {"Sid": "PassTrainingRole", "Effect": "Allow", "Action": ["iam:PassRole"],
+         "Resource": sorted(train_role_arns),
+         "Condition": {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}},
+    ]  # fmt: skip
+
+
+def policy_document(statements: list[dict[str, Any]]) -> str:
+    return json.dumps({"Version": "2012-10-17", "Statement": statements}, sort_keys=True)

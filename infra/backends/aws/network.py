@@ -57,6 +57,8 @@ class GpuNetwork(pulumi.ComponentResource):
             )
             for index, zone in enumerate(args.zones)
         ]
+        self.subnet_by_zone = dict(zip(args.zones, self.private_subnets, strict=True))
+        self.subnet_cidrs = {zone: str(blocks[index]) for index, zone in enumerate(args.zones)}
         public = aws.ec2.Subnet(
             f"{name}-public",
             vpc_id=self.vpc.id,
@@ -162,6 +164,8 @@ class GpuNetwork(pulumi.ComponentResource):
         egress("train-to-self", "train", "train")
         ingress("train-from-service", "train", "service")
         ingress("service-from-train", "service", "train")
+        # A high-availability pair: the backup slurmctld and the primary's slurmdbd talk to each other.
+        ingress("service-from-self", "service", "service")
         ingress(
             "service-gateway-from-vpc",
             "service",

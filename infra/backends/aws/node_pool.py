@@ -1,28 +1,35 @@
-"""A GPU node pool: launch template and Auto Scaling group, shaped by the pool's role and capacity.
+"""A node pool: its launch template, and who launches from it.
 
-- Training pools get one EFA interface on every network card of the instance type (the first on
-  device index 0, the rest on device index 1, as AWS documents for multi-card instances:
-  https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html), and a cluster
-  placement group: EFA traffic between nodes needs them in one placement group in one zone.
-- Capacity: on-demand; spot (a mixed instances policy with no on-demand part); an On-Demand Capacity
-  Reservation (the launch template targets it); or a Capacity Block for ML (market type
-  `capacity-block` in the launch template, and the block's reservation id as target).
-- Inference pools: on-demand base capacity equals the pool minimum, spot only above it, and target
-  tracking on GPU memory use and requests per second per instance, custom CloudWatch metrics the node
-  agent publishes (namespace GpuPlatform/Inference).
+- Training pools are launched by Slurm (power saving, as AWS ParallelCluster does): the resume program
+  on the controller calls RunInstances on the pool's launch template for the node names pending jobs
+  need, and terminates them after the pool's idle time. So a training pool is a launch template and a
+  placement group, no Auto Scaling group: an ASG would replace and scale nodes Slurm does not know.
+  The template carries everything a launch needs: the pool's one subnet (EFA and cluster placement
+  work within one zone), one EFA interface on every network card of EFA-capable types (the first on
+  device index 0, the rest on 1: https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html),
+  the placement group of `fabric.placement`, the spot market, the reservation or Capacity Block.
+- Inference and other service pools are Auto Scaling groups. Capacity: on-demand; spot (a mixed
+  instances policy with no on-demand part); an On-Demand Capacity Reservation or Capacity Block (the
+  template targets it; nothing spills to spot); inference on-demand pools run their minimum on-demand
+  and only the burst above it on spot. Target tracking on KV-cache use and requests per second per
+  instance (custom CloudWatch metrics the node agent publishes, namespace GpuPlatform/Inference) owns
+  the desired capacity: the group sets none, so `pulumi up` never resets what the policies scaled to.
+- No launch waits for capacity during `pulumi up` (wait_for_capacity_timeout 0): GPU capacity can take
+  hours; nodes join by themselves when they come (see infra/backends/aws/bootstrap.py).
 """
 
 from __future__ import annotations
 
 import base64
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pulumi
 import pulumi_aws as aws
 
 from infra.data.models import NodeType
-from infra.spec.models import NodePool
+from infra.inventory import TAG_MAX_NODES, TAG_MIN_NODES
+from infra.spec.models import NodePool, Placement
 
 INFERENCE_METRICS_NAMESPACE = "GpuPlatform/Inference"
 # Load, as the scaling agent on each inference node publishes it: vLLM's KV-cache use (device memory is
@@ -40,16 +47,20 @@ class GpuNodePoolArgs:
     instance_profile_arn: pulumi.Input[str]
     root_volume_gib: int
     efa: bool
+    placement: Placement
     tags: dict[str, str]
-    user_data: str = ""
+    user_data: pulumi.Input[str] | None = None
 
 
-def efa_interfaces(node_type: NodeType, security_group_id: pulumi.Input[str]) -> list[dict[str, Any]]:
+def efa_interfaces(
+    node_type: NodeType, security_group_id: pulumi.Input[str], subnet_id: pulumi.Input[str]
+) -> list[dict[str, Any]]:
     return [
         {
             "network_card_index": card,
             "device_index": 0 if card == 0 else 1,
             "interface_type": "efa",
+            "subnet_id": subnet_id,
             "delete_on_termination": "true",
             "security_groups": [security_group_id],
         }
@@ -57,86 +68,137 @@ def efa_interfaces(node_type: NodeType, security_group_id: pulumi.Input[str]) ->
     ]
 
 
+def encode_user_data(script: pulumi.Input[str]) -> pulumi.Output[str]:
+    return pulumi.Output.from_input(script).apply(lambda text: base64.b64encode(text.encode()).decode())
+
+
+def base_template(args: GpuNodePoolArgs) -> dict[str, Any]:
+    """What every node of the platform launches with, whoever launches it."""
+    template: dict[str, Any] = {
+        "image_id": args.image_id,
+        "instance_type": args.node_type.name,
+        "iam_instance_profile": {"arn": args.instance_profile_arn},
+        # IMDSv2 only; instance tags readable from the node (its bootstrap reads its gpuplat:node name).
+        "metadata_options": {"http_tokens": "required", "http_endpoint": "enabled",
+                             "http_put_response_hop_limit": 2, "instance_metadata_tags": "enabled"},
+        "block_device_mappings": [{
+            "device_name": "/dev/sda1",
+            "ebs": {"volume_size": args.root_volume_gib, "volume_type": "gp3", "encrypted": "true",
+                    "delete_on_termination": "true"},
+        }],
+        "tag_specifications": [
+            {"resource_type": kind, "tags": args.tags} for kind in ("instance", "volume", "network-interface")
+        ],
+        "tags": args.tags,
+    }  # fmt: skip
+    if args.user_data is not None:
+        template["user_data"] = encode_user_data(args.user_data)
+    reservation = args.pool.reservation
+    if reservation is not None:
+        template["capacity_reservation_specification"] = {
+            "capacity_reservation_target": {"capacity_reservation_id": reservation.id}
+        }
+        if reservation.kind == "capacity-block":
+            template["instance_market_options"] = {"market_type": "capacity-block"}
+    return template
+
+
+def slurm_pool_template(args: GpuNodePoolArgs, placement_group: pulumi.Input[str] | None) -> dict[str, Any]:
+    """A training pool's template: complete enough for RunInstances with no other parameter."""
+    pool = args.pool
+    sizes = {TAG_MIN_NODES: str(pool.min_nodes), TAG_MAX_NODES: str(pool.max_nodes)}
+    template = base_template(replace(args, tags={**args.tags, **sizes}))
+    subnet = args.subnet_ids[0]
+    if args.efa:
+        template["network_interfaces"] = efa_interfaces(args.node_type, args.security_group_id, subnet)
+    else:
+        template["network_interfaces"] = [
+            {"device_index": 0, "subnet_id": subnet, "security_groups": [args.security_group_id],
+             "delete_on_termination": "true"}
+        ]  # fmt: skip
+    if placement_group is not None:
+        template["placement"] = {"group_name": placement_group}
+    if pool.capacity == "spot":
+        template["instance_market_options"] = {
+            "market_type": "spot",
+            "spot_options": {"spot_instance_type": "one-time", "instance_interruption_behavior": "terminate"},
+        }
+    return template
+
+
+def group_capacity(pool: NodePool, template: aws.ec2.LaunchTemplate) -> dict[str, Any]:
+    """Where an Auto Scaling group's instances come from: only spot pools and the burst of on-demand
+    inference pools use spot; reserved capacity never spills."""
+    reference = {"id": template.id, "version": template.latest_version}
+    if pool.capacity == "reserved":
+        return {"launch_template": reference}
+    burst = pool.role == "infer" and pool.capacity == "on-demand" and pool.max_nodes > pool.min_nodes
+    if pool.capacity != "spot" and not burst:
+        return {"launch_template": reference}
+    return {
+        "mixed_instances_policy": {
+            "launch_template": {"launch_template_specification": {
+                "launch_template_id": template.id, "version": template.latest_version,
+            }},
+            "instances_distribution": {
+                "on_demand_base_capacity": pool.min_nodes if burst else 0,
+                "on_demand_percentage_above_base_capacity": 0,
+                "spot_allocation_strategy": "price-capacity-optimized",
+            },
+        },
+        "capacity_rebalance": True,
+    }  # fmt: skip
+
+
 class GpuNodePool(pulumi.ComponentResource):
     def __init__(self, name: str, args: GpuNodePoolArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("gpu-platform:aws:GpuNodePool", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         pool = args.pool
-        training = pool.role == "train"
-
+        slurm_managed = pool.role == "train"
         self.placement_group = (
-            aws.ec2.PlacementGroup(f"{name}-placement", strategy="cluster", tags=args.tags, opts=child)
-            if training
+            aws.ec2.PlacementGroup(f"{name}-placement", strategy=args.placement, tags=args.tags, opts=child)
+            if slurm_managed and args.placement != "none"
             else None
         )
-        template: dict[str, Any] = {
-            "image_id": args.image_id,
-            "instance_type": args.node_type.name,
-            "iam_instance_profile": {"arn": args.instance_profile_arn},
-            "metadata_options": {"http_tokens": "required", "http_endpoint": "enabled",
-                                 "http_put_response_hop_limit": 2},
-            "block_device_mappings": [{
-                "device_name": "/dev/sda1",
-                "ebs": {"volume_size": args.root_volume_gib, "volume_type": "gp3", "encrypted": "true",
-                        "delete_on_termination": "true"},
-            }],
-            "tag_specifications": [
-                {"resource_type": kind, "tags": args.tags}
-                for kind in ("instance", "volume", "network-interface")
-            ],
-            "tags": args.tags,
-        }  # fmt: skip
-        if args.user_data:
-            template["user_data"] = base64.b64encode(args.user_data.encode()).decode()
-        if args.efa:
-            template["network_interfaces"] = efa_interfaces(args.node_type, args.security_group_id)
+        self.group: aws.autoscaling.Group | None = None
+        if slurm_managed:
+            template = slurm_pool_template(
+                args, self.placement_group.name if self.placement_group is not None else None
+            )
+            self.launch_template = aws.ec2.LaunchTemplate(f"{name}-lt", **template, opts=child)
         else:
-            template["vpc_security_group_ids"] = [args.security_group_id]
-        if pool.reservation is not None:
-            template["capacity_reservation_specification"] = {
-                "capacity_reservation_target": {"capacity_reservation_id": pool.reservation.id}
+            template = {**base_template(args), "vpc_security_group_ids": [args.security_group_id]}
+            self.launch_template = aws.ec2.LaunchTemplate(f"{name}-lt", **template, opts=child)
+            self.group = self._group(name, args, child)
+        self.register_outputs(
+            {
+                "launch_template_id": self.launch_template.id,
+                "group_name": self.group.name if self.group is not None else None,
+                "placement_group": self.placement_group.name if self.placement_group is not None else None,
             }
-            if pool.reservation.kind == "capacity-block":
-                template["instance_market_options"] = {"market_type": "capacity-block"}
-        self.launch_template = aws.ec2.LaunchTemplate(f"{name}-lt", **template, opts=child)
+        )
 
-        lt_ref = {"id": self.launch_template.id, "version": self.launch_template.latest_version}
-        group: dict[str, Any] = {
-            "min_size": pool.min_nodes,
-            "max_size": pool.max_nodes,
-            "desired_capacity": pool.min_nodes,
-            "vpc_zone_identifiers": args.subnet_ids[:1] if training else args.subnet_ids,
-            "placement_group": self.placement_group.id if self.placement_group else None,
-            "health_check_type": "EC2",
-            "protect_from_scale_in": training,
-            "tags": [
-                {"key": k, "value": v, "propagate_at_launch": True} for k, v in sorted(args.tags.items())
-            ],
-        }
-        spot_above = pool.role == "infer" or pool.capacity == "spot"
-        if spot_above:
-            base = pool.min_nodes if pool.role == "infer" and pool.capacity != "spot" else 0
-            group["mixed_instances_policy"] = {
-                "launch_template": {"launch_template_specification": {
-                    "launch_template_id": self.launch_template.id,
-                    "version": self.launch_template.latest_version,
-                }},
-                "instances_distribution": {
-                    "on_demand_base_capacity": base,
-                    "on_demand_percentage_above_base_capacity": 0,
-                    "spot_allocation_strategy": "price-capacity-optimized",
-                },
-            }  # fmt: skip
-            group["capacity_rebalance"] = True
-        else:
-            group["launch_template"] = lt_ref
-        self.group = aws.autoscaling.Group(f"{name}-asg", **group, opts=child)
-
+    def _group(
+        self, name: str, args: GpuNodePoolArgs, child: pulumi.ResourceOptions
+    ) -> aws.autoscaling.Group:
+        pool = args.pool
+        group = aws.autoscaling.Group(
+            f"{name}-asg",
+            min_size=pool.min_nodes,
+            max_size=pool.max_nodes,
+            vpc_zone_identifiers=args.subnet_ids,
+            health_check_type="EC2",
+            wait_for_capacity_timeout="0",
+            tags=[{"key": k, "value": v, "propagate_at_launch": True} for k, v in sorted(args.tags.items())],
+            **group_capacity(pool, self.launch_template),
+            opts=child,
+        )
         if pool.role == "infer" and pool.max_nodes > pool.min_nodes:
             for metric, target in INFERENCE_TARGETS.items():
                 aws.autoscaling.Policy(
                     f"{name}-track-{metric.lower()}",
-                    autoscaling_group_name=self.group.name,
+                    autoscaling_group_name=group.name,
                     policy_type="TargetTrackingScaling",
                     target_tracking_configuration={
                         "target_value": target,
@@ -144,15 +206,9 @@ class GpuNodePool(pulumi.ComponentResource):
                             "metric_name": metric,
                             "namespace": INFERENCE_METRICS_NAMESPACE,
                             "statistic": "Average",
-                            "metric_dimensions": [{"name": "AutoScalingGroupName", "value": self.group.name}],
+                            "metric_dimensions": [{"name": "AutoScalingGroupName", "value": group.name}],
                         },
                     },
                     opts=child,
                 )
-        self.register_outputs(
-            {
-                "launch_template_id": self.launch_template.id,
-                "group_name": self.group.name,
-                "placement_group": self.placement_group.id if self.placement_group else None,
-            }
-        )
+        return group

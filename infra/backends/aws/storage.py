@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
+from infra.backends.aws.naming import bucket_prefix
 from infra.storage import LustreLayout
 
 
@@ -15,6 +16,7 @@ from infra.storage import LustreLayout
 class BucketArgs:
     purpose: str
     noncurrent_retention_days: int
+    expire_days: int | None = None  # current objects too (transfer buckets)
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ class ObjectStore(pulumi.ComponentResource):
             prefix = f"{name}-{spec.purpose}"
             bucket = aws.s3.Bucket(
                 prefix,
-                bucket_prefix=f"{args.stack}-{spec.purpose}-",
+                bucket_prefix=bucket_prefix(args.stack, spec.purpose),
                 tags={**args.tags, "gpuplat:purpose": spec.purpose},
                 opts=child,
             )
@@ -82,18 +84,18 @@ class ObjectStore(pulumi.ComponentResource):
             aws.s3.BucketPolicy(
                 f"{prefix}-tls-only", bucket=bucket.id, policy=bucket.arn.apply(tls_only_policy), opts=child
             )
+            rule: aws.s3.BucketLifecycleConfigurationRuleArgsDict = {
+                "id": "expire-noncurrent-versions",
+                "status": "Enabled",
+                "filter": {},
+                "noncurrent_version_expiration": {"noncurrent_days": spec.noncurrent_retention_days},
+                "abort_incomplete_multipart_upload": {"days_after_initiation": 7},
+            }
+            if spec.expire_days is not None:
+                rule["expiration"] = {"days": spec.expire_days}
             aws.s3.BucketLifecycleConfiguration(
-                f"{prefix}-lifecycle",
-                bucket=bucket.id,
-                rules=[{
-                    "id": "expire-noncurrent-versions",
-                    "status": "Enabled",
-                    "filter": {},
-                    "noncurrent_version_expiration": {"noncurrent_days": spec.noncurrent_retention_days},
-                    "abort_incomplete_multipart_upload": {"days_after_initiation": 7},
-                }],
-                opts=child,
-            )  # fmt: skip
+                f"{prefix}-lifecycle", bucket=bucket.id, rules=[rule], opts=child
+            )
             self.buckets[spec.purpose] = bucket
         self.register_outputs({purpose: b.bucket for purpose, b in self.buckets.items()})
 

@@ -10,9 +10,10 @@ The same functions serve the CrossGuard pack (`infra/policy/pack.py`) and `gpupl
 (`infra/policy/check.py`). Nothing here imports Pulumi.
 
 Layout: `base` (context, findings, rule and verdict records, value helpers), `resource_types` (the
-Pulumi type tokens), `nodes` (Auto Scaling groups with their pool and role), one module per area
-(`spot`, `isolation`, `fabric`, `security`, `budget`), and `registry` (RULES and `evaluate`). This
-module re-exports the public names, so `from infra.policy.rules import ...` sees one namespace.
+Pulumi type tokens), `nodes` (node groups: Auto Scaling groups and Slurm-managed training launch
+templates, with their pool, role and size), one module per area (`spot`, `isolation`, `fabric`,
+`security`, `budget`), and `registry` (RULES and `evaluate`). This module re-exports the public
+names, so `from infra.policy.rules import ...` sees one namespace.
 """
 
 from infra.policy.rules.base import (

@@ -8,7 +8,7 @@ from typing import Any
 
 from infra.data.load import catalog
 from infra.policy.rules.base import Finding, PolicyContext, _get, _items, _stack_label, _truthy
-from infra.policy.rules.nodes import node_groups
+from infra.policy.rules.nodes import _group_of, node_groups
 from infra.policy.rules.resource_types import (
     EGRESS_RULE,
     INGRESS_RULE,
@@ -24,7 +24,8 @@ def _is_efa(interface: Any) -> bool:
 
 
 def check_multi_node_rdma(index: ResourceIndex, ctx: PolicyContext) -> Iterator[Finding]:
-    for group in node_groups(index, ctx):
+    groups = node_groups(index, ctx)
+    for group in groups:
         if group.role != "train" or group.max_size <= 1:
             continue
         for template in group.templates:
@@ -36,22 +37,34 @@ def check_multi_node_rdma(index: ResourceIndex, ctx: PolicyContext) -> Iterator[
             if node_type.network.fabric != "efa":
                 yield Finding(
                     template.name,
-                    f"training group {group.asg.name!r} scales to {group.max_size} nodes on {instance_type}, "
-                    f"which has no EFA ({node_type.network.fabric}): NCCL falls back to TCP between nodes",
+                    f"training group {group.anchor.name!r} scales to {group.max_size} nodes on "
+                    f"{instance_type}, which has no RDMA ({node_type.network.fabric}, no EFA): NCCL falls "
+                    "back to TCP between nodes",
                     template.urn or None,
                 )
             elif len(interfaces) < node_type.network.nics:
                 effect = "over TCP" if not interfaces else "at a fraction of the fabric bandwidth"
                 yield Finding(
                     template.name,
-                    f"training group {group.asg.name!r} scales to {group.max_size} nodes but its launch "
+                    f"training group {group.anchor.name!r} scales to {group.max_size} nodes but its launch "
                     f"template attaches {len(interfaces)} of the {node_type.network.nics} EFA interfaces "
                     f"{instance_type} has: NCCL runs {effect}",
                     template.urn or None,
                 )
     platform = ctx.platform
+    if platform is not None and platform.spec.backend == "aws":
+        # judged on the resources above; a pool whose nodes no resource declares (yet) on the stack
+        for pool in platform.pools_with_role("train"):
+            nic = pool.node_type.network.fabric
+            if pool.spec.max_nodes > 1 and nic != "efa" and _group_of(groups, pool.name) is None:
+                yield Finding(
+                    f"pool {pool.name}",
+                    f"training pool {pool.name!r} scales to {pool.spec.max_nodes} nodes on "
+                    f"{pool.node_type.name}, which has no RDMA ({nic}, no EFA): NCCL falls back to TCP "
+                    "between nodes",
+                )
     if platform is None or platform.spec.backend != "onprem":
-        return  # aws: judged on the resources above; local: simulated GPUs, no fabric to have
+        return  # local: simulated GPUs, no fabric to have
     fabric = platform.spec.fabric.kind
     for pool in platform.pools_with_role("train"):
         if pool.spec.max_nodes <= 1:
@@ -76,10 +89,10 @@ def check_cluster_placement(index: ResourceIndex, ctx: PolicyContext) -> Iterato
                 f"placement group strategy {', '.join(strategies)}" if strategies else "no placement group"
             )
             yield Finding(
-                group.asg.name,
-                f"training group {group.asg.name!r} scales to {group.max_size} nodes with {found}: EFA "
+                group.anchor.name,
+                f"training group {group.anchor.name!r} scales to {group.max_size} nodes with {found}: EFA "
                 "traffic between nodes needs them in one cluster placement group",
-                group.asg.urn or None,
+                group.anchor.urn or None,
             )
     platform = ctx.platform
     if platform is not None and platform.spec.backend == "aws":

@@ -29,7 +29,7 @@ def check_shared_resources(index: ResourceIndex, ctx: PolicyContext) -> Iterator
         if ctx.config.isolate_subnets:
             shared += group.subnets
         for resource in shared:
-            mark(resource, group.role, group.asg.name)
+            mark(resource, group.role, group.anchor.name)
     for resource in index.of_type(LAUNCH_TEMPLATE, SECURITY_GROUP, PLACEMENT_GROUP):
         mark(resource, resource.tag(TAG_ROLE), f"its {TAG_ROLE} tag")
     for template in index.of_type(LAUNCH_TEMPLATE):

@@ -115,7 +115,8 @@ RULES: tuple[ResourceRule | StackRule, ...] = (
         group="fabric",
         description="A multi-node training pool on aws sits in a cluster placement group.",
         remediation="Set `fabric.placement: cluster`; the node pool creates a cluster placement group and "
-        "puts the Auto Scaling group in it (one zone).",
+        "puts the pool's nodes in it (one zone): the Slurm launch template's placement, or the Auto "
+        "Scaling group's.",
         check=check_cluster_placement,
     ),
     StackRule(

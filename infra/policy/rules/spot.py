@@ -40,8 +40,8 @@ def check_interruptible_on_spot(index: ResourceIndex, ctx: PolicyContext) -> Ite
         if pool.spec.capacity == "spot" and group is not None and on_demand:
             yield Finding(
                 label,
-                f"pool {pool.name!r} is spot in the stack, but its Auto Scaling group launches "
-                f"on-demand instances (base {group.on_demand_base}, "
+                f"pool {pool.name!r} is spot in the stack, but its {group.description} "
+                f"{group.anchor.name!r} launches on-demand instances (base {group.on_demand_base}, "
                 f"{group.on_demand_percentage_above_base:g}% above base)",
                 urn,
             )
@@ -54,11 +54,11 @@ def check_inference_base_capacity(index: ResourceIndex, ctx: PolicyContext) -> I
             continue
         if group.on_demand_base < group.min_size:
             yield Finding(
-                group.asg.name,
-                f"inference group {group.asg.name!r} keeps {group.on_demand_base} on-demand instances as "
+                group.anchor.name,
+                f"inference group {group.anchor.name!r} keeps {group.on_demand_base} on-demand instances as "
                 f"base capacity but needs at least its minimum of {group.min_size}: below that, a spot "
                 "interruption takes serving replicas away while latency matters",
-                group.asg.urn or None,
+                group.anchor.urn or None,
             )
     platform = ctx.platform
     if platform is None or platform.spec.backend not in SPOT_BACKENDS:

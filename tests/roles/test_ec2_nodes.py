@@ -1,0 +1,560 @@
+"""The Slurm power-saving programs of roles/slurm_elastic against EC2 (moto server) and a fake IMDS.
+
+EC2 is moto in server mode on loopback; the Slurm side is recorder scripts (scontrol, scancel)
+that append their argv to a file; the program runs as a subprocess, as Slurm runs it, except where
+a test drives its polling loop directly.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+boto3 = pytest.importorskip("boto3")
+moto_server = pytest.importorskip("moto.server")
+
+PROGRAM = Path(__file__).resolve().parents[2] / "roles" / "slurm_elastic" / "files" / "gpuplat_ec2_nodes.py"
+REGION = "us-east-1"
+STACK = "test-stack"
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "t"}
+NOTICE = {"action": "terminate", "time": "2026-12-01T10:02:00Z"}
+
+
+def load_program() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gpuplat_ec2_nodes", PROGRAM)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+nodes = load_program()
+
+
+# --- EC2 (moto server) ----------------------------------------------------------------------------
+
+
+@dataclass
+class Cloud:
+    url: str
+    ec2: Any
+    launch_template_id: str
+    subnet_id: str
+    stack: str = ""
+
+    def instances(self, **tags: str) -> list[dict[str, Any]]:
+        filters = [{"Name": f"tag:{key.replace('_', ':')}", "Values": [value]} for key, value in tags.items()]
+        filters.append({"Name": "tag:gpuplat:stack", "Values": [self.stack]})
+        reservations = self.ec2.describe_instances(Filters=filters)["Reservations"]
+        return [instance for reservation in reservations for instance in reservation["Instances"]]
+
+    def node_instances(self, state: str) -> dict[str, dict[str, Any]]:
+        found = [i for i in self.instances() if i["State"]["Name"] == state]
+        return {tags_of(i)["gpuplat:node"]: i for i in found}
+
+
+def tags_of(instance: dict[str, Any]) -> dict[str, str]:
+    return {tag["Key"]: tag["Value"] for tag in instance.get("Tags", [])}
+
+
+@pytest.fixture(scope="module")
+def moto_cloud() -> Iterator[Cloud]:
+    """One moto server, VPC, subnet and launch template; each test gets its own stack tag."""
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    url = f"http://{host}:{port}"
+    with pytest.MonkeyPatch.context() as env:
+        for key, value in CREDENTIALS.items():
+            env.setenv(key, value)
+        ec2 = boto3.client("ec2", region_name=REGION, endpoint_url=url)
+        image_id = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+        vpc_id = ec2.create_vpc(CidrBlock="10.20.0.0/16")["Vpc"]["VpcId"]
+        subnet_id = ec2.create_subnet(VpcId=vpc_id, CidrBlock="10.20.1.0/24")["Subnet"]["SubnetId"]
+        template = ec2.create_launch_template(
+            LaunchTemplateName="train",
+            LaunchTemplateData={"ImageId": image_id, "InstanceType": "p5.48xlarge"},
+        )
+        yield Cloud(url, ec2, template["LaunchTemplate"]["LaunchTemplateId"], subnet_id)
+    server.stop()
+
+
+@pytest.fixture
+def cloud(moto_cloud: Cloud, request: pytest.FixtureRequest) -> Cloud:
+    return replace(moto_cloud, stack=f"stack-{request.node.name}"[:120])
+
+
+# --- Slurm side (recorder scripts) ----------------------------------------------------------------
+
+
+@dataclass
+class SlurmRecorder:
+    bin_dir: Path
+    record: Path
+
+    @property
+    def scontrol(self) -> str:
+        return str(self.bin_dir / "scontrol")
+
+    def calls(self) -> list[list[str]]:
+        if not self.record.exists():
+            return []
+        return [line.split("\t")[:-1] for line in self.record.read_text().splitlines()]
+
+    def answer_show_node(self, text: str) -> None:
+        (self.bin_dir / "scontrol.out").write_text(text)
+
+
+RECORDER = """#!/bin/sh
+{{ printf '%s\\t' "$(basename "$0")"; for arg in "$@"; do printf '%s\\t' "$arg"; done; echo; }} >> {record}
+if [ "$1" = "-o" ] && [ -f "$0.out" ]; then cat "$0.out"; fi
+"""
+
+
+@pytest.fixture
+def slurm(tmp_path: Path) -> SlurmRecorder:
+    bin_dir = tmp_path / "slurm-bin"
+    bin_dir.mkdir()
+    record = tmp_path / "slurm-calls.tsv"
+    for command in ("scontrol", "scancel"):
+        script = bin_dir / command
+        script.write_text(RECORDER.format(record=record))
+        script.chmod(0o755)
+    return SlurmRecorder(bin_dir, record)
+
+
+def write_config(tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder, **pool_overrides: Any) -> Path:
+    train = {"launch_template_id": cloud.launch_template_id, "subnet_id": cloud.subnet_id, "static_nodes": []}
+    config = {
+        "stack": cloud.stack,
+        "region": REGION,
+        "scontrol": slurm.scontrol,
+        "pools": {"train": {**train, **pool_overrides}, "train-spot": {**train, "subnet_id": None}},
+    }
+    path = tmp_path / "ec2-nodes.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def run_program(config: Path, cloud: Cloud, *args: str) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, str(PROGRAM), "--config", str(config), "--endpoint-url", cloud.url, *args]
+    env = {**os.environ, **CREDENTIALS, "AWS_DEFAULT_REGION": REGION}
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, check=False)
+
+
+def address_updates(slurm: SlurmRecorder) -> dict[str, str]:
+    updates = {}
+    for call in slurm.calls():
+        settings = dict(arg.split("=", 1) for arg in call[2:])
+        if call[:2] == ["scontrol", "update"] and "nodeaddr" in settings:
+            assert settings["nodehostname"] == settings["nodename"]
+            updates[settings["nodename"]] = settings["nodeaddr"]
+    return updates
+
+
+# --- hostlists and pools --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("hostlist", "expected"),
+    [
+        ("train-0", ["train-0"]),
+        ("a-[0-3,5],b-1", ["a-0", "a-1", "a-2", "a-3", "a-5", "b-1"]),
+        ("gpu[08-11]", ["gpu08", "gpu09", "gpu10", "gpu11"]),
+        ("train-[8-10]", ["train-8", "train-9", "train-10"]),
+        ("r[1-2]-n[0,3]", ["r1-n0", "r1-n3", "r2-n0", "r2-n3"]),
+        ("train-spot-[1-2],train-1,train-spot-2", ["train-spot-1", "train-spot-2", "train-1"]),
+    ],
+)
+def test_hostlist_expansion(hostlist: str, expected: list[str]) -> None:
+    assert nodes.expand_hostlist(hostlist) == expected
+
+
+@pytest.mark.parametrize("hostlist", ["", "a-[1-", "a-1]", "a-[3-1]", "a-[x]", "a-[[1]]", "a-[1-]"])
+def test_malformed_hostlists_are_usage_errors(hostlist: str) -> None:
+    with pytest.raises(nodes.UsageError):
+        nodes.expand_hostlist(hostlist)
+
+
+def test_node_names_map_to_the_longest_matching_pool() -> None:
+    pools = {name: nodes.Pool(name, "lt-1", None, ()) for name in ("train", "train-spot")}
+    assert nodes.pool_of("train-spot-3", pools) == "train-spot"
+    assert nodes.pool_of("train-3", pools) == "train"
+    assert nodes.pool_of("train-spot", pools) is None
+    assert nodes.pool_of("infer-1", pools) is None
+    assert nodes.pool_of("train-1a", pools) is None
+
+
+# --- resume / suspend against EC2 -----------------------------------------------------------------
+
+
+def test_pool_scales_from_zero_to_three_and_back(tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder) -> None:
+    config = write_config(tmp_path, cloud, slurm)
+
+    up = run_program(config, cloud, "resume", "train-[0-2]")
+    assert up.returncode == 0, up.stderr
+    # moto starts MinCount instances, as EC2 does short of capacity: the rest is asked for again.
+    assert "EC2 started 1 of 3 instances" in up.stderr
+    running = cloud.node_instances("running") or cloud.node_instances("pending")
+    assert sorted(running) == ["train-0", "train-1", "train-2"]
+    for name, instance in running.items():
+        assert tags_of(instance) | {"gpuplat:stack": cloud.stack, "gpuplat:pool": "train"} == tags_of(
+            instance
+        )
+        assert tags_of(instance)["Name"] == f"{cloud.stack}-{name}"
+        assert instance["SubnetId"] == cloud.subnet_id
+        assert instance["InstanceId"] in up.stderr
+    assert address_updates(slurm) == {name: i["PrivateIpAddress"] for name, i in running.items()}
+
+    down = run_program(config, cloud, "suspend", "train-[0-2]")
+    assert down.returncode == 0, down.stderr
+    terminated = cloud.node_instances("terminated")
+    assert {name: i["InstanceId"] for name, i in terminated.items()} == {
+        name: i["InstanceId"] for name, i in running.items()
+    }
+    assert not cloud.node_instances("running") and not cloud.node_instances("pending")
+
+
+def test_resume_again_reuses_the_instances(tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder) -> None:
+    config = write_config(tmp_path, cloud, slurm)
+    assert run_program(config, cloud, "resume", "train-[0-1]").returncode == 0
+    first = {tags_of(i)["gpuplat:node"]: i["InstanceId"] for i in cloud.instances()}
+
+    again = run_program(config, cloud, "resume", "train-[0-2]")
+    assert again.returncode == 0, again.stderr
+    after = {tags_of(i)["gpuplat:node"]: i["InstanceId"] for i in cloud.instances()}
+    assert len(cloud.instances()) == 3
+    assert {name: after[name] for name in first} == first
+    assert "reusing" in again.stderr
+    addresses = [call for call in slurm.calls() if any(arg.startswith("nodeaddr=") for arg in call)]
+    assert len(addresses) == 5, "each resume tells Slurm the address of every node it was given"
+
+
+def test_spot_pool_without_subnet_launches_from_the_template(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+) -> None:
+    config = write_config(tmp_path, cloud, slurm)
+    result = run_program(config, cloud, "resume", "train-spot-4")
+    assert result.returncode == 0, result.stderr
+    [instance] = cloud.instances(gpuplat_node="train-spot-4")
+    assert tags_of(instance)["gpuplat:pool"] == "train-spot"
+    assert address_updates(slurm) == {"train-spot-4": instance["PrivateIpAddress"]}
+
+
+def test_a_name_outside_the_pools_fails_clearly(tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder) -> None:
+    config = write_config(tmp_path, cloud, slurm)
+    result = run_program(config, cloud, "resume", "infer-1,train-0")
+    assert result.returncode == nodes.EXIT_UNKNOWN_NODE
+    assert "infer-1 belong to no configured pool (pools: train,train-spot)" in result.stderr
+    assert [tags_of(i)["gpuplat:node"] for i in cloud.instances()] == ["train-0"]
+    assert list(address_updates(slurm)) == ["train-0"]
+
+
+def test_launch_failure_powers_the_names_down_with_the_aws_error(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+) -> None:
+    config = write_config(tmp_path, cloud, slurm, subnet_id="subnet-0123456789abcdef0")
+    result = run_program(config, cloud, "resume", "train-[3-4]")
+    assert result.returncode == nodes.EXIT_FAILED
+    assert cloud.instances() == []
+    assert slurm.calls() == [
+        [
+            "scontrol",
+            "update",
+            "nodename=train-3,train-4",
+            "state=power_down_force",
+            "reason=gpuplat resume failed: InvalidSubnetID.NotFound",
+        ]
+    ]
+
+
+def test_suspend_of_nodes_without_instances_is_fine(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+) -> None:
+    config = write_config(tmp_path, cloud, slurm)
+    result = run_program(config, cloud, "suspend", "train-[5-6]")
+    assert result.returncode == 0, result.stderr
+    assert "train-5: terminated no instance" in result.stderr
+
+
+def test_resume_fail_terminates_and_logs(tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder) -> None:
+    config = write_config(tmp_path, cloud, slurm)
+    assert run_program(config, cloud, "resume", "train-[0-1]").returncode == 0
+    result = run_program(config, cloud, "resume-fail", "train-1")
+    assert result.returncode == 0, result.stderr
+    assert "train-1 did not register in time" in result.stderr
+    assert list(cloud.node_instances("terminated")) == ["train-1"]
+    assert list(cloud.node_instances("running") or cloud.node_instances("pending")) == ["train-0"]
+
+
+def test_bad_configuration_is_a_usage_error(tmp_path: Path, cloud: Cloud) -> None:
+    config = tmp_path / "broken.json"
+    config.write_text('{"stack": "s"}')
+    result = run_program(config, cloud, "suspend", "train-0")
+    assert result.returncode == nodes.EXIT_USAGE
+    assert "missing or malformed entry 'pools'" in result.stderr
+
+
+def test_slurm_wrappers_hand_the_hostlist_to_the_program(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+) -> None:
+    """The role's ResumeProgram/SuspendProgram wrappers, rendered, as Slurm runs them (AWS_ENDPOINT_URL)."""
+    jinja2 = pytest.importorskip("jinja2")
+    yaml = pytest.importorskip("yaml")
+    role = PROGRAM.parents[1]
+    wrappers = yaml.safe_load((role / "vars" / "main.yml").read_text())["__slurm_elastic_wrappers"]
+    assert {w["path"]: w["command"] for w in wrappers} == {
+        "/usr/local/sbin/gpuplat-slurm-resume": "resume",
+        "/usr/local/sbin/gpuplat-slurm-suspend": "suspend",
+        "/usr/local/sbin/gpuplat-slurm-resume-fail": "resume-fail",
+    }
+    template = jinja2.Template((role / "templates" / "gpuplat-slurm-wrapper.j2").read_text())
+    log_file = tmp_path / "ec2-nodes.log"
+    context = {
+        "ansible_managed": "test",
+        "__slurm_elastic_program": f"{sys.executable} {PROGRAM}",
+        "__slurm_elastic_config": write_config(tmp_path, cloud, slurm),
+        "__slurm_elastic_log_file": log_file,
+    }
+    for wrapper in wrappers:
+        script = tmp_path / Path(wrapper["path"]).name
+        script.write_text(template.render(item=wrapper, **context))
+        script.chmod(0o755)
+    env = {**os.environ, **CREDENTIALS, "AWS_DEFAULT_REGION": REGION, "AWS_ENDPOINT_URL": cloud.url}
+
+    def slurm_runs(program: str, hostlist: str) -> None:
+        result = subprocess.run(
+            [str(tmp_path / program), hostlist],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+
+    slurm_runs("gpuplat-slurm-resume", "train-[0-1]")
+    assert sorted(cloud.node_instances("running") or cloud.node_instances("pending")) == [
+        "train-0",
+        "train-1",
+    ]
+    slurm_runs("gpuplat-slurm-suspend", "train-[0-1]")
+    assert sorted(cloud.node_instances("terminated")) == ["train-0", "train-1"]
+    log = log_file.read_text()
+    assert "resume: launched" in log and "suspend: train-1: terminated i-" in log
+
+
+# --- keep-static ----------------------------------------------------------------------------------
+
+
+def show_node(name: str, state: str, reason: str = "") -> str:
+    """One line of `scontrol -o show node` as Slurm 23.11 prints it."""
+    line = (
+        f"NodeName={name} CoresPerSocket=48 CPUAlloc=0 CPUEfctv=192 CPUTot=192 CPULoad=N/A "
+        f"AvailableFeatures=(null) ActiveFeatures=(null) Gres=gpu:h100:8 NodeAddr={name} "
+        f"NodeHostName={name} RealMemory=2000000 AllocMem=0 FreeMem=N/A Sockets=2 Boards=1 "
+        f"State={state} ThreadsPerCore=2 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A Partitions=train "
+        "BootTime=None SlurmdStartTime=None LastBusyTime=2026-12-01T09:00:00 ResumeAfterTime=None "
+        "CfgTRES=cpu=192,mem=2000000M,billing=192,gres/gpu=8 AllocTRES= CurrentWatts=0 AveWatts=0"
+    )
+    return line + (f" Reason={reason}" if reason else "")
+
+
+def test_keep_static_powers_up_only_powered_down_static_nodes(tmp_path: Path, slurm: SlurmRecorder) -> None:
+    static = ["train-0", "train-1", "train-2", "train-3", "train-4", "train-5", "train-6"]
+    config = {
+        "stack": STACK,
+        "region": REGION,
+        "scontrol": slurm.scontrol,
+        "pools": {"train": {"launch_template_id": "lt-1", "subnet_id": None, "static_nodes": static}},
+    }
+    path = tmp_path / "ec2-nodes.json"
+    path.write_text(json.dumps(config))
+    slurm.answer_show_node(
+        "\n".join(
+            [
+                show_node("train-0", "IDLE+CLOUD+POWERED_DOWN"),
+                show_node("train-1", "IDLE+CLOUD+NOT_RESPONDING+POWERING_UP"),
+                show_node("train-2", "MIXED+CLOUD"),
+                show_node("train-3", "DOWN+CLOUD+POWERED_DOWN", "Not responding [slurm@2026-12-01T09:10:00]"),
+                show_node(
+                    "train-4", "IDLE+CLOUD+DRAIN+POWERED_DOWN", "maintenance [root@2026-12-01T08:00:00]"
+                ),
+                show_node("train-5", "IDLE+CLOUD+POWER_UP+POWERED_DOWN"),
+                show_node("train-6", "IDLE+CLOUD+POWERING_DOWN"),
+                show_node("train-7", "IDLE+CLOUD+POWERED_DOWN"),
+            ]
+        )
+        + "\n"
+    )
+    argv = [sys.executable, str(PROGRAM), "--config", str(path), "keep-static"]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    assert slurm.calls() == [
+        ["scontrol", "-o", "show", "node"],
+        ["scontrol", "update", "nodename=train-0,train-3", "state=power_up"],
+    ]
+    assert "train-4 is drained" in result.stderr
+
+
+def test_keep_static_reports_static_nodes_slurm_does_not_know(tmp_path: Path, slurm: SlurmRecorder) -> None:
+    pools = {"train": nodes.Pool("train", "lt-1", None, ("train-0", "train-9"))}
+    settings = nodes.Settings(STACK, REGION, slurm.scontrol, pools)
+    slurm.answer_show_node(show_node("train-0", "IDLE+CLOUD") + "\n")
+    assert nodes.keep_static(settings, nodes.Slurm(slurm.scontrol)) == nodes.EXIT_FAILED
+    assert slurm.calls() == [["scontrol", "-o", "show", "node"]]
+
+
+def test_node_states_parse_flags_of_every_line() -> None:
+    text = show_node("a-1", "ALLOCATED+CLOUD") + "\n" + show_node("a-2", "IDLE+CLOUD+POWERED_DOWN") + "\n"
+    assert nodes.parse_node_states(text) == {
+        "a-1": {"ALLOCATED", "CLOUD"},
+        "a-2": {"IDLE", "CLOUD", "POWERED_DOWN"},
+    }
+
+
+# --- spot-watch against a fake IMDSv2 -------------------------------------------------------------
+
+
+class FakeImds(ThreadingHTTPServer):
+    token = "imds-token-1"
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), ImdsHandler)
+        self.responses: list[int] = []
+        self.requests: list[str] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class ImdsHandler(BaseHTTPRequestHandler):
+    server: FakeImds
+
+    def do_PUT(self) -> None:
+        self.server.requests.append(f"PUT {self.path}")
+        if self.path != "/latest/api/token" or not self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
+            self.reply(400, b"")
+            return
+        self.reply(200, self.server.token.encode())
+
+    def do_GET(self) -> None:
+        self.server.requests.append(f"GET {self.path}")
+        if self.headers.get("X-aws-ec2-metadata-token") != self.server.token:
+            self.reply(401, b"")
+        elif self.path != "/latest/meta-data/spot/instance-action":
+            self.reply(404, b"")
+        else:
+            status = self.server.responses.pop(0) if self.server.responses else 404
+            self.reply(status, json.dumps(NOTICE).encode() if status == 200 else b"")
+
+    def reply(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def imds() -> Iterator[FakeImds]:
+    server = FakeImds()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+class StopWatching(Exception):
+    pass
+
+
+def test_spot_watch_without_notice_does_nothing(
+    imds: FakeImds, slurm: SlurmRecorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        if len(sleeps) == 3:
+            raise StopWatching
+
+    watch = nodes.SpotWatch("train-spot-1", imds.url, grace_s=0.1, interval_s=5.0)
+    with pytest.raises(StopWatching):
+        nodes.spot_watch(watch, nodes.Slurm(slurm.scontrol), sleep=sleep)
+    assert sleeps == [5.0, 5.0, 5.0]
+    assert imds.requests == ["PUT /latest/api/token", "GET /latest/meta-data/spot/instance-action"] * 3
+    assert slurm.calls() == []
+    assert "unreachable" not in caplog.text, "404 is no notice, not an error"
+
+
+def test_spot_watch_keeps_polling_through_imds_errors(
+    imds: FakeImds, slurm: SlurmRecorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    imds.responses = [500, 404, 200]
+    sleeps: list[float] = []
+    watch = nodes.SpotWatch("train-spot-1", imds.url, grace_s=30.0, interval_s=5.0)
+    assert nodes.spot_watch(watch, nodes.Slurm(slurm.scontrol), sleep=sleeps.append) == nodes.EXIT_OK
+    assert sleeps == [5.0, 5.0, 30.0], "two polls, then the grace period after the notice"
+    assert "HTTP Error 500" in caplog.text
+    calls = slurm.calls()
+    assert [call[0] for call in calls] == ["scontrol", "scancel", "scontrol"]
+    assert calls[0][2:4] == ["nodename=train-spot-1", "state=drain"]
+    assert calls[2][2:4] == ["nodename=train-spot-1", "state=power_down_force"]
+
+
+def test_spot_watch_unreachable_imds_is_logged_not_fatal(slurm: SlurmRecorder) -> None:
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        if len(sleeps) == 2:
+            raise StopWatching
+
+    watch = nodes.SpotWatch("train-spot-1", "http://127.0.0.1:9", grace_s=0.1, interval_s=5.0)
+    with pytest.raises(StopWatching):
+        nodes.spot_watch(watch, nodes.Slurm(slurm.scontrol), sleep=sleep)
+    assert slurm.calls() == []
+
+
+def test_spot_notice_drains_signals_and_powers_the_node_down(imds: FakeImds, slurm: SlurmRecorder) -> None:
+    imds.responses = [404, 200]
+    argv = [
+        sys.executable,
+        str(PROGRAM),
+        "spot-watch",
+        "--node-name=train-spot-1",
+        f"--imds-url={imds.url}",
+        f"--scontrol={slurm.scontrol}",
+        "--grace-seconds=0.5",
+        "--interval-seconds=0.1",
+    ]
+    started = time.monotonic()
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    reason = f"reason=spot interruption {NOTICE['time']}"
+    assert slurm.calls() == [
+        ["scontrol", "update", "nodename=train-spot-1", "state=drain", reason],
+        ["scancel", "--signal=TERM", "--full", "--nodelist=train-spot-1"],
+        ["scontrol", "update", "nodename=train-spot-1", "state=power_down_force", reason],
+    ]
+    assert time.monotonic() - started >= 0.5
+    assert "train-spot-1" in result.stderr

@@ -1,0 +1,78 @@
+"""infra.scheduler: the Slurm node lines of elastic training pools and the controllers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from infra import scheduler
+from infra.data.load import catalog
+from infra.resolve import ResolvedPlatform, load_platform
+
+
+def test_aws_training_pools_are_described_from_the_catalog(
+    shipped_platforms: dict[str, ResolvedPlatform],
+) -> None:
+    nodes = {n.pool: n for n in scheduler.cloud_nodes(shipped_platforms["aws-prod"])}
+    assert sorted(nodes) == ["train", "train-spot"]  # training pools only, never inference
+    train, spot = nodes["train"], nodes["train-spot"]
+    assert train.names == ["train-0", "train-1", "train-2", "train-3"]
+    assert (train.static, train.cloud) == (train.names, [])  # count 4: all static
+    assert spot.names == [f"train-spot-{i}" for i in range(4)]
+    assert (spot.static, spot.cloud) == ([], spot.names)  # min 0, max 4: all on demand
+    p5 = catalog().get("p5.48xlarge")
+    assert p5 is not None
+    for n in (train, spot):
+        assert (n.cpus, n.gpu_type, n.gpu_count, n.gres) == (p5.vcpus, "h100", 8, "gpu:h100:8")
+        assert n.feature == f"pool_{n.pool}"
+        assert n.real_memory_mb == scheduler.cloud_real_memory_mb(p5.memory_gib)
+
+
+def test_min_nodes_are_static_and_the_rest_cloud(write_stack: Callable[..., Path]) -> None:
+    def mutate(platform: dict[str, Any]) -> None:
+        spot = next(p for p in platform["pools"] if p["name"] == "train-spot")
+        spot.update(min=1, max=3)
+
+    nodes = {n.pool: n for n in scheduler.cloud_nodes(load_platform(write_stack("aws-prod", mutate)))}
+    assert nodes["train-spot"].static == ["train-spot-0"]
+    assert nodes["train-spot"].cloud == ["train-spot-1", "train-spot-2"]
+
+
+def test_real_memory_stays_below_what_the_os_reports() -> None:
+    # A p5.48xlarge (2048 GiB) reports MemTotal 2063844 MiB: the kernel's page array alone is
+    # 1/64 of RAM. The margin keeps RealMemory below that, and not absurdly low.
+    assert scheduler.cloud_real_memory_mb(2048) < 2063844
+    assert scheduler.cloud_real_memory_mb(2048) > 2048 * 1024 * 0.95
+    for gib in (16, 32, 64, 2048):
+        total = gib * 1024
+        assert scheduler.cloud_real_memory_mb(gib) < total - total // 64 - 256
+
+
+def test_power_saving_only_on_aws(shipped_platforms: dict[str, ResolvedPlatform]) -> None:
+    aws = scheduler.slurm_vars(shipped_platforms["aws-prod"])
+    local = scheduler.slurm_vars(shipped_platforms["local"])
+    assert aws["slurm_power_saving"] is True and len(aws["slurm_cloud_nodes"]) == 2
+    assert local["slurm_power_saving"] is False and local["slurm_cloud_nodes"] == []
+    assert scheduler.cloud_nodes(shipped_platforms["local"]) == []
+
+
+def test_suspend_time_comes_from_the_spec(write_stack: Callable[..., Path]) -> None:
+    path = write_stack("aws-prod", lambda p: p["scheduler"].__setitem__("scale_down_idle_s", 1200))
+    assert scheduler.slurm_vars(load_platform(path))["slurm_suspend_time"] == 1200
+
+
+def test_controllers_primary_first_backup_only_with_high_availability(
+    write_stack: Callable[..., Path], shipped_platforms: dict[str, ResolvedPlatform]
+) -> None:
+    aws = scheduler.slurm_vars(shipped_platforms["aws-prod"])
+    assert (aws["slurm_controllers"], aws["slurm_high_availability"]) == (["head-0", "head-1"], True)
+
+    def one_controller(platform: dict[str, Any]) -> None:
+        platform["scheduler"].pop("high_availability", None)
+        next(p for p in platform["pools"] if p["name"] == "head")["count"] = 1
+
+    single = load_platform(write_stack("aws-prod", one_controller))
+    assert scheduler.controllers(single) == ["head-0"]
+    assert scheduler.slurm_vars(single)["slurm_high_availability"] is False
+    assert scheduler.controllers(shipped_platforms["local"]) == ["head-0"]
