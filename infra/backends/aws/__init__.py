@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import json
 import secrets
-from pathlib import Path
 from typing import Any
 
 import pulumi
@@ -41,9 +40,9 @@ from infra.backends.aws.tags import base_tags, pool_tags
 from infra.backends.base import common_outputs
 from infra.inventory import aws_ec2_config, platform_vars
 from infra.resolve import ResolvedPlatform, ResolvedPool
+from infra.spec.load import PROJECT_ROOT
 
 _REPOSITORY_PURPOSES = ("datasets", "checkpoints")
-PROJECT_ROOT = Path(__file__).resolve().parents[3]
 BOOTSTRAP_BUCKET = "bootstrap"
 # The aws_ssm connection plugin moves files through a bucket with presigned URLs (the operator's
 # credentials sign them; nodes need no S3 permission for it). Nothing there outlives a day.
