@@ -53,11 +53,22 @@ def playbook_log(log_dir: Path, playbook: str) -> Path:
     return log_dir / f"{Path(playbook).stem}.log"
 
 
-def run_playbook(playbook: str, inventory: Path, log_dir: Path, timeout: float = 3600) -> PlaybookRun:
+def run_playbook(
+    playbook: str,
+    inventory: Path,
+    log_dir: Path,
+    timeout: float = 3600,
+    limit: list[str] | None = None,
+    extra_vars: dict[str, str] | None = None,
+) -> PlaybookRun:
     env = podman_env()
     env["ANSIBLE_CONFIG"] = str(PROJECT_ROOT / "ansible.cfg")
     env.setdefault("ANSIBLE_FORCE_COLOR", "0")
     command = [ansible_playbook_binary(), "-i", str(inventory), str(PROJECT_ROOT / "playbooks" / playbook)]
+    if limit:
+        command += ["--limit", ",".join(limit)]
+    for key, value in (extra_vars or {}).items():
+        command += ["-e", f"{key}={value}"]
     log_dir.mkdir(parents=True, exist_ok=True)
     log = playbook_log(log_dir, playbook)
     with log.open("w", encoding="utf-8") as sink:  # streamed, so `tail -f` shows progress

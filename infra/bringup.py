@@ -20,12 +20,14 @@ from infra.ansible import playbook_log, run_playbook, state_dir
 from infra.errors import EnvironmentProblem, GpuPlatError
 from infra.inventory import inventory_documents, write_inventory
 from infra.local.cluster import LocalCluster
+from infra.local.scale import with_running_sizes
 from infra.local.status import PlatformStatus, collect_status, parse_sinfo
 from infra.resolve import ResolvedPlatform
 from infra.scheduler import partitions
 from infra.spec.load import PROJECT_ROOT
 
-_HEALTHY_NODE_STATES = {"idle", "mixed", "allocated", "completing"}
+# `idle~`: a powered-down node of an elastic pool, ready to be started.
+_HEALTHY_NODE_STATES = {"idle", "mixed", "allocated", "completing", "idle~"}
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,7 @@ def validate_serving(cluster: LocalCluster) -> str:
 def up_local(
     platform: ResolvedPlatform, on_start: PhaseStart, on_done: PhaseDone, reconfigure: bool = False
 ) -> UpResult:
+    platform = with_running_sizes(platform)
     result = UpResult(platform.name)
     phases = _Phases(result, on_start, on_done)
     cluster = LocalCluster(platform)

@@ -150,15 +150,26 @@ def _host_vars(platform: ResolvedPlatform, pool: ResolvedPool, node: str) -> dic
 LOCAL_NODE_CA_BUNDLE = "/usr/local/share/gpuplat/host-ca.crt"
 
 
+# On local stacks the "cloud" is `gpuplat scale`: it starts and removes the containers, so the programs
+# Slurm runs to power nodes up and down have nothing to do.
+LOCAL_POWER_PROGRAMS = {
+    "slurm_common_resume_program": "/bin/true",
+    "slurm_common_suspend_program": "/bin/true",
+    "slurm_common_resume_fail_program": "/bin/true",
+    # Nothing to wait for once a container is told to go: a powered-down name is free again at once.
+    "slurm_common_suspend_timeout": 15,
+}
+
+
 def local_vars() -> dict[str, Any]:
-    return {"inference_server_pip_cert": LOCAL_NODE_CA_BUNDLE}
+    return {"inference_server_pip_cert": LOCAL_NODE_CA_BUNDLE, **LOCAL_POWER_PROGRAMS}
 
 
 def static_inventory(platform: ResolvedPlatform) -> dict[str, Any]:
     children: dict[str, Any] = {}
     for pool in platform.pools:
         children[pool_group(pool.name)] = {
-            "hosts": {node: _host_vars(platform, pool, node) for node in pool.node_names()},
+            "hosts": {node: _host_vars(platform, pool, node) for node in pool.running_node_names()},
             "vars": pool_vars(platform, pool),
         }
     for group, pools in role_group_members(platform).items():

@@ -30,6 +30,8 @@ class ResolvedPool:
     spec: NodePool
     node_type: NodeType
     simulated: bool
+    # Nodes that exist now, where that differs from max (a scaled local pool); None: all of them.
+    running_nodes: int | None = None
 
     @property
     def name(self) -> str:
@@ -66,6 +68,10 @@ class ResolvedPool:
         if self.spec.hosts:
             return [h.name for h in self.spec.hosts]
         return [f"{self.name}-{index}" for index in range(self.spec.max_nodes)]
+
+    def running_node_names(self) -> list[str]:
+        names = self.node_names()
+        return names if self.running_nodes is None else names[: self.running_nodes]
 
 
 @dataclass(frozen=True)

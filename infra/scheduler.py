@@ -10,7 +10,9 @@ State=CLOUD, before any of them exists. Their node lines therefore come from the
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from infra.resolve import ResolvedPlatform
@@ -95,15 +97,43 @@ def cloud_real_memory_mb(memory_gib: int) -> int:
     return total - -(-total * CLOUD_MEMORY_RESERVE_PERCENT // 100) - CLOUD_MEMORY_RESERVE_MB
 
 
+# Local nodes are containers that only `gpuplat scale` removes: Slurm never powers one down by itself.
+LOCAL_NEVER_SUSPEND_S = 10 * 365 * 24 * 3600
+
+
+def elastic_pools(platform: ResolvedPlatform) -> list[str]:
+    return [p.name for p in platform.pools_with_role("train") if p.spec.min_nodes < p.spec.max_nodes]
+
+
 def power_saving(platform: ResolvedPlatform) -> bool:
-    """Slurm launches and terminates the training nodes itself: only on aws, where nodes are bought."""
-    return platform.spec.backend == "aws"
+    """Slurm powers the training nodes up and down: on aws, where it launches and terminates them, and on
+    local stacks with an elastic pool, where `gpuplat scale` starts and removes their containers."""
+    return platform.spec.backend == "aws" or (
+        platform.spec.backend == "local" and bool(elastic_pools(platform))
+    )
+
+
+def host_hardware() -> tuple[int, int]:
+    """(CPUs, MemTotal MiB) of this machine: every local node is a container on it."""
+    total_kib = next(
+        int(line.split()[1])
+        for line in Path("/proc/meminfo").read_text().splitlines()
+        if line.startswith("MemTotal:")
+    )
+    return os.cpu_count() or 1, total_kib // 1024
+
+
+def local_real_memory_mb(total_mb: int) -> int:
+    """The margin the facts-based node lines keep (roles/slurm_common: 1 %, at least 512 MiB)."""
+    return total_mb - max(-(-total_mb // 100), 512)
 
 
 def cloud_nodes(platform: ResolvedPlatform) -> list[CloudNodes]:
     """Node lines of every training pool from the catalog; empty unless power saving is on."""
     if not power_saving(platform):
         return []
+    local = platform.spec.backend == "local"
+    cpus, memory_mb = host_hardware() if local else (0, 0)
     result = []
     for pool in platform.pools_with_role("train"):
         names = pool.node_names()
@@ -116,8 +146,10 @@ def cloud_nodes(platform: ResolvedPlatform) -> list[CloudNodes]:
                 names=names,
                 static=static,
                 cloud=names[len(static) :],
-                cpus=pool.node_type.vcpus,
-                real_memory_mb=cloud_real_memory_mb(pool.node_type.memory_gib),
+                cpus=cpus if local else pool.node_type.vcpus,
+                real_memory_mb=local_real_memory_mb(memory_mb)
+                if local
+                else cloud_real_memory_mb(pool.node_type.memory_gib),
                 gpu_type=kind,
                 gpu_count=pool.gpus_per_node,
                 gres=f"gpu:{kind}:{pool.gpus_per_node}",
@@ -187,5 +219,9 @@ def slurm_vars(platform: ResolvedPlatform) -> dict[str, Any]:
         "slurm_high_availability": platform.spec.scheduler.high_availability,
         "slurm_power_saving": power_saving(platform),
         "slurm_cloud_nodes": [asdict(n) for n in cloud_nodes(platform)],
-        "slurm_suspend_time": platform.spec.scheduler.scale_down_idle_s,
+        "slurm_suspend_time": (
+            platform.spec.scheduler.scale_down_idle_s
+            if platform.spec.backend == "aws"
+            else LOCAL_NEVER_SUSPEND_S
+        ),
     }

@@ -9,7 +9,7 @@ import typer
 from infra.cli import output
 from infra.cli.commands.check import check
 from infra.cli.commands.inventory import inventory
-from infra.cli.commands.lifecycle import down, status, up
+from infra.cli.commands.lifecycle import down, scale, status, up
 from infra.cli.commands.plan import plan
 from infra.cli.commands.size import size
 from infra.cli.commands.stacks import stacks
@@ -31,6 +31,7 @@ app.command()(inventory)
 app.command()(up)
 app.command()(down)
 app.command()(status)
+app.command()(scale)
 
 
 def main() -> None:

@@ -58,7 +58,8 @@ class LocalCluster:
         self.volume = f"gpuplat-{platform.name}-shared"
         self.subnet = stack_subnet(platform.name)
         names = [(pool, node) for pool in platform.pools for node in pool.node_names()]
-        self.nodes = [
+        # Every node a pool may have, each with its fixed address; `nodes` are those running now.
+        self.possible_nodes = [
             LocalNode(
                 node,
                 pool.name,
@@ -69,6 +70,11 @@ class LocalCluster:
             )
             for index, (pool, node) in enumerate(names)
         ]
+        running = {node for pool in platform.pools for node in pool.running_node_names()}
+        self.nodes = [n for n in self.possible_nodes if n.name in running]
+
+    def node(self, name: str) -> LocalNode:
+        return next(n for n in self.possible_nodes if n.name == name)
 
     def ensure(self) -> list[str]:
         """Create what is missing, start what is stopped; return what changed (empty when converged)."""
@@ -95,7 +101,7 @@ class LocalCluster:
         # that the gateway and Prometheus address them by).
         hosts = [
             arg
-            for n in self.nodes
+            for n in self.possible_nodes
             for name in (n.name, n.container)
             for arg in ("--add-host", f"{name}:{n.address}")
         ]
@@ -195,7 +201,7 @@ class LocalCluster:
 
     def destroy(self) -> list[str]:
         removed: list[str] = []
-        for node in self.nodes:
+        for node in self.possible_nodes:
             if exists("container", node.container):
                 podman("rm", "--force", "--time", "5", node.container)
                 removed.append(node.container)

@@ -184,6 +184,38 @@ def test_training_survives_losing_its_node(
     wait_for(f"{first_node} back in service", back_in_service, 180)
 
 
+def _state(node: str) -> str:
+    return on("head-0", "sinfo", "-h", "-N", "-n", node, "-o", "%T", check=False).strip()
+
+
+def _slurm_files(node: str) -> str:
+    """Checksums of the Slurm configuration a node reads (its own, or the configless cache)."""
+    return on(
+        node, "sh", "-c", "sha256sum /etc/slurm/*.conf /run/slurm/conf/*.conf 2>/dev/null | sort", check=False
+    )
+
+
+def test_a_node_added_to_the_running_cluster_joins_runs_gpu_work_and_leaves_no_trace(
+    first_up: subprocess.CompletedProcess[str],
+) -> None:
+    assert first_up.returncode == 0
+    before = {node: _slurm_files(node) for node in ("head-0", "train-0")}
+    assert _state("train-2") == "idle~"  # every name of the pool is in slurm.conf, powered down
+    grown = gpuplat("scale", "--stack", STACK, "--pool", "train", "--nodes", "3")
+    assert grown.returncode == 0, grown.stderr[-3000:]
+    wait_for("train-2 to join its partition", lambda: _state("train-2") == "idle", 120)
+    srun = ["srun", "--partition", "train", "--nodelist", "train-2", "--gres", "gpu:1", "--time", "2"]
+    job = on("head-0", "timeout", "120", *srun, "sh", "-c", "echo $(hostname) $CUDA_VISIBLE_DEVICES")
+    assert job.split() == ["train-2", "0"], job
+    assert {node: _slurm_files(node) for node in before} == before  # nothing changed elsewhere
+
+    shrunk = gpuplat("scale", "--stack", STACK, "--pool", "train", "--nodes", "2")
+    assert shrunk.returncode == 0, shrunk.stderr[-3000:]
+    assert podman("container", "exists", container_name(STACK, "train-2"), check=False).returncode != 0
+    assert _state("train-2") == "idle~"
+    assert {node: _slurm_files(node) for node in before} == before
+
+
 def test_down_leaves_nothing(first_up: subprocess.CompletedProcess[str]) -> None:
     result = gpuplat("down", "--stack", STACK)
     assert result.returncode == 0, result.stderr

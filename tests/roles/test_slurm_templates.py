@@ -510,8 +510,16 @@ def test_configless_slurmd_gets_the_controllers_as_conf_servers() -> None:
         assert templar.template(trust_as_template("{{ __slurm_compute_node_name }}")) == name
 
 
-def test_local_stack_renders_exactly_what_an_inventory_without_the_new_values_does() -> None:
-    values = stack_values("local")
+def _fixed_train_pool(platform: dict[str, Any]) -> None:
+    train = next(p for p in platform["pools"] if p["name"] == "train")
+    train.pop("min"), train.pop("max")
+    train["count"] = 2
+
+
+def test_fixed_local_stack_renders_exactly_what_an_inventory_without_the_new_values_does(
+    write_stack: Callable[..., Path],
+) -> None:
+    values = stack_values(write_stack("local", _fixed_train_pool))
     assert values["slurm_power_saving"] is False and values["slurm_cloud_nodes"] == []
     assert values["slurm_controllers"] == ["head-0"] and values["slurm_high_availability"] is False
     legacy = {k: v for k, v in values.items() if k not in {"slurm_controllers", "slurm_high_availability",
@@ -550,6 +558,7 @@ def test_ha_on_static_nodes_keeps_facts_based_node_lines(write_stack: Callable[.
     def mutate(platform: dict[str, Any]) -> None:
         platform["scheduler"]["high_availability"] = True
         next(p for p in platform["pools"] if p["name"] == "head")["count"] = 2
+        _fixed_train_pool(platform)
 
     values = stack_values(write_stack("local", mutate))
     conf = render("slurm.conf.j2", slurm=values, gpuplat_backend="local", gpuplat_shared_path="/shared")

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 from infra.inventory import aws_ec2_config, inventory_documents, platform_vars, static_inventory
+from infra.local.scale import with_running_sizes
 from infra.resolve import ResolvedPlatform
 
 
 def test_local_inventory_groups_and_vars(shipped_platforms: dict[str, ResolvedPlatform]) -> None:
     local = shipped_platforms["local"]
-    inventory = static_inventory(local)["all"]
+    assert set(static_inventory(local)["all"]["children"]["pool_train"]["hosts"]) == {
+        "train-0",
+        "train-1",
+        "train-2",
+    }
+    inventory = static_inventory(with_running_sizes(local, {"train": 2}))["all"]
     children = inventory["children"]
     assert set(children["pool_train"]["hosts"]) == {"train-0", "train-1"}
     train_vars = children["pool_train"]["vars"]

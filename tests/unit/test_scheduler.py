@@ -49,12 +49,27 @@ def test_real_memory_stays_below_what_the_os_reports() -> None:
         assert scheduler.cloud_real_memory_mb(gib) < total - total // 64 - 256
 
 
-def test_power_saving_only_on_aws(shipped_platforms: dict[str, ResolvedPlatform]) -> None:
+def test_power_saving_on_aws_and_for_elastic_local_pools(
+    shipped_platforms: dict[str, ResolvedPlatform], write_stack: Callable[..., Path]
+) -> None:
     aws = scheduler.slurm_vars(shipped_platforms["aws-prod"])
-    local = scheduler.slurm_vars(shipped_platforms["local"])
     assert aws["slurm_power_saving"] is True and len(aws["slurm_cloud_nodes"]) == 2
-    assert local["slurm_power_saving"] is False and local["slurm_cloud_nodes"] == []
-    assert scheduler.cloud_nodes(shipped_platforms["local"]) == []
+    local = scheduler.slurm_vars(shipped_platforms["local"])  # train: min 2, max 3
+    assert local["slurm_power_saving"] is True
+    (train,) = local["slurm_cloud_nodes"]
+    assert train["names"] == ["train-0", "train-1", "train-2"] and train["static"] == ["train-0", "train-1"]
+    # Local nodes are containers of this machine: its CPUs and memory, not the catalog's.
+    cpus, memory_mb = scheduler.host_hardware()
+    assert train["cpus"] == cpus and train["real_memory_mb"] < memory_mb
+    assert local["slurm_suspend_time"] == scheduler.LOCAL_NEVER_SUSPEND_S
+
+    def fixed(platform: dict[str, Any]) -> None:
+        train = next(p for p in platform["pools"] if p["name"] == "train")
+        train.pop("min"), train.pop("max")
+        train["count"] = 2
+
+    fixed_local = load_platform(write_stack("local", fixed))
+    assert scheduler.power_saving(fixed_local) is False and scheduler.cloud_nodes(fixed_local) == []
 
 
 def test_suspend_time_comes_from_the_spec(write_stack: Callable[..., Path]) -> None:

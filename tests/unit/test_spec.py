@@ -19,10 +19,10 @@ def test_shipped_stacks_are_listed() -> None:
 
 def test_local_stack_matches_the_issue(shipped_platforms: dict[str, ResolvedPlatform]) -> None:
     local = shipped_platforms["local"]
-    assert [(p.name, p.role, p.spec.max_nodes, p.gpus_per_node) for p in local.pools] == [
-        ("head", "service", 1, 0),
-        ("train", "train", 2, 8),
-        ("infer", "infer", 1, 1),
+    assert [(p.name, p.role, p.spec.min_nodes, p.spec.max_nodes, p.gpus_per_node) for p in local.pools] == [
+        ("head", "service", 1, 1, 0),
+        ("train", "train", 2, 3, 8),
+        ("infer", "infer", 1, 1, 1),
     ]
     assert local.pool("train").node_type.gpu is not None
     assert local.pool("train").node_type.gpu.model == "H100"

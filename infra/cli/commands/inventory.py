@@ -10,6 +10,7 @@ import typer
 from infra.cli import output
 from infra.cli.stack_options import StackFile, StackName, platform_from_options
 from infra.inventory import inventory_documents, render, write_inventory
+from infra.local.scale import with_running_sizes
 
 OutputDir = Annotated[
     Path | None, typer.Option("--output", "-o", help="directory to write the inventory into")
@@ -18,7 +19,10 @@ OutputDir = Annotated[
 
 def inventory(stack: StackName = None, stack_file: StackFile = None, output_dir: OutputDir = None) -> None:
     """Write the Ansible inventory: a group per pool, role groups, resolved versions as vars."""
-    documents = inventory_documents(platform_from_options(stack, stack_file))
+    platform = platform_from_options(stack, stack_file)
+    if platform.spec.backend == "local":  # the nodes that run now (`gpuplat scale`)
+        platform = with_running_sizes(platform)
+    documents = inventory_documents(platform)
     if output_dir is None:
         output.stdout().out(render(documents), end="")
         return

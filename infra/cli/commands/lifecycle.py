@@ -6,12 +6,13 @@ from typing import Annotated
 
 import typer
 
-from infra.bringup import PhaseTiming
+from infra.bringup import PhaseTiming, inventory_dir
 from infra.bringup import up as bring_up
 from infra.cli import output
 from infra.cli.stack_options import JsonFlag, StackFile, StackName, platform_from_options
 from infra.errors import ExitCode, GpuPlatError
 from infra.local.cluster import LocalCluster
+from infra.local.scale import forget_sizes, scale_pool, with_running_sizes
 from infra.local.status import PlatformStatus, collect_status
 
 
@@ -70,12 +71,14 @@ def _local_cluster(stack: str | None, stack_file: StackFile) -> LocalCluster:
             "stacks.",
             exit_code=ExitCode.BAD_INPUT,
         )
-    return LocalCluster(platform)
+    return LocalCluster(with_running_sizes(platform))
 
 
 def down(stack: StackName = None, stack_file: StackFile = None) -> None:
     """Remove the local platform's containers, network and volume."""
-    removed = _local_cluster(stack, stack_file).destroy()
+    cluster = _local_cluster(stack, stack_file)
+    removed = cluster.destroy()
+    forget_sizes(cluster.platform)
     output.stderr().print(f"removed {len(removed)}: {', '.join(removed) if removed else 'nothing was there'}")
 
 
@@ -88,3 +91,15 @@ def status(stack: StackName = None, stack_file: StackFile = None, json_output: J
         output.print_json(asdict(state))
         return
     render_status(state)
+
+
+def scale(
+    pool: Annotated[str, typer.Option(help="the elastic pool (min < max in the stack file)")],
+    nodes: Annotated[int, typer.Option(help="how many nodes the pool runs, between its min and max")],
+    stack: StackName = None,
+    stack_file: StackFile = None,
+) -> None:
+    """Add or remove nodes of an elastic pool of the running local platform (a cloud node's join path)."""
+    cluster = _local_cluster(stack, stack_file)
+    platform = cluster.platform
+    output.stderr().print(scale_pool(platform, pool, nodes, inventory_dir(platform)))
