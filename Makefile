@@ -54,7 +54,7 @@ host:
 
 ## test-unit: fast tests (spec, data, sizing, policy rules, CLI, Pulumi program under mocks, role contracts)
 test-unit: venv
-	$(BIN)/pytest -q tests/unit tests/pulumi tests/roles
+	$(BIN)/pytest -q -n auto tests/unit tests/pulumi tests/roles
 
 ## test-roles: ansible-lint and the Molecule scenarios of the node roles (podman)
 test-roles: venv host
