@@ -1,4 +1,8 @@
-"""GPU memory sizing for transformer training: model states (ZeRO) and activations (Korthikanti).
+"""GPU memory sizing for transformer training: model states, activations, logits and a process overhead.
+
+Per GPU, at the peak of a training step (the start of the backward pass):
+
+    total = model states + activations + logits + overhead
 
 Model states follow Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion
 Parameter Models" (arXiv:1910.02054), section 5 and figure 1. With Psi = params / (tp * pp) parameters
@@ -15,30 +19,63 @@ Bytes per parameter (params, grads, optimizer state) by precision and optimizer:
     mixed precision (bf16, fp16, fp8): params 2, grads 2;
         adam/adamw 12 (fp32 master 4 + momentum 4 + variance 4), sgd-momentum 8 (master 4 + momentum 4),
         sgd 4 (master 4).
-    fp32: params 4, grads 4;
+    fp32, and 16-bit autocast over fp32 weights (PyTorch AMP): params 4, grads 4;
         adam/adamw 8 (momentum 4 + variance 4; the weights are the master copy), sgd-momentum 4, sgd 0.
 
 fp8 is sized like bf16: Transformer Engine keeps the weights in bf16 with fp32 master weights in the
-optimizer and casts to fp8 per GEMM, so the persistent states are the bf16 ones (the transient fp8 weight
-copies and scaling factors are ignored; they fit in the headroom).
+optimizer and casts to fp8 per GEMM, so the persistent states are the bf16 ones.
 
-Activations follow Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
-Models" (arXiv:2205.05198), section 4: per transformer layer, with s = seq_len, b = micro_batch,
-h = hidden_size, a = num_heads and t = tp,
+Activations of one transformer layer and micro-batch on one tp rank, with s = seq_len, b = micro_batch,
+h = hidden_size, a = num_heads, t = tp, v = bytes of an activation (2 for 16-bit, 4 for fp32) and r = bytes
+of the residual stream (v, or 4 under autocast, where the embeddings and the residual sums stay fp32 and
+layer_norm runs in fp32: PyTorch AMP docs, "CUDA Ops that can autocast to float32"). The tensors kept for
+the backward pass are those of Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+Transformer Models" (arXiv:2205.05198), section 4.1:
 
-    no parallelism:                      s*b*h * (34 + 5*a*s/h)
-    tensor parallel, no sequence par.:   s*b*h * (10 + 24/t + 5*a*s/(h*t))
-    tensor + sequence parallel:          s*b*h * (34 + 5*a*s/h) / t
-    full activation checkpointing:       2*s*b*h   (2*s*b*h / t with sequence parallel)
+    kept whole on every tp rank (split only by sequence parallelism):
+        two layer-norm inputs                             2r sbh
+        inputs of the QKV and first MLP linears           2v sbh
+        two dropout masks (attention and MLP output)       2 sbh     (with dropout)
+    split over tp:
+        Q, K, V                                           3v sbh     (math: 12 sbh, below)
+        attention output (input of the projection)         v sbh
+        GeLU input and input of the second MLP linear     8v sbh
+        attention core                                    flash or math, below
 
-These assume 16-bit activations; for fp32 training the figure is doubled (slightly conservative, the
-dropout masks stay one byte). Embedding, final layer-norm and output-logit activations are left out, as
-is the one layer whose activations are rebuilt during the backward pass under checkpointing.
+With v = r = 2 and dropout that is Korthikanti's 34 sbh outside the attention core, whose own term
+5 as^2 b (16-bit softmax output 2, dropout mask 1, dropout output 2 per score) is their 5as/h.
+Tensor parallelism without sequence parallelism gives their sbh(10 + 24/t + 5as/(ht)).
 
-Pipeline parallelism (1F1B schedule, section 4.2.3 of Korthikanti): the first stage is the most loaded;
-it holds ceil(layers / pp) layers for pp micro-batches in flight, so its activations are
-ceil(layers / pp) * pp * per-layer, i.e. the whole model's layers when pp divides layers. This assumes
-at least pp micro-batches per step. Activations are not sharded by ZeRO.
+    flash: Dao et al. 2022, "FlashAttention" (arXiv:2205.14135), section 3.1 and Algorithm 2: the
+        kernel keeps Q, K, V, the output and per row the softmax statistics (PyTorch's fused kernels keep
+        one fp32 log-sum-exp per row and head: 4 asb bytes), recomputes the scores in the backward and
+        regenerates the dropout mask from the saved RNG state. No term grows with s^2.
+    math: PyTorch's math scaled-dot-product attention (aten/src/ATen/native/transformers/attention.cpp,
+        _scaled_dot_product_attention_math, since PyTorch 2.5) converts 16-bit Q, K, V to fp32 unless
+        torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True): it keeps fp32 Q, K, V (12 sbh) and
+        per score the fp32 softmax output (4) and, with dropout, the mask (1) and the fp32 dropout output
+        (4): as^2 b (4 + 5). This bounds Megatron's unfused 16-bit softmax (5 as^2 b) from above.
+
+Full activation checkpointing keeps only each layer's input, r sbh (r sbh / t with sequence
+parallelism); the one layer rebuilt during the backward pass is left out.
+
+Outside the layers: the embedding dropout mask (sbh, first pipeline stage), the final layer-norm input
+(r sbh) and the LM-head input (v sbh) on the last stage. Under autocast the 16-bit copies of the weights
+(2 Psi) stay referenced by the autograd graph of every micro-batch in flight until its backward pass
+(torch.autocast's weight cast cache, `cache_enabled`).
+
+Logits (last stage, split over tp by a vocabulary-parallel output layer): the loss is computed in fp32
+(cross_entropy = log_softmax + nll_loss autocast to fp32), so the fp32 log-probabilities, 4 sbV bytes
+with V = vocab_size, stay until the backward pass, whose first step adds two more fp32 tensors of that
+size (the gradient of the log-probabilities and of the logits): 12 sbV in all at the peak.
+
+Pipeline parallelism (1F1B schedule, Korthikanti section 4.2.3): the first stage holds ceil(layers / pp)
+layers for pp micro-batches in flight, the last stage one micro-batch plus the logits; the per-GPU figure
+is the larger of the two (the same stage when pp = 1). Activations are not sharded by ZeRO.
+
+Overhead: one fixed margin per process, PROCESS_OVERHEAD_BYTES (1 GiB), for what is not a tensor of the
+model: CUDA context and kernels, cuBLAS and NCCL workspaces, allocator rounding. The measured rows in
+infra/data/memory_calibration.yaml put it at about 0.6 GB on one H200 without NCCL.
 """
 
 from __future__ import annotations
@@ -53,17 +90,28 @@ from infra.data.models import NodeType
 
 Precision = Literal["fp32", "bf16", "fp16", "fp8"]
 Optimizer = Literal["adam", "adamw", "sgd-momentum", "sgd"]
+Attention = Literal["flash", "math"]
+Stage = Literal["only", "first", "last"]
 
 GIB = 2**30
 GB = 10**9
+PROCESS_OVERHEAD_BYTES = GIB
 
-# Bytes per parameter: (params, grads), then optimizer state, split by mixed precision or fp32.
+# Bytes per parameter: (params, grads), then optimizer state, split by 16-bit or fp32 weights.
 _MIXED_WEIGHT_GRAD = (2, 2)
 _FP32_WEIGHT_GRAD = (4, 4)
 _OPTIMIZER_BYTES_MIXED: dict[str, int] = {"adam": 12, "adamw": 12, "sgd-momentum": 8, "sgd": 4}
 _OPTIMIZER_BYTES_FP32: dict[str, int] = {"adam": 8, "adamw": 8, "sgd-momentum": 4, "sgd": 0}
+_AUTOCAST_PRECISIONS = ("bf16", "fp16")
+
+_FP32 = 4
+_MASK = 1  # dropout masks are bool tensors
+_WEIGHT_COPY = 2  # 16-bit copy of an fp32 weight under autocast
+_LOGITS_KEPT = 4  # fp32 log-probabilities kept for the backward pass
+_LOGITS_BACKWARD = 8  # two fp32 gradients of the logits' size at the start of the backward pass
 
 _ACTIVATION_FIELDS = ("seq_len", "micro_batch", "hidden_size", "layers")
+_SHAPE_ONLY_FIELDS = ("num_heads", "vocab_size")
 
 
 class _Frozen(BaseModel):
@@ -78,6 +126,11 @@ class TrainingSizingRequest(_Frozen):
     params: float = Field(gt=0, description="total parameter count, e.g. 7.5e9")
     precision: Precision = "bf16"
     optimizer: Optimizer = "adam"
+    autocast: bool = Field(
+        False,
+        description="PyTorch autocast: fp32 weights, bf16/fp16 compute (otherwise 16-bit weights with fp32 "
+        "master copies in the optimizer, as in Megatron and DeepSpeed)",
+    )
     dp: int = Field(1, ge=1, description="data-parallel degree (Nd)")
     tp: int = Field(1, ge=1, description="tensor-parallel degree, kept inside one node")
     pp: int = Field(1, ge=1, description="pipeline-parallel degree")
@@ -87,15 +140,27 @@ class TrainingSizingRequest(_Frozen):
     hidden_size: int | None = Field(None, gt=0)
     layers: int | None = Field(None, gt=0)
     num_heads: int | None = Field(None, gt=0)
+    vocab_size: int | None = Field(None, gt=0, description="vocabulary size, for the fp32 logits")
+    attention: Attention = Field(
+        "flash", description="flash: fused kernel, nothing of size seq_len^2 kept; math: scores kept per head"
+    )
+    dropout: bool = Field(True, description="dropout layers present (their masks are kept for the backward)")
     activation_checkpointing: bool = False
     sequence_parallel: bool = Field(False, description="Megatron sequence parallelism (shards by tp)")
     gpu_memory_gib: float | None = Field(None, gt=0, description="target GPU memory to fit, GiB")
-    headroom: float = Field(0.1, ge=0, lt=1, description="fraction of GPU memory kept for CUDA context etc.")
+    headroom: float = Field(
+        0.1, ge=0, lt=1, description="fraction of GPU memory left free for allocator fragmentation"
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainingSizingRequest:
         if self.zero not in (0, 1, 2, 3):
             raise ValueError(f"zero must be a ZeRO stage 0, 1, 2 or 3, not {self.zero}")
+        if self.autocast and self.precision not in _AUTOCAST_PRECISIONS:
+            raise ValueError(
+                f"autocast computes in bf16 or fp16 over fp32 weights: precision must be "
+                f"{' or '.join(_AUTOCAST_PRECISIONS)}, not {self.precision}"
+            )
         given = [f for f in _ACTIVATION_FIELDS if getattr(self, f) is not None]
         if given and len(given) != len(_ACTIVATION_FIELDS):
             missing = [f for f in _ACTIVATION_FIELDS if f not in given]
@@ -104,10 +169,11 @@ class TrainingSizingRequest(_Frozen):
                 f" (give all of {', '.join(_ACTIVATION_FIELDS)} or none)"
             )
         if not given:
-            if self.num_heads is not None:
-                raise ValueError(
-                    f"num_heads given without the activation inputs {', '.join(_ACTIVATION_FIELDS)}"
-                )
+            for name in _SHAPE_ONLY_FIELDS:
+                if getattr(self, name) is not None:
+                    raise ValueError(
+                        f"{name} given without the activation inputs {', '.join(_ACTIVATION_FIELDS)}"
+                    )
             if self.activation_checkpointing:
                 raise ValueError(
                     f"activation_checkpointing needs the activation inputs {', '.join(_ACTIVATION_FIELDS)}"
@@ -119,8 +185,8 @@ class TrainingSizingRequest(_Frozen):
         if self.num_heads is None:
             if not self.activation_checkpointing:
                 raise ValueError(
-                    "num_heads is required for the attention term of the activations "
-                    "(5*a*s/h, Korthikanti et al. 2022); give num_heads or enable activation_checkpointing"
+                    "num_heads is required for the attention terms of the activations "
+                    "(Korthikanti et al. 2022); give num_heads or enable activation_checkpointing"
                 )
         else:
             if self.hidden_size % self.num_heads:
@@ -151,24 +217,49 @@ class BytesPerParam(_Frozen):
 
 
 class PerGpuBytes(_Frozen):
-    """Bytes held by one GPU (the most loaded: first pipeline stage for activations)."""
+    """Bytes held by one GPU at the peak of a step (the most loaded pipeline stage)."""
 
     params: int
     grads: int
     optimizer: int
     model_states: int = Field(description="params + grads + optimizer")
-    activations: int
-    total: int = Field(description="model_states + activations")
+    activations: int = Field(description="layers, embedding and output-layer inputs, autocast weight copies")
+    logits: int = Field(description="fp32 log-probabilities kept plus the two fp32 gradients of the loss")
+    overhead: int = Field(description="fixed per-process margin: CUDA context, workspaces, allocator")
+    total: int = Field(description="model_states + activations + logits + overhead")
 
 
 class ActivationDetail(_Frozen):
-    """How the activation figure was built (Korthikanti et al. 2022)."""
+    """How the activation and logit figures were built, for the most loaded pipeline stage."""
 
     bytes_per_layer: int = Field(description="one layer, one micro-batch, on one tp rank")
     layers_per_stage: int = Field(description="ceil(layers / pp)")
-    microbatches_in_flight: int = Field(description="pp under the 1F1B schedule")
+    microbatches_in_flight: int = Field(description="pp on the first stage (1F1B), 1 on the last")
+    stage: Stage = Field(description="the pipeline stage sized: first (embedding) or last (logits)")
+    layers_bytes: int = Field(description="bytes_per_layer * layers_per_stage * microbatches_in_flight")
+    embedding_output_bytes: int = Field(
+        description="embedding dropout mask; final layer-norm and LM-head inputs"
+    )
+    weight_copy_bytes: int = Field(description="16-bit weight copies held under autocast, per micro-batch")
+    logits_kept_bytes: int = Field(description="fp32 log-probabilities kept for the backward pass")
+    logits_backward_bytes: int = Field(description="the two fp32 gradients at the start of the backward")
+    attention: Attention
+    dropout: bool
+    autocast: bool
     checkpointing: bool
     sequence_parallel: bool
+
+    @property
+    def activation_bytes(self) -> int:
+        return self.layers_bytes + self.embedding_output_bytes + self.weight_copy_bytes
+
+    @property
+    def logit_bytes(self) -> int:
+        return self.logits_kept_bytes + self.logits_backward_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        return self.activation_bytes + self.logit_bytes
 
 
 class SizingResult(_Frozen):
@@ -186,6 +277,7 @@ class SizingResult(_Frozen):
     bytes_per_param: BytesPerParam
     per_gpu_bytes: PerGpuBytes
     activation: ActivationDetail | None
+    assumptions: list[str] = Field(description="what the figures assume, one sentence each")
     headroom: float
     gpu_memory_gib: float | None = Field(description="target GPU memory from the request, GiB")
     usable_bytes_per_gpu: int | None = Field(description="gpu_memory_gib * 2**30 * (1 - headroom)")
@@ -200,8 +292,9 @@ class SizingResult(_Frozen):
     def min_dp_for(self, gpu_memory_gib: float | None = None, headroom: float | None = None) -> int | None:
         """Smallest data-parallel degree (tp, pp fixed) whose per-GPU total fits; None if none does."""
         usable = _usable_bytes(*self._target(gpu_memory_gib, headroom))
-        act = self.per_gpu_bytes.activations
-        return _min_dp(self.params_per_gpu, self.bytes_per_param, self.zero, act, usable)
+        return _min_dp(
+            self.params_per_gpu, self.bytes_per_param, self.zero, _unsharded(self.per_gpu_bytes), usable
+        )
 
     def min_gpus_for(self, gpu_memory_gib: float | None = None, headroom: float | None = None) -> int | None:
         """min_dp_for(...) * tp * pp, the smallest world size that fits; None if none does."""
@@ -209,7 +302,7 @@ class SizingResult(_Frozen):
         return None if dp is None else dp * self.tp * self.pp
 
     def to_json_dict(self) -> dict[str, Any]:
-        """JSON-ready dict: `per_gpu_bytes.{params,grads,optimizer,model_states,activations,total}` etc."""
+        """JSON-ready dict: `per_gpu_bytes` (params ... logits, overhead, total), `assumptions` etc."""
         return self.model_dump(mode="json")
 
     def _target(self, gpu_memory_gib: float | None, headroom: float | None) -> tuple[float, float]:
@@ -235,9 +328,9 @@ class NodePlan(_Frozen):
     usd_per_hour: float = Field(description="nodes * on-demand price")
 
 
-def bytes_per_param(precision: Precision, optimizer: Optimizer) -> BytesPerParam:
+def bytes_per_param(precision: Precision, optimizer: Optimizer, *, autocast: bool = False) -> BytesPerParam:
     """Bytes per parameter for params, grads and optimizer state (ZeRO paper section 3.1 for Adam)."""
-    if precision == "fp32":
+    if precision == "fp32" or autocast:
         p, g = _FP32_WEIGHT_GRAD
         return BytesPerParam(params=p, grads=g, optimizer=_OPTIMIZER_BYTES_FP32[optimizer])
     p, g = _MIXED_WEIGHT_GRAD
@@ -259,58 +352,63 @@ def activation_bytes_per_layer(
     num_heads: int | None,
     tp: int = 1,
     *,
+    attention: Attention = "flash",
+    dropout: bool = True,
+    precision: Precision = "bf16",
+    autocast: bool = False,
     checkpointing: bool = False,
     sequence_parallel: bool = False,
 ) -> float:
-    """Activation bytes of one transformer layer on one tp rank, 16-bit (Korthikanti et al. 2022, table 2)."""
+    """Bytes one transformer layer keeps for the backward pass on one tp rank (terms: module docstring)."""
     sbh = seq_len * micro_batch * hidden_size
+    value, residual = _value_bytes(precision), _residual_bytes(precision, autocast)
+    whole_split = tp if sequence_parallel else 1
     if checkpointing:
-        return 2 * sbh / (tp if sequence_parallel else 1)
+        return residual * sbh / whole_split
     if num_heads is None:
-        raise ValueError("num_heads is required for the attention term 5*a*s/h of the activations")
-    attention = 5 * num_heads * seq_len / hidden_size
-    if sequence_parallel:
-        return sbh * (34 + attention) / tp
-    return sbh * (10 + 24 / tp + attention / tp)
+        raise ValueError("num_heads is required for the attention terms of the activations")
+    mask = _MASK if dropout else 0
+    kept_whole = 2 * residual + 2 * value + 2 * mask
+    if attention == "math":
+        qkv = 3 * _FP32
+        per_score = _FP32 + (mask + _FP32 if dropout else 0)  # softmax output; dropout mask and output
+        core = per_score * num_heads * seq_len / hidden_size
+    else:
+        qkv = 3 * value
+        core = _FP32 * num_heads / hidden_size  # log-sum-exp: one fp32 per row and head
+    split = qkv + value + 8 * value + core
+    return sbh * (kept_whole / whole_split + split / tp)
+
+
+def logits_bytes(seq_len: int, micro_batch: int, vocab_size: int | None, tp: int = 1) -> tuple[float, float]:
+    """(kept, backward) bytes of the fp32 loss over b*s*vocab logits on one tp rank; (0, 0) without vocab."""
+    if vocab_size is None:
+        return 0.0, 0.0
+    sbv = seq_len * micro_batch * vocab_size / tp
+    return _LOGITS_KEPT * sbv, _LOGITS_BACKWARD * sbv
 
 
 def size_training(req: TrainingSizingRequest) -> SizingResult:
-    """Per-GPU memory of model states (ZeRO, arXiv:1910.02054) and activations (arXiv:2205.05198)."""
-    bpp = bytes_per_param(req.precision, req.optimizer)
+    """Per-GPU memory at the peak of a training step (terms and sources: module docstring)."""
+    bpp = bytes_per_param(req.precision, req.optimizer, autocast=req.autocast)
     psi = req.params / (req.tp * req.pp)
     p, g, o = (math.ceil(x) for x in model_state_bytes(psi, bpp, req.zero, req.dp))
-
-    detail: ActivationDetail | None = None
-    act = 0
-    if req.has_activations:
-        assert req.seq_len and req.micro_batch and req.hidden_size and req.layers
-        per_layer = activation_bytes_per_layer(
-            req.seq_len,
-            req.micro_batch,
-            req.hidden_size,
-            req.num_heads,
-            req.tp,
-            checkpointing=req.activation_checkpointing,
-            sequence_parallel=req.sequence_parallel,
-        )
-        if req.precision == "fp32":
-            per_layer *= 2
-        layers_per_stage = math.ceil(req.layers / req.pp)
-        in_flight = req.pp
-        act = math.ceil(per_layer * layers_per_stage * in_flight)
-        detail = ActivationDetail(
-            bytes_per_layer=math.ceil(per_layer),
-            layers_per_stage=layers_per_stage,
-            microbatches_in_flight=in_flight,
-            checkpointing=req.activation_checkpointing,
-            sequence_parallel=req.sequence_parallel,
-        )
-
+    detail = _most_loaded_stage(req, psi) if req.has_activations else None
+    act = 0 if detail is None else detail.activation_bytes
+    logits = 0 if detail is None else detail.logit_bytes
+    overhead = PROCESS_OVERHEAD_BYTES
     per_gpu = PerGpuBytes(
-        params=p, grads=g, optimizer=o, model_states=p + g + o, activations=act, total=p + g + o + act
+        params=p,
+        grads=g,
+        optimizer=o,
+        model_states=p + g + o,
+        activations=act,
+        logits=logits,
+        overhead=overhead,
+        total=p + g + o + act + logits + overhead,
     )
     usable = None if req.gpu_memory_gib is None else _usable_bytes(req.gpu_memory_gib, req.headroom)
-    min_dp = None if usable is None else _min_dp(psi, bpp, req.zero, act, usable)
+    min_dp = None if usable is None else _min_dp(psi, bpp, req.zero, _unsharded(per_gpu), usable)
     return SizingResult(
         params=req.params,
         params_per_gpu=psi,
@@ -324,6 +422,7 @@ def size_training(req: TrainingSizingRequest) -> SizingResult:
         bytes_per_param=bpp,
         per_gpu_bytes=per_gpu,
         activation=detail,
+        assumptions=_assumptions(req, bpp, detail),
         headroom=req.headroom,
         gpu_memory_gib=req.gpu_memory_gib,
         usable_bytes_per_gpu=usable,
@@ -331,6 +430,115 @@ def size_training(req: TrainingSizingRequest) -> SizingResult:
         min_dp=min_dp,
         min_gpus=None if min_dp is None else min_dp * req.tp * req.pp,
     )
+
+
+def _most_loaded_stage(req: TrainingSizingRequest, psi: float) -> ActivationDetail:
+    """With pp = 1 the only stage; else the larger of the first (pp micro-batches) and the last (logits)."""
+    if req.pp == 1:
+        return _stage_activations(req, psi, "only")
+    first, last = _stage_activations(req, psi, "first"), _stage_activations(req, psi, "last")
+    return last if last.total_bytes > first.total_bytes else first
+
+
+def _stage_activations(req: TrainingSizingRequest, psi: float, stage: Stage) -> ActivationDetail:
+    assert req.seq_len and req.micro_batch and req.hidden_size and req.layers
+    per_layer = activation_bytes_per_layer(
+        req.seq_len,
+        req.micro_batch,
+        req.hidden_size,
+        req.num_heads,
+        req.tp,
+        attention=req.attention,
+        dropout=req.dropout,
+        precision=req.precision,
+        autocast=req.autocast,
+        checkpointing=req.activation_checkpointing,
+        sequence_parallel=req.sequence_parallel,
+    )
+    has_embedding, has_output = stage in ("only", "first"), stage in ("only", "last")
+    layers_per_stage = math.ceil(req.layers / req.pp)
+    in_flight = req.pp if has_embedding else 1
+    sbh = req.seq_len * req.micro_batch * req.hidden_size / (req.tp if req.sequence_parallel else 1)
+    embedding_mask = (_MASK if req.dropout else 0) * sbh if has_embedding else 0
+    output_inputs = (_residual_bytes(req.precision, req.autocast) + _value_bytes(req.precision)) * sbh
+    kept, backward = (
+        logits_bytes(req.seq_len, req.micro_batch, req.vocab_size, req.tp) if has_output else (0, 0)
+    )
+    return ActivationDetail(
+        bytes_per_layer=math.ceil(per_layer),
+        layers_per_stage=layers_per_stage,
+        microbatches_in_flight=in_flight,
+        stage=stage,
+        layers_bytes=math.ceil(per_layer * layers_per_stage * in_flight),
+        embedding_output_bytes=math.ceil(embedding_mask * in_flight + (output_inputs if has_output else 0)),
+        weight_copy_bytes=math.ceil(_WEIGHT_COPY * psi * in_flight) if req.autocast else 0,
+        logits_kept_bytes=math.ceil(kept),
+        logits_backward_bytes=math.ceil(backward),
+        attention=req.attention,
+        dropout=req.dropout,
+        autocast=req.autocast,
+        checkpointing=req.activation_checkpointing,
+        sequence_parallel=req.sequence_parallel,
+    )
+
+
+def _assumptions(
+    req: TrainingSizingRequest, bpp: BytesPerParam, detail: ActivationDetail | None
+) -> list[str]:
+    weights = "fp32 weights under autocast" if req.autocast else f"{req.precision} weights"
+    notes = [
+        f"model states: {bpp.params} + {bpp.grads} + {bpp.optimizer} bytes per parameter ({weights}, "
+        f"{req.optimizer}), ZeRO stage {req.zero} over dp={req.dp} (Rajbhandari et al. 2020)"
+    ]
+    if detail is None:
+        notes.append(
+            "no activation inputs (seq_len, micro_batch, hidden_size, layers): activations not counted"
+        )
+    else:
+        notes.extend(_activation_assumptions(req, detail))
+    notes.append(
+        f"overhead: {PROCESS_OVERHEAD_BYTES / GIB:g} GiB per process (CUDA context, cuBLAS and NCCL "
+        "workspaces, allocator)"
+    )
+    notes.append(f"headroom: {req.headroom:.0%} of GPU memory left free for allocator fragmentation")
+    return notes
+
+
+def _activation_assumptions(req: TrainingSizingRequest, detail: ActivationDetail) -> list[str]:
+    if req.activation_checkpointing:
+        notes = [
+            "full activation checkpointing: each layer keeps its input only; the layer recomputed in "
+            "the backward pass is not counted"
+        ]
+    elif req.attention == "flash":
+        notes = [
+            "attention flash: a fused kernel (FlashAttention, memory-efficient or cuDNN) keeps nothing "
+            "of size seq_len^2 (Dao et al. 2022)"
+        ]
+    else:
+        kept = "softmax output, dropout mask and output" if req.dropout else "softmax output"
+        notes = [
+            f"attention math: PyTorch's math attention keeps the seq_len^2 scores of every head in fp32 "
+            f"({kept}) and fp32 copies of Q, K, V"
+        ]
+    notes.append("dropout: masks kept, 1 byte per element" if req.dropout else "no dropout: no masks kept")
+    if req.autocast:
+        notes.append(
+            "autocast: fp32 residual stream and layer norms; 16-bit weight copies held until the backward"
+        )
+    if req.vocab_size is None:
+        notes.append("no vocabulary size: logits not counted (give vocab_size)")
+    elif detail.logits_kept_bytes:
+        notes.append(
+            "logits: loss in fp32 over micro_batch x seq_len x vocab_size; the log-probabilities are kept "
+            "and the backward pass starts with two fp32 gradients of that size"
+        )
+    if req.pp > 1:
+        notes.append(
+            f"pipeline 1F1B: the first stage holds {req.pp} micro-batches, the last one the logits; "
+            f"sized: the {detail.stage} stage"
+        )
+    return notes
 
 
 def node_fits(result: SizingResult, node_type: NodeType, *, headroom: float | None = None) -> bool:
@@ -391,19 +599,32 @@ def _usable_bytes(gpu_memory_gib: float, headroom: float) -> int:
     return math.floor(gpu_memory_gib * GIB * (1 - headroom))
 
 
-def _min_dp(psi: float, bpp: BytesPerParam, zero: int, activations: int, usable: int) -> int | None:
+def _unsharded(per_gpu: PerGpuBytes) -> int:
+    """Bytes per GPU that no ZeRO stage divides by dp."""
+    return per_gpu.activations + per_gpu.logits + per_gpu.overhead
+
+
+def _value_bytes(precision: Precision) -> int:
+    return _FP32 if precision == "fp32" else 2
+
+
+def _residual_bytes(precision: Precision, autocast: bool) -> int:
+    return _FP32 if autocast else _value_bytes(precision)
+
+
+def _min_dp(psi: float, bpp: BytesPerParam, zero: int, unsharded: int, usable: int) -> int | None:
     """Smallest dp whose per-GPU total A + B/dp fits `usable`, where B is what ZeRO shards over dp."""
 
     def total(dp: int) -> int:
-        return activations + sum(math.ceil(x) for x in model_state_bytes(psi, bpp, zero, dp))
+        return unsharded + sum(math.ceil(x) for x in model_state_bytes(psi, bpp, zero, dp))
 
     sharded = _sharded_at_dp1(psi, bpp, zero)
-    unsharded = activations + sum(model_state_bytes(psi, bpp, zero, 1)) - sharded
+    fixed = unsharded + sum(model_state_bytes(psi, bpp, zero, 1)) - sharded
     if total(1) <= usable:
         return 1
-    if sharded == 0 or unsharded >= usable:
+    if sharded == 0 or fixed >= usable:
         return None
-    dp = max(1, math.ceil(sharded / (usable - unsharded)))
+    dp = max(1, math.ceil(sharded / (usable - fixed)))
     while dp > 1 and total(dp - 1) <= usable:  # guard against float rounding either way
         dp -= 1
     for _ in range(4):

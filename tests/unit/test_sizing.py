@@ -1,19 +1,27 @@
-"""infra.sizing against the ZeRO paper (arXiv:1910.02054) and Korthikanti et al. (arXiv:2205.05198)."""
+"""infra.sizing against the ZeRO paper (arXiv:1910.02054), Korthikanti et al. (arXiv:2205.05198) and the
+activation terms of its module docstring. The measured rows are in test_memory_calibration.py."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 from typing import Any
 
 import pytest
+import typer
+from typer.testing import CliRunner
 
+from infra.cli.commands.size import size, sizing
 from infra.data.models import GpuSpec, NetworkSpec, NodeType, PriceSpec
+from infra.errors import SpecError
 from infra.sizing import (
     GB,
     GIB,
+    PROCESS_OVERHEAD_BYTES,
     TrainingSizingRequest,
     activation_bytes_per_layer,
+    logits_bytes,
     nodes_needed,
     plan_nodes,
     size_training,
@@ -35,8 +43,8 @@ def req(**kw: Any) -> TrainingSizingRequest:
 def test_zero_paper_figure1(stage: int, expected_gb: float) -> None:
     r = size_training(req(params=7.5e9, precision="fp16", optimizer="adam", dp=64, zero=stage))
     assert r.per_gpu_bytes.model_states / GB == pytest.approx(expected_gb, abs=0.05)
-    assert r.per_gpu_bytes.total == r.per_gpu_bytes.model_states
-    assert r.per_gpu_bytes.activations == 0
+    assert r.per_gpu_bytes.total == r.per_gpu_bytes.model_states + PROCESS_OVERHEAD_BYTES
+    assert r.per_gpu_bytes.activations == r.per_gpu_bytes.logits == 0
 
 
 def test_zero_stage_breakdown_exact() -> None:
@@ -79,6 +87,15 @@ def test_optimizer_state_bytes(precision: str, optimizer: str, k: int) -> None:
     assert r.per_gpu_bytes.optimizer == k * 1e9
 
 
+def test_autocast_keeps_fp32_weights_and_grads() -> None:
+    # PyTorch AMP: fp32 weights (the master copy), fp32 grads, Adam momentum + variance: 4 + 4 + 8
+    r = size_training(req(params=1e9, precision="bf16", optimizer="adamw", autocast=True))
+    assert r.bytes_per_param.model_dump() == {"params": 4, "grads": 4, "optimizer": 8}
+    assert r.per_gpu_bytes.model_states == 16e9
+    z1 = size_training(req(params=1e9, autocast=True, dp=4, zero=1))
+    assert (z1.per_gpu_bytes.params, z1.per_gpu_bytes.optimizer) == (4e9, 8e9 / 4)
+
+
 def test_fp8_sized_like_bf16() -> None:
     a = size_training(req(params=3e9, precision="fp8", dp=8, zero=2))
     b = size_training(req(params=3e9, precision="bf16", dp=8, zero=2))
@@ -94,50 +111,120 @@ def test_tp_pp_shard_params() -> None:
     assert z3.per_gpu_bytes.model_states == 8e9
 
 
-# --- Korthikanti et al. 2022 activations ---------------------------------------------------------------
+# --- activations: Korthikanti et al. 2022 terms, flash and math attention ---------------------------
 
-# s=2048, b=1, h=4096, a=32: s*b*h = 8_388_608, 5*a*s/h = 80
+# s=2048, b=1, h=4096, a=32: s*b*h = 8_388_608, a*s/h = 16 scores per s*b*h element
 SBH = 2048 * 1 * 4096
+SCORES = 32 * 2048 * 2048 * 1  # a * s^2 * b
+LSE = 4 * 32 * 2048 * 1  # one fp32 log-sum-exp per row and head
 ACT = {"seq_len": 2048, "micro_batch": 1, "hidden_size": 4096, "num_heads": 32}
+EMBEDDING_OUTPUT = 5 * SBH  # embedding dropout mask 1, final layer-norm input 2, LM-head input 2
 
 
-def test_activation_per_layer_values() -> None:
+def per_layer(**kw: Any) -> float:
+    return activation_bytes_per_layer(2048, 1, 4096, 32, **kw)
+
+
+def test_flash_layer_is_korthikanti_without_the_attention_matrix() -> None:
     assert SBH == 8_388_608
-    assert activation_bytes_per_layer(2048, 1, 4096, 32) == 8_388_608 * 114 == 956_301_312
-    # tp=8, no sequence parallel: 10 + 24/8 + 80/8 = 23
-    assert activation_bytes_per_layer(2048, 1, 4096, 32, 8) == 8_388_608 * 23 == 192_937_984
-    # tp=8 with sequence parallel: 114 / 8
-    assert activation_bytes_per_layer(2048, 1, 4096, 32, 8, sequence_parallel=True) == 8_388_608 * 114 / 8
-    # full checkpointing keeps only the layer input: 2*s*b*h
-    assert activation_bytes_per_layer(2048, 1, 4096, 32, checkpointing=True) == 16_777_216
-    assert activation_bytes_per_layer(2048, 1, 4096, None, 8, checkpointing=True) == 16_777_216
+    # 34 sbh (Korthikanti's terms outside the attention core) and the log-sum-exp, nothing in s^2
+    assert per_layer() == 34 * SBH + LSE == 285_474_816
+    # tp=8 without sequence parallelism: sbh(10 + 24/8), as in Korthikanti
+    assert per_layer(tp=8) == 13 * SBH + LSE / 8
+    assert per_layer(tp=8, sequence_parallel=True) == (34 * SBH + LSE) / 8
+    # no dropout: the two 1-byte masks go
+    assert per_layer(dropout=False) == 32 * SBH + LSE
+
+
+def test_math_layer_keeps_the_scores_in_fp32() -> None:
+    # fp32 Q, K, V (12 sbh instead of 6) and per score fp32 softmax output 4, mask 1, fp32 dropout output 4
+    math_layer = per_layer(attention="math")
+    assert math_layer == 40 * SBH + 9 * SCORES == 184 * SBH
+    # with Megatron's 16-bit softmax (5 bytes per score, 16-bit Q, K, V) it is Korthikanti's sbh(34 + 5as/h)
+    assert math_layer - 6 * SBH - (9 - 5) * SCORES == SBH * (34 + 5 * 32 * 2048 / 4096)
+    assert per_layer(attention="math", dropout=False) == 38 * SBH + 4 * SCORES
+    assert per_layer(attention="math", tp=8) == 10 * SBH + (30 * SBH + 9 * SCORES) / 8
+
+
+def test_layer_precision_and_autocast() -> None:
+    # fp32: every activation 4 bytes, masks 1: whole 2*4 + 2*4 + 2, split 3*4 + 4 + 8*4
+    assert per_layer(precision="fp32") == 66 * SBH + LSE
+    # autocast: the two layer-norm inputs (residual stream) are fp32, the rest 16-bit
+    assert per_layer(autocast=True) == 38 * SBH + LSE
+    assert per_layer(checkpointing=True) == 2 * SBH
+    assert per_layer(checkpointing=True, autocast=True) == 4 * SBH
+    assert per_layer(checkpointing=True, tp=8, sequence_parallel=True) == 2 * SBH / 8
+    assert activation_bytes_per_layer(2048, 1, 4096, None, 8, checkpointing=True) == 2 * SBH
+
+
+def test_logits_in_fp32() -> None:
+    sbv = 2048 * 1 * 32000
+    assert logits_bytes(2048, 1, 32000) == (4 * sbv, 8 * sbv)
+    assert logits_bytes(2048, 1, 32000, tp=4) == (sbv, 2 * sbv)
+    assert logits_bytes(2048, 1, None) == (0, 0)
+    r = size_training(req(params=1e9, layers=2, vocab_size=32000, **ACT))
+    assert r.per_gpu_bytes.logits == 12 * sbv
+    assert r.per_gpu_bytes.total == (
+        r.per_gpu_bytes.model_states + r.per_gpu_bytes.activations + 12 * sbv + PROCESS_OVERHEAD_BYTES
+    )
 
 
 def test_activations_in_result_and_pipeline() -> None:
+    layer = math.ceil(per_layer())
     r = size_training(req(params=7e9, layers=32, **ACT))
-    assert r.per_gpu_bytes.activations == 32 * 956_301_312
-    assert r.per_gpu_bytes.total == r.per_gpu_bytes.model_states + 32 * 956_301_312
-    # pp=4: first stage holds 8 layers for 4 micro-batches in flight = 32 layers' worth
+    assert r.activation is not None and r.activation.stage == "only"
+    assert r.per_gpu_bytes.activations == 32 * layer + EMBEDDING_OUTPUT
+    assert r.per_gpu_bytes.total == (
+        r.per_gpu_bytes.model_states + 32 * layer + EMBEDDING_OUTPUT + PROCESS_OVERHEAD_BYTES
+    )
+    # pp=4: the first stage holds 8 layers and the embedding mask for 4 micro-batches in flight
     p = size_training(req(params=7e9, layers=32, pp=4, **ACT))
     assert p.activation is not None
-    assert (p.activation.layers_per_stage, p.activation.microbatches_in_flight) == (8, 4)
-    assert p.per_gpu_bytes.activations == 32 * 956_301_312
+    assert (p.activation.stage, p.activation.layers_per_stage, p.activation.microbatches_in_flight) == (
+        "first",
+        8,
+        4,
+    )
+    assert p.per_gpu_bytes.activations == 32 * layer + 4 * SBH
     # uneven split: ceil(30 / 4) = 8 layers on the first stage
     u = size_training(req(params=7e9, layers=30, pp=4, **ACT))
-    assert u.per_gpu_bytes.activations == 8 * 4 * 956_301_312
+    assert u.per_gpu_bytes.activations == 8 * 4 * layer + 4 * SBH
+    # a large vocabulary makes the last stage (one micro-batch, the logits) the most loaded
+    big_vocab = 512_000
+    last = size_training(req(params=7e9, layers=32, pp=4, vocab_size=big_vocab, **ACT))
+    assert last.activation is not None and last.activation.stage == "last"
+    assert last.per_gpu_bytes.activations == 8 * layer + 4 * SBH  # final layer-norm and LM-head inputs
+    assert last.per_gpu_bytes.logits == 12 * 2048 * big_vocab
     t = size_training(req(params=7e9, layers=32, tp=8, **ACT))
-    assert t.per_gpu_bytes.activations == 32 * 192_937_984
+    assert t.per_gpu_bytes.activations == 32 * math.ceil(per_layer(tp=8)) + EMBEDDING_OUTPUT
 
 
-def test_fp32_activations_doubled() -> None:
-    r = size_training(req(params=1e9, precision="fp32", layers=2, **ACT))
-    assert r.per_gpu_bytes.activations == 2 * 2 * 956_301_312
+def test_autocast_weight_copies_per_microbatch_in_flight() -> None:
+    psi = 7e9 / 4
+    base = size_training(req(params=7e9, layers=32, pp=4, **ACT))
+    amp = size_training(req(params=7e9, layers=32, pp=4, autocast=True, **ACT))
+    assert amp.activation is not None and base.activation is not None
+    assert amp.activation.weight_copy_bytes == 2 * psi * 4
+    assert base.activation.weight_copy_bytes == 0
+    # fp32 residual stream: two layer-norm inputs per layer (+4 sbh) on 32 layers' worth
+    assert amp.activation.layers_bytes - base.activation.layers_bytes == 32 * 4 * SBH
+    # ZeRO-3 shards the fp32 weights, not the 16-bit copies the graph holds
+    z3 = size_training(req(params=7e9, layers=32, pp=4, autocast=True, zero=3, dp=8, **ACT))
+    assert z3.per_gpu_bytes.activations == amp.per_gpu_bytes.activations
+
+
+def test_math_attention_outweighs_flash() -> None:
+    flash = size_training(req(params=1e9, layers=4, **ACT))
+    math_path = size_training(req(params=1e9, layers=4, attention="math", **ACT))
+    assert math_path.per_gpu_bytes.activations - flash.per_gpu_bytes.activations == 4 * (
+        math.ceil(per_layer(attention="math")) - math.ceil(per_layer())
+    )
 
 
 def test_checkpointing_reduces_memory() -> None:
     full = size_training(req(params=7e9, layers=32, **ACT))
     ckpt = size_training(req(params=7e9, layers=32, activation_checkpointing=True, **ACT))
-    assert ckpt.per_gpu_bytes.activations == 32 * 2 * SBH
+    assert ckpt.per_gpu_bytes.activations == 32 * 2 * SBH + EMBEDDING_OUTPUT
     assert ckpt.per_gpu_bytes.activations < full.per_gpu_bytes.activations
     assert ckpt.per_gpu_bytes.total < full.per_gpu_bytes.total
     assert ckpt.per_gpu_bytes.model_states == full.per_gpu_bytes.model_states
@@ -146,10 +233,29 @@ def test_checkpointing_reduces_memory() -> None:
 def test_checkpointing_without_heads_is_allowed() -> None:
     shape = {"seq_len": 2048, "micro_batch": 1, "hidden_size": 4096, "layers": 4}
     r = size_training(req(params=1e9, activation_checkpointing=True, **shape))
-    assert r.per_gpu_bytes.activations == 4 * 2 * SBH
+    assert r.per_gpu_bytes.activations == 4 * 2 * SBH + EMBEDDING_OUTPUT
+
+
+def test_assumptions_name_what_was_assumed() -> None:
+    bare = size_training(req(params=1e9))
+    assert any("activations not counted" in a for a in bare.assumptions)
+    assert any("1 GiB" in a for a in bare.assumptions)
+    flash = size_training(req(params=1e9, layers=4, **ACT))
+    assert any(a.startswith("attention flash") for a in flash.assumptions)
+    assert any("logits not counted" in a for a in flash.assumptions)
+    math_path = size_training(req(params=1e9, layers=4, vocab_size=32000, attention="math", **ACT))
+    assert any(a.startswith("attention math") for a in math_path.assumptions)
+    assert any(a.startswith("logits: loss in fp32") for a in math_path.assumptions)
 
 
 # --- fitting, min_gpus ---------------------------------------------------------------------------------
+
+
+def test_overhead_counts_when_fitting() -> None:
+    # 4.8e9 * 16 = 76.8e9 B fits 80 GiB * 0.9 = 77.3e9 B on its own, not with the 1 GiB overhead
+    r = size_training(req(params=4.8e9, gpu_memory_gib=80))
+    assert r.per_gpu_bytes.model_states <= r.usable_bytes_per_gpu
+    assert r.fits_target is False and r.min_dp is None
 
 
 def test_fits_and_min_gpus() -> None:
@@ -203,8 +309,26 @@ def test_json_shape() -> None:
     r = size_training(req(params=7.5e9, dp=64, zero=1, gpu_memory_gib=80))
     d = r.to_json_dict()
     json.dumps(d)
-    assert set(d["per_gpu_bytes"]) == {"params", "grads", "optimizer", "model_states", "activations", "total"}
-    for key in ("params_per_gpu", "world_size", "min_gpus", "min_dp", "fits_target", "bytes_per_param"):
+    assert list(d["per_gpu_bytes"]) == [
+        "params",
+        "grads",
+        "optimizer",
+        "model_states",
+        "activations",
+        "logits",
+        "overhead",
+        "total",
+    ]
+    keys = (
+        "params_per_gpu",
+        "world_size",
+        "min_gpus",
+        "min_dp",
+        "fits_target",
+        "bytes_per_param",
+        "assumptions",
+    )
+    for key in keys:
         assert key in d
     assert d == r.model_dump()  # all plain JSON types already
 
@@ -262,8 +386,8 @@ def test_smallest_node_type() -> None:
 
 
 def test_headroom_matters() -> None:
-    # 1.4e9 * 16 = 22.4e9 B = 20.86 GiB: fits 24 GiB at 10% headroom (21.6), not at 20% (19.2)
-    r = size_training(req(params=1.4e9, headroom=0.2))
+    # 1.3e9 * 16 + 1 GiB overhead = 21.87e9 B = 20.37 GiB: fits 24 GiB at 10% headroom (21.6), not at 20%
+    r = size_training(req(params=1.3e9, headroom=0.2))
     best = smallest_node_type(r, CATALOG)
     assert best is not None and best.name == "mid.1x48"
     best_lo = smallest_node_type(r, CATALOG, headroom=0.1)
@@ -310,6 +434,11 @@ def test_nodes_needed_and_plan() -> None:
         ({"params": 1e9, "optimizer": "adafactor"}, "optimizer"),
         ({"params": 1e9, "seq_len": 2048, "hidden_size": 4096}, "partially given"),
         ({"params": 1e9, "num_heads": 32}, "num_heads given without"),
+        ({"params": 1e9, "vocab_size": 32000}, "vocab_size given without"),
+        ({"params": 1e9, "autocast": True, "precision": "fp32"}, "autocast computes in bf16 or fp16"),
+        ({"params": 1e9, "autocast": True, "precision": "fp8"}, "precision must be bf16 or fp16"),
+        ({"params": 1e9, "layers": 4, "attention": "sparse", **ACT}, "attention"),
+        ({"params": 1e9, "layers": 4, "vocab_size": 0, **ACT}, "greater than 0"),
         ({"params": 1e9, "activation_checkpointing": True}, "activation_checkpointing needs"),
         (
             {"params": 1e9, "seq_len": 2048, "micro_batch": 1, "hidden_size": 4096, "layers": 4},
@@ -327,3 +456,60 @@ def test_nodes_needed_and_plan() -> None:
 def test_validation_errors(kw: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         TrainingSizingRequest(**kw)
+
+
+# --- the size command ----------------------------------------------------------------------------------
+
+ISSUE_SHAPE = [
+    "--params", "875466752", "--autocast", "--optimizer", "adamw", "--seq-len", "2048", "--micro-batch", "4",
+    "--hidden", "2048", "--layers", "16", "--heads", "16", "--vocab", "32000",
+]  # fmt: skip
+
+
+def run_size(*args: str) -> str:
+    app = typer.Typer()
+    app.command()(size)
+    result = CliRunner().invoke(app, list(args), env={"NO_COLOR": "1"})
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_size_command_prints_breakdown_and_assumptions() -> None:
+    text = run_size(*ISSUE_SHAPE)  # attention defaults to flash
+    for part in ("model_states", "activations", "logits", "overhead", "total", "Assumptions:"):
+        assert part in text
+    assert "attention flash" in text and "30.30 GB" in text  # the total of the flash row
+    assert "70.56 GB" in run_size(*ISSUE_SHAPE, "--attention", "math")
+
+
+def test_size_json_carries_the_same_breakdown() -> None:
+    data = json.loads(run_size(*ISSUE_SHAPE, "--attention", "math", "--no-dropout", "--json"))
+    per_gpu = data["per_gpu_bytes"]
+    assert per_gpu["total"] == sum(per_gpu[k] for k in ("model_states", "activations", "logits", "overhead"))
+    assert data["activation"]["attention"] == "math" and data["activation"]["dropout"] is False
+    assert (
+        data["assumptions"]
+        == size_training(
+            req(
+                params=875466752,
+                autocast=True,
+                optimizer="adamw",
+                seq_len=2048,
+                micro_batch=4,
+                hidden_size=2048,
+                layers=16,
+                num_heads=16,
+                vocab_size=32000,
+                attention="math",
+                dropout=False,
+            )
+        ).assumptions
+    )
+
+
+def test_size_command_names_the_bad_flag() -> None:
+    with pytest.raises(SpecError, match=r"flags\.attention"):
+        sizing({"params": 1e9, "seq_len": 2048, "micro_batch": 1, "hidden_size": 4096, "layers": 2,
+                "num_heads": 32, "attention": "flash2"})  # fmt: skip
+    with pytest.raises(SpecError, match="autocast"):
+        sizing({"params": 1e9, "precision": "fp32", "autocast": True})

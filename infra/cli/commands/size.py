@@ -6,12 +6,21 @@ from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
+from rich.console import Console
 
 from infra.cli import output
 from infra.cli.stack_options import JsonFlag
 from infra.data.load import catalog
 from infra.errors import SpecError
-from infra.sizing import GB, Optimizer, Precision, TrainingSizingRequest, plan_nodes, size_training
+from infra.sizing import (
+    GB,
+    Attention,
+    Optimizer,
+    Precision,
+    TrainingSizingRequest,
+    plan_nodes,
+    size_training,
+)
 from infra.spec.errors import spec_error_from_validation
 
 
@@ -38,6 +47,22 @@ def _gb(value: float) -> str:
     return f"{value / GB:,.2f} GB"
 
 
+def _print_activations(console: Console, detail: dict[str, Any]) -> None:
+    layers = (
+        f"layers ({detail['layers_per_stage']} x {_gb(detail['bytes_per_layer'])}"
+        f" x {detail['microbatches_in_flight']} micro-batch(es))"
+    )
+    rows = [
+        [layers, _gb(detail["layers_bytes"])],
+        ["embedding and output-layer inputs", _gb(detail["embedding_output_bytes"])],
+        ["16-bit weight copies (autocast)", _gb(detail["weight_copy_bytes"])],
+        ["logits kept (fp32)", _gb(detail["logits_kept_bytes"])],
+        ["logits, start of backward (fp32)", _gb(detail["logits_backward_bytes"])],
+    ]
+    title = f"Activations and logits, {detail['stage']} pipeline stage, attention {detail['attention']}"
+    console.print(output.table(title, ["part", "bytes"], rows))
+
+
 def size(
     params: Annotated[float, typer.Option(help="parameter count, e.g. 7.5e9")],
     dp: Annotated[int, typer.Option(help="data-parallel degree")] = 1,
@@ -46,18 +71,27 @@ def size(
     zero: Annotated[int, typer.Option(help="ZeRO stage 0-3")] = 0,
     precision: Annotated[str, typer.Option(help="fp32 | bf16 | fp16 | fp8")] = "bf16",
     optimizer: Annotated[str, typer.Option(help="adam | adamw | sgd-momentum | sgd")] = "adam",
+    autocast: Annotated[
+        bool, typer.Option(help="PyTorch autocast: fp32 weights, bf16/fp16 compute (HF Trainer, Lightning)")
+    ] = False,
     seq_len: Annotated[int | None, typer.Option(help="sequence length (activations)")] = None,
     micro_batch: Annotated[int | None, typer.Option(help="micro-batch size (activations)")] = None,
     hidden: Annotated[int | None, typer.Option(help="hidden size (activations)")] = None,
     layers: Annotated[int | None, typer.Option(help="transformer layers (activations)")] = None,
     heads: Annotated[int | None, typer.Option(help="attention heads (activations)")] = None,
+    vocab: Annotated[int | None, typer.Option(help="vocabulary size (fp32 logits)")] = None,
+    attention: Annotated[
+        str, typer.Option(help="flash (fused kernel, the default) | math (materialised attention matrix)")
+    ] = "flash",
+    dropout: Annotated[bool, typer.Option(help="dropout layers present (masks kept)")] = True,
     checkpointing: Annotated[bool, typer.Option(help="full activation checkpointing")] = False,
     gpu_memory: Annotated[float | None, typer.Option(help="GPU memory to fit, GiB")] = None,
     json_output: JsonFlag = False,
 ) -> None:
-    """Size GPU memory for training (ZeRO formulas, Rajbhandari et al. 2020) and pick a node type."""
+    """Size GPU memory for training (ZeRO, Korthikanti et al., FlashAttention) and pick a node type."""
     precision_value: Precision = precision  # type: ignore[assignment]  # validated by the model
     optimizer_value: Optimizer = optimizer  # type: ignore[assignment]
+    attention_value: Attention = attention  # type: ignore[assignment]
     data = sizing(
         {
             "params": params,
@@ -67,11 +101,15 @@ def size(
             "zero": zero,
             "precision": precision_value,
             "optimizer": optimizer_value,
+            "autocast": autocast,
             "seq_len": seq_len,
             "micro_batch": micro_batch,
             "hidden_size": hidden,
             "layers": layers,
             "num_heads": heads,
+            "vocab_size": vocab,
+            "attention": attention_value,
+            "dropout": dropout,
             "activation_checkpointing": checkpointing,
             "gpu_memory_gib": gpu_memory,
         }
@@ -81,12 +119,16 @@ def size(
         return
     per_gpu = data["per_gpu_bytes"]
     console = output.stdout()
-    console.print(
-        f"{params:.3g} parameters, {precision}/{optimizer}, dp={dp} tp={tp} pp={pp}, ZeRO stage {zero}"
-    )
+    weights = f"{precision}/{optimizer}" + (" under autocast" if autocast else "")
+    console.print(f"{params:.3g} parameters, {weights}, dp={dp} tp={tp} pp={pp}, ZeRO stage {zero}")
     console.print(
         output.table("Memory per GPU", ["part", "bytes"], [[k, _gb(v)] for k, v in per_gpu.items()])
     )
+    if data["activation"]:
+        _print_activations(console, data["activation"])
+    console.print("Assumptions:")
+    for assumption in data["assumptions"]:
+        console.print(f"  - {assumption}")
     plan = data["node_plan"]
     if plan:
         console.print(
