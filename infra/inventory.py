@@ -63,6 +63,13 @@ def shared_fs_vars(platform: ResolvedPlatform) -> dict[str, Any]:
     }
 
 
+def kubernetes_node_vars() -> dict[str, Any]:
+    """Role settings of hosts that are Kubernetes nodes: the kubelet (not slurmd) waits for the shared
+    filesystem, and containerd runs containers with the NVIDIA runtime by default, which the GPU
+    Operator's device plugin needs when the toolkit is installed on the host (infra/k8s/operators.py)."""
+    return {"shared_fs_required_by": ["kubelet.service"], "container_runtime_set_as_default": True}
+
+
 def platform_vars(platform: ResolvedPlatform) -> dict[str, Any]:
     spec = platform.spec
     sw = platform.software
@@ -82,11 +89,13 @@ def platform_vars(platform: ResolvedPlatform) -> dict[str, Any]:
         "nccl_version": sw.nccl,
         "nccl_cuda_version": sw.nccl_cuda_build,
         "nccl_ib_gid_index": spec.fabric.roce_gid_index,
-        **slurm_vars(platform),
+        **(slurm_vars(platform) if spec.scheduler.kind == "slurm" else {}),
         **shared_fs_vars(platform),
     }
     if spec.region:
         values["gpuplat_region"] = spec.region
+    if spec.scheduler.kind == "kueue":
+        values |= kubernetes_node_vars()
     if spec.fabric.socket_interface:
         values["nccl_socket_ifname"] = spec.fabric.socket_interface
     if spec.fabric.ib_hca:
@@ -126,6 +135,12 @@ def role_group_members(platform: ResolvedPlatform) -> dict[str, list[str]]:
     members["gpu_nodes"] = [
         pool_group(p.name) for p in platform.pools if p.role in ("train", "infer") and p.gpus_per_node > 0
     ]
+    if platform.spec.scheduler.kind == "kueue":
+        # Kubernetes schedules, serves and monitors: the hosts get their node software and the shared
+        # filesystem (the pods' PersistentVolume is the host's mount), nothing of Slurm or the
+        # host-level serving stack.
+        members["kubernetes_gpu_nodes"] = list(members["gpu_nodes"])
+        return {group: pools for group, pools in members.items() if pools}
     members["slurm_controller"] = [pool_group(platform.controller_pool.name)]
     members["slurm_compute"] = [pool_group(p.name) for p in platform.pools_with_role("train")]
     members["monitoring"] = [pool_group(platform.controller_pool.name)]

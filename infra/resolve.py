@@ -181,6 +181,8 @@ def resolve(spec: PlatformSpec, source: Path) -> ResolvedPlatform:
                 serving_pool.node_type,
                 simulated=serving_pool.simulated,
                 path=f"{CONFIG_KEY}.serving",
+                multi_node=spec.scheduler.kind == "kueue",
+                pool_nodes=serving_pool.spec.max_nodes,
             )
             problems += layout_problems
     if problems or software is None:

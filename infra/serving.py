@@ -10,10 +10,17 @@ gpu_memory_fraction of each GPU, so a degree fits when
 The degree is the smallest power of two that fits and divides the node's GPU count; the node then
 runs gpus / tp replicas, replica i on GPUs [i*tp, (i+1)*tp) and on port base + i. Engines that do
 not use GPUs (cpu-reference) and nodes whose GPUs are simulated run one replica without devices.
+
+A model too large for one node runs across several where the platform can launch a replica on a group
+of nodes (Kubernetes: a LeaderWorkerSet): tensor parallel over the node's GPUs, pipeline parallel over
+the smallest number of nodes it fits, as vLLM's guide to distributed serving prescribes
+(https://github.com/vllm-project/vllm/blob/main/docs/serving/parallelism_scaling.md, "Multi-node
+multi-GPU"). The Slurm roles run one node per replica and keep refusing such a model.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from infra.data.models import NodeType
@@ -23,6 +30,15 @@ from infra.spec.models import Serving
 # Per-GPU memory vLLM uses besides weights and KV cache (CUDA context, CUDA graphs, activations):
 # an estimate, conservative for models up to ~70B at the default max batch.
 OVERHEAD_GIB_PER_GPU = 2.0
+
+# How long a replica may take to start, before it counts as failed. Reading the weights is bounded by a
+# worst-case sustained read of one replica (a single stream from a shared filesystem under training
+# load, or from the object store); the engine's own start (torch.compile, CUDA graph capture, KV-cache
+# profiling, a multi-node group's Ray cluster) adds a fixed time. Both are estimates, not measurements:
+# a budget set too long only delays noticing a replica that hangs.
+WORST_CASE_LOAD_MIB_PER_S = 250
+ENGINE_START_S = 600
+MIN_STARTUP_BUDGET_S = 20 * 60
 
 Problem = tuple[str, str]
 
@@ -35,26 +51,105 @@ class ServingLayout:
     """CUDA_VISIBLE_DEVICES of each replica ("" where the engine uses no GPU)."""
     gib_per_gpu: float | None
     """Memory one GPU of a replica needs (None where the model size is not given)."""
+    nodes: int = 1
+    """Nodes one replica spans; above 1 the replica is pipeline parallel over them, tensor parallel over
+    every GPU of each node (replicas and devices then describe each node of the group)."""
+
+    @property
+    def pipeline_parallel(self) -> int:
+        return self.nodes
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.tensor_parallel * self.nodes
 
     def ports(self, base: int) -> list[int]:
         return [base + i for i in range(self.replicas)]
 
 
-def replica_gib_per_gpu(serving: Serving, tensor_parallel: int) -> float | None:
+def weights_gib(serving: Serving) -> float | None:
     if serving.model_params_b is None:
         return None
-    weights_gib = serving.model_params_b * 1e9 * serving.weight_bytes_per_param / GIB
-    return (weights_gib + serving.kv_cache_gib) / tensor_parallel + OVERHEAD_GIB_PER_GPU
+    return serving.model_params_b * 1e9 * serving.weight_bytes_per_param / GIB
+
+
+def replica_gib_per_gpu(serving: Serving, gpus: int) -> float | None:
+    """Memory each of a replica's `gpus` GPUs needs (tensor x pipeline parallel)."""
+    weights = weights_gib(serving)
+    if weights is None:
+        return None
+    return (weights + serving.kv_cache_gib) / gpus + OVERHEAD_GIB_PER_GPU
+
+
+def startup_budget_s(serving: Serving, layout: ServingLayout, node_type: NodeType) -> int:
+    """Seconds a replica may take from start to serving: its weights at the worst-case read rate plus
+    the engine's start, at least 20 minutes. Without a model size, the weights are taken as large as
+    the replica's GPUs could hold (their usable memory), an upper bound."""
+    weights = weights_gib(serving)
+    if weights is None:
+        usable = node_type.gpu_memory_gib * serving.gpu_memory_fraction
+        weights = usable * layout.gpus_per_replica
+    read_s = weights * 1024 / WORST_CASE_LOAD_MIB_PER_S
+    return max(MIN_STARTUP_BUDGET_S, math.ceil(read_s + ENGINE_START_S))
 
 
 def _powers_of_two_dividing(count: int) -> list[int]:
     return [tp for tp in (1 << k for k in range(count.bit_length())) if count % tp == 0]
 
 
-def serving_layout(
-    serving: Serving, node_type: NodeType, *, simulated: bool, path: str
+def _multi_node_layout(
+    serving: Serving, node_type: NodeType, usable: float, pool_nodes: int, path: str
 ) -> tuple[ServingLayout | None, list[Problem]]:
-    """The replica layout of one node of the serving pool, or the problems (path: the spec's serving)."""
+    """Tensor parallel over each node's GPUs, pipeline parallel over the fewest nodes the model fits."""
+    gpus = node_type.gpu_count
+    nodes = next(
+        (n for n in range(2, pool_nodes + 1) if (replica_gib_per_gpu(serving, gpus * n) or 0.0) <= usable),
+        None,
+    )
+    if nodes is None:
+        need = replica_gib_per_gpu(serving, gpus * pool_nodes) or 0.0
+        return None, [
+            (
+                f"{path}.model_params_b",
+                f"a {serving.model_params_b}B-parameter model (+ {serving.kv_cache_gib} GiB KV cache) "
+                f"does not fit even all {pool_nodes} {node_type.name} nodes of pool {serving.pool!r}: "
+                f"{need:.1f} GiB per GPU over their {gpus * pool_nodes} GPUs, {usable:.1f} GiB usable; add "
+                "nodes to the pool, use a node type with more GPU memory or a smaller model",
+            )
+        ]
+    if serving.max_replicas * nodes > pool_nodes:
+        return None, [
+            (
+                f"{path}.max_replicas",
+                f"{serving.max_replicas} replicas of {nodes} {node_type.name} nodes each (the "
+                f"{serving.model_params_b}B-parameter model spans {nodes} nodes) need "
+                f"{serving.max_replicas * nodes} nodes; pool {serving.pool!r} has {pool_nodes}: set "
+                f"max_replicas to at most {pool_nodes // nodes} or add nodes to the pool",
+            )
+        ]
+    layout = ServingLayout(
+        tensor_parallel=gpus,
+        replicas=1,
+        devices=(",".join(str(g) for g in range(gpus)),),
+        gib_per_gpu=replica_gib_per_gpu(serving, gpus * nodes),
+        nodes=nodes,
+    )
+    return layout, []
+
+
+def serving_layout(
+    serving: Serving,
+    node_type: NodeType,
+    *,
+    simulated: bool,
+    path: str,
+    multi_node: bool = False,
+    pool_nodes: int = 1,
+) -> tuple[ServingLayout | None, list[Problem]]:
+    """The replica layout of one node of the serving pool, or the problems (path: the spec's serving).
+
+    multi_node: a replica may span several nodes of the pool (pool_nodes: its most nodes) where it does
+    not fit one."""
     gpus = node_type.gpu_count
     if serving.engine != "vllm" or simulated or gpus == 0:
         return ServingLayout(tensor_parallel=1, replicas=1, devices=("",), gib_per_gpu=None), []
@@ -72,6 +167,8 @@ def serving_layout(
             ]
         need = replica_gib_per_gpu(serving, tp)
         if need is not None and need > usable:
+            if multi_node and tp == gpus:
+                return _multi_node_layout(serving, node_type, usable, pool_nodes, path)
             return None, [
                 (
                     f"{path}.tensor_parallel",
@@ -82,6 +179,8 @@ def serving_layout(
             ]
     else:
         fitting = [d for d in degrees if (replica_gib_per_gpu(serving, d) or 0.0) <= usable]
+        if not fitting and multi_node:
+            return _multi_node_layout(serving, node_type, usable, pool_nodes, path)
         if not fitting:
             need = replica_gib_per_gpu(serving, gpus) or 0.0
             return None, [

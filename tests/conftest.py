@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
+from infra.k8s.facts import ClusterFacts, SharedVolume
 from infra.resolve import ResolvedPlatform, load_platform
 from infra.spec.load import CONFIG_KEY, stack_file
 
@@ -34,4 +35,18 @@ def write_stack(tmp_path: Path) -> Callable[..., Path]:
 
 @pytest.fixture(scope="session")
 def shipped_platforms() -> dict[str, ResolvedPlatform]:
-    return {name: load_platform(stack_file(name)) for name in ("local", "aws-prod", "onprem")}
+    return {
+        name: load_platform(stack_file(name))
+        for name in ("local", "aws-prod", "onprem", "aws-k8s", "onprem-k8s")
+    }
+
+
+def fsx_facts(cluster_name: Any = "aws-k8s") -> ClusterFacts:
+    """What an EKS stack knows of its cluster once AWS created it (an FSx file system, the cluster name)."""
+    volume = SharedVolume(
+        "fsx-csi",
+        "/fsx",
+        48,
+        {"file_system_id": "fs-0123456789abcdef0", "dns_name": "fs-0123.fsx.example", "mount_name": "abcdef"},
+    )
+    return ClusterFacts(shared_volume=volume, cluster_name=cluster_name, region="us-east-1")

@@ -1,6 +1,8 @@
 """Backends without cloud resources: `onprem` (existing hosts) and `local` (podman containers).
 
-Each pool becomes a component that carries its node list as outputs; Ansible does the rest.
+Each pool becomes a component that carries its node list as outputs; Ansible does the rest. With
+scheduler.kind kueue the hosts are the nodes of an existing Kubernetes cluster, which gets the
+Kubernetes layer (infra/k8s) through the stack's kubeconfig.
 """
 
 from __future__ import annotations
@@ -33,4 +35,9 @@ class HostBackend:
         pools = {pool.name: HostPool(pool.name, self.backend, pool) for pool in platform.pools}
         outputs = common_outputs(platform)
         outputs["hosts"] = {name: component.hosts for name, component in pools.items()}
+        if platform.spec.scheduler.kind == "kueue":
+            from infra.k8s.facts import host_path_facts
+            from infra.k8s.resources import declare_layer, existing_cluster_provider
+
+            outputs |= declare_layer(platform, existing_cluster_provider(platform), host_path_facts(platform))
         return outputs

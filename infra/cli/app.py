@@ -10,6 +10,7 @@ from infra.cli import output
 from infra.cli.commands.check import check
 from infra.cli.commands.inventory import inventory
 from infra.cli.commands.lifecycle import down, scale, status, up
+from infra.cli.commands.manifests import manifests
 from infra.cli.commands.plan import plan
 from infra.cli.commands.size import size
 from infra.cli.commands.stacks import stacks
@@ -32,6 +33,7 @@ app.command()(up)
 app.command()(down)
 app.command()(status)
 app.command()(scale)
+app.command()(manifests)
 
 
 def main() -> None:

@@ -104,10 +104,18 @@ class _Mocks(pulumi.runtime.Mocks):
         if args.typ == "aws:fsx/lustreFileSystem:LustreFileSystem":
             state.setdefault("dnsName", f"{resource_id}.fsx.mock.amazonaws.com")
             state.setdefault("mountName", "mockmnt")
+        if args.typ == "aws:ec2/launchTemplate:LaunchTemplate":
+            state.setdefault("latestVersion", 1)
         if args.typ == "aws:lb/loadBalancer:LoadBalancer":
             state.setdefault("dnsName", f"{resource_id}.elb.mock.amazonaws.com")
         if args.typ == "aws:s3/bucket:Bucket":
             state.setdefault("bucket", args.inputs.get("bucketPrefix", args.name) + "mock")
+        if args.typ == "aws:eks/cluster:Cluster":
+            state.setdefault("endpoint", f"https://{resource_id}.eks.mock.amazonaws.com")
+            state.setdefault("certificateAuthority", {"data": "bW9jay1jbHVzdGVyLWNh"})  # "mock-cluster-ca"
+            state["vpcConfig"] = {**state.get("vpcConfig", {}), "clusterSecurityGroupId": f"{resource_id}-sg"}
+        if args.typ == "aws:eks/nodeGroup:NodeGroup":
+            state.setdefault("nodeGroupName", args.name)
         return resource_id, state
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:  # type: ignore[override]

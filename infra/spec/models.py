@@ -192,7 +192,13 @@ class Team(_Model):
 
 
 class Scheduler(_Model):
-    kind: Literal["slurm"] = "slurm"
+    kind: Literal["slurm", "kueue"] = Field(
+        "slurm",
+        description=(
+            "slurm: Slurm on the nodes (partitions, QoS, accounting); kueue: Kubernetes with Kueue queues "
+            "per team (needs the kubernetes section)"
+        ),
+    )
     controller_pool: Name | None = Field(None, description="service pool hosting slurmctld; default: first")
     teams: list[Team] = Field(min_length=1)
     spot_preempt_mode: Literal["requeue", "cancel"] = "requeue"
@@ -212,6 +218,45 @@ class Scheduler(_Model):
         ),
     )
     default_time_limit: str = Field("24:00:00", pattern=r"^\d+:\d{2}:\d{2}$")
+
+
+KubernetesDistribution = Literal["eks", "existing"]
+
+
+class Kubernetes(_Model):
+    distribution: KubernetesDistribution = Field(
+        description="eks: the platform creates an EKS cluster (backend aws); existing: a cluster you run "
+        "(backend onprem), reached through kubeconfig and context"
+    )
+    version: str = Field(
+        "1.34",
+        pattern=r"^1\.\d{2}$",
+        description="Kubernetes minor version: the EKS cluster's, or the one the existing cluster runs "
+        "(objects are checked against its API)",
+    )
+    kubeconfig: str | None = Field(
+        None, description="existing: kubeconfig file; default: $KUBECONFIG, else ~/.kube/config"
+    )
+    context: str | None = Field(None, description="existing: kubeconfig context; default: the current one")
+    autoscaler: Literal["cluster-autoscaler", "none"] | None = Field(
+        None,
+        description="who adds and removes nodes of elastic pools; default: cluster-autoscaler on eks, "
+        "none on an existing cluster (its nodes are the listed hosts)",
+    )
+    admin_arns: list[Annotated[str, Field(pattern=r"^arn:aws[a-z-]*:(iam|sts)::\d{12}:.+")]] = Field(
+        default_factory=list,
+        description="eks: IAM users or roles that get cluster admin through EKS access entries",
+    )
+    serving_namespace: Name = Field("serving", description="namespace of the model servers and gateway")
+
+    @property
+    def scaler(self) -> str:
+        if self.autoscaler is not None:
+            return self.autoscaler
+        return "cluster-autoscaler" if self.distribution == "eks" else "none"
+
+
+_DISTRIBUTION_BACKEND: dict[str, str] = {"eks": "aws", "existing": "onprem"}
 
 
 class Serving(_Model):
@@ -308,6 +353,7 @@ class PlatformSpec(_Model):
     pools: list[NodePool] = Field(min_length=1)
     storage: Storage
     scheduler: Scheduler
+    kubernetes: Kubernetes | None = None
     serving: Serving | None = None
     software: Software = Field(default_factory=Software)
     aws: AwsSettings = Field(default_factory=AwsSettings)
@@ -338,7 +384,9 @@ class PlatformSpec(_Model):
                     f"serving.max_replicas ({self.serving.max_replicas}) exceeds the nodes of pool "
                     f"{target.name!r} ({target.max_nodes})"
                 )
-        self._check_controllers(by_name)
+        self._check_kubernetes()
+        if self.scheduler.kind == "slurm":
+            self._check_controllers(by_name)
         self._check_parallel_fs()
         for pool in self.pools:
             self._check_zone(pool)
@@ -351,6 +399,44 @@ class PlatformSpec(_Model):
             if self.backend == "local" and pool.capacity == "reserved":
                 raise ValueError(f"pool {pool.name!r}: capacity reservations exist only on aws")
         return self
+
+    def _check_kubernetes(self) -> None:
+        k8s = self.kubernetes
+        if self.scheduler.kind == "kueue" and k8s is None:
+            raise ValueError(
+                "scheduler.kind kueue runs on Kubernetes: add a kubernetes section (distribution: eks on "
+                "backend aws, existing on backend onprem)"
+            )
+        if k8s is None:
+            return
+        if self.scheduler.kind != "kueue":
+            raise ValueError(
+                "kubernetes: the section drives the Kueue platform; set scheduler.kind: kueue, or drop the "
+                "section to keep Slurm"
+            )
+        wanted = _DISTRIBUTION_BACKEND[k8s.distribution]
+        if self.backend != wanted:
+            allowed = ", ".join(f"{d} on backend {b}" for d, b in _DISTRIBUTION_BACKEND.items())
+            raise ValueError(
+                f"kubernetes.distribution {k8s.distribution!r} does not run on backend {self.backend} "
+                f"(allowed: {allowed}; the local backend runs Slurm only)"
+            )
+        if k8s.distribution != "existing" and (k8s.kubeconfig or k8s.context):
+            raise ValueError(
+                "kubernetes.kubeconfig and kubernetes.context reach an existing cluster; an eks cluster's "
+                "access comes from the cluster the platform creates"
+            )
+        if k8s.distribution == "existing" and k8s.autoscaler == "cluster-autoscaler":
+            raise ValueError(
+                "kubernetes.autoscaler cluster-autoscaler scales EKS node groups; an existing cluster's "
+                "nodes are the listed hosts: use none"
+            )
+        if k8s.distribution != "eks" and k8s.admin_arns:
+            raise ValueError("kubernetes.admin_arns are EKS access entries; give them with distribution eks")
+        if self.scheduler.high_availability:
+            raise ValueError(
+                "scheduler.high_availability pairs Slurm controllers; Kubernetes runs its own control plane"
+            )
 
     def _check_controllers(self, by_name: dict[str, NodePool]) -> None:
         wanted = self.scheduler.controller_pool

@@ -64,7 +64,7 @@ def inventory_variables(platform: ResolvedPlatform) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("stack", ["local", "aws-prod", "onprem"])
+@pytest.mark.parametrize("stack", ["local", "aws-prod", "onprem", "onprem-k8s"])
 def test_every_inventory_variable_reaches_a_role(
     stack: str, shipped_platforms: dict[str, ResolvedPlatform]
 ) -> None:

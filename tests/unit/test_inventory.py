@@ -28,8 +28,22 @@ def test_local_inventory_groups_and_vars(shipped_platforms: dict[str, ResolvedPl
 
 def test_inference_pools_are_not_partitions(shipped_platforms: dict[str, ResolvedPlatform]) -> None:
     for platform in shipped_platforms.values():
+        if platform.spec.scheduler.kind != "slurm":
+            continue
         partitions = platform_vars(platform)["slurm_partitions"]
         assert {p["pool"] for p in partitions} == {p.name for p in platform.pools_with_role("train")}
+
+
+def test_kueue_stacks_get_no_slurm_and_mount_the_shared_fs_before_the_kubelet(
+    shipped_platforms: dict[str, ResolvedPlatform],
+) -> None:
+    platform = shipped_platforms["onprem-k8s"]
+    values = platform_vars(platform)
+    assert not [name for name in values if name.startswith("slurm_")]
+    assert values["shared_fs_required_by"] == ["kubelet.service"]
+    groups = inventory_documents(platform)["hosts.yml"]["all"]["children"]
+    assert not {"slurm_controller", "slurm_compute", "inference_server", "monitoring"} & set(groups)
+    assert set(groups["kubernetes_gpu_nodes"]["children"]) == {"pool_train", "pool_infer"}
 
 
 def test_spot_partition_requeues(shipped_platforms: dict[str, ResolvedPlatform]) -> None:

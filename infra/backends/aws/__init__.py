@@ -1,5 +1,6 @@
 """AWS backend: network, identities, storage, the node bootstrap and the node pools, from one resolved
-platform. How nodes boot and join: infra/backends/aws/bootstrap.py; who launches them: node_pool.py."""
+platform. How nodes boot and join: infra/backends/aws/bootstrap.py; who launches them: node_pool.py.
+With scheduler.kind kueue the pools are an EKS cluster's node groups instead (infra/backends/aws/eks.py)."""
 
 from __future__ import annotations
 
@@ -83,36 +84,73 @@ def elastic_pools(
     )
 
 
+def _network(platform: ResolvedPlatform, tags: dict[str, str]) -> GpuNetwork:
+    spec = platform.spec
+    assert spec.region is not None  # enforced by the spec
+    return GpuNetwork(
+        platform.name,
+        NetworkArgs(
+            cidr=spec.aws.vpc_cidr,
+            region=spec.region,
+            zones=list(spec.zones),
+            gateway_port=spec.aws.gateway_port,
+            model_server_port=spec.aws.model_server_port,
+            tags=tags,
+        ),
+    )
+
+
+def _object_store(
+    platform: ResolvedPlatform, tags: dict[str, str], platform_buckets: tuple[BucketArgs, ...]
+) -> ObjectStore:
+    """The stack's buckets, and those the platform itself needs (`platform_buckets`)."""
+    return ObjectStore(
+        f"{platform.name}-objects",
+        ObjectStoreArgs(
+            stack=platform.name,
+            buckets=[
+                *(
+                    BucketArgs(b.purpose, b.noncurrent_retention_days)
+                    for b in platform.spec.storage.object_store.buckets
+                ),
+                *platform_buckets,
+            ],
+            tags=tags,
+        ),
+    )
+
+
+def _filesystem(
+    platform: ResolvedPlatform, network: GpuNetwork, store: ObjectStore, tags: dict[str, str]
+) -> ParallelFilesystem | None:
+    layout = platform.lustre_layout
+    if layout is None:
+        return None
+    return ParallelFilesystem(
+        f"{platform.name}-fs",
+        ParallelFilesystemArgs(
+            layout=layout,
+            subnet_id=network.private_subnets[0].id,
+            security_group_id=network.security_groups["lustre"].id,
+            repositories={
+                f"/{purpose}": store.buckets[purpose].bucket
+                for purpose in _REPOSITORY_PURPOSES
+                if purpose in store.buckets
+            },
+            tags=tags,
+        ),
+    )
+
+
 class AwsBackend:
     def declare(self, platform: ResolvedPlatform) -> dict[str, Any]:
         spec = platform.spec
         assert spec.region is not None  # enforced by the spec
         tags = base_tags(platform)
-        network = GpuNetwork(
-            platform.name,
-            NetworkArgs(
-                cidr=spec.aws.vpc_cidr,
-                region=spec.region,
-                zones=list(spec.zones),
-                gateway_port=spec.aws.gateway_port,
-                model_server_port=spec.aws.model_server_port,
-                tags=tags,
-            ),
-        )
-        store = ObjectStore(
-            f"{platform.name}-objects",
-            ObjectStoreArgs(
-                stack=platform.name,
-                buckets=[
-                    *(
-                        BucketArgs(b.purpose, b.noncurrent_retention_days)
-                        for b in spec.storage.object_store.buckets
-                    ),
-                    *_PLATFORM_BUCKETS,
-                ],
-                tags=tags,
-            ),
-        )
+        network = _network(platform, tags)
+        if spec.scheduler.kind == "kueue":
+            return self._declare_kueue(platform, network, tags)
+        store = _object_store(platform, tags, _PLATFORM_BUCKETS)
         bootstrap_bucket = store.buckets[BOOTSTRAP_BUCKET]
         # What nodes fetch when they boot: the MUNGE key, the bundle and the group vars.
         bootstrap = pulumi.ComponentResource("gpu-platform:aws:NodeBootstrap", f"{platform.name}-bootstrap")
@@ -130,22 +168,8 @@ class AwsBackend:
 
         filesystem_source: pulumi.Input[str] = ""
         outputs = common_outputs(platform)
-        layout = platform.lustre_layout
-        if layout is not None:
-            filesystem = ParallelFilesystem(
-                f"{platform.name}-fs",
-                ParallelFilesystemArgs(
-                    layout=layout,
-                    subnet_id=network.private_subnets[0].id,
-                    security_group_id=network.security_groups["lustre"].id,
-                    repositories={
-                        f"/{purpose}": store.buckets[purpose].bucket
-                        for purpose in _REPOSITORY_PURPOSES
-                        if purpose in store.buckets
-                    },
-                    tags=tags,
-                ),
-            )
+        filesystem = _filesystem(platform, network, store, tags)
+        if filesystem is not None:
             outputs["fsx_dns_name"] = filesystem.filesystem.dns_name
             outputs["fsx_mount_name"] = filesystem.filesystem.mount_name
             filesystem_source = pulumi.Output.concat(
@@ -278,6 +302,54 @@ class AwsBackend:
             lambda bucket: aws_ec2_config(platform, bucket)
         )
         outputs["group_vars"] = group_vars
+        return outputs
+
+    def _declare_kueue(
+        self, platform: ResolvedPlatform, network: GpuNetwork, tags: dict[str, str]
+    ) -> dict[str, Any]:
+        """An EKS cluster whose node groups are the pools, and the Kubernetes layer on it. Nothing of
+        Slurm: no controllers, MUNGE key, bootstrap bundle or launch permissions."""
+        from infra.backends.aws.eks import EksCluster, EksClusterArgs
+        from infra.k8s.facts import ClusterFacts, SharedVolume
+        from infra.k8s.resources import declare_layer
+
+        spec = platform.spec
+        store = _object_store(platform, tags, ())
+        filesystem = _filesystem(platform, network, store, tags)
+        assert filesystem is not None  # aws offers fsx-lustre only (the spec's filesystems by backend)
+        eks = EksCluster(
+            f"{platform.name}-eks",
+            EksClusterArgs(
+                platform=platform,
+                subnet_by_zone={zone: subnet.id for zone, subnet in network.subnet_by_zone.items()},
+                security_group_ids={role: sg.id for role, sg in network.security_groups.items()},
+                bucket_arns={purpose: bucket.arn for purpose, bucket in store.buckets.items()},
+                tags=tags,
+            ),
+        )
+        fs = spec.storage.parallel_fs
+        lustre = filesystem.filesystem
+        facts = ClusterFacts(
+            shared_volume=SharedVolume(
+                "fsx-csi",
+                fs.mount_path,
+                fs.capacity_tib,
+                {"file_system_id": lustre.id, "dns_name": lustre.dns_name, "mount_name": lustre.mount_name},
+            ),
+            cluster_name=eks.cluster.name,
+            region=spec.region,
+        )
+        outputs = common_outputs(platform)
+        outputs.update(declare_layer(platform, eks.provider, facts, depends_on=eks.ready))
+        outputs["fsx_dns_name"] = lustre.dns_name
+        outputs["fsx_mount_name"] = lustre.mount_name
+        outputs["buckets"] = {purpose: bucket.bucket for purpose, bucket in store.buckets.items()}
+        outputs["cluster_name"] = eks.cluster.name
+        outputs["cluster_endpoint"] = eks.cluster.endpoint
+        outputs["kubeconfig"] = eks.kubeconfig
+        outputs["node_groups"] = {
+            pool: node_pool.node_group.node_group_name for pool, node_pool in eks.node_pools.items()
+        }
         return outputs
 
     def _identities(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,35 +51,45 @@ def bucket_policy_document(role: str, arns: dict[str, str]) -> str:
     return json.dumps({"Version": "2012-10-17", "Statement": statements}, sort_keys=True)
 
 
+def service_trust_policy(service: str, actions: Sequence[str] = ("sts:AssumeRole",)) -> str:
+    """A role's trust policy: `service` (ec2.amazonaws.com, eks.amazonaws.com, ...) may assume it."""
+    action: str | list[str] = actions[0] if len(actions) == 1 else list(actions)
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [{"Effect": "Allow", "Principal": {"Service": service}, "Action": action}],
+        }
+    )
+
+
+def node_role(
+    name: str, args: NodeIdentityArgs, managed_policies: Sequence[str], opts: pulumi.ResourceOptions
+) -> aws.iam.Role:
+    """The IAM role of a pool role's nodes: the managed policies, its buckets, its platform policy."""
+    role = aws.iam.Role(
+        f"{name}-role",
+        assume_role_policy=service_trust_policy("ec2.amazonaws.com"),
+        tags=args.tags,
+        opts=opts,
+    )
+    for index, policy in enumerate(managed_policies):
+        aws.iam.RolePolicyAttachment(f"{name}-managed-{index}", role=role.name, policy_arn=policy, opts=opts)
+    if any(BUCKET_ACCESS[args.role].values()) and args.bucket_arns:
+        purposes = sorted(args.bucket_arns)
+        document = pulumi.Output.all(*[args.bucket_arns[p] for p in purposes]).apply(
+            lambda arns: bucket_policy_document(args.role, dict(zip(purposes, arns, strict=True)))
+        )
+        aws.iam.RolePolicy(f"{name}-buckets", role=role.id, policy=document, opts=opts)
+    if args.platform_policy is not None:
+        aws.iam.RolePolicy(f"{name}-platform", role=role.id, policy=args.platform_policy, opts=opts)
+    return role
+
+
 class NodeIdentity(pulumi.ComponentResource):
     def __init__(self, name: str, args: NodeIdentityArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("gpu-platform:aws:NodeIdentity", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        assume = json.dumps(
-            {
-                "Version": "2012-10-17",
-                "Statement": [
-                    {
-                        "Effect": "Allow",
-                        "Principal": {"Service": "ec2.amazonaws.com"},
-                        "Action": "sts:AssumeRole",
-                    }
-                ],
-            }
-        )
-        self.role = aws.iam.Role(f"{name}-role", assume_role_policy=assume, tags=args.tags, opts=child)
-        for index, policy in enumerate(MANAGED_POLICIES):
-            aws.iam.RolePolicyAttachment(
-                f"{name}-managed-{index}", role=self.role.name, policy_arn=policy, opts=child
-            )
-        if any(BUCKET_ACCESS[args.role].values()) and args.bucket_arns:
-            purposes = sorted(args.bucket_arns)
-            document = pulumi.Output.all(*[args.bucket_arns[p] for p in purposes]).apply(
-                lambda arns: bucket_policy_document(args.role, dict(zip(purposes, arns, strict=True)))
-            )
-            aws.iam.RolePolicy(f"{name}-buckets", role=self.role.id, policy=document, opts=child)
-        if args.platform_policy is not None:
-            aws.iam.RolePolicy(f"{name}-platform", role=self.role.id, policy=args.platform_policy, opts=child)
+        self.role = node_role(name, args, MANAGED_POLICIES, child)
         self.profile = aws.iam.InstanceProfile(
             f"{name}-profile", role=self.role.name, tags=args.tags, opts=child
         )

@@ -53,53 +53,67 @@ class GpuNodePoolArgs:
 
 
 def efa_interfaces(
-    node_type: NodeType, security_group_id: pulumi.Input[str], subnet_id: pulumi.Input[str]
+    node_type: NodeType, security_group_ids: list[pulumi.Input[str]], subnet_id: pulumi.Input[str] | None
 ) -> list[dict[str, Any]]:
-    return [
-        {
+    """One EFA interface on every network card. No subnet where the launcher picks it (an EKS managed
+    node group launches into its own subnets and refuses templates that name one)."""
+    interfaces: list[dict[str, Any]] = []
+    for card in range(node_type.network.nics):
+        interface: dict[str, Any] = {
             "network_card_index": card,
             "device_index": 0 if card == 0 else 1,
             "interface_type": "efa",
-            "subnet_id": subnet_id,
             "delete_on_termination": "true",
-            "security_groups": [security_group_id],
+            "security_groups": list(security_group_ids),
         }
-        for card in range(node_type.network.nics)
-    ]
+        if subnet_id is not None:
+            interface["subnet_id"] = subnet_id
+        interfaces.append(interface)
+    return interfaces
 
 
 def encode_user_data(script: pulumi.Input[str]) -> pulumi.Output[str]:
     return pulumi.Output.from_input(script).apply(lambda text: base64.b64encode(text.encode()).decode())
 
 
-def base_template(args: GpuNodePoolArgs) -> dict[str, Any]:
-    """What every node of the platform launches with, whoever launches it."""
+def instance_template(
+    pool: NodePool, node_type: NodeType, root_device: str, root_volume_gib: int, tags: dict[str, str]
+) -> dict[str, Any]:
+    """What every node of the platform launches with, whoever launches it and whatever image it boots:
+    its type, IMDSv2, an encrypted gp3 root volume on the image's root device, tags, the reservation."""
     template: dict[str, Any] = {
-        "image_id": args.image_id,
-        "instance_type": args.node_type.name,
-        "iam_instance_profile": {"arn": args.instance_profile_arn},
+        "instance_type": node_type.name,
         # IMDSv2 only; instance tags readable from the node (its bootstrap reads its gpuplat:node name).
         "metadata_options": {"http_tokens": "required", "http_endpoint": "enabled",
                              "http_put_response_hop_limit": 2, "instance_metadata_tags": "enabled"},
         "block_device_mappings": [{
-            "device_name": "/dev/sda1",
-            "ebs": {"volume_size": args.root_volume_gib, "volume_type": "gp3", "encrypted": "true",
+            "device_name": root_device,
+            "ebs": {"volume_size": root_volume_gib, "volume_type": "gp3", "encrypted": "true",
                     "delete_on_termination": "true"},
         }],
         "tag_specifications": [
-            {"resource_type": kind, "tags": args.tags} for kind in ("instance", "volume", "network-interface")
+            {"resource_type": kind, "tags": tags} for kind in ("instance", "volume", "network-interface")
         ],
-        "tags": args.tags,
+        "tags": tags,
     }  # fmt: skip
-    if args.user_data is not None:
-        template["user_data"] = encode_user_data(args.user_data)
-    reservation = args.pool.reservation
+    reservation = pool.reservation
     if reservation is not None:
         template["capacity_reservation_specification"] = {
             "capacity_reservation_target": {"capacity_reservation_id": reservation.id}
         }
         if reservation.kind == "capacity-block":
             template["instance_market_options"] = {"market_type": "capacity-block"}
+    return template
+
+
+def base_template(args: GpuNodePoolArgs) -> dict[str, Any]:
+    """A node the platform boots itself: the stack's image (Ubuntu, root device /dev/sda1), its instance
+    profile and bootstrap."""
+    template = instance_template(args.pool, args.node_type, "/dev/sda1", args.root_volume_gib, args.tags)
+    template["image_id"] = args.image_id
+    template["iam_instance_profile"] = {"arn": args.instance_profile_arn}
+    if args.user_data is not None:
+        template["user_data"] = encode_user_data(args.user_data)
     return template
 
 
@@ -110,7 +124,7 @@ def slurm_pool_template(args: GpuNodePoolArgs, placement_group: pulumi.Input[str
     template = base_template(replace(args, tags={**args.tags, **sizes}))
     subnet = args.subnet_ids[0]
     if args.efa:
-        template["network_interfaces"] = efa_interfaces(args.node_type, args.security_group_id, subnet)
+        template["network_interfaces"] = efa_interfaces(args.node_type, [args.security_group_id], subnet)
     else:
         template["network_interfaces"] = [
             {"device_index": 0, "subnet_id": subnet, "security_groups": [args.security_group_id],
@@ -123,6 +137,35 @@ def slurm_pool_template(args: GpuNodePoolArgs, placement_group: pulumi.Input[str
             "market_type": "spot",
             "spot_options": {"spot_instance_type": "one-time", "instance_interruption_behavior": "terminate"},
         }
+    return template
+
+
+# Amazon Linux 2023 EKS AMIs boot from /dev/xvda (awslabs/amazon-eks-ami, templates/al2023/template.pkr.hcl,
+# launch_block_device_mappings): a mapping on another device would add a volume, not size the root.
+EKS_ROOT_DEVICE = "/dev/xvda"
+
+
+def eks_pool_template(
+    pool: NodePool,
+    node_type: NodeType,
+    security_group_ids: list[pulumi.Input[str]],
+    placement_group: pulumi.Input[str] | None,
+    root_volume_gib: int,
+    efa: bool,
+    tags: dict[str, str],
+) -> dict[str, Any]:
+    """An EKS managed node group's template. EKS refuses templates that set what the node group owns
+    (https://docs.aws.amazon.com/eks/latest/userguide/launch-templates.html, "Launch template
+    configuration basics": subnets, the IAM instance profile, shutdown and hibernate behaviour), and the
+    spot market is the node group's capacity type: none of them appear here. No image either: EKS boots
+    the optimized AMI of the node group's AMI type and joins it to the cluster itself."""
+    template = instance_template(pool, node_type, EKS_ROOT_DEVICE, root_volume_gib, tags)
+    if efa:
+        template["network_interfaces"] = efa_interfaces(node_type, security_group_ids, None)
+    else:
+        template["vpc_security_group_ids"] = list(security_group_ids)
+    if placement_group is not None:
+        template["placement"] = {"group_name": placement_group}
     return template
 
 

@@ -1,8 +1,11 @@
 """Node groups: the resources a pool's nodes are launched from, with their pool, role and size.
 
-Two kinds of node group exist on aws:
+Three kinds of node group exist on aws:
 - an Auto Scaling group (inference and service pools): its size, zones, placement group and spot split
   are the group's properties; its launch templates are the ones it references;
+- an EKS managed node group (scheduler.kind kueue): its size is its `scalingConfig`, its market its
+  `capacityType`, its zones its `subnetIds`; its launch template (referenced by `launchTemplate.id`)
+  carries the placement group, the network interfaces and the security groups;
 - a Slurm-managed training pool (ParallelCluster-style power saving): a launch template of role train
   that no Auto Scaling group references. Slurm's ResumeProgram launches instances from it with
   RunInstances, so the template itself carries what the group would: the size range (tags
@@ -18,9 +21,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from infra.k8s.objects import LABEL_POOL, LABEL_ROLE
 from infra.policy.rules.base import PolicyContext, _get, _number
 from infra.policy.rules.resource_types import (
     ASG,
+    EKS_NODE_GROUP,
     LAUNCH_TEMPLATE,
     PLACEMENT_GROUP,
     SECURITY_GROUP,
@@ -37,16 +42,22 @@ from infra.policy.view import (
 )
 from infra.resolve import ResolvedPool
 
-GroupKind = Literal["asg", "slurm"]
+GroupKind = Literal["asg", "eks", "slurm"]
+_DESCRIPTIONS = {
+    "asg": "Auto Scaling group",
+    "eks": "EKS managed node group",
+    "slurm": "Slurm-managed launch template",
+}
 
 
 @dataclass(frozen=True)
 class NodeGroup:
     """The nodes of one pool and what they launch into: templates, placement groups, subnets, groups.
 
-    `anchor` is the Auto Scaling group (kind `asg`) or the launch template Slurm launches from (kind
-    `slurm`, then also the only entry of `templates`). `min_size`/`max_size` are the pool's size range
-    as declared by the resources (for a Slurm pool, its tags; failing those, the stack's pool).
+    `anchor` is the Auto Scaling group (kind `asg`), the EKS managed node group (kind `eks`) or the
+    launch template Slurm launches from (kind `slurm`, then also the only entry of `templates`).
+    `min_size`/`max_size` are the pool's size range as declared by the resources (for a Slurm pool, its
+    tags; failing those, the stack's pool).
     """
 
     anchor: ResourceView
@@ -63,7 +74,7 @@ class NodeGroup:
     @property
     def description(self) -> str:
         """What the anchor is, for messages."""
-        return "Auto Scaling group" if self.kind == "asg" else "Slurm-managed launch template"
+        return _DESCRIPTIONS[self.kind]
 
     @property
     def mixed(self) -> Mapping[str, Any] | None:
@@ -75,7 +86,10 @@ class NodeGroup:
 
     @property
     def spot_market(self) -> bool:
-        """A Slurm pool's template requests spot instances (instanceMarketOptions.marketType spot)."""
+        """A Slurm pool's template requests spot instances (instanceMarketOptions.marketType spot), or an
+        EKS node group's capacity type is SPOT."""
+        if self.kind == "eks":
+            return self.anchor.props.get("capacityType") in ("SPOT", UNKNOWN)
         return self.kind == "slurm" and _get(self.anchor.props, "instanceMarketOptions", "marketType") in (
             "spot",
             UNKNOWN,
@@ -84,7 +98,7 @@ class NodeGroup:
     @property
     def on_demand_base(self) -> int:
         """Instances launched on-demand before any spot: all of them unless spot is asked for."""
-        if self.kind == "slurm":
+        if self.kind != "asg":
             return 0 if self.spot_market else self.max_size
         if self.mixed is None:
             return self.max_size
@@ -92,7 +106,7 @@ class NodeGroup:
 
     @property
     def on_demand_percentage_above_base(self) -> float:
-        if self.kind == "slurm":
+        if self.kind != "asg":
             return 0.0 if self.spot_market else 100.0
         if self.mixed is None:
             return 100.0
@@ -128,12 +142,49 @@ def _size_tag(template: ResourceView, key: str, fallback: int) -> int:
     return int(_number(value, fallback))
 
 
+def _labels(resource: ResourceView) -> Mapping[str, Any]:
+    labels = resource.props.get("labels")
+    return labels if isinstance(labels, Mapping) else {}
+
+
+def _eks_node_group(index: ResourceIndex, group: ResourceView, ctx: PolicyContext | None) -> NodeGroup:
+    """An EKS managed node group: pool and role from its gpuplat tags, else its node labels, else its
+    templates' tags, else its parent component."""
+    templates = index.referenced(group, "launchTemplate", type_=LAUNCH_TEMPLATE)
+    labels = _labels(group)
+    role = group.tag(TAG_ROLE) or labels.get(LABEL_ROLE)
+    role = role or next((t.tag(TAG_ROLE) for t in templates if t.tag(TAG_ROLE)), None)
+    pool = group.tag(TAG_POOL) or labels.get(LABEL_POOL)
+    pool = pool or next((t.tag(TAG_POOL) for t in templates if t.tag(TAG_POOL)), None)
+    if pool is None or role is None:
+        candidate = _component_pool(group, ctx)
+        if candidate is not None:
+            pool = pool or candidate.name
+            role = role or candidate.role
+    scaling = group.props.get("scalingConfig")
+    return NodeGroup(
+        anchor=group,
+        kind="eks",
+        role=str(role) if role is not None else None,
+        pool=str(pool) if pool is not None else None,
+        templates=templates,
+        placement_groups=[
+            pg for t in templates for pg in index.referenced(t, "placement", type_=PLACEMENT_GROUP)
+        ],
+        subnets=index.referenced(group, "subnetIds", type_=SUBNET),
+        security_groups=[sg for t in templates for sg in _interfaces_security_groups(index, t)],
+        min_size=int(_number(_get(scaling, "minSize"))),
+        max_size=int(_number(_get(scaling, "maxSize"))),
+    )
+
+
 def node_groups(index: ResourceIndex, ctx: PolicyContext | None = None) -> list[NodeGroup]:
-    """Every node group with its pool and role: the Auto Scaling groups, then the Slurm-managed training
-    templates. Pool and role come from the gpuplat tags (the group's, else its templates'), else from the
-    parent component (`<stack>-<pool>`) matched against the platform's pools."""
+    """Every node group with its pool and role: the Auto Scaling groups, the EKS managed node groups,
+    then the Slurm-managed training templates. Pool and role come from the gpuplat tags (the group's,
+    else its templates'), else from the parent component (`<stack>-<pool>`) matched against the
+    platform's pools."""
     groups = []
-    launched: set[str] = set()  # templates some Auto Scaling group launches from
+    launched: set[str] = set()  # templates some Auto Scaling group or EKS node group launches from
     for asg in index.of_type(ASG):
         templates = index.referenced(asg, "launchTemplate", "mixedInstancesPolicy", type_=LAUNCH_TEMPLATE)
         launched |= {t.urn or t.name for t in templates}
@@ -158,6 +209,10 @@ def node_groups(index: ResourceIndex, ctx: PolicyContext | None = None) -> list[
                 max_size=int(_number(asg.props.get("maxSize"))),
             )
         )
+    for resource in index.of_type(EKS_NODE_GROUP):
+        group = _eks_node_group(index, resource, ctx)
+        launched |= {t.urn or t.name for t in group.templates}
+        groups.append(group)
     for template in index.of_type(LAUNCH_TEMPLATE):
         if (template.urn or template.name) in launched:
             continue

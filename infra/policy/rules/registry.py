@@ -8,6 +8,11 @@ from infra.policy.rules.base import PolicyContext, ResourceRule, StackRule, Verd
 from infra.policy.rules.budget import check_budget_cost, check_budget_gpus
 from infra.policy.rules.fabric import check_cluster_placement, check_efa_security_group, check_multi_node_rdma
 from infra.policy.rules.isolation import check_inference_taint, check_partitions, check_shared_resources
+from infra.policy.rules.kubernetes import (
+    check_kubernetes_isolation,
+    check_kubernetes_quotas,
+    check_spot_flavors,
+)
 from infra.policy.rules.resource_types import (
     INGRESS_RULE,
     INSTANCE,
@@ -101,6 +106,37 @@ RULES: tuple[ResourceRule | StackRule, ...] = (
         options=("inference_label",),
         needs_platform=True,
         check=check_inference_taint,
+    ),
+    StackRule(
+        id="k8s-isolation",
+        group="isolation",
+        description="Kubernetes: team workloads and Kueue flavors never reach inference nodes, model servers "
+        "run on the inference pool only, and an admission policy makes the API server refuse the rest.",
+        remediation="Keep training pools free of the inference taint and team jobs free of inference "
+        "tolerations and selectors; keep the platform's ValidatingAdmissionPolicy and its Deny binding.",
+        needs_platform=True,
+        check=check_kubernetes_isolation,
+    ),
+    StackRule(
+        id="k8s-spot-flavors",
+        group="spot",
+        description="Kubernetes: every ClusterQueue tries on-demand flavors before spot ones, and only "
+        "interruptible pools are offered as spot flavors.",
+        remediation="Order each queue's flavors on-demand first; mark spot pools `interruptible: true` "
+        "(their jobs checkpoint and restart).",
+        needs_platform=True,
+        check=check_spot_flavors,
+    ),
+    StackRule(
+        id="k8s-quotas",
+        group="budget",
+        description="Kubernetes: per flavor the guaranteed GPUs (nominal quotas) do not exceed the pool's, "
+        "each team's reach stays within its gpu_quota, no team quota exceeds the training GPUs, and every "
+        "queue and flavor reference resolves.",
+        remediation="Lower the team's gpu_quota or add training capacity; let the platform derive "
+        "nominal quotas and borrowing limits from the teams (infra/k8s/queues.py).",
+        needs_platform=True,
+        check=check_kubernetes_quotas,
     ),
     StackRule(
         id="fabric-multi-node-rdma",

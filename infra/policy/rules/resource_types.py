@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 ASG = "aws:autoscaling/group:Group"
+EKS_NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
+EKS_CLUSTER = "aws:eks/cluster:Cluster"
 LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
 PLACEMENT_GROUP = "aws:ec2/placementGroup:PlacementGroup"
 SECURITY_GROUP = "aws:ec2/securityGroup:SecurityGroup"
@@ -31,6 +33,9 @@ TAGGABLE = (
     LAUNCH_TEMPLATE,
     PLACEMENT_GROUP,
     ASG,
+    EKS_NODE_GROUP,
+    EKS_CLUSTER,
+    "aws:kms/key:Key",
     INSTANCE,
     VOLUME,
     LUSTRE,

@@ -1,0 +1,50 @@
+"""What the Kubernetes layer needs to know about the cluster it runs on, besides the platform.
+
+Values may be Pulumi outputs where the cluster is created in the same program (EKS): the builders
+only place them in objects and chart values, never inspect them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from infra.resolve import ResolvedPlatform
+
+SharedVolumeKind = Literal["fsx-csi", "host-path"]
+
+# The cluster autoscaler's service account; on EKS a Pod Identity association gives it its IAM role.
+AUTOSCALER_NAMESPACE = "kube-system"
+AUTOSCALER_SERVICE_ACCOUNT = "cluster-autoscaler"
+
+
+@dataclass(frozen=True)
+class SharedVolume:
+    """How pods reach the parallel filesystem.
+
+    - `fsx-csi` (EKS): a static PersistentVolume of the FSx for Lustre CSI driver; `attributes` holds
+      `file_system_id`, `dns_name` and `mount_name`.
+    - `host-path`: the nodes mount it themselves (Ansible's shared_fs role on listed hosts); pods use
+      the node's `mount_path`.
+    """
+
+    kind: SharedVolumeKind
+    mount_path: str
+    capacity_tib: float
+    attributes: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ClusterFacts:
+    shared_volume: SharedVolume
+    cluster_name: Any = ""
+    """EKS: the cluster's name (the autoscaler discovers node groups by it); "" elsewhere."""
+    region: str | None = None
+
+
+def host_path_facts(platform: ResolvedPlatform) -> ClusterFacts:
+    """An existing cluster whose nodes mount the shared filesystem (onprem)."""
+    fs = platform.spec.storage.parallel_fs
+    return ClusterFacts(
+        shared_volume=SharedVolume("host-path", fs.mount_path, fs.capacity_tib), region=platform.spec.region
+    )

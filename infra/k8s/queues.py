@@ -1,0 +1,204 @@
+"""Kueue from the spec: a flavor per training pool, a ClusterQueue per team in one cohort, a LocalQueue
+in each team namespace, priorities from the Slurm QoS levels (API kueue.x-k8s.io/v1beta2, Kueue 0.19).
+
+Quota semantics differ from Slurm's: `gpu_quota` is a cap (GrpTRES), Kueue's nominalQuota a guarantee
+that other queues may borrow while unused. So per flavor (training pool) the team's nominal quotas
+split the pool's GPUs by fair-share weight, never past a team's cap; what no team can take (every
+team capped) is the cohort's own quota, lent to all; and nominal + borrowingLimit = the team's cap,
+so borrowing never lifts a team over it. Across flavors the team namespace's ResourceQuota holds the
+cap (Kueue limits each flavor on its own).
+
+Only GPUs are covered: Kueue runs with quotaCheckStrategy IgnoreUndeclared (infra.k8s.operators), so
+CPU and memory requests are left to the node autoscaler and the scheduler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from infra.k8s.objects import (
+    GPU_RESOURCE,
+    LABEL_POOL,
+    Manifest,
+    k8s_object,
+    node_labels,
+    team_namespace,
+    tolerations,
+)
+from infra.k8s.operators import DEFAULT_LOCAL_QUEUE
+from infra.resolve import ResolvedPlatform, ResolvedPool
+from infra.scheduler import QOS
+
+KUEUE_API = "kueue.x-k8s.io/v1beta2"
+# A job in a team namespace without a kueue.x-k8s.io/queue-name label goes to this LocalQueue.
+LOCAL_QUEUE = DEFAULT_LOCAL_QUEUE
+# Network topology labels EKS sets on instance types with a known topology (network-node-layer-1 the
+# broadest): https://docs.aws.amazon.com/eks/latest/userguide/ml-workload-topology.html
+AWS_TOPOLOGY_LEVELS = (
+    "topology.k8s.aws/network-node-layer-1",
+    "topology.k8s.aws/network-node-layer-2",
+    "topology.k8s.aws/network-node-layer-3",
+    "kubernetes.io/hostname",
+)
+
+
+def cohort_name(platform: ResolvedPlatform) -> str:
+    return platform.name
+
+
+def topology_name(platform: ResolvedPlatform) -> str:
+    return f"{platform.name}-network"
+
+
+def training_flavors(platform: ResolvedPlatform) -> list[ResolvedPool]:
+    """Training pools in the order a team queue tries them: on-demand (and reserved) first, spot last."""
+    pools = platform.pools_with_role("train")
+    return sorted(pools, key=lambda p: p.spec.capacity == "spot")
+
+
+def uses_topology(platform: ResolvedPlatform, pool: ResolvedPool) -> bool:
+    k8s = platform.spec.kubernetes
+    return (
+        k8s is not None
+        and k8s.distribution == "eks"
+        and pool.node_type.network.fabric == "efa"
+        and platform.spec.fabric.kind == "efa"
+    )
+
+
+@dataclass(frozen=True)
+class FlavorQuota:
+    team: str
+    flavor: str
+    nominal: int
+    borrowing_limit: int
+
+
+@dataclass(frozen=True)
+class QuotaPlan:
+    teams: list[FlavorQuota]
+    cohort: dict[str, int]
+    """Per flavor, the GPUs no team is guaranteed: the cohort's own nominal quota."""
+
+    def nominal(self, team: str, flavor: str) -> int:
+        return next(q.nominal for q in self.teams if q.team == team and q.flavor == flavor)
+
+
+def _split(total: int, weights: dict[str, int], room: dict[str, int]) -> dict[str, int]:
+    """`total` units by weight, no share above its `room` (water-filling: what a capped share cannot take
+    is split again among the others), the last units by largest remainder (ties: by name)."""
+    share = dict.fromkeys(weights, 0)
+    left = total
+    open_ = sorted(t for t in weights if room[t] > 0)
+    while left > 0 and open_:
+        weight_sum = sum(weights[t] for t in open_)
+        exact = {t: left * weights[t] / weight_sum for t in open_}
+        capped = [t for t in open_ if exact[t] >= room[t] - share[t]]
+        if capped:
+            for team in capped:
+                left -= room[team] - share[team]
+                share[team] = room[team]
+            open_ = [t for t in open_ if t not in capped]
+            continue
+        for team in open_:
+            share[team] += int(exact[team])
+        rest = total - sum(share.values())
+        for team in sorted(open_, key=lambda t: (-(exact[t] - int(exact[t])), t))[:rest]:
+            share[team] += 1
+        left = 0
+    return share
+
+
+def quota_plan(platform: ResolvedPlatform) -> QuotaPlan:
+    teams = platform.spec.scheduler.teams
+    weights = {t.name: t.fairshare for t in teams}
+    caps = {t.name: t.gpu_quota for t in teams}
+    assigned = dict.fromkeys(weights, 0)
+    quotas: list[FlavorQuota] = []
+    cohort: dict[str, int] = {}
+    for pool in training_flavors(platform):
+        gpus = pool.max_gpus
+        room = {t: caps[t] - assigned[t] for t in weights}
+        share = _split(gpus, weights, room)
+        for team in weights:
+            assigned[team] += share[team]
+            limit = min(caps[team], gpus)
+            quotas.append(FlavorQuota(team, pool.name, share[team], max(limit - share[team], 0)))
+        cohort[pool.name] = gpus - sum(share.values())
+    return QuotaPlan(quotas, cohort)
+
+
+def _flavor(platform: ResolvedPlatform, pool: ResolvedPool) -> Manifest:
+    spec: dict[str, object] = {"nodeLabels": {LABEL_POOL: pool.name}}
+    if pool.spec.taints:
+        spec["tolerations"] = tolerations(pool)
+    if uses_topology(platform, pool):
+        spec["topologyName"] = topology_name(platform)
+    return k8s_object(KUEUE_API, "ResourceFlavor", pool.name, labels=node_labels(pool), spec=spec)
+
+
+def _resource_group(quotas: Mapping[str, tuple[int, int | None]]) -> dict[str, object]:
+    flavors = []
+    for flavor, (nominal, borrowing) in quotas.items():
+        resource: dict[str, object] = {"name": GPU_RESOURCE, "nominalQuota": nominal}
+        if borrowing is not None:
+            resource["borrowingLimit"] = borrowing
+        flavors.append({"name": flavor, "resources": [resource]})
+    return {"coveredResources": [GPU_RESOURCE], "flavors": flavors}
+
+
+def _cluster_queue(platform: ResolvedPlatform, team: str, weight: int, plan: QuotaPlan) -> Manifest:
+    quotas = {q.flavor: (q.nominal, q.borrowing_limit) for q in plan.teams if q.team == team}
+    return k8s_object(
+        KUEUE_API,
+        "ClusterQueue",
+        team,
+        spec={
+            "cohortName": cohort_name(platform),
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": team_namespace(team)}},
+            "resourceGroups": [_resource_group(quotas)],
+            "fairSharing": {"weight": weight},
+            # Borrowed GPUs are taken back for the lender; within a team, higher priority goes first.
+            "preemption": {
+                "reclaimWithinCohort": "Any",
+                "withinClusterQueue": "LowerPriority",
+                "borrowWithinCohort": {"policy": "LowerPriority"},
+            },
+            # Try the next flavor (spot) before borrowing on-demand GPUs from another team.
+            "flavorFungibility": {"whenCanBorrow": "TryNextFlavor", "whenCanPreempt": "TryNextFlavor"},
+            "queueingStrategy": "BestEffortFIFO",
+        },
+    )
+
+
+def _cohort(platform: ResolvedPlatform, plan: QuotaPlan) -> Manifest:
+    spec: dict[str, object] = {}
+    if any(plan.cohort.values()):
+        spec["resourceGroups"] = [_resource_group({f: (n, None) for f, n in plan.cohort.items()})]
+    return k8s_object(KUEUE_API, "Cohort", cohort_name(platform), spec=spec)
+
+
+def _topology(platform: ResolvedPlatform) -> Manifest:
+    levels = [{"nodeLabel": label} for label in AWS_TOPOLOGY_LEVELS]
+    return k8s_object(KUEUE_API, "Topology", topology_name(platform), spec={"levels": levels})
+
+
+def queue_objects(platform: ResolvedPlatform) -> list[Manifest]:
+    plan = quota_plan(platform)
+    teams = platform.spec.scheduler.teams
+    objects: list[Manifest] = [
+        k8s_object(KUEUE_API, "WorkloadPriorityClass", str(qos["name"]), value=qos["priority"]) for qos in QOS
+    ]
+    if any(uses_topology(platform, p) for p in training_flavors(platform)):
+        objects.append(_topology(platform))
+    objects += [_flavor(platform, pool) for pool in training_flavors(platform)]
+    objects.append(_cohort(platform, plan))
+    objects += [_cluster_queue(platform, t.name, t.fairshare, plan) for t in teams]
+    objects += [
+        k8s_object(
+            KUEUE_API, "LocalQueue", LOCAL_QUEUE, team_namespace(t.name), spec={"clusterQueue": t.name}
+        )
+        for t in teams
+    ]
+    return objects

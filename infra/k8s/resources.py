@@ -1,0 +1,132 @@
+"""The Kubernetes layer as pulumi-kubernetes resources: a Helm chart per operator, then one resource per
+object, each registered under the provider's own type token (`kubernetes:apps/v1:Deployment`,
+`kubernetes:kueue.x-k8s.io/v1beta2:ClusterQueue`, ...) with the object as its inputs, so `pulumi up`
+applies exactly the objects `gpuplat manifests` writes. Objects wait for their namespace; custom
+resources wait for the chart that installs their CRD."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+from pulumi_kubernetes import _utilities as k8s_utilities
+
+from infra.k8s.facts import ClusterFacts
+from infra.k8s.layer import kubernetes_layer
+from infra.k8s.objects import HelmRelease, Manifest
+from infra.resolve import ResolvedPlatform
+
+
+def type_token(api_version: str, kind: str, patch: bool = False) -> str:
+    """The provider's type token of a kind: the core group is `core`, other groups by their full name."""
+    group_version = api_version if "/" in api_version else f"core/{api_version}"
+    return f"kubernetes:{group_version}:{kind}{'Patch' if patch else ''}"
+
+
+def api_group(api_version: str) -> str:
+    return api_version.split("/")[0] if "/" in api_version else ""
+
+
+def logical_name(manifest: Manifest) -> str:
+    meta = manifest["metadata"]
+    scope = f"{meta['namespace']}-" if meta.get("namespace") else ""
+    return f"{manifest['kind'].lower()}-{scope}{meta['name']}"
+
+
+class KubernetesObject(pulumi.CustomResource):
+    """One Kubernetes object; `patch` makes it a server-side apply patch of an object that exists."""
+
+    def __init__(
+        self, manifest: Manifest, opts: pulumi.ResourceOptions | None = None, *, patch: bool = False
+    ) -> None:
+        version: str = k8s_utilities.get_version()  # type: ignore[no-untyped-call]
+        opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(version=version))
+        token = type_token(manifest["apiVersion"], manifest["kind"], patch)
+        super().__init__(token, logical_name(manifest), dict(manifest), opts)
+
+
+class KubernetesPlatform(pulumi.ComponentResource):
+    def __init__(
+        self,
+        name: str,
+        platform: ResolvedPlatform,
+        facts: ClusterFacts,
+        provider: pulumi.ProviderResource,
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        super().__init__("gpu-platform:k8s:KubernetesPlatform", name, None, opts)
+        layer = kubernetes_layer(platform, facts)
+        child = pulumi.ResourceOptions(parent=self, provider=provider)
+        self.patches = [KubernetesObject(patch, child, patch=True) for patch in layer.node_patches]
+        self.namespaces = {
+            o["metadata"]["name"]: KubernetesObject(o, child)
+            for o in layer.objects
+            if o["kind"] == "Namespace"
+        }
+        self.charts = {release.name: self._chart(release, child) for release in layer.releases}
+        self.objects = [
+            self._object(o, layer.releases, child) for o in layer.objects if o["kind"] != "Namespace"
+        ]
+        self.register_outputs(
+            {
+                "namespaces": sorted(self.namespaces),
+                "charts": {r.name: f"{r.chart}@{r.version}" for r in layer.releases},
+                "objects": len(self.objects) + len(self.namespaces),
+            }
+        )
+
+    def _after(self, *names: str) -> list[pulumi.Resource]:
+        return [self.namespaces[n] for n in names if n in self.namespaces]
+
+    def _chart(self, release: HelmRelease, child: pulumi.ResourceOptions) -> k8s.helm.v4.Chart:
+        args: dict[str, Any] = {
+            "chart": release.chart,
+            "version": release.version,
+            "namespace": release.namespace,
+            "values": release.values,
+        }
+        if release.repository:
+            args["repository_opts"] = {"repo": release.repository}
+        return k8s.helm.v4.Chart(
+            release.name,
+            **args,
+            opts=pulumi.ResourceOptions.merge(
+                child, pulumi.ResourceOptions(depends_on=self._after(release.namespace))
+            ),
+        )
+
+    def _object(
+        self, manifest: Manifest, releases: list[HelmRelease], child: pulumi.ResourceOptions
+    ) -> KubernetesObject:
+        group = api_group(manifest["apiVersion"])
+        waits: list[pulumi.Resource] = self._after(manifest["metadata"].get("namespace", ""))
+        waits += [self.charts[r.name] for r in releases if group in r.provides]
+        return KubernetesObject(
+            manifest, pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=waits))
+        )
+
+
+def declare_layer(
+    platform: ResolvedPlatform,
+    provider: pulumi.ProviderResource,
+    facts: ClusterFacts,
+    depends_on: list[pulumi.Resource] | None = None,
+) -> dict[str, Any]:
+    """Declare the Kubernetes layer on `provider`'s cluster; returns the stack outputs it adds."""
+    layer = KubernetesPlatform(
+        f"{platform.name}-k8s", platform, facts, provider, pulumi.ResourceOptions(depends_on=depends_on or [])
+    )
+    return {"kubernetes_namespaces": sorted(layer.namespaces)}
+
+
+def existing_cluster_provider(platform: ResolvedPlatform) -> k8s.Provider:
+    """The provider of an existing cluster: the stack's kubeconfig and context, else the environment's."""
+    k8s_spec = platform.spec.kubernetes
+    assert k8s_spec is not None  # the spec requires the section for kueue
+    args: dict[str, Any] = {}
+    if k8s_spec.kubeconfig:
+        args["kubeconfig"] = k8s_spec.kubeconfig
+    if k8s_spec.context:
+        args["context"] = k8s_spec.context
+    return k8s.Provider(f"{platform.name}-cluster", **args)

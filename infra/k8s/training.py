@@ -1,0 +1,138 @@
+"""What a training job on the Kueue platform gets from the platform: the NCCL settings the Slurm nodes
+get in /etc/nccl.conf (rendered from the nccl role's own template), the checkpoint directory on the
+shared filesystem, and an example JobSet that uses both (README, `gpuplat manifests`)."""
+
+from __future__ import annotations
+
+from infra.inventory import platform_vars, pool_vars
+from infra.k8s.objects import (
+    EFA_RESOURCE,
+    GPU_RESOURCE,
+    LABEL_CAPACITY,
+    Manifest,
+    k8s_object,
+    team_namespace,
+)
+from infra.k8s.queues import LOCAL_QUEUE
+from infra.resolve import ResolvedPlatform, ResolvedPool
+from infra.role_templates import render_role_template
+
+TRAINING_CONFIG = "gpuplat-training"
+SHARED_CLAIM = "shared"
+JOBSET_API = "jobset.x-k8s.io/v1alpha2"
+EXAMPLE_IMAGE = "nvcr.io/nvidia/pytorch:25.09-py3"
+# A pod's own network interface: the container runtimes name the pod's interface eth0 (CNI_IFNAME that
+# containerd's and CRI-O's CRI plugins pass to the CNI plugin), whatever the node's interfaces are
+# called, so fabric.socket_interface (a host interface such as bond0) does not apply inside a pod.
+POD_INTERFACE = "eth0"
+
+
+def nccl_environment(
+    platform: ResolvedPlatform, pool: ResolvedPool, overrides: dict[str, str] | None = None
+) -> dict[str, str]:
+    """The KEY=VALUE settings of the node's nccl.conf for `pool`, as environment variables; `overrides`
+    are nccl role variables that differ where the job runs (a pod's interface)."""
+    values = {**platform_vars(platform), **pool_vars(platform, pool), **(overrides or {})}
+    text = render_role_template("nccl", "nccl.conf.j2", values)
+    settings: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            settings[key] = value
+    return settings
+
+
+def training_environment(platform: ResolvedPlatform) -> dict[str, str]:
+    """One environment for every training pool of the stack (they share the fabric settings; the
+    nccl role renders per pool, and the pools of one stack give the same lines: checked in tests)."""
+    pool = platform.pools_with_role("train")[0]
+    return {
+        **nccl_environment(platform, pool, {"nccl_socket_ifname": POD_INTERFACE}),
+        "GPUPLAT_SHARED_PATH": platform.spec.storage.parallel_fs.mount_path,
+        "GPUPLAT_CHECKPOINT_DIR": platform.spec.storage.checkpoint_path,
+    }
+
+
+def training_config(platform: ResolvedPlatform, team: str) -> Manifest:
+    return k8s_object(
+        "v1", "ConfigMap", TRAINING_CONFIG, team_namespace(team), data=training_environment(platform)
+    )
+
+
+def example_jobset(platform: ResolvedPlatform, team: str, nodes: int = 2) -> Manifest:
+    """A multi-node PyTorch job for `team`: one pod per node, every GPU of the node, the EFA devices on
+    EFA pools, the training environment, the shared filesystem (checkpoints), queued by Kueue."""
+    pool = platform.pools_with_role("train")[0]
+    gpus = pool.gpus_per_node
+    limits: dict[str, int] = {GPU_RESOURCE: gpus}
+    if platform.spec.fabric.kind == "efa" and pool.node_type.network.fabric == "efa":
+        limits[EFA_RESOURCE] = pool.node_type.network.nics
+    name = "llm-pretrain"
+    mount = platform.spec.storage.parallel_fs.mount_path
+    command = (
+        f"torchrun --nnodes={nodes} --nproc-per-node={gpus} --node-rank=$(JOB_COMPLETION_INDEX) "
+        f"--rdzv-backend=c10d --rdzv-endpoint={name}-workers-0-0.{name}:29500 "
+        "train.py --checkpoint-dir=$(GPUPLAT_CHECKPOINT_DIR)/$(JOBSET_NAME)"
+    )
+    pod = {
+        "metadata": {"annotations": {"prometheus.io/scrape": "false"}},
+        "spec": {
+            "restartPolicy": "Never",
+            # Jobs that must not run on spot pin on-demand capacity; Kueue only offers matching flavors.
+            "nodeSelector": {LABEL_CAPACITY: "on-demand"},
+            "containers": [
+                {
+                    "name": "trainer",
+                    "image": EXAMPLE_IMAGE,
+                    "command": ["/bin/bash", "-c", command],
+                    "env": [
+                        {
+                            "name": "JOBSET_NAME",
+                            "valueFrom": {
+                                "fieldRef": {"fieldPath": "metadata.labels['jobset.sigs.k8s.io/jobset-name']"}
+                            },
+                        }
+                    ],
+                    "envFrom": [{"configMapRef": {"name": TRAINING_CONFIG}}],
+                    "ports": [{"containerPort": 29500, "name": "rendezvous"}],
+                    "resources": {"limits": limits, "requests": limits},
+                    "volumeMounts": [
+                        {"name": SHARED_CLAIM, "mountPath": mount},
+                        {"name": "dshm", "mountPath": "/dev/shm"},
+                    ],
+                }
+            ],
+            "volumes": [
+                {"name": SHARED_CLAIM, "persistentVolumeClaim": {"claimName": SHARED_CLAIM}},
+                {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+            ],
+        },
+    }
+    return k8s_object(
+        JOBSET_API,
+        "JobSet",
+        name,
+        team_namespace(team),
+        labels={"kueue.x-k8s.io/queue-name": LOCAL_QUEUE, "kueue.x-k8s.io/priority-class": "normal"},
+        spec={
+            # A lost node or a preempted pod restarts the whole job from its last checkpoint.
+            "failurePolicy": {"maxRestarts": 5},
+            "network": {"enableDNSHostnames": True},
+            "replicatedJobs": [
+                {
+                    "name": "workers",
+                    "replicas": 1,
+                    "template": {
+                        "spec": {
+                            "parallelism": nodes,
+                            "completions": nodes,
+                            "completionMode": "Indexed",
+                            "backoffLimit": 0,
+                            "template": pod,
+                        }
+                    },
+                }
+            ],
+        },
+    )

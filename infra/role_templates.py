@@ -1,0 +1,54 @@
+"""Render an Ansible role's template outside Ansible, so that what the Kubernetes layer puts in a
+ConfigMap or an environment is what the role writes on a node: one source for both platforms.
+
+Only plain Jinja and the filters the rendered templates use are available; a template that needs
+another Ansible filter fails to render here (jinja2's error names it) rather than rendering wrongly.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import yaml
+
+from infra.spec.load import PROJECT_ROOT
+
+ROLES_DIR = PROJECT_ROOT / "roles"
+ANSIBLE_MANAGED = "Managed by gpu-platform: local changes are overwritten"
+
+
+def _comment(text: str) -> str:
+    """Ansible's `comment` filter with its defaults: the text between two `#` lines."""
+    lines = ["#", *(f"# {line}" if line else "#" for line in str(text).splitlines()), "#"]
+    return "\n".join(lines)
+
+
+@cache
+def _environment(role_dir: Path) -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(role_dir / "templates"),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+    )
+    env.filters["comment"] = _comment
+    return env
+
+
+def role_defaults(role: str) -> dict[str, Any]:
+    path = ROLES_DIR / role / "defaults" / "main.yml"
+    values = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(values, dict):
+        raise ValueError(f"{path}: role defaults are a mapping")
+    return values
+
+
+def render_role_template(role: str, template: str, values: dict[str, Any]) -> str:
+    """`roles/<role>/templates/<template>` rendered with the role's defaults overlaid by `values`
+    (the variables the inventory gives the role). Defaults that are themselves templates are passed
+    as written: a template that prints one renders its text, not its value."""
+    variables = {**role_defaults(role), "ansible_managed": ANSIBLE_MANAGED, **values}
+    return _environment(ROLES_DIR / role).get_template(template).render(**variables)

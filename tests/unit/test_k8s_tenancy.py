@@ -1,0 +1,87 @@
+"""Per-team namespaces, access, GPU cap, network isolation, training environment and shared storage."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra.k8s.facts import host_path_facts
+from infra.k8s.objects import Manifest
+from infra.k8s.tenancy import team_objects
+from infra.k8s.training import example_jobset, training_environment
+from infra.resolve import ResolvedPlatform, load_platform
+from infra.spec.load import stack_file
+from tests.conftest import fsx_facts
+
+
+@pytest.fixture(scope="module")
+def aws_k8s() -> ResolvedPlatform:
+    return load_platform(stack_file("aws-k8s"))
+
+
+def of_kind(objects: list[Manifest], kind: str, namespace: str) -> Manifest:
+    return next(o for o in objects if o["kind"] == kind and o["metadata"].get("namespace") == namespace)
+
+
+def test_each_team_gets_its_namespace_with_users_and_gpu_cap(aws_k8s: ResolvedPlatform) -> None:
+    objects = team_objects(aws_k8s, fsx_facts())
+    namespaces = {o["metadata"]["name"]: o["metadata"]["labels"] for o in objects if o["kind"] == "Namespace"}
+    assert namespaces == {f"team-{t}": {"gpuplat/team": t} for t in ("research", "product", "eval")}
+    binding = of_kind(objects, "RoleBinding", "team-research")
+    users = {s["name"] for s in binding["subjects"] if s["kind"] == "User"}
+    assert users == {"alice", "carol"}
+    quota = of_kind(objects, "ResourceQuota", "team-product")
+    assert quota["spec"]["hard"] == {"requests.nvidia.com/gpu": "24"}
+
+
+def test_network_policy_denies_other_namespaces_but_allows_the_team_and_monitoring(
+    aws_k8s: ResolvedPlatform,
+) -> None:
+    policy = of_kind(team_objects(aws_k8s, fsx_facts()), "NetworkPolicy", "team-eval")["spec"]
+    assert policy["podSelector"] == {} and policy["policyTypes"] == ["Ingress"]
+    peers = policy["ingress"][0]["from"]
+    assert {"podSelector": {}} in peers
+    assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}} in peers
+    assert len(peers) == 2
+
+
+def test_shared_filesystem_is_one_static_volume_per_team_bound_to_its_claim(
+    aws_k8s: ResolvedPlatform,
+) -> None:
+    objects = team_objects(aws_k8s, fsx_facts())
+    volumes = [o for o in objects if o["kind"] == "PersistentVolume"]
+    assert len(volumes) == 3 and len({v["metadata"]["name"] for v in volumes}) == 3
+    research = next(v for v in volumes if v["spec"]["claimRef"]["namespace"] == "team-research")
+    assert research["spec"]["csi"] == {
+        "driver": "fsx.csi.aws.com",
+        "volumeHandle": "fs-0123456789abcdef0",
+        "volumeAttributes": {"dnsname": "fs-0123.fsx.example", "mountname": "abcdef"},
+    }
+    claim = of_kind(objects, "PersistentVolumeClaim", "team-research")
+    assert claim["spec"]["volumeName"] == research["metadata"]["name"]
+    assert claim["spec"]["storageClassName"] == research["spec"]["storageClassName"] == ""
+
+
+def test_existing_clusters_use_the_filesystem_the_hosts_mount() -> None:
+    onprem = load_platform(stack_file("onprem"))
+    volume = next(o for o in team_objects(onprem, host_path_facts(onprem)) if o["kind"] == "PersistentVolume")
+    assert volume["spec"]["hostPath"] == {"path": "/lustre", "type": "Directory"}
+
+
+def test_training_environment_is_the_nodes_nccl_conf_with_the_pods_interface() -> None:
+    aws = training_environment(load_platform(stack_file("aws-k8s")))
+    assert aws["FI_PROVIDER"] == "efa" and aws["FI_EFA_USE_DEVICE_RDMA"] == "1"
+    assert aws["GPUPLAT_CHECKPOINT_DIR"] == "/fsx/checkpoints"
+    onprem = training_environment(load_platform(stack_file("onprem")))
+    assert onprem["NCCL_IB_DISABLE"] == "0"
+    assert onprem["NCCL_SOCKET_IFNAME"] == "eth0"  # bond0 is a host interface, absent in a pod
+    assert "FI_PROVIDER" not in onprem
+
+
+def test_example_job_asks_for_whole_nodes_with_their_efa_devices(aws_k8s: ResolvedPlatform) -> None:
+    job = example_jobset(aws_k8s, "research")
+    assert job["metadata"]["namespace"] == "team-research"
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "default"
+    pod = job["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    limits = pod["containers"][0]["resources"]["limits"]
+    assert limits == {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 32}
+    assert pod["containers"][0]["envFrom"] == [{"configMapRef": {"name": "gpuplat-training"}}]
