@@ -93,6 +93,12 @@ class ResolvedPlatform:
     def pools_with_role(self, role: str) -> list[ResolvedPool]:
         return [p for p in self.pools if p.role == role]
 
+    def uses_efa(self, pool: ResolvedPool) -> bool:
+        """EFA interfaces on the pool's nodes: training pools of EFA node types on an efa fabric (aws)."""
+        return (
+            pool.role == "train" and self.spec.fabric.kind == "efa" and pool.node_type.network.fabric == "efa"
+        )
+
     @property
     def total_gpus(self) -> int:
         return sum(p.max_gpus for p in self.pools)

@@ -220,12 +220,7 @@ def _fsx_csi_driver(platform: ResolvedPlatform, facts: ClusterFacts, chart: Char
 
 
 def _efa_pools(platform: ResolvedPlatform) -> list[ResolvedPool]:
-    if platform.spec.backend != "aws":
-        return []
-    # Imported here: the module is the AWS backend's (it loads Pulumi); only aws stacks reach it.
-    from infra.backends.aws import uses_efa
-
-    return [pool for pool in platform.pools if uses_efa(platform, pool)]
+    return [pool for pool in platform.pools if platform.uses_efa(pool)]
 
 
 def _efa_device_plugin(platform: ResolvedPlatform, chart: Chart) -> HelmRelease | None:

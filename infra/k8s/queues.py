@@ -59,12 +59,7 @@ def training_flavors(platform: ResolvedPlatform) -> list[ResolvedPool]:
 
 def uses_topology(platform: ResolvedPlatform, pool: ResolvedPool) -> bool:
     k8s = platform.spec.kubernetes
-    return (
-        k8s is not None
-        and k8s.distribution == "eks"
-        and pool.node_type.network.fabric == "efa"
-        and platform.spec.fabric.kind == "efa"
-    )
+    return k8s is not None and k8s.distribution == "eks" and platform.uses_efa(pool)
 
 
 @dataclass(frozen=True)

@@ -66,7 +66,7 @@ def example_jobset(platform: ResolvedPlatform, team: str, nodes: int = 2) -> Man
     pool = platform.pools_with_role("train")[0]
     gpus = pool.gpus_per_node
     limits: dict[str, int] = {GPU_RESOURCE: gpus}
-    if platform.spec.fabric.kind == "efa" and pool.node_type.network.fabric == "efa":
+    if platform.uses_efa(pool):
         limits[EFA_RESOURCE] = pool.node_type.network.nics
     name = "llm-pretrain"
     mount = platform.spec.storage.parallel_fs.mount_path

@@ -61,12 +61,6 @@ def pool_zones(platform: ResolvedPlatform, pool: ResolvedPool) -> list[str]:
     return zones[:1] if pool.role == "train" else zones
 
 
-def uses_efa(platform: ResolvedPlatform, pool: ResolvedPool) -> bool:
-    return (
-        pool.role == "train" and platform.spec.fabric.kind == "efa" and pool.node_type.network.fabric == "efa"
-    )
-
-
 def elastic_pools(
     platform: ResolvedPlatform, templates: dict[str, pulumi.Output[str]]
 ) -> pulumi.Output[dict[str, Any]]:
@@ -241,7 +235,7 @@ class AwsBackend:
                     security_group_id=network.security_groups[pool.role].id,
                     instance_profile_arn=identities[pool.role].profile.arn,
                     root_volume_gib=spec.aws.root_volume_gib,
-                    efa=uses_efa(platform, pool),
+                    efa=platform.uses_efa(pool),
                     placement=spec.fabric.placement if pool.role == "train" else "none",
                     tags=pool_tags(platform, pool),
                     user_data=boot_script(pool),

@@ -25,7 +25,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from infra.backends.aws import pool_zones, uses_efa
+from infra.backends.aws import pool_zones
 from infra.backends.aws.eks_iam import autoscaler_role, cluster_role, node_roles
 from infra.backends.aws.eks_nodes import EksNodePool, EksNodePoolArgs
 from infra.backends.aws.network import LUSTRE_PORTS
@@ -166,7 +166,7 @@ class EksCluster(pulumi.ComponentResource):
                     subnet_ids=[args.subnet_by_zone[zone] for zone in pool_zones(platform, pool)],
                     security_group_ids=[args.security_group_ids[pool.role], cluster_sg],
                     root_volume_gib=spec.aws.root_volume_gib,
-                    efa=uses_efa(platform, pool),
+                    efa=platform.uses_efa(pool),
                     placement=spec.fabric.placement,
                     labels=node_labels(pool),
                     tags=pool_tags(platform, pool),
