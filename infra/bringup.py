@@ -18,7 +18,7 @@ from typing import Any
 
 from infra.ansible import playbook_log, run_playbook, state_dir
 from infra.errors import EnvironmentProblem, GpuPlatError
-from infra.inventory import inventory_documents, write_inventory
+from infra.inventory import has_ansible_nodes, inventory_documents, write_inventory
 from infra.local.cluster import LocalCluster
 from infra.local.scale import with_running_sizes
 from infra.local.status import PlatformStatus, collect_status, parse_sinfo
@@ -188,6 +188,8 @@ def up_cloud(platform: ResolvedPlatform, on_start: PhaseStart, on_done: PhaseDon
     result = UpResult(platform.name)
     phases = _Phases(result, on_start, on_done)
     phases.run("pulumi up", lambda: f"{len(pulumi_up(platform))} stack outputs")
+    if not has_ansible_nodes(platform):
+        return result
 
     def inventory() -> str:
         return ", ".join(

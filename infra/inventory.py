@@ -227,6 +227,13 @@ def aws_ec2_config(platform: ResolvedPlatform, transfer_bucket: str | None = Non
     }
 
 
+def has_ansible_nodes(platform: ResolvedPlatform) -> bool:
+    """Whether Ansible configures the stack's nodes. EKS node groups boot the EKS NVIDIA AMI and are
+    configured by Kubernetes (the GPU Operator, device plugins): nothing for the playbooks to do."""
+    k8s = platform.spec.kubernetes
+    return k8s is None or k8s.distribution != "eks"
+
+
 def inventory_documents(platform: ResolvedPlatform) -> dict[str, dict[str, Any]]:
     """File name (relative to the inventory directory) -> YAML document."""
     if platform.spec.backend != "aws":

@@ -64,3 +64,10 @@ def test_cloud_computed_values_are_named_not_passed_off_as_real(tmp_path: Path) 
     assert result.returncode == 0, result.stderr
     assert "computed by the cloud" in result.stderr
     assert "fsx.mock.amazonaws.com" in result.stderr
+
+
+def test_eks_stacks_have_no_ansible_inventory() -> None:
+    result = gpuplat("inventory", "--stack", "aws-k8s")
+    assert result.returncode == 2
+    assert "EKS" in result.stderr and "Traceback" not in result.stderr
+    assert gpuplat("inventory", "--stack", "onprem-k8s").returncode == 0

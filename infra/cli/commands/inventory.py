@@ -9,7 +9,8 @@ import typer
 
 from infra.cli import output
 from infra.cli.stack_options import StackFile, StackName, platform_from_options
-from infra.inventory import inventory_documents, render, write_inventory
+from infra.errors import SpecError
+from infra.inventory import has_ansible_nodes, inventory_documents, render, write_inventory
 from infra.local.scale import with_running_sizes
 
 OutputDir = Annotated[
@@ -20,6 +21,11 @@ OutputDir = Annotated[
 def inventory(stack: StackName = None, stack_file: StackFile = None, output_dir: OutputDir = None) -> None:
     """Write the Ansible inventory: a group per pool, role groups, resolved versions as vars."""
     platform = platform_from_options(stack, stack_file)
+    if not has_ansible_nodes(platform):
+        raise SpecError(
+            f"stack {platform.name} runs on EKS: its node groups boot the EKS NVIDIA AMI and Kubernetes "
+            "configures them, so there is no Ansible inventory. `gpuplat manifests` shows what is applied."
+        )
     if platform.spec.backend == "local":  # the nodes that run now (`gpuplat scale`)
         platform = with_running_sizes(platform)
     documents = inventory_documents(platform)
