@@ -7,11 +7,15 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from infra.errors import EnvironmentProblem, GpuPlatError
 from infra.local.podman import podman_env
+from infra.playbook_progress import PlaybookProgress
 from infra.spec.load import PROJECT_ROOT
 
 _RECAP = re.compile(
@@ -53,6 +57,61 @@ def playbook_log(log_dir: Path, playbook: str) -> Path:
     return log_dir / f"{Path(playbook).stem}.log"
 
 
+ProgressCallback = Callable[[PlaybookProgress], None]
+# At most one progress report per this many seconds, besides one per play or task start.
+PROGRESS_INTERVAL_S = 1.0
+
+
+def _stream(
+    command: list[str],
+    env: dict[str, str],
+    log: Path,
+    timeout: float,
+    progress: PlaybookProgress,
+    on_progress: ProgressCallback | None,
+) -> int:
+    """Run the playbook with its output going to `log` line by line (so `tail -f` shows it) and into
+    `progress`; kill it after `timeout` seconds."""
+    with log.open("w", encoding="utf-8") as sink:
+        process = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=PROJECT_ROOT,
+            text=True,
+            errors="replace",
+        )
+        killed = threading.Event()
+
+        def kill() -> None:
+            killed.set()
+            process.kill()
+
+        watchdog = threading.Timer(timeout, kill)
+        watchdog.start()
+        last_report = 0.0
+        try:
+            assert process.stdout is not None
+            for line in process.stdout:
+                sink.write(line)
+                sink.flush()
+                turned = progress.feed(line)
+                now = time.monotonic()
+                if on_progress is not None and (turned or now - last_report >= PROGRESS_INTERVAL_S):
+                    on_progress(progress)
+                    last_report = now
+            returncode = process.wait()
+        finally:
+            watchdog.cancel()
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    if killed.is_set():
+        raise GpuPlatError(f"{progress.playbook} did not finish in {timeout:.0f} s; log: {log}")
+    return returncode
+
+
 def run_playbook(
     playbook: str,
     inventory: Path,
@@ -60,6 +119,7 @@ def run_playbook(
     timeout: float = 3600,
     limit: list[str] | None = None,
     extra_vars: dict[str, str] | None = None,
+    on_progress: ProgressCallback | None = None,
 ) -> PlaybookRun:
     env = podman_env()
     env["ANSIBLE_CONFIG"] = str(PROJECT_ROOT / "ansible.cfg")
@@ -71,19 +131,8 @@ def run_playbook(
         command += ["-e", f"{key}={value}"]
     log_dir.mkdir(parents=True, exist_ok=True)
     log = playbook_log(log_dir, playbook)
-    with log.open("w", encoding="utf-8") as sink:  # streamed, so `tail -f` shows progress
-        try:
-            returncode = subprocess.run(
-                command,
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-                env=env,
-                timeout=timeout,
-                check=False,
-                cwd=PROJECT_ROOT,
-            ).returncode
-        except subprocess.TimeoutExpired as exc:
-            raise GpuPlatError(f"{playbook} did not finish in {timeout:.0f} s; log: {log}") from exc
+    progress = PlaybookProgress(playbook)
+    returncode = _stream(command, env, log, timeout, progress, on_progress)
     text = log.read_text(encoding="utf-8", errors="replace")
     changed, failed = parse_recap(text)
     if returncode != 0 or failed:

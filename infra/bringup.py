@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infra.ansible import playbook_log, run_playbook, state_dir
+from infra.ansible import ProgressCallback, playbook_log, run_playbook, state_dir
 from infra.errors import EnvironmentProblem, GpuPlatError
 from infra.inventory import has_ansible_nodes, inventory_documents, write_inventory
 from infra.local.cluster import LocalCluster
@@ -131,7 +131,11 @@ def validate_serving(cluster: LocalCluster) -> str:
 
 
 def up_local(
-    platform: ResolvedPlatform, on_start: PhaseStart, on_done: PhaseDone, reconfigure: bool = False
+    platform: ResolvedPlatform,
+    on_start: PhaseStart,
+    on_done: PhaseDone,
+    reconfigure: bool = False,
+    on_progress: ProgressCallback | None = None,
 ) -> UpResult:
     platform = with_running_sizes(platform)
     result = UpResult(platform.name)
@@ -157,7 +161,9 @@ def up_local(
                 "(--reconfigure runs the playbooks anyway)"
             )
         stamp.unlink(missing_ok=True)
-        run = run_playbook("site.yml", inventory_dir(platform), state_dir(platform.name) / "logs")
+        run = run_playbook(
+            "site.yml", inventory_dir(platform), state_dir(platform.name) / "logs", on_progress=on_progress
+        )
         result.changes += run.changed
         stamp.write_text(fingerprint, encoding="utf-8")
         return f"{run.changed} task(s) changed; log {run.log}"
@@ -184,7 +190,12 @@ def pulumi_up(platform: ResolvedPlatform) -> dict[str, Any]:
     return {key: output.value for key, output in outcome.outputs.items()}
 
 
-def up_cloud(platform: ResolvedPlatform, on_start: PhaseStart, on_done: PhaseDone) -> UpResult:
+def up_cloud(
+    platform: ResolvedPlatform,
+    on_start: PhaseStart,
+    on_done: PhaseDone,
+    on_progress: ProgressCallback | None = None,
+) -> UpResult:
     result = UpResult(platform.name)
     phases = _Phases(result, on_start, on_done)
     phases.run("pulumi up", lambda: f"{len(pulumi_up(platform))} stack outputs")
@@ -197,7 +208,9 @@ def up_cloud(platform: ResolvedPlatform, on_start: PhaseStart, on_done: PhaseDon
         )
 
     def configure() -> str:
-        run = run_playbook("site.yml", inventory_dir(platform), state_dir(platform.name) / "logs")
+        run = run_playbook(
+            "site.yml", inventory_dir(platform), state_dir(platform.name) / "logs", on_progress=on_progress
+        )
         result.changes += run.changed
         return f"{run.changed} task(s) changed"
 
@@ -214,8 +227,12 @@ def up_cloud(platform: ResolvedPlatform, on_start: PhaseStart, on_done: PhaseDon
 
 
 def up(
-    platform: ResolvedPlatform, on_start: PhaseStart, on_done: PhaseDone, reconfigure: bool = False
+    platform: ResolvedPlatform,
+    on_start: PhaseStart,
+    on_done: PhaseDone,
+    reconfigure: bool = False,
+    on_progress: ProgressCallback | None = None,
 ) -> UpResult:
     if platform.spec.backend == "local":
-        return up_local(platform, on_start, on_done, reconfigure)
-    return up_cloud(platform, on_start, on_done)
+        return up_local(platform, on_start, on_done, reconfigure, on_progress)
+    return up_cloud(platform, on_start, on_done, on_progress)

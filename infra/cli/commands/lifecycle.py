@@ -9,6 +9,7 @@ import typer
 from infra.bringup import PhaseTiming, inventory_dir
 from infra.bringup import up as bring_up
 from infra.cli import output
+from infra.cli.progress import ProgressPrinter
 from infra.cli.stack_options import JsonFlag, StackFile, StackName, platform_from_options
 from infra.errors import ExitCode, GpuPlatError
 from infra.local.cluster import LocalCluster
@@ -49,13 +50,19 @@ def up(
     platform = platform_from_options(stack, stack_file)
     err = output.stderr()
 
+    progress = ProgressPrinter(err)
+
     def started(name: str, hint: str) -> None:
         err.print(f"▶ {name} ..." + (f" ({hint})" if hint else ""))
 
     def done(phase: PhaseTiming) -> None:
+        progress.close()
         err.print(f"✓ {phase.name} ({phase.seconds:.1f} s): {phase.summary}")
 
-    result = bring_up(platform, started, done, reconfigure)
+    try:
+        result = bring_up(platform, started, done, reconfigure, progress)
+    finally:
+        progress.close()
     total = sum(p.seconds for p in result.phases)
     err.print(f"{platform.name} is up in {total:.1f} s ({result.changes} change(s)).")
     if result.status is not None:
