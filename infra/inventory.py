@@ -150,10 +150,15 @@ def role_group_members(platform: ResolvedPlatform) -> dict[str, list[str]]:
     return {group: pools for group, pools in members.items() if pools}
 
 
+# Local nodes are podman containers, reached with `podman exec -i` and modules piped on stdin
+# (playbooks/connection_plugins/gpuplat_podman.py): one podman process per task instead of four.
+LOCAL_CONNECTION = "gpuplat_podman"
+
+
 def _host_vars(platform: ResolvedPlatform, pool: ResolvedPool, node: str) -> dict[str, Any]:
     if platform.spec.backend == "local":
         return {
-            "ansible_connection": "containers.podman.podman",
+            "ansible_connection": LOCAL_CONNECTION,
             "ansible_host": container_name(platform.name, node),
         }
     address = next(h.address for h in pool.spec.hosts if h.name == node)

@@ -20,7 +20,7 @@ def test_local_inventory_groups_and_vars(shipped_platforms: dict[str, ResolvedPl
     train_vars = children["pool_train"]["vars"]
     assert train_vars["gpuplat_gpu_count"] == 8 and train_vars["gpuplat_gpu_simulated"] is True
     assert children["pool_head"]["vars"]["gpuplat_gpu_simulated"] is False
-    assert children["pool_train"]["hosts"]["train-0"]["ansible_connection"] == "containers.podman.podman"
+    assert children["pool_train"]["hosts"]["train-0"]["ansible_connection"] == "gpuplat_podman"
     assert children["slurm_compute"]["children"] == {"pool_train": {}}
     assert children["inference_server"]["children"] == {"pool_infer": {}}
     assert inventory["vars"]["fabric_manager_version"] == inventory["vars"]["gpu_driver_version"]
