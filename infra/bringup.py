@@ -216,11 +216,16 @@ def up_cloud(
 
     phases.run("inventory", inventory)
     phases.run("configure", configure)
-    if (PROJECT_ROOT / "playbooks" / "validate.yml").exists():
+    if platform.spec.scheduler.kind == "slurm":
 
         def validate() -> str:
-            run_playbook("validate.yml", inventory_dir(platform), state_dir(platform.name) / "logs")
-            return "playbooks/validate.yml passed"
+            from infra.validate.run import ValidateOptions
+            from infra.validate.run import validate as validate_cluster
+
+            report = validate_cluster(platform, ValidateOptions())
+            failing = ", ".join(f"{node} ({reason})" for node, reason in report.failing_nodes.items())
+            verdict = "passed" if report.passed else f"FAILED{': ' + failing if failing else ''}"
+            return f"{verdict}; report {report.results_dir.parent / 'report.json'} (gpuplat validate)"
 
         phases.run("validate", validate)
     return result

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
+from typing import Any
 
 import typer
 
@@ -11,10 +13,13 @@ from infra.cli.commands.check import check
 from infra.cli.commands.inventory import inventory
 from infra.cli.commands.lifecycle import down, scale, status, up
 from infra.cli.commands.manifests import manifests
+from infra.cli.commands.nccl_report import nccl_report
 from infra.cli.commands.plan import plan
 from infra.cli.commands.size import size
 from infra.cli.commands.stacks import stacks
-from infra.errors import GpuPlatError
+from infra.cli.commands.validate import validate
+from infra.cli.crash import crash_summary, write_crash_log
+from infra.errors import ExitCode, GpuPlatError
 from infra.plan.record import release_event_loops
 
 app = typer.Typer(
@@ -34,17 +39,41 @@ app.command()(down)
 app.command()(status)
 app.command()(scale)
 app.command()(manifests)
+app.command()(nccl_report)
+app.command()(validate)
 
 
-def main() -> None:
-    """Run the app; usage errors exit 2 (click), domain errors print one paragraph and their exit code."""
+_INTERRUPTED = 130  # the shell's code for a command stopped by Ctrl-C (128 + SIGINT)
+
+# click's usage error base class, from the click typer runs on (typer 0.29 vendors its own copy of click,
+# so `click.ClickException` would not match).
+_USAGE_ERROR: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+
+def main(args: Sequence[str] | None = None) -> None:
+    """Run the app and turn every way it can end into one of the documented exit codes (0 ok, 1 policy
+    violation, 2 bad input, 3 missing tool or host setting, 4 failure) and at most one paragraph on
+    stderr; never a traceback."""
+    argv = list(sys.argv[1:] if args is None else args)
     try:
-        app()
+        code = app(args=argv, prog_name="gpuplat", standalone_mode=False)
     except GpuPlatError as exc:
         output.error(exc.message)
         sys.exit(int(exc.exit_code))
-    except KeyboardInterrupt:
+    except _USAGE_ERROR as exc:  # unknown flag, bad option value, missing option
+        usage_error: Any = exc
+        usage_error.show()
+        sys.exit(int(ExitCode.BAD_INPUT))
+    except (KeyboardInterrupt, typer.Abort):
         output.error("interrupted")
-        sys.exit(130)
+        sys.exit(_INTERRUPTED)
+    except SystemExit as exc:
+        # Inside the app only click calls sys.exit, with 1 when stdout was closed under it (EPIPE, e.g.
+        # `gpuplat plan | head`); 1 means a policy violation here, so that is a failure.
+        sys.exit(int(ExitCode.FAILED) if exc.code == 1 else exc.code)
+    except Exception as exc:
+        output.error(crash_summary(exc, write_crash_log(exc, argv)))
+        sys.exit(int(ExitCode.FAILED))
     finally:
         release_event_loops()
+    sys.exit(code if isinstance(code, int) else int(ExitCode.OK))  # typer.Exit(n) returns n here

@@ -2,21 +2,34 @@
 
 `pulumi preview --policy-pack infra/policy --policy-pack-config FILE` and `gpuplat check
 --policy-config FILE` read one JSON (or YAML) document: per rule id, an `enforcementLevel`
-(advisory | mandatory | disabled) and the rule's own properties; `"all"` sets every rule's level.
+(advisory | mandatory | disabled) and the rule's own properties; `"all"` sets every rule's level and
+nothing else. As in CrossGuard, a rule sees only the properties given under its own id (Pulumi's
+`applyConfig` in pkg/resource/analyzer/config.go hands each policy its own entry; under "all" it applies
+only the enforcement level). `gpuplat check` is stricter than Pulumi, which ignores what a policy's schema
+does not name: a property a rule does not take is an error naming the rule and the properties it takes.
 """
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from infra.errors import SpecError
+from infra.spec.errors import Loc, Problem, allowed_keys, spec_error, validation_problems
+from infra.spec.load import read_yaml_file
+from infra.spec.models import Tags
 
 Enforcement = Literal["mandatory", "advisory", "disabled"]
+ENFORCEMENT_KEY = "enforcementLevel"
+ALL_RULES = "all"
+
+# The tags a stack sets (its `tags:` section) and every component passes on: the only keys a
+# requiredTags entry can ever find.
+STACK_TAG_KEYS: tuple[str, ...] = tuple(allowed_keys(Tags))
 
 
 class PolicyConfig(BaseModel):
@@ -28,15 +41,17 @@ class PolicyConfig(BaseModel):
         0.5,
         ge=0,
         le=1,
+        strict=True,
         alias="minSpotShare",
         description="share of training GPUs (at full size) that non-production aws stacks run on spot",
     )
     required_tags: tuple[str, ...] = Field(
         ("owner", "team", "cost-center"),
         alias="requiredTags",
-        description="tag keys every taggable cloud resource carries",
+        description="tag keys every taggable cloud resource carries (keys of the stack's tags section)",
+        json_schema_extra={"items": {"type": "string", "enum": list(STACK_TAG_KEYS)}},
     )
-    isolate_subnets: bool = Field(
+    isolate_subnets: StrictBool = Field(
         False,
         alias="isolateSubnets",
         description="also forbid a subnet shared by training and inference node groups",
@@ -53,60 +68,120 @@ class PolicyConfig(BaseModel):
     )
 
     @classmethod
+    def property_name(cls, field_name: str) -> str:
+        info = cls.model_fields[field_name]
+        return info.alias or field_name
+
+    @classmethod
     def option_schema(cls, field_name: str) -> tuple[str, dict[str, Any]]:
         """The policy-config property name and JSON schema of one setting (for PolicyConfigSchema)."""
-        info = cls.model_fields[field_name]
-        schema = cls.model_json_schema(by_alias=True)["properties"][info.alias or field_name]
+        schema = cls.model_json_schema(by_alias=True)["properties"][cls.property_name(field_name)]
         schema.pop("title", None)
-        return info.alias or field_name, schema
+        return cls.property_name(field_name), schema
 
     @classmethod
     def from_properties(cls, properties: Mapping[str, Any] | None) -> PolicyConfig:
         """Settings from one policy's config properties (CrossGuard hands each policy its own)."""
-        data = {k: v for k, v in (properties or {}).items() if k != "enforcementLevel"}
+        data = {k: v for k, v in (properties or {}).items() if k != ENFORCEMENT_KEY}
         return cls.model_validate(data)
 
 
+ENFORCEMENT_LEVELS: tuple[str, ...] = get_args(Enforcement)
+_LEVELS = ", ".join(ENFORCEMENT_LEVELS)
+
+
+def _level_and_settings(key: str, value: Any, problems: list[Problem]) -> tuple[Any, dict[str, Any]]:
+    """A rule's entry: a level, or a mapping of an optional level and properties."""
+    if isinstance(value, str):
+        return value, {}
+    if isinstance(value, Mapping):
+        settings = {str(k): v for k, v in value.items()}
+        return settings.pop(ENFORCEMENT_KEY, None), settings
+    problems.append((key, f"give an enforcement level ({_LEVELS}) or a mapping of settings"))
+    return None, {}
+
+
+def _unknown_properties(rule_id: str, given: dict[str, Any], taken: list[str]) -> list[Problem]:
+    problems = []
+    for name in sorted(set(given) - set(taken)):
+        if rule_id == ALL_RULES:
+            message = (
+                f"{ALL_RULES} sets only the {ENFORCEMENT_KEY} of every rule; give {name!r} under its rule"
+            )
+        else:
+            close = difflib.get_close_matches(name, taken, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            takes = ", ".join([*taken, ENFORCEMENT_KEY]) if taken else f"only {ENFORCEMENT_KEY}"
+            message = f"rule {rule_id} has no property {name!r}{hint}; it takes {takes}"
+        problems.append((f"{rule_id}.{name}", message))
+    return problems
+
+
+def _required_tag_problems(settings: dict[str, Any]) -> list[Problem]:
+    """requiredTags entries the stack cannot set would fail on every resource, forever."""
+    keys = settings.get(PolicyConfig.property_name("required_tags"))
+    if not isinstance(keys, list | tuple):
+        return []
+    return [
+        (
+            f"security-required-tags.requiredTags[{index}]",
+            f"{key!r} is not a tag a stack sets, so no resource could ever carry it; the stack's tags "
+            f"section sets {', '.join(STACK_TAG_KEYS)}",
+        )
+        for index, key in enumerate(keys)
+        if key not in STACK_TAG_KEYS
+    ]
+
+
+def _dotted(loc: Loc) -> str:
+    return ".".join(str(part) for part in loc)
+
+
 def parse_policy_config(document: Mapping[str, Any], source: str = "policy config") -> PolicyConfig:
-    """Merge a Pulumi-style policy config document (rule id -> level or {enforcementLevel, ...})."""
+    """Check a Pulumi-style policy config document rule by rule and merge it into one PolicyConfig.
+
+    Merging is safe because each property belongs to one rule (a rule's `options`; the registry test
+    keeps them apart) and is only accepted under that rule."""
     from infra.policy.rules import RULES
 
-    known = {rule.id for rule in RULES}
+    rules = {rule.id: rule for rule in RULES}
+    problems: list[Problem] = []
     properties: dict[str, Any] = {}
-    enforcement: dict[str, str] = {}
-    for key, value in document.items():
-        if key != "all" and key not in known:
-            raise SpecError(f"{source}: unknown rule {key!r}; known rules: {', '.join(sorted(known))}.")
-        if isinstance(value, str):
-            level: Any = value
-            settings: Mapping[str, Any] = {}
-        elif isinstance(value, Mapping):
-            level = value.get("enforcementLevel")
-            settings = value
-        else:
-            raise SpecError(f"{source}: {key}: give an enforcement level or a mapping of settings.")
+    levels: dict[str, Any] = {}
+    for raw_key, value in document.items():
+        key = str(raw_key)
+        if key != ALL_RULES and key not in rules:
+            close = difflib.get_close_matches(key, list(rules), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            problems.append((key, f"unknown rule {key!r}{hint}; known rules: {', '.join(sorted(rules))}"))
+            continue
+        level, settings = _level_and_settings(key, value, problems)
         if level is not None:
-            for rule_id in sorted(known) if key == "all" else [key]:
-                if key == "all" and rule_id in enforcement:
-                    continue
-                enforcement[rule_id] = level
-        properties.update({k: v for k, v in settings.items() if k != "enforcementLevel"})
-    try:
-        return PolicyConfig.model_validate({**properties, "enforcement": enforcement})
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in error['loc'])}: {error['msg']}" for error in exc.errors()
-        )
-        raise SpecError(f"{source}: {problems}.") from exc
+            levels[key] = level
+        taken = [] if key == ALL_RULES else [PolicyConfig.property_name(o) for o in rules[key].options]
+        unknown = _unknown_properties(key, settings, taken)
+        problems += unknown
+        if unknown:
+            continue
+        try:
+            PolicyConfig.model_validate(settings)
+        except ValidationError as exc:
+            problems += [(f"{key}.{path}", message) for path, message in validation_problems(exc, _dotted)]
+            continue
+        problems += _required_tag_problems(settings)
+        properties.update(settings)
+    for key, level in levels.items():
+        if level not in ENFORCEMENT_LEVELS:
+            problems.append((f"{key}.{ENFORCEMENT_KEY}", f"must be one of {_LEVELS} (got {level!r})"))
+    if problems:
+        raise spec_error(source, problems, "the policy config")
+    every = {rule_id: levels[ALL_RULES] for rule_id in rules} if ALL_RULES in levels else {}
+    enforcement = {**every, **{k: v for k, v in levels.items() if k != ALL_RULES}}
+    return PolicyConfig.model_validate({**properties, "enforcement": enforcement})
 
 
 def load_policy_config(path: Path) -> PolicyConfig:
-    try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SpecError(f"{path}: policy config file not found.") from None
-    except (OSError, yaml.YAMLError) as exc:
-        raise SpecError(f"{path}: cannot read policy config: {exc}") from exc
+    document = read_yaml_file(path, "policy config file")
     if document is None:
         return PolicyConfig()
     if not isinstance(document, Mapping):

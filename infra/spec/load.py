@@ -2,19 +2,38 @@
 
 from __future__ import annotations
 
+import codecs
+import difflib
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
+from infra.data.load import catalog
 from infra.errors import SpecError
-from infra.spec.errors import spec_error_from_validation
-from infra.spec.models import PlatformSpec
+from infra.spec.catalog_checks import catalog_problems
+from infra.spec.errors import field_path, spec_error, spec_error_from_validation
+from infra.spec.models import PATTERN_MEANINGS, PlatformSpec
 
 CONFIG_KEY = "gpu-platform:platform"
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+# A stack of 5000 listed hosts (the most a platform has) is about 300 KB; anything far larger is not a
+# stack file, and reading it whole would only cost memory.
+MAX_FILE_BYTES = 1024 * 1024
+
+# Pulumi's rule for stack names: letters, digits, hyphens, underscores and periods.
+_STACK_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+_BYTE_ORDER_MARKS = (
+    (codecs.BOM_UTF32_LE, "UTF-32"),
+    (codecs.BOM_UTF32_BE, "UTF-32"),
+    (codecs.BOM_UTF16_LE, "UTF-16"),
+    (codecs.BOM_UTF16_BE, "UTF-16"),
+)
 
 
 def stacks_dir() -> Path:
@@ -23,6 +42,11 @@ def stacks_dir() -> Path:
 
 
 def stack_file(name: str) -> Path:
+    if not _STACK_NAME.fullmatch(name):
+        raise SpecError(
+            f"stack name {name!r}: a stack name holds letters, digits, -, _ and . only (e.g. aws-prod); "
+            f"known stacks: {', '.join(stack_names()) or 'none'}"
+        )
     return stacks_dir() / f"Pulumi.{name}.yaml"
 
 
@@ -32,22 +56,111 @@ def stack_names() -> list[str]:
     )
 
 
+def _read_bytes(path: Path, what: str, not_found: str) -> bytes:
+    try:
+        if path.exists() and not path.is_file():  # a directory, a device, a pipe
+            raise SpecError(f"{path}: not a regular file; give the path of a {what}.")
+        with path.open("rb") as stream:
+            data = stream.read(MAX_FILE_BYTES + 1)
+    except FileNotFoundError:
+        raise SpecError(f"{path}: {not_found}") from None
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read {what} ({exc.strerror}).") from exc
+    except ValueError as exc:  # a path holding a NUL character
+        raise SpecError(f"{path!r}: not a usable path ({exc}).") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise SpecError(
+            f"{path}: larger than {MAX_FILE_BYTES // 1024} KiB; a {what} is a few KB (even a stack file "
+            "listing 5000 hosts, the most a platform has, is about 300 KB)."
+        )
+    return data
+
+
+def _decode(path: Path, data: bytes) -> str:
+    """UTF-8 text (a UTF-8 byte-order mark is dropped); anything else is named, never guessed at."""
+    for mark, encoding in _BYTE_ORDER_MARKS:
+        if data.startswith(mark):
+            raise SpecError(
+                f"{path}: the file is {encoding} text (it starts with a {encoding} byte-order mark); YAML "
+                "files here are UTF-8: save it as UTF-8."
+            )
+    if b"\x00" in data:
+        line = data[: data.index(b"\x00")].count(b"\n") + 1
+        raise SpecError(f"{path}: line {line} holds a NUL byte: binary data, not a YAML text file.")
+    try:
+        return data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise SpecError(
+            f"{path}: line {line}: byte 0x{data[exc.start]:02x} is not UTF-8 ({exc.reason}); YAML files here "
+            "are UTF-8 (Latin-1 or Windows-1252 text is the usual cause): save it as UTF-8."
+        ) from None
+
+
+class _NoRepeatedKeysLoader(yaml.SafeLoader):
+    """The safe loader, refusing a key given twice in one mapping (YAML readers disagree on which wins)."""
+
+
+def _mapping_without_repeats(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node)
+        try:
+            first = seen.setdefault(key, key_node.start_mark.line + 1)
+        except TypeError:
+            continue  # an unhashable key: construct_mapping reports it
+        if first != key_node.start_mark.line + 1:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key {key!r} given twice (first on line {first})", key_node.start_mark
+            )
+    return loader.construct_mapping(node)
+
+
+_NoRepeatedKeysLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_repeats
+)
+
+
+def _yaml_error(path: Path, text: str, exc: yaml.YAMLError) -> SpecError:
+    """The file, line and column of a YAML error, in place of PyYAML's `<unicode string>`."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        context = ""
+        if exc.context and exc.context_mark is not None:
+            context = f" ({exc.context}, which starts on line {exc.context_mark.line + 1})"
+        where = f"line {mark.line + 1}, column {mark.column + 1}"
+        return SpecError(f"{path}, {where}: not valid YAML: {exc.problem}{context}.")
+    if isinstance(exc, yaml.reader.ReaderError):
+        line = text[: exc.position].count("\n") + 1
+        return SpecError(
+            f"{path}, line {line}: not valid YAML: character U+{exc.character:04X} is not allowed in YAML "
+            "text."
+        )
+    return SpecError(f"{path}: not valid YAML: {exc}")
+
+
+def read_yaml_file(path: Path, what: str, not_found: str | None = None) -> Any:
+    """The YAML document of a file, or one SpecError naming the file, line and what is wrong with it."""
+    text = _decode(path, _read_bytes(path, what, not_found or f"{what} not found."))
+    try:
+        return yaml.load(text, Loader=_NoRepeatedKeysLoader)  # a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        raise _yaml_error(path, text, exc) from None
+    except RecursionError:
+        raise SpecError(f"{path}: not valid YAML for this tool: nested too deeply.") from None
+
+
 def read_stack_config(path: Path) -> dict[str, Any]:
     """The `config:` mapping of a Pulumi stack file."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        known = ", ".join(stack_names()) or "none"
-        raise SpecError(
-            f"{path}: stack file not found. Give --stack NAME for stacks/Pulumi.NAME.yaml (known: {known}) "
-            "or --stack-file PATH."
-        ) from None
-    except OSError as exc:
-        raise SpecError(f"{path}: cannot read stack file ({exc.strerror}).") from exc
-    try:
-        document = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise SpecError(f"{path}: not valid YAML: {exc}") from exc
+    known = ", ".join(stack_names()) or "none"
+    document = read_yaml_file(
+        path,
+        "stack file",
+        not_found=f"stack file not found. Give --stack NAME for stacks/Pulumi.NAME.yaml (known: {known}) "
+        "or --stack-file PATH.",
+    )
     if not isinstance(document, dict) or not isinstance(document.get("config"), dict):
         raise SpecError(
             f"{path}: a stack file is a mapping with a `config:` mapping (Pulumi stack settings)."
@@ -57,16 +170,44 @@ def read_stack_config(path: Path) -> dict[str, Any]:
 
 
 def parse_spec(raw: Any, source: Path | str) -> PlatformSpec:
+    """The validated platform description: its fields, then its contradictions with the node catalog."""
     try:
-        return PlatformSpec.model_validate(raw)
+        spec = PlatformSpec.model_validate(raw)
     except ValidationError as exc:
-        raise spec_error_from_validation(source, CONFIG_KEY, exc) from exc
+        raise spec_error_from_validation(
+            source, CONFIG_KEY, exc, model=PlatformSpec, pattern_meanings=PATTERN_MEANINGS
+        ) from exc
+    problems = catalog_problems(spec, catalog())
+    if problems:
+        raise spec_error(source, [(field_path(CONFIG_KEY, loc), message) for loc, message in problems])
+    return spec
+
+
+def _check_provider_region(path: Path, config: dict[str, Any], spec: PlatformSpec) -> None:
+    """The AWS provider deploys to `aws:region`; the platform plans zones and endpoints in its region."""
+    region = config.get("aws:region")
+    if spec.backend == "aws" and region is not None and region != spec.region:
+        raise spec_error(
+            path,
+            [
+                (
+                    "aws:region",
+                    f"{region!r} differs from {CONFIG_KEY}.region {spec.region!r}: the AWS provider creates "
+                    "every resource in aws:region while the platform plans its zones and endpoints in "
+                    "region; give both the same region",
+                )
+            ],
+        )
 
 
 def load_spec_file(path: Path) -> PlatformSpec:
     config = read_stack_config(path)
     if CONFIG_KEY not in config:
+        close = difflib.get_close_matches(CONFIG_KEY, [str(key) for key in config], n=1)
+        hint = f" (is `{close[0]}` meant to be it?)" if close else ""
         raise SpecError(
-            f"{path}: no `{CONFIG_KEY}` key under `config:`; the platform description lives there."
+            f"{path}: no `{CONFIG_KEY}` key under `config:`{hint}; the platform description lives there."
         )
-    return parse_spec(config[CONFIG_KEY], path)
+    spec = parse_spec(config[CONFIG_KEY], path)
+    _check_provider_region(path, config, spec)
+    return spec

@@ -6,10 +6,15 @@ it has been resolved against the shipped data (see `infra.resolve`).
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from infra.spec.cross_checks import platform_problems, repeats
+from infra.spec.errors import FieldProblem, FieldProblems
+from infra.spec.limits import MAX_NODES, MAX_NODES_REASON
 
 Backend = Literal["aws", "onprem", "local"]
 PoolRole = Literal["train", "infer", "service"]
@@ -17,11 +22,84 @@ Capacity = Literal["on-demand", "spot", "reserved"]
 FabricKind = Literal["efa", "infiniband", "roce", "none"]
 Placement = Literal["cluster", "spread", "none"]
 
-Name = Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]{0,30}$", description="lower-case name, dashes allowed")]
+NAME_PATTERN = r"^[a-z][a-z0-9-]{0,30}$"
+USER_PATTERN = r"^[a-z_][a-z0-9_-]{0,31}$"
+RESERVATION_PATTERN = r"^cr-[0-9a-f]{8,17}$"
+ABSOLUTE_PATH_PATTERN = r"^/"
+TIME_LIMIT_PATTERN = r"^\d+:\d{2}:\d{2}$"
+KUBERNETES_VERSION_PATTERN = r"^1\.\d{2}$"
+ROLE_ARN_PATTERN = r"^arn:aws[a-z-]*:(iam|sts)::\d{12}:.+"
+ENGINE_VERSION_PATTERN = r"^\d+\.\d+\.\d+(\.\d+)?$"
+CUDA_PATTERN = r"^\d+\.\d+$"
+NCCL_PATTERN = r"^\d+\.\d+\.\d+$"
+AMI_PATTERN = r"^ami-[0-9a-f]{8,17}$"
+
+# What a value matching each pattern looks like, for messages (a bare regex helps nobody).
+PATTERN_MEANINGS: dict[str, str] = {
+    NAME_PATTERN: "a lower-case name: a letter, then at most 30 letters, digits or dashes (e.g. train-spot)",
+    USER_PATTERN: "a Linux user name: a lower-case letter or _, then at most 31 lower-case letters, digits, "
+    "_ or - (e.g. alice)",
+    RESERVATION_PATTERN: "an EC2 capacity reservation id: cr- and 8 to 17 hex digits "
+    "(e.g. cr-0123456789abcdef0)",
+    ABSOLUTE_PATH_PATTERN: "an absolute path, starting with / (e.g. /shared)",
+    TIME_LIMIT_PATTERN: "a time limit HOURS:MM:SS (e.g. 24:00:00)",
+    KUBERNETES_VERSION_PATTERN: 'a Kubernetes minor version 1.NN, in quotes (e.g. "1.34")',
+    ROLE_ARN_PATTERN: "an IAM user or role ARN (e.g. arn:aws:iam::123456789012:role/admin)",
+    ENGINE_VERSION_PATTERN: "a release number MAJOR.MINOR.PATCH (e.g. 0.11.0)",
+    CUDA_PATTERN: "a CUDA version MAJOR.MINOR (e.g. 12.8)",
+    NCCL_PATTERN: "an NCCL version MAJOR.MINOR.PATCH (e.g. 2.27.7)",
+    AMI_PATTERN: "an AMI id: ami- and 8 to 17 hex digits (e.g. ami-0123456789abcdef0)",
+}
+
+Name = Annotated[str, Field(pattern=NAME_PATTERN, description="lower-case name, dashes allowed")]
+
+
+def _at_most(limit: int, unit: str, reason: str) -> AfterValidator:
+    def check(value: int) -> int:
+        if value > limit:
+            raise ValueError(f"at most {limit} {unit}, {reason}")
+        return value
+
+    return AfterValidator(check)
+
+
+NodeCount = Annotated[int, Field(ge=0), _at_most(MAX_NODES, "nodes", MAX_NODES_REASON)]
+
+# AWS tag values: at most 256 characters; letters, digits, spaces and + - = . _ : / @; no aws: prefix
+# (https://docs.aws.amazon.com/batch/latest/userguide/tag-restrictions.html, "Tag restrictions").
+_TAG_VALUE_MAX = 256
+_TAG_PUNCTUATION = "+-=._:/@"
+
+
+def _tag_value(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be empty or blank: cost reports and owners are found through the tags")
+    if len(value) > _TAG_VALUE_MAX:
+        raise ValueError(f"at most {_TAG_VALUE_MAX} characters (an AWS tag value), got {len(value)}")
+    if value.lower().startswith("aws:"):
+        raise ValueError("must not start with aws: (AWS reserves that prefix)")
+    odd = sorted({c for c in value if not (c.isalnum() or c == " " or c in _TAG_PUNCTUATION)})
+    if odd:
+        raise ValueError(
+            f"may hold letters, digits, spaces and {' '.join(_TAG_PUNCTUATION)} (AWS tag rules), "
+            f"not {''.join(odd)!r}"
+        )
+    return value
+
+
+TagValue = Annotated[str, AfterValidator(_tag_value)]
+
+
+def _ipv4_network(value: str) -> str:
+    try:
+        ipaddress.IPv4Network(value)
+    except ValueError as exc:
+        raise ValueError(f"must be an IPv4 network such as 10.64.0.0/16 ({exc})") from None
+    return value
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False)
 
 
 class Taint(_Model):
@@ -37,7 +115,7 @@ class Host(_Model):
 
 class Reservation(_Model):
     kind: Literal["capacity-reservation", "capacity-block"]
-    id: str = Field(pattern=r"^cr-[0-9a-f]{8,17}$", description="EC2 capacity reservation id (cr-...)")
+    id: str = Field(pattern=RESERVATION_PATTERN, description="EC2 capacity reservation id (cr-...)")
 
 
 class NodePool(_Model):
@@ -46,9 +124,9 @@ class NodePool(_Model):
         description="train, infer or service: one per pool, never train and infer together"
     )
     instance_type: str = Field(description="a node type of the catalog (gpuplat catalog lists them)")
-    count: int | None = Field(None, ge=0, description="fixed node count; or give min/max")
-    min: int | None = Field(None, ge=0)
-    max: int | None = Field(None, ge=0)
+    count: NodeCount | None = Field(None, description="fixed node count; or give min/max")
+    min: NodeCount | None = None
+    max: NodeCount | None = None
     capacity: Capacity = "on-demand"
     reservation: Reservation | None = None
     interruptible: bool = Field(False, description="its work survives losing a node (checkpoints, requeue)")
@@ -70,6 +148,8 @@ class NodePool(_Model):
         roles = value if isinstance(value, list) else [value]
         if isinstance(value, str) and re.search(r"[,+/ ]", value):
             roles = [r for r in re.split(r"[,+/ ]+", value) if r]
+        if not all(isinstance(r, str) for r in roles):
+            return value  # not a role at all: the field's own check names what is allowed
         if {"train", "infer"} <= set(roles):
             raise ValueError(
                 "a pool is either train or infer, never both: training and inference must not share "
@@ -81,23 +161,43 @@ class NodePool(_Model):
 
     @model_validator(mode="after")
     def _sizes(self) -> NodePool:
+        problems: list[FieldProblem] = []
         if self.count is None and self.max is None and not self.hosts:
-            raise ValueError("give either count or min/max (on-prem: the list of hosts)")
+            problems.append((("count",), "give either count or min/max (on-prem: the list of hosts)"))
         if self.count is not None and (self.min is not None or self.max is not None):
-            raise ValueError("give either count or min/max, not both")
+            problems.append((("count",), "give either count or min/max, not both"))
         if self.min is not None and self.max is not None and self.min > self.max:
-            raise ValueError(f"min ({self.min}) is larger than max ({self.max})")
+            problems.append((("min",), f"min ({self.min}) is larger than max ({self.max})"))
         if self.capacity == "reserved" and self.reservation is None:
-            raise ValueError(
-                "capacity 'reserved' needs a reservation (capacity-reservation or capacity-block id)"
+            problems.append(
+                (
+                    ("reservation",),
+                    "capacity 'reserved' needs a reservation (capacity-reservation or capacity-block id)",
+                )
             )
         if self.reservation is not None and self.capacity != "reserved":
-            raise ValueError("a reservation is only used with capacity 'reserved'")
+            problems.append((("capacity",), "a reservation is only used with capacity 'reserved'"))
         if self.hosts and (self.min is not None or self.max is not None):
-            raise ValueError("a pool of listed hosts has as many nodes as hosts; drop min/max")
+            problems.append(
+                (
+                    ("min" if self.min is not None else "max",),
+                    "a pool of listed hosts has as many nodes as hosts; drop min/max",
+                )
+            )
         if self.hosts and self.count is not None and self.count != len(self.hosts):
-            raise ValueError(f"count ({self.count}) differs from the number of hosts ({len(self.hosts)})")
+            problems.append(
+                (("count",), f"count ({self.count}) differs from the number of hosts ({len(self.hosts)})")
+            )
+        if problems:
+            raise FieldProblems(problems)
         return self
+
+    @property
+    def size_field(self) -> str:
+        """The key that sets the pool's size in the stack: hosts, count or max."""
+        if self.hosts:
+            return "hosts"
+        return "count" if self.count is not None else "max"
 
     @property
     def min_nodes(self) -> int:
@@ -142,7 +242,7 @@ class ParallelFilesystem(_Model):
     read_gbps_per_gpu: float = Field(
         gt=0, description="target sustained read throughput per training GPU, in GB/s"
     )
-    mount_path: str = Field("/shared", pattern=r"^/")
+    mount_path: str = Field("/shared", pattern=ABSOLUTE_PATH_PATTERN)
     source: str | None = Field(
         None,
         description=(
@@ -151,12 +251,6 @@ class ParallelFilesystem(_Model):
         ),
     )
 
-
-_FILESYSTEMS_BY_BACKEND: dict[str, tuple[str, ...]] = {
-    "aws": ("fsx-lustre",),
-    "onprem": ("lustre", "nfs"),
-    "local": ("local-volume",),
-}
 
 Purpose = Literal["datasets", "checkpoints", "models"]
 
@@ -181,14 +275,14 @@ class ObjectStore(_Model):
 class Storage(_Model):
     parallel_fs: ParallelFilesystem
     object_store: ObjectStore = Field(default_factory=ObjectStore)
-    checkpoint_path: str = Field(pattern=r"^/")
+    checkpoint_path: str = Field(pattern=ABSOLUTE_PATH_PATTERN)
 
 
 class Team(_Model):
     name: Name
     gpu_quota: int = Field(ge=1, description="most GPUs the team's running jobs may hold (GrpTRES gres/gpu)")
     fairshare: int = Field(1, ge=1, description="fair-share weight (Slurm association Fairshare)")
-    users: list[Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_-]{0,31}$")]] = Field(default_factory=list)
+    users: list[Annotated[str, Field(pattern=USER_PATTERN)]] = Field(default_factory=list)
 
 
 class Scheduler(_Model):
@@ -217,7 +311,17 @@ class Scheduler(_Model):
             "filesystem, with one accounting database; needs exactly two nodes in the controller pool"
         ),
     )
-    default_time_limit: str = Field("24:00:00", pattern=r"^\d+:\d{2}:\d{2}$")
+    default_time_limit: str = Field("24:00:00", pattern=TIME_LIMIT_PATTERN)
+
+    @model_validator(mode="after")
+    def _unique_teams(self) -> Scheduler:
+        problems = [
+            (("teams", index, "name"), f"team {name!r} is already teams[{first}]; each team is listed once")
+            for index, first, name in repeats([t.name for t in self.teams])
+        ]
+        if problems:
+            raise FieldProblems(problems)
+        return self
 
 
 KubernetesDistribution = Literal["eks", "existing"]
@@ -230,7 +334,7 @@ class Kubernetes(_Model):
     )
     version: str = Field(
         "1.34",
-        pattern=r"^1\.\d{2}$",
+        pattern=KUBERNETES_VERSION_PATTERN,
         description="Kubernetes minor version: the EKS cluster's, or the one the existing cluster runs "
         "(objects are checked against its API)",
     )
@@ -243,7 +347,7 @@ class Kubernetes(_Model):
         description="who adds and removes nodes of elastic pools; default: cluster-autoscaler on eks, "
         "none on an existing cluster (its nodes are the listed hosts)",
     )
-    admin_arns: list[Annotated[str, Field(pattern=r"^arn:aws[a-z-]*:(iam|sts)::\d{12}:.+")]] = Field(
+    admin_arns: list[Annotated[str, Field(pattern=ROLE_ARN_PATTERN)]] = Field(
         default_factory=list,
         description="eks: IAM users or roles that get cluster admin through EKS access entries",
     )
@@ -254,9 +358,6 @@ class Kubernetes(_Model):
         if self.autoscaler is not None:
             return self.autoscaler
         return "cluster-autoscaler" if self.distribution == "eks" else "none"
-
-
-_DISTRIBUTION_BACKEND: dict[str, str] = {"eks": "aws", "existing": "onprem"}
 
 
 class Serving(_Model):
@@ -274,7 +375,7 @@ class Serving(_Model):
     p95_target_ms: int = Field(2000, ge=1)
     engine_version: str | None = Field(
         None,
-        pattern=r"^\d+\.\d+\.\d+(\.\d+)?$",
+        pattern=ENGINE_VERSION_PATTERN,
         description="vLLM release; default: the newest one whose torch's CUDA runs on the driver branch",
     )
     model_params_b: float | None = Field(
@@ -292,10 +393,24 @@ class Serving(_Model):
 
     @model_validator(mode="after")
     def _replicas(self) -> Serving:
+        problems: list[FieldProblem] = []
         if self.min_replicas > self.max_replicas:
-            raise ValueError(
-                f"min_replicas ({self.min_replicas}) is larger than max_replicas ({self.max_replicas})"
+            problems.append(
+                (
+                    ("min_replicas",),
+                    f"min_replicas ({self.min_replicas}) is larger than max_replicas ({self.max_replicas})",
+                )
             )
+        if self.engine == "cpu-reference" and self.tensor_parallel is not None:
+            problems.append(
+                (
+                    ("tensor_parallel",),
+                    "the cpu-reference engine runs on the CPU, on no GPU: give tensor_parallel with "
+                    "engine vllm",
+                )
+            )
+        if problems:
+            raise FieldProblems(problems)
         return self
 
 
@@ -312,30 +427,30 @@ class Software(_Model):
     )
     driver_branch: int | None = None
     driver_version: str | None = None
-    cuda: str | None = Field(None, pattern=r"^\d+\.\d+$")
-    nccl: str | None = Field(None, pattern=r"^\d+\.\d+\.\d+$")
+    cuda: str | None = Field(None, pattern=CUDA_PATTERN)
+    nccl: str | None = Field(None, pattern=NCCL_PATTERN)
     fabric_manager: str | None = None
 
 
 class AwsSettings(_Model):
     image_id: str | None = Field(
         None,
-        pattern=r"^ami-[0-9a-f]{8,17}$",
+        pattern=AMI_PATTERN,
         description="AMI for every pool; default: the public SSM parameter of the Deep Learning Base GPU AMI",
     )
     image_ssm_parameter: str = (
         "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
     )
-    vpc_cidr: str = Field("10.64.0.0/16", pattern=r"^\d+\.\d+\.\d+\.\d+/\d+$")
+    vpc_cidr: Annotated[str, AfterValidator(_ipv4_network)] = "10.64.0.0/16"
     root_volume_gib: int = Field(200, ge=50, le=16384)
     gateway_port: int = Field(8080, ge=1, le=65535)
     model_server_port: int = Field(8000, ge=1, le=65535)
 
 
 class Tags(_Model):
-    owner: str = Field(min_length=1)
-    team: str = Field(min_length=1)
-    cost_center: str = Field(min_length=1, alias="cost-center")
+    owner: TagValue
+    team: TagValue
+    cost_center: TagValue = Field(alias="cost-center")
 
 
 class Budget(_Model):
@@ -347,8 +462,8 @@ class PlatformSpec(_Model):
     name: Name
     backend: Backend
     environment: Literal["production", "staging", "development"] = "development"
-    region: str | None = None
-    zones: list[str] = Field(default_factory=list)
+    region: str | None = Field(None, description="aws: the region, e.g. us-east-1")
+    zones: list[str] = Field(default_factory=list, description="aws: availability zones of the region")
     fabric: Fabric = Field(default_factory=Fabric)
     pools: list[NodePool] = Field(min_length=1)
     storage: Storage
@@ -362,136 +477,11 @@ class PlatformSpec(_Model):
 
     @model_validator(mode="after")
     def _cross_references(self) -> PlatformSpec:
-        names = [p.name for p in self.pools]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            raise ValueError(f"pool names must be unique: {', '.join(duplicates)}")
-        if self.backend == "aws" and (not self.region or not self.zones):
-            raise ValueError("backend aws needs region and zones")
-        by_name = {p.name: p for p in self.pools}
-        if not any(p.role == "service" for p in self.pools):
-            raise ValueError("a platform needs a service pool (Slurm controller, gateway, monitoring)")
-        if not any(p.role == "train" for p in self.pools):
-            raise ValueError("a platform needs at least one train pool")
-        if self.scheduler.controller_pool and by_name.get(self.scheduler.controller_pool) is None:
-            raise ValueError(f"scheduler.controller_pool {self.scheduler.controller_pool!r} is not a pool")
-        if self.serving is not None:
-            target = by_name.get(self.serving.pool)
-            if target is None or target.role != "infer":
-                raise ValueError(f"serving.pool {self.serving.pool!r} must name an infer pool")
-            if self.serving.max_replicas > target.max_nodes:
-                raise ValueError(
-                    f"serving.max_replicas ({self.serving.max_replicas}) exceeds the nodes of pool "
-                    f"{target.name!r} ({target.max_nodes})"
-                )
-        self._check_kubernetes()
-        if self.scheduler.kind == "slurm":
-            self._check_controllers(by_name)
-        self._check_parallel_fs()
-        for pool in self.pools:
-            self._check_zone(pool)
-            if self.backend == "onprem" and not pool.hosts:
-                raise ValueError(f"pool {pool.name!r}: backend onprem lists its hosts (name, address)")
-            if self.backend != "onprem" and pool.hosts:
-                raise ValueError(f"pool {pool.name!r}: hosts are only given for backend onprem")
-            if self.backend == "onprem" and pool.capacity != "on-demand":
-                raise ValueError(f"pool {pool.name!r}: on-prem hosts are owned; capacity must be on-demand")
-            if self.backend == "local" and pool.capacity == "reserved":
-                raise ValueError(f"pool {pool.name!r}: capacity reservations exist only on aws")
+        """Contradictions between fields, each reported at the field that is wrong, all at once."""
+        problems = platform_problems(self)
+        if problems:
+            raise FieldProblems(problems)
         return self
-
-    def _check_kubernetes(self) -> None:
-        k8s = self.kubernetes
-        if self.scheduler.kind == "kueue" and k8s is None:
-            raise ValueError(
-                "scheduler.kind kueue runs on Kubernetes: add a kubernetes section (distribution: eks on "
-                "backend aws, existing on backend onprem)"
-            )
-        if k8s is None:
-            return
-        if self.scheduler.kind != "kueue":
-            raise ValueError(
-                "kubernetes: the section drives the Kueue platform; set scheduler.kind: kueue, or drop the "
-                "section to keep Slurm"
-            )
-        wanted = _DISTRIBUTION_BACKEND[k8s.distribution]
-        if self.backend != wanted:
-            allowed = ", ".join(f"{d} on backend {b}" for d, b in _DISTRIBUTION_BACKEND.items())
-            raise ValueError(
-                f"kubernetes.distribution {k8s.distribution!r} does not run on backend {self.backend} "
-                f"(allowed: {allowed}; the local backend runs Slurm only)"
-            )
-        if k8s.distribution != "existing" and (k8s.kubeconfig or k8s.context):
-            raise ValueError(
-                "kubernetes.kubeconfig and kubernetes.context reach an existing cluster; an eks cluster's "
-                "access comes from the cluster the platform creates"
-            )
-        if k8s.distribution == "existing" and k8s.autoscaler == "cluster-autoscaler":
-            raise ValueError(
-                "kubernetes.autoscaler cluster-autoscaler scales EKS node groups; an existing cluster's "
-                "nodes are the listed hosts: use none"
-            )
-        if k8s.distribution != "eks" and k8s.admin_arns:
-            raise ValueError("kubernetes.admin_arns are EKS access entries; give them with distribution eks")
-        if self.scheduler.high_availability:
-            raise ValueError(
-                "scheduler.high_availability pairs Slurm controllers; Kubernetes runs its own control plane"
-            )
-
-    def _check_controllers(self, by_name: dict[str, NodePool]) -> None:
-        wanted = self.scheduler.controller_pool
-        pool = by_name[wanted] if wanted else self.pools_with_role("service")[0]
-        where = f"pool {pool.name!r} (the Slurm controller pool)"
-        if pool.min_nodes != pool.max_nodes:
-            raise ValueError(f"{where} runs slurmctld: give it a fixed count (1, or 2 for high availability)")
-        nodes = pool.max_nodes
-        if self.scheduler.high_availability and nodes != 2:
-            raise ValueError(
-                f"scheduler.high_availability pairs a primary and a backup slurmctld: {where} needs "
-                f"exactly 2 nodes, it has {nodes}"
-            )
-        if not self.scheduler.high_availability and nodes != 1:
-            raise ValueError(
-                f"{where} has {nodes} nodes, but only one would be the controller while every node ran "
-                "slurmctld and slurmdbd: give it count 1, or count 2 with scheduler.high_availability: "
-                "true (primary/backup slurmctld sharing state on the parallel filesystem)"
-            )
-
-    def _check_parallel_fs(self) -> None:
-        fs = self.storage.parallel_fs
-        allowed = _FILESYSTEMS_BY_BACKEND[self.backend]
-        if fs.kind not in allowed:
-            raise ValueError(
-                f"storage.parallel_fs.kind {fs.kind!r} is not provided on backend {self.backend}; "
-                f"allowed: {', '.join(allowed)}"
-            )
-        if self.backend == "onprem" and not fs.source:
-            raise ValueError(
-                f"storage.parallel_fs.source: backend onprem mounts an existing {fs.kind} file system; "
-                "give what the nodes mount, e.g. '10.0.0.5@o2ib:/lustre' or 'nfs1:/export/shared'"
-            )
-        if self.backend != "onprem" and fs.source:
-            raise ValueError(
-                f"storage.parallel_fs.source is only given on backend onprem; on {self.backend} the "
-                "platform creates the file system and knows its address"
-            )
-
-    def _check_zone(self, pool: NodePool) -> None:
-        if pool.zone is not None and self.backend != "aws":
-            raise ValueError(f"pool {pool.name!r}: zone is only given on backend aws")
-        if self.backend != "aws":
-            return
-        if pool.zone is not None and pool.zone not in self.zones:
-            raise ValueError(
-                f"pool {pool.name!r}: zone {pool.zone!r} is not one of the stack's zones "
-                f"({', '.join(self.zones)})"
-            )
-        if pool.reservation is not None and pool.zone is None:
-            raise ValueError(
-                f"pool {pool.name!r}: a {pool.reservation.kind} exists in one availability zone; give the "
-                f"pool's zone (one of {', '.join(self.zones)}) so its instances launch where the "
-                "reservation is"
-            )
 
     def pool(self, name: str) -> NodePool:
         return next(p for p in self.pools if p.name == name)

@@ -80,7 +80,7 @@ VARIANTS: dict[str, tuple[str, Mutate | None, Program | None]] = {
     "train-tolerates-inference": ("aws-k8s", _train_pool_with_inference_taint, None),
     "team-quota-above-gpus": (
         "onprem-k8s",
-        _set("scheduler.teams", [{"name": "research", "gpu_quota": 100, "fairshare": 1}]),
+        _set("scheduler.teams", [{"name": "research", "gpu_quota": 40, "fairshare": 1}]),
         None,
     ),
     "spot-not-interruptible": ("aws-k8s", _set("pool:train-spot.interruptible", False), None),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -23,7 +24,8 @@ from infra.backends.aws.network import GpuNetwork
 from infra.plan.record import Recording, record
 from infra.policy.check import verdicts_for
 from infra.policy.config import PolicyConfig
-from infra.policy.rules import RULES, Verdict
+from infra.policy.rules import RULES, PolicyContext, Verdict, check_partitions
+from infra.policy.view import ResourceIndex
 from infra.program import build
 from infra.resolve import ResolvedPlatform, load_platform
 from infra.spec.load import CONFIG_KEY
@@ -128,13 +130,6 @@ VARIANTS: dict[str, tuple[str, Mutate | None, Program | None]] = {
         None,
     ),
     "infer-on-train-sg": ("aws-prod", None, _patched(_infer_on_train_security_group)),
-    "onprem-shared-host": (
-        "onprem",
-        lambda spec: _pool("infer")(spec)["hosts"].__setitem__(
-            0, {"name": "gpu-21", "address": "10.40.1.14"}
-        ),
-        None,
-    ),
     "untainted-inference": ("aws-prod", _set("pool:infer.taints", []), None),
     "no-fabric": ("aws-prod", _set("fabric.kind", "none"), None),
     "onprem-no-fabric": ("onprem", _set("fabric.kind", "none"), None),
@@ -237,7 +232,6 @@ CASES: list[tuple[str, str, str, dict[str, Any]]] = [
     ("spot-training-recovery", "aws-prod", "checkpoints-off-fs", {}),
     ("spot-training-share", "aws-prod", "staging-little-spot", {}),
     ("isolation-shared-resources", "aws-prod", "infer-on-train-sg", {}),
-    ("isolation-partitions", "onprem", "onprem-shared-host", {}),
     ("isolation-inference-taint", "aws-prod", "untainted-inference", {}),
     ("fabric-multi-node-rdma", "aws-prod", "no-fabric", {}),
     ("fabric-multi-node-rdma", "onprem", "onprem-no-fabric", {}),
@@ -258,10 +252,27 @@ CASES: list[tuple[str, str, str, dict[str, Any]]] = [
 
 # The Kubernetes layer's rules are exercised on the Kueue stacks in tests/pulumi/test_k8s_policy.py.
 KUBERNETES_RULES = {"k8s-isolation", "k8s-spot-flavors", "k8s-quotas"}
+# The spec refuses a host listed in two pools, so no stack file reaches isolation-partitions' failing case:
+# the rule (CrossGuard sees programs the spec never checked) is tested on a resolved platform below.
+DIRECT_CASES = {"isolation-partitions"}
 
 
 def test_every_rule_has_a_case() -> None:
-    assert {rule.id for rule in RULES} == {case[0] for case in CASES} | KUBERNETES_RULES
+    assert {rule.id for rule in RULES} == {case[0] for case in CASES} | KUBERNETES_RULES | DIRECT_CASES
+
+
+def test_partition_rule_catches_a_host_shared_with_inference(
+    shipped_platforms: dict[str, ResolvedPlatform],
+) -> None:
+    onprem = shipped_platforms["onprem"]
+    shared = onprem.pool("train").spec.hosts[-1]
+    pools = tuple(
+        replace(p, spec=p.spec.model_copy(update={"hosts": [shared]})) if p.role == "infer" else p
+        for p in onprem.pools
+    )
+    found = list(check_partitions(ResourceIndex([]), PolicyContext(replace(onprem, pools=pools))))
+    assert found and "gpu-04" in found[0].message
+    assert not list(check_partitions(ResourceIndex([]), PolicyContext(onprem)))
 
 
 @pytest.mark.parametrize("stack", ["local", "aws-prod", "onprem"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 import typer
@@ -21,17 +22,109 @@ from infra.sizing import (
     plan_nodes,
     size_training,
 )
-from infra.spec.errors import spec_error_from_validation
+from infra.spec.errors import Loc, spec_error, validation_problems
+
+# The flag of each TrainingSizingRequest field: messages name what the user typed.
+FLAGS = {
+    "params": "--params",
+    "dp": "--dp",
+    "tp": "--tp",
+    "pp": "--pp",
+    "zero": "--zero",
+    "precision": "--precision",
+    "optimizer": "--optimizer",
+    "autocast": "--autocast",
+    "seq_len": "--seq-len",
+    "micro_batch": "--micro-batch",
+    "hidden_size": "--hidden",
+    "layers": "--layers",
+    "num_heads": "--heads",
+    "vocab_size": "--vocab",
+    "attention": "--attention",
+    "dropout": "--dropout",
+    "activation_checkpointing": "--checkpointing",
+    "gpu_memory_gib": "--gpu-memory",
+}
+
+
+def _field_pattern(fields: list[str]) -> str:
+    return "|".join(sorted(fields, key=len, reverse=True))
+
+
+# Field names as the request's own messages write them: identifiers with an underscore anywhere
+# (`seq_len`), any field before `=` (`tp=3`), in a list (`hidden_size, layers`) or opening the message
+# (`zero must be`); a field that is also a plain word (layers, attention) is left alone elsewhere.
+_FIELD_IN_TEXT = re.compile(
+    rf"\b({_field_pattern([f for f in FLAGS if '_' in f])})\b"
+    rf"|\b({_field_pattern(list(FLAGS))})(?==)"
+    rf"|(?<=, )({_field_pattern(list(FLAGS))})\b"
+    rf"|^({_field_pattern(list(FLAGS))})\b"
+)
+
+# 1e15 parameters hold 16 PB in weights, gradients and Adam states alone (16 bytes each in mixed
+# precision), more than 5000 nodes of the catalog's largest GPUs have (test_hostile_input checks it).
+MAX_PARAMS = 1e15
+
+
+def _in_flag_words(message: str) -> str:
+    return _FIELD_IN_TEXT.sub(lambda match: FLAGS[next(g for g in match.groups() if g)], message)
+
+
+def _flag_path(loc: Loc) -> str:
+    return FLAGS.get(str(loc[0]), str(loc[0])) if loc else ""
+
+
+def _bad_flags(problems: list[tuple[str, str]]) -> SpecError:
+    return spec_error(
+        "gpuplat size", [(path, _in_flag_words(message)) for path, message in problems], "the flags"
+    )
+
+
+def _largest_node_gpus() -> int:
+    return max(n.gpu_count for n in catalog().node_types)
+
+
+def _check_bounds(request: TrainingSizingRequest) -> None:
+    largest = _largest_node_gpus()
+    problems = []
+    if request.params > MAX_PARAMS:
+        problems.append(
+            (
+                "--params",
+                f"at most {MAX_PARAMS:.0e}: that many parameters hold 16 PB in weights, gradients and "
+                "optimizer states alone, more than the largest platform this tool plans can hold "
+                f"(got {request.params:g})",
+            )
+        )
+    if request.tp > largest:
+        problems.append(
+            (
+                "--tp",
+                f"tensor parallelism stays inside one node, and the largest node type of the catalog has "
+                f"{largest} GPUs: use --tp {largest} or less, and --pp to split the model further "
+                f"(got {request.tp})",
+            )
+        )
+    if problems:
+        raise _bad_flags(problems)
 
 
 def sizing(request_fields: dict[str, Any]) -> dict[str, Any]:
     try:
         request = TrainingSizingRequest.model_validate(request_fields)
-        result = size_training(request)
     except ValidationError as exc:
-        raise spec_error_from_validation("gpuplat size", "flags", exc) from exc
-    except ValueError as exc:
-        raise SpecError(f"gpuplat size: {exc}") from exc
+        raise _bad_flags(validation_problems(exc, _flag_path)) from exc
+    _check_bounds(request)
+    try:
+        return _sized(request)
+    except OverflowError as exc:
+        raise _bad_flags([("", f"the inputs are too large to size: a byte count overflows ({exc})")]) from exc
+    except ValueError as exc:  # the sizing's own consistency checks
+        raise _bad_flags([("", str(exc))]) from exc
+
+
+def _sized(request: TrainingSizingRequest) -> dict[str, Any]:
+    result = size_training(request)
     node_plan = plan_nodes(result, [n for n in catalog().node_types if n.gpu_count > 0])
     data = result.to_json_dict()
     data["node_plan"] = node_plan.model_dump() if node_plan else None
@@ -41,6 +134,18 @@ def sizing(request_fields: dict[str, Any]) -> dict[str, Any]:
         data["min_gpus"] = result.min_gpus_for(node.gpu_memory_gib)
         data["min_gpus_memory_gib"] = node.gpu_memory_gib
     return data
+
+
+def _levers(tp: int, zero: int) -> list[str]:
+    """The flags that lower the memory per GPU from where the request stands."""
+    largest = _largest_node_gpus()
+    levers = [f"--tp (up to {largest}, the GPUs of the largest node)"] if tp < largest else []
+    levers.append("--pp")
+    if zero < 3:
+        levers.append("--zero (up to 3)")
+    if zero > 0:
+        levers.append("--dp (ZeRO shards over it)")
+    return levers
 
 
 def _gb(value: float) -> str:
@@ -136,6 +241,6 @@ def size(
             f"{plan['nodes']} node(s) for {dp * tp * pp} GPUs, {output.usd(plan['usd_per_hour'])}/h"
         )
     else:
-        console.print("No catalog node type fits: raise tp/pp, the ZeRO stage or dp.")
+        console.print(f"No catalog node type fits: raise {', '.join(_levers(tp, zero))}.")
     if data.get("min_gpus") is not None:
         console.print(f"Minimum GPUs with this tp/pp: {data['min_gpus']}")

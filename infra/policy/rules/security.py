@@ -138,7 +138,7 @@ def check_required_tags(resource: ResourceView, ctx: PolicyContext) -> Iterator[
     tags_all = resource.props.get("tagsAll")
     if isinstance(tags_all, Mapping):
         tags = {**{str(k): str(v) for k, v in tags_all.items()}, **tags}
-    missing = [key for key in ctx.config.required_tags if not tags.get(key)]
+    missing = [key for key in ctx.config.required_tags if not tags.get(key, "").strip()]
     if missing:
         yield (
             f"missing tag{'s' if len(missing) > 1 else ''} {', '.join(missing)}: cost reports and owners are "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Iterator
 from pathlib import PurePosixPath
 
@@ -72,6 +73,12 @@ def check_inference_base_capacity(index: ResourceIndex, ctx: PolicyContext) -> I
             )
 
 
+def _is_under(path: str, directory: str) -> bool:
+    """Whether `path` lies in `directory` once `.`, `..` and repeated slashes are resolved (no symlinks:
+    the rule sees the stack, not the nodes' file systems)."""
+    return PurePosixPath(posixpath.normpath(path)).is_relative_to(posixpath.normpath(directory))
+
+
 def check_spot_training_recovery(index: ResourceIndex, ctx: PolicyContext) -> Iterator[Finding]:
     platform = ctx.platform
     if platform is None:
@@ -85,10 +92,12 @@ def check_spot_training_recovery(index: ResourceIndex, ctx: PolicyContext) -> It
     problems: list[str] = []
     if fs.kind == "local-volume":
         problems.append("the parallel filesystem is a local volume, which does not outlive its node")
-    if not PurePosixPath(storage.checkpoint_path).is_relative_to(PurePosixPath(fs.mount_path)):
+    if not _is_under(storage.checkpoint_path, fs.mount_path):
+        resolved = posixpath.normpath(storage.checkpoint_path)
+        shown = storage.checkpoint_path + (f" (= {resolved})" if resolved != storage.checkpoint_path else "")
         problems.append(
-            f"checkpoint_path {storage.checkpoint_path} is not on the shared filesystem ({fs.mount_path}), "
-            "so a checkpoint dies with the node that wrote it"
+            f"checkpoint_path {shown} is not on the shared filesystem ({fs.mount_path}), so a checkpoint "
+            "dies with the node that wrote it"
         )
     if platform.spec.backend == "aws" and fs.kind == "fsx-lustre":
         lustre = index.of_type(LUSTRE)

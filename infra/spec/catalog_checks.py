@@ -1,0 +1,79 @@
+"""Contradictions between a stack and the node types it names (infra/data/gpu_catalog.yaml).
+
+Each is reported at the stack field that is wrong, with what is allowed there. A pool whose instance type
+the catalog lacks is skipped here: resolving the platform reports it with the types the backend offers.
+"""
+
+from __future__ import annotations
+
+from infra.data.models import Catalog, NodeType
+from infra.spec.errors import FieldProblem
+from infra.spec.models import PlatformSpec
+
+
+def catalog_problems(spec: PlatformSpec, catalog: Catalog) -> list[FieldProblem]:
+    return (
+        _gpus_in_service_pools(spec, catalog)
+        + _quotas_no_size_can_fill(spec, catalog)
+        + _tensor_parallel_beyond_node(spec, catalog)
+    )
+
+
+def _gpus_in_service_pools(spec: PlatformSpec, catalog: Catalog) -> list[FieldProblem]:
+    problems: list[FieldProblem] = []
+    for index, pool in enumerate(spec.pools):
+        node = catalog.get(pool.instance_type)
+        if pool.role != "service" or node is None or node.gpu_count == 0:
+            continue
+        cpu_types = [n.name for n in catalog.node_types if n.provider == node.provider and n.gpu_count == 0]
+        problems.append(
+            (
+                ("pools", index, "instance_type"),
+                f"{node.name} has {node.gpu_count} GPUs, but a service pool runs no GPU work (controller, "
+                f"gateway, monitoring): give it a CPU type ({', '.join(cpu_types)}), or give the pool the "
+                "role train or infer",
+            )
+        )
+    return problems
+
+
+def _quotas_no_size_can_fill(spec: PlatformSpec, catalog: Catalog) -> list[FieldProblem]:
+    """A team quota above the training GPUs at full size and above the GPU budget: no size of the stack
+    within its budget lets the team reach it. (Above the training GPUs alone, the pools may yet grow to
+    it; above the budget alone, the budget-gpus policy judges the pools.)"""
+    sized = [(p, catalog.get(p.instance_type)) for p in spec.pools_with_role("train")]
+    per_pool = [(p.name, p.max_nodes * node.gpu_count) for p, node in sized if node is not None]
+    if len(per_pool) < len(sized):
+        return []  # an unknown instance type: resolving the platform names it
+    training_gpus = sum(gpus for _, gpus in per_pool)
+    budget = spec.budget.max_gpus
+    pools = ", ".join(f"{name} {gpus}" for name, gpus in per_pool)
+    return [
+        (
+            ("scheduler", "teams", index, "gpu_quota"),
+            f"{team.gpu_quota} GPUs is more than the {training_gpus} training GPUs the stack has at full "
+            f"size ({pools}) and more than its budget of {budget} GPUs (budget.max_gpus), so the team could "
+            f"never reach it: at most {max(training_gpus, budget)}",
+        )
+        for index, team in enumerate(spec.scheduler.teams)
+        if team.gpu_quota > max(training_gpus, budget)
+    ]
+
+
+def _tensor_parallel_beyond_node(spec: PlatformSpec, catalog: Catalog) -> list[FieldProblem]:
+    """Tensor parallelism stays inside one node, whatever the engine does across nodes."""
+    serving = spec.serving
+    if serving is None or serving.tensor_parallel is None:
+        return []
+    pool = next((p for p in spec.pools if p.name == serving.pool), None)
+    node: NodeType | None = catalog.get(pool.instance_type) if pool else None
+    if node is None or serving.tensor_parallel <= node.gpu_count:
+        return []
+    noun = "GPU" if node.gpu_count == 1 else "GPUs"
+    return [
+        (
+            ("serving", "tensor_parallel"),
+            f"{serving.tensor_parallel} is more than the {node.gpu_count} {noun} of a {node.name} node (pool "
+            f"{serving.pool!r}); tensor parallelism stays inside one node: at most {node.gpu_count}",
+        )
+    ]

@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""Is this training node fit to take work? The health checks `gpuplat validate` runs on every node.
+
+  gpuplat-node-check [--gpu-absent-reason TEXT] [--health-program PATH] [--dcgm-level 2]
+                     [--dcgm-timeout 1800] [--fatal-xids 48,64,...]
+
+Checks, each reported as pass, fail, skip (with the reason) or error (the check could not run):
+
+  health-program  the pool's Slurm health program (roles/slurm_compute) with --dry-run
+  xid             XID errors since boot in the kernel log (dmesg), against the fatal list
+  ecc             uncorrectable volatile ECC errors and row-remapping state (nvidia-smi)
+  dcgm-diag       `dcgmi diag -r LEVEL -j` where DCGM is installed
+
+GPU checks skip when --gpu-absent-reason is given (no GPU, simulated GPUs, driver not loaded).
+A failing check adds a drain reason; an error does not (the tool failed, not the node).
+Prints one JSON document: {"checks": [...], "drain_reasons": [...]}. Exit 0 unless the usage is wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# `NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off the bus.`: the line format DCGM's kernel
+# log reader matches (NVIDIA/DCGM dcgmlib/src/DcgmKmsgReader.cpp, ParseKmsgLineForXid).
+_XID = re.compile(r"NVRM: Xid \(PCI:(?P<pci>[^)]*)\): (?P<xid>\d+),?(?P<text>.*)$")
+# dcgmi returns its dcgmReturn_t as exit status: DCGM_ST_NVVS_ERROR (-30) when the diagnostic ran and a
+# test failed, DCGM_ST_NVVS_ISOLATE_ERROR (-51) when the failure calls for isolating the GPU
+# (NVIDIA/DCGM dcgmi/Diag.cpp, dcgmlib/dcgm_structs.h).
+DCGM_DIAG_FAILED = {-30 & 0xFF, -51 & 0xFF}
+_SET = {"yes", "1", "true"}
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # pass | fail | skip | error
+    detail: str
+
+
+@dataclass
+class Report:
+    checks: list[Check] = field(default_factory=list)
+    drain_reasons: list[str] = field(default_factory=list)
+
+    def add(self, check: Check) -> None:
+        self.checks.append(check)
+        if check.status == "fail":
+            self.drain_reasons.append(f"{check.name}: {check.detail}")
+
+
+@dataclass(frozen=True)
+class Xid:
+    pci: str
+    xid: int
+    text: str
+
+
+def parse_xids(kernel_log: str) -> list[Xid]:
+    found = []
+    for line in kernel_log.splitlines():
+        match = _XID.search(line)
+        if match:
+            found.append(Xid(match["pci"], int(match["xid"]), match["text"].strip(" ,")))
+    return found
+
+
+def xid_check(kernel_log: str, fatal: set[int]) -> Check:
+    xids = parse_xids(kernel_log)
+    bad = [x for x in xids if x.xid in fatal]
+    if bad:
+        listed = "; ".join(f"XID {x.xid} on PCI:{x.pci}" + (f" ({x.text})" if x.text else "") for x in bad)
+        return Check("xid", "fail", f"fatal XID since boot: {listed}")
+    if xids:
+        seen = ", ".join(sorted({str(x.xid) for x in xids}, key=int))
+        return Check("xid", "pass", f"no fatal XID since boot (non-fatal XIDs seen: {seen})")
+    return Check("xid", "pass", "no XID since boot")
+
+
+def _rows(text: str) -> Iterator[list[str]]:
+    for row in csv.reader(text.strip().splitlines()):
+        if row:
+            yield [cell.strip() for cell in row]
+
+
+def ecc_problems(ecc_csv: str, remap_csv: str) -> list[str]:
+    """Uncorrectable volatile ECC errors (index, bus id, count) and row remapping that is pending (the
+    GPU needs a reset) or failed (no spare rows left) from nvidia-smi's CSV output without header."""
+    problems = []
+    for index, bus_id, count in (r for r in _rows(ecc_csv) if len(r) == 3):
+        if count.isdigit() and int(count) > 0:
+            problems.append(
+                f"GPU {index} ({bus_id}): {count} uncorrectable ECC error(s) since the driver loaded"
+            )
+    for bus_id, pending, failure in (r for r in _rows(remap_csv) if len(r) == 3):
+        if failure.lower() in _SET:
+            problems.append(f"GPU {bus_id}: row remapping failed (no spare rows left)")
+        elif pending.lower() in _SET:
+            problems.append(f"GPU {bus_id}: row remapping pending (the GPU needs a reset)")
+    return problems
+
+
+def dcgm_failures(output: str) -> list[str]:
+    """'test: GPU n: message' for every failed result in `dcgmi diag -j` output (DCGM 3 and 4 layout:
+    test_categories[].tests[].results[] with status and warnings)."""
+    try:
+        document = json.loads(output[output.find("{") :]) if "{" in output else {}
+    except json.JSONDecodeError:
+        return []
+    failures = []
+    for category in document.get("DCGM Diagnostic", {}).get("test_categories", []):
+        for test in category.get("tests", []):
+            for result in test.get("results", []):
+                if result.get("status") != "Fail":
+                    continue
+                entity = result.get("entity_id", result.get("gpu_id", "?"))
+                where = f"{result.get('entity_group', 'GPU')} {entity}"
+                messages = [w.get("warning", "") for w in result.get("warnings", []) if isinstance(w, dict)]
+                failures.append(
+                    f"{test.get('name', '?')}: {where}: {'; '.join(m for m in messages if m) or 'failed'}"
+                )
+    return failures
+
+
+def dcgm_check(returncode: int, output: str, level: int) -> Check:
+    if returncode == 0:
+        return Check("dcgm-diag", "pass", f"dcgmi diag -r {level} passed")
+    if returncode in DCGM_DIAG_FAILED:
+        failures = dcgm_failures(output) or [f"dcgmi diag -r {level} reported a failure (exit {returncode})"]
+        return Check("dcgm-diag", "fail", "; ".join(failures))
+    tail = " ".join(output.strip().splitlines()[-3:])[-300:]
+    return Check("dcgm-diag", "error", f"dcgmi diag -r {level} could not run (exit {returncode}): {tail}")
+
+
+def run(command: Sequence[str], timeout: float = 120) -> tuple[int, str]:
+    try:
+        done = subprocess.run(list(command), capture_output=True, text=True, timeout=timeout, check=False)
+    except FileNotFoundError:
+        return 127, f"{command[0]}: not found"
+    except subprocess.TimeoutExpired:
+        return 124, f"{' '.join(command)}: no answer in {timeout:.0f} s"
+    return done.returncode, done.stdout + done.stderr
+
+
+def health_program_check(program: str) -> Check:
+    if not program or shutil.which(program) is None:
+        return Check(
+            "health-program", "skip", f"{program or 'no health program'} is not installed on this node"
+        )
+    code, output = run([program, "--dry-run"])
+    message = output.strip().replace("gpuplat-health: ", "") or f"exit {code}"
+    if code == 0:
+        return Check("health-program", "pass", f"{program} --dry-run found nothing")
+    return Check("health-program", "fail", message)
+
+
+def kernel_log() -> tuple[int, str]:
+    code, output = run(["dmesg"])
+    return (code, output) if code == 0 else run(["journalctl", "-k", "-b", "--no-pager", "-o", "cat"])
+
+
+def ecc_check() -> Check:
+    code, ecc = run(
+        ["nvidia-smi", "--query-gpu=index,pci.bus_id,ecc.errors.uncorrected.volatile.total",
+         "--format=csv,noheader,nounits"]
+    )  # fmt: skip
+    if code != 0:
+        return Check("ecc", "error", f"nvidia-smi could not read the ECC counters: {ecc.strip()[:200]}")
+    # Row remapping exists from Ampere on; older GPUs answer "not supported" and only ECC counts.
+    remap_code, remap = run(
+        ["nvidia-smi", "--query-remapped-rows=gpu_bus_id,remapped_rows.pending,remapped_rows.failure",
+         "--format=csv,noheader"]
+    )  # fmt: skip
+    problems = ecc_problems(ecc, remap if remap_code == 0 else "")
+    if problems:
+        return Check("ecc", "fail", "; ".join(problems))
+    remap_note = "" if remap_code == 0 else " (row remapping not reported by this GPU)"
+    return Check("ecc", "pass", f"no uncorrectable ECC error, no pending or failed row remapping{remap_note}")
+
+
+def check_node(args: argparse.Namespace) -> Report:
+    report = Report()
+    report.add(health_program_check(args.health_program))
+    if args.gpu_absent_reason:
+        for name in ("xid", "ecc", "dcgm-diag"):
+            report.add(Check(name, "skip", args.gpu_absent_reason))
+        return report
+    code, log = kernel_log()
+    report.add(
+        xid_check(log, set(args.fatal_xids)) if code == 0 else Check("xid", "error", log.strip()[:200])
+    )
+    report.add(ecc_check())
+    if shutil.which("dcgmi") is None:
+        report.add(Check("dcgm-diag", "skip", "DCGM is not installed on this node (dcgmi not found)"))
+    else:
+        code, output = run(["dcgmi", "diag", "-r", str(args.dcgm_level), "-j"], timeout=args.dcgm_timeout)
+        report.add(dcgm_check(code, output, args.dcgm_level))
+    return report
+
+
+def _xid_list(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of XID numbers: {text!r}") from None
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--gpu-absent-reason", default="", help="why GPU checks cannot run (skips them)")
+    parser.add_argument("--health-program", default="/usr/local/sbin/gpuplat-node-health")
+    parser.add_argument("--dcgm-level", type=int, choices=[1, 2, 3, 4], default=2)
+    parser.add_argument("--dcgm-timeout", type=float, default=1800)
+    parser.add_argument("--fatal-xids", type=_xid_list, default=[])
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    report = check_node(parse_args(sys.argv[1:] if argv is None else argv))
+    document: dict[str, Any] = asdict(report)
+    sys.stdout.write(json.dumps(document, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
