@@ -39,6 +39,7 @@ from infra.spec.aws_regions import AWS_REGIONS
 from infra.spec.load import CONFIG_KEY, stack_file
 from infra.spec.models import MAX_NODES
 from tests.conftest import stack_document
+from tests.pulumi.test_policy_rules import _all
 
 EXIT_CODES = {0, 1, 2, 3, 4}
 Mutate = Callable[[dict[str, Any]], None]
@@ -111,14 +112,6 @@ def _set(*path: str | int, value: Any) -> Mutate:
         for key in path[:-1]:
             target = target[key]
         target[path[-1]] = value
-
-    return mutate
-
-
-def _all(*mutations: Mutate) -> Mutate:
-    def mutate(spec: dict[str, Any]) -> None:
-        for m in mutations:
-            m(spec)
 
     return mutate
 

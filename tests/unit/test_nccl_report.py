@@ -21,6 +21,7 @@ from infra.validate.gates import fabric_gates
 from infra.validate.nccl_log import parse_nccl_log
 from infra.validate.nccl_tests import parse_results
 from infra.validate.report import FabricReport, fabric_report
+from tests.unit.test_cli import gpuplat
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE_DIRS = (REPO / "shared" / "nccl-samples", REPO.parent / "shared" / "nccl-samples")
@@ -47,17 +48,6 @@ def checks(result: FabricReport) -> dict[str, str]:
 
 def reason(result: FabricReport, name: str) -> str:
     return next(check.reason for check in result.verdict.checks if check.name == name)
-
-
-def gpuplat(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", "from infra.cli.app import main; main()", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env={"NO_COLOR": "1", "PATH": "/usr/bin:/bin"},
-        check=False,
-    )
 
 
 # ------------------------------------------------------------------------------------ logs from the formats
