@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.ansible import ProgressCallback, playbook_log, run_playbook, state_dir
+from infra.ansible_content import content_files
 from infra.errors import EnvironmentProblem, GpuPlatError
 from infra.inventory import has_ansible_nodes, inventory_documents, write_inventory
 from infra.local.cluster import LocalCluster
@@ -99,12 +100,9 @@ def configuration_fingerprint(inventory_text: str, machine_ids: list[str]) -> st
     """What the playbooks' outcome depends on: the inventory, every file of playbooks/ and roles/, and
     the machines themselves (a recreated container has a new id)."""
     digest = hashlib.sha256(inventory_text.encode())
-    for root in ("playbooks", "roles", "ansible.cfg"):
-        base = PROJECT_ROOT / root
-        for path in sorted([base] if base.is_file() else base.rglob("*")):
-            if path.is_file():
-                digest.update(str(path.relative_to(PROJECT_ROOT)).encode())
-                digest.update(path.read_bytes())
+    for path in [*content_files(PROJECT_ROOT), PROJECT_ROOT / "ansible.cfg"]:
+        digest.update(str(path.relative_to(PROJECT_ROOT)).encode())
+        digest.update(path.read_bytes())
     for machine in machine_ids:
         digest.update(machine.encode())
     return digest.hexdigest()

@@ -28,33 +28,23 @@ from typing import Any
 
 import yaml
 
+from infra.ansible_content import content_files
 from infra.inventory import pool_group, pool_vars, role_group_members
 from infra.resolve import ResolvedPlatform, ResolvedPool
 
-BUNDLE_DIRECTORIES = ("playbooks", "roles")
 GROUP_VARS_KEY = "bootstrap/group_vars/all.json"
 NAME_WAIT_S = 600
 # Ansible on the node: the release the project is tested with (pyproject's `ansible` extra).
 NODE_ANSIBLE = "ansible==12.3.0"
-_SKIPPED = {"__pycache__", ".pytest_cache"}
 
 
 def munge_parameter(stack: str) -> str:
     return f"/gpuplat/{stack}/munge-key"
 
 
-def bundle_files(root: Path) -> list[Path]:
-    return sorted(
-        path
-        for directory in BUNDLE_DIRECTORIES
-        for path in (root / directory).rglob("*")
-        if path.is_file() and not _SKIPPED & set(path.relative_to(root).parts)
-    )
-
-
 def bundle_digest(root: Path) -> str:
     digest = hashlib.sha256()
-    for path in bundle_files(root):
+    for path in content_files(root):
         digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
 

@@ -1,0 +1,19 @@
+"""The project's Ansible content: the files of playbooks/ and roles/ that a node's bootstrap bundle
+ships and a converge's outcome depends on. Caches that running the content leaves behind (Python's
+__pycache__ next to a plugin) are not content: they must not make a bundle or a converge look new."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+CONTENT_DIRECTORIES = ("playbooks", "roles")
+_NOT_CONTENT = frozenset({"__pycache__", ".pytest_cache"})
+
+
+def content_files(root: Path) -> list[Path]:
+    return sorted(
+        path
+        for directory in CONTENT_DIRECTORIES
+        for path in (root / directory).rglob("*")
+        if path.is_file() and not _NOT_CONTENT & set(path.relative_to(root).parts)
+    )
