@@ -18,7 +18,7 @@ class ProgressPrinter:
     def __init__(self, console: Console) -> None:
         self.console = console
         self.live: Status | None = None
-        self.last_plain = 0.0
+        self.last_plain = time.monotonic()
         self.last_play = 0
 
     def __call__(self, progress: PlaybookProgress) -> None:
