@@ -150,8 +150,8 @@ def role_group_members(platform: ResolvedPlatform) -> dict[str, list[str]]:
     return {group: pools for group, pools in members.items() if pools}
 
 
-# Local nodes are podman containers, reached with `podman exec -i` and modules piped on stdin
-# (playbooks/connection_plugins/gpuplat_podman.py): one podman process per task instead of four.
+# Local nodes are podman containers; modules are piped on stdin into their namespaces
+# (playbooks/connection_plugins/gpuplat_podman.py), no podman process per task.
 LOCAL_CONNECTION = "gpuplat_podman"
 
 
