@@ -9,7 +9,7 @@ export CONTAINERS_CONF := $(CURDIR)/scripts/containers.conf
 NODE_PROGRAMS := roles/slurm_elastic/files/gpuplat_ec2_nodes.py roles/inference_gateway/files/gpuplat_gateway_targets.py \
 	roles/gpu_validation/files/gpuplat_node_check.py roles/gpu_validation/files/gpuplat_checkpoint_probe.py
 
-.PHONY: venv host image up down status plan test test-unit test-roles test-scheduler test-serving test-integration lint clean
+.PHONY: venv host image images test-node-suites up down status plan test test-unit test-roles test-scheduler test-serving test-integration lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -73,8 +73,20 @@ test-serving: venv host
 test-integration: venv image
 	$(BIN)/pytest -v -s -m integration tests/integration
 
-## test: everything CI runs
-test: lint test-unit test-roles test-scheduler test-serving test-integration
+## images: the base images of both supported Debian releases (built before the suites run side by side)
+images: image
+	scripts/build-base-image.sh trixie
+
+## test: everything CI runs. After lint and the unit tests, the podman suites run as two streams side
+## by side, each printed when it ends: test-scheduler (its verify waits on Slurm's own timers and
+## leaves the CPUs idle), and test-roles, test-serving, test-integration one after the other.
+test: lint test-unit images
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-scheduler test-node-suites
+
+test-node-suites:
+	$(MAKE) --no-print-directory test-roles
+	$(MAKE) --no-print-directory test-serving
+	$(MAKE) --no-print-directory test-integration
 
 clean:
 	rm -rf .pytest_cache .mypy_cache .ruff_cache build *.egg-info
