@@ -77,13 +77,15 @@ test-integration: venv image
 images: image
 	scripts/build-base-image.sh trixie
 
-## test: everything CI runs. After lint and the unit tests, the podman suites run as two streams side
-## by side, each printed when it ends: test-scheduler (its verify waits on Slurm's own timers and
-## leaves the CPUs idle), and test-roles, test-serving, test-integration one after the other.
-test: lint test-unit images
+## test: everything CI runs, as two streams side by side, each printed when it ends: test-scheduler
+## (its verify waits on Slurm's own timers and leaves the CPUs idle), and lint, test-unit, test-roles,
+## test-serving, test-integration one after the other.
+test: venv images
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-scheduler test-node-suites
 
 test-node-suites:
+	$(MAKE) --no-print-directory lint
+	$(MAKE) --no-print-directory test-unit
 	$(MAKE) --no-print-directory test-roles
 	$(MAKE) --no-print-directory test-serving
 	$(MAKE) --no-print-directory test-integration
