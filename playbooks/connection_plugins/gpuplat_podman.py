@@ -5,9 +5,9 @@
 # a file copy, an exec and a cleanup (four podman processes), and each `podman exec` starts runc and
 # a conmon (about 110 ms of a 2-core machine). Here, when the controller runs as root (podman's
 # rootful containers, as `gpuplat up` and the Molecule scenarios make them), one `podman container
-# inspect` per task finds the container's init process and the module runs in the container's
-# namespaces through nsenter, fed on stdin (about 3 ms); files are streamed the same way. Otherwise
-# (rootless, or a task with a remote user) modules run through `podman exec --interactive`.
+# inspect` per container and run finds the container's init process and each module runs in the
+# container's namespaces through nsenter, fed on stdin (about 3 ms); files are streamed the same
+# way. Otherwise (rootless, or a task with a remote user) modules run through `podman exec -i`.
 from __future__ import annotations
 
 DOCUMENTATION = """
@@ -98,7 +98,7 @@ class Connection(PodmanConnection):
         return shutil.which("nsenter")
 
     def _connect(self):
-        self._nsenter_path = None if self._connected else self._nsenter_binary()
+        self._nsenter_path = self._nsenter_binary()
         if not self._nsenter_path:
             return super()._connect()
         self._init_pid, self._environment = self._container_process()
