@@ -9,7 +9,7 @@ export CONTAINERS_CONF := $(CURDIR)/scripts/containers.conf
 NODE_PROGRAMS := roles/slurm_elastic/files/gpuplat_ec2_nodes.py roles/inference_gateway/files/gpuplat_gateway_targets.py \
 	roles/gpu_validation/files/gpuplat_node_check.py roles/gpu_validation/files/gpuplat_checkpoint_probe.py
 
-.PHONY: venv host image images test-node-suites up down status plan test test-unit test-roles test-scheduler test-serving test-integration lint clean
+.PHONY: venv host image images test-node-suites test-cloud-suites up down status plan test test-unit test-roles test-scheduler test-serving test-integration test-box lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -68,6 +68,12 @@ test-scheduler: venv host
 ## test-serving: the serving scenario (model server, gateway overload, Prometheus, openai client)
 test-serving: venv host
 	scripts/test-serving.sh
+
+## test-box: the AWS Slurm stack's node lifecycle in the cloud in a box (moto on loopback, podman
+## containers as instances running the real user data; root): boot, join, spot interruption, failed
+## launches and boots, strays, suspend, teardown
+test-box: venv image
+	$(BIN)/pytest -v -s -m box tests/box
 
 ## test-integration: the local platform end to end (up, idempotent up, node-loss requeue, down)
 test-integration: venv image

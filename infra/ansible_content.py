@@ -1,19 +1,26 @@
-"""The project's Ansible content: the files of playbooks/ and roles/ that a node's bootstrap bundle
-ships and a converge's outcome depends on. Caches that running the content leaves behind (Python's
-__pycache__ next to a plugin) are not content: they must not make a bundle or a converge look new."""
+"""The project's Ansible content: ansible.cfg and the files of playbooks/ and roles/ that a node's
+bootstrap bundle ships and a converge's outcome depends on. Caches that running the content leaves
+behind (Python's __pycache__ next to a plugin) are not content: they must not make a bundle or a
+converge look new."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 CONTENT_DIRECTORIES = ("playbooks", "roles")
+# Where Ansible finds the roles and the connection plugins (relative to this file).
+CONTENT_FILES = ("ansible.cfg",)
 _NOT_CONTENT = frozenset({"__pycache__", ".pytest_cache"})
 
 
 def content_files(root: Path) -> list[Path]:
+    files = [root / name for name in CONTENT_FILES if (root / name).is_file()]
     return sorted(
-        path
-        for directory in CONTENT_DIRECTORIES
-        for path in (root / directory).rglob("*")
-        if path.is_file() and not _NOT_CONTENT & set(path.relative_to(root).parts)
+        files
+        + [
+            path
+            for directory in CONTENT_DIRECTORIES
+            for path in (root / directory).rglob("*")
+            if path.is_file() and not _NOT_CONTENT & set(path.relative_to(root).parts)
+        ]
     )

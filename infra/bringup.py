@@ -11,7 +11,7 @@ import json
 import shutil
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,12 @@ from typing import Any
 from infra.ansible import ProgressCallback, playbook_log, run_playbook, state_dir
 from infra.ansible_content import content_files
 from infra.errors import EnvironmentProblem, GpuPlatError
-from infra.inventory import has_ansible_nodes, inventory_documents, write_inventory
+from infra.inventory import (
+    has_ansible_nodes,
+    inventory_documents,
+    stack_inventory_documents,
+    write_inventory,
+)
 from infra.local.cluster import LocalCluster
 from infra.local.scale import with_running_sizes
 from infra.local.status import PlatformStatus, collect_status, parse_sinfo
@@ -185,7 +190,12 @@ def pulumi_up(platform: ResolvedPlatform) -> dict[str, Any]:
 
     stack = automation.create_or_select_stack(stack_name=platform.name, work_dir=str(PROJECT_ROOT))
     outcome = stack.up(on_output=lambda line: None)
-    return {key: output.value for key, output in outcome.outputs.items()}
+    return stack_outputs(outcome.outputs)
+
+
+def stack_outputs(outputs: Mapping[str, Any]) -> dict[str, Any]:
+    """The Automation API's outputs (name -> OutputValue(value, secret)) as plain values."""
+    return {key: getattr(output, "value", output) for key, output in outputs.items()}
 
 
 def up_cloud(
@@ -196,14 +206,20 @@ def up_cloud(
 ) -> UpResult:
     result = UpResult(platform.name)
     phases = _Phases(result, on_start, on_done)
-    phases.run("pulumi up", lambda: f"{len(pulumi_up(platform))} stack outputs")
+    outputs: dict[str, Any] = {}
+
+    def machines() -> str:
+        outputs.update(pulumi_up(platform))
+        return f"{len(outputs)} stack outputs"
+
+    phases.run("pulumi up", machines)
     if not has_ansible_nodes(platform):
         return result
 
     def inventory() -> str:
-        return ", ".join(
-            str(p) for p in write_inventory(inventory_documents(platform), inventory_dir(platform))
-        )
+        # The stack's outputs (FSx mount source, controller addresses, SSM bucket), not the offline view.
+        documents = stack_inventory_documents(platform, outputs)
+        return ", ".join(str(p) for p in write_inventory(documents, inventory_dir(platform)))
 
     def configure() -> str:
         run = run_playbook(

@@ -6,11 +6,13 @@ finds instances by the tags the pools set, plus group_vars files with the same r
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from infra.errors import GpuPlatError
 from infra.resolve import ResolvedPlatform, ResolvedPool
 from infra.scheduler import slurm_vars
 
@@ -249,6 +251,54 @@ def inventory_documents(platform: ResolvedPlatform) -> dict[str, dict[str, Any]]
     }
     for pool in platform.pools:
         documents[f"group_vars/{pool_group(pool.name)}.yml"] = pool_vars(platform, pool)
+    return documents
+
+
+# What `pulumi up` of an aws Slurm stack exports for the inventory (infra/backends/aws/__init__.py).
+STACK_OUTPUT_GROUP_VARS = "group_vars"
+STACK_OUTPUT_INVENTORY_CONFIG = "inventory_config"
+
+
+def stack_inventory_documents(
+    platform: ResolvedPlatform, outputs: Mapping[str, Any]
+) -> dict[str, dict[str, Any]]:
+    """The inventory once the stack exists: the offline documents, with what only the stack's outputs know.
+
+    On aws, `group_vars` (the same values the booting nodes read: the FSx mount source, every
+    controller's fixed address, the elastic pools' launch templates) is laid over group_vars/all.yml, and
+    `inventory_config` (the aws_ec2 plugin config naming the stack's SSM transfer bucket) replaces
+    aws_ec2.yml. Where `group_vars` is missing (a stack from an older program) it is rebuilt from
+    `controller_addresses`, `fsx_dns_name` and `fsx_mount_name`. Whatever the nodes cannot do without
+    and the outputs lack is an error naming the outputs: never an inventory with an empty mount source.
+    Other backends export nothing the inventory needs: their documents are the offline ones.
+    """
+    documents = inventory_documents(platform)
+    if platform.spec.backend != "aws" or "group_vars/all.yml" not in documents:
+        return documents
+    group_vars = outputs.get(STACK_OUTPUT_GROUP_VARS)
+    overlay: dict[str, Any] = dict(group_vars) if isinstance(group_vars, Mapping) else {}
+    if "gpuplat_controller_addresses" not in overlay and isinstance(
+        outputs.get("controller_addresses"), Mapping
+    ):
+        overlay["gpuplat_controller_addresses"] = dict(outputs["controller_addresses"])
+    if not overlay.get("shared_fs_source") and outputs.get("fsx_dns_name") and outputs.get("fsx_mount_name"):
+        overlay["shared_fs_source"] = f"{outputs['fsx_dns_name']}@tcp:/{outputs['fsx_mount_name']}"
+    all_vars = {**documents["group_vars/all.yml"], **overlay}
+    missing = []
+    if platform.spec.scheduler.kind == "slurm" and not all_vars.get("gpuplat_controller_addresses"):
+        missing.append("controller_addresses (gpuplat_controller_addresses)")
+    if all_vars.get("shared_fs_kind") != "local-volume" and not all_vars.get("shared_fs_source"):
+        missing.append("fsx_dns_name and fsx_mount_name (shared_fs_source)")
+    if missing:
+        raise GpuPlatError(
+            f"stack {platform.name}: its outputs lack {' and '.join(missing)}; the inventory would leave the "
+            f"nodes without them. Outputs present: {', '.join(sorted(outputs)) or 'none'}. Run `pulumi up -s "
+            f"{platform.name}` with this project's program, then retry."
+        )
+    documents["group_vars/all.yml"] = all_vars
+    config = outputs.get(STACK_OUTPUT_INVENTORY_CONFIG)
+    if isinstance(config, Mapping):
+        documents["aws_ec2.yml"] = dict(config)
     return documents
 
 

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from infra.data.packages import package_facts
 from infra.resolve import ResolvedPlatform
 
 # QoS tiers: high and normal preempt spot. The preempt mode of every QoS is the spec's
@@ -208,8 +209,21 @@ def accounts(platform: ResolvedPlatform) -> list[Account]:
     return [Account(t.name, t.gpu_quota, t.fairshare, list(t.users)) for t in platform.spec.scheduler.teams]
 
 
+def mpi_default(platform: ResolvedPlatform) -> str | None:
+    """Slurm's MpiDefault for the nodes' OS release: PMIx where the release's Slurm ships the mpi/pmix
+    plugin, else PMI-2 (infra/data/packages.yaml, releases[].slurm.mpi_plugins). None: no facts for the
+    release (the role keeps its own default)."""
+    release = platform.software.os_release
+    if release is None:
+        return None
+    slurm = package_facts().release(release).slurm
+    return slurm.mpi_default if slurm is not None else None
+
+
 def slurm_vars(platform: ResolvedPlatform) -> dict[str, Any]:
+    mpi = mpi_default(platform)
     return {
+        **({"slurm_common_mpi_default": mpi} if mpi is not None else {}),
         "slurm_cluster_name": platform.name.replace("-", "_"),
         "slurm_partitions": [asdict(p) for p in partitions(platform)],
         "slurm_accounts": [asdict(a) for a in accounts(platform)],

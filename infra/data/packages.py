@@ -57,10 +57,31 @@ class _Sourced(_Strict):
     as_of: dt.date
 
 
+MpiPlugin = Literal["pmix", "pmi2", "cray_shasta", "none"]
+# MpiDefault, best first: PMIx where the release's Slurm has the plugin, else PMI-2 (Slurm builds it with
+# no outside library), else none.
+MPI_PREFERENCE: tuple[MpiPlugin, ...] = ("pmix", "pmi2", "none")
+
+
 class SlurmFacts(_Strict):
     version: str | None
     pmix_plugin_package: str | None
     nvml_plugin_package: str | None
+    mpi_plugins: list[MpiPlugin] = Field(
+        default_factory=list,
+        description="the mpi/* plugins the release's Slurm packages ship (srun --mpi=list)",
+    )
+
+    @model_validator(mode="after")
+    def _pmix_agrees(self) -> SlurmFacts:
+        if ("pmix" in self.mpi_plugins) != (self.pmix_plugin_package is not None):
+            raise ValueError("mpi_plugins lists pmix exactly when pmix_plugin_package names its package")
+        return self
+
+    @property
+    def mpi_default(self) -> MpiPlugin | None:
+        """The MpiDefault of the release's Slurm: the first of MPI_PREFERENCE it ships (None: no facts)."""
+        return next((p for p in MPI_PREFERENCE if p in self.mpi_plugins), None)
 
 
 class Release(_Sourced):

@@ -32,6 +32,7 @@ class RecordedResource:
     inputs: dict[str, Any]
     parent_urn: str | None
     custom: bool
+    dependencies: tuple[str, ...] = ()  # URNs of what it was declared to depend on (depends_on)
 
     @property
     def parent_name(self) -> str | None:
@@ -150,7 +151,13 @@ class _RecordingMonitor(pulumi_mocks.MockMonitor):
         parent = request.parent if request.parent and request.parent != self._stack_urn else None
         self.recording.resources.append(
             RecordedResource(
-                request.type, request.name, response.urn, _plain(inputs), parent, bool(request.custom)
+                request.type,
+                request.name,
+                response.urn,
+                _plain(inputs),
+                parent,
+                bool(request.custom),
+                tuple(request.dependencies),
             )
         )
         return response

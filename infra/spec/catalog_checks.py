@@ -1,4 +1,5 @@
-"""Contradictions between a stack and the node types it names (infra/data/gpu_catalog.yaml).
+"""Contradictions between a stack and the shipped data: the node types it names
+(infra/data/gpu_catalog.yaml), and the Ansible its nodes can run on themselves (infra/data/node_ansible.yaml).
 
 Each is reported at the stack field that is wrong, with what is allowed there. A pool whose instance type
 the catalog lacks is skipped here: resolving the platform reports it with the types the backend offers.
@@ -7,6 +8,7 @@ the catalog lacks is skipped here: resolving the platform reports it with the ty
 from __future__ import annotations
 
 from infra.data.models import Catalog, NodeType
+from infra.node_ansible import node_ansible_problem, runnable_releases
 from infra.spec.errors import FieldProblem
 from infra.spec.models import PlatformSpec
 
@@ -16,7 +18,38 @@ def catalog_problems(spec: PlatformSpec, catalog: Catalog) -> list[FieldProblem]
         _gpus_in_service_pools(spec, catalog)
         + _quotas_no_size_can_fill(spec, catalog)
         + _tensor_parallel_beyond_node(spec, catalog)
+        + _node_ansible(spec)
     )
+
+
+def nodes_configure_themselves(spec: PlatformSpec) -> bool:
+    """Nodes that run the playbooks on themselves at boot: Slurm stacks on aws
+    (infra/backends/aws/bootstrap.py). Elsewhere the nodes are Ansible's targets (the operator's machine
+    is the controller), and EKS nodes are configured by Kubernetes."""
+    return spec.backend == "aws" and spec.scheduler.kind == "slurm"
+
+
+def _node_ansible(spec: PlatformSpec) -> list[FieldProblem]:
+    """The nodes' OS release must ship a Python some Ansible release runs on as a controller, and that
+    Ansible must have what the roles use."""
+    if not nodes_configure_themselves(spec):
+        return []
+    from infra.resolve import os_release  # the default release lives with the resolver (imports this module)
+
+    release = os_release(spec)
+    problem = node_ansible_problem(release)
+    if problem is None:
+        return []
+    given = "" if spec.software.os_release else f" (not set: the {spec.backend} default, {release})"
+    others = [r for r in runnable_releases() if r != release]
+    return [
+        (
+            ("software", "os_release"),
+            f"{release}{given}: the nodes configure themselves at boot, running Ansible on their own "
+            f"python3, and {problem}. Set software.os_release to a release whose nodes can run the roles: "
+            f"{', '.join(others) or 'none in the facts'}",
+        )
+    ]
 
 
 def _gpus_in_service_pools(spec: PlatformSpec, catalog: Catalog) -> list[FieldProblem]:

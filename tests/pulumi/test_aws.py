@@ -91,6 +91,29 @@ def test_imdsv2_and_encrypted_root_volumes(aws_prod: Recording) -> None:
         assert ebs["encrypted"] == "true" and ebs["volumeType"] == "gp3"
 
 
+def test_instance_metadata_stays_on_the_host(aws_prod: Recording) -> None:
+    """Nothing containerised on a Slurm stack's nodes needs the instance profile: the IMDSv2 token never
+    leaves the host's network namespace (hop limit 1), on the pools' templates and the controllers. The
+    instance tags stay readable: the boot reads its gpuplat:node name from them."""
+    instances = aws_prod.of_type("aws:ec2/instance:Instance")
+    assert instances
+    for resource in [*aws_prod.of_type(LT), *instances]:
+        options = resource.inputs["metadataOptions"]
+        assert options["httpPutResponseHopLimit"] == 1, resource.name
+        assert options["instanceMetadataTags"] == "enabled"
+
+
+def test_eks_pods_that_use_the_node_role_still_reach_instance_metadata(
+    shipped_platforms: dict[str, ResolvedPlatform],
+) -> None:
+    """On EKS the model server streams s3:// weights with the node role from a pod network namespace,
+    one hop further than the host: the node groups' templates keep hop limit 2."""
+    recording = record(shipped_platforms["aws-k8s"])
+    templates = recording.of_type(LT)
+    assert templates
+    assert {t.inputs["metadataOptions"]["httpPutResponseHopLimit"] for t in templates} == {2}
+
+
 def test_buckets_are_private_versioned_encrypted_tls_only(aws_prod: Recording) -> None:
     purposes = {"datasets", "checkpoints", "models", "bootstrap", "ssm-transfer"}
     kinds = (
@@ -291,7 +314,7 @@ def test_every_node_boots_into_the_published_bundle(aws_prod: Recording) -> None
     assert all(f"BUNDLE_KEY={key}" in script for script in scripts.values())
     assert "NODE_NAME=head-1" in scripts["aws-prod-head-head-1"]
     assert "NODE_NAME=''" in scripts["aws-prod-train-spot-lt"]
-    assert "hostnamectl set-hostname" in scripts["aws-prod-train-spot-lt"]
+    assert "def take_name(" in scripts["aws-prod-train-spot-lt"]  # the join program rides along
     assert "pool_train_spot:" in scripts["aws-prod-train-spot-lt"]
 
 
@@ -302,7 +325,9 @@ def test_only_controllers_launch_and_terminate_nodes(aws_prod: Recording) -> Non
     assert "ec2:ResourceTag/gpuplat:stack" in policies["aws-prod-service-platform"]
     for role in ("train", "infer"):
         assert "ec2:" not in policies[f"aws-prod-{role}-platform"]
-        assert "ssm:GetParameter" in policies[f"aws-prod-{role}-platform"]
+    # the MUNGE key: only nodes that run munged (tests/pulumi/test_aws_iam.py has the details)
+    assert "ssm:GetParameter" in policies["aws-prod-train-platform"]
+    assert "ssm:GetParameter" not in policies["aws-prod-infer-platform"]
 
 
 def test_inventory_reaches_nodes_through_ssm(aws_prod: Recording) -> None:
@@ -320,3 +345,18 @@ def test_one_gateway_address_in_front_of_both_gateways(aws_prod: Recording) -> N
     }
     assert attached == {"aws-prod-head-head-0-id", "aws-prod-head-head-1-id"}
     assert aws_prod.outputs["gateway_endpoint"].endswith(":8080/v1")
+
+
+def test_what_launches_at_once_waits_for_what_its_boot_script_fetches(aws_prod: Recording) -> None:
+    """Controllers and Auto Scaling groups start booting when created and user data runs once: the bundle
+    and the group vars (which wait for the filesystem) must exist first."""
+    fetched = {aws_prod.named(n).urn for n in ("aws-prod-bundle", "aws-prod-group-vars")}
+    launchers = [
+        *aws_prod.of_type("aws:ec2/instance:Instance"),
+        *aws_prod.of_type("aws:autoscaling/group:Group"),
+    ]
+    expected = {"aws-prod-head-head-0", "aws-prod-head-head-1", "aws-prod-infer-asg"}
+    assert {r.name for r in launchers} >= expected
+    for resource in launchers:
+        missing = fetched - set(resource.dependencies)
+        assert not missing, f"{resource.name} boots before {missing}"

@@ -8,6 +8,7 @@ property dicts. Recordings are cached per variant for the module.
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import replace
@@ -115,6 +116,24 @@ def _skip(cls_path: str, suffix: str = "") -> Callable[[], Any]:
     return lambda: mock.patch.object(target, name, factory)
 
 
+def _munge_key_for_every_role() -> Any:
+    return mock.patch("infra.backends.aws.munge_roles", lambda platform: {p.role for p in platform.pools})
+
+
+def _unconditioned_launch_rights(props: dict[str, Any]) -> None:
+    """The controllers' EC2 rights as they were: RunInstances and CreateTags on anything."""
+
+    def widen(document: str) -> str:
+        policy = json.loads(document)
+        if "ec2:RunInstances" in document:
+            policy["Statement"].append(
+                {"Effect": "Allow", "Action": ["ec2:RunInstances", "ec2:CreateTags"], "Resource": "*"}
+            )
+        return json.dumps(policy)
+
+    props["policy"] = pulumi.Output.from_input(props["policy"]).apply(widen)
+
+
 # name -> (base stack, stack mutation, program)
 VARIANTS: dict[str, tuple[str, Mutate | None, Program | None]] = {
     "aws-prod": ("aws-prod", None, None),
@@ -182,6 +201,13 @@ VARIANTS: dict[str, tuple[str, Mutate | None, Program | None]] = {
     ),
     "open-vpc-cidr": ("aws-prod", _set("aws", {"vpc_cidr": "0.0.0.0/0"}), None),
     "untagged-bucket": ("aws-prod", None, _transform("aws:s3/bucket:Bucket", lambda p: p.update(tags={}))),
+    "munge-key-everywhere": ("aws-prod", None, _patched(_munge_key_for_every_role)),
+    "unconditioned-launch": (
+        "aws-prod",
+        None,
+        _transform("aws:iam/rolePolicy:RolePolicy", _unconditioned_launch_rights),
+    ),
+    "split-training-zones": ("aws-prod", _set("pool:train-spot.zone", "us-east-1b"), None),
     "over-gpu-budget": ("aws-prod", _set("budget.max_gpus", 40), None),
     "over-cost-budget": ("aws-prod", _set("budget.max_hourly_usd", 100), None),
 }
@@ -245,6 +271,9 @@ CASES: list[tuple[str, str, str, dict[str, Any]]] = [
     ("security-s3-public-access-blocked", "aws-prod", "public-bucket-policy", {}),
     ("security-no-open-ingress", "aws-prod", "open-vpc-cidr", {}),
     ("security-required-tags", "aws-prod", "untagged-bucket", {}),
+    ("security-munge-key-readers", "aws-prod", "munge-key-everywhere", {}),
+    ("security-ec2-launch-scoped", "aws-prod", "unconditioned-launch", {}),
+    ("placement-filesystem-zone", "aws-prod", "split-training-zones", {}),
     ("budget-gpus", "aws-prod", "over-gpu-budget", {}),
     ("budget-hourly-cost", "aws-prod", "over-cost-budget", {}),
 ]

@@ -1,8 +1,11 @@
 """The Slurm power-saving programs of roles/slurm_elastic against EC2 (moto server) and a fake IMDS.
 
-EC2 is moto in server mode on loopback; the Slurm side is recorder scripts (scontrol, scancel)
-that append their argv to a file; the program runs as a subprocess, as Slurm runs it, except where
-a test drives its polling loop directly.
+EC2 is moto in server mode on loopback; the Slurm side is recorder scripts (scontrol, squeue,
+scancel) that append their argv to a file and answer queries with what the test gave them; the
+program runs as a subprocess, as Slurm runs it, except where a test drives it in-process (a polling
+loop, a clock, EC2 calls recorded in the same file as the Slurm calls to check their order).
+keep-static, reconcile and teardown are tested in test_ec2_static.py and test_ec2_reconcile.py,
+which share this module's fixtures.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from typing import Any
 import pytest
 
 boto3 = pytest.importorskip("boto3")
+botocore_exceptions = pytest.importorskip("botocore.exceptions")
+ClientError = botocore_exceptions.ClientError
 moto_server = pytest.importorskip("moto.server")
 
 PROGRAM = Path(__file__).resolve().parents[2] / "roles" / "slurm_elastic" / "files" / "gpuplat_ec2_nodes.py"
@@ -66,6 +71,34 @@ class Cloud:
         found = [i for i in self.instances() if i["State"]["Name"] == state]
         return {tags_of(i)["gpuplat:node"]: i for i in found}
 
+    def launch(self, node: str | None = None, pool: str = "train", stack: str | None = None) -> str:
+        """An instance as the resume program leaves it (no gpuplat:node tag when node is None)."""
+        tags = {"gpuplat:stack": self.stack if stack is None else stack, "gpuplat:pool": pool}
+        if node is not None:
+            tags["gpuplat:node"] = node
+        [instance] = self.ec2.run_instances(
+            LaunchTemplate={"LaunchTemplateId": self.launch_template_id},
+            SubnetId=self.subnet_id,
+            MinCount=1,
+            MaxCount=1,
+            TagSpecifications=[
+                {"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}
+            ],
+        )["Instances"]
+        return str(instance["InstanceId"])
+
+    def state(self, instance_id: str) -> str:
+        [reservation] = self.ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]
+        return str(reservation["Instances"][0]["State"]["Name"])
+
+    def describe(self, instance_id: str) -> dict[str, Any]:
+        [reservation] = self.ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]
+        return dict(reservation["Instances"][0])
+
+    def protect(self, instance_id: str, protected: bool = True) -> None:
+        """DisableApiTermination: TerminateInstances fails for it (OperationNotPermitted)."""
+        self.ec2.modify_instance_attribute(InstanceId=instance_id, DisableApiTermination={"Value": protected})
+
 
 def tags_of(instance: dict[str, Any]) -> dict[str, str]:
     return {tag["Key"]: tag["Value"] for tag in instance.get("Tags", [])}
@@ -73,7 +106,11 @@ def tags_of(instance: dict[str, Any]) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def moto_cloud() -> Iterator[Cloud]:
-    """One moto server, VPC, subnet and launch template; each test gets its own stack tag."""
+    """One moto server, VPC, subnet and launch template; each test gets its own stack tag.
+
+    moto's backend is one per process: the modules that share this fixture get a server each, and
+    a template name each.
+    """
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
@@ -86,7 +123,7 @@ def moto_cloud() -> Iterator[Cloud]:
         vpc_id = ec2.create_vpc(CidrBlock="10.20.0.0/16")["Vpc"]["VpcId"]
         subnet_id = ec2.create_subnet(VpcId=vpc_id, CidrBlock="10.20.1.0/24")["Subnet"]["SubnetId"]
         template = ec2.create_launch_template(
-            LaunchTemplateName="train",
+            LaunchTemplateName=f"train-{port}",
             LaunchTemplateData={"ImageId": image_id, "InstanceType": "p5.48xlarge"},
         )
         yield Cloud(url, ec2, template["LaunchTemplate"]["LaunchTemplateId"], subnet_id)
@@ -103,6 +140,8 @@ def cloud(moto_cloud: Cloud, request: pytest.FixtureRequest) -> Cloud:
 
 @dataclass
 class SlurmRecorder:
+    """scontrol, squeue and scancel that record their argv; queries answer what the test set."""
+
     bin_dir: Path
     record: Path
 
@@ -115,13 +154,28 @@ class SlurmRecorder:
             return []
         return [line.split("\t")[:-1] for line in self.record.read_text().splitlines()]
 
-    def answer_show_node(self, text: str) -> None:
-        (self.bin_dir / "scontrol.out").write_text(text)
+    def nodes(self, *lines: str) -> None:
+        """What `scontrol -o show node` prints (lines made with show_node)."""
+        (self.bin_dir / "scontrol.out").write_text("".join(line + "\n" for line in lines))
+
+    def jobs(self, *rows: tuple[int, int, int]) -> None:
+        """What `squeue --Format=JobID,BatchFlag,Requeue` prints: (job id, batch flag, requeue)."""
+        text = "".join(f"{job:<20}{batch:<20}{requeue:<20}\n" for job, batch, requeue in rows)
+        (self.bin_dir / "squeue.out").write_text(text)
+
+    def fail(self, command: str) -> None:
+        (self.bin_dir / f"{command}.rc").write_text("1")
+
+    def note(self, *fields: str) -> None:
+        """Something else happening (a sleep, an EC2 call), in the same order as the calls."""
+        with self.record.open("a") as record:
+            record.write("".join(f"{field}\t" for field in fields) + "\n")
 
 
 RECORDER = """#!/bin/sh
 {{ printf '%s\\t' "$(basename "$0")"; for arg in "$@"; do printf '%s\\t' "$arg"; done; echo; }} >> {record}
-if [ "$1" = "-o" ] && [ -f "$0.out" ]; then cat "$0.out"; fi
+if [ -f "$0.rc" ]; then exit "$(cat "$0.rc")"; fi
+case " $* " in *" show "*|*--Format=*) if [ -f "$0.out" ]; then cat "$0.out"; fi;; esac
 """
 
 
@@ -130,20 +184,79 @@ def slurm(tmp_path: Path) -> SlurmRecorder:
     bin_dir = tmp_path / "slurm-bin"
     bin_dir.mkdir()
     record = tmp_path / "slurm-calls.tsv"
-    for command in ("scontrol", "scancel"):
+    for command in ("scontrol", "squeue", "scancel"):
         script = bin_dir / command
         script.write_text(RECORDER.format(record=record))
         script.chmod(0o755)
     return SlurmRecorder(bin_dir, record)
 
 
-def write_config(tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder, **pool_overrides: Any) -> Path:
+def show_node(name: str, state: str, reason: str = "", addr: str | None = None) -> str:
+    """One line of `scontrol -o show node` as Slurm 24.11 prints it (src/api/node_info.c order)."""
+    line = (
+        f"NodeName={name} CoresPerSocket=48 CPUAlloc=0 CPUEfctv=192 CPUTot=192 CPULoad=N/A "
+        f"AvailableFeatures=(null) ActiveFeatures=(null) Gres=gpu:h100:8 NodeAddr={addr or name} "
+        f"NodeHostName={name} RealMemory=2000000 AllocMem=0 FreeMem=N/A Sockets=2 Boards=1 "
+        f"State={state} ThreadsPerCore=2 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A Partitions=train "
+        "BootTime=None SlurmdStartTime=None LastBusyTime=2026-12-01T09:00:00 ResumeAfterTime=None "
+        "CfgTRES=cpu=192,mem=2000000M,billing=192,gres/gpu=8 AllocTRES= CurrentWatts=0 AveWatts=0"
+    )
+    return line + (f" Reason={reason} [slurm@2026-12-01T09:10:00]" if reason else "")
+
+
+class RecordingEc2:
+    """The moto client, with its changing calls noted in the recorder's file (one order for both)."""
+
+    NOTED = ("run_instances", "create_tags", "terminate_instances")
+
+    def __init__(self, client: Any, slurm: SlurmRecorder) -> None:
+        self.client = client
+        self.slurm = slurm
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.client, name)
+        if name not in self.NOTED:
+            return method
+
+        def noted(**kwargs: Any) -> Any:
+            self.slurm.note("ec2", name, ",".join(kwargs.get("InstanceIds") or kwargs.get("Resources") or []))
+            return method(**kwargs)
+
+        return noted
+
+
+def settings_for(tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder, **overrides: Any) -> Any:
+    """In-process Settings of write_config's pools."""
+    pool = {"launch_template_id": cloud.launch_template_id, "subnet_id": cloud.subnet_id}
+    static = overrides.pop("static_nodes", ())
+    pools = {
+        "train": nodes.parse_pool("train", {**pool, "static_nodes": list(static)}),
+        "train-spot": nodes.parse_pool("train-spot", {**pool, "subnet_id": None}),
+    }
+    values = {"state_dir": tmp_path / "state", **overrides}
+    return nodes.Settings(cloud.stack, REGION, slurm.scontrol, pools, **values)
+
+
+def ec2_nodes(cloud: Cloud, slurm: SlurmRecorder) -> Any:
+    client = boto3.client("ec2", region_name=REGION, endpoint_url=cloud.url)
+    return nodes.Ec2Nodes(RecordingEc2(client, slurm), cloud.stack)
+
+
+def write_config(
+    tmp_path: Path,
+    cloud: Cloud,
+    slurm: SlurmRecorder,
+    settings: dict[str, Any] | None = None,
+    **pool_overrides: Any,
+) -> Path:
     train = {"launch_template_id": cloud.launch_template_id, "subnet_id": cloud.subnet_id, "static_nodes": []}
     config = {
         "stack": cloud.stack,
         "region": REGION,
         "scontrol": slurm.scontrol,
+        "state_dir": str(tmp_path / "state"),
         "pools": {"train": {**train, **pool_overrides}, "train-spot": {**train, "subnet_id": None}},
+        **(settings or {}),
     }
     path = tmp_path / "ec2-nodes.json"
     path.write_text(json.dumps(config))
@@ -159,8 +272,10 @@ def run_program(config: Path, cloud: Cloud, *args: str) -> subprocess.CompletedP
 def address_updates(slurm: SlurmRecorder) -> dict[str, str]:
     updates = {}
     for call in slurm.calls():
+        if call[:2] != ["scontrol", "update"]:
+            continue
         settings = dict(arg.split("=", 1) for arg in call[2:])
-        if call[:2] == ["scontrol", "update"] and "nodeaddr" in settings:
+        if "nodeaddr" in settings:
             assert settings["nodehostname"] == settings["nodename"]
             updates[settings["nodename"]] = settings["nodeaddr"]
     return updates
@@ -291,14 +406,138 @@ def test_suspend_of_nodes_without_instances_is_fine(
     assert "train-5: terminated no instance" in result.stderr
 
 
-def test_resume_fail_terminates_and_logs(tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder) -> None:
+class CapacityShortEc2(RecordingEc2):
+    """EC2 out of capacity after the first instance: the second RunInstances fails."""
+
+    def __init__(self, client: Any, slurm: SlurmRecorder) -> None:
+        super().__init__(client, slurm)
+        self.launches = 0
+
+    def run_instances(self, **request: Any) -> Any:
+        self.launches += 1
+        if self.launches > 1:
+            error = {"Error": {"Code": "InsufficientInstanceCapacity", "Message": "no p5 in us-east-1a"}}
+            raise ClientError(error, "RunInstances")
+        return self.client.run_instances(**{**request, "MaxCount": 1})
+
+
+def test_names_ec2_cannot_serve_are_powered_down_so_their_jobs_requeue(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+) -> None:
+    """POWER_DOWN_FORCE on a POWERING_UP node requeues its jobs and, through the suspend it starts,
+    brings the name back to IDLE+POWERED_DOWN (module docstring): the names are tried again."""
+    client = boto3.client("ec2", region_name=REGION, endpoint_url=cloud.url)
+    ec2 = nodes.Ec2Nodes(CapacityShortEc2(client, slurm), cloud.stack)
+    settings = settings_for(tmp_path, cloud, slurm)
+    status = nodes.resume(settings, ec2, nodes.Slurm(slurm.scontrol), ["train-0", "train-1", "train-2"])
+    assert status == nodes.EXIT_FAILED
+    [launched] = cloud.instances()
+    assert tags_of(launched)["gpuplat:node"] == "train-0"
+    assert [call for call in slurm.calls() if call[0] == "scontrol"] == [
+        [
+            "scontrol",
+            "update",
+            "nodename=train-0",
+            f"nodeaddr={launched['PrivateIpAddress']}",
+            "nodehostname=train-0",
+        ],
+        [
+            "scontrol",
+            "update",
+            "nodename=train-1,train-2",
+            "state=power_down_force",
+            "reason=gpuplat resume failed: InsufficientInstanceCapacity",
+        ],
+    ]
+
+
+class AddresslessEc2(RecordingEc2):
+    """Instances that never get a private address."""
+
+    def run_instances(self, **request: Any) -> Any:
+        return strip_addresses(self.client.run_instances(**request))
+
+    def describe_instances(self, **request: Any) -> Any:
+        return strip_addresses(self.client.describe_instances(**request))
+
+
+def strip_addresses(response: dict[str, Any]) -> dict[str, Any]:
+    for instance in response.get("Instances", []) + [
+        i for reservation in response.get("Reservations", []) for i in reservation["Instances"]
+    ]:
+        instance.pop("PrivateIpAddress", None)
+    return response
+
+
+def test_an_instance_without_address_is_terminated_and_its_name_powered_down(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Left as it was, the node would wait out ResumeTimeout (30 min) with an instance it cannot use."""
+    monkeypatch.setattr(nodes, "ADDRESS_WAIT_S", 0.0)
+    client = boto3.client("ec2", region_name=REGION, endpoint_url=cloud.url)
+    ec2 = nodes.Ec2Nodes(AddresslessEc2(client, slurm), cloud.stack)
+    status = nodes.resume(settings_for(tmp_path, cloud, slurm), ec2, nodes.Slurm(slurm.scontrol), ["train-5"])
+    assert status == nodes.EXIT_FAILED
+    [instance] = cloud.instances(gpuplat_node="train-5")
+    assert instance["State"]["Name"] == "terminated"
+    calls = slurm.calls()
+    assert calls[-2:] == [
+        ["ec2", "terminate_instances", instance["InstanceId"]],
+        [
+            "scontrol",
+            "update",
+            "nodename=train-5",
+            "state=power_down_force",
+            "reason=gpuplat resume failed: NoPrivateAddress",
+        ],
+    ]
+    assert not address_updates(slurm)
+
+
+def test_resume_fail_terminates_then_returns_the_nodes_to_power_saving(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+) -> None:
+    """Slurm leaves a node that missed ResumeTimeout DOWN+POWERED_DOWN, never allocated again
+    (power_save.c _do_power_work); POWER_DOWN_FORCE after the termination brings it back to idle~."""
     config = write_config(tmp_path, cloud, slurm)
     assert run_program(config, cloud, "resume", "train-[0-1]").returncode == 0
+    slurm.record.unlink()
     result = run_program(config, cloud, "resume-fail", "train-1")
     assert result.returncode == 0, result.stderr
     assert "train-1 did not register in time" in result.stderr
     assert list(cloud.node_instances("terminated")) == ["train-1"]
     assert list(cloud.node_instances("running") or cloud.node_instances("pending")) == ["train-0"]
+    assert slurm.calls() == [
+        [
+            "scontrol",
+            "update",
+            "nodename=train-1",
+            "state=power_down_force",
+            f"reason={nodes.REASON_RESUME_FAIL}",
+        ]
+    ]
+
+
+def test_resume_fail_powers_down_only_after_terminating(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+) -> None:
+    first, second = cloud.launch("train-spot-2", "train-spot"), cloud.launch("train-spot-3", "train-spot")
+    status = nodes.resume_fail(
+        settings_for(tmp_path, cloud, slurm),
+        ec2_nodes(cloud, slurm),
+        nodes.Slurm(slurm.scontrol),
+        ["train-spot-2", "train-spot-3", "infer-0"],
+    )
+    assert status == nodes.EXIT_UNKNOWN_NODE, "infer-0 belongs to no pool; the others are handled"
+    [terminate, power_down] = slurm.calls()
+    assert terminate[:2] == ["ec2", "terminate_instances"] and set(terminate[2].split(",")) == {first, second}
+    assert power_down == [
+        "scontrol",
+        "update",
+        "nodename=train-spot-2,train-spot-3",
+        "state=power_down_force",
+        f"reason={nodes.REASON_RESUME_FAIL}",
+    ]
 
 
 def test_bad_configuration_is_a_usage_error(tmp_path: Path, cloud: Cloud) -> None:
@@ -329,7 +568,10 @@ def test_slurm_wrappers_hand_the_hostlist_to_the_program(
         "__slurm_elastic_program": f"{sys.executable} {PROGRAM}",
         "__slurm_elastic_config": write_config(tmp_path, cloud, slurm),
         "__slurm_elastic_log_file": log_file,
+        "slurm_elastic_endpoint_url": "",
     }
+    options = yaml.safe_load((role / "vars" / "main.yml").read_text())["__slurm_elastic_options"]
+    context["__slurm_elastic_options"] = jinja2.Template(options).render(**context)
     for wrapper in wrappers:
         script = tmp_path / Path(wrapper["path"]).name
         script.write_text(template.render(item=wrapper, **context))
@@ -358,73 +600,31 @@ def test_slurm_wrappers_hand_the_hostlist_to_the_program(
     assert "resume: launched" in log and "suspend: train-1: terminated i-" in log
 
 
-# --- keep-static ----------------------------------------------------------------------------------
+# --- scontrol and squeue output ------------------------------------------------------------------
 
 
-def show_node(name: str, state: str, reason: str = "") -> str:
-    """One line of `scontrol -o show node` as Slurm 23.11 prints it."""
-    line = (
-        f"NodeName={name} CoresPerSocket=48 CPUAlloc=0 CPUEfctv=192 CPUTot=192 CPULoad=N/A "
-        f"AvailableFeatures=(null) ActiveFeatures=(null) Gres=gpu:h100:8 NodeAddr={name} "
-        f"NodeHostName={name} RealMemory=2000000 AllocMem=0 FreeMem=N/A Sockets=2 Boards=1 "
-        f"State={state} ThreadsPerCore=2 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A Partitions=train "
-        "BootTime=None SlurmdStartTime=None LastBusyTime=2026-12-01T09:00:00 ResumeAfterTime=None "
-        "CfgTRES=cpu=192,mem=2000000M,billing=192,gres/gpu=8 AllocTRES= CurrentWatts=0 AveWatts=0"
+def test_node_lines_give_flags_address_and_reason() -> None:
+    text = "\n".join(
+        [
+            show_node("a-1", "ALLOCATED+CLOUD", addr="10.0.0.7"),
+            show_node("a-2", "DOWN+CLOUD+POWERED_DOWN", "ResumeTimeout reached") + " Comment=x Extra=y",
+            show_node("a-3", "IDLE+CLOUD+DRAIN", "disk full on /scratch"),
+        ]
     )
-    return line + (f" Reason={reason}" if reason else "")
+    parsed = nodes.parse_nodes(text)
+    assert parsed["a-1"] == nodes.NodeInfo("a-1", frozenset({"ALLOCATED", "CLOUD"}), "10.0.0.7", "")
+    assert parsed["a-2"].flags == {"DOWN", "CLOUD", "POWERED_DOWN"}
+    assert parsed["a-2"].reason == "ResumeTimeout reached [slurm@2026-12-01T09:10:00]"
+    assert parsed["a-3"].reason.startswith("disk full on /scratch")
 
 
-def test_keep_static_powers_up_only_powered_down_static_nodes(tmp_path: Path, slurm: SlurmRecorder) -> None:
-    static = ["train-0", "train-1", "train-2", "train-3", "train-4", "train-5", "train-6"]
-    config = {
-        "stack": STACK,
-        "region": REGION,
-        "scontrol": slurm.scontrol,
-        "pools": {"train": {"launch_template_id": "lt-1", "subnet_id": None, "static_nodes": static}},
-    }
-    path = tmp_path / "ec2-nodes.json"
-    path.write_text(json.dumps(config))
-    slurm.answer_show_node(
-        "\n".join(
-            [
-                show_node("train-0", "IDLE+CLOUD+POWERED_DOWN"),
-                show_node("train-1", "IDLE+CLOUD+NOT_RESPONDING+POWERING_UP"),
-                show_node("train-2", "MIXED+CLOUD"),
-                show_node("train-3", "DOWN+CLOUD+POWERED_DOWN", "Not responding [slurm@2026-12-01T09:10:00]"),
-                show_node(
-                    "train-4", "IDLE+CLOUD+DRAIN+POWERED_DOWN", "maintenance [root@2026-12-01T08:00:00]"
-                ),
-                show_node("train-5", "IDLE+CLOUD+POWER_UP+POWERED_DOWN"),
-                show_node("train-6", "IDLE+CLOUD+POWERING_DOWN"),
-                show_node("train-7", "IDLE+CLOUD+POWERED_DOWN"),
-            ]
-        )
-        + "\n"
-    )
-    argv = [sys.executable, str(PROGRAM), "--config", str(path), "keep-static"]
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
-    assert result.returncode == 0, result.stderr
-    assert slurm.calls() == [
-        ["scontrol", "-o", "show", "node"],
-        ["scontrol", "update", "nodename=train-0,train-3", "state=power_up"],
+def test_squeue_rows_give_batch_and_requeue_flags() -> None:
+    text = f"{101:<20}{1:<20}{1:<20}\n{102:<20}{0:<20}{1:<20}\n{103:<20}{1:<20}{0:<20}\n"
+    assert nodes.parse_jobs(text) == [
+        nodes.Job("101", batch=True, requeue=True),
+        nodes.Job("102", batch=False, requeue=True),
+        nodes.Job("103", batch=True, requeue=False),
     ]
-    assert "train-4 is drained" in result.stderr
-
-
-def test_keep_static_reports_static_nodes_slurm_does_not_know(tmp_path: Path, slurm: SlurmRecorder) -> None:
-    pools = {"train": nodes.Pool("train", "lt-1", None, ("train-0", "train-9"))}
-    settings = nodes.Settings(STACK, REGION, slurm.scontrol, pools)
-    slurm.answer_show_node(show_node("train-0", "IDLE+CLOUD") + "\n")
-    assert nodes.keep_static(settings, nodes.Slurm(slurm.scontrol)) == nodes.EXIT_FAILED
-    assert slurm.calls() == [["scontrol", "-o", "show", "node"]]
-
-
-def test_node_states_parse_flags_of_every_line() -> None:
-    text = show_node("a-1", "ALLOCATED+CLOUD") + "\n" + show_node("a-2", "IDLE+CLOUD+POWERED_DOWN") + "\n"
-    assert nodes.parse_node_states(text) == {
-        "a-1": {"ALLOCATED", "CLOUD"},
-        "a-2": {"IDLE", "CLOUD", "POWERED_DOWN"},
-    }
 
 
 # --- spot-watch against a fake IMDSv2 -------------------------------------------------------------
@@ -516,9 +716,9 @@ def test_spot_watch_keeps_polling_through_imds_errors(
     assert sleeps == [5.0, 5.0, 30.0], "two polls, then the grace period after the notice"
     assert "HTTP Error 500" in caplog.text
     calls = slurm.calls()
-    assert [call[0] for call in calls] == ["scontrol", "scancel", "scontrol"]
+    assert [call[0] for call in calls] == ["scontrol", "squeue", "scancel", "scontrol"], "no job to requeue"
     assert calls[0][2:4] == ["nodename=train-spot-1", "state=drain"]
-    assert calls[2][2:4] == ["nodename=train-spot-1", "state=power_down_force"]
+    assert calls[3][2:4] == ["nodename=train-spot-1", "state=power_down_force"]
 
 
 def test_spot_watch_unreachable_imds_is_logged_not_fatal(slurm: SlurmRecorder) -> None:
@@ -535,8 +735,59 @@ def test_spot_watch_unreachable_imds_is_logged_not_fatal(slurm: SlurmRecorder) -
     assert slurm.calls() == []
 
 
-def test_spot_notice_drains_signals_and_powers_the_node_down(imds: FakeImds, slurm: SlurmRecorder) -> None:
+SPOT_REASON = f"reason=spot interruption {NOTICE['time']}"
+SQUEUE_JOBS_ON_SPOT_1 = [
+    "squeue",
+    "--noheader",
+    "--nodelist=train-spot-1",
+    "--states=RUNNING,SUSPENDED",
+    "--Format=JobID,BatchFlag,Requeue",
+]
+
+
+def test_spot_notice_terms_the_steps_requeues_the_jobs_then_powers_down(
+    imds: FakeImds, slurm: SlurmRecorder
+) -> None:
+    """SIGTERM goes to the job steps only: `scancel --signal` without --full never signals the batch
+    shell (job_mgr.c _signal_job, KILL_STEPS_ONLY), which bash would die of, ending the job FAILED.
+    After the grace, the requeueable batch jobs are requeued, running or ended meanwhile
+    (job_mgr.c _job_requeue_op), and POWER_DOWN_FORCE ends the rest."""
+    imds.responses = [200]
+    slurm.jobs((101, 1, 1), (102, 0, 1), (103, 1, 0), (104, 1, 1))  # 102: srun/salloc, 103: --no-requeue
+    watch = nodes.SpotWatch("train-spot-1", imds.url, grace_s=90.0, interval_s=5.0)
+
+    def sleep(seconds: float) -> None:
+        slurm.note("sleep", str(seconds))
+
+    assert nodes.spot_watch(watch, nodes.Slurm(slurm.scontrol), sleep=sleep) == nodes.EXIT_OK
+    assert slurm.calls() == [
+        ["scontrol", "update", "nodename=train-spot-1", "state=drain", SPOT_REASON],
+        SQUEUE_JOBS_ON_SPOT_1,
+        ["scancel", "--signal=TERM", "--nodelist=train-spot-1"],
+        ["sleep", "90.0"],
+        ["scontrol", "requeue", "101,104"],
+        ["scontrol", "update", "nodename=train-spot-1", "state=power_down_force", SPOT_REASON],
+    ]
+
+
+def test_spot_notice_without_squeue_still_terms_and_powers_down(imds: FakeImds, slurm: SlurmRecorder) -> None:
+    """Without the job list, POWER_DOWN_FORCE's own requeue (of jobs still running) is what is left."""
+    imds.responses = [200]
+    slurm.fail("squeue")
+    watch = nodes.SpotWatch("train-spot-1", imds.url, grace_s=1.0, interval_s=5.0)
+    assert nodes.spot_watch(watch, nodes.Slurm(slurm.scontrol), sleep=lambda _: None) == nodes.EXIT_FAILED
+    assert [call[:2] for call in slurm.calls()] == [
+        ["scontrol", "update"],
+        ["squeue", "--noheader"],
+        ["scancel", "--signal=TERM"],
+        ["scontrol", "update"],
+    ]
+    assert slurm.calls()[-1][3] == "state=power_down_force"
+
+
+def test_spot_watch_program_handles_a_notice_within_the_grace(imds: FakeImds, slurm: SlurmRecorder) -> None:
     imds.responses = [404, 200]
+    slurm.jobs((7, 1, 1))
     argv = [
         sys.executable,
         str(PROGRAM),
@@ -550,11 +801,12 @@ def test_spot_notice_drains_signals_and_powers_the_node_down(imds: FakeImds, slu
     started = time.monotonic()
     result = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
-    reason = f"reason=spot interruption {NOTICE['time']}"
     assert slurm.calls() == [
-        ["scontrol", "update", "nodename=train-spot-1", "state=drain", reason],
-        ["scancel", "--signal=TERM", "--full", "--nodelist=train-spot-1"],
-        ["scontrol", "update", "nodename=train-spot-1", "state=power_down_force", reason],
+        ["scontrol", "update", "nodename=train-spot-1", "state=drain", SPOT_REASON],
+        SQUEUE_JOBS_ON_SPOT_1,
+        ["scancel", "--signal=TERM", "--nodelist=train-spot-1"],
+        ["scontrol", "requeue", "7"],
+        ["scontrol", "update", "nodename=train-spot-1", "state=power_down_force", SPOT_REASON],
     ]
     assert time.monotonic() - started >= 0.5
     assert "train-spot-1" in result.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import json
 import posixpath
 import re
 import sys
@@ -99,12 +100,10 @@ def test_gateway_lists_every_replica_of_every_node() -> None:
 
 
 def inference_targets(variables: dict[str, Any]) -> list[dict[str, Any]]:
-    monitoring = {
-        **defaults("monitoring"),
-        **variables,
-        "__monitoring_rules_dir": "/etc/prometheus/rules",
-        "gpuplat_stack": "onprem",
-    }
+    monitoring = role_vars(
+        "monitoring",
+        {**variables, "__monitoring_rules_dir": "/etc/prometheus/rules", "gpuplat_stack": "onprem"},
+    )
     config = yaml.safe_load(render(ROLES / "monitoring" / "templates" / "prometheus.yml.j2", monitoring))
     job = next(j for j in config["scrape_configs"] if j["job_name"] == "inference_server")
     return list(job["static_configs"])
@@ -258,3 +257,27 @@ def test_scaling_agent_unit_reads_every_replica() -> None:
     assert re.findall(r"--metrics-url (\S+)", unit) == [
         f"http://127.0.0.1:{8000 + i}/metrics" for i in range(4)
     ]
+
+
+@pytest.mark.parametrize(
+    "template", ["prometheus.yml.j2", "gpuplat-recording.rules.yml.j2", "gpuplat-alerts.rules.yml.j2"]
+)
+def test_a_stack_that_serves_nothing_gets_node_and_gpu_monitoring_only(template: str) -> None:
+    """A Slurm stack without a serving section: the inventory sets no inference_* (the controller's
+    converge failed on the role's required arguments before)."""
+    spec = yaml.safe_load((ROLES / "monitoring" / "meta" / "argument_specs.yml").read_text())
+    options = spec["argument_specs"]["main"]["options"]
+    assert not options["inference_engine"].get("required") and not options["inference_p95_target_ms"].get(
+        "required"
+    )
+    inventory = {k: v for k, v in cluster(replicas=1, tp=1).items() if not k.startswith("inference_")}
+    variables = role_vars(
+        "monitoring", {**inventory, "gpuplat_stack": "box", "__monitoring_rules_dir": "/etc/prometheus/rules"}
+    )
+    document = yaml.safe_load(render(ROLES / "monitoring" / "templates" / template, variables))
+    text = json.dumps(document)
+    assert "inference" not in text.replace("gpuplat:", "")
+    if template == "prometheus.yml.j2":
+        assert {j["job_name"] for j in document["scrape_configs"]} >= {"node", "dcgm"}
+    else:
+        assert document["groups"] and all(group["rules"] for group in document["groups"])

@@ -7,8 +7,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-from infra.backends.aws.bootstrap import BootScript, bundle_digest, bundle_key, node_inventory
-from infra.resolve import ResolvedPlatform
+import pytest
+
+from infra.backends.aws import node_join
+from infra.backends.aws.bootstrap import (
+    USER_DATA_MAX_BYTES,
+    BootScript,
+    bundle_digest,
+    bundle_key,
+    node_inventory,
+)
+from infra.resolve import ResolvedPlatform, os_release
 
 ROOT = Path(__file__).resolve().parents[2]
 ANSIBLE_INVENTORY = Path(sys.executable).parent / "ansible-inventory"
@@ -21,6 +30,7 @@ def _script(platform: ResolvedPlatform, pool: str, node_name: str = "") -> str:
         bucket="aws-prod-bootstrap-123",
         bundle_key=bundle_key(ROOT),
         inventory=node_inventory(platform, platform.pool(pool)),
+        os_release=os_release(platform.spec),
         node_name=node_name,
     ).render()
 
@@ -66,3 +76,104 @@ def test_bundle_digest_follows_the_roles(tmp_path: Path) -> None:
     before = bundle_digest(tmp_path)
     (tmp_path / "roles/a/tasks/main.yml").write_text("--- # changed\n")
     assert bundle_digest(tmp_path) != before
+
+
+# --- the node side (infra/backends/aws/node_join.py) ------------------------------------------------
+
+
+class FakeImds:
+    """Instance metadata whose tags appear after `tag_after` reads of the tag list."""
+
+    def __init__(self, tags: dict[str, str], tag_after: int = 0) -> None:
+        self.tags = tags
+        self.reads = 0
+        self.tag_after = tag_after
+
+    def get(self, path: str) -> str | None:
+        if path == "instance-id":
+            return "i-0123"
+        if path == "tags/instance":
+            self.reads += 1
+            return "\n".join(self.tags) if self.reads > self.tag_after else "gpuplat:stack"
+        return self.tags.get(path.removeprefix("tags/instance/"))
+
+
+def _join_settings(tmp_path: Path, node_name: str = "", wait_s: float = 60) -> node_join.JoinSettings:
+    return node_join.JoinSettings(
+        stack="s", region="us-east-1", bucket="box-bucket", bundle_key="bootstrap/x/bundle.zip",
+        group_vars_key="bootstrap/group_vars/all.json", munge_parameter="/gpuplat/s/munge-key",
+        node_name=node_name, name_wait_s=wait_s, fetch_wait_s=wait_s, work=tmp_path,
+    )  # fmt: skip
+
+
+def test_a_launched_node_waits_for_the_name_the_resume_program_tags_it_with(tmp_path: Path) -> None:
+    imds = FakeImds({"gpuplat:stack": "s", "gpuplat:node": "train-3"}, tag_after=3)
+    sleeps: list[float] = []
+    assert node_join.node_name(_join_settings(tmp_path), imds, sleeps.append) == "train-3"  # type: ignore[arg-type]
+    assert len(sleeps) == 3
+
+
+def test_auto_scaling_instances_are_named_after_their_id(tmp_path: Path) -> None:
+    imds = FakeImds({"aws:autoscaling:groupName": "g"})
+    assert node_join.node_name(_join_settings(tmp_path), imds, lambda _: None) == "i-0123"  # type: ignore[arg-type]
+
+
+def test_a_node_never_tagged_gives_up_with_the_reason(tmp_path: Path) -> None:
+    imds = FakeImds({"gpuplat:stack": "s"})
+    with pytest.raises(node_join.BootError, match="gpuplat:node tag of i-0123: gave up after 0 s"):
+        node_join.node_name(_join_settings(tmp_path, wait_s=0), imds, lambda _: None)  # type: ignore[arg-type]
+
+
+def test_controllers_take_their_fixed_name_without_asking(tmp_path: Path) -> None:
+    assert node_join.node_name(_join_settings(tmp_path, "head-1"), None, lambda _: None) == "head-1"  # type: ignore[arg-type]
+
+
+def test_the_group_vars_written_after_the_node_booted_are_waited_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    moto = pytest.importorskip("moto")
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "t",
+        "AWS_SECRET_ACCESS_KEY": "t",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(key, value)
+    with moto.mock_aws():
+        import boto3
+
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket="box-bucket")
+        s3.put_object(Bucket="box-bucket", Key="bootstrap/x/bundle.zip", Body=b"zip")
+        boto3.client("ssm", region_name="us-east-1").put_parameter(
+            Name="/gpuplat/s/munge-key", Type="SecureString", Value="a2V5"
+        )
+        rounds: list[float] = []
+
+        def publish_later(seconds: float) -> None:
+            rounds.append(seconds)
+            if len(rounds) == 2:  # pulumi up writes the group vars once the filesystem exists
+                s3.put_object(Bucket="box-bucket", Key="bootstrap/group_vars/all.json", Body=b'{"a": 1}')
+
+        node_join.fetch(_join_settings(tmp_path), publish_later, tmp_path / "munge.key")
+    assert len(rounds) == 2
+    assert json.loads((tmp_path / "all.json").read_text()) == {"a": 1}
+    assert (tmp_path / "munge.key").read_bytes() == b"key"
+
+
+def test_every_shipped_boot_script_fits_ec2_user_data(shipped_platforms: dict[str, ResolvedPlatform]) -> None:
+    for platform in shipped_platforms.values():
+        if platform.spec.backend != "aws" or platform.spec.scheduler.kind != "slurm":
+            continue
+        for pool in platform.pools:
+            assert len(_script(platform, pool.name).encode()) <= USER_DATA_MAX_BYTES
+
+
+def test_nodes_install_the_ansible_their_own_python_runs(
+    shipped_platforms: dict[str, ResolvedPlatform],
+) -> None:
+    """Ubuntu 22.04's Python 3.10 cannot run ansible-core 2.19 (ansible 12): its nodes get ansible 10."""
+    platform = shipped_platforms["aws-prod"]
+    assert os_release(platform.spec) == "ubuntu2204"
+    script = _script(platform, "train")
+    assert "NODE_PIP_REQUIREMENTS='ansible==10.7.0 " in script
+    assert "BOOT_PACKAGES=python3-venv" in script

@@ -60,3 +60,36 @@ def test_bad_data_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(SpecError) as raised:
         load_data_file(path, Catalog)
     assert str(path) in raised.value.message and "node_types[0].provider" in raised.value.message
+
+
+def test_every_supported_release_says_which_mpi_plugins_its_slurm_ships() -> None:
+    from infra.data.packages import SUPPORTED_RELEASES, package_facts
+
+    for release_id in SUPPORTED_RELEASES:
+        slurm = package_facts().release(release_id).slurm
+        assert slurm is not None and slurm.mpi_default in ("pmix", "pmi2"), release_id
+    jammy = package_facts().release("ubuntu2204").slurm
+    assert jammy is not None and "pmix" not in jammy.mpi_plugins and jammy.mpi_default == "pmi2"
+
+
+def test_mpi_plugins_and_the_pmix_package_must_agree() -> None:
+    from pydantic import ValidationError
+
+    from infra.data.packages import SlurmFacts
+
+    with pytest.raises(ValidationError, match="pmix exactly when"):
+        SlurmFacts(
+            version="21.08.5", pmix_plugin_package=None, nvml_plugin_package=None, mpi_plugins=["pmix"]
+        )
+
+
+def test_node_ansible_facts_cover_every_node_release_with_sources() -> None:
+    from typing import get_args
+
+    from infra.data.node_ansible import node_ansible_facts
+    from infra.spec.models import OsRelease
+
+    facts = node_ansible_facts()
+    assert {p.release for p in facts.os_pythons} == set(get_args(OsRelease))
+    entries = [*facts.os_pythons, *facts.ansible_core, *facts.ansible_releases, *facts.role_features]
+    assert all("http" in e.source or "migrated from Ansible 2.9" in e.source for e in entries)

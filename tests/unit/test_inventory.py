@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from infra.inventory import aws_ec2_config, inventory_documents, platform_vars, static_inventory
+import pytest
+
+from infra.errors import GpuPlatError
+from infra.inventory import (
+    aws_ec2_config,
+    inventory_documents,
+    platform_vars,
+    stack_inventory_documents,
+    static_inventory,
+)
 from infra.local.scale import with_running_sizes
 from infra.resolve import ResolvedPlatform
 
@@ -74,3 +83,37 @@ train-0    : ok=12   changed=0    unreachable=1    failed=0    skipped=0    resc
 train-1    : ok=12   changed=2    unreachable=0    failed=1    skipped=0    rescued=0    ignored=0
 """
     assert parse_recap(recap) == (5, ["train-0", "train-1"])
+
+
+def test_stack_outputs_fill_what_the_offline_inventory_cannot_know(
+    shipped_platforms: dict[str, ResolvedPlatform],
+) -> None:
+    """Without `group_vars` (an older program) the mount source and addresses come from the other outputs."""
+    platform = shipped_platforms["aws-prod"]
+    offline = inventory_documents(platform)["group_vars/all.yml"]
+    assert offline["shared_fs_source"] == "" and "gpuplat_controller_addresses" not in offline
+    outputs = {
+        "fsx_dns_name": "fs-1.fsx.us-east-1.amazonaws.com",
+        "fsx_mount_name": "m1",
+        "controller_addresses": {"head-0": "10.64.0.10", "head-1": "10.64.1.11"},
+    }
+    documents = stack_inventory_documents(platform, outputs)
+    all_vars = documents["group_vars/all.yml"]
+    assert all_vars["shared_fs_source"] == "fs-1.fsx.us-east-1.amazonaws.com@tcp:/m1"
+    assert all_vars["gpuplat_controller_addresses"] == {"head-0": "10.64.0.10", "head-1": "10.64.1.11"}
+    assert documents["aws_ec2.yml"] == aws_ec2_config(platform)  # no inventory_config output: offline plugin
+
+
+def test_stack_outputs_lacking_the_mount_and_controllers_are_an_error(
+    shipped_platforms: dict[str, ResolvedPlatform],
+) -> None:
+    with pytest.raises(GpuPlatError) as raised:
+        stack_inventory_documents(shipped_platforms["aws-prod"], {"backend": "aws"})
+    message = raised.value.message
+    assert "controller_addresses" in message and "fsx_dns_name and fsx_mount_name" in message
+    assert "Outputs present: backend" in message
+
+
+def test_other_backends_keep_the_offline_inventory(shipped_platforms: dict[str, ResolvedPlatform]) -> None:
+    onprem = shipped_platforms["onprem"]
+    assert stack_inventory_documents(onprem, {"backend": "onprem"}) == inventory_documents(onprem)

@@ -6,8 +6,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from infra import scheduler
 from infra.data.load import catalog
+from infra.data.packages import package_facts
 from infra.resolve import ResolvedPlatform, load_platform
 
 
@@ -91,3 +94,39 @@ def test_controllers_primary_first_backup_only_with_high_availability(
     assert scheduler.controllers(single) == ["head-0"]
     assert scheduler.slurm_vars(single)["slurm_high_availability"] is False
     assert scheduler.controllers(shipped_platforms["local"]) == ["head-0"]
+
+
+def test_mpi_default_is_pmi2_where_the_release_slurm_has_no_pmix_plugin(
+    shipped_platforms: dict[str, ResolvedPlatform],
+) -> None:
+    """Ubuntu 22.04 (the aws default) ships Slurm 21.08 without mpi/pmix: MpiDefault=pmix would fail every
+    job step there. Debian 12 (local, onprem) ships it."""
+    assert scheduler.slurm_vars(shipped_platforms["aws-prod"])["slurm_common_mpi_default"] == "pmi2"
+    assert scheduler.slurm_vars(shipped_platforms["local"])["slurm_common_mpi_default"] == "pmix"
+    assert scheduler.slurm_vars(shipped_platforms["onprem"])["slurm_common_mpi_default"] == "pmix"
+
+
+@pytest.mark.parametrize(
+    ("release", "mpi"), [("ubuntu2204", "pmi2"), ("ubuntu2404", "pmix"), ("debian12", "pmix")]
+)
+def test_mpi_default_follows_the_os_release_facts(
+    release: str, mpi: str, write_stack: Callable[..., Path]
+) -> None:
+    path = write_stack("aws-prod", lambda p: p.setdefault("software", {}).__setitem__("os_release", release))
+    platform = load_platform(path)
+    slurm = package_facts().release(release).slurm
+    assert slurm is not None and slurm.mpi_default == mpi
+    assert scheduler.slurm_vars(platform)["slurm_common_mpi_default"] == mpi
+
+
+def test_the_inventory_mpi_default_is_what_slurm_conf_says(
+    shipped_platforms: dict[str, ResolvedPlatform],
+) -> None:
+    """The inventory's value reaches slurm.conf (it overrides the role default, pmix)."""
+    pytest.importorskip("ansible.template")
+    from tests.roles.test_slurm_templates import render, settings
+
+    mpi = scheduler.slurm_vars(shipped_platforms["aws-prod"])["slurm_common_mpi_default"]
+    conf = render("slurm.conf.j2", version="21.08.5-2ubuntu1", slurm_common_mpi_default=mpi)
+    assert settings(conf)["MpiDefault"] == "pmi2"
+    assert "no mpi/pmix plugin" in conf

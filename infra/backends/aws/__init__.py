@@ -12,20 +12,25 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
+from infra import zones
 from infra.backends.aws.bootstrap import (
     GROUP_VARS_KEY,
     BootScript,
+    bundle_files,
     bundle_key,
     munge_parameter,
+    node_group_vars,
     node_inventory,
 )
 from infra.backends.aws.controller_nodes import ControllerNodes, ControllerNodesArgs, controller_addresses
 from infra.backends.aws.gateway import GatewayEndpoint, GatewayEndpointArgs
 from infra.backends.aws.iam import (
+    AccountScope,
     NodeIdentity,
     NodeIdentityArgs,
     bootstrap_statements,
     cluster_manager_statements,
+    munge_key_statements,
     policy_document,
 )
 from infra.backends.aws.network import GpuNetwork, NetworkArgs
@@ -39,8 +44,9 @@ from infra.backends.aws.storage import (
 )
 from infra.backends.aws.tags import base_tags, pool_tags
 from infra.backends.base import common_outputs
-from infra.inventory import aws_ec2_config, platform_vars
-from infra.resolve import ResolvedPlatform, ResolvedPool
+from infra.inventory import aws_ec2_config
+from infra.munge import munge_roles, runs_munge
+from infra.resolve import ResolvedPlatform, ResolvedPool, os_release
 from infra.spec.load import PROJECT_ROOT
 
 _REPOSITORY_PURPOSES = ("datasets", "checkpoints")
@@ -54,28 +60,8 @@ MUNGE_KEY_BYTES = 1024
 
 def pool_zones(platform: ResolvedPlatform, pool: ResolvedPool) -> list[str]:
     """A pool's zone, else the first zone for training (EFA and cluster placement stay within one zone),
-    else every zone."""
-    zones = list(platform.spec.zones)
-    if pool.spec.zone:
-        return [pool.spec.zone]
-    return zones[:1] if pool.role == "train" else zones
-
-
-def elastic_pools(
-    platform: ResolvedPlatform, templates: dict[str, pulumi.Output[str]]
-) -> pulumi.Output[dict[str, Any]]:
-    """The Slurm resume program's view of the training pools: template and the static node names."""
-    names = sorted(templates)
-    return pulumi.Output.all(*[templates[n] for n in names]).apply(
-        lambda ids: {
-            pool: {
-                "launch_template_id": template_id,
-                "subnet_id": None,
-                "static_nodes": platform.pool(pool).node_names()[: platform.pool(pool).spec.min_nodes],
-            }
-            for pool, template_id in zip(names, ids, strict=True)
-        }
-    )
+    else every zone (infra/zones.py, which the policy rules read too)."""
+    return zones.pool_zones(platform, pool)
 
 
 def _network(platform: ResolvedPlatform, tags: dict[str, str]) -> GpuNetwork:
@@ -124,7 +110,8 @@ def _filesystem(
         f"{platform.name}-fs",
         ParallelFilesystemArgs(
             layout=layout,
-            subnet_id=network.private_subnets[0].id,
+            # Where the training GPUs are (one zone: FSx for Lustre serves from its subnet's zone).
+            subnet_id=network.subnet_by_zone[zones.filesystem_zone(platform)].id,
             security_group_id=network.security_groups["lustre"].id,
             repositories={
                 f"/{purpose}": store.buckets[purpose].bucket
@@ -174,15 +161,12 @@ class AwsBackend:
             spec.aws.image_id or aws.ssm.get_parameter_output(name=spec.aws.image_ssm_parameter).value
         )
         key = bundle_key(PROJECT_ROOT)
-        aws.s3.BucketObjectv2(
+        bundle = aws.s3.BucketObjectv2(
             f"{platform.name}-bundle",
             bucket=bootstrap_bucket.id,
             key=key,
             source=pulumi.AssetArchive(
-                {
-                    directory: pulumi.FileArchive(str(PROJECT_ROOT / directory))
-                    for directory in ("playbooks", "roles")
-                }
+                {name: pulumi.FileAsset(str(path)) for name, path in bundle_files(PROJECT_ROOT).items()}
             ),
             tags=tags,
             opts=in_bootstrap,
@@ -196,14 +180,57 @@ class AwsBackend:
                     bucket=bucket,
                     bundle_key=key,
                     inventory=node_inventory(platform, pool),
+                    os_release=os_release(spec),
                     node_name=node_name,
+                    fetch_munge_key=runs_munge(platform, pool),
                 ).render()
             )
 
+        def node_pool(pool: ResolvedPool, boot_after: list[pulumi.Resource]) -> GpuNodePool:
+            return GpuNodePool(
+                f"{platform.name}-{pool.name}",
+                GpuNodePoolArgs(
+                    pool=pool.spec,
+                    node_type=pool.node_type,
+                    image_id=image_id,
+                    subnet_ids=[network.subnet_by_zone[zone].id for zone in pool_zones(platform, pool)],
+                    security_group_id=network.security_groups[pool.role].id,
+                    instance_profile_arn=identities[pool.role].profile.arn,
+                    root_volume_gib=spec.aws.root_volume_gib,
+                    efa=platform.uses_efa(pool),
+                    placement=spec.fabric.placement if pool.role == "train" else "none",
+                    tags=pool_tags(platform, pool),
+                    user_data=boot_script(pool),
+                    boot_after=boot_after,
+                ),
+            )
+
+        # Training pools first: the group vars name their launch templates. Everything that launches at
+        # once (controllers, Auto Scaling groups) waits for the bundle and the group vars it fetches;
+        # the group vars wait for the filesystem.
         controller = platform.controller_pool
         addresses = controller_addresses(
             controller.node_names(), pool_zones(platform, controller), network.subnet_cidrs
         )
+        templates = {
+            pool.name: node_pool(pool, []).launch_template.id for pool in platform.pools_with_role("train")
+        }
+        template_names = sorted(templates)
+        group_vars = pulumi.Output.all(filesystem_source, *[templates[n] for n in template_names]).apply(
+            lambda values: node_group_vars(
+                platform, values[0], addresses, dict(zip(template_names, values[1:], strict=True))
+            )
+        )
+        group_vars_object = aws.s3.BucketObjectv2(
+            f"{platform.name}-group-vars",
+            bucket=bootstrap_bucket.id,
+            key=GROUP_VARS_KEY,
+            content=group_vars.apply(lambda values: json.dumps(values, sort_keys=True, indent=1)),
+            content_type="application/json",
+            tags=tags,
+            opts=in_bootstrap,
+        )
+        boot_after: list[pulumi.Resource] = [bundle, group_vars_object]
         controllers = ControllerNodes(
             f"{platform.name}-{controller.name}",
             ControllerNodesArgs(
@@ -218,33 +245,16 @@ class AwsBackend:
                 root_volume_gib=spec.aws.root_volume_gib,
                 tags=pool_tags(platform, controller),
                 user_data={node: boot_script(controller, node) for node in controller.node_names()},
+                boot_after=boot_after,
             ),
         )
-        templates: dict[str, pulumi.Output[str]] = {}
         groups: dict[str, pulumi.Output[str]] = {}
         for pool in platform.pools:
-            if pool.name == controller.name:
+            if pool.name == controller.name or pool.role == "train":
                 continue
-            node_pool = GpuNodePool(
-                f"{platform.name}-{pool.name}",
-                GpuNodePoolArgs(
-                    pool=pool.spec,
-                    node_type=pool.node_type,
-                    image_id=image_id,
-                    subnet_ids=[network.subnet_by_zone[zone].id for zone in pool_zones(platform, pool)],
-                    security_group_id=network.security_groups[pool.role].id,
-                    instance_profile_arn=identities[pool.role].profile.arn,
-                    root_volume_gib=spec.aws.root_volume_gib,
-                    efa=platform.uses_efa(pool),
-                    placement=spec.fabric.placement if pool.role == "train" else "none",
-                    tags=pool_tags(platform, pool),
-                    user_data=boot_script(pool),
-                ),
-            )
-            if pool.role == "train":
-                templates[pool.name] = node_pool.launch_template.id
-            if node_pool.group is not None:
-                groups[pool.name] = node_pool.group.name
+            group = node_pool(pool, boot_after).group
+            if group is not None:
+                groups[pool.name] = group.name
         if spec.serving is not None:
             gateway = platform.gateway_pool
             endpoint = GatewayEndpoint(
@@ -266,28 +276,6 @@ class AwsBackend:
                 "http://", endpoint.balancer.dns_name, f":{spec.aws.gateway_port}/v1"
             )
 
-        group_vars = pulumi.Output.all(
-            source=filesystem_source, pools=elastic_pools(platform, templates)
-        ).apply(
-            lambda values: {
-                **platform_vars(platform),
-                "gpuplat_region": spec.region,
-                "gpuplat_controller_addresses": addresses,
-                "shared_fs_source": values["source"],
-                "slurm_elastic_stack": platform.name,
-                "slurm_elastic_region": spec.region,
-                "slurm_elastic_pools": values["pools"],
-            }
-        )
-        aws.s3.BucketObjectv2(
-            f"{platform.name}-group-vars",
-            bucket=bootstrap_bucket.id,
-            key=GROUP_VARS_KEY,
-            content=group_vars.apply(lambda values: json.dumps(values, sort_keys=True, indent=1)),
-            content_type="application/json",
-            tags=tags,
-            opts=in_bootstrap,
-        )
         bootstrap.register_outputs({"bundle_key": key})
         outputs["buckets"] = {purpose: bucket.bucket for purpose, bucket in store.buckets.items()}
         outputs["controller_addresses"] = addresses
@@ -354,21 +342,33 @@ class AwsBackend:
         munge_key: aws.ssm.Parameter,
         tags: dict[str, str],
     ) -> dict[str, NodeIdentity]:
+        """One identity per pool role. Every role reads the bootstrap bundle; only the roles whose nodes
+        run munged read the MUNGE key (infra/munge.py); the controllers' role manages the training nodes
+        (iam.cluster_manager_statements), with the spot service-linked role when a training pool is spot."""
         bucket_arns = {purpose: bucket.arn for purpose, bucket in store.buckets.items()}
-        boot = pulumi.Output.all(bootstrap_bucket.arn, munge_key.arn).apply(
-            lambda arns: bootstrap_statements(arns[0], arns[1])
-        )
+        readers = munge_roles(platform)
+        scope = pulumi.Output.all(
+            aws.get_partition_output().partition, aws.get_caller_identity_output().account_id
+        ).apply(lambda parts: AccountScope(parts[0], str(platform.spec.region), parts[1]))
+        spot = any(p.spec.capacity == "spot" for p in platform.pools_with_role("train"))
+        controller_role = platform.controller_pool.role
         roles = sorted({p.role for p in platform.pools})
         identities: dict[str, NodeIdentity] = {}
-        for role in sorted(roles, key=lambda r: r == "service"):  # the controllers pass the train role
-            document: pulumi.Output[str] = boot.apply(policy_document)
-            if role == "service" and "train" in identities:
-                train_arn = identities["train"].role.arn
-                document = pulumi.Output.all(boot, train_arn).apply(
-                    lambda parts: policy_document(
-                        parts[0] + cluster_manager_statements(platform.name, [parts[1]])
+        for role in sorted(roles, key=lambda r: r == controller_role):  # the controllers pass the train role
+            parts: list[pulumi.Output[list[dict[str, Any]]]] = [
+                bootstrap_bucket.arn.apply(bootstrap_statements)
+            ]
+            if role in readers:
+                parts.append(munge_key.arn.apply(munge_key_statements))
+            if role == controller_role and "train" in identities:
+                parts.append(
+                    pulumi.Output.all(identities["train"].role.arn, scope).apply(
+                        lambda values: cluster_manager_statements(platform.name, [values[0]], values[1], spot)
                     )
                 )
+            document = pulumi.Output.all(*parts).apply(
+                lambda groups: policy_document([statement for group in groups for statement in group])
+            )
             identities[role] = NodeIdentity(
                 f"{platform.name}-{role}", NodeIdentityArgs(role, bucket_arns, tags, platform_policy=document)
             )

@@ -6,13 +6,16 @@ the change take it) and the stack's resolved group vars, outputs included, as
 `bootstrap/group_vars/all.json`. Every launch template's user data is the boot script below. On boot a
 node:
 
-1. finds its name: fixed for controllers, else its `gpuplat:node` tag, which Slurm's resume program
-   sets right after RunInstances (read from instance metadata; waits up to `NAME_WAIT_S`); instances of
-   Auto Scaling groups (inference, other service pools) are named after their instance id;
-2. sets the hostname to that name, so the host and its Slurm node agree by construction;
-3. fetches the bundle and group vars, and the MUNGE key from SSM Parameter Store (SecureString);
-4. installs Ansible into a venv and runs `site.yml` against itself only, with an inventory of one host
-   in its pool's groups; slurmd starts configless from the controllers, so no other node changes.
+1. creates a venv with the image's own Python (installing python3-venv where the image lacks it) and
+   installs Ansible and boto3 into it;
+2. runs node_join.py with it: finds its name (fixed for controllers, else its `gpuplat:node` tag, which
+   Slurm's resume program sets right after RunInstances, read from instance metadata, waiting up to
+   `NAME_WAIT_S`; instances of Auto Scaling groups are named after their instance id), sets the
+   hostname to that name, so the host and its Slurm node agree by construction, and fetches the bundle,
+   the group vars and the MUNGE key (SSM SecureString), each retried until `FETCH_WAIT_S`: the group
+   vars are written only once the filesystem exists, and user data runs once;
+3. runs `site.yml` against itself only, with an inventory of one host in its pool's groups; slurmd
+   starts configless from the controllers, so no other node changes.
 
 Everything is logged to /var/log/gpuplat-bootstrap.log. A failed bootstrap leaves the node without
 slurmd: Slurm's ResumeTimeout then runs the resume-fail program, which terminates it.
@@ -21,7 +24,9 @@ slurmd: Slurm's ResumeTimeout then runs the resume-fail program, which terminate
 from __future__ import annotations
 
 import hashlib
+import io
 import shlex
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,24 +34,78 @@ from typing import Any
 import yaml
 
 from infra.ansible_content import content_files
-from infra.inventory import pool_group, pool_vars, role_group_members
+from infra.inventory import platform_vars, pool_group, pool_vars, role_group_members
+from infra.node_ansible import node_ansible
 from infra.resolve import ResolvedPlatform, ResolvedPool
 
 GROUP_VARS_KEY = "bootstrap/group_vars/all.json"
 NAME_WAIT_S = 600
-# Ansible on the node: the release the project is tested with (pyproject's `ansible` extra).
-NODE_ANSIBLE = "ansible==12.3.0"
+# The group vars wait for the filesystem (FSx takes up to ~15 minutes); a node that boots first waits.
+FETCH_WAIT_S = 1800
+WORK_DIR = "/opt/gpuplat"
+# The node fetches the bundle, group vars and key with boto3 (no AWS CLI on Ubuntu or Debian images).
+NODE_BOTO3 = "boto3>=1.34,<2"
+# EC2 refuses user data over 16 KB before base64 (EC2 User Guide, "Run commands when you launch an EC2
+# instance with user data input").
+USER_DATA_MAX_BYTES = 16 * 1024
+_JOIN_PROGRAM = Path(__file__).with_name("node_join.py")
 
 
 def munge_parameter(stack: str) -> str:
     return f"/gpuplat/{stack}/munge-key"
 
 
+def bundle_files(root: Path) -> dict[str, Path]:
+    """What the bundle holds: archive name -> file (the Ansible content, no caches)."""
+    return {path.relative_to(root).as_posix(): path for path in content_files(root)}
+
+
 def bundle_digest(root: Path) -> str:
     digest = hashlib.sha256()
-    for path in content_files(root):
-        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    for name, path in bundle_files(root).items():
+        digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
+
+
+def bundle_zip(root: Path) -> bytes:
+    """The bundle as the node receives it (what Pulumi's archive of `bundle_files` uploads)."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, path in bundle_files(root).items():
+            archive.write(path, name)
+    return buffer.getvalue()
+
+
+def elastic_pool_settings(platform: ResolvedPlatform, template_ids: dict[str, str]) -> dict[str, Any]:
+    """The Slurm resume program's view of the training pools: launch template and static node names."""
+    return {
+        pool: {
+            "launch_template_id": template_id,
+            "subnet_id": None,
+            "static_nodes": platform.pool(pool).node_names()[: platform.pool(pool).spec.min_nodes],
+        }
+        for pool, template_id in sorted(template_ids.items())
+    }
+
+
+def node_group_vars(
+    platform: ResolvedPlatform,
+    filesystem_source: str,
+    controller_addresses: dict[str, str],
+    template_ids: dict[str, str],
+) -> dict[str, Any]:
+    """The group vars every booting node reads (`GROUP_VARS_KEY`): the platform's resolved values and
+    what exists only once the stack's resources do."""
+    region = str(platform.spec.region)
+    return {
+        **platform_vars(platform),
+        "gpuplat_region": region,
+        "gpuplat_controller_addresses": controller_addresses,
+        "shared_fs_source": filesystem_source,
+        "slurm_elastic_stack": platform.name,
+        "slurm_elastic_region": region,
+        "slurm_elastic_pools": elastic_pool_settings(platform, template_ids),
+    }
 
 
 def bundle_key(root: Path) -> str:
@@ -72,65 +131,77 @@ class BootScript:
     bucket: str
     bundle_key: str
     inventory: dict[str, Any]
+    os_release: str  # the image's: its Python decides the Ansible release (infra/node_ansible.py)
     node_name: str = ""  # empty: from the gpuplat:node tag, else the instance id
+    # Only nodes that run munged fetch the key (infra/munge.py); the others may not read it.
+    fetch_munge_key: bool = True
 
     def render(self) -> str:
         inventory = yaml.safe_dump(self.inventory, sort_keys=False)
+        # `python3 -m venv` needs ensurepip, which Debian and Ubuntu ship in python3-venv (per release in
+        # the facts), not in their cloud or minimal images.
+        node = node_ansible(self.os_release)
         settings = {
-            "STACK": self.stack,
-            "REGION": self.region,
-            "BUCKET": self.bucket,
-            "BUNDLE_KEY": self.bundle_key,
-            "GROUP_VARS_KEY": GROUP_VARS_KEY,
-            "MUNGE_PARAMETER": munge_parameter(self.stack),
-            "NODE_NAME": self.node_name,
-            "NAME_WAIT_S": str(NAME_WAIT_S),
-            "NODE_ANSIBLE": NODE_ANSIBLE,
+            "GPUPLAT_STACK": self.stack,
+            "GPUPLAT_REGION": self.region,
+            "GPUPLAT_BUCKET": self.bucket,
+            "GPUPLAT_BUNDLE_KEY": self.bundle_key,
+            "GPUPLAT_GROUP_VARS_KEY": GROUP_VARS_KEY,
+            "GPUPLAT_MUNGE_PARAMETER": munge_parameter(self.stack) if self.fetch_munge_key else "",
+            "GPUPLAT_NODE_NAME": self.node_name,
+            "GPUPLAT_NAME_WAIT_S": str(NAME_WAIT_S),
+            "GPUPLAT_FETCH_WAIT_S": str(FETCH_WAIT_S),
+            "GPUPLAT_WORK": WORK_DIR,
+            "BOOT_PACKAGES": node.venv_package,
+            "NODE_PIP_REQUIREMENTS": f"{node.requirement} {NODE_BOTO3}",
         }
         assignments = "\n".join(f"{key}={shlex.quote(value)}" for key, value in settings.items())
-        return _SCRIPT.replace("@SETTINGS@", assignments).replace("@INVENTORY@", inventory)
+        script = (
+            _SCRIPT.replace("@SETTINGS@", assignments)
+            .replace("@INVENTORY@", inventory)
+            .replace("@JOIN@", _JOIN_PROGRAM.read_text())
+        )
+        if len(script.encode()) > USER_DATA_MAX_BYTES:
+            raise ValueError(f"boot script of {len(script.encode())} bytes exceeds EC2's user data limit")
+        return script
 
 
 _SCRIPT = """#!/bin/bash
-# gpu-platform node bootstrap: name, bundle, MUNGE key, Ansible against this node only.
+# gpu-platform node bootstrap: Python and Ansible, the node's name, bundle, group vars and MUNGE key,
+# then Ansible against this node only.
 set -euo pipefail
 exec >>/var/log/gpuplat-bootstrap.log 2>&1
 echo "gpuplat bootstrap start $(date --iso-8601=seconds)"
 @SETTINGS@
-IMDS=http://169.254.169.254/latest
-imds() {
-  local token
-  token=$(curl -sf -X PUT "$IMDS/api/token" -H 'X-aws-ec2-metadata-token-ttl-seconds: 300')
-  curl -sf -H "X-aws-ec2-metadata-token: $token" "$IMDS/meta-data/$1"
+export GPUPLAT_STACK GPUPLAT_REGION GPUPLAT_BUCKET GPUPLAT_BUNDLE_KEY GPUPLAT_GROUP_VARS_KEY \\
+  GPUPLAT_MUNGE_PARAMETER GPUPLAT_NODE_NAME GPUPLAT_NAME_WAIT_S GPUPLAT_FETCH_WAIT_S GPUPLAT_WORK
+retry() {
+  local n
+  for n in 1 2 3 4 5; do "$@" && return 0; echo "attempt $n of: $* failed"; sleep $((n * 10)); done
+  return 1
 }
-INSTANCE_ID=$(imds instance-id)
-if [ -z "$NODE_NAME" ] && imds tags/instance >/dev/null; then
-  deadline=$((SECONDS + NAME_WAIT_S))
-  until NODE_NAME=$(imds tags/instance/gpuplat:node); do
-    if imds tags/instance | grep -qx 'aws:autoscaling:groupName'; then NODE_NAME=$INSTANCE_ID; break; fi
-    [ "$SECONDS" -lt "$deadline" ] || { echo "no gpuplat:node tag after ${NAME_WAIT_S}s"; exit 1; }
-    sleep 5
-  done
+install -d -m 0700 "$GPUPLAT_WORK" /etc/gpuplat
+cd "$GPUPLAT_WORK"
+if [ ! -x venv/bin/ansible-playbook ]; then
+  rm -rf venv
+  if ! python3 -m venv venv; then
+    export DEBIAN_FRONTEND=noninteractive
+    retry apt-get update -q
+    retry apt-get install -q -y --no-install-recommends $BOOT_PACKAGES
+    rm -rf venv && python3 -m venv venv
+  fi
+  retry venv/bin/pip install -q $NODE_PIP_REQUIREMENTS
 fi
-NODE_NAME=${NODE_NAME:-$INSTANCE_ID}
-hostnamectl set-hostname "$NODE_NAME"
-grep -q " $NODE_NAME\\$" /etc/hosts || echo "$(imds local-ipv4) $NODE_NAME" >>/etc/hosts
-
-work=/opt/gpuplat
-install -d -m 0700 "$work" /etc/gpuplat
-cd "$work"
-aws --region "$REGION" s3 cp "s3://$BUCKET/$BUNDLE_KEY" bundle.zip
-aws --region "$REGION" s3 cp "s3://$BUCKET/$GROUP_VARS_KEY" all.json
-rm -rf bundle && python3 -m zipfile -e bundle.zip bundle
-umask 0277
-aws --region "$REGION" ssm get-parameter --with-decryption --name "$MUNGE_PARAMETER" \\
-  --query Parameter.Value --output text | base64 -d >/etc/gpuplat/munge.key
-umask 0022
+cat >join.py <<'JOIN'
+@JOIN@JOIN
+NODE_NAME=$(venv/bin/python3 join.py)
+echo "node name: $NODE_NAME"
 cat >inventory.yml <<'INVENTORY'
 @INVENTORY@INVENTORY
 sed -i "s/^\\( *\\)NODE:/\\1$NODE_NAME:/" inventory.yml
-[ -x venv/bin/ansible-playbook ] || { python3 -m venv venv && venv/bin/pip install -q "$NODE_ANSIBLE"; }
-venv/bin/ansible-playbook -i inventory.yml -e @all.json -e munge_key_file=/etc/gpuplat/munge.key \\
-  --limit "$NODE_NAME" bundle/playbooks/site.yml
+rm -rf bundle && venv/bin/python3 -m zipfile -e bundle.zip bundle
+cd bundle
+ANSIBLE_CONFIG=ansible.cfg ../venv/bin/ansible-playbook -i ../inventory.yml -e @../all.json \\
+  ${GPUPLAT_MUNGE_PARAMETER:+-e munge_key_file=/etc/gpuplat/munge.key} --limit "$NODE_NAME" playbooks/site.yml
 echo "gpuplat bootstrap done $(date --iso-8601=seconds)"
 """

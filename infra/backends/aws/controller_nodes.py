@@ -11,12 +11,12 @@ pair puts its two nodes in different zones.
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pulumi
 import pulumi_aws as aws
 
-from infra.backends.aws.node_pool import encode_user_data
+from infra.backends.aws.node_pool import HOST_ONLY_HOP_LIMIT, encode_user_data
 from infra.inventory import TAG_NODE
 
 # Host part of the first controller's address in its zone's subnet (AWS reserves .0-.3).
@@ -36,6 +36,8 @@ class ControllerNodesArgs:
     root_volume_gib: int
     tags: dict[str, str]
     user_data: dict[str, pulumi.Input[str]]  # node name -> its bootstrap script
+    # What the boot script fetches (bundle, group vars): an instance launched before them fails its boot.
+    boot_after: list[pulumi.Resource] = field(default_factory=list)
 
 
 def controller_addresses(
@@ -59,7 +61,7 @@ class ControllerNodes(pulumi.ComponentResource):
         self, name: str, args: ControllerNodesArgs, opts: pulumi.ResourceOptions | None = None
     ) -> None:
         super().__init__("gpu-platform:aws:ControllerNodes", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
+        child = pulumi.ResourceOptions(parent=self, depends_on=args.boot_after)
         addresses = controller_addresses(args.node_names, args.zones, args.subnet_cidrs)
         zones = controller_zones(args.node_names, args.zones)
         self.instances = {
@@ -71,9 +73,11 @@ class ControllerNodes(pulumi.ComponentResource):
                 private_ip=addresses[node],
                 vpc_security_group_ids=[args.security_group_id],
                 iam_instance_profile=args.instance_profile_name,
+                # As every node (node_pool.instance_template): IMDSv2, host only, tags readable.
                 metadata_options={
                     "http_tokens": "required",
                     "http_endpoint": "enabled",
+                    "http_put_response_hop_limit": HOST_ONLY_HOP_LIMIT,
                     "instance_metadata_tags": "enabled",
                 },
                 root_block_device={

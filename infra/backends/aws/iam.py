@@ -1,4 +1,10 @@
-"""One IAM role and instance profile per pool role, least privilege: its buckets, SSM, CloudWatch agent."""
+"""One IAM role and instance profile per pool role, least privilege: its buckets, SSM, CloudWatch agent.
+
+Beyond its buckets a role gets only what its nodes do (the statement builders below): every node reads
+the bootstrap bundle; only the roles whose nodes run munged read the MUNGE key (infra/munge.py); the
+controllers' role launches, names and terminates the stack's training nodes, scoped so that the tag
+condition on termination holds (see `cluster_manager_statements`).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,8 @@ from typing import Any
 
 import pulumi
 import pulumi_aws as aws
+
+from infra.inventory import TAG_NODE, TAG_ROLE, TAG_STACK
 
 MANAGED_POLICIES = (
     "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore",
@@ -69,7 +77,8 @@ def node_role(
     role = aws.iam.Role(
         f"{name}-role",
         assume_role_policy=service_trust_policy("ec2.amazonaws.com"),
-        tags=args.tags,
+        # The pool role it serves: the policy rules find which nodes hold which permissions by it.
+        tags={**args.tags, TAG_ROLE: args.role},
         opts=opts,
     )
     for index, policy in enumerate(managed_policies):
@@ -96,29 +105,122 @@ class NodeIdentity(pulumi.ComponentResource):
         self.register_outputs({"role_arn": self.role.arn, "instance_profile_arn": self.profile.arn})
 
 
-def bootstrap_statements(platform_bucket_arn: str, munge_parameter_arn: str) -> list[dict[str, Any]]:
-    """Every node: read the bundle and group vars, and the MUNGE key."""
+def bootstrap_statements(platform_bucket_arn: str) -> list[dict[str, Any]]:
+    """Every node: read the bundle and the group vars."""
     return [
         {"Sid": "ReadBootstrapBundle", "Effect": "Allow", "Action": ["s3:GetObject"],
          "Resource": [f"{platform_bucket_arn}/bootstrap/*"]},
+    ]  # fmt: skip
+
+
+def munge_key_statements(munge_parameter_arn: str) -> list[dict[str, Any]]:
+    """Nodes that run munged (the Slurm controllers and training nodes, infra/munge.py): read the MUNGE
+    key. Anyone holding it can mint credentials Slurm trusts as any user: inference and other nodes never
+    get it."""
+    return [
         {"Sid": "ReadMungeKey", "Effect": "Allow", "Action": ["ssm:GetParameter"],
          "Resource": [munge_parameter_arn]},
     ]  # fmt: skip
 
 
-def cluster_manager_statements(stack: str, train_role_arns: list[str]) -> list[dict[str, Any]]:
-    """The controllers: launch and terminate training nodes (Slurm power saving) and find inference
-    nodes (gateway and Prometheus discovery). Termination only of this stack's instances."""
-    return [
+# The EC2 Spot service-linked role (AWSServiceRoleForEC2Spot): "If you use the AWS CLI or an API to
+# request a Spot Instance, you must first ensure that this role exists" (EC2 User Guide, "Service-linked
+# role for Spot Instance requests"). EC2 creates it on the first spot RunInstances of an account when the
+# caller may: the controllers' resume program is that caller on a fresh account.
+SPOT_SERVICE = "spot.amazonaws.com"
+SPOT_SERVICE_LINKED_ROLE = "AWSServiceRoleForEC2Spot"
+# The resource types RunInstances touches when it launches from a training pool's template: the
+# template, the image and its snapshots, the network (subnet, security groups, the EFA/ENA interfaces it
+# creates), the root volume it creates, the cluster placement group, a capacity reservation or Capacity
+# Block, and the spot request a spot template makes. As AWS ParallelCluster's head node lists them
+# (aws/aws-parallelcluster, cli/src/pcluster/templates/cdk_builder_utils.py: EC2RunInstancesCreateFleet,
+# AllowRunningReservedCapacity) and Karpenter's controller (snapshot, spot-instances-request). Images and
+# snapshots may be another account's (AWS or a marketplace): no account in their ARNs.
+_LAUNCH_USES = ("subnet", "security-group", "network-interface", "volume", "placement-group",
+                "capacity-reservation", "spot-instances-request")  # fmt: skip
+_OWNERLESS = ("image", "snapshot")
+# What a launch from those templates creates and tags (the templates' tag specifications, the request's).
+_TAGGED_AT_LAUNCH = ("instance", "volume", "network-interface", "spot-instances-request")
+# The tags the resume program sets on an instance after launch (roles/slurm_elastic/files/
+# gpuplat_ec2_nodes.py, Ec2Nodes.tag_node): its node name and its Name. Nothing else, on existing
+# instances: never gpuplat:stack, which the termination condition trusts.
+NODE_TAG_KEYS = (TAG_NODE, "Name")
+
+
+@dataclass(frozen=True)
+class AccountScope:
+    """Where ARNs point: the partition, the stack's region and account."""
+
+    partition: str
+    region: str
+    account: str
+
+    def ec2(self, resource: str, account: str | None = None) -> str:
+        owner = self.account if account is None else account
+        return f"arn:{self.partition}:ec2:{self.region}:{owner}:{resource}"
+
+
+def cluster_manager_statements(
+    stack: str, train_role_arns: list[str], scope: AccountScope, spot: bool = False
+) -> list[dict[str, Any]]:
+    """The controllers: launch, name and terminate training nodes (Slurm power saving), find inference
+    nodes (gateway and Prometheus discovery) and, with a spot training pool, let EC2 create the spot
+    service-linked role.
+
+    The termination condition (tag gpuplat:stack) holds only if nothing else can set that tag, so:
+    - RunInstances creates an instance only from a launch template (`ec2:LaunchTemplate` on the instance)
+      and only with the request tag gpuplat:stack of this stack, and the template must be one of the
+      stack's training templates (tagged gpuplat:stack and gpuplat:role train, which only `pulumi up`
+      sets; nothing here may tag a template). Every resource of a launch must be allowed, so what the
+      template uses (image, subnet, security groups, volumes, ...) needs no condition of its own;
+    - CreateTags only as part of that launch (`ec2:CreateAction` RunInstances), or on an instance that
+      already carries this stack's tag and then only the keys the resume program sets (gpuplat:node,
+      Name): gpuplat:stack is never changed on an existing instance;
+    - TerminateInstances only of instances tagged with this stack.
+    What the resume program does (roles/slurm_elastic/files/gpuplat_ec2_nodes.py) stays allowed:
+    RunInstances with LaunchTemplate and TagSpecifications (gpuplat:stack, gpuplat:pool), then
+    CreateTags (gpuplat:node, Name) on the new instance. The pattern is Karpenter's controller policy
+    (aws/karpenter-provider-aws, getting-started cloudformation.yaml: AllowScopedEC2InstanceActions,
+    AllowScopedResourceCreationTagging, AllowScopedResourceTagging, AllowScopedDeletion) and the EC2
+    User Guide's launch-template examples (ExamplePolicies_EC2, "Launch templates").
+    """
+    templates = scope.ec2("launch-template/*")
+    from_template = {"ArnLike": {"ec2:LaunchTemplate": templates}}
+    instances = scope.ec2("instance/*")
+    statements: list[dict[str, Any]] = [
         {"Sid": "DiscoverInstances", "Effect": "Allow", "Action": ["ec2:DescribeInstances"], "Resource": "*"},
-        {"Sid": "LaunchTrainingNodes", "Effect": "Allow", "Action": ["ec2:RunInstances", "ec2:CreateTags"],
-         "Resource": "*"},
-        {"Sid": "TerminateOwnNodes", "Effect": "Allow", "Action": ["ec2:TerminateInstances"], "Resource": "*",
-         "Condition": {"StringEquals": {"ec2:ResourceTag/gpuplat:stack": stack}}},
+        {"Sid": "LaunchFromStackTrainingTemplates", "Effect": "Allow", "Action": ["ec2:RunInstances"],
+         "Resource": [templates],
+         "Condition": {"StringEquals": {f"aws:ResourceTag/{TAG_STACK}": stack,
+                                        f"aws:ResourceTag/{TAG_ROLE}": "train"}}},
+        {"Sid": "LaunchWhatTheTemplateUses", "Effect": "Allow", "Action": ["ec2:RunInstances"],
+         "Resource": sorted([scope.ec2(f"{kind}/*") for kind in _LAUNCH_USES]
+                            + [scope.ec2(f"{kind}/*", account="") for kind in _OWNERLESS])},
+        {"Sid": "LaunchStackTaggedInstances", "Effect": "Allow", "Action": ["ec2:RunInstances"],
+         "Resource": [instances],
+         "Condition": {**from_template, "StringEquals": {f"aws:RequestTag/{TAG_STACK}": stack}}},
+        {"Sid": "TagAtLaunch", "Effect": "Allow", "Action": ["ec2:CreateTags"],
+         "Resource": sorted(scope.ec2(f"{kind}/*") for kind in _TAGGED_AT_LAUNCH),
+         "Condition": {"StringEquals": {"ec2:CreateAction": "RunInstances"}}},
+        {"Sid": "NameOwnNodes", "Effect": "Allow", "Action": ["ec2:CreateTags"], "Resource": [instances],
+         "Condition": {"StringEquals": {f"aws:ResourceTag/{TAG_STACK}": stack},
+                       "ForAllValues:StringEquals": {"aws:TagKeys": list(NODE_TAG_KEYS)}}},
+        {"Sid": "TerminateOwnNodes", "Effect": "Allow", "Action": ["ec2:TerminateInstances"],
+         "Resource": [instances],
+         "Condition": {"StringEquals": {f"ec2:ResourceTag/{TAG_STACK}": stack}}},
         {"Sid": "PassTrainingRole", "Effect": "Allow", "Action": ["iam:PassRole"],
          "Resource": sorted(train_role_arns),
          "Condition": {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}},
     ]  # fmt: skip
+    if spot:
+        statements.append(
+            {"Sid": "CreateSpotServiceLinkedRole", "Effect": "Allow",
+             "Action": ["iam:CreateServiceLinkedRole"],
+             "Resource": [f"arn:{scope.partition}:iam::{scope.account}:role/aws-service-role/{SPOT_SERVICE}/"
+                          f"{SPOT_SERVICE_LINKED_ROLE}"],
+             "Condition": {"StringEquals": {"iam:AWSServiceName": SPOT_SERVICE}}}
+        )  # fmt: skip
+    return statements
 
 
 def policy_document(statements: list[dict[str, Any]]) -> str:

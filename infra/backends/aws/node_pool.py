@@ -21,7 +21,7 @@
 from __future__ import annotations
 
 import base64
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pulumi
@@ -50,6 +50,8 @@ class GpuNodePoolArgs:
     placement: Placement
     tags: dict[str, str]
     user_data: pulumi.Input[str] | None = None
+    # What the boot script fetches: an Auto Scaling group launches at once, so it waits for them.
+    boot_after: list[pulumi.Resource] = field(default_factory=list)
 
 
 def efa_interfaces(
@@ -76,8 +78,24 @@ def encode_user_data(script: pulumi.Input[str]) -> pulumi.Output[str]:
     return pulumi.Output.from_input(script).apply(lambda text: base64.b64encode(text.encode()).decode())
 
 
+# IMDSv2's PUT response hop limit: how many network hops the session token travels. "If the hop limit is
+# 1 in a container environment, the call might not receive a response at all because going to the
+# container is considered an additional network hop" (EC2 User Guide, "Instance metadata access
+# considerations"). 1: only the host's own network namespace gets a token. Nothing containerised on the
+# platform's Slurm nodes needs the instance profile, and roles/imds_guard limits the host's users.
+HOST_ONLY_HOP_LIMIT = 1
+# EKS pods (not host network) that use the node role, such as the model server streaming s3:// weights
+# with it (infra/k8s/serving.py), are a hop further.
+POD_HOP_LIMIT = 2
+
+
 def instance_template(
-    pool: NodePool, node_type: NodeType, root_device: str, root_volume_gib: int, tags: dict[str, str]
+    pool: NodePool,
+    node_type: NodeType,
+    root_device: str,
+    root_volume_gib: int,
+    tags: dict[str, str],
+    metadata_hop_limit: int = HOST_ONLY_HOP_LIMIT,
 ) -> dict[str, Any]:
     """What every node of the platform launches with, whoever launches it and whatever image it boots:
     its type, IMDSv2, an encrypted gp3 root volume on the image's root device, tags, the reservation."""
@@ -85,7 +103,8 @@ def instance_template(
         "instance_type": node_type.name,
         # IMDSv2 only; instance tags readable from the node (its bootstrap reads its gpuplat:node name).
         "metadata_options": {"http_tokens": "required", "http_endpoint": "enabled",
-                             "http_put_response_hop_limit": 2, "instance_metadata_tags": "enabled"},
+                             "http_put_response_hop_limit": metadata_hop_limit,
+                             "instance_metadata_tags": "enabled"},
         "block_device_mappings": [{
             "device_name": root_device,
             "ebs": {"volume_size": root_volume_gib, "volume_type": "gp3", "encrypted": "true",
@@ -159,7 +178,7 @@ def eks_pool_template(
     configuration basics": subnets, the IAM instance profile, shutdown and hibernate behaviour), and the
     spot market is the node group's capacity type: none of them appear here. No image either: EKS boots
     the optimized AMI of the node group's AMI type and joins it to the cluster itself."""
-    template = instance_template(pool, node_type, EKS_ROOT_DEVICE, root_volume_gib, tags)
+    template = instance_template(pool, node_type, EKS_ROOT_DEVICE, root_volume_gib, tags, POD_HOP_LIMIT)
     if efa:
         template["network_interfaces"] = efa_interfaces(node_type, security_group_ids, None)
     else:
@@ -235,7 +254,7 @@ class GpuNodePool(pulumi.ComponentResource):
             wait_for_capacity_timeout="0",
             tags=[{"key": k, "value": v, "propagate_at_launch": True} for k, v in sorted(args.tags.items())],
             **group_capacity(pool, self.launch_template),
-            opts=child,
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=args.boot_after)),
         )
         if pool.role == "infer" and pool.max_nodes > pool.min_nodes:
             for metric, target in INFERENCE_TARGETS.items():

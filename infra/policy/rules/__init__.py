@@ -12,7 +12,7 @@ The same functions serve the CrossGuard pack (`infra/policy/pack.py`) and `gpupl
 Layout: `base` (context, findings, rule and verdict records, value helpers), `resource_types` (the
 Pulumi type tokens), `nodes` (node groups: Auto Scaling groups and Slurm-managed training launch
 templates, with their pool, role and size), one module per area (`spot`, `isolation`, `fabric`,
-`security`, `budget`), and `registry` (RULES and `evaluate`). This module re-exports the public
+`security`, `placement`, `budget`), and `registry` (RULES and `evaluate`). This module re-exports the public
 names, so `from infra.policy.rules import ...` sees one namespace.
 """
 
@@ -31,6 +31,7 @@ from infra.policy.rules.budget import check_budget_cost, check_budget_gpus
 from infra.policy.rules.fabric import check_cluster_placement, check_efa_security_group, check_multi_node_rdma
 from infra.policy.rules.isolation import check_inference_taint, check_partitions, check_shared_resources
 from infra.policy.rules.nodes import NodeGroup, node_groups
+from infra.policy.rules.placement import check_filesystem_zone
 from infra.policy.rules.registry import RULES, RULES_BY_ID, applies_to, evaluate, rule
 from infra.policy.rules.resource_types import (
     ASG,
@@ -53,8 +54,10 @@ from infra.policy.rules.resource_types import (
 )
 from infra.policy.rules.security import (
     check_ebs_encrypted,
+    check_ec2_launch_scoped,
     check_fsx_encrypted,
     check_imdsv2,
+    check_munge_key_readers,
     check_open_ingress,
     check_required_tags,
     check_s3_encrypted,
@@ -104,13 +107,16 @@ __all__ = [
     "check_budget_gpus",
     "check_cluster_placement",
     "check_ebs_encrypted",
+    "check_ec2_launch_scoped",
     "check_efa_security_group",
+    "check_filesystem_zone",
     "check_fsx_encrypted",
     "check_imdsv2",
     "check_inference_base_capacity",
     "check_inference_taint",
     "check_interruptible_on_spot",
     "check_multi_node_rdma",
+    "check_munge_key_readers",
     "check_open_ingress",
     "check_partitions",
     "check_required_tags",

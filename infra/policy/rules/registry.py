@@ -13,7 +13,11 @@ from infra.policy.rules.kubernetes import (
     check_kubernetes_quotas,
     check_spot_flavors,
 )
+from infra.policy.rules.placement import check_filesystem_zone
 from infra.policy.rules.resource_types import (
+    IAM_POLICY,
+    IAM_ROLE,
+    IAM_ROLE_POLICY,
     INGRESS_RULE,
     INSTANCE,
     LAUNCH_TEMPLATE,
@@ -25,8 +29,10 @@ from infra.policy.rules.resource_types import (
 )
 from infra.policy.rules.security import (
     check_ebs_encrypted,
+    check_ec2_launch_scoped,
     check_fsx_encrypted,
     check_imdsv2,
+    check_munge_key_readers,
     check_open_ingress,
     check_required_tags,
     check_s3_encrypted,
@@ -220,6 +226,38 @@ RULES: tuple[ResourceRule | StackRule, ...] = (
         types=TAGGABLE,
         any_tagged=True,
         check=check_required_tags,
+    ),
+    StackRule(
+        id="security-munge-key-readers",
+        group="security",
+        description="Only the node roles of pools that run munged (Slurm controllers and training nodes) "
+        "may read the MUNGE key.",
+        remediation="Grant ssm:GetParameter on the MUNGE key parameter only to the identities of the pools "
+        "in the slurm_controller and slurm_compute groups (infra/munge.py); other nodes fetch no key.",
+        needs_platform=True,
+        check=check_munge_key_readers,
+    ),
+    ResourceRule(
+        id="security-ec2-launch-scoped",
+        group="security",
+        description="IAM never grants ec2:RunInstances, ec2:CreateTags or ec2:TerminateInstances on "
+        "instances without a condition, and CreateTags never lets an existing instance get the stack tag.",
+        remediation="RunInstances on instances with an ec2:LaunchTemplate and aws:RequestTag/gpuplat:stack "
+        "condition; CreateTags with ec2:CreateAction RunInstances, or on instances tagged with the stack "
+        "and ForAllValues aws:TagKeys [gpuplat:node, Name]; TerminateInstances with a resource tag "
+        "condition (infra/backends/aws/iam.py, cluster_manager_statements).",
+        types=(IAM_ROLE_POLICY, IAM_POLICY, IAM_ROLE),
+        check=check_ec2_launch_scoped,
+    ),
+    StackRule(
+        id="placement-filesystem-zone",
+        group="placement",
+        description="Training node groups launch in the zone of the FSx for Lustre file system.",
+        remediation="Put the training pools in one zone (`zone:` on the pool, where its reservation is); the "
+        "file system follows them (infra/zones.py). Pools that must stay in another zone read across "
+        "zones, or get their own stack.",
+        severity="advisory",
+        check=check_filesystem_zone,
     ),
     StackRule(
         id="budget-gpus",

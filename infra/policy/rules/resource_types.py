@@ -21,6 +21,10 @@ BUCKET_SSE = (
     "aws:s3/bucketServerSideEncryptionConfigurationV2:BucketServerSideEncryptionConfigurationV2",
 )
 BUCKET_PAB = "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock"
+IAM_ROLE = "aws:iam/role:Role"
+IAM_ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
+IAM_POLICY = "aws:iam/policy:Policy"
+SSM_PARAMETER = "aws:ssm/parameter:Parameter"
 TAGGABLE = (
     "aws:ec2/vpc:Vpc",
     SUBNET,
@@ -41,7 +45,7 @@ TAGGABLE = (
     LUSTRE,
     "aws:fsx/dataRepositoryAssociation:DataRepositoryAssociation",
     *BUCKETS,
-    "aws:iam/role:Role",
+    IAM_ROLE,
     "aws:iam/instanceProfile:InstanceProfile",
 )
 OPEN_IPV4 = "0.0.0.0/0"

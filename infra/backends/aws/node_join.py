@@ -1,0 +1,215 @@
+"""The node side of the AWS boot: find this instance's node name, take it as hostname, and fetch what
+Ansible needs to configure it (the bundle, the stack's group vars, the MUNGE key).
+
+The boot script (infra/backends/aws/bootstrap.py) writes this file onto the node and runs it with the
+Python of the venv it installed Ansible into (boto3 is installed next to Ansible; nothing of the AWS CLI
+is assumed: neither Ubuntu's nor Debian's cloud images ship it). Stdlib and boto3 only.
+
+Settings come from the environment (GPUPLAT_*, written by the boot script). What another resource of
+the stack provides may not exist yet when the node boots (the group vars wait for the filesystem, the
+resume program tags the instance right after RunInstances): each is retried until its deadline, then the
+boot fails with the reason in /var/log/gpuplat-bootstrap.log.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+IMDS_URL = "http://169.254.169.254"
+MUNGE_KEY_FILE = Path("/etc/gpuplat/munge.key")
+TAG_NODE = "gpuplat:node"
+TAG_ASG = "aws:autoscaling:groupName"
+POLL_S = 5.0
+IMDS_TIMEOUT_S = 2.0
+T = TypeVar("T")
+
+
+class BootError(Exception):
+    """The node cannot join; the message says why."""
+
+
+@dataclass(frozen=True)
+class JoinSettings:
+    stack: str
+    region: str
+    bucket: str
+    bundle_key: str
+    group_vars_key: str
+    munge_parameter: str
+    node_name: str  # fixed for controllers; empty: from the gpuplat:node tag or the instance id
+    name_wait_s: float
+    fetch_wait_s: float
+    work: Path
+
+    @classmethod
+    def from_environment(cls, env: dict[str, str]) -> JoinSettings:
+        try:
+            return cls(
+                stack=env["GPUPLAT_STACK"],
+                region=env["GPUPLAT_REGION"],
+                bucket=env["GPUPLAT_BUCKET"],
+                bundle_key=env["GPUPLAT_BUNDLE_KEY"],
+                group_vars_key=env["GPUPLAT_GROUP_VARS_KEY"],
+                munge_parameter=env["GPUPLAT_MUNGE_PARAMETER"],
+                node_name=env.get("GPUPLAT_NODE_NAME", ""),
+                name_wait_s=float(env["GPUPLAT_NAME_WAIT_S"]),
+                fetch_wait_s=float(env["GPUPLAT_FETCH_WAIT_S"]),
+                work=Path(env["GPUPLAT_WORK"]),
+            )
+        except (KeyError, ValueError) as err:
+            raise BootError(f"boot settings incomplete: {err}") from err
+
+
+class Imds:
+    """IMDSv2: a session token first, then the path with it."""
+
+    def __init__(self, base_url: str = IMDS_URL) -> None:
+        self.base_url = base_url.rstrip("/")
+
+    def _token(self) -> str:
+        request = urllib.request.Request(
+            f"{self.base_url}/latest/api/token",
+            method="PUT",
+            headers={"X-aws-ec2-metadata-token-ttl-seconds": "300"},
+        )
+        with urllib.request.urlopen(request, timeout=IMDS_TIMEOUT_S) as response:
+            return str(response.read().decode())
+
+    def get(self, path: str) -> str | None:
+        """The value, or None where the path does not exist (404)."""
+        request = urllib.request.Request(
+            f"{self.base_url}/latest/meta-data/{path}", headers={"X-aws-ec2-metadata-token": self._token()}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=IMDS_TIMEOUT_S) as response:
+                return str(response.read().decode())
+        except urllib.error.HTTPError as err:
+            if err.code == 404:
+                return None
+            raise
+
+
+def until(deadline_s: float, what: str, attempt: Callable[[], T | None], sleep: Callable[[float], None]) -> T:
+    """attempt() until it returns a value; BootError naming `what` after `deadline_s` seconds."""
+    deadline = time.monotonic() + deadline_s
+    last_error = "not there yet"
+    while True:
+        try:
+            value = attempt()
+        except Exception as err:
+            value, last_error = None, f"{type(err).__name__}: {err}"
+        if value is not None:
+            return value
+        if time.monotonic() >= deadline:
+            raise BootError(f"{what}: gave up after {deadline_s:.0f} s ({last_error})")
+        sleep(POLL_S)
+
+
+def node_name(settings: JoinSettings, imds: Imds, sleep: Callable[[float], None] = time.sleep) -> str:
+    """Controllers: their fixed name. Slurm-launched nodes: the gpuplat:node tag, which the resume program
+    sets right after RunInstances. Auto Scaling group instances: the instance id."""
+    if settings.node_name:
+        return settings.node_name
+    instance_id = until(60, "instance id from instance metadata", lambda: imds.get("instance-id"), sleep)
+
+    def from_tags() -> str | None:
+        keys = (imds.get("tags/instance") or "").split()
+        if TAG_NODE in keys:
+            return imds.get(f"tags/instance/{TAG_NODE}")
+        if TAG_ASG in keys:
+            return instance_id
+        return None
+
+    return until(settings.name_wait_s, f"the {TAG_NODE} tag of {instance_id}", from_tags, sleep)
+
+
+def take_name(name: str, address: str, hosts: Path = Path("/etc/hosts")) -> None:
+    """Host name = node name, so slurmd registers under the name slurmctld expects."""
+    subprocess.run(["hostnamectl", "set-hostname", name], check=True)
+    lines = hosts.read_text().splitlines() if hosts.exists() else []
+    if not any(line.split()[1:2] == [name] for line in lines if line.strip()):
+        hosts.write_text("\n".join([*lines, f"{address} {name}"]) + "\n")
+
+
+def _missing(err: Exception) -> bool:
+    code = str(getattr(err, "response", {}).get("Error", {}).get("Code", ""))
+    return code in ("NoSuchKey", "404", "NotFound", "ParameterNotFound")
+
+
+def fetch(
+    settings: JoinSettings, sleep: Callable[[float], None] = time.sleep, munge_file: Path = MUNGE_KEY_FILE
+) -> None:
+    """The bundle, the group vars and the MUNGE key, each retried until the fetch deadline."""
+    import boto3  # type: ignore[import-untyped,unused-ignore]
+
+    s3 = boto3.client("s3", region_name=settings.region)
+    ssm = boto3.client("ssm", region_name=settings.region)
+
+    def s3_object(key: str) -> bytes | None:
+        try:
+            return bytes(s3.get_object(Bucket=settings.bucket, Key=key)["Body"].read())
+        except Exception as err:
+            if _missing(err):
+                return None
+            raise
+
+    def munge_key() -> bytes | None:
+        try:
+            value = ssm.get_parameter(Name=settings.munge_parameter, WithDecryption=True)
+        except Exception as err:
+            if _missing(err):
+                return None
+            raise
+        return base64.b64decode(value["Parameter"]["Value"])
+
+    where = f"s3://{settings.bucket}/"
+    group_vars = until(
+        settings.fetch_wait_s,
+        where + settings.group_vars_key,
+        lambda: s3_object(settings.group_vars_key),
+        sleep,
+    )
+    json.loads(group_vars)  # a half-written object fails here, not in Ansible
+    bundle = until(
+        settings.fetch_wait_s, where + settings.bundle_key, lambda: s3_object(settings.bundle_key), sleep
+    )
+    settings.work.mkdir(parents=True, exist_ok=True)
+    (settings.work / "all.json").write_bytes(group_vars)
+    (settings.work / "bundle.zip").write_bytes(bundle)
+    if not settings.munge_parameter:  # a node that runs no munged may not read the key
+        return
+    key = until(settings.fetch_wait_s, f"SSM parameter {settings.munge_parameter}", munge_key, sleep)
+    munge_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    descriptor = os.open(munge_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o400)
+    with os.fdopen(descriptor, "wb") as handle:
+        handle.write(key)
+
+
+def main(env: dict[str, str] | None = None) -> int:
+    try:
+        settings = JoinSettings.from_environment(dict(os.environ) if env is None else env)
+        imds = Imds()
+        name = node_name(settings, imds)
+        address = until(60, "local-ipv4 from instance metadata", lambda: imds.get("local-ipv4"), time.sleep)
+        take_name(name, address)
+        fetch(settings)
+    except (BootError, subprocess.CalledProcessError) as err:
+        print(f"gpuplat join: {err}", file=sys.stderr)
+        return 1
+    print(name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

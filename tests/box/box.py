@@ -1,0 +1,195 @@
+"""The cloud in a box: the AWS API emulator, instance metadata, podman containers as instances, and the
+stack's resources as `pulumi up` would have left them. `CloudBox.start()` brings it up and launches the
+controllers; `stop()` removes every container, the network, the volumes and the addresses it added.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import boto3
+
+from infra.data.load import catalog
+from infra.local.podman import podman
+from infra.resolve import ResolvedPlatform
+from infra.spec.load import PROJECT_ROOT
+from tests.box.cloud import BoxStack, declare, zone_subnet
+from tests.box.emulator import CREDENTIALS, FaultProxy, Faults, MotoServer
+from tests.box.hypervisor import LABEL, Hypervisor, HypervisorSettings, remove_all
+from tests.box.imds import IMDS_ADDRESS, InstanceMetadata
+
+NETWORK = "gpuplat-box"
+SHARED_VOLUME = "gpuplat-box-fsx"
+PIP_CACHE_VOLUME = "gpuplat-box-pip-cache"
+ANCHOR = "gpuplat-box-anchor"
+HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+EC2_NODES_PROGRAM = PROJECT_ROOT / "roles" / "slurm_elastic" / "files" / "gpuplat_ec2_nodes.py"
+
+
+def box_substitutes(endpoint: str, resume_timeout_s: int) -> dict[str, Any]:
+    """Group vars the box overrides, each because the box lacks what AWS has."""
+    return {
+        # No FSx: a podman volume mounted at the same path on every instance.
+        "shared_fs_kind": "local-volume",
+        # No GPUs: device files with NVIDIA's major number, as on the local platform.
+        "gpuplat_gpu_simulated": True,
+        # The box's machines have 2 cores where the instance types have more: slurmd reports what
+        # slurm.conf says.
+        "slurm_common_extra_config": {"SlurmdParameters": "config_overrides"},
+        # No directory service: the team users are created on the nodes, as on the local platform.
+        "slurm_common_create_users": True,
+        # The region's endpoints are the emulator's (the programs Slurm runs get a clean environment).
+        "slurm_elastic_endpoint_url": endpoint,
+        "monitoring_ec2_endpoint": endpoint,
+        # Timers sized for a test.
+        "slurm_common_resume_timeout": resume_timeout_s,
+        "slurm_common_suspend_timeout": 30,
+        "slurm_elastic_spot_grace_s": 20,
+        "slurm_elastic_reconcile_interval_s": 20,
+        "slurm_elastic_orphan_grace_s": 30,
+    }
+
+
+def gpus_of(instance_type: str) -> int:
+    node_type = next((t for t in catalog().node_types if t.name == instance_type), None)
+    return node_type.gpu_count if node_type is not None else 0
+
+
+@dataclass
+class CloudBox:
+    platform: ResolvedPlatform
+    workdir: Path
+    resume_timeout_s: int = 300
+
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.stop_leftovers()
+        subnet = zone_subnet(self.platform.spec.aws.vpc_cidr)
+        podman("network", "create", "--subnet", subnet, "--label", f"{LABEL}=network", NETWORK)
+        for volume in (SHARED_VOLUME, PIP_CACHE_VOLUME):
+            podman("volume", "create", "--label", f"{LABEL}=volume", volume, check=False)
+        podman(
+            "run", "--detach", "--rm", "--name", ANCHOR, "--network", NETWORK, "--label", f"{LABEL}=anchor",
+            "localhost/gpuplat-base:bookworm", "sleep", "infinity",
+        )  # fmt: skip
+        network = json.loads(podman("network", "inspect", NETWORK).stdout)[0]
+        self.bridge = str(network["network_interface"])
+        self.gateway = str(network["subnets"][0]["gateway"])
+        subprocess.run(["ip", "addr", "add", f"{IMDS_ADDRESS}/32", "dev", self.bridge], check=True)
+        self.moto = MotoServer(self.workdir / "moto.log")
+        self.faults = Faults()
+        self.proxy = FaultProxy(self.gateway, self.moto.port, self.faults)
+        region = str(self.platform.spec.region)
+        self.session = boto3.Session(
+            aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+            aws_session_token=CREDENTIALS["AWS_SESSION_TOKEN"],
+            region_name=region,
+        )
+        self.ec2 = self.client("ec2")
+        self.imds = InstanceMetadata(self.instance_at)
+        image_id = self.ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+        pip_conf = self.workdir / "pip.conf"
+        pip_conf.write_text(f"[global]\ncert = {HOST_CA_BUNDLE}\n")
+        mount = self.platform.spec.storage.parallel_fs.mount_path
+        self.hypervisor = Hypervisor(
+            self.ec2,
+            HypervisorSettings(
+                network=NETWORK,
+                images={image_id: "localhost/gpuplat-base:bookworm"},
+                volumes=[
+                    f"{SHARED_VOLUME}:{mount}",
+                    f"{PIP_CACHE_VOLUME}:/root/.cache/pip",
+                    f"{HOST_CA_BUNDLE}:{HOST_CA_BUNDLE}:ro",
+                    f"{pip_conf}:/etc/pip.conf:ro",
+                ],
+                environment={"AWS_ENDPOINT_URL": self.proxy.url},
+                gpus=gpus_of,
+            ),
+            self.workdir / "hypervisor.log",
+        )
+        self.stack: BoxStack = declare(
+            self.client, self.platform, image_id, box_substitutes(self.proxy.url, self.resume_timeout_s)
+        )
+
+    def client(self, service: str) -> Any:
+        return self.session.client(service, endpoint_url=self.moto.url)
+
+    def instance_at(self, address: str) -> dict[str, Any] | None:
+        reply = self.ec2.describe_instances(
+            Filters=[
+                {"Name": "private-ip-address", "Values": [address]},
+                {"Name": "instance-state-name", "Values": ["pending", "running"]},
+            ]
+        )
+        found = [i for r in reply["Reservations"] for i in r["Instances"]]
+        return found[0] if found else None
+
+    def instances(self, *states: str, **tags: str) -> list[dict[str, Any]]:
+        filters = [{"Name": f"tag:{k.replace('_', ':')}", "Values": [v]} for k, v in tags.items()]
+        if states:
+            filters.append({"Name": "instance-state-name", "Values": list(states)})
+        reply = self.ec2.describe_instances(Filters=filters)
+        return [i for r in reply["Reservations"] for i in r["Instances"]]
+
+    def container_of(self, instance_id: str) -> str:
+        return f"box-{instance_id}"
+
+    def sh(self, instance_id: str, command: str, check: bool = True, timeout: float = 120) -> str:
+        result = podman(
+            "exec", self.container_of(instance_id), "bash", "-c", command, check=check, timeout=timeout
+        )
+        return result.stdout
+
+    def wait_boot(self, instance_id: str, timeout_s: float) -> float:
+        """Seconds until the instance's user data finished; AssertionError with its log when it failed."""
+        start = time.monotonic()
+        while time.monotonic() - start < timeout_s:
+            done = self.sh(
+                instance_id, "cat /var/lib/cloud/instance/boot-finished 2>/dev/null", check=False
+            ).strip()
+            if done:
+                if done != "0":
+                    log = self.sh(instance_id, "tail -60 /var/log/gpuplat-bootstrap.log", check=False)
+                    raise AssertionError(f"user data of {instance_id} exited {done}:\n{log}")
+                return time.monotonic() - start
+            time.sleep(3)
+        log = self.sh(instance_id, "tail -40 /var/log/gpuplat-bootstrap.log", check=False)
+        raise AssertionError(f"user data of {instance_id} not done after {timeout_s:.0f} s:\n{log}")
+
+    def teardown(self) -> subprocess.CompletedProcess[str]:
+        """What an operator runs before `pulumi destroy`: the controllers' own program, from outside."""
+        config = self.workdir / "ec2-nodes.json"
+        pools = {
+            name: {"launch_template_id": template, "subnet_id": None, "static_nodes": []}
+            for name, template in self.stack.templates.items()
+        }
+        region = str(self.platform.spec.region)
+        config.write_text(json.dumps({"stack": self.platform.name, "region": region, "pools": pools}))
+        return subprocess.run(
+            [sys.executable, str(EC2_NODES_PROGRAM), "--config", str(config), "--endpoint-url", self.moto.url,
+             "teardown", "--timeout-seconds", "120"],
+            capture_output=True, text=True, timeout=300, env={**os.environ, **CREDENTIALS}, check=False,
+        )  # fmt: skip
+
+    def stop(self) -> None:
+        for part in ("hypervisor", "imds", "proxy", "moto"):
+            if hasattr(self, part):
+                getattr(self, part).stop()
+        self.stop_leftovers()
+        podman("volume", "rm", "--force", PIP_CACHE_VOLUME, check=False)
+
+    def stop_leftovers(self) -> None:
+        """What an earlier box left (the pip cache stays: it is only a cache)."""
+        remove_all()
+        podman("rm", "--force", "--time", "0", ANCHOR, check=False)
+        if podman("network", "exists", NETWORK, check=False).returncode == 0:
+            podman("network", "rm", "--force", NETWORK, check=False)
+        podman("volume", "rm", "--force", SHARED_VOLUME, check=False)

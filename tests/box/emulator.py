@@ -1,0 +1,159 @@
+"""The AWS API of the box: moto in server mode on loopback, and in front of it a proxy on the box
+network's gateway address that the instances use as their endpoint. The proxy forwards every request
+unchanged, except where a test armed a fault for an EC2 action: then it answers what EC2 answers for
+that fault (moto never fails for capacity).
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "box", "AWS_SECRET_ACCESS_KEY": "box", "AWS_SESSION_TOKEN": "box"}
+_FAULT_BODY = """<?xml version="1.0" encoding="UTF-8"?>
+<Response><Errors><Error><Code>{code}</Code><Message>{message}</Message></Error></Errors>
+<RequestID>box-fault</RequestID></Response>"""
+# EC2 answers capacity errors with HTTP 500 (InsufficientInstanceCapacity is a server-side error code:
+# EC2 API Reference, "Error codes for the Amazon EC2 API", server errors).
+FAULT_STATUS = {"InsufficientInstanceCapacity": 500}
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Faults:
+    """Armed faults: EC2 action -> [error code, times left]."""
+
+    armed: dict[str, list[Any]] = field(default_factory=dict)
+    seen: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def arm(self, action: str, code: str, times: int = 1) -> None:
+        with self.lock:
+            self.armed[action] = [code, times]
+
+    def take(self, action: str) -> str | None:
+        with self.lock:
+            self.seen.append(action)
+            entry = self.armed.get(action)
+            if not entry or entry[1] <= 0:
+                return None
+            entry[1] -= 1
+            return str(entry[0])
+
+    def count(self, action: str) -> int:
+        with self.lock:
+            return self.seen.count(action)
+
+
+class MotoServer:
+    def __init__(self, log: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._log = log.open("wb")
+        binary = Path(sys.executable).with_name("moto_server")
+        self.process = subprocess.Popen(
+            [str(binary), "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **CREDENTIALS},
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"moto_server did not listen on {self.url} within 30 s (log {log})")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        self._log.close()
+
+
+def ec2_action(body: bytes, query: str) -> str:
+    """The Action of an EC2 query-protocol request (form body or query string)."""
+    for text in (body.decode(errors="replace"), query):
+        values = urllib.parse.parse_qs(text).get("Action")
+        if values:
+            return values[0]
+    return ""
+
+
+class FaultProxy:
+    """Forwards to moto; answers an armed fault instead for the matching EC2 action."""
+
+    def __init__(self, host: str, upstream_port: int, faults: Faults) -> None:
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+            def _forward(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                action = ec2_action(body, urllib.parse.urlsplit(self.path).query)
+                fault = faults.take(action) if action else None
+                if fault is not None:
+                    payload = _FAULT_BODY.format(code=fault, message=f"box: injected {fault}").encode()
+                    self.send_response(FAULT_STATUS.get(fault, 400))
+                    self.send_header("Content-Type", "text/xml")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                    return
+                connection = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=60)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+                connection.request(self.command, self.path, body=body or None, headers=headers)
+                response = connection.getresponse()
+                data = response.read()
+                self.send_response(response.status)
+                for key, value in response.getheaders():
+                    if key.lower() not in (
+                        "transfer-encoding",
+                        "connection",
+                        "content-length",
+                        "server",
+                        "date",
+                    ):
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                connection.close()
+
+            do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = _forward
+
+        self.server = ThreadingHTTPServer((host, 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://{host}:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        _ = proxy
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -1,0 +1,172 @@
+"""Instances of the box are podman containers. A loop watches the emulator: an instance that is pending
+or running gets a systemd container (its private address, on the box network) that runs the instance's
+user data once, as cloud-init does; a terminated instance's container goes away; a container that died
+under a running instance shows as a stopped instance.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from infra.local.cluster import NVIDIA_CHAR_MAJOR
+from infra.local.podman import podman
+from tests.box.cloud import user_data
+
+LABEL = "gpuplat.box"
+BOOT_TIMEOUT_S = 120
+POLL_S = 1.0
+
+
+@dataclass
+class Machine:
+    instance_id: str
+    container: str
+    address: str
+    booted: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class HypervisorSettings:
+    network: str
+    images: dict[str, str]  # AMI id -> podman image
+    volumes: list[str]  # podman --volume arguments every instance gets (the FSx stand-in, the image's files)
+    environment: dict[str, str]  # what the instance's user data runs with (the region's endpoints)
+    gpus: Callable[[str], int]  # instance type -> GPUs (device files)
+    hold_next_boot: bool = False  # the next instance boots its OS but never runs its user data
+
+
+class Hypervisor:
+    def __init__(self, ec2: Any, settings: HypervisorSettings, log: Path) -> None:
+        self.ec2 = ec2
+        self.settings = settings
+        self.log = log
+        self.machines: dict[str, Machine] = {}
+        self.held: set[str] = set()  # instances whose user data was never run
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _note(self, text: str) -> None:
+        with self.log.open("a") as handle:
+            handle.write(f"{time.strftime('%H:%M:%S')} {text}\n")
+
+    def instances(self) -> list[dict[str, Any]]:
+        pages = self.ec2.get_paginator("describe_instances").paginate()
+        return [i for page in pages for r in page["Reservations"] for i in r["Instances"]]
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.reconcile()
+            except Exception as err:
+                self.errors.append(f"{type(err).__name__}: {err}")
+                self._note(f"error: {err}")
+            self._stop.wait(POLL_S)
+
+    def reconcile(self) -> None:
+        for instance in self.instances():
+            instance_id = instance["InstanceId"]
+            state = instance["State"]["Name"]
+            with self._lock:
+                machine = self.machines.get(instance_id)
+            if state in ("pending", "running") and machine is None:
+                machine = Machine(instance_id, f"box-{instance_id}", instance["PrivateIpAddress"])
+                with self._lock:
+                    self.machines[instance_id] = machine
+                threading.Thread(target=self._boot, args=(machine, instance), daemon=True).start()
+            elif state in ("shutting-down", "terminated") and machine is not None:
+                podman("rm", "--force", "--time", "0", machine.container, check=False)
+                with self._lock:
+                    del self.machines[instance_id]
+                self._note(f"{instance_id} terminated: container removed")
+            elif state == "running" and machine is not None and machine.booted.is_set():
+                running = podman("container", "inspect", "--format", "{{.State.Running}}", machine.container,
+                                 check=False).stdout.strip()  # fmt: skip
+                if running != "true":
+                    self.ec2.stop_instances(InstanceIds=[instance_id], Force=True)
+                    self._note(f"{instance_id}: container died; instance stopped")
+
+    def _boot(self, machine: Machine, instance: dict[str, Any]) -> None:
+        try:
+            image = self.settings.images[instance["ImageId"]]
+            volumes = [arg for volume in self.settings.volumes for arg in ("--volume", volume)]
+            hostname = "ip-" + machine.address.replace(".", "-")
+            podman(
+                "run", "--detach", "--name", machine.container, "--hostname", hostname,
+                "--network", self.settings.network, "--ip", machine.address,
+                "--systemd=always", "--privileged", "--no-hosts", "--label", f"{LABEL}={machine.instance_id}",
+                *volumes, image, "/sbin/init",
+            )  # fmt: skip
+            self._wait_systemd(machine)
+            # An instance's /etc/hostname is its own file; podman bind-mounts one that hostnamed cannot
+            # replace ("Device or resource busy"). The image's /etc/hosts is used as is (--no-hosts): as
+            # on EC2, no other node's name is known unless the platform writes it.
+            podman(
+                "exec", machine.container, "sh", "-c", f"umount /etc/hostname; echo {hostname} >/etc/hostname"
+            )
+            gpus = self.settings.gpus(instance["InstanceType"])
+            if gpus:
+                make = f"mknod -m 666 /dev/nvidia$i c {NVIDIA_CHAR_MAJOR} $i"
+                podman(
+                    "exec", machine.container, "sh", "-c", f"for i in $(seq 0 {gpus - 1}); do {make}; done"
+                )
+            script = user_data(self.ec2, machine.instance_id)
+            self._note(f"{machine.instance_id} ({machine.address}, {instance['InstanceType']}) booted")
+            machine.booted.set()
+            with self._lock:
+                hold, self.settings.hold_next_boot = self.settings.hold_next_boot, False
+            if hold or not script:
+                self.held.add(machine.instance_id)
+                self._note(f"{machine.instance_id}: user data not run")
+                return
+            podman("exec", machine.container, "mkdir", "-p", "/var/lib/cloud/instance")
+            subprocess.run(
+                ["podman", "exec", "-i", machine.container, "sh", "-c",
+                 "cat > /var/lib/cloud/instance/user-data"],
+                input=script, text=True, check=True, env=_podman_env(),
+            )  # fmt: skip
+            environment = [arg for k, v in self.settings.environment.items() for arg in ("--env", f"{k}={v}")]
+            podman(
+                "exec", "--detach", *environment, machine.container, "sh", "-c",
+                "chmod 700 /var/lib/cloud/instance/user-data; /var/lib/cloud/instance/user-data"
+                " >/var/log/cloud-init-output.log 2>&1; echo $? >/var/lib/cloud/instance/boot-finished",
+            )  # fmt: skip
+        except Exception as err:
+            self.errors.append(f"boot of {machine.instance_id}: {err}")
+            self._note(f"boot of {machine.instance_id} failed: {err}")
+
+    def _wait_systemd(self, machine: Machine) -> None:
+        deadline = time.monotonic() + BOOT_TIMEOUT_S
+        while time.monotonic() < deadline:
+            state = podman(
+                "exec", machine.container, "systemctl", "is-system-running", check=False
+            ).stdout.strip()
+            if state in ("running", "degraded"):
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"{machine.container}: systemd did not come up in {BOOT_TIMEOUT_S} s")
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.thread.join(10)
+
+
+def _podman_env() -> dict[str, str]:
+    from infra.local.podman import podman_env
+
+    return podman_env()
+
+
+def remove_all() -> None:
+    """Every container of a box (left over from an earlier run included)."""
+    listed = podman("ps", "--all", "--filter", f"label={LABEL}", "--format", "{{.Names}}", check=False)
+    for name in listed.stdout.split():
+        podman("rm", "--force", "--time", "0", name, check=False)

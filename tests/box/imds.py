@@ -1,0 +1,117 @@
+"""Instance metadata for the box's instances: one IMDSv2 server on 169.254.169.254:80, added to the box
+network's bridge on the host. Containers reach it through their default route, as instances reach the
+real one; the caller's source address says which instance asks (its private IP in the emulator).
+
+Served, as EC2 serves them (EC2 User Guide, "Instance metadata categories"): api/token (PUT, required:
+the launch templates set http_tokens required), instance-id, local-ipv4, placement/availability-zone,
+tags/instance and tags/instance/<key> (read live from the emulator, so tags set after launch show),
+iam/security-credentials/<role> (the instance profile's role, with keys the emulator accepts), and
+spot/instance-action once a test has set a notice (404 before, as on EC2).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import secrets
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+IMDS_ADDRESS = "169.254.169.254"
+
+
+class InstanceMetadata:
+    def __init__(self, describe: Callable[[str], dict[str, Any] | None], port: int = 80) -> None:
+        """`describe(private_ip)` returns the emulator's instance with that address, or None."""
+        self.describe = describe
+        self.tokens: set[str] = set()
+        self.notices: dict[str, dict[str, str]] = {}
+        self.lock = threading.Lock()
+        box = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+            def _send(self, status: int, body: str = "", content_type: str = "text/plain") -> None:
+                data = body.encode()
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_PUT(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                self.rfile.read(length)
+                if self.path != "/latest/api/token" or not self.headers.get(
+                    "X-aws-ec2-metadata-token-ttl-seconds"
+                ):
+                    self._send(400)
+                    return
+                token = secrets.token_urlsafe(24)
+                with box.lock:
+                    box.tokens.add(token)
+                self._send(200, token)
+
+            def do_GET(self) -> None:
+                with box.lock:
+                    valid = self.headers.get("X-aws-ec2-metadata-token") in box.tokens
+                if not valid:
+                    self._send(401)
+                    return
+                instance = box.describe(self.client_address[0])
+                if instance is None or not self.path.startswith("/latest/meta-data/"):
+                    self._send(404)
+                    return
+                value = box.value(instance, self.path.removeprefix("/latest/meta-data/"))
+                if value is None:
+                    self._send(404)
+                else:
+                    self._send(200, value)
+
+        self.server = ThreadingHTTPServer((IMDS_ADDRESS, port), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def value(self, instance: dict[str, Any], path: str) -> str | None:
+        tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
+        role = str(instance.get("IamInstanceProfile", {}).get("Arn", "/box-node")).rsplit("/", 1)[-1]
+        fixed = {
+            "instance-id": instance["InstanceId"],
+            "local-ipv4": instance.get("PrivateIpAddress", ""),
+            "instance-type": instance.get("InstanceType", ""),
+            "placement/availability-zone": instance.get("Placement", {}).get("AvailabilityZone", ""),
+            "tags/instance": "\n".join(sorted(tags)),
+            "iam/security-credentials/": role,
+        }
+        if path in fixed:
+            return str(fixed[path])
+        if path.startswith("tags/instance/"):
+            return tags.get(path.removeprefix("tags/instance/"))
+        if path == f"iam/security-credentials/{role}":
+            expires = datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=6)
+            return json.dumps({
+                "Code": "Success", "Type": "AWS-HMAC", "AccessKeyId": "box", "SecretAccessKey": "box",
+                "Token": "box", "Expiration": expires.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "LastUpdated": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            })  # fmt: skip
+        if path == "spot/instance-action":
+            with self.lock:
+                notice = self.notices.get(instance["InstanceId"])
+            return json.dumps(notice) if notice else None
+        return None
+
+    def interrupt(self, instance_id: str, when: datetime.datetime) -> None:
+        """Post a spot interruption notice (action terminate at `when`), as EC2 does two minutes ahead."""
+        with self.lock:
+            self.notices[instance_id] = {"action": "terminate", "time": when.strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -1,0 +1,206 @@
+"""The AWS Slurm stack's node lifecycle in the box (tests/box/box.py). The scenarios run in order on one
+box, each asserting Slurm's and the emulator's states; the figures they measure are printed at the end.
+
+a  the controller boots from its user data alone; slurmctld and slurmdbd serve
+b  a job for a powered-down pool: slurmctld runs the real resume program, an instance boots, takes its
+   name, joins, and the job runs
+c  a spot notice on the node of a requeueable job: the job is requeued (never FAILED) and completes on
+   a replacement instance
+d  RunInstances fails for capacity: the name returns to power saving, the job runs on the next attempt
+g  idle nodes are suspended and their instances terminated
+e  a node that never finishes booting (past ResumeTimeout) comes back to power saving, not DOWN
+f  a stray instance of the stack that Slurm does not know is terminated by the reconciler
+h  teardown leaves no instance of the stack
+"""
+
+from __future__ import annotations
+
+import datetime
+import shlex
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import pytest
+
+pytestmark = pytest.mark.box
+
+BOOT_DEADLINE_S = 600
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "NODE_FAIL", "TIMEOUT", "OUT_OF_MEMORY")
+FIGURES: dict[str, float] = {}
+T = TypeVar("T")
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float, every_s: float = 3) -> T:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout_s:.0f} s")
+        time.sleep(every_s)
+
+
+def slurm(box: Any, command: str, check: bool = True) -> str:
+    return str(box.sh(box.stack.controllers["head-0"], command, check=check))
+
+
+def submit(box: Any, script: str, options: str = "") -> str:
+    """A job of team user alice on the spot partition (its QoS is spot), one GPU per node."""
+    command = f"sbatch --parsable -p spot --qos=spot --gres=gpu:1 {options} --wrap {shlex.quote(script)}"
+    return slurm(box, f"su alice -c {shlex.quote(command)}").strip()
+
+
+def job_state(box: Any, job: str) -> str:
+    """The job's state now (sacct's allocation line; empty until slurmdbd has it)."""
+    lines = slurm(box, f"sacct -nXP -j {job} -o State", check=False).split()
+    return lines[-1] if lines else ""
+
+
+def wait_ended(box: Any, job: str, timeout_s: float = BOOT_DEADLINE_S) -> str:
+    def ended() -> str | None:
+        state = job_state(box, job)
+        return state if state in ENDED else None
+
+    return wait_for(f"job {job} ended", ended, timeout_s)
+
+
+def node_states(box: Any) -> dict[str, str]:
+    words = slurm(box, "sinfo -h -N -o '%N %T'").split()
+    return dict(zip(words[0::2], words[1::2], strict=True))
+
+
+def live(box: Any, **tags: str) -> list[dict[str, Any]]:
+    return list(box.instances("pending", "running", **tags))
+
+
+def tag(instance: dict[str, Any], key: str) -> str:
+    return next((t["Value"] for t in instance.get("Tags", []) if t["Key"] == key), "")
+
+
+def explain(box: Any, job: str) -> str:
+    return slurm(
+        box, f"sacct -D -j {job} -o JobID,State,NodeList,ExitCode; sinfo -N; scontrol show job {job}", False
+    )
+
+
+def test_a_controllers_boot_from_user_data_alone(box: Any) -> None:
+    head = box.stack.controllers["head-0"]
+    FIGURES["controller boot s"] = box.wait_boot(head, BOOT_DEADLINE_S)
+    assert slurm(box, "hostname").strip() == "head-0"
+    assert "is UP" in slurm(box, "scontrol ping")
+    assert box.platform.name.replace("-", "_") in slurm(box, "sacctmgr -nP show cluster format=cluster")
+    assert node_states(box) == {"spot-0": "idle~", "spot-1": "idle~"}
+
+
+def test_b_a_job_resumes_a_powered_down_node_which_boots_joins_and_runs_it(box: Any) -> None:
+    job = submit(box, "hostname")
+    start = time.monotonic()
+    instance = wait_for("an instance for the job", lambda: live(box, gpuplat_pool="spot"), 120)[0]
+    FIGURES["job -> RunInstances s"] = time.monotonic() - start
+    node = tag(instance, "gpuplat:node")
+    assert node in ("spot-0", "spot-1") and tag(instance, "gpuplat:stack") == box.platform.name
+    box.wait_boot(instance["InstanceId"], BOOT_DEADLINE_S)
+    assert box.sh(instance["InstanceId"], "hostname").strip() == node
+    wait_for(
+        f"{node} idle or allocated",
+        lambda: node_states(box)[node] in ("idle", "mixed", "allocated", "completing") or None,
+        120,
+    )
+    FIGURES["RunInstances -> node in service s"] = time.monotonic() - start - FIGURES["job -> RunInstances s"]
+    assert wait_ended(box, job) == "COMPLETED", explain(box, job)
+    assert slurm(box, f"sacct -nXP -j {job} -o NodeList").strip() == node
+
+
+def test_c_a_spot_notice_requeues_the_job_which_completes_on_a_replacement(box: Any) -> None:
+    marker = "/fsx/checkpoints/box-c-first-run"
+    job = submit(
+        box, f"if [ -e {marker} ]; then echo resumed; else touch {marker}; sleep 900; fi", "--requeue"
+    )
+    wait_for(
+        f"job {job} running",
+        lambda: "RUNNING" in slurm(box, f"squeue -h -j {job} -o %T", False) or None,
+        BOOT_DEADLINE_S,
+    )
+    node = slurm(box, f"squeue -h -j {job} -o %N").strip()
+    first = live(box, gpuplat_node=node)[0]["InstanceId"]
+    box.imds.interrupt(first, datetime.datetime.now(datetime.UTC) + datetime.timedelta(minutes=2))
+    noticed = time.monotonic()
+    wait_for(
+        f"{first} terminated",
+        lambda: all(i["InstanceId"] != first for i in live(box, gpuplat_pool="spot")) or None,
+        240,
+    )
+    FIGURES["spot notice -> instance terminated s"] = time.monotonic() - noticed
+    assert wait_ended(box, job) == "COMPLETED", explain(box, job)
+    history = slurm(box, f"sacct -nP -D -X -j {job} -o State").split()
+    assert "FAILED" not in history and "REQUEUED" in history, history
+    replacement = live(box, gpuplat_node=slurm(box, f"sacct -nXP -j {job} -o NodeList").strip())
+    assert replacement and replacement[0]["InstanceId"] != first
+
+
+def test_d_a_launch_without_capacity_returns_the_name_and_the_job_runs_on_the_next_attempt(box: Any) -> None:
+    launches = box.faults.count("RunInstances")
+    box.faults.arm("RunInstances", "InsufficientInstanceCapacity", times=1)
+    job = submit(box, "srun hostname", "-N 2")  # one node is up from c; the other must be launched
+    wait_for("the failed launch", lambda: box.faults.count("RunInstances") > launches or None, 180)
+    assert wait_ended(box, job) == "COMPLETED", explain(box, job)
+    assert box.faults.count("RunInstances") >= launches + 2
+    assert "InsufficientInstanceCapacity" in slurm(box, "cat /var/log/gpuplat/ec2-nodes.log")
+
+
+def test_g_idle_nodes_are_suspended_and_their_instances_terminated(box: Any) -> None:
+    start = time.monotonic()
+    wait_for(
+        "every node powered down", lambda: all(s == "idle~" for s in node_states(box).values()) or None, 300
+    )
+    wait_for("no live training instance", lambda: not live(box, gpuplat_pool="spot") or None, 180)
+    FIGURES["last job -> instances terminated s"] = time.monotonic() - start
+
+
+def test_e_a_node_that_never_boots_comes_back_to_power_saving(box: Any) -> None:
+    box.hypervisor.settings.hold_next_boot = True
+    job = submit(box, "hostname", "--requeue")
+    held = wait_for("a held instance", lambda: set(box.hypervisor.held) or None, 180)
+    instance_id = next(iter(held))
+    node = tag(
+        box.ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0]["Instances"][0],
+        "gpuplat:node",
+    )
+    start = time.monotonic()
+    wait_for(
+        f"{instance_id} terminated",
+        lambda: all(i["InstanceId"] != instance_id for i in live(box)) or None,
+        box.resume_timeout_s + 180,
+    )
+    FIGURES["held boot -> terminated s"] = time.monotonic() - start
+    assert wait_ended(box, job) == "COMPLETED", explain(box, job)
+    wait_for(f"{node} in power saving, not down", lambda: "down" not in node_states(box)[node] or None, 120)
+
+
+def test_f_a_stray_instance_is_terminated_by_the_reconciler(box: Any) -> None:
+    stray = box.ec2.run_instances(
+        LaunchTemplate={"LaunchTemplateId": box.stack.templates["spot"], "Version": "$Latest"},
+        MinCount=1, MaxCount=1,
+        TagSpecifications=[{"ResourceType": "instance", "Tags": [
+            {"Key": "gpuplat:stack", "Value": box.platform.name}, {"Key": "gpuplat:pool", "Value": "spot"},
+            {"Key": "gpuplat:node", "Value": "spot-7"}]}],
+    )["Instances"][0]["InstanceId"]  # fmt: skip
+    start = time.monotonic()
+    wait_for(
+        f"stray {stray} terminated", lambda: all(i["InstanceId"] != stray for i in live(box)) or None, 240
+    )
+    FIGURES["stray instance -> terminated s"] = time.monotonic() - start
+
+
+def test_h_teardown_leaves_no_instance_of_the_stack(box: Any) -> None:
+    submit(box, "sleep 600")
+    wait_for("a training instance", lambda: live(box, gpuplat_pool="spot") or None, 120)
+    slurm(box, "systemctl stop slurmctld")  # the controllers go first: nothing launches during teardown
+    program = box.teardown()
+    assert program.returncode == 0, program.stdout + program.stderr
+    assert not box.instances("pending", "running", "stopping", "stopped", gpuplat_pool="spot")
+    box.ec2.terminate_instances(InstanceIds=list(box.stack.controllers.values()))  # pulumi destroy's part
+    assert not box.instances("pending", "running", "stopping", "stopped", gpuplat_stack=box.platform.name)
+    print("\nbox figures: " + ", ".join(f"{k} {v:.0f}" for k, v in FIGURES.items()))

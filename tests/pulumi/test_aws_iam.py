@@ -1,0 +1,344 @@
+"""The AWS node identities, judged by what IAM would decide.
+
+The recorded policies are evaluated (a small model of IAM's policy evaluation: actions, resources,
+the condition operators the platform uses) for the calls the platform makes and for those an intruder
+on a controller would try:
+
+- the resume program's own calls (roles/slurm_elastic/files/gpuplat_ec2_nodes.py, run against a
+  recording client): RunInstances from a training pool's launch template with its TagSpecifications,
+  then CreateTags (gpuplat:node, Name) on the new instance, then TerminateInstances;
+- launching without a template, from a template that is not a training template of the stack, or
+  without the stack's request tag; tagging a foreign instance gpuplat:stack=<stack> to terminate it;
+  changing the stack tag of an instance of the stack.
+
+IAM semantics modelled (IAM User Guide, "Policy evaluation logic" and "IAM JSON policy elements:
+Condition operators"): a request is allowed when a statement allows it and none denies it;
+RunInstances is authorized per resource it touches, each needing an allow; a condition key absent
+from the request context fails every operator except ForAllValues (true on an empty set).
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import json
+import sys
+from collections.abc import Callable, Mapping
+from fnmatch import fnmatchcase
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml
+
+from infra.munge import MUNGE_GROUPS, munge_roles
+from infra.plan.record import Recording, record
+from infra.resolve import ResolvedPlatform, load_platform
+
+ROOT = Path(__file__).resolve().parents[2]
+RESUME_PROGRAM = ROOT / "roles" / "slurm_elastic" / "files" / "gpuplat_ec2_nodes.py"
+ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
+LT = "aws:ec2/launchTemplate:LaunchTemplate"
+ACCOUNT = "123456789012"  # the account the SDK mocks answer with (infra/plan/record.py)
+REGION = "us-east-1"
+Context = dict[str, Any]
+
+
+def arn(resource: str, account: str = ACCOUNT) -> str:
+    return f"arn:aws:ec2:{REGION}:{account}:{resource}"
+
+
+# ---------------------------------------------------------------------------------------------------
+# a model of IAM's evaluation, for the operators the platform's policies use
+
+
+def _values(value: Any) -> list[str]:
+    return [value] if isinstance(value, str) else [str(v) for v in value]
+
+
+def _lookup(context: Context, key: str) -> Any:
+    lowered = {k.lower(): v for k, v in context.items()}
+    return lowered.get(key.lower())
+
+
+def _condition_holds(operator: str, key: str, wanted: list[str], context: Context) -> bool:
+    present = _lookup(context, key)
+    if operator.startswith("ForAllValues:"):
+        base = operator.split(":", 1)[1]
+        return all(_condition_holds(base, key, wanted, {key: item}) for item in _values(present or []))
+    if present is None:
+        return False
+    given = _values(present)
+    if operator == "StringEquals":
+        return any(g in wanted for g in given)
+    if operator in ("StringLike", "ArnLike"):
+        return any(fnmatchcase(g, w) for g in given for w in wanted)
+    if operator == "Bool":
+        return any(g.lower() in (w.lower() for w in wanted) for g in given)
+    raise AssertionError(f"the model does not know the condition operator {operator}")
+
+
+def _matches(statement: Mapping[str, Any], action: str, resource: str, context: Context) -> bool:
+    if not any(fnmatchcase(action.lower(), a.lower()) for a in _values(statement["Action"])):
+        return False
+    if not any(fnmatchcase(resource, r) for r in _values(statement["Resource"])):
+        return False
+    return all(
+        _condition_holds(operator, key, _values(wanted), context)
+        for operator, block in statement.get("Condition", {}).items()
+        for key, wanted in block.items()
+    )
+
+
+def allowed(statements: list[Mapping[str, Any]], action: str, resource: str, context: Context) -> bool:
+    hits = [s for s in statements if _matches(s, action, resource, context)]
+    return any(s["Effect"] == "Allow" for s in hits) and not any(s["Effect"] == "Deny" for s in hits)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the calls
+
+
+def tag_context(tags: Mapping[str, str], prefix: str) -> Context:
+    return {f"{p}:{prefix}/{k}": v for k, v in tags.items() for p in ("aws", "ec2")}
+
+
+class RecordingClient:
+    """An EC2 client that records RunInstances and CreateTags as the program calls them."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    def run_instances(self, **request: Any) -> dict[str, Any]:
+        self.calls.append(("RunInstances", request))
+        return {
+            "Instances": [
+                {"InstanceId": f"i-0{index:016x}", "PrivateIpAddress": f"10.64.0.{20 + index}"}
+                for index in range(request["MaxCount"])
+            ]
+        }
+
+    def create_tags(self, **request: Any) -> dict[str, Any]:
+        self.calls.append(("CreateTags", request))
+        return {}
+
+
+def load_resume_program() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gpuplat_ec2_nodes_iam", RESUME_PROGRAM)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_instances_allowed(
+    statements: list[Mapping[str, Any]],
+    template_arn: str,
+    template_tags: Mapping[str, str] | None,
+    request_tags: Mapping[str, str],
+    spot: bool,
+) -> dict[str, bool]:
+    """Per resource of one RunInstances launching from a template (None: no template): allowed?"""
+    through_template: Context = {"ec2:LaunchTemplate": template_arn} if template_tags is not None else {}
+    uses = [
+        arn("subnet/subnet-0a"),
+        arn("security-group/sg-0a"),
+        arn("network-interface/*"),
+        arn("volume/*"),
+        arn("placement-group/aws-prod-train-placement"),
+        arn("image/ami-0mockdeeplearning0", account=""),
+        arn("snapshot/snap-0a", account=""),
+    ]
+    if spot:
+        uses.append(arn("spot-instances-request/*"))
+    verdicts = {
+        resource: allowed(statements, "ec2:RunInstances", resource, dict(through_template))
+        for resource in uses
+    }
+    instance_context = {**through_template, **tag_context(request_tags, "RequestTag")}
+    verdicts["instance"] = allowed(statements, "ec2:RunInstances", arn("instance/*"), instance_context)
+    if template_tags is not None:
+        verdicts["launch-template"] = allowed(
+            statements, "ec2:RunInstances", template_arn, tag_context(template_tags, "ResourceTag")
+        )
+    # tags on the resources the launch creates (the request's and the template's tag specifications)
+    for kind in ("instance", "volume", "network-interface"):
+        verdicts[f"tag {kind} at launch"] = allowed(
+            statements, "ec2:CreateTags", arn(f"{kind}/*"), {"ec2:CreateAction": "RunInstances"}
+        )
+    return verdicts
+
+
+# ---------------------------------------------------------------------------------------------------
+# fixtures
+
+
+def statements_of(recording: Recording, name: str) -> list[Mapping[str, Any]]:
+    return list(json.loads(recording.named(name).inputs["policy"])["Statement"])
+
+
+@pytest.fixture(scope="module")
+def aws_prod(shipped_platforms: dict[str, ResolvedPlatform]) -> tuple[ResolvedPlatform, Recording]:
+    platform = shipped_platforms["aws-prod"]
+    return platform, record(platform)
+
+
+@pytest.fixture(scope="module")
+def controller(aws_prod: tuple[ResolvedPlatform, Recording]) -> list[Mapping[str, Any]]:
+    return statements_of(aws_prod[1], "aws-prod-service-platform")
+
+
+@pytest.fixture(scope="module")
+def train_template_tags(aws_prod: tuple[ResolvedPlatform, Recording]) -> dict[str, str]:
+    return dict(aws_prod[1].named("aws-prod-train-spot-lt").inputs["tags"])
+
+
+TEMPLATE = arn("launch-template/lt-0123456789abcdef0")
+
+
+# ---------------------------------------------------------------------------------------------------
+# the MUNGE key
+
+
+def reads_munge_key(statements: list[Mapping[str, Any]]) -> bool:
+    return any(
+        allowed(statements, "ssm:GetParameter", str(resource), {})
+        for s in statements
+        for resource in _values(s["Resource"])
+        if "munge" in str(resource)
+    )
+
+
+def test_only_nodes_that_run_munge_read_the_key(aws_prod: tuple[ResolvedPlatform, Recording]) -> None:
+    platform, recording = aws_prod
+    readers = {role for role in ("train", "infer", "service") if reads_munge_key(
+        statements_of(recording, f"aws-prod-{role}-platform")
+    )}  # fmt: skip
+    assert readers == munge_roles(platform) == {"train", "service"}
+
+
+def test_munge_runners_are_the_scheduler_plays_hosts() -> None:
+    """infra/munge.py names the groups playbooks/scheduler.yml runs the munge role on."""
+    plays = yaml.safe_load((ROOT / "playbooks" / "scheduler.yml").read_text())
+    (play,) = [p for p in plays if any(r.get("role") == "munge" for r in p.get("roles", []))]
+    assert play["hosts"].split(":") == list(MUNGE_GROUPS)
+
+
+def test_node_roles_say_which_pool_role_they_serve(aws_prod: tuple[ResolvedPlatform, Recording]) -> None:
+    _, recording = aws_prod
+    roles = {r.name: r.inputs["tags"]["gpuplat:role"] for r in recording.of_type("aws:iam/role:Role")}
+    assert roles == {f"aws-prod-{r}-role": r for r in ("train", "infer", "service")}
+
+
+def test_nodes_that_do_not_run_munge_do_not_fetch_the_key(
+    aws_prod: tuple[ResolvedPlatform, Recording],
+) -> None:
+    _, recording = aws_prod
+    script = base64.b64decode(recording.named("aws-prod-infer-lt").inputs["userData"]).decode()
+    assert "munge-key" not in script
+
+
+# ---------------------------------------------------------------------------------------------------
+# what the resume program does stays allowed
+
+
+def test_the_resume_program_may_launch_name_and_terminate(
+    controller: list[Mapping[str, Any]], train_template_tags: dict[str, str]
+) -> None:
+    program = load_resume_program()
+    client = RecordingClient()
+    nodes = program.Ec2Nodes(client, "aws-prod")
+    pool = program.Pool("train-spot", "lt-0123456789abcdef0", None, ())
+    launched, error = nodes.launch(pool, ["train-spot-0", "train-spot-1"])
+    assert error is None and set(launched) == {"train-spot-0", "train-spot-1"}
+
+    (run, request), *tagging = client.calls
+    assert run == "RunInstances" and request["LaunchTemplate"]["LaunchTemplateId"] == "lt-0123456789abcdef0"
+    request_tags = {t["Key"]: t["Value"] for spec in request["TagSpecifications"] for t in spec["Tags"]}
+    verdicts = run_instances_allowed(controller, TEMPLATE, train_template_tags, request_tags, spot=True)
+    assert all(verdicts.values()), {r: v for r, v in verdicts.items() if not v}
+
+    instance_tags = {**train_template_tags, **request_tags}  # what the new instance carries
+    assert [call for call, _ in tagging] == ["CreateTags", "CreateTags"]
+    for _, tag_request in tagging:
+        keys = [t["Key"] for t in tag_request["Tags"]]
+        context = {**tag_context(instance_tags, "ResourceTag"), "aws:TagKeys": keys}
+        assert allowed(controller, "ec2:CreateTags", arn(f"instance/{tag_request['Resources'][0]}"), context)
+
+    own = tag_context(instance_tags, "ResourceTag")
+    assert allowed(controller, "ec2:TerminateInstances", arn("instance/i-00000000000000000"), own)
+    assert allowed(controller, "ec2:DescribeInstances", "*", {})
+
+
+# ---------------------------------------------------------------------------------------------------
+# what an intruder on a controller would try
+
+
+def test_no_launch_without_a_training_template_of_the_stack(
+    aws_prod: tuple[ResolvedPlatform, Recording],
+    controller: list[Mapping[str, Any]],
+    train_template_tags: dict[str, str],
+) -> None:
+    stack_tags = {"gpuplat:stack": "aws-prod", "gpuplat:pool": "train"}
+    infer_template_tags = dict(aws_prod[1].named("aws-prod-infer-lt").inputs["tags"])
+    for template_tags, why in (
+        (None, "no launch template"),
+        ({}, "a template the stack did not make"),
+        ({**train_template_tags, "gpuplat:stack": "other"}, "another stack's template"),
+        (infer_template_tags, "the inference pool's template"),
+    ):
+        verdicts = run_instances_allowed(controller, TEMPLATE, template_tags, stack_tags, spot=False)
+        assert not all(verdicts.values()), why
+    verdicts = run_instances_allowed(controller, TEMPLATE, train_template_tags, {}, spot=False)
+    assert not verdicts["instance"], "an instance without the stack's request tag"
+
+
+def test_no_instance_can_be_brought_under_the_stack_tag(
+    controller: list[Mapping[str, Any]], train_template_tags: dict[str, str]
+) -> None:
+    foreign = arn("instance/i-0ffffffffffffffff")
+    stack_tag = {"aws:TagKeys": ["gpuplat:stack"], "aws:RequestTag/gpuplat:stack": "aws-prod"}
+    assert not allowed(controller, "ec2:CreateTags", foreign, stack_tag)
+    assert not allowed(controller, "ec2:CreateTags", foreign, {"aws:TagKeys": ["gpuplat:node"]})
+    own = tag_context(train_template_tags, "ResourceTag")
+    assert not allowed(controller, "ec2:CreateTags", arn("instance/i-01"), {**own, **stack_tag})
+    assert not allowed(controller, "ec2:DeleteTags", arn("instance/i-01"), own)
+    assert not allowed(controller, "ec2:TerminateInstances", foreign, {})
+    assert not allowed(
+        controller, "ec2:TerminateInstances", foreign, tag_context({"gpuplat:stack": "x"}, "ResourceTag")
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
+# the EC2 Spot service-linked role
+
+
+SPOT_ROLE = f"arn:aws:iam::{ACCOUNT}:role/aws-service-role/spot.amazonaws.com/AWSServiceRoleForEC2Spot"
+
+
+def test_a_spot_training_pool_lets_ec2_create_the_spot_service_linked_role(
+    controller: list[Mapping[str, Any]], aws_prod: tuple[ResolvedPlatform, Recording]
+) -> None:
+    spot = {"iam:AWSServiceName": "spot.amazonaws.com"}
+    assert allowed(controller, "iam:CreateServiceLinkedRole", SPOT_ROLE, spot)
+    other = {"iam:AWSServiceName": "autoscaling.amazonaws.com"}
+    assert not allowed(controller, "iam:CreateServiceLinkedRole", "*", other)
+    for role in ("train", "infer"):
+        statements = statements_of(aws_prod[1], f"aws-prod-{role}-platform")
+        assert not allowed(statements, "iam:CreateServiceLinkedRole", SPOT_ROLE, spot)
+
+
+def test_no_spot_training_pool_no_service_linked_role(write_stack: Callable[..., Path]) -> None:
+    def on_demand(platform: dict[str, Any]) -> None:
+        pool = next(p for p in platform["pools"] if p["name"] == "train-spot")
+        pool["capacity"] = "on-demand"
+        pool["interruptible"] = False
+
+    recording = record(load_platform(write_stack("aws-prod", on_demand)))
+    controller = statements_of(recording, "aws-prod-service-platform")
+    assert not allowed(
+        controller, "iam:CreateServiceLinkedRole", SPOT_ROLE, {"iam:AWSServiceName": "spot.amazonaws.com"}
+    )
+    assert "iam:CreateServiceLinkedRole" not in recording.named("aws-prod-service-platform").inputs["policy"]

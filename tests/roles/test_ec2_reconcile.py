@@ -1,0 +1,233 @@
+"""reconcile and teardown: the pools' instances that no Slurm node owns, and all of them at the end.
+
+Same harness as test_ec2_nodes.py: moto in server mode (each test its own stack tag), recorder
+scontrol answering `show node` with the states a test gives. The program runs as a subprocess, or
+in-process where a test sets the clock (instances are as old as the test makes `now`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tests.roles import test_ec2_nodes as harness
+from tests.roles.test_ec2_nodes import (
+    Cloud,
+    SlurmRecorder,
+    ec2_nodes,
+    nodes,
+    run_program,
+    settings_for,
+    show_node,
+    write_config,
+)
+
+# The harness's fixtures: moto server, a stack tag per test, recorder scontrol/squeue/scancel.
+moto_cloud, cloud, slurm = harness.moto_cloud, harness.cloud, harness.slurm
+
+NO_GRACE = {"orphan_grace_s": 0}
+ICE = "gpuplat resume failed: InsufficientInstanceCapacity"
+
+
+def reconcile_at(tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder, now: float, *lines: str) -> int:
+    """One in-process reconcile round at `now`, Slurm showing `lines`."""
+    slurm.nodes(*lines)
+    settings = settings_for(tmp_path, cloud, slurm, orphan_grace_s=300.0, static_nodes=["train-0"])
+    return int(nodes.reconcile(settings, ec2_nodes(cloud, slurm), nodes.Slurm(slurm.scontrol), now=now))
+
+
+def launched_at(cloud: Cloud, instance_id: str) -> float:
+    return float(cloud.describe(instance_id)["LaunchTime"].timestamp())
+
+
+def test_reconcile_terminates_what_no_node_owns_and_logs_why(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+) -> None:
+    untagged = cloud.launch(None, "train-spot")
+    unknown = cloud.launch("train-99")
+    powered_down = cloud.launch("train-1")
+    powering_down = cloud.launch("train-spot-1", "train-spot")
+    kept, duplicate = cloud.launch("train-2"), cloud.launch("train-2")
+    stopped = cloud.launch("train-3")
+    cloud.ec2.stop_instances(InstanceIds=[stopped])
+    busy = cloud.launch("train-3")
+    booting = cloud.launch("train-4")
+    other_stack = cloud.launch("train-1", stack=f"{cloud.stack}-other")
+    other_pool = cloud.launch("infer-1", "infer")
+    slurm.nodes(
+        show_node("train-1", "IDLE+CLOUD+POWERED_DOWN"),
+        show_node("train-spot-1", "IDLE+CLOUD+POWERING_DOWN"),
+        show_node("train-2", "IDLE+CLOUD", addr=cloud.describe(kept)["PrivateIpAddress"]),
+        show_node("train-3", "ALLOCATED+CLOUD"),
+        show_node("train-4", "ALLOCATED+CLOUD+NOT_RESPONDING+POWERING_UP"),
+    )
+    result = run_program(write_config(tmp_path, cloud, slurm, NO_GRACE), cloud, "reconcile")
+    assert result.returncode == 0, result.stderr
+    terminated = {untagged, unknown, powered_down, powering_down, duplicate, stopped}
+    for instance_id in terminated:
+        assert cloud.state(instance_id) == "terminated", instance_id
+    for instance_id in (kept, busy, booting, other_stack, other_pool):
+        assert cloud.state(instance_id) == "running", instance_id
+    log = result.stderr
+    assert f"terminating {untagged} (no gpuplat:node tag): has no gpuplat:node tag, launched" in log
+    assert f"terminating {unknown} (train-99): is named for a node Slurm does not know" in log
+    assert f"terminating {powered_down} (train-1): node POWERED_DOWN for 0 s" in log
+    assert f"terminating {powering_down} (train-spot-1): node POWERING_DOWN for 0 s" in log
+    assert f"terminating {duplicate} (train-2): is a second instance of train-2 ({kept} is at NodeAddr" in log
+    assert f"terminating {stopped} (train-3): is a second instance of train-3 ({busy} is the newest)" in log
+    assert slurm.calls() == [["scontrol", "-o", "show", "node"]]
+
+
+def test_reconcile_leaves_young_instances_for_the_grace(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+) -> None:
+    """The resume program tags right after RunInstances: an untagged instance may be one of its."""
+    untagged = cloud.launch(None)
+    unknown = cloud.launch("train-99")
+    launched = max(launched_at(cloud, untagged), launched_at(cloud, unknown))
+    assert reconcile_at(tmp_path, cloud, slurm, launched + 10, show_node("train-1", "IDLE+CLOUD")) == 0
+    assert cloud.state(untagged) == cloud.state(unknown) == "running"
+    assert reconcile_at(tmp_path, cloud, slurm, launched + 301, show_node("train-1", "IDLE+CLOUD")) == 0
+    assert cloud.state(untagged) == cloud.state(unknown) == "terminated"
+
+
+def test_a_powered_down_nodes_instance_goes_within_grace_plus_interval(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+) -> None:
+    """Rounds every 60 s, grace 300 s. The node powers down at some T in (60, 120] (SuspendProgram
+    failed to terminate): the instance goes at t=360, within T + grace + interval, and after the
+    node has been powered down at least grace - interval."""
+    instance = cloud.launch("train-5")
+    t0 = launched_at(cloud, instance) + 3600  # an old instance: only the power state counts
+    up = show_node("train-5", "IDLE+CLOUD", addr=cloud.describe(instance)["PrivateIpAddress"])
+    down = show_node("train-5", "IDLE+CLOUD+POWERED_DOWN")
+    states = {t0: up, t0 + 60: up} | {t0 + t: down for t in range(120, 480, 60)}
+    gone_at = None
+    for now, line in states.items():
+        assert reconcile_at(tmp_path, cloud, slurm, now, line) == 0
+        if gone_at is None and cloud.state(instance) == "terminated":
+            gone_at = now - t0
+    assert gone_at == 360, "powered down since at most t=60 by the rounds' record: 60 + 300"
+    since = json.loads((tmp_path / "state" / "reconcile.json").read_text())["powered_down_since"]
+    assert since == {"train-5": t0 + 60}
+
+
+def test_a_node_on_its_way_up_keeps_its_instance(tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder) -> None:
+    instance = cloud.launch("train-6")
+    t0 = launched_at(cloud, instance) + 3600
+    for t in range(0, 900, 60):
+        line = show_node("train-6", "IDLE+CLOUD+POWER_UP+POWERED_DOWN" if t < 600 else "IDLE+CLOUD")
+        assert reconcile_at(tmp_path, cloud, slurm, t0 + t, line) == 0
+    assert cloud.state(instance) == "running"
+
+
+def test_reconcile_terminates_nothing_without_slurms_node_list(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+) -> None:
+    instance = cloud.launch("train-1")
+    slurm.fail("scontrol")
+    result = run_program(write_config(tmp_path, cloud, slurm, NO_GRACE), cloud, "reconcile")
+    assert result.returncode == nodes.EXIT_FAILED
+    assert "without Slurm's node list nothing is terminated" in result.stderr
+    assert cloud.state(instance) == "running"
+
+
+def test_a_failed_termination_is_tried_again_next_round(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+) -> None:
+    protected, plain = cloud.launch("train-98"), cloud.launch("train-99")
+    cloud.protect(protected)
+    config = write_config(tmp_path, cloud, slurm, NO_GRACE)
+    slurm.nodes(show_node("train-1", "IDLE+CLOUD"))
+    first = run_program(config, cloud, "reconcile")
+    assert first.returncode == nodes.EXIT_FAILED
+    assert f"{protected} is still there; trying again next round" in first.stderr
+    assert cloud.state(plain) == "terminated", "one instance that cannot go does not hold back the others"
+    cloud.protect(protected, False)
+    second = run_program(config, cloud, "reconcile")
+    assert second.returncode == 0, second.stderr
+    assert cloud.state(protected) == "terminated"
+
+
+def test_reconcile_returns_failed_resumes_to_power_saving(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+) -> None:
+    """DOWN+POWERED_DOWN (ResumeTimeout, or a resume-fail that did not finish) is never allocated
+    again by Slurm itself; POWER_DOWN_FORCE brings it back to idle~ (module docstring)."""
+    leftover = cloud.launch("train-spot-2", "train-spot")
+    slurm.nodes(
+        show_node("train-0", "DOWN+CLOUD+POWERED_DOWN", "ResumeTimeout reached"),  # static: keep-static's
+        show_node("train-spot-2", "DOWN+CLOUD+POWERED_DOWN", "ResumeTimeout reached"),
+        show_node("train-spot-3", "DOWN+CLOUD+POWERED_DOWN", ICE),
+        show_node("train-spot-4", "DOWN+CLOUD+POWERED_DOWN", "bad DIMM, do not use"),  # an operator's
+        show_node("train-spot-5", "DOWN+CLOUD+DRAIN+POWERED_DOWN", "ResumeTimeout reached"),
+        show_node("train-spot-6", "IDLE+CLOUD+POWERING_DOWN", "ResumeTimeout reached"),
+        show_node("train-spot-7", "IDLE+CLOUD+POWERED_DOWN", ICE),
+    )  # fmt: skip
+    settings = settings_for(tmp_path, cloud, slurm, static_nodes=["train-0"], orphan_grace_s=3600.0)
+    status = nodes.reconcile(settings, ec2_nodes(cloud, slurm), nodes.Slurm(slurm.scontrol))
+    assert status == nodes.EXIT_OK
+    assert slurm.calls()[1:] == [
+        ["ec2", "terminate_instances", leftover],
+        [
+            "scontrol",
+            "update",
+            "nodename=train-spot-2,train-spot-3",
+            "state=power_down_force",
+            f"reason={nodes.REASON_RECOVER}",
+        ],
+    ]
+
+
+def test_teardown_terminates_every_instance_of_the_stacks_pools(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+) -> None:
+    ours = [
+        cloud.launch("train-0"),
+        cloud.launch(None, "train-spot"),
+        cloud.launch("train-spot-1", "train-spot"),
+    ]
+    cloud.ec2.stop_instances(InstanceIds=[ours[2]])
+    theirs = [cloud.launch("train-0", stack=f"{cloud.stack}-other"), cloud.launch("infer-0", "infer")]
+    result = run_program(write_config(tmp_path, cloud, slurm), cloud, "teardown", "--poll-seconds=0.1")
+    assert result.returncode == 0, result.stderr
+    assert [cloud.state(i) for i in ours] == ["terminated"] * 3
+    assert [cloud.state(i) for i in theirs] == ["running"] * 2
+    assert "no instance of stack" in result.stderr
+    assert slurm.calls() == [], "teardown needs no Slurm"
+
+
+def test_teardown_lists_what_is_left_and_fails(tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder) -> None:
+    stuck, gone = cloud.launch("train-0"), cloud.launch("train-1")
+    cloud.protect(stuck)
+    config = write_config(tmp_path, cloud, slurm)
+    result = run_program(config, cloud, "teardown", "--timeout-seconds=0.3", "--poll-seconds=0.1")
+    assert result.returncode == nodes.EXIT_FAILED
+    assert f"teardown: left: {stuck} (train-0, running)" in result.stderr
+    assert cloud.state(gone) == "terminated"
+
+
+def test_teardown_waits_for_instances_still_shutting_down(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+) -> None:
+    """Shutting-down instances still hold their network interfaces: teardown waits them out."""
+    instance = cloud.launch("train-0")
+
+    class ShuttingDownAWhile(nodes.Ec2Nodes):  # moto terminates at once; EC2 takes a while
+        listings = 0
+
+        def pool_instances(self, pools: Any, states: Any) -> list[dict[str, Any]]:
+            found: list[dict[str, Any]] = super().pool_instances(pools, states)
+            self.listings += 1
+            if not found and self.listings <= 3:
+                return [{"InstanceId": instance, "State": {"Name": "shutting-down"}, "Tags": []}]
+            return found
+
+    client = harness.boto3.client("ec2", region_name=harness.REGION, endpoint_url=cloud.url)
+    ec2 = ShuttingDownAWhile(harness.RecordingEc2(client, slurm), cloud.stack)
+    sleeps: list[float] = []
+    status = nodes.teardown(settings_for(tmp_path, cloud, slurm), ec2, 60.0, 5.0, sleep=sleeps.append)
+    assert status == nodes.EXIT_OK
+    assert sleeps == [5.0, 5.0, 5.0] and ec2.listings == 4
+    assert slurm.calls() == [["ec2", "terminate_instances", instance]], "shutting-down is not asked again"
