@@ -85,7 +85,6 @@ class CloudBox:
         subprocess.run(["ip", "addr", "add", f"{IMDS_ADDRESS}/32", "dev", self.bridge], check=True)
         self.moto = MotoServer(self.workdir / "moto.log")
         self.faults = Faults()
-        self.proxy = FaultProxy(self.gateway, self.moto.port, self.faults)
         region = str(self.platform.spec.region)
         self.session = boto3.Session(
             aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
@@ -94,6 +93,9 @@ class CloudBox:
             region_name=region,
         )
         self.ec2 = self.client("ec2")
+        self.proxy = FaultProxy(self.gateway, self.moto.port, self.faults, self.ec2)
+        # EC2 as the instances see it (through the proxy: launch templates applied, faults injected).
+        self.ec2_api = self.session.client("ec2", endpoint_url=self.proxy.url)
         self.imds = InstanceMetadata(self.instance_at)
         image_id = self.ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
         pip_conf = self.workdir / "pip.conf"

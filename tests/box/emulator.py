@@ -100,10 +100,34 @@ def ec2_action(body: bytes, query: str) -> str:
     return ""
 
 
-class FaultProxy:
-    """Forwards to moto; answers an armed fault instead for the matching EC2 action."""
+def template_network(ec2: Any, body: bytes) -> bytes:
+    """EC2 launches into the network interfaces of the launch template a RunInstances names; moto takes
+    them only from the request (moto/ec2/models/instances.py, prep_nics) and otherwise invents an address
+    in no subnet. Add the template's interfaces to such a request, as EC2 would apply them."""
+    form = urllib.parse.parse_qs(body.decode(), keep_blank_values=True)
+    template_id = form.get("LaunchTemplate.LaunchTemplateId", [""])[0]
+    if not template_id or any(k.startswith(("NetworkInterface.", "SubnetId")) for k in form):
+        return body
+    version = form.get("LaunchTemplate.Version", ["$Latest"])[0]
+    data = ec2.describe_launch_template_versions(LaunchTemplateId=template_id, Versions=[version])[
+        "LaunchTemplateVersions"
+    ][0]["LaunchTemplateData"]
+    extra: list[tuple[str, str]] = []
+    for index, interface in enumerate(data.get("NetworkInterfaces", []), start=1):
+        prefix = f"NetworkInterface.{index}"
+        extra += [(f"{prefix}.DeviceIndex", str(interface.get("DeviceIndex", 0)))]
+        if "SubnetId" in interface:
+            extra += [(f"{prefix}.SubnetId", interface["SubnetId"])]
+        for number, group in enumerate(interface.get("Groups", []), start=1):
+            extra += [(f"{prefix}.SecurityGroupId.{number}", group)]
+    return body + ("&" + urllib.parse.urlencode(extra)).encode() if extra else body
 
-    def __init__(self, host: str, upstream_port: int, faults: Faults) -> None:
+
+class FaultProxy:
+    """Forwards to moto; answers an armed fault instead for the matching EC2 action, and completes
+    RunInstances requests from their launch template (`template_network`)."""
+
+    def __init__(self, host: str, upstream_port: int, faults: Faults, ec2: Any) -> None:
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -125,8 +149,14 @@ class FaultProxy:
                     self.end_headers()
                     self.wfile.write(payload)
                     return
+                if action == "RunInstances":
+                    body = template_network(ec2, body)
                 connection = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=60)
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+                headers = {
+                    k: v
+                    for k, v in self.headers.items()
+                    if k.lower() not in ("host", "connection", "content-length")
+                }
                 connection.request(self.command, self.path, body=body or None, headers=headers)
                 response = connection.getresponse()
                 data = response.read()

@@ -180,7 +180,7 @@ def test_e_a_node_that_never_boots_comes_back_to_power_saving(box: Any) -> None:
 
 
 def test_f_a_stray_instance_is_terminated_by_the_reconciler(box: Any) -> None:
-    stray = box.ec2.run_instances(
+    stray = box.ec2_api.run_instances(
         LaunchTemplate={"LaunchTemplateId": box.stack.templates["spot"], "Version": "$Latest"},
         MinCount=1, MaxCount=1,
         TagSpecifications=[{"ResourceType": "instance", "Tags": [
