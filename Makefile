@@ -9,7 +9,7 @@ export CONTAINERS_CONF := $(CURDIR)/scripts/containers.conf
 NODE_PROGRAMS := roles/slurm_elastic/files/gpuplat_ec2_nodes.py roles/inference_gateway/files/gpuplat_gateway_targets.py \
 	roles/gpu_validation/files/gpuplat_node_check.py roles/gpu_validation/files/gpuplat_checkpoint_probe.py
 
-.PHONY: venv host image images test-node-suites test-cloud-suites up down status plan test test-unit test-roles test-scheduler test-serving test-integration test-box lint clean
+.PHONY: venv host image images test-node-suites up down status plan test test-unit test-roles test-scheduler test-serving test-integration test-box lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -83,11 +83,11 @@ test-integration: venv image
 images: image
 	scripts/build-base-image.sh trixie
 
-## test: everything CI runs, as two streams side by side, each printed when it ends: test-scheduler
-## (its verify waits on Slurm's own timers and leaves the CPUs idle), and lint, test-unit, test-roles,
-## test-serving, test-integration one after the other.
+## test: everything CI runs, as three streams side by side, each printed when it ends: test-scheduler
+## and test-box (both wait on Slurm's own timers most of the time and leave the CPUs idle), and lint,
+## test-unit, test-roles, test-serving, test-integration one after the other.
 test: venv images
-	$(MAKE) --no-print-directory -j2 --output-sync=target test-scheduler test-node-suites
+	$(MAKE) --no-print-directory -j3 --output-sync=target test-scheduler test-box test-node-suites
 
 test-node-suites:
 	$(MAKE) --no-print-directory lint

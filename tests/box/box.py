@@ -43,6 +43,9 @@ def box_substitutes(endpoint: str, resume_timeout_s: int) -> dict[str, Any]:
         # The box's machines have 2 cores where the instance types have more: slurmd reports what
         # slurm.conf says.
         "slurm_common_extra_config": {"SlurmdParameters": "config_overrides"},
+        # The box's kernel mounts cgroups in hybrid mode (v1 and v2), where slurmd's cgroup plugins stop
+        # ("Hybrid mode is not supported"); EC2's AMIs boot the unified v2 hierarchy the stack assumes.
+        "slurm_common_cgroup_mode": "none",
         # No directory service: the team users are created on the nodes, as on the local platform.
         "slurm_common_create_users": True,
         # The region's endpoints are the emulator's (the programs Slurm runs get a clean environment).

@@ -30,7 +30,7 @@ from infra.backends.aws.bootstrap import (
     node_inventory,
 )
 from infra.backends.aws.controller_nodes import controller_addresses
-from infra.backends.aws.node_pool import GpuNodePoolArgs, slurm_pool_template
+from infra.backends.aws.node_pool import GpuNodePoolArgs, metadata_options, slurm_pool_template
 from infra.backends.aws.tags import pool_tags
 from infra.inventory import TAG_NODE
 from infra.munge import runs_munge
@@ -169,8 +169,7 @@ def declare(
             PrivateIpAddress=address,
             SecurityGroupIds=[group_id],
             IamInstanceProfile={"Arn": profiles["service"]},
-            MetadataOptions={"HttpTokens": "required", "HttpPutResponseHopLimit": 1,
-                             "InstanceMetadataTags": "enabled"},
+            MetadataOptions=api_value(metadata_options()),
             UserData=boot_script(controller.name, node),
             TagSpecifications=[
                 {"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}

@@ -101,9 +101,10 @@ def ec2_action(body: bytes, query: str) -> str:
 
 
 def template_network(ec2: Any, body: bytes) -> bytes:
-    """EC2 launches into the network interfaces of the launch template a RunInstances names; moto takes
-    them only from the request (moto/ec2/models/instances.py, prep_nics) and otherwise invents an address
-    in no subnet. Add the template's interfaces to such a request, as EC2 would apply them."""
+    """EC2 launches with the network interfaces and metadata options of the launch template a
+    RunInstances names; moto takes both only from the request (moto/ec2/models/instances.py: prep_nics,
+    MetadataOptions) and otherwise invents an address in no subnet. Add the template's to such a
+    request, as EC2 applies them."""
     form = urllib.parse.parse_qs(body.decode(), keep_blank_values=True)
     template_id = form.get("LaunchTemplate.LaunchTemplateId", [""])[0]
     if not template_id or any(k.startswith(("NetworkInterface.", "SubnetId")) for k in form):
@@ -120,6 +121,8 @@ def template_network(ec2: Any, body: bytes) -> bytes:
             extra += [(f"{prefix}.SubnetId", interface["SubnetId"])]
         for number, group in enumerate(interface.get("Groups", []), start=1):
             extra += [(f"{prefix}.SecurityGroupId.{number}", group)]
+    if not any(k.startswith("MetadataOptions.") for k in form):
+        extra += [(f"MetadataOptions.{k}", str(v)) for k, v in data.get("MetadataOptions", {}).items()]
     return body + ("&" + urllib.parse.urlencode(extra)).encode() if extra else body
 
 

@@ -6,7 +6,8 @@ Served, as EC2 serves them (EC2 User Guide, "Instance metadata categories"): api
 the launch templates set http_tokens required), instance-id, local-ipv4, placement/availability-zone,
 tags/instance and tags/instance/<key> (read live from the emulator, so tags set after launch show),
 iam/security-credentials/<role> (the instance profile's role, with keys the emulator accepts), and
-spot/instance-action once a test has set a notice (404 before, as on EC2).
+spot/instance-action once a test has set a notice (404 before, as on EC2). Tags only where the
+instance's metadata options allow them (InstanceMetadataTags enabled), as on EC2.
 """
 
 from __future__ import annotations
@@ -90,6 +91,9 @@ class InstanceMetadata:
             "tags/instance": "\n".join(sorted(tags)),
             "iam/security-credentials/": role,
         }
+        tags_readable = instance.get("MetadataOptions", {}).get("InstanceMetadataTags") == "enabled"
+        if path.startswith("tags/") and not tags_readable:
+            return None  # EC2 answers 404 unless the instance allows tags in its metadata
         if path in fixed:
             return str(fixed[path])
         if path.startswith("tags/instance/"):

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_aws as aws
 
-from infra.backends.aws.node_pool import HOST_ONLY_HOP_LIMIT, encode_user_data
+from infra.backends.aws.node_pool import encode_user_data, metadata_options
 from infra.inventory import TAG_NODE
 
 # Host part of the first controller's address in its zone's subnet (AWS reserves .0-.3).
@@ -74,12 +74,7 @@ class ControllerNodes(pulumi.ComponentResource):
                 vpc_security_group_ids=[args.security_group_id],
                 iam_instance_profile=args.instance_profile_name,
                 # As every node (node_pool.instance_template): IMDSv2, host only, tags readable.
-                metadata_options={
-                    "http_tokens": "required",
-                    "http_endpoint": "enabled",
-                    "http_put_response_hop_limit": HOST_ONLY_HOP_LIMIT,
-                    "instance_metadata_tags": "enabled",
-                },
+                metadata_options=aws.ec2.InstanceMetadataOptionsArgs(**metadata_options()),
                 root_block_device={
                     "volume_size": args.root_volume_gib,
                     "volume_type": "gp3",

@@ -89,6 +89,16 @@ HOST_ONLY_HOP_LIMIT = 1
 POD_HOP_LIMIT = 2
 
 
+def metadata_options(hop_limit: int = HOST_ONLY_HOP_LIMIT) -> dict[str, Any]:
+    """IMDSv2 only; instance tags readable from the node (its bootstrap reads its gpuplat:node name)."""
+    return {
+        "http_tokens": "required",
+        "http_endpoint": "enabled",
+        "http_put_response_hop_limit": hop_limit,
+        "instance_metadata_tags": "enabled",
+    }
+
+
 def instance_template(
     pool: NodePool,
     node_type: NodeType,
@@ -101,10 +111,7 @@ def instance_template(
     its type, IMDSv2, an encrypted gp3 root volume on the image's root device, tags, the reservation."""
     template: dict[str, Any] = {
         "instance_type": node_type.name,
-        # IMDSv2 only; instance tags readable from the node (its bootstrap reads its gpuplat:node name).
-        "metadata_options": {"http_tokens": "required", "http_endpoint": "enabled",
-                             "http_put_response_hop_limit": metadata_hop_limit,
-                             "instance_metadata_tags": "enabled"},
+        "metadata_options": metadata_options(metadata_hop_limit),
         "block_device_mappings": [{
             "device_name": root_device,
             "ebs": {"volume_size": root_volume_gib, "volume_type": "gp3", "encrypted": "true",
