@@ -46,6 +46,9 @@ def box_substitutes(endpoint: str, resume_timeout_s: int) -> dict[str, Any]:
         # The box's kernel mounts cgroups in hybrid mode (v1 and v2), where slurmd's cgroup plugins stop
         # ("Hybrid mode is not supported"); EC2's AMIs boot the unified v2 hierarchy the stack assumes.
         "slurm_common_cgroup_mode": "none",
+        # An instance container shares the host's uptime: slurmd must report that it booted when it
+        # started, or slurmctld keeps waiting for the resumed node to boot (slurmd -b).
+        "slurm_compute_slurmd_extra_options": ["-b"],
         # No directory service: the team users are created on the nodes, as on the local platform.
         "slurm_common_create_users": True,
         # The region's endpoints are the emulator's (the programs Slurm runs get a clean environment).
