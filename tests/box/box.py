@@ -5,6 +5,7 @@ controllers; `stop()` removes every container, the network, the volumes and the 
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import subprocess
@@ -72,7 +73,8 @@ def gpus_of(instance_type: str) -> int:
 class CloudBox:
     platform: ResolvedPlatform
     workdir: Path
-    resume_timeout_s: int = 300
+    # Above a node's boot (about 3 minutes here, more with the other suites running beside it).
+    resume_timeout_s: int = 420
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -81,8 +83,12 @@ class CloudBox:
         podman("network", "create", "--subnet", subnet, "--label", f"{LABEL}=network", NETWORK)
         for volume in (SHARED_VOLUME, PIP_CACHE_VOLUME):
             podman("volume", "create", "--label", f"{LABEL}=volume", volume, check=False)
+        # The anchor keeps the bridge up before any instance exists. It takes .3, which AWS reserves in
+        # every subnet (EC2 User Guide, "Subnet CIDR blocks"), so the emulator never hands it out.
+        anchor_ip = str(ipaddress.ip_network(subnet).network_address + 3)
         podman(
-            "run", "--detach", "--rm", "--name", ANCHOR, "--network", NETWORK, "--label", f"{LABEL}=anchor",
+            "run", "--detach", "--rm", "--name", ANCHOR, "--network", NETWORK, "--ip", anchor_ip,
+            "--label", f"{LABEL}=anchor",
             "localhost/gpuplat-base:bookworm", "sleep", "infinity",
         )  # fmt: skip
         network = json.loads(podman("network", "inspect", NETWORK).stdout)[0]
