@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
-import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from infra.errors import EnvironmentProblem, GpuPlatError
 from infra.inventory import LOCAL_NODE_CA_BUNDLE, container_name
-from infra.local.podman import exists, inspect, podman
+from infra.local.podman import exists, inspect, podman, wait_systemd
 from infra.resolve import ResolvedPlatform
 
 BASE_IMAGE = "localhost/gpuplat-base:bookworm"
@@ -121,34 +120,12 @@ class LocalCluster:
                 podman("start", node.container)
                 changed.append(f"started {node.container}")
         for node in self.nodes:
-            self._wait_booted(node)
-            if node.gpus and self._simulate_gpus(node):
+            wait_systemd(node.container, _BOOT_TIMEOUT_S)
+            if node.gpus and simulate_gpus(node.container, node.gpus):
                 changed.append(f"simulated GPUs on {node.name}")
             if self._share_host_ca(node):
                 changed.append(f"host CA bundle on {node.name}")
         return changed
-
-    def _wait_booted(self, node: LocalNode) -> None:
-        deadline = time.monotonic() + _BOOT_TIMEOUT_S
-        state = ""
-        while time.monotonic() < deadline:
-            state = podman(
-                "exec", node.container, "systemctl", "is-system-running", check=False
-            ).stdout.strip()
-            if state in ("running", "degraded"):
-                return
-            time.sleep(1)
-        raise GpuPlatError(f"{node.container} did not boot in {_BOOT_TIMEOUT_S} s (systemd state {state!r})")
-
-    def _simulate_gpus(self, node: LocalNode) -> bool:
-        make = f"mknod -m 666 /dev/nvidia$i c {NVIDIA_CHAR_MAJOR}"
-        script = (
-            f"changed=0; for i in $(seq 0 {node.gpus - 1}); do "
-            f"[ -e /dev/nvidia$i ] || {{ {make} $i; changed=1; }}; done; "
-            f"i=ctl; [ -e /dev/nvidiactl ] || {{ {make} 255; changed=1; }}; "
-            "echo $changed"
-        )
-        return podman("exec", node.container, "sh", "-c", script).stdout.strip() == "1"
 
     def _share_host_ca(self, node: LocalNode) -> bool:
         if not HOST_CA_BUNDLE.exists():
@@ -212,3 +189,15 @@ class LocalCluster:
             podman("volume", "rm", "--force", self.volume)
             removed.append(self.volume)
         return removed
+
+
+def simulate_gpus(container: str, gpus: int) -> bool:
+    """Device files /dev/nvidia0.. and /dev/nvidiactl with NVIDIA's major number; True if any was made."""
+    make = f"mknod -m 666 /dev/nvidia$i c {NVIDIA_CHAR_MAJOR}"
+    script = (
+        f"changed=0; for i in $(seq 0 {gpus - 1}); do "
+        f"[ -e /dev/nvidia$i ] || {{ {make} $i; changed=1; }}; done; "
+        f"i=ctl; [ -e /dev/nvidiactl ] || {{ {make} 255; changed=1; }}; "
+        "echo $changed"
+    )
+    return podman("exec", container, "sh", "-c", script).stdout.strip() == "1"

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from typing import Any
 
 from infra.errors import EnvironmentProblem, GpuPlatError
@@ -46,3 +47,15 @@ def inspect(kind: str, name: str) -> dict[str, Any] | None:
         return None
     data = json.loads(result.stdout)
     return data[0] if isinstance(data, list) and data else None
+
+
+def wait_systemd(container: str, timeout_s: float) -> None:
+    """Until the container's systemd has booted (running, or degraded: a unit failed, the rest is up)."""
+    deadline = time.monotonic() + timeout_s
+    state = ""
+    while time.monotonic() < deadline:
+        state = podman("exec", container, "systemctl", "is-system-running", check=False).stdout.strip()
+        if state in ("running", "degraded"):
+            return
+        time.sleep(0.5)
+    raise GpuPlatError(f"{container} did not boot in {timeout_s:.0f} s (systemd state {state!r})")

@@ -32,6 +32,8 @@ PIP_CACHE_VOLUME = "gpuplat-box-pip-cache"
 ANCHOR = "gpuplat-box-anchor"
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 EC2_NODES_PROGRAM = PROJECT_ROOT / "roles" / "slurm_elastic" / "files" / "gpuplat_ec2_nodes.py"
+IMAGE_SEAL = PROJECT_ROOT / "infra" / "backends" / "aws" / "image_seal.sh"
+BAKED_IMAGES = "localhost/gpuplat-box-image"
 
 
 def box_substitutes(endpoint: str, resume_timeout_s: int) -> dict[str, Any]:
@@ -178,6 +180,32 @@ class CloudBox:
         log = self.sh(instance_id, "tail -40 /var/log/gpuplat-bootstrap.log", check=False)
         raise AssertionError(f"user data of {instance_id} not done after {timeout_s:.0f} s:\n{log}")
 
+    def bake(self, instance_id: str, pool: str) -> str:
+        """The pool's node image, taken from an instance that booted and joined and sealed by
+        infra/backends/aws/image_seal.sh, as the pool's launch template's newest version: instances
+        the resume program launches from then on boot it and only configure themselves. Returns the
+        image id. (CreateImage of a configured instance: moto records the image, podman holds it.)"""
+        snapshot, image = f"{BAKED_IMAGES}:{pool}-snapshot", f"{BAKED_IMAGES}:{pool}"
+        sealer = f"gpuplat-box-seal-{pool}"
+        podman("commit", "--quiet", self.container_of(instance_id), snapshot)
+        podman(
+            "run", "--name", sealer, "--privileged", "--no-hosts", "--network", "none",
+            "--label", f"{LABEL}=seal", "--volume", f"{IMAGE_SEAL}:/run/image_seal.sh:ro", snapshot,
+            "sh", "-c", "umount /etc/hostname && bash /run/image_seal.sh",
+        )  # fmt: skip
+        podman("commit", "--quiet", sealer, image)
+        podman("rm", sealer)
+        podman("rmi", snapshot)
+        image_id = str(self.ec2.create_image(InstanceId=instance_id, Name=f"gpuplat-{pool}")["ImageId"])
+        self.hypervisor.settings.images[image_id] = image
+        template = self.stack.templates[pool]
+        [latest] = self.ec2.describe_launch_template_versions(
+            LaunchTemplateId=template, Versions=["$Latest"]
+        )["LaunchTemplateVersions"]
+        data = {**latest["LaunchTemplateData"], "ImageId": image_id}
+        self.ec2.create_launch_template_version(LaunchTemplateId=template, LaunchTemplateData=data)
+        return image_id
+
     def teardown(self) -> subprocess.CompletedProcess[str]:
         """What an operator runs before `pulumi destroy`: the controllers' own program, from outside."""
         config = self.workdir / "ec2-nodes.json"
@@ -207,3 +235,7 @@ class CloudBox:
         if podman("network", "exists", NETWORK, check=False).returncode == 0:
             podman("network", "rm", "--force", NETWORK, check=False)
         podman("volume", "rm", "--force", SHARED_VOLUME, check=False)
+        for listed in podman(
+            "images", "--format", "{{.Repository}}:{{.Tag}}", BAKED_IMAGES, check=False
+        ).stdout.split():
+            podman("rmi", "--force", listed, check=False)

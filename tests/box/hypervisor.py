@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infra.local.cluster import NVIDIA_CHAR_MAJOR
-from infra.local.podman import podman
+from infra.local.cluster import simulate_gpus
+from infra.local.podman import podman, wait_systemd
 from tests.box.cloud import user_data
 
 LABEL = "gpuplat.box"
@@ -105,7 +105,7 @@ class Hypervisor:
                 "--systemd=always", "--privileged", "--no-hosts", "--label", f"{LABEL}={machine.instance_id}",
                 *volumes, image, "/sbin/init",
             )  # fmt: skip
-            self._wait_systemd(machine)
+            wait_systemd(machine.container, BOOT_TIMEOUT_S)
             # An instance's /etc/hostname is its own file; podman bind-mounts one that hostnamed cannot
             # replace ("Device or resource busy"). The image's /etc/hosts is used as is (--no-hosts): as
             # on EC2, no other node's name is known unless the platform writes it.
@@ -114,10 +114,7 @@ class Hypervisor:
             )
             gpus = self.settings.gpus(instance["InstanceType"])
             if gpus:
-                make = f"mknod -m 666 /dev/nvidia$i c {NVIDIA_CHAR_MAJOR} $i"
-                podman(
-                    "exec", machine.container, "sh", "-c", f"for i in $(seq 0 {gpus - 1}); do {make}; done"
-                )
+                simulate_gpus(machine.container, gpus)
             script = user_data(self.ec2, machine.instance_id)
             self._note(f"{machine.instance_id} ({machine.address}, {instance['InstanceType']}) booted")
             machine.booted.set()
@@ -142,17 +139,6 @@ class Hypervisor:
         except Exception as err:
             self.errors.append(f"boot of {machine.instance_id}: {err}")
             self._note(f"boot of {machine.instance_id} failed: {err}")
-
-    def _wait_systemd(self, machine: Machine) -> None:
-        deadline = time.monotonic() + BOOT_TIMEOUT_S
-        while time.monotonic() < deadline:
-            state = podman(
-                "exec", machine.container, "systemctl", "is-system-running", check=False
-            ).stdout.strip()
-            if state in ("running", "degraded"):
-                return
-            time.sleep(0.5)
-        raise RuntimeError(f"{machine.container}: systemd did not come up in {BOOT_TIMEOUT_S} s")
 
     def stop(self) -> None:
         self._stop.set()

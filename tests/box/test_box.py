@@ -29,6 +29,7 @@ BOOT_DEADLINE_S = 600
 CHECKPOINTS = "/fsx/checkpoints"
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "NODE_FAIL", "TIMEOUT", "OUT_OF_MEMORY")
 FIGURES: dict[str, float] = {}
+IMAGES: dict[str, str] = {}  # pool -> the image its launch template names now
 T = TypeVar("T")
 
 
@@ -118,6 +119,15 @@ def test_b_a_job_resumes_a_powered_down_node_which_boots_joins_and_runs_it(box: 
     assert slurm(box, f"sacct -nXP -j {job} -o NodeList").strip() == node
 
 
+def test_b_the_pool_image_is_taken_from_the_joined_node(box: Any) -> None:
+    """Not a scenario: the image the later launches boot (infra/backends/aws/image_seal.sh), so that they
+    only configure themselves; b proved the boot from the bare image."""
+    [instance] = live(box, gpuplat_pool="spot")
+    start = time.monotonic()
+    IMAGES["spot"] = box.bake(instance["InstanceId"], "spot")
+    FIGURES["image bake s"] = time.monotonic() - start
+
+
 def test_c_a_spot_notice_requeues_the_job_which_completes_on_a_replacement(box: Any) -> None:
     marker = f"{CHECKPOINTS}/box-c-first-run"
     job = submit(
@@ -138,6 +148,14 @@ def test_c_a_spot_notice_requeues_the_job_which_completes_on_a_replacement(box: 
         240,
     )
     FIGURES["spot notice -> instance terminated s"] = time.monotonic() - noticed
+    replacement = wait_for(
+        "a replacement from the pool image",
+        lambda: [i for i in live(box, gpuplat_pool="spot") if i["ImageId"] == IMAGES["spot"]],
+        120,
+    )[0]
+    launched = time.monotonic()
+    box.wait_boot(replacement["InstanceId"], BOOT_DEADLINE_S)
+    FIGURES["RunInstances -> booted, from the pool image s"] = time.monotonic() - launched
     assert wait_ended(box, job) == "COMPLETED", explain(box, job)
     restarts = slurm(box, f"scontrol -o show job {job}").split("Restarts=")[1].split()[0]
     assert int(restarts) >= 1, explain(box, job)  # requeued once, then completed: never FAILED

@@ -163,6 +163,11 @@ class SlurmRecorder:
         text = "".join(f"{job:<20}{batch:<20}{requeue:<20}\n" for job, batch, requeue in rows)
         (self.bin_dir / "squeue.out").write_text(text)
 
+    def states(self, *rows: tuple[int, str]) -> None:
+        """What `squeue --states=all --Format=JobID,State` prints: (job id, state)."""
+        text = "".join(f"{job:<20}{state:<20}\n" for job, state in rows)
+        (self.bin_dir / "squeue.states.out").write_text(text)
+
     def fail(self, command: str) -> None:
         (self.bin_dir / f"{command}.rc").write_text("1")
 
@@ -175,7 +180,10 @@ class SlurmRecorder:
 RECORDER = """#!/bin/sh
 {{ printf '%s\\t' "$(basename "$0")"; for arg in "$@"; do printf '%s\\t' "$arg"; done; echo; }} >> {record}
 if [ -f "$0.rc" ]; then exit "$(cat "$0.rc")"; fi
-case " $* " in *" show "*|*--Format=*) if [ -f "$0.out" ]; then cat "$0.out"; fi;; esac
+case " $* " in
+  *--Format=JobID,State" "*) if [ -f "$0.states.out" ]; then cat "$0.states.out"; fi;;
+  *" show "*|*--Format=*) if [ -f "$0.out" ]; then cat "$0.out"; fi;;
+esac
 """
 
 
@@ -745,15 +753,21 @@ SQUEUE_JOBS_ON_SPOT_1 = [
 ]
 
 
-def test_spot_notice_terms_the_steps_requeues_the_jobs_then_powers_down(
+def squeue_states(*job_ids: str) -> list[str]:
+    return ["squeue", "--noheader", f"--jobs={','.join(job_ids)}", "--states=all", "--Format=JobID,State"]
+
+
+def test_spot_notice_terms_the_steps_powers_down_then_requeues_the_jobs_that_ended(
     imds: FakeImds, slurm: SlurmRecorder
 ) -> None:
     """SIGTERM goes to the job steps only: `scancel --signal` without --full never signals the batch
     shell (job_mgr.c _signal_job, KILL_STEPS_ONLY), which bash would die of, ending the job FAILED.
-    After the grace, the requeueable batch jobs are requeued, running or ended meanwhile
-    (job_mgr.c _job_requeue_op), and POWER_DOWN_FORCE ends the rest."""
+    After the grace, POWER_DOWN_FORCE requeues the requeueable batch jobs still running (101, now
+    PENDING) and ends the others; those that ended in the grace (104 checkpointed and exited, 105
+    failed) are requeued then, and never one still running: requeued twice, 22.05 leaks its GPU."""
     imds.responses = [200]
-    slurm.jobs((101, 1, 1), (102, 0, 1), (103, 1, 0), (104, 1, 1))  # 102: srun/salloc, 103: --no-requeue
+    slurm.jobs((101, 1, 1), (102, 0, 1), (103, 1, 0), (104, 1, 1), (105, 1, 1))  # 102 srun, 103 --no-requeue
+    slurm.states((101, "PENDING"), (104, "COMPLETED"), (105, "FAILED"))
     watch = nodes.SpotWatch("train-spot-1", imds.url, grace_s=90.0, interval_s=5.0)
 
     def sleep(seconds: float) -> None:
@@ -765,8 +779,23 @@ def test_spot_notice_terms_the_steps_requeues_the_jobs_then_powers_down(
         SQUEUE_JOBS_ON_SPOT_1,
         ["scancel", "--signal=TERM", "--nodelist=train-spot-1"],
         ["sleep", "90.0"],
-        ["scontrol", "requeue", "101,104"],
         ["scontrol", "update", "nodename=train-spot-1", "state=power_down_force", SPOT_REASON],
+        squeue_states("101", "104", "105"),
+        ["scontrol", "requeue", "104,105"],
+    ]
+
+
+def test_spot_notice_requeues_nothing_itself_when_every_job_was_still_running(
+    imds: FakeImds, slurm: SlurmRecorder
+) -> None:
+    imds.responses = [200]
+    slurm.jobs((101, 1, 1))
+    slurm.states((101, "PENDING"))
+    watch = nodes.SpotWatch("train-spot-1", imds.url, grace_s=1.0, interval_s=5.0)
+    assert nodes.spot_watch(watch, nodes.Slurm(slurm.scontrol), sleep=lambda _: None) == nodes.EXIT_OK
+    assert slurm.calls()[-2:] == [
+        ["scontrol", "update", "nodename=train-spot-1", "state=power_down_force", SPOT_REASON],
+        squeue_states("101"),
     ]
 
 
@@ -788,6 +817,7 @@ def test_spot_notice_without_squeue_still_terms_and_powers_down(imds: FakeImds, 
 def test_spot_watch_program_handles_a_notice_within_the_grace(imds: FakeImds, slurm: SlurmRecorder) -> None:
     imds.responses = [404, 200]
     slurm.jobs((7, 1, 1))
+    slurm.states((7, "COMPLETED"))
     argv = [
         sys.executable,
         str(PROGRAM),
@@ -805,8 +835,9 @@ def test_spot_watch_program_handles_a_notice_within_the_grace(imds: FakeImds, sl
         ["scontrol", "update", "nodename=train-spot-1", "state=drain", SPOT_REASON],
         SQUEUE_JOBS_ON_SPOT_1,
         ["scancel", "--signal=TERM", "--nodelist=train-spot-1"],
-        ["scontrol", "requeue", "7"],
         ["scontrol", "update", "nodename=train-spot-1", "state=power_down_force", SPOT_REASON],
+        squeue_states("7"),
+        ["scontrol", "requeue", "7"],
     ]
     assert time.monotonic() - started >= 0.5
     assert "train-spot-1" in result.stderr

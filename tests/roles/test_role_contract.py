@@ -24,18 +24,6 @@ jinja2 = pytest.importorskip("jinja2")
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLES = ROOT / "roles"
-NODE_ROLES = [
-    "gpu_driver",
-    "fabric_manager",
-    "cuda_toolkit",
-    "nccl",
-    "rdma",
-    "container_runtime",
-    "dcgm",
-    "node_exporter",
-    "nvidia_common",
-    "node_identity",
-]
 CONTRACT = {
     "gpu_driver": [
         "gpu_driver_branch",
@@ -64,7 +52,10 @@ def spec_options(role: str) -> dict[str, Any]:
     return options
 
 
-@pytest.mark.parametrize("role", NODE_ROLES)
+ALL_ROLES = sorted(path.parent.parent.name for path in ROLES.glob("*/meta/argument_specs.yml"))
+
+
+@pytest.mark.parametrize("role", ALL_ROLES)
 def test_defaults_are_declared_in_argument_specs(role: str) -> None:
     defaults = (
         load(ROLES / role / "defaults" / "main.yml")

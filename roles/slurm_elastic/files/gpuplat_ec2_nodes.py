@@ -41,9 +41,10 @@ and on a spot node, from systemd:
 
   spot-watch            on an interruption notice: drain this node, list its jobs, send SIGTERM to
                         their job steps only (not the batch shell, so the job survives to be
-                        requeued), wait the grace period for them to checkpoint, requeue the
-                        requeueable batch jobs (still running or ended in the meantime), then
-                        POWER_DOWN_FORCE the node so the rest end and the name gets a new instance.
+                        requeued), wait the grace period for them to checkpoint, POWER_DOWN_FORCE
+                        the node (Slurm requeues the requeueable batch jobs still running and ends
+                        the rest; the name gets a new instance), then requeue the requeueable batch
+                        jobs that ended in the grace period.
 
 Slurm behaviour relied on (21.08 Ubuntu 22.04, 22.05 Debian 12, 23.11 Ubuntu 24.04, 24.11 Debian 13;
 tags slurm-21-08-5-1, slurm-22-05-8-1, slurm-23-11-4-1, slurm-24-11-5-1 of SchedMD/slurm):
@@ -73,7 +74,13 @@ tags slurm-21-08-5-1, slurm-22-05-8-1, slurm-23-11-4-1, slurm-24-11-5-1 of Sched
 - `scontrol requeue` takes running, suspended *and finished* batch jobs back to PENDING
   (job_mgr.c _job_requeue_op: "we support requeue of done/exit/exiting jobs"); it refuses jobs
   without Requeue (ESLURM_DISABLED) and non-batch jobs (ESLURM_BATCH_ONLY), so only those with
-  BatchFlag and Requeue (squeue --Format=JobID,BatchFlag,Requeue) are asked for.
+  BatchFlag and Requeue (squeue --Format=JobID,BatchFlag,Requeue) are asked for. spot-watch asks
+  only for jobs that already ended: a running job it requeued would still be COMPLETING on the node
+  when POWER_DOWN_FORCE releases the node a second time (kill_running_job_by_node_name's COMPLETING
+  branch), and on 22.05 the GPU of the job's next allocation then stays allocated for good (the box,
+  scenario d: "gres/gpu: job N dealloc of node X bad node_offset 0 count is 0", gres_ctld.c). So the
+  jobs still running are left to POWER_DOWN_FORCE, whose requeue is the node-failure one (the
+  attempt is NODE_FAIL in accounting, the job PENDING with Restarts+1).
 - Before 23.02, powered-down CLOUD nodes are listed only with PrivateData=cloud (node_mgr.c
   _is_cloud_hidden); slurm.conf sets it there. Were it missing, an instance of such a node would
   still only go after the grace, as an instance of a powered-down node does.
@@ -435,6 +442,22 @@ class Slurm:
         ]
         output = run_command(argv)
         return None if output is None else parse_jobs(output)
+
+    def job_states(self, job_ids: Sequence[str]) -> dict[str, str] | None:
+        """The state of each job slurmctld still holds, finished ones included (until MinJobAge), or
+        None (logged) when squeue failed."""
+        argv = [
+            self.tool("squeue"),
+            "--noheader",
+            f"--jobs={','.join(job_ids)}",
+            "--states=all",
+            "--Format=JobID,State",
+        ]
+        output = run_command(argv)
+        if output is None:
+            return None
+        rows = (line.split() for line in output.splitlines())
+        return {row[0]: row[1] for row in rows if len(row) == 2 and row[0].isdigit()}
 
     def signal_steps(self, name: str, signal: str) -> bool:
         """Signal the job steps of the node's jobs; not the batch shells (no --full)."""
@@ -1181,11 +1204,13 @@ def spot_notice(base_url: str) -> dict[str, Any] | None:
 def handle_spot_notice(
     watch: SpotWatch, slurm: Slurm, notice: dict[str, Any], sleep: Callable[[float], None]
 ) -> int:
-    """Drain, TERM the job steps, wait, requeue the requeueable batch jobs, POWER_DOWN_FORCE.
+    """Drain, TERM the job steps, wait, POWER_DOWN_FORCE, then requeue the requeueable batch jobs that
+    ended in the grace period.
 
     The batch shell is not signalled: bash dies on SIGTERM, which would end the job FAILED before it
-    could be requeued. A job whose steps end (checkpointed) in the grace period may end before the
-    requeue; `scontrol requeue` takes finished jobs back too (module docstring).
+    could be requeued. POWER_DOWN_FORCE requeues the requeueable batch jobs still running; a job
+    whose steps ended (checkpointed) in the grace period is requeued here, as `scontrol requeue`
+    takes finished jobs back (module docstring).
     """
     reason = f"spot interruption {notice.get('time', 'unknown')}"
     LOG.warning("spot-watch: %s: %s (%s)", watch.node, reason, notice.get("action", "unknown"))
@@ -1194,22 +1219,32 @@ def handle_spot_notice(
     signalled = slurm.signal_steps(watch.node, "TERM")
     LOG.info("spot-watch: %s: waiting %.0f s for the jobs to checkpoint", watch.node, watch.grace_s)
     sleep(watch.grace_s)
-    requeued = requeue_jobs(slurm, watch.node, jobs or [])
     powered_down = slurm.power_down_force([watch.node], reason)
-    ok = drained and jobs is not None and signalled and requeued and powered_down
+    requeued = requeue_ended_jobs(slurm, watch.node, jobs or [])
+    ok = drained and jobs is not None and signalled and powered_down and requeued
     return EXIT_OK if ok else EXIT_FAILED
 
 
-def requeue_jobs(slurm: Slurm, node: str, jobs: list[Job]) -> bool:
+# The states a job reaches when its steps end on SIGTERM: exit 0 after a checkpoint, or not.
+ENDED_BY_THE_NOTICE = frozenset({"COMPLETED", "FAILED"})
+
+
+def requeue_ended_jobs(slurm: Slurm, node: str, jobs: list[Job]) -> bool:
     requeueable = [job.job_id for job in jobs if job.batch and job.requeue]
     others = [job.job_id for job in jobs if not (job.batch and job.requeue)]
     if others:
         LOG.warning(
-            "spot-watch: %s: jobs %s are not requeueable batch jobs; POWER_DOWN_FORCE ends them",
+            "spot-watch: %s: jobs %s are not requeueable batch jobs; POWER_DOWN_FORCE ended them",
             node,
             ",".join(others),
         )
-    return slurm.requeue(requeueable) if requeueable else True
+    if not requeueable:
+        return True
+    states = slurm.job_states(requeueable)
+    if states is None:
+        return False
+    ended = [job_id for job_id in requeueable if states.get(job_id) in ENDED_BY_THE_NOTICE]
+    return slurm.requeue(ended) if ended else True
 
 
 def spot_watch(watch: SpotWatch, slurm: Slurm, sleep: Callable[[float], None] = time.sleep) -> int:
