@@ -459,6 +459,39 @@ def test_names_ec2_cannot_serve_are_powered_down_so_their_jobs_requeue(
     ]
 
 
+def test_a_capacity_error_returns_the_names_at_once_not_after_botocore_retries(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EC2 answers InsufficientInstanceCapacity with HTTP 500, which botocore's standard mode retries:
+    through the program's own clients, one capacity error must reach the program, not be retried away
+    (the box's scenario d saw the launch succeed on botocore's second attempt, the names never
+    returned and the fault never logged)."""
+    from tests.box.emulator import FaultProxy, Faults
+
+    for key, value in CREDENTIALS.items():
+        monkeypatch.setenv(key, value)
+    faults = Faults()
+    faults.arm("RunInstances", "InsufficientInstanceCapacity", times=1)
+    upstream = int(cloud.url.rsplit(":", 1)[1])
+    proxy = FaultProxy(
+        "127.0.0.1", upstream, faults, boto3.client("ec2", region_name=REGION, endpoint_url=cloud.url)
+    )
+    try:
+        ec2 = nodes.ec2_nodes(REGION, proxy.url, cloud.stack)
+        status = nodes.resume(
+            settings_for(tmp_path, cloud, slurm), ec2, nodes.Slurm(slurm.scontrol), ["train-0"]
+        )
+    finally:
+        proxy.stop()
+    assert status == nodes.EXIT_FAILED
+    assert faults.count("RunInstances") == 1
+    assert not cloud.instances()
+    assert slurm.calls()[-1][3:] == [
+        "state=power_down_force",
+        "reason=gpuplat resume failed: InsufficientInstanceCapacity",
+    ]
+
+
 class AddresslessEc2(RecordingEc2):
     """Instances that never get a private address."""
 

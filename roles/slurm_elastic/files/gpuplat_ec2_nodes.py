@@ -501,8 +501,11 @@ def describe_label(instance: dict[str, Any]) -> str:
 
 
 class Ec2Nodes:
-    def __init__(self, client: Any, stack: str) -> None:
+    """The stack's instances. `launch_client` asks RunInstances once (ec2_clients); `client` the rest."""
+
+    def __init__(self, client: Any, stack: str, launch_client: Any = None) -> None:
         self.client = client
+        self.launch_client = launch_client if launch_client is not None else client
         self.stack = stack
 
     def describe(self, filters: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -548,7 +551,7 @@ class Ec2Nodes:
         remaining = list(names)
         while remaining:
             try:
-                response = self.client.run_instances(**self.launch_request(pool, len(remaining)))
+                response = self.launch_client.run_instances(**self.launch_request(pool, len(remaining)))
             except ErrorTypes as err:
                 LOG.error(
                     "resume: pool %s: run_instances for %s failed: %s", pool.name, ",".join(remaining), err
@@ -635,9 +638,27 @@ class Ec2Nodes:
         return True
 
 
-def ec2_client(region: str, endpoint_url: str | None) -> Any:
-    config = Config(connect_timeout=5, read_timeout=30, retries={"max_attempts": 5, "mode": "standard"})
+def ec2_client(region: str, endpoint_url: str | None, total_attempts: int = 6) -> Any:
+    # botocore's `max_attempts` counts the retries; `total_max_attempts` counts the first call too.
+    retries = {"total_max_attempts": total_attempts, "mode": "standard"}
+    config = Config(connect_timeout=5, read_timeout=30, retries=retries)
     return boto3.client("ec2", region_name=region, endpoint_url=endpoint_url, config=config)
+
+
+def ec2_nodes(region: str, endpoint_url: str | None, stack: str) -> Ec2Nodes:
+    """EC2 answers InsufficientInstanceCapacity with HTTP 500 (a server error code, EC2 API Reference,
+    "Error codes"), which botocore's standard retry mode takes for a transient fault and asks again,
+    with back-off: the names of a pool out of capacity would be held through the retries instead of
+    returning to power saving at once, and the capacity error would never be seen. RunInstances is
+    asked once (the retry is Slurm's: the names come back through power saving and are resumed again
+    for their jobs); the other calls are retried. (ParallelCluster's resume retries once:
+    aws-parallelcluster-node v3.11.0, src/slurm_plugin/resume.py, DEFAULTS max_retry 1 as botocore
+    max_attempts.)"""
+    return Ec2Nodes(
+        ec2_client(region, endpoint_url),
+        stack,
+        launch_client=ec2_client(region, endpoint_url, total_attempts=1),
+    )
 
 
 def terminate_named(ec2: Ec2Nodes, names: Sequence[str], action: str) -> bool:
@@ -1320,7 +1341,7 @@ def run(args: argparse.Namespace) -> int:
         return spot_watch(watch, Slurm(args.scontrol))
     settings = load_settings(args.config)
     slurm = Slurm(settings.scontrol)
-    ec2 = Ec2Nodes(ec2_client(settings.region, args.endpoint_url), settings.stack)
+    ec2 = ec2_nodes(settings.region, args.endpoint_url, settings.stack)
     if args.command == "keep-static":
         return keep_static(settings, slurm, ec2)
     if args.command == "reconcile":
