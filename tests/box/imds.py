@@ -16,6 +16,7 @@ import datetime
 import json
 import secrets
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -23,10 +24,17 @@ from typing import Any
 IMDS_ADDRESS = "169.254.169.254"
 
 
+# How long an instance's description is reused: the real service answers in milliseconds, and asking
+# the emulator on every request makes the box's answers slower than botocore's one-second timeout
+# when the box is busy. Tags set after launch still show within this.
+DESCRIBE_TTL_S = 2.0
+
+
 class InstanceMetadata:
     def __init__(self, describe: Callable[[str], dict[str, Any] | None], port: int = 80) -> None:
         """`describe(private_ip)` returns the emulator's instance with that address, or None."""
-        self.describe = describe
+        self._describe = describe
+        self._described: dict[str, tuple[float, dict[str, Any] | None]] = {}
         self.tokens: set[str] = set()
         self.notices: dict[str, dict[str, str]] = {}
         self.lock = threading.Lock()
@@ -79,6 +87,16 @@ class InstanceMetadata:
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
+
+    def describe(self, address: str) -> dict[str, Any] | None:
+        with self.lock:
+            cached = self._described.get(address)
+        if cached is not None and time.monotonic() - cached[0] < DESCRIBE_TTL_S:
+            return cached[1]
+        instance = self._describe(address)
+        with self.lock:
+            self._described[address] = (time.monotonic(), instance)
+        return instance
 
     def value(self, instance: dict[str, Any], path: str) -> str | None:
         tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}

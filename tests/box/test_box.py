@@ -65,7 +65,12 @@ def job_state(box: Any, job: str) -> str:
 
 
 def wait_ended(box: Any, job: str, timeout_s: float = BOOT_DEADLINE_S) -> str:
+    """The job's final state. An attempt that ended NODE_FAIL and was requeued is not the end: the job
+    is back in the queue (squeue lists it) until its last attempt ends."""
+
     def ended() -> str | None:
+        if slurm(box, f"squeue -h -j {job} -o %T", check=False).strip():
+            return None
         state = job_state(box, job)
         return state if state in ENDED else None
 
@@ -148,10 +153,12 @@ def test_c_a_spot_notice_requeues_the_job_which_completes_on_a_replacement(box: 
         240,
     )
     FIGURES["spot notice -> instance terminated s"] = time.monotonic() - noticed
+    # A requeued job waits for its old credential to expire before it is scheduled again
+    # (job_mgr.c batch_requeue_fini: BeginTime = now + cred_expire + 1; 120 s by default, slurm_cred.c).
     replacement = wait_for(
         "a replacement from the pool image",
         lambda: [i for i in live(box, gpuplat_pool="spot") if i["ImageId"] == IMAGES["spot"]],
-        120,
+        300,
     )[0]
     launched = time.monotonic()
     box.wait_boot(replacement["InstanceId"], BOOT_DEADLINE_S)

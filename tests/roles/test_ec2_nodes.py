@@ -671,6 +671,18 @@ def test_squeue_rows_give_batch_and_requeue_flags() -> None:
 # --- spot-watch against a fake IMDSv2 -------------------------------------------------------------
 
 
+CREDENTIALS_PATH = "/latest/meta-data/iam/security-credentials"
+INSTANCE_ROLE = "gpuplat-controller"
+INSTANCE_CREDENTIALS = {
+    "Code": "Success",
+    "Type": "AWS-HMAC",
+    "AccessKeyId": "profile",
+    "SecretAccessKey": "profile",
+    "Token": "profile",
+    "Expiration": "2099-01-01T00:00:00Z",
+}
+
+
 class FakeImds(ThreadingHTTPServer):
     token = "imds-token-1"
 
@@ -678,6 +690,7 @@ class FakeImds(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), ImdsHandler)
         self.responses: list[int] = []
         self.requests: list[str] = []
+        self.credential_delays: list[float] = []  # seconds before each answer with credentials
 
     @property
     def url(self) -> str:
@@ -698,6 +711,12 @@ class ImdsHandler(BaseHTTPRequestHandler):
         self.server.requests.append(f"GET {self.path}")
         if self.headers.get("X-aws-ec2-metadata-token") != self.server.token:
             self.reply(401, b"")
+        elif self.path == f"{CREDENTIALS_PATH}/":
+            self.reply(200, INSTANCE_ROLE.encode())
+        elif self.path == f"{CREDENTIALS_PATH}/{INSTANCE_ROLE}":
+            if self.server.credential_delays:
+                time.sleep(self.server.credential_delays.pop(0))
+            self.reply(200, json.dumps(INSTANCE_CREDENTIALS).encode())
         elif self.path != "/latest/meta-data/spot/instance-action":
             self.reply(404, b"")
         else:
@@ -722,6 +741,22 @@ def imds() -> Iterator[FakeImds]:
     yield server
     server.shutdown()
     server.server_close()
+
+
+def test_instance_profile_credentials_survive_a_slow_metadata_answer(
+    imds: FakeImds, cloud: Cloud, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """botocore asks the instance metadata for credentials once, with a one-second timeout: one slow
+    answer failed a whole resume with "Unable to locate credentials" in the box. The programs ask again."""
+    for key in CREDENTIALS:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", imds.url)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    imds.credential_delays = [1.5]
+    client = nodes.ec2_client(REGION, cloud.url)
+    assert "Reservations" in client.describe_instances()
+    assert imds.requests.count(f"GET {CREDENTIALS_PATH}/{INSTANCE_ROLE}") >= 1
 
 
 class StopWatching(Exception):

@@ -127,6 +127,7 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+import botocore.session
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -638,11 +639,22 @@ class Ec2Nodes:
         return True
 
 
+def aws_session() -> boto3.session.Session:
+    """Instance-profile credentials come from the instance metadata, which botocore asks once with a
+    one-second timeout (botocore/configprovider.py: metadata_service_num_attempts 1,
+    metadata_service_timeout 1): one slow answer and the whole program run fails "Unable to locate
+    credentials" (seen in the box while its machines were busy). Asked up to 3 times, 2 s each."""
+    core = botocore.session.get_session()
+    core.set_config_variable("metadata_service_num_attempts", 3)
+    core.set_config_variable("metadata_service_timeout", IMDS_TIMEOUT_S)
+    return boto3.session.Session(botocore_session=core)
+
+
 def ec2_client(region: str, endpoint_url: str | None, total_attempts: int = 6) -> Any:
     # botocore's `max_attempts` counts the retries; `total_max_attempts` counts the first call too.
     retries = {"total_max_attempts": total_attempts, "mode": "standard"}
     config = Config(connect_timeout=5, read_timeout=30, retries=retries)
-    return boto3.client("ec2", region_name=region, endpoint_url=endpoint_url, config=config)
+    return aws_session().client("ec2", region_name=region, endpoint_url=endpoint_url, config=config)
 
 
 def ec2_nodes(region: str, endpoint_url: str | None, stack: str) -> Ec2Nodes:
