@@ -83,12 +83,11 @@ test-integration: venv image
 images: image
 	scripts/build-base-image.sh trixie
 
-## test: everything CI runs, as two streams side by side, each printed when it ends: test-scheduler
-## (its verify waits on Slurm's own timers and leaves the CPUs idle), and lint, test-unit, test-roles,
-## test-serving, test-integration one after the other. test-box is not in it yet: scenarios a-c pass,
-## d (a two-node job after a spot replacement) stays pending (see README, "Proven in a box").
+## test: everything CI runs, as three streams side by side, each printed when it ends: test-scheduler
+## and test-box (both wait on Slurm's own timers much of the time and leave the CPUs idle), and lint,
+## test-unit, test-roles, test-serving, test-integration one after the other.
 test: venv images
-	$(MAKE) --no-print-directory -j2 --output-sync=target test-scheduler test-node-suites
+	$(MAKE) --no-print-directory -j3 --output-sync=target test-scheduler test-box test-node-suites
 
 test-node-suites:
 	$(MAKE) --no-print-directory lint

@@ -60,6 +60,8 @@ def box_substitutes(endpoint: str, resume_timeout_s: int) -> dict[str, Any]:
         # Timers sized for a test.
         "slurm_common_resume_timeout": resume_timeout_s,
         "slurm_common_suspend_timeout": 30,
+        # A requeued job waits cred_expire before it may start again (120 s on AWS).
+        "slurm_common_cred_expire": 30,
         "slurm_elastic_spot_grace_s": 20,
         "slurm_elastic_reconcile_interval_s": 20,
         "slurm_elastic_orphan_grace_s": 30,

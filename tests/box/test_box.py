@@ -1,16 +1,20 @@
-"""The AWS Slurm stack's node lifecycle in the box (tests/box/box.py). The scenarios run in order on one
-box, each asserting Slurm's and the emulator's states; the figures they measure are printed at the end.
+"""The AWS Slurm stack's node lifecycle in the box (tests/box/box.py). The scenarios run on one box,
+each asserting Slurm's and the emulator's states; the figures they measure are printed at the end.
 
 a  the controller boots from its user data alone; slurmctld and slurmdbd serve
 b  a job for a powered-down pool: slurmctld runs the real resume program, an instance boots, takes its
-   name, joins, and the job runs
+   name, joins, and the job runs; then the pool's image is taken from that node (image_seal.sh), so
+   the later launches boot it and only configure themselves
 c  a spot notice on the node of a requeueable job: the job is requeued (never FAILED) and completes on
    a replacement instance
-d  RunInstances fails for capacity: the name returns to power saving, the job runs on the next attempt
-g  idle nodes are suspended and their instances terminated
+d  RunInstances fails for capacity: the names return to power saving, the job runs on the next attempt
 e  a node that never finishes booting (past ResumeTimeout) comes back to power saving, not DOWN
 f  a stray instance of the stack that Slurm does not know is terminated by the reconciler
+g  idle nodes are suspended and their instances terminated
 h  teardown leaves no instance of the stack
+
+e waits out ResumeTimeout, the longest timer, while c and f do their work on the other node: its boot
+is held first (e_held, pinned to spot-1), its end is checked after f.
 """
 
 from __future__ import annotations
@@ -133,6 +137,19 @@ def test_b_the_pool_image_is_taken_from_the_joined_node(box: Any) -> None:
     FIGURES["image bake s"] = time.monotonic() - start
 
 
+HELD: dict[str, Any] = {}  # e: the held instance, its node, its job, when it was seen
+
+
+def test_e_held_a_node_whose_boot_never_finishes(box: Any) -> None:
+    box.hypervisor.settings.hold_next_boot = True
+    job = submit(box, "hostname", "--requeue -w spot-1")
+    held = wait_for("a held instance", lambda: set(box.hypervisor.held) or None, 180)
+    [instance_id] = held
+    described = box.ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0]["Instances"][0]
+    assert tag(described, "gpuplat:node") == "spot-1"
+    HELD.update(instance=instance_id, node="spot-1", job=job, since=time.monotonic())
+
+
 def test_c_a_spot_notice_requeues_the_job_which_completes_on_a_replacement(box: Any) -> None:
     marker = f"{CHECKPOINTS}/box-c-first-run"
     job = submit(
@@ -154,12 +171,13 @@ def test_c_a_spot_notice_requeues_the_job_which_completes_on_a_replacement(box: 
     )
     FIGURES["spot notice -> instance terminated s"] = time.monotonic() - noticed
     # A requeued job waits for its old credential to expire before it is scheduled again
-    # (job_mgr.c batch_requeue_fini: BeginTime = now + cred_expire + 1; 120 s by default, slurm_cred.c).
+    # (job_mgr.c batch_requeue_fini: BeginTime = now + cred_expire + 1).
     replacement = wait_for(
         "a replacement from the pool image",
-        lambda: [i for i in live(box, gpuplat_pool="spot") if i["ImageId"] == IMAGES["spot"]],
+        lambda: [i for i in live(box, gpuplat_node=node) if i["InstanceId"] != first],
         300,
     )[0]
+    assert replacement["ImageId"] == IMAGES["spot"]
     launched = time.monotonic()
     box.wait_boot(replacement["InstanceId"], BOOT_DEADLINE_S)
     FIGURES["RunInstances -> booted, from the pool image s"] = time.monotonic() - launched
@@ -168,50 +186,6 @@ def test_c_a_spot_notice_requeues_the_job_which_completes_on_a_replacement(box: 
     assert int(restarts) >= 1, explain(box, job)  # requeued once, then completed: never FAILED
     replacement = live(box, gpuplat_node=slurm(box, f"sacct -nXP -j {job} -o NodeList").strip())
     assert replacement and replacement[0]["InstanceId"] != first
-
-
-def test_d_a_launch_without_capacity_returns_the_name_and_the_job_runs_on_the_next_attempt(box: Any) -> None:
-    launches = box.faults.count("RunInstances")
-    box.faults.arm("RunInstances", "InsufficientInstanceCapacity", times=1)
-    job = submit(box, "srun hostname", "-N 2")  # one node is up from c; the other must be launched
-    wait_for("the failed launch", lambda: box.faults.count("RunInstances") > launches or None, 180)
-    assert wait_ended(box, job) == "COMPLETED", explain(box, job)
-    assert box.faults.count("RunInstances") >= launches + 2
-    assert "InsufficientInstanceCapacity" in slurm(box, "cat /var/log/gpuplat/ec2-nodes.log")
-
-
-def test_g_idle_nodes_are_suspended_and_their_instances_terminated(box: Any) -> None:
-    start = time.monotonic()
-    wait_for(
-        "every node powered down", lambda: all(s == "idle~" for s in node_states(box).values()) or None, 300
-    )
-    wait_for("no live training instance", lambda: not live(box, gpuplat_pool="spot") or None, 180)
-    FIGURES["last job -> instances terminated s"] = time.monotonic() - start
-
-
-def test_e_a_node_that_never_boots_comes_back_to_power_saving(box: Any) -> None:
-    box.hypervisor.settings.hold_next_boot = True
-    job = submit(box, "hostname", "--requeue")
-    held = wait_for("a held instance", lambda: set(box.hypervisor.held) or None, 180)
-    instance_id = next(iter(held))
-    described = box.ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0]["Instances"][0]
-    node = tag(described, "gpuplat:node")
-    start = time.monotonic()
-    wait_for(
-        f"{instance_id} terminated after ResumeTimeout",
-        lambda: all(i["InstanceId"] != instance_id for i in live(box)) or None,
-        box.resume_timeout_s + 180,
-    )
-    FIGURES["held boot -> terminated s"] = time.monotonic() - start
-    # Back in power saving (idle~, or already resumed again for the queued job), never DOWN.
-    wait_for(
-        f"{node} back in power saving",
-        lambda: node_states(box)[node] in ("idle~", "alloc#", "allocated#", "mixed#", "idle#") or None,
-        120,
-        every_s=1,
-    )
-    assert "down" not in node_states(box)[node]
-    slurm(box, f"scancel {job}")
 
 
 def test_f_a_stray_instance_is_terminated_by_the_reconciler(box: Any) -> None:
@@ -227,6 +201,40 @@ def test_f_a_stray_instance_is_terminated_by_the_reconciler(box: Any) -> None:
         f"stray {stray} terminated", lambda: all(i["InstanceId"] != stray for i in live(box)) or None, 240
     )
     FIGURES["stray instance -> terminated s"] = time.monotonic() - start
+
+
+def test_e_a_node_that_never_boots_comes_back_to_power_saving(box: Any) -> None:
+    instance_id, node, job = HELD["instance"], HELD["node"], HELD["job"]
+    wait_for(
+        f"{instance_id} terminated after ResumeTimeout",
+        lambda: all(i["InstanceId"] != instance_id for i in live(box)) or None,
+        box.resume_timeout_s + 180 - (time.monotonic() - HELD["since"]),
+    )
+    FIGURES["held boot -> terminated s"] = time.monotonic() - HELD["since"]
+    assert "PENDING" in slurm(box, f"squeue -h -j {job} -o %T"), explain(box, job)  # requeued, not failed
+    slurm(box, f"scancel {job}")
+    wait_for(
+        f"{node} back in power saving", lambda: node_states(box)[node] == "idle~" or None, 120, every_s=1
+    )
+
+
+def test_d_a_launch_without_capacity_returns_the_name_and_the_job_runs_on_the_next_attempt(box: Any) -> None:
+    launches = box.faults.count("RunInstances")
+    box.faults.arm("RunInstances", "InsufficientInstanceCapacity", times=1)
+    job = submit(box, "srun hostname", "-N 2")  # both names are launched in one RunInstances
+    wait_for("the failed launch", lambda: box.faults.count("RunInstances") > launches or None, 180)
+    assert wait_ended(box, job) == "COMPLETED", explain(box, job)
+    assert box.faults.count("RunInstances") >= launches + 2
+    assert "InsufficientInstanceCapacity" in slurm(box, "cat /var/log/gpuplat/ec2-nodes.log")
+
+
+def test_g_idle_nodes_are_suspended_and_their_instances_terminated(box: Any) -> None:
+    start = time.monotonic()
+    wait_for(
+        "every node powered down", lambda: all(s == "idle~" for s in node_states(box).values()) or None, 300
+    )
+    wait_for("no live training instance", lambda: not live(box, gpuplat_pool="spot") or None, 180)
+    FIGURES["last job ended -> instances terminated s"] = time.monotonic() - start
 
 
 def test_h_teardown_leaves_no_instance_of_the_stack(box: Any) -> None:
