@@ -92,7 +92,8 @@ class Release(_Sourced):
     distributions: list[str] = Field(default_factory=list)
     version: str
     cuda_repo: str | None
-    cuda_repo_key: str | None
+    # The repository's signing key file: a release without one would fetch `<repo>/None`.
+    cuda_repo_key: str = Field(pattern=r"^[0-9A-Fa-f]{8}\.pub$")
     version_revision: str
     kernel_headers: str = Field(pattern=r"\{kernel\}")
     kernel_headers_by_kernel_flavour: dict[str, str] = Field(default_factory=dict)

@@ -162,7 +162,8 @@ def gdr_check(run: Run) -> Check:
         "gpudirect-rdma",
         "fail",
         f"GPUDirect RDMA {seen} ({gdr.evidence}), expected on {run.node.name}: check that nvidia-peermem "
-        "is loaded or DMA-BUF is available, NCCL_NET_GDR_LEVEL, and on EFA FI_EFA_USE_DEVICE_RDMA=1",
+        "is loaded or DMA-BUF is available, NCCL_NET_GDR_LEVEL, and on EFA that aws-ofi-nccl is 1.7 or later "
+        "(it turns device RDMA on where the instance has it)",
     )
 
 

@@ -20,7 +20,7 @@ import jinja2
 import pytest
 import yaml
 
-from infra.data.packages import SUPPORTED_RELEASES, package_facts, role_release_facts
+from infra.data.packages import SUPPORTED_RELEASES, Release, package_facts, role_release_facts
 from infra.resolve import ResolvedPlatform
 from tests.roles.ansible_values import render_value
 
@@ -133,6 +133,15 @@ def test_open_driver_set_is_one_flavour_and_published(
     ], "meta packages pull the other kernel module flavour (cuda-drivers-N depends on the proprietary one)"
     missing = [p for p in packages if not published(release_id, p, software.driver_version)]
     assert not missing, f"{release_id}: not published at {software.driver_version}: {missing}"
+
+
+def test_a_release_without_its_repository_key_is_refused() -> None:
+    """debian13's key was null: the role then fetched `<repo>/None` and failed on the wrong reason."""
+    table = yaml.safe_load((ROOT / "infra" / "data" / "packages.yaml").read_text())
+    release = next(r for r in table["releases"] if r["id"] == "debian13")
+    assert release["cuda_repo_key"] == "8793F200.pub"
+    with pytest.raises(ValueError, match="cuda_repo_key"):
+        Release.model_validate({**release, "cuda_repo_key": None})
 
 
 def test_debian13_has_none_of_the_pinned_drivers(shipped_platforms: dict[str, ResolvedPlatform]) -> None:

@@ -128,6 +128,7 @@ def test_nccl_conf_roce_sets_gid_index_and_traffic_class() -> None:
 def test_nccl_conf_efa_leaves_the_network_to_the_plugin() -> None:
     conf = settings(render_nccl_conf("efa"))
     assert conf["FI_PROVIDER"] == "efa"
+    assert "FI_EFA_USE_DEVICE_RDMA" not in conf  # the plugin's, where the device has RDMA read
     assert "NCCL_NET" not in conf
     assert "NCCL_NET_PLUGIN" not in conf
     assert "NCCL_IB_HCA" not in conf
