@@ -343,6 +343,9 @@ def node_findings(
             )
         elif node.node in reported_only:
             findings.append(Finding("nodes", "fail", f"{node.node} fails {reasons} (not drained: drain off)"))
+        for name, (status, detail) in node.checks.items():
+            if status == "warn":
+                findings.append(Finding("nodes", "warn", f"{node.node} {name}: {detail}"))
         errors = [f"{name}: {detail}" for name, (status, detail) in node.checks.items() if status == "error"]
         if errors:
             findings.append(Finding("nodes", "warn", f"{node.node} could not run {'; '.join(errors)}"))

@@ -458,6 +458,7 @@ def test_node_check_command_skips_gpu_checks_only_with_a_reason() -> None:
     real = resolve(templar([], {}, gpu_validation_gpu_absent_reason=""), "__gpu_validation_node_check")
     assert "--gpu-absent-reason" not in real
     assert real[real.index("--fatal-xids") + 1] == "48,64,74,79,95,119,120,140"
+    assert real[real.index("--warn-xids") + 1] == "94"
     simulated = resolve(
         templar([], {}, gpu_validation_gpu_absent_reason=SIMULATED), "__gpu_validation_node_check"
     )
@@ -548,6 +549,20 @@ def test_xids_are_read_from_the_kernel_log_and_only_fatal_ones_fail() -> None:
         "no fatal XID since boot (non-fatal XIDs seen: 13, 79)",
     )
     assert node_check.xid_check("", {79}).detail == "no XID since boot"
+
+
+def test_a_contained_error_xid_warns_without_draining() -> None:
+    """DCGM's always-watched XIDs: 94 (contained ECC error) is WARN, not FAIL (DcgmHealthWatch.cpp)."""
+    log = KERNEL_LOG + "[ 990.000000] NVRM: Xid (PCI:0000:3b:00): 94, pid=77, Contained: SM (0x1)\n"
+    check = node_check.xid_check(log, {48}, frozenset({94}))
+    assert (check.status, check.detail) == (
+        "warn",
+        "XID since boot that needs a look: XID 94 on PCI:0000:3b:00 (pid=77, Contained: SM (0x1))",
+    )
+    assert node_check.xid_check(log, {48, 79}, frozenset({94})).status == "fail"  # a fatal one wins
+    report = node_check.Report()
+    report.add(check)
+    assert report.drain_reasons == []
 
 
 def test_uncorrectable_ecc_and_row_remapping_fail() -> None:

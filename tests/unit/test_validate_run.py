@@ -313,6 +313,25 @@ def test_a_check_that_could_not_run_warns_without_failing(
     assert pool.passed
 
 
+def test_a_check_that_warns_is_a_finding_without_a_drain(
+    tmp_path: Path, shipped_platforms: dict[str, Any]
+) -> None:
+    results = Results(tmp_path)
+    document = node_report("train-0")
+    document["checks"][1] = {
+        "name": "xid",
+        "status": "warn",
+        "detail": "XID since boot that needs a look: XID 94",
+    }
+    results.node(document)
+    healthy_pool(results, ["train-0"])
+    pool = judge_cluster(shipped_platforms["aws-prod"], tmp_path, CheckpointBudget()).pools[0]
+    assert ("warn", "train-0 xid: XID since boot that needs a look: XID 94") in [
+        (f.status, f.detail) for f in pool.findings
+    ]
+    assert pool.passed
+
+
 # --- Scaling ----------------------------------------------------------------------------------------------
 
 

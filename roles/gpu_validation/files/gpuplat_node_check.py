@@ -2,7 +2,7 @@
 """Is this training node fit to take work? The health checks `gpuplat validate` runs on every node.
 
   gpuplat-node-check [--gpu-absent-reason TEXT] [--health-program PATH] [--dcgm-level 2]
-                     [--dcgm-timeout 1800] [--fatal-xids 48,64,...]
+                     [--dcgm-timeout 1800] [--fatal-xids 48,64,...] [--warn-xids 94]
 
 Checks, each reported as pass, fail, skip (with the reason) or error (the check could not run):
 
@@ -42,7 +42,7 @@ _SET = {"yes", "1", "true"}
 @dataclass
 class Check:
     name: str
-    status: str  # pass | fail | skip | error
+    status: str  # pass | fail | warn | skip | error
     detail: str
 
 
@@ -73,12 +73,19 @@ def parse_xids(kernel_log: str) -> list[Xid]:
     return found
 
 
-def xid_check(kernel_log: str, fatal: set[int]) -> Check:
+def _listed(xids: list[Xid]) -> str:
+    return "; ".join(f"XID {x.xid} on PCI:{x.pci}" + (f" ({x.text})" if x.text else "") for x in xids)
+
+
+def xid_check(kernel_log: str, fatal: set[int], warn: frozenset[int] = frozenset()) -> Check:
+    """fail on a fatal XID (the node is drained), warn on one that needs a look but not a drain."""
     xids = parse_xids(kernel_log)
     bad = [x for x in xids if x.xid in fatal]
     if bad:
-        listed = "; ".join(f"XID {x.xid} on PCI:{x.pci}" + (f" ({x.text})" if x.text else "") for x in bad)
-        return Check("xid", "fail", f"fatal XID since boot: {listed}")
+        return Check("xid", "fail", f"fatal XID since boot: {_listed(bad)}")
+    noted = [x for x in xids if x.xid in warn]
+    if noted:
+        return Check("xid", "warn", f"XID since boot that needs a look: {_listed(noted)}")
     if xids:
         seen = ", ".join(sorted({str(x.xid) for x in xids}, key=int))
         return Check("xid", "pass", f"no fatal XID since boot (non-fatal XIDs seen: {seen})")
@@ -195,7 +202,9 @@ def check_node(args: argparse.Namespace) -> Report:
         return report
     code, log = kernel_log()
     report.add(
-        xid_check(log, set(args.fatal_xids)) if code == 0 else Check("xid", "error", log.strip()[:200])
+        xid_check(log, set(args.fatal_xids), frozenset(args.warn_xids))
+        if code == 0
+        else Check("xid", "error", log.strip()[:200])
     )
     report.add(ecc_check())
     if shutil.which("dcgmi") is None:
@@ -222,6 +231,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--dcgm-level", type=int, choices=[1, 2, 3, 4], default=2)
     parser.add_argument("--dcgm-timeout", type=float, default=1800)
     parser.add_argument("--fatal-xids", type=_xid_list, default=[])
+    parser.add_argument("--warn-xids", type=_xid_list, default=[])
     return parser.parse_args(argv)
 
 
