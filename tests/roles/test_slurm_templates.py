@@ -271,6 +271,14 @@ def test_pmix_is_the_default_mpi_and_jobs_are_contained() -> None:
     assert conf["PrologFlags"] == "Contain"
 
 
+def test_jobs_take_slurmds_unlimited_locked_memory_for_rdma() -> None:
+    """Slurm propagates the submitting shell's limits by default (Slurm FAQ, memlock): a login shell's
+    64 KiB memlock would make RDMA memory registration fail in srun steps."""
+    assert settings(render("slurm.conf.j2"))["PropagateResourceLimitsExcept"] == "MEMLOCK"
+    dropin = (ROLES / "slurm_compute" / "templates" / "slurmd-limits.conf.j2").read_text()
+    assert "[Service]\nLimitMEMLOCK=infinity" in dropin
+
+
 @pytest.mark.parametrize(
     ("release", "packages"), [("bookworm", ["libpmix-dev"]), ("trixie", ["libpmix2t64"]), ("jammy", [])]
 )
