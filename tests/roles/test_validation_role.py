@@ -623,13 +623,13 @@ def health_program(tmp_path: Path, exit_code: int, message: str = "") -> Path:
     return program
 
 
-def run_node_check(*args: str) -> dict[str, Any]:
+def run_node_check(*args: str, path: str = "/usr/bin:/bin") -> dict[str, Any]:
     done = subprocess.run(
         [sys.executable, str(ROLE / "files" / "gpuplat_node_check.py"), *args],
         capture_output=True,
         text=True,
         check=True,
-        env={**os.environ, "PATH": "/usr/bin:/bin"},
+        env={**os.environ, "PATH": path},
     )
     result: dict[str, Any] = json.loads(done.stdout)
     return result
@@ -651,6 +651,34 @@ def test_node_check_passes_a_healthy_node_and_says_a_missing_program(tmp_path: P
     assert healthy["drain_reasons"] == []
     missing = run_node_check("--health-program", str(tmp_path / "absent"), "--gpu-absent-reason", "no GPUs")
     assert missing["checks"][0]["status"] == "skip" and "is not installed" in missing["checks"][0]["detail"]
+
+
+def tools(tmp_path: Path, squeue_jobs: str) -> tuple[str, Path]:
+    """squeue answering `squeue_jobs`, and a dcgmi that records its calls: a PATH and the record."""
+    bin_dir, record = tmp_path / "bin", tmp_path / "dcgmi-calls"
+    bin_dir.mkdir()
+    (bin_dir / "squeue").write_text(f"#!/bin/sh\nprintf '{squeue_jobs}'\n")
+    (bin_dir / "dcgmi").write_text(f'#!/bin/sh\necho "$@" >> {record}\necho "{{}}"\n')
+    for tool in ("squeue", "dcgmi"):
+        (bin_dir / tool).chmod(0o755)
+    return f"{bin_dir}:/usr/bin:/bin", record
+
+
+@pytest.mark.parametrize(("jobs", "runs"), [("", True), ("412\\n413\\n", False)])
+def test_the_dcgm_diagnostic_runs_only_where_no_job_holds_the_node(
+    tmp_path: Path, jobs: str, runs: bool
+) -> None:
+    """A level-2 diagnostic stresses every GPU: on GPUs a job uses it can fail, drain a healthy node and
+    disturb the job. Nodes in `mix` or `alloc` state are left to a later, idle run."""
+    path, record = tools(tmp_path, jobs)
+    result = run_node_check(
+        "--health-program", str(health_program(tmp_path, 0)), "--slurm-node", "train-0", path=path
+    )
+    [dcgm] = [c for c in result["checks"] if c["name"] == "dcgm-diag"]
+    assert record.exists() is runs
+    if not runs:
+        assert dcgm["status"] == "skip" and "train-0 runs jobs 412,413" in dcgm["detail"]
+        assert result["drain_reasons"] == []
 
 
 # --- The checkpoint probe ---------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ Checks, each reported as pass, fail, skip (with the reason) or error (the check 
   health-program  the pool's Slurm health program (roles/slurm_compute) with --dry-run
   xid             XID errors since boot in the kernel log (dmesg), against the fatal list
   ecc             uncorrectable volatile ECC errors and row-remapping state (nvidia-smi)
-  dcgm-diag       `dcgmi diag -r LEVEL -j` where DCGM is installed
+  dcgm-diag       `dcgmi diag -r LEVEL -j` where DCGM is installed and no Slurm job holds the node
 
 GPU checks skip when --gpu-absent-reason is given (no GPU, simulated GPUs, driver not loaded).
 A failing check adds a drain reason; an error does not (the tool failed, not the node).
@@ -21,12 +21,15 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 # `NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off the bus.`: the line format DCGM's kernel
@@ -193,6 +196,49 @@ def ecc_check() -> Check:
     return Check("ecc", "pass", f"no uncorrectable ECC error, no pending or failed row remapping{remap_note}")
 
 
+# Where a configless slurmd keeps the configuration it fetched (Slurm 22.05's client commands do not
+# look there themselves).
+CONFIGLESS_SLURM_CONF = Path("/run/slurm/conf/slurm.conf")
+
+
+def jobs_on(node: str) -> tuple[int, list[str]]:
+    """Slurm jobs holding a share of this node: (squeue's exit status, job ids). 127: not a Slurm node."""
+    if shutil.which("squeue") is None:
+        return 127, []
+    env = dict(os.environ)
+    if "SLURM_CONF" not in env and CONFIGLESS_SLURM_CONF.exists():
+        env["SLURM_CONF"] = str(CONFIGLESS_SLURM_CONF)
+    argv = [
+        "squeue",
+        "--noheader",
+        f"--nodelist={node}",
+        "--states=RUNNING,SUSPENDED,COMPLETING",
+        "--format=%i",
+    ]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False, env=env)
+    except subprocess.TimeoutExpired:
+        return 124, []
+    return done.returncode, done.stdout.split()
+
+
+def dcgm_guard(node: str) -> Check | None:
+    """A DCGM diagnostic stresses every GPU: on GPUs in use it can fail (and drain a healthy node) and it
+    disturbs the jobs. It runs only where no job holds the node; None means it may run."""
+    code, jobs = jobs_on(node)
+    if code == 127:
+        return None
+    if code != 0:
+        return Check("dcgm-diag", "error", f"cannot tell whether jobs run on {node} (squeue exit {code})")
+    if jobs:
+        return Check(
+            "dcgm-diag",
+            "skip",
+            f"{node} runs jobs {','.join(jobs)}: the diagnostic would stress GPUs in use; validate it idle",
+        )
+    return None
+
+
 def check_node(args: argparse.Namespace) -> Report:
     report = Report()
     report.add(health_program_check(args.health_program))
@@ -207,8 +253,11 @@ def check_node(args: argparse.Namespace) -> Report:
         else Check("xid", "error", log.strip()[:200])
     )
     report.add(ecc_check())
+    busy = dcgm_guard(args.slurm_node or socket.gethostname())
     if shutil.which("dcgmi") is None:
         report.add(Check("dcgm-diag", "skip", "DCGM is not installed on this node (dcgmi not found)"))
+    elif busy is not None:
+        report.add(busy)
     else:
         code, output = run(["dcgmi", "diag", "-r", str(args.dcgm_level), "-j"], timeout=args.dcgm_timeout)
         report.add(dcgm_check(code, output, args.dcgm_level))
@@ -232,6 +281,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--dcgm-timeout", type=float, default=1800)
     parser.add_argument("--fatal-xids", type=_xid_list, default=[])
     parser.add_argument("--warn-xids", type=_xid_list, default=[])
+    parser.add_argument("--slurm-node", default="", help="this node's Slurm name (default: the host name)")
     return parser.parse_args(argv)
 
 
