@@ -103,6 +103,10 @@ _PLUGIN_UNSUPPORTED = re.compile(
 
 # libfabric providers that carry traffic over the kernel TCP/UDP stack (fi_tcp, fi_sockets, fi_udp).
 _TCP_PROVIDERS = ("tcp", "sockets", "udp")
+# NVIDIA's nccl-rdma-sharp-plugins (Mellanox/nccl-rdma-sharp-plugins src/ib_plugin.c, ".name =
+# "IBext_v11" .. "IBext_v6"; "IBext" before): IB verbs as a net plugin, SHARP-capable, logging its
+# devices with NCCL's own "NET/IB : Using ..." line (src/p2p_plugin.c).
+_IBEXT = re.compile(r"^IBext(?:_v\d+)?$")
 
 TransportKind = Literal["ib", "plugin", "socket"]
 PluginProblem = Literal["not found", "load error", "unsupported", "init failed", "not used"]
@@ -350,10 +354,11 @@ def _read_plugin(message: str, process: _Process) -> None:
 
 
 def _transport(network: str, ib_links: set[str], ofi: _Ofi) -> Transport:
-    if network == "IB":
+    if network == "IB" or _IBEXT.match(network):
         names = {"IB": "InfiniBand", "RoCE": "RoCE"}
         links = ", ".join(names.get(link, link) for link in sorted(ib_links)) or "link layer not logged"
-        return Transport(network, "ib", f"IB verbs ({links})", False, tuple(sorted(ib_links)))
+        through = "" if network == "IB" else f" through the {network} plugin"
+        return Transport(network, "ib", f"IB verbs{through} ({links})", False, tuple(sorted(ib_links)))
     if network == "Socket":
         return Transport(network, "socket", "TCP sockets (NCCL's socket transport)", True)
     details = [f"aws-ofi-nccl {ofi.version}"] if ofi.version else []

@@ -261,6 +261,20 @@ def test_roce_sample_is_ib_verbs_over_roce_after_the_ofi_plugin_failed() -> None
     assert result.verdict.passed, result.verdict.failures
 
 
+def test_ibext_plugin_is_ib_verbs_with_its_nics_counted() -> None:
+    """InfiniBand clusters run NCCL through NVIDIA's IBext (SHARP) plugin: same devices line, another
+    network name. It used to count as an unknown plugin with no NICs, skipping the NIC check."""
+    text = sample("ib-roce-gdrdma.log").read_text()
+    text = text.replace("Using network IB\n", "Using network IBext_v8\n").replace(
+        "via NET/IB/", "via NET/IBext_v8/"
+    )
+    log = report(text).run.log
+    assert [(t.kind, t.links) for t in log.transports.values()] == [("ib", ("RoCE",))]
+    assert "through the IBext_v8 plugin" in log.transports["IBext_v8"].label
+    assert log.nics is not None and log.nics.count == 8
+    assert checks(report(text, "hgx-h100"))["nics"] == "pass"  # 8 NICs, as the node type has
+
+
 def test_roce_sample_fails_on_an_infiniband_node_type() -> None:
     result = report(sample("ib-roce-gdrdma.log").read_text(), "hgx-h100")
     assert checks(result)["transport"] == "fail"
