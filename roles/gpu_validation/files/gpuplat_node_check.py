@@ -253,10 +253,9 @@ def check_node(args: argparse.Namespace) -> Report:
         else Check("xid", "error", log.strip()[:200])
     )
     report.add(ecc_check())
-    busy = dcgm_guard(args.slurm_node or socket.gethostname())
     if shutil.which("dcgmi") is None:
         report.add(Check("dcgm-diag", "skip", "DCGM is not installed on this node (dcgmi not found)"))
-    elif busy is not None:
+    elif (busy := dcgm_guard(args.slurm_node or socket.gethostname())) is not None:
         report.add(busy)
     else:
         code, output = run(["dcgmi", "diag", "-r", str(args.dcgm_level), "-j"], timeout=args.dcgm_timeout)
