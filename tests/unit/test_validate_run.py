@@ -294,41 +294,32 @@ def test_drained_and_already_drained_nodes_fail_and_unchecked_ones_warn(
     assert not report.passed and report.to_json()["verdict"] == "fail"
 
 
-def test_a_check_that_could_not_run_warns_without_failing(
-    tmp_path: Path, shipped_platforms: dict[str, Any]
+@pytest.mark.parametrize(
+    ("index", "check", "finding"),
+    [
+        (
+            3,
+            {"name": "dcgm-diag", "status": "error", "detail": "dcgmi diag -r 2 could not run (exit 255)"},
+            "train-0 could not run dcgm-diag: dcgmi diag -r 2 could not run (exit 255)",
+        ),
+        (
+            1,
+            {"name": "xid", "status": "warn", "detail": "XID since boot that needs a look: XID 94"},
+            "train-0 xid: XID since boot that needs a look: XID 94",
+        ),
+    ],
+    ids=["could-not-run", "warns"],
+)
+def test_a_check_that_could_not_run_or_warns_is_a_warning_without_failing(
+    tmp_path: Path, shipped_platforms: dict[str, Any], index: int, check: dict[str, str], finding: str
 ) -> None:
     results = Results(tmp_path)
     document = node_report("train-0")
-    document["checks"][3] = {
-        "name": "dcgm-diag",
-        "status": "error",
-        "detail": "dcgmi diag -r 2 could not run (exit 255)",
-    }
+    document["checks"][index] = check
     results.node(document)
     healthy_pool(results, ["train-0"])
     pool = judge_cluster(shipped_platforms["aws-prod"], tmp_path, CheckpointBudget()).pools[0]
-    assert ("warn", "train-0 could not run dcgm-diag: dcgmi diag -r 2 could not run (exit 255)") in [
-        (f.status, f.detail) for f in pool.findings
-    ]
-    assert pool.passed
-
-
-def test_a_check_that_warns_is_a_finding_without_a_drain(
-    tmp_path: Path, shipped_platforms: dict[str, Any]
-) -> None:
-    results = Results(tmp_path)
-    document = node_report("train-0")
-    document["checks"][1] = {
-        "name": "xid",
-        "status": "warn",
-        "detail": "XID since boot that needs a look: XID 94",
-    }
-    results.node(document)
-    healthy_pool(results, ["train-0"])
-    pool = judge_cluster(shipped_platforms["aws-prod"], tmp_path, CheckpointBudget()).pools[0]
-    assert ("warn", "train-0 xid: XID since boot that needs a look: XID 94") in [
-        (f.status, f.detail) for f in pool.findings
-    ]
+    assert ("warn", finding) in [(f.status, f.detail) for f in pool.findings]
     assert pool.passed
 
 

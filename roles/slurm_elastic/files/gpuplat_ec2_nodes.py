@@ -502,7 +502,7 @@ def describe_label(instance: dict[str, Any]) -> str:
 
 
 class Ec2Nodes:
-    """The stack's instances. `launch_client` asks RunInstances once (ec2_clients); `client` the rest."""
+    """The stack's instances. `launch_client` asks RunInstances once (ec2_nodes); `client` the rest."""
 
     def __init__(self, client: Any, stack: str, launch_client: Any = None) -> None:
         self.client = client
