@@ -94,6 +94,17 @@ def tag(instance: dict[str, Any], key: str) -> str:
     return next((t["Value"] for t in instance.get("Tags", []) if t["Key"] == key), "")
 
 
+def named(box: Any, instance_id: str) -> dict[str, Any]:
+    """The instance once the resume program has tagged its node name: it launches first and tags the
+    name after RunInstances returns (node_join.py reads the tag), so a fresh instance is briefly unnamed."""
+
+    def described() -> dict[str, Any] | None:
+        [instance] = box.ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0]["Instances"]
+        return instance if tag(instance, "gpuplat:node") else None
+
+    return wait_for(f"{instance_id} named", described, 60)
+
+
 def explain(box: Any, job: str) -> str:
     return slurm(
         box, f"sacct -D -j {job} -o JobID,State,NodeList,ExitCode; sinfo -N; scontrol show job {job}", False
@@ -112,8 +123,9 @@ def test_a_controllers_boot_from_user_data_alone(box: Any) -> None:
 def test_b_a_job_resumes_a_powered_down_node_which_boots_joins_and_runs_it(box: Any) -> None:
     job = submit(box, "hostname")
     start = time.monotonic()
-    instance = wait_for("an instance for the job", lambda: live(box, gpuplat_pool="spot"), 120)[0]
+    launched = wait_for("an instance for the job", lambda: live(box, gpuplat_pool="spot"), 120)[0]
     FIGURES["job -> RunInstances s"] = time.monotonic() - start
+    instance = named(box, launched["InstanceId"])
     node = tag(instance, "gpuplat:node")
     assert node in ("spot-0", "spot-1") and tag(instance, "gpuplat:stack") == box.platform.name
     box.wait_boot(instance["InstanceId"], BOOT_DEADLINE_S)
@@ -145,8 +157,7 @@ def test_e_held_a_node_whose_boot_never_finishes(box: Any) -> None:
     job = submit(box, "hostname", "--requeue -w spot-1")
     held = wait_for("a held instance", lambda: set(box.hypervisor.held) or None, 180)
     [instance_id] = held
-    described = box.ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0]["Instances"][0]
-    assert tag(described, "gpuplat:node") == "spot-1"
+    assert tag(named(box, instance_id), "gpuplat:node") == "spot-1"
     HELD.update(instance=instance_id, node="spot-1", job=job, since=time.monotonic())
 
 
