@@ -13,6 +13,7 @@ rejected naming both fields.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -121,10 +122,11 @@ def resolve_versions(
     root: str,
     serving: Serving | None = None,
     offer: ReleaseOffer | None = None,
+    today: dt.date | None = None,
 ) -> tuple[SoftwareVersions | None, list[Problem]]:
     """The software set for the GPU architectures; with `offer`, only what NVIDIA's repository publishes
     for the nodes' OS release (infra/data/packages.yaml) is chosen, and pinned versions it lacks are
-    rejected."""
+    rejected. A driver branch past its end of life (as of `today`) is never chosen and refused when set."""
     problems: list[Problem] = []
     path = f"{root}.software"
     archs = sorted(set(architectures))
@@ -145,14 +147,28 @@ def resolve_versions(
     branch = wanted.driver_branch
     if branch is None and wanted.driver_version:
         branch = int(wanted.driver_version.split(".")[0])
+    day = today or dt.date.today()
+    supported = data.supported_branches(day)
     if branch is None:
         branch = data.default_driver_branch
-        if branch < needed_branch:
-            branch = min((d.branch for d in data.drivers if d.branch >= needed_branch), default=branch)
-    driver = next((d for d in data.drivers if d.branch == branch), None)
+        if branch < needed_branch or branch not in {d.branch for d in supported}:
+            branch = min((d.branch for d in supported if d.branch >= needed_branch), default=branch)
+    driver = data.driver(branch)
     if driver is None:
         known = ", ".join(str(d.branch) for d in data.drivers)
         return None, [(f"{path}.driver_branch", f"unknown driver branch {branch}; known: {known}")]
+    if not driver.supported_on(day):
+        pinned_version = wanted.driver_version and wanted.driver_branch is None
+        field = "driver_version" if pinned_version else "driver_branch"
+        alive = ", ".join(f"{d.branch} (until {d.end_of_life})" for d in supported) or "none in the data"
+        problems.append(
+            (
+                f"{path}.{field}",
+                f"driver branch {branch} is past its end of life (NVIDIA support ended before "
+                f"{driver.end_of_life}: no more security or bug fixes; infra/data/compatibility.yaml). "
+                f"Supported branches: {alive}",
+            )
+        )
     if branch < arch_branch:
         blockers = [a for a in archs if support[a].min_driver_branch > branch]
         problems.append(
@@ -165,19 +181,29 @@ def resolve_versions(
     if serving is not None:
         serving_versions, serving_problems = _resolve_serving(serving, branch, driver_open, data, root)
         problems += serving_problems
-    driver_version = wanted.driver_version or driver.version
-    if not driver_version.startswith(f"{branch}."):
-        problems.append((f"{path}.driver_version", f"{driver_version} is not on driver branch {branch}"))
-    elif offer is not None and driver_version not in offer.drivers:
-        field = "driver_version" if wanted.driver_version else "driver_branch"
-        problems.append((f"{path}.{field}", _unpublished(f"driver {driver_version}", offer, offer.drivers)))
-
     modules = {support[a].open_kernel_modules for a in archs}
     if "required" in modules and "unsupported" in modules:
         problems.append(
             (path, f"GPU architectures {', '.join(archs)} need different kernel modules; split them")
         )
     open_modules = "unsupported" not in modules
+
+    driver_version = wanted.driver_version or driver.version
+    if not driver_version.startswith(f"{branch}."):
+        problems.append((f"{path}.driver_version", f"{driver_version} is not on driver branch {branch}"))
+    elif offer is not None and driver_version not in offer.drivers(open_modules):
+        field = "driver_version" if wanted.driver_version else "driver_branch"
+        flavour = "open" if open_modules else "proprietary"
+        problems.append(
+            (
+                f"{path}.{field}",
+                _unpublished(
+                    f"driver {driver_version} (every package of its {flavour}-module install set)",
+                    offer,
+                    offer.drivers(open_modules),
+                ),
+            )
+        )
 
     fabric_manager = wanted.fabric_manager or driver_version
     if fabric_manager != driver_version:
@@ -189,7 +215,12 @@ def resolve_versions(
             )
         )
 
-    usable_cuda = [c for c in data.cuda if version_tuple(c.version) <= version_tuple(driver.max_cuda)]
+    usable_cuda = [
+        c
+        for c in data.cuda
+        if version_tuple(c.version) <= version_tuple(driver.max_cuda)
+        and (offer is None or c.package_version in offer.cuda_releases)
+    ]
     cuda_version = wanted.cuda or (
         max(usable_cuda, key=lambda c: version_tuple(c.version)).version if usable_cuda else driver.max_cuda
     )

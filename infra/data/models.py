@@ -106,6 +106,15 @@ class DriverBranch(Sourced):
     version: str = Field(description="full driver version pinned for this branch, e.g. 570.195.03")
     max_cuda: str = Field(pattern=r"^\d+\.\d+$", description="highest CUDA toolkit this driver supports")
     lifecycle: Literal["production", "lts", "new-feature"] = "production"
+    end_of_life: dt.date = Field(
+        description=(
+            "first day NVIDIA no longer supports the branch (NVIDIA names a month: the day after it); for "
+            "branches NVIDIA lists as ended without a date, the day that list was read"
+        )
+    )
+
+    def supported_on(self, day: dt.date) -> bool:
+        return day < self.end_of_life
 
     @model_validator(mode="after")
     def _version_in_branch(self) -> DriverBranch:
@@ -180,6 +189,15 @@ class Compatibility(_Strict):
 
     @model_validator(mode="after")
     def _default_known(self) -> Compatibility:
-        if self.default_driver_branch not in {d.branch for d in self.drivers}:
+        default = next((d for d in self.drivers if d.branch == self.default_driver_branch), None)
+        if default is None:
             raise ValueError(f"default_driver_branch {self.default_driver_branch} is not among drivers")
+        if default.lifecycle == "new-feature":
+            raise ValueError(f"default_driver_branch {default.branch} is a new-feature branch")
         return self
+
+    def driver(self, branch: int) -> DriverBranch | None:
+        return next((d for d in self.drivers if d.branch == branch), None)
+
+    def supported_branches(self, day: dt.date) -> list[DriverBranch]:
+        return sorted((d for d in self.drivers if d.supported_on(day)), key=lambda d: d.branch)

@@ -84,6 +84,17 @@ class SlurmFacts(_Strict):
         return next((p for p in MPI_PREFERENCE if p in self.mpi_plugins), None)
 
 
+class DriverPackages(_Strict):
+    """The packages the gpu_driver role installs for one kernel module flavour, the kernel module package
+    first; `{branch}` stands for the driver branch (Ubuntu's names carry it, Debian's do not)."""
+
+    open: list[str] = Field(min_length=1)
+    proprietary: list[str] = Field(min_length=1)
+
+    def names(self, branch: int, open_modules: bool) -> list[str]:
+        return [n.replace("{branch}", str(branch)) for n in (self.open if open_modules else self.proprietary)]
+
+
 class Release(_Sourced):
     id: ReleaseId
     family: Literal["debian", "ubuntu", "rhel"]
@@ -98,6 +109,7 @@ class Release(_Sourced):
     kernel_headers: str = Field(pattern=r"\{kernel\}")
     kernel_headers_by_kernel_flavour: dict[str, str] = Field(default_factory=dict)
     ofi_nccl_libdir: str
+    driver_packages: DriverPackages
     slurm: SlurmFacts | None = None
 
     @property
@@ -174,6 +186,7 @@ def role_release_facts(facts: PackageFacts) -> dict[str, Any]:
             "kernel_headers": release.kernel_headers,
             "kernel_headers_by_kernel_flavour": dict(release.kernel_headers_by_kernel_flavour),
             "ofi_nccl_libdir": release.ofi_nccl_libdir,
+            "driver_packages": release.driver_packages.model_dump(),
             "published": dict(sorted(published.items())),
         }
     return releases
@@ -190,20 +203,37 @@ class ReleaseOffer:
 
     release_id: str
     release_name: str
-    drivers: frozenset[str]
+    open_drivers: frozenset[str]  # driver versions every package of the open-module install set has
+    proprietary_drivers: frozenset[str]
     cuda_releases: frozenset[str]
     nccl_builds: frozenset[tuple[str, str]]  # (NCCL version, CUDA build)
 
+    def drivers(self, open_modules: bool) -> frozenset[str]:
+        return self.open_drivers if open_modules else self.proprietary_drivers
+
+
+def installable_drivers(facts: PackageFacts, release_id: str, open_modules: bool) -> frozenset[str]:
+    """Driver versions for which every package the gpu_driver role installs is published: one package of
+    the set missing a version (a dependency-free name the facts never saw) makes the install fail."""
+    release = facts.release(release_id)
+    offered = facts.offered(release_id, "cuda")
+    candidates = {
+        upstream_version(v)
+        for p in facts.packages_of(release_id, ("cuda",))
+        if p.component == "driver"
+        for v in p.versions
+    }
+    return frozenset(
+        version
+        for version in candidates
+        if all(
+            version in {upstream_version(v) for v in offered.get(name, set())}
+            for name in release.driver_packages.names(int(version.split(".")[0]), open_modules)
+        )
+    )
+
 
 def release_offer(facts: PackageFacts, release_id: str) -> ReleaseOffer:
-    def upstreams(component: str) -> frozenset[str]:
-        return frozenset(
-            upstream_version(v)
-            for p in facts.packages_of(release_id, ("cuda",))
-            if p.component == component
-            for v in p.versions
-        )
-
     nccl = frozenset(
         (v.split("-", 1)[0], v.rsplit("+cuda", 1)[1])
         for p in facts.packages_of(release_id, ("cuda",))
@@ -220,7 +250,8 @@ def release_offer(facts: PackageFacts, release_id: str) -> ReleaseOffer:
     return ReleaseOffer(
         release_id=release_id,
         release_name=facts.release(release_id).name,
-        drivers=upstreams("driver"),
+        open_drivers=installable_drivers(facts, release_id, open_modules=True),
+        proprietary_drivers=installable_drivers(facts, release_id, open_modules=False),
         cuda_releases=cuda_toolkits,
         nccl_builds=nccl,
     )

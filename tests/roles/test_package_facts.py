@@ -103,7 +103,6 @@ def test_fixture_depends_are_satisfiable_inside_the_fixture() -> None:
 def driver_packages(release_id: str, branch: int, open_modules: bool) -> tuple[list[str], str]:
     """(packages installed, the other flavour removed) as roles/gpu_driver/vars renders them."""
     release = role_release_facts(package_facts())[release_id]
-    family_file = "Ubuntu.yml" if release["family"] == "ubuntu" else "Debian.yml"
     env = jinja2.Environment()
     variables: dict[str, Any] = {
         "gpu_driver_branch": branch,
@@ -111,8 +110,9 @@ def driver_packages(release_id: str, branch: int, open_modules: bool) -> tuple[l
         "gpu_driver_extra_packages": [],
         "nvidia_common_release": release,
     }
-    for key, value in (yaml.safe_load((ROLES / "gpu_driver" / "vars" / family_file).read_text())).items():
-        variables[key] = render_value(env, value, variables)
+    role_vars = yaml.safe_load((ROLES / "gpu_driver" / "vars" / "main.yml").read_text())
+    for key in ("__gpu_driver_install_set", "__gpu_driver_other_kernel_package", "__gpu_driver_packages"):
+        variables[key] = render_value(env, role_vars[key], variables)
     return variables["__gpu_driver_packages"], variables["__gpu_driver_other_kernel_package"]
 
 

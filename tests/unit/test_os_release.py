@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -9,11 +10,13 @@ from typing import Any
 import pytest
 
 from infra.data.load import compatibility
-from infra.data.packages import ReleaseOffer, package_facts, release_offer
+from infra.data.packages import ReleaseOffer, package_facts, release_offer, upstream_version
 from infra.errors import SpecError
 from infra.resolve import load_platform
 from infra.spec.models import Software
 from infra.versions import resolve_versions
+
+WHILE_570_WAS_SUPPORTED = dt.date(2026, 1, 15)  # R570 ended in February 2026 (compatibility.yaml)
 
 
 def offer(**changes: Any) -> ReleaseOffer:
@@ -30,10 +33,15 @@ def test_nccl_build_is_one_the_release_publishes() -> None:
 def test_nccl_runs_a_newer_minor_build_through_minor_version_compatibility() -> None:
     """Driver 570 tops out at CUDA 12.8; NCCL built with 12.9 runs on it (same major, driver >= 525)."""
     software, problems = resolve_versions(
-        Software(), ["hopper"], compatibility(), "p", offer=offer(nccl_builds=frozenset({("2.27.3", "12.9")}))
+        Software(driver_branch=570),
+        ["hopper"],
+        compatibility(),
+        "p",
+        offer=offer(nccl_builds=frozenset({("2.27.3", "12.9")})),
+        today=WHILE_570_WAS_SUPPORTED,
     )
     assert not problems and software is not None
-    assert (software.driver_branch, software.nccl_cuda_build) == (570, "12.9")
+    assert (software.driver_branch, software.cuda, software.nccl_cuda_build) == (570, "12.8", "12.9")
 
 
 def test_no_published_nccl_build_is_rejected_with_what_exists() -> None:
@@ -50,12 +58,14 @@ def test_unpublished_driver_is_rejected_at_the_field() -> None:
         ["hopper"],
         compatibility(),
         "p",
-        offer=offer(drivers=frozenset({"570.195.03"})),
+        offer=offer(open_drivers=frozenset({"570.195.03"})),
+        today=WHILE_570_WAS_SUPPORTED,
     )
     assert problems == [
         (
             "p.software.driver_version",
-            "driver 570.172.08 is not published for Debian 12 (bookworm) in NVIDIA's repository "
+            "driver 570.172.08 (every package of its open-module install set) is not published for "
+            "Debian 12 (bookworm) in NVIDIA's repository "
             "(infra/data/packages.yaml lists: 570.195.03); pick a published version or set "
             "software.os_release to a release that has it",
         )
@@ -79,3 +89,50 @@ def test_default_release_follows_the_backend(
     stack: str, release: str, shipped_platforms: dict[str, Any]
 ) -> None:
     assert shipped_platforms[stack].software.os_release == release
+
+
+def test_a_driver_is_offered_only_where_every_package_the_role_installs_has_it() -> None:
+    """A version some package of the component has is not enough: the role installs the whole set
+    (packages.yaml driver_packages), and apt fails on the first name the repository lacks."""
+    facts = package_facts()
+    release = facts.release("ubuntu2204")
+    for version in release_offer(facts, "ubuntu2204").drivers(open_modules=True):
+        branch = int(version.split(".")[0])
+        for name in release.driver_packages.names(branch, open_modules=True):
+            assert version in {
+                upstream_version(v) for v in facts.offered("ubuntu2204", "cuda").get(name, set())
+            }
+    with_one_missing = facts.model_copy(
+        update={"packages": [p for p in facts.packages if p.name != "nvidia-utils-570"]}
+    )
+    assert not {
+        v
+        for v in release_offer(with_one_missing, "ubuntu2204").drivers(open_modules=True)
+        if v.startswith("570.")
+    }
+
+
+def test_the_default_branch_is_supported_today_and_an_ended_one_is_refused() -> None:
+    data = compatibility()
+    today = dt.date.today()
+    default = data.driver(data.default_driver_branch)
+    assert default is not None and default.supported_on(today), (
+        f"default_driver_branch {data.default_driver_branch} ended before {default and default.end_of_life}"
+    )
+    software, problems = resolve_versions(Software(), ["hopper"], data, "p", offer=offer())
+    assert not problems and software is not None and software.driver_branch == data.default_driver_branch
+    _, problems = resolve_versions(
+        Software(driver_branch=570), ["hopper"], data, "p", offer=offer(), today=today
+    )
+    assert [path for path, _ in problems] == ["p.software.driver_branch"]
+    assert "570 is past its end of life" in problems[0][1] and "580 (until 2028-09-01)" in problems[0][1]
+
+
+def test_a_branch_raised_for_the_gpus_is_never_an_ended_one() -> None:
+    """Blackwell needs 570+; on a day after R570's end the raise lands on a supported branch."""
+    data = compatibility()
+    software, problems = resolve_versions(
+        Software(), ["blackwell"], data, "p", offer=offer(), today=dt.date(2026, 12, 2)
+    )
+    assert not problems and software is not None
+    assert data.driver(software.driver_branch).supported_on(dt.date(2026, 12, 2))  # type: ignore[union-attr]

@@ -3,6 +3,7 @@ tensor-parallel degree and replicas per node; both carried to the roles by the i
 
 from __future__ import annotations
 
+import datetime as dt
 import subprocess
 import sys
 from collections.abc import Callable
@@ -58,16 +59,24 @@ def test_default_driver_gets_the_newest_vllm_it_runs() -> None:
     data = compatibility()
     software, problems = resolve_versions(Software(), ["ada"], data, "p", vllm())
     assert not problems and software is not None and software.serving is not None
-    assert software.driver_branch == data.default_driver_branch == 570
+    assert software.driver_branch == data.default_driver_branch
     chosen = software.serving
     assert chosen.min_driver_branch <= software.driver_branch
-    # the newest runnable one: no release with a higher version runs on 570
+    # the newest runnable one: no release with a higher version runs on the default branch
     newer = [
         serving_chain(r, data)
         for r in data.serving_engines
         if version_tuple(r.version) > version_tuple(chosen.version)
     ]
-    assert newer and all(c.min_driver_branch > 570 for c in newer)
+    assert all(c.min_driver_branch > software.driver_branch for c in newer)
+
+
+def test_explicit_570_gets_the_newest_vllm_it_runs_while_570_was_supported() -> None:
+    software, problems = resolve_versions(
+        Software(driver_branch=570), ["ada"], compatibility(), "p", vllm(), today=dt.date(2026, 1, 15)
+    )
+    assert not problems and software is not None and software.serving is not None
+    assert software.serving.min_driver_branch <= 570 and software.serving.torch_cuda.startswith("12.")
 
 
 def test_pinned_cuda13_vllm_raises_an_open_driver_branch() -> None:
@@ -82,7 +91,12 @@ def test_pinned_cuda13_vllm_raises_an_open_driver_branch() -> None:
 
 def test_pinned_cuda13_vllm_against_explicit_570_names_both_fields() -> None:
     software, problems = resolve_versions(
-        Software(driver_branch=570), ["hopper"], compatibility(), "p", vllm(engine_version="0.33.0")
+        Software(driver_branch=570),
+        ["hopper"],
+        compatibility(),
+        "p",
+        vllm(engine_version="0.33.0"),
+        today=dt.date(2026, 1, 15),
     )
     assert software is None
     assert len(problems) == 1
