@@ -90,6 +90,8 @@ def platform_vars(platform: ResolvedPlatform) -> dict[str, Any]:
         "cuda_toolkit_package_version": sw.cuda_package_version,
         "nccl_version": sw.nccl,
         "nccl_cuda_version": sw.nccl_cuda_build,
+        "dcgm_cuda_major": sw.driver_cuda_major,
+        **({"dcgm_version": sw.dcgm_version} if sw.dcgm_version else {}),
         "nccl_ib_gid_index": spec.fabric.roce_gid_index,
         **(slurm_vars(platform) if spec.scheduler.kind == "slurm" else {}),
         **shared_fs_vars(platform),

@@ -174,8 +174,20 @@ def resolve(spec: PlatformSpec, source: Path) -> ResolvedPlatform:
     resolved_pools = tuple(p for p in pools if p is not None)
     architectures = [p.node_type.gpu.architecture for p in resolved_pools if p.node_type.gpu]
     offer = release_offer(package_facts(), os_release(spec))
+    serving_gpus = [
+        p.node_type.gpu.architecture
+        for p in resolved_pools
+        if p.node_type.gpu and spec.serving is not None and p.name == spec.serving.pool
+    ]
     software, version_problems = resolve_versions(
-        spec.software, architectures, compatibility(), CONFIG_KEY, spec.serving, offer
+        spec.software,
+        architectures,
+        compatibility(),
+        CONFIG_KEY,
+        spec.serving,
+        offer,
+        gpu_models=[p.node_type.gpu.model for p in resolved_pools if p.node_type.gpu],
+        serving_architectures=serving_gpus,
     )
     problems += version_problems
     layout: ServingLayout | None = None

@@ -38,6 +38,8 @@ class SoftwareVersions:
     cuda_package_version: str
     nccl: str
     nccl_cuda_build: str
+    driver_cuda_major: int = 12  # the CUDA major the driver reports: DCGM's flavour follows it
+    dcgm_version: str | None = None
     serving: ServingVersions | None = None
     os_release: str | None = None
 
@@ -66,32 +68,76 @@ def serving_chain(release: ServingEngineRelease, data: Compatibility) -> Serving
     )
 
 
+@dataclass(frozen=True)
+class ServingHost:
+    """What the serving nodes impose on an engine release besides the driver branch."""
+
+    python: str | None = None  # the OS release's python3 (the engine's venv is built on it)
+    min_cuda: str | None = None  # the newest architecture's oldest CUDA with native kernels for it
+
+
+def _host_blockers(chain: ServingVersions, release: ServingEngineRelease, host: ServingHost) -> list[str]:
+    blockers = []
+    if host.python is not None and not release.runs_on_python(host.python):
+        blockers.append(
+            f"it requires Python >= {release.python_min}, < {release.python_below} and the nodes' OS release "
+            f"has {host.python}"
+        )
+    if host.min_cuda is not None and version_tuple(chain.torch_cuda) < version_tuple(host.min_cuda):
+        blockers.append(
+            f"its torch {chain.torch} wheel is built for CUDA {chain.torch_cuda}, without native kernels "
+            f"for the serving GPUs (they need CUDA >= {host.min_cuda})"
+        )
+    return blockers
+
+
 def _resolve_serving(
-    serving: Serving, branch: int, driver_open: bool, data: Compatibility, root: str
+    serving: Serving, branch: int, driver_open: bool, data: Compatibility, root: str, host: ServingHost
 ) -> tuple[ServingVersions | None, list[Problem]]:
     """The engine release for the resolved driver branch (None for engines outside the data)."""
     if serving.engine != "vllm":
         return None, []
     path = f"{root}.serving.engine_version"
-    chains = [serving_chain(r, data) for r in data.serving_engines if r.engine == serving.engine]
-    runnable = [c for c in chains if c.min_driver_branch <= branch]
+    releases = [r for r in data.serving_engines if r.engine == serving.engine]
+    chains = {r.version: serving_chain(r, data) for r in releases}
+    fits = [
+        chains[r.version]
+        for r in releases
+        if chains[r.version].min_driver_branch <= branch and not _host_blockers(chains[r.version], r, host)
+    ]
     if serving.engine_version is None:
-        if not runnable:
+        if not fits:
             return None, [
                 (
                     path,
-                    f"no vLLM release in the compatibility data runs on driver branch {branch}; known: "
-                    + ", ".join(f"{c.version} (driver >= {c.min_driver_branch})" for c in chains),
+                    f"no vLLM release in the compatibility data runs on driver branch {branch} and "
+                    "these nodes; known: "
+                    + "; ".join(
+                        f"{r.version} (driver >= {chains[r.version].min_driver_branch}"
+                        + "".join(f"; {b}" for b in _host_blockers(chains[r.version], r, host))
+                        + ")"
+                        for r in releases
+                    ),
                 )
             ]
-        return max(runnable, key=lambda c: version_tuple(c.version)), []
-    chain = next((c for c in chains if c.version == serving.engine_version), None)
-    if chain is None:
-        known = ", ".join(c.version for c in chains)
+        return max(fits, key=lambda c: version_tuple(c.version)), []
+    release = next((r for r in releases if r.version == serving.engine_version), None)
+    if release is None:
+        known = ", ".join(chains)
         return None, [(path, f"unknown vLLM {serving.engine_version}; known: {known}")]
+    chain = chains[release.version]
+    alternatives = ", ".join(c.version for c in fits) or "none"
+    blockers = _host_blockers(chain, release, host)
+    if blockers:
+        return None, [
+            (
+                path,
+                f"vLLM {chain.version} cannot serve here: {'; '.join(blockers)}. "
+                f"Releases that can: {alternatives}",
+            )
+        ]
     if chain.min_driver_branch > branch:
         cuda_major = chain.torch_cuda.split(".")[0]
-        alternatives = ", ".join(c.version for c in runnable) or "none"
         where = "the default" if driver_open else f"set in {root}.software"
         return None, [
             (
@@ -123,10 +169,14 @@ def resolve_versions(
     serving: Serving | None = None,
     offer: ReleaseOffer | None = None,
     today: dt.date | None = None,
+    gpu_models: Iterable[str] = (),
+    serving_architectures: Iterable[GpuArchitecture] = (),
 ) -> tuple[SoftwareVersions | None, list[Problem]]:
     """The software set for the GPU architectures; with `offer`, only what NVIDIA's repository publishes
     for the nodes' OS release (infra/data/packages.yaml) is chosen, and pinned versions it lacks are
-    rejected. A driver branch past its end of life (as of `today`) is never chosen and refused when set."""
+    rejected. A driver branch past its end of life (as of `today`) is never chosen and refused when set;
+    GPU models that need a newer driver than their architecture (`gpu_models`) and the serving nodes'
+    architectures and OS Python (`serving_architectures`, `offer`) narrow what is accepted."""
     problems: list[Problem] = []
     path = f"{root}.software"
     archs = sorted(set(architectures))
@@ -179,8 +229,26 @@ def resolve_versions(
         )
     serving_versions: ServingVersions | None = None
     if serving is not None:
-        serving_versions, serving_problems = _resolve_serving(serving, branch, driver_open, data, root)
+        serving_cudas = [support[a].min_cuda for a in set(serving_architectures)]
+        host = ServingHost(
+            python=offer.python if offer is not None else None,
+            min_cuda=max(serving_cudas, key=version_tuple) if serving_cudas else None,
+        )
+        serving_versions, serving_problems = _resolve_serving(serving, branch, driver_open, data, root, host)
         problems += serving_problems
+    driver_version_wanted = wanted.driver_version or driver.version
+    for model in sorted(set(gpu_models)):
+        need = next((m for m in data.gpu_models if m.model == model), None)
+        if need is not None and version_tuple(driver_version_wanted) < version_tuple(need.min_driver_version):
+            field = "driver_version" if wanted.driver_version else "driver_branch"
+            problems.append(
+                (
+                    f"{path}.{field}",
+                    f"{model} GPUs need driver {need.min_driver_version} or newer; driver "
+                    f"{driver_version_wanted} (branch {branch}) does not support them",
+                )
+            )
+
     modules = {support[a].open_kernel_modules for a in archs}
     if "required" in modules and "unsupported" in modules:
         problems.append(
@@ -236,6 +304,11 @@ def resolve_versions(
                 f"(supports up to {driver.max_cuda})",
             )
         )
+    elif archs and version_tuple(cuda.version) < max(version_tuple(support[a].min_cuda) for a in archs):
+        needs = ", ".join(f"{a} >= {support[a].min_cuda}" for a in archs)
+        problems.append(
+            (f"{path}.cuda", f"CUDA {cuda.version} cannot build native code for these GPUs ({needs})")
+        )
     elif offer is not None and cuda.package_version not in offer.cuda_releases:
         problems.append(
             (f"{path}.cuda", _unpublished(f"CUDA {cuda.package_version}", offer, offer.cuda_releases))
@@ -289,8 +362,26 @@ def resolve_versions(
                 f"(builds: {builds}{published}); pick an NCCL release built for this CUDA major",
             )
         ]
+    driver_cuda_major = int(driver.max_cuda.split(".")[0])
+    dcgm = [
+        d
+        for d in data.dcgm
+        if driver_cuda_major in d.cuda_majors
+        and (offer is None or d.version in offer.dcgm(driver_cuda_major))
+    ]
+    if data.dcgm and not dcgm:
+        published = ", ".join(sorted(offer.dcgm(driver_cuda_major))) if offer is not None else "n/a"
+        return None, [
+            (
+                f"{path}.driver_branch",
+                f"no DCGM release in the data ships the CUDA {driver_cuda_major} flavour driver {branch} "
+                f"needs (datacenter-gpu-manager-4-cuda{driver_cuda_major}; published: {published})",
+            )
+        ]
     return SoftwareVersions(
         driver_branch=branch,
+        driver_cuda_major=driver_cuda_major,
+        dcgm_version=max((d.version for d in dcgm), key=version_tuple) if dcgm else None,
         driver_version=driver_version,
         open_kernel_modules=open_modules,
         fabric_manager_version=fabric_manager,

@@ -99,6 +99,24 @@ class ArchitectureSupport(Sourced):
     architecture: GpuArchitecture
     min_driver_branch: int
     open_kernel_modules: Literal["required", "recommended", "unsupported"]
+    min_cuda: str = Field(
+        pattern=r"^\d+\.\d+$",
+        description="oldest CUDA whose toolkit builds native code (cubins) for the architecture",
+    )
+
+
+class DcgmRelease(Sourced):
+    version: str = Field(pattern=r"^\d+\.\d+\.\d+$")
+    cuda_majors: list[int] = Field(
+        min_length=1, description="the datacenter-gpu-manager-4-cudaN flavours shipped"
+    )
+
+
+class GpuModelDriver(Sourced):
+    """A GPU model that needs a newer driver than its architecture's first branch (H200 after H100)."""
+
+    model: str
+    min_driver_version: str = Field(pattern=r"^\d+\.\d+(\.\d+)?$")
 
 
 class DriverBranch(Sourced):
@@ -157,6 +175,14 @@ class ServingEngineRelease(Sourced):
     engine: Literal["vllm"]
     version: str = Field(pattern=r"^\d+\.\d+\.\d+(\.\d+)?$")
     torch: str = Field(pattern=r"^\d+\.\d+\.\d+$", description="the torch version the release pins (==)")
+    python_min: str = Field(pattern=r"^3\.\d+$", description="Requires-Python lower bound (>=)")
+    python_below: str = Field(pattern=r"^3\.\d+$", description="Requires-Python upper bound (<)")
+
+    def runs_on_python(self, python: str) -> bool:
+        def key(version: str) -> tuple[int, ...]:
+            return tuple(int(part) for part in version.split("."))
+
+        return key(self.python_min) <= key(python) < key(self.python_below)
 
 
 class Compatibility(_Strict):
@@ -168,6 +194,8 @@ class Compatibility(_Strict):
     cuda_major_drivers: list[CudaMajorDriver] = Field(default_factory=list)
     torch: list[TorchRelease] = Field(default_factory=list)
     serving_engines: list[ServingEngineRelease] = Field(default_factory=list)
+    gpu_models: list[GpuModelDriver] = Field(default_factory=list)
+    dcgm: list[DcgmRelease] = Field(default_factory=list)
 
     def min_driver_branch_for(self, cuda_major: int) -> int | None:
         """The oldest driver branch that runs binaries of a CUDA major (minor version compatibility)."""

@@ -109,6 +109,7 @@ class Release(_Sourced):
     kernel_headers: str = Field(pattern=r"\{kernel\}")
     kernel_headers_by_kernel_flavour: dict[str, str] = Field(default_factory=dict)
     ofi_nccl_libdir: str
+    python: str = Field(pattern=r"^3\.\d+$", description="the release's python3 (major.minor)")
     driver_packages: DriverPackages
     slurm: SlurmFacts | None = None
 
@@ -203,13 +204,18 @@ class ReleaseOffer:
 
     release_id: str
     release_name: str
+    python: str
     open_drivers: frozenset[str]  # driver versions every package of the open-module install set has
     proprietary_drivers: frozenset[str]
     cuda_releases: frozenset[str]
     nccl_builds: frozenset[tuple[str, str]]  # (NCCL version, CUDA build)
+    dcgm_builds: frozenset[tuple[str, int]] = frozenset()  # (DCGM version, CUDA flavour) with core published
 
     def drivers(self, open_modules: bool) -> frozenset[str]:
         return self.open_drivers if open_modules else self.proprietary_drivers
+
+    def dcgm(self, cuda_major: int) -> frozenset[str]:
+        return frozenset(version for version, major in self.dcgm_builds if major == cuda_major)
 
 
 def installable_drivers(facts: PackageFacts, release_id: str, open_modules: bool) -> frozenset[str]:
@@ -247,11 +253,22 @@ def release_offer(facts: PackageFacts, release_id: str) -> ReleaseOffer:
         if p.component == "cuda" and p.name.startswith("cuda-toolkit-")
         for v in p.versions
     )
+    offered = facts.offered(release_id, "cuda")
+    core = {upstream_version(v) for v in offered.get("datacenter-gpu-manager-4-core", set())}
+    dcgm = frozenset(
+        (upstream_version(v), int(name.rsplit("cuda", 1)[1]))
+        for name, versions in offered.items()
+        if name.startswith("datacenter-gpu-manager-4-cuda") and name.rsplit("cuda", 1)[1].isdigit()
+        for v in versions
+        if upstream_version(v) in core
+    )
     return ReleaseOffer(
         release_id=release_id,
         release_name=facts.release(release_id).name,
+        python=facts.release(release_id).python,
         open_drivers=installable_drivers(facts, release_id, open_modules=True),
         proprietary_drivers=installable_drivers(facts, release_id, open_modules=False),
         cuda_releases=cuda_toolkits,
         nccl_builds=nccl,
+        dcgm_builds=dcgm,
     )

@@ -35,6 +35,17 @@ def test_local_inventory_groups_and_vars(shipped_platforms: dict[str, ResolvedPl
     assert inventory["vars"]["fabric_manager_version"] == inventory["vars"]["gpu_driver_version"]
 
 
+def test_dcgm_flavour_and_version_come_from_the_plan(shipped_platforms: dict[str, ResolvedPlatform]) -> None:
+    """The dcgm role used to take its flavour from the toolkit (12.8 -> cuda12) under an R580 driver
+    that reports CUDA 13, and DCGM 4.2.3, which has no cuda13 flavour."""
+    for name, platform in shipped_platforms.items():
+        values = platform_vars(platform)
+        assert values["dcgm_cuda_major"] == platform.software.driver_cuda_major, name
+        assert values["dcgm_version"] == platform.software.dcgm_version, name
+        if platform.software.driver_branch >= 580:
+            assert values["dcgm_cuda_major"] == 13 and values["dcgm_version"] != "4.2.3", name
+
+
 def test_inference_pools_are_not_partitions(shipped_platforms: dict[str, ResolvedPlatform]) -> None:
     for platform in shipped_platforms.values():
         if platform.spec.scheduler.kind != "slurm":
