@@ -11,6 +11,7 @@ from pathlib import Path
 from infra.data.load import catalog, compatibility
 from infra.data.models import NodeProvider, NodeType
 from infra.data.packages import package_facts, release_offer
+from infra.errors import SpecError
 from infra.serving import ServingLayout, serving_layout
 from infra.spec.errors import spec_error
 from infra.spec.load import CONFIG_KEY, load_spec_file
@@ -166,6 +167,19 @@ def os_release(spec: PlatformSpec) -> str:
     if spec.software.os_release:
         return spec.software.os_release
     return "ubuntu2204" if spec.backend == "aws" else "debian12"
+
+
+def image_parameter(spec: PlatformSpec) -> str:
+    """The SSM parameter of the nodes' AMI on aws: the stack's, else the plain image of the nodes' OS release
+    (infra/data/packages.yaml), which carries no GPU software for the roles to fight with."""
+    if spec.aws.image_ssm_parameter:
+        return spec.aws.image_ssm_parameter
+    parameter = package_facts().release(os_release(spec)).aws_image_ssm_parameter
+    if parameter is None:
+        raise SpecError(
+            f"{CONFIG_KEY}.aws.image_ssm_parameter: no public image is known for {os_release(spec)}; set one"
+        )
+    return parameter
 
 
 def resolve(spec: PlatformSpec, source: Path) -> ResolvedPlatform:

@@ -110,6 +110,9 @@ class Release(_Sourced):
     kernel_headers_by_kernel_flavour: dict[str, str] = Field(default_factory=dict)
     ofi_nccl_libdir: str
     python: str = Field(pattern=r"^3\.\d+$", description="the release's python3 (major.minor)")
+    aws_image_ssm_parameter: str | None = Field(
+        None, description="public SSM parameter of the release's plain AMI (None: no AWS image)"
+    )
     driver_packages: DriverPackages
     slurm: SlurmFacts | None = None
 

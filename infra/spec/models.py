@@ -438,8 +438,14 @@ class AwsSettings(_Model):
         pattern=AMI_PATTERN,
         description="AMI for every pool; default: the public SSM parameter of the Deep Learning Base GPU AMI",
     )
-    image_ssm_parameter: str = (
-        "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
+    image_ssm_parameter: str | None = Field(
+        None,
+        description=(
+            "SSM parameter holding the AMI; default: the plain image of software.os_release (Canonical's, "
+            "Debian's public parameter), on which the roles install the whole pinned GPU stack. Images with "
+            "a preinstalled GPU stack (the Deep Learning AMIs) are refused by the roles, naming what they "
+            "carry"
+        ),
     )
     vpc_cidr: Annotated[str, AfterValidator(_ipv4_network)] = "10.64.0.0/16"
     root_volume_gib: int = Field(200, ge=50, le=16384)

@@ -12,7 +12,7 @@ import pytest
 from infra.data.load import compatibility
 from infra.data.packages import ReleaseOffer, package_facts, release_offer, upstream_version
 from infra.errors import SpecError
-from infra.resolve import load_platform
+from infra.resolve import image_parameter, load_platform
 from infra.spec.models import Software
 from infra.versions import resolve_versions
 
@@ -136,3 +136,26 @@ def test_a_branch_raised_for_the_gpus_is_never_an_ended_one() -> None:
     )
     assert not problems and software is not None
     assert data.driver(software.driver_branch).supported_on(dt.date(2026, 12, 2))  # type: ignore[union-attr]
+
+
+def test_the_aws_image_is_the_plain_image_of_the_nodes_release(
+    shipped_platforms: dict[str, Any],
+) -> None:
+    """The default was the Deep Learning Base AMI (its own driver, EFA, DCGM): the roles would skip the EFA
+    installer and fight its driver. It follows software.os_release, and a stack's own parameter wins."""
+    spec = shipped_platforms["aws-prod"].spec
+    assert spec.software.os_release is None
+    assert (
+        image_parameter(spec)
+        == "/aws/service/canonical/ubuntu/server/22.04/stable/current/amd64/hvm/ebs-gp2/ami-id"
+    )
+    noble = spec.model_copy(
+        update={"software": spec.software.model_copy(update={"os_release": "ubuntu2404"})}
+    )
+    assert "/ubuntu/server/24.04/" in image_parameter(noble)
+    own = spec.model_copy(update={"aws": spec.aws.model_copy(update={"image_ssm_parameter": "/golden-ami"})})
+    assert image_parameter(own) == "/golden-ami"
+    assert all(
+        "deeplearning" not in (package_facts().release(r).aws_image_ssm_parameter or "")
+        for r in ("debian12", "debian13", "ubuntu2204", "ubuntu2404")
+    )

@@ -46,7 +46,7 @@ from infra.backends.aws.tags import base_tags, pool_tags
 from infra.backends.base import common_outputs
 from infra.inventory import aws_ec2_config
 from infra.munge import munge_roles, runs_munge
-from infra.resolve import ResolvedPlatform, ResolvedPool, os_release
+from infra.resolve import ResolvedPlatform, ResolvedPool, image_parameter, os_release
 from infra.spec.load import PROJECT_ROOT
 
 _REPOSITORY_PURPOSES = ("datasets", "checkpoints")
@@ -157,9 +157,9 @@ class AwsBackend:
                 filesystem.filesystem.dns_name, "@tcp:/", filesystem.filesystem.mount_name
             )
 
-        image_id: pulumi.Input[str] = (
-            spec.aws.image_id or aws.ssm.get_parameter_output(name=spec.aws.image_ssm_parameter).value
-        )
+        image_id: pulumi.Input[str] = spec.aws.image_id or aws.ssm.get_parameter_output(
+            name=image_parameter(spec)
+        ).value
         key = bundle_key(PROJECT_ROOT)
         bundle = aws.s3.BucketObjectv2(
             f"{platform.name}-bundle",
