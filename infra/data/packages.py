@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from infra.data.load import DATA_DIR, load_data_file
+from infra.data.node_ansible import node_ansible_facts
 
 PACKAGES_FILE = DATA_DIR / "packages.yaml"
 
@@ -109,7 +110,6 @@ class Release(_Sourced):
     kernel_headers: str = Field(pattern=r"\{kernel\}")
     kernel_headers_by_kernel_flavour: dict[str, str] = Field(default_factory=dict)
     ofi_nccl_libdir: str
-    python: str = Field(pattern=r"^3\.\d+$", description="the release's python3 (major.minor)")
     aws_image_ssm_parameter: str | None = Field(
         None, description="public SSM parameter of the release's plain AMI (None: no AWS image)"
     )
@@ -207,7 +207,7 @@ class ReleaseOffer:
 
     release_id: str
     release_name: str
-    python: str
+    python: str | None  # the release's python3 (infra/data/node_ansible.yaml os_pythons)
     open_drivers: frozenset[str]  # driver versions every package of the open-module install set has
     proprietary_drivers: frozenset[str]
     cuda_releases: frozenset[str]
@@ -242,6 +242,11 @@ def installable_drivers(facts: PackageFacts, release_id: str, open_modules: bool
     )
 
 
+def release_python(release_id: str) -> str | None:
+    os_python = node_ansible_facts().os_python(release_id)
+    return os_python.python if os_python is not None else None
+
+
 def release_offer(facts: PackageFacts, release_id: str) -> ReleaseOffer:
     nccl = frozenset(
         (v.split("-", 1)[0], v.rsplit("+cuda", 1)[1])
@@ -268,7 +273,7 @@ def release_offer(facts: PackageFacts, release_id: str) -> ReleaseOffer:
     return ReleaseOffer(
         release_id=release_id,
         release_name=facts.release(release_id).name,
-        python=facts.release(release_id).python,
+        python=release_python(release_id),
         open_drivers=installable_drivers(facts, release_id, open_modules=True),
         proprietary_drivers=installable_drivers(facts, release_id, open_modules=False),
         cuda_releases=cuda_toolkits,
