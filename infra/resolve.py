@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra.boot_time import boot_problems
 from infra.data.load import catalog, compatibility
 from infra.data.models import NodeProvider, NodeType
 from infra.data.packages import package_facts, release_offer
@@ -204,6 +205,7 @@ def resolve(spec: PlatformSpec, source: Path) -> ResolvedPlatform:
         serving_architectures=serving_gpus,
     )
     problems += version_problems
+    problems += boot_problems(spec)
     layout: ServingLayout | None = None
     if spec.serving is not None:
         serving_pool = next((p for p in resolved_pools if p.name == spec.serving.pool), None)

@@ -232,6 +232,7 @@ def slurm_vars(platform: ResolvedPlatform) -> dict[str, Any]:
         "slurm_controllers": controllers(platform),
         "slurm_high_availability": platform.spec.scheduler.high_availability,
         "slurm_power_saving": power_saving(platform),
+        "slurm_common_resume_timeout": platform.spec.scheduler.resume_timeout_s,
         "slurm_cloud_nodes": [asdict(n) for n in cloud_nodes(platform)],
         "slurm_suspend_time": (
             platform.spec.scheduler.scale_down_idle_s

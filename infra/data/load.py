@@ -9,12 +9,13 @@ from typing import TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from infra.data.models import Catalog, Compatibility
+from infra.data.models import BootTimes, Catalog, Compatibility
 from infra.spec.errors import spec_error_from_validation
 
 DATA_DIR = Path(__file__).resolve().parent
 CATALOG_FILE = DATA_DIR / "gpu_catalog.yaml"
 COMPATIBILITY_FILE = DATA_DIR / "compatibility.yaml"
+BOOT_TIMES_FILE = DATA_DIR / "boot_times.yaml"
 
 _M = TypeVar("_M", bound=BaseModel)
 
@@ -42,3 +43,8 @@ def catalog() -> Catalog:
 @cache
 def compatibility() -> Compatibility:
     return load_data_file(COMPATIBILITY_FILE, Compatibility)
+
+
+@cache
+def boot_times() -> BootTimes:
+    return load_data_file(BOOT_TIMES_FILE, BootTimes)

@@ -229,3 +229,26 @@ class Compatibility(_Strict):
 
     def supported_branches(self, day: dt.date) -> list[DriverBranch]:
         return sorted((d for d in self.drivers if d.supported_on(day)), key=lambda d: d.branch)
+
+
+ImageKind = Literal["plain", "baked"]
+
+
+class NodeBoot(Sourced):
+    image: ImageKind = Field(
+        description="plain: the OS image, the roles install at boot; baked: a node image"
+    )
+    seconds: int = Field(ge=1, description="launch to node in service")
+
+
+class BootTimes(_Strict):
+    node_boot: list[NodeBoot]
+
+    def seconds(self, image: ImageKind) -> int:
+        return next(b.seconds for b in self.node_boot if b.image == image)
+
+    @model_validator(mode="after")
+    def _every_kind(self) -> BootTimes:
+        if {b.image for b in self.node_boot} != {"plain", "baked"}:
+            raise ValueError("node_boot needs exactly one entry for plain and for baked images")
+        return self

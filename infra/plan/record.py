@@ -117,12 +117,18 @@ class _Mocks(pulumi.runtime.Mocks):
             state["vpcConfig"] = {**state.get("vpcConfig", {}), "clusterSecurityGroupId": f"{resource_id}-sg"}
         if args.typ == "aws:eks/nodeGroup:NodeGroup":
             state.setdefault("nodeGroupName", args.name)
+        if args.typ == "aws:imagebuilder/image:Image":
+            state.setdefault(
+                "outputResources", [{"amis": [{"image": f"ami-0{args.name}", "region": "mock"}]}]
+            )
         return resource_id, state
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:  # type: ignore[override]
         token = args.token
         if token == "aws:ssm/getParameter:getParameter":
             return {"name": args.args.get("name"), "value": "ami-0mockdeeplearning0", "type": "String"}
+        if token == "aws:ec2/getAmi:getAmi":
+            return {"id": "ami-0mockdeeplearning0", "rootDeviceName": "/dev/sda1", "architecture": "x86_64"}
         if token == "aws:index/getCallerIdentity:getCallerIdentity":
             return {
                 "accountId": _FAKE_ACCOUNT,

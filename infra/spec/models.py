@@ -312,6 +312,16 @@ class Scheduler(_Model):
         ),
     )
     default_time_limit: str = Field("24:00:00", pattern=TIME_LIMIT_PATTERN)
+    resume_timeout_s: int = Field(
+        1800,
+        ge=60,
+        le=86400,
+        description=(
+            "Slurm ResumeTimeout: seconds a launched node has to register before it is terminated and its "
+            "job requeued; the plan refuses one shorter than the pools' expected boot "
+            "(infra/data/boot_times.yaml)"
+        ),
+    )
 
     @model_validator(mode="after")
     def _unique_teams(self) -> Scheduler:
@@ -445,6 +455,14 @@ class AwsSettings(_Model):
             "Debian's public parameter), on which the roles install the whole pinned GPU stack. Images with "
             "a preinstalled GPU stack (the Deep Learning AMIs) are refused by the roles, naming what they "
             "carry"
+        ),
+    )
+    bake_images: bool = Field(
+        True,
+        description=(
+            "build a node image per GPU pool with EC2 Image Builder (the bundle's GPU roles on the plain "
+            "image, then sealed), so launched nodes only configure and join; false: every node installs at "
+            "boot"
         ),
     )
     vpc_cidr: Annotated[str, AfterValidator(_ipv4_network)] = "10.64.0.0/16"

@@ -228,8 +228,12 @@ def test_munge_runners_are_the_scheduler_plays_hosts() -> None:
 
 def test_node_roles_say_which_pool_role_they_serve(aws_prod: tuple[ResolvedPlatform, Recording]) -> None:
     _, recording = aws_prod
-    roles = {r.name: r.inputs["tags"]["gpuplat:role"] for r in recording.of_type("aws:iam/role:Role")}
-    assert roles == {f"aws-prod-{r}-role": r for r in ("train", "infer", "service")}
+    roles = {r.name: r.inputs["tags"].get("gpuplat:role") for r in recording.of_type("aws:iam/role:Role")}
+    assert {name: role for name, role in roles.items() if role} == {
+        f"aws-prod-{r}-role": r for r in ("train", "infer", "service")
+    }
+    # The image builds' instances run no pool's workload: no pool role, none of a node role's permissions.
+    assert roles["aws-prod-image-build-role"] is None
 
 
 def test_nodes_that_do_not_run_munge_do_not_fetch_the_key(

@@ -34,6 +34,7 @@ from infra.backends.aws.iam import (
     policy_document,
 )
 from infra.backends.aws.network import GpuNetwork, NetworkArgs
+from infra.backends.aws.node_image import ImageBuildIdentity, ImageBuildScript, NodeImage, NodeImageArgs
 from infra.backends.aws.node_pool import GpuNodePool, GpuNodePoolArgs
 from infra.backends.aws.storage import (
     BucketArgs,
@@ -44,7 +45,7 @@ from infra.backends.aws.storage import (
 )
 from infra.backends.aws.tags import base_tags, pool_tags
 from infra.backends.base import common_outputs
-from infra.inventory import aws_ec2_config
+from infra.inventory import aws_ec2_config, platform_vars
 from infra.munge import munge_roles, runs_munge
 from infra.resolve import ResolvedPlatform, ResolvedPool, image_parameter, os_release
 from infra.spec.load import PROJECT_ROOT
@@ -56,6 +57,12 @@ BOOTSTRAP_BUCKET = "bootstrap"
 SSM_TRANSFER_BUCKET = "ssm-transfer"
 _PLATFORM_BUCKETS = (BucketArgs(BOOTSTRAP_BUCKET, 30), BucketArgs(SSM_TRANSFER_BUCKET, 1, expire_days=1))
 MUNGE_KEY_BYTES = 1024
+
+
+def _root_device(image_id: str) -> pulumi.Output[str]:
+    """The image's root device name: the launch templates resize the volume mapped there."""
+    ami = aws.ec2.get_ami_output(filters=[aws.ec2.GetAmiFilterArgs(name="image-id", values=[image_id])])
+    return ami.root_device_name
 
 
 def pool_zones(platform: ResolvedPlatform, pool: ResolvedPool) -> list[str]:
@@ -157,9 +164,10 @@ class AwsBackend:
                 filesystem.filesystem.dns_name, "@tcp:/", filesystem.filesystem.mount_name
             )
 
-        image_id: pulumi.Input[str] = spec.aws.image_id or aws.ssm.get_parameter_output(
-            name=image_parameter(spec)
-        ).value
+        image_id: pulumi.Input[str] = (
+            spec.aws.image_id or aws.ssm.get_parameter_output(name=image_parameter(spec)).value
+        )
+        root_device: pulumi.Output[str] = pulumi.Output.from_input(image_id).apply(_root_device)
         key = bundle_key(PROJECT_ROOT)
         bundle = aws.s3.BucketObjectv2(
             f"{platform.name}-bundle",
@@ -186,13 +194,53 @@ class AwsBackend:
                 ).render()
             )
 
+        baked = {
+            p.name
+            for p in platform.pools
+            if p.node_type.gpu_count and spec.aws.bake_images and not spec.aws.image_id
+        }
+        image_builds = (
+            ImageBuildIdentity(f"{platform.name}-image-build", bootstrap_bucket.arn, tags) if baked else None
+        )
+
+        def pool_image(pool: ResolvedPool) -> pulumi.Input[str]:
+            """The pool's node image (aws.bake_images, GPU pools), else the stack's image."""
+            if image_builds is None or pool.name not in baked:
+                return image_id
+            build_script = bootstrap_bucket.bucket.apply(
+                lambda bucket: ImageBuildScript(
+                    region=str(spec.region),
+                    bucket=bucket,
+                    bundle_key=key,
+                    inventory=node_inventory(platform, pool),
+                    variables=platform_vars(platform),
+                    os_release=os_release(spec),
+                ).render()
+            )
+            return NodeImage(
+                f"{platform.name}-{pool.name}",
+                NodeImageArgs(
+                    parent_image_id=image_id,
+                    root_device=root_device,
+                    build_script=build_script,
+                    bundle_key=key,
+                    instance_profile_name=image_builds.profile.name,
+                    subnet_id=network.subnet_by_zone[pool_zones(platform, pool)[0]].id,
+                    security_group_id=network.security_groups[pool.role].id,
+                    root_volume_gib=spec.aws.root_volume_gib,
+                    tags=pool_tags(platform, pool),
+                    build_after=[bundle],
+                ),
+            ).image_id
+
         def node_pool(pool: ResolvedPool, boot_after: list[pulumi.Resource]) -> GpuNodePool:
             return GpuNodePool(
                 f"{platform.name}-{pool.name}",
                 GpuNodePoolArgs(
                     pool=pool.spec,
                     node_type=pool.node_type,
-                    image_id=image_id,
+                    image_id=pool_image(pool),
+                    root_device=root_device,
                     subnet_ids=[network.subnet_by_zone[zone].id for zone in pool_zones(platform, pool)],
                     security_group_id=network.security_groups[pool.role].id,
                     instance_profile_arn=identities[pool.role].profile.arn,

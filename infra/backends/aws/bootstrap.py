@@ -158,6 +158,7 @@ class BootScript:
         assignments = "\n".join(f"{key}={shlex.quote(value)}" for key, value in settings.items())
         script = (
             _SCRIPT.replace("@SETTINGS@", assignments)
+            .replace("@VENV@", VENV_STEP)
             .replace("@INVENTORY@", inventory)
             .replace("@JOIN@", _JOIN_PROGRAM.read_text())
         )
@@ -166,16 +167,8 @@ class BootScript:
         return script
 
 
-_SCRIPT = """#!/bin/bash
-# gpu-platform node bootstrap: Python and Ansible, the node's name, bundle, group vars and MUNGE key,
-# then Ansible against this node only.
-set -euo pipefail
-exec >>/var/log/gpuplat-bootstrap.log 2>&1
-echo "gpuplat bootstrap start $(date --iso-8601=seconds)"
-@SETTINGS@
-export GPUPLAT_STACK GPUPLAT_REGION GPUPLAT_BUCKET GPUPLAT_BUNDLE_KEY GPUPLAT_GROUP_VARS_KEY \\
-  GPUPLAT_MUNGE_PARAMETER GPUPLAT_NODE_NAME GPUPLAT_NAME_WAIT_S GPUPLAT_FETCH_WAIT_S GPUPLAT_WORK
-retry() {
+# Both the boot script and the image build (node_image.py): a venv of the image's Python with Ansible.
+VENV_STEP = """retry() {
   local n
   for n in 1 2 3 4 5; do "$@" && return 0; echo "attempt $n of: $* failed"; sleep $((n * 10)); done
   return 1
@@ -192,7 +185,18 @@ if [ ! -x venv/bin/ansible-playbook ]; then
   fi
   retry venv/bin/pip install -q $NODE_PIP_REQUIREMENTS
 fi
-cat >join.py <<'JOIN'
+"""
+
+_SCRIPT = """#!/bin/bash
+# gpu-platform node bootstrap: Python and Ansible, the node's name, bundle, group vars and MUNGE key,
+# then Ansible against this node only.
+set -euo pipefail
+exec >>/var/log/gpuplat-bootstrap.log 2>&1
+echo "gpuplat bootstrap start $(date --iso-8601=seconds)"
+@SETTINGS@
+export GPUPLAT_STACK GPUPLAT_REGION GPUPLAT_BUCKET GPUPLAT_BUNDLE_KEY GPUPLAT_GROUP_VARS_KEY \\
+  GPUPLAT_MUNGE_PARAMETER GPUPLAT_NODE_NAME GPUPLAT_NAME_WAIT_S GPUPLAT_FETCH_WAIT_S GPUPLAT_WORK
+@VENV@cat >join.py <<'JOIN'
 @JOIN@JOIN
 NODE_NAME=$(venv/bin/python3 join.py)
 echo "node name: $NODE_NAME"

@@ -8,7 +8,12 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
-from infra.backends.aws.iam import NodeIdentityArgs, node_role, policy_document, service_trust_policy
+from infra.backends.aws.iam import (
+    NodeIdentityArgs,
+    inline_policy,
+    node_role,
+    service_trust_policy,
+)
 
 # EKS user guide, "Amazon EKS cluster IAM role" (security/iam-reference/cluster-iam-role.adoc).
 CLUSTER_POLICIES = ("arn:aws:iam::aws:policy/AmazonEKSClusterPolicy",)
@@ -100,12 +105,5 @@ def autoscaler_role(
         tags=tags,
         opts=opts,
     )
-    aws.iam.RolePolicy(
-        f"{name}-autoscaler-scaling",
-        role=role.id,
-        policy=pulumi.Output.from_input(cluster_name).apply(
-            lambda cluster: policy_document(autoscaler_statements(cluster))
-        ),
-        opts=opts,
-    )
+    inline_policy(f"{name}-autoscaler-scaling", role, cluster_name, autoscaler_statements, opts)
     return role

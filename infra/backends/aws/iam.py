@@ -9,7 +9,7 @@ condition on termination holds (see `cluster_manager_statements`).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -225,3 +225,16 @@ def cluster_manager_statements(
 
 def policy_document(statements: list[dict[str, Any]]) -> str:
     return json.dumps({"Version": "2012-10-17", "Statement": statements}, sort_keys=True)
+
+
+def inline_policy(
+    name: str,
+    role: aws.iam.Role,
+    subject: pulumi.Input[str],
+    statements: Callable[[str], list[dict[str, Any]]],
+    opts: pulumi.ResourceOptions,
+) -> aws.iam.RolePolicy:
+    """A role's inline policy of the statements about one resource known only once it exists (an ARN,
+    a cluster name)."""
+    document = pulumi.Output.from_input(subject).apply(lambda value: policy_document(statements(value)))
+    return aws.iam.RolePolicy(name, role=role.id, policy=document, opts=opts)

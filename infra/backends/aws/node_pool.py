@@ -52,6 +52,9 @@ class GpuNodePoolArgs:
     user_data: pulumi.Input[str] | None = None
     # What the boot script fetches: an Auto Scaling group launches at once, so it waits for them.
     boot_after: list[pulumi.Resource] = field(default_factory=list)
+    # The image's root device (Canonical's Ubuntu images: /dev/sda1; others differ): the volume mapped
+    # there is the root volume, resized; under another name it would be a second, unused volume.
+    root_device: pulumi.Input[str] = "/dev/sda1"
 
 
 def efa_interfaces(
@@ -102,7 +105,7 @@ def metadata_options(hop_limit: int = HOST_ONLY_HOP_LIMIT) -> dict[str, Any]:
 def instance_template(
     pool: NodePool,
     node_type: NodeType,
-    root_device: str,
+    root_device: pulumi.Input[str],
     root_volume_gib: int,
     tags: dict[str, str],
     metadata_hop_limit: int = HOST_ONLY_HOP_LIMIT,
@@ -133,9 +136,9 @@ def instance_template(
 
 
 def base_template(args: GpuNodePoolArgs) -> dict[str, Any]:
-    """A node the platform boots itself: the stack's image (Ubuntu, root device /dev/sda1), its instance
-    profile and bootstrap."""
-    template = instance_template(args.pool, args.node_type, "/dev/sda1", args.root_volume_gib, args.tags)
+    """A node the platform boots itself: the stack's image on its root device, its instance profile and
+    bootstrap."""
+    template = instance_template(args.pool, args.node_type, args.root_device, args.root_volume_gib, args.tags)
     template["image_id"] = args.image_id
     template["iam_instance_profile"] = {"arn": args.instance_profile_arn}
     if args.user_data is not None:

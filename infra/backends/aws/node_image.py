@@ -1,0 +1,233 @@
+"""A node image per GPU pool, built by EC2 Image Builder, so that launched nodes only configure and join.
+
+Installing the GPU stack at boot (driver DKMS build, CUDA toolkit, NCCL, DCGM, EFA) takes longer than a
+node may take to register (infra/boot_time.py). The image build runs the bundle's `gpu_nodes.yml` on a
+build instance of the pool's plain OS image with the pool's versions, as one Image Builder component
+(an ExecuteBash step), then seals it with image_seal.sh; the pool's launch template boots the result,
+and the boot script's Ansible run finds everything installed and only configures.
+
+- The build needs no GPU: the GPU roles install without one (`*_install_without_gpu`), and DKMS builds
+  the module for the image's kernel. It runs on `BUILD_INSTANCE_TYPE` in the pool's subnet.
+- The component's version follows the bundle's digest (Image Builder versions are immutable), so a
+  changed role builds a new image and a new launch template version; running nodes keep theirs.
+- The build instance's role may read the bootstrap bundle and use SSM (Image Builder runs components
+  through the SSM agent): AWS's EC2InstanceProfileForImageBuilder and AmazonSSMManagedInstanceCore.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import pulumi_aws as aws
+import yaml
+
+from infra.backends.aws.bootstrap import NODE_BOTO3, VENV_STEP, WORK_DIR
+from infra.backends.aws.iam import bootstrap_statements, inline_policy, service_trust_policy
+from infra.node_ansible import node_ansible
+
+# General purpose, no GPU: the roles install without one (see the module docstring).
+BUILD_INSTANCE_TYPE = "m7i.2xlarge"
+IMAGE_BUILDER_POLICIES = (
+    "arn:aws:iam::aws:policy/EC2InstanceProfileForImageBuilder",
+    "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore",
+)
+BUILD_HOST = "imagebuild"
+# The GPU roles skip on a node without GPUs unless told to install anyway (image builds).
+INSTALL_WITHOUT_GPU = {
+    f"{role}_install_without_gpu": True
+    for role in ("gpu_driver", "fabric_manager", "cuda_toolkit", "nccl", "container_runtime", "dcgm")
+}
+_SEAL = Path(__file__).with_name("image_seal.sh")
+
+
+@dataclass(frozen=True)
+class ImageBuildScript:
+    """What the build instance runs: the venv, the bundle, the GPU play against itself, the seal."""
+
+    region: str
+    bucket: str
+    bundle_key: str
+    inventory: dict[str, Any]  # the pool's one-host inventory, the host named NODE (bootstrap.node_inventory)
+    variables: dict[str, Any]  # the platform's resolved values (no stack outputs: they may not exist yet)
+    os_release: str
+
+    def render(self) -> str:
+        node = node_ansible(self.os_release)
+        settings = {
+            "GPUPLAT_REGION": self.region,
+            "GPUPLAT_BUCKET": self.bucket,
+            "GPUPLAT_BUNDLE_KEY": self.bundle_key,
+            "GPUPLAT_WORK": WORK_DIR,
+            "BOOT_PACKAGES": node.venv_package,
+            "NODE_PIP_REQUIREMENTS": f"{node.requirement} {NODE_BOTO3}",
+        }
+        inventory = yaml.safe_dump(self.inventory, sort_keys=False).replace("NODE:", f"{BUILD_HOST}:")
+        variables = json.dumps({**self.variables, **INSTALL_WITHOUT_GPU}, sort_keys=True)
+        return (
+            _BUILD.replace("@SETTINGS@", "\n".join(f"{k}={shlex.quote(v)}" for k, v in settings.items()))
+            .replace("@VENV@", VENV_STEP)
+            .replace("@INVENTORY@", inventory)
+            .replace("@VARIABLES@", variables)
+            .replace("@SEAL@", _SEAL.read_text())
+        )
+
+
+_BUILD = """#!/bin/bash
+# gpu-platform node image build: the pool's GPU software from the bundle, then the seal.
+set -euo pipefail
+@SETTINGS@
+export GPUPLAT_REGION GPUPLAT_BUCKET GPUPLAT_BUNDLE_KEY GPUPLAT_WORK
+@VENV@
+venv/bin/python3 -c 'import boto3, os; env = os.environ
+boto3.client("s3", region_name=env["GPUPLAT_REGION"]).download_file(
+    env["GPUPLAT_BUCKET"], env["GPUPLAT_BUNDLE_KEY"], "bundle.zip")'
+cat >inventory.yml <<'INVENTORY'
+@INVENTORY@INVENTORY
+cat >image-vars.json <<'VARIABLES'
+@VARIABLES@
+VARIABLES
+rm -rf bundle && venv/bin/python3 -m zipfile -e bundle.zip bundle
+(cd bundle && ANSIBLE_CONFIG=ansible.cfg ../venv/bin/ansible-playbook -i ../inventory.yml \\
+  -e @../image-vars.json -e gpuplat_gpu_hosts=gpu_nodes --limit imagebuild playbooks/gpu_nodes.yml)
+rm -f image-vars.json
+cat >seal.sh <<'SEAL'
+@SEAL@SEAL
+bash seal.sh && rm -f seal.sh
+"""
+
+
+def component_document(script: str) -> str:
+    """The Image Builder component (schemaVersion 1.0): one build step that runs the script."""
+    document = {
+        "name": "gpuplat-node-image",
+        "description": "gpu-platform GPU node software from the bootstrap bundle, then sealed",
+        "schemaVersion": 1.0,
+        "phases": [
+            {
+                "name": "build",
+                "steps": [
+                    {
+                        "name": "InstallGpuStack",
+                        "action": "ExecuteBash",
+                        "inputs": {"commands": [script]},
+                    }
+                ],
+            }
+        ],
+    }
+    return yaml.safe_dump(document, sort_keys=False, width=1000)
+
+
+def component_version(bundle_key: str) -> str:
+    """Semantic version from the bundle's digest (bootstrap/<digest>/bundle.zip): a new bundle, a new
+    component and image; the same bundle, the same version."""
+    digest = bundle_key.split("/")[1]
+    return f"1.0.{int(digest[:7], 16)}"
+
+
+class ImageBuildIdentity(pulumi.ComponentResource):
+    """The build instances' role and profile, one for all pools: SSM (Image Builder runs components
+    through its agent), Image Builder's instance policy, and reading the bootstrap bundle."""
+
+    def __init__(
+        self,
+        name: str,
+        bootstrap_bucket_arn: pulumi.Input[str],
+        tags: dict[str, str],
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        super().__init__("gpu-platform:aws:ImageBuildIdentity", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        trust = service_trust_policy("ec2.amazonaws.com")
+        role = aws.iam.Role(f"{name}-role", assume_role_policy=trust, tags=tags, opts=child)
+        for index, policy in enumerate(IMAGE_BUILDER_POLICIES):
+            aws.iam.RolePolicyAttachment(
+                f"{name}-managed-{index}", role=role.name, policy_arn=policy, opts=child
+            )
+        inline_policy(f"{name}-bundle", role, bootstrap_bucket_arn, bootstrap_statements, child)
+        self.profile = aws.iam.InstanceProfile(f"{name}-profile", role=role.name, tags=tags, opts=child)
+        self.register_outputs({"instance_profile_name": self.profile.name})
+
+
+@dataclass(frozen=True)
+class NodeImageArgs:
+    parent_image_id: pulumi.Input[str]
+    root_device: pulumi.Input[str]  # the parent image's; the image keeps it
+    build_script: pulumi.Input[str]
+    bundle_key: str
+    instance_profile_name: pulumi.Input[str]
+    subnet_id: pulumi.Input[str]
+    security_group_id: pulumi.Input[str]
+    root_volume_gib: int
+    tags: dict[str, str]
+    build_after: list[pulumi.Resource]
+
+
+class NodeImage(pulumi.ComponentResource):
+    """The image (`image_id`) of one pool; `pulumi up` waits for the build."""
+
+    def __init__(self, name: str, args: NodeImageArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("gpu-platform:aws:NodeImage", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        component = aws.imagebuilder.Component(
+            f"{name}-component",
+            platform="Linux",
+            version=component_version(args.bundle_key),
+            data=pulumi.Output.from_input(args.build_script).apply(component_document),
+            tags=args.tags,
+            opts=child,
+        )
+        recipe = aws.imagebuilder.ImageRecipe(
+            f"{name}-recipe",
+            parent_image=args.parent_image_id,
+            version=component_version(args.bundle_key),
+            components=[aws.imagebuilder.ImageRecipeComponentArgs(component_arn=component.arn)],
+            block_device_mappings=[
+                aws.imagebuilder.ImageRecipeBlockDeviceMappingArgs(
+                    device_name=args.root_device,
+                    ebs=aws.imagebuilder.ImageRecipeBlockDeviceMappingEbsArgs(
+                        volume_size=args.root_volume_gib,
+                        volume_type="gp3",
+                        encrypted="true",
+                        delete_on_termination="true",
+                    ),
+                )
+            ],
+            tags=args.tags,
+            opts=child,
+        )
+        infrastructure = aws.imagebuilder.InfrastructureConfiguration(
+            f"{name}-infrastructure",
+            instance_profile_name=args.instance_profile_name,
+            instance_types=[BUILD_INSTANCE_TYPE],
+            subnet_id=args.subnet_id,
+            security_group_ids=[args.security_group_id],
+            instance_metadata_options=aws.imagebuilder.InfrastructureConfigurationInstanceMetadataOptionsArgs(
+                http_tokens="required"
+            ),
+            terminate_instance_on_failure=True,
+            tags=args.tags,
+            opts=child,
+        )
+        image = aws.imagebuilder.Image(
+            f"{name}-image",
+            image_recipe_arn=recipe.arn,
+            infrastructure_configuration_arn=infrastructure.arn,
+            image_tests_configuration=aws.imagebuilder.ImageImageTestsConfigurationArgs(
+                image_tests_enabled=False
+            ),
+            tags=args.tags,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=args.build_after),
+        )
+        self.image_id: pulumi.Output[str] = image.output_resources.apply(_first_ami)
+        self.register_outputs({"image_id": self.image_id})
+
+
+def _first_ami(resources: Any) -> str:
+    """The AMI of the build's output resources (Image Builder distributes to the build's own region)."""
+    return str(resources[0].amis[0].image)
