@@ -3,6 +3,7 @@ OS image by the bundle's GPU play and sealed; the pool's launch template boots i
 
 from __future__ import annotations
 
+import subprocess
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -103,3 +104,11 @@ def test_no_build_without_baking_or_with_the_stacks_own_image(
     recording = record(replace(platform, spec=spec))
     assert not recording.of_type("aws:imagebuilder/image:Image")
     assert not [r for r in recording.of_type("aws:iam/role:Role") if "image-build" in r.name]
+
+
+def test_the_build_script_is_valid_bash(aws_prod: tuple[ResolvedPlatform, Recording], tmp_path: Path) -> None:
+    _, recording = aws_prod
+    script = tmp_path / "build.sh"
+    script.write_text(build_step(recording, "infer"))
+    result = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
