@@ -128,6 +128,16 @@ class Package(_Sourced):
     releases: list[ReleaseId] = Field(min_length=1)
     versions: list[str]
     depends: list[str] = Field(default_factory=list)
+    accepted: str | None = Field(
+        None,
+        description="unverified facts only: why a shipped stack may rest on it (infra/package_set.py)",
+    )
+
+    @model_validator(mode="after")
+    def _accepted_only_unverified(self) -> Package:
+        if self.accepted and self.verified:
+            raise ValueError(f"{self.name}: `accepted` explains an unverified fact; this one is verified")
+        return self
 
     def depends_for(self, version: str) -> list[str]:
         return [d.replace("{version}", version) for d in self.depends]

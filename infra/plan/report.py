@@ -6,6 +6,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from infra.data.packages import package_facts
+from infra.package_set import resting_facts
 from infra.plan.record import Recording, record
 from infra.policy.check import verdicts_for
 from infra.resolve import ResolvedPlatform
@@ -63,6 +65,8 @@ class PlanReport:
     software: dict[str, Any]
     outputs: dict[str, Any]
     verdicts: list[dict[str, Any]] = field(default_factory=list)
+    # Packages the nodes will install whose version was never seen in the real repository index.
+    unverified_facts: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -123,4 +127,9 @@ def build_report(platform: ResolvedPlatform, recording: Recording | None = None)
         software=asdict(platform.software),
         outputs=recording.outputs,
         verdicts=[v.to_dict() for v in verdicts_for(platform, recording)],
+        unverified_facts=[
+            {"package": f.package, "version": f.version, "accepted": f.accepted}
+            for f in resting_facts(package_facts(), str(platform.software.os_release), platform.software)
+            if not f.verified
+        ],
     )

@@ -73,6 +73,12 @@ def render_plan(report: PlanReport) -> None:
         f"modules), fabric manager {sw['fabric_manager_version']}, CUDA {sw['cuda_package_version']}, "
         f"NCCL {sw['nccl']}+cuda{sw['nccl_cuda_build']}"
     )
+    if report.unverified_facts:
+        console.print(
+            f"Unverified facts: {len(report.unverified_facts)} of the packages the nodes install were never "
+            "seen at that version in NVIDIA's index (infra/data/packages.yaml, `accepted` says why; --json "
+            "lists them)"
+        )
     if not report.verdicts:
         console.print("Policies: no violations (details: gpuplat check)")
     for verdict_line in report.verdicts:
