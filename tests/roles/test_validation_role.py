@@ -707,3 +707,54 @@ def test_checkpoint_probe_reports_a_filesystem_that_refuses(
     blocker.write_text("not a directory")
     assert checkpoint_probe.main(["--dir", str(blocker / "sub"), "--bytes", "10"]) == 1
     assert "error" in json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize(
+    ("code", "output", "status", "detail"),
+    [
+        (0, "0, 00000000:18:00.0, None\n1, 00000000:2A:00.0, None\n", "pass", "no recovery action"),
+        (
+            0,
+            "0, 00000000:18:00.0, None\n1, 00000000:2A:00.0, Reset\n",
+            "fail",
+            "GPU 1 (00000000:2A:00.0): Reset",
+        ),
+        (0, "0, 00000000:18:00.0, Drain and Reset\n", "fail", "Drain and Reset"),
+        (0, "0, 00000000:18:00.0, Drain P2P\n", "warn", "GPU 0 (00000000:18:00.0): Drain P2P"),
+        (0, "0, 00000000:18:00.0, [N/A]\n", "pass", "no recovery action"),
+        (2, 'Field "gpu_recovery_action" is not a valid field to query.\n', "skip", "no gpu_recovery_action"),
+        (
+            9,
+            "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.",
+            "error",
+            "could not",
+        ),
+    ],
+)
+def test_the_drivers_recovery_action_drains_or_warns(
+    code: int, output: str, status: str, detail: str
+) -> None:
+    """XID 154 says the driver's recovery action changed; the action itself (reset, reboot, drain and
+    reset) is what decides whether the node can take work: DCGM's health watch fails on those."""
+    check = node_check.recovery_check_from(code, output)
+    assert (check.name, check.status) == ("recovery", status) and detail in check.detail
+
+
+def test_a_gpu_asking_for_a_reboot_is_drained(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    answers = {
+        "--query-gpu=index,pci.bus_id,gpu_recovery_action": "0, 00000000:18:00.0, Reboot",
+        "--query-gpu=index,pci.bus_id,ecc.errors.uncorrected.volatile.total": "0, 00000000:18:00.0, 0",
+    }
+    cases = "\n".join(f'  "{flag}") echo "{answer}";;' for flag, answer in answers.items())
+    (bin_dir / "nvidia-smi").write_text(f'#!/bin/sh\ncase "$1" in\n{cases}\n  *) exit 6;;\nesac\n')
+    (bin_dir / "dmesg").write_text("#!/bin/sh\nexit 0\n")
+    for tool in ("nvidia-smi", "dmesg"):
+        (bin_dir / tool).chmod(0o755)
+    result = run_node_check(
+        "--health-program", str(health_program(tmp_path, 0)), path=f"{bin_dir}:/usr/bin:/bin"
+    )
+    assert result["drain_reasons"] == [
+        "recovery: the driver asks for a recovery action: GPU 0 (00000000:18:00.0): Reboot"
+    ]

@@ -4,6 +4,8 @@ role writes it), the scaling flag against hand-computed cases, and the command's
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,21 @@ from infra.validate.report import fabric_report
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT.parent / "shared" / "nccl-samples"
 SIMULATED = "the node's 8 H100 GPUs are simulated (gpuplat_gpu_simulated=true, the local podman cluster)"
-GPU_CHECKS = ("xid", "ecc", "dcgm-diag")
+
+
+def node_check_names() -> tuple[str, ...]:
+    """The GPU checks the real node check program reports (all skipped when told the GPUs are absent)."""
+    program = ROOT / "roles" / "gpu_validation" / "files" / "gpuplat_node_check.py"
+    done = subprocess.run(
+        [sys.executable, str(program), "--health-program", "/nonexistent", "--gpu-absent-reason", "absent"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return tuple(c["name"] for c in json.loads(done.stdout)["checks"] if c["name"] != "health-program")
+
+
+GPU_CHECKS = node_check_names()
 
 
 def node_report(node: str, *reasons: str, absent: str = "", pool: str = "train") -> dict[str, Any]:
@@ -145,7 +161,7 @@ def test_local_run_reports_figures_and_every_skip(tmp_path: Path, shipped_platfo
     assert pool.checkpoint is not None and pool.checkpoint.worst_seconds == 0.55
     assert [f.status for f in pool.findings if f.check.startswith("nccl")] == ["skip", "skip"]
     assert report.skipped == [
-        f"xid, ecc, dcgm-diag on train-0, train-1: {SIMULATED}",
+        f"{', '.join(GPU_CHECKS)} on train-0, train-1: {SIMULATED}",
         f"nccl_1node, nccl_2node on pool train: {SIMULATED}",
         "scaling on pool train: not predicted: give --params and --step-compute-s",
     ]
@@ -298,12 +314,12 @@ def test_drained_and_already_drained_nodes_fail_and_unchecked_ones_warn(
     ("index", "check", "finding"),
     [
         (
-            3,
+            1 + GPU_CHECKS.index("dcgm-diag"),
             {"name": "dcgm-diag", "status": "error", "detail": "dcgmi diag -r 2 could not run (exit 255)"},
             "train-0 could not run dcgm-diag: dcgmi diag -r 2 could not run (exit 255)",
         ),
         (
-            1,
+            1 + GPU_CHECKS.index("xid"),
             {"name": "xid", "status": "warn", "detail": "XID since boot that needs a look: XID 94"},
             "train-0 xid: XID since boot that needs a look: XID 94",
         ),

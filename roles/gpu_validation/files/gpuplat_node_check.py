@@ -9,6 +9,7 @@ Checks, each reported as pass, fail, skip (with the reason) or error (the check 
   health-program  the pool's Slurm health program (roles/slurm_compute) with --dry-run
   xid             XID errors since boot in the kernel log (dmesg), against the fatal list
   ecc             uncorrectable volatile ECC errors and row-remapping state (nvidia-smi)
+  recovery        the GPU recovery action the driver asks for (nvidia-smi gpu_recovery_action)
   dcgm-diag       `dcgmi diag -r LEVEL -j` where DCGM is installed and no Slurm job holds the node
 
 GPU checks skip when --gpu-absent-reason is given (no GPU, simulated GPUs, driver not loaded).
@@ -196,6 +197,48 @@ def ecc_check() -> Check:
     return Check("ecc", "pass", f"no uncorrectable ECC error, no pending or failed row remapping{remap_note}")
 
 
+# The driver's recovery action (NVML field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, 230, from R565; XID 154
+# announces a change): nvidia-smi's `gpu_recovery_action` query field prints None, Reset, Reboot, Drain P2P
+# or Drain and Reset. DCGM's health watch fails a GPU on reset, reboot and drain-and-reset and warns on
+# drain P2P (NVIDIA/DCGM modules/health/DcgmHealthWatch.cpp, MonitorGpuRecoveryAction); here any other
+# action than none warns.
+RECOVERY_FAIL = frozenset({"Reset", "Reboot", "Drain and Reset"})
+RECOVERY_NONE = frozenset({"None", "[N/A]", "N/A", "[Not Supported]"})
+
+
+def recovery_check_from(code: int, output: str) -> Check:
+    if code != 0:
+        if "not a valid field" in output:
+            return Check(
+                "recovery",
+                "skip",
+                "this driver's nvidia-smi has no gpu_recovery_action query field (the XID check still sees "
+                "XID 154)",
+            )
+        return Check(
+            "recovery", "error", f"nvidia-smi could not read the recovery action: {output.strip()[:200]}"
+        )
+    fail, warn = [], []
+    for row in csv.reader(line for line in output.splitlines() if line.strip()):
+        index, bus, action = (cell.strip() for cell in row)
+        where = f"GPU {index} ({bus}): {action}"
+        if action in RECOVERY_FAIL:
+            fail.append(where)
+        elif action not in RECOVERY_NONE:
+            warn.append(where)
+    if fail:
+        return Check("recovery", "fail", "the driver asks for a recovery action: " + "; ".join(fail + warn))
+    if warn:
+        return Check("recovery", "warn", "recovery action that needs a look: " + "; ".join(warn))
+    return Check("recovery", "pass", "the driver asks for no recovery action")
+
+
+def recovery_check() -> Check:
+    return recovery_check_from(
+        *run(["nvidia-smi", "--query-gpu=index,pci.bus_id,gpu_recovery_action", "--format=csv,noheader"])
+    )
+
+
 # Where a configless slurmd keeps the configuration it fetched (Slurm 22.05's client commands do not
 # look there themselves).
 CONFIGLESS_SLURM_CONF = Path("/run/slurm/conf/slurm.conf")
@@ -243,7 +286,7 @@ def check_node(args: argparse.Namespace) -> Report:
     report = Report()
     report.add(health_program_check(args.health_program))
     if args.gpu_absent_reason:
-        for name in ("xid", "ecc", "dcgm-diag"):
+        for name in ("xid", "ecc", "recovery", "dcgm-diag"):
             report.add(Check(name, "skip", args.gpu_absent_reason))
         return report
     code, log = kernel_log()
@@ -253,6 +296,7 @@ def check_node(args: argparse.Namespace) -> Report:
         else Check("xid", "error", log.strip()[:200])
     )
     report.add(ecc_check())
+    report.add(recovery_check())
     if shutil.which("dcgmi") is None:
         report.add(Check("dcgm-diag", "skip", "DCGM is not installed on this node (dcgmi not found)"))
     elif (busy := dcgm_guard(args.slurm_node or socket.gethostname())) is not None:
