@@ -83,16 +83,15 @@ test-integration: venv image
 images: image
 	scripts/build-base-image.sh trixie
 
-## test: everything CI runs, as three streams side by side, each printed when it ends: test-scheduler
-## and test-box (both wait on Slurm's own timers much of the time and leave the CPUs idle), and lint,
-## test-unit, test-roles, test-serving, test-integration one after the other.
+## test: everything CI runs, as four streams side by side, each printed when it ends: test-scheduler
+## and test-box (both wait on Slurm's own timers much of the time and leave the CPUs idle), test-roles,
+## and lint, test-unit, test-serving, test-integration one after the other.
 test: venv images
-	$(MAKE) --no-print-directory -j3 --output-sync=target test-scheduler test-box test-node-suites
+	$(MAKE) --no-print-directory -j4 --output-sync=target test-scheduler test-box test-roles test-node-suites
 
 test-node-suites:
 	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory test-unit
-	$(MAKE) --no-print-directory test-roles
 	$(MAKE) --no-print-directory test-serving
 	$(MAKE) --no-print-directory test-integration
 

@@ -78,6 +78,29 @@ def test_second_up_changes_nothing(first_up: subprocess.CompletedProcess[str]) -
     )
 
 
+def test_validate_runs_the_validation_play_through_slurm(first_up: subprocess.CompletedProcess[str]) -> None:
+    """`gpuplat validate`: playbooks/validate.yml on the running cluster (the node checks on every training
+    node, then through srun from the controller: storage read, checkpoint write), judged from what the
+    play copied back. `up` on the local cluster validates without this play."""
+    assert first_up.returncode == 0
+    done = gpuplat("validate", "--stack", STACK, "--json")
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    report = json.loads(done.stdout)
+    assert report["verdict"] == "pass" and report["stack"] == STACK
+    nodes = {n["node"]: n for n in report["nodes"]}
+    assert set(nodes) == {"train-0", "train-1"}
+    for node in nodes.values():
+        checks = {name: status for name, (status, _) in node["checks"].items()}
+        assert checks["health-program"] == "pass"
+        assert {checks[name] for name in ("xid", "ecc", "recovery", "dcgm-diag")} == {"skip"}
+        assert "simulated" in node["gpu_absent_reason"]
+    [pool] = report["pools"]
+    assert pool["pool"] == "train" and sorted(pool["ready_nodes"]) == ["train-0", "train-1"]
+    assert set(pool["storage"]["node_gbps"]) == set(nodes) and pool["storage"]["aggregate_gbps"] > 0
+    assert set(pool["checkpoint"]["node_seconds"]) == set(nodes) and pool["checkpoint"]["worst_seconds"] > 0
+    assert not any(report["drains"].get(key) for key in ("drained", "already_drained", "failing_not_drained"))
+
+
 def test_openai_client_through_the_gateway(first_up: subprocess.CompletedProcess[str]) -> None:
     from openai import OpenAI
 
