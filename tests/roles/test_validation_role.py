@@ -758,3 +758,55 @@ def test_a_gpu_asking_for_a_reboot_is_drained(tmp_path: Path) -> None:
     assert result["drain_reasons"] == [
         "recovery: the driver asks for a recovery action: GPU 0 (00000000:18:00.0): Reboot"
     ]
+
+
+@pytest.mark.parametrize(("checkpoint_gib", "dcgm_level"), [(None, 2), (0.25, 4)])
+def test_what_gpuplat_validate_passes_is_what_the_role_accepts(
+    tmp_path: Path, checkpoint_gib: float | None, dcgm_level: int
+) -> None:
+    """A stand-in for playbooks/validate.yml, run by the real ansible-playbook with the command line
+    `gpuplat validate` builds: the role's own argument spec validates exactly those extra vars (strings
+    from -e key=value), and a name the role does not declare would be ignored by it, so none may be."""
+    from infra.ansible import ansible_playbook_binary
+    from infra.validate.run import ValidateOptions, extra_vars
+
+    values = extra_vars(
+        ValidateOptions(checkpoint_gib=checkpoint_gib, dcgm_level=dcgm_level), tmp_path / "raw"
+    )
+    declared = yaml.safe_load((ROLE / "meta" / "argument_specs.yml").read_text())["argument_specs"]["main"][
+        "options"
+    ]
+    assert set(values) <= set(declared), f"not declared by the role: {set(values) - set(declared)}"
+    seen = tmp_path / "seen.json"
+    play = [
+        {
+            "name": "Stand-in for validate.yml",
+            "hosts": "localhost",
+            "gather_facts": False,
+            "tasks": [
+                {
+                    "name": "Validate the extra vars as the role does",
+                    "ansible.builtin.validate_argument_spec": {
+                        "argument_spec": {name: declared[name] for name in values}
+                    },
+                },
+                {
+                    "name": "Record them",
+                    "ansible.builtin.copy": {
+                        "dest": str(seen),
+                        "content": "{{ {" + ", ".join(f"'{n}': {n}" for n in values) + "} | to_json }}",
+                        "mode": "0644",
+                    },
+                },
+            ],
+        }
+    ]
+    playbook = tmp_path / "validate.yml"
+    playbook.write_text(yaml.safe_dump(play, sort_keys=False))
+    command = [ansible_playbook_binary(), "-i", "localhost,", "-c", "local", str(playbook)]
+    command += ["-e", f"ansible_python_interpreter={sys.executable}"]
+    for key, value in values.items():
+        command += ["-e", f"{key}={value}"]
+    done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert json.loads(seen.read_text()) == values
