@@ -128,6 +128,15 @@ def test_managed_addons_at_the_default_version(eks: Recording) -> None:
     assert all("addonVersion" not in a for a in addons.values())
 
 
+def test_network_policies_are_enforced_by_the_vpc_cni(eks: Recording) -> None:
+    """Without the VPC CNI's network policy agent, EKS accepts the tenancy NetworkPolicies and enforces
+    none of them (EKS user guide, cni-network-policy.html)."""
+    [cni] = [r for r in eks.of_type("aws:eks/addon:Addon") if r.inputs["addonName"] == "vpc-cni"]
+    assert json.loads(cni.inputs["configurationValues"]) == {"enableNetworkPolicy": "true"}
+    others = [r for r in eks.of_type("aws:eks/addon:Addon") if r.inputs["addonName"] != "vpc-cni"]
+    assert others and all("configurationValues" not in r.inputs for r in others)
+
+
 def test_inference_nodes_reach_lustre(eks: Recording) -> None:
     rules = [r.inputs for r in eks.of_type("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")]
     to_lustre = {

@@ -38,6 +38,10 @@ from infra.spec.load import CONFIG_KEY
 
 CONTROL_PLANE_LOGS = ["api", "audit", "authenticator", "controllerManager", "scheduler"]
 NODE_ADDONS = ("vpc-cni", "kube-proxy", "eks-pod-identity-agent")
+# The VPC CNI enforces NetworkPolicy objects only with its network policy agent turned on (EKS user guide,
+# "Configure your cluster for Kubernetes network policies", cni-network-policy.html: the add-on's
+# configuration value enableNetworkPolicy "true"); without it the tenancy policies are accepted and ignored.
+ADDON_CONFIGURATION = {"vpc-cni": {"enableNetworkPolicy": "true"}}
 SCHEDULED_ADDONS = ("coredns",)
 # EKS user guide, access-policy-reference.adoc, "AmazonEKSClusterAdminPolicy".
 CLUSTER_ADMIN_POLICY = "arn:{partition}:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
@@ -227,10 +231,12 @@ class EksCluster(pulumi.ComponentResource):
     def _addon(
         self, name: str, addon: str, tags: dict[str, str], after: list[pulumi.Resource] | None = None
     ) -> aws.eks.Addon:
+        configuration = ADDON_CONFIGURATION.get(addon)
         return aws.eks.Addon(
             f"{name}-{addon}",
             cluster_name=self.cluster.name,
             addon_name=addon,
+            configuration_values=json.dumps(configuration) if configuration else None,
             tags=tags,
             opts=pulumi.ResourceOptions(parent=self, depends_on=after or []),
         )
