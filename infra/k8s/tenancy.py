@@ -28,15 +28,19 @@ def _namespace(team: Team) -> Manifest:
     return k8s_object("v1", "Namespace", team_namespace(team.name), labels={LABEL_TEAM: team.name})
 
 
+def team_group(team: str) -> str:
+    """The Kubernetes group of a team's members: EKS access entries put them in it (teams[].iam_principals);
+    other identity providers send it themselves."""
+    return f"gpuplat:{team}"
+
+
 def _role_binding(team: Team) -> Manifest:
     """The team's users (user names as the cluster's authenticator reports them) and the group
     `gpuplat:<team>` for identity providers that send groups."""
     subjects = [
         {"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"} for user in team.users
     ]
-    subjects.append(
-        {"kind": "Group", "name": f"gpuplat:{team.name}", "apiGroup": "rbac.authorization.k8s.io"}
-    )
+    subjects.append({"kind": "Group", "name": team_group(team.name), "apiGroup": "rbac.authorization.k8s.io"})
     return k8s_object(
         "rbac.authorization.k8s.io/v1",
         "RoleBinding",

@@ -170,27 +170,60 @@ def _check_serving(spec: PlatformSpec) -> list[FieldProblem]:
     return problems
 
 
-def _check_kubernetes(spec: PlatformSpec) -> list[FieldProblem]:
+def _kueue_needs_kubernetes(spec: PlatformSpec) -> list[FieldProblem]:
+    if spec.scheduler.kind != "kueue":
+        return []
+    return [
+        (
+            ("kubernetes",),
+            "scheduler.kind kueue runs on Kubernetes: add a kubernetes section (distribution: eks on "
+            "backend aws, existing on backend onprem)",
+        )
+    ]
+
+
+def _check_team_principals(spec: PlatformSpec) -> list[FieldProblem]:
+    """Team members' IAM principals become EKS access entries: EKS only, and one entry per principal."""
     k8s = spec.kubernetes
-    if spec.scheduler.kind == "kueue" and k8s is None:
+    teams = [(i, team) for i, team in enumerate(spec.scheduler.teams) if team.iam_principals]
+    if k8s is None or k8s.distribution != "eks":
         return [
             (
-                ("kubernetes",),
-                "scheduler.kind kueue runs on Kubernetes: add a kubernetes section (distribution: eks on "
-                "backend aws, existing on backend onprem)",
+                ("scheduler", "teams", index, "iam_principals"),
+                "teams[].iam_principals are EKS access entries; give them with kubernetes.distribution eks",
             )
+            for index, _ in teams
         ]
+    owner = {arn: "kubernetes.admin_arns" for arn in k8s.admin_arns}
+    problems: list[FieldProblem] = []
+    for index, team in teams:
+        for position, arn in enumerate(team.iam_principals):
+            if arn in owner:
+                problems.append(
+                    (
+                        ("scheduler", "teams", index, "iam_principals", position),
+                        f"{arn} is already in {owner[arn]}: EKS gives a principal one access entry, so it "
+                        "can be in one team or the admins, not both",
+                    )
+                )
+            owner.setdefault(arn, f"scheduler.teams[{index}] ({team.name})")
+    return problems
+
+
+def _check_kubernetes(spec: PlatformSpec) -> list[FieldProblem]:
+    k8s = spec.kubernetes
+    problems: list[FieldProblem] = _check_team_principals(spec)
     if k8s is None:
-        return []
+        return problems + _kueue_needs_kubernetes(spec)
     if spec.scheduler.kind != "kueue":
         return [
+            *problems,
             (
                 ("scheduler", "kind"),
                 "the kubernetes section drives the Kueue platform; set scheduler.kind: kueue, or drop "
                 "the kubernetes section to keep Slurm",
-            )
+            ),
         ]
-    problems: list[FieldProblem] = []
     wanted = _DISTRIBUTION_BACKEND[k8s.distribution]
     if spec.backend != wanted:
         allowed = ", ".join(f"{d} on backend {b}" for d, b in _DISTRIBUTION_BACKEND.items())

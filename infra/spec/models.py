@@ -283,6 +283,13 @@ class Team(_Model):
     gpu_quota: int = Field(ge=1, description="most GPUs the team's running jobs may hold (GrpTRES gres/gpu)")
     fairshare: int = Field(1, ge=1, description="fair-share weight (Slurm association Fairshare)")
     users: list[Annotated[str, Field(pattern=USER_PATTERN)]] = Field(default_factory=list)
+    iam_principals: list[Annotated[str, Field(pattern=ROLE_ARN_PATTERN)]] = Field(
+        default_factory=list,
+        description=(
+            "kubernetes eks: IAM users or roles of the team's members; each gets an EKS access entry in the "
+            "team's Kubernetes group (gpuplat:<team>), which the team namespace's RoleBinding names"
+        ),
+    )
 
 
 class Scheduler(_Model):

@@ -137,6 +137,22 @@ def test_network_policies_are_enforced_by_the_vpc_cni(eks: Recording) -> None:
     assert others and all("configurationValues" not in r.inputs for r in others)
 
 
+def test_team_members_log_in_into_their_teams_group(eks: Recording, platform: ResolvedPlatform) -> None:
+    """RoleBindings name the group gpuplat:<team>; without an access entry putting the team's IAM principals
+    in it, no team member could authenticate to the cluster at all (only the admins had entries)."""
+    entries = {
+        r.inputs["principalArn"]: r.inputs.get("kubernetesGroups")
+        for r in eks.of_type("aws:eks/accessEntry:AccessEntry")
+        if "-team-" in r.name
+    }
+    expected = {
+        arn: [f"gpuplat:{team.name}"] for team in platform.spec.scheduler.teams for arn in team.iam_principals
+    }
+    assert entries == expected and expected
+    policies = eks.of_type("aws:eks/accessPolicyAssociation:AccessPolicyAssociation")
+    assert not [p for p in policies if p.inputs["principalArn"] in expected], "members get no cluster policy"
+
+
 def test_inference_nodes_reach_lustre(eks: Recording) -> None:
     rules = [r.inputs for r in eks.of_type("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")]
     to_lustre = {
@@ -351,7 +367,7 @@ def test_admins_and_no_autoscaler(write_stack: Callable[..., Path]) -> None:
         spec["kubernetes"].update(admin_arns=[admin], autoscaler="none")
 
     recording = record(_variant(write_stack, admins))
-    [entry] = recording.of_type("aws:eks/accessEntry:AccessEntry")
+    [entry] = [e for e in recording.of_type("aws:eks/accessEntry:AccessEntry") if "-admin-" in e.name]
     assert entry.inputs["principalArn"] == admin
     [association] = recording.of_type("aws:eks/accessPolicyAssociation:AccessPolicyAssociation")
     assert association.inputs["principalArn"] == admin

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from infra.errors import ExitCode, SpecError
 from infra.resolve import ResolvedPlatform, load_platform
@@ -185,3 +186,28 @@ def test_reserved_capacity_needs_reservation(write_stack: Callable[..., Path]) -
 
 def test_shipped_stack_path() -> None:
     assert stack_file("local").name == "Pulumi.local.yaml"
+
+
+def test_team_principals_are_eks_access_entries_once_each(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[2]
+
+    def variant(name: str, mutate: Any) -> Path:
+        stack = yaml.safe_load((root / "stacks" / f"Pulumi.{name}.yaml").read_text())
+        mutate(stack["config"]["gpu-platform:platform"])
+        path = tmp_path / f"Pulumi.{name}-variant.yaml"
+        path.write_text(yaml.safe_dump(stack))
+        return path
+
+    arn = "arn:aws:iam::123456789012:role/research-members"
+
+    def on_slurm(spec: dict[str, Any]) -> None:
+        spec["scheduler"]["teams"][0]["iam_principals"] = [arn]
+
+    with pytest.raises(SpecError, match=r"teams\[0\]\.iam_principals.*distribution eks"):
+        load_platform(variant("aws-prod", on_slurm))
+
+    def twice(spec: dict[str, Any]) -> None:
+        spec["kubernetes"]["admin_arns"] = [arn]
+
+    with pytest.raises(SpecError, match=r"already in kubernetes\.admin_arns"):
+        load_platform(variant("aws-k8s", twice))

@@ -33,6 +33,7 @@ from infra.backends.aws.tags import pool_tags
 from infra.errors import SpecError
 from infra.k8s.facts import AUTOSCALER_NAMESPACE, AUTOSCALER_SERVICE_ACCOUNT
 from infra.k8s.objects import node_labels
+from infra.k8s.tenancy import team_group
 from infra.resolve import ResolvedPlatform
 from infra.spec.load import CONFIG_KEY
 
@@ -201,6 +202,19 @@ class EksCluster(pulumi.ComponentResource):
             )
         for index, principal in enumerate(k8s_spec.admin_arns):
             self._admin(f"{name}-admin-{index}", principal, args.tags)
+        for team in platform.spec.scheduler.teams:
+            for index, principal in enumerate(team.iam_principals):
+                # The group the team namespace's RoleBinding names (infra/k8s/tenancy.py): members get the
+                # team's role there and nothing cluster-wide.
+                aws.eks.AccessEntry(
+                    f"{name}-team-{team.name}-{index}",
+                    cluster_name=self.cluster.name,
+                    principal_arn=principal,
+                    type="STANDARD",
+                    kubernetes_groups=[team_group(team.name)],
+                    tags=args.tags,
+                    opts=pulumi.ResourceOptions(parent=self),
+                )
 
         config = pulumi.Output.all(
             cluster_name, self.cluster.endpoint, self.cluster.certificate_authority.data
