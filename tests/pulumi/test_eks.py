@@ -12,7 +12,7 @@ from typing import Any
 import pulumi
 import pytest
 
-from infra.backends.aws.eks import eks_problems, kubeconfig
+from infra.backends.aws.eks import accelerator_label, eks_problems, kubeconfig
 from infra.errors import SpecError
 from infra.k8s.facts import AUTOSCALER_NAMESPACE, AUTOSCALER_SERVICE_ACCOUNT
 from infra.k8s.objects import node_labels
@@ -153,6 +153,19 @@ def test_team_members_log_in_into_their_teams_group(eks: Recording, platform: Re
     assert not [p for p in policies if p.inputs["principalArn"] in expected], "members get no cluster policy"
 
 
+def test_gpu_node_groups_say_they_have_gpus(eks: Recording, platform: ResolvedPlatform) -> None:
+    """cluster-autoscaler treats a node with k8s.amazonaws.com/accelerator as a GPU node whose GPUs are still
+    coming; without it, one pending GPU pod can scale a group out again before the first node's device
+    plugin reports."""
+    for pool in platform.pools:
+        labels = eks.named(f"aws-k8s-{pool.name}-ng").inputs.get("labels", {})
+        gpu = pool.node_type.gpu
+        if gpu and gpu.count:
+            assert labels["k8s.amazonaws.com/accelerator"] == f"nvidia-{gpu.model.lower()}"
+        else:
+            assert "k8s.amazonaws.com/accelerator" not in labels
+
+
 def test_inference_nodes_reach_lustre(eks: Recording) -> None:
     rules = [r.inputs for r in eks.of_type("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")]
     to_lustre = {
@@ -196,7 +209,7 @@ def test_one_node_group_per_pool_on_its_own_template(eks: Recording, platform: R
     for pool in platform.pools:
         group = groups[f"aws-k8s-{pool.name}-ng"]
         assert group["launchTemplate"]["id"] == f"aws-k8s-{pool.name}-lt-id"
-        assert group["labels"] == node_labels(pool)
+        assert group["labels"] == {**node_labels(pool), **accelerator_label(pool)}
         assert group["clusterName"] == "aws-k8s-eks-cluster"
         assert group["tags"]["gpuplat:pool"] == pool.name
     assert groups["aws-k8s-infer-ng"]["taints"] == [

@@ -34,7 +34,7 @@ from infra.errors import SpecError
 from infra.k8s.facts import AUTOSCALER_NAMESPACE, AUTOSCALER_SERVICE_ACCOUNT
 from infra.k8s.objects import node_labels
 from infra.k8s.tenancy import team_group
-from infra.resolve import ResolvedPlatform
+from infra.resolve import ResolvedPlatform, ResolvedPool
 from infra.spec.load import CONFIG_KEY
 
 CONTROL_PLANE_LOGS = ["api", "audit", "authenticator", "controllerManager", "scheduler"]
@@ -49,6 +49,17 @@ CLUSTER_ADMIN_POLICY = "arn:{partition}:eks::aws:cluster-access-policy/AmazonEKS
 # What `aws eks get-token` prints (EKS user guide, "Connect kubectl to an EKS cluster by creating a
 # kubeconfig file": the exec apiVersion `aws eks update-kubeconfig` writes).
 TOKEN_API_VERSION = "client.authentication.k8s.io/v1beta1"
+
+
+# cluster-autoscaler's AWS provider knows GPU nodes by this label (cloudprovider/aws, GPULabel): on a node
+# that carries it, GPUs not yet advertised by the device plugin count as coming, so one pending pod does
+# not make it scale the group out again while the first node brings its GPUs up.
+ACCELERATOR_LABEL = "k8s.amazonaws.com/accelerator"
+
+
+def accelerator_label(pool: ResolvedPool) -> dict[str, str]:
+    gpu = pool.node_type.gpu
+    return {ACCELERATOR_LABEL: f"nvidia-{gpu.model.lower()}"} if gpu and gpu.count else {}
 
 
 def eks_problems(platform: ResolvedPlatform) -> list[tuple[str, str]]:
@@ -173,7 +184,7 @@ class EksCluster(pulumi.ComponentResource):
                     root_volume_gib=spec.aws.root_volume_gib,
                     efa=platform.uses_efa(pool),
                     placement=spec.fabric.placement,
-                    labels=node_labels(pool),
+                    labels={**node_labels(pool), **accelerator_label(pool)},
                     tags=pool_tags(platform, pool),
                     after=list(node_addons),
                 ),
