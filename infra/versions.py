@@ -236,16 +236,16 @@ def resolve_versions(
         )
         serving_versions, serving_problems = _resolve_serving(serving, branch, driver_open, data, root, host)
         problems += serving_problems
-    driver_version_wanted = wanted.driver_version or driver.version
+    driver_version = wanted.driver_version or driver.version
     for model in sorted(set(gpu_models)):
         need = next((m for m in data.gpu_models if m.model == model), None)
-        if need is not None and version_tuple(driver_version_wanted) < version_tuple(need.min_driver_version):
+        if need is not None and version_tuple(driver_version) < version_tuple(need.min_driver_version):
             field = "driver_version" if wanted.driver_version else "driver_branch"
             problems.append(
                 (
                     f"{path}.{field}",
                     f"{model} GPUs need driver {need.min_driver_version} or newer; driver "
-                    f"{driver_version_wanted} (branch {branch}) does not support them",
+                    f"{driver_version} (branch {branch}) does not support them",
                 )
             )
 
@@ -256,7 +256,6 @@ def resolve_versions(
         )
     open_modules = "unsupported" not in modules
 
-    driver_version = wanted.driver_version or driver.version
     if not driver_version.startswith(f"{branch}."):
         problems.append((f"{path}.driver_version", f"{driver_version} is not on driver branch {branch}"))
     elif offer is not None and driver_version not in offer.drivers(open_modules):
