@@ -120,6 +120,8 @@ def run_playbook(
     limit: list[str] | None = None,
     extra_vars: dict[str, str] | None = None,
     on_progress: ProgressCallback | None = None,
+    tags: list[str] | None = None,
+    log_name: str | None = None,
 ) -> PlaybookRun:
     env = podman_env()
     env["ANSIBLE_CONFIG"] = str(PROJECT_ROOT / "ansible.cfg")
@@ -127,10 +129,12 @@ def run_playbook(
     command = [ansible_playbook_binary(), "-i", str(inventory), str(PROJECT_ROOT / "playbooks" / playbook)]
     if limit:
         command += ["--limit", ",".join(limit)]
+    if tags:
+        command += ["--tags", ",".join(tags)]
     for key, value in (extra_vars or {}).items():
         command += ["-e", f"{key}={value}"]
     log_dir.mkdir(parents=True, exist_ok=True)
-    log = playbook_log(log_dir, playbook)
+    log = log_dir / log_name if log_name else playbook_log(log_dir, playbook)
     progress = PlaybookProgress(playbook)
     returncode = _stream(command, env, log, timeout, progress, on_progress)
     text = log.read_text(encoding="utf-8", errors="replace")

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from infra.ansible import ProgressCallback, playbook_log, run_playbook, state_dir
 from infra.ansible_content import content_files
 from infra.errors import EnvironmentProblem, GpuPlatError
@@ -26,7 +28,9 @@ from infra.inventory import (
     write_inventory,
 )
 from infra.local.cluster import LocalCluster
-from infra.local.scale import with_running_sizes
+from infra.local.join import join
+from infra.local.node_image import available, bake
+from infra.local.scale import running_sizes, with_running_sizes
 from infra.local.status import PlatformStatus, collect_status, parse_sinfo
 from infra.resolve import ResolvedPlatform
 from infra.scheduler import partitions
@@ -140,40 +144,95 @@ def up_local(
     reconfigure: bool = False,
     on_progress: ProgressCallback | None = None,
 ) -> UpResult:
+    """machines, inventory, configure, node images, join, validate. A pool with a node image
+    (infra/local/node_image.py) whose image is missing starts only its first node, which `configure`
+    sets up in full and `node images` bakes; its other nodes then start from the image and only join.
+    Where the image exists every node of the pool starts from it and joins."""
     platform = with_running_sizes(platform)
     result = UpResult(platform.name)
     phases = _Phases(result, on_start, on_done)
     cluster = LocalCluster(platform)
     stamp = state_dir(platform.name) / "converged.sha256"
+    images = cluster.node_images()
+    ready = available(images)
+    missing = [i for i in images if i.pool not in ready]
+    bakers = {i.node for i in missing}
+    later = [n for n in cluster.nodes if n.pool in {i.pool for i in missing} and n.name not in bakers]
+    state: dict[str, Any] = {"converged": False, "joining": [n.name for n in later]}
 
     def machines() -> str:
-        changed = cluster.ensure()
+        changed = cluster.ensure(ready, [n for n in cluster.nodes if n not in later])
         result.changes += len(changed)
-        return f"{len(cluster.nodes)} nodes; " + (", ".join(changed) if changed else "no changes")
+        return f"{len(cluster.nodes) - len(later)} nodes; " + (
+            ", ".join(changed) if changed else "no changes"
+        )
+
+    # Until its image is baked, a pool's inventory holds only the node it is baked from: the plays
+    # address every node of the inventory, and the others do not exist yet.
+    first_wave = with_running_sizes(
+        platform, {**running_sizes(platform), **dict.fromkeys((i.pool for i in missing), 1)}
+    )
 
     def inventory() -> str:
-        written = write_inventory(inventory_documents(platform), inventory_dir(platform))
-        return ", ".join(str(p) for p in written)
+        written = write_inventory(
+            inventory_documents(first_wave if later else platform), inventory_dir(platform)
+        )
+        return ", ".join(str(p) for p in written) + (
+            " (the pools' first nodes until their images are baked)" if later else ""
+        )
+
+    def fingerprint() -> str:
+        inventory_text = yaml.safe_dump(inventory_documents(platform)["hosts.yml"], sort_keys=False)
+        return configuration_fingerprint(inventory_text, cluster.machine_ids())
 
     def configure() -> str:
-        inventory_text = (inventory_dir(platform) / "hosts.yml").read_text(encoding="utf-8")
-        fingerprint = configuration_fingerprint(inventory_text, cluster.machine_ids())
-        if not reconfigure and stamp.exists() and stamp.read_text(encoding="utf-8").strip() == fingerprint:
+        if not reconfigure and stamp.exists() and stamp.read_text(encoding="utf-8").strip() == fingerprint():
+            state["converged"] = True
             return (
                 "skipped: inventory, playbooks, roles and machines unchanged since the last converge "
                 "(--reconfigure runs the playbooks anyway)"
             )
         stamp.unlink(missing_ok=True)
+        running = [n for n in cluster.nodes if n not in later]
+        whole = [n.name for n in running if reconfigure or not cluster.started_from_image(n)]
+        state["joining"] += [n.name for n in running if n.name not in whole]
         run = run_playbook(
-            "site.yml", inventory_dir(platform), state_dir(platform.name) / "logs", on_progress=on_progress
+            "site.yml",
+            inventory_dir(platform),
+            state_dir(platform.name) / "logs",
+            limit=None if len(whole) == len(cluster.nodes) else whole,
+            on_progress=on_progress,
         )
         result.changes += run.changed
-        stamp.write_text(fingerprint, encoding="utf-8")
-        return f"{run.changed} task(s) changed; log {run.log}"
+        return f"{run.changed} task(s) changed on {len(whole)} node(s); log {run.log}"
+
+    def bake_images() -> str:
+        if state["converged"] or not images:
+            return "no image to bake" if not images else "skipped: converged"
+        for image in missing:
+            bake(image)
+            result.changes += 1
+        found = available(images)
+        return "; ".join(f"{pool}: {reference}" for pool, reference in found.items())
+
+    def join_nodes() -> str:
+        if state["converged"]:
+            return "skipped: converged"
+        if later:
+            result.changes += len(cluster.ensure(available(images), later))
+            write_inventory(inventory_documents(platform), inventory_dir(platform))
+        joining = sorted(state["joining"])
+        if joining:
+            run = join(cluster, joining, inventory_dir(platform), on_progress)
+            result.changes += run.changed
+        stamp.write_text(fingerprint(), encoding="utf-8")
+        return f"{', '.join(joining)} joined from their pool's image" if joining else "no node to join"
 
     phases.run("machines", machines)
     phases.run("inventory", inventory)
     phases.run("configure", configure, f"log: {playbook_log(state_dir(platform.name) / 'logs', 'site.yml')}")
+    phases.run("node images", bake_images)
+    phases.run("join", join_nodes, f"log: {state_dir(platform.name) / 'logs' / 'join.log'}")
     phases.run("validate", lambda: f"{validate_local(cluster)}; {validate_serving(cluster)}")
     result.status = collect_status(cluster)
     return result

@@ -8,11 +8,13 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from infra.errors import EnvironmentProblem, GpuPlatError
 from infra.inventory import LOCAL_NODE_CA_BUNDLE, container_name
+from infra.local.node_image import NODE_IMAGES, NodeImage, node_images, remove_stack_images
 from infra.local.podman import exists, inspect, podman, wait_systemd
 from infra.resolve import ResolvedPlatform
 
@@ -75,13 +77,28 @@ class LocalCluster:
     def node(self, name: str) -> LocalNode:
         return next(n for n in self.possible_nodes if n.name == name)
 
-    def ensure(self) -> list[str]:
-        """Create what is missing, start what is stopped; return what changed (empty when converged)."""
+    def require_base_image(self) -> None:
         if not exists("image", self.image):
             raise EnvironmentProblem(
                 f"base image {self.image} is missing: build it with scripts/build-base-image.sh "
                 "(make up does)."
             )
+
+    def node_images(self) -> list[NodeImage]:
+        """The node image each imaged pool's nodes start from (infra/local/node_image.py)."""
+        self.require_base_image()
+        base = inspect("image", self.image) or {}
+        return node_images(self.platform, str(base.get("Id", self.image)))
+
+    def started_from_image(self, node: LocalNode) -> bool:
+        info = inspect("container", node.container) or {}
+        return str(info.get("ImageName", "")).startswith(NODE_IMAGES)
+
+    def ensure(self, pool_images: Mapping[str, str], nodes: list[LocalNode] | None = None) -> list[str]:
+        """Create what is missing, start what is stopped, of `nodes` (default: every running node);
+        return what changed (empty when converged). Nodes of a pool in `pool_images` start from it."""
+        self.require_base_image()
+        nodes = self.nodes if nodes is None else nodes
         changed: list[str] = []
         network = inspect("network", self.network)
         if network is None:
@@ -104,7 +121,7 @@ class LocalCluster:
             for name in (n.name, n.container)
             for arg in ("--add-host", f"{name}:{n.address}")
         ]
-        for node in self.nodes:
+        for node in nodes:
             info = inspect("container", node.container)
             if info is None:
                 podman(
@@ -113,32 +130,19 @@ class LocalCluster:
                     "--systemd=always", "--privileged",
                     "--volume", f"{self.volume}:{mount}",
                     "--label", f"gpuplat.stack={self.platform.name}", "--label", f"gpuplat.pool={node.pool}",
-                    self.image, "/sbin/init",
+                    pool_images.get(node.pool, self.image), "/sbin/init",
                 )  # fmt: skip
                 changed.append(f"container {node.container}")
             elif not info["State"]["Running"]:
                 podman("start", node.container)
                 changed.append(f"started {node.container}")
-        for node in self.nodes:
+        for node in nodes:
             wait_systemd(node.container, _BOOT_TIMEOUT_S)
             if node.gpus and simulate_gpus(node.container, node.gpus):
                 changed.append(f"simulated GPUs on {node.name}")
-            if self._share_host_ca(node):
+            if share_host_ca(node.container):
                 changed.append(f"host CA bundle on {node.name}")
         return changed
-
-    def _share_host_ca(self, node: LocalNode) -> bool:
-        if not HOST_CA_BUNDLE.exists():
-            return False
-        present = podman(
-            "exec", node.container, "sha256sum", LOCAL_NODE_CA_BUNDLE, check=False
-        ).stdout.split()
-        wanted = hashlib.sha256(HOST_CA_BUNDLE.read_bytes()).hexdigest()
-        if present and present[0] == wanted:
-            return False
-        podman("exec", node.container, "mkdir", "-p", str(Path(LOCAL_NODE_CA_BUNDLE).parent))
-        podman("cp", str(HOST_CA_BUNDLE), f"{node.container}:{LOCAL_NODE_CA_BUNDLE}")
-        return True
 
     def gateway_url(self) -> str | None:
         if self.platform.spec.serving is None:
@@ -188,7 +192,21 @@ class LocalCluster:
         if exists("volume", self.volume):
             podman("volume", "rm", "--force", self.volume)
             removed.append(self.volume)
+        removed += remove_stack_images(self.platform.name)
         return removed
+
+
+def share_host_ca(container: str) -> bool:
+    """The host's CA bundle on the node (pip behind a TLS-inspecting proxy); True if it was copied."""
+    if not HOST_CA_BUNDLE.exists():
+        return False
+    present = podman("exec", container, "sha256sum", LOCAL_NODE_CA_BUNDLE, check=False).stdout.split()
+    wanted = hashlib.sha256(HOST_CA_BUNDLE.read_bytes()).hexdigest()
+    if present and present[0] == wanted:
+        return False
+    podman("exec", container, "mkdir", "-p", str(Path(LOCAL_NODE_CA_BUNDLE).parent))
+    podman("cp", str(HOST_CA_BUNDLE), f"{container}:{LOCAL_NODE_CA_BUNDLE}")
+    return True
 
 
 def simulate_gpus(container: str, gpus: int) -> bool:

@@ -1,9 +1,10 @@
 """`gpuplat scale` on the local backend: add and remove nodes of an elastic pool of a running cluster.
 
 The same join path as a cloud node: every name a pool may have is in slurm.conf from the start (power
-saving, State=CLOUD), so a new node changes no other node's files. A new container gets the cluster's
-MUNGE key the way a booting cloud node does (`munge_key_file`), the node roles run against it alone, and
-its slurmd registers configless: Slurm clears the powered-down state of a node that registers (with
+saving, State=CLOUD), so a new node changes no other node's files. A new container starts from the
+pool's node image where there is one, gets the cluster's MUNGE key the way a booting cloud node does,
+runs its join steps (infra/local/join.py; the whole play without an image), and its slurmd registers
+configless: Slurm clears the powered-down state of a node that registers (with
 ReturnToService=2) and it takes jobs. Scaling down powers the names down in Slurm (their jobs are
 requeued) and removes the containers; the names show as powered down (`idle~`) again.
 """
@@ -11,20 +12,20 @@ requeued) and removes the containers; the names show as powered down (`idle~`) a
 from __future__ import annotations
 
 import json
-import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 
-from infra.ansible import run_playbook, state_dir
+from infra.ansible import state_dir
 from infra.errors import ExitCode, GpuPlatError
 from infra.inventory import inventory_documents, write_inventory
 from infra.local.cluster import LocalCluster
+from infra.local.join import join
+from infra.local.node_image import available
 from infra.local.podman import podman
 from infra.resolve import ResolvedPlatform
 
 _SIZES_FILE = "pool-sizes.json"
-NODE_MUNGE_KEY = "/etc/gpuplat/munge.key"
 _POWER_DOWN_WAIT_S = 60
 
 
@@ -80,23 +81,9 @@ def scale_pool(platform: ResolvedPlatform, pool_name: str, nodes: int, inventory
         sizes[pool_name] = nodes
         scaled = with_running_sizes(platform, sizes)
         cluster = LocalCluster(scaled)
-        cluster.ensure()
+        cluster.ensure(available(cluster.node_images()), [cluster.node(name) for name in added])
         write_inventory(inventory_documents(scaled), inventory)
-        with tempfile.TemporaryDirectory() as scratch:
-            key = Path(scratch) / "munge.key"
-            podman("cp", f"{before.node(controller).container}:/etc/munge/munge.key", str(key))
-            for name in added:
-                container = cluster.node(name).container
-                podman("exec", container, "install", "-d", "-m", "0700", str(Path(NODE_MUNGE_KEY).parent))
-                podman("cp", str(key), f"{container}:{NODE_MUNGE_KEY}")
-                podman("exec", container, "chmod", "0400", NODE_MUNGE_KEY)
-        run_playbook(
-            "site.yml",
-            inventory,
-            state_dir(platform.name) / "logs",
-            limit=added,
-            extra_vars={"munge_key_file": NODE_MUNGE_KEY},
-        )
+        join(cluster, added, inventory)
         _save(platform, sizes)
         return f"pool {pool_name}: added {', '.join(added)}"
     removed = names[nodes:current]

@@ -18,6 +18,7 @@ from typing import Any
 import boto3
 
 from infra.data.load import catalog
+from infra.local.node_image import seal_and_commit
 from infra.local.podman import podman
 from infra.resolve import ResolvedPlatform
 from infra.spec.load import PROJECT_ROOT
@@ -32,7 +33,6 @@ PIP_CACHE_VOLUME = "gpuplat-box-pip-cache"
 ANCHOR = "gpuplat-box-anchor"
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 EC2_NODES_PROGRAM = PROJECT_ROOT / "roles" / "slurm_elastic" / "files" / "gpuplat_ec2_nodes.py"
-IMAGE_SEAL = PROJECT_ROOT / "infra" / "backends" / "aws" / "image_seal.sh"
 BAKED_IMAGES = "localhost/gpuplat-box-image"
 
 
@@ -187,17 +187,8 @@ class CloudBox:
         infra/backends/aws/image_seal.sh, as the pool's launch template's newest version: instances
         the resume program launches from then on boot it and only configure themselves. Returns the
         image id. (CreateImage of a configured instance: moto records the image, podman holds it.)"""
-        snapshot, image = f"{BAKED_IMAGES}:{pool}-snapshot", f"{BAKED_IMAGES}:{pool}"
-        sealer = f"gpuplat-box-seal-{pool}"
-        podman("commit", "--quiet", self.container_of(instance_id), snapshot)
-        podman(
-            "run", "--name", sealer, "--privileged", "--no-hosts", "--network", "none",
-            "--label", f"{LABEL}=seal", "--volume", f"{IMAGE_SEAL}:/run/image_seal.sh:ro", snapshot,
-            "sh", "-c", "umount /etc/hostname && bash /run/image_seal.sh",
-        )  # fmt: skip
-        podman("commit", "--quiet", sealer, image)
-        podman("rm", sealer)
-        podman("rmi", snapshot)
+        image = f"{BAKED_IMAGES}:{pool}"
+        seal_and_commit(self.container_of(instance_id), image, {})
         image_id = str(self.ec2.create_image(InstanceId=instance_id, Name=f"gpuplat-{pool}")["ImageId"])
         self.hypervisor.settings.images[image_id] = image
         template = self.stack.templates[pool]

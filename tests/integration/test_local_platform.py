@@ -13,13 +13,17 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from infra.inventory import container_name
-from infra.local.cluster import BASE_IMAGE
+from infra.local.cluster import BASE_IMAGE, LocalCluster
+from infra.local.node_image import NODE_IMAGES
 from infra.local.podman import podman
+from infra.resolve import load_platform
+from infra.spec.load import stack_file
 
 pytestmark = pytest.mark.integration
 
@@ -62,10 +66,32 @@ def first_up() -> subprocess.CompletedProcess[str]:
 
 def test_up_brings_the_platform_up(first_up: subprocess.CompletedProcess[str]) -> None:
     assert first_up.returncode == 0, first_up.stderr[-3000:]
-    for phase in ("machines", "inventory", "configure", "validate"):
+    for phase in ("machines", "inventory", "configure", "node images", "join", "validate"):
         assert re.search(rf"✓ {phase} \(\d+\.\d s\)", first_up.stderr), phase
     assert "Slurm partitions" in first_up.stdout
     assert re.search(r"train\s.*gpu:h100:8", first_up.stdout), first_up.stdout
+
+
+def test_a_pool_node_is_baked_into_an_image_and_the_others_only_join(
+    first_up: subprocess.CompletedProcess[str],
+) -> None:
+    """The train pool's node image (infra/local/node_image.py): train-0 configured in full and sealed
+    into the image, train-1 started from it and run through the `join` steps only."""
+    assert first_up.returncode == 0
+    images = {
+        node: podman("inspect", "--format", "{{.ImageName}}", container_name(STACK, node)).stdout.strip()
+        for node in ("head-0", "train-0", "train-1")
+    }
+    assert images["head-0"] == images["train-0"] == BASE_IMAGE, images
+    assert images["train-1"].startswith(f"{NODE_IMAGES}:{STACK}-train-"), images
+    assert on("train-1", "cat", "/opt/gpuplat/sealed").startswith("gpuplat image sealed")
+    join_log = (ROOT / ".gpuplat" / STACK / "logs" / "join.log").read_text()
+    recap = join_log.rsplit("PLAY RECAP", 1)[1]
+    assert "train-1" in recap and "train-0" not in recap and "head-0" not in recap, recap
+    assert "TASK [munge : Install the key provisioned on this host]" in join_log
+    joined = {container_name(STACK, n) for n in ("train-0", "train-1")}
+    wait_for("Prometheus to scrape both training nodes", lambda: joined <= _scraped_nodes(), 60)
+    assert on("train-1", "systemctl", "is-enabled", "munge", "slurmd").split() == ["enabled", "enabled"]
 
 
 def test_second_up_changes_nothing(first_up: subprocess.CompletedProcess[str]) -> None:
@@ -101,12 +127,46 @@ def test_validate_runs_the_validation_play_through_slurm(first_up: subprocess.Co
     assert not any(report["drains"].get(key) for key in ("drained", "already_drained", "failing_not_drained"))
 
 
+def _reason(node: str) -> str:
+    return on("head-0", "sinfo", "-h", "-N", "-n", node, "-o", "%E", check=False).strip()
+
+
+def test_validate_drains_a_failing_node_and_takes_it_back(first_up: subprocess.CompletedProcess[str]) -> None:
+    """A node that fails its health checks (a GPU device gone) fails `gpuplat validate` (exit 1), is drained
+    (by the play, or already by slurmd's health program, which checks every 30 s here), and the pool
+    runs its steps on the other node; once the device is back, the node takes work again."""
+    assert first_up.returncode == 0
+    on("train-1", "rm", "-f", "/dev/nvidia7")
+    try:
+        failed = gpuplat("validate", "--stack", STACK, "--json")
+        assert failed.returncode == 1, (failed.stdout[-2000:], failed.stderr[-2000:])
+        report = json.loads(failed.stdout)
+        assert report["verdict"] == "fail"
+        nodes = {n["node"]: n for n in report["nodes"]}
+        status, detail = nodes["train-1"]["checks"]["health-program"]
+        assert status == "fail" and "/dev/nvidia7 missing" in detail, detail
+        assert nodes["train-0"]["checks"]["health-program"][0] == "pass"
+        drains = report["drains"]
+        assert set(drains["drained"]) | set(drains["already_drained"]) == {"train-1"}, drains
+        [pool] = report["pools"]
+        assert pool["ready_nodes"] == ["train-0"] and set(pool["storage"]["node_gbps"]) == {"train-0"}
+        assert _state("train-1").startswith("drain"), _state("train-1")
+    finally:
+        on("train-1", "mknod", "-m", "666", "/dev/nvidia7", "c", "195", "7")
+    # The health program resumes a drain of its own; the play resumes its own on its next run.
+    wait_for(
+        "the health program to let train-1 go",
+        lambda: not _reason("train-1").startswith("gpuplat-health"),
+        90,
+    )
+    again = gpuplat("validate", "--stack", STACK, "--json")
+    assert again.returncode == 0, (again.stdout[-2000:], again.stderr[-2000:])
+    assert sorted(json.loads(again.stdout)["pools"][0]["ready_nodes"]) == ["train-0", "train-1"]
+    wait_for("train-1 to take work again", lambda: _state("train-1") == "idle", 60)
+
+
 def test_openai_client_through_the_gateway(first_up: subprocess.CompletedProcess[str]) -> None:
     from openai import OpenAI
-
-    from infra.local.cluster import LocalCluster
-    from infra.resolve import load_platform
-    from infra.spec.load import stack_file
 
     cluster = LocalCluster(load_platform(stack_file(STACK)))
     assert cluster.gateway_url() in first_up.stdout
@@ -207,6 +267,16 @@ def test_training_survives_losing_its_node(
     wait_for(f"{first_node} back in service", back_in_service, 180)
 
 
+def _scraped_nodes() -> set[str]:
+    """The hosts Prometheus scrapes (its active targets' instance labels, port dropped)."""
+    cluster = LocalCluster(load_platform(stack_file(STACK)))
+    with urllib.request.urlopen(
+        f"{cluster.prometheus_url()}/api/v1/targets?state=active", timeout=10
+    ) as reply:
+        targets = json.loads(reply.read())["data"]["activeTargets"]
+    return {str(t["labels"]["instance"]).rsplit(":", 1)[0] for t in targets}
+
+
 def _state(node: str) -> str:
     return on("head-0", "sinfo", "-h", "-N", "-n", node, "-o", "%T", check=False).strip()
 
@@ -231,6 +301,8 @@ def test_a_node_added_to_the_running_cluster_joins_runs_gpu_work_and_leaves_no_t
     job = on("head-0", "timeout", "120", *srun, "sh", "-c", "echo $(hostname) $CUDA_VISIBLE_DEVICES")
     assert job.split() == ["train-2", "0"], job
     assert {node: _slurm_files(node) for node in before} == before  # nothing changed elsewhere
+    # Prometheus on head-0 scrapes it (its configuration reloads a moment after the join's run).
+    wait_for("Prometheus to scrape train-2", lambda: container_name(STACK, "train-2") in _scraped_nodes(), 60)
 
     shrunk = gpuplat("scale", "--stack", STACK, "--pool", "train", "--nodes", "2")
     assert shrunk.returncode == 0, shrunk.stderr[-3000:]
@@ -248,3 +320,7 @@ def test_down_leaves_nothing(first_up: subprocess.CompletedProcess[str]) -> None
     assert leftovers.strip() == ""
     assert podman("network", "exists", f"gpuplat-{STACK}", check=False).returncode != 0
     assert podman("volume", "exists", f"gpuplat-{STACK}-shared", check=False).returncode != 0
+    images = podman(
+        "images", "--filter", f"label=gpuplat.stack={STACK}", "--format", "{{.Repository}}"
+    ).stdout
+    assert NODE_IMAGES not in images

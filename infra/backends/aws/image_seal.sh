@@ -26,5 +26,7 @@ find /var/log -type f -delete
 
 echo localhost >/etc/hostname
 printf '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n' >/etc/hosts
+# The local backend's images have no boot script and so no work directory.
+mkdir -p "$work"
 : >/etc/machine-id
 echo "gpuplat image sealed $(date --iso-8601=seconds)" >"$work/sealed"

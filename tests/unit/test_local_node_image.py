@@ -1,0 +1,72 @@
+"""Node images of the local backend: which pools get one, and what names an image."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.inventory import inventory_documents
+from infra.local import node_image
+from infra.local.node_image import imaged_pools, node_images
+from infra.local.scale import with_running_sizes
+from infra.resolve import ResolvedPlatform, load_platform
+
+
+def test_only_pools_that_grow_past_one_node_get_an_image(
+    shipped_platforms: dict[str, ResolvedPlatform],
+) -> None:
+    local = shipped_platforms["local"]
+    assert [p.name for p in imaged_pools(local)] == ["train"]  # head is a service pool, infer has one node
+    [image] = node_images(local, "base-id")
+    assert (image.pool, image.node, image.stack) == ("train", "train-0", "local")
+    assert image.reference.startswith("localhost/gpuplat-node:local-train-")
+
+
+def test_scaling_a_pool_keeps_its_image(shipped_platforms: dict[str, ResolvedPlatform]) -> None:
+    local = shipped_platforms["local"]
+    names = {node_images(with_running_sizes(local, {"train": n}), "base-id")[0].reference for n in (1, 2, 3)}
+    assert len(names) == 1
+
+
+def test_the_image_follows_the_base_image_and_the_inventory(
+    shipped_platforms: dict[str, ResolvedPlatform], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The image carries the pool node's whole configuration, so any inventory value may be in it."""
+    local = shipped_platforms["local"]
+    [image] = node_images(local, "base-id")
+    assert node_images(local, "another-base-id")[0].digest != image.digest
+
+    def edited(group: str, name: str, value: object) -> str:
+        documents = inventory_documents(local)
+        hosts = documents["hosts.yml"]["all"]
+        (hosts["children"][group]["vars"] if group != "all" else hosts["vars"])[name] = value
+        monkeypatch.setattr(node_image, "inventory_documents", lambda _: documents)
+        return node_images(local, "base-id")[0].digest
+
+    assert edited("pool_train", "gpuplat_gpu_count", 4) != image.digest
+    assert edited("all", "slurm_default_time_limit", "12:00:00") != image.digest
+
+
+def test_the_image_follows_the_roles(
+    shipped_platforms: dict[str, ResolvedPlatform], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    local = shipped_platforms["local"]
+    [image] = node_images(local, "base-id")
+    files = node_image.content_files(node_image.PROJECT_ROOT)
+    monkeypatch.setattr(node_image, "content_files", lambda root: files[:-1])
+    assert node_images(local, "base-id")[0].digest != image.digest
+
+
+def test_a_training_pool_without_power_saving_is_configured_in_full(write_stack: Callable[..., Path]) -> None:
+    """Without an elastic pool slurm.conf's node lines come from the nodes present, so a node could not
+    join from an image without the controller's configuration changing."""
+
+    def fixed_size(platform: dict[str, Any]) -> None:
+        train = next(p for p in platform["pools"] if p["name"] == "train")
+        train.pop("min"), train.pop("max")
+        train["count"] = 4
+
+    assert imaged_pools(load_platform(write_stack("local", fixed_size))) == []
