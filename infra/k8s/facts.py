@@ -16,6 +16,9 @@ SharedVolumeKind = Literal["fsx-csi", "host-path"]
 # The cluster autoscaler's service account; on EKS a Pod Identity association gives it its IAM role.
 AUTOSCALER_NAMESPACE = "kube-system"
 AUTOSCALER_SERVICE_ACCOUNT = "cluster-autoscaler"
+# The model server's service account (serving namespace); on EKS a Pod Identity association gives it
+# the models bucket, and nothing reaches the node's role from a pod (instance metadata hop limit 1).
+MODEL_SERVER_ACCOUNT = "model-server"
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,11 @@ class ClusterFacts:
     cluster_name: Any = ""
     """EKS: the cluster's name (the autoscaler discovers node groups by it); "" elsewhere."""
     region: str | None = None
+    model_uri: Any = None
+    """Where the model server reads the model: on EKS `s3://<purpose>/...` with the purpose's bucket
+    name in place (generated at deploy time); None: `serving.model` as written."""
+    pod_identity: bool = False
+    """EKS Pod Identity gives the model server's service account an IAM role (its token is mounted)."""
 
 
 def host_path_facts(platform: ResolvedPlatform) -> ClusterFacts:

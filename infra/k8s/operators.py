@@ -154,10 +154,23 @@ def _joined(*lists: Iterable[dict[str, str]]) -> list[dict[str, str]]:
     return [dict(item) for items in lists for item in items]
 
 
+# kubeadm taints its control-plane nodes (cmd/kubeadm/app/constants/constants.go, ControlPlaneTaint;
+# `node-role.kubernetes.io/master` until 1.24). On an existing cluster the service pool's hosts are
+# often those nodes, and a controller that does not tolerate it stays Pending.
+CONTROL_PLANE_TOLERATION = {
+    "key": "node-role.kubernetes.io/control-plane",
+    "operator": "Exists",
+    "effect": "NoSchedule",
+}
+
+
 def _on_service_pool(platform: ResolvedPlatform) -> dict[str, Any]:
     """nodeSelector and tolerations that place a controller on the service pool."""
     placement: dict[str, Any] = {"nodeSelector": dict(_SERVICE_NODES)}
     service_tolerations = _tolerating(platform.pools_with_role("service"))
+    k8s = platform.spec.kubernetes
+    if k8s is not None and k8s.distribution == "existing":
+        service_tolerations = [*service_tolerations, dict(CONTROL_PLANE_TOLERATION)]
     if service_tolerations:
         placement["tolerations"] = service_tolerations
     return placement
@@ -354,6 +367,18 @@ _KUEUE_BASE_CONFIG: dict[str, Any] = {
 }
 
 
+# All or nothing: an admitted workload whose pods are not all ready within the timeout is evicted and
+# requeued (with exponential back-off from 60 s), so a half-started multi-node job does not hold its
+# nodes and quota. The timeout covers a GPU node group scaling out from zero (boot, join, device plugin)
+# and pulling a training image; a job that loses a pod while running gets the same time to replace it.
+# Presence enables it in v1beta2; `timeout` is required (pkg/config/validation.go, v0.19.2).
+KUEUE_WAIT_FOR_PODS_READY: dict[str, Any] = {
+    "timeout": "20m",
+    "blockAdmission": False,
+    "requeuingStrategy": {"timestamp": "Eviction", "backoffBaseSeconds": 60},
+}
+
+
 def kueue_manager_config() -> dict[str, Any]:
     """Kueue's Configuration (apis/config/v1beta2/configuration_types.go at v0.19.2).
 
@@ -369,6 +394,7 @@ def kueue_manager_config() -> dict[str, Any]:
         "manageJobsWithoutQueueName": True,
         "managedJobsNamespaceSelector": {"matchExpressions": [{"key": LABEL_TEAM, "operator": "Exists"}]},
         "fairSharing": {"preemptionStrategies": ["LessThanOrEqualToFinalShare", "LessThanInitialShare"]},
+        "waitForPodsReady": KUEUE_WAIT_FOR_PODS_READY,
         "integrations": {"frameworks": list(KUEUE_FRAMEWORKS)},
         "resources": {"quotaCheckStrategy": KUEUE_QUOTA_CHECK_STRATEGY},
     }

@@ -2,11 +2,13 @@
 in each team namespace, priorities from the Slurm QoS levels (API kueue.x-k8s.io/v1beta2, Kueue 0.19).
 
 Quota semantics differ from Slurm's: `gpu_quota` is a cap (GrpTRES), Kueue's nominalQuota a guarantee
-that other queues may borrow while unused. So per flavor (training pool) the team's nominal quotas
-split the pool's GPUs by fair-share weight, never past a team's cap; what no team can take (every
-team capped) is the cohort's own quota, lent to all; and nominal + borrowingLimit = the team's cap,
-so borrowing never lifts a team over it. Across flavors the team namespace's ResourceQuota holds the
-cap (Kueue limits each flavor on its own).
+that other queues may borrow while unused, and Kueue limits each flavor on its own (nominal +
+borrowingLimit), never a queue's sum over flavors. So the cap is split across the flavors, in the order
+a queue tries them (on-demand first, spot last): each flavor takes as much of what is left of the cap
+as its pool has GPUs, so a team's reach summed over flavors is its cap and Kueue never admits past it
+(the team namespace's ResourceQuota, a backstop, then never refuses a pod of an admitted workload).
+Within a flavor the teams' nominal quotas split the pool's GPUs by fair-share weight, never past a
+team's reach there; what no team can take is the cohort's own quota, lent to all.
 
 Only GPUs are covered: Kueue runs with quotaCheckStrategy IgnoreUndeclared (infra.k8s.operators), so
 CPU and memory requests are left to the node autoscaler and the scheduler.
@@ -19,7 +21,6 @@ from dataclasses import dataclass
 
 from infra.k8s.objects import (
     GPU_RESOURCE,
-    LABEL_POOL,
     Manifest,
     k8s_object,
     node_labels,
@@ -29,6 +30,7 @@ from infra.k8s.objects import (
 from infra.k8s.operators import DEFAULT_LOCAL_QUEUE
 from infra.resolve import ResolvedPlatform, ResolvedPool
 from infra.scheduler import QOS
+from infra.spec.models import Team
 
 KUEUE_API = "kueue.x-k8s.io/v1beta2"
 # A job in a team namespace without a kueue.x-k8s.io/queue-name label goes to this LocalQueue.
@@ -41,6 +43,9 @@ AWS_TOPOLOGY_LEVELS = (
     "topology.k8s.aws/network-node-layer-3",
     "kubernetes.io/hostname",
 )
+# A pod template's topology request (apis/kueue/v1beta2/topology_types.go, v0.19.2): all pods in one
+# domain of that level if they fit, else the next level up, else spread.
+PREFERRED_TOPOLOGY_ANNOTATION = "kueue.x-k8s.io/podset-preferred-topology"
 
 
 def cohort_name(platform: ResolvedPlatform) -> str:
@@ -58,8 +63,18 @@ def training_flavors(platform: ResolvedPlatform) -> list[ResolvedPool]:
 
 
 def uses_topology(platform: ResolvedPlatform, pool: ResolvedPool) -> bool:
+    """Topology-aware scheduling on EKS EFA pools of a fixed size. Kueue places a topology request only
+    on nodes that exist and are ready, so on a pool that scales out from fewer nodes it would never find
+    room, create no pod, and the autoscaler would never add a node: such pools' flavors have no topology
+    (their jobs are admitted on quota and spread as the scheduler places them)."""
     k8s = platform.spec.kubernetes
-    return k8s is not None and k8s.distribution == "eks" and platform.uses_efa(pool)
+    fixed = pool.spec.min_nodes == pool.spec.max_nodes
+    return k8s is not None and k8s.distribution == "eks" and platform.uses_efa(pool) and fixed
+
+
+def narrowest_network_level() -> str:
+    """The topology level a multi-node job prefers: the narrowest network layer (not a single host)."""
+    return AWS_TOPOLOGY_LEVELS[-2]
 
 
 @dataclass(frozen=True)
@@ -105,27 +120,45 @@ def _split(total: int, weights: dict[str, int], room: dict[str, int]) -> dict[st
     return share
 
 
+def _budgets(team: Team) -> dict[bool, int] | None:
+    """A team's cap by capacity class (spot or not) where it splits it itself, else None (one budget)."""
+    if team.spot_gpu_quota is None:
+        return None
+    return {True: team.spot_gpu_quota, False: team.gpu_quota - team.spot_gpu_quota}
+
+
+def _left(
+    cap: int, split: dict[bool, int] | None, reached: dict[tuple[str, bool], int], team: str, spot: bool
+) -> int:
+    """What the flavors before this one left of the team's cap (or of its spot or on-demand part)."""
+    if split is None:
+        return cap - reached[team, True] - reached[team, False]
+    return split[spot] - reached[team, spot]
+
+
 def quota_plan(platform: ResolvedPlatform) -> QuotaPlan:
     teams = platform.spec.scheduler.teams
     weights = {t.name: t.fairshare for t in teams}
+    budgets = {t.name: _budgets(t) for t in teams}
     caps = {t.name: t.gpu_quota for t in teams}
-    assigned = dict.fromkeys(weights, 0)
+    reached = {(t.name, spot): 0 for t in teams for spot in (True, False)}
     quotas: list[FlavorQuota] = []
     cohort: dict[str, int] = {}
     for pool in training_flavors(platform):
-        gpus = pool.max_gpus
-        room = {t: caps[t] - assigned[t] for t in weights}
-        share = _split(gpus, weights, room)
+        gpus, spot = pool.max_gpus, pool.spec.capacity == "spot"
+        reach = {t: min(_left(caps[t], budgets[t], reached, t, spot), gpus) for t in weights}
+        share = _split(gpus, weights, reach)
         for team in weights:
-            assigned[team] += share[team]
-            limit = min(caps[team], gpus)
-            quotas.append(FlavorQuota(team, pool.name, share[team], max(limit - share[team], 0)))
+            reached[team, spot] += reach[team]
+            quotas.append(FlavorQuota(team, pool.name, share[team], reach[team] - share[team]))
         cohort[pool.name] = gpus - sum(share.values())
     return QuotaPlan(quotas, cohort)
 
 
 def _flavor(platform: ResolvedPlatform, pool: ResolvedPool) -> Manifest:
-    spec: dict[str, object] = {"nodeLabels": {LABEL_POOL: pool.name}}
+    # Every label of the pool's nodes: Kueue matches a job's node selector only on keys some flavor
+    # names (so `gpuplat/capacity: spot` picks the spot flavor) and adds the flavor's labels to the pods.
+    spec: dict[str, object] = {"nodeLabels": node_labels(pool)}
     if pool.spec.taints:
         spec["tolerations"] = tolerations(pool)
     if uses_topology(platform, pool):
@@ -155,11 +188,10 @@ def _cluster_queue(platform: ResolvedPlatform, team: str, weight: int, plan: Quo
             "resourceGroups": [_resource_group(quotas)],
             "fairSharing": {"weight": weight},
             # Borrowed GPUs are taken back for the lender; within a team, higher priority goes first.
-            "preemption": {
-                "reclaimWithinCohort": "Any",
-                "withinClusterQueue": "LowerPriority",
-                "borrowWithinCohort": {"policy": "LowerPriority"},
-            },
+            # No borrowWithinCohort: Kueue's fair sharing (on, infra.k8s.operators) decides preemption
+            # between queues, and the field "only works with Classical Preemption, not with Fair
+            # Sharing" (apis/kueue/v1beta2/clusterqueue_types.go, BorrowWithinCohort, v0.19.2).
+            "preemption": {"reclaimWithinCohort": "Any", "withinClusterQueue": "LowerPriority"},
             # Try the next flavor (spot) before borrowing on-demand GPUs from another team.
             "flavorFungibility": {"whenCanBorrow": "TryNextFlavor", "whenCanPreempt": "TryNextFlavor"},
             "queueingStrategy": "BestEffortFIFO",

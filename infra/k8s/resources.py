@@ -14,6 +14,7 @@ from pulumi_kubernetes import _utilities as k8s_utilities
 
 from infra.k8s.facts import ClusterFacts
 from infra.k8s.layer import kubernetes_layer
+from infra.k8s.nodes import merged_taints
 from infra.k8s.objects import HelmRelease, Manifest
 from infra.resolve import ResolvedPlatform
 
@@ -46,6 +47,15 @@ class KubernetesObject(pulumi.CustomResource):
         super().__init__(token, logical_name(manifest), dict(manifest), opts)
 
 
+def live_node(name: str, opts: pulumi.ResourceOptions) -> pulumi.CustomResource:
+    """The Node as the cluster has it (a read: nothing is created or changed)."""
+    version: str = k8s_utilities.get_version()  # type: ignore[no-untyped-call]
+    read = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(id=name, version=version))
+    return pulumi.CustomResource(
+        "kubernetes:core/v1:Node", f"node-{name}-live", {"metadata": None, "spec": None}, read
+    )
+
+
 class KubernetesPlatform(pulumi.ComponentResource):
     def __init__(
         self,
@@ -58,7 +68,7 @@ class KubernetesPlatform(pulumi.ComponentResource):
         super().__init__("gpu-platform:k8s:KubernetesPlatform", name, None, opts)
         layer = kubernetes_layer(platform, facts)
         child = pulumi.ResourceOptions(parent=self, provider=provider)
-        self.patches = [KubernetesObject(patch, child, patch=True) for patch in layer.node_patches]
+        self.patches = [self._node_patch(patch, child) for patch in layer.node_patches]
         self.namespaces = {
             o["metadata"]["name"]: KubernetesObject(o, child)
             for o in layer.objects
@@ -78,6 +88,18 @@ class KubernetesPlatform(pulumi.ComponentResource):
 
     def _after(self, *names: str) -> list[pulumi.Resource]:
         return [self.namespaces[n] for n in names if n in self.namespaces]
+
+    @staticmethod
+    def _node_patch(patch: Manifest, opts: pulumi.ResourceOptions) -> KubernetesObject:
+        """Labels as they are; taints merged with the live node's (infra/k8s/nodes.py)."""
+        taints = patch["spec"]["taints"]
+        live = live_node(patch["metadata"]["name"], opts)
+        merged = pulumi.Output.all(live.metadata, live.spec).apply(  # type: ignore[attr-defined]
+            lambda parts: merged_taints(
+                (parts[1] or {}).get("taints") or [], (parts[0] or {}).get("annotations") or {}, taints
+            )
+        )
+        return KubernetesObject({**patch, "spec": {"taints": merged}}, opts, patch=True)
 
     def _chart(self, release: HelmRelease, child: pulumi.ResourceOptions) -> k8s.helm.v4.Chart:
         args: dict[str, Any] = {

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from infra.k8s.facts import ClusterFacts
+from infra.k8s.facts import MODEL_SERVER_ACCOUNT, ClusterFacts
 from infra.k8s.objects import (
     GPU_RESOURCE,
     LABEL_COMPONENT,
@@ -43,6 +43,8 @@ from infra.spec.load import CONFIG_KEY
 from infra.spec.models import Serving
 
 MODEL_SERVER = "model-server"
+# The model as the server reads it (a path, a hub id, or an s3:// URI of the platform's bucket).
+MODEL_ENV = "GPUPLAT_MODEL"
 # One DNS record per ready replica's API pod, for the gateway. Not named like the workload: a
 # LeaderWorkerSet creates a headless Service of its own name for all pods of its groups.
 MODEL_SERVER_REPLICAS = "model-server-replicas"
@@ -115,7 +117,8 @@ def serving_objects(platform: ResolvedPlatform, facts: ClusterFacts) -> list[Man
     return [
         k8s_object("v1", "Namespace", namespace),
         *shared_volume_objects(platform, facts.shared_volume, namespace),
-        _model_server(platform, serving, layout, namespace, version),
+        k8s_object("v1", "ServiceAccount", MODEL_SERVER_ACCOUNT, namespace),
+        _model_server(platform, serving, layout, namespace, version, facts),
         _model_server_service(layout, namespace),
         _disruption_budget(serving, layout, namespace),
         _scaled_object(serving, layout, namespace),
@@ -166,7 +169,8 @@ def _api_pods(layout: ServingLayout) -> dict[str, str]:
 
 def _vllm_args(serving: Serving, layout: ServingLayout) -> list[str]:
     args = [
-        serving.model,
+        # kubelet expands $(VAR) from the container's environment, in args and in `sh -c` strings alike.
+        f"$({MODEL_ENV})",
         "--served-model-name",
         served_model_name(serving.model),
         "--host",
@@ -195,9 +199,9 @@ def _vllm_args(serving: Serving, layout: ServingLayout) -> list[str]:
 
 
 def _environment(
-    platform: ResolvedPlatform, serving: Serving, pool: ResolvedPool, layout: ServingLayout
-) -> list[dict[str, str]]:
-    values: dict[str, str] = {}
+    platform: ResolvedPlatform, serving: Serving, pool: ResolvedPool, layout: ServingLayout, model: Any
+) -> list[dict[str, Any]]:
+    values: dict[str, Any] = {MODEL_ENV: model}
     if serving.model.startswith("/"):
         # The model is on the shared filesystem: never reach for a model hub (as the role does).
         values["HF_HUB_OFFLINE"] = "1"
@@ -261,6 +265,7 @@ def _model_server_container(
     name: str,
     command: list[str],
     serves_api: bool,
+    model: Any,
 ) -> dict[str, Any]:
     pool = platform.pool(serving.pool)
     container: dict[str, Any] = {
@@ -274,9 +279,7 @@ def _model_server_container(
             {"name": SHARED_CLAIM, "mountPath": platform.spec.storage.parallel_fs.mount_path},
         ],
     }
-    environment = _environment(platform, serving, pool, layout)
-    if environment:
-        container["env"] = environment
+    container["env"] = _environment(platform, serving, pool, layout, model)
     if serves_api:
         container["ports"] = [{"name": "http", "containerPort": MODEL_SERVER_PORT, "protocol": "TCP"}]
         container.update(_probes(startup_budget_s(serving, layout, pool.node_type)))
@@ -284,7 +287,11 @@ def _model_server_container(
 
 
 def _model_server_pod(
-    platform: ResolvedPlatform, serving: Serving, layout: ServingLayout, container: dict[str, Any]
+    platform: ResolvedPlatform,
+    serving: Serving,
+    layout: ServingLayout,
+    container: dict[str, Any],
+    identity: bool,
 ) -> dict[str, Any]:
     pool = platform.pool(serving.pool)
     _, memory_gib = _requested_share(pool, layout)
@@ -295,8 +302,10 @@ def _model_server_pod(
     )
     spec: dict[str, Any] = {
         "nodeSelector": {LABEL_POOL: pool.name},
-        # vLLM never calls the Kubernetes API.
-        "automountServiceAccountToken": False,
+        # Its own identity for the object store (EKS Pod Identity, which needs the service account's
+        # token mounted); the account has no Kubernetes permissions, and vLLM never calls the API.
+        "serviceAccountName": MODEL_SERVER_ACCOUNT,
+        "automountServiceAccountToken": identity,
         # Room for requests in flight to finish: the gateway gives none more than gateway_timeout_s.
         "terminationGracePeriodSeconds": math.ceil(serving.gateway_timeout_s),
         "containers": [container],
@@ -313,12 +322,18 @@ def _model_server_pod(
 
 
 def _model_server(
-    platform: ResolvedPlatform, serving: Serving, layout: ServingLayout, namespace: str, version: str
+    platform: ResolvedPlatform,
+    serving: Serving,
+    layout: ServingLayout,
+    namespace: str,
+    version: str,
+    facts: ClusterFacts,
 ) -> Manifest:
     """A Deployment of single-node replicas, or a LeaderWorkerSet of multi-node groups. Neither has a
     replica count: the ScaledObject owns it."""
     wait_s = startup_budget_s(serving, layout, platform.pool(serving.pool).node_type) + NODE_AND_IMAGE_S
     annotations = {PULUMI_TIMEOUT_ANNOTATION: str(wait_s)}
+    model = serving.model if facts.model_uri is None else facts.model_uri
     if layout.nodes == 1:
         server = _model_server_container(
             platform,
@@ -328,6 +343,7 @@ def _model_server(
             name="vllm",
             command=["vllm", "serve", *_vllm_args(serving, layout)],
             serves_api=True,
+            model=model,
         )
         return k8s_object(
             "apps/v1",
@@ -341,7 +357,7 @@ def _model_server(
                 # A new replica loads before an old one leaves: capacity never drops during a rollout.
                 "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
                 "progressDeadlineSeconds": wait_s,
-                "template": _model_server_pod(platform, serving, layout, server),
+                "template": _model_server_pod(platform, serving, layout, server, facts.pod_identity),
             },
         )
     # The leader starts the group's Ray cluster, waits for every worker, then serves over all of them
@@ -353,11 +369,19 @@ def _model_server(
     )
     join = f"bash {MULTI_NODE_LAUNCHER} worker --ray_address=$(LWS_LEADER_ADDRESS)"
     leader = _model_server_container(
-        platform, serving, layout, version, name="vllm", command=["sh", "-c", lead], serves_api=True
+        platform,
+        serving,
+        layout,
+        version,
+        name="vllm",
+        command=["sh", "-c", lead],
+        serves_api=True,
+        model=model,
     )
     worker = _model_server_container(
-        platform, serving, layout, version, name="ray-worker", command=["sh", "-c", join], serves_api=False
-    )
+        platform, serving, layout, version, name="ray-worker", command=["sh", "-c", join], serves_api=False,
+        model=model,
+    )  # fmt: skip
     return k8s_object(
         LWS_API,
         "LeaderWorkerSet",
@@ -372,8 +396,8 @@ def _model_server(
                 "size": layout.nodes,
                 # A pod lost anywhere breaks the pipeline: the whole group restarts.
                 "restartPolicy": "RecreateGroupOnPodRestart",
-                "leaderTemplate": _model_server_pod(platform, serving, layout, leader),
-                "workerTemplate": _model_server_pod(platform, serving, layout, worker),
+                "leaderTemplate": _model_server_pod(platform, serving, layout, leader, facts.pod_identity),
+                "workerTemplate": _model_server_pod(platform, serving, layout, worker, facts.pod_identity),
             },
         },
     )

@@ -13,7 +13,12 @@ from infra.k8s.objects import (
     k8s_object,
     team_namespace,
 )
-from infra.k8s.queues import LOCAL_QUEUE
+from infra.k8s.queues import (
+    LOCAL_QUEUE,
+    PREFERRED_TOPOLOGY_ANNOTATION,
+    narrowest_network_level,
+    uses_topology,
+)
 from infra.resolve import ResolvedPlatform, ResolvedPool
 from infra.role_templates import render_role_template
 
@@ -75,8 +80,12 @@ def example_jobset(platform: ResolvedPlatform, team: str, nodes: int = 2) -> Man
         f"--rdzv-backend=c10d --rdzv-endpoint={name}-workers-0-0.{name}:29500 "
         "train.py --checkpoint-dir=$(GPUPLAT_CHECKPOINT_DIR)/$(JOBSET_NAME)"
     )
+    annotations = {"prometheus.io/scrape": "false"}
+    if uses_topology(platform, pool):
+        # As close on the network as the pool allows, wider only when the job does not fit.
+        annotations[PREFERRED_TOPOLOGY_ANNOTATION] = narrowest_network_level()
     pod = {
-        "metadata": {"annotations": {"prometheus.io/scrape": "false"}},
+        "metadata": {"annotations": annotations},
         "spec": {
             "restartPolicy": "Never",
             # Jobs that must not run on spot pin on-demand capacity; Kueue only offers matching flavors.

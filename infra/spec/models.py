@@ -290,6 +290,24 @@ class Team(_Model):
             "team's Kubernetes group (gpuplat:<team>), which the team namespace's RoleBinding names"
         ),
     )
+    spot_gpu_quota: int | None = Field(
+        None,
+        ge=0,
+        description=(
+            "kueue: GPUs of gpu_quota the team may hold on spot pools, the rest on the others (Kueue caps "
+            "each flavor on its own, so the cap is split across them); default: what the on-demand pools "
+            "leave of gpu_quota"
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _spot_within_cap(self) -> Team:
+        if self.spot_gpu_quota is not None and self.spot_gpu_quota > self.gpu_quota:
+            raise ValueError(
+                f"team {self.name}: spot_gpu_quota {self.spot_gpu_quota} is above its gpu_quota "
+                f"{self.gpu_quota}"
+            )
+        return self
 
 
 class Scheduler(_Model):

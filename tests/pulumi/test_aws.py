@@ -103,15 +103,14 @@ def test_instance_metadata_stays_on_the_host(aws_prod: Recording) -> None:
         assert options["instanceMetadataTags"] == "enabled"
 
 
-def test_eks_pods_that_use_the_node_role_still_reach_instance_metadata(
-    shipped_platforms: dict[str, ResolvedPlatform],
-) -> None:
-    """On EKS the model server streams s3:// weights with the node role from a pod network namespace,
-    one hop further than the host: the node groups' templates keep hop limit 2."""
+def test_eks_pods_never_reach_the_node_role(shipped_platforms: dict[str, ResolvedPlatform]) -> None:
+    """On EKS a pod in its own network namespace is a hop further than the host: with hop limit 1 it
+    gets no instance metadata token, so no pod can act as its node. The pods that call AWS have their
+    own identities (EKS Pod Identity: tests/pulumi/test_eks.py)."""
     recording = record(shipped_platforms["aws-k8s"])
     templates = recording.of_type(LT)
     assert templates
-    assert {t.inputs["metadataOptions"]["httpPutResponseHopLimit"] for t in templates} == {2}
+    assert {t.inputs["metadataOptions"]["httpPutResponseHopLimit"] for t in templates} == {1}
 
 
 def test_buckets_are_private_versioned_encrypted_tls_only(aws_prod: Recording) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from infra.backends.aws.eks import accelerator_label, eks_problems, kubeconfig
 from infra.errors import SpecError
-from infra.k8s.facts import AUTOSCALER_NAMESPACE, AUTOSCALER_SERVICE_ACCOUNT
+from infra.k8s.facts import AUTOSCALER_NAMESPACE, AUTOSCALER_SERVICE_ACCOUNT, MODEL_SERVER_ACCOUNT
 from infra.k8s.objects import node_labels
 from infra.plan.record import SECRET, Recording, record
 from infra.policy.check import verdicts_for
@@ -354,8 +354,47 @@ def test_node_roles_per_pool_role_with_their_buckets(eks: Recording) -> None:
     ]
 
 
+def test_the_model_server_reads_the_stacks_models_bucket_as_itself(eks: Recording) -> None:
+    """`s3://models/...` in the spec names the stack's models bucket (its name is generated), and the
+    model server reads it with its own Pod Identity role, which reads that bucket and nothing else."""
+    [association] = [
+        a
+        for a in eks.of_type("aws:eks/podIdentityAssociation:PodIdentityAssociation")
+        if a.inputs["serviceAccount"] == MODEL_SERVER_ACCOUNT
+    ]
+    assert association.inputs["namespace"] == "serving"
+    assert association.inputs["roleArn"].endswith("/aws-k8s-eks-model-server-role")
+    trust = json.loads(eks.named("aws-k8s-eks-model-server-role").inputs["assumeRolePolicy"])["Statement"][0]
+    assert trust["Principal"] == {"Service": "pods.eks.amazonaws.com"}
+    [read] = json.loads(eks.named("aws-k8s-eks-model-server-buckets").inputs["policy"])["Statement"]
+    assert "s3:GetObject" in read["Action"] and not any("Put" in a or "Delete" in a for a in read["Action"])
+    models = next(
+        b for b in eks.of_type("aws:s3/bucket:Bucket") if b.inputs["bucketPrefix"].endswith("models-")
+    )
+    # The mocks' names (infra/plan/record.py): an ARN from the resource name, the bucket from its prefix.
+    assert {r.removesuffix("/*") for r in read["Resource"]} == {f"arn:aws:mock:::bucket/{models.name}"}
+    [deployment] = [
+        d
+        for d in eks.of_type("kubernetes:apps/v1:Deployment")
+        if d.inputs["metadata"]["name"] == "model-server"
+    ]
+    pod = deployment.inputs["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == MODEL_SERVER_ACCOUNT and pod["automountServiceAccountToken"] is True
+    [model] = [e["value"] for e in pod["containers"][0]["env"] if e["name"] == "GPUPLAT_MODEL"]
+    assert model == f"s3://{models.inputs['bucketPrefix']}mock/meta-llama/Llama-3.1-8B-Instruct"
+    assert not model.startswith("s3://models/")
+    accounts = eks.of_type("kubernetes:core/v1:ServiceAccount")
+    assert ("serving", MODEL_SERVER_ACCOUNT) in {
+        (a.inputs["metadata"].get("namespace"), a.inputs["metadata"]["name"]) for a in accounts
+    }
+
+
 def test_the_autoscaler_scales_only_this_clusters_groups_through_pod_identity(eks: Recording) -> None:
-    [association] = eks.of_type("aws:eks/podIdentityAssociation:PodIdentityAssociation")
+    [association] = [
+        a
+        for a in eks.of_type("aws:eks/podIdentityAssociation:PodIdentityAssociation")
+        if a.inputs["serviceAccount"] == AUTOSCALER_SERVICE_ACCOUNT
+    ]
     assert association.inputs["namespace"] == AUTOSCALER_NAMESPACE
     assert association.inputs["serviceAccount"] == AUTOSCALER_SERVICE_ACCOUNT
     assert association.inputs["roleArn"].endswith("/aws-k8s-eks-autoscaler-role")
@@ -389,7 +428,10 @@ def test_admins_and_no_autoscaler(write_stack: Callable[..., Path]) -> None:
         == "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
     )
     assert association.inputs["accessScope"] == {"type": "cluster"}
-    assert not recording.of_type("aws:eks/podIdentityAssociation:PodIdentityAssociation")
+    assert [
+        a.inputs["serviceAccount"]
+        for a in recording.of_type("aws:eks/podIdentityAssociation:PodIdentityAssociation")
+    ] == [MODEL_SERVER_ACCOUNT]
     assert not [r for r in recording.of_type("aws:iam/role:Role") if "autoscaler" in r.name]
 
 

@@ -35,6 +35,13 @@ def _research_takes_more(props: dict[str, Any]) -> None:
         props["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0]["nominalQuota"] = 64
 
 
+def _research_reaches_its_cap_on_spot_too(props: dict[str, Any]) -> None:
+    """Each flavor within the cap (48), their sum not: Kueue would admit up to 32 + 48 GPUs."""
+    if props["metadata"]["name"] == "research":
+        spot = props["spec"]["resourceGroups"][0]["flavors"][1]["resources"][0]
+        spot["borrowingLimit"] = 48 - spot["nominalQuota"]
+
+
 def _spot_first(props: dict[str, Any]) -> None:
     props["spec"]["resourceGroups"][0]["flavors"].reverse()
 
@@ -67,6 +74,11 @@ VARIANTS: dict[str, tuple[str, Mutate | None, Program | None]] = {
         _transform(f"{KUEUE}:ResourceFlavor", _flavor_selects_inference),
     ),
     "overcommitted-flavor": ("aws-k8s", None, _transform(f"{KUEUE}:ClusterQueue", _research_takes_more)),
+    "reach-past-cap-over-flavors": (
+        "aws-k8s",
+        None,
+        _transform(f"{KUEUE}:ClusterQueue", _research_reaches_its_cap_on_spot_too),
+    ),
     "spot-first": ("aws-k8s", None, _transform(f"{KUEUE}:ClusterQueue", _spot_first)),
     "unbounded-borrowing": ("aws-k8s", None, _transform(f"{KUEUE}:ClusterQueue", _no_borrowing_limit)),
     "admission-audit-only": (
@@ -121,6 +133,7 @@ REFUSALS = [
     ("flavor-on-inference", "k8s-isolation", "ResourceFlavor train"),
     ("overcommitted-flavor", "k8s-quotas", "ResourceFlavor train"),
     ("overcommitted-flavor", "k8s-quotas", "ClusterQueue research"),
+    ("reach-past-cap-over-flavors", "k8s-quotas", "ClusterQueue research"),
     ("spot-first", "k8s-spot-flavors", "ClusterQueue research"),
     ("unbounded-borrowing", "k8s-quotas", "ClusterQueue eval"),
     ("admission-audit-only", "k8s-isolation", "stack aws-k8s"),

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from infra.backends.aws.iam import SPOT_SERVICE, SPOT_SERVICE_LINKED_ROLE
-from infra.backends.aws.node_pool import HOST_ONLY_HOP_LIMIT, POD_HOP_LIMIT
+from infra.backends.aws.node_pool import HOST_ONLY_HOP_LIMIT
 
 ansible_template = pytest.importorskip("ansible.template")
 from ansible.parsing.dataloader import DataLoader  # noqa: E402
@@ -213,9 +213,6 @@ def test_role_and_program_follow_the_aws_facts() -> None:
     defaults = load(ROLE / "defaults" / "main.yml")
     assert defaults["imds_guard_addresses_ipv4"] == [metadata["addresses"]["ipv4"]]
     assert defaults["imds_guard_addresses_ipv6"] == [metadata["addresses"]["ipv6"]]
-    assert (
-        metadata["hop_limit"]["host_only"],
-        metadata["hop_limit"]["pods"],
-    ) == (HOST_ONLY_HOP_LIMIT, POD_HOP_LIMIT)
+    assert metadata["hop_limit"] == {"host_only": HOST_ONLY_HOP_LIMIT}
     spot = FACTS["spot_service_linked_role"]
     assert (spot["service"], spot["role"]) == (SPOT_SERVICE, SPOT_SERVICE_LINKED_ROLE)

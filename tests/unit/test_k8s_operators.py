@@ -28,6 +28,7 @@ from infra.k8s.operators import (
     load_kubernetes_data,
     releases,
 )
+from infra.k8s.queues import queue_objects
 from infra.resolve import ResolvedPlatform, ResolvedPool, load_platform
 from infra.spec.load import stack_file
 from tests.conftest import fsx_facts
@@ -260,6 +261,22 @@ def test_kueue_queues_every_team_job_with_fair_sharing(aws_k8s: ResolvedPlatform
     assert DEFAULT_LOCAL_QUEUE == "default"
 
 
+def test_kueue_admits_all_or_nothing(aws_k8s: ResolvedPlatform) -> None:
+    """waitForPodsReady (Kueue's Configuration, v1beta2: present = on, timeout required): an admitted
+    workload whose pods do not all become ready in time is evicted and requeued."""
+    ready = kueue_config(releases(aws_k8s, fsx_facts(CLUSTER_NAME)))["waitForPodsReady"]
+    assert ready["timeout"] == "20m" and ready["blockAdmission"] is False
+    assert ready["requeuingStrategy"]["timestamp"] == "Eviction"
+
+
+def test_no_queue_sets_what_fair_sharing_ignores(aws_k8s: ResolvedPlatform) -> None:
+    """borrowWithinCohort "only works with Classical Preemption, not with Fair Sharing" (Kueue v0.19.2,
+    apis/kueue/v1beta2/clusterqueue_types.go)."""
+    assert "fairSharing" in kueue_config(releases(aws_k8s, fsx_facts(CLUSTER_NAME)))
+    for queue in (o for o in queue_objects(aws_k8s) if o["kind"] == "ClusterQueue"):
+        assert "borrowWithinCohort" not in queue["spec"]["preemption"], queue["metadata"]["name"]
+
+
 def test_leaderworkerset_only_for_multi_node_replicas(
     aws_k8s: ResolvedPlatform, onprem_k8s: ResolvedPlatform
 ) -> None:
@@ -297,6 +314,35 @@ def test_controllers_run_on_the_service_pool(aws_k8s: ResolvedPlatform) -> None:
         for name, selector in selectors.items():
             on_pool = selector.items() <= node_labels(pool).items()
             assert on_pool == (pool.role == "service"), (name, pool.name)
+
+
+def test_controllers_on_an_existing_cluster_tolerate_its_control_plane(
+    aws_k8s: ResolvedPlatform, onprem_k8s: ResolvedPlatform
+) -> None:
+    """kubeadm taints control-plane nodes node-role.kubernetes.io/control-plane:NoSchedule; onprem-k8s's
+    service pool is such a node, and controllers that do not tolerate it stay Pending."""
+    taint = {"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}
+
+    def tolerated(platform: ResolvedPlatform) -> dict[str, bool]:
+        found = by_name(releases(platform, fsx_facts(CLUSTER_NAME)))
+        placements = {
+            "kueue": found["kueue"].values["controllerManager"],
+            "jobset": found["jobset"].values["controller"],
+            "prometheus": found["prometheus"].values["server"],
+            "gpu-operator": found["gpu-operator"].values["operator"],
+        }
+        return {
+            name: any(
+                t.get("key") == taint["key"]
+                and t.get("effect") == taint["effect"]
+                and t.get("operator") == "Exists"
+                for t in placement.get("tolerations", [])
+            )
+            for name, placement in placements.items()
+        }
+
+    assert all(tolerated(onprem_k8s).values()), tolerated(onprem_k8s)
+    assert not any(tolerated(aws_k8s).values())  # EKS has no control-plane nodes of its own
 
 
 def test_every_release_is_complete_and_ordered(aws_k8s: ResolvedPlatform) -> None:

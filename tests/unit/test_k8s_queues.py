@@ -8,9 +8,14 @@ from typing import Any
 
 import pytest
 
+from infra.errors import SpecError
+from infra.k8s.objects import LABEL_CAPACITY, LABEL_POOL, node_labels
 from infra.k8s.queues import KUEUE_API, _split, queue_objects, quota_plan, training_flavors
+from infra.k8s.training import example_jobset
 from infra.resolve import ResolvedPlatform, load_platform
 from infra.spec.load import stack_file
+
+KUEUE_STACKS = ["aws-k8s", "onprem-k8s"]
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +58,36 @@ def test_no_team_reaches_past_its_cap(aws_k8s: ResolvedPlatform) -> None:
         assert all(q.nominal + q.borrowing_limit <= team.gpu_quota for q in quotas)
 
 
+@pytest.mark.parametrize("stack", KUEUE_STACKS)
+def test_what_kueue_may_admit_for_a_team_over_all_flavors_is_within_its_cap(stack: str) -> None:
+    """Kueue caps each flavor on its own (nominal + borrowingLimit); summed over the flavors a queue
+    tries, that is what it may admit, and past the cap the namespace's ResourceQuota refuses pods of
+    workloads Kueue already admitted."""
+    platform = load_platform(stack_file(stack))
+    queues = {o["metadata"]["name"]: o for o in queue_objects(platform) if o["kind"] == "ClusterQueue"}
+    for team in platform.spec.scheduler.teams:
+        flavors = queues[team.name]["spec"]["resourceGroups"][0]["flavors"]
+        reach = sum(r["nominalQuota"] + r["borrowingLimit"] for f in flavors for r in f["resources"])
+        assert reach <= team.gpu_quota, (team.name, flavors)
+
+
+def test_a_team_splits_its_cap_between_spot_and_on_demand(aws_k8s: ResolvedPlatform) -> None:
+    plan = quota_plan(aws_k8s)
+    reach = {(q.team, q.flavor): q.nominal + q.borrowing_limit for q in plan.teams}
+    assert (reach["product", "train"], reach["product", "train-spot"]) == (16, 8)  # spot_gpu_quota: 8 of 24
+    # Without a split the flavors take the cap in the order a queue tries them, on-demand first.
+    assert (reach["research", "train"], reach["research", "train-spot"]) == (32, 16)
+    assert (reach["eval", "train"], reach["eval", "train-spot"]) == (8, 0)
+
+
+def test_a_spot_part_above_the_cap_is_refused(write_stack: Callable[..., Path]) -> None:
+    def too_much_spot(platform: dict[str, Any]) -> None:
+        platform["scheduler"]["teams"][0]["spot_gpu_quota"] = 64
+
+    with pytest.raises(SpecError, match="spot_gpu_quota 64 is above its gpu_quota 48"):
+        load_platform(write_stack("aws-k8s", too_much_spot))
+
+
 def test_gpus_no_team_may_take_belong_to_the_cohort(write_stack: Callable[..., Path]) -> None:
     def small_caps(platform: dict[str, Any]) -> None:
         platform["scheduler"]["teams"] = [
@@ -85,10 +120,53 @@ def test_flavors_select_their_pool_and_tolerate_its_taints(aws_k8s: ResolvedPlat
         o["metadata"]["name"]: o["spec"] for o in queue_objects(aws_k8s) if o["kind"] == "ResourceFlavor"
     }
     assert set(flavors) == {"train", "train-spot"}
-    assert flavors["train-spot"]["nodeLabels"] == {"gpuplat/pool": "train-spot"}
+    assert flavors["train-spot"]["nodeLabels"] == {
+        "workload": "training",
+        "gpuplat/pool": "train-spot",
+        "gpuplat/role": "train",
+        "gpuplat/capacity": "spot",
+    }
     assert flavors["train-spot"]["tolerations"][0]["key"] == "gpuplat/spot"
     assert "tolerations" not in flavors["train"]
     assert flavors["train"]["topologyName"] == "aws-k8s-network"
+
+
+@pytest.mark.parametrize("stack", KUEUE_STACKS)
+def test_every_flavor_of_an_autoscaled_pool_is_reachable(stack: str) -> None:
+    """Kueue's topology-aware scheduling counts only ready nodes: a topology flavor on a pool that
+    scales out from fewer nodes never fits, no pod is created and the autoscaler never adds a node."""
+    platform = load_platform(stack_file(stack))
+    flavors = {
+        o["metadata"]["name"]: o["spec"] for o in queue_objects(platform) if o["kind"] == "ResourceFlavor"
+    }
+    for pool in training_flavors(platform):
+        if pool.spec.min_nodes < pool.spec.max_nodes:
+            assert "topologyName" not in flavors[pool.name], pool.name
+
+
+@pytest.mark.parametrize("stack", KUEUE_STACKS)
+def test_every_key_a_job_selects_on_is_a_flavor_label(stack: str) -> None:
+    """Kueue matches a job's node selector against flavors only on keys some flavor's nodeLabels name;
+    another key is ignored in the flavor choice and the pod may land on a flavor it cannot run on."""
+    platform = load_platform(stack_file(stack))
+    flavors = [o["spec"]["nodeLabels"] for o in queue_objects(platform) if o["kind"] == "ResourceFlavor"]
+    keys = {key for labels in flavors for key in labels}
+    job = example_jobset(platform, platform.spec.scheduler.teams[0].name)
+    selector = job["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["nodeSelector"]
+    assert set(selector) <= keys
+    assert any(all(labels.get(k) == v for k, v in selector.items()) for labels in flavors)
+    for pool in training_flavors(platform):
+        assert {LABEL_POOL, LABEL_CAPACITY} <= set(node_labels(pool)) <= keys
+
+
+def test_the_example_job_asks_for_the_narrowest_network_level(aws_k8s: ResolvedPlatform) -> None:
+    job = example_jobset(aws_k8s, "research")
+    annotations = job["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["kueue.x-k8s.io/podset-preferred-topology"] == "topology.k8s.aws/network-node-layer-3"
+    topology = next(o for o in queue_objects(aws_k8s) if o["kind"] == "Topology")
+    assert annotations["kueue.x-k8s.io/podset-preferred-topology"] in [
+        level["nodeLabel"] for level in topology["spec"]["levels"]
+    ]
 
 
 def test_every_team_namespace_gets_a_default_local_queue_and_only_v1beta2(aws_k8s: ResolvedPlatform) -> None:

@@ -73,7 +73,8 @@ def test_onprem_k8s_runs_each_replica_as_a_two_node_leader_worker_set(onprem: Re
     [leader] = template["leaderTemplate"]["spec"]["containers"]
     lead = leader["command"][-1]
     assert "multi-node-serving.sh leader --ray_cluster_size=$(LWS_GROUP_SIZE)" in lead
-    assert "exec vllm serve /lustre/models/Llama-3.1-405B-Instruct " in lead
+    assert "exec vllm serve '$(GPUPLAT_MODEL)' " in lead
+    assert {"name": "GPUPLAT_MODEL", "value": "/lustre/models/Llama-3.1-405B-Instruct"} in leader["env"]
     assert "--tensor-parallel-size 8 " in lead and "--pipeline-parallel-size 2 " in lead
     assert "--distributed-executor-backend ray" in lead
     [worker] = template["workerTemplate"]["spec"]["containers"]
@@ -90,7 +91,9 @@ def test_aws_k8s_runs_a_deployment_whose_replicas_keda_owns(aws: ResolvedPlatfor
     assert aws.software.serving is not None
     assert vllm["image"] == f"docker.io/vllm/vllm-openai:v{aws.software.serving.version}"
     command = vllm["command"]
-    assert command[:3] == ["vllm", "serve", "s3://models/meta-llama/Llama-3.1-8B-Instruct"]
+    # kubelet puts the model's location (GPUPLAT_MODEL) in place; offline it is the spec's URI.
+    assert command[:3] == ["vllm", "serve", "$(GPUPLAT_MODEL)"]
+    assert {"name": "GPUPLAT_MODEL", "value": "s3://models/meta-llama/Llama-3.1-8B-Instruct"} in vllm["env"]
 
     def arg(flag: str) -> str:
         return str(command[command.index(flag) + 1])

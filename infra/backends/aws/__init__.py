@@ -42,6 +42,7 @@ from infra.backends.aws.storage import (
     ObjectStoreArgs,
     ParallelFilesystem,
     ParallelFilesystemArgs,
+    stack_object_uri,
 )
 from infra.backends.aws.tags import base_tags, pool_tags
 from infra.backends.base import common_outputs
@@ -368,6 +369,8 @@ class AwsBackend:
             ),
             cluster_name=eks.cluster.name,
             region=spec.region,
+            model_uri=None if spec.serving is None else stack_object_uri(spec.serving.model, store.buckets),
+            pod_identity=True,
         )
         outputs = common_outputs(platform)
         outputs.update(declare_layer(platform, eks.provider, facts, depends_on=eks.ready))

@@ -26,13 +26,13 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from infra.backends.aws import pool_zones
-from infra.backends.aws.eks_iam import autoscaler_role, cluster_role, node_roles
+from infra.backends.aws.eks_iam import autoscaler_role, cluster_role, model_server_role, node_roles
 from infra.backends.aws.eks_nodes import EksNodePool, EksNodePoolArgs
 from infra.backends.aws.network import LUSTRE_PORTS
 from infra.backends.aws.tags import pool_tags
 from infra.errors import SpecError
-from infra.k8s.facts import AUTOSCALER_NAMESPACE, AUTOSCALER_SERVICE_ACCOUNT
-from infra.k8s.objects import node_labels
+from infra.k8s.facts import AUTOSCALER_NAMESPACE, AUTOSCALER_SERVICE_ACCOUNT, MODEL_SERVER_ACCOUNT
+from infra.k8s.objects import node_labels, serving_namespace
 from infra.k8s.tenancy import team_group
 from infra.resolve import ResolvedPlatform, ResolvedPool
 from infra.spec.load import CONFIG_KEY
@@ -207,6 +207,19 @@ class EksCluster(pulumi.ComponentResource):
                     namespace=AUTOSCALER_NAMESPACE,
                     service_account=AUTOSCALER_SERVICE_ACCOUNT,
                     role_arn=autoscaler_role(name, cluster_name, args.tags, child).arn,
+                    tags=args.tags,
+                    opts=pulumi.ResourceOptions(parent=self, depends_on=node_addons),
+                )
+            )
+        if spec.serving is not None:
+            # The model server reads the models bucket as itself, never as its node.
+            self.ready.append(
+                aws.eks.PodIdentityAssociation(
+                    f"{name}-model-server-identity",
+                    cluster_name=cluster_name,
+                    namespace=serving_namespace(platform),
+                    service_account=MODEL_SERVER_ACCOUNT,
+                    role_arn=model_server_role(name, args.bucket_arns, args.tags, child).arn,
                     tags=args.tags,
                     opts=pulumi.ResourceOptions(parent=self, depends_on=node_addons),
                 )

@@ -10,6 +10,7 @@ import pulumi_aws as aws
 
 from infra.backends.aws.iam import (
     NodeIdentityArgs,
+    bucket_policy_document,
     inline_policy,
     node_role,
     service_trust_policy,
@@ -106,4 +107,23 @@ def autoscaler_role(
         opts=opts,
     )
     inline_policy(f"{name}-autoscaler-scaling", role, cluster_name, autoscaler_statements, opts)
+    return role
+
+
+def model_server_role(
+    name: str, bucket_arns: dict[str, pulumi.Output[str]], tags: dict[str, str], opts: pulumi.ResourceOptions
+) -> aws.iam.Role:
+    """The model server's own identity (EKS Pod Identity): what an inference node reads, the models
+    bucket, and nothing else; pods no longer reach the node's role (instance metadata hop limit 1)."""
+    role = aws.iam.Role(
+        f"{name}-model-server-role",
+        assume_role_policy=service_trust_policy(POD_IDENTITY_SERVICE, POD_IDENTITY_ACTIONS),
+        tags=tags,
+        opts=opts,
+    )
+    purposes = sorted(bucket_arns)
+    document = pulumi.Output.all(*[bucket_arns[p] for p in purposes]).apply(
+        lambda arns: bucket_policy_document("infer", dict(zip(purposes, arns, strict=True)))
+    )
+    aws.iam.RolePolicy(f"{name}-model-server-buckets", role=role.id, policy=document, opts=opts)
     return role

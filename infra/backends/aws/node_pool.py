@@ -85,11 +85,11 @@ def encode_user_data(script: pulumi.Input[str]) -> pulumi.Output[str]:
 # 1 in a container environment, the call might not receive a response at all because going to the
 # container is considered an additional network hop" (EC2 User Guide, "Instance metadata access
 # considerations"). 1: only the host's own network namespace gets a token. Nothing containerised on the
-# platform's Slurm nodes needs the instance profile, and roles/imds_guard limits the host's users.
+# platform's Slurm nodes needs the instance profile, and roles/imds_guard limits the host's users. On
+# EKS, pods in their own network namespace get no token either: the ones that call AWS have their own
+# identities (EKS Pod Identity: the model server, the cluster autoscaler), and the node agents that
+# use the node's role (vpc-cni, kube-proxy, the Pod Identity agent) run in the host's network.
 HOST_ONLY_HOP_LIMIT = 1
-# EKS pods (not host network) that use the node role, such as the model server streaming s3:// weights
-# with it (infra/k8s/serving.py), are a hop further.
-POD_HOP_LIMIT = 2
 
 
 def metadata_options(hop_limit: int = HOST_ONLY_HOP_LIMIT) -> dict[str, Any]:
@@ -188,7 +188,7 @@ def eks_pool_template(
     configuration basics": subnets, the IAM instance profile, shutdown and hibernate behaviour), and the
     spot market is the node group's capacity type: none of them appear here. No image either: EKS boots
     the optimized AMI of the node group's AMI type and joins it to the cluster itself."""
-    template = instance_template(pool, node_type, EKS_ROOT_DEVICE, root_volume_gib, tags, POD_HOP_LIMIT)
+    template = instance_template(pool, node_type, EKS_ROOT_DEVICE, root_volume_gib, tags)
     if efa:
         template["network_interfaces"] = efa_interfaces(node_type, security_group_ids, None)
     else:

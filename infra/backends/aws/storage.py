@@ -26,6 +26,19 @@ class ObjectStoreArgs:
     tags: dict[str, str]
 
 
+def stack_object_uri(uri: str, buckets: dict[str, aws.s3.Bucket]) -> pulumi.Input[str]:
+    """`s3://<purpose>/<key>` names the stack's bucket of that purpose, whose name S3 only knows once it
+    is created (a prefix and a generated suffix): the URI with that name in place. Another URI (a bucket
+    that is no purpose of the stack, a path, a model id) is returned as it is."""
+    if not uri.startswith("s3://"):
+        return uri
+    purpose, _, key = uri.removeprefix("s3://").partition("/")
+    bucket = buckets.get(purpose)
+    if bucket is None:
+        return uri
+    return pulumi.Output.concat("s3://", bucket.bucket, "/", key)
+
+
 def tls_only_policy(bucket_arn: str) -> str:
     return json.dumps({
         "Version": "2012-10-17",

@@ -243,6 +243,27 @@ def check_spot_flavors(index: ResourceIndex, ctx: PolicyContext) -> Iterator[Fin
             )
 
 
+def _queues_within_caps(queues: list[ResourceView], caps: dict[str, int]) -> Iterator[Finding]:
+    """Kueue limits each flavor on its own: a team's reach is its nominal plus borrowing limit summed over
+    every flavor, and it must stay within the team's cap, or Kueue admits workloads the team namespace's
+    ResourceQuota then refuses pods of (half-started jobs holding nodes)."""
+    for view in queues:
+        cap = caps.get(_meta(view, "name"))
+        quotas = list(_flavor_quotas(view))
+        if cap is None or any(limit is None for _, _, limit in quotas):
+            continue
+        reach = sum(nominal + (limit or 0) for _, nominal, limit in quotas)
+        if reach > cap:
+            parts = ", ".join(f"{flavor} {nominal + (limit or 0):g}" for flavor, nominal, limit in quotas)
+            yield Finding(
+                object_label(view),
+                f"{object_label(view)} may hold {reach:g} GPUs over its flavors ({parts}: nominal + "
+                f"borrowing limit), above team {_meta(view, 'name')!r}'s gpu_quota of {cap}; Kueue caps "
+                "each flavor on its own, so the cap must be split across them",
+                view.urn or None,
+            )
+
+
 def check_kubernetes_quotas(index: ResourceIndex, ctx: PolicyContext) -> Iterator[Finding]:
     platform = ctx.platform
     if platform is None or platform.spec.scheduler.kind != "kueue":
@@ -264,16 +285,7 @@ def check_kubernetes_quotas(index: ResourceIndex, ctx: PolicyContext) -> Iterato
                     view.urn or None,
                 )
                 continue
-            cap = caps.get(_meta(view, "name"))
             is_queue = view.props.get("kind") == "ClusterQueue"
-            if is_queue and cap is not None and limit is not None and nominal + limit > cap:
-                yield Finding(
-                    object_label(view),
-                    f"{object_label(view)} may hold {nominal + limit:g} GPUs of flavor {flavor!r} "
-                    f"(nominal {nominal:g} + borrowing {limit:g}), above team {_meta(view, 'name')!r}'s "
-                    f"gpu_quota of {cap}",
-                    view.urn or None,
-                )
             if is_queue and limit is None:
                 yield Finding(
                     object_label(view),
@@ -281,6 +293,7 @@ def check_kubernetes_quotas(index: ResourceIndex, ctx: PolicyContext) -> Iterato
                     "idle GPU of the cohort, past its team's cap",
                     view.urn or None,
                 )
+    yield from _queues_within_caps(queues, caps)
     for flavor, held in sorted(holders.items()):
         pool = pools.get(flavor_pool.get(flavor, ""))
         if pool is None:
