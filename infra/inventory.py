@@ -15,6 +15,7 @@ import yaml
 from infra.errors import GpuPlatError
 from infra.resolve import ResolvedPlatform, ResolvedPool
 from infra.scheduler import slurm_vars
+from infra.serving import startup_budget_s
 
 TAG_STACK = "gpuplat:stack"
 TAG_POOL = "gpuplat:pool"
@@ -127,6 +128,12 @@ def platform_vars(platform: ResolvedPlatform) -> dict[str, Any]:
                 ),
             }
         )
+        if layout is not None:
+            # Ansible waits for /health as long as a replica may take to load (the Kubernetes layer's
+            # startup probe allows the same).
+            values["inference_server_health_timeout_s"] = startup_budget_s(
+                serving, layout, platform.pool(serving.pool).node_type
+            )
     return values
 
 

@@ -154,7 +154,7 @@ def declare(
 
     controller = platform.controller_pool
     addresses = controller_addresses(controller.node_names(), [zone], {zone: subnet_cidr})
-    group_vars = {**node_group_vars(platform, "", addresses, templates), **substitutes}
+    group_vars = {**node_group_vars(platform, "", addresses, templates, {}), **substitutes}
     s3.put_object(Bucket=bucket, Key=GROUP_VARS_KEY, Body=json.dumps(group_vars, indent=1).encode())
 
     controllers: dict[str, str] = {}

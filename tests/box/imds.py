@@ -31,8 +31,11 @@ DESCRIBE_TTL_S = 2.0
 
 
 class InstanceMetadata:
-    def __init__(self, describe: Callable[[str], dict[str, Any] | None], port: int = 80) -> None:
-        """`describe(private_ip)` returns the emulator's instance with that address, or None."""
+    def __init__(
+        self, describe: Callable[[str], dict[str, Any] | None], port: int = 80, address: str = IMDS_ADDRESS
+    ) -> None:
+        """`describe(private_ip)` returns the emulator's instance with that address, or None. A test of a
+        program on this host binds it to loopback (`address`, port 0: any free port)."""
         self._describe = describe
         self._described: dict[str, tuple[float, dict[str, Any] | None]] = {}
         self.tokens: set[str] = set()
@@ -83,7 +86,7 @@ class InstanceMetadata:
                 else:
                     self._send(200, value)
 
-        self.server = ThreadingHTTPServer((IMDS_ADDRESS, port), Handler)
+        self.server = ThreadingHTTPServer((address, port), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()

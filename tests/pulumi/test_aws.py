@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from infra.backends.aws.naming import stack_bucket_uri
+from infra.boot_time import expected_boot_s
 from infra.plan.record import Recording, record
 from infra.resolve import ResolvedPlatform, load_platform
+from infra.serving import startup_budget_s
 from infra.storage import aggregate_gbps
 
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
@@ -359,3 +363,44 @@ def test_what_launches_at_once_waits_for_what_its_boot_script_fetches(aws_prod: 
     for resource in launchers:
         missing = fetched - set(resource.dependencies)
         assert not missing, f"{resource.name} boots before {missing}"
+
+
+def test_booting_inference_nodes_read_the_stacks_models_bucket(aws_prod: Recording) -> None:
+    """`serving.model: s3://models/<key>` names the stack's models bucket, whose name S3 generates: the
+    group vars every booting node reads (and the stack output the inventory lays over its own) carry
+    the real name, which the inference role may read, never a bucket literally called `models`."""
+    models = next(
+        b for b in aws_prod.of_type("aws:s3/bucket:Bucket") if b.inputs["bucketPrefix"].endswith("-models-")
+    )
+    written = next(
+        o for o in aws_prod.of_type("aws:s3/bucketObjectv2:BucketObjectv2") if o.name == "aws-prod-group-vars"
+    )
+    model = json.loads(written.inputs["content"])["inference_model"]
+    # The mocks name a bucket after its prefix (infra/plan/record.py).
+    assert model == f"s3://{models.inputs['bucketPrefix']}mock/meta-llama/Llama-3.1-8B-Instruct"
+    assert aws_prod.outputs["group_vars"]["inference_model"] == model
+
+
+def test_a_uri_of_a_bucket_the_stack_does_not_have_is_left_alone() -> None:
+    names = {"models": "aws-prod-models-abc"}
+    assert stack_bucket_uri("s3://models/org/m", names) == "s3://aws-prod-models-abc/org/m"
+    assert stack_bucket_uri("s3://their-bucket/org/m", names) == "s3://their-bucket/org/m"
+    assert stack_bucket_uri("/fsx/models/m", names) == "/fsx/models/m"
+
+
+def test_a_loading_inference_node_is_not_counted_before_it_serves(
+    aws_prod: Recording, shipped_platforms: dict[str, ResolvedPlatform]
+) -> None:
+    """Target tracking would count a node that is still booting or loading its model as capacity (or
+    read its idle metrics) and keep adding nodes: the group's warmup and the policies' cover the boot
+    (infra/data/boot_times.yaml) plus the replica's start budget."""
+    platform = shipped_platforms["aws-prod"]
+    pool = platform.pool("infer")
+    assert platform.spec.serving is not None and platform.serving_layout is not None
+    expected = expected_boot_s(platform.spec) + startup_budget_s(
+        platform.spec.serving, platform.serving_layout, pool.node_type
+    )
+    [group] = [g for g in aws_prod.of_type(ASG) if g.name == "aws-prod-infer-asg"]
+    assert group.inputs["defaultInstanceWarmup"] == expected >= 1500
+    policies = aws_prod.of_type("aws:autoscaling/policy:Policy")
+    assert policies and {p.inputs["estimatedInstanceWarmup"] for p in policies} == {expected}

@@ -19,6 +19,8 @@ import pytest
 yaml = pytest.importorskip("yaml")
 jinja2 = pytest.importorskip("jinja2")
 
+from tests.roles.ansible_values import render_value  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 ROLES = ROOT / "roles"
 INFER_HOST = "gpu-21"
@@ -281,3 +283,79 @@ def test_a_stack_that_serves_nothing_gets_node_and_gpu_monitoring_only(template:
         assert {j["job_name"] for j in document["scrape_configs"]} >= {"node", "dcgm"}
     else:
         assert document["groups"] and all(group["rules"] for group in document["groups"])
+
+
+def booting_infer_node_vars(platform: Any) -> dict[str, Any]:
+    """The variables a booting aws-prod inference node has: the group vars it fetches (the program's
+    node_group_vars) and its pool's vars (bootstrap.node_inventory); no aws_ec2 plugin variables."""
+    from infra.backends.aws.bootstrap import node_group_vars, node_inventory
+
+    pool = platform.pool("infer")
+    inventory = node_inventory(platform, pool)
+    pool_vars = inventory["all"]["children"][f"pool_{pool.name}"]["vars"]
+    return {**node_group_vars(platform, "fs@tcp:/mnt", {"head-0": "10.0.0.10"}, {}, {}), **pool_vars}
+
+
+def test_the_scaling_agent_configures_on_a_node_that_boots_alone(
+    shipped_platforms: dict[str, Any],
+) -> None:
+    """A node of the infer Auto Scaling group configures itself from its one-node inventory: the
+    agent's region comes from the stack, its group from the instance's own metadata at start."""
+    platform = shipped_platforms["aws-prod"]
+    variables = booting_infer_node_vars(platform)
+    assert "tags" not in variables and "placement" not in variables
+    role = defaults("inference_server")
+    env = environment()
+    # Ansible's undefined variables chain (`placement.region | default(...)` on an undefined `placement`
+    # gives the default), as Jinja's ChainableUndefined does.
+    env.undefined = jinja2.ChainableUndefined
+    region = render_value(env, role["inference_server_scaling_region"], variables)
+    group = render_value(env, role["inference_server_scaling_asg_name"], variables)
+    assert (region, group) == (platform.spec.region, "")
+    unit = render(
+        ROLES / "inference_server" / "templates" / "gpuplat-scaling-agent.service.j2",
+        {
+            **variables,
+            "inference_server_scaling_region": region,
+            "inference_server_scaling_asg_name": group,
+            "inference_server_scaling_interval_s": 60,
+            "inference_server_service": "gpuplat-inference",
+            "inference_server_user": "gpuplat-inference",
+            "inference_server_install_dir": "/opt/gpuplat-inference",
+            "inference_server_port": 8000,
+            "__inference_server_venv": "/opt/gpuplat-inference/venv",
+            "__inference_server_replicas": [0],
+        },
+    )
+    assert f"--region {platform.spec.region}" in unit and "--asg" not in unit
+
+
+def test_the_scaling_agent_reads_its_group_from_instance_metadata() -> None:
+    """IMDSv2 (token, then tags/instance/aws:autoscaling:groupName), against the box's instance
+    metadata emulator on loopback; EC2 answers 404 where the launch template keeps tags out."""
+    from tests.box.imds import InstanceMetadata
+
+    instance = {
+        "InstanceId": "i-0infer",
+        "Tags": [{"Key": "aws:autoscaling:groupName", "Value": "aws-prod-infer-asg-1234"}],
+        "MetadataOptions": {"InstanceMetadataTags": "enabled"},
+    }
+    metadata = InstanceMetadata(lambda address: instance, port=0, address="127.0.0.1")
+    try:
+        endpoint = f"http://127.0.0.1:{metadata.server.server_address[1]}"
+        agent = scaling_agent()
+        assert agent.own_autoscaling_group(endpoint) == "aws-prod-infer-asg-1234"
+        instance["MetadataOptions"] = {"InstanceMetadataTags": "disabled"}
+        metadata._described.clear()
+        with pytest.raises(OSError):
+            agent.own_autoscaling_group(endpoint)
+    finally:
+        metadata.stop()
+
+
+def test_down_alerts_page_only_for_targets_that_answered_before() -> None:
+    """A node an Auto Scaling group or Slurm just launched is discovered while it boots and loads its
+    model (up == 0 for many minutes): no page for it, only for a target that was up and went away."""
+    alerts = {r["alert"]: r["expr"] for r in rules("gpuplat-alerts.rules.yml.j2") if "alert" in r}
+    for name, job in (("NodeDown", "node"), ("InferenceServerDown", "inference_server")):
+        assert f'(up{{job="{job}"}} == 0) and (max_over_time(up{{job="{job}"}}[6h]) == 1)' == alerts[name]

@@ -14,6 +14,7 @@ from infra.inventory import (
 )
 from infra.local.scale import with_running_sizes
 from infra.resolve import ResolvedPlatform
+from infra.serving import startup_budget_s
 
 
 def test_local_inventory_groups_and_vars(shipped_platforms: dict[str, ResolvedPlatform]) -> None:
@@ -128,3 +129,17 @@ def test_stack_outputs_lacking_the_mount_and_controllers_are_an_error(
 def test_other_backends_keep_the_offline_inventory(shipped_platforms: dict[str, ResolvedPlatform]) -> None:
     onprem = shipped_platforms["onprem"]
     assert stack_inventory_documents(onprem, {"backend": "onprem"}) == inventory_documents(onprem)
+
+
+@pytest.mark.parametrize("stack", ["aws-prod", "local"])
+def test_ansible_waits_for_a_replica_as_long_as_it_may_take_to_load(
+    stack: str, shipped_platforms: dict[str, ResolvedPlatform]
+) -> None:
+    """The role's own default (600 s) is shorter than the start budget of a large model (at least
+    1200 s): the play would fail a replica that is still loading."""
+    platform = shipped_platforms[stack]
+    assert platform.spec.serving is not None and platform.serving_layout is not None
+    budget = startup_budget_s(
+        platform.spec.serving, platform.serving_layout, platform.pool(platform.spec.serving.pool).node_type
+    )
+    assert platform_vars(platform)["inference_server_health_timeout_s"] == budget >= 1200

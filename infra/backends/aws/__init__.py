@@ -46,9 +46,11 @@ from infra.backends.aws.storage import (
 )
 from infra.backends.aws.tags import base_tags, pool_tags
 from infra.backends.base import common_outputs
+from infra.boot_time import expected_boot_s
 from infra.inventory import aws_ec2_config, platform_vars
 from infra.munge import munge_roles, runs_munge
 from infra.resolve import ResolvedPlatform, ResolvedPool, image_parameter, os_release
+from infra.serving import startup_budget_s
 from infra.spec.load import PROJECT_ROOT
 
 _REPOSITORY_PURPOSES = ("datasets", "checkpoints")
@@ -129,6 +131,16 @@ def _filesystem(
             tags=tags,
         ),
     )
+
+
+def inference_warmup_s(platform: ResolvedPlatform, pool: ResolvedPool) -> int | None:
+    """An inference node is capacity once it has booted (infra/boot_time.py) and its replicas have
+    loaded the model (infra/serving.py's start budget); until then its metrics would make target
+    tracking add nodes while the first ones still load."""
+    spec, layout = platform.spec, platform.serving_layout
+    if pool.role != "infer" or spec.serving is None or layout is None:
+        return None
+    return expected_boot_s(spec) + startup_budget_s(spec.serving, layout, pool.node_type)
 
 
 class AwsBackend:
@@ -251,6 +263,7 @@ class AwsBackend:
                     tags=pool_tags(platform, pool),
                     user_data=boot_script(pool),
                     boot_after=boot_after,
+                    instance_warmup_s=inference_warmup_s(platform, pool),
                 ),
             )
 
@@ -265,9 +278,18 @@ class AwsBackend:
             pool.name: node_pool(pool, []).launch_template.id for pool in platform.pools_with_role("train")
         }
         template_names = sorted(templates)
-        group_vars = pulumi.Output.all(filesystem_source, *[templates[n] for n in template_names]).apply(
+        purposes = sorted(store.buckets)
+        group_vars = pulumi.Output.all(
+            filesystem_source,
+            *[templates[n] for n in template_names],
+            *[store.buckets[p].bucket for p in purposes],
+        ).apply(
             lambda values: node_group_vars(
-                platform, values[0], addresses, dict(zip(template_names, values[1:], strict=True))
+                platform,
+                values[0],
+                addresses,
+                dict(zip(template_names, values[1 : 1 + len(template_names)], strict=True)),
+                dict(zip(purposes, values[1 + len(template_names) :], strict=True)),
             )
         )
         group_vars_object = aws.s3.BucketObjectv2(

@@ -27,6 +27,7 @@ import hashlib
 import io
 import shlex
 import zipfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from typing import Any
 import yaml
 
 from infra.ansible_content import content_files
+from infra.backends.aws.naming import stack_bucket_uri
 from infra.inventory import platform_vars, pool_group, pool_vars, role_group_members
 from infra.node_ansible import node_ansible
 from infra.resolve import ResolvedPlatform, ResolvedPool
@@ -93,12 +95,16 @@ def node_group_vars(
     filesystem_source: str,
     controller_addresses: dict[str, str],
     template_ids: dict[str, str],
+    bucket_names: Mapping[str, str],
 ) -> dict[str, Any]:
     """The group vars every booting node reads (`GROUP_VARS_KEY`): the platform's resolved values and
-    what exists only once the stack's resources do."""
+    what exists only once the stack's resources do (an `s3://<purpose>/` model names its bucket)."""
     region = str(platform.spec.region)
+    values = platform_vars(platform)
+    if "inference_model" in values:
+        values["inference_model"] = stack_bucket_uri(values["inference_model"], bucket_names)
     return {
-        **platform_vars(platform),
+        **values,
         "gpuplat_region": region,
         "gpuplat_controller_addresses": controller_addresses,
         "shared_fs_source": filesystem_source,

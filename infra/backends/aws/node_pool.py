@@ -55,6 +55,9 @@ class GpuNodePoolArgs:
     # The image's root device (Canonical's Ubuntu images: /dev/sda1; others differ): the volume mapped
     # there is the root volume, resized; under another name it would be a second, unused volume.
     root_device: pulumi.Input[str] = "/dev/sda1"
+    # Seconds from InService until a new instance's metrics mean something (an inference node: its boot,
+    # then its model loading): Auto Scaling counts it neither as capacity nor in the metrics before.
+    instance_warmup_s: int | None = None
 
 
 def efa_interfaces(
@@ -262,6 +265,7 @@ class GpuNodePool(pulumi.ComponentResource):
             vpc_zone_identifiers=args.subnet_ids,
             health_check_type="EC2",
             wait_for_capacity_timeout="0",
+            default_instance_warmup=args.instance_warmup_s,
             tags=[{"key": k, "value": v, "propagate_at_launch": True} for k, v in sorted(args.tags.items())],
             **group_capacity(pool, self.launch_template),
             opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=args.boot_after)),
@@ -272,6 +276,7 @@ class GpuNodePool(pulumi.ComponentResource):
                     f"{name}-track-{metric.lower()}",
                     autoscaling_group_name=group.name,
                     policy_type="TargetTrackingScaling",
+                    estimated_instance_warmup=args.instance_warmup_s,
                     target_tracking_configuration={
                         "target_value": target,
                         "customized_metric_specification": {

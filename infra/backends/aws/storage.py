@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from infra.backends.aws.naming import bucket_prefix
+from infra.backends.aws.naming import bucket_prefix, stack_bucket_uri
 from infra.storage import LustreLayout
 
 
@@ -27,16 +27,11 @@ class ObjectStoreArgs:
 
 
 def stack_object_uri(uri: str, buckets: dict[str, aws.s3.Bucket]) -> pulumi.Input[str]:
-    """`s3://<purpose>/<key>` names the stack's bucket of that purpose, whose name S3 only knows once it
-    is created (a prefix and a generated suffix): the URI with that name in place. Another URI (a bucket
-    that is no purpose of the stack, a path, a model id) is returned as it is."""
-    if not uri.startswith("s3://"):
-        return uri
-    purpose, _, key = uri.removeprefix("s3://").partition("/")
-    bucket = buckets.get(purpose)
-    if bucket is None:
-        return uri
-    return pulumi.Output.concat("s3://", bucket.bucket, "/", key)
+    """`stack_bucket_uri` with the buckets the program declares (their names are outputs)."""
+    purposes = sorted(buckets)
+    return pulumi.Output.all(*[buckets[p].bucket for p in purposes]).apply(
+        lambda names: stack_bucket_uri(uri, dict(zip(purposes, names, strict=True)))
+    )
 
 
 def tls_only_policy(bucket_arn: str) -> str:

@@ -17,8 +17,13 @@ load, read from every model-server replica of the node (one /metrics URL per rep
 GPU memory is not a load signal: vLLM pre-allocates gpu_memory_fraction (~90%) of every GPU at
 start, idle or not.
 
-  gpuplat_scaling_agent.py --asg NAME --region REGION --metrics-url URL [--metrics-url URL ...]
+  gpuplat_scaling_agent.py --region REGION [--asg NAME] --metrics-url URL [--metrics-url URL ...]
   gpuplat_scaling_agent.py --dry-run --once --interval 5     # print what it would send
+
+Without --asg the node asks its own instance metadata (IMDSv2) for its tag aws:autoscaling:groupName,
+which Auto Scaling puts on every instance it launches: a node that configures itself at boot has no
+inventory that names its group (EC2 User Guide, "View tags for your EC2 instances using instance
+metadata": tags/instance/<key>, readable where the launch template allows instance tags in metadata).
 
 Standard library, plus boto3 only when it publishes.
 """
@@ -31,6 +36,7 @@ import logging
 import re
 import sys
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from typing import Any
@@ -113,6 +119,24 @@ def metric_data(
     ]
 
 
+IMDS_ENDPOINT = "http://169.254.169.254"
+GROUP_TAG = "aws:autoscaling:groupName"
+
+
+def own_autoscaling_group(endpoint: str = IMDS_ENDPOINT, timeout_s: float = 2.0) -> str:
+    """This instance's Auto Scaling group, from its metadata tags (IMDSv2: a session token first)."""
+    token_request = urllib.request.Request(
+        f"{endpoint}/latest/api/token", method="PUT", headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"}
+    )
+    with urllib.request.urlopen(token_request, timeout=timeout_s) as reply:
+        token = reply.read().decode()
+    tag_request = urllib.request.Request(
+        f"{endpoint}/latest/meta-data/tags/instance/{GROUP_TAG}", headers={"X-aws-ec2-metadata-token": token}
+    )
+    with urllib.request.urlopen(tag_request, timeout=timeout_s) as reply:
+        return str(reply.read().decode()).strip()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -123,15 +147,28 @@ def main() -> int:
         dest="metrics_urls",
         help="/metrics of one model-server replica; repeat per replica (default: http://127.0.0.1:8000/metrics)",
     )
-    parser.add_argument("--asg", default="", help="Auto Scaling group name (the metric's dimension)")
+    parser.add_argument(
+        "--asg",
+        default="",
+        help="Auto Scaling group name (the metric's dimension); default: the instance's tag",
+    )
+    parser.add_argument("--imds-endpoint", default=IMDS_ENDPOINT, help=argparse.SUPPRESS)
     parser.add_argument("--region", default="")
     parser.add_argument("--interval", type=float, default=60.0, help="seconds between two samples")
     parser.add_argument("--once", action="store_true", help="one interval, then exit")
     parser.add_argument("--dry-run", action="store_true", help="print the metric data instead of sending it")
     args = parser.parse_args()
     logging.basicConfig(level="INFO", format="%(levelname)s %(name)s: %(message)s")
-    if not args.dry_run and not (args.asg and args.region):
-        parser.error("--asg and --region are required unless --dry-run")
+    if not args.dry_run and not args.region:
+        parser.error("--region is required unless --dry-run")
+    if not args.dry_run and not args.asg:
+        try:
+            args.asg = own_autoscaling_group(args.imds_endpoint)
+        except (OSError, urllib.error.HTTPError) as exc:
+            parser.error(
+                f"no --asg, and the instance metadata did not give the {GROUP_TAG} tag ({exc}): is this an "
+                "Auto Scaling instance whose launch template allows instance tags in metadata?"
+            )
     urls = args.metrics_urls or ["http://127.0.0.1:8000/metrics"]
 
     client = None
