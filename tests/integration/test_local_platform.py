@@ -104,6 +104,41 @@ def test_second_up_changes_nothing(first_up: subprocess.CompletedProcess[str]) -
     )
 
 
+def _reason(node: str) -> str:
+    return on("head-0", "sinfo", "-h", "-N", "-n", node, "-o", "%E", check=False).strip()
+
+
+def test_validate_drains_a_failing_node_and_takes_it_back(first_up: subprocess.CompletedProcess[str]) -> None:
+    """A node that fails its health checks (a GPU device gone) fails `gpuplat validate` (exit 1), is drained
+    (by the play, or already by slurmd's health program, which checks every 30 s here), and the pool
+    runs its steps on the other node."""
+    assert first_up.returncode == 0
+    on("train-1", "rm", "-f", "/dev/nvidia7")
+    try:
+        failed = gpuplat("validate", "--stack", STACK, "--json")
+        assert failed.returncode == 1, (failed.stdout[-2000:], failed.stderr[-2000:])
+        report = json.loads(failed.stdout)
+        assert report["verdict"] == "fail"
+        nodes = {n["node"]: n for n in report["nodes"]}
+        status, detail = nodes["train-1"]["checks"]["health-program"]
+        assert status == "fail" and "/dev/nvidia7 missing" in detail, detail
+        assert nodes["train-0"]["checks"]["health-program"][0] == "pass"
+        drains = report["drains"]
+        assert set(drains["drained"]) | set(drains["already_drained"]) == {"train-1"}, drains
+        [pool] = report["pools"]
+        assert pool["ready_nodes"] == ["train-0"] and set(pool["storage"]["node_gbps"]) == {"train-0"}
+        assert _state("train-1").startswith("drain"), _state("train-1")
+    finally:
+        on("train-1", "mknod", "-m", "666", "/dev/nvidia7", "c", "195", "7")
+    # The health program resumes a drain of its own; the play resumes its own on its next run (the
+    # test after this one: both nodes ready, train-1 idle again).
+    wait_for(
+        "the health program to let train-1 go",
+        lambda: not _reason("train-1").startswith("gpuplat-health"),
+        90,
+    )
+
+
 def test_validate_runs_the_validation_play_through_slurm(first_up: subprocess.CompletedProcess[str]) -> None:
     """`gpuplat validate`: playbooks/validate.yml on the running cluster (the node checks on every training
     node, then through srun from the controller: storage read, checkpoint write), judged from what the
@@ -125,44 +160,7 @@ def test_validate_runs_the_validation_play_through_slurm(first_up: subprocess.Co
     assert set(pool["storage"]["node_gbps"]) == set(nodes) and pool["storage"]["aggregate_gbps"] > 0
     assert set(pool["checkpoint"]["node_seconds"]) == set(nodes) and pool["checkpoint"]["worst_seconds"] > 0
     assert not any(report["drains"].get(key) for key in ("drained", "already_drained", "failing_not_drained"))
-
-
-def _reason(node: str) -> str:
-    return on("head-0", "sinfo", "-h", "-N", "-n", node, "-o", "%E", check=False).strip()
-
-
-def test_validate_drains_a_failing_node_and_takes_it_back(first_up: subprocess.CompletedProcess[str]) -> None:
-    """A node that fails its health checks (a GPU device gone) fails `gpuplat validate` (exit 1), is drained
-    (by the play, or already by slurmd's health program, which checks every 30 s here), and the pool
-    runs its steps on the other node; once the device is back, the node takes work again."""
-    assert first_up.returncode == 0
-    on("train-1", "rm", "-f", "/dev/nvidia7")
-    try:
-        failed = gpuplat("validate", "--stack", STACK, "--json")
-        assert failed.returncode == 1, (failed.stdout[-2000:], failed.stderr[-2000:])
-        report = json.loads(failed.stdout)
-        assert report["verdict"] == "fail"
-        nodes = {n["node"]: n for n in report["nodes"]}
-        status, detail = nodes["train-1"]["checks"]["health-program"]
-        assert status == "fail" and "/dev/nvidia7 missing" in detail, detail
-        assert nodes["train-0"]["checks"]["health-program"][0] == "pass"
-        drains = report["drains"]
-        assert set(drains["drained"]) | set(drains["already_drained"]) == {"train-1"}, drains
-        [pool] = report["pools"]
-        assert pool["ready_nodes"] == ["train-0"] and set(pool["storage"]["node_gbps"]) == {"train-0"}
-        assert _state("train-1").startswith("drain"), _state("train-1")
-    finally:
-        on("train-1", "mknod", "-m", "666", "/dev/nvidia7", "c", "195", "7")
-    # The health program resumes a drain of its own; the play resumes its own on its next run.
-    wait_for(
-        "the health program to let train-1 go",
-        lambda: not _reason("train-1").startswith("gpuplat-health"),
-        90,
-    )
-    again = gpuplat("validate", "--stack", STACK, "--json")
-    assert again.returncode == 0, (again.stdout[-2000:], again.stderr[-2000:])
-    assert sorted(json.loads(again.stdout)["pools"][0]["ready_nodes"]) == ["train-0", "train-1"]
-    wait_for("train-1 to take work again", lambda: _state("train-1") == "idle", 60)
+    wait_for("train-1 to take work", lambda: _state("train-1") == "idle", 60)  # resumed, if drained before
 
 
 def test_openai_client_through_the_gateway(first_up: subprocess.CompletedProcess[str]) -> None:
