@@ -5,7 +5,9 @@ converge look new."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 CONTENT_DIRECTORIES = ("playbooks", "roles")
 # Where Ansible finds the roles and the connection plugins (relative to this file).
@@ -24,3 +26,10 @@ def content_files(root: Path) -> list[Path]:
             if path.is_file() and not _NOT_CONTENT & set(path.relative_to(root).parts)
         ]
     )
+
+
+def digest_content(digest: Any, root: Path, extra: Iterable[Path] = ()) -> None:
+    """Feed `digest` (a hashlib object) every content file under `root`, and `extra`, by path and bytes."""
+    for path in [*content_files(root), *extra]:
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())

@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from infra.ansible import ProgressCallback, playbook_log, run_playbook, state_dir
-from infra.ansible_content import content_files
+from infra.ansible_content import digest_content
 from infra.errors import EnvironmentProblem, GpuPlatError
 from infra.inventory import (
     has_ansible_nodes,
@@ -109,9 +109,7 @@ def configuration_fingerprint(inventory_text: str, machine_ids: list[str]) -> st
     """What the playbooks' outcome depends on: the inventory, every file of playbooks/ and roles/, and
     the machines themselves (a recreated container has a new id)."""
     digest = hashlib.sha256(inventory_text.encode())
-    for path in [*content_files(PROJECT_ROOT), PROJECT_ROOT / "ansible.cfg"]:
-        digest.update(str(path.relative_to(PROJECT_ROOT)).encode())
-        digest.update(path.read_bytes())
+    digest_content(digest, PROJECT_ROOT, [PROJECT_ROOT / "ansible.cfg"])
     for machine in machine_ids:
         digest.update(machine.encode())
     return digest.hexdigest()

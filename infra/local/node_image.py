@@ -19,7 +19,7 @@ import hashlib
 import json
 from dataclasses import dataclass, replace
 
-from infra.ansible_content import content_files
+from infra.ansible_content import digest_content
 from infra.inventory import container_name, inventory_documents
 from infra.local.podman import exists, podman
 from infra.resolve import ResolvedPlatform, ResolvedPool
@@ -56,9 +56,7 @@ def imaged_pools(platform: ResolvedPlatform) -> list[ResolvedPool]:
 def node_images(platform: ResolvedPlatform, base_image_id: str) -> list[NodeImage]:
     declared = replace(platform, pools=tuple(replace(p, running_nodes=None) for p in platform.pools))
     digest = hashlib.sha256(base_image_id.encode())
-    for path in [*content_files(PROJECT_ROOT), IMAGE_SEAL]:
-        digest.update(str(path.relative_to(PROJECT_ROOT)).encode())
-        digest.update(path.read_bytes())
+    digest_content(digest, PROJECT_ROOT, [IMAGE_SEAL])
     digest.update(json.dumps(inventory_documents(declared), sort_keys=True, default=str).encode())
     return [
         NodeImage(

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from infra import ansible_content
 from infra.inventory import inventory_documents
 from infra.local import node_image
 from infra.local.node_image import imaged_pools, node_images
@@ -55,8 +56,8 @@ def test_the_image_follows_the_roles(
 ) -> None:
     local = shipped_platforms["local"]
     [image] = node_images(local, "base-id")
-    files = node_image.content_files(node_image.PROJECT_ROOT)
-    monkeypatch.setattr(node_image, "content_files", lambda root: files[:-1])
+    files = ansible_content.content_files(node_image.PROJECT_ROOT)
+    monkeypatch.setattr(ansible_content, "content_files", lambda root: files[:-1])
     assert node_images(local, "base-id")[0].digest != image.digest
 
 
