@@ -2,12 +2,14 @@
 them (server-side apply patches of the Node objects, owned by the platform's field manager). EKS node
 groups get the same labels and taints when their nodes are created (infra/backends/aws/eks.py).
 
-A Node's `spec.taints` is one atomic list under server-side apply (the Node API declares no list
-type for it): applying the pool's taints alone conflicts with every taint another manager set (kubeadm's
-control-plane taint, an operator's), and forcing it would remove them. So the patch carries the merged
-list, built at deploy time from the live node (`merged_taints`), and takes ownership of it
-(`pulumi.com/patchForce`); an annotation records which taints are the platform's, so one dropped from
-the spec is removed next time while the others stay.
+A Node's `spec.taints` is one atomic list under server-side apply (the Kubernetes OpenAPI schema
+marks NodeSpec.taints `x-kubernetes-list-type: atomic`; v1.31 as kubernetes-validate ships it):
+applying the pool's taints alone conflicts with every taint another manager set (kubeadm's
+control-plane taint, an operator's), and forcing it would remove them. So the patch carries the
+merged list, built at deploy time from the live node (`merged_taints`), and takes ownership of it
+(`pulumi.com/patchForce`; pulumi-kubernetes' Patch resources: "Conflicts will result in an error by
+default, but can be forced using the pulumi.com/patchForce annotation"). An annotation records which
+taints are the platform's, so one dropped from the spec is removed next time while the others stay.
 """
 
 from __future__ import annotations
