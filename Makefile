@@ -55,29 +55,29 @@ host:
 
 ## test-unit: fast tests (spec, data, sizing, policy rules, CLI, Pulumi program under mocks, role contracts)
 test-unit: venv
-	$(BIN)/pytest -q -n auto tests/unit tests/pulumi tests/roles
+	time $(BIN)/pytest -q -n auto tests/unit tests/pulumi tests/roles
 
 ## test-roles: ansible-lint and the Molecule scenarios of the node roles (podman)
 test-roles: venv host
-	scripts/test-roles.sh
+	time scripts/test-roles.sh
 
 ## test-scheduler: the multi-node Slurm scenario (quotas, preemption, node failure, health check)
 test-scheduler: venv host
-	scripts/test-scheduler.sh
+	time scripts/test-scheduler.sh
 
 ## test-serving: the serving scenario (model server, gateway overload, Prometheus, openai client)
 test-serving: venv host
-	scripts/test-serving.sh
+	time scripts/test-serving.sh
 
 ## test-box: the AWS Slurm stack's node lifecycle in the cloud in a box (moto on loopback, podman
 ## containers as instances running the real user data; root): boot, join, spot interruption, failed
 ## launches and boots, strays, suspend, teardown
 test-box: venv image
-	$(BIN)/pytest -v -s -m box tests/box
+	time $(BIN)/pytest -v -s --durations=0 --durations-min=5 -m box tests/box
 
 ## test-integration: the local platform end to end (up, idempotent up, node-loss requeue, down)
 test-integration: venv image
-	$(BIN)/pytest -v -s -m integration tests/integration
+	time $(BIN)/pytest -v -s --durations=0 --durations-min=5 -m integration tests/integration
 
 ## images: the base images of both supported Debian releases (built before the suites run side by side)
 images: image
