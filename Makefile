@@ -79,14 +79,16 @@ test-box: venv image
 test-integration: venv image
 	time $(BIN)/pytest -v -s --durations=0 --durations-min=5 -m integration tests/integration
 
-## images: the base images of both supported Debian releases (built before the suites run side by side)
+## images: the base images of both supported Debian releases
 images: image
 	scripts/build-base-image.sh trixie
 
 ## test: everything CI runs, as four streams side by side, each printed when it ends: test-scheduler
 ## and test-box (both wait on Slurm's own timers much of the time and leave the CPUs idle), test-roles,
 ## and lint, test-unit, test-serving, test-integration one after the other.
-test: venv images
+## The Debian 13 image is built inside the streams that need it (test-scheduler and test-roles, one
+## waiting for the other: build-base-image.sh locks), while the others already run.
+test: venv image
 	$(MAKE) --no-print-directory -j4 --output-sync=target test-scheduler test-box test-roles test-node-suites
 
 test-node-suites:

@@ -28,8 +28,9 @@ from typing import Any
 import yaml
 
 from infra.data.memory_calibration import CalibrationRow
+from infra.data.models import GB
 from infra.errors import ExitCode
-from infra.sizing import GB, size_training
+from infra.sizing import size_training
 
 
 @dataclass(frozen=True)

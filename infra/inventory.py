@@ -105,6 +105,8 @@ def platform_vars(platform: ResolvedPlatform) -> dict[str, Any]:
         values["nccl_socket_ifname"] = spec.fabric.socket_interface
     if spec.fabric.ib_hca:
         values["nccl_ib_hca"] = spec.fabric.ib_hca
+    if spec.alerting.webhook_urls:
+        values["monitoring_alert_webhook_urls"] = list(spec.alerting.webhook_urls)
     if spec.serving is not None:
         serving = spec.serving
         layout = platform.serving_layout
@@ -113,11 +115,13 @@ def platform_vars(platform: ResolvedPlatform) -> dict[str, Any]:
                 "inference_engine": serving.engine,
                 "inference_model": serving.model,
                 "inference_max_inflight_per_replica": serving.max_inflight_per_replica,
+                "inference_max_model_len": serving.max_model_len,
                 "inference_gpu_memory_fraction": serving.gpu_memory_fraction,
                 "inference_gateway_timeout_s": serving.gateway_timeout_s,
                 "inference_gateway_max_queue": serving.max_queue,
                 "inference_gateway_queue_timeout_s": serving.queue_timeout_s,
-                "inference_p95_target_ms": serving.p95_target_ms,
+                "inference_ttft_p95_target_ms": serving.ttft_p95_target_ms,
+                "inference_itl_p95_target_ms": serving.itl_p95_target_ms,
                 "inference_vllm_version": sw.serving.version if sw.serving else "",
                 "inference_tensor_parallel_size": layout.tensor_parallel if layout else 1,
                 "inference_replicas_per_node": layout.replicas if layout else 1,

@@ -1,11 +1,16 @@
 """Model-server layout on an inference node: tensor-parallel degree and one replica per GPU group.
 
 Inference memory per replica (vLLM): the weights (params x bytes per param) plus the KV cache the
-replica needs at full concurrency, both split over its tensor-parallel GPUs, plus a fixed per-GPU
-overhead (CUDA context, CUDA graphs, activations of one forward pass). vLLM claims
-gpu_memory_fraction of each GPU, so a degree fits when
+replica needs, both split over its tensor-parallel GPUs, plus a fixed per-GPU overhead (CUDA context,
+CUDA graphs, activations of one forward pass). vLLM claims gpu_memory_fraction of each GPU, so a
+degree fits when
 
-    (weights + kv_cache) / tp + overhead  <=  gpu_memory x gpu_memory_fraction
+    (weights + kv_cache) / tp + overhead  <=  gpu_memory x gpu_memory_fraction      (all in GiB)
+
+kv_cache is the larger of what the stack declares for its concurrency (kv_cache_gib) and vLLM's own
+floor: the KV cache of one sequence of max_model_len tokens, which vLLM must fit or it refuses to start
+(vllm-project/vllm, vllm/v1/core/kv_cache_utils.py, check_enough_kv_cache_memory). The GPU memory is the
+catalog's marketed GB converted to GiB (infra.data.models.NodeType.gpu_memory_gib).
 
 The degree is the smallest power of two that fits and divides the node's GPU count; the node then
 runs gpus / tp replicas, replica i on GPUs [i*tp, (i+1)*tp) and on port base + i. Engines that do
@@ -23,8 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from infra.data.models import NodeType
-from infra.sizing import GIB
+from infra.data.models import GIB, NodeType
 from infra.spec.models import Serving
 
 # Per-GPU memory vLLM uses besides weights and KV cache (CUDA context, CUDA graphs, activations):
@@ -73,12 +77,24 @@ def weights_gib(serving: Serving) -> float | None:
     return serving.model_params_b * 1e9 * serving.weight_bytes_per_param / GIB
 
 
+def kv_cache_floor_gib(serving: Serving) -> float:
+    """The KV cache of one max_model_len sequence, below which vLLM does not start (0 when the model's
+    bytes per token are not given)."""
+    if serving.kv_cache_bytes_per_token is None:
+        return 0.0
+    return serving.max_model_len * serving.kv_cache_bytes_per_token / GIB
+
+
+def kv_cache_needed_gib(serving: Serving) -> float:
+    return max(serving.kv_cache_gib, kv_cache_floor_gib(serving))
+
+
 def replica_gib_per_gpu(serving: Serving, gpus: int) -> float | None:
     """Memory each of a replica's `gpus` GPUs needs (tensor x pipeline parallel)."""
     weights = weights_gib(serving)
     if weights is None:
         return None
-    return (weights + serving.kv_cache_gib) / gpus + OVERHEAD_GIB_PER_GPU
+    return (weights + kv_cache_needed_gib(serving)) / gpus + OVERHEAD_GIB_PER_GPU
 
 
 def startup_budget_s(serving: Serving, layout: ServingLayout, node_type: NodeType) -> int:
@@ -111,8 +127,8 @@ def _multi_node_layout(
         return None, [
             (
                 f"{path}.model_params_b",
-                f"a {serving.model_params_b}B-parameter model (+ {serving.kv_cache_gib} GiB KV cache) "
-                f"does not fit even all {pool_nodes} {node_type.name} nodes of pool {serving.pool!r}: "
+                f"a {serving.model_params_b}B-parameter model (+ {kv_cache_needed_gib(serving):.1f} GiB KV "
+                f"cache) does not fit even all {pool_nodes} {node_type.name} nodes of pool {serving.pool!r}: "
                 f"{need:.1f} GiB per GPU over their {gpus * pool_nodes} GPUs, {usable:.1f} GiB usable; add "
                 "nodes to the pool, use a node type with more GPU memory or a smaller model",
             )
@@ -183,11 +199,12 @@ def serving_layout(
             return _multi_node_layout(serving, node_type, usable, pool_nodes, path)
         if not fitting:
             need = replica_gib_per_gpu(serving, gpus) or 0.0
+            kv_cache = kv_cache_needed_gib(serving)
             return None, [
                 (
                     f"{path}.model_params_b",
-                    f"a {serving.model_params_b}B-parameter model (+ {serving.kv_cache_gib} GiB KV cache) "
-                    f"does not fit one {node_type.name} node: {need:.1f} GiB per GPU over all {gpus} GPUs, "
+                    f"a {serving.model_params_b}B-parameter model (+ {kv_cache:.1f} GiB KV cache) does not "
+                    f"fit one {node_type.name} node: {need:.1f} GiB per GPU over all {gpus} GPUs, "
                     f"{usable:.1f} GiB usable; use a node type with more GPU memory or a smaller model",
                 )
             ]

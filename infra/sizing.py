@@ -86,15 +86,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from infra.data.models import NodeType
+from infra.data.models import GIB, NodeType
 
 Precision = Literal["fp32", "bf16", "fp16", "fp8"]
 Optimizer = Literal["adam", "adamw", "sgd-momentum", "sgd"]
 Attention = Literal["flash", "math"]
 Stage = Literal["only", "first", "last"]
 
-GIB = 2**30
-GB = 10**9
 PROCESS_OVERHEAD_BYTES = GIB
 
 # Bytes per parameter: (params, grads), then optimizer state, split by 16-bit or fp32 weights.

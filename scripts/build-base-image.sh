@@ -30,6 +30,12 @@ IMAGE=${GPUPLAT_BASE_IMAGE:-localhost/gpuplat-base:$SUITE}
 HERE=$(cd "$(dirname "$0")" && pwd)
 export CONTAINERS_CONF=${CONTAINERS_CONF:-$HERE/containers.conf}
 
+# The suites of `make test` run side by side and may ask for the same image at once: one builds it,
+# the others wait for it here.
+mkdir -p /tmp/gpuplat-locks
+exec 9>"/tmp/gpuplat-locks/base-image-$SUITE.lock"
+flock 9
+
 if ((!force)) && podman image exists "$IMAGE"; then
   echo "build-base-image.sh: $IMAGE already present (use --force to rebuild)"
   exit 0

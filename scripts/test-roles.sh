@@ -10,8 +10,8 @@
 #                    rdma from Debian's archive, every GPU role skips and leaves nothing behind
 #   fm_version_skew  negative test: fabric manager != driver version fails with a clear message
 #
-# Then node_base again on Debian 13 (trixie), the second supported Debian release
-# (GPUPLAT_TEST_SUITE selects the base image; see molecule/shared/create.yml).
+# Then node_base again on Debian 13 (trixie), the second supported Debian release: converge and
+# verify (GPUPLAT_TEST_SUITE selects the base image; see molecule/shared/create.yml).
 #
 #   scripts/test-roles.sh [scenario ...]     (default: all, then node_base on trixie)
 #
@@ -43,10 +43,21 @@ for scenario in "${SCENARIOS[@]}"; do
   fi
 done
 
+# On Debian 13: create, converge, verify (that the roles install and run there); idempotence and
+# check mode of the same roles run on Debian 12 above.
+converge_and_verify() {
+  local suite=$1 scenario=$2 rc=0 action
+  for action in destroy create prepare converge verify; do
+    GPUPLAT_TEST_SUITE=$suite molecule "$action" -s "$scenario" || { rc=$?; break; }
+  done
+  GPUPLAT_TEST_SUITE=$suite molecule destroy -s "$scenario" >/dev/null 2>&1
+  return "$rc"
+}
+
 if (($# == 0)); then
   if run_step base-image:trixie scripts/build-base-image.sh trixie; then
     for scenario in "${TRIXIE_SCENARIOS[@]}"; do
-      run_step "molecule:$scenario@trixie" env GPUPLAT_TEST_SUITE=trixie molecule test -s "$scenario"
+      run_step "molecule:$scenario@trixie" converge_and_verify trixie "$scenario"
     done
   else
     for scenario in "${TRIXIE_SCENARIOS[@]}"; do

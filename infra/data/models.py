@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 GpuArchitecture = Literal["ampere", "ada", "hopper", "blackwell"]
 NodeProvider = Literal["aws", "onprem"]
 NicFabric = Literal["efa", "infiniband", "roce", "ethernet"]
+GB = 10**9
+GIB = 2**30
 
 
 class _Strict(BaseModel):
@@ -28,7 +30,7 @@ class GpuSpec(_Strict):
     model: str = Field(description="GPU model name, e.g. H100, L4")
     architecture: GpuArchitecture
     count: int = Field(ge=0, description="GPUs per node; 0 for CPU-only node types")
-    memory_gib: int = Field(ge=0, description="memory per GPU in GiB")
+    memory_gb: int = Field(ge=0, description="memory per GPU as NVIDIA markets it, in GB (10^9 bytes)")
     nvlink: bool = False
     nvswitch: bool = Field(False, description="node has NVSwitch (needs the fabric manager)")
 
@@ -66,8 +68,9 @@ class NodeType(Sourced):
         return self.gpu.count if self.gpu else 0
 
     @property
-    def gpu_memory_gib(self) -> int:
-        return self.gpu.memory_gib if self.gpu else 0
+    def gpu_memory_gib(self) -> float:
+        """Memory per GPU in GiB (binary), from the marketed decimal GB: what sizing compares with."""
+        return self.gpu.memory_gb * GB / GIB if self.gpu else 0.0
 
     @property
     def spot_usd_per_hour(self) -> float | None:

@@ -5,7 +5,7 @@
 - the model servers on the infer pool: a Deployment of vLLM pods, or a LeaderWorkerSet where one replica
   spans nodes (infra.serving.ServingLayout.nodes), each replica's API pod listed by a headless Service;
 - a PodDisruptionBudget, and a KEDA ScaledObject that keeps serving.min_replicas..max_replicas replicas
-  on vLLM's waiting requests, the gateway's queue and the p95 latency;
+  on vLLM's waiting requests, the gateway's queue and the p95 time to first token;
 - the gateway on its service pool: HAProxy configured by the inference_gateway role's own template (the
   same bounded queue, 503 when full, maxconn per replica as on the Slurm platform);
 - network policies: only the gateway and the monitoring namespace reach the model servers' port.
@@ -183,6 +183,8 @@ def _vllm_args(serving: Serving, layout: ServingLayout) -> list[str]:
         str(serving.gpu_memory_fraction),
         "--max-num-seqs",
         str(serving.max_inflight_per_replica),
+        "--max-model-len",
+        str(serving.max_model_len),
     ]
     if layout.nodes > 1:
         args += [
@@ -459,13 +461,14 @@ def _scaled_object(serving: Serving, layout: ServingLayout, namespace: str) -> M
     - waiting: requests waiting inside vLLM per replica (AverageValue): above a quarter of a batch the
       replicas' KV cache is full;
     - queue: requests in the gateway's queue per replica (AverageValue): a batch's worth waiting;
-    - p95: the replicas' p95 end-to-end latency against serving.p95_target_ms (Value: replicas grow in
-      proportion to how far it is over). No traffic gives no quantile (NaN): counted as 0."""
+    - ttft: the replicas' p95 time to first token against serving.ttft_p95_target_ms (Value: replicas
+      grow in proportion to how far it is over); not the whole answer's latency, which grows with its
+      length, not with the load. No traffic gives no quantile (NaN): counted as 0."""
     metrics = _vllm_metrics()
     model = f'model_name="{served_model_name(serving.model)}"'
     batch = serving.max_inflight_per_replica
     latency = (
-        f"(histogram_quantile(0.95, sum by (le) (rate({metrics['latency_histogram']}_bucket{{{model}}}"
+        f"(histogram_quantile(0.95, sum by (le) (rate({metrics['ttft_histogram']}_bucket{{{model}}}"
         f"[{LATENCY_WINDOW}]))) > 0) or vector(0)"
     )
     target = (
@@ -501,7 +504,7 @@ def _scaled_object(serving: Serving, layout: ServingLayout, namespace: str) -> M
                     batch,
                     "AverageValue",
                 ),
-                _trigger("p95-latency", latency, serving.p95_target_ms / 1000, "Value"),
+                _trigger("p95-ttft", latency, serving.ttft_p95_target_ms / 1000, "Value"),
             ],
         },
     )

@@ -407,7 +407,17 @@ class Serving(_Model):
     queue_timeout_s: float = Field(2, gt=0)
     max_inflight_per_replica: int = Field(8, ge=1)
     gpu_memory_fraction: float = Field(0.9, gt=0, le=1)
-    p95_target_ms: int = Field(2000, ge=1)
+    ttft_p95_target_ms: int = Field(
+        2000,
+        ge=1,
+        description=(
+            "p95 time to first token the platform holds (alert, and scaling on Kubernetes): the wait a user "
+            "sees before the answer starts, whatever its length"
+        ),
+    )
+    itl_p95_target_ms: int = Field(
+        100, ge=1, description="p95 time between two tokens of an answer (inter-token latency, alerted on)"
+    )
     engine_version: str | None = Field(
         None,
         pattern=ENGINE_VERSION_PATTERN,
@@ -421,6 +431,25 @@ class Serving(_Model):
     )
     kv_cache_gib: float = Field(
         8, ge=0, description="KV cache one replica needs at max_inflight_per_replica sequences (GiB)"
+    )
+    max_model_len: int = Field(
+        8192,
+        ge=16,
+        description=(
+            "longest sequence, prompt and answer, a replica serves (tokens); vLLM's --max-model-len. vLLM "
+            "starts only if the KV cache of one such sequence fits in the memory left after the weights "
+            "(vllm/v1/core/kv_cache_utils.py, check_enough_kv_cache_memory); unset, it would take the "
+            "model's whole context (131,072 tokens for Llama 3.1)"
+        ),
+    )
+    kv_cache_bytes_per_token: int | None = Field(
+        None,
+        gt=0,
+        description=(
+            "KV cache of one token, every layer: 2 (K and V) x layers x KV heads x head dim x bytes per "
+            "element, from the model's config.json (Llama 3.1 8B in bf16: 2 x 32 x 8 x 128 x 2 = 131072); "
+            "with it the plan checks vLLM's floor of one max_model_len sequence"
+        ),
     )
     tensor_parallel: int | None = Field(
         None, ge=1, description="GPUs per replica; default: the smallest power of two the model fits in"
@@ -507,6 +536,24 @@ class Budget(_Model):
     max_hourly_usd: float = Field(ge=0)
 
 
+class Alerting(_Model):
+    webhook_urls: list[str] = Field(
+        default_factory=list,
+        description=(
+            "where the monitoring node's Alertmanager sends every alert (its webhook format); empty: alerts "
+            "stay in the Alertmanager's UI"
+        ),
+    )
+
+    @field_validator("webhook_urls")
+    @classmethod
+    def _http_urls(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            if not re.fullmatch(r"https?://[^\s\"]+", url):
+                raise ValueError(f"{url!r} is not an http:// or https:// URL")
+        return urls
+
+
 class PlatformSpec(_Model):
     name: Name
     backend: Backend
@@ -519,6 +566,7 @@ class PlatformSpec(_Model):
     scheduler: Scheduler
     kubernetes: Kubernetes | None = None
     serving: Serving | None = None
+    alerting: Alerting = Field(default_factory=Alerting)
     software: Software = Field(default_factory=Software)
     aws: AwsSettings = Field(default_factory=AwsSettings)
     tags: Tags

@@ -40,6 +40,7 @@ class InstanceMetadata:
         self._described: dict[str, tuple[float, dict[str, Any] | None]] = {}
         self.tokens: set[str] = set()
         self.notices: dict[str, dict[str, str]] = {}
+        self.lifecycle: dict[str, str] = {}  # instance id -> autoscaling/target-lifecycle-state
         self.lock = threading.Lock()
         box = self
 
@@ -126,6 +127,9 @@ class InstanceMetadata:
                 "Token": "box", "Expiration": expires.strftime("%Y-%m-%dT%H:%M:%SZ"),
                 "LastUpdated": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             })  # fmt: skip
+        if path == "autoscaling/target-lifecycle-state":
+            with self.lock:
+                return self.lifecycle.get(instance["InstanceId"])
         if path == "spot/instance-action":
             with self.lock:
                 notice = self.notices.get(instance["InstanceId"])
@@ -136,6 +140,11 @@ class InstanceMetadata:
         """Post a spot interruption notice (action terminate at `when`), as EC2 does two minutes ahead."""
         with self.lock:
             self.notices[instance_id] = {"action": "terminate", "time": when.strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+    def transition(self, instance_id: str, state: str) -> None:
+        """The target lifecycle state Auto Scaling moves the instance to (InService, Terminated, ...)."""
+        with self.lock:
+            self.lifecycle[instance_id] = state
 
     def stop(self) -> None:
         self.server.shutdown()

@@ -165,8 +165,10 @@ def servers(config: str) -> list[str]:
 
 def test_aws_gateway_has_disabled_slots_the_targets_program_fills() -> None:
     config = haproxy("aws", max_servers=6, infer_hosts=False)
-    assert servers(config) == [f"slot-{i} 127.0.0.1:8000 disabled" for i in range(1, 7)]
-    assert "stats socket /run/haproxy/admin.sock mode 660 level admin" in config
+    assert servers(config) == [
+        f"slot-{i} slot-{i}.gpuplat.invalid:8000 init-addr last,none disabled" for i in range(1, 7)
+    ]
+    assert "stats socket /run/haproxy/admin.sock mode 660 level admin expose-fd listeners" in config
     # Elsewhere: the inventory's replicas, enabled, as before.
     local = haproxy("local", max_servers=6)
     assert servers(local) == [f"{INFER_HOST}-{i} 10.40.2.21:{8000 + i}" for i in range(2)]
@@ -371,10 +373,22 @@ def launch(ec2: Any, stack: str = STACK, role: str = "infer", pool: str = "infer
 
 
 def run(program: ModuleType, endpoint: str, haproxy: FakeHAProxy) -> int:
-    argv = ["--region", REGION, "--stack", STACK, "--port", "8000", "--replicas", "2"]
-    argv += ["--backend", "inference", "--slot-prefix", "slot-", "--socket", haproxy.path]
-    argv += ["--endpoint-url", endpoint]
-    return int(program.main(argv))
+    """One pass of `sync`, every replica healthy (moto's instances have no address to probe)."""
+    ec2, autoscaling = program.aws_clients(REGION, endpoint)
+    result = program.sync(
+        ec2,
+        program.RuntimeApi(haproxy.path),
+        stack=STACK,
+        role="infer",
+        pools=[],
+        base_port=8000,
+        replicas=2,
+        backend="inference",
+        prefix="slot-",
+        autoscaling=autoscaling,
+        healthy=lambda target: True,
+    )
+    return 3 if result.unplaced else 0
 
 
 def test_targets_follow_the_pool_from_zero_to_two_to_one_instance(
@@ -482,3 +496,35 @@ def test_plan_reuses_a_slot_that_already_points_at_a_returning_target() -> None:
         "set server inference/slot-1 state ready",
     ]
     assert result.unplaced == []
+
+
+def test_a_slot_leaves_maintenance_only_once_its_replica_is_healthy() -> None:
+    program = targets_program()
+    slot = program.Slot
+    slots = [slot(1, "slot-1", "-", 8000, 5), slot(2, "slot-2", "10.0.0.5", 8001, 5)]
+    wanted = [("10.0.0.5", 8000), ("10.0.0.5", 8001)]
+    loading = program.plan(slots, wanted, "inference", healthy=lambda target: False)
+    # The address is set, the slot stays in maintenance; HAProxy would count it up before any check.
+    assert loading.commands == ["set server inference/slot-1 addr 10.0.0.5 port 8000"]
+    assert sorted(loading.unhealthy) == sorted(wanted) and loading.unplaced == []
+    up = program.plan(slots, wanted, "inference", healthy=lambda target: target[1] == 8001)
+    assert up.commands == [
+        "set server inference/slot-2 state ready",
+        "set server inference/slot-1 addr 10.0.0.5 port 8000",
+    ]
+
+
+def test_the_slots_of_an_instance_being_terminated_are_drained_not_cut() -> None:
+    program = targets_program()
+    slot = program.Slot
+    slots = [
+        slot(1, "slot-1", "10.0.0.5", 8000, 4),  # live, its instance in Terminating:Wait
+        slot(2, "slot-2", "10.0.0.7", 8000, 4),  # live, kept
+        slot(3, "slot-3", "10.0.0.5", 8001, 4 | 0x08),  # already draining
+        slot(4, "slot-4", "-", 8000, 5),  # free
+    ]
+    # The terminating instance is still running: listed, but never given a new slot.
+    wanted = [("10.0.0.5", 8000), ("10.0.0.5", 8001), ("10.0.0.7", 8000)]
+    result = program.plan(slots, wanted, "inference", draining={"10.0.0.5"})
+    assert result.commands == ["set server inference/slot-1 state drain"]
+    assert result.unplaced == [] and result.unhealthy == []

@@ -10,6 +10,7 @@ import json
 import posixpath
 import re
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -52,11 +53,13 @@ def cluster(replicas: int, tp: int) -> dict[str, Any]:
         "inference_model": "/lustre/models/Llama-3.1-70B-Instruct",
         "inference_vllm_version": "0.16.0",
         "inference_max_inflight_per_replica": 32,
+        "inference_max_model_len": 8192,
         "inference_gpu_memory_fraction": 0.9,
         "inference_gateway_timeout_s": 60.0,
         "inference_gateway_max_queue": 64,
         "inference_gateway_queue_timeout_s": 2.0,
-        "inference_p95_target_ms": 2000,
+        "inference_ttft_p95_target_ms": 2000,
+        "inference_itl_p95_target_ms": 100,
         "inference_tensor_parallel_size": tp,
         "inference_replicas_per_node": replicas,
         "inference_replica_gpus": gpus,
@@ -170,7 +173,14 @@ def test_no_role_pins_a_vllm_version_of_its_own() -> None:
 
 
 def rules(template: str, engine: str = "vllm") -> list[dict[str, Any]]:
-    variables = role_vars("monitoring", {"inference_engine": engine, "inference_p95_target_ms": 2000})
+    variables = role_vars(
+        "monitoring",
+        {
+            "inference_engine": engine,
+            "inference_ttft_p95_target_ms": 2000,
+            "inference_itl_p95_target_ms": 100,
+        },
+    )
     text = render(ROLES / "monitoring" / "templates" / template, variables)
     return [rule for group in yaml.safe_load(text)["groups"] for rule in group["rules"]]
 
@@ -269,9 +279,9 @@ def test_a_stack_that_serves_nothing_gets_node_and_gpu_monitoring_only(template:
     converge failed on the role's required arguments before)."""
     spec = yaml.safe_load((ROLES / "monitoring" / "meta" / "argument_specs.yml").read_text())
     options = spec["argument_specs"]["main"]["options"]
-    assert not options["inference_engine"].get("required") and not options["inference_p95_target_ms"].get(
-        "required"
-    )
+    assert not options["inference_engine"].get("required") and not options[
+        "inference_ttft_p95_target_ms"
+    ].get("required")
     inventory = {k: v for k, v in cluster(replicas=1, tp=1).items() if not k.startswith("inference_")}
     variables = role_vars(
         "monitoring", {**inventory, "gpuplat_stack": "box", "__monitoring_rules_dir": "/etc/prometheus/rules"}
@@ -359,3 +369,93 @@ def test_down_alerts_page_only_for_targets_that_answered_before() -> None:
     alerts = {r["alert"]: r["expr"] for r in rules("gpuplat-alerts.rules.yml.j2") if "alert" in r}
     for name, job in (("NodeDown", "node"), ("InferenceServerDown", "inference_server")):
         assert f'(up{{job="{job}"}} == 0) and (max_over_time(up{{job="{job}"}}[6h]) == 1)' == alerts[name]
+
+
+class ReplicaMetrics:
+    """A replica's /metrics on loopback: vLLM's exposition with `running` requests in flight."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        self.running = 0
+        replica = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802 (the http.server interface)
+                body = VLLM_METRICS.format(kv=0.1, waiting=0, done=1)
+                body += f'vllm:num_requests_running{{engine="0",model_name="m"}} {replica.running}\n'
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(body.encode())
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/metrics"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_node_the_group_terminates_lets_go_only_once_its_requests_ended() -> None:
+    """The group's termination hook holds the instance (its metadata: target-lifecycle-state
+    Terminated); the agent waits for its replicas' requests to end, then completes the lifecycle
+    action, through the SDK's own stubber."""
+    import threading
+
+    import boto3  # type: ignore[import-untyped]
+    from botocore.stub import Stubber  # type: ignore[import-untyped]
+
+    from tests.box.imds import InstanceMetadata
+
+    agent = scaling_agent()
+    instance = {"InstanceId": "i-0infer", "Tags": []}
+    metadata = InstanceMetadata(lambda address: instance, port=0, address="127.0.0.1")
+    replica = ReplicaMetrics()
+    autoscaling = boto3.client(
+        "autoscaling", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x"
+    )
+    expected = {
+        "LifecycleHookName": "gpuplat-drain",
+        "AutoScalingGroupName": "aws-prod-infer-asg",
+        "LifecycleActionResult": "CONTINUE",
+        "InstanceId": "i-0infer",
+    }
+    try:
+        endpoint = f"http://127.0.0.1:{metadata.server.server_address[1]}"
+        assert not agent.leaving(endpoint)  # no lifecycle transition yet: EC2 answers 404
+        metadata.transition("i-0infer", "InService")
+        assert not agent.leaving(endpoint)
+        metadata.transition("i-0infer", "Terminated")
+        assert agent.leaving(endpoint) and agent.wait_or_leave(5.0, endpoint, poll_s=0.1)
+
+        replica.running = 2
+        threading.Timer(0.6, lambda: setattr(replica, "running", 0)).start()
+        drain = agent.Drain("gpuplat-drain", grace_s=0.1, timeout_s=10.0, poll_s=0.05)
+        with Stubber(autoscaling) as stub:
+            stub.add_response("complete_lifecycle_action", {}, expected)
+            started = time.monotonic()
+            left = agent.release_when_drained(
+                autoscaling, drain, "aws-prod-infer-asg", "i-0infer", [replica.url]
+            )
+            stub.assert_no_pending_responses()
+        assert left == 0 and time.monotonic() - started >= 0.6  # not before the requests ended
+
+        replica.running = 1  # a request that never ends: the agent lets go at its timeout
+        short = agent.Drain("gpuplat-drain", grace_s=0.0, timeout_s=0.3, poll_s=0.05)
+        with Stubber(autoscaling) as stub:
+            stub.add_response("complete_lifecycle_action", {}, expected)
+            assert (
+                agent.release_when_drained(
+                    autoscaling, short, "aws-prod-infer-asg", "i-0infer", [replica.url]
+                )
+                == 1
+            )
+            stub.assert_no_pending_responses()
+    finally:
+        replica.stop()
+        metadata.stop()

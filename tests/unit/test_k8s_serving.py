@@ -1,5 +1,5 @@
 """Model serving on the Kueue platform: vLLM on the infer pool only (a LeaderWorkerSet where a replica
-spans nodes), scaled by KEDA on load and p95 latency, behind the inference_gateway role's HAProxy, and
+spans nodes), scaled by KEDA on load and time to first token, behind the inference_gateway role's HAProxy, and
 reachable only through it."""
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ def test_scaled_object_scales_the_model_server_within_the_spec_bounds(
     assert {t["metadata"]["serverAddress"] for t in spec["triggers"]} == {PROMETHEUS_URL}
 
 
-def test_scaling_triggers_read_vllm_waiting_requests_and_p95_latency_against_the_target(
+def test_scaling_triggers_read_vllm_waiting_requests_and_p95_ttft_against_the_target(
     aws: ResolvedPlatform,
 ) -> None:
     triggers = {
@@ -168,11 +168,11 @@ def test_scaling_triggers_read_vllm_waiting_requests_and_p95_latency_against_the
     assert waiting["metricType"] == "AverageValue"
     assert waiting["metadata"]["query"] == f"sum(vllm:num_requests_waiting{{{model}}})"
     assert waiting["metadata"]["threshold"] == "8"  # a quarter of max_inflight_per_replica 32
-    latency = triggers["p95-latency"]
+    latency = triggers["p95-ttft"]
     assert latency["metricType"] == "Value"
     assert "histogram_quantile(0.95, sum by (le) (rate(" in latency["metadata"]["query"]
-    assert f"vllm:e2e_request_latency_seconds_bucket{{{model}}}" in latency["metadata"]["query"]
-    assert latency["metadata"]["threshold"] == "1.5"  # p95_target_ms 1500
+    assert f"vllm:time_to_first_token_seconds_bucket{{{model}}}" in latency["metadata"]["query"]
+    assert latency["metadata"]["threshold"] == "1.5"  # ttft_p95_target_ms 1500
     queue = triggers["gateway-queue"]
     assert queue["metadata"]["query"] == 'sum(haproxy_backend_current_queue{proxy="inference"})'
     assert queue["metadata"]["threshold"] == "32"

@@ -19,8 +19,9 @@ import yaml
 
 from infra.data.load import load_data_file
 from infra.data.memory_calibration import CalibrationRow, MemoryCalibration, memory_calibration
+from infra.data.models import GB
 from infra.errors import SpecError
-from infra.sizing import GB, size_training
+from infra.sizing import size_training
 
 TOLERANCE = 0.15
 ROWS = memory_calibration().rows

@@ -197,15 +197,18 @@ def test_small_model_on_8_gpus_runs_8_replicas_not_gpu0_alone() -> None:
     assert layout.ports(8000) == list(range(8000, 8008))
 
 
-def test_70b_model_on_h100_needs_tp2_and_runs_4_replicas() -> None:
-    # 70e9 x 2 B = 130 GiB of weights + 8 GiB KV: 71 GiB per GPU at TP 2 fits 80 x 0.9 = 72
+def test_70b_model_on_h200_needs_tp2_and_runs_4_replicas() -> None:
+    # 70e9 x 2 B = 130.4 GiB of weights + 8 GiB KV: 71.2 GiB per GPU at TP 2 fits an H200 (141 GB =
+    # 131.3 GiB, 118.2 usable at 0.9), not an H100 (80 GB = 74.5 GiB, 67.1 usable): TP 4 there.
     layout, problems = serving_layout(
-        vllm(model_params_b=70), node("hgx-h100"), simulated=False, path="p.serving"
+        vllm(model_params_b=70), node("p5e.48xlarge"), simulated=False, path="p.serving"
     )
     assert not problems and layout is not None
     assert (layout.tensor_parallel, layout.replicas) == (2, 4)
     assert layout.devices == ("0,1", "2,3", "4,5", "6,7")
     assert layout.ports(8000) == [8000, 8001, 8002, 8003]
+    on_h100, _ = serving_layout(vllm(model_params_b=70), node("hgx-h100"), simulated=False, path="p.serving")
+    assert on_h100 is not None and (on_h100.tensor_parallel, on_h100.replicas) == (4, 2)
 
 
 def test_model_too_large_for_the_node_is_rejected() -> None:

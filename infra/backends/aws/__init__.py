@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import secrets
 from typing import Any
 
@@ -30,6 +31,7 @@ from infra.backends.aws.iam import (
     NodeIdentityArgs,
     bootstrap_statements,
     cluster_manager_statements,
+    inference_node_statements,
     munge_key_statements,
     policy_document,
 )
@@ -141,6 +143,21 @@ def inference_warmup_s(platform: ResolvedPlatform, pool: ResolvedPool) -> int | 
     if pool.role != "infer" or spec.serving is None or layout is None:
         return None
     return expected_boot_s(spec) + startup_budget_s(spec.serving, layout, pool.node_type)
+
+
+# How long the gateways take to see an instance leave (gpuplat-gateway-targets.timer runs every 15 s:
+# twice that), and what the node's agent adds after its last request (completing the action).
+GATEWAY_NOTICE_S = 30
+DRAIN_MARGIN_S = 60
+
+
+def inference_drain_timeout_s(platform: ResolvedPlatform, pool: ResolvedPool) -> int | None:
+    """A leaving inference node is held until the gateways drained it and its longest request (the
+    gateway's timeout) has ended."""
+    serving = platform.spec.serving
+    if pool.role != "infer" or serving is None:
+        return None
+    return GATEWAY_NOTICE_S + math.ceil(serving.gateway_timeout_s) + DRAIN_MARGIN_S
 
 
 class AwsBackend:
@@ -264,6 +281,7 @@ class AwsBackend:
                     user_data=boot_script(pool),
                     boot_after=boot_after,
                     instance_warmup_s=inference_warmup_s(platform, pool),
+                    drain_timeout_s=inference_drain_timeout_s(platform, pool),
                 ),
             )
 
@@ -433,6 +451,8 @@ class AwsBackend:
             ]
             if role in readers:
                 parts.append(munge_key.arn.apply(munge_key_statements))
+            if role == "infer":
+                parts.append(pulumi.Output.from_input(inference_node_statements(platform.name)))
             if role == controller_role and "train" in identities:
                 parts.append(
                     pulumi.Output.all(identities["train"].role.arn, scope).apply(

@@ -188,7 +188,8 @@ def cluster_manager_statements(
     from_template = {"ArnLike": {"ec2:LaunchTemplate": templates}}
     instances = scope.ec2("instance/*")
     statements: list[dict[str, Any]] = [
-        {"Sid": "DiscoverInstances", "Effect": "Allow", "Action": ["ec2:DescribeInstances"], "Resource": "*"},
+        {"Sid": "DiscoverInstances", "Effect": "Allow",
+         "Action": ["ec2:DescribeInstances", "autoscaling:DescribeAutoScalingInstances"], "Resource": "*"},
         {"Sid": "LaunchFromStackTrainingTemplates", "Effect": "Allow", "Action": ["ec2:RunInstances"],
          "Resource": [templates],
          "Condition": {"StringEquals": {f"aws:ResourceTag/{TAG_STACK}": stack,
@@ -221,6 +222,22 @@ def cluster_manager_statements(
              "Condition": {"StringEquals": {"iam:AWSServiceName": SPOT_SERVICE}}}
         )  # fmt: skip
     return statements
+
+
+def inference_node_statements(stack: str) -> list[dict[str, Any]]:
+    """Inference nodes complete the termination hook of their own group once drained (the scaling
+    agent); only groups of this stack (the group's tag; Service Authorization Reference, Amazon EC2 Auto
+    Scaling: CompleteLifecycleAction takes aws:ResourceTag on the autoScalingGroup resource)."""
+    own_groups = {"StringEquals": {f"aws:ResourceTag/{TAG_STACK}": stack}}
+    return [
+        {
+            "Sid": "CompleteOwnTermination",
+            "Effect": "Allow",
+            "Action": ["autoscaling:CompleteLifecycleAction"],
+            "Resource": "*",
+            "Condition": own_groups,
+        }
+    ]
 
 
 def policy_document(statements: list[dict[str, Any]]) -> str:

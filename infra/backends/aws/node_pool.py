@@ -35,6 +35,12 @@ INFERENCE_METRICS_NAMESPACE = "GpuPlatform/Inference"
 # Load, as the scaling agent on each inference node publishes it: vLLM's KV-cache use (device memory is
 # no load signal: vLLM pre-allocates ~90% of it at idle) and the request rate per instance.
 INFERENCE_TARGETS = {"KVCacheUtilization": 75.0, "RequestsPerSecond": 20.0}
+# The termination hook of inference groups: a leaving instance waits in Terminating:Wait until its
+# scaling agent completes the action once the gateways drained it (roles/inference_server,
+# gpuplat_scaling_agent.py --lifecycle-hook; the role's inference_server_lifecycle_hook).
+DRAIN_HOOK = "gpuplat-drain"
+# Auto Scaling's bounds on a hook's heartbeat timeout (HeartbeatTimeout: 30 to 7200 seconds).
+HOOK_TIMEOUT_BOUNDS_S = (30, 7200)
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,9 @@ class GpuNodePoolArgs:
     # Seconds from InService until a new instance's metrics mean something (an inference node: its boot,
     # then its model loading): Auto Scaling counts it neither as capacity nor in the metrics before.
     instance_warmup_s: int | None = None
+    # Seconds a terminating instance may take to finish its requests (an inference node: drained by the
+    # gateways, then its requests in flight); None: no termination hook.
+    drain_timeout_s: int | None = None
 
 
 def efa_interfaces(
@@ -225,6 +234,22 @@ def group_capacity(pool: NodePool, template: aws.ec2.LaunchTemplate) -> dict[str
     }  # fmt: skip
 
 
+def drain_hooks(drain_timeout_s: int | None) -> list[aws.autoscaling.GroupInitialLifecycleHookArgs] | None:
+    """The termination hook that holds a leaving instance until it has drained; CONTINUE at the timeout
+    (the instance is then terminated, as without a hook)."""
+    if drain_timeout_s is None:
+        return None
+    low, high = HOOK_TIMEOUT_BOUNDS_S
+    return [
+        aws.autoscaling.GroupInitialLifecycleHookArgs(
+            name=DRAIN_HOOK,
+            lifecycle_transition="autoscaling:EC2_INSTANCE_TERMINATING",
+            default_result="CONTINUE",
+            heartbeat_timeout=min(max(drain_timeout_s, low), high),
+        )
+    ]
+
+
 class GpuNodePool(pulumi.ComponentResource):
     def __init__(self, name: str, args: GpuNodePoolArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("gpu-platform:aws:GpuNodePool", name, None, opts)
@@ -266,6 +291,7 @@ class GpuNodePool(pulumi.ComponentResource):
             health_check_type="EC2",
             wait_for_capacity_timeout="0",
             default_instance_warmup=args.instance_warmup_s,
+            initial_lifecycle_hooks=drain_hooks(args.drain_timeout_s),
             tags=[{"key": k, "value": v, "propagate_at_launch": True} for k, v in sorted(args.tags.items())],
             **group_capacity(pool, self.launch_template),
             opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=args.boot_after)),

@@ -12,9 +12,9 @@ from rich.console import Console
 from infra.cli import output
 from infra.cli.stack_options import JsonFlag
 from infra.data.load import catalog
+from infra.data.models import GB
 from infra.errors import SpecError
 from infra.sizing import (
-    GB,
     Attention,
     Optimizer,
     Precision,

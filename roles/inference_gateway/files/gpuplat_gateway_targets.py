@@ -18,28 +18,53 @@ on the gateway:
        - each wanted target without a slot takes a slot in maintenance, one that already points at
          it if there is one (`state ready` only), otherwise the first free one:
          `set server <backend>/<slot> addr <ip> port <port>` then `set server <backend>/<slot> state ready`.
-     A second run with the same instances sends no command. HAProxy's health checks still decide
-     whether a slot in service gets traffic (a replica still loading its model gets none).
+     A second run with the same instances sends no command.
+  4. a slot leaves maintenance only once its replica answers GET /health with 200: HAProxy counts a
+     server leaving maintenance as up before any check (server.c: "start OK but check immediately"),
+     so a replica still loading its model would get the first requests. A slot whose replica is not
+     healthy yet gets its address and stays in maintenance until a later pass;
+  5. instances the Auto Scaling group is terminating (lifecycle state Terminating:Wait, held there by
+     the group's termination hook) are drained, not cut: `set server ... state drain` keeps their
+     requests in flight running and sends them no new one.
+
+Other commands, on every backend (the gateway's other servers too, matched by address):
+
+  save-state FILE        `show servers state` into FILE, before a reload or stop (haproxy.cfg's
+                         server-state-file: the new process starts with the slots as they were)
+  drain HOST:PORT        put every server pointing at HOST:PORT into drain and wait until none has a
+                         request in flight (`show stat` scur and qcur 0); a rolling restart runs this
+                         on every gateway before it restarts a replica
+  ready HOST:PORT        take those servers out of drain and wait until HAProxy's checks count
+                         them up
 
 If the EC2 call fails nothing changes in HAProxy (a failed listing never empties the backend). More
 targets than slots: the extra ones are left out, logged, and the exit status is 3.
 
-  gpuplat_gateway_targets.py --region us-east-1 --stack prod --port 8000 --replicas 4 \\
+  gpuplat_gateway_targets.py sync --region us-east-1 --stack prod --port 8000 --replicas 4 \\
       --backend inference --slot-prefix slot- --socket /run/haproxy/admin.sock
-  gpuplat_gateway_targets.py ... --dry-run      # print the commands, send nothing
+  gpuplat_gateway_targets.py sync ... --dry-run      # print the commands, send nothing
+  gpuplat_gateway_targets.py save-state /run/gpuplat-gateway/server-state
+  gpuplat_gateway_targets.py drain 10.0.3.7:8001 --wait-s 600
+  gpuplat_gateway_targets.py ready 10.0.3.7:8001
 
-Standard library and boto3 (python3-boto3). IAM: ec2:DescribeInstances.
+Standard library, and boto3 (python3-boto3) for sync. IAM: ec2:DescribeInstances,
+autoscaling:DescribeAutoScalingInstances.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import logging
+import os
 import socket
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 LOG = logging.getLogger("gpuplat-gateway-targets")
@@ -53,8 +78,16 @@ TAG_POOL = "gpuplat:pool"
 # CMAINT 0x04 (`disabled` in the configuration) stays set after `state ready`: it is not maintenance
 # by itself (HAProxy's SRV_ADMF_MAINT mask is 0x23).
 ADMIN_MAINT_MASK = 0x23
+# SRV_ADMF_FDRAIN: `set server ... state drain` (weight 0 for new requests, those in flight run on).
+ADMIN_DRAIN = 0x08
+# srv_op_state SRV_ST_RUNNING: the health checks passed; the server takes requests.
+OP_RUNNING = 2
+# The Auto Scaling lifecycle states of an instance the group is terminating: the termination hook holds
+# it in Terminating:Wait until its requests have ended (the node completes the lifecycle action).
+TERMINATING_STATES = frozenset({"Terminating", "Terminating:Wait", "Terminating:Proceed"})
 
 Target = tuple[str, int]
+Health = Callable[[Target], bool]
 
 
 class RuntimeApiError(RuntimeError):
@@ -70,10 +103,15 @@ class Slot:
     address: str
     port: int
     admin_state: int
+    op_state: int = 2
 
     @property
     def in_maintenance(self) -> bool:
         return bool(self.admin_state & ADMIN_MAINT_MASK)
+
+    @property
+    def draining(self) -> bool:
+        return bool(self.admin_state & ADMIN_DRAIN)
 
     @property
     def target(self) -> Target:
@@ -92,11 +130,11 @@ def instance_filters(stack: str, role: str, pools: Iterable[str] = ()) -> list[d
     return filters
 
 
-def running_addresses(
+def running_instances(
     ec2: Any, stack: str, role: str, pools: Iterable[str] = (), page_size: int | None = None
-) -> list[str]:
-    """Private IPv4 addresses of the running instances of the stack's pools of this role, every page."""
-    addresses: set[str] = set()
+) -> dict[str, str]:
+    """Instance id -> private IPv4 address of the running instances of the stack's pools of this role."""
+    instances: dict[str, str] = {}
     paginator = ec2.get_paginator("describe_instances")
     pagination = {"PageSize": page_size} if page_size else {}
     for page in paginator.paginate(Filters=instance_filters(stack, role, pools), PaginationConfig=pagination):
@@ -108,8 +146,27 @@ def running_addresses(
                     continue
                 address = instance.get("PrivateIpAddress")
                 if address:
-                    addresses.add(address)
-    return sorted(addresses, key=_address_key)
+                    instances[instance["InstanceId"]] = address
+    return instances
+
+
+def running_addresses(
+    ec2: Any, stack: str, role: str, pools: Iterable[str] = (), page_size: int | None = None
+) -> list[str]:
+    """Private IPv4 addresses of the running instances of the stack's pools of this role, every page."""
+    return sorted(set(running_instances(ec2, stack, role, pools, page_size).values()), key=_address_key)
+
+
+def terminating_addresses(autoscaling: Any, instances: dict[str, str]) -> set[str]:
+    """Addresses of the instances (id -> address) that their Auto Scaling group is terminating."""
+    ids = sorted(instances)
+    terminating: set[str] = set()
+    for start in range(0, len(ids), 50):  # DescribeAutoScalingInstances takes at most 50 ids
+        answer = autoscaling.describe_auto_scaling_instances(InstanceIds=ids[start : start + 50])
+        for instance in answer.get("AutoScalingInstances", []):
+            if instance.get("LifecycleState") in TERMINATING_STATES:
+                terminating.add(instances[instance["InstanceId"]])
+    return terminating
 
 
 def _address_key(address: str) -> tuple[int, ...]:
@@ -151,6 +208,7 @@ def parse_servers_state(text: str, backend: str, prefix: str) -> list[Slot]:
                 address=row["srv_addr"],
                 port=int(row["srv_port"]),
                 admin_state=int(row["srv_admin_state"]),
+                op_state=int(row["srv_op_state"]),
             )
         )
     return sorted(slots, key=lambda slot: slot.srv_id)
@@ -160,17 +218,36 @@ def parse_servers_state(text: str, backend: str, prefix: str) -> list[Slot]:
 class Plan:
     commands: list[str]
     unplaced: list[Target]
+    unhealthy: list[Target]
 
 
-def plan(slots: list[Slot], wanted: list[Target], backend: str) -> Plan:
-    """The runtime API commands that make the slots serve exactly `wanted`, and nothing else."""
+def always_healthy(target: Target) -> bool:
+    return True
+
+
+def plan(
+    slots: list[Slot],
+    wanted: list[Target],
+    backend: str,
+    draining: Iterable[str] = (),
+    healthy: Health = always_healthy,
+) -> Plan:
+    """The runtime API commands that make the slots serve exactly `wanted`, and nothing else.
+
+    `draining`: addresses of instances being terminated: their live slots are drained, never reused.
+    `healthy`: whether a target answers its health check; only healthy targets leave maintenance.
+    """
     wanted_set = set(wanted)
+    leaving = set(draining)
     placed: set[Target] = set()
     commands: list[str] = []
     free: list[Slot] = []
     for slot in slots:
         if slot.in_maintenance:
             free.append(slot)
+        elif slot.address in leaving:
+            if not slot.draining:
+                commands.append(f"set server {backend}/{slot.name} state drain")
         elif slot.target in wanted_set and slot.target not in placed:
             placed.add(slot.target)  # a live slot with a live target: never touched
         else:
@@ -178,14 +255,18 @@ def plan(slots: list[Slot], wanted: list[Target], backend: str) -> Plan:
             free.append(slot)
     # Slots going to maintenance this run are reused after those already idle.
     free.sort(key=lambda slot: (not slot.in_maintenance, slot.srv_id))
-    missing = [target for target in wanted if target not in placed]
+    missing = [target for target in wanted if target not in placed and target[0] not in leaving]
+    unhealthy: list[Target] = []
     # A slot in maintenance that already points at a wanted target only needs `state ready`.
     for target in list(missing):
         match = next((slot for slot in free if slot.in_maintenance and slot.target == target), None)
         if match is not None:
             free.remove(match)
             missing.remove(target)
-            commands.append(f"set server {backend}/{match.name} state ready")
+            if healthy(target):
+                commands.append(f"set server {backend}/{match.name} state ready")
+            else:
+                unhealthy.append(target)
     unplaced: list[Target] = []
     for target in missing:
         if not free:
@@ -195,8 +276,25 @@ def plan(slots: list[Slot], wanted: list[Target], backend: str) -> Plan:
         address, port = target
         if slot.target != target:
             commands.append(f"set server {backend}/{slot.name} addr {address} port {port}")
-        commands.append(f"set server {backend}/{slot.name} state ready")
-    return Plan(commands=commands, unplaced=unplaced)
+        if healthy(target):
+            commands.append(f"set server {backend}/{slot.name} state ready")
+        else:
+            unhealthy.append(target)
+    return Plan(commands=commands, unplaced=unplaced, unhealthy=unhealthy)
+
+
+def http_health(path: str, timeout_s: float = 2.0) -> Health:
+    """A probe of a replica's health endpoint: True on HTTP 200."""
+
+    def probe(target: Target) -> bool:
+        address, port = target
+        try:
+            with urllib.request.urlopen(f"http://{address}:{port}{path}", timeout=timeout_s) as answer:
+                return bool(answer.status == 200)
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    return probe
 
 
 class RuntimeApi:
@@ -246,8 +344,20 @@ class RuntimeApi:
         if not ok:
             raise RuntimeApiError(f"HAProxy refused {command!r}: {answer}")
 
-    def slots(self, backend: str, prefix: str) -> list[Slot]:
+    def slots(self, backend: str, prefix: str = "") -> list[Slot]:
         return parse_servers_state(self.send(f"show servers state {backend}"), backend, prefix)
+
+    def in_flight(self, backend: str) -> dict[str, int]:
+        """Requests each server of the backend has in flight or queued (`show stat`: scur + qcur)."""
+        lines = self.send("show stat").splitlines()
+        if not lines or not lines[0].startswith("# "):
+            raise RuntimeApiError(f"unexpected answer to 'show stat': {lines[:1]!r}")
+        rows = csv.DictReader([lines[0][2:], *lines[1:]])
+        return {
+            row["svname"]: int(row.get("scur") or 0) + int(row.get("qcur") or 0)
+            for row in rows
+            if row.get("pxname") == backend and row.get("svname") not in ("FRONTEND", "BACKEND")
+        }
 
 
 def sync(
@@ -261,16 +371,20 @@ def sync(
     replicas: int,
     backend: str,
     prefix: str,
+    autoscaling: Any = None,
+    healthy: Health = always_healthy,
     dry_run: bool = False,
     echo: Callable[[str], None] = print,
 ) -> Plan:
     """One pass: list the instances, read the slots, send what differs. Returns what it planned."""
-    addresses = running_addresses(ec2, stack, role, pools)
+    instances = running_instances(ec2, stack, role, pools)
+    addresses = sorted(set(instances.values()), key=_address_key)
+    leaving = terminating_addresses(autoscaling, instances) if autoscaling and instances else set()
     wanted = wanted_targets(addresses, base_port, replicas)
     slots = api.slots(backend, prefix)
     if not slots:
         raise RuntimeApiError(f"backend {backend} has no server slot named {prefix}*")
-    result = plan(slots, wanted, backend)
+    result = plan(slots, wanted, backend, leaving, healthy)
     for command in result.commands:
         if dry_run:
             echo(command)
@@ -284,6 +398,11 @@ def sync(
         len(slots),
         len(result.commands),
     )
+    if result.unhealthy:
+        LOG.info(
+            "waiting for the health of %s: in maintenance until it answers",
+            ", ".join(f"{a}:{p}" for a, p in result.unhealthy),
+        )
     if result.unplaced:
         LOG.error(
             "%d target(s) without a slot (%s): the infer pool outgrew the %d slots of the gateway "
@@ -295,40 +414,130 @@ def sync(
     return result
 
 
-def ec2_client(region: str, endpoint_url: str | None) -> Any:
-    import boto3  # only here: the planning needs no AWS SDK
+def aws_clients(region: str, endpoint_url: str | None) -> tuple[Any, Any]:
+    import boto3  # only here: the other commands and the planning need no AWS SDK
 
-    return boto3.client("ec2", region_name=region, endpoint_url=endpoint_url)
+    return (
+        boto3.client("ec2", region_name=region, endpoint_url=endpoint_url),
+        boto3.client("autoscaling", region_name=region, endpoint_url=endpoint_url),
+    )
+
+
+def save_state(api: RuntimeApi, path: Path) -> int:
+    """The servers' state, for the next process to start from (haproxy.cfg: server-state-file)."""
+    if not Path(api.path).exists():
+        LOG.info("HAProxy is not running (no %s): no state to save", api.path)
+        return 0
+    text = api.send("show servers state")
+    if not text.startswith("1"):
+        raise RuntimeApiError(f"unexpected answer to 'show servers state': {text[:200]!r}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    os.replace(partial, path)  # the reloading process never reads a half-written file
+    LOG.info("saved the state of %d server(s) to %s", text.count("\n") - 2, path)
+    return 0
+
+
+def parse_target(text: str) -> tuple[set[str], int]:
+    """HOST:PORT -> the host's IPv4 addresses and the port."""
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"{text!r} is not HOST:PORT")
+    infos = socket.getaddrinfo(host, int(port), family=socket.AF_INET, type=socket.SOCK_STREAM)
+    return {str(info[4][0]) for info in infos}, int(port)
+
+
+def servers_at(api: RuntimeApi, backend: str, target: str) -> list[Slot]:
+    addresses, port = parse_target(target)
+    return [slot for slot in api.slots(backend) if slot.address in addresses and slot.port == port]
+
+
+def drain(api: RuntimeApi, backend: str, target: str, wait_s: float, poll_s: float = 0.5) -> int:
+    """Drain every server of the backend at target; 0 once none has a request in flight."""
+    if not Path(api.path).exists():
+        LOG.info("HAProxy is not running (no %s): nothing in flight to %s", api.path, target)
+        return 0
+    servers = servers_at(api, backend, target)
+    if not servers:
+        LOG.info("no server of %s points at %s: nothing to drain", backend, target)
+        return 0
+    for server in servers:
+        if not server.draining:
+            api.apply(f"set server {backend}/{server.name} state drain")
+    names = {server.name for server in servers}
+    deadline = time.monotonic() + wait_s
+    while True:
+        busy = {name: count for name, count in api.in_flight(backend).items() if name in names and count}
+        if not busy:
+            LOG.info("%s drained (%s)", target, ", ".join(sorted(names)))
+            return 0
+        if time.monotonic() >= deadline:
+            LOG.error("%s still has requests in flight after %.0f s: %s", target, wait_s, busy)
+            return 4
+        time.sleep(poll_s)
+
+
+def ready(api: RuntimeApi, backend: str, target: str, wait_s: float, poll_s: float = 0.5) -> int:
+    """Take the servers at target out of drain (those in maintenance stay there), then wait until
+    HAProxy's own checks count them up: a rolling restart drains the next replica only after that."""
+    if not Path(api.path).exists():
+        LOG.info("HAProxy is not running (no %s): nothing to take out of drain", api.path)
+        return 0
+    servers = [server for server in servers_at(api, backend, target) if not server.in_maintenance]
+    for server in servers:
+        if server.draining:
+            api.apply(f"set server {backend}/{server.name} state ready")
+    names = {server.name for server in servers}
+    deadline = time.monotonic() + wait_s
+    while True:
+        down = [s.name for s in api.slots(backend) if s.name in names and s.op_state != OP_RUNNING]
+        if not down:
+            return 0
+        if time.monotonic() >= deadline:
+            LOG.error("%s not up on the gateway's checks after %.0f s: %s", target, wait_s, ", ".join(down))
+            return 4
+        time.sleep(poll_s)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--region", required=True)
-    parser.add_argument("--stack", required=True, help="value of the gpuplat:stack tag")
-    parser.add_argument("--role", default="infer", help="value of the gpuplat:role tag")
-    parser.add_argument("--pool", action="append", default=[], help="restrict to these gpuplat:pool tags")
-    parser.add_argument("--port", type=int, required=True, help="port of replica 0")
-    parser.add_argument("--replicas", type=int, default=1, help="replicas per instance: port..port+N-1")
-    parser.add_argument("--backend", default="inference")
-    parser.add_argument("--slot-prefix", default="slot-")
     parser.add_argument("--socket", default="/run/haproxy/admin.sock", help="HAProxy's admin stats socket")
-    parser.add_argument("--endpoint-url", default=None, help="EC2 API endpoint (default: the region's)")
-    parser.add_argument("--dry-run", action="store_true", help="print the commands, send none")
+    parser.add_argument("--backend", default="inference")
+    commands = parser.add_subparsers(dest="command", required=True)
+    sync_parser = commands.add_parser("sync", help="route the backend's slots to the running instances")
+    sync_parser.add_argument("--region", required=True)
+    sync_parser.add_argument("--stack", required=True, help="value of the gpuplat:stack tag")
+    sync_parser.add_argument("--role", default="infer", help="value of the gpuplat:role tag")
+    sync_parser.add_argument(
+        "--pool", action="append", default=[], help="restrict to these gpuplat:pool tags"
+    )
+    sync_parser.add_argument("--port", type=int, required=True, help="port of replica 0")
+    sync_parser.add_argument("--replicas", type=int, default=1, help="replicas per instance: port..port+N-1")
+    sync_parser.add_argument("--slot-prefix", default="slot-")
+    sync_parser.add_argument("--health-path", default="/health", help="a slot leaves maintenance on 200 here")
+    sync_parser.add_argument("--endpoint-url", default=None, help="AWS API endpoint (default: the region's)")
+    sync_parser.add_argument("--dry-run", action="store_true", help="print the commands, send none")
+    save_parser = commands.add_parser("save-state", help="save the servers' state for the next process")
+    save_parser.add_argument("file", type=Path)
+    for name, what in (("drain", "drain the servers at HOST:PORT"), ("ready", "take them out of drain")):
+        target_parser = commands.add_parser(name, help=what)
+        target_parser.add_argument("target", help="HOST:PORT of a model-server replica")
+        target_parser.add_argument("--wait-s", type=float, default=600.0 if name == "drain" else 60.0)
     args = parser.parse_args(argv)
-    if args.replicas < 1:
+    if args.command == "sync" and args.replicas < 1:
         parser.error("--replicas must be at least 1")
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-    args = parse_args(argv)
+def run_sync(args: argparse.Namespace, api: RuntimeApi) -> int:
     from botocore.exceptions import BotoCoreError, ClientError
 
+    ec2, autoscaling = aws_clients(args.region, args.endpoint_url)
     try:
         result = sync(
-            ec2_client(args.region, args.endpoint_url),
-            RuntimeApi(args.socket),
+            ec2,
+            api,
             stack=args.stack,
             role=args.role,
             pools=args.pool,
@@ -336,18 +545,34 @@ def main(argv: list[str] | None = None) -> int:
             replicas=args.replicas,
             backend=args.backend,
             prefix=args.slot_prefix,
+            autoscaling=autoscaling,
+            healthy=http_health(args.health_path),
             dry_run=args.dry_run,
         )
-    except RuntimeApiError as exc:
-        LOG.error("%s", exc)
-        return 2
-    except OSError as exc:
-        LOG.error("HAProxy's runtime API at %s: %s", args.socket, exc)
-        return 2
     except (BotoCoreError, ClientError) as exc:  # raised before any command: HAProxy unchanged
         LOG.error("listing the instances failed, HAProxy left as it is: %s", exc)
         return 2
     return 3 if result.unplaced else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    args = parse_args(argv)
+    api = RuntimeApi(args.socket)
+    try:
+        if args.command == "sync":
+            return run_sync(args, api)
+        if args.command == "save-state":
+            return save_state(api, args.file)
+        if args.command == "drain":
+            return drain(api, args.backend, args.target, args.wait_s)
+        return ready(api, args.backend, args.target, args.wait_s)
+    except RuntimeApiError as exc:
+        LOG.error("%s", exc)
+        return 2
+    except (OSError, ValueError) as exc:
+        LOG.error("HAProxy's runtime API at %s: %s", args.socket, exc)
+        return 2
 
 
 if __name__ == "__main__":

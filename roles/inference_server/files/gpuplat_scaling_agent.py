@@ -25,6 +25,14 @@ which Auto Scaling puts on every instance it launches: a node that configures it
 inventory that names its group (EC2 User Guide, "View tags for your EC2 instances using instance
 metadata": tags/instance/<key>, readable where the launch template allows instance tags in metadata).
 
+With --lifecycle-hook it also lets the group terminate the node without cutting a request: the group's
+termination hook holds a leaving instance in Terminating:Wait, and its metadata's
+autoscaling/target-lifecycle-state turns to Terminated (EC2 User Guide, "Instance metadata
+categories"). The gateways drain it then (gpuplat_gateway_targets.py lists the group's terminating
+instances); the agent waits --drain-grace-s for them to notice, then until its replicas have no
+request running or waiting, then completes the lifecycle action (CONTINUE) and the group terminates
+it. Past --drain-timeout-s it completes anyway; the hook's own timeout is the backstop.
+
 Standard library, plus boto3 only when it publishes.
 """
 
@@ -45,6 +53,7 @@ NAMESPACE = "GpuPlatform/Inference"
 REQUEST_COUNTERS = ("vllm:request_success_total", "gpuplat_inference_requests_total")
 KV_CACHE_GAUGES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 WAITING_GAUGES = ("vllm:num_requests_waiting", "gpuplat_inference_requests_waiting")
+RUNNING_GAUGES = ("vllm:num_requests_running", "gpuplat_inference_requests_running")
 LOG = logging.getLogger("gpuplat-scaling-agent")
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 
@@ -76,6 +85,12 @@ def requests_waiting(metrics_text: str) -> float | None:
     return _first(_totals(metrics_text, WAITING_GAUGES), WAITING_GAUGES)
 
 
+def requests_in_flight(metrics_text: str) -> float:
+    """Requests one replica is running or holding in its queue."""
+    running = _first(_totals(metrics_text, RUNNING_GAUGES), RUNNING_GAUGES) or 0.0
+    return running + (requests_waiting(metrics_text) or 0.0)
+
+
 @dataclass(frozen=True)
 class Sample:
     requests: float | None
@@ -95,12 +110,16 @@ def node_sample(texts: list[str]) -> Sample:
     )
 
 
-def scrape(urls: list[str]) -> Sample:
+def read_metrics(urls: list[str]) -> list[str]:
     texts = []
     for url in urls:
         with urllib.request.urlopen(url, timeout=10) as resp:
             texts.append(resp.read().decode())
-    return node_sample(texts)
+    return texts
+
+
+def scrape(urls: list[str]) -> Sample:
+    return node_sample(read_metrics(urls))
 
 
 def metric_data(
@@ -123,18 +142,80 @@ IMDS_ENDPOINT = "http://169.254.169.254"
 GROUP_TAG = "aws:autoscaling:groupName"
 
 
-def own_autoscaling_group(endpoint: str = IMDS_ENDPOINT, timeout_s: float = 2.0) -> str:
-    """This instance's Auto Scaling group, from its metadata tags (IMDSv2: a session token first)."""
+def metadata(path: str, endpoint: str = IMDS_ENDPOINT, timeout_s: float = 2.0) -> str:
+    """One instance metadata value (IMDSv2: a session token first); HTTPError 404 where it has none."""
     token_request = urllib.request.Request(
         f"{endpoint}/latest/api/token", method="PUT", headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"}
     )
     with urllib.request.urlopen(token_request, timeout=timeout_s) as reply:
         token = reply.read().decode()
-    tag_request = urllib.request.Request(
-        f"{endpoint}/latest/meta-data/tags/instance/{GROUP_TAG}", headers={"X-aws-ec2-metadata-token": token}
+    request = urllib.request.Request(
+        f"{endpoint}/latest/meta-data/{path}", headers={"X-aws-ec2-metadata-token": token}
     )
-    with urllib.request.urlopen(tag_request, timeout=timeout_s) as reply:
+    with urllib.request.urlopen(request, timeout=timeout_s) as reply:
         return str(reply.read().decode()).strip()
+
+
+def own_autoscaling_group(endpoint: str = IMDS_ENDPOINT, timeout_s: float = 2.0) -> str:
+    """This instance's Auto Scaling group, from its metadata tags."""
+    return metadata(f"tags/instance/{GROUP_TAG}", endpoint, timeout_s)
+
+
+def leaving(endpoint: str = IMDS_ENDPOINT) -> bool:
+    """Whether the group is terminating this instance (its target lifecycle state is Terminated)."""
+    try:
+        return metadata("autoscaling/target-lifecycle-state", endpoint) == "Terminated"
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:  # not set before the instance's first lifecycle transition
+            return False
+        raise
+
+
+@dataclass(frozen=True)
+class Drain:
+    hook: str
+    grace_s: float
+    timeout_s: float
+    poll_s: float = 2.0
+
+
+def release_when_drained(
+    autoscaling: Any, drain: Drain, asg: str, instance_id: str, urls: list[str]
+) -> float:
+    """Wait for the gateways to drain this node, then for its replicas to finish what they hold, then
+    let the group terminate it. Returns the requests still in flight when it let go (0 once drained)."""
+    LOG.info("the group terminates this instance: waiting %.0f s for the gateways to drain it", drain.grace_s)
+    time.sleep(drain.grace_s)
+    deadline = time.monotonic() + drain.timeout_s
+    in_flight = sum(map(requests_in_flight, read_metrics(urls)))
+    while in_flight > 0 and time.monotonic() < deadline:
+        time.sleep(drain.poll_s)
+        in_flight = sum(map(requests_in_flight, read_metrics(urls)))
+    if in_flight > 0:
+        LOG.warning(
+            "%d request(s) still in flight after %.0f s: letting the group go on", in_flight, drain.timeout_s
+        )
+    autoscaling.complete_lifecycle_action(
+        LifecycleHookName=drain.hook,
+        AutoScalingGroupName=asg,
+        LifecycleActionResult="CONTINUE",
+        InstanceId=instance_id,
+    )
+    LOG.info("lifecycle action completed: the group may terminate %s", instance_id)
+    return in_flight
+
+
+def wait_or_leave(interval_s: float, endpoint: str, poll_s: float = 5.0) -> bool:
+    """Sleep one interval, looking every poll_s whether the group is terminating this instance."""
+    deadline = time.monotonic() + interval_s
+    while time.monotonic() < deadline:
+        try:
+            if leaving(endpoint):
+                return True
+        except OSError as exc:
+            LOG.warning("instance metadata: %s", exc)
+        time.sleep(min(poll_s, max(deadline - time.monotonic(), 0.0)))
+    return False
 
 
 def main() -> int:
@@ -156,6 +237,9 @@ def main() -> int:
     parser.add_argument("--region", default="")
     parser.add_argument("--interval", type=float, default=60.0, help="seconds between two samples")
     parser.add_argument("--once", action="store_true", help="one interval, then exit")
+    parser.add_argument("--lifecycle-hook", default="", help="the group's termination hook to complete")
+    parser.add_argument("--drain-grace-s", type=float, default=30.0, help="time the gateways get to drain")
+    parser.add_argument("--drain-timeout-s", type=float, default=600.0, help="longest wait for requests")
     parser.add_argument("--dry-run", action="store_true", help="print the metric data instead of sending it")
     args = parser.parse_args()
     logging.basicConfig(level="INFO", format="%(levelname)s %(name)s: %(message)s")
@@ -171,15 +255,24 @@ def main() -> int:
             )
     urls = args.metrics_urls or ["http://127.0.0.1:8000/metrics"]
 
-    client = None
+    client = autoscaling = None
     if not args.dry_run:
         import boto3  # only needed to publish
 
         client = boto3.client("cloudwatch", region_name=args.region)
+        autoscaling = boto3.client("autoscaling", region_name=args.region)
+    drain = (
+        Drain(args.lifecycle_hook, args.drain_grace_s, args.drain_timeout_s) if args.lifecycle_hook else None
+    )
 
     previous, previous_at = scrape(urls).requests, time.monotonic()
     while True:
-        time.sleep(args.interval)
+        if drain is not None and autoscaling is not None and wait_or_leave(args.interval, args.imds_endpoint):
+            instance_id = metadata("instance-id", args.imds_endpoint)
+            release_when_drained(autoscaling, drain, args.asg, instance_id, urls)
+            return 0
+        if drain is None:
+            time.sleep(args.interval)
         try:
             sample, now = scrape(urls), time.monotonic()
             count = sample.requests
