@@ -404,3 +404,25 @@ def test_a_loading_inference_node_is_not_counted_before_it_serves(
     assert group.inputs["defaultInstanceWarmup"] == expected >= 1500
     policies = aws_prod.of_type("aws:autoscaling/policy:Policy")
     assert policies and {p.inputs["estimatedInstanceWarmup"] for p in policies} == {expected}
+
+
+def test_a_leaving_inference_node_is_held_until_it_has_drained(aws_prod: Recording) -> None:
+    """Scale-in and instance replacement terminate through the group's termination hook: the instance
+    waits in Terminating:Wait while the gateways drain it and its requests end (the node's scaling agent
+    completes the action), at most the gateway's request timeout plus the drain's margins."""
+    from infra.backends.aws.node_pool import DRAIN_HOOK
+
+    [group] = [g for g in aws_prod.of_type(ASG) if g.name == "aws-prod-infer-asg"]
+    [hook] = group.inputs["initialLifecycleHooks"]
+    assert hook["name"] == DRAIN_HOOK
+    assert hook["lifecycleTransition"] == "autoscaling:EC2_INSTANCE_TERMINATING"
+    assert hook["defaultResult"] == "CONTINUE"
+    assert hook["heartbeatTimeout"] == 30 + 60 + 60  # notice + gateway_timeout_s (aws-prod: 60) + margin
+    # Training groups have none: Slurm's power saving terminates those nodes.
+    assert all("initialLifecycleHooks" not in g.inputs for g in aws_prod.of_type(ASG) if "train" in g.name)
+    policies = {r.name: r.inputs["policy"] for r in aws_prod.of_type("aws:iam/rolePolicy:RolePolicy")}
+    infer = json.loads(policies["aws-prod-infer-platform"])
+    [complete] = [s for s in infer["Statement"] if s["Sid"] == "CompleteOwnTermination"]
+    assert complete["Condition"] == {"StringEquals": {"aws:ResourceTag/gpuplat:stack": "aws-prod"}}
+    service = json.loads(policies["aws-prod-service-platform"])
+    assert any("autoscaling:DescribeAutoScalingInstances" in s["Action"] for s in service["Statement"])

@@ -136,7 +136,8 @@ def role_vars(role: str, variables: dict[str, Any]) -> dict[str, Any]:
 def infer_node_vars(replicas: int, tp: int) -> dict[str, Any]:
     """What the infer node sees: the inventory's all vars and its pool vars, then the role's vars."""
     inventory = cluster(replicas=replicas, tp=tp)
-    return role_vars("inference_server", {**inventory, **inventory["hostvars"][INFER_HOST]})
+    host = {**inventory["hostvars"][INFER_HOST], "inventory_hostname": INFER_HOST}
+    return role_vars("inference_server", {**inventory, **host})
 
 
 def unit_and_replica_env(replicas: int, tp: int, replica: int) -> tuple[str, str]:
@@ -385,7 +386,7 @@ class ReplicaMetrics:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-            def do_GET(self) -> None:  # noqa: N802 (the http.server interface)
+            def do_GET(self) -> None:
                 body = VLLM_METRICS.format(kv=0.1, waiting=0, done=1)
                 body += f'vllm:num_requests_running{{engine="0",model_name="m"}} {replica.running}\n'
                 self.send_response(200)
@@ -459,3 +460,20 @@ def test_a_node_the_group_terminates_lets_go_only_once_its_requests_ended() -> N
     finally:
         replica.stop()
         metadata.stop()
+
+
+def test_the_agent_completes_the_hook_the_group_declares() -> None:
+    from infra.backends.aws.node_pool import DRAIN_HOOK
+
+    variables = infer_node_vars(replicas=1, tp=1)
+    variables.update(
+        gpuplat_backend="aws",
+        inference_server_scaling_asg_name="",
+        inference_server_scaling_region="us-east-1",
+    )
+    variables = role_vars("inference_server", variables)
+    for name in ("inference_server_lifecycle_hook", "inference_server_drain_timeout_s"):  # templated defaults
+        variables[name] = environment().from_string(variables[name]).render(**variables)
+    unit = render(ROLES / "inference_server" / "templates" / "gpuplat-scaling-agent.service.j2", variables)
+    assert f"--lifecycle-hook {DRAIN_HOOK} " in unit.replace("\\\n", " ")
+    assert "--drain-timeout-s 60" in unit  # the gateway's request timeout (inventory: 60 s)

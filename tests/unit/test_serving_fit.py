@@ -73,7 +73,12 @@ def test_vllm_is_given_the_max_model_len_the_plan_sized_with() -> None:
     assert args[args.index("--max-model-len") + 1] == "16384"
     # The shipped aws-prod stack, through the inventory `gpuplat inventory` writes, into the unit.
     platform = load_platform(stack_file("aws-prod"))
-    inventory = {**platform_vars(platform), **pool_vars(platform, platform.pool("infer"))}
+    inventory = {
+        **platform_vars(platform),
+        **pool_vars(platform, platform.pool("infer")),
+        "inventory_hostname": "aws-prod-infer-0",
+        "hostvars": {"aws-prod-infer-0": {}},
+    }
     unit = render(
         ROLES / "inference_server" / "templates" / "gpuplat-inference@.service.j2",
         role_vars("inference_server", inventory),

@@ -13,11 +13,9 @@ import typer
 from typer.testing import CliRunner
 
 from infra.cli.commands.size import size, sizing
-from infra.data.models import GpuSpec, NetworkSpec, NodeType, PriceSpec
+from infra.data.models import GB, GIB, GpuSpec, NetworkSpec, NodeType, PriceSpec
 from infra.errors import SpecError
 from infra.sizing import (
-    GB,
-    GIB,
     PROCESS_OVERHEAD_BYTES,
     TrainingSizingRequest,
     activation_bytes_per_layer,
