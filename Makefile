@@ -90,7 +90,8 @@ images: image
 ## The Debian 13 image is built inside the streams that need it (test-scheduler and test-roles, one
 ## waiting for the other: build-base-image.sh locks), while the others already run.
 test: venv image
-	$(MAKE) --no-print-directory -j4 --output-sync=target test-scheduler test-box test-roles test-node-suites
+	GPUPLAT_ROLES_LINTED=1 $(MAKE) --no-print-directory -j4 --output-sync=target test-scheduler test-box test-roles \
+		test-node-suites
 
 test-node-suites:
 	$(MAKE) --no-print-directory lint

@@ -165,13 +165,20 @@ def test_scaling_policies_own_the_desired_capacity_and_up_never_waits(aws_prod: 
         assert group.inputs["waitForCapacityTimeout"] == "0"
 
 
-def test_inference_scales_on_gpu_memory_and_requests(aws_prod: Recording) -> None:
+def test_inference_scales_on_kv_cache_requests_and_the_gateway_backlog(aws_prod: Recording) -> None:
     policies = aws_prod.of_type("aws:autoscaling/policy:Policy")
-    metrics = {
-        p.inputs["targetTrackingConfiguration"]["customizedMetricSpecification"]["metricName"]
+    targets = {
+        p.inputs["targetTrackingConfiguration"]["customizedMetricSpecification"]["metricName"]: p.inputs[
+            "targetTrackingConfiguration"
+        ]["targetValue"]
         for p in policies
     }
-    assert metrics == {"KVCacheUtilization", "RequestsPerSecond"}
+    # aws-prod: one replica per g6e.xlarge node, so one request queued at the gateways per node.
+    assert targets == {
+        "KVCacheUtilization": 75.0,
+        "RequestsPerSecond": 20.0,
+        "GatewayBacklogPerInstance": 1.0,
+    }
 
 
 def _tag_list(template: dict[str, Any]) -> list[dict[str, str]]:

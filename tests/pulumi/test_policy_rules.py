@@ -208,6 +208,7 @@ VARIANTS: dict[str, tuple[str, Mutate | None, Program | None]] = {
         _transform("aws:iam/rolePolicy:RolePolicy", _unconditioned_launch_rights),
     ),
     "split-training-zones": ("aws-prod", _set("pool:train-spot.zone", "us-east-1b"), None),
+    "alerts-to-nobody": ("aws-prod", _set("alerting.webhook_urls", []), None),
     "over-gpu-budget": ("aws-prod", _set("budget.max_gpus", 40), None),
     "over-cost-budget": ("aws-prod", _set("budget.max_hourly_usd", 100), None),
 }
@@ -274,6 +275,7 @@ CASES: list[tuple[str, str, str, dict[str, Any]]] = [
     ("security-munge-key-readers", "aws-prod", "munge-key-everywhere", {}),
     ("security-ec2-launch-scoped", "aws-prod", "unconditioned-launch", {}),
     ("placement-filesystem-zone", "aws-prod", "split-training-zones", {}),
+    ("alerts-reach-someone", "aws-prod", "alerts-to-nobody", {}),
     ("budget-gpus", "aws-prod", "over-gpu-budget", {}),
     ("budget-hourly-cost", "aws-prod", "over-cost-budget", {}),
 ]

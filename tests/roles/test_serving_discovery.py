@@ -165,10 +165,11 @@ def servers(config: str) -> list[str]:
 
 def test_aws_gateway_has_disabled_slots_the_targets_program_fills() -> None:
     config = haproxy("aws", max_servers=6, infer_hosts=False)
-    assert servers(config) == [
-        f"slot-{i} slot-{i}.gpuplat.invalid:8000 init-addr last,none disabled" for i in range(1, 7)
-    ]
+    assert servers(config) == [f"slot-{i} 127.0.0.1:8000 disabled" for i in range(1, 7)]
     assert "stats socket /run/haproxy/admin.sock mode 660 level admin expose-fd listeners" in config
+    # The slots never load the state file: HAProxy would restore their state, not their address.
+    assert "load-server-state-from-file" not in config
+    assert "load-server-state-from-file global" in haproxy("local")
     # Elsewhere: the inventory's replicas, enabled, as before.
     local = haproxy("local", max_servers=6)
     assert servers(local) == [f"{INFER_HOST}-{i} 10.40.2.21:{8000 + i}" for i in range(2)]
@@ -374,7 +375,7 @@ def launch(ec2: Any, stack: str = STACK, role: str = "infer", pool: str = "infer
 
 def run(program: ModuleType, endpoint: str, haproxy: FakeHAProxy) -> int:
     """One pass of `sync`, every replica healthy (moto's instances have no address to probe)."""
-    ec2, autoscaling = program.aws_clients(REGION, endpoint)
+    ec2, autoscaling, _ = program.aws_clients(REGION, endpoint)
     result = program.sync(
         ec2,
         program.RuntimeApi(haproxy.path),
@@ -528,3 +529,16 @@ def test_the_slots_of_an_instance_being_terminated_are_drained_not_cut() -> None
     result = program.plan(slots, wanted, "inference", draining={"10.0.0.5"})
     assert result.commands == ["set server inference/slot-1 state drain"]
     assert result.unplaced == [] and result.unhealthy == []
+
+
+def test_the_gateways_publish_their_backlog_per_serving_instance_of_each_group() -> None:
+    """What the infer group's target tracking follows: requests the gateways queue because every
+    replica is at its limit, per instance. Each of 2 gateways sees about half of it."""
+    program = targets_program()
+    instance = program.Instance
+    serving = [instance("10.0.0.5", "prod-infer-asg"), instance("10.0.0.6", "prod-infer-asg")]
+    [datum] = program.backlog_metric_data(serving, backlog=3, gateways=2)
+    assert datum["MetricName"] == "GatewayBacklogPerInstance" and datum["Value"] == 3.0
+    assert datum["Dimensions"] == [{"Name": "AutoScalingGroupName", "Value": "prod-infer-asg"}]
+    # An instance outside any group (a stray) is not capacity of one: nothing to publish for it.
+    assert program.backlog_metric_data([instance("10.0.0.9", "")], backlog=5, gateways=1) == []

@@ -282,6 +282,9 @@ class AwsBackend:
                     boot_after=boot_after,
                     instance_warmup_s=inference_warmup_s(platform, pool),
                     drain_timeout_s=inference_drain_timeout_s(platform, pool),
+                    replicas_per_node=platform.serving_layout.replicas
+                    if pool.role == "infer" and platform.serving_layout
+                    else 1,
                 ),
             )
 

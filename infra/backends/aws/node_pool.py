@@ -35,6 +35,11 @@ INFERENCE_METRICS_NAMESPACE = "GpuPlatform/Inference"
 # Load, as the scaling agent on each inference node publishes it: vLLM's KV-cache use (device memory is
 # no load signal: vLLM pre-allocates ~90% of it at idle) and the request rate per instance.
 INFERENCE_TARGETS = {"KVCacheUtilization": 75.0, "RequestsPerSecond": 20.0}
+# Published by the gateways (gpuplat_gateway_targets.py sync): the requests they queue because every
+# replica is at its limit, per running instance of the group. vLLM's own queue stays near empty behind
+# a gateway that caps each replica at --max-num-seqs, so this is where a shortage shows; its target is
+# one queued request per replica of a node.
+GATEWAY_BACKLOG_METRIC = "GatewayBacklogPerInstance"
 # The termination hook of inference groups: a leaving instance waits in Terminating:Wait until its
 # scaling agent completes the action once the gateways drained it (roles/inference_server,
 # gpuplat_scaling_agent.py --lifecycle-hook; the role's inference_server_lifecycle_hook).
@@ -64,6 +69,8 @@ class GpuNodePoolArgs:
     # Seconds from InService until a new instance's metrics mean something (an inference node: its boot,
     # then its model loading): Auto Scaling counts it neither as capacity nor in the metrics before.
     instance_warmup_s: int | None = None
+    # Model-server replicas per node of an inference pool: the gateway backlog's target per instance.
+    replicas_per_node: int = 1
     # Seconds a terminating instance may take to finish its requests (an inference node: drained by the
     # gateways, then its requests in flight); None: no termination hook.
     drain_timeout_s: int | None = None
@@ -297,7 +304,8 @@ class GpuNodePool(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=args.boot_after)),
         )
         if pool.role == "infer" and pool.max_nodes > pool.min_nodes:
-            for metric, target in INFERENCE_TARGETS.items():
+            targets = {**INFERENCE_TARGETS, GATEWAY_BACKLOG_METRIC: float(args.replicas_per_node)}
+            for metric, target in targets.items():
                 aws.autoscaling.Policy(
                     f"{name}-track-{metric.lower()}",
                     autoscaling_group_name=group.name,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from infra.policy.rules.alerting import check_alert_receivers
 from infra.policy.rules.base import PolicyContext, ResourceRule, StackRule, Verdict
 from infra.policy.rules.budget import check_budget_cost, check_budget_gpus
 from infra.policy.rules.fabric import check_cluster_placement, check_efa_security_group, check_multi_node_rdma
@@ -258,6 +259,16 @@ RULES: tuple[ResourceRule | StackRule, ...] = (
         "zones, or get their own stack.",
         severity="advisory",
         check=check_filesystem_zone,
+    ),
+    StackRule(
+        id="alerts-reach-someone",
+        group="monitoring",
+        description="A production Slurm stack sends its alerts somewhere (alerting.webhook_urls).",
+        remediation="Add the webhook of your paging or chat service (Alertmanager's webhook format, "
+        "directly or through its adapter) to alerting.webhook_urls.",
+        severity="advisory",
+        needs_platform=True,
+        check=check_alert_receivers,
     ),
     StackRule(
         id="budget-gpus",

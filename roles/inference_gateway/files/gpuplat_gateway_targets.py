@@ -47,8 +47,12 @@ targets than slots: the extra ones are left out, logged, and the exit status is 
   gpuplat_gateway_targets.py drain 10.0.3.7:8001 --wait-s 600
   gpuplat_gateway_targets.py ready 10.0.3.7:8001
 
+Each pass also publishes the gateways' backlog per serving instance of the group (CloudWatch
+GpuPlatform/Inference GatewayBacklogPerInstance): requests queued because every replica is at its
+limit, which the group's target tracking follows.
+
 Standard library, and boto3 (python3-boto3) for sync. IAM: ec2:DescribeInstances,
-autoscaling:DescribeAutoScalingInstances.
+autoscaling:DescribeAutoScalingInstances, cloudwatch:PutMetricData.
 """
 
 from __future__ import annotations
@@ -72,6 +76,11 @@ LOG = logging.getLogger("gpuplat-gateway-targets")
 TAG_STACK = "gpuplat:stack"
 TAG_ROLE = "gpuplat:role"
 TAG_POOL = "gpuplat:pool"
+TAG_GROUP = "aws:autoscaling:groupName"
+# The gateways' backlog per instance of the infer group, which its target-tracking policy follows
+# (infra/backends/aws/node_pool.py GATEWAY_BACKLOG_METRIC).
+METRICS_NAMESPACE = "GpuPlatform/Inference"
+BACKLOG_METRIC = "GatewayBacklogPerInstance"
 
 # srv_admin_state bits (HAProxy's enum srv_admin): FMAINT 0x01 (forced: CLI or the `disabled`
 # keyword), IMAINT 0x02 (inherited from a tracked server), RMAINT 0x20 (address resolution failed).
@@ -130,11 +139,18 @@ def instance_filters(stack: str, role: str, pools: Iterable[str] = ()) -> list[d
     return filters
 
 
+@dataclass(frozen=True)
+class Instance:
+    address: str
+    group: str  # its Auto Scaling group (tag aws:autoscaling:groupName), "" for none
+
+
 def running_instances(
     ec2: Any, stack: str, role: str, pools: Iterable[str] = (), page_size: int | None = None
-) -> dict[str, str]:
-    """Instance id -> private IPv4 address of the running instances of the stack's pools of this role."""
-    instances: dict[str, str] = {}
+) -> dict[str, Instance]:
+    """Instance id -> private IPv4 address and group of the running instances of the stack's pools of
+    this role."""
+    instances: dict[str, Instance] = {}
     paginator = ec2.get_paginator("describe_instances")
     pagination = {"PageSize": page_size} if page_size else {}
     for page in paginator.paginate(Filters=instance_filters(stack, role, pools), PaginationConfig=pagination):
@@ -145,8 +161,9 @@ def running_instances(
                 if instance.get("State", {}).get("Name") != "running":
                     continue
                 address = instance.get("PrivateIpAddress")
+                tags = {tag["Key"]: tag["Value"] for tag in instance.get("Tags", [])}
                 if address:
-                    instances[instance["InstanceId"]] = address
+                    instances[instance["InstanceId"]] = Instance(address, tags.get(TAG_GROUP, ""))
     return instances
 
 
@@ -154,10 +171,11 @@ def running_addresses(
     ec2: Any, stack: str, role: str, pools: Iterable[str] = (), page_size: int | None = None
 ) -> list[str]:
     """Private IPv4 addresses of the running instances of the stack's pools of this role, every page."""
-    return sorted(set(running_instances(ec2, stack, role, pools, page_size).values()), key=_address_key)
+    instances = running_instances(ec2, stack, role, pools, page_size).values()
+    return sorted({instance.address for instance in instances}, key=_address_key)
 
 
-def terminating_addresses(autoscaling: Any, instances: dict[str, str]) -> set[str]:
+def terminating_addresses(autoscaling: Any, instances: dict[str, Instance]) -> set[str]:
     """Addresses of the instances (id -> address) that their Auto Scaling group is terminating."""
     ids = sorted(instances)
     terminating: set[str] = set()
@@ -165,7 +183,7 @@ def terminating_addresses(autoscaling: Any, instances: dict[str, str]) -> set[st
         answer = autoscaling.describe_auto_scaling_instances(InstanceIds=ids[start : start + 50])
         for instance in answer.get("AutoScalingInstances", []):
             if instance.get("LifecycleState") in TERMINATING_STATES:
-                terminating.add(instances[instance["InstanceId"]])
+                terminating.add(instances[instance["InstanceId"]].address)
     return terminating
 
 
@@ -347,17 +365,47 @@ class RuntimeApi:
     def slots(self, backend: str, prefix: str = "") -> list[Slot]:
         return parse_servers_state(self.send(f"show servers state {backend}"), backend, prefix)
 
-    def in_flight(self, backend: str) -> dict[str, int]:
-        """Requests each server of the backend has in flight or queued (`show stat`: scur + qcur)."""
+    def stats(self, backend: str) -> dict[str, dict[str, str]]:
+        """`show stat` of one backend: its servers' rows and its own (svname BACKEND), by svname."""
         lines = self.send("show stat").splitlines()
         if not lines or not lines[0].startswith("# "):
             raise RuntimeApiError(f"unexpected answer to 'show stat': {lines[:1]!r}")
         rows = csv.DictReader([lines[0][2:], *lines[1:]])
+        return {row["svname"]: row for row in rows if row.get("pxname") == backend}
+
+    def in_flight(self, backend: str) -> dict[str, int]:
+        """Requests each server of the backend has in flight or queued (scur + qcur)."""
         return {
-            row["svname"]: int(row.get("scur") or 0) + int(row.get("qcur") or 0)
-            for row in rows
-            if row.get("pxname") == backend and row.get("svname") not in ("FRONTEND", "BACKEND")
+            name: int(row.get("scur") or 0) + int(row.get("qcur") or 0)
+            for name, row in self.stats(backend).items()
+            if name not in ("FRONTEND", "BACKEND")
         }
+
+    def backlog(self, backend: str) -> int:
+        """Requests the backend queues because every server is at its limit (its qcur)."""
+        return int(self.stats(backend).get("BACKEND", {}).get("qcur") or 0)
+
+
+def backlog_metric_data(instances: Iterable[Instance], backlog: int, gateways: int) -> list[dict[str, Any]]:
+    """The backlog of all gateways per serving instance, for each group: this gateway queues about
+    1/gateways of it, so its own backlog x gateways / instances."""
+    groups: dict[str, int] = {}
+    for instance in instances:
+        if instance.group:
+            groups[instance.group] = groups.get(instance.group, 0) + 1
+    serving = sum(groups.values())
+    if not serving:
+        return []
+    value = round(backlog * max(gateways, 1) / serving, 3)
+    return [
+        {
+            "MetricName": BACKLOG_METRIC,
+            "Dimensions": [{"Name": "AutoScalingGroupName", "Value": group}],
+            "Value": value,
+            "Unit": "Count",
+        }
+        for group in sorted(groups)
+    ]
 
 
 def sync(
@@ -372,13 +420,15 @@ def sync(
     backend: str,
     prefix: str,
     autoscaling: Any = None,
+    cloudwatch: Any = None,
+    gateways: int = 1,
     healthy: Health = always_healthy,
     dry_run: bool = False,
     echo: Callable[[str], None] = print,
 ) -> Plan:
     """One pass: list the instances, read the slots, send what differs. Returns what it planned."""
     instances = running_instances(ec2, stack, role, pools)
-    addresses = sorted(set(instances.values()), key=_address_key)
+    addresses = sorted({instance.address for instance in instances.values()}, key=_address_key)
     leaving = terminating_addresses(autoscaling, instances) if autoscaling and instances else set()
     wanted = wanted_targets(addresses, base_port, replicas)
     slots = api.slots(backend, prefix)
@@ -398,6 +448,13 @@ def sync(
         len(slots),
         len(result.commands),
     )
+    if cloudwatch is not None:
+        serving = [i for i in instances.values() if i.address not in leaving]
+        data = backlog_metric_data(serving, api.backlog(backend), gateways)
+        if dry_run:
+            echo(f"put-metric-data {METRICS_NAMESPACE} {data}")
+        elif data:
+            cloudwatch.put_metric_data(Namespace=METRICS_NAMESPACE, MetricData=data)
     if result.unhealthy:
         LOG.info(
             "waiting for the health of %s: in maintenance until it answers",
@@ -414,13 +471,13 @@ def sync(
     return result
 
 
-def aws_clients(region: str, endpoint_url: str | None) -> tuple[Any, Any]:
+def aws_clients(region: str, endpoint_url: str | None) -> tuple[Any, Any, Any]:
     import boto3  # only here: the other commands and the planning need no AWS SDK
 
-    return (
-        boto3.client("ec2", region_name=region, endpoint_url=endpoint_url),
-        boto3.client("autoscaling", region_name=region, endpoint_url=endpoint_url),
-    )
+    def client(service: str) -> Any:
+        return boto3.client(service, region_name=region, endpoint_url=endpoint_url)
+
+    return client("ec2"), client("autoscaling"), client("cloudwatch")
 
 
 def save_state(api: RuntimeApi, path: Path) -> int:
@@ -515,6 +572,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     sync_parser.add_argument("--port", type=int, required=True, help="port of replica 0")
     sync_parser.add_argument("--replicas", type=int, default=1, help="replicas per instance: port..port+N-1")
     sync_parser.add_argument("--slot-prefix", default="slot-")
+    sync_parser.add_argument("--gateways", type=int, default=1, help="gateways of the stack (backlog share)")
     sync_parser.add_argument("--health-path", default="/health", help="a slot leaves maintenance on 200 here")
     sync_parser.add_argument("--endpoint-url", default=None, help="AWS API endpoint (default: the region's)")
     sync_parser.add_argument("--dry-run", action="store_true", help="print the commands, send none")
@@ -533,7 +591,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def run_sync(args: argparse.Namespace, api: RuntimeApi) -> int:
     from botocore.exceptions import BotoCoreError, ClientError
 
-    ec2, autoscaling = aws_clients(args.region, args.endpoint_url)
+    ec2, autoscaling, cloudwatch = aws_clients(args.region, args.endpoint_url)
     try:
         result = sync(
             ec2,
@@ -546,6 +604,8 @@ def run_sync(args: argparse.Namespace, api: RuntimeApi) -> int:
             backend=args.backend,
             prefix=args.slot_prefix,
             autoscaling=autoscaling,
+            cloudwatch=cloudwatch,
+            gateways=args.gateways,
             healthy=http_health(args.health_path),
             dry_run=args.dry_run,
         )
