@@ -44,7 +44,8 @@ GATEWAY_BACKLOG_METRIC = "GatewayBacklogPerInstance"
 # scaling agent completes the action once the gateways drained it (roles/inference_server,
 # gpuplat_scaling_agent.py --lifecycle-hook; the role's inference_server_lifecycle_hook).
 DRAIN_HOOK = "gpuplat-drain"
-# Auto Scaling's bounds on a hook's heartbeat timeout (HeartbeatTimeout: 30 to 7200 seconds).
+# Auto Scaling's bounds on a hook's heartbeat timeout (API reference, PutLifecycleHook HeartbeatTimeout:
+# "The range is from 30 to 7200 seconds").
 HOOK_TIMEOUT_BOUNDS_S = (30, 7200)
 
 

@@ -91,8 +91,9 @@ ADMIN_MAINT_MASK = 0x23
 ADMIN_DRAIN = 0x08
 # srv_op_state SRV_ST_RUNNING: the health checks passed; the server takes requests.
 OP_RUNNING = 2
-# The Auto Scaling lifecycle states of an instance the group is terminating: the termination hook holds
-# it in Terminating:Wait until its requests have ended (the node completes the lifecycle action).
+# The Auto Scaling lifecycle states of an instance the group is terminating (API reference,
+# AutoScalingInstanceDetails LifecycleState): the termination hook holds it in Terminating:Wait until its
+# requests have ended (the node completes the lifecycle action).
 TERMINATING_STATES = frozenset({"Terminating", "Terminating:Wait", "Terminating:Proceed"})
 
 Target = tuple[str, int]
@@ -480,10 +481,17 @@ def aws_clients(region: str, endpoint_url: str | None) -> tuple[Any, Any, Any]:
     return client("ec2"), client("autoscaling"), client("cloudwatch")
 
 
+def haproxy_running(api: RuntimeApi, otherwise: str) -> bool:
+    """Whether HAProxy's admin socket is there; if not, says what that means for this command."""
+    if Path(api.path).exists():
+        return True
+    LOG.info("HAProxy is not running (no %s): %s", api.path, otherwise)
+    return False
+
+
 def save_state(api: RuntimeApi, path: Path) -> int:
     """The servers' state, for the next process to start from (haproxy.cfg: server-state-file)."""
-    if not Path(api.path).exists():
-        LOG.info("HAProxy is not running (no %s): no state to save", api.path)
+    if not haproxy_running(api, "no state to save"):
         return 0
     text = api.send("show servers state")
     if not text.startswith("1"):
@@ -512,8 +520,7 @@ def servers_at(api: RuntimeApi, backend: str, target: str) -> list[Slot]:
 
 def drain(api: RuntimeApi, backend: str, target: str, wait_s: float, poll_s: float = 0.5) -> int:
     """Drain every server of the backend at target; 0 once none has a request in flight."""
-    if not Path(api.path).exists():
-        LOG.info("HAProxy is not running (no %s): nothing in flight to %s", api.path, target)
+    if not haproxy_running(api, f"nothing in flight to {target}"):
         return 0
     servers = servers_at(api, backend, target)
     if not servers:
@@ -538,8 +545,7 @@ def drain(api: RuntimeApi, backend: str, target: str, wait_s: float, poll_s: flo
 def ready(api: RuntimeApi, backend: str, target: str, wait_s: float, poll_s: float = 0.5) -> int:
     """Take the servers at target out of drain (those in maintenance stay there), then wait until
     HAProxy's own checks count them up: a rolling restart drains the next replica only after that."""
-    if not Path(api.path).exists():
-        LOG.info("HAProxy is not running (no %s): nothing to take out of drain", api.path)
+    if not haproxy_running(api, "nothing to take out of drain"):
         return 0
     servers = [server for server in servers_at(api, backend, target) if not server.in_maintenance]
     for server in servers:

@@ -27,11 +27,12 @@ metadata": tags/instance/<key>, readable where the launch template allows instan
 
 With --lifecycle-hook it also lets the group terminate the node without cutting a request: the group's
 termination hook holds a leaving instance in Terminating:Wait, and its metadata's
-autoscaling/target-lifecycle-state turns to Terminated (EC2 User Guide, "Instance metadata
-categories"). The gateways drain it then (gpuplat_gateway_targets.py lists the group's terminating
-instances); the agent waits --drain-grace-s for them to notice, then until its replicas have no
-request running or waiting, then completes the lifecycle action (CONTINUE) and the group terminates
-it. Past --drain-timeout-s it completes anyway; the hook's own timeout is the backstop.
+autoscaling/target-lifecycle-state turns to Terminated (Amazon EC2 Auto Scaling User Guide,
+"Retrieve the target lifecycle state through instance metadata"). The gateways drain it then
+(gpuplat_gateway_targets.py lists the group's terminating instances); the agent waits
+--drain-grace-s for them to notice, then until its replicas have no request running or waiting,
+then completes the lifecycle action (CONTINUE) and the group terminates it. Past --drain-timeout-s
+it completes anyway; the hook's own timeout is the backstop.
 
 Standard library, plus boto3 only when it publishes.
 """
