@@ -10,7 +10,7 @@ NODE_PROGRAMS := roles/slurm_elastic/files/gpuplat_ec2_nodes.py roles/inference_
 	roles/inference_server/files/gpuplat_scaling_agent.py \
 	roles/gpu_validation/files/gpuplat_node_check.py roles/gpu_validation/files/gpuplat_checkpoint_probe.py
 
-.PHONY: venv host image images test-node-suites up down status plan test test-unit test-roles test-scheduler test-serving test-integration test-box lint clean
+.PHONY: venv host image images test-node-suites test-role-suites up down status plan test test-unit test-roles test-scheduler test-serving test-integration test-box lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -85,18 +85,21 @@ images: image
 	scripts/build-base-image.sh trixie
 
 ## test: everything CI runs, as four streams side by side, each printed when it ends: test-scheduler
-## and test-box (both wait on Slurm's own timers much of the time and leave the CPUs idle), test-roles,
-## and lint, test-unit, test-serving, test-integration one after the other.
+## and test-box (both wait on Slurm's own timers much of the time and leave the CPUs idle), test-roles
+## then test-serving, and lint, test-unit, test-integration one after the other.
 ## The Debian 13 image is built inside the streams that need it (test-scheduler and test-roles, one
 ## waiting for the other: build-base-image.sh locks), while the others already run.
 test: venv image
-	GPUPLAT_ROLES_LINTED=1 $(MAKE) --no-print-directory -j4 --output-sync=target test-scheduler test-box test-roles \
-		test-node-suites
+	GPUPLAT_ROLES_LINTED=1 $(MAKE) --no-print-directory -j4 --output-sync=target test-scheduler test-box \
+		test-role-suites test-node-suites
+
+test-role-suites:
+	$(MAKE) --no-print-directory test-roles
+	$(MAKE) --no-print-directory test-serving
 
 test-node-suites:
 	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory test-unit
-	$(MAKE) --no-print-directory test-serving
 	$(MAKE) --no-print-directory test-integration
 
 clean:

@@ -16,6 +16,7 @@ from infra.errors import GpuPlatError
 from infra.resolve import ResolvedPlatform, ResolvedPool
 from infra.scheduler import slurm_vars
 from infra.serving import startup_budget_s
+from infra.training import training_vars
 
 TAG_STACK = "gpuplat:stack"
 TAG_POOL = "gpuplat:pool"
@@ -53,6 +54,8 @@ def pool_vars(platform: ResolvedPlatform, pool: ResolvedPool) -> dict[str, Any]:
         "gpuplat_fabric_nics": pool.node_type.network.nics if pool.role == "train" else 0,
         "gpuplat_labels": dict(pool.spec.labels),
         "gpuplat_taints": [t.model_dump() for t in pool.spec.taints],
+        # Training jobs (any user) write their metrics files where node_exporter reads them.
+        "node_exporter_textfile_dir_mode": "1777" if pool.role == "train" else "0755",
     }
 
 
@@ -94,7 +97,7 @@ def platform_vars(platform: ResolvedPlatform) -> dict[str, Any]:
         "dcgm_cuda_major": sw.driver_cuda_major,
         **({"dcgm_version": sw.dcgm_version} if sw.dcgm_version else {}),
         "nccl_ib_gid_index": spec.fabric.roce_gid_index,
-        **(slurm_vars(platform) if spec.scheduler.kind == "slurm" else {}),
+        **(slurm_vars(platform) | training_vars(platform) if spec.scheduler.kind == "slurm" else {}),
         **shared_fs_vars(platform),
     }
     if spec.region:

@@ -11,6 +11,7 @@ import typer
 from infra.cli import output
 from infra.cli.commands.check import check
 from infra.cli.commands.inventory import inventory
+from infra.cli.commands.job_profile import job_profile_command
 from infra.cli.commands.lifecycle import down, scale, status, up
 from infra.cli.commands.manifests import manifests
 from infra.cli.commands.nccl_report import nccl_report
@@ -41,6 +42,7 @@ app.command()(scale)
 app.command()(manifests)
 app.command()(nccl_report)
 app.command()(validate)
+app.command("job-profile")(job_profile_command)
 
 
 _INTERRUPTED = 130  # the shell's code for a command stopped by Ctrl-C (128 + SIGINT)

@@ -21,11 +21,16 @@ from infra.k8s.queues import (
 )
 from infra.resolve import ResolvedPlatform, ResolvedPool
 from infra.role_templates import render_role_template
+from infra.scheduler import SPOT_GRACE_TIME_S
 
 TRAINING_CONFIG = "gpuplat-training"
 SHARED_CLAIM = "shared"
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 EXAMPLE_IMAGE = "nvcr.io/nvidia/pytorch:25.09-py3"
+# Where the README has users copy examples/train_dist/ on the shared filesystem.
+EXAMPLE_PROGRAM = "jobs/train_dist/train.py"
+# JobSet labels every pod with its restart attempt (kubernetes-sigs/jobset, pkg/constants RestartsKey).
+RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
 # A pod's own network interface: the container runtimes name the pod's interface eth0 (CNI_IFNAME that
 # containerd's and CRI-O's CRI plugins pass to the CNI plugin), whatever the node's interfaces are
 # called, so fabric.socket_interface (a host interface such as bond0) does not apply inside a pod.
@@ -56,6 +61,7 @@ def training_environment(platform: ResolvedPlatform) -> dict[str, str]:
         **nccl_environment(platform, pool, {"nccl_socket_ifname": POD_INTERFACE}),
         "GPUPLAT_SHARED_PATH": platform.spec.storage.parallel_fs.mount_path,
         "GPUPLAT_CHECKPOINT_DIR": platform.spec.storage.checkpoint_path,
+        "GPUPLAT_CHECKPOINT_EVERY": str(platform.spec.training.checkpoint_every_steps),
     }
 
 
@@ -75,10 +81,19 @@ def example_jobset(platform: ResolvedPlatform, team: str, nodes: int = 2) -> Man
         limits[EFA_RESOURCE] = pool.node_type.network.nics
     name = "llm-pretrain"
     mount = platform.spec.storage.parallel_fs.mount_path
+    # The Slurm example's program (examples/train_dist/train.py, copied to the shared filesystem), with
+    # what the Slurm TaskProlog sets: OpenMP threads from the pod's CPUs per GPU worker, and NCCL's setup
+    # logged on the job's first attempt only (beside its checkpoints, for `gpuplat nccl-report`).
+    checkpoints = "$(GPUPLAT_CHECKPOINT_DIR)/$(JOBSET_NAME)"
     command = (
-        f"torchrun --nnodes={nodes} --nproc-per-node={gpus} --node-rank=$(JOB_COMPLETION_INDEX) "
-        f"--rdzv-backend=c10d --rdzv-endpoint={name}-workers-0-0.{name}:29500 "
-        "train.py --checkpoint-dir=$(GPUPLAT_CHECKPOINT_DIR)/$(JOBSET_NAME)"
+        f"threads=$$(( POD_CPUS / {gpus} > 0 ? POD_CPUS / {gpus} : 1 )); "
+        "export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$threads}; "
+        'if [ "$JOBSET_RESTART_ATTEMPT" = 0 ]; then export NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,ENV '
+        f"NCCL_DEBUG_FILE={checkpoints}/nccl-%h-%p.log; fi; "
+        f"mkdir -p {checkpoints} && exec torchrun --nnodes={nodes} --nproc-per-node={gpus} "
+        f"--node-rank=$(JOB_COMPLETION_INDEX) --rdzv-backend=c10d "
+        f"--rdzv-endpoint={name}-workers-0-0.{name}:29500 "
+        f"{mount}/{EXAMPLE_PROGRAM} --dir {checkpoints}"
     )
     annotations = {"prometheus.io/scrape": "false"}
     if uses_topology(platform, pool):
@@ -88,6 +103,8 @@ def example_jobset(platform: ResolvedPlatform, team: str, nodes: int = 2) -> Man
         "metadata": {"annotations": annotations},
         "spec": {
             "restartPolicy": "Never",
+            # A drained (spot) node's pods get SIGTERM and this long to save, as Slurm's spot QoS gives.
+            "terminationGracePeriodSeconds": SPOT_GRACE_TIME_S,
             # Jobs that must not run on spot pin on-demand capacity; Kueue only offers matching flavors.
             "nodeSelector": {LABEL_CAPACITY: "on-demand"},
             "containers": [
@@ -101,7 +118,20 @@ def example_jobset(platform: ResolvedPlatform, team: str, nodes: int = 2) -> Man
                             "valueFrom": {
                                 "fieldRef": {"fieldPath": "metadata.labels['jobset.sigs.k8s.io/jobset-name']"}
                             },
-                        }
+                        },
+                        {
+                            "name": "JOBSET_RESTART_ATTEMPT",
+                            "valueFrom": {
+                                "fieldRef": {"fieldPath": f"metadata.labels['{RESTART_ATTEMPT_LABEL}']"}
+                            },
+                        },
+                        {
+                            # Without a CPU limit, the node's allocatable CPUs (the downward API's rule).
+                            "name": "POD_CPUS",
+                            "valueFrom": {
+                                "resourceFieldRef": {"containerName": "trainer", "resource": "limits.cpu"}
+                            },
+                        },
                     ],
                     "envFrom": [{"configMapRef": {"name": TRAINING_CONFIG}}],
                     "ports": [{"containerPort": 29500, "name": "rendezvous"}],

@@ -16,7 +16,9 @@ from infra.errors import EnvironmentProblem, GpuPlatError
 from infra.inventory import LOCAL_NODE_CA_BUNDLE, container_name
 from infra.local.node_image import NODE_IMAGES, NodeImage, node_images, remove_stack_images
 from infra.local.podman import exists, inspect, podman, wait_systemd
+from infra.local.wheelhouse import ensure_wheelhouse
 from infra.resolve import ResolvedPlatform
+from infra.training import LOCAL_WHEELHOUSE
 
 BASE_IMAGE = "localhost/gpuplat-base:bookworm"
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -47,6 +49,13 @@ class NodeState:
     node: LocalNode
     state: str
     address: str
+
+
+def host_memory_mib() -> int:
+    for line in Path("/proc/meminfo").read_text(encoding="ascii").splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) // 1024
+    raise EnvironmentProblem("/proc/meminfo has no MemTotal line: cannot size the nodes' /dev/shm")
 
 
 class LocalCluster:
@@ -121,14 +130,18 @@ class LocalCluster:
             for name in (n.name, n.container)
             for arg in ("--add-host", f"{name}:{n.address}")
         ]
+        # /dev/shm as the training nodes' fstab line sizes it on a machine that boots (podman's is 64 MiB).
+        shm_mib = host_memory_mib() * self.platform.spec.training.shm_percent // 100
+        wheels = ensure_wheelhouse(self.platform)
+        wheel_mount = ["--volume", f"{wheels}:{LOCAL_WHEELHOUSE}:ro"] if wheels else []
         for node in nodes:
             info = inspect("container", node.container)
             if info is None:
                 podman(
                     "run", "--detach", "--name", node.container, "--hostname", node.name,
                     "--network", self.network, "--ip", node.address, *hosts,
-                    "--systemd=always", "--privileged",
-                    "--volume", f"{self.volume}:{mount}",
+                    "--systemd=always", "--privileged", "--shm-size", f"{shm_mib}m",
+                    "--volume", f"{self.volume}:{mount}", *wheel_mount,
                     "--label", f"gpuplat.stack={self.platform.name}", "--label", f"gpuplat.pool={node.pool}",
                     pool_images.get(node.pool, self.image), "/sbin/init",
                 )  # fmt: skip

@@ -554,6 +554,32 @@ class Alerting(_Model):
         return urls
 
 
+class Training(_Model):
+    torch_version: str | None = Field(
+        "2.13.0",
+        pattern=r"^\d+\.\d+\.\d+$",
+        description=(
+            "the torch release installed once into <shared path>/envs/torch-<version> for training jobs "
+            "(infra/data/compatibility.yaml must list it, and its CUDA build must run on the driver); "
+            "null: no shared environment"
+        ),
+    )
+    wheelhouse: str | None = Field(
+        None,
+        pattern=ABSOLUTE_PATH_PATTERN,
+        description="a directory of wheels on the controller to install from, offline (air-gapped clusters)",
+    )
+    checkpoint_every_steps: int = Field(
+        50, ge=1, description="the checkpoint interval jobs get as GPUPLAT_CHECKPOINT_EVERY (steps)"
+    )
+    shm_percent: int = Field(
+        50,
+        ge=1,
+        le=90,
+        description="size of /dev/shm on training nodes in percent of memory (DataLoader workers use it)",
+    )
+
+
 class PlatformSpec(_Model):
     name: Name
     backend: Backend
@@ -567,6 +593,7 @@ class PlatformSpec(_Model):
     kubernetes: Kubernetes | None = None
     serving: Serving | None = None
     alerting: Alerting = Field(default_factory=Alerting)
+    training: Training = Field(default_factory=Training)
     software: Software = Field(default_factory=Software)
     aws: AwsSettings = Field(default_factory=AwsSettings)
     tags: Tags

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from infra.k8s.facts import host_path_facts
 from infra.k8s.objects import Manifest
 from infra.k8s.tenancy import team_objects
-from infra.k8s.training import example_jobset, training_environment
+from infra.k8s.training import EXAMPLE_PROGRAM, RESTART_ATTEMPT_LABEL, example_jobset, training_environment
 from infra.resolve import ResolvedPlatform, load_platform
+from infra.scheduler import SPOT_GRACE_TIME_S
 from infra.spec.load import stack_file
 from tests.conftest import fsx_facts
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -85,3 +90,29 @@ def test_example_job_asks_for_whole_nodes_with_their_efa_devices(aws_k8s: Resolv
     limits = pod["containers"][0]["resources"]["limits"]
     assert limits == {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 32}
     assert pod["containers"][0]["envFrom"] == [{"configMapRef": {"name": "gpuplat-training"}}]
+
+
+def test_the_example_job_runs_the_slurm_example_with_the_task_prolog_settings(
+    aws_k8s: ResolvedPlatform,
+) -> None:
+    """Same program and arguments as examples/train_dist/train.sbatch; what Slurm's TaskProlog gives a task
+    (OpenMP threads per GPU worker, NCCL's log on the first attempt) the pod sets itself; a drained spot
+    node leaves it Slurm's spot grace time to save."""
+    pod = example_jobset(aws_k8s, "research")["spec"]["replicatedJobs"][0]["template"]["spec"]["template"][
+        "spec"
+    ]
+    container = pod["containers"][0]
+    script = container["command"][-1]
+    assert EXAMPLE_PROGRAM.endswith("train_dist/train.py")
+    assert (ROOT / "examples" / "train_dist" / "train.py").is_file()
+    assert f"/fsx/{EXAMPLE_PROGRAM} --dir $(GPUPLAT_CHECKPOINT_DIR)/$(JOBSET_NAME)" in script
+    assert "$$(( POD_CPUS / 8" in script and "OMP_NUM_THREADS=${OMP_NUM_THREADS:-$threads}" in script
+    assert '[ "$JOBSET_RESTART_ATTEMPT" = 0 ]' in script and "NCCL_DEBUG=INFO" in script
+    env = {e["name"]: e["valueFrom"] for e in container["env"]}
+    assert (
+        env["JOBSET_RESTART_ATTEMPT"]["fieldRef"]["fieldPath"]
+        == f"metadata.labels['{RESTART_ATTEMPT_LABEL}']"
+    )
+    assert env["POD_CPUS"]["resourceFieldRef"] == {"containerName": "trainer", "resource": "limits.cpu"}
+    assert pod["terminationGracePeriodSeconds"] == SPOT_GRACE_TIME_S
+    assert training_environment(aws_k8s)["GPUPLAT_CHECKPOINT_EVERY"] == "50"
