@@ -18,7 +18,7 @@ from infra.spec.errors import spec_error
 from infra.spec.load import CONFIG_KEY, load_spec_file
 from infra.spec.models import NodePool, PlatformSpec
 from infra.storage import LustreLayout, fsx_lustre_layout
-from infra.versions import Problem, SoftwareVersions, resolve_versions
+from infra.versions import Problem, SoftwareVersions, resolve_versions, training_torch_problems
 
 _PROVIDER_FOR_BACKEND: dict[str, set[NodeProvider]] = {
     "aws": {"aws"},
@@ -205,6 +205,10 @@ def resolve(spec: PlatformSpec, source: Path) -> ResolvedPlatform:
         serving_architectures=serving_gpus,
     )
     problems += version_problems
+    if software is not None and spec.backend != "local":
+        problems += training_torch_problems(
+            spec.training.torch_version, software.driver_branch, compatibility(), CONFIG_KEY
+        )
     problems += boot_problems(spec)
     layout: ServingLayout | None = None
     if spec.serving is not None:

@@ -391,3 +391,28 @@ def resolve_versions(
         serving=serving_versions,
         os_release=offer.release_id if offer is not None else None,
     ), []
+
+
+def training_torch_problems(
+    torch_version: str | None, driver_branch: int, data: Compatibility, root: str
+) -> list[Problem]:
+    """The training environment's torch must be a release the data knows, and its PyPI build's CUDA
+    major must run on the nodes' driver (a newer one fails every job at `import torch` on a GPU)."""
+    if torch_version is None:
+        return []
+    path = f"{root}.training.torch_version"
+    torch = next((t for t in data.torch if t.version == torch_version), None)
+    if torch is None:
+        known = ", ".join(t.version for t in data.torch)
+        return [(path, f"torch {torch_version} is not in infra/data/compatibility.yaml (known: {known})")]
+    minimum = data.min_driver_branch_for(torch.cuda_major)
+    if minimum is not None and driver_branch < minimum:
+        return [
+            (
+                path,
+                f"torch {torch_version}'s PyPI wheel is built for CUDA {torch.default_cuda}, which needs "
+                f"driver branch {minimum} or newer; the nodes get {driver_branch}. Pick an older torch or a "
+                "newer software.driver_branch",
+            )
+        ]
+    return []

@@ -238,3 +238,27 @@ def test_inventory_carries_the_layout(shipped_platforms: dict[str, ResolvedPlatf
     assert len(onprem["inference_replica_gpus"]) == 8
     local = platform_vars(shipped_platforms["local"])
     assert (local["inference_replicas_per_node"], local["inference_replica_gpus"]) == (1, [""])
+
+
+def test_the_training_torch_must_be_known_and_run_on_the_driver() -> None:
+    """torch 2.13.0's PyPI build is CUDA 13 (driver 580+); 2.9.1's is CUDA 12 (525+)."""
+    from infra.versions import training_torch_problems
+
+    data = compatibility()
+    assert training_torch_problems(None, 535, data, "root") == []
+    assert training_torch_problems("2.9.1", 535, data, "root") == []
+    [(path, message)] = training_torch_problems("2.13.0", 570, data, "root")
+    assert path == "root.training.torch_version" and "CUDA 13.0" in message and "580" in message
+    [(path, message)] = training_torch_problems("2.99.0", 580, data, "root")
+    assert "not in infra/data/compatibility.yaml" in message and "2.13.0" in message
+
+
+def test_a_stack_with_an_unknown_training_torch_is_refused_at_its_field(tmp_path: Path) -> None:
+    from infra.spec.load import CONFIG_KEY, stack_file
+
+    document = yaml.safe_load(stack_file("aws-prod").read_text())
+    document["config"][CONFIG_KEY]["training"] = {"torch_version": "2.99.0"}
+    path = tmp_path / "Pulumi.unknown-torch.yaml"
+    path.write_text(yaml.safe_dump(document))
+    with pytest.raises(SpecError, match=r"training\.torch_version: torch 2\.99\.0 is not in"):
+        load_platform(path)
