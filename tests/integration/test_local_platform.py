@@ -249,9 +249,9 @@ def test_distributed_training_survives_a_sigterm_and_losing_a_node(
         return [(host, int(step)) for host, step in found]
 
     def stepped_since_start(run: int) -> bool:
-        """The job's `run`-th start (1-based) has logged a step since."""
-        parts = log().split("start host=")
-        return len(parts) > run and re.search(r"^step \d+ loss", parts[run], re.MULTILINE) is not None
+        """The job's `run`-th start (1-based) or a later one has logged a step since."""
+        parts = log().split("start host=")[run:]
+        return any(re.search(r"^step \d+ loss", part, re.MULTILINE) for part in parts)
 
     def sigterm_step() -> str:
         found = re.findall(r"^SIGTERM: checkpoint at step (\d+)", log(), re.MULTILINE)
@@ -291,11 +291,15 @@ def test_distributed_training_survives_a_sigterm_and_losing_a_node(
         f"the signal; {victim} killed at step {killed_at}, resumed from {resumed_from}: {redone} redone "
         f"(interval {DIST_EVERY}); first new step {kill_to_step_s:.0f} s after the kill"
     )
-    assert len(starts()) == 3 and 0 <= redone <= DIST_EVERY, (killed_at, starts())
+    # More than three starts: a run stopped by a signal meant for the run before (train.sbatch's comment)
+    # and requeued by the job script; every start after the kill resumes from the same checkpoint.
+    after_kill = starts()[2:]
+    assert after_kill and {step for _, step in after_kill} == {resumed_from}, (killed_at, starts())
+    assert 0 <= redone <= DIST_EVERY, (killed_at, starts())
     expected = re.search(r"^done step=\d+ .* digest=(\w+)", output, re.MULTILINE)
     assert expected, output[-3000:]
     assert f"digest={expected.group(1)}" in log().rsplit("start host=", 1)[1], log()[-3000:]
-    assert int(job_field("Restarts")) == 2
+    assert int(job_field("Restarts")) >= 2
     wait_for(f"{victim} back in service", lambda: _state(victim) == "idle", 180)
 
 
