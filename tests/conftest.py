@@ -1,8 +1,10 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -50,3 +52,12 @@ def fsx_facts(cluster_name: Any = "aws-k8s") -> ClusterFacts:
         {"file_system_id": "fs-0123456789abcdef0", "dns_name": "fs-0123.fsx.example", "mount_name": "abcdef"},
     )
     return ClusterFacts(shared_volume=volume, cluster_name=cluster_name, region="us-east-1")
+
+
+def load_script(name: str, path: Path) -> ModuleType:
+    """A stand-alone program (an example, a node program) imported as a module under `name`."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -15,7 +15,9 @@ Checkpoints (torch.distributed.checkpoint, every rank writes its own part):
 - on start, every rank resumes from the newest complete checkpoint;
 - on SIGTERM (spot interruption, preemption, `scontrol requeue`, the time limit's --signal), the ranks
   agree on the step to stop at, wait for a save in flight, save that step at once and exit 143; torchrun
-  forwards SIGTERM to its workers and gives them 30 s before SIGKILL.
+  forwards SIGTERM to its workers and gives them 30 s before SIGKILL (torch/distributed/elastic/agent/
+  server/api.py: SignalException -> _shutdown(sigval, timeout=shutdown_timeout), 30 s by default in
+  local_elastic_agent.py).
 
 Per step it measures the time spent waiting for data, computing and communicating (the all-reduce of
 the gradients) and, on rank 0, prints them every --log-every steps as a `timing` line and writes them

@@ -28,3 +28,11 @@ def stack_path(stack: str | None, stack_file_path: Path | None) -> Path:
 
 def platform_from_options(stack: str | None, stack_file_path: Path | None) -> ResolvedPlatform:
     return load_platform(stack_path(stack, stack_file_path))
+
+
+def read_log(path: Path) -> str:
+    """A job's or a tool's log as text (undecodable bytes replaced); unreadable: bad input, exit 2."""
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read the log ({exc.strerror})") from exc

@@ -18,8 +18,9 @@ from infra.errors import SpecError
 from infra.inventory import platform_vars
 from infra.resolve import ResolvedPlatform, load_platform
 from infra.serving import serving_layout
+from infra.spec.load import CONFIG_KEY, stack_file
 from infra.spec.models import Serving, Software
-from infra.versions import resolve_versions, serving_chain, version_tuple
+from infra.versions import resolve_versions, serving_chain, training_torch_problems, version_tuple
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -242,8 +243,6 @@ def test_inventory_carries_the_layout(shipped_platforms: dict[str, ResolvedPlatf
 
 def test_the_training_torch_must_be_known_and_run_on_the_driver() -> None:
     """torch 2.13.0's PyPI build is CUDA 13 (driver 580+); 2.9.1's is CUDA 12 (525+)."""
-    from infra.versions import training_torch_problems
-
     data = compatibility()
     assert training_torch_problems(None, 535, data, "root") == []
     assert training_torch_problems("2.9.1", 535, data, "root") == []
@@ -254,8 +253,6 @@ def test_the_training_torch_must_be_known_and_run_on_the_driver() -> None:
 
 
 def test_a_stack_with_an_unknown_training_torch_is_refused_at_its_field(tmp_path: Path) -> None:
-    from infra.spec.load import CONFIG_KEY, stack_file
-
     document = yaml.safe_load(stack_file("aws-prod").read_text())
     document["config"][CONFIG_KEY]["training"] = {"torch_version": "2.99.0"}
     path = tmp_path / "Pulumi.unknown-torch.yaml"

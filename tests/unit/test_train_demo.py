@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -12,15 +11,13 @@ import time
 from pathlib import Path
 from types import ModuleType
 
+from tests.conftest import load_script
+
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "train_demo" / "train.py"
 
 
 def _module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("train_demo", SCRIPT)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("train_demo", SCRIPT)
 
 
 def test_uninterrupted_and_resumed_runs_agree(tmp_path: Path) -> None:

@@ -5,7 +5,6 @@ as a run that was never interrupted."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shutil
@@ -18,16 +17,14 @@ from types import ModuleType
 
 import pytest
 
+from tests.conftest import load_script
+
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "train_dist" / "train.py"
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 
 
 def _module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("train_dist", SCRIPT)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("train_dist", SCRIPT)
 
 
 def _fake_checkpoint(root: Path, step: int, *, metadata: bool, marker: str | None) -> Path:

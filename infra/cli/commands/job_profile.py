@@ -10,8 +10,7 @@ import typer
 from rich.markup import escape
 
 from infra.cli import output
-from infra.cli.stack_options import JsonFlag
-from infra.errors import SpecError
+from infra.cli.stack_options import JsonFlag, read_log
 from infra.validate.job_profile import ADVICE, PHASES, job_profile
 
 
@@ -20,10 +19,7 @@ def job_profile_command(
     json_output: JsonFlag = False,
 ) -> None:
     """Why is the GPU idle? Per step: waiting for data, computing, communicating, blocked on checkpoints."""
-    try:
-        text = log.read_text(encoding="utf-8", errors="replace")
-    except OSError as exc:
-        raise SpecError(f"{log}: cannot read the log ({exc.strerror})") from exc
+    text = read_log(log)
     profile = job_profile(text, str(log))
     if json_output:
         output.print_json(profile.to_json())

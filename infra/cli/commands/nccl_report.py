@@ -10,8 +10,8 @@ import typer
 from rich.markup import escape
 
 from infra.cli import output
-from infra.cli.stack_options import JsonFlag
-from infra.errors import ExitCode, SpecError
+from infra.cli.stack_options import JsonFlag, read_log
+from infra.errors import ExitCode
 from infra.validate.report import FabricReport, fabric_report
 
 _MARK = {"pass": "pass", "fail": "FAIL", "skip": "skip"}
@@ -28,10 +28,7 @@ def nccl_report(
     json_output: JsonFlag = False,
 ) -> None:
     """Transport per rank, plugin failures, GPUDirect RDMA, NICs and busbw of an NCCL run, judged by gates."""
-    try:
-        text = log.read_text(encoding="utf-8", errors="replace")
-    except OSError as exc:
-        raise SpecError(f"{log}: cannot read the log ({exc.strerror})") from exc
+    text = read_log(log)
     report = fabric_report(text, source=str(log), node_type=node_type, nodes=nodes)
     if json_output:
         output.print_json(report.to_json())
