@@ -25,7 +25,7 @@ HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 NVIDIA_CHAR_MAJOR = 195
 GATEWAY_PORT = 8080  # roles/inference_gateway
 PROMETHEUS_PORT = 9090  # roles/monitoring
-_BOOT_TIMEOUT_S = 120
+_BOOT_TIMEOUT_S = 300
 
 
 @dataclass(frozen=True)

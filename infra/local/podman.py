@@ -50,12 +50,37 @@ def inspect(kind: str, name: str) -> dict[str, Any] | None:
 
 
 def wait_systemd(container: str, timeout_s: float) -> None:
-    """Until the container's systemd has booted (running, or degraded: a unit failed, the rest is up)."""
+    """Until the container's systemd has booted (running, or degraded: a unit failed, the rest is up).
+    A container that exits, or a boot that outlasts the timeout, fails with what podman knows of it."""
     deadline = time.monotonic() + timeout_s
     state = ""
     while time.monotonic() < deadline:
-        state = podman("exec", container, "systemctl", "is-system-running", check=False).stdout.strip()
+        probe = podman("exec", container, "systemctl", "is-system-running", check=False)
+        state = probe.stdout.strip()
         if state in ("running", "degraded"):
             return
+        if not state and not _running(container):
+            evidence = _boot_evidence(container, probe.stderr)
+            raise GpuPlatError(f"{container} stopped while booting: {evidence}")
         time.sleep(0.5)
-    raise GpuPlatError(f"{container} did not boot in {timeout_s:.0f} s (systemd state {state!r})")
+    raise GpuPlatError(
+        f"{container} did not boot in {timeout_s:.0f} s (systemd state {state!r}): "
+        f"{_boot_evidence(container, probe.stderr)}"
+    )
+
+
+def _running(container: str) -> bool:
+    info = inspect("container", container) or {}
+    return bool(info.get("State", {}).get("Running"))
+
+
+def _boot_evidence(container: str, exec_error: str) -> str:
+    """The container's state, podman's last exec error and the end of its console log."""
+    info = inspect("container", container) or {}
+    status = info.get("State", {})
+    logs = podman("logs", "--tail", "15", container, check=False)
+    console = (logs.stdout + logs.stderr).strip() or "(no console output)"
+    return (
+        f"status {status.get('Status', 'absent')!r}, exit code {status.get('ExitCode', '-')}, "
+        f"exec: {exec_error.strip() or '-'}; last console lines:\n{console}"
+    )
