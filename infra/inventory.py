@@ -56,6 +56,7 @@ def pool_vars(platform: ResolvedPlatform, pool: ResolvedPool) -> dict[str, Any]:
         "gpuplat_taints": [t.model_dump() for t in pool.spec.taints],
         # Training jobs (any user) write their metrics files where node_exporter reads them.
         "node_exporter_textfile_dir_mode": "1777" if pool.role == "train" else "0755",
+        "slurm_compute_dataset_cache_path": pool.spec.dataset_cache_path or "",
     }
 
 

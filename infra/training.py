@@ -14,6 +14,7 @@ LOCAL_WHEELHOUSE = "/opt/gpuplat/wheels"
 JOB_METRICS_DIR = "/var/lib/prometheus/node-exporter"
 # Installed beside torch: torch.distributed.checkpoint gathers its plan through numpy.
 COMPANION_PACKAGES = ("numpy",)
+S3_DATASETS = "s3://datasets/"
 
 
 def training_env_path(platform: ResolvedPlatform) -> str | None:
@@ -29,13 +30,29 @@ def wheelhouse(platform: ResolvedPlatform) -> str | None:
     return platform.spec.training.wheelhouse
 
 
+def dataset_sources(platform: ResolvedPlatform) -> list[dict[str, str]]:
+    """The stack's datasets with their source as a directory on the nodes: s3://datasets/<path> is under
+    <shared path>/datasets/<path> (on aws the FSx data repository association of the datasets bucket)."""
+    mount = platform.spec.storage.parallel_fs.mount_path
+    result = []
+    for item in platform.spec.datasets:
+        source = item.source
+        if source.startswith(S3_DATASETS):
+            source = f"{mount}/datasets/{source.removeprefix(S3_DATASETS).strip('/')}"
+        result.append({"name": item.name, "version": item.version, "source": source.rstrip("/") or "/"})
+    return result
+
+
 def training_vars(platform: ResolvedPlatform) -> dict[str, Any]:
     training = platform.spec.training
     task_environment = {
         "GPUPLAT_CHECKPOINT_EVERY": str(training.checkpoint_every_steps),
         "GPUPLAT_JOB_METRICS_DIR": JOB_METRICS_DIR,
     }
-    values: dict[str, Any] = {"slurm_compute_shm_percent": training.shm_percent}
+    values: dict[str, Any] = {
+        "slurm_compute_shm_percent": training.shm_percent,
+        "slurm_compute_datasets": dataset_sources(platform),
+    }
     env_path = training_env_path(platform)
     if env_path is not None:
         task_environment["GPUPLAT_TRAINING_ENV"] = env_path

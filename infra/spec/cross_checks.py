@@ -49,6 +49,7 @@ def platform_problems(spec: PlatformSpec) -> list[FieldProblem]:
         _check_hosts,
         _check_total_nodes,
         _check_controllers,
+        _check_datasets,
     )
     return [problem for check in checks for problem in check(spec)]
 
@@ -400,3 +401,30 @@ def _check_total_nodes(spec: PlatformSpec) -> list[FieldProblem]:
             f"{MAX_NODES_REASON}",
         )
     ]
+
+
+def _check_datasets(spec: PlatformSpec) -> list[FieldProblem]:
+    problems: list[FieldProblem] = [
+        (("datasets", index, "name"), f"dataset {name!r} is already datasets[{first}]; names are unique")
+        for index, first, name in repeats([d.name for d in spec.datasets])
+    ]
+    problems += [
+        (
+            ("pools", index, "dataset_cache_path"),
+            f"pool {pool.name} has role {pool.role}: only train pools cache datasets",
+        )
+        for index, pool in enumerate(spec.pools)
+        if pool.dataset_cache_path and pool.role != "train"
+    ]
+    has_bucket = any(b.purpose == "datasets" for b in spec.storage.object_store.buckets)
+    if spec.backend == "aws" and not has_bucket:
+        problems += [
+            (
+                ("datasets", index, "source"),
+                f"{item.source} is read through the datasets bucket, and storage.object_store.buckets has "
+                "none with purpose datasets: add one (FSx for Lustre then shows it under <mount>/datasets)",
+            )
+            for index, item in enumerate(spec.datasets)
+            if item.source.startswith("s3://")
+        ]
+    return problems

@@ -130,6 +130,11 @@ class NodePool(_Model):
     capacity: Capacity = "on-demand"
     reservation: Reservation | None = None
     interruptible: bool = Field(False, description="its work survives losing a node (checkpoints, requeue)")
+    dataset_cache_path: str | None = Field(
+        None,
+        pattern=ABSOLUTE_PATH_PATTERN,
+        description="train pools: a directory on the nodes' local NVMe where the stack's datasets are cached",
+    )
     zone: str | None = Field(
         None,
         description=(
@@ -554,6 +559,19 @@ class Alerting(_Model):
         return urls
 
 
+class Dataset(_Model):
+    name: Name
+    version: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="cached per version on nodes")
+    source: str = Field(
+        pattern=r"^(s3://datasets/\S+|/\S*)$",
+        description=(
+            "s3://datasets/<path> (the datasets bucket; aws: the FSx data repository association shows it "
+            "under <shared path>/datasets/<path>, elsewhere the operator copies it there) or an absolute "
+            "path on the shared filesystem"
+        ),
+    )
+
+
 class Training(_Model):
     torch_version: str | None = Field(
         "2.13.0",
@@ -594,6 +612,7 @@ class PlatformSpec(_Model):
     serving: Serving | None = None
     alerting: Alerting = Field(default_factory=Alerting)
     training: Training = Field(default_factory=Training)
+    datasets: list[Dataset] = Field(default_factory=list)
     software: Software = Field(default_factory=Software)
     aws: AwsSettings = Field(default_factory=AwsSettings)
     tags: Tags

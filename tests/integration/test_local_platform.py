@@ -34,6 +34,8 @@ STACK = "local"
 TRAIN_DIST = ROOT / "examples" / "train_dist"
 DIST_STEPS, DIST_EVERY, DIST_STEP_SECONDS = 240, 20, 0.25
 DIST_DIR = "/shared/checkpoints/train-dist"
+DATASET_DIR = "/shared/datasets/demo-corpus/v1"
+DATASET_CACHE = "/var/cache/gpuplat/datasets"
 
 
 def gpuplat(*args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
@@ -224,12 +226,18 @@ def test_distributed_training_survives_a_sigterm_and_losing_a_node(
     for name in ("train.py", "train.sbatch"):
         podman("cp", str(TRAIN_DIST / name), f"{head}:/shared/jobs/")
     on("head-0", "sh", "-c", f"rm -rf {DIST_DIR} && mkdir -p {DIST_DIR} && chown alice {DIST_DIR}")
+    # The stack's dataset (stacks/Pulumi.local.yaml), where s3://datasets/demo-corpus/v1 appears.
+    make_dataset = (
+        f"mkdir -p {DATASET_DIR}/shards && head -c 3000000 /dev/urandom > {DATASET_DIR}/shards/000.bin"
+    )
+    on("head-0", "sh", "-c", f"{make_dataset} && echo '{{\"shards\": 1}}' > {DATASET_DIR}/index.json")
     arguments = ["--steps", str(DIST_STEPS), "--every", str(DIST_EVERY), "--log-every", "1"]
     reference = _reference_run(tmp_path, arguments)
     train_args = " ".join([*arguments, "--step-seconds", str(DIST_STEP_SECONDS)])
     sbatch = ["sbatch", "--parsable", "--account", "research", "--partition", "train", "--nodes", "2"]
     sbatch += ["--gres", "gpu:2", "--chdir", DIST_DIR, "--output", f"{DIST_DIR}/slurm-%j.out"]
-    sbatch += [f"--export=ALL,CKPT_DIR={DIST_DIR},TRAIN_ARGS={train_args}", "/shared/jobs/train.sbatch"]
+    sbatch += [f"--export=ALL,CKPT_DIR={DIST_DIR},DATASET=demo-corpus,TRAIN_ARGS={train_args}"]
+    sbatch += ["/shared/jobs/train.sbatch"]
     job = on("head-0", "runuser", "-u", "alice", "--", *sbatch).strip().split(";")[0]
 
     def job_field(field: str) -> str:
@@ -301,6 +309,30 @@ def test_distributed_training_survives_a_sigterm_and_losing_a_node(
     assert f"digest={expected.group(1)}" in log().rsplit("start host=", 1)[1], log()[-3000:]
     assert int(job_field("Restarts")) >= 2
     wait_for(f"{victim} back in service", lambda: _state(victim) == "idle", 180)
+    # The dataset: copied once per node (first run), found intact by every later run on both nodes.
+    assert log().count("demo-corpus v1: staged from") == 2, log()[-3000:]
+    assert log().count("demo-corpus v1: cached at") >= 2 * (len(starts()) + 1)
+
+
+def test_a_corrupted_dataset_cache_entry_is_found_and_staged_again(
+    first_up: subprocess.CompletedProcess[str],
+) -> None:
+    """After the distributed job: one byte of train-0's cached copy changed (same size) is caught by the
+    full check that `stage` runs before handing the copy out, and the copy is staged again."""
+    assert first_up.returncode == 0
+    srun = ["runuser", "-u", "alice", "--", "srun", "--partition", "train", "--account", "research"]
+    srun += ["--nodelist", "train-0", "--time", "2", "gpuplat-dataset"]
+    shard = f"{DATASET_CACHE}/demo-corpus/v1/shards/000.bin"
+    on("train-0", "sh", "-c", f"printf X | dd of={shard} bs=1 seek=1000 conv=notrunc status=none")
+    verify = podman("exec", container_name(STACK, "head-0"), *srun, "verify", "demo-corpus", check=False)
+    assert verify.returncode == 1 and "000.bin: content differs" in verify.stdout, (
+        verify.stdout,
+        verify.stderr,
+    )
+    staged = on("head-0", *srun, "stage", "demo-corpus")
+    assert staged.strip() == f"{DATASET_CACHE}/demo-corpus/v1"
+    original = on("head-0", "sha256sum", f"{DATASET_DIR}/shards/000.bin").split()[0]
+    assert on("train-0", "sha256sum", shard).split()[0] == original
 
 
 def _scraped_nodes() -> set[str]:

@@ -116,6 +116,25 @@ BAD_CASES = {
         _set(["storage", "parallel_fs", "kind"], "nfs"),
         "storage.parallel_fs.kind 'nfs' is not provided on backend aws; allowed: fsx-lustre",
     ),
+    "dataset-cache-on-an-inference-pool": (
+        _set(["pools", 3, "dataset_cache_path"], "/mnt/nvme/datasets"),
+        "pools[3].dataset_cache_path: pool infer has role infer: only train pools cache datasets",
+    ),
+    "dataset-twice": (
+        _set(["datasets"], [{"name": "web", "version": "v1", "source": "/fsx/web"}] * 2),
+        "datasets[1].name: dataset 'web' is already datasets[0]",
+    ),
+    "dataset-from-s3-without-a-datasets-bucket": (
+        lambda platform: (
+            _set(["storage", "object_store", "buckets"], [{"purpose": "checkpoints"}])(platform),
+            _set(["datasets"], [{"name": "web", "version": "v1", "source": "s3://datasets/web/v1"}])(platform),
+        ),
+        "datasets[0].source: s3://datasets/web/v1 is read through the datasets bucket",
+    ),
+    "dataset-version-with-a-slash": (
+        _set(["datasets"], [{"name": "web", "version": "v1/x", "source": "/fsx/web"}]),
+        "datasets[0].version",
+    ),
     "source-on-aws": (
         _set(["storage", "parallel_fs", "source"], "fs@tcp:/x"),
         "storage.parallel_fs.source is only given on backend onprem",
