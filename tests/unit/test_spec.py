@@ -127,7 +127,9 @@ BAD_CASES = {
     "dataset-from-s3-without-a-datasets-bucket": (
         lambda platform: (
             _set(["storage", "object_store", "buckets"], [{"purpose": "checkpoints"}])(platform),
-            _set(["datasets"], [{"name": "web", "version": "v1", "source": "s3://datasets/web/v1"}])(platform),
+            _set(["datasets"], [{"name": "web", "version": "v1", "source": "s3://datasets/web/v1"}])(
+                platform
+            ),
         ),
         "datasets[0].source: s3://datasets/web/v1 is read through the datasets bucket",
     ),
