@@ -30,6 +30,9 @@ import pytest
 pytestmark = pytest.mark.box
 
 BOOT_DEADLINE_S = 600
+# The controllers install Slurm, MUNGE and the database from the package mirror at boot: 270-350 s here,
+# 581 s on the 2-core CI machine while the other test streams ran.
+CONTROLLER_BOOT_DEADLINE_S = 1200
 CHECKPOINTS = "/fsx/checkpoints"
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "NODE_FAIL", "TIMEOUT", "OUT_OF_MEMORY")
 FIGURES: dict[str, float] = {}
@@ -113,7 +116,7 @@ def explain(box: Any, job: str) -> str:
 
 def test_a_controllers_boot_from_user_data_alone(box: Any) -> None:
     head = box.stack.controllers["head-0"]
-    FIGURES["controller boot s"] = box.wait_boot(head, BOOT_DEADLINE_S)
+    FIGURES["controller boot s"] = box.wait_boot(head, CONTROLLER_BOOT_DEADLINE_S)
     assert slurm(box, "hostname").strip() == "head-0"
     assert "is UP" in slurm(box, "scontrol ping")
     assert box.platform.name.replace("-", "_") in slurm(box, "sacctmgr -nP show cluster format=cluster")

@@ -317,14 +317,18 @@ def test_distributed_training_survives_a_sigterm_and_losing_a_node(
 def test_a_corrupted_dataset_cache_entry_is_found_and_staged_again(
     first_up: subprocess.CompletedProcess[str],
 ) -> None:
-    """After the distributed job: one byte of train-0's cached copy changed (same size) is caught by the
-    full check that `stage` runs before handing the copy out, and the copy is staged again."""
+    """After the distributed job: another job on train-0 finds the dataset cached (no second copy); then one
+    byte of the cached copy changed (same size) is caught by the full check that `stage` runs before
+    handing the copy out, and the copy is staged again."""
     assert first_up.returncode == 0
     srun = ["runuser", "-u", "alice", "--", "srun", "--partition", "train", "--account", "research"]
     srun += ["--nodelist", "train-0", "--time", "2", "gpuplat-dataset"]
+    head = container_name(STACK, "head-0")
+    again = podman("exec", head, *srun, "stage", "demo-corpus", check=False)
+    assert again.returncode == 0 and "demo-corpus v1: cached at" in again.stderr, (again.stdout, again.stderr)
     shard = f"{DATASET_CACHE}/demo-corpus/v1/shards/000.bin"
     on("train-0", "sh", "-c", f"printf X | dd of={shard} bs=1 seek=1000 conv=notrunc status=none")
-    verify = podman("exec", container_name(STACK, "head-0"), *srun, "verify", "demo-corpus", check=False)
+    verify = podman("exec", head, *srun, "verify", "demo-corpus", check=False)
     assert verify.returncode == 1 and "000.bin: content differs" in verify.stdout, (
         verify.stdout,
         verify.stderr,
