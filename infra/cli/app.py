@@ -57,6 +57,8 @@ def main(args: Sequence[str] | None = None) -> None:
     violation, 2 bad input, 3 missing tool or host setting, 4 failure) and at most one paragraph on
     stderr; never a traceback."""
     argv = list(sys.argv[1:] if args is None else args)
+    if not isinstance(sys.stdout, output.ReaderTolerantStdout):
+        sys.stdout = output.ReaderTolerantStdout(sys.stdout)  # type: ignore[assignment]
     try:
         code = app(args=argv, prog_name="gpuplat", standalone_mode=False)
     except GpuPlatError as exc:
@@ -70,8 +72,8 @@ def main(args: Sequence[str] | None = None) -> None:
         output.error("interrupted")
         sys.exit(_INTERRUPTED)
     except SystemExit as exc:
-        # Inside the app only click calls sys.exit, with 1 when stdout was closed under it (EPIPE, e.g.
-        # `gpuplat plan | head`); 1 means a policy violation here, so that is a failure.
+        # Inside the app only click calls sys.exit, with 1 when its own output failed (stdout itself
+        # tolerates a reader that left); 1 means a policy violation here, so that is a failure.
         sys.exit(int(ExitCode.FAILED) if exc.code == 1 else exc.code)
     except Exception as exc:
         output.error(crash_summary(exc, write_crash_log(exc, argv)))

@@ -106,3 +106,19 @@ def test_error_text_with_brackets_is_printed_verbatim(tmp_path: Path) -> None:
     result = gpuplat("plan", "--stack-file", str(path))
     assert result.returncode == 2
     assert "[/odd]" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("command", [["plan", "--stack", "aws-prod"], ["check", "--stack", "aws-prod"]])
+def test_a_reader_that_leaves_early_does_not_change_the_exit_code(command: list[str]) -> None:
+    """`gpuplat plan | head -3` under pipefail: the command ends with its own verdict, not a pipe failure."""
+    alone = gpuplat(*command)
+    program = f"{sys.executable} -c 'from infra.cli.app import main; main()' {' '.join(command)}"
+    piped = subprocess.run(
+        ["bash", "-c", f"set -o pipefail; {program} | true"],
+        capture_output=True,
+        text=True,
+        env={"NO_COLOR": "1", "PATH": "/usr/bin:/bin"},
+        check=False,
+    )
+    assert piped.returncode == alone.returncode, piped.stderr
+    assert piped.stderr == alone.stderr
