@@ -58,7 +58,7 @@ def main(args: Sequence[str] | None = None) -> None:
     stderr; never a traceback."""
     argv = list(sys.argv[1:] if args is None else args)
     if not isinstance(sys.stdout, output.ReaderTolerantStdout):
-        sys.stdout = output.ReaderTolerantStdout(sys.stdout)  # type: ignore[assignment]
+        sys.stdout = output.ReaderTolerantStdout(sys.stdout)
     try:
         code = app(args=argv, prog_name="gpuplat", standalone_mode=False)
     except GpuPlatError as exc:

@@ -10,6 +10,7 @@ from infra.data.packages import package_facts
 from infra.package_set import resting_facts
 from infra.plan.record import Recording, record
 from infra.policy.check import verdicts_for
+from infra.policy.config import PolicyConfig
 from infra.resolve import ResolvedPlatform
 
 
@@ -107,7 +108,9 @@ def _storage_line(platform: ResolvedPlatform) -> StorageLine:
     )
 
 
-def build_report(platform: ResolvedPlatform, recording: Recording | None = None) -> PlanReport:
+def build_report(
+    platform: ResolvedPlatform, recording: Recording | None = None, config: PolicyConfig | None = None
+) -> PlanReport:
     recording = recording or record(platform)
     budget = platform.spec.budget
     return PlanReport(
@@ -126,7 +129,7 @@ def build_report(platform: ResolvedPlatform, recording: Recording | None = None)
         ),
         software=asdict(platform.software),
         outputs=recording.outputs,
-        verdicts=[v.to_dict() for v in verdicts_for(platform, recording)],
+        verdicts=[v.to_dict() for v in verdicts_for(platform, recording, config)],
         unverified_facts=[
             {"package": f.package, "version": f.version, "accepted": f.accepted}
             for f in resting_facts(package_facts(), str(platform.software.os_release), platform.software)

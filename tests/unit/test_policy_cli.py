@@ -24,10 +24,23 @@ def test_broken_variant_exits_1_naming_the_rule(write_stack: Callable[..., Path]
         next(p for p in spec["pools"] if p["name"] == "infer")["taints"] = []
 
     path = write_stack("onprem", untaint_and_overspend, name="broken")
-    result = gpuplat("check", "--stack-file", str(path))
-    assert result.returncode == 1
-    assert "budget-gpus" in result.stdout and "isolation-inference-taint" in result.stdout
-    assert "budget-gpus, isolation-inference-taint" in result.stderr and "Traceback" not in result.stderr
+    for command in ("check", "plan"):  # one verdict: a CI job gating on `plan` refuses what `check` does
+        result = gpuplat(command, "--stack-file", str(path))
+        assert result.returncode == 1, (command, result.stderr)
+        assert "budget-gpus" in result.stdout and "isolation-inference-taint" in result.stdout
+        assert "budget-gpus, isolation-inference-taint" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_plan_takes_the_policy_config_check_takes(write_stack: Callable[..., Path], tmp_path: Path) -> None:
+    """Over the GPU budget: a mandatory violation by default; the config makes the rule advisory."""
+    path = write_stack("onprem", lambda spec: spec["budget"].update(max_gpus=8), name="over")
+    config = tmp_path / "policy.yaml"
+    config.write_text("budget-gpus:\n  enforcementLevel: advisory\n")
+    for command in ("check", "plan"):
+        assert gpuplat(command, "--stack-file", str(path)).returncode == 1, command
+        relaxed = gpuplat(command, "--stack-file", str(path), "--policy-config", str(config), "--json")
+        assert relaxed.returncode == 0, (command, relaxed.stderr)
+        assert "budget-gpus" in relaxed.stdout
 
 
 def test_advisory_only_exits_0_and_plan_shows_verdicts(write_stack: Callable[..., Path]) -> None:

@@ -78,9 +78,14 @@ def check(
     else:
         for report in reports:
             render_check(report)
-    failed = [r for r in reports if not r.passed]
+    fail_on_mandatory({r.stack: {v.rule for v in r.mandatory} for r in reports})
+
+
+def fail_on_mandatory(rules_by_stack: dict[str, set[str]]) -> None:
+    """Exit 1 (one paragraph) when a stack broke a mandatory rule: the verdict `check` and `plan` share."""
+    failed = {stack: rules for stack, rules in rules_by_stack.items() if rules}
     if failed:
-        summary = "; ".join(f"{r.stack}: {', '.join(sorted({v.rule for v in r.mandatory}))}" for r in failed)
+        summary = "; ".join(f"{stack}: {', '.join(sorted(rules))}" for stack, rules in failed.items())
         raise GpuPlatError(
             f"mandatory policy violations ({summary}). Each line above names the resource, what is wrong "
             "and how to fix it.",

@@ -5,8 +5,10 @@ from __future__ import annotations
 from rich.markup import escape
 
 from infra.cli import output
+from infra.cli.commands.check import PolicyConfigFile, fail_on_mandatory
 from infra.cli.stack_options import JsonFlag, StackFile, StackName, platform_from_options
 from infra.plan.report import PlanReport, build_report
+from infra.policy.config import PolicyConfig, load_policy_config
 
 
 def render_plan(report: PlanReport) -> None:
@@ -90,10 +92,18 @@ def render_plan(report: PlanReport) -> None:
         )
 
 
-def plan(stack: StackName = None, stack_file: StackFile = None, json_output: JsonFlag = False) -> None:
-    """Plan offline: the real Pulumi program under the SDK's mocks; no Pulumi CLI, no cloud calls."""
-    report = build_report(platform_from_options(stack, stack_file))
+def plan(
+    stack: StackName = None,
+    stack_file: StackFile = None,
+    policy_config: PolicyConfigFile = None,
+    json_output: JsonFlag = False,
+) -> None:
+    """Plan offline: the real Pulumi program under the SDK's mocks; no Pulumi CLI, no cloud calls.
+    Exits 1 on a mandatory policy violation, as `gpuplat check` does."""
+    config = load_policy_config(policy_config) if policy_config else PolicyConfig()
+    report = build_report(platform_from_options(stack, stack_file), config=config)
     if json_output:
         output.print_json(report.to_dict())
     else:
         render_plan(report)
+    fail_on_mandatory({report.stack: {v["rule"] for v in report.verdicts if v["severity"] == "mandatory"}})
