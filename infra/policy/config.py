@@ -19,17 +19,12 @@ from typing import Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from infra.errors import SpecError
-from infra.spec.errors import Loc, Problem, allowed_keys, spec_error, validation_problems
+from infra.spec.errors import Loc, Problem, spec_error, validation_problems
 from infra.spec.load import read_yaml_file
-from infra.spec.models import Tags
 
 Enforcement = Literal["mandatory", "advisory", "disabled"]
 ENFORCEMENT_KEY = "enforcementLevel"
 ALL_RULES = "all"
-
-# The tags a stack sets (its `tags:` section) and every component passes on: the only keys a
-# requiredTags entry can ever find.
-STACK_TAG_KEYS: tuple[str, ...] = tuple(allowed_keys(Tags))
 
 
 class PolicyConfig(BaseModel):
@@ -49,7 +44,6 @@ class PolicyConfig(BaseModel):
         ("owner", "team", "cost-center"),
         alias="requiredTags",
         description="tag keys every taggable cloud resource carries (keys of the stack's tags section)",
-        json_schema_extra={"items": {"type": "string", "enum": list(STACK_TAG_KEYS)}},
     )
     isolate_subnets: StrictBool = Field(
         False,
@@ -117,22 +111,6 @@ def _unknown_properties(rule_id: str, given: dict[str, Any], taken: list[str]) -
     return problems
 
 
-def _required_tag_problems(settings: dict[str, Any]) -> list[Problem]:
-    """requiredTags entries the stack cannot set would fail on every resource, forever."""
-    keys = settings.get(PolicyConfig.property_name("required_tags"))
-    if not isinstance(keys, list | tuple):
-        return []
-    return [
-        (
-            f"security-required-tags.requiredTags[{index}]",
-            f"{key!r} is not a tag a stack sets, so no resource could ever carry it; the stack's tags "
-            f"section sets {', '.join(STACK_TAG_KEYS)}",
-        )
-        for index, key in enumerate(keys)
-        if key not in STACK_TAG_KEYS
-    ]
-
-
 def _dotted(loc: Loc) -> str:
     return ".".join(str(part) for part in loc)
 
@@ -168,7 +146,6 @@ def parse_policy_config(document: Mapping[str, Any], source: str = "policy confi
         except ValidationError as exc:
             problems += [(f"{key}.{path}", message) for path, message in validation_problems(exc, _dotted)]
             continue
-        problems += _required_tag_problems(settings)
         properties.update(settings)
     for key, level in levels.items():
         if level not in ENFORCEMENT_LEVELS:

@@ -530,10 +530,61 @@ class AwsSettings(_Model):
     model_server_port: int = Field(8000, ge=1, le=65535)
 
 
+# AWS tag keys: at most 128 characters, the value's characters, no aws: prefix (same source as above).
+_TAG_KEY_MAX = 128
+# Keys the platform sets on every resource itself.
+PLATFORM_TAG_KEYS = ("environment", "Name")
+PLATFORM_TAG_PREFIX = "gpuplat:"
+
+
+def _tag_key_problem(key: str) -> str | None:
+    if len(key) > _TAG_KEY_MAX:
+        return f"at most {_TAG_KEY_MAX} characters (an AWS tag key), got {len(key)}"
+    if key in PLATFORM_TAG_KEYS or key.startswith(PLATFORM_TAG_PREFIX):
+        return f"the platform sets {key!r} itself ({', '.join(PLATFORM_TAG_KEYS)}, {PLATFORM_TAG_PREFIX}*)"
+    try:
+        _tag_value(key)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 class Tags(_Model):
+    """owner, team and cost-center, and any further tags the organisation requires (a project, a
+    data classification): every taggable cloud resource carries them all."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, populate_by_name=True)
+
     owner: TagValue
     team: TagValue
     cost_center: TagValue = Field(alias="cost-center")
+
+    @model_validator(mode="after")
+    def _further_tags(self) -> Tags:
+        problems = []
+        for key, value in (self.model_extra or {}).items():
+            key_problem = _tag_key_problem(key)
+            if key_problem:
+                problems.append(f"tag key {key!r}: {key_problem}")
+            elif not isinstance(value, str):
+                problems.append(f"tag {key!r}: the value must be a string, got {type(value).__name__}")
+            else:
+                try:
+                    _tag_value(value)
+                except ValueError as exc:
+                    problems.append(f"tag {key!r}: {exc}")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def as_dict(self) -> dict[str, str]:
+        """Every tag, by its key on the resources."""
+        return {
+            "owner": self.owner,
+            "team": self.team,
+            "cost-center": self.cost_center,
+            **(self.model_extra or {}),
+        }
 
 
 class Budget(_Model):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import errno
 import io
+import json
 import os
 import resource
 import time
@@ -29,7 +30,7 @@ from infra.cli.app import main
 from infra.cli.commands.size import MAX_PARAMS
 from infra.data.load import catalog
 from infra.errors import SpecError
-from infra.policy.config import STACK_TAG_KEYS, PolicyConfig, parse_policy_config
+from infra.policy.config import PolicyConfig, parse_policy_config
 from infra.policy.rules import RULES, PolicyContext
 from infra.policy.rules.security import check_required_tags
 from infra.policy.rules.spot import check_spot_training_recovery
@@ -40,6 +41,7 @@ from infra.spec.load import CONFIG_KEY, stack_file
 from infra.spec.models import MAX_NODES
 from tests.conftest import stack_document
 from tests.pulumi.test_policy_rules import _all
+from tests.unit.test_cli import gpuplat
 
 EXIT_CODES = {0, 1, 2, 3, 4}
 Mutate = Callable[[dict[str, Any]], None]
@@ -423,15 +425,21 @@ def test_a_blank_tag_value_is_a_missing_tag() -> None:
     assert message.startswith("missing tag owner")
 
 
-def test_required_tags_the_stack_cannot_set_are_refused_by_both_front_ends() -> None:
-    with pytest.raises(SpecError) as raised:
-        parse_policy_config({"security-required-tags": {"requiredTags": ["owner", "project"]}})
-    assert (
-        "security-required-tags.requiredTags[1]: 'project' is not a tag a stack sets" in raised.value.message
-    )
-    assert "owner, team, cost-center" in raised.value.message
-    _, schema = PolicyConfig.option_schema("required_tags")  # what CrossGuard validates the config against
-    assert schema["items"]["enum"] == list(STACK_TAG_KEYS) == ["owner", "team", "cost-center"]
+def test_a_required_tag_the_stack_lacks_is_the_stacks_violation_not_a_bad_config(
+    write_stack: Callable[..., Path], tmp_path: Path
+) -> None:
+    """An organisation's policy config requires `project`: a stack without it breaks the rule (exit 1, each
+    taggable resource named); the same stack with `tags.project` set passes; the config itself is fine."""
+    config = tmp_path / "org-policy.json"
+    config.write_text(json.dumps({"security-required-tags": {"requiredTags": ["owner", "project"]}}))
+    lacking = gpuplat("check", "--stack", "aws-prod", "--policy-config", str(config), "--json")
+    assert lacking.returncode == 1, lacking.stderr
+    verdicts = json.loads(lacking.stdout)["verdicts"]
+    assert verdicts and {v["rule"] for v in verdicts} == {"security-required-tags"}
+    assert all("missing tag project" in v["message"] for v in verdicts)
+    tagged = write_stack("aws-prod", lambda spec: spec["tags"].update(project="llm-pretrain"), name="tagged")
+    result = gpuplat("check", "--stack-file", str(tagged), "--policy-config", str(config))
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 @pytest.mark.parametrize(

@@ -137,6 +137,11 @@ BAD_CASES = {
         _set(["datasets"], [{"name": "web", "version": "v1/x", "source": "/fsx/web"}]),
         "datasets[0].version",
     ),
+    "tag-key-the-platform-sets": (
+        _set(["tags", "environment"], "prod"),
+        "platform.tags: tag key 'environment': the platform sets 'environment' itself",
+    ),
+    "tag-value-with-odd-characters": (_set(["tags", "project"], "llm<pretrain>"), "tag 'project': may hold"),
     "source-on-aws": (
         _set(["storage", "parallel_fs", "source"], "fs@tcp:/x"),
         "storage.parallel_fs.source is only given on backend onprem",
@@ -232,3 +237,10 @@ def test_team_principals_are_eks_access_entries_once_each(tmp_path: Path) -> Non
 
     with pytest.raises(SpecError, match=r"already in kubernetes\.admin_arns"):
         load_platform(variant("aws-k8s", twice))
+
+
+def test_further_tags_reach_every_taggable_resource(write_stack: Callable[..., Path]) -> None:
+    from infra.backends.aws.tags import base_tags
+
+    path = write_stack("aws-prod", lambda spec: spec["tags"].update(project="llm-pretrain"), name="project")
+    assert base_tags(load_platform(path))["project"] == "llm-pretrain"

@@ -7,12 +7,9 @@ from infra.resolve import ResolvedPlatform, ResolvedPool
 
 
 def base_tags(platform: ResolvedPlatform) -> dict[str, str]:
-    tags = platform.spec.tags
     return {
         TAG_STACK: platform.name,
-        "owner": tags.owner,
-        "team": tags.team,
-        "cost-center": tags.cost_center,
+        **platform.spec.tags.as_dict(),
         "environment": platform.spec.environment,
     }
 
