@@ -221,8 +221,8 @@ RULES: tuple[ResourceRule | StackRule, ...] = (
         id="security-required-tags",
         group="security",
         description="Taggable cloud resources carry the required tags (default owner, team, cost-center).",
-        remediation="Set the missing keys in the stack's `tags:` (owner, team, cost-center and any others the "
-        "organisation requires); every component passes them on. "
+        remediation="Set the missing keys in the stack's `tags:` (owner, team, cost-center and any others "
+        "the organisation requires); every component passes them on. "
         "Change the keys with `requiredTags` in the policy config.",
         options=("required_tags",),
         types=TAGGABLE,
