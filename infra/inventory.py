@@ -324,9 +324,14 @@ def render(documents: dict[str, dict[str, Any]]) -> str:
     return "---\n".join(parts)
 
 
+def rendered_files(documents: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """The inventory's files by relative path, as YAML."""
+    return {name: yaml.safe_dump(doc, sort_keys=False) for name, doc in documents.items()}
+
+
 def write_inventory(documents: dict[str, dict[str, Any]], directory: Path) -> list[Path]:
     """Render everything first, then write: a failure leaves nothing half-written."""
-    rendered = {directory / name: yaml.safe_dump(doc, sort_keys=False) for name, doc in documents.items()}
+    rendered = {directory / name: text for name, text in rendered_files(documents).items()}
     written = []
     for path, text in rendered.items():
         path.parent.mkdir(parents=True, exist_ok=True)

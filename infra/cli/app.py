@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import Any
+from importlib.metadata import version as package_version
+from typing import Annotated, Any
 
 import typer
 
@@ -23,13 +24,36 @@ from infra.cli.crash import crash_summary, write_crash_log
 from infra.errors import ExitCode, GpuPlatError
 from infra.plan.record import release_event_loops
 
+
+def _print_version(wanted: bool) -> None:
+    if wanted:
+        typer.echo(f"gpuplat {package_version('gpu-platform')}")
+        raise typer.Exit()
+
+
+# click's own help layout: typer's rich panels print `<bool>` after every flag and `{log}` for arguments.
 app = typer.Typer(
     name="gpuplat",
-    help="Plan, check, size and bring up a GPU AI platform (training and inference) as code.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="print the version and exit"),
+    ] = False,
+) -> None:
+    """Plan, check, size and bring up a GPU AI platform (training and inference) as code.
+
+    Before deploying: `check` and `plan` (offline). After: `validate` proves a running cluster."""
+
+
 app.command()(stacks)
 app.command()(plan)
 app.command()(check)

@@ -122,3 +122,18 @@ def test_a_reader_that_leaves_early_does_not_change_the_exit_code(command: list[
     )
     assert piped.returncode == alone.returncode, piped.stderr
     assert piped.stderr == alone.stderr
+
+
+@pytest.mark.parametrize("command", ["inventory", "manifests"])
+def test_output_directories_are_replaced_only_with_force(command: str, tmp_path: Path) -> None:
+    """inventory and manifests treat --output alike: a non-empty directory is kept unless --force."""
+    stack = {"inventory": "aws-prod", "manifests": "aws-k8s"}[command]
+    out = tmp_path / "out"
+    assert gpuplat(command, "--stack", stack, "--output", str(out)).returncode == 0
+    (out / "mine.txt").write_text("the user's file")
+    again = gpuplat(command, "--stack", stack, "--output", str(out))
+    assert again.returncode == 2 and "give --force" in again.stderr
+    assert (out / "mine.txt").exists()
+    forced = gpuplat(command, "--stack", stack, "--output", str(out), "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert not (out / "mine.txt").exists()

@@ -434,7 +434,7 @@ def test_a_required_tag_the_stack_lacks_is_the_stacks_violation_not_a_bad_config
     config.write_text(json.dumps({"security-required-tags": {"requiredTags": ["owner", "project"]}}))
     lacking = gpuplat("check", "--stack", "aws-prod", "--policy-config", str(config), "--json")
     assert lacking.returncode == 1, lacking.stderr
-    verdicts = json.loads(lacking.stdout)["verdicts"]
+    (verdicts,) = [r["verdicts"] for r in json.loads(lacking.stdout)]
     assert verdicts and {v["rule"] for v in verdicts} == {"security-required-tags"}
     assert all("missing tag project" in v["message"] for v in verdicts)
     tagged = write_stack("aws-prod", lambda spec: spec["tags"].update(project="llm-pretrain"), name="tagged")

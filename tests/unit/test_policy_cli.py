@@ -51,7 +51,7 @@ def test_advisory_only_exits_0_and_plan_shows_verdicts(write_stack: Callable[...
     path = write_stack("aws-prod", staging, name="staging")
     result = gpuplat("check", "--stack-file", str(path), "--json")
     assert result.returncode == 0, result.stderr
-    (verdict,) = json.loads(result.stdout)["verdicts"]
+    ((verdict,),) = [r["verdicts"] for r in json.loads(result.stdout)]
     assert verdict["rule"] == "spot-training-share" and verdict["severity"] == "advisory"
     plan = json.loads(gpuplat("plan", "--stack-file", str(path), "--json").stdout)
     assert [v["rule"] for v in plan["verdicts"]] == ["spot-training-share"]

@@ -74,7 +74,7 @@ def check(
     config = load_policy_config(policy_config) if policy_config else PolicyConfig()
     reports = [check_platform(platform, config) for platform in _platforms(stack, stack_file, every)]
     if json_output:
-        output.print_json([r.to_dict() for r in reports] if every else reports[0].to_dict())
+        output.print_json([r.to_dict() for r in reports])  # a list, for one stack as for --all
     else:
         for report in reports:
             render_check(report)

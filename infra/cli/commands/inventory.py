@@ -8,9 +8,10 @@ from typing import Annotated
 import typer
 
 from infra.cli import output
+from infra.cli.output_tree import Force, write_tree
 from infra.cli.stack_options import StackFile, StackName, platform_from_options
-from infra.errors import GpuPlatError, SpecError
-from infra.inventory import has_ansible_nodes, inventory_documents, render, write_inventory
+from infra.errors import SpecError
+from infra.inventory import has_ansible_nodes, inventory_documents, render, rendered_files
 from infra.local.scale import with_running_sizes
 
 OutputDir = Annotated[
@@ -18,13 +19,10 @@ OutputDir = Annotated[
 ]
 
 
-def inventory(stack: StackName = None, stack_file: StackFile = None, output_dir: OutputDir = None) -> None:
+def inventory(
+    stack: StackName = None, stack_file: StackFile = None, output_dir: OutputDir = None, force: Force = False
+) -> None:
     """Write the Ansible inventory: a group per pool, role groups, resolved versions as vars."""
-    if output_dir is not None and output_dir.exists() and not output_dir.is_dir():
-        raise SpecError(
-            f"--output {output_dir}: exists and is not a directory; give a directory (a missing one is "
-            "created)"
-        )
     platform = platform_from_options(stack, stack_file)
     if not has_ansible_nodes(platform):
         raise SpecError(
@@ -38,11 +36,7 @@ def inventory(stack: StackName = None, stack_file: StackFile = None, output_dir:
     if output_dir is None:
         output.stdout().out(render(documents), end="")
         return
-    try:
-        written = write_inventory(documents, output_dir)
-    except OSError as exc:
-        raise GpuPlatError(
-            f"--output {output_dir}: cannot write the inventory ({exc.strerror or exc})"
-        ) from exc
-    for path in written:
-        output.stderr().print(f"wrote {path}", markup=False)
+    files = rendered_files(documents)
+    write_tree(output_dir, files, force, "the inventory")
+    for name in files:
+        output.stderr().print(f"wrote {output_dir / name}", markup=False)

@@ -15,7 +15,7 @@ from infra.validate.job_profile import ADVICE, PHASES, job_profile
 
 
 def job_profile_command(
-    log: Annotated[Path, typer.Argument(help="the job's output (e.g. slurm-<job>.out)")],
+    log: Annotated[Path, typer.Argument(metavar="LOG", help="the job's output (e.g. slurm-<job>.out)")],
     json_output: JsonFlag = False,
 ) -> None:
     """Why is the GPU idle? Per step: waiting for data, computing, communicating, blocked on checkpoints."""

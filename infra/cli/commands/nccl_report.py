@@ -18,7 +18,9 @@ _MARK = {"pass": "pass", "fail": "FAIL", "skip": "skip"}
 
 
 def nccl_report(
-    log: Annotated[Path, typer.Argument(help="NCCL_DEBUG=INFO output and/or nccl-tests output")],
+    log: Annotated[
+        Path, typer.Argument(metavar="LOG", help="NCCL_DEBUG=INFO output and/or nccl-tests output")
+    ],
     node_type: Annotated[
         str | None, typer.Option(help="catalog node type the run used, e.g. p5.48xlarge")
     ] = None,
