@@ -41,6 +41,7 @@ from lark import Token, Tree
 from referencing import Registry, Resource
 
 from infra.k8s.objects import NAMESPACE_NAME_LABEL
+from tests.upstream import CRDS
 
 Schema = dict[str, Any]
 
@@ -99,17 +100,14 @@ class CrdDirectoryMissing(RuntimeError):
 
 def crd_directory() -> Path:
     configured = os.environ.get(CRD_DIRECTORY_ENV)
-    return Path(configured) if configured else REPOSITORY.parent / "shared" / "k8s-crds"
+    return Path(configured) if configured else CRDS
 
 
 def require_crds() -> Path:
-    """The CRD folder, for tests that need it: skip without it, fail without it under CI=true."""
+    """The CRD folder, for tests that need it: a missing one fails the test."""
     directory = crd_directory()
     if not directory.is_dir():
-        message = f"CRD folder {directory} is missing (set {CRD_DIRECTORY_ENV} to point elsewhere)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+        pytest.fail(f"CRD folder {directory} is missing (set {CRD_DIRECTORY_ENV} to point elsewhere)")
     return directory
 
 

@@ -32,10 +32,11 @@ from infra.k8s.queues import queue_objects
 from infra.resolve import ResolvedPlatform, ResolvedPool, load_platform
 from infra.spec.load import stack_file
 from tests.conftest import fsx_facts
+from tests.upstream import CRDS
 
 REPO = Path(__file__).resolve().parents[2]
-# The CRDs copied from their release tags (DESIGN.md: ../shared/k8s-crds/), or shared/ in the checkout.
-SOURCES_CANDIDATES = (REPO / "shared/k8s-crds/SOURCES.md", REPO.parent / "shared/k8s-crds/SOURCES.md")
+# The CRDs copied from their release tags (tests/data/upstream/k8s-crds/SOURCES.md).
+CRD_SOURCES = CRDS / "SOURCES.md"
 
 # Fields of Kueue's Configuration (apis/config/v1beta2/configuration_types.go at v0.19.2), the
 # ControllerManager fields inlined.
@@ -92,9 +93,7 @@ def by_name(found: list[HelmRelease]) -> dict[str, HelmRelease]:
 
 def crd_tags() -> dict[str, str]:
     """API group -> release tag its CRDs were copied from, read from SOURCES.md."""
-    path = next((p for p in SOURCES_CANDIDATES if p.is_file()), None)
-    if path is None:
-        pytest.skip(f"no CRD source table at {' or '.join(map(str, SOURCES_CANDIDATES))}")
+    path = CRD_SOURCES
     tags: dict[str, str] = {}
     for line in path.read_text().splitlines():
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]

@@ -1,13 +1,12 @@
 """`gpuplat nccl-report` and infra/validate: NCCL logs and nccl-tests tables read and judged by the gates.
 
-Test data: the real samples in ../shared/nccl-samples/ (README there gives their sources) and logs written
-here from the message formats NCCL and aws-ofi-nccl print (infra/validate/nccl_log.py cites each one).
+Test data: the real samples in tests/data/upstream/nccl-samples/ (SOURCES.md gives their sources) and logs
+written here from the message formats NCCL and aws-ofi-nccl print (infra/validate/nccl_log.py cites each one).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,20 +21,17 @@ from infra.validate.nccl_log import parse_nccl_log
 from infra.validate.nccl_tests import parse_results
 from infra.validate.report import FabricReport, fabric_report
 from tests.unit.test_cli import gpuplat
+from tests.upstream import NCCL_SAMPLES
 
 REPO = Path(__file__).resolve().parents[2]
-SAMPLE_DIRS = (REPO / "shared" / "nccl-samples", REPO.parent / "shared" / "nccl-samples")
 
 
 def sample(name: str) -> Path:
-    """A shared sample: skipped without the shared folder, failed without it under CI=true."""
-    for directory in SAMPLE_DIRS:
-        if (directory / name).is_file():
-            return directory / name
-    message = f"NCCL sample {name} not found in {', '.join(map(str, SAMPLE_DIRS))}"
-    if os.environ.get("CI") == "true":
-        pytest.fail(message)
-    pytest.skip(message)
+    """A stored sample (tests/data/upstream/nccl-samples/SOURCES.md)."""
+    path = NCCL_SAMPLES / name
+    if not path.is_file():
+        pytest.fail(f"NCCL sample {name} not found in {NCCL_SAMPLES}")
+    return path
 
 
 def report(text: str, node_type: str | None = None, nodes: int | None = None) -> FabricReport:

@@ -19,9 +19,10 @@ from infra.validate.cluster_results import (
     scaling_finding,
 )
 from infra.validate.report import fabric_report
+from tests.upstream import NCCL_SAMPLES
 
 ROOT = Path(__file__).resolve().parents[2]
-SAMPLES = ROOT.parent / "shared" / "nccl-samples"
+SAMPLES = NCCL_SAMPLES
 SIMULATED = "the node's 8 H100 GPUs are simulated (gpuplat_gpu_simulated=true, the local podman cluster)"
 
 
@@ -229,7 +230,6 @@ def nccl_steps(**logs: str) -> tuple[dict[str, Any], dict[str, str]]:
     return steps, {f"{name}.log": text for name, text in logs.items()}
 
 
-@pytest.mark.skipif(not SAMPLES.is_dir(), reason="../shared/nccl-samples is not beside this checkout")
 def test_nccl_over_sockets_on_an_efa_pool_fails_the_pool(
     tmp_path: Path, shipped_platforms: dict[str, Any]
 ) -> None:
@@ -243,7 +243,6 @@ def test_nccl_over_sockets_on_an_efa_pool_fails_the_pool(
     assert not pool.passed and "nccl_2node" in pool.nccl
 
 
-@pytest.mark.skipif(not SAMPLES.is_dir(), reason="../shared/nccl-samples is not beside this checkout")
 def test_nccl_on_efa_with_gpudirect_rdma_passes(tmp_path: Path, shipped_platforms: dict[str, Any]) -> None:
     results = Results(tmp_path)
     steps, logs = nccl_steps(nccl_2node=(SAMPLES / "efa-p5-gdrdma.log").read_text())
