@@ -315,6 +315,10 @@ class SizingResult(_Frozen):
         return mem, room
 
 
+# Fabrics that carry NCCL between nodes without the kernel's TCP stack (infra/data/models.py NicFabric).
+RDMA_FABRICS = ("efa", "infiniband", "roce")
+
+
 class NodePlan(_Frozen):
     """How many nodes of one type carry the world size dp * tp * pp with every tp group inside a node."""
 
@@ -324,6 +328,9 @@ class NodePlan(_Frozen):
     total_gpus: int = Field(description="nodes * gpus_per_node")
     idle_gpus: int = Field(description="total_gpus - world_size")
     usd_per_hour: float = Field(description="nodes * on-demand price")
+    left_out: list[str] = Field(
+        default_factory=list, description="cheaper node types refused: several nodes without an RDMA fabric"
+    )
 
 
 def bytes_per_param(precision: Precision, optimizer: Optimizer, *, autocast: bool = False) -> BytesPerParam:
@@ -577,19 +584,43 @@ def nodes_needed(result: SizingResult, node_type: NodeType) -> int:
 def plan_nodes(
     result: SizingResult, node_types: Iterable[NodeType], *, headroom: float | None = None
 ) -> NodePlan | None:
-    """smallest_node_type(...) with the node count for the world size; None if no node type fits."""
-    node = smallest_node_type(result, node_types, headroom=headroom)
-    if node is None:
+    """The node type that carries the run for the least on-demand $/h in all (then fewest nodes, then
+    name), with its node count; None if no node type fits. A run that spans several nodes only goes on
+    node types with an RDMA fabric between them (EFA, InfiniBand, RoCE): data-parallel gradients over
+    plain Ethernet leave the GPUs waiting, the field report's first complaint. What that rule left out,
+    cheaper, is named in the plan."""
+    usable: list[tuple[int, NodeType]] = []
+    without_fabric: list[tuple[int, NodeType]] = []
+    for node in node_types:
+        if not node_fits(result, node, headroom=headroom):
+            continue
+        count = nodes_needed(result, node)
+        if count > 1 and node.network.fabric not in RDMA_FABRICS:
+            without_fabric.append((count, node))
+        else:
+            usable.append((count, node))
+    if not usable:
         return None
-    nodes = nodes_needed(result, node)
-    total = nodes * node.gpu_count
+
+    def cost(choice: tuple[int, NodeType]) -> float:
+        return choice[0] * choice[1].price.on_demand_usd_per_hour
+
+    nodes, best = min(usable, key=lambda c: (cost(c), c[0], c[1].name))
+    total = nodes * best.gpu_count
+    left_out = [
+        f"{node.name}: {count} nodes for ${cost((count, node)):,.2f}/h, but its network is "
+        f"{node.network.fabric} (no RDMA between nodes)"
+        for count, node in sorted(without_fabric, key=cost)
+        if cost((count, node)) < cost((nodes, best))
+    ]
     return NodePlan(
-        node_type=node.name,
-        gpus_per_node=node.gpu_count,
+        node_type=best.name,
+        gpus_per_node=best.gpu_count,
         nodes=nodes,
         total_gpus=total,
         idle_gpus=total - result.world_size,
-        usd_per_hour=round(nodes * node.price.on_demand_usd_per_hour, 4),
+        usd_per_hour=round(cost((nodes, best)), 4),
+        left_out=left_out,
     )
 
 

@@ -2,7 +2,7 @@
 
 Helm ignores a values key its chart does not read, so a misspelt one silently does nothing. Each
 emitted key path is looked up in the chart's default values.yaml at the pinned release tag (and its
-values.schema.json where it has one), copied into shared/helm-values/ (see its SOURCES.md).
+values.schema.json where it has one), stored in tests/data/upstream/helm-values/ (see its SOURCES.md).
 
 A path exists if every mapping key along it is in the defaults. Below a default that is empty
 (`{}`, `[]`, null) or a list, or a mapping keyed by label, annotation or file names (a key holding
@@ -30,10 +30,7 @@ from infra.k8s.operators import KUBERNETES_FILE, kubernetes_data, releases
 from infra.resolve import load_platform
 from infra.spec.load import stack_file
 from tests.conftest import fsx_facts
-
-REPO = Path(__file__).resolve().parents[2]
-# The charts' default values, copied from their release tags, in shared/ of the checkout or beside it.
-VALUES_CANDIDATES = (REPO / "shared/helm-values", REPO.parent / "shared/helm-values")
+from tests.upstream import HELM_VALUES
 
 # The shipped stacks with scheduler.kind kueue: the ones the Kubernetes layer builds.
 STACKS = ("aws-k8s", "onprem-k8s")
@@ -196,10 +193,9 @@ def undeclared(values: dict[str, Any], chart: ChartValues) -> list[str]:
 
 
 def values_dir() -> Path:
-    found = next((p for p in VALUES_CANDIDATES if (p / "SOURCES.md").is_file()), None)
-    if found is None:
-        pytest.skip(f"no chart default values at {' or '.join(map(str, VALUES_CANDIDATES))}")
-    return found
+    if not (HELM_VALUES / "SOURCES.md").is_file():
+        pytest.fail(f"no chart default values at {HELM_VALUES} (its SOURCES.md is missing)")
+    return HELM_VALUES
 
 
 def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import typer
 from typer.testing import CliRunner
 
 from infra.cli.commands.size import size, sizing
-from infra.data.models import GB, GIB, GpuSpec, NetworkSpec, NodeType, PriceSpec
+from infra.data.models import GB, GIB, GpuSpec, NetworkSpec, NicFabric, NodeType, PriceSpec
 from infra.errors import SpecError
 from infra.sizing import (
     PROCESS_OVERHEAD_BYTES,
@@ -334,7 +334,7 @@ def test_json_shape() -> None:
 # --- node types ----------------------------------------------------------------------------------------
 
 
-def node(name: str, gpus: int, mem: int, price: float) -> NodeType:
+def node(name: str, gpus: int, mem: int, price: float, fabric: NicFabric = "efa") -> NodeType:
     return NodeType(
         name=name,
         provider="aws",
@@ -342,7 +342,7 @@ def node(name: str, gpus: int, mem: int, price: float) -> NodeType:
         vcpus=8 * max(gpus, 1),
         memory_gib=64 * max(gpus, 1),
         gpu=GpuSpec(model="X", architecture="hopper", count=gpus, memory_gb=mem) if gpus else None,
-        network=NetworkSpec(fabric="ethernet", nics=1, gbps_per_nic=100),
+        network=NetworkSpec(fabric=fabric, nics=1, gbps_per_nic=100),
         price=PriceSpec(on_demand_usd_per_hour=price, source=SRC, as_of=AS_OF),
         source=SRC,
         as_of=AS_OF,
@@ -351,8 +351,8 @@ def node(name: str, gpus: int, mem: int, price: float) -> NodeType:
 
 CATALOG = [
     node("cpu.large", 0, 0, 0.5),
-    node("small.1x24", 1, 24, 1.0),
-    node("mid.1x48", 1, 48, 2.0),
+    node("small.1x24", 1, 24, 1.0, "ethernet"),
+    node("mid.1x48", 1, 48, 2.0, "ethernet"),
     node("mid.4x48", 4, 48, 8.0),
     node("big.8x80", 8, 80, 40.0),
     node("big.8x141", 8, 141, 40.0),
@@ -407,6 +407,7 @@ def test_nodes_needed_and_plan() -> None:
         "total_gpus": 24,
         "idle_gpus": 0,
         "usd_per_hour": 48.0,
+        "left_out": [],
     }
     # tp=3 on 8-GPU nodes: 2 tp groups per node, dp*pp = 6 groups -> 3 nodes, 6 GPUs idle
     r3 = size_training(req(params=3e9, tp=3, pp=1, dp=6))
@@ -415,6 +416,19 @@ def test_nodes_needed_and_plan() -> None:
     with pytest.raises(ValueError, match="fewer than tp"):
         nodes_needed(r, CATALOG[1])
     assert plan_nodes(size_training(req(params=100e9)), CATALOG) is None
+
+
+def test_a_run_across_nodes_goes_only_on_an_rdma_fabric_and_says_what_it_left_out() -> None:
+    """dp=8 of a small model: eight 1-GPU Ethernet nodes would be cheapest ($8/h), but gradients would
+    cross plain Ethernet; the plan takes 4-GPU nodes with EFA and names what it refused."""
+    r = size_training(req(params=1e9, dp=8))
+    plan = plan_nodes(r, CATALOG)
+    assert plan is not None and plan.node_type == "mid.4x48" and plan.nodes == 2
+    assert plan.left_out == [
+        "small.1x24: 8 nodes for $8.00/h, but its network is ethernet (no RDMA between nodes)"
+    ]  # mid.1x48 (8 nodes, $16.00/h) costs what the plan costs: not cheaper, not listed
+    single = plan_nodes(size_training(req(params=1e9)), CATALOG)  # one GPU: one node, no fabric needed
+    assert single is not None and single.node_type == "small.1x24" and single.left_out == []
 
 
 # --- validation ----------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 
 import typer
 from pydantic import ValidationError
@@ -12,7 +12,7 @@ from rich.console import Console
 from infra.cli import output
 from infra.cli.stack_options import JsonFlag
 from infra.data.load import catalog
-from infra.data.models import GB
+from infra.data.models import GB, NodeProvider
 from infra.errors import SpecError
 from infra.sizing import (
     Attention,
@@ -80,6 +80,15 @@ def _bad_flags(problems: list[tuple[str, str]]) -> SpecError:
     )
 
 
+def _provider(value: str) -> NodeProvider:
+    providers: tuple[str, ...] = get_args(NodeProvider)
+    if value not in providers:
+        raise SpecError(
+            f"gpuplat size --provider: {value!r} is not a provider; give one of {', '.join(providers)}"
+        )
+    return value  # type: ignore[return-value]
+
+
 def _largest_node_gpus() -> int:
     return max(n.gpu_count for n in catalog().node_types)
 
@@ -109,23 +118,24 @@ def _check_bounds(request: TrainingSizingRequest) -> None:
         raise _bad_flags(problems)
 
 
-def sizing(request_fields: dict[str, Any]) -> dict[str, Any]:
+def sizing(request_fields: dict[str, Any], provider: NodeProvider = "aws") -> dict[str, Any]:
     try:
         request = TrainingSizingRequest.model_validate(request_fields)
     except ValidationError as exc:
         raise _bad_flags(validation_problems(exc, _flag_path)) from exc
     _check_bounds(request)
     try:
-        return _sized(request)
+        return _sized(request, provider)
     except OverflowError as exc:
         raise _bad_flags([("", f"the inputs are too large to size: a byte count overflows ({exc})")]) from exc
     except ValueError as exc:  # the sizing's own consistency checks
         raise _bad_flags([("", str(exc))]) from exc
 
 
-def _sized(request: TrainingSizingRequest) -> dict[str, Any]:
+def _sized(request: TrainingSizingRequest, provider: NodeProvider) -> dict[str, Any]:
     result = size_training(request)
-    node_plan = plan_nodes(result, [n for n in catalog().node_types if n.gpu_count > 0])
+    node_types = [n for n in catalog().node_types if n.gpu_count > 0 and n.provider == provider]
+    node_plan = plan_nodes(result, node_types)
     data = result.to_json_dict()
     data["node_plan"] = node_plan.model_dump() if node_plan else None
     if data.get("min_gpus") is None and node_plan is not None:
@@ -191,6 +201,9 @@ def size(
     dropout: Annotated[bool, typer.Option(help="dropout layers present (masks kept)")] = True,
     checkpointing: Annotated[bool, typer.Option(help="full activation checkpointing")] = False,
     gpu_memory: Annotated[float | None, typer.Option(help="GPU memory to fit, GiB")] = None,
+    provider: Annotated[
+        str, typer.Option(help="aws | onprem: which of the catalog's node types to choose from")
+    ] = "aws",
     json_output: JsonFlag = False,
 ) -> None:
     """Size GPU memory for training (ZeRO, Korthikanti et al., FlashAttention) and pick a node type."""
@@ -217,7 +230,8 @@ def size(
             "dropout": dropout,
             "activation_checkpointing": checkpointing,
             "gpu_memory_gib": gpu_memory,
-        }
+        },
+        _provider(provider),
     )
     if json_output:
         output.print_json(data)
@@ -237,9 +251,11 @@ def size(
     plan = data["node_plan"]
     if plan:
         console.print(
-            f"Smallest node type that fits: {plan['node_type']} ({plan['gpus_per_node']} GPUs); "
+            f"Node type ({provider} catalog): {plan['node_type']} ({plan['gpus_per_node']} GPUs); "
             f"{plan['nodes']} node(s) for {dp * tp * pp} GPUs, {output.usd(plan['usd_per_hour'])}/h"
         )
+        for refused in plan["left_out"]:
+            console.print(f"  left out, cheaper: {refused}")
     else:
         console.print(f"No catalog node type fits: raise {', '.join(_levers(tp, zero))}.")
     if data.get("min_gpus") is not None:
