@@ -8,19 +8,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import time
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from infra import cloud_stack
 from infra.ansible import ProgressCallback, playbook_log, run_playbook, state_dir
 from infra.ansible_content import digest_content
-from infra.errors import EnvironmentProblem, GpuPlatError
+from infra.errors import GpuPlatError
 from infra.inventory import (
     has_ansible_nodes,
     inventory_documents,
@@ -236,39 +236,43 @@ def up_local(
     return result
 
 
-def pulumi_up(platform: ResolvedPlatform) -> dict[str, Any]:
-    if shutil.which("pulumi") is None:
-        raise EnvironmentProblem(
-            f"`gpuplat up` on the {platform.spec.backend} stack {platform.name} runs `pulumi up` through the "
-            "Automation API, which needs the Pulumi CLI: install it (https://www.pulumi.com/docs/install/), "
-            "run `pulumi login`, then retry. `gpuplat plan` and `gpuplat check` work without it."
-        )
-    from pulumi import automation
+@dataclass(frozen=True)
+class CloudApproval:
+    """How `up` on a cloud stack reports Pulumi's lines and gets the preview approved."""
 
-    stack = automation.create_or_select_stack(stack_name=platform.name, work_dir=str(PROJECT_ROOT))
-    outcome = stack.up(on_output=lambda line: None)
-    return stack_outputs(outcome.outputs)
-
-
-def stack_outputs(outputs: Mapping[str, Any]) -> dict[str, Any]:
-    """The Automation API's outputs (name -> OutputValue(value, secret)) as plain values."""
-    return {key: getattr(output, "value", output) for key, output in outputs.items()}
+    on_line: cloud_stack.Line
+    yes: bool = False
+    ask: cloud_stack.Ask | None = None
 
 
 def up_cloud(
     platform: ResolvedPlatform,
     on_start: PhaseStart,
     on_done: PhaseDone,
+    approval: CloudApproval,
     on_progress: ProgressCallback | None = None,
 ) -> UpResult:
+    """preview (shown, then approved), pulumi up, inventory from the stack's outputs, configure, validate."""
     result = UpResult(platform.name)
     phases = _Phases(result, on_start, on_done)
     outputs: dict[str, Any] = {}
+    stack = cloud_stack.open_stack(platform, "`gpuplat up`", create=True)
+    changes: list[cloud_stack.Changes] = []
+
+    def preview() -> str:
+        changes.append(cloud_stack.preview(stack, approval.on_line))
+        return changes[0].line()
 
     def machines() -> str:
-        outputs.update(pulumi_up(platform))
-        return f"{len(outputs)} stack outputs"
+        if changes[0].changing:
+            cloud_stack.approve(
+                f"pulumi up on stack {platform.name}: {changes[0].line()}", yes=approval.yes, ask=approval.ask
+            )
+        outputs.update(cloud_stack.apply(stack, approval.on_line))
+        result.changes += changes[0].changing
+        return f"{changes[0].changing} resource change(s); {len(outputs)} stack outputs"
 
+    phases.run("preview", preview, "pulumi preview --diff against what is deployed")
     phases.run("pulumi up", machines)
     if not has_ansible_nodes(platform):
         return result
@@ -306,9 +310,10 @@ def up(
     platform: ResolvedPlatform,
     on_start: PhaseStart,
     on_done: PhaseDone,
+    approval: CloudApproval,
     reconfigure: bool = False,
     on_progress: ProgressCallback | None = None,
 ) -> UpResult:
     if platform.spec.backend == "local":
         return up_local(platform, on_start, on_done, reconfigure, on_progress)
-    return up_cloud(platform, on_start, on_done, on_progress)
+    return up_cloud(platform, on_start, on_done, approval, on_progress)

@@ -13,7 +13,7 @@ from infra.cli import output
 from infra.cli.commands.check import check
 from infra.cli.commands.inventory import inventory
 from infra.cli.commands.job_profile import job_profile_command
-from infra.cli.commands.lifecycle import down, scale, status, up
+from infra.cli.commands.lifecycle import down, list_stacks, scale, status, up
 from infra.cli.commands.manifests import manifests
 from infra.cli.commands.nccl_report import nccl_report
 from infra.cli.commands.plan import plan
@@ -62,6 +62,7 @@ app.command()(inventory)
 app.command()(up)
 app.command()(down)
 app.command()(status)
+app.command("list")(list_stacks)
 app.command()(scale)
 app.command()(manifests)
 app.command()(nccl_report)

@@ -1,8 +1,12 @@
-"""`gpuplat up` on an aws stack: after `pulumi up` the inventory carries the stack's outputs (the FSx
-mount source, every controller's address, the SSM transfer bucket), not the offline view's blanks.
+"""`gpuplat up`, `down` and `status` on an aws stack: the preview is shown and approved before `pulumi up`
+(--yes, or the user's answer; no terminal and no --yes refuses), Pulumi's lines stream, and after `pulumi
+up` the inventory carries the stack's outputs (the FSx mount source, every controller's address, the SSM
+transfer bucket), not the offline view's blanks.
 
-The Pulumi CLI is not installed here: a stand-in for the Automation API's stack answers `up()` with the
-outputs the aws program exports (infra/backends/aws/__init__.py), as OutputValue objects."""
+The Pulumi CLI cannot be installed here: a stand-in for the Automation API's Stack answers `preview()`
+with a change summary, `up()` with the outputs the aws program exports (infra/backends/aws/__init__.py)
+as OutputValue objects, and records what was called. Without the CLI the commands exit 3 (checked
+through the real entry point)."""
 
 from __future__ import annotations
 
@@ -14,10 +18,13 @@ from typing import Any
 import pytest
 import yaml
 
-from infra import bringup
+from infra import bringup, cloud_stack
 from infra.ansible import PlaybookRun
+from infra.bringup import CloudApproval
+from infra.errors import ExitCode, GpuPlatError, SpecError
 from infra.inventory import aws_ec2_config, platform_vars
 from infra.resolve import ResolvedPlatform
+from tests.unit.test_cli import gpuplat
 
 FSX_DNS = "fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com"
 FSX_MOUNT = "abcdefgh"
@@ -49,6 +56,8 @@ def program_outputs(platform: ResolvedPlatform) -> dict[str, Any]:
 class StandIn:
     platforms: dict[str, ResolvedPlatform] = field(default_factory=dict)
     playbooks: list[str] = field(default_factory=list)
+    calls: list[str] = field(default_factory=list)
+    change_summary: dict[str, int] = field(default_factory=lambda: {"create": 212, "same": 0})
 
 
 @pytest.fixture
@@ -61,8 +70,16 @@ def stand_in(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> StandIn:
     class Stack:
         def __init__(self, platform: ResolvedPlatform) -> None:
             self.platform = platform
+            self.name = platform.name
 
-        def up(self, on_output: Any = None) -> Any:
+        def preview(self, diff: bool | None = None, on_output: Any = None) -> Any:
+            state.calls.append(f"preview diff={diff}")
+            on_output("+ aws:ec2/vpc:Vpc aws-prod-vpc create")
+            return SimpleNamespace(change_summary=dict(state.change_summary))
+
+        def up(self, diff: bool | None = None, on_output: Any = None) -> Any:
+            state.calls.append("up")
+            on_output("Resources: + 212 created")
             outputs = program_outputs(self.platform)
             return SimpleNamespace(
                 outputs={key: automation.OutputValue(value, False) for key, value in outputs.items()}
@@ -78,7 +95,7 @@ def stand_in(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> StandIn:
     def validate(platform: ResolvedPlatform, options: Any) -> Any:
         return SimpleNamespace(passed=True, failing_nodes={}, results_dir=tmp_path / "raw")
 
-    monkeypatch.setattr(bringup.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(cloud_stack.shutil, "which", lambda name: f"/usr/bin/{name}")
     monkeypatch.setattr(automation, "create_or_select_stack", create_or_select_stack)
     monkeypatch.setattr(bringup, "run_playbook", run_playbook)
     monkeypatch.setattr(bringup, "state_dir", lambda stack: tmp_path / stack)
@@ -86,14 +103,27 @@ def stand_in(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> StandIn:
     return state
 
 
+def up(platform: ResolvedPlatform, lines: list[str], **approval: Any) -> bringup.UpResult:
+    return bringup.up(
+        platform,
+        lambda name, hint: None,
+        lambda timing: None,
+        CloudApproval(on_line=lines.append, **approval),
+    )
+
+
 def test_up_writes_the_inventory_with_the_stack_outputs(
     stand_in: StandIn, shipped_platforms: dict[str, ResolvedPlatform], tmp_path: Path
 ) -> None:
     platform = shipped_platforms["aws-prod"]
     stand_in.platforms[platform.name] = platform
-    result = bringup.up(platform, lambda name, hint: None, lambda timing: None)
+    lines: list[str] = []
+    result = up(platform, lines, yes=True)
 
-    assert [p.name for p in result.phases] == ["pulumi up", "inventory", "configure", "validate"]
+    assert [p.name for p in result.phases] == ["preview", "pulumi up", "inventory", "configure", "validate"]
+    assert stand_in.calls == ["preview diff=True", "up"]
+    assert lines == ["+ aws:ec2/vpc:Vpc aws-prod-vpc create", "Resources: + 212 created"]
+    assert result.phases[0].summary == "212 to create"
     assert stand_in.playbooks == ["site.yml"]
     inventory = tmp_path / platform.name / "inventory"
     all_vars = yaml.safe_load((inventory / "group_vars" / "all.yml").read_text())
@@ -105,8 +135,63 @@ def test_up_writes_the_inventory_with_the_stack_outputs(
     assert plugin["compose"]["ansible_aws_ssm_bucket_name"] == repr(SSM_BUCKET)
 
 
+def test_without_a_terminal_and_without_yes_nothing_is_applied(
+    stand_in: StandIn, shipped_platforms: dict[str, ResolvedPlatform]
+) -> None:
+    platform = shipped_platforms["aws-prod"]
+    stand_in.platforms[platform.name] = platform
+    with pytest.raises(SpecError) as refused:
+        up(platform, [], yes=False, ask=None)
+    assert refused.value.exit_code == ExitCode.BAD_INPUT
+    assert "pulumi up on stack aws-prod: 212 to create" in refused.value.message
+    assert "give --yes" in refused.value.message
+    assert stand_in.calls == ["preview diff=True"] and stand_in.playbooks == []
+
+
+def test_a_declined_preview_applies_nothing_and_an_accepted_one_applies(
+    stand_in: StandIn, shipped_platforms: dict[str, ResolvedPlatform]
+) -> None:
+    platform = shipped_platforms["aws-prod"]
+    stand_in.platforms[platform.name] = platform
+    questions: list[str] = []
+    with pytest.raises(GpuPlatError, match="declined: nothing was changed"):
+        up(platform, [], ask=lambda question: questions.append(question) is not None)
+    assert stand_in.calls == ["preview diff=True"]
+    assert questions == ["pulumi up on stack aws-prod: 212 to create. Go on?"]
+    up(platform, [], ask=lambda question: True)
+    assert stand_in.calls[-2:] == ["preview diff=True", "up"]
+
+
+def test_a_preview_without_changes_asks_nothing(
+    stand_in: StandIn, shipped_platforms: dict[str, ResolvedPlatform]
+) -> None:
+    """Nothing to change: `up` runs without approval (it reads the outputs and configures the nodes)."""
+    platform = shipped_platforms["aws-prod"]
+    stand_in.platforms[platform.name] = platform
+    stand_in.change_summary = {"same": 212}
+    result = up(platform, [], ask=None)
+    assert stand_in.calls == ["preview diff=True", "up"]
+    assert result.phases[0].summary == "no changes; 212 unchanged"
+
+
 def test_automation_api_outputs_become_plain_values() -> None:
     from pulumi import automation
 
     outputs = {"a": automation.OutputValue({"x": 1}, False), "b": automation.OutputValue("s", True)}
-    assert bringup.stack_outputs(outputs) == {"a": {"x": 1}, "b": "s"}
+    assert cloud_stack.plain_outputs(outputs) == {"a": {"x": 1}, "b": "s"}
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["up", "--stack", "aws-prod", "--yes"],
+        ["status", "--stack", "aws-prod"],
+        ["down", "--stack", "aws-prod"],
+        ["list"],
+        ["plan", "--stack", "aws-prod", "--deployed"],
+    ],
+)
+def test_cloud_commands_without_the_pulumi_cli_exit_3_with_the_install_command(command: list[str]) -> None:
+    result = gpuplat(*command)  # PATH=/usr/bin:/bin: no pulumi
+    assert result.returncode == 3, result.stderr
+    assert "get.pulumi.com" in result.stderr and "Traceback" not in result.stderr

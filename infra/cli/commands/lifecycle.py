@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+from dataclasses import asdict
 from typing import Annotated
 
 import typer
 
-from infra.bringup import PhaseTiming, inventory_dir
+from infra import cloud_stack
+from infra.bringup import CloudApproval, PhaseTiming, inventory_dir
 from infra.bringup import up as bring_up
 from infra.cli import output
 from infra.cli.progress import ProgressPrinter
@@ -39,14 +42,30 @@ def render_status(status: PlatformStatus) -> None:
         console.print(f"note: {note}")
 
 
+YesFlag = Annotated[bool, typer.Option("--yes", "-y", help="cloud stacks: go on without asking for approval")]
+
+
+def _ask() -> cloud_stack.Ask | None:
+    """A yes/no question on the terminal; None when stdin is not one (CI, a pipe): --yes is then needed."""
+    if not sys.stdin.isatty():
+        return None
+    return lambda question: typer.confirm(question, default=False, err=True)
+
+
+def _pulumi_line(line: str) -> None:
+    output.stderr().out(f"  pulumi: {line.rstrip()}", highlight=False)
+
+
 def up(
     stack: StackName = None,
     stack_file: StackFile = None,
     reconfigure: Annotated[
         bool, typer.Option(help="run the playbooks even when nothing changed since the last converge")
     ] = False,
+    yes: YesFlag = False,
 ) -> None:
-    """Bring the platform up: machines, inventory, playbooks/site.yml, validation, status."""
+    """Bring the platform up: machines, inventory, playbooks/site.yml, validation, status. A cloud stack
+    is previewed against what is deployed first, and applied after approval (or --yes)."""
     platform = platform_from_options(stack, stack_file)
     err = output.stderr()
 
@@ -60,7 +79,8 @@ def up(
         err.print(f"✓ {phase.name} ({phase.seconds:.1f} s): {phase.summary}")
 
     try:
-        result = bring_up(platform, started, done, reconfigure, progress)
+        approval = CloudApproval(on_line=_pulumi_line, yes=yes, ask=_ask())
+        result = bring_up(platform, started, done, approval, reconfigure, progress)
     finally:
         progress.close()
     total = sum(p.seconds for p in result.phases)
@@ -69,35 +89,72 @@ def up(
         render_status(result.status)
 
 
+def down(stack: StackName = None, stack_file: StackFile = None, yes: YesFlag = False) -> None:
+    """Take the platform down: the local platform's containers, network and volume, or every resource of
+    a cloud stack (`pulumi destroy`, after approval or --yes)."""
+    platform = platform_from_options(stack, stack_file)
+    err = output.stderr()
+    if platform.spec.backend == "local":
+        cluster = LocalCluster(with_running_sizes(platform))
+        removed = cluster.destroy()
+        forget_sizes(cluster.platform)
+        err.print(f"removed {len(removed)}: {', '.join(removed) if removed else 'nothing was there'}")
+        return
+    deployed = cloud_stack.open_stack(platform, "`gpuplat down`", create=False)
+    cloud_stack.approve(f"pulumi destroy: every resource of stack {platform.name}", yes=yes, ask=_ask())
+    err.print(f"{platform.name}: {cloud_stack.destroy(deployed, _pulumi_line)}", markup=False)
+
+
+def status(stack: StackName = None, stack_file: StackFile = None, json_output: JsonFlag = False) -> None:
+    """Show what runs: the local platform's nodes, Slurm partitions, services and endpoints, or a cloud
+    stack's last update and outputs (from the Pulumi backend)."""
+    platform = platform_from_options(stack, stack_file)
+    state: PlatformStatus | cloud_stack.CloudStatus
+    if platform.spec.backend == "local":
+        state = collect_status(LocalCluster(with_running_sizes(platform)))
+    else:
+        state = cloud_stack.status(cloud_stack.open_stack(platform, "`gpuplat status`", create=False))
+    if json_output:
+        output.print_json(asdict(state))
+    elif isinstance(state, PlatformStatus):
+        render_status(state)
+    else:
+        render_cloud_status(state)
+
+
+def render_cloud_status(state: cloud_stack.CloudStatus) -> None:
+    console = output.stdout()
+    console.print(
+        f"Stack {state.stack}: last update {state.last_update or 'never'} "
+        f"({state.last_result or 'no result'}); resources changed then: {state.resource_changes or 'none'}",
+        markup=False,
+    )
+    console.print(output.table("Outputs", ["output", "value"], [[k, v] for k, v in state.outputs.items()]))
+
+
+def list_stacks(json_output: JsonFlag = False) -> None:
+    """List the deployed cloud stacks of this project (the Pulumi backend's view)."""
+    rows = cloud_stack.deployed_stacks()
+    if json_output:
+        output.print_json(rows)
+        return
+    output.stdout().print(output.table(
+        "Deployed stacks", ["stack", "last update", "resources", "updating"],
+        [[r["stack"], r["last_update"] or "-", r["resources"] if r["resources"] is not None else "-",
+          "yes" if r["update_in_progress"] else "no"] for r in rows],
+    ))  # fmt: skip
+
+
 def _local_cluster(stack: str | None, stack_file: StackFile) -> LocalCluster:
     platform = platform_from_options(stack, stack_file)
     if platform.spec.backend != "local":
         raise GpuPlatError(
-            f"stack {platform.name} has backend {platform.spec.backend}: `pulumi destroy -s {platform.name}` "
-            "removes cloud resources, and `pulumi stack output` shows them; this command is for local "
-            "stacks.",
+            f"stack {platform.name} has backend {platform.spec.backend}: its elastic pools scale by "
+            "themselves between min and max (Slurm power saving launches and terminates the instances); to "
+            f"change the bounds edit the stack file and run `gpuplat up --stack {platform.name}`.",
             exit_code=ExitCode.BAD_INPUT,
         )
     return LocalCluster(with_running_sizes(platform))
-
-
-def down(stack: StackName = None, stack_file: StackFile = None) -> None:
-    """Remove the local platform's containers, network and volume."""
-    cluster = _local_cluster(stack, stack_file)
-    removed = cluster.destroy()
-    forget_sizes(cluster.platform)
-    output.stderr().print(f"removed {len(removed)}: {', '.join(removed) if removed else 'nothing was there'}")
-
-
-def status(stack: StackName = None, stack_file: StackFile = None, json_output: JsonFlag = False) -> None:
-    """Show nodes, Slurm partitions and GPUs, services and endpoints of the local platform."""
-    state = collect_status(_local_cluster(stack, stack_file))
-    if json_output:
-        from dataclasses import asdict
-
-        output.print_json(asdict(state))
-        return
-    render_status(state)
 
 
 def scale(

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
+import typer
 from rich.markup import escape
 
+from infra import cloud_stack
 from infra.cli import output
 from infra.cli.commands.check import PolicyConfigFile, fail_on_mandatory
 from infra.cli.stack_options import JsonFlag, StackFile, StackName, platform_from_options
@@ -92,18 +96,36 @@ def render_plan(report: PlanReport) -> None:
         )
 
 
+DeployedFlag = Annotated[
+    bool,
+    typer.Option(
+        "--deployed",
+        help="also preview against what is deployed (pulumi preview --diff; needs the Pulumi CLI)",
+    ),
+]
+
+
 def plan(
     stack: StackName = None,
     stack_file: StackFile = None,
     policy_config: PolicyConfigFile = None,
+    deployed: DeployedFlag = False,
     json_output: JsonFlag = False,
 ) -> None:
     """Plan offline: the real Pulumi program under the SDK's mocks; no Pulumi CLI, no cloud calls.
-    Exits 1 on a mandatory policy violation, as `gpuplat check` does."""
+    Exits 1 on a mandatory policy violation, as `gpuplat check` does. --deployed adds what `pulumi up`
+    would change in the deployed stack."""
     config = load_policy_config(policy_config) if policy_config else PolicyConfig()
-    report = build_report(platform_from_options(stack, stack_file), config=config)
+    platform = platform_from_options(stack, stack_file)
+    report = build_report(platform, config=config)
+    changes = None
+    if deployed:
+        deployed_stack = cloud_stack.open_stack(platform, "`gpuplat plan --deployed`", create=False)
+        changes = cloud_stack.preview(deployed_stack, lambda line: output.stderr().out(line.rstrip()))
     if json_output:
-        output.print_json(report.to_dict())
+        output.print_json({**report.to_dict(), **({"deployed_changes": changes.counts} if changes else {})})
     else:
         render_plan(report)
+        if changes is not None:
+            output.stdout().print(f"Against the deployed stack: {changes.line()}", markup=False)
     fail_on_mandatory({report.stack: {v["rule"] for v in report.verdicts if v["severity"] == "mandatory"}})
