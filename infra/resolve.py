@@ -53,7 +53,10 @@ class ResolvedPool:
 
     @property
     def node_usd_per_hour(self) -> float:
-        """Price of one node-hour for the pool's capacity type (reserved capacity bills at on-demand)."""
+        """Price of one node-hour for the pool's capacity type (reserved capacity bills at on-demand); a
+        simulated node (a local container) costs nothing by the hour."""
+        if self.simulated:
+            return 0.0
         if self.spec.capacity == "spot" and self.node_type.spot_usd_per_hour is not None:
             return self.node_type.spot_usd_per_hour
         return self.node_type.price.on_demand_usd_per_hour
@@ -64,6 +67,8 @@ class ResolvedPool:
 
     @property
     def on_demand_usd_per_hour(self) -> float:
+        if self.simulated:
+            return 0.0
         return round(self.node_type.price.on_demand_usd_per_hour * self.spec.max_nodes, 2)
 
     def node_names(self) -> list[str]:

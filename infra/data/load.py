@@ -9,13 +9,14 @@ from typing import TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from infra.data.models import BootTimes, Catalog, Compatibility
+from infra.data.models import BootTimes, Catalog, Compatibility, ServicePrices
 from infra.spec.errors import spec_error_from_validation
 
 DATA_DIR = Path(__file__).resolve().parent
 CATALOG_FILE = DATA_DIR / "gpu_catalog.yaml"
 COMPATIBILITY_FILE = DATA_DIR / "compatibility.yaml"
 BOOT_TIMES_FILE = DATA_DIR / "boot_times.yaml"
+SERVICE_PRICES_FILE = DATA_DIR / "service_prices.yaml"
 
 _M = TypeVar("_M", bound=BaseModel)
 
@@ -48,3 +49,8 @@ def compatibility() -> Compatibility:
 @cache
 def boot_times() -> BootTimes:
     return load_data_file(BOOT_TIMES_FILE, BootTimes)
+
+
+@cache
+def service_prices() -> ServicePrices:
+    return load_data_file(SERVICE_PRICES_FILE, ServicePrices)

@@ -255,3 +255,21 @@ class BootTimes(_Strict):
         if {b.image for b in self.node_boot} != {"plain", "baked"}:
             raise ValueError("node_boot needs exactly one entry for plain and for baked images")
         return self
+
+
+class HourlyService(Sourced):
+    usd_per_hour: float = Field(ge=0)
+
+
+class LustrePrices(Sourced):
+    usd_per_gb_month_by_mbps_per_tib: dict[int, float] = Field(min_length=1)
+
+
+class ServicePrices(_Strict):
+    """Hourly prices of the services an aws stack runs besides its instances (service_prices.yaml)."""
+
+    hours_per_month: int = Field(gt=0)
+    eks_cluster: HourlyService
+    nat_gateway: HourlyService
+    public_ipv4_address: HourlyService
+    fsx_lustre_persistent2_ssd: LustrePrices

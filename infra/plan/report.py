@@ -11,6 +11,8 @@ from infra.package_set import resting_facts
 from infra.plan.record import Recording, record
 from infra.policy.check import verdicts_for
 from infra.policy.config import PolicyConfig
+from infra.policy.rules.service_costs import service_costs, total_usd_per_hour
+from infra.policy.view import from_recorded
 from infra.resolve import ResolvedPlatform
 
 
@@ -66,6 +68,7 @@ class PlanReport:
     software: dict[str, Any]
     outputs: dict[str, Any]
     verdicts: list[dict[str, Any]] = field(default_factory=list)
+    services: list[dict[str, Any]] = field(default_factory=list)
     # Packages the nodes will install whose version was never seen in the real repository index.
     unverified_facts: list[dict[str, Any]] = field(default_factory=list)
 
@@ -113,6 +116,7 @@ def build_report(
 ) -> PlanReport:
     recording = recording or record(platform)
     budget = platform.spec.budget
+    services = service_costs(from_recorded(r) for r in recording.resources)
     return PlanReport(
         stack=platform.name,
         backend=platform.spec.backend,
@@ -124,12 +128,13 @@ def build_report(
         budget=BudgetLine(
             gpus=platform.total_gpus,
             max_gpus=budget.max_gpus,
-            usd_per_hour=platform.max_usd_per_hour,
+            usd_per_hour=round(platform.max_usd_per_hour + total_usd_per_hour(services), 2),
             max_usd_per_hour=budget.max_hourly_usd,
         ),
         software=asdict(platform.software),
         outputs=recording.outputs,
         verdicts=[v.to_dict() for v in verdicts_for(platform, recording, config)],
+        services=[asdict(c) for c in services],
         unverified_facts=[
             {"package": f.package, "version": f.version, "accepted": f.accepted}
             for f in resting_facts(package_facts(), str(platform.software.os_release), platform.software)

@@ -13,6 +13,7 @@ from infra.cli.commands.check import PolicyConfigFile, fail_on_mandatory
 from infra.cli.stack_options import JsonFlag, StackFile, StackName, platform_from_options
 from infra.plan.report import PlanReport, build_report
 from infra.policy.config import PolicyConfig, load_policy_config
+from infra.policy.rules.service_costs import NOT_COUNTED
 
 
 def render_plan(report: PlanReport) -> None:
@@ -68,6 +69,15 @@ def render_plan(report: PlanReport) -> None:
         f"Storage {s.kind}: {s.training_gpus} training GPUs need {s.demand_gbps:.1f} GB/s; "
         f"supply {supply}: {verdict}"
     )
+    if report.services:
+        console.print(
+            output.table(
+                "Services (by the hour, besides the instances)",
+                ["resource", "what", "$/h"],
+                [[c["resource"], c["what"], f"${c['usd_per_hour']:,.3f}"] for c in report.services],
+            )
+        )
+        console.print(f"Not counted: {NOT_COUNTED}")
     b = report.budget
     console.print(
         f"Budget: {b.gpus}/{b.max_gpus} GPUs, {output.usd(b.usd_per_hour)}/{output.usd(b.max_usd_per_hour)} "

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from infra.policy.rules.base import Finding, PolicyContext, _stack_label
 from infra.policy.rules.nodes import node_groups
+from infra.policy.rules.service_costs import service_costs, total_usd_per_hour
 from infra.policy.view import ResourceIndex
 from infra.resolve import ResolvedPlatform
 
@@ -69,10 +70,13 @@ def check_budget_cost(index: ResourceIndex, ctx: PolicyContext) -> Iterator[Find
         return
     limit = platform.spec.budget.max_hourly_usd
     sizes = _pool_sizes(index, ctx, platform)
-    total = round(sum(s.usd_per_hour for s in sizes), 2)
+    pools = round(sum(s.usd_per_hour for s in sizes), 2)
+    services = total_usd_per_hour(service_costs(index))
+    total = round(pools + services, 2)
     if total > limit:
         yield Finding(
             _stack_label(ctx),
-            f"the pools cost ${total:,.2f} per hour at full size, over the budget of ${limit:,.2f}"
+            f"the stack costs ${total:,.2f} per hour at full size (pools ${pools:,.2f}, services "
+            f"${services:,.2f}: EKS, NAT gateways, FSx), over the budget of ${limit:,.2f}"
             f"{_beyond_stack(sizes, platform)}",
         )

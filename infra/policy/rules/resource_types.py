@@ -15,6 +15,8 @@ SG_RULE = "aws:ec2/securityGroupRule:SecurityGroupRule"
 INSTANCE = "aws:ec2/instance:Instance"
 VOLUME = "aws:ebs/volume:Volume"
 LUSTRE = "aws:fsx/lustreFileSystem:LustreFileSystem"
+NAT_GATEWAY = "aws:ec2/natGateway:NatGateway"
+ELASTIC_IP = "aws:ec2/eip:Eip"
 BUCKETS = ("aws:s3/bucket:Bucket", "aws:s3/bucketV2:BucketV2")
 BUCKET_SSE = (
     "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration",
@@ -31,8 +33,8 @@ TAGGABLE = (
     SECURITY_GROUP,
     "aws:ec2/internetGateway:InternetGateway",
     "aws:ec2/routeTable:RouteTable",
-    "aws:ec2/eip:Eip",
-    "aws:ec2/natGateway:NatGateway",
+    ELASTIC_IP,
+    NAT_GATEWAY,
     "aws:ec2/vpcEndpoint:VpcEndpoint",
     LAUNCH_TEMPLATE,
     PLACEMENT_GROUP,
