@@ -6,6 +6,7 @@ finds instances by the tags the pools set, plus group_vars files with the same r
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -301,11 +302,7 @@ def stack_inventory_documents(
     if not overlay.get("shared_fs_source") and outputs.get("fsx_dns_name") and outputs.get("fsx_mount_name"):
         overlay["shared_fs_source"] = f"{outputs['fsx_dns_name']}@tcp:/{outputs['fsx_mount_name']}"
     all_vars = {**documents["group_vars/all.yml"], **overlay}
-    missing = []
-    if platform.spec.scheduler.kind == "slurm" and not all_vars.get("gpuplat_controller_addresses"):
-        missing.append("controller_addresses (gpuplat_controller_addresses)")
-    if all_vars.get("shared_fs_kind") != "local-volume" and not all_vars.get("shared_fs_source"):
-        missing.append("fsx_dns_name and fsx_mount_name (shared_fs_source)")
+    missing = _missing_cloud_values(platform, all_vars)
     if missing:
         raise GpuPlatError(
             f"stack {platform.name}: its outputs lack {' and '.join(missing)}; the inventory would leave the "
@@ -317,6 +314,27 @@ def stack_inventory_documents(
     if isinstance(config, Mapping):
         documents["aws_ec2.yml"] = dict(config)
     return documents
+
+
+def _missing_cloud_values(platform: ResolvedPlatform, all_vars: Mapping[str, Any]) -> list[str]:
+    """The stack outputs (and the variables they fill) the nodes cannot do without, where blank."""
+    missing = []
+    if platform.spec.scheduler.kind == "slurm" and not all_vars.get("gpuplat_controller_addresses"):
+        missing.append("controller_addresses (gpuplat_controller_addresses)")
+    if all_vars.get("shared_fs_kind") != "local-volume" and not all_vars.get("shared_fs_source"):
+        missing.append("fsx_dns_name and fsx_mount_name (shared_fs_source)")
+    return missing
+
+
+def offline_blanks(platform: ResolvedPlatform, documents: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """What an offline inventory of an aws stack leaves blank because only the deployed stack knows it."""
+    all_vars = documents.get("group_vars/all.yml")
+    if platform.spec.backend != "aws" or all_vars is None:
+        return []
+    blanks = _missing_cloud_values(platform, all_vars)
+    if not os.environ.get(SSM_BUCKET_ENV):
+        blanks.append(f"the SSM transfer bucket (aws_ec2.yml reads ${SSM_BUCKET_ENV}, which is not set)")
+    return blanks
 
 
 def render(documents: dict[str, dict[str, Any]]) -> str:

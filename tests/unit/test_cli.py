@@ -137,3 +137,15 @@ def test_output_directories_are_replaced_only_with_force(command: str, tmp_path:
     forced = gpuplat(command, "--stack", stack, "--output", str(out), "--force")
     assert forced.returncode == 0, forced.stderr
     assert not (out / "mine.txt").exists()
+
+
+def test_an_offline_cloud_inventory_names_what_it_leaves_blank(tmp_path: Path) -> None:
+    """Offline, an aws inventory lacks the FSx mount source, the controllers' addresses and the SSM bucket:
+    it says so (exit 0, the inventory is still useful to read); a static one has nothing blank."""
+    cloud = gpuplat("inventory", "--stack", "aws-prod", "--output", str(tmp_path / "aws"))
+    assert cloud.returncode == 0, cloud.stderr
+    assert "leaves blank" in cloud.stderr
+    for blank in ("shared_fs_source", "gpuplat_controller_addresses", "GPUPLAT_SSM_BUCKET"):
+        assert blank in cloud.stderr
+    onprem = gpuplat("inventory", "--stack", "onprem", "--output", str(tmp_path / "onprem"))
+    assert onprem.returncode == 0 and "blank" not in onprem.stderr

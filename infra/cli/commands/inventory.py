@@ -11,7 +11,7 @@ from infra.cli import output
 from infra.cli.output_tree import Force, write_tree
 from infra.cli.stack_options import StackFile, StackName, platform_from_options
 from infra.errors import SpecError
-from infra.inventory import has_ansible_nodes, inventory_documents, render, rendered_files
+from infra.inventory import has_ansible_nodes, inventory_documents, offline_blanks, render, rendered_files
 from infra.local.scale import with_running_sizes
 
 OutputDir = Annotated[
@@ -35,8 +35,17 @@ def inventory(
     documents = inventory_documents(platform)
     if output_dir is None:
         output.stdout().out(render(documents), end="")
-        return
-    files = rendered_files(documents)
-    write_tree(output_dir, files, force, "the inventory")
-    for name in files:
-        output.stderr().print(f"wrote {output_dir / name}", markup=False)
+    else:
+        files = rendered_files(documents)
+        write_tree(output_dir, files, force, "the inventory")
+        for name in files:
+            output.stderr().print(f"wrote {output_dir / name}", markup=False)
+    blanks = offline_blanks(platform, documents)
+    if blanks:
+        err = output.stderr()
+        err.print(
+            f"note: written offline, this inventory leaves blank what only the deployed stack knows: "
+            f"{'; '.join(blanks)}. `gpuplat up --stack {platform.name}` writes it from the stack's outputs "
+            f"(or `pulumi stack output group_vars -s {platform.name}`).",
+            markup=False,
+        )
