@@ -84,7 +84,7 @@ def _finish(process: subprocess.Popen[str]) -> tuple[int, str]:
 @pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed (pip install -e '.[dev]')")
 def test_a_sigterm_saves_the_step_and_the_resumed_run_ends_bit_identical(tmp_path: Path) -> None:
     reference = _torchrun(tmp_path / "reference")
-    # Slow enough that the SIGTERM, sent once step 45+ is read, lands well before step 120 on a loaded machine.
+    # Slow enough that the SIGTERM, sent once step 45+ is read, lands well before step 120 (loaded machines).
     interrupted = _torchrun(tmp_path / "job", "--step-seconds", "0.15")
     code, output = _finish(reference)
     assert code == 0, output[-3000:]

@@ -10,10 +10,13 @@ from rich.markup import escape
 from infra import cloud_stack
 from infra.cli import output
 from infra.cli.commands.check import PolicyConfigFile, fail_on_mandatory
-from infra.cli.stack_options import JsonFlag, StackFile, StackName, platform_from_options
+from infra.cli.stack_options import JsonFlag, StackFile, StackName, stack_path
+from infra.errors import SpecError
+from infra.plan.diff import PlanDiff, load_base, markdown, plan_diff
 from infra.plan.report import PlanReport, build_report
 from infra.policy.config import PolicyConfig, load_policy_config
 from infra.policy.rules.service_costs import NOT_COUNTED
+from infra.resolve import load_platform
 
 
 def render_plan(report: PlanReport) -> None:
@@ -115,27 +118,73 @@ DeployedFlag = Annotated[
 ]
 
 
+BaseOption = Annotated[
+    str | None,
+    typer.Option(
+        "--base",
+        help="compare with this revision: a stack file, or a git branch, tag or commit of the stack file",
+    ),
+]
+FormatOption = Annotated[str, typer.Option("--format", help="text | json | markdown (markdown: with --base)")]
+_FORMATS = ("text", "json", "markdown")
+
+
 def plan(
     stack: StackName = None,
     stack_file: StackFile = None,
     policy_config: PolicyConfigFile = None,
     deployed: DeployedFlag = False,
+    base: BaseOption = None,
+    output_format: FormatOption = "text",
     json_output: JsonFlag = False,
 ) -> None:
     """Plan offline: the real Pulumi program under the SDK's mocks; no Pulumi CLI, no cloud calls.
     Exits 1 on a mandatory policy violation, as `gpuplat check` does. --deployed adds what `pulumi up`
-    would change in the deployed stack."""
+    would change in the deployed stack; --base shows what changes against another revision."""
+    output_format = "json" if json_output else output_format
+    if output_format not in _FORMATS:
+        raise SpecError(f"--format {output_format!r}: give one of {', '.join(_FORMATS)}")
+    if output_format == "markdown" and base is None:
+        raise SpecError("--format markdown shows a difference: give --base (a stack file or a git revision)")
     config = load_policy_config(policy_config) if policy_config else PolicyConfig()
-    platform = platform_from_options(stack, stack_file)
+    path = stack_path(stack, stack_file)
+    platform = load_platform(path)
     report = build_report(platform, config=config)
-    changes = None
-    if deployed:
-        deployed_stack = cloud_stack.open_stack(platform, "`gpuplat plan --deployed`", create=False)
-        changes = cloud_stack.preview(deployed_stack, lambda line: output.stderr().out(line.rstrip()))
-    if json_output:
-        output.print_json({**report.to_dict(), **({"deployed_changes": changes.counts} if changes else {})})
+    if base is not None:
+        base_platform, base_label = load_base(path, base)
+        render_diff(plan_diff(base_platform, platform, base_label, str(path)), output_format)
     else:
-        render_plan(report)
-        if changes is not None:
-            output.stdout().print(f"Against the deployed stack: {changes.line()}", markup=False)
+        changes = None
+        if deployed:
+            deployed_stack = cloud_stack.open_stack(platform, "`gpuplat plan --deployed`", create=False)
+            changes = cloud_stack.preview(deployed_stack, lambda line: output.stderr().out(line.rstrip()))
+        if output_format == "json":
+            extra = {"deployed_changes": changes.counts} if changes else {}
+            output.print_json({**report.to_dict(), **extra})
+        else:
+            render_plan(report)
+            if changes is not None:
+                output.stdout().print(f"Against the deployed stack: {changes.line()}", markup=False)
     fail_on_mandatory({report.stack: {v["rule"] for v in report.verdicts if v["severity"] == "mandatory"}})
+
+
+def render_diff(diff: PlanDiff, output_format: str) -> None:
+    if output_format == "json":
+        output.print_json(diff.to_dict())
+        return
+    if output_format == "markdown":
+        output.stdout().out(markdown(diff), end="", highlight=False)
+        return
+    counts = diff.counts()
+    console = output.stdout()
+    console.print(
+        f"Stack {diff.stack}: {diff.base} -> {diff.head}: {counts['add']} to add, {counts['change']} to "
+        f"change, {counts['remove']} to remove; GPUs {diff.before.gpus} -> {diff.after.gpus}, "
+        f"{output.usd(diff.before.usd_per_hour)}/h -> {output.usd(diff.after.usd_per_hour)}/h at full size",
+        markup=False,
+    )
+    if diff.changes:
+        console.print(output.table(
+            "Resource changes", ["change", "type", "name", "inputs"],
+            [[c.op, c.type, c.name, ", ".join(c.fields)] for c in diff.changes],
+        ))  # fmt: skip
