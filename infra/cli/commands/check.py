@@ -5,6 +5,7 @@ Exit 0 when no mandatory rule is violated (advisories are printed), 1 otherwise.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -15,6 +16,7 @@ from infra.cli import output
 from infra.cli.stack_options import JsonFlag, StackFile, StackName, platform_from_options
 from infra.errors import ExitCode, GpuPlatError, SpecError
 from infra.policy.check import CheckReport, check_platform
+from infra.policy.ci_formats import junit, sarif
 from infra.policy.config import PolicyConfig, load_policy_config
 from infra.resolve import ResolvedPlatform, load_platform
 from infra.spec.load import stack_file, stack_names
@@ -27,6 +29,12 @@ PolicyConfigFile = Annotated[
         help="policy settings, the format of `pulumi preview --policy-pack-config` (JSON or YAML)",
     ),
 ]
+
+
+CheckFormat = Annotated[
+    str, typer.Option("--format", help="text | json | sarif (code scanning) | junit (test reports)")
+]
+_FORMATS = ("text", "json", "sarif", "junit")
 
 
 def _platforms(stack: str | None, stack_file_path: Path | None, every: bool) -> list[ResolvedPlatform]:
@@ -68,13 +76,23 @@ def check(
     stack_file: StackFile = None,
     every: AllFlag = False,
     policy_config: PolicyConfigFile = None,
+    output_format: CheckFormat = "text",
     json_output: JsonFlag = False,
 ) -> None:
     """Check the policy rules offline: the real Pulumi program under the SDK's mocks, no cloud calls."""
+    output_format = "json" if json_output else output_format
+    if output_format not in _FORMATS:
+        raise SpecError(f"--format {output_format!r}: give one of {', '.join(_FORMATS)}")
     config = load_policy_config(policy_config) if policy_config else PolicyConfig()
-    reports = [check_platform(platform, config) for platform in _platforms(stack, stack_file, every)]
-    if json_output:
+    platforms = _platforms(stack, stack_file, every)
+    reports = [check_platform(platform, config) for platform in platforms]
+    if output_format == "json":
         output.print_json([r.to_dict() for r in reports])  # a list, for one stack as for --all
+    elif output_format == "sarif":
+        pools = [[pool.name for pool in platform.pools] for platform in platforms]
+        output.print_json(sarif(zip(reports, pools, strict=True), Path.cwd()))
+    elif output_format == "junit":
+        sys.stdout.write(junit(reports, config))
     else:
         for report in reports:
             render_check(report)
