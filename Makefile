@@ -41,7 +41,7 @@ plan: venv
 	@for s in $$($(BIN)/python -c 'from infra.spec.load import stack_names; print(*stack_names())'); do \
 		$(BIN)/gpuplat plan --stack $$s || exit $$?; done
 
-## lint: ruff and mypy on the Python code
+## lint: ruff and mypy on the Python code; the CI examples against the GitHub workflow and GitLab CI schemas
 lint: venv
 	$(BIN)/ruff check infra tests benchmarks examples
 	$(BIN)/ruff format --check infra tests benchmarks examples
@@ -49,6 +49,8 @@ lint: venv
 	$(BIN)/ruff check $(NODE_PROGRAMS)
 	$(BIN)/ruff format --check $(NODE_PROGRAMS)
 	$(BIN)/mypy --strict --ignore-missing-imports $(NODE_PROGRAMS)
+	$(BIN)/check-jsonschema --builtin-schema vendor.github-workflows examples/ci/github/*.yml
+	$(BIN)/check-jsonschema --builtin-schema vendor.gitlab-ci examples/ci/gitlab/.gitlab-ci.yml
 
 ## host: podman, runc, debootstrap and friends from the distribution (root; skips what is installed)
 host:

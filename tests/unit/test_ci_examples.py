@@ -1,0 +1,69 @@
+"""The CI examples users copy (examples/ci/): the scripts their workflows call, run here as the workflows
+run them; the workflow files themselves are validated in `make lint` (check-jsonschema, the GitHub
+workflow and GitLab CI schemas it vendors)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema  # type: ignore[import-untyped]
+import yaml
+
+from infra.spec.load import PROJECT_ROOT, stack_file
+from tests.upstream import UPSTREAM
+
+GPUPLAT = str(Path(sys.executable).parent / "gpuplat")
+SCRIPTS = PROJECT_ROOT / "scripts" / "ci"
+
+
+def _git(repository: Path, *args: str) -> str:
+    command = ["git", "-C", str(repository), "-c", "user.name=t", "-c", "user.email=t@example.com", *args]
+    return subprocess.run(command, capture_output=True, text=True, check=True).stdout
+
+
+def test_the_plan_comment_covers_the_stack_files_a_change_touches(tmp_path: Path) -> None:
+    repository = tmp_path / "platform"
+    (repository / "stacks").mkdir(parents=True)
+    _git(repository, "init", "-q", "-b", "main")
+    for name in ("aws-prod", "onprem"):
+        (repository / "stacks" / f"Pulumi.{name}.yaml").write_text(stack_file(name).read_text())
+    _git(repository, "add", ".")
+    _git(repository, "commit", "-q", "-m", "base")
+    _git(repository, "checkout", "-q", "-b", "change")
+    changed = repository / "stacks" / "Pulumi.aws-prod.yaml"
+    document = yaml.safe_load(changed.read_text())
+    pools = document["config"]["gpu-platform:platform"]["pools"]
+    next(p for p in pools if p["name"] == "infer")["max"] = 12
+    changed.write_text(yaml.safe_dump(document, sort_keys=False))
+    _git(repository, "commit", "-q", "-am", "more inference")
+
+    done = subprocess.run(
+        [str(SCRIPTS / "plan-comment.sh"), "main", "comment.md"],
+        cwd=repository, capture_output=True, text=True, env={"GPUPLAT": GPUPLAT, "PATH": "/usr/bin:/bin"},
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    comment = (repository / "comment.md").read_text()
+    assert "stack `aws-prod`" in comment and "`aws-prod-infer-asg`" in comment
+    assert "onprem" not in comment  # untouched stacks stay out of the comment
+    bad = subprocess.run(
+        [str(SCRIPTS / "plan-comment.sh"), "origin/nowhere"], cwd=repository, capture_output=True, text=True,
+        env={"GPUPLAT": GPUPLAT, "PATH": "/usr/bin:/bin"}, check=False,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "not a revision" in bad.stderr
+
+
+def test_the_policy_report_writes_valid_sarif_and_junit(tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    done = subprocess.run(
+        [str(SCRIPTS / "policy-report.sh"), str(out)],
+        cwd=PROJECT_ROOT, capture_output=True, text=True, env={"GPUPLAT": GPUPLAT, "PATH": "/usr/bin:/bin"},
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    schema = json.loads((UPSTREAM / "sarif" / "sarif-schema-2.1.0.json").read_text())
+    jsonschema.validate(json.loads((out / "gpuplat.sarif").read_text()), schema)
+    assert (out / "gpuplat-junit.xml").read_text().startswith("<?xml")
