@@ -61,6 +61,16 @@ def stderr() -> Console:
     return Console(stderr=True, no_color=_NO_COLOR, highlight=False, soft_wrap=True, width=width)
 
 
+def chosen_format(requested: str, json_flag: bool, allowed: tuple[str, ...]) -> str:
+    """--format, with --json as its shorthand for json; anything else allowed is bad input (exit 2)."""
+    chosen = "json" if json_flag else requested
+    if chosen not in allowed:
+        from infra.errors import SpecError
+
+        raise SpecError(f"--format {chosen!r}: give one of {', '.join(allowed)}")
+    return chosen
+
+
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
 

@@ -80,9 +80,7 @@ def check(
     json_output: JsonFlag = False,
 ) -> None:
     """Check the policy rules offline: the real Pulumi program under the SDK's mocks, no cloud calls."""
-    output_format = "json" if json_output else output_format
-    if output_format not in _FORMATS:
-        raise SpecError(f"--format {output_format!r}: give one of {', '.join(_FORMATS)}")
+    output_format = output.chosen_format(output_format, json_output, _FORMATS)
     config = load_policy_config(policy_config) if policy_config else PolicyConfig()
     platforms = _platforms(stack, stack_file, every)
     reports = [check_platform(platform, config) for platform in platforms]

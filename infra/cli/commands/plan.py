@@ -141,9 +141,7 @@ def plan(
     """Plan offline: the real Pulumi program under the SDK's mocks; no Pulumi CLI, no cloud calls.
     Exits 1 on a mandatory policy violation, as `gpuplat check` does. --deployed adds what `pulumi up`
     would change in the deployed stack; --base shows what changes against another revision."""
-    output_format = "json" if json_output else output_format
-    if output_format not in _FORMATS:
-        raise SpecError(f"--format {output_format!r}: give one of {', '.join(_FORMATS)}")
+    output_format = output.chosen_format(output_format, json_output, _FORMATS)
     if output_format == "markdown" and base is None:
         raise SpecError("--format markdown shows a difference: give --base (a stack file or a git revision)")
     config = load_policy_config(policy_config) if policy_config else PolicyConfig()
