@@ -95,7 +95,7 @@ def _level_and_settings(key: str, value: Any, problems: list[Problem]) -> tuple[
     return None, {}
 
 
-def _unknown_properties(rule_id: str, given: dict[str, Any], taken: list[str]) -> list[Problem]:
+def unknown_properties(rule_id: str, given: dict[str, Any], taken: list[str]) -> list[Problem]:
     problems = []
     for name in sorted(set(given) - set(taken)):
         if rule_id == ALL_RULES:
@@ -137,7 +137,7 @@ def parse_policy_config(document: Mapping[str, Any], source: str = "policy confi
         if level is not None:
             levels[key] = level
         taken = [] if key == ALL_RULES else [PolicyConfig.property_name(o) for o in rules[key].options]
-        unknown = _unknown_properties(key, settings, taken)
+        unknown = unknown_properties(key, settings, taken)
         problems += unknown
         if unknown:
             continue

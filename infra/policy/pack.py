@@ -25,7 +25,7 @@ import pulumi
 import pulumi_policy as pp
 
 from infra.errors import GpuPlatError
-from infra.policy.config import PolicyConfig
+from infra.policy.config import ENFORCEMENT_KEY, PolicyConfig, unknown_properties
 from infra.policy.rules import (
     RULES,
     PolicyContext,
@@ -88,6 +88,28 @@ def _context(config: Mapping[str, Any] | None, loader: PlatformLoader) -> Policy
     return PolicyContext(loader(), PolicyConfig.from_properties(config))
 
 
+def _misplaced_settings(rule: ResourceRule | StackRule, config: Mapping[str, Any] | None) -> list[str]:
+    """Properties the config gives this rule that it does not take. Pulumi hands each policy its own
+    entry and validates it against the policy's schema, which (in the Python SDK) cannot forbid extra
+    properties; `gpuplat check` refuses such a config, and the pack reports it as the rule's violation
+    so that both stop the same change."""
+    given = {str(k): v for k, v in (config or {}).items() if k != ENFORCEMENT_KEY}
+    taken = [PolicyConfig.property_name(option) for option in rule.options]
+    return [f"policy config: {message}" for _, message in unknown_properties(rule.id, given, taken)]
+
+
+def _report_config_once(
+    rule: ResourceRule | StackRule,
+    reported: set[str],
+    config: Mapping[str, Any] | None,
+    report: Callable[..., None],
+) -> None:
+    for message in _misplaced_settings(rule, config):
+        if message not in reported:
+            reported.add(message)
+            report(message, None)
+
+
 def _message(message: str, remediation: str) -> str:
     return f"{message}.\nFix: {remediation}"
 
@@ -106,7 +128,10 @@ def _policy_fields(rule: ResourceRule | StackRule) -> dict[str, Any]:
 
 
 def resource_policy(rule: ResourceRule, loader: PlatformLoader = platform_from_stack) -> Any:
+    reported: set[str] = set()
+
     def validate(args: Any, report_violation: Callable[[str, str | None], None]) -> None:
+        _report_config_once(rule, reported, args.get_config(), report_violation)
         view = from_policy_args(args)
         if not applies_to(rule, view):
             return
@@ -118,7 +143,10 @@ def resource_policy(rule: ResourceRule, loader: PlatformLoader = platform_from_s
 
 
 def stack_policy(rule: StackRule, loader: PlatformLoader = platform_from_stack) -> Any:
+    reported: set[str] = set()
+
     def validate(args: Any, report_violation: Callable[[str, str | None], None]) -> None:
+        _report_config_once(rule, reported, args.get_config(), report_violation)
         ctx = _context(args.get_config(), loader)
         if rule.needs_platform and ctx.platform is None:
             args.not_applicable(

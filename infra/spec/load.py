@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from infra.data.load import catalog
 from infra.errors import SpecError
 from infra.spec.catalog_checks import catalog_problems
-from infra.spec.errors import field_path, spec_error, spec_error_from_validation
+from infra.spec.errors import field_path, spec_error, validation_problems
 from infra.spec.models import PATTERN_MEANINGS, PlatformSpec
 
 CONFIG_KEY = "gpu-platform:platform"
@@ -174,13 +174,34 @@ def parse_spec(raw: Any, source: Path | str) -> PlatformSpec:
     try:
         spec = PlatformSpec.model_validate(raw)
     except ValidationError as exc:
-        raise spec_error_from_validation(
-            source, CONFIG_KEY, exc, model=PlatformSpec, pattern_meanings=PATTERN_MEANINGS
-        ) from exc
-    problems = catalog_problems(spec, catalog())
-    if problems:
-        raise spec_error(source, [(field_path(CONFIG_KEY, loc), message) for loc, message in problems])
+        problems = validation_problems(
+            exc,
+            lambda loc: field_path(CONFIG_KEY, loc),
+            model=PlatformSpec,
+            pattern_meanings=PATTERN_MEANINGS,
+        )
+        raise spec_error(source, _named_pools(problems, raw)) from exc
+    found = catalog_problems(spec, catalog())
+    if found:
+        raise spec_error(source, _named_pools([(field_path(CONFIG_KEY, loc), m) for loc, m in found], raw))
     return spec
+
+
+_POOL_INDEX = re.compile(rf"^{re.escape(CONFIG_KEY)}\.pools\[(\d+)\]")
+
+
+def _named_pools(problems: list[tuple[str, str]], raw: Any) -> list[tuple[str, str]]:
+    """A problem at pools[i] also names the pool, where the file gives it a name: `(pool train)`."""
+    pools = raw.get("pools") if isinstance(raw, dict) else None
+    named = []
+    for path, message in problems:
+        match = _POOL_INDEX.match(path)
+        index = int(match.group(1)) if match else -1
+        name = None
+        if isinstance(pools, list) and 0 <= index < len(pools) and isinstance(pools[index], dict):
+            name = pools[index].get("name")
+        named.append((path, f"{message} (pool {name})" if isinstance(name, str) and name else message))
+    return named
 
 
 def _check_provider_region(path: Path, config: dict[str, Any], spec: PlatformSpec) -> None:

@@ -156,6 +156,27 @@ def test_stack_policy_config_is_read(aws_prod: tuple[ResolvedPlatform, Recording
     assert urn == recording.named("aws-prod-private-us-east-1a").urn
 
 
+def test_a_property_under_the_wrong_rule_stops_the_pack_as_it_stops_check(
+    aws_prod: tuple[ResolvedPlatform, Recording], tmp_path: Path
+) -> None:
+    """requiredTags given to budget-gpus and minSpotShare to security-imdsv2 (a resource rule, validated once
+    per resource): each policy reports it once, as `gpuplat check` refuses the same config."""
+    platform, recording = aws_prod
+    pack = by_name(lambda: platform)
+    (budget,) = run_policy(pack["budget-gpus"], recording, {"requiredTags": ["owner"]})
+    assert "policy config: rule budget-gpus has no property 'requiredTags'" in budget[0]
+    (imds,) = run_policy(pack["security-imdsv2"], recording, {"minSpotShare": 0.7})
+    assert "rule security-imdsv2 has no property 'minSpotShare'" in imds[0]
+    config = tmp_path / "policy.json"
+    config.write_text('{"budget-gpus": {"requiredTags": ["owner"]}}')
+    refused = subprocess.run(
+        [sys.executable, "-c", "from infra.cli.app import main; main()", "check", "--stack", "aws-prod",
+         "--policy-config", str(config)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert refused.returncode == 2 and "rule budget-gpus has no property 'requiredTags'" in refused.stderr
+
+
 def test_platform_rules_not_applicable_without_platform(aws_prod: tuple[ResolvedPlatform, Recording]) -> None:
     _, recording = aws_prod
     pack = by_name(lambda: None)

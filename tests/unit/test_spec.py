@@ -64,6 +64,10 @@ BAD_CASES = {
         _set(["pools", 1, "instance_type"], "p9.huge"),
         "gpu-platform:platform.pools[1].instance_type: unknown instance type 'p9.huge'",
     ),
+    "pool-named-in-the-path": (
+        _set(["pools", 1, "count"], -2),
+        "pools[1].count: Input should be greater than or equal to 0 (got -2) (pool train)",
+    ),
     "negative-count": (
         _set(["pools", 1, "count"], -1),
         "pools[1].count: Input should be greater than or equal to 0",
