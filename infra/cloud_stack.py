@@ -27,7 +27,8 @@ Line = Callable[[str], None]
 
 
 class AutomationStack(Protocol):
-    """The part of pulumi.automation.Stack used here."""
+    """The part of pulumi.automation.Stack used here (pulumi/automation/_stack.py: preview, up, destroy,
+    outputs, info; PreviewResult.change_summary, UpResult.outputs, DestroyResult.summary)."""
 
     name: str
 

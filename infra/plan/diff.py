@@ -13,8 +13,7 @@ from typing import Any, Literal
 
 from infra.errors import SpecError
 from infra.plan.record import Recording, record
-from infra.policy.rules.service_costs import service_costs, total_usd_per_hour
-from infra.policy.view import from_recorded
+from infra.plan.report import full_size_usd_per_hour, recorded_services
 from infra.resolve import ResolvedPlatform, load_platform
 
 Operation = Literal["add", "change", "remove"]
@@ -118,10 +117,8 @@ def plan_diff(
 def _totals(platform: ResolvedPlatform | None, recording: Recording) -> Totals:
     if platform is None:
         return Totals(0, 0, 0.0)
-    services = total_usd_per_hour(service_costs(from_recorded(r) for r in recording.resources))
-    return Totals(
-        len(recording.resources), platform.total_gpus, round(platform.max_usd_per_hour + services, 2)
-    )
+    usd = full_size_usd_per_hour(platform, recorded_services(recording))
+    return Totals(len(recording.resources), platform.total_gpus, usd)
 
 
 def resource_changes(before: Recording, after: Recording) -> list[ResourceChange]:

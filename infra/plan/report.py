@@ -11,7 +11,7 @@ from infra.package_set import resting_facts
 from infra.plan.record import Recording, record
 from infra.policy.check import verdicts_for
 from infra.policy.config import PolicyConfig
-from infra.policy.rules.service_costs import service_costs, total_usd_per_hour
+from infra.policy.rules.service_costs import ServiceCost, service_costs, total_usd_per_hour
 from infra.policy.view import from_recorded
 from infra.resolve import ResolvedPlatform
 
@@ -111,12 +111,21 @@ def _storage_line(platform: ResolvedPlatform) -> StorageLine:
     )
 
 
+def recorded_services(recording: Recording) -> list[ServiceCost]:
+    return service_costs(from_recorded(r) for r in recording.resources)
+
+
+def full_size_usd_per_hour(platform: ResolvedPlatform, services: list[ServiceCost]) -> float:
+    """The pools at full size plus the services (EKS, NAT gateway, FSx) the program declares."""
+    return round(platform.max_usd_per_hour + total_usd_per_hour(services), 2)
+
+
 def build_report(
     platform: ResolvedPlatform, recording: Recording | None = None, config: PolicyConfig | None = None
 ) -> PlanReport:
     recording = recording or record(platform)
     budget = platform.spec.budget
-    services = service_costs(from_recorded(r) for r in recording.resources)
+    services = recorded_services(recording)
     return PlanReport(
         stack=platform.name,
         backend=platform.spec.backend,
@@ -128,7 +137,7 @@ def build_report(
         budget=BudgetLine(
             gpus=platform.total_gpus,
             max_gpus=budget.max_gpus,
-            usd_per_hour=round(platform.max_usd_per_hour + total_usd_per_hour(services), 2),
+            usd_per_hour=full_size_usd_per_hour(platform, services),
             max_usd_per_hour=budget.max_hourly_usd,
         ),
         software=asdict(platform.software),

@@ -226,8 +226,9 @@ def test_e_a_node_that_never_boots_comes_back_to_power_saving(box: Any) -> None:
         box.resume_timeout_s + 180 - (time.monotonic() - HELD["since"]),
     )
     FIGURES["held boot -> terminated s"] = time.monotonic() - HELD["since"]
-    # Requeued, not failed. On a loaded machine the requeued job may already be eligible again (Slurm holds
-    # a requeued job ~30 s) and resuming the node anew: any live state counts, with a restart recorded.
+    # Requeued, not failed. On a loaded machine the requeued job may already be eligible again (observed
+    # here: EligibleTime = requeue + 31 s) and resuming the node anew: any live state counts, with a
+    # restart recorded.
     state = slurm(box, f"squeue -h -j {job} -o %T").strip()
     restarts = re.search(r"Restarts=(\d+)", slurm(box, f"scontrol show job {job}"))
     assert state in ("PENDING", "CONFIGURING", "RUNNING"), explain(box, job)

@@ -6,23 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
 
 from infra.data.load import service_prices
 from infra.policy.rules.resource_types import EKS_CLUSTER, ELASTIC_IP, LUSTRE, NAT_GATEWAY
+from infra.policy.view import ResourceView
 
 NOT_COUNTED = "traffic-based charges (NAT data processing, data transfer, S3 requests) are not counted"
-
-
-class _Resource(Protocol):
-    @property
-    def type(self) -> str: ...
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def props(self) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -32,7 +21,7 @@ class ServiceCost:
     usd_per_hour: float
 
 
-def service_costs(resources: Iterable[_Resource]) -> list[ServiceCost]:
+def service_costs(resources: Iterable[ResourceView]) -> list[ServiceCost]:
     prices = service_prices()
     costs = []
     for resource in resources:
@@ -49,7 +38,7 @@ def service_costs(resources: Iterable[_Resource]) -> list[ServiceCost]:
     return costs
 
 
-def _lustre(resource: _Resource) -> ServiceCost:
+def _lustre(resource: ResourceView) -> ServiceCost:
     prices = service_prices()
     tiers = prices.fsx_lustre_persistent2_ssd.usd_per_gb_month_by_mbps_per_tib
     capacity = float(resource.props.get("storageCapacity") or 0)
