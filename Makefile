@@ -11,7 +11,7 @@ NODE_PROGRAMS := roles/slurm_elastic/files/gpuplat_ec2_nodes.py roles/inference_
 	roles/gpu_validation/files/gpuplat_node_check.py roles/gpu_validation/files/gpuplat_checkpoint_probe.py \
 	roles/slurm_compute/files/gpuplat_dataset_cache.py
 
-.PHONY: venv host image images test-node-suites test-role-suites up down status plan test test-unit test-roles test-scheduler test-serving test-integration test-box lint clean
+.PHONY: venv host image images test-cluster-suites test-static-suites up down status plan test test-unit test-roles test-scheduler test-serving test-integration test-box lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -87,23 +87,22 @@ test-integration: venv image
 images: image
 	scripts/build-base-image.sh trixie
 
-## test: everything CI runs, as four streams side by side, each printed when it ends: test-scheduler
-## and test-box (both wait on Slurm's own timers much of the time and leave the CPUs idle), test-roles
-## then test-serving, and lint, test-unit, test-integration one after the other.
+## test: everything CI runs, as five streams side by side, each printed when it ends: test-box (it waits
+## on Slurm's timers much of the time and leaves the CPUs to the others), test-integration, test-roles,
+## test-scheduler then test-serving, and lint then test-unit.
 ## The Debian 13 image is built inside the streams that need it (test-scheduler and test-roles, one
 ## waiting for the other: build-base-image.sh locks), while the others already run.
 test: venv image
-	GPUPLAT_ROLES_LINTED=1 $(MAKE) --no-print-directory -j4 --output-sync=target test-scheduler test-box \
-		test-role-suites test-node-suites
+	GPUPLAT_ROLES_LINTED=1 $(MAKE) --no-print-directory -j5 --output-sync=target test-box test-integration \
+		test-roles test-cluster-suites test-static-suites
 
-test-role-suites:
-	$(MAKE) --no-print-directory test-roles
+test-cluster-suites:
+	$(MAKE) --no-print-directory test-scheduler
 	$(MAKE) --no-print-directory test-serving
 
-test-node-suites:
+test-static-suites:
 	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory test-unit
-	$(MAKE) --no-print-directory test-integration
 
 clean:
 	rm -rf .pytest_cache .mypy_cache .ruff_cache build *.egg-info
