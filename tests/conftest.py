@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -15,6 +15,20 @@ from infra.resolve import ResolvedPlatform, load_platform
 from infra.spec.load import CONFIG_KEY, stack_file
 
 FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(autouse=True)
+def no_unforeseen_crash(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[None]:
+    """The CLI's crash logs go to a directory of the test's own, and a test fails when the CLI it ran
+    crashed (wrote a crash log), even if its exit code looked right. A test that wants a crash points
+    XDG_STATE_HOME elsewhere itself."""
+    state = tmp_path_factory.mktemp("state")
+    monkeypatch.setenv("XDG_STATE_HOME", str(state))
+    yield
+    logs = sorted((state / "gpuplat" / "logs").glob("gpuplat-crash-*.log"))
+    assert not logs, "the CLI crashed (a gpuplat bug):\n" + logs[0].read_text()[-2000:] if logs else ""
 
 
 def stack_document(name: str) -> dict[str, Any]:

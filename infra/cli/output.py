@@ -42,9 +42,13 @@ class ReaderTolerantStdout:
 
     def _drop_the_rest(self) -> None:
         self.reader_gone = True
+        try:
+            descriptor = self._stream.fileno()
+        except (OSError, ValueError):  # io.UnsupportedOperation: a stream with no descriptor behind it
+            return
         # The interpreter flushes the real stream at exit: point its descriptor at /dev/null first.
         devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, self._stream.fileno())
+        os.dup2(devnull, descriptor)
         os.close(devnull)
 
     def __getattr__(self, name: str) -> Any:

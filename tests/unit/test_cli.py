@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -12,13 +13,18 @@ from typing import Any
 import pytest
 
 
+def cli_env() -> dict[str, str]:
+    """A bare environment; crash logs go where the test's crash check looks (tests/conftest.py)."""
+    return {"NO_COLOR": "1", "PATH": "/usr/bin:/bin", "XDG_STATE_HOME": os.environ["XDG_STATE_HOME"]}
+
+
 def gpuplat(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", "from infra.cli.app import main; main()", *args],
         capture_output=True,
         text=True,
         cwd=cwd,
-        env={"NO_COLOR": "1", "PATH": "/usr/bin:/bin"},
+        env=cli_env(),
         check=False,
     )
 
@@ -117,7 +123,7 @@ def test_a_reader_that_leaves_early_does_not_change_the_exit_code(command: list[
         ["bash", "-c", f"set -o pipefail; {program} | true"],
         capture_output=True,
         text=True,
-        env={"NO_COLOR": "1", "PATH": "/usr/bin:/bin"},
+        env=cli_env(),
         check=False,
     )
     assert piped.returncode == alone.returncode, piped.stderr

@@ -207,9 +207,12 @@ class _ClosedPipe(io.StringIO):
         raise BrokenPipeError(errno.EPIPE, "Broken pipe")
 
 
-def test_a_closed_stdout_is_a_failure_not_a_policy_violation() -> None:
+def test_a_stdout_whose_reader_left_ends_the_command_with_its_own_verdict() -> None:
+    """Also when stdout has no file descriptor behind it (an embedding program's stream)."""
     run = run_cli("stacks", "--json", stdout=_ClosedPipe())
-    assert run.code == 4
+    assert run.code == 0 and run.err == "", run.err
+    invalid = run_cli("plan", "--stack", "no-such-stack", stdout=_ClosedPipe())
+    assert invalid.code == 2 and invalid.err.startswith("error:"), invalid.err
 
 
 def test_usage_errors_exit_2_and_help_exits_0() -> None:
