@@ -11,7 +11,7 @@ NODE_PROGRAMS := roles/slurm_elastic/files/gpuplat_ec2_nodes.py roles/inference_
 	roles/gpu_validation/files/gpuplat_node_check.py roles/gpu_validation/files/gpuplat_checkpoint_probe.py \
 	roles/slurm_compute/files/gpuplat_dataset_cache.py
 
-.PHONY: venv host image images test-cluster-suites test-static-suites up down status plan test test-unit test-roles test-scheduler test-serving test-integration test-box lint clean
+.PHONY: venv host image images test-cluster-suites test-role-and-static-suites up down status plan test test-unit test-roles test-scheduler test-serving test-integration test-box lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -87,20 +87,24 @@ test-integration: venv image
 images: image
 	scripts/build-base-image.sh trixie
 
-## test: everything CI runs, as five streams side by side, each printed when it ends: test-box (it waits
-## on Slurm's timers much of the time and leaves the CPUs to the others), test-integration, test-roles,
-## test-scheduler then test-serving, and lint then test-unit.
+## test: everything CI runs. The venv and the Debian 12 image are made side by side (pip and debootstrap
+## both wait on the network much of the time), then four streams run side by side, each printed when it
+## ends: test-box and test-integration (the two longest; both wait on Slurm's timers much of the time),
+## test-roles then lint and test-unit (which fill the CPU those two leave idle late in the run), and
+## test-scheduler then test-serving.
 ## The Debian 13 image is built inside the streams that need it (test-scheduler and test-roles, one
 ## waiting for the other: build-base-image.sh locks), while the others already run.
-test: venv image
-	GPUPLAT_ROLES_LINTED=1 $(MAKE) --no-print-directory -j5 --output-sync=target test-box test-integration \
-		test-roles test-cluster-suites test-static-suites
+test:
+	$(MAKE) --no-print-directory -j2 venv image
+	GPUPLAT_ROLES_LINTED=1 $(MAKE) --no-print-directory -j4 --output-sync=target test-box test-integration \
+		test-role-and-static-suites test-cluster-suites
 
 test-cluster-suites:
 	$(MAKE) --no-print-directory test-scheduler
 	$(MAKE) --no-print-directory test-serving
 
-test-static-suites:
+test-role-and-static-suites:
+	$(MAKE) --no-print-directory test-roles
 	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory test-unit
 
