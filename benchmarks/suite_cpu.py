@@ -32,9 +32,8 @@ LOGS = ROOT / "build" / "suite-cpu"
 MAKE_TEST_STREAMS = {
     "box": ["test-box"],
     "integration": ["test-integration"],
-    "roles": ["test-roles"],
+    "roles-static": ["test-roles", "lint", "test-unit"],
     "cluster": ["test-scheduler", "test-serving"],
-    "static": ["lint", "test-unit"],
 }
 SAMPLE_S = 5.0
 
