@@ -28,13 +28,6 @@ CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 CONTAINERS = CPUACCT / "libpod_parent"
 ROOT = Path(__file__).resolve().parents[1]
 LOGS = ROOT / "build" / "suite-cpu"
-# The streams of `make test` (Makefile, target test), each a list of targets run one after the other.
-MAKE_TEST_STREAMS = {
-    "box": ["test-box"],
-    "integration": ["test-integration"],
-    "roles-static": ["test-roles", "lint", "test-unit"],
-    "cluster": ["test-scheduler", "test-serving"],
-}
 SAMPLE_S = 5.0
 
 
@@ -123,9 +116,17 @@ def report(samples: Samples, streams: list[str], walls: dict[str, float], codes:
     return "\n".join(lines)
 
 
+def make_test_streams(makefile: Path = ROOT / "Makefile") -> dict[str, list[str]]:
+    """The streams `make test` runs side by side: the targets of its `--output-sync=target` line."""
+    recipe = makefile.read_text().replace("\\\n", " ")
+    line = next(line for line in recipe.splitlines() if "--output-sync=target" in line)
+    targets = line.split("--output-sync=target", 1)[1].split()
+    return {target.removeprefix("test-"): [target] for target in targets}
+
+
 def parse_streams(arguments: list[str]) -> dict[str, list[str]]:
     if not arguments:
-        return MAKE_TEST_STREAMS
+        return make_test_streams()
     streams = {}
     for argument in arguments:
         name, _, targets = argument.partition("=")
