@@ -20,6 +20,7 @@ import json
 from dataclasses import dataclass, replace
 
 from infra.ansible_content import digest_content
+from infra.errors import GpuPlatError
 from infra.inventory import container_name, inventory_documents
 from infra.local.podman import exists, podman
 from infra.resolve import ResolvedPlatform, ResolvedPool
@@ -106,9 +107,17 @@ def stack_images(stack: str, pool: str | None = None) -> list[str]:
 
 
 def remove_stack_images(stack: str) -> list[str]:
+    """Remove the stack's node images; an image podman keeps fails, so `down` never reports a clean
+    host while the next `up` would start the pool from a leftover."""
     removed = stack_images(stack)
-    for image in removed:
-        podman("rmi", "--force", image, check=False)
+    errors = [podman("rmi", "--force", image, check=False).stderr.strip() for image in removed]
+    left = stack_images(stack)
+    if left:
+        reasons = "; ".join(e for e in errors if e) or "no error from podman"
+        raise GpuPlatError(
+            f"podman did not remove the node images of stack {stack}: {', '.join(left)} ({reasons}). "
+            f"Remove them with `podman rmi --force {' '.join(left)}`, then run `gpuplat down` again."
+        )
     return removed
 
 

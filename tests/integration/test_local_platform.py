@@ -21,7 +21,7 @@ import pytest
 
 from infra.inventory import container_name
 from infra.local.cluster import BASE_IMAGE, LocalCluster
-from infra.local.node_image import NODE_IMAGES
+from infra.local.node_image import NODE_IMAGES, stack_images
 from infra.local.podman import podman
 from infra.resolve import load_platform
 from infra.spec.load import stack_file
@@ -65,7 +65,26 @@ def first_up() -> subprocess.CompletedProcess[str]:
         pytest.skip("podman is not installed: run `make host` (scripts/setup-host.sh) first")
     if podman("image", "exists", BASE_IMAGE, check=False).returncode != 0:
         pytest.skip(f"base image {BASE_IMAGE} missing: run scripts/build-base-image.sh (make image)")
+    left = _stack_leftovers()
+    if left:
+        # What an earlier run left (its pool image above all) would make this `up` a partial one.
+        print(f"\nan earlier run left {', '.join(left)}: gpuplat down first", flush=True)
+        cleared = gpuplat("down", "--stack", STACK)
+        assert cleared.returncode == 0, cleared.stderr[-3000:]
     return gpuplat("up", "--stack", STACK)
+
+
+def _stack_leftovers() -> list[str]:
+    """The stack's containers, network, volume and node images on this host."""
+    containers = podman(
+        "ps", "--all", "--filter", f"label=gpuplat.stack={STACK}", "--format", "{{.Names}}"
+    ).stdout.split()
+    others = [
+        f"{kind} {name}"
+        for kind, name in (("network", f"gpuplat-{STACK}"), ("volume", f"gpuplat-{STACK}-shared"))
+        if podman(kind, "exists", name, check=False).returncode == 0
+    ]
+    return containers + others + stack_images(STACK)
 
 
 def test_up_brings_the_platform_up(first_up: subprocess.CompletedProcess[str]) -> None:
@@ -391,13 +410,4 @@ def test_a_node_added_to_the_running_cluster_joins_runs_gpu_work_and_leaves_no_t
 def test_down_leaves_nothing(first_up: subprocess.CompletedProcess[str]) -> None:
     result = gpuplat("down", "--stack", STACK)
     assert result.returncode == 0, result.stderr
-    leftovers = podman(
-        "ps", "--all", "--filter", f"label=gpuplat.stack={STACK}", "--format", "{{.Names}}"
-    ).stdout
-    assert leftovers.strip() == ""
-    assert podman("network", "exists", f"gpuplat-{STACK}", check=False).returncode != 0
-    assert podman("volume", "exists", f"gpuplat-{STACK}-shared", check=False).returncode != 0
-    images = podman(
-        "images", "--filter", f"label=gpuplat.stack={STACK}", "--format", "{{.Repository}}"
-    ).stdout
-    assert NODE_IMAGES not in images
+    assert _stack_leftovers() == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 import pytest
 
 from infra import ansible_content
+from infra.errors import GpuPlatError
 from infra.inventory import inventory_documents
 from infra.local import node_image
 from infra.local.node_image import imaged_pools, node_images
@@ -71,3 +73,31 @@ def test_a_training_pool_without_power_saving_is_configured_in_full(write_stack:
         train["count"] = 4
 
     assert imaged_pools(load_platform(write_stack("local", fixed_size))) == []
+
+
+class _ImageStore:
+    """podman's image store as `images` and `rmi` see it; images in `stuck` survive `rmi`."""
+
+    def __init__(self, images: list[str], stuck: set[str]) -> None:
+        self.images, self.stuck = list(images), stuck
+
+    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        if args[0] == "images":
+            return subprocess.CompletedProcess(args, 0, "\n".join(self.images) + "\n", "")
+        assert args[:2] == ("rmi", "--force"), args
+        if args[2] in self.stuck:
+            return subprocess.CompletedProcess(args, 2, "", f"Error: image {args[2]} is in use")
+        self.images.remove(args[2])
+        return subprocess.CompletedProcess(args, 0, "", "")
+
+
+def test_down_fails_naming_a_node_image_podman_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A leftover image would make the next `up` start the pool from it instead of baking it anew."""
+    kept, gone = "localhost/gpuplat-node:local-train-aaaa", "localhost/gpuplat-node:local-infer-bbbb"
+    monkeypatch.setattr(node_image, "podman", _ImageStore([kept, gone], stuck={kept}))
+    refusal = rf"did not remove the node images of stack local: {kept} \(.*in use"
+    with pytest.raises(GpuPlatError, match=refusal):
+        node_image.remove_stack_images("local")
+
+    monkeypatch.setattr(node_image, "podman", _ImageStore([kept, gone], stuck=set()))
+    assert node_image.remove_stack_images("local") == [kept, gone]
