@@ -2,8 +2,9 @@
 # Test the serving stack offline: lint its roles and playbook (ansible-lint, production
 # profile), then run the Molecule scenario molecule/serving: a service node (HAProxy
 # gateway + Prometheus) and an infer node (CPU reference model server) converge
-# playbooks/serving.yml, converge again with no change, pass check mode, and verify:
-# health, real embeddings through the gateway with the official openai client, the
+# playbooks/serving.yml, pass check mode, and verify (a converge again with no change is the
+# integration tier's, over the same roles): health, real embeddings through the gateway with
+# the official openai client, the
 # overload burst (503 at once past the queue, every accepted request complete), and
 # Prometheus targets, recording rules and recorded series.
 #

@@ -40,7 +40,9 @@ class HypervisorSettings:
     volumes: list[str]  # podman --volume arguments every instance gets (the FSx stand-in, the image's files)
     environment: dict[str, str]  # what the instance's user data runs with (the region's endpoints)
     gpus: Callable[[str], int]  # instance type -> GPUs (device files)
-    hold_next_boot: bool = False  # the next instance boots its OS but never runs its user data
+    # Node names whose next instance boots its OS but never runs its user data (once per name; the
+    # name is the gpuplat:node tag the resume program puts on the instance it launched).
+    hold_nodes: set[str] = field(default_factory=set)
 
 
 class Hypervisor:
@@ -105,6 +107,26 @@ class Hypervisor:
                 self.ec2.stop_instances(InstanceIds=[instance_id], Force=True)
                 self._note(f"{instance_id}: container died; instance stopped")
 
+    def _take_hold(self, instance_id: str) -> bool:
+        """Whether this instance's node is held; the hold is used up. The resume program tags the name
+        just after RunInstances: an untagged instance is waited for while a hold is pending."""
+        with self._lock:
+            if not self.settings.hold_nodes:
+                return False
+        deadline = time.monotonic() + 60
+        node = ""
+        while not node and time.monotonic() < deadline:
+            reservations = self.ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]
+            [described] = reservations[0]["Instances"]
+            node = next((t["Value"] for t in described.get("Tags", []) if t["Key"] == "gpuplat:node"), "")
+            if not node:
+                time.sleep(1)
+        with self._lock:
+            if node in self.settings.hold_nodes:
+                self.settings.hold_nodes.discard(node)
+                return True
+        return False
+
     def _boot(self, machine: Machine, instance: dict[str, Any]) -> None:
         try:
             image = self.settings.images[instance["ImageId"]]
@@ -129,8 +151,7 @@ class Hypervisor:
             script = user_data(self.ec2, machine.instance_id)
             self._note(f"{machine.instance_id} ({machine.address}, {instance['InstanceType']}) booted")
             machine.booted.set()
-            with self._lock:
-                hold, self.settings.hold_next_boot = self.settings.hold_next_boot, False
+            hold = self._take_hold(machine.instance_id)
             if hold or not script:
                 self.held.add(machine.instance_id)
                 self._note(f"{machine.instance_id}: user data not run")
