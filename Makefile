@@ -91,8 +91,7 @@ images: image
 ## both wait on the network much of the time), then four streams run side by side, each printed when it
 ## ends: test-box and test-integration (the two longest; both wait on Slurm's timers much of the time),
 ## test-roles then lint and test-unit (which fill the CPU those two leave idle late in the run), and
-## test-scheduler then test-serving. The two streams that end first run at a lower CPU priority, so
-## that the two long ones get the cores first when all four want them.
+## test-scheduler then test-serving.
 ## The Debian 13 image is built inside the streams that need it (test-scheduler and test-roles, one
 ## waiting for the other: build-base-image.sh locks), while the others already run.
 test:
@@ -101,13 +100,13 @@ test:
 		test-role-and-static-suites test-cluster-suites
 
 test-cluster-suites:
-	nice -n 5 $(MAKE) --no-print-directory test-scheduler
-	nice -n 5 $(MAKE) --no-print-directory test-serving
+	$(MAKE) --no-print-directory test-scheduler
+	$(MAKE) --no-print-directory test-serving
 
 test-role-and-static-suites:
-	nice -n 10 $(MAKE) --no-print-directory test-roles
-	nice -n 10 $(MAKE) --no-print-directory lint
-	nice -n 10 $(MAKE) --no-print-directory test-unit
+	$(MAKE) --no-print-directory test-roles
+	$(MAKE) --no-print-directory lint
+	$(MAKE) --no-print-directory test-unit
 
 clean:
 	rm -rf .pytest_cache .mypy_cache .ruff_cache build *.egg-info
