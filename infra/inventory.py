@@ -137,6 +137,9 @@ def platform_vars(platform: ResolvedPlatform) -> dict[str, Any]:
                 ),
             }
         )
+        if serving.registry is not None:
+            values["model_registry_port"] = serving.registry.port
+            values["model_registry_data_dir"] = f"{spec.storage.parallel_fs.mount_path.rstrip('/')}/registry"
         if layout is not None:
             # Ansible waits for /health as long as a replica may take to load (the Kubernetes layer's
             # startup probe allows the same).
@@ -167,6 +170,8 @@ def role_group_members(platform: ResolvedPlatform) -> dict[str, list[str]]:
     if platform.spec.serving is not None:
         members["inference_gateway"] = [pool_group(platform.gateway_pool.name)]
         members["inference_server"] = [pool_group(platform.spec.serving.pool)]
+        if platform.spec.serving.registry is not None:
+            members["model_registry"] = [pool_group(platform.gateway_pool.name)]
     return {group: pools for group, pools in members.items() if pools}
 
 
@@ -202,7 +207,11 @@ LOCAL_POWER_PROGRAMS = {
 
 
 def local_vars() -> dict[str, Any]:
-    return {"inference_server_pip_cert": LOCAL_NODE_CA_BUNDLE, **LOCAL_POWER_PROGRAMS}
+    return {
+        "inference_server_pip_cert": LOCAL_NODE_CA_BUNDLE,
+        "model_registry_pip_cert": LOCAL_NODE_CA_BUNDLE,
+        **LOCAL_POWER_PROGRAMS,
+    }
 
 
 def static_inventory(platform: ResolvedPlatform) -> dict[str, Any]:

@@ -6,7 +6,8 @@
 # integration tier's, over the same roles): health, real embeddings through the gateway with
 # the official openai client, the
 # overload burst (503 at once past the queue, every accepted request complete), and
-# Prometheus targets, recording rules and recorded series.
+# Prometheus targets, recording rules and recorded series; then tests/serving from this host
+# against the converged scenario (the model registry through `gpuplat models`).
 #
 #   scripts/test-serving.sh
 #
@@ -37,7 +38,14 @@ else
 fi
 
 if ((ready)); then
-  run_step molecule:serving molecule test -s serving
+  # The scenario's sequence without its last destroy: tests/serving then use its registry (and gateway)
+  # from this host through the published ports; the scenario is destroyed whatever they found.
+  if run_step molecule:serving molecule test -s serving --destroy never; then
+    run_step pytest:serving env GPUPLAT_SERVING_SCENARIO=1 pytest -q -p no:cacheprovider tests/serving
+  else
+    skip_step pytest:serving "the serving scenario did not converge and verify"
+  fi
+  run_step molecule:serving:destroy molecule destroy -s serving
 else
   skip_step molecule:serving "no base image"
 fi

@@ -15,6 +15,7 @@ from infra.cli.commands.inventory import inventory
 from infra.cli.commands.job_profile import job_profile_command
 from infra.cli.commands.lifecycle import down, list_stacks, scale, status, up
 from infra.cli.commands.manifests import manifests
+from infra.cli.commands.models import models
 from infra.cli.commands.nccl_report import nccl_report
 from infra.cli.commands.plan import plan
 from infra.cli.commands.size import size
@@ -68,6 +69,7 @@ app.command()(manifests)
 app.command()(nccl_report)
 app.command()(validate)
 app.command("job-profile")(job_profile_command)
+app.add_typer(models)
 
 
 _INTERRUPTED = 130  # the shell's code for a command stopped by Ctrl-C (128 + SIGINT)

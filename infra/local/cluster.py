@@ -164,6 +164,15 @@ class LocalCluster:
         address = next(n.address for n in self.nodes if n.name == gateway)
         return f"http://{address}:{GATEWAY_PORT}/v1"
 
+    def registry_url(self) -> str | None:
+        """The model registry on the gateway's node (serving.registry), None where the stack runs none."""
+        serving = self.platform.spec.serving
+        if serving is None or serving.registry is None:
+            return None
+        gateway = self.platform.gateway_pool.node_names()[0]
+        address = next(n.address for n in self.nodes if n.name == gateway)
+        return f"http://{address}:{serving.registry.port}"
+
     def prometheus_url(self) -> str:
         monitor = self.platform.controller_pool.node_names()[0]
         address = next(n.address for n in self.nodes if n.name == monitor)

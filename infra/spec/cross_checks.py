@@ -168,6 +168,15 @@ def _check_serving(spec: PlatformSpec) -> list[FieldProblem]:
                 f"{_pool_names(spec, 'service')}",
             )
         )
+    if serving.registry is not None and spec.scheduler.kind == "kueue":
+        problems.append(
+            (
+                ("serving", "registry"),
+                "the model registry runs as a service on the gateway's node of Slurm stacks; on Kubernetes "
+                "(scheduler.kind kueue) the platform does not deploy it yet: remove serving.registry and run "
+                "MLflow as your own Deployment",
+            )
+        )
     return problems
 
 

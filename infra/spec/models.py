@@ -400,6 +400,46 @@ class Kubernetes(_Model):
         return "cluster-autoscaler" if self.distribution == "eks" else "none"
 
 
+class Registry(_Model):
+    """The model registry: an MLflow tracking and Model Registry server on the gateway's node (its
+    database and artifacts on the shared filesystem)."""
+
+    port: int = Field(5000, ge=1, le=65535, description="the registry's HTTP port on its node")
+
+
+class Canary(_Model):
+    """How `gpuplat serve --canary` admits a version and when its guard rolls the canary back."""
+
+    gate_metric: str | None = Field(
+        None,
+        min_length=1,
+        description=(
+            "evaluation metric a version must carry (a tag of that name on the registry's version, e.g. "
+            "written by the training job) to enter a canary; unset: no gate"
+        ),
+    )
+    gate_min: float | None = Field(
+        None, description="least value of gate_metric a version needs (besides at least the stable's)"
+    )
+    higher_is_better: bool = Field(True, description="false for metrics such as loss or perplexity")
+    max_error_rate_increase: float = Field(
+        0.05, ge=0, le=1, description="canary error rate allowed above the stable version's (0.05: 5 points)"
+    )
+    max_p95_ratio: float = Field(
+        1.5, ge=1, description="canary p95 latency allowed, as a multiple of the stable version's"
+    )
+    min_requests: int = Field(
+        20, ge=1, description="requests the canary must have answered before the guard judges it"
+    )
+    window_s: int = Field(60, ge=10, le=3600, description="the guard's look-back window (seconds)")
+
+    @model_validator(mode="after")
+    def _gate(self) -> Canary:
+        if self.gate_min is not None and self.gate_metric is None:
+            raise FieldProblems([(("gate_min",), "gate_min needs gate_metric: the metric it bounds")])
+        return self
+
+
 class Serving(_Model):
     engine: Literal["vllm", "cpu-reference"]
     model: str = Field(min_length=1, description="model name or object-store/mirror path")
@@ -459,6 +499,10 @@ class Serving(_Model):
     tensor_parallel: int | None = Field(
         None, ge=1, description="GPUs per replica; default: the smallest power of two the model fits in"
     )
+    registry: Registry | None = Field(
+        None, description="run the model registry (MLflow) that `gpuplat models` and `gpuplat serve` use"
+    )
+    canary: Canary = Field(default_factory=Canary)
 
     @model_validator(mode="after")
     def _replicas(self) -> Serving:
