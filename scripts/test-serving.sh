@@ -34,7 +34,7 @@ if [[ ${GPUPLAT_ROLES_LINTED:-} == 1 ]]; then
   echo "ansible-lint: left to test-roles (GPUPLAT_ROLES_LINTED=1, make test)"
 else
   run_step ansible-lint ansible-lint --profile production \
-    roles/inference_server roles/inference_gateway roles/monitoring playbooks/serving.yml
+    roles/inference_server roles/inference_gateway roles/monitoring roles/model_registry playbooks/serving.yml
 fi
 
 if ((ready)); then

@@ -14,6 +14,7 @@ EXPECTED_SERVICES = {
 }
 # Model servers run one `gpuplat-inference@N` unit per GPU group; replica 0 exists on every inference node.
 SERVING_SERVICES = {"service": ["haproxy", "prometheus"], "infer": ["gpuplat-inference@0"]}
+REGISTRY_SERVICE = "gpuplat-registry"  # roles/model_registry, on the gateway's node (serving.registry)
 
 
 def expected_services(role: str, serving: bool) -> list[str]:
@@ -66,10 +67,17 @@ def collect_status(cluster: LocalCluster) -> PlatformStatus:
         status.notes.append("no node is running: `gpuplat up --stack local` starts them")
         return status
     controller = cluster.platform.controller_pool.node_names()[0]
+    serving = cluster.platform.spec.serving
+    registry_node = (
+        cluster.platform.gateway_pool.node_names()[0] if serving and serving.registry is not None else None
+    )
     for state in states:
         if state.node.name not in running:
             continue
-        for service in expected_services(state.node.role, cluster.platform.spec.serving is not None):
+        services = expected_services(state.node.role, cluster.platform.spec.serving is not None)
+        if registry_node == state.node.name:
+            services.append(REGISTRY_SERVICE)
+        for service in services:
             result = cluster.exec_unchecked(state.node.name, "systemctl", "is-active", service)
             status.services.append(ServiceLine(state.node.name, service, result.strip() or "unknown"))
     gateway = cluster.gateway_url()
@@ -80,6 +88,9 @@ def collect_status(cluster: LocalCluster) -> PlatformStatus:
             f"curl -s {gateway}/embeddings -H 'Content-Type: application/json' "
             f"""-d '{{"model": "{model}", "input": "hello"}}'"""
         )
+    registry = cluster.registry_url()
+    if registry is not None:
+        status.endpoints["model registry (MLflow; gpuplat models)"] = registry
     status.endpoints["prometheus"] = cluster.prometheus_url()
     if controller in running:
         sinfo = cluster.exec_unchecked(controller, "sinfo", "-h", "-o", "%P|%a|%D|%G|%T")

@@ -81,9 +81,10 @@ def _stack_leftovers() -> list[str]:
     containers = podman(
         "ps", "--all", "--filter", f"label=gpuplat.stack={STACK}", "--format", "{{.Names}}"
     ).stdout.split()
+    cluster = LocalCluster(load_platform(stack_file(STACK)))
     others = [
         f"{kind} {name}"
-        for kind, name in (("network", f"gpuplat-{STACK}"), ("volume", f"gpuplat-{STACK}-shared"))
+        for kind, name in (("network", cluster.network), ("volume", cluster.volume))
         if podman(kind, "exists", name, check=False).returncode == 0
     ]
     return containers + others + stack_images(STACK)
@@ -273,7 +274,8 @@ def test_distributed_training_survives_a_sigterm_and_losing_a_node(
 
     # Read where the shared volume lies on this host: the waits below look at the log several times a
     # second, and a `podman exec` per look costs more CPU than the job does.
-    shared = podman("volume", "inspect", "--format", "{{.Mountpoint}}", f"gpuplat-{STACK}-shared").stdout
+    volume = LocalCluster(load_platform(stack_file(STACK))).volume
+    shared = podman("volume", "inspect", "--format", "{{.Mountpoint}}", volume).stdout
     job_log = Path(shared.strip()) / Path(DIST_DIR).relative_to("/shared") / f"slurm-{job}.out"
 
     def log() -> str:
