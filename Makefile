@@ -97,9 +97,11 @@ images: image
 ## The Debian 13 image is built inside the streams that need it (test-scheduler and test-roles, one
 ## waiting for the other: build-base-image.sh locks), while the others already run.
 test:
+	@$(PYTHON) benchmarks/cpu_speed.py start
 	$(MAKE) --no-print-directory -j2 venv image
 	GPUPLAT_ROLES_LINTED=1 $(MAKE) --no-print-directory -j4 --output-sync=target test-box test-integration \
 		test-role-and-static-suites test-cluster-suites
+	@$(PYTHON) benchmarks/cpu_speed.py end
 
 test-cluster-suites:
 	$(MAKE) --no-print-directory test-scheduler
