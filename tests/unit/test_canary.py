@@ -6,51 +6,30 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from infra.canary import MAX_WEIGHT, VersionStats, gate, judge, split
+from infra.canary import DRAWS, VersionStats, gate, judge, map_changes, version_map
 from infra.registry.mlflow import ModelVersion
 from infra.spec.models import Canary
 
 
-def _servers(prefix: str, count: int) -> list[str]:
-    return [f"{prefix}{i}" for i in range(count)]
+@given(percent=st.integers(min_value=0, max_value=100))
+def test_the_version_map_gives_the_canary_its_share_of_draws(percent: int) -> None:
+    entries = version_map(percent, "inference", "inference_canary")
+    assert sorted(entries) == list(range(DRAWS))
+    assert sum(backend == "inference_canary" for backend in entries.values()) == percent
 
 
-@given(
-    percent=st.integers(min_value=0, max_value=100),
-    stable=st.integers(min_value=1, max_value=8),
-    canary=st.integers(min_value=1, max_value=8),
-)
-def test_weights_give_the_canary_its_share_within_what_integers_allow(
-    percent: int, stable: int, canary: int
-) -> None:
-    result = split(percent, _servers("s", stable), _servers("c", canary))
-    assert all(0 <= w <= MAX_WEIGHT for w in result.weights.values())
-    total = sum(result.weights.values())
-    canary_share = 100 * sum(w for name, w in result.weights.items() if name.startswith("c")) / total
-    assert canary_share == pytest.approx(result.canary_percent)
-    extreme = sorted({result.weights["s0"], result.weights["c0"]}) == [1, MAX_WEIGHT]
-    assert abs(result.canary_percent - percent) <= 1.0 or extreme, result
+def test_moving_the_share_sets_only_the_draws_that_change() -> None:
+    at_20 = version_map(20, "inference", "inference_canary")
+    assert map_changes(at_20, version_map(25, "inference", "inference_canary")) == [
+        (draw, "inference_canary") for draw in range(20, 25)
+    ]
+    assert map_changes(at_20, at_20) == []
+    assert len(map_changes({}, at_20)) == DRAWS  # a map never set: every entry
 
 
-def test_a_share_integers_cannot_give_is_the_nearest_and_says_so() -> None:
-    """One stable server and 64 canary servers: 1 % would need a stable weight of 6,336."""
-    result = split(1, ["s"], _servers("c", 64))
-    assert result.weights["s"] == MAX_WEIGHT and result.weights["c0"] == 1
-    assert result.canary_percent == pytest.approx(100 * 64 / (64 + 256))
-
-
-def test_exact_shares_are_exact() -> None:
-    assert split(20, ["a", "b"], ["c"]).weights == {"a": 2, "b": 2, "c": 1}
-    assert split(20, ["a"], ["c"]).canary_percent == 20
-    assert split(0, ["a"], ["c"]).weights == {"a": 1, "c": 0}
-    assert split(100, ["a"], ["c"]).weights == {"a": 0, "c": 1}
-
-
-def test_a_split_needs_both_versions_and_a_percentage() -> None:
+def test_a_share_is_a_whole_percentage() -> None:
     with pytest.raises(ValueError, match="0 to 100"):
-        split(120, ["a"], ["b"])
-    with pytest.raises(ValueError, match="both versions"):
-        split(20, [], ["b"])
+        version_map(120, "a", "b")
 
 
 def _version(number: int, **tags: str) -> ModelVersion:
