@@ -7,6 +7,7 @@ STACK ?= local
 export CONTAINERS_CONF := $(CURDIR)/scripts/containers.conf
 # Python programs the roles install on nodes (stdlib + distro boto3), linted like infra/.
 NODE_PROGRAMS := roles/slurm_elastic/files/gpuplat_ec2_nodes.py roles/inference_gateway/files/gpuplat_gateway_targets.py \
+	roles/inference_gateway/files/gpuplat_gateway_canary.py \
 	roles/inference_server/files/gpuplat_scaling_agent.py \
 	roles/gpu_validation/files/gpuplat_node_check.py roles/gpu_validation/files/gpuplat_checkpoint_probe.py \
 	roles/slurm_compute/files/gpuplat_dataset_cache.py

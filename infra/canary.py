@@ -1,13 +1,6 @@
-"""A canary release's arithmetic: the gateway's version map that gives the canary its share of requests,
-the gate a version passes before it may take any, and the guard's verdict on a running canary.
-
-The share is drawn per request, not weighted per server. The gateway balances each version's servers by
-least connections, and HAProxy's leastconn ignores server weights while the servers are equally loaded:
-measured on HAProxy 2.6.12 (Debian 12), 300 sequential requests to a leastconn backend of two servers
-weighted 4:1 went 150/150. Instead the frontend draws a number from 0 to 99 per request
-(`rand(100)`) and looks up the version's backend in a map (`map_int`), which the runtime API changes
-without a reload (`set map <file> <key> <value>`, answered with an empty line); the same HAProxy sent 60
-of 300 requests to the canary with 20 of the 100 draws mapped to it.
+"""A canary release's judgement: the gate a version passes before it may take any requests, and the
+guard's verdict on a running canary. The share itself is set at the gateway
+(roles/inference_gateway/files/gpuplat_gateway_canary.py: a per-request draw in a version map).
 """
 
 from __future__ import annotations
@@ -16,21 +9,6 @@ from dataclasses import dataclass
 
 from infra.registry.mlflow import ModelVersion
 from infra.spec.models import Canary
-
-DRAWS = 100
-"""The frontend's draw: rand(100), so a share is a whole percent."""
-
-
-def version_map(percent: int, stable: str, canary: str) -> dict[int, str]:
-    """The backend of each draw for a canary share: draws below `percent` go to the canary."""
-    if not 0 <= percent <= 100:
-        raise ValueError(f"a canary share is a whole percentage from 0 to 100, not {percent}")
-    return {draw: canary if draw < percent else stable for draw in range(DRAWS)}
-
-
-def map_changes(current: dict[int, str], wanted: dict[int, str]) -> list[tuple[int, str]]:
-    """The entries to set (`set map <file> <draw> <backend>`) to turn one version map into another."""
-    return [(draw, backend) for draw, backend in sorted(wanted.items()) if current.get(draw) != backend]
 
 
 def gate(candidate: ModelVersion, stable: ModelVersion | None, rules: Canary) -> str | None:

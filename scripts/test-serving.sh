@@ -41,7 +41,7 @@ if ((ready)); then
   # The scenario's sequence without its last destroy: tests/serving then use its registry (and gateway)
   # from this host through the published ports; the scenario is destroyed whatever they found.
   if run_step molecule:serving molecule test -s serving --destroy never; then
-    run_step pytest:serving env GPUPLAT_SERVING_SCENARIO=1 pytest -q -p no:cacheprovider tests/serving
+    run_step pytest:serving env GPUPLAT_SERVING_SCENARIO=1 pytest -q -s -p no:cacheprovider tests/serving
   else
     skip_step pytest:serving "the serving scenario did not converge and verify"
   fi

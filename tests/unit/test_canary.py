@@ -1,35 +1,12 @@
-"""The canary's weights, gate and guard (infra/canary.py)."""
+"""The canary's gate and guard (infra/canary.py)."""
 
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
-from infra.canary import DRAWS, VersionStats, gate, judge, map_changes, version_map
+from infra.canary import VersionStats, gate, judge
 from infra.registry.mlflow import ModelVersion
 from infra.spec.models import Canary
-
-
-@given(percent=st.integers(min_value=0, max_value=100))
-def test_the_version_map_gives_the_canary_its_share_of_draws(percent: int) -> None:
-    entries = version_map(percent, "inference", "inference_canary")
-    assert sorted(entries) == list(range(DRAWS))
-    assert sum(backend == "inference_canary" for backend in entries.values()) == percent
-
-
-def test_moving_the_share_sets_only_the_draws_that_change() -> None:
-    at_20 = version_map(20, "inference", "inference_canary")
-    assert map_changes(at_20, version_map(25, "inference", "inference_canary")) == [
-        (draw, "inference_canary") for draw in range(20, 25)
-    ]
-    assert map_changes(at_20, at_20) == []
-    assert len(map_changes({}, at_20)) == DRAWS  # a map never set: every entry
-
-
-def test_a_share_is_a_whole_percentage() -> None:
-    with pytest.raises(ValueError, match="0 to 100"):
-        version_map(120, "a", "b")
 
 
 def _version(number: int, **tags: str) -> ModelVersion:
