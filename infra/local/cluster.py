@@ -160,18 +160,18 @@ class LocalCluster:
     def gateway_url(self) -> str | None:
         if self.platform.spec.serving is None:
             return None
-        gateway = self.platform.gateway_pool.node_names()[0]
-        address = next(n.address for n in self.nodes if n.name == gateway)
-        return f"http://{address}:{GATEWAY_PORT}/v1"
+        return f"http://{self._gateway_address()}:{GATEWAY_PORT}/v1"
 
     def registry_url(self) -> str | None:
         """The model registry on the gateway's node (serving.registry), None where the stack runs none."""
         serving = self.platform.spec.serving
         if serving is None or serving.registry is None:
             return None
+        return f"http://{self._gateway_address()}:{serving.registry.port}"
+
+    def _gateway_address(self) -> str:
         gateway = self.platform.gateway_pool.node_names()[0]
-        address = next(n.address for n in self.nodes if n.name == gateway)
-        return f"http://{address}:{serving.registry.port}"
+        return next(n.address for n in self.nodes if n.name == gateway)
 
     def prometheus_url(self) -> str:
         monitor = self.platform.controller_pool.node_names()[0]

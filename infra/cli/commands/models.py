@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import asdict
 from typing import Annotated
 
 import typer
@@ -13,7 +14,7 @@ from infra.cli import output
 from infra.cli.stack_options import JsonFlag, StackFile, StackName, platform_from_options
 from infra.errors import SpecError
 from infra.registry.locate import registry_url
-from infra.registry.mlflow import MlflowRegistry
+from infra.registry.mlflow import MlflowRegistry, ModelVersion
 from infra.resolve import ResolvedPlatform
 
 models = typer.Typer(
@@ -107,13 +108,8 @@ def list_models(
     output.stdout().print(output.table(title, ["model", "version", "aliases", "metrics", "source"], rows))
 
 
-def _as_json(version: object) -> dict[str, object]:
-    from dataclasses import asdict
-
-    data = asdict(version)  # type: ignore[call-overload]
-    data["aliases"] = list(data["aliases"])
-    data["location"] = version.location  # type: ignore[attr-defined]
-    return dict(data)
+def _as_json(version: ModelVersion) -> dict[str, object]:
+    return asdict(version) | {"aliases": list(version.aliases), "location": version.location}
 
 
 def _check_name(name: str) -> None:
