@@ -5,6 +5,9 @@ PYTHON ?= python3
 BIN := $(VENV)/bin
 STACK ?= local
 export CONTAINERS_CONF := $(CURDIR)/scripts/containers.conf
+# Python caches what it compiles: some machines set this, and then every gpuplat, pytest, molecule and
+# ansible-playbook process compiles its imports again (the venv is installed without byte-compiling).
+unexport PYTHONDONTWRITEBYTECODE
 # Python programs the roles install on nodes (stdlib + distro boto3), linted like infra/.
 NODE_PROGRAMS := roles/slurm_elastic/files/gpuplat_ec2_nodes.py roles/inference_gateway/files/gpuplat_gateway_targets.py \
 	roles/inference_gateway/files/gpuplat_gateway_canary.py \
@@ -12,7 +15,7 @@ NODE_PROGRAMS := roles/slurm_elastic/files/gpuplat_ec2_nodes.py roles/inference_
 	roles/gpu_validation/files/gpuplat_node_check.py roles/gpu_validation/files/gpuplat_checkpoint_probe.py \
 	roles/slurm_compute/files/gpuplat_dataset_cache.py
 
-.PHONY: venv host image images test-cluster-suites test-role-and-static-suites up down status plan test test-unit test-roles test-scheduler test-serving test-integration test-box lint clean
+.PHONY: venv host image images up down status plan test test-unit test-roles test-scheduler test-serving test-integration test-box lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -91,27 +94,18 @@ images: image
 	scripts/build-base-image.sh trixie
 
 ## test: everything CI runs. The venv and the Debian 12 image are made side by side (pip and debootstrap
-## both wait on the network much of the time), then four streams run side by side, each printed when it
-## ends: test-box and test-integration (the two longest; both wait on Slurm's timers much of the time),
-## test-roles then lint and test-unit (which fill the CPU those two leave idle late in the run), and
-## test-scheduler then test-serving.
+## both wait on the network much of the time), then four streams run side by side (scripts/test-streams.sh),
+## each printed when it ends with when it started and ended: test-box and test-integration (the two
+## longest; both wait on Slurm's timers much of the time), test-roles then lint and test-unit (which fill
+## the CPU those two leave idle late in the run), and test-scheduler then test-serving.
 ## The Debian 13 image is built inside the streams that need it (test-scheduler and test-roles, one
 ## waiting for the other: build-base-image.sh locks), while the others already run.
 test:
 	@$(PYTHON) benchmarks/cpu_speed.py start
 	$(MAKE) --no-print-directory -j2 venv image
-	GPUPLAT_ROLES_LINTED=1 $(MAKE) --no-print-directory -j4 --output-sync=target test-box test-integration \
-		test-role-and-static-suites test-cluster-suites
+	GPUPLAT_ROLES_LINTED=1 scripts/test-streams.sh test-box test-integration 'test-roles lint test-unit' \
+		'test-scheduler test-serving'
 	@$(PYTHON) benchmarks/cpu_speed.py end
-
-test-cluster-suites:
-	$(MAKE) --no-print-directory test-scheduler
-	$(MAKE) --no-print-directory test-serving
-
-test-role-and-static-suites:
-	$(MAKE) --no-print-directory test-roles
-	$(MAKE) --no-print-directory lint
-	$(MAKE) --no-print-directory test-unit
 
 clean:
 	rm -rf .pytest_cache .mypy_cache .ruff_cache build *.egg-info

@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import os
 import re
+import shlex
 import subprocess
 import sys
 import threading
@@ -117,11 +118,11 @@ def report(samples: Samples, streams: list[str], walls: dict[str, float], codes:
 
 
 def make_test_streams(makefile: Path = ROOT / "Makefile") -> dict[str, list[str]]:
-    """The streams `make test` runs side by side: the targets of its `--output-sync=target` line."""
+    """The streams `make test` runs side by side: the arguments of its scripts/test-streams.sh line."""
     recipe = makefile.read_text().replace("\\\n", " ")
-    line = next(line for line in recipe.splitlines() if "--output-sync=target" in line)
-    targets = line.split("--output-sync=target", 1)[1].split()
-    return {target.removeprefix("test-"): [target] for target in targets}
+    line = next(line for line in recipe.splitlines() if line.startswith("\t") and "test-streams.sh" in line)
+    streams = [stream.split() for stream in shlex.split(line.split("scripts/test-streams.sh", 1)[1])]
+    return {targets[0].removeprefix("test-"): targets for targets in streams}
 
 
 def parse_streams(arguments: list[str]) -> dict[str, list[str]]:
