@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
 import sys
 from collections.abc import Callable
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from infra.cli.app import main
 
 
 def cli_env() -> dict[str, str]:
@@ -18,7 +22,8 @@ def cli_env() -> dict[str, str]:
     return {"NO_COLOR": "1", "PATH": "/usr/bin:/bin", "XDG_STATE_HOME": os.environ["XDG_STATE_HOME"]}
 
 
-def gpuplat(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def gpuplat_process(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`gpuplat ARGS` as a process of its own, as a user's shell starts it."""
     return subprocess.run(
         [sys.executable, "-c", "from infra.cli.app import main; main()", *args],
         capture_output=True,
@@ -29,8 +34,32 @@ def gpuplat(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[
     )
 
 
+def gpuplat(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`gpuplat ARGS` through the same entry point in this process, in the environment `cli_env` gives and
+    in `cwd`: what `gpuplat_process` sees, without importing the CLI (pulumi_aws above all, about 4 CPU-s)
+    again for every call."""
+    out, err = io.StringIO(), io.StringIO()
+    saved_environment, saved_cwd, environment = dict(os.environ), os.getcwd(), cli_env()
+    code: Any = 0
+    try:
+        os.environ.clear()
+        os.environ.update(environment)
+        if cwd is not None:
+            os.chdir(cwd)
+        with redirect_stdout(out), redirect_stderr(err):
+            main(list(args))
+    except SystemExit as exc:
+        code = exc.code
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_environment)
+        os.chdir(saved_cwd)
+    returncode = code if isinstance(code, int) else 0 if code is None else 1
+    return subprocess.CompletedProcess(["gpuplat", *args], returncode, out.getvalue(), err.getvalue())
+
+
 def test_size_json_has_the_breakdown() -> None:
-    result = gpuplat("size", "--params", "7.5e9", "--dp", "64", "--zero", "3", "--json")
+    result = gpuplat_process("size", "--params", "7.5e9", "--dp", "64", "--zero", "3", "--json")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     per_gpu = data["per_gpu_bytes"]
@@ -117,7 +146,7 @@ def test_error_text_with_brackets_is_printed_verbatim(tmp_path: Path) -> None:
 @pytest.mark.parametrize("command", [["plan", "--stack", "aws-prod"], ["check", "--stack", "aws-prod"]])
 def test_a_reader_that_leaves_early_does_not_change_the_exit_code(command: list[str]) -> None:
     """`gpuplat plan | head -3` under pipefail: the command ends with its own verdict, not a pipe failure."""
-    alone = gpuplat(*command)
+    alone = gpuplat_process(*command)
     program = f"{sys.executable} -c 'from infra.cli.app import main; main()' {' '.join(command)}"
     piped = subprocess.run(
         ["bash", "-c", f"set -o pipefail; {program} | true"],

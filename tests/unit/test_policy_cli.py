@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.unit.test_cli import gpuplat
+from tests.unit.test_cli import gpuplat, gpuplat_process
 
 
 def test_check_all_shipped_stacks_pass() -> None:
@@ -62,7 +62,7 @@ def test_no_event_loop_finalizer_noise_after_a_recorded_plan() -> None:
     """The Pulumi SDK leaves event loops behind; unclosed, their finalizers printed a traceback at exit
     in about one run of three. Several runs make the old behaviour show."""
     for _ in range(4):
-        result = gpuplat("check", "--stack", "onprem")
+        result = gpuplat_process("check", "--stack", "onprem")
         assert result.returncode == 0, result.stderr
         assert "Exception ignored" not in result.stderr and "Traceback" not in result.stderr
 
