@@ -189,7 +189,8 @@ if [ ! -x venv/bin/ansible-playbook ]; then
     retry apt-get install -q -y --no-install-recommends $BOOT_PACKAGES
     rm -rf venv && python3 -m venv venv
   fi
-  retry venv/bin/pip install -q $NODE_PIP_REQUIREMENTS
+  # No byte-compiling of all of Ansible and botocore: Python compiles (and caches) what the run imports.
+  retry venv/bin/pip install -q --no-compile $NODE_PIP_REQUIREMENTS
 fi
 """
 
