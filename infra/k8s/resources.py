@@ -41,7 +41,7 @@ class KubernetesObject(pulumi.CustomResource):
     def __init__(
         self, manifest: Manifest, opts: pulumi.ResourceOptions | None = None, *, patch: bool = False
     ) -> None:
-        version: str = k8s_utilities.get_version()  # type: ignore[no-untyped-call]
+        version: str = k8s_utilities.get_version()
         opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(version=version))
         token = type_token(manifest["apiVersion"], manifest["kind"], patch)
         super().__init__(token, logical_name(manifest), dict(manifest), opts)
@@ -49,7 +49,7 @@ class KubernetesObject(pulumi.CustomResource):
 
 def live_node(name: str, opts: pulumi.ResourceOptions) -> pulumi.CustomResource:
     """The Node as the cluster has it (a read: nothing is created or changed)."""
-    version: str = k8s_utilities.get_version()  # type: ignore[no-untyped-call]
+    version: str = k8s_utilities.get_version()
     read = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(id=name, version=version))
     return pulumi.CustomResource(
         "kubernetes:core/v1:Node", f"node-{name}-live", {"metadata": None, "spec": None}, read

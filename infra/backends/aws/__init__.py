@@ -67,7 +67,8 @@ MUNGE_KEY_BYTES = 1024
 def _root_device(image_id: str) -> pulumi.Output[str]:
     """The image's root device name: the launch templates resize the volume mapped there."""
     ami = aws.ec2.get_ami_output(filters=[aws.ec2.GetAmiFilterArgs(name="image-id", values=[image_id])])
-    return ami.root_device_name
+    device: pulumi.Output[str] = ami.root_device_name
+    return device
 
 
 def pool_zones(platform: ResolvedPlatform, pool: ResolvedPool) -> list[str]:
@@ -211,7 +212,7 @@ class AwsBackend:
         )
 
         def boot_script(pool: ResolvedPool, node_name: str = "") -> pulumi.Output[str]:
-            return bootstrap_bucket.bucket.apply(
+            script: pulumi.Output[str] = bootstrap_bucket.bucket.apply(
                 lambda bucket: BootScript(
                     stack=platform.name,
                     region=str(spec.region),
@@ -223,6 +224,7 @@ class AwsBackend:
                     fetch_munge_key=runs_munge(platform, pool),
                 ).render()
             )
+            return script
 
         baked = {
             p.name
