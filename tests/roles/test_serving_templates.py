@@ -477,3 +477,13 @@ def test_the_agent_completes_the_hook_the_group_declares() -> None:
     unit = render(ROLES / "inference_server" / "templates" / "gpuplat-scaling-agent.service.j2", variables)
     assert f"--lifecycle-hook {DRAIN_HOOK} " in unit.replace("\\\n", " ")
     assert "--drain-timeout-s 60" in unit  # the gateway's request timeout (inventory: 60 s)
+
+
+def test_the_registry_runs_no_server_side_jobs_unless_asked() -> None:
+    """MLflow's server starts a job runner and four huey consumers by default (each a Python process with
+    MLflow imported); the registry uses none of their jobs."""
+    unit = ROLES / "model_registry" / "templates" / "gpuplat-registry.service.j2"
+    variables = {**defaults("model_registry"), "__model_registry_venv": "/opt/gpuplat-registry/venv"}
+    assert "Environment=MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false\n" in render(unit, variables)
+    variables["model_registry_job_execution"] = True
+    assert "Environment=MLFLOW_SERVER_ENABLE_JOB_EXECUTION=true\n" in render(unit, variables)
