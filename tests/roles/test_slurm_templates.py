@@ -596,7 +596,7 @@ def test_ha_runs_slurmdbd_on_the_primary_only(host: str, hostname: str, enabled:
     assert single.template(trust_as_template("{{ __slurm_dbd_enabled | bool }}")) is True
 
 
-def test_the_local_platform_schedules_often_enough_that_a_requeued_job_starts_soon_after_its_begin_time() -> None:
+def test_the_local_platform_schedules_often_so_a_requeued_job_starts_soon_after_its_begin_time() -> None:
     """A requeued job may start at its BeginTime, which no event marks: only the next scheduling pass
     starts it (sched_interval, 60 s by default; bf_interval, 30 s). Cloud and on-premises stacks keep
     Slurm's defaults."""
