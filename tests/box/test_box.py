@@ -41,6 +41,11 @@ ENDED = ("COMPLETED", "FAILED", "CANCELLED", "NODE_FAIL", "TIMEOUT", "OUT_OF_MEM
 FIGURES: dict[str, float] = {}
 IMAGES: dict[str, str] = {}  # pool -> the image its launch template names now
 HELD_NODE = "spot-1"  # e: the node whose boot never finishes
+# b: spot-0's job holds the node until its image is taken. A job that ended at once left the node idle
+# while the user data still ran its last plays (slurmd starts half-way), and on a loaded machine
+# SuspendTime (scheduler.scale_down_idle_s, 60 s) ended it before the test could take the image.
+B_RELEASE = f"{CHECKPOINTS}/box-b-release"
+B_JOB: dict[str, str] = {}
 HELD: dict[str, Any] = {}  # e: the held instance, its job, when its job was submitted
 STRAY: dict[str, Any] = {}  # f: the stray instance, when it was launched (at the start of c)
 T = TypeVar("T")
@@ -132,7 +137,8 @@ def test_a_controllers_boot_from_user_data_alone(box: Any) -> None:
 def test_b_a_job_resumes_a_powered_down_node_which_boots_joins_and_runs_it(box: Any) -> None:
     box.hypervisor.settings.hold_nodes.add(HELD_NODE)
     HELD.update(job=submit(box, "hostname", f"--requeue -w {HELD_NODE}"), since=time.monotonic())
-    job = submit(box, "hostname", "-w spot-0")
+    job = submit(box, f"hostname; while [ ! -e {B_RELEASE} ]; do sleep 2; done", "-w spot-0")
+    B_JOB["job"] = job
     start = time.monotonic()
     launched = wait_for("an instance for the job", lambda: live(box, gpuplat_node="spot-0"), 120)[0]
     FIGURES["job -> RunInstances s"] = time.monotonic() - start
@@ -147,17 +153,20 @@ def test_b_a_job_resumes_a_powered_down_node_which_boots_joins_and_runs_it(box: 
         120,
     )
     FIGURES["RunInstances -> node in service s"] = time.monotonic() - start - FIGURES["job -> RunInstances s"]
-    assert wait_ended(box, job) == "COMPLETED", explain(box, job)
+    wait_for(f"job {job} running", lambda: job_state(box, job) == "RUNNING" or None, 120)
     assert slurm(box, f"sacct -nXP -j {job} -o NodeList").strip() == node
 
 
 def test_b_the_pool_image_is_taken_from_the_joined_node(box: Any) -> None:
     """Not a scenario: the image the later launches boot (infra/backends/aws/image_seal.sh), so that they
-    only configure themselves; b proved the boot from the bare image."""
+    only configure themselves; b proved the boot from the bare image. b's job holds the node meanwhile and
+    completes once released."""
     [instance] = live(box, gpuplat_node="spot-0")
     start = time.monotonic()
     IMAGES["spot"] = box.bake(instance["InstanceId"], "spot")
     FIGURES["image bake s"] = time.monotonic() - start
+    box.sh(instance["InstanceId"], f"touch {B_RELEASE}")
+    assert wait_ended(box, B_JOB["job"]) == "COMPLETED", explain(box, B_JOB["job"])
 
 
 def test_e_held_a_node_whose_boot_never_finishes(box: Any) -> None:
