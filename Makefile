@@ -48,6 +48,7 @@ plan: venv
 		$(BIN)/gpuplat plan --stack $$s || exit $$?; done
 
 ## lint: ruff and mypy on the Python code; the CI examples against the GitHub workflow and GitLab CI schemas
+## and actionlint
 lint: venv
 	$(BIN)/ruff check infra tests benchmarks examples
 	$(BIN)/ruff format --check infra tests benchmarks examples
@@ -56,6 +57,7 @@ lint: venv
 	$(BIN)/ruff format --check $(NODE_PROGRAMS)
 	$(BIN)/mypy --strict --ignore-missing-imports $(NODE_PROGRAMS)
 	$(BIN)/check-jsonschema --builtin-schema vendor.github-workflows examples/ci/github/*.yml
+	$(BIN)/actionlint examples/ci/github/*.yml
 	$(BIN)/check-jsonschema --builtin-schema vendor.gitlab-ci examples/ci/gitlab/.gitlab-ci.yml
 
 ## host: podman, runc, debootstrap and friends from the distribution (root; skips what is installed)

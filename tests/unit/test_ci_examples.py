@@ -1,6 +1,6 @@
 """The CI examples users copy (examples/ci/): the scripts their workflows call, run here as the workflows
 run them; the workflow files themselves are validated in `make lint` (check-jsonschema, the GitHub
-workflow and GitLab CI schemas it vendors)."""
+workflow and GitLab CI schemas it vendors; actionlint) and the runtimes of the actions they use here."""
 
 from __future__ import annotations
 
@@ -67,3 +67,25 @@ def test_the_policy_report_writes_valid_sarif_and_junit(tmp_path: Path) -> None:
     schema = json.loads((UPSTREAM / "sarif" / "sarif-schema-2.1.0.json").read_text())
     jsonschema.validate(json.loads((out / "gpuplat.sarif").read_text()), schema)
     assert (out / "gpuplat-junit.xml").read_text().startswith("<?xml")
+
+
+def _actions_used() -> set[str]:
+    """Every `uses:` of the example workflows' steps."""
+    used = set()
+    for workflow in (PROJECT_ROOT / "examples" / "ci" / "github").glob("*.yml"):
+        for job in yaml.safe_load(workflow.read_text())["jobs"].values():
+            used |= {step["uses"] for step in job.get("steps", []) if "uses" in step}
+    return used
+
+
+def test_every_action_the_workflows_use_runs_on_a_runtime_github_still_offers() -> None:
+    """GitHub's runners dropped node20 (tests/data/github_action_runtimes.yaml, with each action's source):
+    a workflow copied with an action still on it stops at that step."""
+    facts = yaml.safe_load((PROJECT_ROOT / "tests" / "data" / "github_action_runtimes.yaml").read_text())
+    runtime = {entry["uses"]: entry["runtime"] for entry in facts["actions"]}
+    used = _actions_used()
+    assert used, "no workflow steps found"
+    unknown = sorted(used - set(runtime))
+    assert not unknown, f"add these actions' runtimes (runs.using at the tag) to the data: {unknown}"
+    stale = sorted(action for action in used if runtime[action] in facts["removed_runtimes"])
+    assert not stale, f"on a runtime GitHub removed: {[(a, runtime[a]) for a in stale]}"
