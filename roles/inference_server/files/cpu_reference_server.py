@@ -60,6 +60,10 @@ TOKENS = Counter("gpuplat_inference_prompt_tokens", "Input tokens processed.")
 RUNNING = Gauge("gpuplat_inference_requests_running", "Requests computing now.")
 WAITING = Gauge("gpuplat_inference_requests_waiting", "Requests waiting for a compute slot.")
 MAX_INFLIGHT = Gauge("gpuplat_inference_max_inflight", "Configured concurrent request limit.")
+MODEL_VERSION = Gauge(
+    "gpuplat_inference_model_version_info", "The registered model version this replica serves.", ["version"]
+)
+VERSION_HEADER = "X-Gpuplat-Model-Version"
 
 
 class ApiError(Exception):
@@ -174,7 +178,13 @@ def read_model_package(module: str) -> dict[str, bytes]:
     spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
         raise SystemExit(f"model package {module!r} is not installed in this environment")
-    archive = Path(next(iter(spec.submodule_search_locations))) / "model.zip"
+    return read_model_zip(Path(next(iter(spec.submodule_search_locations))) / "model.zip")
+
+
+def read_model_zip(archive: Path) -> dict[str, bytes]:
+    """Every file of a model archive (a registered version's, or a package's model.zip)."""
+    if not archive.is_file():
+        raise SystemExit(f"model archive {archive} does not exist or is not a file")
     with zipfile.ZipFile(archive) as zf:
         return {name: zf.read(name) for name in zf.namelist() if not name.endswith("/")}
 
@@ -202,6 +212,8 @@ class Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
+        if self.server.args.model_version:
+            self.send_header(VERSION_HEADER, self.server.args.model_version)
         self.end_headers()
         self.wfile.write(body)
 
@@ -214,7 +226,7 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         if path == "/health":
-            self._json(200, {"status": "ok"})
+            self._json(200, {"status": "ok", "model_version": self.server.args.model_version})
         elif path == "/metrics":
             self._send(200, generate_latest(), CONTENT_TYPE_LATEST)
         elif path == "/v1/models":
@@ -224,6 +236,7 @@ class Handler(BaseHTTPRequestHandler):
                 "created": self.server.started,
                 "owned_by": "gpuplat",
                 "max_model_len": self.server.encoder.max_seq_length,
+                "version": self.server.args.model_version,
             }
             self._json(200, {"object": "list", "data": [model]})
         else:
@@ -344,7 +357,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model-package", required=True, help="Python module shipping model.zip")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model-package", help="Python module shipping model.zip")
+    source.add_argument("--model-zip", type=Path, help="a model archive (a registered version's source)")
+    parser.add_argument(
+        "--model-version",
+        default="",
+        help=f"the registered version served (NAME@VERSION), sent as {VERSION_HEADER} on every answer",
+    )
     parser.add_argument("--served-model-name", required=True, help="the `model` clients send")
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=8000)
@@ -361,13 +381,17 @@ def main() -> None:
     logging.basicConfig(level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
 
     started = time.perf_counter()
-    encoder = BertEncoder(read_model_package(args.model_package), args.max_seq_length)
+    files = read_model_zip(args.model_zip) if args.model_zip else read_model_package(args.model_package)
+    encoder = BertEncoder(files, args.max_seq_length)
     encoder.encode(encoder.tokenize(["warm up"]))
     MAX_INFLIGHT.set(args.max_inflight)
+    if args.model_version:
+        MODEL_VERSION.labels(version=args.model_version).set(1)
     LOG.info(
-        "loaded %s from package %s (%d dims, %d layers) in %.1fs",
+        "loaded %s%s from %s (%d dims, %d layers) in %.1fs",
         args.served_model_name,
-        args.model_package,
+        f" ({args.model_version})" if args.model_version else "",
+        args.model_zip or f"package {args.model_package}",
         encoder.dimensions,
         encoder.layers,
         time.perf_counter() - started,
