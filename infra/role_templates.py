@@ -39,10 +39,19 @@ def _environment(role_dir: Path) -> jinja2.Environment:
 
 
 def role_defaults(role: str) -> dict[str, Any]:
-    path = ROLES_DIR / role / "defaults" / "main.yml"
+    return _role_mapping(role, "defaults")
+
+
+def role_vars(role: str) -> dict[str, Any]:
+    """A role's vars/main.yml as written (values that are templates stay text)."""
+    return _role_mapping(role, "vars")
+
+
+def _role_mapping(role: str, folder: str) -> dict[str, Any]:
+    path = ROLES_DIR / role / folder / "main.yml"
     values = yaml.safe_load(path.read_text()) or {}
     if not isinstance(values, dict):
-        raise ValueError(f"{path}: role defaults are a mapping")
+        raise ValueError(f"{path}: role {folder} are a mapping")
     return values
 
 

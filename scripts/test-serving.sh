@@ -7,7 +7,9 @@
 # the official openai client, the
 # overload burst (503 at once past the queue, every accepted request complete), and
 # Prometheus targets, recording rules and recorded series; then tests/serving from this host
-# against the converged scenario (the model registry through `gpuplat models`).
+# against the converged scenario: the model registry through `gpuplat models`, and `gpuplat serve`
+# (two registered versions, the canary's measured share, a failing canary rolled back by the guard,
+# promote, rollback to the previous version).
 #
 #   scripts/test-serving.sh
 #

@@ -18,6 +18,7 @@ from infra.cli.commands.manifests import manifests
 from infra.cli.commands.models import models
 from infra.cli.commands.nccl_report import nccl_report
 from infra.cli.commands.plan import plan
+from infra.cli.commands.serve import serve
 from infra.cli.commands.size import size
 from infra.cli.commands.stacks import stacks
 from infra.cli.commands.validate import validate
@@ -70,6 +71,7 @@ app.command()(nccl_report)
 app.command()(validate)
 app.command("job-profile")(job_profile_command)
 app.add_typer(models)
+app.add_typer(serve)
 
 
 _INTERRUPTED = 130  # the shell's code for a command stopped by Ctrl-C (128 + SIGINT)

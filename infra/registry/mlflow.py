@@ -141,6 +141,11 @@ class MlflowRegistry:
     def set_alias(self, name: str, alias: str, version: int) -> None:
         self._call("POST", "registered-models/alias", {"name": name, "alias": alias, "version": str(version)})
 
+    def delete_alias(self, name: str, alias: str) -> None:
+        # A DELETE's fields travel in its JSON body (mlflow/server/handlers.py, _get_request_message: only a
+        # GET's come from the query string; MLflow 3.17.2).
+        self._call("DELETE", "registered-models/alias", {"name": name, "alias": alias})
+
     def by_alias(self, name: str, alias: str) -> ModelVersion:
         answer = self._call("GET", "registered-models/alias", {"name": name, "alias": alias})
         return ModelVersion.from_wire(answer["model_version"])

@@ -1,5 +1,6 @@
 """The gateway's canary program (roles/inference_gateway/files/gpuplat_gateway_canary.py): the version map
-for a share and the entries a change sets. Against HAProxy itself: tests/serving/test_canary_split.py."""
+for a share and the entries a change sets. Against HAProxy itself, through `gpuplat serve`:
+tests/serving/test_serve.py."""
 
 from __future__ import annotations
 

@@ -104,13 +104,13 @@ def test_gateway_lists_every_replica_of_every_node() -> None:
     assert servers == [(f"{INFER_HOST}-{i}", f"10.40.2.21:{8000 + i}") for i in range(4)]
 
 
-def inference_targets(variables: dict[str, Any]) -> list[dict[str, Any]]:
+def inference_targets(variables: dict[str, Any], job_name: str = "inference_server") -> list[dict[str, Any]]:
     monitoring = role_vars(
         "monitoring",
         {**variables, "__monitoring_rules_dir": "/etc/prometheus/rules", "gpuplat_stack": "onprem"},
     )
     config = yaml.safe_load(render(ROLES / "monitoring" / "templates" / "prometheus.yml.j2", monitoring))
-    job = next(j for j in config["scrape_configs"] if j["job_name"] == "inference_server")
+    job = next(j for j in config["scrape_configs"] if j["job_name"] == job_name)
     return list(job["static_configs"])
 
 
@@ -119,6 +119,15 @@ def test_prometheus_scrapes_every_replica() -> None:
     assert [t["targets"] for t in targets] == [[f"10.40.2.21:{8000 + i}"] for i in range(8)]
     assert [t["labels"]["replica"] for t in targets] == [str(i) for i in range(8)]
     assert {t["labels"]["host"] for t in targets} == {INFER_HOST}
+
+
+def test_prometheus_scrapes_each_canary_slot_as_a_job_of_its_own() -> None:
+    """The guard's p95 of the canary (infra/serving_release.py) is this job's; the model-server-down alert
+    watches job inference_server only, so an empty slot pages nobody."""
+    targets = inference_targets(cluster(replicas=8, tp=1), "inference_canary")
+    assert [t["targets"] for t in targets] == [["10.40.2.21:8100"]]
+    rules = (ROLES / "monitoring" / "templates" / "gpuplat-alerts.rules.yml.j2").read_text()
+    assert 'up{job="inference_canary"}' not in rules
 
 
 def role_vars(role: str, variables: dict[str, Any]) -> dict[str, Any]:
@@ -487,3 +496,46 @@ def test_the_registry_runs_no_server_side_jobs_unless_asked() -> None:
     assert "Environment=MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false\n" in render(unit, variables)
     variables["model_registry_job_execution"] = True
     assert "Environment=MLFLOW_SERVER_ENABLE_JOB_EXECUTION=true\n" in render(unit, variables)
+
+
+def test_the_canary_backend_routes_to_each_model_server_nodes_canary_slot() -> None:
+    variables = role_vars("inference_gateway", cluster(replicas=4, tp=2))
+    tasks = yaml.safe_load((ROLES / "inference_gateway" / "tasks" / "preflight.yml").read_text())
+    expression = tasks[0]["ansible.builtin.set_fact"]["__inference_gateway_canary_backends"]
+    canary = list(ast.literal_eval(environment().from_string(expression).render(**variables).strip()))
+    assert canary == [{"name": f"{INFER_HOST}-canary", "address": "10.40.2.21", "port": 8100}]
+    assert defaults("inference_server")["inference_server_canary_port"] == 8100
+    config = render(
+        ROLES / "inference_gateway" / "templates" / "haproxy.cfg.j2",
+        {
+            **variables,
+            "__inference_gateway_backends": gateway_backends(variables),
+            "__inference_gateway_canary_backends": canary,
+        },
+    )
+    backend = config.split("backend inference_canary", 1)[1].split("\n\n", 1)[0]
+    assert re.findall(r"^\s+server (\S+) (\S+)$", backend, re.MULTILINE) == [
+        (f"{INFER_HOST}-canary", "10.40.2.21:8100")
+    ]
+
+
+@pytest.mark.parametrize("engine", ["vllm", "cpu-reference"])
+def test_a_replica_serves_what_its_version_file_names_else_the_stacks_model(engine: str) -> None:
+    variables = infer_node_vars(replicas=2, tp=4)
+    if engine == "cpu-reference":
+        variables.update(inference_engine=engine, inference_model="sentence-transformers/all-MiniLM-L6-v2")
+    unit = render(ROLES / "inference_server" / "templates" / "gpuplat-inference@.service.j2", variables)
+    lines = unit.splitlines()
+    version_file = lines.index("EnvironmentFile=-/etc/gpuplat-inference/version-%i.env")
+    default = next(
+        i for i, line in enumerate(lines) if line.startswith("Environment=") and "GPUPLAT_MODEL_" in line
+    )
+    # systemd.exec(5): settings from an EnvironmentFile override Environment= lines, wherever they stand.
+    assert default < version_file
+    if engine == "vllm":
+        assert lines[default] == "Environment=GPUPLAT_MODEL_PATH=/lustre/models/Llama-3.1-70B-Instruct"
+        assert any(line.endswith("/bin/vllm serve ${GPUPLAT_MODEL_PATH} \\") for line in lines)
+    else:
+        assert lines[default] == 'Environment="GPUPLAT_MODEL_ARGS=--model-package all_minilm_l6_v2"'
+        # Unbraced: systemd splits the value at whitespace into separate arguments.
+        assert "  $GPUPLAT_MODEL_ARGS \\" in lines

@@ -61,7 +61,7 @@ def register(
 ) -> None:
     """Register SOURCE as the next version of NAME, with its evaluation metrics and aliases."""
     platform = platform_from_options(stack, stack_file_path)
-    _check_name(name)
+    check_name(name)
     _check_source(platform, source)
     tags = _metrics(metric or [])
     aliases = [_check_alias(a) for a in alias or []]
@@ -89,7 +89,7 @@ def list_models(
     """Every version the registry holds (of NAME, or of all models), with aliases and metrics."""
     platform = platform_from_options(stack, stack_file_path)
     if name is not None:
-        _check_name(name)
+        check_name(name)
     versions = MlflowRegistry(registry_url(platform, url)).versions(name)
     if json_output:
         output.print_json([_as_json(v) for v in versions])
@@ -112,7 +112,7 @@ def _as_json(version: ModelVersion) -> dict[str, object]:
     return asdict(version) | {"aliases": list(version.aliases), "location": version.location}
 
 
-def _check_name(name: str) -> None:
+def check_name(name: str) -> None:
     if not MODEL_NAME.match(name):
         raise SpecError(
             f"model name '{name}': use 1 to 40 lower-case letters, digits and '-', starting and ending "

@@ -1,0 +1,192 @@
+"""`gpuplat serve`: put a registered model version on the stack's model servers, through a canary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from infra.cli import output
+from infra.cli.commands.models import RegistryUrl, check_name
+from infra.cli.stack_options import JsonFlag, StackFile, StackName, platform_from_options
+from infra.errors import ExitCode, GpuPlatError
+from infra.registry.locate import registry_url
+from infra.registry.mlflow import MlflowRegistry
+from infra.serving_release import CANARY_BACKEND, CHALLENGER, CHAMPION, PREVIOUS, STABLE_BACKEND, Release
+
+serve = typer.Typer(
+    name="serve",
+    no_args_is_help=True,
+    help=(
+        "Serve registered model versions: deploy one (straight, or as a canary with a share of the requests "
+        "and a guard that rolls it back), promote, roll back, show what serves."
+    ),
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+Model = Annotated[str, typer.Argument(metavar="NAME", help="registered model name")]
+PrometheusUrl = Annotated[
+    str | None,
+    typer.Option(
+        "--prometheus-url",
+        envvar="GPUPLAT_PROMETHEUS_URL",
+        help="the stack's Prometheus, for each version's p95 (default: found on the local platform)",
+    ),
+]
+
+
+def _release(
+    stack: str | None, stack_file_path: Path | None, url: str | None, prometheus: str | None = None
+) -> Release:
+    platform = platform_from_options(stack, stack_file_path)
+    from infra.local.cluster import LocalCluster
+
+    registry = MlflowRegistry(registry_url(platform, url))
+    cluster = LocalCluster(platform)
+
+    def say(line: str) -> None:
+        output.stderr().print(escape(line))
+
+    return Release(platform, registry, cluster, say, prometheus or cluster.prometheus_url())
+
+
+@serve.command()
+def deploy(
+    reference: Annotated[
+        str, typer.Argument(metavar="NAME@VERSION|NAME@ALIAS", help="the registered version to serve")
+    ],
+    canary: Annotated[
+        int | None,
+        typer.Option(
+            "--canary",
+            min=1,
+            max=100,
+            help="give it this share of the requests (percent) beside the stable version; without: all",
+        ),
+    ] = None,
+    guard_s: Annotated[
+        float,
+        typer.Option(
+            "--guard-s", min=0, help="with --canary: watch it this long and roll it back past serving.canary"
+        ),
+    ] = 0,
+    stack: StackName = None,
+    stack_file_path: StackFile = None,
+    url: RegistryUrl = None,
+    prometheus: PrometheusUrl = None,
+) -> None:
+    """Serve a registered version: as a canary (--canary PERCENT), or on every replica."""
+    release = _release(stack, stack_file_path, url, prometheus)
+    version = release.deploy(reference, canary)
+    if canary is None:
+        output.stdout().print(escape(f"{version.reference} serves every request"))
+        return
+    output.stdout().print(escape(f"{version.reference} is in canary with {canary} % of the requests"))
+    if guard_s > 0:
+        _guard(release, version.name, guard_s)
+
+
+@serve.command()
+def guard(
+    model: Model,
+    duration_s: Annotated[float, typer.Option("--for", min=1, help="seconds to watch")] = 300,
+    stack: StackName = None,
+    stack_file_path: StackFile = None,
+    url: RegistryUrl = None,
+    prometheus: PrometheusUrl = None,
+) -> None:
+    """Watch NAME's canary against the stable version; roll it back past serving.canary's limits (exit 1)."""
+    check_name(model)
+    _guard(_release(stack, stack_file_path, url, prometheus), model, duration_s)
+
+
+def _guard(release: Release, model: str, duration_s: float) -> None:
+    verdict = release.guard(model, duration_s)
+    if verdict.action == "rollback":
+        output.stderr().print(escape(f"rolled back: {verdict.reason}"))
+        raise typer.Exit(ExitCode.POLICY_VIOLATION)
+    output.stdout().print(escape(f"guard ended ({verdict.action}): {verdict.reason}"))
+
+
+@serve.command()
+def promote(
+    model: Model, stack: StackName = None, stack_file_path: StackFile = None, url: RegistryUrl = None
+) -> None:
+    """Make NAME's canary the stable version on every replica."""
+    check_name(model)
+    version = _release(stack, stack_file_path, url).promote(model)
+    output.stdout().print(escape(f"{version.reference} serves every request"))
+
+
+@serve.command()
+def rollback(
+    model: Model, stack: StackName = None, stack_file_path: StackFile = None, url: RegistryUrl = None
+) -> None:
+    """Take NAME's canary out; with no canary, put the previous stable version back."""
+    check_name(model)
+    serving = _release(stack, stack_file_path, url).rollback(model)
+    what = serving.reference if serving else "the stack's own model (serving.model)"
+    output.stdout().print(escape(f"{what} serves every request"))
+
+
+@serve.command()
+def status(
+    model: Model,
+    stack: StackName = None,
+    stack_file_path: StackFile = None,
+    url: RegistryUrl = None,
+    prometheus: PrometheusUrl = None,
+    json_output: JsonFlag = False,
+) -> None:
+    """NAME's stable and canary versions: share, requests and 5xx answers at the gateway since it started,
+    p95 latency over serving.canary.window_s."""
+    check_name(model)
+    release = _release(stack, stack_file_path, url, prometheus)
+    figures = release.figures()
+    try:
+        p95 = release.latency_p95(release.rules.window_s)
+    except GpuPlatError as error:
+        p95 = dict.fromkeys((STABLE_BACKEND, CANARY_BACKEND))
+        output.stderr().print(escape(f"no p95 latencies: {error.message}"))
+    roles = {CHAMPION: STABLE_BACKEND, CHALLENGER: CANARY_BACKEND}
+    rows = []
+    for alias, backend in roles.items():
+        version = release.aliased(model, alias)
+        share = figures.canary_percent if backend == CANARY_BACKEND else 100 - figures.canary_percent
+        rows.append(
+            {
+                "role": "stable" if alias == CHAMPION else "canary",
+                "version": version.reference if version else ("serving.model" if alias == CHAMPION else None),
+                "share_percent": share,
+                "requests": figures.requests[backend],
+                "errors_5xx": figures.errors[backend],
+                "servers_up": figures.servers_up[backend],
+                "p95_ms": None if p95[backend] is None else round(1000 * (p95[backend] or 0), 1),
+            }
+        )
+    previous = release.aliased(model, PREVIOUS)
+    if json_output:
+        output.print_json(
+            {"model": model, "versions": rows, "previous": previous.reference if previous else None}
+        )
+        return
+    table = [
+        [
+            r["role"],
+            str(r["version"] or "-"),
+            f"{r['share_percent']} %",
+            str(r["requests"]),
+            str(r["errors_5xx"]),
+            str(r["servers_up"]),
+            "-" if r["p95_ms"] is None else f"{r['p95_ms']:.0f} ms",
+        ]
+        for r in rows
+    ]
+    title = f"serving {model} on {release.platform.name}" + (
+        f" (previous: {previous.reference})" if previous else ""
+    )
+    output.stdout().print(
+        output.table(title, ["role", "version", "share", "requests", "5xx", "servers up", "p95"], table)
+    )

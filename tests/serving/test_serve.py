@@ -1,0 +1,279 @@
+"""`gpuplat serve` end to end on the serving scenario (molecule/serving, its nodes named as a local stack
+called molecule names them): two registered versions of the CPU reference model, a canary's share
+measured at the client by the version every answer carries, a failing canary rolled back by the guard,
+promote, and a rollback to the previous version. Requests go through the gateway published on
+127.0.0.1:18080; the registry answers on 127.0.0.1:15000.
+
+scripts/test-serving.sh runs these between the scenario's verify and its destroy (GPUPLAT_SERVING_SCENARIO
+set); elsewhere they skip, saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.unit.test_hostile_input import CliRun, run_cli
+
+GATEWAY = "http://127.0.0.1:18080/v1/embeddings"
+REGISTRY = "http://127.0.0.1:15000"
+PROMETHEUS = "http://127.0.0.1:19090"
+REPLICA_0_METRICS = "http://127.0.0.1:18000/metrics"
+HEAD, INFER = "gpuplat-molecule-head-0", "gpuplat-molecule-infer-0"
+MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+VERSION_HEADER = "X-Gpuplat-Model-Version"
+REQUESTS, SHARE = 300, 20
+# Three standard deviations of the canary's count among 300 draws at 20 %: sqrt(300 x 0.2 x 0.8) = 6.9.
+TOLERANCE = 3 * (REQUESTS * 0.2 * 0.8) ** 0.5 / REQUESTS
+# From the canary's failure to its share at 0: the guard looks every second and judges once the canary
+# has answered min_requests (10) in its window; at 20 % of a client's sequential requests that is well
+# under 15 s.
+ROLLBACK_BOUND_S = 30.0
+
+pytestmark = pytest.mark.skipif(
+    not os.environ.get("GPUPLAT_SERVING_SCENARIO"),
+    reason="needs the converged serving scenario: scripts/test-serving.sh runs these",
+)
+
+
+@dataclass(frozen=True)
+class Answer:
+    sent: float
+    at: float
+    status: int
+    version: str
+
+
+def ask() -> Answer:
+    body = json.dumps({"model": MODEL, "input": "a canary release"}).encode()
+    request = urllib.request.Request(GATEWAY, data=body, headers={"Content-Type": "application/json"})
+    sent = time.monotonic()
+    try:
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return Answer(sent, time.monotonic(), reply.status, reply.headers.get(VERSION_HEADER) or "stack")
+    except urllib.error.HTTPError as failure:
+        return Answer(sent, time.monotonic(), failure.code, failure.headers.get(VERSION_HEADER) or "-")
+
+
+def versions_answering(count: int) -> Counter[str]:
+    answers = [ask() for _ in range(count)]
+    assert {a.status for a in answers} == {200}, Counter(a.status for a in answers)
+    return Counter(a.version for a in answers)
+
+
+def node(container: str, *command: str) -> str:
+    done = subprocess.run(
+        ["podman", "exec", container, *command], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, (command, done.stderr)
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.unit.test_hostile_input import write_variant
+
+    def molecule(platform: dict[str, Any]) -> None:
+        platform["name"] = "molecule"
+        platform["serving"]["registry"] = {}
+        platform["serving"]["canary"] = {
+            "gate_metric": "accuracy",
+            "gate_min": 0.8,
+            "min_requests": 10,
+            "window_s": 30,
+        }
+
+    return write_variant(tmp_path_factory.mktemp("serve"), "local", molecule, name="molecule")
+
+
+@pytest.fixture(scope="module")
+def model(stack: Path) -> str:
+    """A model of this run with three versions on the node's /shared: 1 and 2 pass the gate, 3 misses it."""
+    name = f"embedder-{uuid.uuid4().hex[:8]}"
+    archive = node(
+        INFER, "find", "/opt/gpuplat-inference/venv", "-path", "*all_minilm_l6_v2/model.zip"
+    ).strip()
+    for version, accuracy in ((1, "0.90"), (2, "0.93"), (3, "0.70")):
+        folder = f"/shared/models/{name}/{version}"
+        node(INFER, "sh", "-c", f"mkdir -p {folder} && cp {archive} {folder}/model.zip")
+        registered = cli(
+            stack, "models", "register", name, folder, "--metric", f"accuracy={accuracy}", "--json"
+        )
+        assert registered.code == 0, registered.err
+    return name
+
+
+def cli(stack: Path, *arguments: str) -> CliRun:
+    return run_cli(*arguments, "--stack-file", str(stack), "--registry-url", REGISTRY)
+
+
+def serve(stack: Path, *arguments: str) -> CliRun:
+    latency = ["--prometheus-url", PROMETHEUS] if arguments[0] in ("deploy", "status") else []
+    run = cli(stack, "serve", *arguments, *latency)
+    assert run.code == 0, (arguments, run.code, run.err)
+    return run
+
+
+def with_latencies(stack: Path, model: str) -> dict[str, Any]:
+    """`serve status --json` once Prometheus has scraped both versions' latencies after the requests (every
+    5 s in the scenario: a rate needs two scrapes with them)."""
+    deadline = time.monotonic() + 30
+    while True:
+        status: dict[str, Any] = json.loads(serve(stack, "status", model, "--json").out)
+        if all(v["p95_ms"] is not None for v in status["versions"]) or time.monotonic() > deadline:
+            return status
+        time.sleep(2)
+
+
+def canary_percent() -> int:
+    show = node(HEAD, "python3", "/usr/local/lib/gpuplat/gpuplat_gateway_canary.py", "show")
+    return int(json.loads(show)["canary_percent"])
+
+
+@pytest.fixture(scope="module")
+def first_stable(stack: Path, model: str) -> Iterator[str]:
+    """Version 1 on every replica (no canary): the stable version the rest starts from."""
+    serve(stack, "deploy", f"{model}@1")
+    yield f"{model}@1"
+
+
+def test_a_version_below_the_gate_is_refused(stack: Path, model: str) -> None:
+    run = cli(stack, "serve", "deploy", f"{model}@3", "--canary", "20")
+    assert run.code == 1, (run.code, run.err)
+    assert "has accuracy 0.7; serving.canary.gate_min asks at least 0.8" in run.err, run.err
+
+
+def test_a_straight_deploy_serves_the_version_on_every_replica(first_stable: str) -> None:
+    assert versions_answering(20) == {first_stable: 20}
+    assert canary_percent() == 0
+    with urllib.request.urlopen(REPLICA_0_METRICS, timeout=10) as reply:
+        metrics = reply.read().decode()
+    assert f'gpuplat_inference_model_version_info{{version="{first_stable}"}} 1.0' in metrics
+
+
+def test_the_canary_gets_its_share_and_keeps_it_across_a_reload(
+    stack: Path, model: str, first_stable: str
+) -> None:
+    serve(stack, "deploy", f"{model}@2", "--canary", str(SHARE))
+    try:
+        node(HEAD, "systemctl", "reload", "haproxy")
+        assert canary_percent() == SHARE  # the map file kept it
+        answered = versions_answering(REQUESTS)
+        share = answered[f"{model}@2"] / REQUESTS
+        print(f"canary share {share:.1%} of {REQUESTS} requests (asked {SHARE} %, tolerance {TOLERANCE:.1%})")
+        assert set(answered) == {first_stable, f"{model}@2"}, answered
+        assert abs(share - SHARE / 100) <= TOLERANCE, answered
+        status = with_latencies(stack, model)
+        assert [(v["role"], v["version"], v["share_percent"]) for v in status["versions"]] == [
+            ("stable", first_stable, 100 - SHARE),
+            ("canary", f"{model}@2", SHARE),
+        ]
+        print("p95 at the model servers (ms):", [(v["role"], v["p95_ms"]) for v in status["versions"]])
+        assert all(0 < v["p95_ms"] < 30_000 for v in status["versions"]), status
+    finally:
+        serve(stack, "rollback", model)
+    assert canary_percent() == 0
+    assert versions_answering(20) == {first_stable: 20}
+
+
+def test_a_failing_canary_is_rolled_back_by_the_guard(stack: Path, model: str, first_stable: str) -> None:
+    serve(stack, "deploy", f"{model}@2", "--canary", str(SHARE))
+    guard = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "gpuplat"),
+            "serve",
+            "guard",
+            model,
+            "--for",
+            "120",
+            "--stack-file",
+            str(stack),
+            "--registry-url",
+            REGISTRY,
+            "--prometheus-url",
+            PROMETHEUS,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    answers: list[Answer] = []
+    try:
+        with sending(answers):
+            time.sleep(3)
+            failed_at = time.monotonic()
+            node(INFER, "systemctl", "stop", "gpuplat-inference@canary.service")
+            out, err = guard.communicate(timeout=ROLLBACK_BOUND_S + 60)
+            rolled_back_at = time.monotonic()
+            time.sleep(2)
+    finally:
+        if guard.poll() is None:
+            guard.kill()
+    after_fault = [a for a in answers if a.sent >= failed_at]
+    failed = [a for a in after_fault if a.status != 200]
+    seconds = rolled_back_at - failed_at
+    print(
+        f"guard: {err.strip()} | rollback {seconds:.1f} s after the canary failed; "
+        f"{len(failed)} of {len(after_fault)} requests failed meanwhile"
+    )
+    assert guard.returncode == 1 and "rolled back: canary error rate" in err, (guard.returncode, out, err)
+    assert seconds <= ROLLBACK_BOUND_S
+    during = [a for a in after_fault if a.sent <= rolled_back_at]
+    # Only the canary's draws can fail, and none sent after the rollback.
+    assert len(failed) <= SHARE / 100 * len(during) + 3 * (len(during) * 0.2 * 0.8) ** 0.5, Counter(
+        a.status for a in during
+    )
+    assert all(a.sent <= rolled_back_at for a in failed), [(a.sent - failed_at, a.status) for a in failed]
+    assert canary_percent() == 0
+    assert versions_answering(20) == {first_stable: 20}
+
+
+def test_promote_then_rollback_returns_to_the_previous_version(
+    stack: Path, model: str, first_stable: str
+) -> None:
+    serve(stack, "deploy", f"{model}@2", "--canary", str(SHARE))
+    answers: list[Answer] = []
+    with sending(answers):
+        serve(stack, "promote", model)
+    assert {a.status for a in answers} == {200}, Counter(a.status for a in answers)
+    assert versions_answering(20) == {f"{model}@2": 20}
+    status = json.loads(serve(stack, "status", model, "--json").out)
+    assert status["previous"] == first_stable and status["versions"][1]["version"] is None
+
+    serve(stack, "rollback", model)
+    assert versions_answering(20) == {first_stable: 20}
+    again = cli(stack, "serve", "rollback", model)
+    assert again.code == 1 and "no canary and no previous version" in again.err, again.err
+
+
+@contextmanager
+def sending(answers: list[Answer]) -> Iterator[None]:
+    """A client sending requests through the gateway, one after another, while the block runs."""
+    stop = threading.Event()
+
+    def client() -> None:
+        while not stop.is_set():
+            answers.append(ask())
+
+    sender = threading.Thread(target=client)
+    sender.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        sender.join()
