@@ -79,8 +79,20 @@ class NodeType(Sourced):
         return round(self.price.on_demand_usd_per_hour * (1 - self.price.spot_discount), 4)
 
 
+class GpuModelFigures(Sourced):
+    """What placement compares GPU models on (per GPU, NVIDIA's dense figures: datasheets quote Tensor
+    throughput with sparsity, twice the dense figure)."""
+
+    model: str
+    bf16_dense_tflops: float | None = Field(
+        None, gt=0, description="dense BF16 Tensor Core TFLOPS; None where no source gives it"
+    )
+    memory_bandwidth_gbps: float = Field(gt=0, description="GPU memory bandwidth, GB/s")
+
+
 class Catalog(_Strict):
     node_types: list[NodeType]
+    gpu_models: list[GpuModelFigures] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _unique_names(self) -> Catalog:
@@ -89,7 +101,16 @@ class Catalog(_Strict):
             if node.name in seen:
                 raise ValueError(f"node type {node.name!r} is listed twice")
             seen.add(node.name)
+        models = [g.model for g in self.gpu_models]
+        if len(models) != len(set(models)):
+            raise ValueError(f"a GPU model is listed twice in gpu_models: {models}")
+        missing = sorted({n.gpu.model for n in self.node_types if n.gpu} - set(models))
+        if self.gpu_models and missing:
+            raise ValueError(f"gpu_models has no figures for {missing}: every node type's GPU needs them")
         return self
+
+    def gpu_figures(self, model: str) -> GpuModelFigures | None:
+        return next((g for g in self.gpu_models if g.model == model), None)
 
     def get(self, name: str) -> NodeType | None:
         return next((n for n in self.node_types if n.name == name), None)

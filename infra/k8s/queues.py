@@ -28,6 +28,7 @@ from infra.k8s.objects import (
     tolerations,
 )
 from infra.k8s.operators import DEFAULT_LOCAL_QUEUE
+from infra.placement import training_order
 from infra.resolve import ResolvedPlatform, ResolvedPool
 from infra.scheduler import QOS
 from infra.spec.models import Team
@@ -57,9 +58,9 @@ def topology_name(platform: ResolvedPlatform) -> str:
 
 
 def training_flavors(platform: ResolvedPlatform) -> list[ResolvedPool]:
-    """Training pools in the order a team queue tries them: on-demand (and reserved) first, spot last."""
-    pools = platform.pools_with_role("train")
-    return sorted(pools, key=lambda p: p.spec.capacity == "spot")
+    """Training pools in the stack's order: on-demand (and reserved) first, spot last. A team with a
+    placement preference tries them in its own order (infra.placement)."""
+    return training_order(platform)
 
 
 def uses_topology(platform: ResolvedPlatform, pool: ResolvedPool) -> bool:
@@ -127,29 +128,33 @@ def _budgets(team: Team) -> dict[bool, int] | None:
     return {True: team.spot_gpu_quota, False: team.gpu_quota - team.spot_gpu_quota}
 
 
-def _left(
-    cap: int, split: dict[bool, int] | None, reached: dict[tuple[str, bool], int], team: str, spot: bool
-) -> int:
-    """What the flavors before this one left of the team's cap (or of its spot or on-demand part)."""
-    if split is None:
-        return cap - reached[team, True] - reached[team, False]
-    return split[spot] - reached[team, spot]
+def _reach(platform: ResolvedPlatform, team: Team) -> dict[str, int]:
+    """The GPUs of each flavor the team may hold: its cap (or its spot or on-demand part) taken flavor by
+    flavor in the order the team tries them, each as far as the pool's GPUs go."""
+    split = _budgets(team)
+    reached = {True: 0, False: 0}
+    reach: dict[str, int] = {}
+    for pool in training_order(platform, team):
+        spot = pool.spec.capacity == "spot"
+        left = (
+            team.gpu_quota - reached[True] - reached[False] if split is None else split[spot] - reached[spot]
+        )
+        reach[pool.name] = min(left, pool.max_gpus)
+        reached[spot] += reach[pool.name]
+    return reach
 
 
 def quota_plan(platform: ResolvedPlatform) -> QuotaPlan:
     teams = platform.spec.scheduler.teams
     weights = {t.name: t.fairshare for t in teams}
-    budgets = {t.name: _budgets(t) for t in teams}
-    caps = {t.name: t.gpu_quota for t in teams}
-    reached = {(t.name, spot): 0 for t in teams for spot in (True, False)}
+    reaches = {t.name: _reach(platform, t) for t in teams}
     quotas: list[FlavorQuota] = []
     cohort: dict[str, int] = {}
     for pool in training_flavors(platform):
-        gpus, spot = pool.max_gpus, pool.spec.capacity == "spot"
-        reach = {t: min(_left(caps[t], budgets[t], reached, t, spot), gpus) for t in weights}
+        gpus = pool.max_gpus
+        reach = {t: reaches[t][pool.name] for t in weights}
         share = _split(gpus, weights, reach)
         for team in weights:
-            reached[team, spot] += reach[team]
             quotas.append(FlavorQuota(team, pool.name, share[team], reach[team] - share[team]))
         cohort[pool.name] = gpus - sum(share.values())
     return QuotaPlan(quotas, cohort)
@@ -176,17 +181,20 @@ def _resource_group(quotas: Mapping[str, tuple[int, int | None]]) -> dict[str, o
     return {"coveredResources": [GPU_RESOURCE], "flavors": flavors}
 
 
-def _cluster_queue(platform: ResolvedPlatform, team: str, weight: int, plan: QuotaPlan) -> Manifest:
-    quotas = {q.flavor: (q.nominal, q.borrowing_limit) for q in plan.teams if q.team == team}
+def _cluster_queue(platform: ResolvedPlatform, team: Team, plan: QuotaPlan) -> Manifest:
+    # The flavors in the order the team tries them (Kueue assigns the first that has room, and with
+    # TryNextFlavor moves on rather than borrow or preempt there).
+    planned = {q.flavor: (q.nominal, q.borrowing_limit) for q in plan.teams if q.team == team.name}
+    quotas = {pool.name: planned[pool.name] for pool in training_order(platform, team)}
     return k8s_object(
         KUEUE_API,
         "ClusterQueue",
-        team,
+        team.name,
         spec={
             "cohortName": cohort_name(platform),
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": team_namespace(team)}},
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": team_namespace(team.name)}},
             "resourceGroups": [_resource_group(quotas)],
-            "fairSharing": {"weight": weight},
+            "fairSharing": {"weight": team.fairshare},
             # Borrowed GPUs are taken back for the lender; within a team, higher priority goes first.
             # No borrowWithinCohort: Kueue's fair sharing (on, infra.k8s.operators) decides preemption
             # between queues, and the field "only works with Classical Preemption, not with Fair
@@ -221,7 +229,7 @@ def queue_objects(platform: ResolvedPlatform) -> list[Manifest]:
         objects.append(_topology(platform))
     objects += [_flavor(platform, pool) for pool in training_flavors(platform)]
     objects.append(_cohort(platform, plan))
-    objects += [_cluster_queue(platform, t.name, t.fairshare, plan) for t in teams]
+    objects += [_cluster_queue(platform, t, plan) for t in teams]
     objects += [
         k8s_object(
             KUEUE_API, "LocalQueue", LOCAL_QUEUE, team_namespace(t.name), spec={"clusterQueue": t.name}

@@ -295,6 +295,14 @@ class Team(_Model):
             "team's Kubernetes group (gpuplat:<team>), which the team namespace's RoleBinding names"
         ),
     )
+    placement: Literal["performance", "cost"] | None = Field(
+        None,
+        description=(
+            "which training pools the team's jobs try first: performance (the fastest GPUs: dense BF16, then "
+            "memory bandwidth, from the catalog) or cost (the cheapest GPU-hour), the next when those are "
+            "full; on-demand before spot either way; unset: the stack's pool order"
+        ),
+    )
     spot_gpu_quota: int | None = Field(
         None,
         ge=0,

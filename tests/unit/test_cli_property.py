@@ -187,6 +187,7 @@ def _stack_commands(output: Path) -> dict[str, list[str]]:
         "status": [],
         "scale": ["--pool", "train", "--nodes", "1"],
         "validate": [],
+        "size": ["--params", "7e9"],
     }
 
 

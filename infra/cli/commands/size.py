@@ -10,10 +10,11 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from infra.cli import output
-from infra.cli.stack_options import JsonFlag
+from infra.cli.stack_options import JsonFlag, StackFile, StackName, platform_from_options
 from infra.data.load import catalog
 from infra.data.models import GB, NodeProvider
 from infra.errors import SpecError
+from infra.pool_fit import pool_fits
 from infra.sizing import (
     Attention,
     Optimizer,
@@ -204,35 +205,40 @@ def size(
     provider: Annotated[
         str, typer.Option(help="aws | onprem: which of the catalog's node types to choose from")
     ] = "aws",
+    stack: StackName = None,
+    stack_file_path: StackFile = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Size GPU memory for training (ZeRO, Korthikanti et al., FlashAttention) and pick a node type."""
     precision_value: Precision = precision  # type: ignore[assignment]  # validated by the model
     optimizer_value: Optimizer = optimizer  # type: ignore[assignment]
     attention_value: Attention = attention  # type: ignore[assignment]
-    data = sizing(
-        {
-            "params": params,
-            "dp": dp,
-            "tp": tp,
-            "pp": pp,
-            "zero": zero,
-            "precision": precision_value,
-            "optimizer": optimizer_value,
-            "autocast": autocast,
-            "seq_len": seq_len,
-            "micro_batch": micro_batch,
-            "hidden_size": hidden,
-            "layers": layers,
-            "num_heads": heads,
-            "vocab_size": vocab,
-            "attention": attention_value,
-            "dropout": dropout,
-            "activation_checkpointing": checkpointing,
-            "gpu_memory_gib": gpu_memory,
-        },
-        _provider(provider),
-    )
+    fields = {
+        "params": params,
+        "dp": dp,
+        "tp": tp,
+        "pp": pp,
+        "zero": zero,
+        "precision": precision_value,
+        "optimizer": optimizer_value,
+        "autocast": autocast,
+        "seq_len": seq_len,
+        "micro_batch": micro_batch,
+        "hidden_size": hidden,
+        "layers": layers,
+        "num_heads": heads,
+        "vocab_size": vocab,
+        "attention": attention_value,
+        "dropout": dropout,
+        "activation_checkpointing": checkpointing,
+        "gpu_memory_gib": gpu_memory,
+    }
+    data = sizing(fields, _provider(provider))
+    if stack is not None or stack_file_path is not None:
+        platform = platform_from_options(stack, stack_file_path)
+        result = size_training(TrainingSizingRequest.model_validate(fields))
+        data["stack"] = platform.name
+        data["pools"] = [fit.as_json() for fit in pool_fits(platform, result)]
     if json_output:
         output.print_json(data)
         return
@@ -260,3 +266,29 @@ def size(
         console.print(f"No catalog node type fits: raise {', '.join(_levers(tp, zero))}.")
     if data.get("min_gpus") is not None:
         console.print(f"Minimum GPUs with this tp/pp: {data['min_gpus']}")
+    if "pools" in data:
+        _print_pools(console, data["stack"], data["pools"])
+
+
+def _print_pools(console: Console, stack: str, pools: list[dict[str, Any]]) -> None:
+    def ratio(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}x"
+
+    rows = [
+        [
+            p["pool"],
+            f"{p['gpu']} {p['gpu_memory_gib']} GiB",
+            "yes" if p["fits"] else f"no: {p['why_not']}",
+            "-" if p["nodes"] is None else f"{p['nodes']} of {p['pool_max_nodes']}",
+            "-" if p["usd_per_hour"] is None else output.usd(p["usd_per_hour"]),
+            ratio(p["step_time_ratio"]),
+            ratio(p["usd_per_step_ratio"]),
+        ]
+        for p in pools
+    ]
+    columns = ["pool", "GPU", "fits", "nodes", "$/h", "step time", "$ per step"]
+    console.print(output.table(f"The training pools of {stack}", columns, rows))
+    console.print(
+        "  step time: over the fastest pool's, from dense BF16 TFLOPS (a compute-bound step); "
+        "$ per step: over the cheapest pool's"
+    )

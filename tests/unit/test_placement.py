@@ -1,0 +1,123 @@
+"""Placement preferences (scheduler.teams[].placement): the order a team's jobs try the training pools,
+from the catalog's GPU figures and prices, and Kueue's queues built on it."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from infra.data.load import catalog
+from infra.errors import SpecError
+from infra.k8s.queues import queue_objects, quota_plan
+from infra.placement import gpu_hour_usd, training_order
+from infra.resolve import ResolvedPlatform, load_platform
+from tests.conftest import CONFIG_KEY, stack_document
+from tests.k8s_schemas import assert_accepted
+from tests.unit.test_hostile_input import run_cli
+
+
+def two_gpu_types(platform: dict[str, Any]) -> None:
+    """aws-k8s with an L40S pool beside the H100 one, a performance-first and a cost-first team."""
+    pools = platform["pools"]
+    l40s = {
+        "name": "train-l40s",
+        "role": "train",
+        "instance_type": "g6e.48xlarge",
+        "count": 2,
+        "capacity": "on-demand",
+        "labels": {"workload": "training"},
+    }
+    pools.insert(next(i for i, p in enumerate(pools) if p["name"] == "train-spot"), l40s)
+    teams = platform["scheduler"]["teams"]
+    teams[0]["placement"] = "performance"
+    teams[1]["placement"] = "cost"
+
+
+@pytest.fixture
+def mixed(write_stack: Callable[..., Path]) -> ResolvedPlatform:
+    return load_platform(write_stack("aws-k8s", two_gpu_types))
+
+
+def test_every_gpu_of_the_catalog_has_figures_with_their_source() -> None:
+    data = catalog()
+    for node in data.node_types:
+        if node.gpu:
+            figures = data.gpu_figures(node.gpu.model)
+            assert figures is not None and figures.source.startswith("https://"), node.name
+
+
+def test_performance_tries_the_fastest_gpus_and_cost_the_cheapest_gpu_hour(mixed: ResolvedPlatform) -> None:
+    research, product, eval_ = mixed.spec.scheduler.teams
+    pools = {p.name: p for p in mixed.pools_with_role("train")}
+    # The catalog's figures that decide it: H100 989 dense BF16 TFLOPS vs L40S 362; $/GPU-hour on demand.
+    assert gpu_hour_usd(pools["train-l40s"]) < gpu_hour_usd(pools["train"])
+    assert [p.name for p in training_order(mixed, research)] == ["train", "train-l40s", "train-spot"]
+    assert [p.name for p in training_order(mixed, product)] == ["train-l40s", "train", "train-spot"]
+    assert [p.name for p in training_order(mixed, eval_)] == [
+        "train",
+        "train-l40s",
+        "train-spot",
+    ]  # the stack's
+
+
+def test_each_team_queue_lists_its_flavors_in_its_order_and_moves_on_when_full(
+    mixed: ResolvedPlatform,
+) -> None:
+    queues = {o["metadata"]["name"]: o for o in queue_objects(mixed) if o["kind"] == "ClusterQueue"}
+    order = {
+        name: [f["name"] for f in q["spec"]["resourceGroups"][0]["flavors"]] for name, q in queues.items()
+    }
+    assert order == {
+        "research": ["train", "train-l40s", "train-spot"],
+        "product": ["train-l40s", "train", "train-spot"],
+        "eval": ["train", "train-l40s", "train-spot"],
+    }
+    for queue in queues.values():
+        # Kueue assigns the first flavor with room; TryNextFlavor: the next rather than borrow or preempt.
+        assert queue["spec"]["flavorFungibility"] == {
+            "whenCanBorrow": "TryNextFlavor",
+            "whenCanPreempt": "TryNextFlavor",
+        }
+        assert_accepted(queue)
+
+
+def test_a_cost_first_team_reaches_the_cheap_pool_before_its_cap_runs_out(mixed: ResolvedPlatform) -> None:
+    """The cap is taken flavor by flavor in the team's own order: product (cost first; 16 of its cap of 24
+    on demand, 8 on spot) holds its on-demand part on the 16 L40S GPUs and none on the H100s; research
+    (performance first) reaches all 32 H100s first, then the L40S GPUs."""
+    reach = {(q.team, q.flavor): q.nominal + q.borrowing_limit for q in quota_plan(mixed).teams}
+    assert reach["product", "train-l40s"] == 16
+    assert reach["product", "train"] == 0 and reach["product", "train-spot"] == 8
+    assert reach["research", "train"] == 32 and reach["research", "train-l40s"] == 16
+
+
+def test_an_unknown_preference_is_refused_naming_the_field(write_stack: Callable[..., Path]) -> None:
+    def fastest(platform: dict[str, Any]) -> None:
+        platform["scheduler"]["teams"][0]["placement"] = "fastest"
+
+    with pytest.raises(SpecError, match=r"scheduler\.teams.*placement"):
+        load_platform(write_stack("aws-k8s", fastest))
+
+
+def test_size_against_the_stack_says_which_pools_fit_and_compares_them_per_step(tmp_path: Path) -> None:
+    document = copy.deepcopy(stack_document("aws-k8s"))
+    two_gpu_types(document["config"][CONFIG_KEY])
+    stack = tmp_path / "Pulumi.mixed.yaml"
+    stack.write_text(yaml.safe_dump(document, sort_keys=False))
+    run = run_cli(
+        "size", "--params", "70e9", "--dp", "16", "--zero", "3", "--stack-file", str(stack), "--json"
+    )
+    assert run.code == 0, run.err
+    pools = {p["pool"]: p for p in json.loads(run.out)["pools"]}
+    assert pools["train-l40s"]["fits"] is False
+    assert pools["train-l40s"]["why_not"].startswith("44.7 GiB per GPU, the run needs")
+    h100, spot = pools["train"], pools["train-spot"]
+    assert (h100["nodes"], h100["step_time_ratio"], spot["usd_per_step_ratio"]) == (2, 1.0, 1.0)
+    # On-demand H100 at $55.04 per node-hour against spot at the catalog's discount: 2.22 x per step.
+    assert h100["usd_per_step_ratio"] == round(55.04 / pools["train-spot"]["usd_per_hour"] * 2, 2)
