@@ -21,6 +21,7 @@ from infra.serving_release import (
     version_environment,
     window_stats,
 )
+from tests.unit.test_hostile_input import refused, run_cli
 
 
 def version(location: str) -> ModelVersion:
@@ -104,3 +105,16 @@ def test_a_canary_needs_a_gpu_the_stable_replicas_leave_free(write_stack: Callab
 
     with pytest.raises(ServeRefused, match="pool 'infer' has no GPU left for a canary"):
         serving_layout(load_platform(write_stack("local", vllm)))
+
+
+def test_serve_refuses_a_model_name_before_reaching_the_registry(write_stack: Callable[..., Path]) -> None:
+    def with_registry(platform: dict[str, Any]) -> None:
+        platform["serving"]["registry"] = {}
+
+    stack = str(write_stack("local", with_registry))
+    unreachable = ["--stack-file", stack, "--registry-url", "http://127.0.0.1:9"]
+    refused(run_cli("serve", "deploy", "Embedder@1", *unreachable), "model name 'Embedder'")
+    refused(run_cli("serve", "deploy", "@champion", *unreachable), "model name ''")
+    refused(run_cli("serve", "promote", "a_b", *unreachable), "model name 'a_b'")
+    down = run_cli("serve", "deploy", "embedder@1", *unreachable)
+    assert down.code == 4 and "did not answer" in down.err, down.err

@@ -78,6 +78,7 @@ def deploy(
     prometheus: PrometheusUrl = None,
 ) -> None:
     """Serve a registered version: as a canary (--canary PERCENT), or on every replica."""
+    check_name(reference.partition("@")[0])
     release = _release(stack, stack_file_path, url, prometheus)
     version = release.deploy(reference, canary)
     if canary is None:
