@@ -96,6 +96,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "gate_min": 0.8,
             "min_requests": 10,
             "window_s": 30,
+            # The fault injected is errors. A p95 over a fresh canary's first ten answers, on a machine that
+            # runs the rest of the suite beside it, has come out 1.9 x the stable version's: the latency
+            # limit is judge()'s (tests/unit/test_canary.py), not this scenario's.
+            "max_p95_ratio": 5,
         }
 
     return write_variant(tmp_path_factory.mktemp("serve"), "local", molecule, name="molecule")
