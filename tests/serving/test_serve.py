@@ -134,14 +134,19 @@ def serve(stack: Path, *arguments: str) -> CliRun:
 
 
 def with_latencies(stack: Path, model: str) -> dict[str, Any]:
-    """`serve status --json` once Prometheus has scraped both versions' latencies after the requests (every
-    5 s in the scenario: a rate needs two scrapes with them)."""
-    deadline = time.monotonic() + 30
-    while True:
-        status: dict[str, Any] = json.loads(serve(stack, "status", model, "--json").out)
-        if all(v["p95_ms"] is not None for v in status["versions"]) or time.monotonic() > deadline:
-            return status
-        time.sleep(2)
+    """`serve status --json` once Prometheus has both versions' p95, requests flowing meanwhile: a rate needs
+    two scrapes (every 5 s in the scenario) that differ, and a burst that ends between two scrapes of a
+    fresh canary's series leaves its rate at nothing."""
+    answers: list[Answer] = []
+    deadline = time.monotonic() + 60
+    with sending(answers):
+        while True:
+            status: dict[str, Any] = json.loads(serve(stack, "status", model, "--json").out)
+            if all(v["p95_ms"] is not None for v in status["versions"]) or time.monotonic() > deadline:
+                break
+            time.sleep(2)
+    assert {a.status for a in answers} <= {200}, Counter(a.status for a in answers)
+    return status
 
 
 def canary_percent() -> int:
