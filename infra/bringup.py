@@ -33,7 +33,7 @@ from infra.local.node_image import available, bake
 from infra.local.scale import running_sizes, with_running_sizes
 from infra.local.status import PlatformStatus, collect_status, parse_sinfo
 from infra.resolve import ResolvedPlatform
-from infra.scheduler import partitions
+from infra.scheduler import default_partition, partition_names
 from infra.spec.load import PROJECT_ROOT
 
 # `idle~`: a powered-down node of an elastic pool, ready to be started.
@@ -83,7 +83,7 @@ def validate_local(cluster: LocalCluster) -> str:
         return "Slurm not installed on the controller: scheduler checks skipped"
     sinfo = cluster.exec_unchecked(controller, "sinfo", "-h", "-o", "%P|%a|%D|%G|%T")
     lines = parse_sinfo(sinfo)
-    expected = {p.name for p in partitions(platform)}
+    expected = partition_names(platform)
     missing = expected - {line.name for line in lines}
     unhealthy = [
         f"{line.name}:{line.node_states}" for line in lines if line.node_states not in _HEALTHY_NODE_STATES
@@ -93,13 +93,13 @@ def validate_local(cluster: LocalCluster) -> str:
             f"Slurm validation failed on {controller}: missing partitions {sorted(missing) or 'none'}, "
             f"unhealthy nodes {unhealthy or 'none'}; sinfo said:\n{sinfo.strip()}"
         )
-    partition = next(p for p in partitions(platform) if p.default)
-    srun = ["srun", "--partition", partition.name, "--nodes", "1", "--gres", "gpu:1", "--time", "2"]
+    partition = default_partition(platform)
+    srun = ["srun", "--partition", partition, "--nodes", "1", "--gres", "gpu:1", "--time", "2"]
     job = cluster.exec_unchecked(
         controller, "timeout", "120", *srun, "sh", "-c", "echo $(hostname) $CUDA_VISIBLE_DEVICES"
     )
     if not job.strip():
-        raise GpuPlatError(f"a test job with --gres=gpu:1 on partition {partition.name} printed nothing")
+        raise GpuPlatError(f"a test job with --gres=gpu:1 on partition {partition} printed nothing")
     return (
         f"{len(expected)} partition(s) healthy; test job ran on {job.split()[0]} with GPU {job.split()[-1]}"
     )

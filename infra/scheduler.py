@@ -2,6 +2,11 @@
 
 Inference pools never become partitions: training jobs cannot land on inference nodes.
 
+Where the on-demand training pools hold GPUs of more than one type, one more partition spans them all
+(PLACEMENT_PARTITION, the default): there the job_submit/lua plugin (roles/slurm_controller) gives each job
+the GPU types in its team's placement order (infra.placement), and a partition per job class does so
+whatever the team (shared_partitions(), placement()).
+
 On backend aws the training nodes are launched and terminated by Slurm's power saving
 (https://slurm.schedmd.com/power_save.html): slurm.conf names every node a pool may ever have, with
 State=CLOUD, before any of them exists. Their node lines therefore come from the GPU catalog
@@ -16,7 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from infra.data.packages import package_facts
-from infra.resolve import ResolvedPlatform
+from infra.placement import training_order
+from infra.resolve import ResolvedPlatform, ResolvedPool
+from infra.spec.models import PlacementPreference
+from infra.spec.names import PLACEMENT_PARTITION
 
 # QoS tiers: high and normal preempt spot. The preempt mode of every QoS is the spec's
 # scheduler.spot_preempt_mode (see qos()), the same mode the spot partitions use.
@@ -31,6 +39,9 @@ QOS = (
 # KillWait). Sized for a checkpoint of a large model to shared storage.
 SPOT_GRACE_TIME_S = 120
 
+# Partitions of on-demand pools schedule before spot ones (PriorityTier 1).
+ON_DEMAND_PRIORITY_TIER = 10
+
 
 @dataclass(frozen=True)
 class Partition:
@@ -44,6 +55,18 @@ class Partition:
     default: bool
     spot: bool
     allowed_qos: list[str]
+
+
+@dataclass(frozen=True)
+class SharedPartition:
+    """A partition over several on-demand training pools: where placement preferences choose the pool."""
+
+    name: str
+    pools: list[str]
+    nodes: list[str]
+    default: bool
+    allowed_qos: list[str]
+    priority_tier: int = ON_DEMAND_PRIORITY_TIER
 
 
 @dataclass(frozen=True)
@@ -78,6 +101,15 @@ class Account:
 
 def gres_type(model: str) -> str:
     return model.lower().replace("-", "_") or "gpu"
+
+
+def pool_gres_type(pool: ResolvedPool) -> str:
+    return gres_type(pool.node_type.gpu.model if pool.node_type.gpu else "")
+
+
+def gpu_feature(kind: str) -> str:
+    """The node feature of a GPU type (gres type): what `--constraint=gpu_h100` asks for."""
+    return f"gpu_{kind}"
 
 
 # RealMemory of a node that does not exist yet: the catalog's memory less what the kernel keeps.
@@ -154,7 +186,7 @@ def cloud_nodes(platform: ResolvedPlatform) -> list[CloudNodes]:
                 gpu_type=kind,
                 gpu_count=pool.gpus_per_node,
                 gres=f"gpu:{kind}:{pool.gpus_per_node}",
-                feature=f"pool_{pool.name}",
+                feature=f"pool_{pool.name},{gpu_feature(kind)}",
             )
         )
     return result
@@ -171,7 +203,18 @@ def controllers(platform: ResolvedPlatform) -> list[str]:
     return names[: 2 if platform.spec.scheduler.high_availability else 1]
 
 
+def _on_demand_training(platform: ResolvedPlatform) -> list[ResolvedPool]:
+    return [p for p in platform.pools_with_role("train") if p.spec.capacity != "spot"]
+
+
+def heterogeneous(platform: ResolvedPlatform) -> bool:
+    """The on-demand training pools hold more than one GPU type: there is a placement to choose."""
+    return len({pool_gres_type(p) for p in _on_demand_training(platform)}) > 1
+
+
 def partitions(platform: ResolvedPlatform) -> list[Partition]:
+    """One partition per training pool; the first is the default unless a shared one spans the pools."""
+    shared_default = heterogeneous(platform)
     result = []
     for index, pool in enumerate(platform.pools_with_role("train")):
         spot = pool.spec.capacity == "spot"
@@ -181,14 +224,71 @@ def partitions(platform: ResolvedPlatform) -> list[Partition]:
                 pool=pool.name,
                 nodes=pool.node_names(),
                 gpus_per_node=pool.gpus_per_node,
-                gpu_type=gres_type(pool.node_type.gpu.model if pool.node_type.gpu else ""),
-                priority_tier=1 if spot else 10,
+                gpu_type=pool_gres_type(pool),
+                priority_tier=1 if spot else ON_DEMAND_PRIORITY_TIER,
                 preempt_mode=platform.spec.scheduler.spot_preempt_mode.upper() if spot else "OFF",
-                default=index == 0,
+                default=index == 0 and not shared_default,
                 spot=spot,
                 allowed_qos=["spot"] if spot else ["normal", "high", "spot"],
             )
         )
+    return result
+
+
+def shared_partitions(platform: ResolvedPlatform) -> list[SharedPartition]:
+    """Where the on-demand training pools hold more than one GPU type: PLACEMENT_PARTITION (the default,
+    each job in its team's order) and one partition per job class (each job in the class's order)."""
+    if not heterogeneous(platform):
+        return []
+    pools = _on_demand_training(platform)
+    names = [p.name for p in pools]
+    nodes = [node for p in pools for node in p.node_names()]
+    qos_names = ["normal", "high", "spot"]
+    return [
+        SharedPartition(PLACEMENT_PARTITION, names, nodes, True, qos_names),
+        *(
+            SharedPartition(c.name.replace("-", "_"), names, nodes, False, qos_names)
+            for c in platform.spec.scheduler.job_classes
+        ),
+    ]
+
+
+def default_partition(platform: ResolvedPlatform) -> str:
+    """Where a job without -p goes: the shared partition over the on-demand pools, else the first pool's."""
+    shared = shared_partitions(platform)
+    return shared[0].name if shared else next(p.name for p in partitions(platform) if p.default)
+
+
+def partition_names(platform: ResolvedPlatform) -> set[str]:
+    return {p.name for p in partitions(platform)} | {p.name for p in shared_partitions(platform)}
+
+
+def gpu_type_order(platform: ResolvedPlatform, preference: PlacementPreference | None) -> list[str]:
+    """The GPU features of the on-demand training pools in the order jobs with `preference` try them."""
+    order = [gpu_feature(pool_gres_type(p)) for p in training_order(platform, preference)]
+    on_demand = {gpu_feature(pool_gres_type(p)) for p in _on_demand_training(platform)}
+    return [
+        feature
+        for index, feature in enumerate(order)
+        if feature in on_demand and feature not in order[:index]
+    ]
+
+
+def placement(platform: ResolvedPlatform) -> dict[str, dict[str, Any]]:
+    """What roles/slurm_controller's job_submit.lua gives jobs, by partition: the GPU features jobs try in
+    order (`accounts`: a team's own; `order`: everyone else's, the stack's order on PLACEMENT_PARTITION,
+    a job class's on its own). Every job gets one, so that no job spans two GPU types."""
+    shared = shared_partitions(platform)
+    if not shared:
+        return {}
+    teams = {
+        t.name: gpu_type_order(platform, t.placement) for t in platform.spec.scheduler.teams if t.placement
+    }
+    result: dict[str, dict[str, Any]] = {
+        PLACEMENT_PARTITION: {"accounts": teams, "order": gpu_type_order(platform, None)}
+    }
+    for job_class, partition in zip(platform.spec.scheduler.job_classes, shared[1:], strict=True):
+        result[partition.name] = {"accounts": {}, "order": gpu_type_order(platform, job_class.placement)}
     return result
 
 
@@ -226,6 +326,8 @@ def slurm_vars(platform: ResolvedPlatform) -> dict[str, Any]:
         **({"slurm_common_mpi_default": mpi} if mpi is not None else {}),
         "slurm_cluster_name": platform.name.replace("-", "_"),
         "slurm_partitions": [asdict(p) for p in partitions(platform)],
+        "slurm_shared_partitions": [asdict(p) for p in shared_partitions(platform)],
+        "slurm_placement": placement(platform),
         "slurm_accounts": [asdict(a) for a in accounts(platform)],
         "slurm_qos": qos(platform),
         "slurm_default_time_limit": platform.spec.scheduler.default_time_limit,

@@ -134,7 +134,7 @@ def _reach(platform: ResolvedPlatform, team: Team) -> dict[str, int]:
     split = _budgets(team)
     reached = {True: 0, False: 0}
     reach: dict[str, int] = {}
-    for pool in training_order(platform, team):
+    for pool in training_order(platform, team.placement):
         spot = pool.spec.capacity == "spot"
         left = (
             team.gpu_quota - reached[True] - reached[False] if split is None else split[spot] - reached[spot]
@@ -185,7 +185,7 @@ def _cluster_queue(platform: ResolvedPlatform, team: Team, plan: QuotaPlan) -> M
     # The flavors in the order the team tries them (Kueue assigns the first that has room, and with
     # TryNextFlavor moves on rather than borrow or preempt there).
     planned = {q.flavor: (q.nominal, q.borrowing_limit) for q in plan.teams if q.team == team.name}
-    quotas = {pool.name: planned[pool.name] for pool in training_order(platform, team)}
+    quotas = {pool.name: planned[pool.name] for pool in training_order(platform, team.placement)}
     return k8s_object(
         KUEUE_API,
         "ClusterQueue",

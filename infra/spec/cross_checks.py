@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from infra.spec.aws_regions import AWS_REGIONS, is_zone_of
 from infra.spec.errors import FieldProblem, Loc
 from infra.spec.limits import MAX_NODES, MAX_NODES_REASON
+from infra.spec.names import PLACEMENT_PARTITION
 
 if TYPE_CHECKING:
     from infra.spec.models import NodePool, PlatformSpec, PoolRole
@@ -42,6 +43,7 @@ def platform_problems(spec: PlatformSpec) -> list[FieldProblem]:
         _check_region,
         _check_roles,
         _check_scheduler_pools,
+        _check_job_class_names,
         _check_serving,
         _check_kubernetes,
         _check_parallel_fs,
@@ -131,6 +133,24 @@ def _check_scheduler_pools(spec: PlatformSpec) -> list[FieldProblem]:
             ("scheduler", "controller_pool"),
             f"{wanted!r} is not a service pool of this stack; service pools: {_pool_names(spec, 'service')}",
         )
+    ]
+
+
+def _check_job_class_names(spec: PlatformSpec) -> list[FieldProblem]:
+    """A job class is a Slurm partition: its name is no training pool's partition, nor the shared one."""
+    taken = {
+        p.name.replace("-", "_"): f"the partition of training pool {p.name!r}"
+        for p in spec.pools_with_role("train")
+    }
+    taken[PLACEMENT_PARTITION] = "the partition over the on-demand training pools"
+    return [
+        (
+            ("scheduler", "job_classes", index, "name"),
+            f"job class {job_class.name!r} would be the Slurm partition {partition!r}, which is already "
+            f"{taken[partition]}; name the class otherwise",
+        )
+        for index, job_class in enumerate(spec.scheduler.job_classes)
+        if (partition := job_class.name.replace("-", "_")) in taken
     ]
 
 

@@ -283,6 +283,18 @@ class Storage(_Model):
     checkpoint_path: str = Field(pattern=ABSOLUTE_PATH_PATTERN)
 
 
+PlacementPreference = Literal["performance", "cost"] | list[Name]
+
+
+class JobClass(_Model):
+    name: Name = Field(
+        description="slurm: the partition (dashes become underscores) a job picks the class with (`-p NAME`)"
+    )
+    placement: PlacementPreference = Field(
+        description="the order the class's jobs try the on-demand training pools in, whatever their team's"
+    )
+
+
 class Team(_Model):
     name: Name
     gpu_quota: int = Field(ge=1, description="most GPUs the team's running jobs may hold (GrpTRES gres/gpu)")
@@ -295,12 +307,13 @@ class Team(_Model):
             "team's Kubernetes group (gpuplat:<team>), which the team namespace's RoleBinding names"
         ),
     )
-    placement: Literal["performance", "cost"] | None = Field(
+    placement: PlacementPreference | None = Field(
         None,
         description=(
             "which training pools the team's jobs try first: performance (the fastest GPUs: dense BF16, then "
-            "memory bandwidth, from the catalog) or cost (the cheapest GPU-hour), the next when those are "
-            "full; on-demand before spot either way; unset: the stack's pool order"
+            "memory bandwidth, from the catalog), cost (the cheapest GPU-hour) or a list of training pool "
+            "names (those first, in that order), the next when those are full; on-demand before spot "
+            "either way; unset: the stack's pool order"
         ),
     )
     spot_gpu_quota: int | None = Field(
@@ -333,6 +346,14 @@ class Scheduler(_Model):
     )
     controller_pool: Name | None = Field(None, description="service pool hosting slurmctld; default: first")
     teams: list[Team] = Field(min_length=1)
+    job_classes: list[JobClass] = Field(
+        default_factory=list,
+        description=(
+            "slurm: placement preferences a job picks by partition instead of its team's (e.g. a `fastest` "
+            "class for a deadline run of a cost-first team); each is a partition over the on-demand "
+            "training pools"
+        ),
+    )
     spot_preempt_mode: Literal["requeue", "cancel"] = "requeue"
     scale_down_idle_s: int = Field(
         600,
@@ -363,10 +384,22 @@ class Scheduler(_Model):
 
     @model_validator(mode="after")
     def _unique_teams(self) -> Scheduler:
-        problems = [
+        problems: list[FieldProblem] = [
             (("teams", index, "name"), f"team {name!r} is already teams[{first}]; each team is listed once")
             for index, first, name in repeats([t.name for t in self.teams])
         ]
+        problems += [
+            (("job_classes", index, "name"), f"job class {name!r} is already job_classes[{first}]")
+            for index, first, name in repeats([c.name for c in self.job_classes])
+        ]
+        if self.job_classes and self.kind != "slurm":
+            problems.append(
+                (
+                    ("job_classes",),
+                    "job classes are Slurm partitions; on kueue a job picks a pool with a nodeSelector on "
+                    "its flavor's node labels",
+                )
+            )
         if problems:
             raise FieldProblems(problems)
         return self

@@ -51,6 +51,13 @@ def _set(path: str, value: Any) -> Mutate:
     return mutate
 
 
+def _team_placement(value: Any) -> Mutate:
+    def mutate(spec: dict[str, Any]) -> None:
+        spec["scheduler"]["teams"][0]["placement"] = value
+
+    return mutate
+
+
 def _all(*mutations: Mutate) -> Mutate:
     def mutate(spec: dict[str, Any]) -> None:
         for m in mutations:
@@ -209,6 +216,8 @@ VARIANTS: dict[str, tuple[str, Mutate | None, Program | None]] = {
     ),
     "split-training-zones": ("aws-prod", _set("pool:train-spot.zone", "us-east-1b"), None),
     "alerts-to-nobody": ("aws-prod", _set("alerting.webhook_urls", []), None),
+    "placement-unknown-pool": ("aws-prod", _team_placement(["train-h200", "train"]), None),
+    "placement-one-gpu-type": ("aws-prod", _team_placement("cost"), None),
     "over-gpu-budget": ("aws-prod", _set("budget.max_gpus", 40), None),
     "over-cost-budget": ("aws-prod", _set("budget.max_hourly_usd", 100), None),
 }
@@ -276,6 +285,8 @@ CASES: list[tuple[str, str, str, dict[str, Any]]] = [
     ("security-ec2-launch-scoped", "aws-prod", "unconditioned-launch", {}),
     ("placement-filesystem-zone", "aws-prod", "split-training-zones", {}),
     ("alerts-reach-someone", "aws-prod", "alerts-to-nobody", {}),
+    ("placement-names-pools", "aws-prod", "placement-unknown-pool", {}),
+    ("placement-names-pools", "aws-prod", "placement-one-gpu-type", {}),
     ("budget-gpus", "aws-prod", "over-gpu-budget", {}),
     ("budget-hourly-cost", "aws-prod", "over-cost-budget", {}),
 ]

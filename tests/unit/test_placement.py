@@ -57,9 +57,13 @@ def test_performance_tries_the_fastest_gpus_and_cost_the_cheapest_gpu_hour(mixed
     pools = {p.name: p for p in mixed.pools_with_role("train")}
     # The catalog's figures that decide it: H100 989 dense BF16 TFLOPS vs L40S 362; $/GPU-hour on demand.
     assert gpu_hour_usd(pools["train-l40s"]) < gpu_hour_usd(pools["train"])
-    assert [p.name for p in training_order(mixed, research)] == ["train", "train-l40s", "train-spot"]
-    assert [p.name for p in training_order(mixed, product)] == ["train-l40s", "train", "train-spot"]
-    assert [p.name for p in training_order(mixed, eval_)] == [
+    assert [p.name for p in training_order(mixed, research.placement)] == [
+        "train",
+        "train-l40s",
+        "train-spot",
+    ]
+    assert [p.name for p in training_order(mixed, product.placement)] == ["train-l40s", "train", "train-spot"]
+    assert [p.name for p in training_order(mixed, eval_.placement)] == [
         "train",
         "train-l40s",
         "train-spot",
@@ -121,3 +125,42 @@ def test_size_against_the_stack_says_which_pools_fit_and_compares_them_per_step(
     assert (h100["nodes"], h100["step_time_ratio"], spot["usd_per_step_ratio"]) == (2, 1.0, 1.0)
     # On-demand H100 at $55.04 per node-hour against spot at the catalog's discount: 2.22 x per step.
     assert h100["usd_per_step_ratio"] == round(55.04 / pools["train-spot"]["usd_per_hour"] * 2, 2)
+
+
+def test_a_list_preference_puts_the_named_pools_first(write_stack: Callable[..., Path]) -> None:
+    def listed(platform: dict[str, Any]) -> None:
+        two_gpu_types(platform)
+        platform["scheduler"]["teams"][2]["placement"] = ["train-l40s"]
+
+    platform = load_platform(write_stack("aws-k8s", listed))
+    eval_ = platform.spec.scheduler.teams[2]
+    assert [p.name for p in training_order(platform, eval_.placement)] == [
+        "train-l40s",
+        "train",
+        "train-spot",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("stack", "job_classes", "field", "message"),
+    [
+        ("aws-k8s", [{"name": "fastest", "placement": "performance"}], "scheduler.job_classes",
+         "job classes are Slurm partitions"),
+        ("aws-prod", [{"name": "train", "placement": "cost"}], "scheduler.job_classes[0].name",
+         "which is already the partition of training pool 'train'"),
+        ("aws-prod", [{"name": "gpus", "placement": "cost"}], "scheduler.job_classes[0].name",
+         "over the on-demand training pools"),
+        ("aws-prod", [{"name": "fast", "placement": "cost"}, {"name": "fast", "placement": "performance"}],
+         "scheduler.job_classes[1].name", "already job_classes[0]"),
+    ],
+)  # fmt: skip
+def test_job_classes_are_refused_where_they_cannot_be_partitions(
+    write_stack: Callable[..., Path], stack: str, job_classes: list[dict[str, str]], field: str, message: str
+) -> None:
+    def classes(platform: dict[str, Any]) -> None:
+        platform["scheduler"]["job_classes"] = job_classes
+
+    path = write_stack(stack, classes)
+    result = run_cli("plan", "--stack-file", str(path))
+    assert result.code == 2 and result.clean
+    assert field in result.err and message in result.err, result.err

@@ -28,7 +28,7 @@ def test_aws_training_pools_are_described_from_the_catalog(
     assert p5 is not None
     for n in (train, spot):
         assert (n.cpus, n.gpu_type, n.gpu_count, n.gres) == (p5.vcpus, "h100", 8, "gpu:h100:8")
-        assert n.feature == f"pool_{n.pool}"
+        assert n.feature == f"pool_{n.pool},gpu_{n.gpu_type}"
         assert n.real_memory_mb == scheduler.cloud_real_memory_mb(p5.memory_gib)
 
 

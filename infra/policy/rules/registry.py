@@ -15,6 +15,7 @@ from infra.policy.rules.kubernetes import (
     check_spot_flavors,
 )
 from infra.policy.rules.placement import check_filesystem_zone
+from infra.policy.rules.preferences import check_placement_preferences
 from infra.policy.rules.resource_types import (
     IAM_POLICY,
     IAM_ROLE,
@@ -260,6 +261,16 @@ RULES: tuple[ResourceRule | StackRule, ...] = (
         "zones, or get their own stack.",
         severity="advisory",
         check=check_filesystem_zone,
+    ),
+    StackRule(
+        id="placement-names-pools",
+        group="scheduling",
+        description="Each placement preference (a team's, a job class's) names training pools of the stack, "
+        "and on Slurm has GPU types to choose between.",
+        remediation="List training pool names only (`gpuplat plan` prints them), or use performance or cost; "
+        "on Slurm, a preference needs on-demand training pools of two GPU types or more (else drop it).",
+        needs_platform=True,
+        check=check_placement_preferences,
     ),
     StackRule(
         id="alerts-reach-someone",

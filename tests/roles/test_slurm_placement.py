@@ -1,0 +1,138 @@
+"""Placement preferences on Slurm: a stack whose on-demand training pools hold two GPU types gets a default
+partition over both, a partition per job class, node features per GPU type, and job_submit.lua, which
+gives each job its team's (or its class's) order as a matching-OR constraint.
+
+The script is rendered with Ansible's templating from infra.scheduler's values and run in Lua 5.1 (the
+Lua of Debian's slurmctld: slurm-wlm-basic-plugins depends on liblua5.1-0) with the job_desc fields
+job_submit_lua.c hands it. What Slurm does with the constraint is tested on real slurmctld in the
+scheduler scenario (molecule/slurm_cluster/verify/placement.yml).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("ansible")
+lua51 = pytest.importorskip("lupa.lua51")
+
+from ansible.parsing.dataloader import DataLoader  # noqa: E402
+from ansible.template import Templar, trust_as_template  # noqa: E402
+
+from infra import scheduler  # noqa: E402
+from infra.resolve import ResolvedPlatform, load_platform  # noqa: E402
+from tests.roles.test_slurm_templates import ROLES, line_fields, lines_starting, render_aws  # noqa: E402
+from tests.unit.test_placement import two_gpu_types  # noqa: E402
+
+
+def with_job_class(platform: dict[str, Any]) -> None:
+    """aws-prod with an L40S pool: research performance-first, product cost-first, eval none; a fastest
+    job class."""
+    two_gpu_types(platform)
+    platform["scheduler"]["job_classes"] = [{"name": "fastest", "placement": "performance"}]
+
+
+@pytest.fixture
+def mixed(write_stack: Callable[..., Path]) -> ResolvedPlatform:
+    return load_platform(write_stack("aws-prod", with_job_class))
+
+
+def test_a_default_partition_spans_the_on_demand_pools_and_each_job_class_gets_one(
+    mixed: ResolvedPlatform,
+) -> None:
+    values = scheduler.slurm_vars(mixed)
+    assert [p["name"] for p in values["slurm_partitions"] if p["default"]] == []
+    shared = {p["name"]: p for p in values["slurm_shared_partitions"]}
+    assert list(shared) == ["gpus", "fastest"]
+    assert shared["gpus"]["default"] and not shared["fastest"]["default"]
+    assert shared["gpus"]["pools"] == ["train", "train-l40s"]  # spot pools keep their own partition
+    assert scheduler.default_partition(mixed) == "gpus"
+    assert values["slurm_placement"] == {
+        "gpus": {
+            "accounts": {"research": ["gpu_h100", "gpu_l40s"], "product": ["gpu_l40s", "gpu_h100"]},
+            "order": ["gpu_h100", "gpu_l40s"],  # the stack's order, for eval
+        },
+        "fastest": {"accounts": {}, "order": ["gpu_h100", "gpu_l40s"]},
+    }
+
+
+def test_one_gpu_type_needs_no_placement(shipped_platforms: dict[str, ResolvedPlatform]) -> None:
+    values = scheduler.slurm_vars(shipped_platforms["aws-prod"])
+    assert values["slurm_shared_partitions"] == [] and values["slurm_placement"] == {}
+    assert [p["name"] for p in values["slurm_partitions"] if p["default"]] == ["train"]
+
+
+def test_slurm_conf_lists_the_shared_partitions_types_and_the_lua_plugin(mixed: ResolvedPlatform) -> None:
+    values = scheduler.slurm_vars(mixed)
+    conf = render_aws("slurm.conf.j2", values=values)
+    assert "JobSubmitPlugins=lua" in conf.splitlines()
+    nodes = {line_fields(line)["NodeName"]: line_fields(line) for line in lines_starting(conf, "NodeName=")}
+    assert nodes["train-l40s-0"]["Feature"] == "pool_train-l40s,gpu_l40s"
+    assert nodes["train-0"]["Feature"] == "pool_train,gpu_h100"
+    parts = {line_fields(p)["PartitionName"]: line_fields(p) for p in lines_starting(conf, "PartitionName=")}
+    both = [*mixed.pool("train").node_names(), *mixed.pool("train-l40s").node_names()]
+    assert parts["gpus"]["Nodes"].split(",") == both
+    assert parts["gpus"]["Default"] == "YES" and parts["train"]["Default"] == "NO"
+    assert parts["gpus"]["PreemptMode"] == "OFF" and parts["gpus"]["PriorityTier"] == "10"
+    per_gpu = [int(parts[p]["DefMemPerGPU"]) for p in ("train", "train_l40s")]
+    assert int(parts["gpus"]["DefMemPerGPU"]) == min(per_gpu)  # fits a GPU of either type
+    assert parts["fastest"]["Nodes"] == parts["gpus"]["Nodes"]
+
+
+def test_one_gpu_type_renders_no_lua_plugin() -> None:
+    assert "JobSubmitPlugins" not in render_aws("slurm.conf.j2")
+
+
+def job_submit(values: dict[str, Any]) -> Callable[..., dict[str, Any]]:
+    """The rendered job_submit.lua loaded in Lua 5.1; the returned function submits one job_desc and gives
+    back the fields the script set."""
+    loader = DataLoader()
+    variables: dict[str, Any] = {}
+    for part in ("defaults", "vars"):
+        variables.update(
+            loader.load_from_file(
+                str(ROLES / "slurm_controller" / part / "main.yml"), trusted_as_template=True
+            )
+        )
+    variables.update(values, ansible_managed="Ansible managed")
+    text = (ROLES / "slurm_controller" / "templates" / "job_submit.lua.j2").read_text()
+    script = str(Templar(loader=loader, variables=variables).template(trust_as_template(text)))
+    lua = lua51.LuaRuntime(unpack_returned_tuples=True)
+    logged: list[str] = []
+    lua.globals().slurm = lua.table_from(
+        {"SUCCESS": 0, "ERROR": -1, "log_info": lambda fmt, *args: logged.append(str(fmt))}
+    )
+    assert lua.execute(script) == 0
+
+    def submit(**fields: Any) -> dict[str, Any]:
+        job_desc = lua.table_from(fields)
+        assert lua.globals().slurm_job_submit(job_desc, lua.table(), 1000) == 0
+        return dict(job_desc)
+
+    return submit
+
+
+def test_each_job_gets_its_teams_order_unless_it_chose(mixed: ResolvedPlatform) -> None:
+    submit = job_submit(scheduler.slurm_vars(mixed))
+    # job_submit_lua.c: partition and account are nil when not given; default_account is the user's.
+    assert submit(default_account="research")["features"] == "[gpu_h100|gpu_l40s]"
+    assert submit(default_account="product", partition="gpus")["features"] == "[gpu_l40s|gpu_h100]"
+    assert submit(default_account="research", account="product")["features"] == "[gpu_l40s|gpu_h100]"
+    assert submit(default_account="eval")["features"] == "[gpu_h100|gpu_l40s]"
+    assert submit(default_account="product", partition="fastest")["features"] == "[gpu_h100|gpu_l40s]"
+    chose = [
+        {"tres_per_node": "gres/gpu:l40s:2"},  # a GPU type (24.11 writes gres/, 22.05 gres:)
+        {"tres_per_job": "gres:gpu:h100:8"},
+        {"features": "gpu_l40s"},
+        {"prefer": "gpu_h100"},
+        {"req_nodes": "train-0"},
+        {"partition": "train_l40s"},  # a pool's own partition
+        {"partition": "gpus,train"},  # several partitions: Slurm picks
+    ]
+    for fields in chose:
+        result = submit(default_account="product", **fields)
+        assert result.get("features") == fields.get("features"), fields
+    assert submit(tres_per_node="gres/gpu:2", default_account="product")["features"] == "[gpu_l40s|gpu_h100]"
