@@ -72,7 +72,7 @@ def pool_fits(platform: ResolvedPlatform, result: SizingResult) -> list[PoolFit]
     fastest = max((r["bf16_dense_tflops"] for r in fitting), default=None)
     # $ per step in units of the fastest pool's step: the pool's $/h times its step-time ratio.
     step_ratio = {r["pool"]: fastest / r["bf16_dense_tflops"] for r in fitting} if fastest else {}
-    per_step = {pool: row["usd_per_hour"] * step_ratio[pool] for row in fitting if (pool := row["pool"])}
+    per_step = {r["pool"]: r["usd_per_hour"] * step_ratio[r["pool"]] for r in fitting}
     cheapest = min(per_step.values(), default=None)
     return [
         PoolFit(

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 pytest.importorskip("ansible")
 lua51 = pytest.importorskip("lupa.lua51")
@@ -136,3 +137,19 @@ def test_each_job_gets_its_teams_order_unless_it_chose(mixed: ResolvedPlatform) 
         result = submit(default_account="product", **fields)
         assert result.get("features") == fields.get("features"), fields
     assert submit(tres_per_node="gres/gpu:2", default_account="product")["features"] == "[gpu_l40s|gpu_h100]"
+
+
+def test_the_scheduler_scenario_gives_the_roles_what_infra_gives_them(mixed: ResolvedPlatform) -> None:
+    """molecule/slurm_cluster writes its placement by hand (its nodes are fixed containers): the same fields
+    as infra.scheduler, so that what slurmctld is tested with there is what a stack renders."""
+    scenario = yaml.safe_load((ROLES.parent / "molecule" / "slurm_cluster" / "molecule.yml").read_text())
+    given = scenario["provisioner"]["inventory"]["group_vars"]["all"]
+    values = scheduler.slurm_vars(mixed)
+    assert {frozenset(p) for p in given["slurm_shared_partitions"]} == {
+        frozenset(p) for p in values["slurm_shared_partitions"]
+    }
+    assert {frozenset(rule) for rule in given["slurm_placement"].values()} == {
+        frozenset(rule) for rule in values["slurm_placement"].values()
+    }
+    features = {f for rule in given["slurm_placement"].values() for f in rule["order"]}
+    assert features == {"gpu_h100", "gpu_l40s"}
