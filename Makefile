@@ -107,8 +107,8 @@ images: image
 test:
 	@$(PYTHON) benchmarks/cpu_speed.py start
 	$(MAKE) --no-print-directory -j2 venv image
-	GPUPLAT_ROLES_LINTED=1 scripts/test-streams.sh test-box test-integration test-roles \
-		'test-scheduler test-serving' 'nice=10 lint test-unit'
+	GPUPLAT_ROLES_LINTED=1 scripts/test-streams.sh test-box test-integration 'test-roles lint test-unit' \
+		'test-scheduler test-serving'
 	@$(PYTHON) benchmarks/cpu_speed.py end
 
 clean:

@@ -3,9 +3,6 @@
 #
 #   scripts/test-streams.sh 'test-box' 'test-integration' 'test-roles lint test-unit' 'test-scheduler test-serving'
 #
-# A stream that starts with nice=N runs at that niceness (nice(1)): it takes the CPU the others leave
-# idle rather than their share, e.g. 'nice=10 lint test-unit'.
-#
 # Each stream is its own make (no shared jobserver: a token a child takes and never gives back cannot
 # hold the others up), starts at once, writes build/test-streams/<first target>.log, and is printed
 # whole when it ends, with when it started and ended (seconds since this script started). A stream
@@ -22,26 +19,16 @@ declare -A name_of started ended status
 pids=()
 
 run_stream() {
-  local target niceness=0
-  if [[ $1 == nice=* ]]; then
-    niceness=${1#nice=}
-    shift
-  fi
+  local target
   for target in "$@"; do
     echo "== make $target (+$SECONDS s)"
-    nice -n "$niceness" make --no-print-directory -C "$ROOT" "$target" || return 1
+    make --no-print-directory -C "$ROOT" "$target" || return 1
   done
-}
-
-stream_name() {
-  local targets
-  read -ra targets <<<"${1#nice=* }"
-  echo "${targets[0]}"
 }
 
 for stream in "$@"; do
   read -ra targets <<<"$stream"
-  name=$(stream_name "$stream")
+  name=${targets[0]}
   run_stream "${targets[@]}" >"$LOGS/$name.log" 2>&1 &
   pids+=("$!")
   name_of[$!]=$name
@@ -65,7 +52,8 @@ done
 echo
 printf '%-20s %-6s %8s %8s %8s\n' stream result start_s end_s took_s
 for stream in "$@"; do
-  name=$(stream_name "$stream")
+  read -ra targets <<<"$stream"
+  name=${targets[0]}
   printf '%-20s %-6s %8d %8d %8d\n' "$name" "${status[$name]}" "${started[$name]}" "${ended[$name]}" \
     $((ended[$name] - started[$name]))
 done
