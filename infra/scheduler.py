@@ -39,8 +39,9 @@ QOS = (
 # KillWait). Sized for a checkpoint of a large model to shared storage.
 SPOT_GRACE_TIME_S = 120
 
-# Partitions of on-demand pools schedule before spot ones (PriorityTier 1).
+# Partitions of on-demand pools schedule before spot ones (PriorityTier 1), and take every QoS.
 ON_DEMAND_PRIORITY_TIER = 10
+ON_DEMAND_QOS = ("normal", "high", "spot")
 
 
 @dataclass(frozen=True)
@@ -207,9 +208,13 @@ def _on_demand_training(platform: ResolvedPlatform) -> list[ResolvedPool]:
     return [p for p in platform.pools_with_role("train") if p.spec.capacity != "spot"]
 
 
+def on_demand_gpu_types(platform: ResolvedPlatform) -> list[str]:
+    return sorted({pool_gres_type(p) for p in _on_demand_training(platform)})
+
+
 def heterogeneous(platform: ResolvedPlatform) -> bool:
     """The on-demand training pools hold more than one GPU type: there is a placement to choose."""
-    return len({pool_gres_type(p) for p in _on_demand_training(platform)}) > 1
+    return len(on_demand_gpu_types(platform)) > 1
 
 
 def partitions(platform: ResolvedPlatform) -> list[Partition]:
@@ -229,7 +234,7 @@ def partitions(platform: ResolvedPlatform) -> list[Partition]:
                 preempt_mode=platform.spec.scheduler.spot_preempt_mode.upper() if spot else "OFF",
                 default=index == 0 and not shared_default,
                 spot=spot,
-                allowed_qos=["spot"] if spot else ["normal", "high", "spot"],
+                allowed_qos=["spot"] if spot else list(ON_DEMAND_QOS),
             )
         )
     return result
@@ -243,7 +248,7 @@ def shared_partitions(platform: ResolvedPlatform) -> list[SharedPartition]:
     pools = _on_demand_training(platform)
     names = [p.name for p in pools]
     nodes = [node for p in pools for node in p.node_names()]
-    qos_names = ["normal", "high", "spot"]
+    qos_names = list(ON_DEMAND_QOS)
     return [
         SharedPartition(PLACEMENT_PARTITION, names, nodes, True, qos_names),
         *(

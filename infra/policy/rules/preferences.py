@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from infra.placement import unknown_pools
 from infra.policy.rules.base import Finding, PolicyContext
 from infra.policy.view import ResourceIndex
-from infra.scheduler import heterogeneous, pool_gres_type
+from infra.scheduler import heterogeneous, on_demand_gpu_types
 from infra.spec.models import PlacementPreference
 
 
@@ -29,9 +29,7 @@ def check_placement_preferences(index: ResourceIndex, ctx: PolicyContext) -> Ite
         return
     training = [p.name for p in platform.pools_with_role("train")]
     slurm_moot = platform.spec.scheduler.kind == "slurm" and not heterogeneous(platform)
-    types = sorted(
-        {pool_gres_type(p) for p in platform.pools_with_role("train") if p.spec.capacity != "spot"}
-    )
+    types = on_demand_gpu_types(platform)
     for where, preference in _preferences(ctx):
         unknown = unknown_pools(platform, preference)
         if unknown:
