@@ -1,6 +1,6 @@
 """Benchmark: GPU memory of one training step of a plain PyTorch GPT, printed as a calibration row.
 
-It measures what infra/sizing.py predicts, for infra/data/memory_calibration.yaml. After two warm-up
+It measures what infra/training/sizing.py predicts, for infra/data/memory_calibration.yaml. After two warm-up
 steps (fp32 parameters under torch.autocast(bfloat16), fused AdamW, gradients kept between steps):
 
     model states = memory allocated before the forward pass (parameters, gradients, AdamW state)
@@ -27,10 +27,10 @@ from typing import Any
 
 import yaml
 
-from infra.data.memory_calibration import CalibrationRow
 from infra.data.models import GB
 from infra.errors import ExitCode
-from infra.sizing import size_training
+from infra.training.memory_calibration import CalibrationRow
+from infra.training.sizing import size_training
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from infra.plan.report import build_report
-from infra.resolve import load_platform
+from infra.platform.resolve import load_platform
 from infra.spec.load import CONFIG_KEY, stack_file
 
 

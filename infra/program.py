@@ -7,7 +7,7 @@ from pathlib import Path
 import pulumi
 
 from infra.backends.base import Backend
-from infra.resolve import ResolvedPlatform, resolve
+from infra.platform.resolve import ResolvedPlatform, resolve
 from infra.spec.load import parse_spec, stack_file
 
 

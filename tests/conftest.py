@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from infra.k8s.facts import ClusterFacts, SharedVolume
-from infra.resolve import ResolvedPlatform, load_platform
+from infra.platform.resolve import ResolvedPlatform, load_platform
 from infra.spec.load import CONFIG_KEY, stack_file
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -12,7 +12,7 @@ from typing import Any
 import pulumi
 
 from infra.backends.base import common_outputs
-from infra.resolve import ResolvedPlatform, ResolvedPool
+from infra.platform.resolve import ResolvedPlatform, ResolvedPool
 
 
 class HostPool(pulumi.ComponentResource):

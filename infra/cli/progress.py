@@ -9,7 +9,7 @@ import time
 from rich.console import Console
 from rich.status import Status
 
-from infra.playbook_progress import PlaybookProgress
+from infra.nodes.playbook_progress import PlaybookProgress
 
 PLAIN_INTERVAL_S = 30.0
 

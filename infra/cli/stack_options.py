@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from infra.errors import SpecError
-from infra.resolve import ResolvedPlatform, load_platform
+from infra.platform.resolve import ResolvedPlatform, load_platform
 from infra.spec.load import stack_file
 
 StackName = Annotated[str | None, typer.Option("--stack", "-s", help="stack name: stacks/Pulumi.NAME.yaml")]

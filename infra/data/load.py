@@ -10,7 +10,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from infra.data.models import BootTimes, Catalog, Compatibility, ServicePrices
-from infra.spec.errors import spec_error_from_validation
+from infra.errors.problems import spec_error_from_validation
 
 DATA_DIR = Path(__file__).resolve().parent
 CATALOG_FILE = DATA_DIR / "gpu_catalog.yaml"

@@ -1,6 +1,6 @@
 """Facts for running Ansible on a node (infra/data/node_ansible.yaml): the OS release's Python, the
 controller Pythons of each ansible-core series, the `ansible` releases a node may get, and what the roles
-use that an Ansible must have. The choice itself is made in infra/node_ansible.py."""
+use that an Ansible must have. The choice itself is made in infra/data/node_ansible_choice.py."""
 
 from __future__ import annotations
 

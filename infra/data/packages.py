@@ -130,7 +130,8 @@ class Package(_Sourced):
     depends: list[str] = Field(default_factory=list)
     accepted: str | None = Field(
         None,
-        description="unverified facts only: why a shipped stack may rest on it (infra/package_set.py)",
+        description="unverified facts only: why a shipped stack may rest on it "
+        "(infra/platform/package_set.py)",
     )
 
     @model_validator(mode="after")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from infra.resolve import ResolvedPlatform
+from infra.platform.resolve import ResolvedPlatform
 
 SharedVolumeKind = Literal["fsx-csi", "host-path"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 from infra.k8s.objects import LABEL_POOL, LABEL_ROLE, LABEL_TEAM, Manifest, k8s_object
-from infra.resolve import ResolvedPlatform
+from infra.platform.resolve import ResolvedPlatform
 
 ADMISSION_API = "admissionregistration.k8s.io/v1"
 POLICY_NAME = "gpuplat-training-off-inference"

@@ -13,7 +13,7 @@ from infra.k8s.operators import releases
 from infra.k8s.queues import queue_objects
 from infra.k8s.serving import serving_objects
 from infra.k8s.tenancy import team_objects
-from infra.resolve import ResolvedPlatform
+from infra.platform.resolve import ResolvedPlatform
 
 # Namespaces every cluster has: never declared (and so never deleted) by the platform.
 BUILT_IN_NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-node-lease"})

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from infra.k8s.objects import Manifest, k8s_object, node_labels
-from infra.resolve import ResolvedPlatform
+from infra.platform.resolve import ResolvedPlatform
 
 MANAGED_TAINTS_ANNOTATION = "gpuplat/managed-taints"
 PATCH_FORCE_ANNOTATION = "pulumi.com/patchForce"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra.resolve import ResolvedPlatform, ResolvedPool
+from infra.platform.resolve import ResolvedPlatform, ResolvedPool
 
 Manifest = dict[str, Any]
 

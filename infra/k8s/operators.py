@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from infra.data.load import DATA_DIR, load_data_file
 from infra.data.models import Sourced
+from infra.errors.problems import spec_error
 from infra.k8s.facts import AUTOSCALER_NAMESPACE, AUTOSCALER_SERVICE_ACCOUNT, ClusterFacts
 from infra.k8s.objects import (
     LABEL_POOL,
@@ -26,8 +27,7 @@ from infra.k8s.objects import (
     HelmRelease,
     tolerations,
 )
-from infra.resolve import ResolvedPlatform, ResolvedPool
-from infra.spec.errors import spec_error
+from infra.platform.resolve import ResolvedPlatform, ResolvedPool
 from infra.spec.load import CONFIG_KEY
 from infra.spec.models import Kubernetes
 

@@ -28,9 +28,9 @@ from infra.k8s.objects import (
     tolerations,
 )
 from infra.k8s.operators import DEFAULT_LOCAL_QUEUE
-from infra.placement import training_order
-from infra.resolve import ResolvedPlatform, ResolvedPool
-from infra.scheduler import QOS
+from infra.platform.resolve import ResolvedPlatform, ResolvedPool
+from infra.scheduling.placement import training_order
+from infra.scheduling.slurm import QOS
 from infra.spec.models import Team
 
 KUEUE_API = "kueue.x-k8s.io/v1beta2"
@@ -59,7 +59,7 @@ def topology_name(platform: ResolvedPlatform) -> str:
 
 def training_flavors(platform: ResolvedPlatform) -> list[ResolvedPool]:
     """Training pools in the stack's order: on-demand (and reserved) first, spot last. A team with a
-    placement preference tries them in its own order (infra.placement)."""
+    placement preference tries them in its own order (infra.scheduling.placement)."""
     return training_order(platform)
 
 

@@ -16,7 +16,7 @@ from infra.k8s.facts import ClusterFacts
 from infra.k8s.layer import kubernetes_layer
 from infra.k8s.nodes import merged_taints
 from infra.k8s.objects import HelmRelease, Manifest
-from infra.resolve import ResolvedPlatform
+from infra.platform.resolve import ResolvedPlatform
 
 
 def type_token(api_version: str, kind: str, patch: bool = False) -> str:

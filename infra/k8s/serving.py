@@ -3,7 +3,8 @@
 - the serving namespace, without the gpuplat/team label: Kueue manages team namespaces only, so it
   never holds an inference pod back;
 - the model servers on the infer pool: a Deployment of vLLM pods, or a LeaderWorkerSet where one replica
-  spans nodes (infra.serving.ServingLayout.nodes), each replica's API pod listed by a headless Service;
+  spans nodes (infra.platform.serving_layout.ServingLayout.nodes), each replica's API pod listed by a
+  headless Service;
 - a PodDisruptionBudget, and a KEDA ScaledObject that keeps serving.min_replicas..max_replicas replicas
   on vLLM's waiting requests, the gateway's queue and the p95 time to first token;
 - the gateway on its service pool: HAProxy configured by the inference_gateway role's own template (the
@@ -21,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from infra.errors.problems import spec_error
 from infra.k8s.facts import MODEL_SERVER_ACCOUNT, ClusterFacts
 from infra.k8s.objects import (
     GPU_RESOURCE,
@@ -35,10 +37,9 @@ from infra.k8s.objects import (
 from infra.k8s.operators import PROMETHEUS_URL
 from infra.k8s.tenancy import shared_volume_objects
 from infra.k8s.training import POD_INTERFACE, SHARED_CLAIM, nccl_environment
-from infra.resolve import ResolvedPlatform, ResolvedPool
-from infra.role_templates import ROLES_DIR, render_role_template, role_defaults
-from infra.serving import ServingLayout, startup_budget_s
-from infra.spec.errors import spec_error
+from infra.nodes.role_templates import ROLES_DIR, render_role_template, role_defaults
+from infra.platform.resolve import ResolvedPlatform, ResolvedPool
+from infra.platform.serving_layout import ServingLayout, startup_budget_s
 from infra.spec.load import CONFIG_KEY
 from infra.spec.models import Serving
 
@@ -230,8 +231,8 @@ def _resources(pool: ResolvedPool, layout: ServingLayout) -> dict[str, Any]:
 
 def _probes(budget_s: int) -> dict[str, Any]:
     """vLLM answers /health once the engine runs. The startup probe allows the whole start budget
-    (infra.serving.startup_budget_s); after it, readiness takes a replica out of the gateway's DNS
-    records within 15 s and liveness restarts one that stopped answering for a minute."""
+    (infra.platform.serving_layout.startup_budget_s); after it, readiness takes a replica out of the
+    gateway's DNS records within 15 s and liveness restarts one that stopped answering for a minute."""
 
     def health() -> dict[str, Any]:
         return {"path": _gateway_defaults()["inference_gateway_health_path"], "port": "http"}

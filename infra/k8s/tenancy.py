@@ -16,7 +16,7 @@ from infra.k8s.objects import (
     team_namespace,
 )
 from infra.k8s.training import SHARED_CLAIM, training_config
-from infra.resolve import ResolvedPlatform
+from infra.platform.resolve import ResolvedPlatform
 from infra.spec.models import Team
 
 # The aggregated ClusterRole Kubernetes ships for read/write use of a namespace (no RBAC or quota edits).

@@ -4,7 +4,6 @@ shared filesystem, and an example JobSet that uses both (README, `gpuplat manife
 
 from __future__ import annotations
 
-from infra.inventory import platform_vars, pool_vars
 from infra.k8s.objects import (
     EFA_RESOURCE,
     GPU_RESOURCE,
@@ -19,9 +18,10 @@ from infra.k8s.queues import (
     narrowest_network_level,
     uses_topology,
 )
-from infra.resolve import ResolvedPlatform, ResolvedPool
-from infra.role_templates import render_role_template
-from infra.scheduler import SPOT_GRACE_TIME_S
+from infra.nodes.inventory import platform_vars, pool_vars
+from infra.nodes.role_templates import render_role_template
+from infra.platform.resolve import ResolvedPlatform, ResolvedPool
+from infra.scheduling.slurm import SPOT_GRACE_TIME_S
 
 TRAINING_CONFIG = "gpuplat-training"
 SHARED_CLAIM = "shared"

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from infra.errors import SpecError
 from infra.plan.record import Recording, record
 from infra.plan.report import full_size_usd_per_hour, recorded_services
-from infra.resolve import ResolvedPlatform, load_platform
+from infra.platform.resolve import ResolvedPlatform, load_platform
 
 Operation = Literal["add", "change", "remove"]
 _OP_ORDER = {"add": 0, "change": 1, "remove": 2}

@@ -18,7 +18,7 @@ from pulumi.runtime import rpc
 from pulumi.runtime.stack import run_in_stack
 from pulumi.runtime.sync_await import _sync_await
 
-from infra.resolve import ResolvedPlatform
+from infra.platform.resolve import ResolvedPlatform
 
 PROJECT = "gpu-platform"
 _FAKE_ACCOUNT = "123456789012"

@@ -7,13 +7,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from infra.data.packages import package_facts
-from infra.package_set import resting_facts
 from infra.plan.record import Recording, record
+from infra.platform.package_set import resting_facts
+from infra.platform.resolve import ResolvedPlatform
 from infra.policy.check import verdicts_for
-from infra.policy.config import PolicyConfig
 from infra.policy.rules.service_costs import ServiceCost, service_costs, total_usd_per_hour
+from infra.policy.settings import PolicyConfig
 from infra.policy.view import from_recorded
-from infra.resolve import ResolvedPlatform
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
-"""The offline policy check: record the real program under the SDK mocks, then run every rule.
+"""The offline policy check's results: every rule run on the resources a recording of the program holds.
 
-Used by `gpuplat check` and `gpuplat plan`; needs no cloud account and no Pulumi CLI.
+Used by `gpuplat check` and `gpuplat plan` (infra/plan/check.py records the program); needs no cloud account
+and no Pulumi CLI.
 """
 
 from __future__ import annotations
@@ -8,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from infra.policy.config import PolicyConfig
+from infra.platform.resolve import ResolvedPlatform
 from infra.policy.rules import PolicyContext, Verdict, evaluate
+from infra.policy.settings import PolicyConfig
 from infra.policy.view import from_recorded
-from infra.resolve import ResolvedPlatform
 
 if TYPE_CHECKING:
     from infra.plan.record import Recording
@@ -49,19 +50,3 @@ def verdicts_for(
 ) -> list[Verdict]:
     views = [from_recorded(r) for r in recording.resources]
     return evaluate(views, PolicyContext(platform, config or PolicyConfig()))
-
-
-def check_platform(
-    platform: ResolvedPlatform, config: PolicyConfig | None = None, recording: Recording | None = None
-) -> CheckReport:
-    if recording is None:
-        from infra.plan.record import record
-
-        recording = record(platform)
-    return CheckReport(
-        stack=platform.name,
-        backend=platform.spec.backend,
-        source=str(platform.source),
-        resources=len(recording.resources),
-        verdicts=verdicts_for(platform, recording, config),
-    )

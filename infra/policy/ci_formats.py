@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from infra.policy.check import CheckReport
-from infra.policy.config import PolicyConfig
 from infra.policy.rules import RULES
 from infra.policy.rules.base import Verdict
+from infra.policy.settings import PolicyConfig
 
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
 _LEVEL = {"mandatory": "error", "advisory": "warning"}

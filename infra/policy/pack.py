@@ -7,7 +7,7 @@ How a policy finds the platform (the spec facts that are not resource properties
 inside `pulumi preview`/`up`, where the engine hands the analyzer the stack's name and configuration.
 The platform is read, in order, from
 1. the stack configuration `gpu-platform:platform` (`pulumi.Config`), which is exactly what the
-   program read, resolved the same way (`infra.resolve`); then
+   program read, resolved the same way (`infra.platform.resolve`); then
 2. the stack file `stacks/Pulumi.<stack>.yaml` of the stack being previewed (`pulumi.get_stack()`,
    i.e. PULUMI_STACK), honouring GPUPLAT_STACKS_DIR.
 Where neither yields a platform, the resource-level checks still run and the rules that need the
@@ -25,7 +25,8 @@ import pulumi
 import pulumi_policy as pp
 
 from infra.errors import GpuPlatError
-from infra.policy.config import ENFORCEMENT_KEY, PolicyConfig, unknown_properties
+from infra.platform.resolve import ResolvedPlatform, load_platform, resolve
+from infra.policy.config import unknown_properties
 from infra.policy.rules import (
     RULES,
     PolicyContext,
@@ -33,8 +34,8 @@ from infra.policy.rules import (
     StackRule,
     applies_to,
 )
+from infra.policy.settings import ENFORCEMENT_KEY, PolicyConfig
 from infra.policy.view import ResourceIndex, from_policy_args, from_policy_resource
-from infra.resolve import ResolvedPlatform, load_platform, resolve
 from infra.spec.load import CONFIG_KEY, parse_spec, stack_file
 
 PACK_NAME = "gpu-platform"

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 # The tags the pools set (one definition, with the inventory that finds nodes by them). A Slurm-managed
 # training pool's size range is on its launch template: Slurm, not an Auto Scaling group, scales it.
-from infra.inventory import TAG_MAX_NODES, TAG_MIN_NODES, TAG_POOL, TAG_ROLE
+from infra.nodes.inventory import TAG_MAX_NODES, TAG_MIN_NODES, TAG_POOL, TAG_ROLE
 
 __all__ = [
     "TAG_MAX_NODES",

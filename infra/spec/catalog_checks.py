@@ -8,8 +8,9 @@ the catalog lacks is skipped here: resolving the platform reports it with the ty
 from __future__ import annotations
 
 from infra.data.models import Catalog, NodeType
-from infra.node_ansible import node_ansible_problem, runnable_releases
-from infra.spec.errors import FieldProblem
+from infra.data.node_ansible_choice import node_ansible_problem, runnable_releases
+from infra.errors.problems import FieldProblem
+from infra.spec.defaults import os_release
 from infra.spec.models import PlatformSpec
 
 
@@ -34,8 +35,6 @@ def _node_ansible(spec: PlatformSpec) -> list[FieldProblem]:
     Ansible must have what the roles use."""
     if not nodes_configure_themselves(spec):
         return []
-    from infra.resolve import os_release  # the default release lives with the resolver (imports this module)
-
     release = os_release(spec)
     problem = node_ansible_problem(release)
     if problem is None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from infra.errors.problems import FieldProblem, Loc
 from infra.spec.aws_regions import AWS_REGIONS, is_zone_of
-from infra.spec.errors import FieldProblem, Loc
 from infra.spec.limits import MAX_NODES, MAX_NODES_REASON
 from infra.spec.names import PLACEMENT_PARTITION
 

@@ -14,8 +14,8 @@ from pydantic import ValidationError
 
 from infra.data.load import catalog
 from infra.errors import SpecError
+from infra.errors.problems import field_path, spec_error, validation_problems
 from infra.spec.catalog_checks import catalog_problems
-from infra.spec.errors import field_path, spec_error, validation_problems
 from infra.spec.models import PATTERN_MEANINGS, PlatformSpec
 
 CONFIG_KEY = "gpu-platform:platform"

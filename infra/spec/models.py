@@ -1,7 +1,7 @@
 """The platform description: one typed model read from `gpu-platform:platform` of a stack file.
 
 Everything downstream (Pulumi program, policy rules, inventory, local cluster) reads this model after
-it has been resolved against the shipped data (see `infra.resolve`).
+it has been resolved against the shipped data (see `infra.platform.resolve`).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from infra.errors.problems import FieldProblem, FieldProblems
 from infra.spec.cross_checks import platform_problems, repeats
-from infra.spec.errors import FieldProblem, FieldProblems
 from infra.spec.limits import MAX_NODES, MAX_NODES_REASON
 
 Backend = Literal["aws", "onprem", "local"]

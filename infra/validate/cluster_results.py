@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from infra.errors import GpuPlatError, SpecError
-from infra.resolve import ResolvedPlatform, ResolvedPool
+from infra.platform.resolve import ResolvedPlatform, ResolvedPool
 from infra.validate.gates import Shape, fabric_gates
 from infra.validate.report import FabricReport, fabric_report
 from infra.validate.scaling import ScalingFlag, ScalingPrediction, predict_scaling

@@ -13,12 +13,11 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infra.ansible import ansible_playbook_binary, run_playbook, state_dir
-from infra.bringup import inventory_dir
+from infra.backends.local.cluster import LocalCluster
+from infra.backends.local.scale import with_running_sizes
 from infra.errors import EnvironmentProblem, SpecError
-from infra.local.cluster import LocalCluster
-from infra.local.scale import with_running_sizes
-from infra.resolve import ResolvedPlatform
+from infra.nodes.playbook_run import ansible_playbook_binary, inventory_dir, run_playbook, state_dir
+from infra.platform.resolve import ResolvedPlatform
 from infra.spec.load import stacks_dir
 from infra.validate.cluster_results import CheckpointBudget, ClusterValidation, ScalingInputs, judge_cluster
 
@@ -92,7 +91,7 @@ def extra_vars(options: ValidateOptions, results: Path) -> dict[str, str]:
 def validate(platform: ResolvedPlatform, options: ValidateOptions) -> ClusterValidation:
     """Run the play, judge its results, save report.json; raise GpuPlatError when it cannot run."""
     check_validatable(platform)
-    inventory = options.inventory or inventory_dir(platform)
+    inventory = options.inventory or inventory_dir(platform.name)
     ansible_playbook_binary()
     if platform.spec.backend == "local":
         check_local_cluster_running(platform)

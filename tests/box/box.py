@@ -17,10 +17,10 @@ from typing import Any
 
 import boto3
 
+from infra.backends.local.node_image import seal_and_commit
 from infra.data.load import catalog
-from infra.local.node_image import seal_and_commit
-from infra.local.podman import podman
-from infra.resolve import ResolvedPlatform
+from infra.nodes.podman import podman
+from infra.platform.resolve import ResolvedPlatform
 from infra.spec.load import PROJECT_ROOT
 from tests.box.cloud import BoxStack, declare, zone_subnet
 from tests.box.emulator import CREDENTIALS, FaultProxy, Faults, MotoServer

@@ -32,9 +32,10 @@ from infra.backends.aws.bootstrap import (
 from infra.backends.aws.controller_nodes import controller_addresses
 from infra.backends.aws.node_pool import GpuNodePoolArgs, metadata_options, slurm_pool_template
 from infra.backends.aws.tags import pool_tags
-from infra.inventory import TAG_NODE
-from infra.munge import runs_munge
-from infra.resolve import ResolvedPlatform, os_release
+from infra.nodes.inventory import TAG_NODE
+from infra.nodes.munge import runs_munge
+from infra.platform.resolve import ResolvedPlatform
+from infra.spec.defaults import os_release
 from infra.spec.load import PROJECT_ROOT
 
 MUNGE_KEY_BYTES = 1024

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from infra.local.podman import podman
-from infra.resolve import load_platform
+from infra.nodes.podman import podman
+from infra.platform.resolve import load_platform
 
 STACK_FILE = Path(__file__).with_name("stack.yaml")
 WORKDIR = Path(os.environ.get("GPUPLAT_BOX_DIR", "/tmp/gpuplat-box"))

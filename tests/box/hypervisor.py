@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infra.local.cluster import simulate_gpus
-from infra.local.podman import podman, wait_systemd
+from infra.backends.local.cluster import simulate_gpus
+from infra.nodes.podman import podman, wait_systemd
 from tests.box.cloud import user_data
 
 LABEL = "gpuplat.box"
@@ -178,7 +178,7 @@ class Hypervisor:
 
 
 def _podman_env() -> dict[str, str]:
-    from infra.local.podman import podman_env
+    from infra.nodes.podman import podman_env
 
     return podman_env()
 

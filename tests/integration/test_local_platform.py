@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from infra.inventory import container_name
-from infra.local.cluster import BASE_IMAGE, LocalCluster
-from infra.local.node_image import NODE_IMAGES, stack_images
-from infra.local.podman import podman
-from infra.resolve import load_platform
+from infra.backends.local.cluster import BASE_IMAGE, LocalCluster
+from infra.backends.local.node_image import NODE_IMAGES, stack_images
+from infra.nodes.inventory import container_name
+from infra.nodes.podman import podman
+from infra.platform.resolve import load_platform
 from infra.spec.load import stack_file
 
 pytestmark = pytest.mark.integration
@@ -101,7 +101,7 @@ def test_up_brings_the_platform_up(first_up: subprocess.CompletedProcess[str]) -
 def test_a_pool_node_is_baked_into_an_image_and_the_others_only_join(
     first_up: subprocess.CompletedProcess[str],
 ) -> None:
-    """The train pool's node image (infra/local/node_image.py): train-0 configured in full and sealed
+    """The train pool's node image (infra/backends/local/node_image.py): train-0 configured in full and sealed
     into the image, train-1 started from it and run through the `join` steps only."""
     assert first_up.returncode == 0
     images = {

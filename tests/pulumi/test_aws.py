@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from infra.backends.aws.naming import stack_bucket_uri
-from infra.boot_time import expected_boot_s
 from infra.plan.record import Recording, record
-from infra.resolve import ResolvedPlatform, load_platform
-from infra.serving import startup_budget_s
-from infra.storage import aggregate_gbps
+from infra.platform.boot_time import expected_boot_s
+from infra.platform.resolve import ResolvedPlatform, load_platform
+from infra.platform.serving_layout import startup_budget_s
+from infra.platform.storage import aggregate_gbps
 
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
 ASG = "aws:autoscaling/group:Group"

@@ -32,9 +32,9 @@ from typing import Any
 import pytest
 import yaml
 
-from infra.munge import MUNGE_GROUPS, munge_roles
+from infra.nodes.munge import MUNGE_GROUPS, munge_roles
 from infra.plan.record import Recording, record
-from infra.resolve import ResolvedPlatform, load_platform
+from infra.platform.resolve import ResolvedPlatform, load_platform
 
 ROOT = Path(__file__).resolve().parents[2]
 RESUME_PROGRAM = ROOT / "roles" / "slurm_elastic" / "files" / "gpuplat_ec2_nodes.py"
@@ -220,7 +220,7 @@ def test_only_nodes_that_run_munge_read_the_key(aws_prod: tuple[ResolvedPlatform
 
 
 def test_munge_runners_are_the_scheduler_plays_hosts() -> None:
-    """infra/munge.py names the groups playbooks/scheduler.yml runs the munge role on."""
+    """infra/nodes/munge.py names the groups playbooks/scheduler.yml runs the munge role on."""
     plays = yaml.safe_load((ROOT / "playbooks" / "scheduler.yml").read_text())
     (play,) = [p for p in plays if any(r.get("role") == "munge" for r in p.get("roles", []))]
     assert play["hosts"].split(":") == list(MUNGE_GROUPS)

@@ -13,7 +13,7 @@ import yaml
 
 from infra.backends.aws.node_image import BUILD_HOST, INSTALL_WITHOUT_GPU, component_version
 from infra.plan.record import Recording, record
-from infra.resolve import ResolvedPlatform
+from infra.platform.resolve import ResolvedPlatform
 
 ROOT = Path(__file__).resolve().parents[2]
 INFRASTRUCTURE = "aws:imagebuilder/infrastructureConfiguration:InfrastructureConfiguration"

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from infra.plan.record import Recording, record
+from infra.platform.resolve import ResolvedPlatform, load_platform
+from infra.platform.zones import filesystem_zone, training_zones
 from infra.policy.check import verdicts_for
-from infra.policy.config import PolicyConfig
 from infra.policy.rules import Verdict
-from infra.resolve import ResolvedPlatform, load_platform
-from infra.zones import filesystem_zone, training_zones
+from infra.policy.settings import PolicyConfig
 
 FS = "aws-prod-fs-lustre"
 RULE = "placement-filesystem-zone"

@@ -17,12 +17,12 @@ from infra.errors import SpecError
 from infra.k8s.facts import AUTOSCALER_NAMESPACE, AUTOSCALER_SERVICE_ACCOUNT, MODEL_SERVER_ACCOUNT
 from infra.k8s.objects import node_labels
 from infra.plan.record import SECRET, Recording, record
+from infra.platform.resolve import ResolvedPlatform, load_platform
 from infra.policy.check import verdicts_for
-from infra.policy.config import PolicyConfig
 from infra.policy.rules import PolicyContext, Verdict, node_groups
+from infra.policy.settings import PolicyConfig
 from infra.policy.view import ResourceIndex, from_recorded
 from infra.program import build
-from infra.resolve import ResolvedPlatform, load_platform
 from infra.spec.load import stack_file
 from tests.pulumi.test_policy_rules import _copy
 

@@ -12,7 +12,7 @@ import pytest
 from infra.k8s.isolation import POLICY_NAME
 from infra.k8s.training import example_jobset
 from infra.plan.record import record
-from infra.resolve import ResolvedPlatform, load_platform
+from infra.platform.resolve import ResolvedPlatform, load_platform
 from infra.spec.load import stack_file
 from tests.k8s_schemas import assert_accepted, evaluate_admission, require_crds
 

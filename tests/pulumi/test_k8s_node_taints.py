@@ -13,7 +13,7 @@ import pytest
 from infra.k8s.nodes import MANAGED_TAINTS_ANNOTATION, PATCH_FORCE_ANNOTATION, merged_taints
 from infra.plan import record as record_module
 from infra.plan.record import record
-from infra.resolve import ResolvedPlatform
+from infra.platform.resolve import ResolvedPlatform
 
 CONTROL_PLANE = {"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}
 NOT_READY = {"key": "node.kubernetes.io/not-ready", "effect": "NoExecute"}

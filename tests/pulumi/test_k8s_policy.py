@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from infra.plan.record import Recording, record
+from infra.platform.resolve import ResolvedPlatform, load_platform
 from infra.policy.check import verdicts_for
 from infra.policy.rules import Verdict
-from infra.resolve import ResolvedPlatform, load_platform
 from infra.spec.load import CONFIG_KEY
 from tests.conftest import stack_document
 from tests.pulumi.test_policy_rules import KUBERNETES_RULES, Mutate, Program, _set, _transform

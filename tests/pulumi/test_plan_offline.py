@@ -6,7 +6,7 @@ import pytest
 
 from infra.plan.record import record
 from infra.plan.report import build_report
-from infra.resolve import ResolvedPlatform
+from infra.platform.resolve import ResolvedPlatform
 
 
 @pytest.mark.parametrize("stack", ["local", "onprem"])

@@ -27,9 +27,9 @@ from pulumi_policy.policy import _NotApplicableError
 from pulumi_policy.proxy import UNKNOWN_STRING_VALUE, unknown_checking_proxy
 
 from infra.plan.record import RecordedResource, Recording, record
+from infra.platform.resolve import ResolvedPlatform, load_platform
 from infra.policy.pack import policies
 from infra.policy.rules import RULES
-from infra.resolve import ResolvedPlatform, load_platform
 from infra.spec.load import CONFIG_KEY, stack_file
 from tests.conftest import stack_document
 

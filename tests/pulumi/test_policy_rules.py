@@ -23,12 +23,12 @@ import yaml
 
 from infra.backends.aws.network import GpuNetwork
 from infra.plan.record import Recording, record
+from infra.platform.resolve import ResolvedPlatform, load_platform
 from infra.policy.check import verdicts_for
-from infra.policy.config import PolicyConfig
 from infra.policy.rules import RULES, PolicyContext, Verdict, check_partitions
+from infra.policy.settings import PolicyConfig
 from infra.policy.view import ResourceIndex
 from infra.program import build
-from infra.resolve import ResolvedPlatform, load_platform
 from infra.spec.load import CONFIG_KEY
 from tests.conftest import stack_document
 

@@ -20,12 +20,12 @@ import pytest
 import yaml
 
 from infra.plan.record import Recording, record
+from infra.platform.resolve import ResolvedPlatform, load_platform
 from infra.policy.check import verdicts_for
-from infra.policy.config import PolicyConfig
 from infra.policy.rules import RULES, PolicyContext, Verdict, check_multi_node_rdma, node_groups
+from infra.policy.settings import PolicyConfig
 from infra.policy.view import ResourceIndex, from_recorded
 from infra.program import build
-from infra.resolve import ResolvedPlatform, load_platform
 from infra.spec.load import CONFIG_KEY
 from tests.conftest import stack_document
 

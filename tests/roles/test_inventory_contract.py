@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from infra.inventory import inventory_documents
-from infra.resolve import ResolvedPlatform
+from infra.nodes.inventory import inventory_documents
+from infra.platform.resolve import ResolvedPlatform
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLES = ROOT / "roles"

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from infra.backends.aws.bootstrap import node_inventory
-from infra.resolve import ResolvedPlatform
-from infra.scheduler import slurm_vars
+from infra.platform.resolve import ResolvedPlatform
+from infra.scheduling.slurm import slurm_vars
 from tests.roles.ansible_values import render_value
 
 ROLES = Path(__file__).resolve().parents[2] / "roles"

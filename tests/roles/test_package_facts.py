@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from infra.data.packages import SUPPORTED_RELEASES, Release, package_facts, role_release_facts
-from infra.resolve import ResolvedPlatform
+from infra.platform.resolve import ResolvedPlatform
 from tests.roles.ansible_values import render_value
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -151,7 +151,7 @@ def test_nccl_conf_without_fabric_uses_sockets_explicitly() -> None:
 
 
 def test_stack_socket_interface_reaches_nccl_conf(shipped_platforms: dict[str, Any]) -> None:
-    from infra.inventory import platform_vars
+    from infra.nodes.inventory import platform_vars
 
     values = platform_vars(shipped_platforms["onprem"])
     conf = settings(render_nccl_conf("infiniband", nccl_socket_ifname=values["nccl_socket_ifname"]))

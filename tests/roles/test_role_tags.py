@@ -1,6 +1,6 @@
 """A role's tags select its steps: `--tags preflight,install` installs and configures nothing else.
 
-Node images (infra/local/node_image.py) are built with `site.yml --tags preflight,install`, and an
+Node images (infra/backends/local/node_image.py) are built with `site.yml --tags preflight,install`, and an
 operator may run `--tags configure`. Ansible gives the tags of an `include_tasks` to the include alone,
 not to the tasks it loads (Ansible's "Tags" guide: "tags applied to include_tasks apply only to the
 include itself"; `apply: {tags: ...}` passes them on). Without `apply`, a tag-filtered run includes
@@ -121,8 +121,8 @@ def tagged_tasks(path: Path, inherited: frozenset[str], tag: str, found: list[st
 
 
 def test_the_join_steps_undo_the_seal() -> None:
-    """A node started from its pool's image (infra/local/node_image.py) runs only the `join` steps. The
-    seal (image_seal.sh) removed the MUNGE key and disabled munge and slurmd; the node's health check
+    """A node started from its pool's image (infra/backends/local/node_image.py) runs only the `join` steps.
+    The seal (image_seal.sh) removed the MUNGE key and disabled munge and slurmd; the node's health check
     names the node. So `join` must install the key, write the health check and start both services."""
     seal = (ROOT / "infra" / "backends" / "aws" / "image_seal.sh").read_text()
     assert "munge.service" in seal and "slurmd.service" in seal and "/etc/munge/munge.key" in seal

@@ -122,7 +122,7 @@ def test_prometheus_scrapes_every_replica() -> None:
 
 
 def test_prometheus_scrapes_each_canary_slot_as_a_job_of_its_own() -> None:
-    """The guard's p95 of the canary (infra/serving_release.py) is this job's; the model-server-down alert
+    """The guard's p95 of the canary (infra/serving/release.py) is this job's; the model-server-down alert
     watches job inference_server only, so an empty slot pages nobody."""
     targets = inference_targets(cluster(replicas=8, tp=1), "inference_canary")
     assert [t["targets"] for t in targets] == [["10.40.2.21:8100"]]

@@ -2,7 +2,7 @@
 partition over both, a partition per job class, node features per GPU type, and job_submit.lua, which
 gives each job its team's (or its class's) order as a matching-OR constraint.
 
-The script is rendered with Ansible's templating from infra.scheduler's values and run in Lua 5.1 (the
+The script is rendered with Ansible's templating from infra.scheduling.slurm's values and run in Lua 5.1 (the
 Lua of Debian's slurmctld: slurm-wlm-basic-plugins depends on liblua5.1-0) with the job_desc fields
 job_submit_lua.c hands it. What Slurm does with the constraint is tested on real slurmctld in the
 scheduler scenario (molecule/slurm_cluster/verify/placement.yml).
@@ -23,8 +23,8 @@ lua51 = pytest.importorskip("lupa.lua51")
 from ansible.parsing.dataloader import DataLoader  # noqa: E402
 from ansible.template import Templar, trust_as_template  # noqa: E402
 
-from infra import scheduler  # noqa: E402
-from infra.resolve import ResolvedPlatform, load_platform  # noqa: E402
+from infra.platform.resolve import ResolvedPlatform, load_platform  # noqa: E402
+from infra.scheduling import slurm  # noqa: E402
 from tests.roles.test_slurm_templates import ROLES, line_fields, lines_starting, render_aws  # noqa: E402
 from tests.unit.test_placement import two_gpu_types  # noqa: E402
 
@@ -44,13 +44,13 @@ def mixed(write_stack: Callable[..., Path]) -> ResolvedPlatform:
 def test_a_default_partition_spans_the_on_demand_pools_and_each_job_class_gets_one(
     mixed: ResolvedPlatform,
 ) -> None:
-    values = scheduler.slurm_vars(mixed)
+    values = slurm.slurm_vars(mixed)
     assert [p["name"] for p in values["slurm_partitions"] if p["default"]] == []
     shared = {p["name"]: p for p in values["slurm_shared_partitions"]}
     assert list(shared) == ["gpus", "fastest"]
     assert shared["gpus"]["default"] and not shared["fastest"]["default"]
     assert shared["gpus"]["pools"] == ["train", "train-l40s"]  # spot pools keep their own partition
-    assert scheduler.default_partition(mixed) == "gpus"
+    assert slurm.default_partition(mixed) == "gpus"
     assert values["slurm_placement"] == {
         "gpus": {
             "accounts": {"research": ["gpu_h100", "gpu_l40s"], "product": ["gpu_l40s", "gpu_h100"]},
@@ -61,13 +61,13 @@ def test_a_default_partition_spans_the_on_demand_pools_and_each_job_class_gets_o
 
 
 def test_one_gpu_type_needs_no_placement(shipped_platforms: dict[str, ResolvedPlatform]) -> None:
-    values = scheduler.slurm_vars(shipped_platforms["aws-prod"])
+    values = slurm.slurm_vars(shipped_platforms["aws-prod"])
     assert values["slurm_shared_partitions"] == [] and values["slurm_placement"] == {}
     assert [p["name"] for p in values["slurm_partitions"] if p["default"]] == ["train"]
 
 
 def test_slurm_conf_lists_the_shared_partitions_types_and_the_lua_plugin(mixed: ResolvedPlatform) -> None:
-    values = scheduler.slurm_vars(mixed)
+    values = slurm.slurm_vars(mixed)
     conf = render_aws("slurm.conf.j2", values=values)
     assert "JobSubmitPlugins=lua" in conf.splitlines()
     nodes = {line_fields(line)["NodeName"]: line_fields(line) for line in lines_starting(conf, "NodeName=")}
@@ -117,7 +117,7 @@ def job_submit(values: dict[str, Any]) -> Callable[..., dict[str, Any]]:
 
 
 def test_each_job_gets_its_teams_order_unless_it_chose(mixed: ResolvedPlatform) -> None:
-    submit = job_submit(scheduler.slurm_vars(mixed))
+    submit = job_submit(slurm.slurm_vars(mixed))
     # job_submit_lua.c: partition and account are nil when not given; default_account is the user's.
     assert submit(default_account="research")["features"] == "[gpu_h100|gpu_l40s]"
     assert submit(default_account="product", partition="gpus")["features"] == "[gpu_l40s|gpu_h100]"
@@ -141,10 +141,10 @@ def test_each_job_gets_its_teams_order_unless_it_chose(mixed: ResolvedPlatform) 
 
 def test_the_scheduler_scenario_gives_the_roles_what_infra_gives_them(mixed: ResolvedPlatform) -> None:
     """molecule/slurm_cluster writes its placement by hand (its nodes are fixed containers): the same fields
-    as infra.scheduler, so that what slurmctld is tested with there is what a stack renders."""
+    as infra.scheduling.slurm, so that what slurmctld is tested with there is what a stack renders."""
     scenario = yaml.safe_load((ROLES.parent / "molecule" / "slurm_cluster" / "molecule.yml").read_text())
     given = scenario["provisioner"]["inventory"]["group_vars"]["all"]
-    values = scheduler.slurm_vars(mixed)
+    values = slurm.slurm_vars(mixed)
     assert {frozenset(p) for p in given["slurm_shared_partitions"]} == {
         frozenset(p) for p in values["slurm_shared_partitions"]
     }

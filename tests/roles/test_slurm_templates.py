@@ -2,7 +2,7 @@
 
 slurm.conf, gres.conf and cgroup.conf are rendered from the role's defaults and vars, an
 inventory shaped like `gpuplat inventory` output (the slurm_* values come from
-infra.scheduler for the shipped stacks) and the facts the role gathers on the nodes
+infra.scheduling.slurm for the shipped stacks) and the facts the role gathers on the nodes
 (tasks/facts.yml): Slurm version, cgroup hierarchy, NVML plugin; node hardware facts.
 """
 
@@ -21,8 +21,8 @@ pytest.importorskip("ansible")
 from ansible.parsing.dataloader import DataLoader  # noqa: E402
 from ansible.template import Templar, trust_as_template  # noqa: E402
 
-from infra import scheduler  # noqa: E402
-from infra.resolve import load_platform  # noqa: E402
+from infra.platform.resolve import load_platform  # noqa: E402
+from infra.scheduling import slurm  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLES = ROOT / "roles"
@@ -299,13 +299,13 @@ def test_spec_preempt_mode_reaches_qos_partitions_and_slurm_conf(
     path = write_stack(
         "aws-prod", lambda platform: platform["scheduler"].__setitem__("spot_preempt_mode", mode)
     )
-    values = scheduler.slurm_vars(load_platform(path))
+    values = slurm.slurm_vars(load_platform(path))
     spot_partitions = [p for p in values["slurm_partitions"] if p["spot"]]
     assert spot_partitions and {p["preempt_mode"] for p in spot_partitions} == {mode.upper()}
     qos = {q["name"]: q for q in values["slurm_qos"]}
     assert (
         qos["spot"]["preempt_mode"] == mode
-        and qos["spot"].get("grace_time") == getattr(scheduler, "SPOT_GRACE_TIME_S", None)
+        and qos["spot"].get("grace_time") == getattr(slurm, "SPOT_GRACE_TIME_S", None)
         and qos["spot"]["grace_time"] > 0
     )
     assert {q["preempt_mode"] for q in values["slurm_qos"]} == {mode}
@@ -391,7 +391,7 @@ AWS_CONTROLLERS = ["i-0c0ffee0000000001", "i-0c0ffee0000000002"]
 
 def stack_values(path_or_name: str | Path) -> dict[str, Any]:
     path = path_or_name if isinstance(path_or_name, Path) else ROOT / "stacks" / f"Pulumi.{path_or_name}.yaml"
-    return scheduler.slurm_vars(load_platform(path))
+    return slurm.slurm_vars(load_platform(path))
 
 
 def render_aws(template: str, values: dict[str, Any] | None = None, **overrides: Any) -> str:
@@ -415,7 +415,7 @@ def test_aws_training_nodes_are_cloud_nodes_with_catalog_figures(version: str) -
     nodes = {line_fields(line)["NodeName"]: line_fields(line) for line in lines_starting(conf, "NodeName=")}
     names = [f"train-{i}" for i in range(4)] + [f"train-spot-{i}" for i in range(4)]
     assert sorted(nodes) == sorted(names)  # every node a pool may have, none of them running
-    real = scheduler.cloud_real_memory_mb(2048)  # p5.48xlarge: 192 vCPU, 2048 GiB, 8 H100
+    real = slurm.cloud_real_memory_mb(2048)  # p5.48xlarge: 192 vCPU, 2048 GiB, 8 H100
     for name, node in nodes.items():
         pool = name.rsplit("-", 1)[0]
         assert node == {"NodeName": name, "CPUs": "192", "RealMemory": str(real), "Gres": "gpu:h100:8",

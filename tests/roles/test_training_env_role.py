@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _converge(tmp_path: Path, environment: Path) -> int:
     """Run the role's environment tasks on localhost; the number of tasks that changed."""
-    from infra.ansible import ansible_playbook_binary, parse_recap
+    from infra.nodes.playbook_run import ansible_playbook_binary, parse_recap
 
     play = [
         {

@@ -767,7 +767,7 @@ def test_what_gpuplat_validate_passes_is_what_the_role_accepts(
     """A stand-in for playbooks/validate.yml, run by the real ansible-playbook with the command line
     `gpuplat validate` builds: the role's own argument spec validates exactly those extra vars (strings
     from -e key=value), and a name the role does not declare would be ignored by it, so none may be."""
-    from infra.ansible import ansible_playbook_binary
+    from infra.nodes.playbook_run import ansible_playbook_binary
     from infra.validate.run import ValidateOptions, extra_vars
 
     values = extra_vars(

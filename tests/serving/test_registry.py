@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from infra.registry.mlflow import MlflowRegistry, RegistryError
+from infra.serving.registry.mlflow import MlflowRegistry, RegistryError
 from tests.unit.test_hostile_input import run_cli
 
 REGISTRY = "http://127.0.0.1:15000"

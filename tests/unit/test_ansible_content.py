@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from infra import bringup
-from infra.ansible_content import content_files
+from infra.lifecycle import bringup
+from infra.nodes.ansible_content import content_files
 
 
 def project(tmp_path: Path) -> Path:

@@ -1,4 +1,4 @@
-"""The plan refuses a ResumeTimeout the pools' nodes cannot boot within (infra/boot_time.py)."""
+"""The plan refuses a ResumeTimeout the pools' nodes cannot boot within (infra/platform/boot_time.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import yaml
 
 from infra.data.load import boot_times
 from infra.errors import SpecError
-from infra.inventory import platform_vars
-from infra.resolve import load_platform
+from infra.nodes.inventory import platform_vars
+from infra.platform.resolve import load_platform
 
 ROOT = Path(__file__).resolve().parents[2]
 

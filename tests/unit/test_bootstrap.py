@@ -17,7 +17,8 @@ from infra.backends.aws.bootstrap import (
     bundle_key,
     node_inventory,
 )
-from infra.resolve import ResolvedPlatform, os_release
+from infra.platform.resolve import ResolvedPlatform
+from infra.spec.defaults import os_release
 
 ROOT = Path(__file__).resolve().parents[2]
 ANSIBLE_INVENTORY = Path(sys.executable).parent / "ansible-inventory"

@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 import yaml
 
-from infra import bringup, cloud_stack
-from infra.ansible import PlaybookRun
-from infra.bringup import CloudApproval
 from infra.errors import ExitCode, GpuPlatError, SpecError
-from infra.inventory import aws_ec2_config, platform_vars
-from infra.resolve import ResolvedPlatform
+from infra.lifecycle import bringup, cloud_stack
+from infra.lifecycle.bringup import CloudApproval
+from infra.nodes.inventory import aws_ec2_config, platform_vars
+from infra.nodes.playbook_run import PlaybookRun
+from infra.platform.resolve import ResolvedPlatform
 from tests.unit.test_cli import gpuplat
 
 FSX_DNS = "fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com"
@@ -98,7 +98,7 @@ def stand_in(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> StandIn:
     monkeypatch.setattr(cloud_stack.shutil, "which", lambda name: f"/usr/bin/{name}")
     monkeypatch.setattr(automation, "create_or_select_stack", create_or_select_stack)
     monkeypatch.setattr(bringup, "run_playbook", run_playbook)
-    monkeypatch.setattr(bringup, "state_dir", lambda stack: tmp_path / stack)
+    monkeypatch.setenv("GPUPLAT_STATE_DIR", str(tmp_path))
     monkeypatch.setattr("infra.validate.run.validate", validate)
     return state
 

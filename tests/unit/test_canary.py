@@ -1,11 +1,11 @@
-"""The canary's gate and guard (infra/canary.py)."""
+"""The canary's gate and guard (infra/serving/canary.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from infra.canary import VersionStats, gate, judge
-from infra.registry.mlflow import ModelVersion
+from infra.serving.canary import VersionStats, gate, judge
+from infra.serving.registry.mlflow import ModelVersion
 from infra.spec.models import Canary
 
 

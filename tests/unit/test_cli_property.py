@@ -23,9 +23,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from infra.cli.app import app
-from infra.policy.config import PolicyConfig
+from infra.errors.problems import allowed_keys, model_at
 from infra.policy.rules import RULES
-from infra.spec.errors import allowed_keys, model_at
+from infra.policy.settings import PolicyConfig
 from infra.spec.load import CONFIG_KEY, stack_file, stack_names
 from infra.spec.models import PlatformSpec
 from tests.conftest import stack_document

@@ -13,9 +13,9 @@ from typing import Any
 import jinja2
 import yaml
 
-from infra.inventory import stack_inventory_documents
-from infra.resolve import ResolvedPlatform
-from infra.scheduler import controllers
+from infra.nodes.inventory import stack_inventory_documents
+from infra.platform.resolve import ResolvedPlatform
+from infra.scheduling.slurm import controllers
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles" / "node_identity"

@@ -9,9 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from infra.resolve import load_platform
+from infra.platform.resolve import load_platform
 from infra.spec.load import stack_file
-from infra.training import dataset_sources
+from infra.training.job_env import dataset_sources
 
 PROGRAM = (
     Path(__file__).resolve().parents[2] / "roles" / "slurm_compute" / "files" / "gpuplat_dataset_cache.py"

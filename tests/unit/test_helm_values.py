@@ -27,7 +27,7 @@ import yaml
 from infra.k8s.facts import host_path_facts
 from infra.k8s.objects import HelmRelease
 from infra.k8s.operators import KUBERNETES_FILE, kubernetes_data, releases
-from infra.resolve import load_platform
+from infra.platform.resolve import load_platform
 from infra.spec.load import stack_file
 from tests.conftest import fsx_facts
 from tests.upstream import HELM_VALUES

@@ -30,12 +30,13 @@ from infra.cli.app import main
 from infra.cli.commands.size import MAX_PARAMS
 from infra.data.load import catalog
 from infra.errors import SpecError
-from infra.policy.config import PolicyConfig, parse_policy_config
+from infra.platform.resolve import load_platform
+from infra.policy.config import parse_policy_config
 from infra.policy.rules import RULES, PolicyContext
 from infra.policy.rules.security import check_required_tags
 from infra.policy.rules.spot import check_spot_training_recovery
+from infra.policy.settings import PolicyConfig
 from infra.policy.view import ResourceIndex, ResourceView
-from infra.resolve import load_platform
 from infra.spec.aws_regions import AWS_REGIONS
 from infra.spec.load import CONFIG_KEY, stack_file
 from infra.spec.models import MAX_NODES

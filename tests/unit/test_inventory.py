@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import pytest
 
+from infra.backends.local.scale import with_running_sizes
 from infra.errors import GpuPlatError
-from infra.inventory import (
+from infra.nodes.inventory import (
     aws_ec2_config,
     inventory_documents,
     platform_vars,
     stack_inventory_documents,
     static_inventory,
 )
-from infra.local.scale import with_running_sizes
-from infra.resolve import ResolvedPlatform
-from infra.serving import startup_budget_s
+from infra.platform.resolve import ResolvedPlatform
+from infra.platform.serving_layout import startup_budget_s
 
 
 def test_local_inventory_groups_and_vars(shipped_platforms: dict[str, ResolvedPlatform]) -> None:
@@ -87,7 +87,7 @@ def test_aws_inventory_finds_nodes_by_tags(shipped_platforms: dict[str, Resolved
 
 
 def test_play_recap_counts_changes_and_failures() -> None:
-    from infra.ansible import parse_recap
+    from infra.nodes.playbook_run import parse_recap
 
     recap = """PLAY RECAP *********
 head-0     : ok=40   changed=3    unreachable=0    failed=0    skipped=9    rescued=0    ignored=0

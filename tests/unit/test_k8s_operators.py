@@ -29,7 +29,7 @@ from infra.k8s.operators import (
     releases,
 )
 from infra.k8s.queues import queue_objects
-from infra.resolve import ResolvedPlatform, ResolvedPool, load_platform
+from infra.platform.resolve import ResolvedPlatform, ResolvedPool, load_platform
 from infra.spec.load import stack_file
 from tests.conftest import fsx_facts
 from tests.upstream import CRDS

@@ -12,7 +12,7 @@ from infra.errors import SpecError
 from infra.k8s.objects import LABEL_CAPACITY, LABEL_POOL, node_labels
 from infra.k8s.queues import KUEUE_API, _split, queue_objects, quota_plan, training_flavors
 from infra.k8s.training import example_jobset
-from infra.resolve import ResolvedPlatform, load_platform
+from infra.platform.resolve import ResolvedPlatform, load_platform
 from infra.spec.load import stack_file
 
 KUEUE_STACKS = ["aws-k8s", "onprem-k8s"]

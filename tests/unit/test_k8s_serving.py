@@ -17,7 +17,7 @@ from infra.k8s.facts import host_path_facts
 from infra.k8s.objects import Manifest, tolerations
 from infra.k8s.operators import PROMETHEUS_URL
 from infra.k8s.serving import serving_objects
-from infra.resolve import ResolvedPlatform, load_platform
+from infra.platform.resolve import ResolvedPlatform, load_platform
 from infra.spec.load import stack_file
 from tests.conftest import fsx_facts
 

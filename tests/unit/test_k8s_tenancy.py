@@ -10,8 +10,8 @@ from infra.k8s.facts import host_path_facts
 from infra.k8s.objects import Manifest
 from infra.k8s.tenancy import team_objects
 from infra.k8s.training import EXAMPLE_PROGRAM, RESTART_ATTEMPT_LABEL, example_jobset, training_environment
-from infra.resolve import ResolvedPlatform, load_platform
-from infra.scheduler import SPOT_GRACE_TIME_S
+from infra.platform.resolve import ResolvedPlatform, load_platform
+from infra.scheduling.slurm import SPOT_GRACE_TIME_S
 from infra.spec.load import stack_file
 from tests.conftest import fsx_facts
 

@@ -1,4 +1,4 @@
-"""Waiting for a local node's systemd (infra/local/podman.py) against real podman: a node whose init
+"""Waiting for a local node's systemd (infra/nodes/podman.py) against real podman: a node whose init
 exits fails at once, with its exit code and console, instead of after the whole boot timeout."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from infra.backends.local.cluster import BASE_IMAGE
 from infra.errors import GpuPlatError
-from infra.local.cluster import BASE_IMAGE
-from infra.local.podman import exists, podman, wait_systemd
+from infra.nodes.podman import exists, podman, wait_systemd
 
 pytestmark = pytest.mark.skipif(
     shutil.which("podman") is None or not exists("image", BASE_IMAGE),

@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from infra import ansible_content
+from infra.backends.local import node_image
+from infra.backends.local.node_image import imaged_pools, node_images
+from infra.backends.local.scale import with_running_sizes
 from infra.errors import GpuPlatError
-from infra.inventory import inventory_documents
-from infra.local import node_image
-from infra.local.node_image import imaged_pools, node_images
-from infra.local.scale import with_running_sizes
-from infra.resolve import ResolvedPlatform, load_platform
+from infra.nodes import ansible_content
+from infra.nodes.inventory import inventory_documents
+from infra.platform.resolve import ResolvedPlatform, load_platform
 
 
 def test_only_pools_that_grow_past_one_node_get_an_image(

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from infra.backends.local.cluster import LocalCluster
+from infra.backends.local.scale import check_request, running_sizes, with_running_sizes
 from infra.errors import ExitCode, GpuPlatError
-from infra.local.cluster import LocalCluster
-from infra.local.scale import check_request, running_sizes, with_running_sizes
-from infra.resolve import ResolvedPlatform
+from infra.platform.resolve import ResolvedPlatform
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
-"""infra.sizing against measured GPU memory (infra/data/memory_calibration.yaml), and the benchmark that
-measures it (benchmarks/measure_memory.py)."""
+"""infra.training.sizing against measured GPU memory (infra/data/memory_calibration.yaml), and the benchmark
+that measures it (benchmarks/measure_memory.py)."""
 
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ import pytest
 import yaml
 
 from infra.data.load import load_data_file
-from infra.data.memory_calibration import CalibrationRow, MemoryCalibration, memory_calibration
 from infra.data.models import GB
 from infra.errors import SpecError
-from infra.sizing import size_training
+from infra.training.memory_calibration import CalibrationRow, MemoryCalibration, memory_calibration
+from infra.training.sizing import size_training
 
 TOLERANCE = 0.15
 ROWS = memory_calibration().rows

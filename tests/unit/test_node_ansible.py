@@ -12,10 +12,8 @@ from typing import Any, get_args
 import pytest
 import yaml
 
-from infra import node_ansible
 from infra.data.node_ansible import node_ansible_facts, version_tuple
-from infra.errors import SpecError
-from infra.node_ansible import (
+from infra.data.node_ansible_choice import (
     Need,
     NodeAnsibleUnavailable,
     RolesNeed,
@@ -24,7 +22,9 @@ from infra.node_ansible import (
     node_ansible_requirement,
     roles_need,
 )
-from infra.resolve import load_platform
+from infra.errors import SpecError
+from infra.data import node_ansible_choice
+from infra.platform.resolve import load_platform
 from infra.spec.models import OsRelease
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("release", get_args(OsRelease))
 def test_every_node_release_gets_an_ansible_whose_core_runs_on_its_python(release: str) -> None:
     facts = node_ansible_facts()
-    chosen = node_ansible.node_ansible(release)
+    chosen = node_ansible_choice.node_ansible(release)
     python = version_tuple(chosen.python)
     package = next(r for r in facts.ansible_releases if r.version == chosen.ansible)
     controller = facts.core(package.core_series).controller_python
@@ -45,7 +45,7 @@ def test_every_node_release_gets_an_ansible_whose_core_runs_on_its_python(releas
 def test_ubuntu_2204_python_310_gets_ansible_10_not_the_tested_12() -> None:
     """The default AMI: ansible 12 (ansible-core 2.19) needs Python 3.11; 10.7.0 (2.17.7) is the newest
     release whose ansible-core runs on jammy's Python 3.10."""
-    chosen = node_ansible.node_ansible("ubuntu2204")
+    chosen = node_ansible_choice.node_ansible("ubuntu2204")
     assert (chosen.python, chosen.ansible, chosen.ansible_core) == ("3.10", "10.7.0", "2.17.7")
     assert node_ansible_requirement("ubuntu2204") == "ansible==10.7.0"
 
@@ -54,7 +54,7 @@ def test_ubuntu_2204_python_310_gets_ansible_10_not_the_tested_12() -> None:
     ("release", "python"), [("debian12", "3.11"), ("debian13", "3.13"), ("ubuntu2404", "3.12")]
 )
 def test_newer_releases_get_the_tested_ansible(release: str, python: str) -> None:
-    chosen = node_ansible.node_ansible(release)
+    chosen = node_ansible_choice.node_ansible(release)
     assert (chosen.python, chosen.requirement) == (python, "ansible==12.3.0")
 
 
@@ -116,7 +116,7 @@ def _needing(core: str) -> Callable[..., RolesNeed]:
 def test_a_stack_whose_roles_need_more_than_its_nodes_run_is_refused_at_the_os_release(
     monkeypatch: pytest.MonkeyPatch, write_stack: Callable[..., Path]
 ) -> None:
-    monkeypatch.setattr(node_ansible, "roles_need", _needing("2.18"))
+    monkeypatch.setattr(node_ansible_choice, "roles_need", _needing("2.18"))
     path = write_stack("aws-prod", lambda platform: None)
     with pytest.raises(SpecError) as raised:
         load_platform(path)
@@ -135,7 +135,7 @@ def test_a_stack_whose_node_python_no_ansible_supports_is_refused(
     old = facts.model_copy(
         update={"os_pythons": [p.model_copy(update={"python": "3.9"}) for p in facts.os_pythons]}
     )
-    monkeypatch.setattr(node_ansible, "node_ansible_facts", lambda: old)
+    monkeypatch.setattr(node_ansible_choice, "node_ansible_facts", lambda: old)
 
     def on_debian12(platform: dict[str, Any]) -> None:
         platform["software"] = {"os_release": "debian12"}
@@ -153,7 +153,7 @@ def test_hosts_the_operator_configures_are_not_checked(
     monkeypatch: pytest.MonkeyPatch, write_stack: Callable[..., Path]
 ) -> None:
     """On-prem and local nodes are Ansible's targets (the operator's machine is the controller)."""
-    monkeypatch.setattr(node_ansible, "roles_need", _needing("2.99"))
+    monkeypatch.setattr(node_ansible_choice, "roles_need", _needing("2.99"))
     assert node_ansible_problem("debian12") is not None
     load_platform(write_stack("onprem", lambda platform: None))
     load_platform(write_stack("local", lambda platform: None))

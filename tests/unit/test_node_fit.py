@@ -8,8 +8,8 @@ import datetime as dt
 
 from infra.data.load import compatibility
 from infra.data.packages import package_facts, release_offer
+from infra.platform.versions import resolve_versions
 from infra.spec.models import Serving, Software
-from infra.versions import resolve_versions
 
 WHILE_535_WAS_SUPPORTED = dt.date(2026, 1, 15)
 

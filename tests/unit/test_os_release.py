@@ -12,9 +12,9 @@ import pytest
 from infra.data.load import compatibility
 from infra.data.packages import ReleaseOffer, package_facts, release_offer, upstream_version
 from infra.errors import SpecError
-from infra.resolve import image_parameter, load_platform
+from infra.platform.resolve import image_parameter, load_platform
+from infra.platform.versions import resolve_versions
 from infra.spec.models import Software
-from infra.versions import resolve_versions
 
 WHILE_570_WAS_SUPPORTED = dt.date(2026, 1, 15)  # R570 ended in February 2026 (compatibility.yaml)
 

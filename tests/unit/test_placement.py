@@ -15,8 +15,8 @@ import yaml
 from infra.data.load import catalog
 from infra.errors import SpecError
 from infra.k8s.queues import queue_objects, quota_plan
-from infra.placement import gpu_hour_usd, training_order
-from infra.resolve import ResolvedPlatform, load_platform
+from infra.platform.resolve import ResolvedPlatform, load_platform
+from infra.scheduling.placement import gpu_hour_usd, training_order
 from tests.conftest import CONFIG_KEY, stack_document
 from tests.k8s_schemas import assert_accepted
 from tests.unit.test_hostile_input import run_cli

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from infra import ansible
 from infra.cli.progress import ProgressPrinter
 from infra.errors import GpuPlatError
-from infra.playbook_progress import PlaybookProgress
+from infra.nodes import playbook_run
+from infra.nodes.playbook_progress import PlaybookProgress
 
 OUTPUT = """\
 PLAY [Platform facts and host metrics on every node] ***************************
@@ -71,9 +71,9 @@ def test_run_playbook_streams_to_the_log_and_reports_progress(
         "echo 'PLAY [Two] ***'\necho 'TASK [r : b] ***'\necho 'ok: [head-0]'\n"
         f"echo 'PLAY RECAP ***'\necho '{recap}'\n"
     )
-    monkeypatch.setattr(ansible, "ansible_playbook_binary", lambda: _fake_playbook(tmp_path, body))
+    monkeypatch.setattr(playbook_run, "ansible_playbook_binary", lambda: _fake_playbook(tmp_path, body))
     seen: list[tuple[str, int]] = []
-    run = ansible.run_playbook(
+    run = playbook_run.run_playbook(
         "site.yml", tmp_path, tmp_path / "logs", on_progress=lambda p: seen.append((p.play, p.plays_started))
     )
     assert run.changed == 1
@@ -85,12 +85,12 @@ def test_a_playbook_that_outlives_its_timeout_is_stopped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(
-        ansible,
+        playbook_run,
         "ansible_playbook_binary",
         lambda: _fake_playbook(tmp_path, "echo 'PLAY [x] ***'\nexec sleep 30\n"),
     )
     with pytest.raises(GpuPlatError, match="did not finish in 1 s"):
-        ansible.run_playbook("site.yml", tmp_path, tmp_path / "logs", timeout=1)
+        playbook_run.run_playbook("site.yml", tmp_path, tmp_path / "logs", timeout=1)
 
 
 def test_plain_output_prints_a_line_per_play_not_per_task() -> None:

@@ -15,7 +15,7 @@ from ansible.errors import AnsibleConnectionFailure
 from ansible.playbook.play_context import PlayContext
 from ansible.plugins.loader import connection_loader, init_plugin_loader
 
-from infra.ansible import PROJECT_ROOT
+from infra.nodes.playbook_run import PROJECT_ROOT
 
 CONTAINER_ENV = ["PATH=/usr/sbin:/usr/bin:/sbin:/bin", "container=podman", "HOSTNAME=train-0"]
 

@@ -9,7 +9,8 @@ import pytest
 from pulumi_policy.proxy import UNKNOWN_STRING_VALUE, unknown_checking_proxy
 
 from infra.errors import SpecError
-from infra.policy.config import PolicyConfig, load_policy_config, parse_policy_config
+from infra.policy.config import load_policy_config, parse_policy_config
+from infra.policy.settings import PolicyConfig
 from infra.policy.view import UNKNOWN, ResourceView, plain
 
 

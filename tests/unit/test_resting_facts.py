@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from infra.data.packages import Package, package_facts
-from infra.package_set import installed_set, resting_facts, unaccepted
 from infra.plan.report import build_report
+from infra.platform.package_set import installed_set, resting_facts, unaccepted
 
 
 @pytest.mark.parametrize("stack", ["local", "aws-prod", "aws-k8s", "onprem", "onprem-k8s"])

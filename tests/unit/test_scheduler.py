@@ -1,4 +1,4 @@
-"""infra.scheduler: the Slurm node lines of elastic training pools and the controllers."""
+"""infra.scheduling.slurm: the Slurm node lines of elastic training pools and the controllers."""
 
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ from typing import Any
 
 import pytest
 
-from infra import scheduler
 from infra.data.load import catalog
 from infra.data.packages import package_facts
-from infra.resolve import ResolvedPlatform, load_platform
+from infra.platform.resolve import ResolvedPlatform, load_platform
+from infra.scheduling import slurm
 
 
 def test_aws_training_pools_are_described_from_the_catalog(
     shipped_platforms: dict[str, ResolvedPlatform],
 ) -> None:
-    nodes = {n.pool: n for n in scheduler.cloud_nodes(shipped_platforms["aws-prod"])}
+    nodes = {n.pool: n for n in slurm.cloud_nodes(shipped_platforms["aws-prod"])}
     assert sorted(nodes) == ["train", "train-spot"]  # training pools only, never inference
     train, spot = nodes["train"], nodes["train-spot"]
     assert train.names == ["train-0", "train-1", "train-2", "train-3"]
@@ -29,7 +29,7 @@ def test_aws_training_pools_are_described_from_the_catalog(
     for n in (train, spot):
         assert (n.cpus, n.gpu_type, n.gpu_count, n.gres) == (p5.vcpus, "h100", 8, "gpu:h100:8")
         assert n.feature == f"pool_{n.pool},gpu_{n.gpu_type}"
-        assert n.real_memory_mb == scheduler.cloud_real_memory_mb(p5.memory_gib)
+        assert n.real_memory_mb == slurm.cloud_real_memory_mb(p5.memory_gib)
 
 
 def test_min_nodes_are_static_and_the_rest_cloud(write_stack: Callable[..., Path]) -> None:
@@ -37,7 +37,7 @@ def test_min_nodes_are_static_and_the_rest_cloud(write_stack: Callable[..., Path
         spot = next(p for p in platform["pools"] if p["name"] == "train-spot")
         spot.update(min=1, max=3)
 
-    nodes = {n.pool: n for n in scheduler.cloud_nodes(load_platform(write_stack("aws-prod", mutate)))}
+    nodes = {n.pool: n for n in slurm.cloud_nodes(load_platform(write_stack("aws-prod", mutate)))}
     assert nodes["train-spot"].static == ["train-spot-0"]
     assert nodes["train-spot"].cloud == ["train-spot-1", "train-spot-2"]
 
@@ -45,26 +45,26 @@ def test_min_nodes_are_static_and_the_rest_cloud(write_stack: Callable[..., Path
 def test_real_memory_stays_below_what_the_os_reports() -> None:
     # A p5.48xlarge (2048 GiB) reports MemTotal 2063844 MiB: the kernel's page array alone is
     # 1/64 of RAM. The margin keeps RealMemory below that, and not absurdly low.
-    assert scheduler.cloud_real_memory_mb(2048) < 2063844
-    assert scheduler.cloud_real_memory_mb(2048) > 2048 * 1024 * 0.95
+    assert slurm.cloud_real_memory_mb(2048) < 2063844
+    assert slurm.cloud_real_memory_mb(2048) > 2048 * 1024 * 0.95
     for gib in (16, 32, 64, 2048):
         total = gib * 1024
-        assert scheduler.cloud_real_memory_mb(gib) < total - total // 64 - 256
+        assert slurm.cloud_real_memory_mb(gib) < total - total // 64 - 256
 
 
 def test_power_saving_on_aws_and_for_elastic_local_pools(
     shipped_platforms: dict[str, ResolvedPlatform], write_stack: Callable[..., Path]
 ) -> None:
-    aws = scheduler.slurm_vars(shipped_platforms["aws-prod"])
+    aws = slurm.slurm_vars(shipped_platforms["aws-prod"])
     assert aws["slurm_power_saving"] is True and len(aws["slurm_cloud_nodes"]) == 2
-    local = scheduler.slurm_vars(shipped_platforms["local"])  # train: min 2, max 3
+    local = slurm.slurm_vars(shipped_platforms["local"])  # train: min 2, max 3
     assert local["slurm_power_saving"] is True
     (train,) = local["slurm_cloud_nodes"]
     assert train["names"] == ["train-0", "train-1", "train-2"] and train["static"] == ["train-0", "train-1"]
     # Local nodes are containers of this machine: its CPUs and memory, not the catalog's.
-    cpus, memory_mb = scheduler.host_hardware()
+    cpus, memory_mb = slurm.host_hardware()
     assert train["cpus"] == cpus and train["real_memory_mb"] < memory_mb
-    assert local["slurm_suspend_time"] == scheduler.LOCAL_NEVER_SUSPEND_S
+    assert local["slurm_suspend_time"] == slurm.LOCAL_NEVER_SUSPEND_S
 
     def fixed(platform: dict[str, Any]) -> None:
         train = next(p for p in platform["pools"] if p["name"] == "train")
@@ -72,18 +72,18 @@ def test_power_saving_on_aws_and_for_elastic_local_pools(
         train["count"] = 2
 
     fixed_local = load_platform(write_stack("local", fixed))
-    assert scheduler.power_saving(fixed_local) is False and scheduler.cloud_nodes(fixed_local) == []
+    assert slurm.power_saving(fixed_local) is False and slurm.cloud_nodes(fixed_local) == []
 
 
 def test_suspend_time_comes_from_the_spec(write_stack: Callable[..., Path]) -> None:
     path = write_stack("aws-prod", lambda p: p["scheduler"].__setitem__("scale_down_idle_s", 1200))
-    assert scheduler.slurm_vars(load_platform(path))["slurm_suspend_time"] == 1200
+    assert slurm.slurm_vars(load_platform(path))["slurm_suspend_time"] == 1200
 
 
 def test_controllers_primary_first_backup_only_with_high_availability(
     write_stack: Callable[..., Path], shipped_platforms: dict[str, ResolvedPlatform]
 ) -> None:
-    aws = scheduler.slurm_vars(shipped_platforms["aws-prod"])
+    aws = slurm.slurm_vars(shipped_platforms["aws-prod"])
     assert (aws["slurm_controllers"], aws["slurm_high_availability"]) == (["head-0", "head-1"], True)
 
     def one_controller(platform: dict[str, Any]) -> None:
@@ -91,9 +91,9 @@ def test_controllers_primary_first_backup_only_with_high_availability(
         next(p for p in platform["pools"] if p["name"] == "head")["count"] = 1
 
     single = load_platform(write_stack("aws-prod", one_controller))
-    assert scheduler.controllers(single) == ["head-0"]
-    assert scheduler.slurm_vars(single)["slurm_high_availability"] is False
-    assert scheduler.controllers(shipped_platforms["local"]) == ["head-0"]
+    assert slurm.controllers(single) == ["head-0"]
+    assert slurm.slurm_vars(single)["slurm_high_availability"] is False
+    assert slurm.controllers(shipped_platforms["local"]) == ["head-0"]
 
 
 def test_mpi_default_is_pmi2_where_the_release_slurm_has_no_pmix_plugin(
@@ -101,9 +101,9 @@ def test_mpi_default_is_pmi2_where_the_release_slurm_has_no_pmix_plugin(
 ) -> None:
     """Ubuntu 22.04 (the aws default) ships Slurm 21.08 without mpi/pmix: MpiDefault=pmix would fail every
     job step there. Debian 12 (local, onprem) ships it."""
-    assert scheduler.slurm_vars(shipped_platforms["aws-prod"])["slurm_common_mpi_default"] == "pmi2"
-    assert scheduler.slurm_vars(shipped_platforms["local"])["slurm_common_mpi_default"] == "pmix"
-    assert scheduler.slurm_vars(shipped_platforms["onprem"])["slurm_common_mpi_default"] == "pmix"
+    assert slurm.slurm_vars(shipped_platforms["aws-prod"])["slurm_common_mpi_default"] == "pmi2"
+    assert slurm.slurm_vars(shipped_platforms["local"])["slurm_common_mpi_default"] == "pmix"
+    assert slurm.slurm_vars(shipped_platforms["onprem"])["slurm_common_mpi_default"] == "pmix"
 
 
 @pytest.mark.parametrize(
@@ -114,9 +114,9 @@ def test_mpi_default_follows_the_os_release_facts(
 ) -> None:
     path = write_stack("aws-prod", lambda p: p.setdefault("software", {}).__setitem__("os_release", release))
     platform = load_platform(path)
-    slurm = package_facts().release(release).slurm
-    assert slurm is not None and slurm.mpi_default == mpi
-    assert scheduler.slurm_vars(platform)["slurm_common_mpi_default"] == mpi
+    facts = package_facts().release(release).slurm
+    assert facts is not None and facts.mpi_default == mpi
+    assert slurm.slurm_vars(platform)["slurm_common_mpi_default"] == mpi
 
 
 def test_the_inventory_mpi_default_is_what_slurm_conf_says(
@@ -126,7 +126,7 @@ def test_the_inventory_mpi_default_is_what_slurm_conf_says(
     pytest.importorskip("ansible.template")
     from tests.roles.test_slurm_templates import render, settings
 
-    mpi = scheduler.slurm_vars(shipped_platforms["aws-prod"])["slurm_common_mpi_default"]
+    mpi = slurm.slurm_vars(shipped_platforms["aws-prod"])["slurm_common_mpi_default"]
     conf = render("slurm.conf.j2", version="21.08.5-2ubuntu1", slurm_common_mpi_default=mpi)
     assert settings(conf)["MpiDefault"] == "pmi2"
     assert "no mpi/pmix plugin" in conf

@@ -11,10 +11,10 @@ import pytest
 
 from infra.data.load import catalog
 from infra.data.models import NodeType
-from infra.inventory import platform_vars, pool_vars
 from infra.k8s.serving import _vllm_args
-from infra.resolve import load_platform
-from infra.serving import kv_cache_floor_gib, serving_layout
+from infra.nodes.inventory import platform_vars, pool_vars
+from infra.platform.resolve import load_platform
+from infra.platform.serving_layout import kv_cache_floor_gib, serving_layout
 from infra.spec.load import stack_file
 from infra.spec.models import Serving
 from tests.roles.test_serving_templates import ROLES, render, role_vars

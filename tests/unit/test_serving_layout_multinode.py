@@ -13,8 +13,8 @@ import pytest
 from infra.data.load import catalog
 from infra.data.models import NodeType
 from infra.errors import SpecError
-from infra.resolve import load_platform
-from infra.serving import (
+from infra.platform.resolve import load_platform
+from infra.platform.serving_layout import (
     MIN_STARTUP_BUDGET_S,
     ServingLayout,
     replica_gib_per_gpu,

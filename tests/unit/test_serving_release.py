@@ -1,4 +1,4 @@
-"""The pure parts of `gpuplat serve` (infra/serving_release.py): a version's file for a replica, the guard's
+"""The pure parts of `gpuplat serve` (infra/serving/release.py): a version's file for a replica, the guard's
 window over the gateway's counters, the stacks it refuses. End to end against the serving scenario:
 tests/serving/test_serve.py."""
 
@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from infra.canary import VersionStats
 from infra.errors import ExitCode, SpecError
-from infra.registry.mlflow import ModelVersion, to_wire_source
-from infra.resolve import load_platform
-from infra.serving_release import (
+from infra.platform.resolve import load_platform
+from infra.serving.canary import VersionStats
+from infra.serving.registry.mlflow import ModelVersion, to_wire_source
+from infra.serving.release import (
     GatewayFigures,
     ServeRefused,
     serving_layout,

@@ -15,12 +15,12 @@ import yaml
 
 from infra.data.load import catalog, compatibility
 from infra.errors import SpecError
-from infra.inventory import platform_vars
-from infra.resolve import ResolvedPlatform, load_platform
-from infra.serving import serving_layout
+from infra.nodes.inventory import platform_vars
+from infra.platform.resolve import ResolvedPlatform, load_platform
+from infra.platform.serving_layout import serving_layout
+from infra.platform.versions import resolve_versions, serving_chain, training_torch_problems, version_tuple
 from infra.spec.load import CONFIG_KEY, stack_file
 from infra.spec.models import Serving, Software
-from infra.versions import resolve_versions, serving_chain, training_torch_problems, version_tuple
 
 ROOT = Path(__file__).resolve().parents[2]
 

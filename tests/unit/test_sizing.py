@@ -1,5 +1,5 @@
-"""infra.sizing against the ZeRO paper (arXiv:1910.02054), Korthikanti et al. (arXiv:2205.05198) and the
-activation terms of its module docstring. The measured rows are in test_memory_calibration.py."""
+"""infra.training.sizing against the ZeRO paper (arXiv:1910.02054), Korthikanti et al. (arXiv:2205.05198) and
+the activation terms of its module docstring. The measured rows are in test_memory_calibration.py."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from infra.cli.commands.size import size, sizing
 from infra.data.models import GB, GIB, GpuSpec, NetworkSpec, NicFabric, NodeType, PriceSpec
 from infra.errors import SpecError
-from infra.sizing import (
+from infra.training.sizing import (
     PROCESS_OVERHEAD_BYTES,
     TrainingSizingRequest,
     activation_bytes_per_layer,

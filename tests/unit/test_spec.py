@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from infra.errors import ExitCode, SpecError
-from infra.resolve import ResolvedPlatform, load_platform
+from infra.platform.resolve import ResolvedPlatform, load_platform
 from infra.spec.load import stack_file, stack_names
 
 

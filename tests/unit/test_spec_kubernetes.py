@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from infra.errors import SpecError
-from infra.resolve import load_platform
+from infra.platform.resolve import load_platform
 
 
 def _set(**changes: Any) -> Callable[[dict[str, Any]], None]:

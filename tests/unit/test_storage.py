@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra.storage import PERSISTENT_2_MBPS_PER_TIB, aggregate_gbps, fsx_lustre_layout
+from infra.platform.storage import PERSISTENT_2_MBPS_PER_TIB, aggregate_gbps, fsx_lustre_layout
 
 
 def test_cheapest_throughput_tier_that_meets_demand() -> None:

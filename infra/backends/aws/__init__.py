@@ -13,7 +13,6 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
-from infra import zones
 from infra.backends.aws.bootstrap import (
     GROUP_VARS_KEY,
     BootScript,
@@ -48,11 +47,13 @@ from infra.backends.aws.storage import (
 )
 from infra.backends.aws.tags import base_tags, pool_tags
 from infra.backends.base import common_outputs
-from infra.boot_time import expected_boot_s
-from infra.inventory import aws_ec2_config, platform_vars
-from infra.munge import munge_roles, runs_munge
-from infra.resolve import ResolvedPlatform, ResolvedPool, image_parameter, os_release
-from infra.serving import startup_budget_s
+from infra.nodes.inventory import aws_ec2_config, platform_vars
+from infra.nodes.munge import munge_roles, runs_munge
+from infra.platform import zones
+from infra.platform.boot_time import expected_boot_s
+from infra.platform.resolve import ResolvedPlatform, ResolvedPool, image_parameter
+from infra.platform.serving_layout import startup_budget_s
+from infra.spec.defaults import os_release
 from infra.spec.load import PROJECT_ROOT
 
 _REPOSITORY_PURPOSES = ("datasets", "checkpoints")
@@ -69,12 +70,6 @@ def _root_device(image_id: str) -> pulumi.Output[str]:
     ami = aws.ec2.get_ami_output(filters=[aws.ec2.GetAmiFilterArgs(name="image-id", values=[image_id])])
     device: pulumi.Output[str] = ami.root_device_name
     return device
-
-
-def pool_zones(platform: ResolvedPlatform, pool: ResolvedPool) -> list[str]:
-    """A pool's zone, else the first zone for training (EFA and cluster placement stay within one zone),
-    else every zone (infra/zones.py, which the policy rules read too)."""
-    return zones.pool_zones(platform, pool)
 
 
 def _network(platform: ResolvedPlatform, tags: dict[str, str]) -> GpuNetwork:
@@ -137,9 +132,9 @@ def _filesystem(
 
 
 def inference_warmup_s(platform: ResolvedPlatform, pool: ResolvedPool) -> int | None:
-    """An inference node is capacity once it has booted (infra/boot_time.py) and its replicas have
-    loaded the model (infra/serving.py's start budget); until then its metrics would make target
-    tracking add nodes while the first ones still load."""
+    """An inference node is capacity once it has booted (infra/platform/boot_time.py) and its replicas have
+    loaded the model (infra/platform/serving_layout.py's start budget); until then its metrics would make
+    target tracking add nodes while the first ones still load."""
     spec, layout = platform.spec, platform.serving_layout
     if pool.role != "infer" or spec.serving is None or layout is None:
         return None
@@ -257,7 +252,7 @@ class AwsBackend:
                     build_script=build_script,
                     bundle_key=key,
                     instance_profile_name=image_builds.profile.name,
-                    subnet_id=network.subnet_by_zone[pool_zones(platform, pool)[0]].id,
+                    subnet_id=network.subnet_by_zone[zones.pool_zones(platform, pool)[0]].id,
                     security_group_id=network.security_groups[pool.role].id,
                     root_volume_gib=spec.aws.root_volume_gib,
                     tags=pool_tags(platform, pool),
@@ -273,7 +268,7 @@ class AwsBackend:
                     node_type=pool.node_type,
                     image_id=pool_image(pool),
                     root_device=root_device,
-                    subnet_ids=[network.subnet_by_zone[zone].id for zone in pool_zones(platform, pool)],
+                    subnet_ids=[network.subnet_by_zone[zone].id for zone in zones.pool_zones(platform, pool)],
                     security_group_id=network.security_groups[pool.role].id,
                     instance_profile_arn=identities[pool.role].profile.arn,
                     root_volume_gib=spec.aws.root_volume_gib,
@@ -295,7 +290,7 @@ class AwsBackend:
         # the group vars wait for the filesystem.
         controller = platform.controller_pool
         addresses = controller_addresses(
-            controller.node_names(), pool_zones(platform, controller), network.subnet_cidrs
+            controller.node_names(), zones.pool_zones(platform, controller), network.subnet_cidrs
         )
         templates = {
             pool.name: node_pool(pool, []).launch_template.id for pool in platform.pools_with_role("train")
@@ -331,7 +326,7 @@ class AwsBackend:
                 node_names=controller.node_names(),
                 instance_type=controller.node_type.name,
                 image_id=image_id,
-                zones=pool_zones(platform, controller),
+                zones=zones.pool_zones(platform, controller),
                 subnet_by_zone={zone: subnet.id for zone, subnet in network.subnet_by_zone.items()},
                 subnet_cidrs=network.subnet_cidrs,
                 security_group_id=network.security_groups[controller.role].id,
@@ -439,7 +434,7 @@ class AwsBackend:
         tags: dict[str, str],
     ) -> dict[str, NodeIdentity]:
         """One identity per pool role. Every role reads the bootstrap bundle; only the roles whose nodes
-        run munged read the MUNGE key (infra/munge.py); the controllers' role manages the training nodes
+        run munged read the MUNGE key (infra/nodes/munge.py); the controllers' role manages the training nodes
         (iam.cluster_manager_statements), with the spot service-linked role when a training pool is spot."""
         bucket_arns = {purpose: bucket.arn for purpose, bucket in store.buckets.items()}
         readers = munge_roles(platform)

@@ -34,11 +34,11 @@ from typing import Any
 
 import yaml
 
-from infra.ansible_content import content_files
 from infra.backends.aws.naming import stack_bucket_uri
-from infra.inventory import platform_vars, pool_group, pool_vars, role_group_members
-from infra.node_ansible import node_ansible
-from infra.resolve import ResolvedPlatform, ResolvedPool
+from infra.data.node_ansible_choice import node_ansible
+from infra.nodes.ansible_content import content_files
+from infra.nodes.inventory import platform_vars, pool_group, pool_vars, role_group_members
+from infra.platform.resolve import ResolvedPlatform, ResolvedPool
 
 GROUP_VARS_KEY = "bootstrap/group_vars/all.json"
 NAME_WAIT_S = 600
@@ -137,9 +137,9 @@ class BootScript:
     bucket: str
     bundle_key: str
     inventory: dict[str, Any]
-    os_release: str  # the image's: its Python decides the Ansible release (infra/node_ansible.py)
+    os_release: str  # the image's: its Python decides the Ansible release (infra/data/node_ansible_choice.py)
     node_name: str = ""  # empty: from the gpuplat:node tag, else the instance id
-    # Only nodes that run munged fetch the key (infra/munge.py); the others may not read it.
+    # Only nodes that run munged fetch the key (infra/nodes/munge.py); the others may not read it.
     fetch_munge_key: bool = True
 
     def render(self) -> str:

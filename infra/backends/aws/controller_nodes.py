@@ -17,7 +17,7 @@ import pulumi
 import pulumi_aws as aws
 
 from infra.backends.aws.node_pool import encode_user_data, metadata_options
-from infra.inventory import TAG_NODE
+from infra.nodes.inventory import TAG_NODE
 
 # Host part of the first controller's address in its zone's subnet (AWS reserves .0-.3).
 FIRST_HOST = 10

@@ -25,7 +25,6 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from infra.backends.aws import pool_zones
 from infra.backends.aws.eks_iam import autoscaler_role, cluster_role, model_server_role, node_roles
 from infra.backends.aws.eks_nodes import EksNodePool, EksNodePoolArgs
 from infra.backends.aws.network import LUSTRE_PORTS
@@ -34,7 +33,8 @@ from infra.errors import SpecError
 from infra.k8s.facts import AUTOSCALER_NAMESPACE, AUTOSCALER_SERVICE_ACCOUNT, MODEL_SERVER_ACCOUNT
 from infra.k8s.objects import node_labels, serving_namespace
 from infra.k8s.tenancy import team_group
-from infra.resolve import ResolvedPlatform, ResolvedPool
+from infra.platform.resolve import ResolvedPlatform, ResolvedPool
+from infra.platform.zones import pool_zones
 from infra.spec.load import CONFIG_KEY
 
 CONTROL_PLANE_LOGS = ["api", "audit", "authenticator", "controllerManager", "scheduler"]

@@ -1,7 +1,7 @@
 """One IAM role and instance profile per pool role, least privilege: its buckets, SSM, CloudWatch agent.
 
 Beyond its buckets a role gets only what its nodes do (the statement builders below): every node reads
-the bootstrap bundle; only the roles whose nodes run munged read the MUNGE key (infra/munge.py); the
+the bootstrap bundle; only the roles whose nodes run munged read the MUNGE key (infra/nodes/munge.py); the
 controllers' role launches, names and terminates the stack's training nodes, scoped so that the tag
 condition on termination holds (see `cluster_manager_statements`).
 """
@@ -16,7 +16,7 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
-from infra.inventory import TAG_NODE, TAG_ROLE, TAG_STACK
+from infra.nodes.inventory import TAG_NODE, TAG_ROLE, TAG_STACK
 
 MANAGED_POLICIES = (
     "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore",
@@ -114,7 +114,7 @@ def bootstrap_statements(platform_bucket_arn: str) -> list[dict[str, Any]]:
 
 
 def munge_key_statements(munge_parameter_arn: str) -> list[dict[str, Any]]:
-    """Nodes that run munged (the Slurm controllers and training nodes, infra/munge.py): read the MUNGE
+    """Nodes that run munged (the Slurm controllers and training nodes, infra/nodes/munge.py): read the MUNGE
     key. Anyone holding it can mint credentials Slurm trusts as any user: inference and other nodes never
     get it."""
     return [

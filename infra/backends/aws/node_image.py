@@ -1,8 +1,8 @@
 """A node image per GPU pool, built by EC2 Image Builder, so that launched nodes only configure and join.
 
 Installing the GPU stack at boot (driver DKMS build, CUDA toolkit, NCCL, DCGM, EFA) takes longer than a
-node may take to register (infra/boot_time.py). The image build runs the bundle's `gpu_nodes.yml` on a
-build instance of the pool's plain OS image with the pool's versions, as one Image Builder component
+node may take to register (infra/platform/boot_time.py). The image build runs the bundle's `gpu_nodes.yml`
+on a build instance of the pool's plain OS image with the pool's versions, as one Image Builder component
 (an ExecuteBash step), then seals it with image_seal.sh; the pool's launch template boots the result,
 and the boot script's Ansible run finds everything installed and only configures.
 
@@ -28,7 +28,7 @@ import yaml
 
 from infra.backends.aws.bootstrap import NODE_BOTO3, VENV_STEP, WORK_DIR
 from infra.backends.aws.iam import bootstrap_statements, inline_policy, service_trust_policy
-from infra.node_ansible import node_ansible
+from infra.data.node_ansible_choice import node_ansible
 
 # General purpose, no GPU: the roles install without one (see the module docstring).
 BUILD_INSTANCE_TYPE = "m7i.2xlarge"

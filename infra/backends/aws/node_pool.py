@@ -28,7 +28,7 @@ import pulumi
 import pulumi_aws as aws
 
 from infra.data.models import NodeType
-from infra.inventory import TAG_MAX_NODES, TAG_MIN_NODES
+from infra.nodes.inventory import TAG_MAX_NODES, TAG_MIN_NODES
 from infra.spec.models import NodePool, Placement
 
 INFERENCE_METRICS_NAMESPACE = "GpuPlatform/Inference"

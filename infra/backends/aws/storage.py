@@ -9,7 +9,7 @@ import pulumi
 import pulumi_aws as aws
 
 from infra.backends.aws.naming import bucket_prefix, stack_bucket_uri
-from infra.storage import LustreLayout
+from infra.platform.storage import LustreLayout
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from infra.inventory import TAG_GROUP, TAG_POOL, TAG_ROLE, TAG_STACK, pool_group
-from infra.resolve import ResolvedPlatform, ResolvedPool
+from infra.nodes.inventory import TAG_GROUP, TAG_POOL, TAG_ROLE, TAG_STACK, pool_group
+from infra.platform.resolve import ResolvedPlatform, ResolvedPool
 
 
 def base_tags(platform: ResolvedPlatform) -> dict[str, str]:

@@ -15,10 +15,12 @@ from rich.markup import escape
 from infra.cli import output
 from infra.cli.stack_options import JsonFlag, StackFile, StackName, platform_from_options
 from infra.errors import ExitCode, GpuPlatError, SpecError
-from infra.policy.check import CheckReport, check_platform
+from infra.plan.check import check_platform
+from infra.platform.resolve import ResolvedPlatform, load_platform
+from infra.policy.check import CheckReport
 from infra.policy.ci_formats import junit, sarif
-from infra.policy.config import PolicyConfig, load_policy_config
-from infra.resolve import ResolvedPlatform, load_platform
+from infra.policy.config import load_policy_config
+from infra.policy.settings import PolicyConfig
 from infra.spec.load import stack_file, stack_names
 
 AllFlag = Annotated[bool, typer.Option("--all", help="check every stack in stacks/")]

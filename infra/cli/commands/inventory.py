@@ -7,12 +7,18 @@ from typing import Annotated
 
 import typer
 
+from infra.backends.local.scale import with_running_sizes
 from infra.cli import output
 from infra.cli.output_tree import Force, write_tree
 from infra.cli.stack_options import StackFile, StackName, platform_from_options
 from infra.errors import SpecError
-from infra.inventory import has_ansible_nodes, inventory_documents, offline_blanks, render, rendered_files
-from infra.local.scale import with_running_sizes
+from infra.nodes.inventory import (
+    has_ansible_nodes,
+    inventory_documents,
+    offline_blanks,
+    render,
+    rendered_files,
+)
 
 OutputDir = Annotated[
     Path | None, typer.Option("--output", "-o", help="directory to write the inventory into")

@@ -8,16 +8,17 @@ from typing import Annotated
 
 import typer
 
-from infra import cloud_stack
-from infra.bringup import CloudApproval, PhaseTiming, inventory_dir
-from infra.bringup import up as bring_up
+from infra.backends.local.cluster import LocalCluster
+from infra.backends.local.scale import forget_sizes, scale_pool, with_running_sizes
+from infra.backends.local.status import PlatformStatus, collect_status
 from infra.cli import output
 from infra.cli.progress import ProgressPrinter
 from infra.cli.stack_options import JsonFlag, StackFile, StackName, platform_from_options
 from infra.errors import ExitCode, GpuPlatError
-from infra.local.cluster import LocalCluster
-from infra.local.scale import forget_sizes, scale_pool, with_running_sizes
-from infra.local.status import PlatformStatus, collect_status
+from infra.lifecycle import cloud_stack
+from infra.lifecycle.bringup import CloudApproval, PhaseTiming
+from infra.lifecycle.bringup import up as bring_up
+from infra.nodes.playbook_run import inventory_dir
 
 
 def render_status(status: PlatformStatus) -> None:
@@ -166,4 +167,4 @@ def scale(
     """Add or remove nodes of an elastic pool of the running local platform (a cloud node's join path)."""
     cluster = _local_cluster(stack, stack_file)
     platform = cluster.platform
-    output.stderr().print(scale_pool(platform, pool, nodes, inventory_dir(platform)))
+    output.stderr().print(scale_pool(platform, pool, nodes, inventory_dir(platform.name)))

@@ -13,9 +13,9 @@ from rich.markup import escape
 from infra.cli import output
 from infra.cli.stack_options import JsonFlag, StackFile, StackName, platform_from_options
 from infra.errors import SpecError
-from infra.registry.locate import registry_url
-from infra.registry.mlflow import MlflowRegistry, ModelVersion
-from infra.resolve import ResolvedPlatform
+from infra.platform.resolve import ResolvedPlatform
+from infra.serving.registry.locate import registry_url
+from infra.serving.registry.mlflow import MlflowRegistry, ModelVersion
 
 models = typer.Typer(
     name="models",

@@ -7,16 +7,17 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from infra import cloud_stack
 from infra.cli import output
 from infra.cli.commands.check import PolicyConfigFile, fail_on_mandatory
 from infra.cli.stack_options import JsonFlag, StackFile, StackName, stack_path
 from infra.errors import SpecError
+from infra.lifecycle import cloud_stack
 from infra.plan.diff import PlanDiff, load_base, markdown, plan_diff
 from infra.plan.report import PlanReport, build_report
-from infra.policy.config import PolicyConfig, load_policy_config
+from infra.platform.resolve import load_platform
+from infra.policy.config import load_policy_config
 from infra.policy.rules.service_costs import NOT_COUNTED
-from infra.resolve import load_platform
+from infra.policy.settings import PolicyConfig
 
 
 def render_plan(report: PlanReport) -> None:

@@ -12,9 +12,9 @@ from infra.cli import output
 from infra.cli.commands.models import RegistryUrl, check_name
 from infra.cli.stack_options import JsonFlag, StackFile, StackName, platform_from_options
 from infra.errors import ExitCode, GpuPlatError
-from infra.registry.locate import registry_url
-from infra.registry.mlflow import MlflowRegistry
-from infra.serving_release import CANARY_BACKEND, CHALLENGER, CHAMPION, PREVIOUS, STABLE_BACKEND, Release
+from infra.serving.registry.locate import registry_url
+from infra.serving.registry.mlflow import MlflowRegistry
+from infra.serving.release import CANARY_BACKEND, CHALLENGER, CHAMPION, PREVIOUS, STABLE_BACKEND, Release
 
 serve = typer.Typer(
     name="serve",
@@ -41,7 +41,7 @@ def _release(
     stack: str | None, stack_file_path: Path | None, url: str | None, prometheus: str | None = None
 ) -> Release:
     platform = platform_from_options(stack, stack_file_path)
-    from infra.local.cluster import LocalCluster
+    from infra.backends.local.cluster import LocalCluster
 
     registry = MlflowRegistry(registry_url(platform, url))
     cluster = LocalCluster(platform)

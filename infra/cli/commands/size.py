@@ -14,8 +14,9 @@ from infra.cli.stack_options import JsonFlag, StackFile, StackName, platform_fro
 from infra.data.load import catalog
 from infra.data.models import GB, NodeProvider
 from infra.errors import SpecError
-from infra.pool_fit import pool_fits
-from infra.sizing import (
+from infra.errors.problems import Loc, spec_error, validation_problems
+from infra.training.pool_fit import pool_fits
+from infra.training.sizing import (
     Attention,
     Optimizer,
     Precision,
@@ -23,7 +24,6 @@ from infra.sizing import (
     plan_nodes,
     size_training,
 )
-from infra.spec.errors import Loc, spec_error, validation_problems
 
 # The flag of each TrainingSizingRequest field: messages name what the user typed.
 FLAGS = {

@@ -9,7 +9,7 @@ from rich.markup import escape
 from infra.cli import output
 from infra.cli.stack_options import JsonFlag
 from infra.errors import GpuPlatError, SpecError
-from infra.resolve import load_platform
+from infra.platform.resolve import load_platform
 from infra.spec.load import stack_file, stack_names
 
 

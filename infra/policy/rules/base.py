@@ -10,9 +10,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from infra.policy.config import PolicyConfig
+from infra.platform.resolve import ResolvedPlatform
+from infra.policy.settings import PolicyConfig
 from infra.policy.view import ResourceIndex, ResourceView
-from infra.resolve import ResolvedPlatform
 
 Severity = Literal["mandatory", "advisory"]
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from infra.platform.resolve import ResolvedPlatform
 from infra.policy.rules.base import Finding, PolicyContext, _stack_label
 from infra.policy.rules.nodes import node_groups
 from infra.policy.rules.service_costs import service_costs, total_usd_per_hour
 from infra.policy.view import ResourceIndex
-from infra.resolve import ResolvedPlatform
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from infra.policy.rules.base import Finding, PolicyContext
 from infra.policy.rules.nodes import _interfaces_security_groups, node_groups
 from infra.policy.rules.resource_types import LAUNCH_TEMPLATE, PLACEMENT_GROUP, SECURITY_GROUP
 from infra.policy.view import TAG_ROLE, ResourceIndex, ResourceView
-from infra.scheduler import partitions
+from infra.scheduling.slurm import partitions
 
 
 def check_shared_resources(index: ResourceIndex, ctx: PolicyContext) -> Iterator[Finding]:

@@ -15,9 +15,9 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from infra.k8s.objects import LABEL_POOL, LABEL_ROLE, serving_namespace, team_namespace
+from infra.platform.resolve import ResolvedPlatform
 from infra.policy.rules.base import Finding, PolicyContext, _items, _number
 from infra.policy.view import ResourceIndex, ResourceView
-from infra.resolve import ResolvedPlatform
 
 GPU = "nvidia.com/gpu"
 

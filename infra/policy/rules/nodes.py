@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from infra.k8s.objects import LABEL_POOL, LABEL_ROLE
+from infra.platform.resolve import ResolvedPool
 from infra.policy.rules.base import PolicyContext, _get, _number
 from infra.policy.rules.resource_types import (
     ASG,
@@ -40,7 +41,6 @@ from infra.policy.view import (
     ResourceIndex,
     ResourceView,
 )
-from infra.resolve import ResolvedPool
 
 GroupKind = Literal["asg", "eks", "slurm"]
 _DESCRIPTIONS = {

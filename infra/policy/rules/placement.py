@@ -1,7 +1,7 @@
 """Placement rules: the parallel filesystem sits in the zone of the training nodes that read it.
 
-FSx for Lustre serves from the one zone of its subnet (infra/zones.py): a training pool in another zone
-sends every read and every checkpoint across zones. The rule reads the declared resources (the file
+FSx for Lustre serves from the one zone of its subnet (infra/platform/zones.py): a training pool in another
+zone sends every read and every checkpoint across zones. The rule reads the declared resources (the file
 system's subnet, the training node groups' subnets, each subnet's availabilityZone), so it judges what
 the program declared, whoever declared it.
 """

@@ -1,14 +1,14 @@
 """Placement preference rules: every pool a preference names is a training pool of the stack, and on Slurm
-a preference has GPU types to choose between (Slurm orders types, infra.scheduler.placement)."""
+a preference has GPU types to choose between (Slurm orders types, infra.scheduling.slurm.placement)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from infra.placement import unknown_pools
 from infra.policy.rules.base import Finding, PolicyContext
 from infra.policy.view import ResourceIndex
-from infra.scheduler import heterogeneous, on_demand_gpu_types
+from infra.scheduling.placement import unknown_pools
+from infra.scheduling.slurm import heterogeneous, on_demand_gpu_types
 from infra.spec.models import PlacementPreference
 
 

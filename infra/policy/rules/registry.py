@@ -236,7 +236,7 @@ RULES: tuple[ResourceRule | StackRule, ...] = (
         description="Only the node roles of pools that run munged (Slurm controllers and training nodes) "
         "may read the MUNGE key.",
         remediation="Grant ssm:GetParameter on the MUNGE key parameter only to the identities of the pools "
-        "in the slurm_controller and slurm_compute groups (infra/munge.py); other nodes fetch no key.",
+        "in the slurm_controller and slurm_compute groups (infra/nodes/munge.py); other nodes fetch no key.",
         needs_platform=True,
         check=check_munge_key_readers,
     ),
@@ -257,8 +257,8 @@ RULES: tuple[ResourceRule | StackRule, ...] = (
         group="placement",
         description="Training node groups launch in the zone of the FSx for Lustre file system.",
         remediation="Put the training pools in one zone (`zone:` on the pool, where its reservation is); the "
-        "file system follows them (infra/zones.py). Pools that must stay in another zone read across "
-        "zones, or get their own stack.",
+        "file system follows them (infra/platform/zones.py). Pools that must stay in another zone read "
+        "across zones, or get their own stack.",
         severity="advisory",
         check=check_filesystem_zone,
     ),

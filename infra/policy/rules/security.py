@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterator, Mapping
 from fnmatch import fnmatchcase
 from typing import Any
 
-from infra.inventory import TAG_ROLE, TAG_STACK
-from infra.munge import munge_pools, munge_roles
+from infra.nodes.inventory import TAG_ROLE, TAG_STACK
+from infra.nodes.munge import munge_pools, munge_roles
 from infra.policy.rules.base import Finding, PolicyContext, _get, _items, _truthy
 from infra.policy.rules.resource_types import (
     BUCKET_PAB,
@@ -322,7 +322,7 @@ def _policy_role(index: ResourceIndex, policy: ResourceView) -> str | None:
 
 
 def check_munge_key_readers(index: ResourceIndex, ctx: PolicyContext) -> Iterator[Finding]:
-    """Only the node roles of pools that run munged (infra/munge.py) may read the MUNGE key."""
+    """Only the node roles of pools that run munged (infra/nodes/munge.py) may read the MUNGE key."""
     platform = ctx.platform
     if platform is None:
         return

@@ -10,7 +10,7 @@ from infra.policy.rules.base import Finding, PolicyContext, _stack_label
 from infra.policy.rules.nodes import _group_of, _pool_target, node_groups
 from infra.policy.rules.resource_types import LUSTRE
 from infra.policy.view import ResourceIndex
-from infra.scheduler import partitions
+from infra.scheduling.slurm import partitions
 
 SPOT_BACKENDS = ("aws",)  # spot markets exist only on the cloud backend
 

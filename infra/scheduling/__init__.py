@@ -1,0 +1,1 @@
+"""The Slurm layout (partitions, accounts, QoS) and the placement preferences that order pools."""

@@ -1,0 +1,412 @@
+"""`gpuplat serve`: registered model versions onto the stack's model servers, with a canary in between.
+
+Where things live (local and on-premises stacks; roles/inference_server, roles/inference_gateway):
+- each model-server node runs the stable replicas (<unit>@0..R-1) and has a canary slot (<unit>@canary),
+  whose port the gateways' canary backend routes to;
+- what a replica serves is the stack's model, or the registered version its version file names
+  (/etc/gpuplat-inference/version-<replica>.env), which only this module writes: a converge keeps it;
+- the gateways' version map gives the canary its share of the requests (gpuplat_gateway_canary.py);
+- the registry's aliases say which version is which: `champion` the stable one, `challenger` the canary,
+  `previous` the champion before the last promotion (what a rollback returns to).
+
+A promotion never leaves the stable backend without a server: the canary takes every request while the
+stable replicas restart, one at a time, each drained on the gateway first.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from infra.errors import ExitCode, GpuPlatError, SpecError
+from infra.nodes.inventory import container_name
+from infra.nodes.role_templates import role_defaults, role_vars
+from infra.platform.resolve import ResolvedPlatform
+from infra.serving.canary import Verdict, VersionStats, gate, judge
+from infra.serving.prometheus import instant
+from infra.serving.registry.mlflow import MlflowRegistry, ModelVersion, RegistryError
+from infra.spec.models import Canary
+
+CHAMPION, CHALLENGER, PREVIOUS = "champion", "challenger", "previous"
+CANARY_SLOT = "canary"
+# Where the roles put things (their defaults and vars: one source).
+_SERVER, _GATEWAY = role_defaults("inference_server"), role_vars("inference_gateway")
+UNIT = str(_SERVER["inference_server_service"])
+CONFIG_DIR = str(_SERVER["inference_server_config_dir"])
+REPLICA_PORT, CANARY_PORT = (
+    int(_SERVER["inference_server_port"]),
+    int(_SERVER["inference_server_canary_port"]),
+)
+GATEWAY_PROGRAMS = str(_GATEWAY["__inference_gateway_targets_dir"])
+STABLE_BACKEND, CANARY_BACKEND = "inference", str(_GATEWAY["__inference_gateway_canary_backend"])
+# The Prometheus jobs that scrape the stable replicas and the canary slots (roles/monitoring).
+JOB_OF_BACKEND = {STABLE_BACKEND: "inference_server", CANARY_BACKEND: "inference_canary"}
+UNSAFE_IN_PATH = set(" \t\n\"'\\$`")
+
+
+class ServeRefused(GpuPlatError):
+    """A release the stack's rules or state do not allow (a gate missed, no canary to promote)."""
+
+    exit_code = ExitCode.POLICY_VIOLATION
+
+
+class Nodes(Protocol):
+    def exec(self, node: str, *command: str, timeout: float = 120) -> str: ...
+
+
+@dataclass(frozen=True)
+class ServingLayout:
+    """The nodes and ports a release touches."""
+
+    gateways: tuple[str, ...]
+    servers: tuple[str, ...]
+    addresses: dict[str, str]
+    """node -> the address the gateways know it by"""
+    engine: str
+    health_timeout_s: float
+
+
+def serving_layout(platform: ResolvedPlatform) -> ServingLayout:
+    serving = platform.spec.serving
+    if serving is None:
+        raise SpecError(f"stack '{platform.name}' serves no model: add a serving section to its stack file")
+    if platform.spec.backend != "local":
+        raise SpecError(
+            f"stack '{platform.name}' is on {platform.spec.backend}: `gpuplat serve` drives the model "
+            "servers of local stacks (the podman cluster) so far; on other stacks serve a version by "
+            "setting serving.model to its path and running `gpuplat up`"
+        )
+    pool = platform.pool(serving.pool)
+    layout = platform.serving_layout
+    servers = tuple(pool.running_node_names())
+    gateways = tuple(platform.gateway_pool.running_node_names())
+    addresses = {node: container_name(platform.name, node) for node in servers}
+    if (
+        serving.engine == "vllm"
+        and layout is not None
+        and layout.replicas * layout.tensor_parallel >= (pool.gpus_per_node)
+    ):
+        raise ServeRefused(
+            f"pool '{pool.name}' has no GPU left for a canary: its {layout.replicas} replica(s) of "
+            f"{layout.tensor_parallel} GPU(s) take all {pool.gpus_per_node} GPUs of each node. Serve fewer "
+            "replicas per node (serving.max_replicas) or give the pool a node type with more GPUs"
+        )
+    return ServingLayout(
+        gateways=gateways,
+        servers=servers,
+        addresses=addresses,
+        engine=serving.engine,
+        health_timeout_s=600.0,
+    )
+
+
+def version_environment(version: ModelVersion, engine: str) -> str:
+    """The version file of a replica that serves `version` (systemd EnvironmentFile syntax)."""
+    location = version.location
+    if not location.startswith("/"):
+        raise ServeRefused(
+            f"{version.reference} is at {location}: model servers read a version from the shared filesystem; "
+            "copy it there and register that path (`gpuplat models register NAME /shared/...`)"
+        )
+    if UNSAFE_IN_PATH & set(location):
+        raise ServeRefused(f"{version.reference}'s path '{location}' holds a space, quote or $: rename it")
+    if engine == "cpu-reference":
+        value = f"--model-zip {location.rstrip('/')}/model.zip --model-version {version.reference}"
+        return f'# gpuplat serve: {version.reference}\nGPUPLAT_MODEL_ARGS="{value}"\n'
+    return f"# gpuplat serve: {version.reference}\nGPUPLAT_MODEL_PATH={location}\n"
+
+
+@dataclass(frozen=True)
+class GatewayFigures:
+    canary_percent: int
+    requests: dict[str, int]
+    errors: dict[str, int]
+    servers_up: dict[str, int]
+
+    @classmethod
+    def from_show(cls, answer: dict[str, Any]) -> GatewayFigures:
+        backends = answer["backends"]
+        return cls(
+            canary_percent=int(answer["canary_percent"]),
+            requests={name: int(b["requests"]) for name, b in backends.items()},
+            errors={name: int(b["errors_5xx"]) for name, b in backends.items()},
+            servers_up={name: int(b["servers_up"]) for name, b in backends.items()},
+        )
+
+
+class Release:
+    """One stack's serving, as the registry, the gateways and the model-server nodes hold it."""
+
+    def __init__(
+        self,
+        platform: ResolvedPlatform,
+        registry: MlflowRegistry,
+        nodes: Nodes,
+        say: Callable[[str], None] = lambda _: None,
+        prometheus_url: str | None = None,
+    ) -> None:
+        self.platform = platform
+        self.registry = registry
+        self.nodes = nodes
+        self.say = say
+        self.prometheus_url = prometheus_url
+        self.layout = serving_layout(platform)
+        serving = platform.spec.serving
+        assert serving is not None
+        self.rules = serving.canary or Canary()
+
+    # What is served
+
+    def aliased(self, model: str, alias: str) -> ModelVersion | None:
+        try:
+            return self.registry.by_alias(model, alias)
+        except RegistryError as error:
+            if "not found" in error.message or "RESOURCE_DOES_NOT_EXIST" in error.message:
+                return None
+            raise
+
+    def gateway(self, *arguments: str) -> dict[str, Any]:
+        answer = self.nodes.exec(
+            self.layout.gateways[0], "python3", f"{GATEWAY_PROGRAMS}/gpuplat_gateway_canary.py", *arguments
+        )
+        result: dict[str, Any] = json.loads(answer)
+        return result
+
+    def figures(self) -> GatewayFigures:
+        return GatewayFigures.from_show(self.gateway("show"))
+
+    def latency_p95(self, window_s: int) -> dict[str, float | None]:
+        """p95 of each version's requests at its model servers over the last `window_s` (Prometheus);
+        None where no request was answered in it or no Prometheus answers."""
+        found: dict[str, float | None] = dict.fromkeys(JOB_OF_BACKEND)
+        if self.prometheus_url is None:
+            return found
+        histogram = role_vars("monitoring")["__monitoring_engine_metrics"][self.layout.engine][
+            "latency_histogram"
+        ]
+        jobs = "|".join(JOB_OF_BACKEND.values())
+        expression = (
+            f'histogram_quantile(0.95, sum by (job, le) (rate({{__name__=~"{histogram}_bucket", '
+            f'job=~"{jobs}"}}[{window_s}s])))'
+        )
+        by_job = {labels.get("job"): value for labels, value in instant(self.prometheus_url, expression)}
+        return {backend: by_job.get(job) for backend, job in JOB_OF_BACKEND.items()}
+
+    def set_share(self, percent: int) -> None:
+        for gateway in self.layout.gateways:
+            self.nodes.exec(
+                gateway, "python3", f"{GATEWAY_PROGRAMS}/gpuplat_gateway_canary.py", "share", str(percent)
+            )
+
+    # Steps on the nodes
+
+    def _write_version(self, node: str, slot: str, version: ModelVersion) -> None:
+        text = version_environment(version, self.layout.engine)
+        path = f"{CONFIG_DIR}/version-{slot}.env"
+        script = 'printf %s "$1" > "$2.tmp" && mv "$2.tmp" "$2"'
+        self.nodes.exec(node, "sh", "-c", script, "sh", text, path)
+
+    def _wait_healthy(self, node: str, port: int) -> None:
+        probe = f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{port}/health', timeout=5)"
+        loop = f"until python3 -c {shlex.quote(probe)} 2>/dev/null; do sleep 1; done"
+        try:
+            self.nodes.exec(
+                node,
+                "timeout",
+                str(int(self.layout.health_timeout_s)),
+                "sh",
+                "-c",
+                loop,
+                timeout=self.layout.health_timeout_s + 30,
+            )
+        except GpuPlatError as error:
+            raise GpuPlatError(
+                f"the model server on {node}:{port} did not answer /health within "
+                f"{self.layout.health_timeout_s:.0f} s: `journalctl -u {UNIT}@*` on {node} says why "
+                f"({error.message})"
+            ) from None
+
+    def start_canary(self, version: ModelVersion) -> None:
+        for node in self.layout.servers:
+            self._write_version(node, CANARY_SLOT, version)
+            self.nodes.exec(node, "systemctl", "restart", f"{UNIT}@{CANARY_SLOT}.service")
+        for node in self.layout.servers:
+            self._wait_healthy(node, CANARY_PORT)
+        self._wait_canary_up()
+
+    def _wait_canary_up(self) -> None:
+        wanted = len(self.layout.servers)
+        deadline = time.monotonic() + 120
+        while self.figures().servers_up.get(CANARY_BACKEND, 0) < wanted:
+            if time.monotonic() > deadline:
+                raise GpuPlatError(
+                    f"the gateway's health checks did not count the {wanted} canary server(s) up within "
+                    "120 s: `gpuplat serve status` shows what it sees"
+                )
+            time.sleep(1)
+
+    def stop_canary(self) -> None:
+        for node in self.layout.servers:
+            self.nodes.exec(node, "systemctl", "stop", f"{UNIT}@{CANARY_SLOT}.service")
+            self.nodes.exec(node, "rm", "-f", f"{CONFIG_DIR}/version-{CANARY_SLOT}.env")
+
+    def stable_replicas(self, node: str) -> list[int]:
+        """The node's stable replicas, as the role configured them (replica-<i>.env)."""
+        files = self.nodes.exec(node, "ls", CONFIG_DIR).split()
+        return sorted(int(f[8:-4]) for f in files if f.startswith("replica-") and f[8:-4].isdigit())
+
+    def roll_stable(self, version: ModelVersion) -> None:
+        """Every stable replica onto `version`, one at a time, each drained on the gateways first."""
+        targets = f"{GATEWAY_PROGRAMS}/gpuplat_gateway_targets.py"
+        for node in self.layout.servers:
+            for replica in self.stable_replicas(node):
+                target = f"{self.layout.addresses[node]}:{REPLICA_PORT + replica}"
+                for gateway in self.layout.gateways:
+                    self.nodes.exec(
+                        gateway, "python3", targets, "drain", target, "--wait-s", "60", timeout=90
+                    )
+                self._write_version(node, str(replica), version)
+                self.nodes.exec(node, "systemctl", "restart", f"{UNIT}@{replica}.service")
+                self._wait_healthy(node, REPLICA_PORT + replica)
+                for gateway in self.layout.gateways:
+                    self.nodes.exec(
+                        gateway, "python3", targets, "ready", target, "--wait-s", "60", timeout=90
+                    )
+                self.say(f"replica {replica} on {node} serves {version.reference}")
+
+    # The commands
+
+    def deploy(self, reference: str, canary_percent: int | None) -> ModelVersion:
+        candidate = self.registry.resolve(reference)
+        stable = self.aliased(candidate.name, CHAMPION)
+        if stable is not None and stable.version == candidate.version:
+            raise ServeRefused(f"{candidate.reference} is already the stable version ({CHAMPION})")
+        running = self.aliased(candidate.name, CHALLENGER)
+        if running is not None and self.figures().canary_percent > 0:
+            raise ServeRefused(
+                f"{running.reference} is in canary now: `gpuplat serve promote` or `gpuplat serve rollback` "
+                "first"
+            )
+        refusal = gate(candidate, stable, self.rules)
+        if refusal is not None:
+            raise ServeRefused(refusal)
+        version_environment(
+            candidate, self.layout.engine
+        )  # refuses a path servers cannot read, before any change
+        self.say(f"starting {candidate.reference} in the canary slot of {', '.join(self.layout.servers)}")
+        self.start_canary(candidate)
+        self.registry.set_alias(candidate.name, CHALLENGER, candidate.version)
+        if canary_percent is None:
+            self.promote(candidate.name)
+            return candidate
+        self.set_share(canary_percent)
+        self.say(f"{candidate.reference} takes {canary_percent} % of the requests")
+        return candidate
+
+    def promote(self, model: str) -> ModelVersion:
+        candidate = self.aliased(model, CHALLENGER)
+        if candidate is None:
+            raise ServeRefused(
+                f"'{model}' has no version in canary ({CHALLENGER}): `gpuplat serve deploy` one"
+            )
+        stable = self.aliased(model, CHAMPION)
+        self.set_share(100)
+        self.say(f"{candidate.reference} takes every request while the stable replicas restart")
+        self.roll_stable(candidate)
+        self.set_share(0)
+        self.stop_canary()
+        if stable is not None:
+            self.registry.set_alias(model, PREVIOUS, stable.version)
+        self.registry.set_alias(model, CHAMPION, candidate.version)
+        self.registry.delete_alias(model, CHALLENGER)
+        self.say(f"{candidate.reference} is the stable version")
+        return candidate
+
+    def rollback(self, model: str, reason: str = "asked for") -> ModelVersion | None:
+        """Take the canary out; with none, put the previous stable version back. What now serves (None:
+        the stack's own model)."""
+        candidate = self.aliased(model, CHALLENGER)
+        if candidate is not None:
+            self.set_share(0)
+            self.stop_canary()
+            self.registry.delete_alias(model, CHALLENGER)
+            self.say(
+                f"{candidate.reference} rolled back ({reason}); every request goes to the stable version"
+            )
+            return self.aliased(model, CHAMPION)
+        previous = self.aliased(model, PREVIOUS)
+        if previous is None:
+            raise ServeRefused(f"'{model}' has no canary and no {PREVIOUS} version to roll back to")
+        self.start_canary(previous)
+        self.registry.set_alias(model, CHALLENGER, previous.version)
+        self.set_share(100)
+        self.roll_stable(previous)
+        self.set_share(0)
+        self.stop_canary()
+        self.registry.set_alias(model, CHAMPION, previous.version)
+        self.registry.delete_alias(model, CHALLENGER)
+        self.registry.delete_alias(model, PREVIOUS)
+        self.say(f"{previous.reference} is the stable version again")
+        return previous
+
+    def guard(
+        self,
+        model: str,
+        duration_s: float,
+        interval_s: float = 1.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> Verdict:
+        """Judge the running canary every `interval_s` for `duration_s`, over the spec's window; roll it back
+        at the first 'rollback' verdict."""
+        samples: deque[tuple[float, GatewayFigures]] = deque()
+        verdict = Verdict("wait", "no look yet")
+        deadline = time.monotonic() + duration_s
+        latency_known = True
+        for now, figures in self._looks(deadline, interval_s, sleep):
+            if self.aliased(model, CHALLENGER) is None:
+                return Verdict("gone", f"'{model}' has no canary any more")
+            samples.append((now, figures))
+            while len(samples) > 1 and samples[1][0] <= now - self.rules.window_s:
+                samples.popleft()
+            p95: dict[str, float | None] = dict.fromkeys(JOB_OF_BACKEND)
+            if latency_known:
+                try:
+                    p95 = self.latency_p95(self.rules.window_s)
+                except GpuPlatError as error:
+                    latency_known = False
+                    self.say(f"judging on error rates only: {error.message}")
+            verdict = judge(*window_stats(samples[0][1], figures, p95), self.rules)
+            if verdict.action == "rollback":
+                self.rollback(model, verdict.reason)
+                return verdict
+        return verdict
+
+    def _looks(
+        self, deadline: float, interval_s: float, sleep: Callable[[float], None]
+    ) -> Iterator[tuple[float, GatewayFigures]]:
+        while True:
+            yield time.monotonic(), self.figures()
+            if time.monotonic() >= deadline:
+                return
+            sleep(interval_s)
+
+
+def window_stats(
+    first: GatewayFigures, last: GatewayFigures, p95: dict[str, float | None] | None = None
+) -> tuple[VersionStats, VersionStats]:
+    """Stable and canary figures between two looks at the gateway (a reload in between restarts HAProxy's
+    counters: then from zero), with each one's p95 latency where known."""
+
+    def between(backend: str) -> VersionStats:
+        requests = last.requests[backend] - first.requests[backend]
+        errors = last.errors[backend] - first.errors[backend]
+        if requests < 0 or errors < 0:
+            requests, errors = last.requests[backend], last.errors[backend]
+        return VersionStats(requests=requests, errors=errors, p95_s=(p95 or {}).get(backend))
+
+    return between(STABLE_BACKEND), between(CANARY_BACKEND)
