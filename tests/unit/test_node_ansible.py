@@ -12,6 +12,7 @@ from typing import Any, get_args
 import pytest
 import yaml
 
+from infra.data import node_ansible_choice
 from infra.data.node_ansible import node_ansible_facts, version_tuple
 from infra.data.node_ansible_choice import (
     Need,
@@ -23,7 +24,6 @@ from infra.data.node_ansible_choice import (
     roles_need,
 )
 from infra.errors import SpecError
-from infra.data import node_ansible_choice
 from infra.platform.resolve import load_platform
 from infra.spec.models import OsRelease
 
