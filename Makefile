@@ -48,7 +48,8 @@ plan: venv
 		$(BIN)/gpuplat plan --stack $$s || exit $$?; done
 
 ## lint: ruff and mypy on the Python code; the CI examples against the GitHub workflow and GitLab CI schemas
-## and actionlint
+## and actionlint; the manual (docs/, mkdocs.yml) built as a site with --strict: a broken link between its
+## pages, a missing anchor or a page left out of the nav fails (build/site, removed by make clean)
 lint: venv
 	$(BIN)/ruff check infra tests benchmarks examples
 	$(BIN)/ruff format --check infra tests benchmarks examples
@@ -59,6 +60,8 @@ lint: venv
 	$(BIN)/check-jsonschema --builtin-schema vendor.github-workflows examples/ci/github/*.yml
 	$(BIN)/actionlint examples/ci/github/*.yml
 	$(BIN)/check-jsonschema --builtin-schema vendor.gitlab-ci examples/ci/gitlab/.gitlab-ci.yml
+# (not --quiet: mkdocs 1.6.1 then counts no warning, and --strict passes whatever it found)
+	$(BIN)/mkdocs build --strict --site-dir build/site
 
 ## host: podman, runc, debootstrap and friends from the distribution (root; skips what is installed)
 host:
