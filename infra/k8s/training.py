@@ -1,6 +1,6 @@
 """What a training job on the Kueue platform gets from the platform: the NCCL settings the Slurm nodes
 get in /etc/nccl.conf (rendered from the nccl role's own template), the checkpoint directory on the
-shared filesystem, and an example JobSet that uses both (README, `gpuplat manifests`)."""
+shared filesystem, and an example JobSet that uses both (docs/kubernetes.md, `gpuplat manifests`)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ TRAINING_CONFIG = "gpuplat-training"
 SHARED_CLAIM = "shared"
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 EXAMPLE_IMAGE = "nvcr.io/nvidia/pytorch:25.09-py3"
-# Where the README has users copy examples/train_dist/ on the shared filesystem.
+# Where docs/training.md has users copy examples/train_dist/ on the shared filesystem.
 EXAMPLE_PROGRAM = "jobs/train_dist/train.py"
 # JobSet labels every pod with its restart attempt (kubernetes-sigs/jobset, pkg/constants RestartsKey).
 RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"

@@ -75,7 +75,7 @@ def check_inventory(platform: ResolvedPlatform, inventory: Path) -> None:
         where = (
             f"`gpuplat up {stack_option(platform)}` writes it"
             if platform.spec.backend == "local"
-            else "write it with `pulumi stack output inventory_config` (see the README) or "
+            else "write it with `pulumi stack output inventory_config` (docs/aws.md) or "
             f"`gpuplat inventory {stack_option(platform)} --output DIR`, and give --inventory"
         )
         raise EnvironmentProblem(f"no inventory for stack {platform.name} at {inventory}: {where}.")
