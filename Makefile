@@ -15,7 +15,7 @@ NODE_PROGRAMS := roles/slurm_elastic/files/gpuplat_ec2_nodes.py roles/inference_
 	roles/gpu_validation/files/gpuplat_node_check.py roles/gpu_validation/files/gpuplat_checkpoint_probe.py \
 	roles/slurm_compute/files/gpuplat_dataset_cache.py
 
-.PHONY: venv host image images up down status plan test test-unit test-roles test-scheduler test-serving test-integration test-box lint clean
+.PHONY: venv host image images up down status plan test test-fast test-unit test-roles test-scheduler test-serving test-integration test-box lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -71,6 +71,11 @@ host:
 ## test-unit: fast tests (spec, data, sizing, policy rules, CLI, Pulumi program under mocks, role contracts)
 test-unit: venv
 	time $(BIN)/pytest -q -n auto tests/unit tests/pulumi tests/roles
+
+## test-fast: the inner loop, no containers: lint, then the unit tests less the few that start a container
+test-fast: venv
+	time $(MAKE) --no-print-directory lint
+	time $(BIN)/pytest -q -n auto -m "not containers" tests/unit tests/pulumi tests/roles
 
 ## test-roles: ansible-lint and the Molecule scenarios of the node roles (podman)
 test-roles: venv host

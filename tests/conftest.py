@@ -16,6 +16,8 @@ from infra.spec.load import CONFIG_KEY, stack_file
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
+pytest_plugins = ["tests.skip_policy", "pytester"]
+
 
 @pytest.fixture(autouse=True)
 def no_unforeseen_crash(

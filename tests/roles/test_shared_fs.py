@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import configparser
 import os
+import shlex
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -335,8 +336,12 @@ def health_script(tmp_path: Path, mount_path: str, checkpoint_path: str) -> Path
     return script
 
 
-def run_health(script: Path, tmp_path: Path, *args: str) -> tuple[int, str, list[str]]:
-    """Run the check with scontrol replaced by a shell function that records its calls."""
+def run_health(
+    script: Path, tmp_path: Path, *args: str, read_only: Path | None = None
+) -> tuple[int, str, list[str]]:
+    """Run the check with scontrol replaced by a shell function that records its calls. `read_only`: a
+    directory the check sees on a read-only filesystem (a read-only tmpfs mounted over it in a mount
+    namespace of the check's own, so that root too finds it not writable, as on a real node)."""
     calls = tmp_path / "scontrol.log"
     calls.write_text("")
     environment = {
@@ -345,7 +350,11 @@ def run_health(script: Path, tmp_path: Path, *args: str) -> tuple[int, str, list
         # Functions win over PATH lookups; the script resets PATH but inherits exported functions.
         "BASH_FUNC_scontrol%%": f'() {{ printf "%s\\n" "$*" >> {calls}; }}',
     }
-    done = subprocess.run(["bash", str(script), *args], capture_output=True, text=True, env=environment,
+    command = ["bash", str(script), *args]
+    if read_only is not None:
+        mount = f'mount -t tmpfs -o ro gpuplat-test-ro {shlex.quote(str(read_only))} && exec "$@"'
+        command = ["unshare", "--mount", "--propagation", "private", "bash", "-c", mount, "bash", *command]
+    done = subprocess.run(command, capture_output=True, text=True, env=environment,
                           timeout=60, check=False)  # fmt: skip
     return done.returncode, done.stderr, calls.read_text().splitlines()
 
@@ -371,12 +380,13 @@ def test_health_check_drains_when_only_the_checkpoint_path_is_missing(tmp_path: 
     )
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root may write to any directory of a read-write filesystem")
 def test_health_check_drains_when_the_checkpoint_path_is_read_only(tmp_path: Path) -> None:
+    """Root may write to any directory of a read-write filesystem, and CI runs as root: the directory is
+    made read-only by a read-only mount over it where the test runs as root, by its mode otherwise."""
     checkpoints = tmp_path / "checkpoints"
     checkpoints.mkdir(mode=0o555)
     script = health_script(tmp_path, "/", str(checkpoints))
-    rc, _, calls = run_health(script, tmp_path)
+    rc, _, calls = run_health(script, tmp_path, read_only=checkpoints if os.geteuid() == 0 else None)
     assert rc == 1
     assert f"update NodeName=train-0 State=DRAIN Reason=gpuplat-health: {checkpoints} not writable" in calls
 

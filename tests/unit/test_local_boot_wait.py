@@ -14,10 +14,13 @@ from infra.backends.local.cluster import BASE_IMAGE
 from infra.errors import GpuPlatError
 from infra.nodes.podman import exists, podman, wait_systemd
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("podman") is None or not exists("image", BASE_IMAGE),
-    reason=f"needs podman and the base image {BASE_IMAGE} (make image)",
-)
+pytestmark = [
+    pytest.mark.containers,
+    pytest.mark.skipif(
+        shutil.which("podman") is None or not exists("image", BASE_IMAGE),
+        reason=f"needs podman and the base image {BASE_IMAGE} (make image)",
+    ),
+]
 
 
 @pytest.fixture
