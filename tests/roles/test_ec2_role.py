@@ -9,14 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gpuplat_ec2_nodes.settings import load_settings
 
 from tests.roles.ansible_values import render_value
-from tests.roles.test_ec2_nodes import PROGRAM, nodes
+from tests.roles.test_ec2_nodes import ROLE
 
 yaml = pytest.importorskip("yaml")
 jinja2 = pytest.importorskip("jinja2")
-
-ROLE = PROGRAM.parents[1]
 
 
 def load(relative: str) -> Any:
@@ -127,7 +126,7 @@ def test_the_settings_file_is_what_the_program_reads(tmp_path: Path) -> None:
     )
     path = tmp_path / "ec2-nodes.json"
     path.write_text(json.dumps(variables["__slurm_elastic_settings"]))
-    settings = nodes.load_settings(path)
+    settings = load_settings(path)
     assert settings.state_dir == Path("/var/lib/gpuplat")
     assert (settings.orphan_grace_s, settings.static_backoff_base_s, settings.static_backoff_max_s) == (
         120.0,
