@@ -8,8 +8,8 @@ export CONTAINERS_CONF := $(CURDIR)/scripts/containers.conf
 # Python caches what it compiles: some machines set this, and then every gpuplat, pytest, molecule and
 # ansible-playbook process compiles its imports again (the venv is installed without byte-compiling).
 unexport PYTHONDONTWRITEBYTECODE
-# Python programs the roles install on nodes (stdlib + distro boto3), linted like infra/.
-NODE_PROGRAMS := roles/slurm_elastic/files/gpuplat_ec2_nodes.py roles/inference_gateway/files/gpuplat_gateway_targets.py \
+# Python programs the roles install on nodes (stdlib + distro boto3), linted like infra/ (a directory: a package).
+NODE_PROGRAMS := roles/slurm_elastic/files/gpuplat_ec2_nodes roles/inference_gateway/files/gpuplat_gateway_targets.py \
 	roles/inference_gateway/files/gpuplat_gateway_canary.py \
 	roles/inference_server/files/gpuplat_scaling_agent.py \
 	roles/gpu_validation/files/gpuplat_node_check.py roles/gpu_validation/files/gpuplat_checkpoint_probe.py \

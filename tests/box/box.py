@@ -32,7 +32,8 @@ SHARED_VOLUME = "gpuplat-box-fsx"
 PIP_CACHE_VOLUME = "gpuplat-box-pip-cache"
 ANCHOR = "gpuplat-box-anchor"
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
-EC2_NODES_PROGRAM = PROJECT_ROOT / "roles" / "slurm_elastic" / "files" / "gpuplat_ec2_nodes.py"
+# Where the controllers' program, the package gpuplat_ec2_nodes, lies (run from outside as `python -m`).
+EC2_NODES_PACKAGE_PARENT = PROJECT_ROOT / "roles" / "slurm_elastic" / "files"
 BAKED_IMAGES = "localhost/gpuplat-box-image"
 
 
@@ -210,10 +211,11 @@ class CloudBox:
         }
         region = str(self.platform.spec.region)
         config.write_text(json.dumps({"stack": self.platform.name, "region": region, "pools": pools}))
+        env = {**os.environ, **CREDENTIALS, "PYTHONPATH": str(EC2_NODES_PACKAGE_PARENT)}
         return subprocess.run(
-            [sys.executable, str(EC2_NODES_PROGRAM), "--config", str(config), "--endpoint-url", self.moto.url,
-             "teardown", "--timeout-seconds", "120"],
-            capture_output=True, text=True, timeout=300, env={**os.environ, **CREDENTIALS}, check=False,
+            [sys.executable, "-m", "gpuplat_ec2_nodes", "--config", str(config),
+             "--endpoint-url", self.moto.url, "teardown", "--timeout-seconds", "120"],
+            capture_output=True, text=True, timeout=300, env=env, check=False,
         )  # fmt: skip
 
     def stop(self) -> None:

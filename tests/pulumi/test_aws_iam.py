@@ -4,7 +4,7 @@ The recorded policies are evaluated (a small model of IAM's policy evaluation: a
 the condition operators the platform uses) for the calls the platform makes and for those an intruder
 on a controller would try:
 
-- the resume program's own calls (roles/slurm_elastic/files/gpuplat_ec2_nodes.py, run against a
+- the resume program's own calls (roles/slurm_elastic/files/gpuplat_ec2_nodes/ec2.py, run against a
   recording client): RunInstances from a training pool's launch template with its TagSpecifications,
   then CreateTags (gpuplat:node, Name) on the new instance, then TerminateInstances;
 - launching without a template, from a template that is not a training template of the stack, or
@@ -20,24 +20,22 @@ from the request context fails every operator except ForAllValues (true on an em
 from __future__ import annotations
 
 import base64
-import importlib.util
 import json
-import sys
 from collections.abc import Callable, Mapping
 from fnmatch import fnmatchcase
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import yaml
+from gpuplat_ec2_nodes.ec2 import Ec2Nodes
+from gpuplat_ec2_nodes.settings import Pool
 
 from infra.nodes.munge import MUNGE_GROUPS, munge_roles
 from infra.plan.record import Recording, record
 from infra.platform.resolve import ResolvedPlatform, load_platform
 
 ROOT = Path(__file__).resolve().parents[2]
-RESUME_PROGRAM = ROOT / "roles" / "slurm_elastic" / "files" / "gpuplat_ec2_nodes.py"
 ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
 ACCOUNT = "123456789012"  # the account the SDK mocks answer with (infra/plan/record.py)
@@ -122,15 +120,6 @@ class RecordingClient:
     def create_tags(self, **request: Any) -> dict[str, Any]:
         self.calls.append(("CreateTags", request))
         return {}
-
-
-def load_resume_program() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpuplat_ec2_nodes_iam", RESUME_PROGRAM)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 def run_instances_allowed(
@@ -251,10 +240,9 @@ def test_nodes_that_do_not_run_munge_do_not_fetch_the_key(
 def test_the_resume_program_may_launch_name_and_terminate(
     controller: list[Mapping[str, Any]], train_template_tags: dict[str, str]
 ) -> None:
-    program = load_resume_program()
     client = RecordingClient()
-    nodes = program.Ec2Nodes(client, "aws-prod")
-    pool = program.Pool("train-spot", "lt-0123456789abcdef0", None, ())
+    nodes = Ec2Nodes(client, "aws-prod")
+    pool = Pool("train-spot", "lt-0123456789abcdef0", None, ())
     launched, error = nodes.launch(pool, ["train-spot-0", "train-spot-1"])
     assert error is None and set(launched) == {"train-spot-0", "train-spot-1"}
 

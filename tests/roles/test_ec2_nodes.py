@@ -1,4 +1,5 @@
-"""The Slurm power-saving programs of roles/slurm_elastic against EC2 (moto server) and a fake IMDS.
+"""The Slurm power-saving programs of roles/slurm_elastic (the package files/gpuplat_ec2_nodes) against
+EC2 (moto server) and a fake IMDS.
 
 EC2 is moto in server mode on loopback; the Slurm side is recorder scripts (scontrol, squeue,
 scancel) that append their argv to a file and answer queries with what the test gave them; the
@@ -10,7 +11,6 @@ which share this module's fixtures.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -21,33 +21,38 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+from gpuplat_ec2_nodes import ec2 as program_ec2
+from gpuplat_ec2_nodes.ec2 import Ec2Nodes
+from gpuplat_ec2_nodes.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_UNKNOWN_NODE, EXIT_USAGE, UsageError
+from gpuplat_ec2_nodes.hostlist import expand_hostlist
+from gpuplat_ec2_nodes.resume import REASON_RESUME_FAIL, resume, resume_fail
+from gpuplat_ec2_nodes.settings import Pool, Settings, parse_pool, pool_of
+from gpuplat_ec2_nodes.slurm import Job, NodeInfo, Slurm, parse_jobs, parse_nodes
+from gpuplat_ec2_nodes.spot_watch import SpotWatch, spot_watch
 
 boto3 = pytest.importorskip("boto3")
 botocore_exceptions = pytest.importorskip("botocore.exceptions")
 ClientError = botocore_exceptions.ClientError
 moto_server = pytest.importorskip("moto.server")
 
-PROGRAM = Path(__file__).resolve().parents[2] / "roles" / "slurm_elastic" / "files" / "gpuplat_ec2_nodes.py"
+ROLE = Path(__file__).resolve().parents[2] / "roles" / "slurm_elastic"
+# The program as the tests run it: the package from the role's files (on a node, the launcher the role
+# installs as gpuplat-ec2-nodes runs it; test_slurm_wrappers_hand_the_hostlist_to_the_program runs that).
+PACKAGE_PARENT = ROLE / "files"
+PROGRAM = [sys.executable, "-m", "gpuplat_ec2_nodes"]
 REGION = "us-east-1"
 STACK = "test-stack"
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "t"}
 NOTICE = {"action": "terminate", "time": "2026-12-01T10:02:00Z"}
 
 
-def load_program() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpuplat_ec2_nodes", PROGRAM)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-nodes = load_program()
+def program_env(**variables: str) -> dict[str, str]:
+    """The environment the program runs in: this one, the package importable, and `variables`."""
+    path = os.pathsep.join(p for p in (str(PACKAGE_PARENT), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path, **variables}
 
 
 # --- EC2 (moto server) ----------------------------------------------------------------------------
@@ -238,16 +243,16 @@ def settings_for(tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder, **overrides
     pool = {"launch_template_id": cloud.launch_template_id, "subnet_id": cloud.subnet_id}
     static = overrides.pop("static_nodes", ())
     pools = {
-        "train": nodes.parse_pool("train", {**pool, "static_nodes": list(static)}),
-        "train-spot": nodes.parse_pool("train-spot", {**pool, "subnet_id": None}),
+        "train": parse_pool("train", {**pool, "static_nodes": list(static)}),
+        "train-spot": parse_pool("train-spot", {**pool, "subnet_id": None}),
     }
     values = {"state_dir": tmp_path / "state", **overrides}
-    return nodes.Settings(cloud.stack, REGION, slurm.scontrol, pools, **values)
+    return Settings(cloud.stack, REGION, slurm.scontrol, pools, **values)
 
 
 def ec2_nodes(cloud: Cloud, slurm: SlurmRecorder) -> Any:
     client = boto3.client("ec2", region_name=REGION, endpoint_url=cloud.url)
-    return nodes.Ec2Nodes(RecordingEc2(client, slurm), cloud.stack)
+    return Ec2Nodes(RecordingEc2(client, slurm), cloud.stack)
 
 
 def write_config(
@@ -272,8 +277,8 @@ def write_config(
 
 
 def run_program(config: Path, cloud: Cloud, *args: str) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, str(PROGRAM), "--config", str(config), "--endpoint-url", cloud.url, *args]
-    env = {**os.environ, **CREDENTIALS, "AWS_DEFAULT_REGION": REGION}
+    argv = [*PROGRAM, "--config", str(config), "--endpoint-url", cloud.url, *args]
+    env = program_env(**CREDENTIALS, AWS_DEFAULT_REGION=REGION)
     return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, check=False)
 
 
@@ -304,22 +309,22 @@ def address_updates(slurm: SlurmRecorder) -> dict[str, str]:
     ],
 )
 def test_hostlist_expansion(hostlist: str, expected: list[str]) -> None:
-    assert nodes.expand_hostlist(hostlist) == expected
+    assert expand_hostlist(hostlist) == expected
 
 
 @pytest.mark.parametrize("hostlist", ["", "a-[1-", "a-1]", "a-[3-1]", "a-[x]", "a-[[1]]", "a-[1-]"])
 def test_malformed_hostlists_are_usage_errors(hostlist: str) -> None:
-    with pytest.raises(nodes.UsageError):
-        nodes.expand_hostlist(hostlist)
+    with pytest.raises(UsageError):
+        expand_hostlist(hostlist)
 
 
 def test_node_names_map_to_the_longest_matching_pool() -> None:
-    pools = {name: nodes.Pool(name, "lt-1", None, ()) for name in ("train", "train-spot")}
-    assert nodes.pool_of("train-spot-3", pools) == "train-spot"
-    assert nodes.pool_of("train-3", pools) == "train"
-    assert nodes.pool_of("train-spot", pools) is None
-    assert nodes.pool_of("infer-1", pools) is None
-    assert nodes.pool_of("train-1a", pools) is None
+    pools = {name: Pool(name, "lt-1", None, ()) for name in ("train", "train-spot")}
+    assert pool_of("train-spot-3", pools) == "train-spot"
+    assert pool_of("train-3", pools) == "train"
+    assert pool_of("train-spot", pools) is None
+    assert pool_of("infer-1", pools) is None
+    assert pool_of("train-1a", pools) is None
 
 
 # --- resume / suspend against EC2 -----------------------------------------------------------------
@@ -381,7 +386,7 @@ def test_spot_pool_without_subnet_launches_from_the_template(
 def test_a_name_outside_the_pools_fails_clearly(tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder) -> None:
     config = write_config(tmp_path, cloud, slurm)
     result = run_program(config, cloud, "resume", "infer-1,train-0")
-    assert result.returncode == nodes.EXIT_UNKNOWN_NODE
+    assert result.returncode == EXIT_UNKNOWN_NODE
     assert "infer-1 belong to no configured pool (pools: train,train-spot)" in result.stderr
     assert [tags_of(i)["gpuplat:node"] for i in cloud.instances()] == ["train-0"]
     assert list(address_updates(slurm)) == ["train-0"]
@@ -392,7 +397,7 @@ def test_launch_failure_powers_the_names_down_with_the_aws_error(
 ) -> None:
     config = write_config(tmp_path, cloud, slurm, subnet_id="subnet-0123456789abcdef0")
     result = run_program(config, cloud, "resume", "train-[3-4]")
-    assert result.returncode == nodes.EXIT_FAILED
+    assert result.returncode == EXIT_FAILED
     assert cloud.instances() == []
     assert slurm.calls() == [
         [
@@ -435,10 +440,10 @@ def test_names_ec2_cannot_serve_are_powered_down_so_their_jobs_requeue(
     """POWER_DOWN_FORCE on a POWERING_UP node requeues its jobs and, through the suspend it starts,
     brings the name back to IDLE+POWERED_DOWN (module docstring): the names are tried again."""
     client = boto3.client("ec2", region_name=REGION, endpoint_url=cloud.url)
-    ec2 = nodes.Ec2Nodes(CapacityShortEc2(client, slurm), cloud.stack)
+    ec2 = Ec2Nodes(CapacityShortEc2(client, slurm), cloud.stack)
     settings = settings_for(tmp_path, cloud, slurm)
-    status = nodes.resume(settings, ec2, nodes.Slurm(slurm.scontrol), ["train-0", "train-1", "train-2"])
-    assert status == nodes.EXIT_FAILED
+    status = resume(settings, ec2, Slurm(slurm.scontrol), ["train-0", "train-1", "train-2"])
+    assert status == EXIT_FAILED
     [launched] = cloud.instances()
     assert tags_of(launched)["gpuplat:node"] == "train-0"
     assert [call for call in slurm.calls() if call[0] == "scontrol"] == [
@@ -477,13 +482,11 @@ def test_a_capacity_error_returns_the_names_at_once_not_after_botocore_retries(
         "127.0.0.1", upstream, faults, boto3.client("ec2", region_name=REGION, endpoint_url=cloud.url)
     )
     try:
-        ec2 = nodes.ec2_nodes(REGION, proxy.url, cloud.stack)
-        status = nodes.resume(
-            settings_for(tmp_path, cloud, slurm), ec2, nodes.Slurm(slurm.scontrol), ["train-0"]
-        )
+        ec2 = program_ec2.ec2_nodes(REGION, proxy.url, cloud.stack)
+        status = resume(settings_for(tmp_path, cloud, slurm), ec2, Slurm(slurm.scontrol), ["train-0"])
     finally:
         proxy.stop()
-    assert status == nodes.EXIT_FAILED
+    assert status == EXIT_FAILED
     assert faults.count("RunInstances") == 1
     assert not cloud.instances()
     assert slurm.calls()[-1][3:] == [
@@ -514,11 +517,11 @@ def test_an_instance_without_address_is_terminated_and_its_name_powered_down(
     tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Left as it was, the node would wait out ResumeTimeout (30 min) with an instance it cannot use."""
-    monkeypatch.setattr(nodes, "ADDRESS_WAIT_S", 0.0)
+    monkeypatch.setattr(program_ec2, "ADDRESS_WAIT_S", 0.0)
     client = boto3.client("ec2", region_name=REGION, endpoint_url=cloud.url)
-    ec2 = nodes.Ec2Nodes(AddresslessEc2(client, slurm), cloud.stack)
-    status = nodes.resume(settings_for(tmp_path, cloud, slurm), ec2, nodes.Slurm(slurm.scontrol), ["train-5"])
-    assert status == nodes.EXIT_FAILED
+    ec2 = Ec2Nodes(AddresslessEc2(client, slurm), cloud.stack)
+    status = resume(settings_for(tmp_path, cloud, slurm), ec2, Slurm(slurm.scontrol), ["train-5"])
+    assert status == EXIT_FAILED
     [instance] = cloud.instances(gpuplat_node="train-5")
     assert instance["State"]["Name"] == "terminated"
     calls = slurm.calls()
@@ -554,7 +557,7 @@ def test_resume_fail_terminates_then_returns_the_nodes_to_power_saving(
             "update",
             "nodename=train-1",
             "state=power_down_force",
-            f"reason={nodes.REASON_RESUME_FAIL}",
+            f"reason={REASON_RESUME_FAIL}",
         ]
     ]
 
@@ -563,13 +566,13 @@ def test_resume_fail_powers_down_only_after_terminating(
     tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
 ) -> None:
     first, second = cloud.launch("train-spot-2", "train-spot"), cloud.launch("train-spot-3", "train-spot")
-    status = nodes.resume_fail(
+    status = resume_fail(
         settings_for(tmp_path, cloud, slurm),
         ec2_nodes(cloud, slurm),
-        nodes.Slurm(slurm.scontrol),
+        Slurm(slurm.scontrol),
         ["train-spot-2", "train-spot-3", "infer-0"],
     )
-    assert status == nodes.EXIT_UNKNOWN_NODE, "infer-0 belongs to no pool; the others are handled"
+    assert status == EXIT_UNKNOWN_NODE, "infer-0 belongs to no pool; the others are handled"
     [terminate, power_down] = slurm.calls()
     assert terminate[:2] == ["ec2", "terminate_instances"] and set(terminate[2].split(",")) == {first, second}
     assert power_down == [
@@ -577,7 +580,7 @@ def test_resume_fail_powers_down_only_after_terminating(
         "update",
         "nodename=train-spot-2,train-spot-3",
         "state=power_down_force",
-        f"reason={nodes.REASON_RESUME_FAIL}",
+        f"reason={REASON_RESUME_FAIL}",
     ]
 
 
@@ -585,33 +588,41 @@ def test_bad_configuration_is_a_usage_error(tmp_path: Path, cloud: Cloud) -> Non
     config = tmp_path / "broken.json"
     config.write_text('{"stack": "s"}')
     result = run_program(config, cloud, "suspend", "train-0")
-    assert result.returncode == nodes.EXIT_USAGE
+    assert result.returncode == EXIT_USAGE
     assert "missing or malformed entry 'pools'" in result.stderr
 
 
 def test_slurm_wrappers_hand_the_hostlist_to_the_program(
     tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
 ) -> None:
-    """The role's ResumeProgram/SuspendProgram wrappers, rendered, as Slurm runs them (AWS_ENDPOINT_URL)."""
+    """The role's ResumeProgram/SuspendProgram wrappers and the launcher they run (gpuplat-ec2-nodes),
+    rendered, as Slurm runs them (AWS_ENDPOINT_URL; the launcher finds the package by itself)."""
     jinja2 = pytest.importorskip("jinja2")
     yaml = pytest.importorskip("yaml")
-    role = PROGRAM.parents[1]
-    wrappers = yaml.safe_load((role / "vars" / "main.yml").read_text())["__slurm_elastic_wrappers"]
+    wrappers = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())["__slurm_elastic_wrappers"]
     assert {w["path"]: w["command"] for w in wrappers} == {
         "/usr/local/sbin/gpuplat-slurm-resume": "resume",
         "/usr/local/sbin/gpuplat-slurm-suspend": "suspend",
         "/usr/local/sbin/gpuplat-slurm-resume-fail": "resume-fail",
     }
-    template = jinja2.Template((role / "templates" / "gpuplat-slurm-wrapper.j2").read_text())
+    template = jinja2.Template((ROLE / "templates" / "gpuplat-slurm-wrapper.j2").read_text())
     log_file = tmp_path / "ec2-nodes.log"
+    launcher = tmp_path / "gpuplat-ec2-nodes"
+    launcher.write_text(
+        jinja2.Template((ROLE / "templates" / "gpuplat-ec2-nodes.j2").read_text()).render(
+            ansible_managed="test",
+            __slurm_elastic_program_lib=PACKAGE_PARENT,
+            __slurm_elastic_package_dir=PACKAGE_PARENT / "gpuplat_ec2_nodes",
+        )
+    )
     context = {
         "ansible_managed": "test",
-        "__slurm_elastic_program": f"{sys.executable} {PROGRAM}",
+        "__slurm_elastic_program": f"{sys.executable} {launcher}",
         "__slurm_elastic_config": write_config(tmp_path, cloud, slurm),
         "__slurm_elastic_log_file": log_file,
         "slurm_elastic_endpoint_url": "",
     }
-    options = yaml.safe_load((role / "vars" / "main.yml").read_text())["__slurm_elastic_options"]
+    options = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())["__slurm_elastic_options"]
     context["__slurm_elastic_options"] = jinja2.Template(options).render(**context)
     for wrapper in wrappers:
         script = tmp_path / Path(wrapper["path"]).name
@@ -652,8 +663,8 @@ def test_node_lines_give_flags_address_and_reason() -> None:
             show_node("a-3", "IDLE+CLOUD+DRAIN", "disk full on /scratch"),
         ]
     )
-    parsed = nodes.parse_nodes(text)
-    assert parsed["a-1"] == nodes.NodeInfo("a-1", frozenset({"ALLOCATED", "CLOUD"}), "10.0.0.7", "")
+    parsed = parse_nodes(text)
+    assert parsed["a-1"] == NodeInfo("a-1", frozenset({"ALLOCATED", "CLOUD"}), "10.0.0.7", "")
     assert parsed["a-2"].flags == {"DOWN", "CLOUD", "POWERED_DOWN"}
     assert parsed["a-2"].reason == "ResumeTimeout reached [slurm@2026-12-01T09:10:00]"
     assert parsed["a-3"].reason.startswith("disk full on /scratch")
@@ -661,10 +672,10 @@ def test_node_lines_give_flags_address_and_reason() -> None:
 
 def test_squeue_rows_give_batch_and_requeue_flags() -> None:
     text = f"{101:<20}{1:<20}{1:<20}\n{102:<20}{0:<20}{1:<20}\n{103:<20}{1:<20}{0:<20}\n"
-    assert nodes.parse_jobs(text) == [
-        nodes.Job("101", batch=True, requeue=True),
-        nodes.Job("102", batch=False, requeue=True),
-        nodes.Job("103", batch=True, requeue=False),
+    assert parse_jobs(text) == [
+        Job("101", batch=True, requeue=True),
+        Job("102", batch=False, requeue=True),
+        Job("103", batch=True, requeue=False),
     ]
 
 
@@ -754,7 +765,7 @@ def test_instance_profile_credentials_survive_a_slow_metadata_answer(
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
     imds.credential_delays = [1.5]
-    client = nodes.ec2_client(REGION, cloud.url)
+    client = program_ec2.ec2_client(REGION, cloud.url)
     assert "Reservations" in client.describe_instances()
     assert imds.requests.count(f"GET {CREDENTIALS_PATH}/{INSTANCE_ROLE}") >= 1
 
@@ -773,9 +784,9 @@ def test_spot_watch_without_notice_does_nothing(
         if len(sleeps) == 3:
             raise StopWatching
 
-    watch = nodes.SpotWatch("train-spot-1", imds.url, grace_s=0.1, interval_s=5.0)
+    watch = SpotWatch("train-spot-1", imds.url, grace_s=0.1, interval_s=5.0)
     with pytest.raises(StopWatching):
-        nodes.spot_watch(watch, nodes.Slurm(slurm.scontrol), sleep=sleep)
+        spot_watch(watch, Slurm(slurm.scontrol), sleep=sleep)
     assert sleeps == [5.0, 5.0, 5.0]
     assert imds.requests == ["PUT /latest/api/token", "GET /latest/meta-data/spot/instance-action"] * 3
     assert slurm.calls() == []
@@ -787,8 +798,8 @@ def test_spot_watch_keeps_polling_through_imds_errors(
 ) -> None:
     imds.responses = [500, 404, 200]
     sleeps: list[float] = []
-    watch = nodes.SpotWatch("train-spot-1", imds.url, grace_s=30.0, interval_s=5.0)
-    assert nodes.spot_watch(watch, nodes.Slurm(slurm.scontrol), sleep=sleeps.append) == nodes.EXIT_OK
+    watch = SpotWatch("train-spot-1", imds.url, grace_s=30.0, interval_s=5.0)
+    assert spot_watch(watch, Slurm(slurm.scontrol), sleep=sleeps.append) == EXIT_OK
     assert sleeps == [5.0, 5.0, 30.0], "two polls, then the grace period after the notice"
     assert "HTTP Error 500" in caplog.text
     calls = slurm.calls()
@@ -805,9 +816,9 @@ def test_spot_watch_unreachable_imds_is_logged_not_fatal(slurm: SlurmRecorder) -
         if len(sleeps) == 2:
             raise StopWatching
 
-    watch = nodes.SpotWatch("train-spot-1", "http://127.0.0.1:9", grace_s=0.1, interval_s=5.0)
+    watch = SpotWatch("train-spot-1", "http://127.0.0.1:9", grace_s=0.1, interval_s=5.0)
     with pytest.raises(StopWatching):
-        nodes.spot_watch(watch, nodes.Slurm(slurm.scontrol), sleep=sleep)
+        spot_watch(watch, Slurm(slurm.scontrol), sleep=sleep)
     assert slurm.calls() == []
 
 
@@ -836,12 +847,12 @@ def test_spot_notice_terms_the_steps_powers_down_then_requeues_the_jobs_that_end
     imds.responses = [200]
     slurm.jobs((101, 1, 1), (102, 0, 1), (103, 1, 0), (104, 1, 1), (105, 1, 1))  # 102 srun, 103 --no-requeue
     slurm.states((101, "PENDING"), (104, "COMPLETED"), (105, "FAILED"))
-    watch = nodes.SpotWatch("train-spot-1", imds.url, grace_s=90.0, interval_s=5.0)
+    watch = SpotWatch("train-spot-1", imds.url, grace_s=90.0, interval_s=5.0)
 
     def sleep(seconds: float) -> None:
         slurm.note("sleep", str(seconds))
 
-    assert nodes.spot_watch(watch, nodes.Slurm(slurm.scontrol), sleep=sleep) == nodes.EXIT_OK
+    assert spot_watch(watch, Slurm(slurm.scontrol), sleep=sleep) == EXIT_OK
     assert slurm.calls() == [
         ["scontrol", "update", "nodename=train-spot-1", "state=drain", SPOT_REASON],
         SQUEUE_JOBS_ON_SPOT_1,
@@ -859,8 +870,8 @@ def test_spot_notice_requeues_nothing_itself_when_every_job_was_still_running(
     imds.responses = [200]
     slurm.jobs((101, 1, 1))
     slurm.states((101, "PENDING"))
-    watch = nodes.SpotWatch("train-spot-1", imds.url, grace_s=1.0, interval_s=5.0)
-    assert nodes.spot_watch(watch, nodes.Slurm(slurm.scontrol), sleep=lambda _: None) == nodes.EXIT_OK
+    watch = SpotWatch("train-spot-1", imds.url, grace_s=1.0, interval_s=5.0)
+    assert spot_watch(watch, Slurm(slurm.scontrol), sleep=lambda _: None) == EXIT_OK
     assert slurm.calls()[-2:] == [
         ["scontrol", "update", "nodename=train-spot-1", "state=power_down_force", SPOT_REASON],
         squeue_states("101"),
@@ -871,8 +882,8 @@ def test_spot_notice_without_squeue_still_terms_and_powers_down(imds: FakeImds, 
     """Without the job list, POWER_DOWN_FORCE's own requeue (of jobs still running) is what is left."""
     imds.responses = [200]
     slurm.fail("squeue")
-    watch = nodes.SpotWatch("train-spot-1", imds.url, grace_s=1.0, interval_s=5.0)
-    assert nodes.spot_watch(watch, nodes.Slurm(slurm.scontrol), sleep=lambda _: None) == nodes.EXIT_FAILED
+    watch = SpotWatch("train-spot-1", imds.url, grace_s=1.0, interval_s=5.0)
+    assert spot_watch(watch, Slurm(slurm.scontrol), sleep=lambda _: None) == EXIT_FAILED
     assert [call[:2] for call in slurm.calls()] == [
         ["scontrol", "update"],
         ["squeue", "--noheader"],
@@ -887,8 +898,7 @@ def test_spot_watch_program_handles_a_notice_within_the_grace(imds: FakeImds, sl
     slurm.jobs((7, 1, 1))
     slurm.states((7, "COMPLETED"))
     argv = [
-        sys.executable,
-        str(PROGRAM),
+        *PROGRAM,
         "spot-watch",
         "--node-name=train-spot-1",
         f"--imds-url={imds.url}",
@@ -897,7 +907,7 @@ def test_spot_watch_program_handles_a_notice_within_the_grace(imds: FakeImds, sl
         "--interval-seconds=0.1",
     ]
     started = time.monotonic()
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=program_env(), check=False)
     assert result.returncode == 0, result.stderr
     assert slurm.calls() == [
         ["scontrol", "update", "nodename=train-spot-1", "state=drain", SPOT_REASON],

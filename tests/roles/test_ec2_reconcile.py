@@ -11,12 +11,17 @@ import json
 from pathlib import Path
 from typing import Any
 
+from gpuplat_ec2_nodes.ec2 import Ec2Nodes
+from gpuplat_ec2_nodes.exit_codes import EXIT_FAILED, EXIT_OK
+from gpuplat_ec2_nodes.reconcile import REASON_RECOVER, reconcile
+from gpuplat_ec2_nodes.slurm import Slurm
+from gpuplat_ec2_nodes.teardown import teardown
+
 from tests.roles import test_ec2_nodes as harness
 from tests.roles.test_ec2_nodes import (
     Cloud,
     SlurmRecorder,
     ec2_nodes,
-    nodes,
     run_program,
     settings_for,
     show_node,
@@ -34,7 +39,7 @@ def reconcile_at(tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder, now: float,
     """One in-process reconcile round at `now`, Slurm showing `lines`."""
     slurm.nodes(*lines)
     settings = settings_for(tmp_path, cloud, slurm, orphan_grace_s=300.0, static_nodes=["train-0"])
-    return int(nodes.reconcile(settings, ec2_nodes(cloud, slurm), nodes.Slurm(slurm.scontrol), now=now))
+    return int(reconcile(settings, ec2_nodes(cloud, slurm), Slurm(slurm.scontrol), now=now))
 
 
 def launched_at(cloud: Cloud, instance_id: str) -> float:
@@ -128,7 +133,7 @@ def test_reconcile_terminates_nothing_without_slurms_node_list(
     instance = cloud.launch("train-1")
     slurm.fail("scontrol")
     result = run_program(write_config(tmp_path, cloud, slurm, NO_GRACE), cloud, "reconcile")
-    assert result.returncode == nodes.EXIT_FAILED
+    assert result.returncode == EXIT_FAILED
     assert "without Slurm's node list nothing is terminated" in result.stderr
     assert cloud.state(instance) == "running"
 
@@ -141,7 +146,7 @@ def test_a_failed_termination_is_tried_again_next_round(
     config = write_config(tmp_path, cloud, slurm, NO_GRACE)
     slurm.nodes(show_node("train-1", "IDLE+CLOUD"))
     first = run_program(config, cloud, "reconcile")
-    assert first.returncode == nodes.EXIT_FAILED
+    assert first.returncode == EXIT_FAILED
     assert f"{protected} is still there; trying again next round" in first.stderr
     assert cloud.state(plain) == "terminated", "one instance that cannot go does not hold back the others"
     cloud.protect(protected, False)
@@ -166,8 +171,8 @@ def test_reconcile_returns_failed_resumes_to_power_saving(
         show_node("train-spot-7", "IDLE+CLOUD+POWERED_DOWN", ICE),
     )  # fmt: skip
     settings = settings_for(tmp_path, cloud, slurm, static_nodes=["train-0"], orphan_grace_s=3600.0)
-    status = nodes.reconcile(settings, ec2_nodes(cloud, slurm), nodes.Slurm(slurm.scontrol))
-    assert status == nodes.EXIT_OK
+    status = reconcile(settings, ec2_nodes(cloud, slurm), Slurm(slurm.scontrol))
+    assert status == EXIT_OK
     assert slurm.calls()[1:] == [
         ["ec2", "terminate_instances", leftover],
         [
@@ -175,7 +180,7 @@ def test_reconcile_returns_failed_resumes_to_power_saving(
             "update",
             "nodename=train-spot-2,train-spot-3",
             "state=power_down_force",
-            f"reason={nodes.REASON_RECOVER}",
+            f"reason={REASON_RECOVER}",
         ],
     ]
 
@@ -203,7 +208,7 @@ def test_teardown_lists_what_is_left_and_fails(tmp_path: Path, cloud: Cloud, slu
     cloud.protect(stuck)
     config = write_config(tmp_path, cloud, slurm)
     result = run_program(config, cloud, "teardown", "--timeout-seconds=0.3", "--poll-seconds=0.1")
-    assert result.returncode == nodes.EXIT_FAILED
+    assert result.returncode == EXIT_FAILED
     assert f"teardown: left: {stuck} (train-0, running)" in result.stderr
     assert cloud.state(gone) == "terminated"
 
@@ -214,7 +219,7 @@ def test_teardown_waits_for_instances_still_shutting_down(
     """Shutting-down instances still hold their network interfaces: teardown waits them out."""
     instance = cloud.launch("train-0")
 
-    class ShuttingDownAWhile(nodes.Ec2Nodes):  # moto terminates at once; EC2 takes a while
+    class ShuttingDownAWhile(Ec2Nodes):  # moto terminates at once; EC2 takes a while
         listings = 0
 
         def pool_instances(self, pools: Any, states: Any) -> list[dict[str, Any]]:
@@ -227,7 +232,7 @@ def test_teardown_waits_for_instances_still_shutting_down(
     client = harness.boto3.client("ec2", region_name=harness.REGION, endpoint_url=cloud.url)
     ec2 = ShuttingDownAWhile(harness.RecordingEc2(client, slurm), cloud.stack)
     sleeps: list[float] = []
-    status = nodes.teardown(settings_for(tmp_path, cloud, slurm), ec2, 60.0, 5.0, sleep=sleeps.append)
-    assert status == nodes.EXIT_OK
+    status = teardown(settings_for(tmp_path, cloud, slurm), ec2, 60.0, 5.0, sleep=sleeps.append)
+    assert status == EXIT_OK
     assert sleeps == [5.0, 5.0, 5.0] and ec2.listings == 4
     assert slurm.calls() == [["ec2", "terminate_instances", instance]], "shutting-down is not asked again"

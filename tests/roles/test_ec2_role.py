@@ -9,14 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gpuplat_ec2_nodes.settings import load_settings
 
 from tests.roles.ansible_values import render_value
-from tests.roles.test_ec2_nodes import PROGRAM, nodes
+from tests.roles.test_ec2_nodes import ROLE
 
 yaml = pytest.importorskip("yaml")
 jinja2 = pytest.importorskip("jinja2")
-
-ROLE = PROGRAM.parents[1]
 
 
 def load(relative: str) -> Any:
@@ -127,7 +126,7 @@ def test_the_settings_file_is_what_the_program_reads(tmp_path: Path) -> None:
     )
     path = tmp_path / "ec2-nodes.json"
     path.write_text(json.dumps(variables["__slurm_elastic_settings"]))
-    settings = nodes.load_settings(path)
+    settings = load_settings(path)
     assert settings.state_dir == Path("/var/lib/gpuplat")
     assert (settings.orphan_grace_s, settings.static_backoff_base_s, settings.static_backoff_max_s) == (
         120.0,
@@ -135,3 +134,28 @@ def test_the_settings_file_is_what_the_program_reads(tmp_path: Path) -> None:
         3600.0,
     )
     assert settings.static_nodes == ["train-0"]
+
+
+def test_the_role_installs_the_whole_package_where_its_launcher_looks() -> None:
+    """tasks/program.yml copies files/gpuplat_ec2_nodes/*.py one by one (not the __pycache__ the tests
+    leave there), so the package stays flat; the launcher the wrappers and units run puts the directory
+    holding the package first on sys.path, and the spot watcher restarts when any of it changes."""
+    package = ROLE / "files" / "gpuplat_ec2_nodes"
+    assert [p.name for p in package.iterdir() if p.is_dir() and p.name != "__pycache__"] == []
+    assert {"__init__.py", "__main__.py", "cli.py"} <= {p.name for p in package.glob("*.py")}
+    tasks = {task["name"]: task for task in load("tasks/program.yml")}
+    modules = tasks["Install the gpuplat-ec2-nodes package"]
+    assert modules["loop"] == "{{ query('ansible.builtin.fileglob', 'gpuplat_ec2_nodes/*.py') | sort }}"
+    copy = modules["ansible.builtin.copy"]
+    assert copy["dest"] == "{{ __slurm_elastic_package_dir }}/{{ item | basename }}"
+    variables = role_variables()
+    lib = variables["__slurm_elastic_program_lib"]
+    assert variables["__slurm_elastic_package_dir"] == f"{lib}/gpuplat_ec2_nodes"
+    launcher_task = tasks["Install gpuplat-ec2-nodes (runs the package)"]
+    assert launcher_task["ansible.builtin.template"]["dest"] == "{{ __slurm_elastic_program }}"
+    assert variables["__slurm_elastic_program"] == "/usr/local/sbin/gpuplat-ec2-nodes"
+    launcher = render("gpuplat-ec2-nodes.j2", variables)
+    assert f'sys.path.insert(0, "{lib}")' in launcher
+    compile(launcher, "gpuplat-ec2-nodes", "exec")
+    for task in (modules, launcher_task):
+        assert task["notify"] == "slurm_elastic spot-watch changed"

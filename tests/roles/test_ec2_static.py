@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from gpuplat_ec2_nodes.exit_codes import EXIT_FAILED, EXIT_OK
+from gpuplat_ec2_nodes.keep_static import keep_static, static_action
+from gpuplat_ec2_nodes.slurm import NodeInfo, Slurm
 
 from tests.roles import test_ec2_nodes as harness
 from tests.roles.test_ec2_nodes import (
@@ -22,7 +24,7 @@ from tests.roles.test_ec2_nodes import (
     Cloud,
     SlurmRecorder,
     ec2_nodes,
-    nodes,
+    program_env,
     run_program,
     settings_for,
     show_node,
@@ -109,8 +111,8 @@ def keep_static_at(
     slurm.nodes(show_node("train-0", state))
     values = {"static_nodes": ["train-0"], "static_backoff_base_s": 60.0, "static_backoff_max_s": 600.0}
     config = settings_for(tmp_path, cloud, slurm, **{**values, **settings})
-    status = nodes.keep_static(config, nodes.Slurm(slurm.scontrol), ec2_nodes(cloud, slurm), now=now)
-    assert status == nodes.EXIT_OK
+    status = keep_static(config, Slurm(slurm.scontrol), ec2_nodes(cloud, slurm), now=now)
+    assert status == EXIT_OK
     return scontrol_updates(slurm)[before:]
 
 
@@ -154,8 +156,8 @@ def test_keep_static_reports_static_nodes_slurm_does_not_know(
 ) -> None:
     settings = settings_for(tmp_path, cloud, slurm, static_nodes=["train-0", "train-9"])
     slurm.nodes(show_node("train-0", "IDLE+CLOUD"))
-    status = nodes.keep_static(settings, nodes.Slurm(slurm.scontrol), ec2_nodes(cloud, slurm))
-    assert status == nodes.EXIT_FAILED
+    status = keep_static(settings, Slurm(slurm.scontrol), ec2_nodes(cloud, slurm))
+    assert status == EXIT_FAILED
     assert slurm.calls() == [["scontrol", "-o", "show", "node"]]
 
 
@@ -165,8 +167,8 @@ def test_keep_static_does_nothing_when_scontrol_fails(
     instance = cloud.launch("train-0")
     slurm.fail("scontrol")
     settings = settings_for(tmp_path, cloud, slurm, static_nodes=["train-0"])
-    status = nodes.keep_static(settings, nodes.Slurm(slurm.scontrol), ec2_nodes(cloud, slurm))
-    assert status == nodes.EXIT_FAILED
+    status = keep_static(settings, Slurm(slurm.scontrol), ec2_nodes(cloud, slurm))
+    assert status == EXIT_FAILED
     assert cloud.state(instance) == "running"
 
 
@@ -180,8 +182,8 @@ def test_keep_static_without_static_nodes_needs_no_slurm(tmp_path: Path, slurm: 
 
 
 def run_keep_static(config: Path) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, str(PROGRAM), "--config", str(config), "keep-static"]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    argv = [*PROGRAM, "--config", str(config), "keep-static"]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, env=program_env(), check=False)
 
 
 @pytest.mark.parametrize(
@@ -200,5 +202,5 @@ def run_keep_static(config: Path) -> subprocess.CompletedProcess[str]:
     ],
 )
 def test_static_node_states_and_what_they_need(state: str, action: str) -> None:
-    node = nodes.NodeInfo("train-0", frozenset(state.split("+")))
-    assert nodes.static_action(node) == action
+    node = NodeInfo("train-0", frozenset(state.split("+")))
+    assert static_action(node) == action

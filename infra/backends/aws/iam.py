@@ -142,7 +142,7 @@ _OWNERLESS = ("image", "snapshot")
 # What a launch from those templates creates and tags (the templates' tag specifications, the request's).
 _TAGGED_AT_LAUNCH = ("instance", "volume", "network-interface", "spot-instances-request")
 # The tags the resume program sets on an instance after launch (roles/slurm_elastic/files/
-# gpuplat_ec2_nodes.py, Ec2Nodes.tag_node): its node name and its Name. Nothing else, on existing
+# gpuplat_ec2_nodes/ec2.py, Ec2Nodes.tag_node): its node name and its Name. Nothing else, on existing
 # instances: never gpuplat:stack, which the termination condition trusts.
 NODE_TAG_KEYS = (TAG_NODE, "Name")
 
@@ -177,7 +177,7 @@ def cluster_manager_statements(
       already carries this stack's tag and then only the keys the resume program sets (gpuplat:node,
       Name): gpuplat:stack is never changed on an existing instance;
     - TerminateInstances only of instances tagged with this stack.
-    What the resume program does (roles/slurm_elastic/files/gpuplat_ec2_nodes.py) stays allowed:
+    What the resume program does (roles/slurm_elastic/files/gpuplat_ec2_nodes) stays allowed:
     RunInstances with LaunchTemplate and TagSpecifications (gpuplat:stack, gpuplat:pool), then
     CreateTags (gpuplat:node, Name) on the new instance. The pattern is Karpenter's controller policy
     (aws/karpenter-provider-aws, getting-started cloudformation.yaml: AllowScopedEC2InstanceActions,

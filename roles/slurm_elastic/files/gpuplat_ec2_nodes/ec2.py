@@ -1,0 +1,243 @@
+"""EC2's side: the stack's instances (found by their tags), launched, tagged and terminated, and the
+boto3 clients that ask EC2."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import boto3
+import botocore.session
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+
+from .logs import LOG
+from .settings import Pool
+
+TAG_STACK = "gpuplat:stack"
+TAG_POOL = "gpuplat:pool"
+TAG_NODE = "gpuplat:node"
+LIVE_STATES = ("pending", "running")
+TERMINABLE_STATES = ("pending", "running", "stopping", "stopped")
+NOT_TERMINATED_STATES = (*TERMINABLE_STATES, "shutting-down")
+# EC2 accepts at most 200 values per describe filter, and 1000 instance IDs per TerminateInstances.
+FILTER_VALUES_MAX = 200
+TERMINATE_MAX = 1000
+
+ADDRESS_WAIT_S = 60.0
+ADDRESS_POLL_S = 2.0
+IMDS_TIMEOUT_S = 2
+
+ErrorTypes = (ClientError, BotoCoreError)
+
+
+def error_code(err: Exception) -> str:
+    if isinstance(err, ClientError):
+        return str(err.response.get("Error", {}).get("Code", "ClientError"))
+    return type(err).__name__
+
+
+def chunks(items: Sequence[str], size: int) -> Iterator[list[str]]:
+    for start in range(0, len(items), size):
+        yield list(items[start : start + size])
+
+
+def tag_value(instance: dict[str, Any], key: str) -> str | None:
+    return next((tag["Value"] for tag in instance.get("Tags", []) if tag["Key"] == key), None)
+
+
+def launch_time(instance: dict[str, Any]) -> float:
+    return float(instance["LaunchTime"].timestamp())
+
+
+def describe_label(instance: dict[str, Any]) -> str:
+    node = tag_value(instance, TAG_NODE) or "no gpuplat:node tag"
+    return f"{instance['InstanceId']} ({node}, {instance['State']['Name']})"
+
+
+class Ec2Nodes:
+    """The stack's instances. `launch_client` asks RunInstances once (ec2_nodes); `client` the rest."""
+
+    def __init__(self, client: Any, stack: str, launch_client: Any = None) -> None:
+        self.client = client
+        self.launch_client = launch_client if launch_client is not None else client
+        self.stack = stack
+
+    def describe(self, filters: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        paginator = self.client.get_paginator("describe_instances")
+        found: list[dict[str, Any]] = []
+        for page in paginator.paginate(
+            Filters=[{"Name": f"tag:{TAG_STACK}", "Values": [self.stack]}, *filters]
+        ):
+            for reservation in page["Reservations"]:
+                found.extend(reservation["Instances"])
+        return found
+
+    def instances_of(self, names: Sequence[str], states: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+        """Instances of this stack tagged with the node names, by name."""
+        found: dict[str, list[dict[str, Any]]] = {}
+        for batch in chunks(names, FILTER_VALUES_MAX):
+            filters = [
+                {"Name": f"tag:{TAG_NODE}", "Values": batch},
+                {"Name": "instance-state-name", "Values": list(states)},
+            ]
+            for instance in self.describe(filters):
+                found.setdefault(str(tag_value(instance, TAG_NODE)), []).append(instance)
+        return found
+
+    def pool_instances(self, pools: Sequence[str], states: Sequence[str]) -> list[dict[str, Any]]:
+        """Instances of this stack and these pools, tagged with a node name or not."""
+        found: list[dict[str, Any]] = []
+        for batch in chunks(sorted(pools), FILTER_VALUES_MAX):
+            filters = [
+                {"Name": f"tag:{TAG_POOL}", "Values": batch},
+                {"Name": "instance-state-name", "Values": list(states)},
+            ]
+            found.extend(self.describe(filters))
+        return found
+
+    def launch(self, pool: Pool, names: Sequence[str]) -> tuple[dict[str, dict[str, Any]], str | None]:
+        """Launch one instance per name; the instances by name and the error code of those missing.
+
+        After a partial launch (EC2 may start fewer than MaxCount) the rest is asked for again, which
+        either starts more (each round at least one, so this ends) or fails with EC2's error code.
+        """
+        launched: dict[str, dict[str, Any]] = {}
+        remaining = list(names)
+        while remaining:
+            try:
+                response = self.launch_client.run_instances(**self.launch_request(pool, len(remaining)))
+            except ErrorTypes as err:
+                LOG.error(
+                    "resume: pool %s: run_instances for %s failed: %s", pool.name, ",".join(remaining), err
+                )
+                return launched, error_code(err)
+            instances = response["Instances"]
+            if not instances:
+                return launched, "NoInstanceStarted"
+            if len(instances) < len(remaining):
+                LOG.warning(
+                    "resume: pool %s: EC2 started %d of %d instances",
+                    pool.name,
+                    len(instances),
+                    len(remaining),
+                )
+            batch, remaining = remaining[: len(instances)], remaining[len(instances) :]
+            for name, instance in zip(batch, instances, strict=True):
+                if self.tag_node(name, instance):
+                    launched[name] = instance
+        return launched, None if len(launched) == len(names) else "TaggingFailed"
+
+    def launch_request(self, pool: Pool, count: int) -> dict[str, Any]:
+        tags = [{"Key": TAG_STACK, "Value": self.stack}, {"Key": TAG_POOL, "Value": pool.name}]
+        request: dict[str, Any] = {
+            "LaunchTemplate": {"LaunchTemplateId": pool.launch_template_id, "Version": "$Latest"},
+            "MinCount": 1,
+            "MaxCount": count,
+            "TagSpecifications": [{"ResourceType": "instance", "Tags": tags}],
+        }
+        if pool.subnet_id:
+            request["SubnetId"] = pool.subnet_id
+        return request
+
+    def tag_node(self, name: str, instance: dict[str, Any]) -> bool:
+        """Tag a new instance with its node name; an instance that cannot be tagged is terminated."""
+        instance_id = instance["InstanceId"]
+        tags = [{"Key": TAG_NODE, "Value": name}, {"Key": "Name", "Value": f"{self.stack}-{name}"}]
+        try:
+            self.client.create_tags(Resources=[instance_id], Tags=tags)
+        except ErrorTypes as err:
+            LOG.error("resume: cannot tag %s as %s (%s); terminating it", instance_id, name, err)
+            self.terminate([instance_id])
+            return False
+        LOG.info("resume: launched %s for %s", instance_id, name)
+        return True
+
+    def private_addresses(self, instances: dict[str, dict[str, Any]]) -> dict[str, str]:
+        """Private IPv4 address by node name, polling (bounded) for instances that have none yet."""
+        addresses = {
+            name: i["PrivateIpAddress"] for name, i in instances.items() if i.get("PrivateIpAddress")
+        }
+        deadline = time.monotonic() + ADDRESS_WAIT_S
+        while len(addresses) < len(instances) and time.monotonic() < deadline:
+            time.sleep(ADDRESS_POLL_S)
+            waiting = {instances[name]["InstanceId"]: name for name in instances if name not in addresses}
+            response = self.client.describe_instances(InstanceIds=list(waiting))
+            for reservation in response["Reservations"]:
+                for instance in reservation["Instances"]:
+                    if instance.get("PrivateIpAddress"):
+                        addresses[waiting[instance["InstanceId"]]] = instance["PrivateIpAddress"]
+        return addresses
+
+    def terminate(self, instance_ids: Sequence[str]) -> list[str]:
+        """Terminate the instances; the IDs that could not be terminated (logged).
+
+        One call per batch; when a batch fails (one protected or vanished instance fails the whole
+        call), each of its instances is tried on its own so the others still go.
+        """
+        failed: list[str] = []
+        for batch in chunks(instance_ids, TERMINATE_MAX):
+            try:
+                self.client.terminate_instances(InstanceIds=batch)
+            except ErrorTypes as err:
+                LOG.warning("terminate_instances of %d instances failed (%s); one by one", len(batch), err)
+                failed.extend(instance_id for instance_id in batch if not self.terminate_one(instance_id))
+        return failed
+
+    def terminate_one(self, instance_id: str) -> bool:
+        try:
+            self.client.terminate_instances(InstanceIds=[instance_id])
+        except ErrorTypes as err:
+            LOG.error("cannot terminate %s: %s", instance_id, err)
+            return False
+        return True
+
+
+def aws_session() -> boto3.session.Session:
+    """Instance-profile credentials come from the instance metadata, which botocore asks once with a
+    one-second timeout (botocore/configprovider.py: metadata_service_num_attempts 1,
+    metadata_service_timeout 1): one slow answer and the whole program run fails "Unable to locate
+    credentials" (seen in the box while its machines were busy). Asked up to 3 times, 2 s each."""
+    core = botocore.session.get_session()
+    core.set_config_variable("metadata_service_num_attempts", 3)
+    core.set_config_variable("metadata_service_timeout", IMDS_TIMEOUT_S)
+    return boto3.session.Session(botocore_session=core)
+
+
+def ec2_client(region: str, endpoint_url: str | None, total_attempts: int = 6) -> Any:
+    # botocore's `max_attempts` counts the retries; `total_max_attempts` counts the first call too.
+    retries = {"total_max_attempts": total_attempts, "mode": "standard"}
+    config = Config(connect_timeout=5, read_timeout=30, retries=retries)
+    return aws_session().client("ec2", region_name=region, endpoint_url=endpoint_url, config=config)
+
+
+def ec2_nodes(region: str, endpoint_url: str | None, stack: str) -> Ec2Nodes:
+    """EC2 answers InsufficientInstanceCapacity with HTTP 500 (a server error code, EC2 API Reference,
+    "Error codes"), which botocore's standard retry mode takes for a transient fault and asks again,
+    with back-off: the names of a pool out of capacity would be held through the retries instead of
+    returning to power saving at once, and the capacity error would never be seen. RunInstances is
+    asked once (the retry is Slurm's: the names come back through power saving and are resumed again
+    for their jobs); the other calls are retried. (ParallelCluster's resume retries once:
+    aws-parallelcluster-node v3.11.0, src/slurm_plugin/resume.py, DEFAULTS max_retry 1 as botocore
+    max_attempts.)"""
+    return Ec2Nodes(
+        ec2_client(region, endpoint_url),
+        stack,
+        launch_client=ec2_client(region, endpoint_url, total_attempts=1),
+    )
+
+
+def terminate_named(ec2: Ec2Nodes, names: Sequence[str], action: str) -> bool:
+    """Terminate every instance tagged with these node names (logged per name)."""
+    try:
+        found = ec2.instances_of(names, TERMINABLE_STATES)
+    except ErrorTypes as err:
+        LOG.error("%s: cannot look up the instances of %s: %s", action, ",".join(names), err)
+        return False
+    instance_ids = [instance["InstanceId"] for instances in found.values() for instance in instances]
+    failed = ec2.terminate(instance_ids) if instance_ids else []
+    for name in names:
+        ids = ",".join(i["InstanceId"] for i in found.get(name, []) if i["InstanceId"] not in failed)
+        LOG.info("%s: %s: terminated %s", action, name, ids or "no instance")
+    return not failed

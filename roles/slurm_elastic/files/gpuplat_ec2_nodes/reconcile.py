@@ -1,0 +1,224 @@
+"""reconcile (a systemd timer on the controller): the pools' instances that no node owns terminated,
+the nodes a failed resume left DOWN+POWERED_DOWN returned to power saving."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .ec2 import (
+    LIVE_STATES,
+    TAG_NODE,
+    TERMINABLE_STATES,
+    Ec2Nodes,
+    ErrorTypes,
+    describe_label,
+    launch_time,
+    tag_value,
+)
+from .exit_codes import EXIT_FAILED, EXIT_OK
+from .logs import LOG
+from .settings import Settings, pool_of
+from .slurm import GOING_UP, HELD, POWER_TRANSITIONS, POWERED_OFF, NodeInfo, Slurm
+from .state import number, read_state, write_state
+
+# Reasons of a DOWN+POWERED_DOWN node after a failed resume: Slurm's (power_save.c) and ours.
+FAILED_RESUME_REASONS = ("ResumeTimeout reached", "gpuplat")
+
+REASON_RECOVER = "gpuplat reconcile: back to power saving after a failed resume"
+
+
+@dataclass(frozen=True)
+class Orphan:
+    instance_id: str
+    node: str
+    why: str
+
+
+def reconcile(settings: Settings, ec2: Ec2Nodes, slurm: Slurm, now: float | None = None) -> int:
+    """Terminate the pools' instances no node owns; return failed-resume nodes to power saving.
+
+    EC2 is read before Slurm: every instance listed existed when Slurm's view was taken.
+    """
+    try:
+        instances = ec2.pool_instances(list(settings.pools), TERMINABLE_STATES)
+    except ErrorTypes as err:
+        LOG.error("reconcile: cannot list the instances of pools %s: %s", ",".join(settings.pools), err)
+        return EXIT_FAILED
+    nodes = slurm.nodes()
+    if nodes is None:
+        LOG.error("reconcile: without Slurm's node list nothing is terminated")
+        return EXIT_FAILED
+    now = time.time() if now is None else now
+    since, saved = track_powered_down(settings.state_dir / "reconcile.json", nodes, now)
+    recovered, recover_ok = recover_failed_resumes(settings, ec2, slurm, nodes, instances)
+    rest = [i for i in instances if tag_value(i, TAG_NODE) not in recovered]
+    orphans = find_orphans(rest, nodes, since, now, settings.orphan_grace_s)
+    terminated = terminate_orphans(ec2, orphans)
+    LOG.info(
+        "reconcile: %d instances of pools %s, %d orphans, %d nodes returned to power saving",
+        len(instances),
+        ",".join(sorted(settings.pools)),
+        len(orphans),
+        len(recovered),
+    )
+    return EXIT_OK if saved and recover_ok and terminated else EXIT_FAILED
+
+
+def track_powered_down(path: Path, nodes: dict[str, NodeInfo], now: float) -> tuple[dict[str, float], bool]:
+    """Since when each node has been powered down or powering down (and not on its way up).
+
+    A node first seen so is dated to the previous round (it was not so then, or was not seen), so
+    it counts as powered down for at most one interval more than it was.
+    """
+    state = read_state(path)
+    start = number(state.get("round"), now)
+    known = state.get("powered_down_since")
+    known = known if isinstance(known, dict) else {}
+    since = {
+        name: number(known.get(name), start)
+        for name, node in nodes.items()
+        if node.flags & POWERED_OFF and not node.flags & GOING_UP
+    }
+    return since, write_state(path, {"round": now, "powered_down_since": since})
+
+
+def is_failed_resume(node: NodeInfo) -> bool:
+    """DOWN+POWERED_DOWN after ResumeTimeout or our own failure, and nothing else pending on it."""
+    return (
+        {"DOWN", "POWERED_DOWN"} <= node.flags
+        and not node.flags & (HELD | POWER_TRANSITIONS)
+        and node.reason.startswith(FAILED_RESUME_REASONS)
+    )
+
+
+def recover_failed_resumes(
+    settings: Settings,
+    ec2: Ec2Nodes,
+    slurm: Slurm,
+    nodes: dict[str, NodeInfo],
+    instances: list[dict[str, Any]],
+) -> tuple[set[str], bool]:
+    """Dynamic nodes a failed resume left DOWN+POWERED_DOWN: terminate their instances, POWER_DOWN_FORCE.
+
+    resume-fail does this; this catches what it missed (it failed, or ran before this version).
+    Static nodes are keep-static's.
+    """
+    static = set(settings.static_nodes)
+    names = sorted(
+        name
+        for name, node in nodes.items()
+        if pool_of(name, settings.pools) and name not in static and is_failed_resume(node)
+    )
+    if not names:
+        return set(), True
+    LOG.warning(
+        "reconcile: %s are DOWN+POWERED_DOWN after a failed resume (%s); terminating their instances "
+        "and returning them to power saving",
+        ",".join(names),
+        "; ".join(sorted({nodes[name].reason for name in names})),
+    )
+    owned = [i["InstanceId"] for i in instances if tag_value(i, TAG_NODE) in names]
+    failed = ec2.terminate(owned) if owned else []
+    released = slurm.power_down_force(names, REASON_RECOVER)
+    return set(names), released and not failed
+
+
+def find_orphans(
+    instances: list[dict[str, Any]],
+    nodes: dict[str, NodeInfo],
+    since: dict[str, float],
+    now: float,
+    grace: float,
+) -> list[Orphan]:
+    by_node: dict[str, list[dict[str, Any]]] = {}
+    orphans: list[Orphan] = []
+    for instance in instances:
+        name = tag_value(instance, TAG_NODE)
+        if name is None:
+            orphans.extend(aged(instance, "", "has no gpuplat:node tag", now, grace))
+        else:
+            by_node.setdefault(name, []).append(instance)
+    for name, owned in sorted(by_node.items()):
+        orphans.extend(node_orphans(name, owned, nodes.get(name), since.get(name), now, grace))
+    return orphans
+
+
+def aged(instance: dict[str, Any], node: str, why: str, now: float, grace: float) -> list[Orphan]:
+    """The instance as an orphan once it is older than the grace (logged either way)."""
+    age = now - launch_time(instance)
+    if age < grace:
+        LOG.info(
+            "reconcile: %s %s, launched %.0f s ago: within the %.0f s grace, left for now",
+            describe_label(instance),
+            why,
+            age,
+            grace,
+        )
+        return []
+    return [Orphan(instance["InstanceId"], node, f"{why}, launched {age:.0f} s ago")]
+
+
+def node_orphans(
+    name: str,
+    owned: list[dict[str, Any]],
+    node: NodeInfo | None,
+    since: float | None,
+    now: float,
+    grace: float,
+) -> list[Orphan]:
+    if node is None:
+        return [
+            o for i in owned for o in aged(i, name, "is named for a node Slurm does not know", now, grace)
+        ]
+    if since is not None:
+        return powered_down_orphans(name, owned, node, now - since, grace)
+    live = [i for i in owned if i["State"]["Name"] in LIVE_STATES]
+    return duplicate_orphans(name, owned, live, node.addr, now, grace) if live and len(owned) > 1 else []
+
+
+def powered_down_orphans(
+    name: str, owned: list[dict[str, Any]], node: NodeInfo, down_s: float, grace: float
+) -> list[Orphan]:
+    state = "+".join(sorted(node.flags & POWERED_OFF))
+    if down_s < grace:
+        for instance in owned:
+            LOG.info(
+                "reconcile: %s: node %s %s for %.0f s: within the %.0f s grace, left for now",
+                describe_label(instance),
+                name,
+                state,
+                down_s,
+                grace,
+            )
+        return []
+    return [Orphan(i["InstanceId"], name, f"node {state} for {down_s:.0f} s") for i in owned]
+
+
+def duplicate_orphans(
+    name: str, owned: list[dict[str, Any]], live: list[dict[str, Any]], addr: str, now: float, grace: float
+) -> list[Orphan]:
+    """Keep the live instance at the node's NodeAddr (else the newest live one); the others (a
+    second live one, a stopped one) once past the grace."""
+    at_addr = [i for i in live if i.get("PrivateIpAddress") == addr]
+    keeper = at_addr[0] if at_addr else max(live, key=launch_time)
+    kept = f"{keeper['InstanceId']} {'is at NodeAddr ' + addr if at_addr else 'is the newest'}"
+    LOG.info("reconcile: %s has %d instances; keeping %s", name, len(owned), kept)
+    others = [i for i in owned if i is not keeper]
+    return [o for i in others for o in aged(i, name, f"is a second instance of {name} ({kept})", now, grace)]
+
+
+def terminate_orphans(ec2: Ec2Nodes, orphans: list[Orphan]) -> bool:
+    for orphan in orphans:
+        LOG.warning(
+            "reconcile: terminating %s (%s): %s",
+            orphan.instance_id,
+            orphan.node or "no gpuplat:node tag",
+            orphan.why,
+        )
+    failed = ec2.terminate([orphan.instance_id for orphan in orphans]) if orphans else []
+    for instance_id in failed:
+        LOG.error("reconcile: %s is still there; trying again next round", instance_id)
+    return not failed

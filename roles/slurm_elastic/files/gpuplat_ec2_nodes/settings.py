@@ -1,0 +1,106 @@
+"""The configuration file (``--config``) and the pools: which pool a node name belongs to."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .exit_codes import EXIT_OK, EXIT_UNKNOWN_NODE, UsageError
+from .logs import LOG
+
+DEFAULT_CONFIG = "/etc/gpuplat/ec2-nodes.json"
+DEFAULT_STATE_DIR = "/var/lib/gpuplat"
+
+
+@dataclass(frozen=True)
+class Pool:
+    name: str
+    launch_template_id: str
+    subnet_id: str | None
+    static_nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Settings:
+    stack: str
+    region: str
+    scontrol: str
+    pools: dict[str, Pool]
+    state_dir: Path = Path(DEFAULT_STATE_DIR)
+    orphan_grace_s: float = 300.0
+    static_backoff_base_s: float = 60.0
+    static_backoff_max_s: float = 3600.0
+
+    @property
+    def static_nodes(self) -> list[str]:
+        return [name for pool in self.pools.values() for name in pool.static_nodes]
+
+
+def load_settings(path: Path) -> Settings:
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise UsageError(f"cannot read configuration {path}: {err}") from err
+    try:
+        pools = {name: parse_pool(name, entry) for name, entry in raw["pools"].items()}
+        return Settings(
+            stack=str(raw["stack"]),
+            region=str(raw["region"]),
+            scontrol=str(raw.get("scontrol") or "/usr/bin/scontrol"),
+            pools=pools,
+            state_dir=Path(raw.get("state_dir") or DEFAULT_STATE_DIR),
+            orphan_grace_s=seconds(raw, "orphan_grace_s", 300.0),
+            static_backoff_base_s=seconds(raw, "static_backoff_base_s", 60.0),
+            static_backoff_max_s=seconds(raw, "static_backoff_max_s", 3600.0),
+        )
+    except (KeyError, TypeError, AttributeError, ValueError) as err:
+        raise UsageError(f"configuration {path}: missing or malformed entry {err}") from err
+
+
+def parse_pool(name: str, entry: dict[str, Any]) -> Pool:
+    return Pool(
+        name=name,
+        launch_template_id=str(entry["launch_template_id"]),
+        subnet_id=entry.get("subnet_id") or None,
+        static_nodes=tuple(str(node) for node in entry.get("static_nodes") or ()),
+    )
+
+
+def seconds(raw: dict[str, Any], key: str, default: float) -> float:
+    value = float(raw.get(key, default))
+    if value < 0:
+        raise ValueError(f"{key} must not be negative")
+    return value
+
+
+def pool_of(name: str, pools: dict[str, Pool]) -> str | None:
+    """The pool of ``<pool>-<int>``; the index has no dash, so this is the longest-prefix match."""
+    prefix, dash, index = name.rpartition("-")
+    return prefix if dash and index.isdigit() and prefix in pools else None
+
+
+def group_by_pool(names: Iterable[str], pools: dict[str, Pool]) -> tuple[dict[str, list[str]], list[str]]:
+    groups: dict[str, list[str]] = {}
+    unknown: list[str] = []
+    for name in names:
+        pool = pool_of(name, pools)
+        if pool is None:
+            unknown.append(name)
+        else:
+            groups.setdefault(pool, []).append(name)
+    return groups, unknown
+
+
+def report_unknown(names: list[str], pools: dict[str, Pool], action: str) -> int:
+    if not names:
+        return EXIT_OK
+    LOG.error(
+        "%s: %s belong to no configured pool (pools: %s); names are <pool>-<index>",
+        action,
+        ",".join(names),
+        ",".join(sorted(pools)) or "none",
+    )
+    return EXIT_UNKNOWN_NODE

@@ -1,0 +1,58 @@
+"""teardown (an operator, before ``pulumi destroy``): every instance of the stack's pools terminated."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .ec2 import NOT_TERMINATED_STATES, TERMINABLE_STATES, Ec2Nodes, ErrorTypes, describe_label
+from .exit_codes import EXIT_FAILED, EXIT_OK
+from .logs import LOG
+from .settings import Settings
+
+
+def teardown(
+    settings: Settings,
+    ec2: Ec2Nodes,
+    timeout_s: float,
+    poll_s: float,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> int:
+    """Terminate every instance of the stack's pools; wait until none is left (bounded)."""
+    pools = sorted(settings.pools)
+    LOG.warning("teardown: terminating every instance of stack %s, pools %s", settings.stack, ",".join(pools))
+    deadline = clock() + timeout_s
+    while True:
+        left = teardown_round(ec2, pools)
+        if left == []:
+            LOG.info("teardown: no instance of stack %s is left", settings.stack)
+            return EXIT_OK
+        if clock() >= deadline:
+            report_left(left, timeout_s)
+            return EXIT_FAILED
+        sleep(poll_s)
+
+
+def teardown_round(ec2: Ec2Nodes, pools: list[str]) -> list[dict[str, Any]] | None:
+    """The instances not yet terminated (those not shutting down asked to terminate), or None."""
+    try:
+        left = ec2.pool_instances(pools, NOT_TERMINATED_STATES)
+    except ErrorTypes as err:
+        LOG.error("teardown: cannot list the instances: %s", err)
+        return None
+    to_terminate = [i["InstanceId"] for i in left if i["State"]["Name"] in TERMINABLE_STATES]
+    if to_terminate:
+        LOG.info("teardown: terminating %s", ", ".join(describe_label(i) for i in left))
+        ec2.terminate(to_terminate)
+    return left
+
+
+def report_left(left: list[dict[str, Any]] | None, timeout_s: float) -> None:
+    if left is None:
+        LOG.error("teardown: could not list the instances; some may be left")
+        return
+    LOG.error("teardown: %d instances are left after %.0f s:", len(left), timeout_s)
+    for instance in left:
+        LOG.error("teardown: left: %s", describe_label(instance))
