@@ -3,7 +3,8 @@ resumes from (only complete ones of the same run; an unreadable one is set aside
 what it refuses before the first step (another run's checkpoints, a directory it cannot write), how it
 prunes, and a real two-process run under torchrun that is stopped by SIGTERM, saves the step it is at
 within torchrun's shutdown timeout, and resumes to the same bit-exact model as a run that was never
-interrupted."""
+interrupted. The batch script's decisions (torchrun's flags, the directory, requeue or not) run with
+srun, scontrol and torchrun replaced by stubs."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import shlex
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -22,9 +24,11 @@ from types import ModuleType
 
 import pytest
 
+from infra.scheduling.slurm import SPOT_GRACE_TIME_S
 from tests.conftest import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "train_dist" / "train.py"
+SBATCH = SCRIPT.with_name("train.sbatch")
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 EXIT_FILE = "GPUPLAT_TRAIN_EXIT_FILE"
 needs_torchrun = pytest.mark.skipif(
@@ -212,6 +216,91 @@ def test_a_checkpoint_directory_that_cannot_take_the_checkpoints_stops_the_run_b
     assert done.returncode == train.EXIT_STORAGE, done.stdout[-3000:]
     assert re.search(reason, done.stdout), done.stdout[-3000:]
     assert "Traceback" not in done.stdout and not re.search(r"^step \d+ loss", done.stdout, re.MULTILINE)
+
+
+# --- train.sbatch, with stubs for srun, scontrol and torchrun -------------------------------------------
+
+
+def _stub(path: Path, text: str) -> None:
+    path.write_text("#!/bin/bash\n" + text)
+    path.chmod(0o755)
+
+
+def _sbatch(
+    tmp_path: Path, *, job_id: int = 12345, restarts: int = 0, left: int | None = None, torchrun_rc: int = 1
+) -> tuple[int, str, list[str], list[str]]:
+    """Run train.sbatch as Slurm would on a job's first node. torchrun's stub exits `torchrun_rc` (torchrun
+    exits 1 whatever its workers' codes) after leaving `left` in the exit file as train.py's workers do.
+    Returns the script's exit code and output, torchrun's arguments and scontrol's calls."""
+    bin_dir, env_bin = tmp_path / "bin", tmp_path / "torch-env" / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    env_bin.mkdir(parents=True, exist_ok=True)
+    calls = tmp_path / "scontrol.log"
+    calls.write_text("")
+    _stub(bin_dir / "srun", 'while [ "${1#-}" != "$1" ]; do shift; done\nexec "$@"\n')
+    _stub(
+        bin_dir / "scontrol",
+        f'echo "$*" >> {calls}\n[ "$1 $2" = "show hostnames" ] && echo train-0\nexit 0\n',
+    )
+    leave = f'echo {left} > "${EXIT_FILE}"\n' if left is not None else ""
+    _stub(
+        env_bin / "torchrun", f'printf "%s\\n" "$@" > {tmp_path}/torchrun.args\n{leave}exit {torchrun_rc}\n'
+    )
+    env = {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path), "TMPDIR": str(tmp_path),
+        "SLURM_JOB_ID": str(job_id), "SLURM_JOB_NAME": "train-dist", "SLURM_JOB_NUM_NODES": "1",
+        "SLURM_JOB_NODELIST": "train-0", "SLURM_RESTART_COUNT": str(restarts),
+        "GPUPLAT_CHECKPOINT_PATH": str(tmp_path / "checkpoints"), "GPUPLAT_TRAINING_ENV": str(env_bin.parent),
+        "TRAIN_SCRIPT": str(SCRIPT), "PROCS_PER_NODE": "2",
+    }  # fmt: skip
+    done = subprocess.run(
+        ["bash", str(SBATCH)], capture_output=True, text=True, env=env, timeout=60, check=False
+    )
+    arguments = (tmp_path / "torchrun.args").read_text().splitlines()
+    return done.returncode, done.stdout + done.stderr, arguments, calls.read_text().splitlines()
+
+
+def test_the_batch_script_gives_torchrun_the_grace_a_port_of_the_jobs_own_and_a_private_directory(
+    tmp_path: Path,
+) -> None:
+    """torchrun SIGKILLs the workers --shutdown-timeout seconds after SIGTERM (30 s unless told): the script
+    derives it from the grace of its own --signal line, which the spot QoS's grace covers too."""
+    code, output, arguments, _ = _sbatch(tmp_path, torchrun_rc=0)
+    assert code == 0, output
+    signal_line = re.search(r"^#SBATCH --signal=TERM@(\d+)$", SBATCH.read_text(), re.MULTILINE)
+    assert signal_line and int(signal_line.group(1)) <= SPOT_GRACE_TIME_S
+    grace = int(signal_line.group(1))
+    timeout = [int(a.split("=")[1]) for a in arguments if a.startswith("--shutdown-timeout=")]
+    assert timeout and 30 < timeout[0] < grace, arguments
+    assert "--max-restarts=2" in arguments
+    assert "--rdzv-endpoint=train-0:22345" in arguments  # 20000 + job ID mod 10000
+    user = subprocess.run(["id", "-un"], capture_output=True, text=True, check=True).stdout.strip()
+    directory = tmp_path / "checkpoints" / user / "train-dist-12345"
+    assert arguments[arguments.index("--dir") + 1] == str(directory)
+    for private in (directory, directory.parent):
+        assert stat.S_IMODE(private.stat().st_mode) == 0o700
+    _, _, other_job, _ = _sbatch(tmp_path, job_id=12346, torchrun_rc=0)
+    assert "--rdzv-endpoint=train-0:22346" in other_job
+
+
+@pytest.mark.parametrize(
+    ("left", "restarts", "code", "requeued"),
+    [
+        ("EXIT_STOPPED", 9, 1, True),  # saved on SIGTERM: go on in a new allocation, however often
+        ("EXIT_OTHER_RUN", 0, None, False),  # the directory holds another run's checkpoints
+        ("EXIT_STORAGE", 0, None, False),  # not writable, or too small
+        (None, 0, 1, True),  # any other failure: requeued ...
+        (None, 5, 1, False),  # ... at most MAX_RESTARTS (5) times
+    ],
+)
+def test_the_batch_script_requeues_what_a_new_allocation_can_fix(
+    tmp_path: Path, left: str | None, restarts: int, code: int | None, requeued: bool
+) -> None:
+    train = _module()
+    value = getattr(train, left) if left else None
+    status, output, _, calls = _sbatch(tmp_path, restarts=restarts, left=value)
+    assert status == (code if code is not None else value), output
+    assert ("requeue 12345" in calls) == requeued, (calls, output)
 
 
 # --- two processes under torchrun -------------------------------------------------------------------------
