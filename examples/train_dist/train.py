@@ -111,11 +111,9 @@ def read_marker(path: Path) -> dict[str, str]:
 def is_complete(path: Path) -> bool:
     """Complete: the marker names the directory's step and DCP's metadata file is there."""
     match = STEP_DIR.match(path.name)
-    return (
-        bool(match)
-        and read_marker(path).get("step") == str(int(match.group(1)))
-        and (path / ".metadata").is_file()
-    )
+    if not match:
+        return False
+    return read_marker(path).get("step") == str(int(match.group(1))) and (path / ".metadata").is_file()
 
 
 def checkpoints(root: Path) -> list[tuple[int, Path]]:
@@ -157,8 +155,9 @@ def write_durably(path: Path, text: str) -> None:
 
 
 def promote(saving: Path, final: Path, marker: dict[str, str]) -> None:
-    """Mark a written save complete, then give it its step's name (an incomplete directory of that name,
-    left by an older version of this program, is set aside for the pruner first)."""
+    """Mark a written save complete, then give it its step's name. A directory of that name can only be
+    incomplete (saves are of steps past the newest complete one), left by an older version of this
+    program: it is set aside for the pruner first."""
     write_durably(saving / COMPLETE, "".join(f"{key}={value}\n" for key, value in marker.items()))
     if final.exists():
         final.rename(final.with_name(f"{REMOVING}{final.name}-{saving.name}"))
@@ -566,9 +565,9 @@ class Trainer:
             self.pruner.prune(self.args.keep)
 
     def save(self, step: int, asynchronous: bool) -> None:
+        # Only steps past the one resumed from, the newest complete: a complete checkpoint is never written
+        # again (a run resumed at its last step saves nothing).
         self.finish_pending(wait=True)
-        if self.agree(int(is_complete(step_dir(self.args.dir, step))) if self.rank == 0 else 0):
-            return  # complete already (a run resumed at its last step): never written again
         self.saves += 1
         started = time.perf_counter()
         saving = saving_dir(self.args.dir, step, self.run_id)
