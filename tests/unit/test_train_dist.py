@@ -256,7 +256,8 @@ def _sbatch(
     done = subprocess.run(
         ["bash", str(SBATCH)], capture_output=True, text=True, env=env, timeout=60, check=False
     )
-    arguments = (tmp_path / "torchrun.args").read_text().splitlines()
+    ran = tmp_path / "torchrun.args"
+    arguments = ran.read_text().splitlines() if ran.exists() else []
     return done.returncode, done.stdout + done.stderr, arguments, calls.read_text().splitlines()
 
 
@@ -281,6 +282,18 @@ def test_the_batch_script_gives_torchrun_the_grace_a_port_of_the_jobs_own_and_a_
         assert stat.S_IMODE(private.stat().st_mode) == 0o700
     _, _, other_job, _ = _sbatch(tmp_path, job_id=12346, torchrun_rc=0)
     assert "--rdzv-endpoint=train-0:22346" in other_job
+
+
+def test_the_batch_script_refuses_a_checkpoint_directory_someone_else_made(tmp_path: Path) -> None:
+    """The checkpoint root is world-writable (shared_fs_checkpoint_mode 1777): a directory made in advance
+    under the job's name by another user would let that user read and remove its checkpoints."""
+    user = subprocess.run(["id", "-un"], capture_output=True, text=True, check=True).stdout.strip()
+    squatted = tmp_path / "checkpoints" / user / "train-dist-12345"
+    squatted.mkdir(parents=True)
+    os.chown(squatted, 65534, 65534)
+    code, output, arguments, calls = _sbatch(tmp_path)
+    assert code == _module().EXIT_STORAGE and "give the job a directory of its own" in output, output
+    assert not arguments and not any(call.startswith("requeue") for call in calls)
 
 
 @pytest.mark.parametrize(
