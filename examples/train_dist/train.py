@@ -206,9 +206,12 @@ class Pruner:
         while (path := self.queue.get()) is not None:
             shutil.rmtree(path, ignore_errors=True)
 
-    def close(self) -> None:
-        self.queue.put(None)
-        self.thread.join()
+    def close(self, wait: bool) -> None:
+        """`wait`: for the removals queued. Without, they stop with the process (a daemon thread), under
+        names no run resumes from and the next prune removes."""
+        if wait:
+            self.queue.put(None)
+            self.thread.join()
 
 
 class CheckpointWriter(FileSystemWriter):
@@ -454,13 +457,13 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group(backend)
     try:
         code = Trainer(args, termination).run()
+        if code and exit_path:
+            tmp = exit_path.with_name(f".{exit_path.name}.{os.getpid()}")
+            tmp.write_text(f"{code}\n", encoding="utf-8")
+            tmp.replace(exit_path)
+        return code
     finally:
         dist.destroy_process_group()
-    if code and exit_path:
-        tmp = exit_path.with_name(f".{exit_path.name}.{os.getpid()}")
-        tmp.write_text(f"{code}\n", encoding="utf-8")
-        tmp.replace(exit_path)
-    return code
 
 
 class Trainer:
@@ -604,7 +607,8 @@ class Trainer:
             return refusal.code
         finally:
             self.stager.close()
-            self.pruner.close()
+            # After SIGTERM the grace is for the save, not for removing old checkpoints.
+            self.pruner.close(wait=not self.termination.requested)
 
     def train(self, start: int) -> int:
         args = self.args

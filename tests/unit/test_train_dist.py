@@ -84,7 +84,7 @@ def test_pruning_runs_in_the_background_and_keeps_the_newest_complete_and_saves_
         assert not (tmp_path / "step-00000010").exists()
         assert pruner.thread.is_alive() and pruner.thread.daemon
     finally:
-        pruner.close()
+        pruner.close(wait=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         in_flight.name, "step-00000020", "step-00000030", "step-00000040",
     ]  # fmt: skip
