@@ -31,6 +31,10 @@ EXAMPLE_IMAGE = "nvcr.io/nvidia/pytorch:25.09-py3"
 EXAMPLE_PROGRAM = "jobs/train_dist/train.py"
 # JobSet labels every pod with its restart attempt (kubernetes-sigs/jobset, pkg/constants RestartsKey).
 RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
+# What the grace leaves the SIGTERM save: torchrun SIGKILLs its workers --shutdown-timeout seconds after
+# forwarding SIGTERM, 30 unless told (torch/distributed/launcher/api.py:145-149 @v2.13.0), and the pod
+# gets SPOT_GRACE_TIME_S; the rest is for torchrun to end. As examples/train_dist/train.sbatch does.
+TORCHRUN_SHUTDOWN_MARGIN_S = 10
 # A pod's own network interface: the container runtimes name the pod's interface eth0 (CNI_IFNAME that
 # containerd's and CRI-O's CRI plugins pass to the CNI plugin), whatever the node's interfaces are
 # called, so fabric.socket_interface (a host interface such as bond0) does not apply inside a pod.
@@ -93,6 +97,7 @@ def example_jobset(platform: ResolvedPlatform, team: str, nodes: int = 2) -> Man
         f"mkdir -p {checkpoints} && exec torchrun --nnodes={nodes} --nproc-per-node={gpus} "
         f"--node-rank=$(JOB_COMPLETION_INDEX) --rdzv-backend=c10d "
         f"--rdzv-endpoint={name}-workers-0-0.{name}:29500 "
+        f"--shutdown-timeout={SPOT_GRACE_TIME_S - TORCHRUN_SHUTDOWN_MARGIN_S} "
         f"{mount}/{EXAMPLE_PROGRAM} --dir {checkpoints}"
     )
     annotations = {"prometheus.io/scrape": "false"}

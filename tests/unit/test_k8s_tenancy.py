@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -115,4 +116,6 @@ def test_the_example_job_runs_the_slurm_example_with_the_task_prolog_settings(
     )
     assert env["POD_CPUS"]["resourceFieldRef"] == {"containerName": "trainer", "resource": "limits.cpu"}
     assert pod["terminationGracePeriodSeconds"] == SPOT_GRACE_TIME_S
+    timeout = int(re.search(r"--shutdown-timeout=(\d+) ", script).group(1))  # type: ignore[union-attr]
+    assert 30 < timeout < SPOT_GRACE_TIME_S  # torchrun's default of 30 s would SIGKILL a slow save
     assert training_environment(aws_k8s)["GPUPLAT_CHECKPOINT_EVERY"] == "50"

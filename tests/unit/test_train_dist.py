@@ -1,26 +1,39 @@
-"""The distributed training example (examples/train_dist/train.py): which checkpoint it resumes from
-(only complete ones: a save interrupted half-way is never picked), and a real two-process run under
-torchrun that is stopped by SIGTERM, saves the step it is at, and resumes to the same bit-exact model
-as a run that was never interrupted."""
+"""The distributed training example (examples/train_dist/train.py and train.sbatch): which checkpoint it
+resumes from (only complete ones of the same run; an unreadable one is set aside for the one before),
+what it refuses before the first step (another run's checkpoints, a directory it cannot write), how it
+prunes, and a real two-process run under torchrun that is stopped by SIGTERM, saves the step it is at
+within torchrun's shutdown timeout, and resumes to the same bit-exact model as a run that was never
+interrupted. The batch script's decisions (torchrun's flags, the directory, requeue or not) run with
+srun, scontrol and torchrun replaced by stubs."""
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from infra.scheduling.slurm import SPOT_GRACE_TIME_S
 from tests.conftest import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "train_dist" / "train.py"
+SBATCH = SCRIPT.with_name("train.sbatch")
 TORCHRUN = Path(sys.executable).parent / "torchrun"
+EXIT_FILE = "GPUPLAT_TRAIN_EXIT_FILE"
+needs_torchrun = pytest.mark.skipif(
+    not TORCHRUN.exists(), reason="torchrun is not installed (pip install -e '.[dev]')"
+)
 
 
 def _module() -> ModuleType:
@@ -41,23 +54,50 @@ def _fake_checkpoint(root: Path, step: int, *, metadata: bool, marker: str | Non
 def test_only_complete_checkpoints_are_resumed_from(tmp_path: Path) -> None:
     train = _module()
     _fake_checkpoint(tmp_path, 20, metadata=True, marker="step=20\n")
-    _fake_checkpoint(tmp_path, 40, metadata=True, marker="step=40\n")
+    _fake_checkpoint(tmp_path, 40, metadata=True, marker="step=40\nseed=7\n")
     _fake_checkpoint(tmp_path, 60, metadata=False, marker=None)  # shards written, DCP never finished
     _fake_checkpoint(tmp_path, 80, metadata=True, marker=None)  # finished, never marked
     _fake_checkpoint(tmp_path, 100, metadata=True, marker="step=60\n")  # a marker copied from elsewhere
     (tmp_path / "step-00000120").write_text("not a directory")
+    (tmp_path / "step-00000140.unreadable-0a1b2c3d").mkdir()  # set aside: it did not read back
     assert train.newest_complete(tmp_path) == 40
     assert train.newest_complete(tmp_path / "missing") is None
 
 
-def test_pruning_keeps_the_newest_complete_and_a_save_in_flight(tmp_path: Path) -> None:
+def test_pruning_runs_in_the_background_and_keeps_the_newest_complete_and_saves_in_flight(
+    tmp_path: Path,
+) -> None:
     train = _module()
     for step in (10, 20, 30):
         _fake_checkpoint(tmp_path, step, metadata=True, marker=f"step={step}\n")
     _fake_checkpoint(tmp_path, 15, metadata=False, marker=None)
-    _fake_checkpoint(tmp_path, 40, metadata=False, marker=None)
-    train.prune(tmp_path, keep=2)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000020", "step-00000030", "step-00000040"]
+    _fake_checkpoint(tmp_path, 40, metadata=False, marker=None)  # newer than the newest complete
+    in_flight = train.saving_dir(tmp_path, 40, "0000beef")
+    in_flight.mkdir()
+    train.saving_dir(tmp_path, 40, "0000dead").mkdir()  # a save of a run that was killed
+    (tmp_path / ".removing-step-00000005").mkdir()  # a removal a killed run did not finish
+    pruner = train.Pruner(tmp_path, "0000beef")
+    try:
+        pruner.prune(keep=2)
+        # Out of the step-NNNNNNNN names at once (a kill now leaves no half-removed checkpoint there);
+        # removed by the pruner's thread.
+        assert not (tmp_path / "step-00000010").exists()
+        assert pruner.thread.is_alive() and pruner.thread.daemon
+    finally:
+        pruner.close(wait=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        in_flight.name, "step-00000020", "step-00000030", "step-00000040",
+    ]  # fmt: skip
+
+
+def test_keep_must_leave_a_checkpoint_to_resume_from(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    train = _module()
+    with pytest.raises(SystemExit) as stopped:
+        train.parse_args(["--dir", str(tmp_path), "--keep", "0"])
+    assert stopped.value.code == 2
+    assert "--keep" in capsys.readouterr().err
 
 
 def test_every_rank_reads_its_share_of_a_fixed_global_batch() -> None:
@@ -69,10 +109,227 @@ def test_every_rank_reads_its_share_of_a_fixed_global_batch() -> None:
     assert not train.batch_indices(7, 6, 64, 0, 1).equal(train.batch_indices(7, 5, 64, 0, 1))
 
 
-def _torchrun(directory: Path, *extra: str) -> subprocess.Popen[str]:
+# --- one process, no torchrun: what every rank decides, in seconds ------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _single_process(
+    directory: Path, *extra: str, wrap: Sequence[str] = ()
+) -> subprocess.CompletedProcess[str]:
+    """train.py as a world of one, started the way torchrun starts a worker (the env:// variables)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+    env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    command = [*wrap, sys.executable, str(SCRIPT), "--dir", str(directory)]
+    command += ["--steps", "30", "--every", "10", "--log-every", "10", *extra]
+    return subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                          timeout=180, check=False)  # fmt: skip
+
+
+def _files(directory: Path) -> dict[str, tuple[int, int]]:
+    """Every file and directory under `directory`: (inode, modification time), to see any rewrite."""
+    return {
+        str(p.relative_to(directory)): (p.stat().st_ino, p.stat().st_mtime_ns) for p in directory.rglob("*")
+    }
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A run of one process to step 30 (checkpoints every 10, the newest 2 kept): its directory, whose
+    step-10 checkpoint the background pruner removed, and its final model's digest."""
+    directory = tmp_path_factory.mktemp("finished") / "run"
+    done = _single_process(directory)
+    assert done.returncode == 0, done.stdout[-3000:]
+    digest = re.search(r"^done step=30 .*digest=(\w+)", done.stdout, re.MULTILINE)
+    assert digest, done.stdout[-3000:]
+    assert sorted(p.name for p in directory.iterdir()) == ["step-00000020", "step-00000030"]
+    return directory, digest.group(1)
+
+
+def test_checkpoints_of_a_run_with_other_arguments_are_refused(finished_run: tuple[Path, str]) -> None:
+    train = _module()
+    directory, _ = finished_run
+    before = _files(directory)
+    done = _single_process(directory, "--seed", "8", "--hidden", "32")
+    assert done.returncode == train.EXIT_OTHER_RUN, done.stdout[-3000:]
+    assert "seed 7 (this run: 8)" in done.stdout and "hidden 64 (this run: 32)" in done.stdout
+    assert "Traceback" not in done.stdout and not re.search(r"^step \d+ loss", done.stdout, re.MULTILINE)
+    assert _files(directory) == before
+
+
+@pytest.mark.parametrize("steps", ["30", "10"])
+def test_a_finished_run_reports_and_never_rewrites_its_checkpoints(
+    finished_run: tuple[Path, str], steps: str
+) -> None:
+    """Started again at its last step (a requeue after the final save), or with fewer --steps than its
+    checkpoint has: it reports the model it has and rewrites nothing in the complete directory."""
+    directory, digest = finished_run
+    before = _files(directory)
+    done = _single_process(directory, "--steps", steps)
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert re.search(
+        rf"^done step=30 resumed_from=30 digest={digest} steps_run=0 ", done.stdout, re.MULTILINE
+    )
+    assert "=-" not in done.stdout, done.stdout[-3000:]
+    assert _files(directory) == before
+
+
+def test_an_unreadable_checkpoint_is_set_aside_for_the_one_before(
+    finished_run: tuple[Path, str], tmp_path: Path
+) -> None:
+    directory = tmp_path / "run"
+    shutil.copytree(finished_run[0], directory)
+    shard = sorted((directory / "step-00000030").glob("*.distcp"))[0]
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])  # a write the storage lost half of
+    done = _single_process(directory)
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert re.search(r"^checkpoint step 30 does not read back .* moved to \S+/step-00000030\.unreadable-\w+; "
+                     r"trying the one before", done.stdout, re.MULTILINE), done.stdout[-3000:]  # fmt: skip
+    assert re.search(r"^start host=\S+ world=1 resumed_from=20 ", done.stdout, re.MULTILINE)
+    assert f"digest={finished_run[1]}" in done.stdout
+    assert _module().newest_complete(directory) == 30  # saved again, whole
+    assert len(list(directory.glob("step-00000030.unreadable-*"))) == 1
+
+
+@pytest.mark.parametrize(
+    ("mount_options", "reason"),
+    [("ro", "cannot write to .*: Read-only file system"), ("size=1m", r"has 1 MiB free; .* need about")],
+    ids=["read-only", "full"],
+)
+def test_a_checkpoint_directory_that_cannot_take_the_checkpoints_stops_the_run_before_its_first_step(
+    tmp_path: Path, mount_options: str, reason: str
+) -> None:
+    """A tmpfs over the directory in a mount namespace of the run's own (read-only, or too small for the
+    kept checkpoints), so that root too finds it so, as a job's user would: the run stops before its
+    first step with the code train.sbatch does not requeue and one paragraph, no traceback."""
+    train = _module()
+    directory = tmp_path / "checkpoints"
+    directory.mkdir()
+    mount = f'mount -t tmpfs -o {mount_options} gpuplat-test {shlex.quote(str(directory))} && exec "$@"'
+    done = _single_process(
+        directory, wrap=["unshare", "--mount", "--propagation", "private", "bash", "-c", mount, "bash"]
+    )
+    assert done.returncode == train.EXIT_STORAGE, done.stdout[-3000:]
+    assert re.search(reason, done.stdout), done.stdout[-3000:]
+    assert "Traceback" not in done.stdout and not re.search(r"^step \d+ loss", done.stdout, re.MULTILINE)
+
+
+# --- train.sbatch, with stubs for srun, scontrol and torchrun -------------------------------------------
+
+
+def _stub(path: Path, text: str) -> None:
+    path.write_text("#!/bin/bash\n" + text)
+    path.chmod(0o755)
+
+
+def _sbatch(
+    tmp_path: Path, *, job_id: int = 12345, restarts: int = 0, left: int | None = None, torchrun_rc: int = 1
+) -> tuple[int, str, list[str], list[str]]:
+    """Run train.sbatch as Slurm would on a job's first node. torchrun's stub exits `torchrun_rc` (torchrun
+    exits 1 whatever its workers' codes) after leaving `left` in the exit file as train.py's workers do.
+    Returns the script's exit code and output, torchrun's arguments and scontrol's calls."""
+    bin_dir, env_bin = tmp_path / "bin", tmp_path / "torch-env" / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    env_bin.mkdir(parents=True, exist_ok=True)
+    calls = tmp_path / "scontrol.log"
+    calls.write_text("")
+    _stub(bin_dir / "srun", 'while [ "${1#-}" != "$1" ]; do shift; done\nexec "$@"\n')
+    _stub(
+        bin_dir / "scontrol",
+        f'echo "$*" >> {calls}\n[ "$1 $2" = "show hostnames" ] && echo train-0\nexit 0\n',
+    )
+    leave = f'echo {left} > "${EXIT_FILE}"\n' if left is not None else ""
+    _stub(
+        env_bin / "torchrun", f'printf "%s\\n" "$@" > {tmp_path}/torchrun.args\n{leave}exit {torchrun_rc}\n'
+    )
+    env = {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path), "TMPDIR": str(tmp_path),
+        "SLURM_JOB_ID": str(job_id), "SLURM_JOB_NAME": "train-dist", "SLURM_JOB_NUM_NODES": "1",
+        "SLURM_JOB_NODELIST": "train-0", "SLURM_RESTART_COUNT": str(restarts),
+        "GPUPLAT_CHECKPOINT_PATH": str(tmp_path / "checkpoints"), "GPUPLAT_TRAINING_ENV": str(env_bin.parent),
+        "TRAIN_SCRIPT": str(SCRIPT), "PROCS_PER_NODE": "2",
+    }  # fmt: skip
+    done = subprocess.run(
+        ["bash", str(SBATCH)], capture_output=True, text=True, env=env, timeout=60, check=False
+    )
+    ran = tmp_path / "torchrun.args"
+    arguments = ran.read_text().splitlines() if ran.exists() else []
+    return done.returncode, done.stdout + done.stderr, arguments, calls.read_text().splitlines()
+
+
+def test_the_batch_script_gives_torchrun_the_grace_a_port_of_the_jobs_own_and_a_private_directory(
+    tmp_path: Path,
+) -> None:
+    """torchrun SIGKILLs the workers --shutdown-timeout seconds after SIGTERM (30 s unless told): the script
+    derives it from the grace of its own --signal line, which the spot QoS's grace covers too."""
+    code, output, arguments, _ = _sbatch(tmp_path, torchrun_rc=0)
+    assert code == 0, output
+    signal_line = re.search(r"^#SBATCH --signal=TERM@(\d+)$", SBATCH.read_text(), re.MULTILINE)
+    assert signal_line and int(signal_line.group(1)) <= SPOT_GRACE_TIME_S
+    grace = int(signal_line.group(1))
+    timeout = [int(a.split("=")[1]) for a in arguments if a.startswith("--shutdown-timeout=")]
+    assert timeout and 30 < timeout[0] < grace, arguments
+    assert "--max-restarts=2" in arguments
+    assert "--rdzv-endpoint=train-0:22345" in arguments  # 20000 + job ID mod 10000
+    user = subprocess.run(["id", "-un"], capture_output=True, text=True, check=True).stdout.strip()
+    directory = tmp_path / "checkpoints" / user / "train-dist-12345"
+    assert arguments[arguments.index("--dir") + 1] == str(directory)
+    for private in (directory, directory.parent):
+        assert stat.S_IMODE(private.stat().st_mode) == 0o700
+    _, _, other_job, _ = _sbatch(tmp_path, job_id=12346, torchrun_rc=0)
+    assert "--rdzv-endpoint=train-0:22346" in other_job
+
+
+def test_the_batch_script_refuses_a_checkpoint_directory_someone_else_made(tmp_path: Path) -> None:
+    """The checkpoint root is world-writable (shared_fs_checkpoint_mode 1777): a directory made in advance
+    under the job's name by another user would let that user read and remove its checkpoints."""
+    user = subprocess.run(["id", "-un"], capture_output=True, text=True, check=True).stdout.strip()
+    squatted = tmp_path / "checkpoints" / user / "train-dist-12345"
+    squatted.mkdir(parents=True)
+    os.chown(squatted, 65534, 65534)
+    code, output, arguments, calls = _sbatch(tmp_path)
+    assert code == _module().EXIT_STORAGE and "give the job a directory of its own" in output, output
+    assert not arguments and not any(call.startswith("requeue") for call in calls)
+
+
+@pytest.mark.parametrize(
+    ("left", "restarts", "code", "requeued"),
+    [
+        ("EXIT_STOPPED", 9, 1, True),  # saved on SIGTERM: go on in a new allocation, however often
+        ("EXIT_OTHER_RUN", 0, None, False),  # the directory holds another run's checkpoints
+        ("EXIT_STORAGE", 0, None, False),  # not writable, or too small
+        (None, 0, 1, True),  # any other failure: requeued ...
+        (None, 5, 1, False),  # ... at most MAX_RESTARTS (5) times
+    ],
+)
+def test_the_batch_script_requeues_what_a_new_allocation_can_fix(
+    tmp_path: Path, left: str | None, restarts: int, code: int | None, requeued: bool
+) -> None:
+    train = _module()
+    value = getattr(train, left) if left else None
+    status, output, _, calls = _sbatch(tmp_path, restarts=restarts, left=value)
+    assert status == (code if code is not None else value), output
+    assert ("requeue 12345" in calls) == requeued, (calls, output)
+
+
+# --- two processes under torchrun -------------------------------------------------------------------------
+
+
+def _torchrun(
+    directory: Path, *extra: str, shutdown_timeout: int | None = None, exit_file: Path | None = None
+) -> subprocess.Popen[str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", str(SCRIPT), "--dir", str(directory)]
-    command += ["--steps", "120", "--every", "40", "--log-every", "1", *extra]
+    if exit_file is not None:
+        env[EXIT_FILE] = str(exit_file)
+    command = [str(TORCHRUN), "--standalone", "--nproc-per-node", "2"]
+    if shutdown_timeout is not None:
+        command += [f"--shutdown-timeout={shutdown_timeout}"]
+    command += [str(SCRIPT), "--dir", str(directory), "--steps", "120", "--every", "40", "--log-every", "1"]
+    command += extra
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
 
@@ -81,31 +338,76 @@ def _finish(process: subprocess.Popen[str]) -> tuple[int, str]:
     return process.returncode, output
 
 
-@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed (pip install -e '.[dev]')")
+def _sigterm_at(process: subprocess.Popen[str], step_pattern: str) -> str:
+    """SIGTERM to torchrun once a logged step matches; the log read so far."""
+    deadline = time.monotonic() + 120
+    log = ""
+    assert process.stdout is not None
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        log += line
+        if not line or re.match(rf"^step ({step_pattern}) ", line):
+            break
+    process.send_signal(signal.SIGTERM)
+    return log
+
+
+@needs_torchrun
+def test_a_save_longer_than_torchruns_shutdown_timeout_is_killed(tmp_path: Path) -> None:
+    """What train.sbatch's --shutdown-timeout prevents: torchrun forwards SIGTERM, waits its shutdown
+    timeout, then SIGKILLs the workers (torch/distributed/elastic/multiprocessing/api.py _close); a 5 s save
+    under a 3 s timeout never completes and leaves train.sbatch no exit code (so no requeue as stopped)."""
+    exit_file = tmp_path / "exit"
+    process = _torchrun(
+        tmp_path / "job",
+        "--save-seconds",
+        "5",
+        "--step-seconds",
+        "0.15",
+        shutdown_timeout=3,
+        exit_file=exit_file,
+    )
+    log = _sigterm_at(process, r"[3-9]|\d\d")
+    code, output = _finish(process)
+    output = log + output
+    assert code != 0 and re.search(r"Unable to shutdown process \d+ via \S+, forcefully exiting", output), (
+        output
+    )
+    assert "SIGTERM: checkpoint at step" not in output
+    assert _module().newest_complete(tmp_path / "job") is None and not exit_file.exists()
+
+
+@needs_torchrun
 def test_a_sigterm_saves_the_step_and_the_resumed_run_ends_bit_identical(tmp_path: Path) -> None:
+    """The save takes 5 s (--save-seconds: a slow filesystem) and torchrun's shutdown timeout, 20 s here,
+    leaves it the time (train.sbatch: the grace less a margin): the step is saved, train.sbatch finds the
+    code that requeues, and the resumed run ends bit-identical."""
+    train = _module()
     reference = _torchrun(tmp_path / "reference")
     # Slow enough that the SIGTERM, sent once step 45+ is read, lands well before step 120 (loaded machines).
-    interrupted = _torchrun(tmp_path / "job", "--step-seconds", "0.15")
+    exit_file = tmp_path / "exit"
+    interrupted = _torchrun(
+        tmp_path / "job",
+        "--step-seconds",
+        "0.15",
+        "--save-seconds",
+        "5",
+        shutdown_timeout=20,
+        exit_file=exit_file,
+    )
     code, output = _finish(reference)
     assert code == 0, output[-3000:]
     expected = re.search(r"^done step=120 .* digest=(\w+)", output, re.MULTILINE)
     assert expected, output[-3000:]
 
-    deadline = time.monotonic() + 120
-    log = ""
-    assert interrupted.stdout is not None
-    while time.monotonic() < deadline:
-        line = interrupted.stdout.readline()
-        log += line
-        if re.match(r"^step (4[5-9]|[5-9]\d) ", line):  # past the first periodic checkpoint (40)
-            break
-    interrupted.send_signal(signal.SIGTERM)
+    log = _sigterm_at(interrupted, r"4[5-9]|[5-9]\d")  # past the first periodic checkpoint (40)
     code, output = _finish(interrupted)
     output = log + output
     stopped = re.search(r"^SIGTERM: checkpoint at step (\d+)", output, re.MULTILINE)
     assert code != 0 and stopped, output[-3000:]
     step = int(stopped.group(1))
-    assert step > 40 and (tmp_path / "job" / f"step-{step:08d}" / "COMPLETE").is_file()
+    assert step > 40 and train.newest_complete(tmp_path / "job") == step
+    assert exit_file.read_text().strip() == str(train.EXIT_STOPPED)
 
     # A save cut off half-way after that one: never resumed from.
     partial = tmp_path / "job" / f"step-{step + 5:08d}"
