@@ -227,11 +227,13 @@ def test_a_kill_at_every_step_of_a_stage_leaves_nothing_the_next_stage_hands_out
     shutil.copytree(path, version / ".staging-998")
     shutil.copytree(path, version / "g7")
     (version / ".current-997").symlink_to("g7")
+    (version / ".readers-g9").write_text("")  # made just before a rename that never came
     trash = version / ".trash-g5"
     (trash / "shards").mkdir(parents=True)
     staged = _run(config, "stage", "corpus")
     assert staged.returncode == 0 and Path(staged.stdout.strip()) == path, staged.stderr
-    assert sorted(p.name for p in version.iterdir()) == [".generation", ".lock", "current", path.name]
+    expected = [".generation", ".lock", f".readers-{path.name}", "current", path.name]
+    assert sorted(p.name for p in version.iterdir()) == expected
 
     # `current` naming a directory that is gone (removed by hand): staged again.
     shutil.rmtree(path)
@@ -268,9 +270,14 @@ def test_a_stage_killed_mid_copy_is_recovered_by_the_next(tmp_path: Path) -> Non
 # --- readers, restaging, the size cap ------------------------------------------------------------------
 
 
+def _readers(path: Path) -> Path:
+    return path.parent / f".readers-{path.name}"
+
+
 def _hold(path: Path) -> int:
-    """A job reading the copy: a shared lock on its directory (what `gpuplat-dataset run` holds)."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    """A job reading the copy: a shared lock on its readers' file (what `gpuplat-dataset run`'s holder
+    takes as the cache's owner; this test runs as the owner or root)."""
+    fd = os.open(_readers(path), os.O_RDONLY)
     fcntl.flock(fd, fcntl.LOCK_SH)
     return fd
 
@@ -294,13 +301,15 @@ def test_a_copy_a_job_reads_is_never_removed_under_it(tmp_path: Path) -> None:
 
 
 def test_run_holds_the_copy_for_the_command_it_starts(tmp_path: Path) -> None:
-    """`gpuplat-dataset run NAME -- COMMAND`: the command gets GPUPLAT_DATASET_PATH and, inherited, a
-    shared lock on that directory for as long as it (or a child that keeps the descriptor) lives."""
+    """`gpuplat-dataset run NAME -- COMMAND`: the command gets GPUPLAT_DATASET_PATH, and a holder (the
+    program as the cache's owner) keeps a shared lock on that copy until the command, and whatever
+    inherited the holder's pipe, has ended."""
     config = _setup(tmp_path)
     probe = (
         "import fcntl, os, sys\n"
         "path = os.environ['GPUPLAT_DATASET_PATH']\n"
-        "fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)\n"
+        "readers = os.path.join(os.path.dirname(path), '.readers-' + os.path.basename(path))\n"
+        "fd = os.open(readers, os.O_RDONLY)\n"
         "try:\n"
         "    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
         "    print('not held')\n"
@@ -312,6 +321,20 @@ def test_run_holds_the_copy_for_the_command_it_starts(tmp_path: Path) -> None:
     assert done.returncode == 7, done.stderr  # the command's own exit status
     word, path = done.stdout.split()
     assert word == "held" and Path(path).parent == tmp_path / "cache" / "corpus" / "v1"
+    # The command has ended: the holder let go (its pipe closed), the copy can be removed.
+    released = _readers(Path(path))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        fd = os.open(released, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            time.sleep(0.05)
+        finally:
+            os.close(fd)
+    else:
+        raise AssertionError("the holder kept the copy after the command ended")
     missing = _run(config, "run", "corpus", "--", str(tmp_path / "no-such-program"))
     _one_error_line(missing, "no-such-program")
 
@@ -465,6 +488,8 @@ def test_a_second_user_reads_the_copy_the_first_staged_and_cannot_change_it(worl
         "    'repoint': lambda: os.symlink('/tmp', os.path.join(version, 'current.x')),\n"
         "    'rename': lambda: os.rename(path, path + '.x'),\n"
         "    'lock': lambda: open(os.path.join(version, '.lock'), 'a').close(),\n"
+        "    'block': lambda: open(os.path.join(version, '.readers-' + os.path.basename(path))).close(),\n"
+        "    'stall': lambda: open(os.path.join(version, '.lock')).close(),\n"
         "}\n"
         "for name, attempt in attempts.items():\n"
         "    try:\n"

@@ -54,6 +54,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -72,6 +73,9 @@ STAGING = ".staging-"
 TRASH = ".trash-"
 NEW_CURRENT = ".current-"
 LAST_GENERATION = ".generation"
+# <version>/.readers-gN: the jobs reading gN hold shared flocks on it; the cache's owner's alone (0600),
+# so no user can take it exclusively and block other users' jobs (a flock needs only an open file).
+READERS = ".readers-"
 GENERATION = re.compile(r"^g(\d+)$")
 COMPONENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 CHUNK = 8 * 1024 * 1024
@@ -81,6 +85,8 @@ DEFAULT_BECOME = "sudo -n -u {user} --"
 DISK_MARGIN = 64 * 1024 * 1024
 # An escalated run's last line on stdout: tells its caller the program ran (and not sudo refusing).
 EXIT_MARK = "gpuplat-dataset-exit="
+# What `hold` (the owner's side of `run`) prints once it holds the copy; it then waits for EOF on stdin.
+HELD_MARK = "gpuplat-dataset-held="
 
 
 class CacheError(Exception):
@@ -184,27 +190,38 @@ def become_command(config: Config, uid: int) -> list[str]:
     return [part.replace("{user}", user) for part in shlex.split(template)]
 
 
-def as_owner(config: Config, arguments: Sequence[str]) -> tuple[int, str]:
-    """Run this program again as the cache's owner with `arguments`; stderr passes through. Returns its
-    exit status and its stdout (less the exit mark)."""
+def owner_command(config: Config, arguments: Sequence[str]) -> tuple[list[str], str]:
+    """This program again, as the cache's owner, with `arguments`; and how it becomes the owner."""
     uid, _ = cache_owner(config)
     program = os.path.realpath(sys.argv[0])
-    # Root's child drops to the owner itself; anyone else's goes through sudo (or GPUPLAT_DATASET_BECOME).
-    command = [sys.executable, program] if os.geteuid() == 0 else [*become_command(config, uid), program]
+    # Root and the owner run it directly (root's drops to the owner itself); anyone else through sudo
+    # (or GPUPLAT_DATASET_BECOME).
+    direct = os.geteuid() in (0, uid)
+    command = [sys.executable, program] if direct else [*become_command(config, uid), program]
     how = shlex.join(command[:-1])
     if config.path != CONFIG:
         command += ["--config", str(config.path)]
-    command += ["--as-owner", *arguments]
+    return [*command, "--as-owner", *arguments], how
+
+
+def cannot_become(how: str, detail: str) -> CacheError:
+    return CacheError(
+        f"cannot run as the cache owner through `{how}` ({detail}; roles/slurm_compute installs the sudoers "
+        "rule for /usr/local/bin/gpuplat-dataset)"
+    )
+
+
+def as_owner(config: Config, arguments: Sequence[str]) -> tuple[int, str]:
+    """Run this program again as the cache's owner with `arguments`; stderr passes through. Returns its
+    exit status and its stdout (less the exit mark)."""
+    command, how = owner_command(config, arguments)
     try:
         done = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=False)
     except OSError as exc:
-        raise CacheError(f"cannot run as the cache owner through `{how}`: {exc}") from exc
+        raise cannot_become(how, str(exc)) from exc
     lines = done.stdout.splitlines()
     if not lines or not lines[-1].startswith(EXIT_MARK):
-        raise CacheError(
-            f"cannot run as the cache owner through `{how}` (exit {done.returncode}; see above; "
-            "roles/slurm_compute installs the sudoers rule for /usr/local/bin/gpuplat-dataset)"
-        )
+        raise cannot_become(how, f"exit {done.returncode}, see above")
     return int(lines[-1].removeprefix(EXIT_MARK)), "".join(f"{line}\n" for line in lines[:-1])
 
 
@@ -218,7 +235,7 @@ class Lock:
         flags = os.O_RDONLY | os.O_CLOEXEC
         if create:
             flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
-        self.fd = os.open(path, flags, 0o644)
+        self.fd = os.open(path, flags, 0o600)
         try:
             fcntl.flock(self.fd, mode)
         except BaseException:
@@ -247,10 +264,14 @@ def try_exclusive(path: Path) -> Lock | None:
         return None
 
 
+def readers(generation: Path) -> Path:
+    return generation.parent / f"{READERS}{generation.name}"
+
+
 def hold_current(version: Path) -> tuple[Path, Lock] | None:
-    """The generation `current` names, with a shared lock on it; None when there is none. A generation
-    being removed is renamed away under an exclusive lock first: once locked, the path must still be
-    the directory locked (else `current` moved on meanwhile: read it again)."""
+    """The generation `current` names, with a shared lock on its readers' file; None when there is none.
+    A generation is removed under the exclusive lock, renamed away and its readers' file unlinked: once
+    locked, both must still be in place (else `current` moved on meanwhile: read it again)."""
     seen = None
     while True:
         try:
@@ -267,18 +288,19 @@ def hold_current(version: Path) -> tuple[Path, Lock] | None:
 
 
 def hold(path: Path) -> Lock | None:
-    """A shared lock on a generation directory that is still in place."""
+    """A shared lock on a generation that is still in place (the cache's owner only)."""
     try:
-        lock = Lock(path, fcntl.LOCK_SH)
+        lock = Lock(readers(path), fcntl.LOCK_SH)
     except (FileNotFoundError, NotADirectoryError):
         return None
     try:
-        now = os.stat(path)
+        now = os.stat(readers(path))
+        directory = os.lstat(path)
     except FileNotFoundError:
         lock.close()
         return None
     locked = os.fstat(lock.fd)
-    if (now.st_dev, now.st_ino) != (locked.st_dev, locked.st_ino) or not stat.S_ISDIR(locked.st_mode):
+    if (now.st_dev, now.st_ino) != (locked.st_dev, locked.st_ino) or not stat.S_ISDIR(directory.st_mode):
         lock.close()
         return None
     return lock
@@ -431,18 +453,20 @@ def current_name(version: Path) -> str | None:
 
 def remove_generation(version: Path, generation: Path) -> bool:
     """Remove a generation no job holds (False: one does, it stays). Held by the caller: the version's
-    lock. `current` is unlinked first when it names it; the directory is renamed away under its
-    exclusive lock, so no reader can take it after."""
-    lock = try_exclusive(generation)
-    if lock is None:
+    lock. Under the exclusive lock of its readers' file (taken without waiting): `current` unlinked when
+    it names it, the directory renamed away, the readers' file unlinked; then the files are removed."""
+    try:
+        lock = Lock(readers(generation), fcntl.LOCK_EX | fcntl.LOCK_NB, create=True)
+    except BlockingIOError:
         return False
+    trash = version / f"{TRASH}{generation.name}-{os.getpid()}"
     with lock:
         if current_name(version) == generation.name:
             (version / CURRENT).unlink()
-        trash = version / f"{TRASH}{generation.name}-{os.getpid()}"
         generation.rename(trash)
+        readers(generation).unlink()
         fsync_dir(version)
-        shutil.rmtree(trash, ignore_errors=True)
+    shutil.rmtree(trash, ignore_errors=True)
     return True
 
 
@@ -457,6 +481,11 @@ def clean_version(version: Path, keep_current: bool = True) -> None:
             shutil.rmtree(path, ignore_errors=True)
         elif name.startswith(NEW_CURRENT):
             path.unlink(missing_ok=True)
+        elif name.startswith(READERS) and not (version / name.removeprefix(READERS)).is_dir():
+            orphan = try_exclusive(path)  # a stage killed between making it and the rename
+            if orphan is not None:
+                with orphan:
+                    path.unlink(missing_ok=True)
     current = current_name(version) if keep_current else None
     for _, generation in generations(version):
         if generation.name != current:
@@ -575,6 +604,7 @@ def stage_copy(config: Config, entry: Dataset, version: Path, log: TextIO) -> Pa
             fsync_dir(directory)
         fsync_dir(staging)
         final = version / f"g{next_generation(version)}"
+        Lock(readers(final), fcntl.LOCK_SH, create=True).close()
         staging.rename(final)
         link = version / f"{NEW_CURRENT}{os.getpid()}"
         link.unlink(missing_ok=True)
@@ -678,35 +708,61 @@ def verify(config: Config, name: str, check: str, out: TextIO = sys.stdout) -> i
 
 
 def run(config: Config, args: argparse.Namespace) -> int:
-    """Stage, hold the copy with a shared lock the command inherits, exec the command."""
+    """Stage through a holder (this program as the cache's owner, `hold`), which holds the copy until
+    the command ends; exec the command with GPUPLAT_DATASET_PATH set."""
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
     if not command:
         raise CacheError("run: give the command after `--`")
+    holder, how = owner_command(config, ["hold", args.name, "--check", args.check])
+    try:
+        process = subprocess.Popen(holder, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    except OSError as exc:
+        raise cannot_become(how, str(exc)) from exc
+    assert process.stdin is not None and process.stdout is not None
+    path = None
+    for raw in process.stdout:
+        line = raw.decode(errors="replace").rstrip("\n")
+        if line.startswith(HELD_MARK):
+            path = line.removeprefix(HELD_MARK)
+            break
+        if line.startswith(EXIT_MARK):
+            raise SystemExit(int(line.removeprefix(EXIT_MARK)) or 2)  # its error is on stderr
+    if path is None:
+        raise cannot_become(how, f"exit {process.wait()}, see above")
+    process.stdout.close()
+    # The holder keeps the copy until EOF on its stdin: when the command, and every process that
+    # inherited this descriptor, has ended.
+    os.set_inheritable(process.stdin.fileno(), True)
+    environment = {**os.environ, "GPUPLAT_DATASET_PATH": path}
+    try:
+        os.execvpe(command[0], command, environment)
+    except OSError as exc:
+        raise CacheError(f"run: cannot start {command[0]}: {exc.strerror}") from exc
+
+
+def hold_for_caller(config: Config, name: str, check: str) -> int:
+    """`run`'s owner side: stage, hold a shared lock on the copy, print where it is, and keep the lock
+    until EOF on stdin. SIGTERM and SIGINT are ignored: a job given a grace time to save may still
+    read; the holder ends with the job's processes (EOF), or with SIGKILL when Slurm ends the step."""
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
     for _ in range(5):
-        path = owner_stage(config, args.name, args.check)
+        path = stage(config, name, check)
         lock = hold(path)
-        if lock is None:  # evicted between the stage and the lock: stage again
-            continue
-        os.set_inheritable(lock.fd, True)
-        environment = {**os.environ, "GPUPLAT_DATASET_PATH": str(path)}
-        try:
-            os.execvpe(command[0], command, environment)
-        except OSError as exc:
-            raise CacheError(f"run: cannot start {command[0]}: {exc.strerror}") from exc
-    raise CacheError(f"run: the copy of {args.name} was removed each time before it could be held")
-
-
-def owner_stage(config: Config, name: str, check: str) -> Path:
-    uid, _ = cache_owner(config)
-    if os.geteuid() == uid:
-        os.umask(0o022)
-        return stage(config, name, check)
-    code, out = as_owner(config, ["stage", name, "--check", check])
-    if code != 0:
-        raise SystemExit(code)
-    return Path(out.strip().splitlines()[-1])
+        if lock is not None:
+            break
+    else:
+        raise CacheError(f"{name}: the copy was removed each time before it could be held")
+    with lock:
+        print(f"{HELD_MARK}{path}", flush=True)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)  # the caller reads no more (and execs its command)
+        os.close(devnull)
+        while os.read(0, 65536):
+            pass
+    return 0
 
 
 # --- the command line -----------------------------------------------------------------------------------
@@ -725,7 +781,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--config", type=Path, default=CONFIG)
     parser.add_argument("--as-owner", action="store_true", help=argparse.SUPPRESS)
     commands = parser.add_subparsers(dest="command_name", required=True)
-    for command, default in (("stage", "size"), ("verify", "full"), ("run", "size")):
+    for command, default in (("stage", "size"), ("verify", "full"), ("run", "size"), ("hold", "size")):
         sub = commands.add_parser(command)
         sub.add_argument("name")
         sub.add_argument("--check", choices=("full", "size"), default=default)
@@ -744,6 +800,8 @@ def dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.command_name == "run":
         return run(config, args)
+    if args.command_name == "hold" and not args.as_owner:
+        raise CacheError("hold is what `run` starts as the cache's owner; use run")
     uid, gid = cache_owner(config)
     if os.geteuid() != uid:
         if os.geteuid() == 0:
@@ -758,6 +816,8 @@ def dispatch(args: argparse.Namespace) -> int:
     if args.command_name == "stage":
         print(stage(config, args.name, args.check))
         return 0
+    if args.command_name == "hold":
+        return hold_for_caller(config, args.name, args.check)
     return verify(config, args.name, args.check)
 
 
@@ -780,7 +840,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("gpuplat-dataset: interrupted", file=sys.stderr)
         code = 2
-    if args.as_owner:
+    if args.as_owner and not (args.command_name == "hold" and code == 0):
         print(f"{EXIT_MARK}{code}", flush=True)
     return code
 
