@@ -394,6 +394,17 @@ def test_unknown_datasets_and_missing_sources_are_refused(tmp_path: Path) -> Non
     _one_error_line(_run(config, "stage", "corpus"), "cannot read the dataset configuration")
     config.write_text(json.dumps({"cache_path": "relative", "datasets": [{"name": "x"}]}))
     _one_error_line(_run(config, "stage", "x"), "datasets.json")
+    # The cache's root: the configured cache user's, and no one else may write to it.
+    cache = tmp_path / "owned"
+    document = {"cache_path": str(cache), "cache_user": "gpuplat-nobody-here", "datasets": []}
+    config.write_text(json.dumps(document))
+    _one_error_line(_run(config, "stage", "x"), "does not exist", "roles/slurm_compute")
+    cache.mkdir()
+    _one_error_line(_run(config, "stage", "x"), "not to the cache user gpuplat-nobody-here")
+    del document["cache_user"]
+    config.write_text(json.dumps(document))
+    cache.chmod(0o1777)  # the layout before the cache had a user: anyone could replace a copy
+    _one_error_line(_run(config, "stage", "x"), "may be written by other users")
 
 
 def test_a_source_that_vanishes_mid_copy_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
@@ -520,6 +531,14 @@ def test_under_sudo_only_the_node_configuration_is_read(world: Path) -> None:
     as_sudo = f"env SUDO_UID={ALICE} {BECOME_OWNER}"
     done = _user_stage(ALICE, config, "stage", "corpus", become=as_sudo)
     _one_error_line(done, "/etc/gpuplat/datasets.json")
+    # Nor a command of theirs as the cache's user (`sudo -u gpuplat-cache gpuplat-dataset run X -- sh`).
+    owner = ["setpriv", f"--reuid={CACHE_UID}", f"--regid={CACHE_UID}", "--clear-groups", "--"]
+    shell = subprocess.run(
+        ["env", f"SUDO_UID={ALICE}", *owner, SYSTEM_PYTHON, str(PROGRAM), "run", "corpus", "--", "id"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    _one_error_line(shell, "under sudo, run is refused")
+    assert "uid=" not in shell.stdout
 
 
 @as_root

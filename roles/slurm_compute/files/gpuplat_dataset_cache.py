@@ -51,6 +51,7 @@ import fcntl
 import hashlib
 import json
 import os
+import pwd
 import re
 import shlex
 import shutil
@@ -160,15 +161,30 @@ def load_config(path: Path) -> Config:
 
 
 def cache_owner(config: Config) -> tuple[int, int]:
-    """(uid, gid) the cache belongs to: its root's owner. A root others may write to is refused."""
+    """(uid, gid) the cache belongs to: its root's owner, which must be cache_user when the configuration
+    names one. A root others may write to is refused."""
     try:
         status = config.cache.stat()
     except FileNotFoundError:
-        # No cache yet (a developer's machine): whoever stages first owns it. Nodes have it from the role.
+        if config.user is not None:  # a node: the role makes it, the cache user's (not whoever comes first)
+            raise CacheError(
+                f"{config.cache} does not exist: roles/slurm_compute makes it, {config.user}'s"
+            ) from None
+        # No cache yet on a developer's machine: whoever stages first owns it.
         config.cache.mkdir(mode=0o755, parents=True, exist_ok=True)
         status = config.cache.stat()
     if not stat.S_ISDIR(status.st_mode):
         raise CacheError(f"{config.cache} is not a directory")
+    if config.user is not None:
+        try:
+            owner = pwd.getpwuid(status.st_uid).pw_name
+        except KeyError:
+            owner = f"uid {status.st_uid}"
+        if owner != config.user:
+            raise CacheError(
+                f"{config.cache} belongs to {owner}, not to the cache user {config.user}: whoever owns it "
+                "could change what every job reads; roles/slurm_compute makes it the cache user's"
+            )
     if status.st_mode & 0o022:
         raise CacheError(
             f"{config.cache} may be written by other users (mode {stat.S_IMODE(status.st_mode):o}): any of "
@@ -792,8 +808,13 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def dispatch(args: argparse.Namespace) -> int:
-    if args.as_owner and "SUDO_UID" in os.environ and args.config != CONFIG:
-        raise CacheError(f"under sudo only {CONFIG} is read, not {args.config}")
+    if "SUDO_UID" in os.environ and os.getuid() != 0:
+        # What sudo lets every user run as the cache's user: never a command of theirs, never a
+        # configuration of theirs (their own files as the source of a stack's dataset).
+        if args.command_name == "run":
+            raise CacheError("under sudo, run is refused (it would start a command as the cache's user)")
+        if args.config != CONFIG:
+            raise CacheError(f"under sudo only {CONFIG} is read, not {args.config}")
     config = load_config(args.config)
     if args.command_name == "list":
         list_datasets(config)
