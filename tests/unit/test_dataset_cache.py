@@ -214,6 +214,21 @@ def test_a_source_changed_for_the_same_version_is_staged_again(tmp_path: Path) -
     assert Path(staged.stdout.strip()) != path
 
 
+def test_jobs_that_start_together_share_one_copy(tmp_path: Path) -> None:
+    """Four stages at once on an empty cache (the first job's tasks on one node): one copies, the others
+    wait for it and find it; all are handed the same directory."""
+    config = _setup(tmp_path)
+    command = [sys.executable, str(PROGRAM), "--config", str(config), "stage", "corpus"]
+    processes = [
+        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)
+    ]
+    results = [process.communicate(timeout=120) for process in processes]
+    assert all(process.returncode == 0 for process in processes), results
+    assert len({out.strip() for out, _ in results}) == 1
+    assert sum("staged from" in err for _, err in results) == 1
+    assert sum("cached at" in err for _, err in results) == 3
+
+
 def test_a_kill_at_every_step_of_a_stage_leaves_nothing_the_next_stage_hands_out(tmp_path: Path) -> None:
     """What a stage killed between two of its steps leaves: a copy without its manifest, a whole copy
     not yet renamed, a renamed copy `current` does not name, a new `current` link not renamed into place,

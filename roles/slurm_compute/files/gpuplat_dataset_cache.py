@@ -440,11 +440,14 @@ def problems(directory: Path, entry: Dataset, check: str) -> list[str]:
 
 def generations(version: Path) -> list[tuple[int, Path]]:
     found = []
-    with os.scandir(version) as entries:
-        for entry in entries:
-            match = GENERATION.match(entry.name)
-            if match and entry.is_dir(follow_symlinks=False):
-                found.append((int(match.group(1)), Path(entry.path)))
+    try:
+        listing = list(os.scandir(version))
+    except FileNotFoundError:
+        return []
+    for entry in listing:
+        match = GENERATION.match(entry.name)
+        if match and entry.is_dir(follow_symlinks=False):
+            found.append((int(match.group(1)), Path(entry.path)))
     return sorted(found)
 
 
@@ -545,12 +548,16 @@ def make_room(config: Config, entry: Dataset, needed: int, log: TextIO) -> None:
     for name, version_name, version in cache_versions(config):
         used += staging_bytes(version)
         for _, generation in generations(version):
-            size = generation_bytes(generation)
+            try:  # another stage may be removing it meanwhile (under that version's lock)
+                size = generation_bytes(generation)
+                last_use = generation.stat().st_mtime
+            except FileNotFoundError:
+                continue
             used += size
             if (name, version_name) != (entry.name, entry.version) or generation.name != current_name(
                 version
             ):
-                copies.append((generation.stat().st_mtime, name, version_name, version, generation, size))
+                copies.append((last_use, name, version_name, version, generation, size))
     free = shutil.disk_usage(config.cache).free
     limit = used + free - DISK_MARGIN
     if config.max_bytes:
