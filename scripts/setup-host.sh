@@ -3,12 +3,13 @@
 #   podman + runc    containers for Molecule (runc: crun fails on cgroup v1 hybrid hosts)
 #   debootstrap      builds the local base image (no registry is reachable)
 #   apt-utils, dpkg-dev, gnupg   build and sign the offline fixture apt repository
+#   sudo             visudo checks the sudoers drop-in of roles/slurm_compute's dataset cache
 # The project's containers.conf (scripts/containers.conf) is used through
 # CONTAINERS_CONF by scripts/test-roles.sh; nothing under /etc is edited.
 set -euo pipefail
 
 PACKAGES=(podman runc debootstrap apt-utils dpkg-dev gnupg uidmap slirp4netns fuse-overlayfs
-          conmon catatonit iproute2 python3 ca-certificates)
+          conmon catatonit iproute2 python3 ca-certificates sudo)
 
 if [[ ${EUID} -ne 0 ]]; then
   echo "setup-host.sh: run as root (it installs packages with apt-get)" >&2

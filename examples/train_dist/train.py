@@ -33,8 +33,12 @@ torch/distributed/run.py:1025-1028, launcher/api.py:379-387 @v2.13.0), so every 
 code to the file named by GPUPLAT_TRAIN_EXIT_FILE, where train.sbatch reads it.
 
 Per step it measures the time spent waiting for data, computing and communicating (the all-reduce of
-the gradients) and, on rank 0, prints them every --log-every steps as a `timing` line and writes them
-for node_exporter's textfile collector (--metrics-dir): `gpuplat job-profile LOG` says which dominates.
+the gradients); every rank prints them every --log-every steps as a `timing rank=R host=H ...` line (one
+whole line each, so the ranks' lines can interleave in one log), and rank 0 writes them for
+node_exporter's textfile collector (--metrics-dir): `gpuplat job-profile LOG` says which dominates, and
+names a straggler rank the others wait for. On CUDA the host timers are read after
+torch.cuda.synchronize() and the all-reduce is timed with CUDA events (kernels run asynchronously: without
+it the GPU's work would be counted wherever the host next waits, often as data).
 """
 
 import argparse
@@ -352,22 +356,41 @@ class StepTimes:
 
 
 class CommTimer:
-    """A DDP communication hook that times each gradient bucket's all-reduce, launch to completion."""
+    """A DDP communication hook that times each gradient bucket's all-reduce, launch to completion. On
+    CUDA the future completes when the all-reduce is queued, not done: CUDA events instead, recorded on
+    the stream before it and on the stream the result is used on, read by collect() after a
+    synchronize."""
 
-    def __init__(self) -> None:
+    def __init__(self, cuda: bool = False) -> None:
         self.seconds = 0.0
+        self.cuda = cuda
+        self.events: list[tuple[Any, Any]] = []
 
     def hook(self, state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         started = time.perf_counter()
+        begin = torch.cuda.Event(enable_timing=True) if self.cuda else None
+        if begin is not None:
+            begin.record()
         tensor = bucket.buffer().div_(dist.get_world_size())
         work = dist.all_reduce(tensor, async_op=True)
         assert work is not None
 
         def done(future: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
-            self.seconds += time.perf_counter() - started
+            if begin is not None:
+                end = torch.cuda.Event(enable_timing=True)
+                end.record()
+                self.events.append((begin, end))
+            else:
+                self.seconds += time.perf_counter() - started
             return future.value()[0]
 
         return work.get_future().then(done)
+
+    def collect(self) -> float:
+        """This step's communication in seconds (on CUDA: after torch.cuda.synchronize())."""
+        self.seconds += sum(begin.elapsed_time(end) for begin, end in self.events) / 1000
+        self.events.clear()
+        return self.seconds
 
 
 def write_metrics(directory: Path | None, job: str, times: StepTimes, step: int) -> None:
@@ -480,7 +503,7 @@ class Trainer:
         # Checkpoint collectives run in the save thread, on a group of their own.
         self.checkpoint_group = dist.new_group(backend="gloo")
         self.inputs, self.targets = dataset(args.seed)
-        self.comm = CommTimer()
+        self.comm = CommTimer(cuda=self.device.type == "cuda")
         model = make_model(args.seed, args.hidden, args.depth).to(self.device)
         # find_unused_parameters=True keeps DDP's first gradient-bucket layout: otherwise the reducer
         # rebuilds its buckets after the first iteration (reducer.hpp, should_rebuild_buckets), so a
@@ -625,6 +648,7 @@ class Trainer:
         loss = torch.tensor(0.0)
         fetched = time.perf_counter()
         for step, inputs, targets in self.batches(start):
+            self.synchronize()  # the batch's copy to the device counts as waiting for data
             computing = time.perf_counter()
             self.times.add("data", computing - fetched)
             self.comm.seconds = 0.0
@@ -636,8 +660,10 @@ class Trainer:
                 time.sleep(args.step_seconds)
             stop = torch.tensor([1 if self.termination.requested else 0])
             dist.all_reduce(stop, op=dist.ReduceOp.MAX)
-            self.times.add("comm", self.comm.seconds)
-            self.times.add("compute", max(0.0, time.perf_counter() - computing - self.comm.seconds))
+            self.synchronize()  # the step's GPU work is done before the host reads its timer
+            comm = self.comm.collect()
+            self.times.add("comm", comm)
+            self.times.add("compute", max(0.0, time.perf_counter() - computing - comm))
             self.times.steps += 1
             done = step + 1
             if stop.item():
@@ -649,7 +675,7 @@ class Trainer:
                 self.save(done, asynchronous=not args.sync_checkpoints)
             else:
                 self.finish_pending(wait=False)
-            if self.rank == 0 and (done % args.log_every == 0 or done == args.steps):
+            if done % args.log_every == 0 or done == args.steps:
                 self.report(done, float(loss.item()))
             fetched = time.perf_counter()
         periodic_saves, blocked_s = self.saves, self.times.totals.get("checkpoint", 0.0)
@@ -661,12 +687,21 @@ class Trainer:
                   f"checkpoint_blocked_s={blocked_s:.3f}", flush=True)  # fmt: skip
         return 0
 
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
     def report(self, step: int, loss: float) -> None:
+        """Every rank: one whole line (a single write), its rank and host in it."""
         times, steps = self.times, max(1, self.times.steps)
-        print(f"step {step} loss {loss:.6g} timing data_s={times.data / steps:.6f} "
-              f"compute_s={times.compute / steps:.6f} comm_s={times.comm / steps:.6f} "
-              f"checkpoint_s={times.checkpoint / steps:.6f} steps={steps}", flush=True)  # fmt: skip
-        write_metrics(self.args.metrics_dir, str(self.args.job), times, step)
+        line = (f"step {step} loss {loss:.6g} timing rank={self.rank} host={socket.gethostname()} "
+                f"data_s={times.data / steps:.6f} compute_s={times.compute / steps:.6f} "
+                f"comm_s={times.comm / steps:.6f} checkpoint_s={times.checkpoint / steps:.6f} "
+                f"steps={steps}\n")  # fmt: skip
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        if self.rank == 0:
+            write_metrics(self.args.metrics_dir, str(self.args.job), times, step)
         self.times = StepTimes(totals=times.totals)
 
 

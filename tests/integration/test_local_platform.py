@@ -350,26 +350,44 @@ def test_distributed_training_survives_a_sigterm_and_losing_a_node(
 def test_a_corrupted_dataset_cache_entry_is_found_and_staged_again(
     first_up: subprocess.CompletedProcess[str],
 ) -> None:
-    """After the distributed job: another job on train-0 finds the dataset cached (no second copy); then one
-    byte of the cached copy changed (same size) is caught by the full check that `stage` runs before
-    handing the copy out, and the copy is staged again."""
+    """After the distributed job: another job on train-0 finds the dataset cached (no second copy), and so
+    does a second user of another account, who can read the copy and not change it (the cache is
+    gpuplat-cache's; both go through the role's sudoers rule). One byte of the cached copy changed (same
+    size) is left to `verify` by a job start's cheap check; verify finds it and withdraws the copy, and
+    the next stage copies it again into a new directory."""
     assert first_up.returncode == 0
-    srun = ["runuser", "-u", "alice", "--", "srun", "--partition", "train", "--account", "research"]
-    srun += ["--nodelist", "train-0", "--time", "2", "gpuplat-dataset"]
+
+    def srun(user: str, account: str) -> list[str]:
+        command = ["runuser", "-u", user, "--", "srun", "--partition", "train", "--account", account]
+        return [*command, "--nodelist", "train-0", "--time", "2"]
+
+    alice = [*srun("alice", "research"), "gpuplat-dataset"]
     head = container_name(STACK, "head-0")
-    again = podman("exec", head, *srun, "stage", "demo-corpus", check=False)
+    again = podman("exec", head, *alice, "stage", "demo-corpus", check=False)
     assert again.returncode == 0 and "demo-corpus v1: cached at" in again.stderr, (again.stdout, again.stderr)
-    shard = f"{DATASET_CACHE}/demo-corpus/v1/shards/000.bin"
+    path = again.stdout.strip()
+    assert path.startswith(f"{DATASET_CACHE}/demo-corpus/v1/g"), path
+    bob = podman(
+        "exec", head, *srun("bob", "product"), "gpuplat-dataset", "stage", "demo-corpus", check=False
+    )
+    assert bob.returncode == 0 and bob.stdout.strip() == path, (bob.stdout, bob.stderr)
+    tamper = f"echo x >> {path}/index.json || rm -f {path}/shards/000.bin || exit 0; exit 1"
+    assert podman("exec", head, *srun("bob", "product"), "sh", "-c", tamper, check=False).returncode == 0
+    assert on("train-0", "stat", "-c", "%U %a", f"{path}/shards/000.bin").split() == ["gpuplat-cache", "444"]
+
+    shard = f"{path}/shards/000.bin"
     on("train-0", "sh", "-c", f"printf X | dd of={shard} bs=1 seek=1000 conv=notrunc status=none")
-    verify = podman("exec", head, *srun, "verify", "demo-corpus", check=False)
+    cheap = podman("exec", head, *alice, "stage", "demo-corpus", check=False)
+    assert cheap.returncode == 0 and cheap.stdout.strip() == path, (cheap.stdout, cheap.stderr)
+    verify = podman("exec", head, *alice, "verify", "demo-corpus", check=False)
     assert verify.returncode == 1 and "000.bin: content differs" in verify.stdout, (
         verify.stdout,
         verify.stderr,
     )
-    staged = on("head-0", *srun, "stage", "demo-corpus")
-    assert staged.strip() == f"{DATASET_CACHE}/demo-corpus/v1"
+    staged = on("head-0", *alice, "stage", "demo-corpus").strip()
+    assert staged.startswith(f"{DATASET_CACHE}/demo-corpus/v1/g") and staged != path, staged
     original = on("head-0", "sha256sum", f"{DATASET_DIR}/shards/000.bin").split()[0]
-    assert on("train-0", "sha256sum", shard).split()[0] == original
+    assert on("train-0", "sha256sum", f"{staged}/shards/000.bin").split()[0] == original
 
 
 def _scraped_nodes() -> set[str]:

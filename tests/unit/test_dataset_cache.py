@@ -1,13 +1,31 @@
 """gpuplat-dataset (roles/slurm_compute/files/gpuplat_dataset_cache.py), the node's dataset cache, run
-as the program jobs run: a version is copied once and reused by the next job; a corrupted, truncated or
-half-staged copy is found and staged again, never handed out; unknown names are refused."""
+as the program jobs run: a version is copied once and reused by the next job; a job start checks the copy
+cheaply (the manifest's digest and the files' sizes), staging and `verify` hash every byte; a copy found
+bad is withdrawn and staged again into a new directory, never rewritten under a job that reads it; the
+cache belongs to its own user and serves every user of the node; it stays under its size cap by evicting
+the least recently used copy no job holds; every error is one line and exit 2.
+
+The tests of other users run as root (CI does) with numeric uids that need no passwd entry, switched to
+with setpriv; `sudo -n -u gpuplat-cache` (what the role installs, tests/roles/test_dataset_cache_role.py)
+is replaced by setpriv through GPUPLAT_DATASET_BECOME. Not modelled here: sudo's own policy and PAM
+(the role test validates the sudoers drop-in with visudo), Slurm's cgroups."""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import shutil
+import signal
+import stat
 import subprocess
 import sys
+import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from infra.platform.resolve import load_platform
 from infra.spec.load import stack_file
@@ -16,27 +34,107 @@ from infra.training.job_env import dataset_sources
 PROGRAM = (
     Path(__file__).resolve().parents[2] / "roles" / "slurm_compute" / "files" / "gpuplat_dataset_cache.py"
 )
+# What the other users run it with: the system's Python (the venv's may sit under root's 0700 home).
+SYSTEM_PYTHON = "/usr/bin/python3"
+CACHE_UID, ALICE, BOB = 60999, 61001, 61002
+SHARD0 = bytes(range(256)) * 64
+SHARD1 = b"second shard" * 100
+INDEX = '{"shards": 2}'
+
+as_root = pytest.mark.skipif(
+    os.geteuid() != 0 or not Path(SYSTEM_PYTHON).exists() or shutil.which("setpriv") is None,
+    reason="other users on the node: needs root, setpriv and /usr/bin/python3 (CI runs as root)",
+)
 
 
-def _setup(tmp_path: Path) -> Path:
-    source = tmp_path / "shared" / "datasets" / "corpus" / "v1"
+@pytest.fixture
+def world() -> Iterator[Path]:
+    """A directory every uid can traverse (pytest's tmp_path is 0700)."""
+    path = Path(tempfile.mkdtemp(prefix="gpuplat-dataset-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _source(base: Path, name: str = "corpus", payload: bytes = SHARD0) -> Path:
+    source = base / "shared" / "datasets" / name / "v1"
     (source / "shards").mkdir(parents=True)
-    (source / "shards" / "000.bin").write_bytes(bytes(range(256)) * 64)
-    (source / "shards" / "001.bin").write_bytes(b"second shard" * 100)
-    (source / "index.json").write_text('{"shards": 2}')
-    config = tmp_path / "datasets.json"
-    datasets = [{"name": "corpus", "version": "v1", "source": str(source)}]
-    config.write_text(json.dumps({"cache_path": str(tmp_path / "cache"), "datasets": datasets}))
+    (source / "shards" / "000.bin").write_bytes(payload)
+    (source / "shards" / "001.bin").write_bytes(SHARD1)
+    (source / "index.json").write_text(INDEX)
+    for path in [source, *source.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    for parent in source.parents:
+        if parent == base:
+            break
+        parent.chmod(0o755)
+    return source
+
+
+def _setup(
+    base: Path, *, owner: int | None = None, names: tuple[str, ...] = ("corpus",), **extra: object
+) -> Path:
+    datasets = [{"name": n, "version": "v1", "source": str(_source(base, n))} for n in names]
+    cache = base / "cache"
+    if owner is not None:  # as the role makes it: the cache user's, 0755
+        cache.mkdir()
+        os.chown(cache, owner, owner)
+        cache.chmod(0o755)
+    config = base / "datasets.json"
+    config.write_text(json.dumps({"cache_path": str(cache), "datasets": datasets, **extra}))
+    config.chmod(0o644)
     return config
 
 
-def _run(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _run(config: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, str(PROGRAM), "--config", str(config), *args],
         capture_output=True,
         text=True,
         check=False,
+        env={**os.environ, **(env or {})},
+        timeout=120,
     )
+
+
+BECOME_OWNER = (
+    f"setpriv --reuid={CACHE_UID} --regid={CACHE_UID} --clear-groups --inh-caps=-all --ambient-caps=-all "
+    f"-- {SYSTEM_PYTHON}"
+)
+
+
+def _as(
+    uid: int, *command: str, become: str = BECOME_OWNER, sudo_part: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """Run as uid with no supplementary group. With `sudo_part` it keeps CAP_SETUID/SETGID, only to run
+    the BECOME command (what sudo does); without, it is a plain user."""
+    switch = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+    if sudo_part:
+        switch += ["--inh-caps=+setuid,+setgid", "--ambient-caps=+setuid,+setgid"]
+    switch += ["--inh-caps=-all", "--ambient-caps=-all"] if not sudo_part else []
+    switch.append("--")
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/", "GPUPLAT_DATASET_BECOME": become}
+    return subprocess.run(
+        [*switch, *command], capture_output=True, text=True, check=False, env=env, timeout=120
+    )
+
+
+def _user_stage(
+    uid: int, config: Path, *args: str, become: str = BECOME_OWNER
+) -> subprocess.CompletedProcess[str]:
+    return _as(uid, SYSTEM_PYTHON, str(PROGRAM), "--config", str(config), *args, become=become)
+
+
+def _one_error_line(done: subprocess.CompletedProcess[str], *expected: str) -> None:
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert "Traceback" not in done.stderr and lines, done.stderr
+    assert lines[-1].startswith("gpuplat-dataset: "), done.stderr
+    for text in expected:
+        assert text in lines[-1], (text, done.stderr)
+
+
+# --- one user -------------------------------------------------------------------------------------------
 
 
 def test_a_version_is_staged_once_and_the_next_job_reuses_it(tmp_path: Path) -> None:
@@ -44,9 +142,10 @@ def test_a_version_is_staged_once_and_the_next_job_reuses_it(tmp_path: Path) -> 
     first = _run(config, "stage", "corpus")
     assert first.returncode == 0, first.stderr
     path = Path(first.stdout.strip())
-    assert path == tmp_path / "cache" / "corpus" / "v1"
+    assert path.parent == tmp_path / "cache" / "corpus" / "v1"
+    assert (path.parent / "current").resolve() == path
     assert "staged from" in first.stderr
-    assert (path / "shards" / "000.bin").read_bytes() == bytes(range(256)) * 64
+    assert (path / "shards" / "000.bin").read_bytes() == SHARD0
     inode = (path / "shards" / "000.bin").stat().st_ino
     second = _run(config, "stage", "corpus")
     assert second.returncode == 0 and Path(second.stdout.strip()) == path
@@ -54,48 +153,416 @@ def test_a_version_is_staged_once_and_the_next_job_reuses_it(tmp_path: Path) -> 
     assert (path / "shards" / "000.bin").stat().st_ino == inode  # not copied again
     assert _run(config, "verify", "corpus").returncode == 0
     assert "corpus\tv1\tcached" in _run(config, "list").stdout
+    # Read-only copies: a job's bug cannot change what the next job reads.
+    assert not (path / "index.json").stat().st_mode & 0o222
 
 
-def test_a_corrupted_copy_is_found_and_staged_again(tmp_path: Path) -> None:
+def test_a_job_start_checks_sizes_and_the_manifest_digest_and_only_staging_or_verify_hash(
+    tmp_path: Path,
+) -> None:
+    """`stage` at a job start does not read the whole dataset again: a same-size change is left to
+    `verify` (and to `stage --check full`), which withdraws the copy; the next stage copies it again into
+    a new directory and removes the bad one once no job holds it."""
     config = _setup(tmp_path)
     path = Path(_run(config, "stage", "corpus").stdout.strip())
     shard = path / "shards" / "001.bin"
+    shard.chmod(0o644)
     shard.write_bytes(b"SECOND SHARD" * 100)  # same size, other bytes
+    cheap = _run(config, "stage", "corpus")
+    assert cheap.returncode == 0 and Path(cheap.stdout.strip()) == path and "cached at" in cheap.stderr
     verified = _run(config, "verify", "corpus")
     assert verified.returncode == 1 and "001.bin: content differs" in verified.stdout
-    assert _run(config, "verify", "corpus", "--check", "size").returncode == 0  # sizes alone miss it
+    assert "withdrawn" in verified.stderr
     again = _run(config, "stage", "corpus")
-    assert again.returncode == 0 and "cached copy unusable" in again.stderr and "staged from" in again.stderr
-    assert shard.read_bytes() == b"second shard" * 100
+    assert again.returncode == 0 and "staged from" in again.stderr, again.stderr
+    new = Path(again.stdout.strip())
+    assert new != path and (new / "shards" / "001.bin").read_bytes() == SHARD1
+    assert not path.exists()  # no job held it
+
+    full = _run(config, "stage", "corpus", "--check", "full")
+    assert full.returncode == 0 and Path(full.stdout.strip()) == new
 
 
-def test_a_truncated_or_half_staged_copy_is_never_handed_out(tmp_path: Path) -> None:
+def test_a_truncated_copy_or_a_changed_manifest_is_never_handed_out(tmp_path: Path) -> None:
     config = _setup(tmp_path)
     path = Path(_run(config, "stage", "corpus").stdout.strip())
+    (path / "index.json").chmod(0o644)
     (path / "index.json").write_text("{")
-    assert "index.json: 1 bytes, expected 13" in _run(config, "verify", "corpus", "--check", "size").stdout
-    (path / "MANIFEST.json").unlink()  # as a copy cut off before its manifest
-    leftover = tmp_path / "cache" / "corpus" / ".staging-v1-999"
-    leftover.mkdir()
+    checked = _run(config, "verify", "corpus", "--check", "size")
+    assert "index.json: 1 bytes, expected 13" in checked.stdout
+    path = Path(_run(config, "stage", "corpus").stdout.strip())
+    assert (path / "index.json").read_text() == INDEX
+    # A manifest edited to match a truncated file: its own digest no longer matches.
+    manifest = path / "MANIFEST.json"
+    manifest.chmod(0o644)
+    manifest.write_text(manifest.read_text().replace('"size": 13', '"size": 1'))
     staged = _run(config, "stage", "corpus")
-    assert staged.returncode == 0 and "no complete manifest" in staged.stderr
-    assert (path / "index.json").read_text() == '{"shards": 2}' and not leftover.exists()
+    assert staged.returncode == 0 and "manifest digest" in staged.stderr and "staged from" in staged.stderr
+
+
+def test_a_source_changed_for_the_same_version_is_staged_again(tmp_path: Path) -> None:
+    """Day 2: the stack points the version at another directory; the copy of the old one is not it."""
+    config = _setup(tmp_path)
+    path = Path(_run(config, "stage", "corpus").stdout.strip())
+    moved = tmp_path / "shared" / "moved"
+    shutil.copytree(tmp_path / "shared" / "datasets" / "corpus" / "v1", moved)
+    document = json.loads(config.read_text())
+    document["datasets"][0]["source"] = str(moved)
+    config.write_text(json.dumps(document))
+    staged = _run(config, "stage", "corpus")
+    assert staged.returncode == 0 and "another source" in staged.stderr and "staged from" in staged.stderr
+    assert Path(staged.stdout.strip()) != path
+
+
+def test_jobs_that_start_together_share_one_copy(tmp_path: Path) -> None:
+    """Four stages at once on an empty cache (the first job's tasks on one node): one copies, the others
+    wait for it and find it; all are handed the same directory."""
+    config = _setup(tmp_path)
+    command = [sys.executable, str(PROGRAM), "--config", str(config), "stage", "corpus"]
+    processes = [
+        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)
+    ]
+    results = [process.communicate(timeout=120) for process in processes]
+    assert all(process.returncode == 0 for process in processes), results
+    assert len({out.strip() for out, _ in results}) == 1
+    assert sum("staged from" in err for _, err in results) == 1
+    assert sum("cached at" in err for _, err in results) == 3
+
+
+def test_a_kill_at_every_step_of_a_stage_leaves_nothing_the_next_stage_hands_out(tmp_path: Path) -> None:
+    """What a stage killed between two of its steps leaves: a copy without its manifest, a whole copy
+    not yet renamed, a renamed copy `current` does not name, a new `current` link not renamed into place,
+    a removal cut off half-way. The next stage hands out an intact copy and removes the rest."""
+    config = _setup(tmp_path)
+    path = Path(_run(config, "stage", "corpus").stdout.strip())
+    version = path.parent
+    partial = version / ".staging-999"
+    shutil.copytree(path, partial)
+    (partial / "MANIFEST.json").unlink()
+    shutil.copytree(path, version / ".staging-998")
+    shutil.copytree(path, version / "g7")
+    (version / ".current-997").symlink_to("g7")
+    (version / ".readers-g9").write_text("")  # made just before a rename that never came
+    trash = version / ".trash-g5"
+    (trash / "shards").mkdir(parents=True)
+    staged = _run(config, "stage", "corpus")
+    assert staged.returncode == 0 and Path(staged.stdout.strip()) == path, staged.stderr
+    expected = [".generation", ".lock", f".readers-{path.name}", "current", path.name]
+    assert sorted(p.name for p in version.iterdir()) == expected
+
+    # `current` naming a directory that is gone (removed by hand): staged again.
+    shutil.rmtree(path)
+    again = _run(config, "stage", "corpus")
+    assert again.returncode == 0 and "staged from" in again.stderr
+    assert (Path(again.stdout.strip()) / "index.json").read_text() == INDEX
+
+
+def test_a_stage_killed_mid_copy_is_recovered_by_the_next(tmp_path: Path) -> None:
+    """SIGKILL while the copy is written (a large shard, the process stopped at once when its staging
+    directory shows up): no copy is handed out, and the next stage completes."""
+    config = _setup(tmp_path)
+    big = tmp_path / "shared" / "datasets" / "corpus" / "v1" / "shards" / "002.bin"
+    with big.open("wb") as handle:
+        handle.truncate(128 << 20)
+    process = subprocess.Popen(
+        [sys.executable, str(PROGRAM), "--config", str(config), "stage", "corpus"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    version = tmp_path / "cache" / "corpus" / "v1"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(version.glob(".staging-*/shards")):
+        time.sleep(0.002)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (version / "current").exists()
+    staged = _run(config, "stage", "corpus")
+    assert staged.returncode == 0, staged.stderr
+    assert (Path(staged.stdout.strip()) / "shards" / "002.bin").stat().st_size == 128 << 20
+    assert not list(version.glob(".staging-*"))
+
+
+# --- readers, restaging, the size cap ------------------------------------------------------------------
+
+
+def _readers(path: Path) -> Path:
+    return path.parent / f".readers-{path.name}"
+
+
+def _hold(path: Path) -> int:
+    """A job reading the copy: a shared lock on its readers' file (what `gpuplat-dataset run`'s holder
+    takes as the cache's owner; this test runs as the owner or root)."""
+    fd = os.open(_readers(path), os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    return fd
+
+
+def test_a_copy_a_job_reads_is_never_removed_under_it(tmp_path: Path) -> None:
+    config = _setup(tmp_path)
+    path = Path(_run(config, "stage", "corpus").stdout.strip())
+    reader = _hold(path)
+    try:
+        (path / "index.json").chmod(0o644)
+        (path / "index.json").write_text("{")  # found at the next job start (sizes)
+        restaged = _run(config, "stage", "corpus")
+        assert restaged.returncode == 0 and "staged from" in restaged.stderr
+        new = Path(restaged.stdout.strip())
+        assert new != path and (new.parent / "current").resolve() == new
+        assert (path / "shards" / "000.bin").read_bytes() == SHARD0  # the reader's copy is still whole
+        assert _run(config, "stage", "corpus").returncode == 0 and path.exists()
+    finally:
+        os.close(reader)
+    assert _run(config, "stage", "corpus").returncode == 0 and not path.exists()
+
+
+def test_run_holds_the_copy_for_the_command_it_starts(tmp_path: Path) -> None:
+    """`gpuplat-dataset run NAME -- COMMAND`: the command gets GPUPLAT_DATASET_PATH, and a holder (the
+    program as the cache's owner) keeps a shared lock on that copy until the command, and whatever
+    inherited the holder's pipe, has ended."""
+    config = _setup(tmp_path)
+    probe = (
+        "import fcntl, os, sys\n"
+        "path = os.environ['GPUPLAT_DATASET_PATH']\n"
+        "readers = os.path.join(os.path.dirname(path), '.readers-' + os.path.basename(path))\n"
+        "fd = os.open(readers, os.O_RDONLY)\n"
+        "try:\n"
+        "    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+        "    print('not held')\n"
+        "except BlockingIOError:\n"
+        "    print('held', path)\n"
+        "sys.exit(7)\n"
+    )
+    done = _run(config, "run", "corpus", "--", sys.executable, "-c", probe)
+    assert done.returncode == 7, done.stderr  # the command's own exit status
+    word, path = done.stdout.split()
+    assert word == "held" and Path(path).parent == tmp_path / "cache" / "corpus" / "v1"
+    # The command has ended: the holder let go (its pipe closed), the copy can be removed.
+    released = _readers(Path(path))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        fd = os.open(released, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            time.sleep(0.05)
+        finally:
+            os.close(fd)
+    else:
+        raise AssertionError("the holder kept the copy after the command ended")
+    missing = _run(config, "run", "corpus", "--", str(tmp_path / "no-such-program"))
+    _one_error_line(missing, "no-such-program")
+
+
+def _bytes_of_one() -> int:
+    return len(SHARD0) + len(SHARD1) + len(INDEX)
+
+
+def test_the_cache_stays_under_its_cap_by_evicting_the_least_recently_used_copy_no_job_holds(
+    tmp_path: Path,
+) -> None:
+    config = _setup(tmp_path, names=("alpha", "beta", "gamma"), cache_max_bytes=2 * _bytes_of_one() + 100)
+    alpha = Path(_run(config, "stage", "alpha").stdout.strip())
+    beta = Path(_run(config, "stage", "beta").stdout.strip())
+    time.sleep(0.05)
+    assert _run(config, "stage", "alpha").returncode == 0  # alpha used last: beta is the LRU
+    gamma = _run(config, "stage", "gamma")
+    assert gamma.returncode == 0 and "evicted beta v1" in gamma.stderr, gamma.stderr
+    assert alpha.exists() and not beta.exists() and "beta\tv1\t-" in _run(config, "list").stdout
+
+    # Every other copy held by a running job: the stage is refused, whole, before copying anything.
+    readers = [_hold(alpha), _hold(Path(gamma.stdout.strip()))]
+    try:
+        refused = _run(config, "stage", "beta")
+        _one_error_line(refused, "cache_max_bytes", "in use")
+        assert not list((tmp_path / "cache" / "beta" / "v1").glob(".staging-*"))
+    finally:
+        for fd in readers:
+            os.close(fd)
+    assert _run(config, "stage", "beta").returncode == 0
+
+
+def test_a_version_no_longer_in_the_stack_is_removed_once_no_job_holds_it(tmp_path: Path) -> None:
+    config = _setup(tmp_path, names=("alpha", "beta"))
+    alpha = Path(_run(config, "stage", "alpha").stdout.strip())
+    document = json.loads(config.read_text())
+    document["datasets"] = [d for d in document["datasets"] if d["name"] == "beta"]
+    config.write_text(json.dumps(document))
+    reader = _hold(alpha)
+    try:
+        assert _run(config, "stage", "beta").returncode == 0 and alpha.exists()
+    finally:
+        os.close(reader)
+    assert _run(config, "stage", "beta").returncode == 0 and not alpha.exists()
+
+
+# --- bad input and failures: one line, exit 2 ---------------------------------------------------------
 
 
 def test_unknown_datasets_and_missing_sources_are_refused(tmp_path: Path) -> None:
     config = _setup(tmp_path)
     unknown = _run(config, "stage", "imagenet")
-    assert (
-        unknown.returncode == 2 and "no dataset 'imagenet'" in unknown.stderr and "corpus" in unknown.stderr
+    _one_error_line(unknown, "no dataset 'imagenet'", "corpus")
+    shutil.rmtree(tmp_path / "shared" / "datasets" / "corpus" / "v1")
+    _one_error_line(_run(config, "stage", "corpus"), "is not a directory")
+    config.write_text("{")
+    _one_error_line(_run(config, "stage", "corpus"), "cannot read the dataset configuration")
+    config.write_text(json.dumps({"cache_path": "relative", "datasets": [{"name": "x"}]}))
+    _one_error_line(_run(config, "stage", "x"), "datasets.json")
+    # The cache's root: the configured cache user's, and no one else may write to it.
+    cache = tmp_path / "owned"
+    document = {"cache_path": str(cache), "cache_user": "gpuplat-nobody-here", "datasets": []}
+    config.write_text(json.dumps(document))
+    _one_error_line(_run(config, "stage", "x"), "does not exist", "roles/slurm_compute")
+    cache.mkdir()
+    _one_error_line(_run(config, "stage", "x"), "not to the cache user gpuplat-nobody-here")
+    del document["cache_user"]
+    config.write_text(json.dumps(document))
+    cache.chmod(0o1777)  # the layout before the cache had a user: anyone could replace a copy
+    _one_error_line(_run(config, "stage", "x"), "may be written by other users")
+
+
+def test_a_source_that_vanishes_mid_copy_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
+    config = _setup(tmp_path)
+    source = tmp_path / "shared" / "datasets" / "corpus" / "v1"
+    script = (
+        "import importlib.util, shutil, sys\n"
+        f"spec = importlib.util.spec_from_file_location('cache', {str(PROGRAM)!r})\n"
+        "cache = importlib.util.module_from_spec(spec); sys.modules['cache'] = cache\n"
+        "spec.loader.exec_module(cache)\n"
+        "copy = cache.copy_hashed\n"
+        "def vanishing(source, target):\n"
+        f"    shutil.rmtree({str(source)!r}, ignore_errors=True)\n"
+        "    return copy(source, target)\n"
+        "cache.copy_hashed = vanishing\n"
+        f"sys.exit(cache.main(['--config', {str(config)!r}, 'stage', 'corpus']))\n"
     )
-    for path in (tmp_path / "shared" / "datasets" / "corpus" / "v1").rglob("*"):
-        if path.is_file():
-            path.unlink()
-    for path in sorted((tmp_path / "shared" / "datasets" / "corpus" / "v1").rglob("*"), reverse=True):
-        path.rmdir()
-    (tmp_path / "shared" / "datasets" / "corpus" / "v1").rmdir()
-    missing = _run(config, "stage", "corpus")
-    assert missing.returncode == 2 and "is not a directory" in missing.stderr
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
+    _one_error_line(done, "corpus v1", "No such file")
+    version = tmp_path / "cache" / "corpus" / "v1"
+    assert not list(version.glob(".staging-*")) and not (version / "current").exists()
+
+
+needs_mounts = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None,
+    reason="a full disk: a small tmpfs in a mount namespace needs root and unshare (CI runs as root)",
+)
+
+
+@needs_mounts
+@pytest.mark.parametrize("lie_about_space", [False, True])
+def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path: Path, lie_about_space: bool) -> None:
+    """A cache disk too small: refused before copying (its free space is read first). Another writer
+    filling the disk during the copy (free space read as plenty): ENOSPC, reported, staging removed."""
+    config = _setup(tmp_path)
+    (tmp_path / "shared" / "datasets" / "corpus" / "v1" / "shards" / "000.bin").write_bytes(b"x" * (3 << 20))
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    script = (
+        "import collections, importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('cache', {str(PROGRAM)!r})\n"
+        "cache = importlib.util.module_from_spec(spec); sys.modules['cache'] = cache\n"
+        "spec.loader.exec_module(cache)\n"
+        "Usage = collections.namedtuple('Usage', 'total used free')\n"
+        f"if {lie_about_space}:\n"
+        "    cache.shutil.disk_usage = lambda path: Usage(1 << 40, 0, 1 << 40)\n"
+        f"code = cache.main(['--config', {str(config)!r}, 'stage', 'corpus'])\n"
+        f"import os; print(sorted(os.listdir({str(cache / 'corpus' / 'v1')!r})))\n"
+        "sys.exit(code)\n"
+    )
+    mount = f'mount -t tmpfs -o size=1m,mode=0755 gpuplat-test-full {cache} && exec {sys.executable} -c "$1"'
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", mount, "sh", script],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    _one_error_line(done, "corpus v1")
+    assert ("No space left" if lie_about_space else "free on") in done.stderr
+    assert done.stdout.strip() == "['.lock']", done.stdout
+
+
+# --- more than one user -----------------------------------------------------------------------------------
+
+
+@as_root
+def test_a_second_user_reads_the_copy_the_first_staged_and_cannot_change_it(world: Path) -> None:
+    """Two users with no group in common stage the same dataset: the second finds the first's copy,
+    and neither can change, remove or replace what the other's jobs read."""
+    config = _setup(world, owner=CACHE_UID)
+    first = _user_stage(ALICE, config, "stage", "corpus")
+    assert first.returncode == 0, first.stderr
+    path = Path(first.stdout.strip())
+    second = _user_stage(BOB, config, "stage", "corpus")
+    assert second.returncode == 0 and Path(second.stdout.strip()) == path, second.stderr
+    assert "cached at" in second.stderr
+    assert _user_stage(BOB, config, "verify", "corpus").returncode == 0
+    held = _user_stage(BOB, config, "run", "corpus", "--", "cat", "/proc/self/status")
+    assert held.returncode == 0 and "Uid:\t61002" in held.stdout, held.stderr  # the job runs as its user
+    cache = world / "cache"
+    for entry in [cache, *cache.rglob("*")]:
+        status = entry.lstat()
+        if stat.S_ISLNK(status.st_mode):
+            continue  # `current`: a link's own mode means nothing
+        assert status.st_uid == CACHE_UID and not status.st_mode & 0o022, (entry, oct(status.st_mode))
+    tamper = (
+        "import os, sys\n"
+        "path, version = sys.argv[1], os.path.dirname(sys.argv[1])\n"
+        "attempts = {\n"
+        "    'append': lambda: open(os.path.join(path, 'index.json'), 'a').close(),\n"
+        "    'chmod': lambda: os.chmod(os.path.join(path, 'index.json'), 0o666),\n"
+        "    'unlink': lambda: os.unlink(os.path.join(path, 'shards', '000.bin')),\n"
+        "    'plant': lambda: open(os.path.join(path, 'extra'), 'w').close(),\n"
+        "    'repoint': lambda: os.symlink('/tmp', os.path.join(version, 'current.x')),\n"
+        "    'rename': lambda: os.rename(path, path + '.x'),\n"
+        "    'lock': lambda: open(os.path.join(version, '.lock'), 'a').close(),\n"
+        "    'block': lambda: open(os.path.join(version, '.readers-' + os.path.basename(path))).close(),\n"
+        "    'stall': lambda: open(os.path.join(version, '.lock')).close(),\n"
+        "}\n"
+        "for name, attempt in attempts.items():\n"
+        "    try:\n"
+        "        attempt()\n"
+        "        print('ALLOWED', name)\n"
+        "    except PermissionError:\n"
+        "        pass\n"
+    )
+    for user in (ALICE, BOB):
+        done = _as(user, SYSTEM_PYTHON, "-c", tamper, str(path), sudo_part=False)
+        assert done.returncode == 0 and "ALLOWED" not in done.stdout, (user, done.stdout, done.stderr)
+
+
+@as_root
+def test_a_user_who_cannot_become_the_cache_owner_gets_one_line(world: Path) -> None:
+    config = _setup(world, owner=CACHE_UID)
+    done = _user_stage(ALICE, config, "stage", "corpus", become="/nonexistent/sudo -n -u gpuplat-cache --")
+    _one_error_line(done, "cannot run as the cache owner", "/nonexistent/sudo")
+    refused = _user_stage(ALICE, config, "stage", "corpus", become="false")
+    _one_error_line(refused, "cannot run as the cache owner")
+
+
+@as_root
+def test_under_sudo_only_the_node_configuration_is_read(world: Path) -> None:
+    """A user could otherwise point the cache's owner at a configuration of their own (their directory
+    as the source of the stack's dataset) and poison every job's copy."""
+    config = _setup(world, owner=CACHE_UID)
+    as_sudo = f"env SUDO_UID={ALICE} {BECOME_OWNER}"
+    done = _user_stage(ALICE, config, "stage", "corpus", become=as_sudo)
+    _one_error_line(done, "/etc/gpuplat/datasets.json")
+    # Nor a command of theirs as the cache's user (`sudo -u gpuplat-cache gpuplat-dataset run X -- sh`).
+    owner = ["setpriv", f"--reuid={CACHE_UID}", f"--regid={CACHE_UID}", "--clear-groups", "--"]
+    shell = subprocess.run(
+        ["env", f"SUDO_UID={ALICE}", *owner, SYSTEM_PYTHON, str(PROGRAM), "run", "corpus", "--", "id"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    _one_error_line(shell, "under sudo, run is refused")
+    assert "uid=" not in shell.stdout
+
+
+@as_root
+def test_a_dataset_not_readable_by_every_user_is_not_cached(world: Path) -> None:
+    """The cache serves every user of the node: a source only some may read would leak through it."""
+    config = _setup(world, owner=CACHE_UID)
+    (world / "shared" / "datasets" / "corpus" / "v1" / "index.json").chmod(0o640)
+    _one_error_line(_run(config, "stage", "corpus"), "not readable by every user", "index.json")
+    _one_error_line(_user_stage(ALICE, config, "stage", "corpus"), "not readable by every user")
 
 
 def test_the_stack_maps_s3_datasets_to_the_shared_filesystem() -> None:
