@@ -90,6 +90,15 @@ def test_edges_are_pyyamls(text: str, width: int) -> None:
     assert safe_dump({"commands": [text]}, width=width) == yaml.safe_dump({"commands": [text]}, width=width)
 
 
+@pytest.mark.parametrize("text", ['"aws-prod-head-0", x\n y', "\n\t a\nb", "\U0001f600 a\n", "a\tb c\n"])
+def test_a_scalar_that_starts_past_the_width(text: str) -> None:
+    """Deep in a flow collection a scalar's first character is past the width: PyYAML folds at once."""
+    document = {"a": [{"b": [{"c": [text, "x"]}]}]}
+    for width in (10, 20):
+        pyyaml, fast = _dumps(document, width=width, indent=4, default_flow_style=True)
+        assert fast == pyyaml
+
+
 def test_bytes_when_an_encoding_is_asked() -> None:
     document = {"commands": ["é \U0001f600 " * 200]}
     pyyaml, fast = _dumps(document, width=40, encoding="utf-8")

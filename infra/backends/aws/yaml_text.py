@@ -16,7 +16,6 @@ result with regular expressions and string methods: `analyze_scalar` (which styl
 from __future__ import annotations
 
 import re
-from bisect import bisect_left
 from typing import Any
 
 import yaml
@@ -114,92 +113,79 @@ class SafeDumper(yaml.SafeDumper):
         """PyYAML's Emitter.write_double_quoted, line by line instead of character by character.
 
         PyYAML folds a line (a backslash, a line break, the indent, and a backslash again when the next
-        character is a space) at the first position `end`, 0 < end < len(text) - 1, where its check holds:
-        at a space, at an escaped character once written, and right after one; the check is that the
-        column the pending text reaches is past best_width: for a space or the character after an escape,
-        the column where that character starts; for an escape, where it ends, less one. Here `out(x)` is
-        where text[x] starts in the escaped text, so the column of text[x] on a line that began at p in
-        column c is c + out(x) - out(p); the first position past the width is found by bisection and the
-        first place to fold from there by a search."""
+        character is a space) at the first character, neither the first nor the last, where its check
+        holds: at a space, at an escaped character once written, and at the character right after one;
+        the check is that the pending text reaches past best_width: for a space or the character after
+        an escape, the column where that character starts; for an escape, the column where it ends, less
+        one. Here the search runs on the escaped text and its shadow, where an escape is NUL and then
+        SOH for each of its other characters (NUL and SOH themselves are always escaped): a character
+        starts at an offset whose shadow is not SOH, and its column is the line's first column plus its
+        offset from the line's start."""
         self.write_indicator('"', True)
         pattern = _ESCAPED_UNICODE if self.allow_unicode else _ESCAPED
         escapes = {char: self._escape(char) for char in set(pattern.findall(text))}
         escaped = _replace(text, escapes)
-        last = len(text) - 2  # PyYAML checks positions 0 < end < len(text) - 1
-        if not split or last < 1:
+        if not split or len(text) < 3:
             self._write(escaped)
             self.write_indicator('"', False)
             return
-        positions = [match.start() for match in pattern.finditer(text)]
-        # out(x) = x + what the escapes before x add; all of them two characters long is the usual case
-        added: list[int] | None = None
-        if any(len(escape) != 2 for escape in escapes.values()):
-            added = [0]
-            for position in positions:
-                added.append(added[-1] + len(escapes[text[position]]) - 1)
-
-        def out(x: int) -> int:
-            index = bisect_left(positions, x)
-            return x + (index if added is None else added[index])
-
-        def is_escaped(x: int) -> bool:
-            return text[x] in escapes
-
-        start = 0  # where the current line's text begins
-        check_from = 1  # the first position not yet checked
-        width = self.best_width
-        while check_from <= last:
-            base = out(start)
-            limit = base + width - self.column  # text[x] starts past the width when out(x) > limit
-            low, high = start, min(len(text), start + max(limit - base, 0) + 1)
-            if out(high) <= limit:
-                break  # the rest of the text fits on this line
-            while low < high:  # the first x with out(x) > limit
-                middle = (low + high) // 2
-                if out(middle) > limit:
-                    high = middle
-                else:
-                    low = middle + 1
-            past = low
-            escape = past - 1  # an escape that starts within the width and ends past it
-            if check_from <= escape <= last and is_escaped(escape) and out(past) - 1 > limit:
-                fold, resume = escape, escape + 1
+        shadow = _replace(text, {char: _NUL + _SOH * (len(escape) - 1) for char, escape in escapes.items()})
+        last = shadow.rfind(_NUL) if shadow[-1] == _SOH else len(shadow) - 1  # the last character's offset
+        start = 0  # the offset where the current line's text begins
+        check_from = _next_character(shadow, 1)  # the first offset to check: the second character's
+        while check_from < last:
+            past = start + self.best_width - self.column + 1  # the first offset past the width
+            fold = -1
+            if past < check_from:
+                at = check_from
+            elif past < len(shadow) and shadow[past] == _SOH:  # within an escape: it ends past the width
+                fold = shadow.rfind(_NUL, 0, past)
+                at = _next_character(shadow, past)
             else:
-                at = max(past, check_from)
-                if at > last:
+                at = past
+            if fold < check_from or fold >= last:  # else the escape across the width
+                if at >= last:
                     break
-                if is_escaped(at - 1) or is_escaped(at):
+                if shadow[at] == _NUL or shadow[at - 1] == _SOH:  # an escape, or the character after one
                     fold = at
                 else:
-                    space = text.find(" ", at, last + 1)
-                    index = bisect_left(positions, at)
-                    following = positions[index] if index < len(positions) else -1
-                    found = [x for x in (space, following) if 0 <= x <= last]
+                    found = [i for i in (shadow.find(" ", at, last), shadow.find(_NUL, at, last)) if i >= 0]
                     if not found:
                         break
                     fold = min(found)
-                resume = fold + 1 if is_escaped(fold) else fold
-            self._write(escaped[base : out(resume)] + "\\")
+            escape = shadow[fold] == _NUL
+            resume = _next_character(shadow, fold + 1) if escape else fold
+            self._write(escaped[start:resume] + "\\")
             self.write_indent()
             self.whitespace = False
             self.indention = False
-            if text[resume] == " ":
+            if shadow[resume] == " ":
                 self._write("\\")
-            start, check_from = resume, fold + 1
-        self._write(escaped[out(start) :])
+            start, check_from = resume, resume if escape else fold + 1
+        self._write(escaped[start:])
         self.write_indicator('"', False)
 
 
-def _replace(text: str, escapes: dict[str, str]) -> str:
-    """`text` with each character of `escapes` replaced by its escape. A few kinds (a script: the line
-    breaks, quotes and backslashes) are one str.replace each, several times faster than str.translate."""
-    if len(escapes) > 8:
-        return text.translate({ord(char): escape for char, escape in escapes.items()})
-    if "\\" in escapes:  # first: the other escapes add backslashes
-        text = text.replace("\\", escapes["\\"])
-    for char, escape in escapes.items():
+_NUL, _SOH = "\x00", "\x01"
+
+
+def _next_character(shadow: str, offset: int) -> int:
+    """The offset of the first character at or after `offset` (past the rest of an escape)."""
+    while offset < len(shadow) and shadow[offset] == _SOH:
+        offset += 1
+    return offset
+
+
+def _replace(text: str, replacements: dict[str, str]) -> str:
+    """`text` with each character of `replacements` replaced. A few kinds (a script's escapes: line breaks,
+    quotes and backslashes) are one str.replace each, several times faster than str.translate."""
+    if len(replacements) > 8 or _NUL in replacements or _SOH in replacements:
+        return text.translate({ord(char): replacement for char, replacement in replacements.items()})
+    if "\\" in replacements:  # first: the escapes of the other characters hold backslashes
+        text = text.replace("\\", replacements["\\"])
+    for char, replacement in replacements.items():
         if char != "\\":
-            text = text.replace(char, escape)
+            text = text.replace(char, replacement)
     return text
 
 
