@@ -39,6 +39,11 @@ _ESCAPED = re.compile(r"[^\x20\x21\x23-\x5b\x5d-\x7e]")
 _ESCAPED_UNICODE = re.compile(
     r"[^\x20\x21\x23-\x5b\x5d-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-\ufffd]"
 )
+# The same for ASCII text as bytes to delete (bytes.translate beats a regular expression over a long text):
+# what is left is special, or escaped.
+_PRINTABLE_ASCII = bytes(range(0x20, 0x7F))
+_NOT_SPECIAL_ASCII = b"\n" + _PRINTABLE_ASCII
+_NOT_ESCAPED_ASCII = _PRINTABLE_ASCII.replace(b'"', b"").replace(b"\\", b"")
 
 
 class SafeDumper(yaml.SafeDumper):
@@ -61,9 +66,12 @@ class SafeDumper(yaml.SafeDumper):
         if _COMMENT.search(scalar):  # a '#' after whitespace (so never the first character)
             flow_indicators = block_indicators = True
         line_breaks = _ANY_BREAK.search(scalar) is not None
-        special_characters = _SPECIAL.search(scalar) is not None or (
-            not self.allow_unicode and _UNICODE.search(scalar) is not None
-        )
+        if scalar.isascii():
+            special_characters = bool(scalar.encode("ascii").translate(None, _NOT_SPECIAL_ASCII))
+        else:
+            special_characters = _SPECIAL.search(scalar) is not None or (
+                not self.allow_unicode and _UNICODE.search(scalar) is not None
+            )
         leading_space, trailing_space = first == " ", scalar[-1] == " "
         leading_break, trailing_break = first in _BREAKS, scalar[-1] in _BREAKS
         break_space = _BREAK_SPACE.search(scalar) is not None
@@ -122,8 +130,13 @@ class SafeDumper(yaml.SafeDumper):
         starts at an offset whose shadow is not SOH, and its column is the line's first column plus its
         offset from the line's start."""
         self.write_indicator('"', True)
-        pattern = _ESCAPED_UNICODE if self.allow_unicode else _ESCAPED
-        escapes = {char: self._escape(char) for char in set(pattern.findall(text))}
+        if text.isascii():
+            escaped_chars = {
+                chr(byte) for byte in set(text.encode("ascii").translate(None, _NOT_ESCAPED_ASCII))
+            }
+        else:
+            escaped_chars = set((_ESCAPED_UNICODE if self.allow_unicode else _ESCAPED).findall(text))
+        escapes = {char: self._escape(char) for char in escaped_chars}
         escaped = _replace(text, escapes)
         if not split or len(text) < 3:
             self._write(escaped)
