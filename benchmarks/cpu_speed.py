@@ -15,11 +15,16 @@ import time
 WORK = 30_000_000
 
 
-def main() -> None:
-    label = sys.argv[1] if len(sys.argv) > 1 else "now"
+def fixed_workload_cpu_s() -> float:
+    """CPU seconds of the fixed workload (benchmarks/plan_scale.py divides its figures by it)."""
     start = time.process_time()
     sum(i * i for i in range(WORK))
-    seconds = time.process_time() - start
+    return time.process_time() - start
+
+
+def main() -> None:
+    label = sys.argv[1] if len(sys.argv) > 1 else "now"
+    seconds = fixed_workload_cpu_s()
     print(f"cpu speed ({label}): {seconds:.2f} CPU-s for a fixed workload (lower is faster)")
 
 

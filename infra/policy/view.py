@@ -7,9 +7,9 @@ read one shape. This module imports neither Pulumi nor pulumi_policy: converters
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 # The tags the pools set (one definition, with the inventory that finds nodes by them). A Slurm-managed
 # training pool's size range is on its launch template: Slurm, not an Auto Scaling group, scales it.
@@ -28,6 +28,8 @@ __all__ = [
     "from_recorded",
     "plain",
 ]
+
+_T = TypeVar("_T")
 
 # What an unknown value (preview: not computed yet) becomes in a view.
 UNKNOWN = "<unknown>"
@@ -204,6 +206,7 @@ class ResourceIndex:
         for resource in self.resources:
             for identifier in resource.ids:
                 self._by_id.setdefault(identifier, []).append(resource)
+        self._derived: dict[str, tuple[object, Any]] = {}
 
     def __iter__(self) -> Iterator[ResourceView]:
         return iter(self.resources)
@@ -228,6 +231,17 @@ class ResourceIndex:
                         found[target.urn or target.name] = target
         result = list(found.values())
         return [r for r in result if type_ is None or r.type == type_]
+
+    def derived(self, key: str, depends_on: object, compute: Callable[[], _T]) -> _T:
+        """What several rules derive from these resources (the node groups), computed once per index: kept
+        under `key` with what else it was computed from (`depends_on`, the stack's platform), and computed
+        again when asked with something else. An index holds one stack's resources and lives for one check."""
+        held = self._derived.get(key)
+        if held is None or held[0] is not depends_on:
+            held = (depends_on, compute())
+            self._derived[key] = held
+        value: _T = held[1]
+        return value
 
     def refers_to(self, resource: ResourceView, target: ResourceView, *keys: str) -> bool:
         return any(r is target for r in self.referenced(resource, *keys))

@@ -64,6 +64,16 @@ def test_the_build_installs_the_pools_gpu_software_without_a_gpu_and_seals(
     assert BUILD_HOST in inventory["all"]["children"]["pool_train"]["hosts"]
 
 
+def test_the_component_text_is_pyyamls(aws_prod: tuple[ResolvedPlatform, Recording]) -> None:
+    """The component is written by infra/backends/aws/yaml_text.py: its text is what yaml.safe_dump writes
+    (a different folding of the script would change every deployed stack's components)."""
+    platform, recording = aws_prod
+    for pool in (p.name for p in platform.pools if p.node_type.gpu_count):
+        data = recording.named(f"aws-prod-{pool}-component").inputs["data"]
+        assert data == yaml.safe_dump(yaml.safe_load(data), sort_keys=False, width=1000)
+        assert data.count("\\\n") > 3, "long lines fold, as PyYAML folds them"
+
+
 def test_the_image_follows_the_bundle(aws_prod: tuple[ResolvedPlatform, Recording]) -> None:
     _, recording = aws_prod
     component = recording.named("aws-prod-train-component").inputs

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+from typing import Any
+
 import pytest
 
 from infra.plan.record import record
@@ -28,6 +31,29 @@ def test_recording_twice_in_one_process_is_identical(shipped_platforms: dict[str
         (r.type, r.name, r.inputs) for r in second.resources
     ]
     assert first.outputs == second.outputs
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_recording_leaves_the_garbage_collector_as_it_found_it(
+    enabled: bool, shipped_platforms: dict[str, ResolvedPlatform]
+) -> None:
+    """record() pauses cyclic collection while the program runs (infra/plan/record.py), and gives it back
+    as it was, also when the program fails."""
+
+    def failing(platform: ResolvedPlatform) -> dict[str, Any]:
+        assert not gc.isenabled(), "no collection while the program runs"
+        raise RuntimeError("the program failed")
+
+    was = gc.isenabled()
+    try:
+        (gc.enable if enabled else gc.disable)()
+        record(shipped_platforms["local"])
+        assert gc.isenabled() is enabled
+        with pytest.raises(Exception, match="the program failed"):
+            record(shipped_platforms["local"], failing)
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()
 
 
 def test_report_costs_spot_below_on_demand(shipped_platforms: dict[str, ResolvedPlatform]) -> None:

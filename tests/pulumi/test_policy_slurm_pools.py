@@ -22,7 +22,7 @@ import yaml
 from infra.plan.record import Recording, record
 from infra.platform.resolve import ResolvedPlatform, load_platform
 from infra.policy.check import verdicts_for
-from infra.policy.rules import RULES, PolicyContext, Verdict, check_multi_node_rdma, node_groups
+from infra.policy.rules import RULES, PolicyContext, Verdict, check_multi_node_rdma, node_groups, nodes
 from infra.policy.settings import PolicyConfig
 from infra.policy.view import ResourceIndex, from_recorded
 from infra.program import build
@@ -199,6 +199,33 @@ def test_node_groups_read_slurm_pools_like_auto_scaling_groups(
         2,
         8,
     )
+
+
+def test_node_groups_are_found_once_per_index_and_platform(
+    recorded: Callable[[str], tuple[ResolvedPlatform, Recording]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rules share one finding of the node groups per index (ResourceIndex.derived): each caller gets
+    its own list, another platform finds them again, another stack's index has its own."""
+    found: list[ResourceIndex] = []
+    find = nodes._node_groups
+
+    def counted(index: ResourceIndex, ctx: PolicyContext | None) -> list[nodes.NodeGroup]:
+        found.append(index)
+        return find(index, ctx)
+
+    monkeypatch.setattr(nodes, "_node_groups", counted)
+    platform, recording = recorded("slurm")
+    index = ResourceIndex(from_recorded(r) for r in recording.resources)
+    first = node_groups(index, PolicyContext(platform))
+    first.clear()  # a caller's list is its own
+    second = node_groups(index, PolicyContext(platform))
+    assert {g.pool for g in second} == {"infer", "train", "train-spot"} and found == [index]
+    assert node_groups(index, None) == find(index, None) and found == [index, index]
+    reserved_platform, reserved = recorded("reserved")
+    other = ResourceIndex(from_recorded(r) for r in reserved.resources)
+    assert {g.pool: g.reserved for g in node_groups(other, PolicyContext(reserved_platform))}["train"]
+    assert not {g.pool: g.reserved for g in node_groups(index, PolicyContext(platform))}["train"]
+    assert found == [index, index, other, index]
 
 
 def test_reserved_slurm_pool_is_reserved(

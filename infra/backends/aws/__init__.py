@@ -229,6 +229,9 @@ class AwsBackend:
         image_builds = (
             ImageBuildIdentity(f"{platform.name}-image-build", bootstrap_bucket.arn, tags) if baked else None
         )
+        # Every pool's build script carries the same platform values: resolved once, not once per pool (they
+        # hold every training node's Slurm line, so per pool they cost pools x nodes).
+        image_variables = platform_vars(platform) if baked else {}
 
         def pool_image(pool: ResolvedPool) -> pulumi.Input[str]:
             """The pool's node image (aws.bake_images, GPU pools), else the stack's image."""
@@ -240,7 +243,7 @@ class AwsBackend:
                     bucket=bucket,
                     bundle_key=key,
                     inventory=node_inventory(platform, pool),
-                    variables=platform_vars(platform),
+                    variables=image_variables,
                     os_release=os_release(spec),
                 ).render()
             )

@@ -28,6 +28,7 @@ import yaml
 
 from infra.backends.aws.bootstrap import NODE_BOTO3, VENV_STEP, WORK_DIR
 from infra.backends.aws.iam import bootstrap_statements, inline_policy, service_trust_policy
+from infra.backends.aws.yaml_text import safe_dump
 from infra.data.node_ansible_choice import node_ansible
 
 # General purpose, no GPU: the roles install without one (see the module docstring).
@@ -120,7 +121,9 @@ def component_document(script: str) -> str:
             }
         ],
     }
-    return yaml.safe_dump(document, sort_keys=False, width=1000)
+    # yaml.safe_dump's text (the script holds every training node's Slurm line: PyYAML's own emitter took
+    # most of a large stack's plan writing it one character at a time)
+    return safe_dump(document, sort_keys=False, width=1000)
 
 
 def component_version(bundle_key: str) -> str:

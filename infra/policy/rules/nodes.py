@@ -182,7 +182,16 @@ def node_groups(index: ResourceIndex, ctx: PolicyContext | None = None) -> list[
     """Every node group with its pool and role: the Auto Scaling groups, the EKS managed node groups,
     then the Slurm-managed training templates. Pool and role come from the gpuplat tags (the group's,
     else its templates'), else from the parent component (`<stack>-<pool>`) matched against the
-    platform's pools."""
+    platform's pools.
+
+    Eight rules ask for them: they are found once per index and platform (ResourceIndex.derived), each
+    caller getting its own list. Finding them reads every template's network interfaces (32 on a
+    p5.48xlarge), the most of a check's time at 50 pools when each rule found them again."""
+    platform = ctx.platform if ctx is not None else None
+    return list(index.derived("node_groups", platform, lambda: _node_groups(index, ctx)))
+
+
+def _node_groups(index: ResourceIndex, ctx: PolicyContext | None) -> list[NodeGroup]:
     groups = []
     launched: set[str] = set()  # templates some Auto Scaling group or EKS node group launches from
     for asg in index.of_type(ASG):
