@@ -21,7 +21,7 @@ FILES = Path(__file__).resolve().parents[2] / "roles" / "inference_gateway" / "f
 def canary() -> ModuleType:
     sys.path.insert(0, str(FILES))  # it imports the runtime API client of gpuplat_gateway_targets.py
     try:
-        return load_script("gpuplat_gateway_canary", FILES / "gpuplat_gateway_canary.py")
+        return load_script(FILES / "gpuplat_gateway_canary.py")
     finally:
         sys.path.remove(str(FILES))
 

@@ -24,7 +24,7 @@ TORCHRUN = Path(sys.executable).parent / "torchrun"
 
 
 def _module() -> ModuleType:
-    return load_script("train_dist", SCRIPT)
+    return load_script(SCRIPT)
 
 
 def _fake_checkpoint(root: Path, step: int, *, metadata: bool, marker: str | None) -> Path:
