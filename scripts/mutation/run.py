@@ -181,7 +181,16 @@ def prepare(session: Session, keep: bool) -> Path:
     if directory.exists() and not keep:
         shutil.rmtree(directory)
     # mutants/ is on PYTHONPATH from mutmut's start: a folder missing then would stay unimportable.
-    (directory / "mutants").mkdir(parents=True, exist_ok=True)
+    mutants = directory / "mutants"
+    mutants.mkdir(parents=True, exist_ok=True)
+    # A repository of its own whose one commit holds the stacks, for the tests that read a stack at a git
+    # revision (`gpuplat plan --base HEAD`): from the copy, git would otherwise find this repository, where
+    # build/mutation/... is no path of any commit. Whatever a test writes with git stays there.
+    if not (mutants / ".git").exists():
+        shutil.copytree(ROOT / "stacks", mutants / "stacks", dirs_exist_ok=True)
+        git = ["git", "-C", str(mutants), "-c", "user.name=mutation", "-c", "user.email=mutation@localhost"]
+        for command in (["init", "-q"], ["add", "stacks"], ["commit", "-q", "-m", "the stacks"]):
+            subprocess.run([*git, *command], capture_output=True, check=True)
     entries = top_level_entries()
     for entry in entries:
         link = directory / entry

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from functools import cache
 from typing import Any
 
 import pytest
@@ -99,8 +98,19 @@ VARIANTS: dict[str, tuple[str, Mutate | None, Program | None]] = {
 }
 
 
-@cache
+# Recordings of the variants, kept for the process rather than the module's run: recording the program is
+# most of these tests' time, and pytest run again in this process (mutmut's runs of them, one per mutant
+# of the policy rules, forked from the run that recorded: scripts/mutation/run.py) reuses them.
+_RECORDED: dict[str, tuple[ResolvedPlatform, Recording]] = {}
+
+
 def _variant(name: str, tmp: str) -> tuple[ResolvedPlatform, Recording]:
+    if name not in _RECORDED:
+        _RECORDED[name] = _record_variant(name, tmp)
+    return _RECORDED[name]
+
+
+def _record_variant(name: str, tmp: str) -> tuple[ResolvedPlatform, Recording]:
     from pathlib import Path
 
     base, mutate, program = VARIANTS[name]

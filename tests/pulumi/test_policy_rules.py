@@ -223,11 +223,17 @@ VARIANTS: dict[str, tuple[str, Mutate | None, Program | None]] = {
 }
 
 
+# Recordings of the variants, kept for the process rather than the module's run: recording the program is
+# most of these tests' time, and pytest run again in this process (mutmut's runs of them, one per mutant
+# of the policy rules, forked from the run that recorded: scripts/mutation/run.py) reuses them.
+_RECORDED: dict[str, tuple[ResolvedPlatform, Recording]] = {}
+
+
 @pytest.fixture(scope="module")
 def recorded(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Callable[[str], tuple[ResolvedPlatform, Recording]]]:
-    cache: dict[str, tuple[ResolvedPlatform, Recording]] = {}
+    cache = _RECORDED
     folder = tmp_path_factory.mktemp("policy-variants")
 
     def get(name: str) -> tuple[ResolvedPlatform, Recording]:
