@@ -10,7 +10,8 @@ from typing import Any
 
 import yaml
 
-from infra.plan.diff import PlanDiff, ResourceChange, Totals, markdown
+from infra.plan.diff import MARKDOWN_ROWS, PlanDiff, ResourceChange, Totals, markdown, resource_changes
+from infra.plan.record import RecordedResource, Recording
 from infra.spec.load import stack_file
 from tests.unit.test_cli import gpuplat
 
@@ -63,3 +64,98 @@ def test_the_markdown_comment_is_bounded() -> None:
     )
     assert text.count("| add |") == 5 and "and 95 more" in text
     assert "| GPUs at full size | 8 | 16 |" in text
+
+
+def _resource(type_: str, name: str, **inputs: Any) -> RecordedResource:
+    return RecordedResource(type_, name, f"urn:pulumi:s::p::{type_}::{name}", inputs, None, True)
+
+
+def test_added_removed_and_changed_resources_by_type_and_name() -> None:
+    """A resource is the same one before and after when its type and name are; a change lists the inputs
+    that differ, one only before or only after included. Adds, then changes, then removes."""
+    asg, lt = "aws:autoscaling/group:Group", "aws:ec2/launchTemplate:LaunchTemplate"
+    before = Recording(
+        [
+            _resource(asg, "train-asg", maxSize=4, minSize=0),
+            _resource(asg, "spot-asg", maxSize=2),
+            _resource(lt, "train-lt", imageId="ami-1", userData="x"),
+            _resource(lt, "kept", imageId="ami-1"),
+        ]
+    )
+    after = Recording(
+        [
+            _resource(lt, "kept", imageId="ami-1"),
+            _resource(asg, "train-asg", maxSize=8, minSize=0, tags={"a": "b"}),
+            _resource(lt, "train-lt", imageId="ami-1"),
+            _resource(asg, "infer-asg", maxSize=2),
+            _resource(lt, "infer-lt", imageId="ami-2"),
+        ]
+    )
+    assert resource_changes(before, after) == [
+        ResourceChange("add", asg, "infer-asg"),
+        ResourceChange("add", lt, "infer-lt"),
+        ResourceChange("change", asg, "train-asg", fields=("maxSize", "tags")),
+        ResourceChange("change", lt, "train-lt", fields=("userData",)),
+        ResourceChange("remove", asg, "spot-asg"),
+    ]
+    assert resource_changes(after, after) == []
+    assert [c.op for c in resource_changes(after, Recording())] == ["remove"] * 5
+
+
+def test_the_diff_counts_each_operation_and_serialises_whole() -> None:
+    changes = [
+        ResourceChange("add", "t", "a"),
+        ResourceChange("change", "t", "b", fields=("x",)),
+        ResourceChange("remove", "t", "c"),
+        ResourceChange("remove", "t", "d"),
+    ]
+    diff = PlanDiff("s", "main", "head", Totals(3, 8, 1.5), Totals(2, 16, 2.5), changes)
+    assert diff.counts() == {"add": 1, "change": 1, "remove": 2}
+    assert diff.to_dict() == {
+        "stack": "s",
+        "base": "main",
+        "head": "head",
+        "before": {"resources": 3, "gpus": 8, "usd_per_hour": 1.5},
+        "after": {"resources": 2, "gpus": 16, "usd_per_hour": 2.5},
+        "counts": {"add": 1, "change": 1, "remove": 2},
+        "changes": [
+            {"op": "add", "type": "t", "name": "a", "fields": ()},
+            {"op": "change", "type": "t", "name": "b", "fields": ("x",)},
+            {"op": "remove", "type": "t", "name": "c", "fields": ()},
+            {"op": "remove", "type": "t", "name": "d", "fields": ()},
+        ],
+    }
+
+
+def test_the_markdown_comment_in_full() -> None:
+    fields = tuple(f"f{i}" for i in range(8))
+    changes = [
+        ResourceChange("change", "aws:x/y:Z", "big", fields=fields),
+        ResourceChange("remove", "t", "old"),
+    ]
+    diff = PlanDiff("aws-prod", "main", "HEAD", Totals(10, 8, 1234.5), Totals(9, 16, 2469.0), changes)
+    assert markdown(diff) == (
+        "### gpuplat plan: stack `aws-prod`\n"
+        "\n"
+        "Base `main` → head `HEAD`: **0 to add, 1 to change, 1 to remove**\n"
+        "\n"
+        "| | before | after |\n"
+        "|---|---:|---:|\n"
+        "| resources | 10 | 9 |\n"
+        "| GPUs at full size | 8 | 16 |\n"
+        "| $/h at full size | 1,234.50 | 2,469.00 |\n"
+        "\n"
+        "| change | type | name | inputs |\n"
+        "|---|---|---|---|\n"
+        "| change | `aws:x/y:Z` | `big` | f0, f1, f2, f3, f4, f5 … |\n"
+        "| remove | `t` | `old` |  |\n"
+        "\n"
+        "<sub>Recorded offline (the program under the Pulumi SDK's mocks); cloud-computed values are not "
+        "compared.</sub>\n"
+    )
+    nothing = markdown(PlanDiff("s", "a", "b", Totals(1, 0, 0.0), Totals(1, 0, 0.0)))
+    assert "No resource changes.\n" in nothing and "| change |" not in nothing
+    cut = markdown(PlanDiff("s", "a", "b", Totals(0, 0, 0.0), Totals(2, 0, 0.0), changes), limit=1)
+    assert cut.count("| change | `") == 1 and "| remove |" not in cut
+    assert "\n… and 1 more (`gpuplat plan --base` prints them all).\n" in cut
+    assert MARKDOWN_ROWS == 40
