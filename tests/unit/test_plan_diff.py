@@ -4,16 +4,49 @@ text, JSON or a bounded markdown comment; bad bases exit 2 with one paragraph.""
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
-from infra.plan.diff import MARKDOWN_ROWS, PlanDiff, ResourceChange, Totals, markdown, resource_changes
+import infra.plan.diff as plan_diff_module
+from infra.errors import SpecError
+from infra.plan.diff import (
+    MARKDOWN_ROWS,
+    PlanDiff,
+    ResourceChange,
+    Totals,
+    load_base,
+    markdown,
+    plan_diff,
+    resource_changes,
+)
 from infra.plan.record import RecordedResource, Recording
+from infra.platform.resolve import ResolvedPlatform, load_platform
 from infra.spec.load import stack_file
 from tests.unit.test_cli import gpuplat
+
+# Each stack recorded once per process: recording the program is most of these tests' time (infra.plan.record
+# has tests of its own), and pytest run again in this process (mutmut's runs of them, one per mutant of
+# infra.plan.diff, forked from the run that recorded: scripts/mutation/run.py) reuses them.
+_RECORDED: dict[str, Recording] = {}
+
+
+@pytest.fixture(autouse=True)
+def _record_each_stack_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    record = plan_diff_module.record
+
+    def once(platform: ResolvedPlatform) -> Recording:
+        key = platform.spec.model_dump_json()
+        if key not in _RECORDED:
+            _RECORDED[key] = record(platform)
+        return _RECORDED[key]
+
+    monkeypatch.setattr(plan_diff_module, "record", once)
 
 
 def _grow_inference(spec: dict[str, Any]) -> None:
@@ -158,4 +191,55 @@ def test_the_markdown_comment_in_full() -> None:
     cut = markdown(PlanDiff("s", "a", "b", Totals(0, 0, 0.0), Totals(2, 0, 0.0), changes), limit=1)
     assert cut.count("| change | `") == 1 and "| remove |" not in cut
     assert "\n… and 1 more (`gpuplat plan --base` prints them all).\n" in cut
+    assert "more (`gpuplat plan --base`" not in markdown(replace(diff, changes=changes), limit=2)
+    six, seven = (ResourceChange("change", "t", "n", fields=fields[:n]) for n in (6, 7))
+    assert "| f0, f1, f2, f3, f4, f5 |\n" in markdown(replace(diff, changes=[six]))
+    assert "| f0, f1, f2, f3, f4, f5 … |\n" in markdown(replace(diff, changes=[seven]))
     assert MARKDOWN_ROWS == 40
+
+
+def _git(repository: Path, *args: str) -> str:
+    command = ["git", "-C", str(repository), "-c", "user.name=t", "-c", "user.email=t@example.com", *args]
+    return subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_base_revisions_without_the_stack_or_with_a_broken_one(tmp_path: Path) -> None:
+    """A revision before the stack existed is an empty base (everything is added, nothing before); one
+    whose stack does not parse is refused naming the revision's file, not a temporary copy."""
+    repository = tmp_path / "platform"
+    (repository / "stacks").mkdir(parents=True)
+    _git(repository, "init", "-q", "-b", "main")
+    (repository / "README").write_text("platform\n")
+    _git(repository, "add", ".")
+    _git(repository, "commit", "-q", "-m", "empty")
+    stack = repository / "stacks" / "Pulumi.aws-prod.yaml"
+    stack.write_text(yaml.safe_dump({"config": {"gpu-platform:platform": {"name": "aws-prod", "pools": 3}}}))
+    _git(repository, "add", ".")
+    _git(repository, "commit", "-q", "-m", "broken")
+    stack.write_text(stack_file("aws-prod").read_text())
+
+    assert load_base(stack, "main~1") == (None, "main~1 (no stacks/Pulumi.aws-prod.yaml there)")
+    head = load_platform(stack)
+    diff = plan_diff(None, head, "main~1", str(stack))
+    assert (diff.stack, diff.base, diff.head) == ("aws-prod", "main~1", str(stack))
+    assert diff.before == Totals(0, 0, 0.0)
+    assert diff.after.resources == len(diff.changes) > 0 and diff.after.gpus == head.total_gpus
+    assert {c.op for c in diff.changes} == {"add"}
+
+    with pytest.raises(SpecError) as broken:
+        load_base(stack, "main")
+    assert "main:stacks/Pulumi.aws-prod.yaml" in broken.value.message
+    assert "gpuplat-base-" not in broken.value.message
+    with pytest.raises(SpecError) as unknown:
+        load_base(stack, "nowhere")
+    assert unknown.value.message == (
+        f"--base nowhere: neither a stack file nor a git revision of {repository} (give a file, or a branch, "
+        "tag or commit such as origin/main)"
+    )
+    outside = tmp_path / "Pulumi.loose.yaml"
+    outside.write_text(stack.read_text())
+    with pytest.raises(SpecError) as no_repository:
+        load_base(outside, "main")
+    assert no_repository.value.message == (
+        f"--base main: not a file, and {outside} is not in a git repository to read it from"
+    )
