@@ -42,6 +42,7 @@ import argparse
 import fnmatch
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -232,8 +233,9 @@ class Row:
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
-def results(session: Session, directory: Path) -> tuple[list[Row], list[str]]:
-    """One row per mutated file, and the names of the surviving mutants."""
+def results(session: Session, directory: Path, untested: bool = False) -> tuple[list[Row], list[str]]:
+    """One row per mutated file, and the names of the surviving mutants (`untested`: mutmut stopped before
+    running any, as no selected test calls a mutated function: every mutant is "no tests")."""
     from mutmut.stats import status_by_exit_code
 
     rows, survivors = [], []
@@ -246,7 +248,7 @@ def results(session: Session, directory: Path) -> tuple[list[Row], list[str]]:
         for name, code in sorted(codes.items()):
             if session.functions and not any(fnmatch.fnmatch(name, g) for g in session.functions):
                 continue
-            status = status_by_exit_code[code]
+            status = "no tests" if untested else status_by_exit_code[code]
             row.mutants += 1
             if status in ("killed", "caught by type check", "segfault"):
                 row.killed += 1  # segfault: the test process died (SIGKILL at mutmut's CPU limit included)
@@ -298,11 +300,15 @@ def run_session(session: Session, jobs: int, keep: bool) -> tuple[list[Row], flo
             check=False,
         )
     elapsed = time.monotonic() - started
-    if done.returncode != 0:
+    output = log.read_text(errors="replace")
+    untested = "could not find any test case for any mutant" in output
+    if done.returncode != 0 and not untested:
+        spinner = re.compile("[\u2800-\u28ff]")  # mutmut's progress lines
+        lines = [line for line in output.replace("\r", "\n").splitlines() if not spinner.search(line)]
         print(f"mutmut failed on {session.name} (exit {done.returncode}); the end of {log}:", file=sys.stderr)
-        print(log.read_text(errors="replace")[-3000:], file=sys.stderr)
+        print("\n".join(lines[-40:]), file=sys.stderr)
         return [Row(session.label)], elapsed, False
-    rows, survivors = results(session, directory)
+    rows, survivors = results(session, directory, untested)
     write_survivors(directory, survivors)
     return rows, elapsed, True
 

@@ -30,7 +30,7 @@ import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 CONFIG = Path("/etc/gpuplat/datasets.json")
 MANIFEST = "MANIFEST.json"
@@ -129,7 +129,10 @@ def stage_copy(source: Path, cache: Path, version: str) -> Path:
     return final
 
 
-def stage(config: dict[str, Any], name: str, check: str, log: Any = sys.stderr) -> Path:
+def stage(config: dict[str, Any], name: str, check: str, log: TextIO | None = None) -> Path:
+    """The cached copy's path, staged first where it is missing or unusable; what happened goes to `log`
+    (standard error as it is when called, not as it was at import)."""
+    log = sys.stderr if log is None else log
     entry = dataset(config, name)
     source = Path(entry["source"])
     if not source.is_dir():
