@@ -18,6 +18,7 @@ from infra.policy.check import verdicts_for
 from infra.policy.rules import Verdict
 from infra.spec.load import CONFIG_KEY
 from tests.conftest import stack_document
+from tests.pulumi.findings import as_written, expected_findings
 from tests.pulumi.test_policy_rules import KUBERNETES_RULES, Mutate, Program, _set, _transform
 
 KUEUE = "kubernetes:kueue.x-k8s.io/v1beta2"
@@ -165,3 +166,12 @@ def test_broken_variant_is_refused_with_the_rule_and_object(
     found = verdicts(variant)
     assert any(v.rule == rule and v.resource == resource for v in found), found
     assert all(v.severity == "mandatory" for v in found)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_variant_is_told_what_it_was_told(
+    variant: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Each variant's findings, of every rule, word for word (tests/data/policy_findings.yaml)."""
+    platform, recording = _variant(variant, str(tmp_path_factory.getbasetemp()))
+    assert as_written(verdicts_for(platform, recording)) == expected_findings("kubernetes", variant)

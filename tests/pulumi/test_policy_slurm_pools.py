@@ -28,6 +28,7 @@ from infra.policy.view import ResourceIndex, from_recorded
 from infra.program import build
 from infra.spec.load import CONFIG_KEY
 from tests.conftest import stack_document
+from tests.pulumi.findings import as_written, expected_findings
 
 Mutate = Callable[[dict[str, Any]], None]
 Change = Callable[[str, dict[str, Any]], None]  # (resource name, inputs)
@@ -310,3 +311,9 @@ def test_ethernet_pool_without_declared_nodes_is_judged_from_the_stack(
     assert finding.resource == "pool train" and "no RDMA (ethernet" in finding.message
     good, _ = recorded("slurm")
     assert list(check_multi_node_rdma(ResourceIndex([]), PolicyContext(good))) == []
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_variant_is_told_what_it_was_told(variant: str, verdicts: Callable[..., list[Verdict]]) -> None:
+    """Each variant's findings word for word (tests/data/policy_findings.yaml)."""
+    assert as_written(verdicts(variant)) == expected_findings("slurm_pools", variant)
