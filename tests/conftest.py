@@ -70,8 +70,14 @@ def fsx_facts(cluster_name: Any = "aws-k8s") -> ClusterFacts:
     return ClusterFacts(shared_volume=volume, cluster_name=cluster_name, region="us-east-1")
 
 
-def load_script(name: str, path: Path) -> ModuleType:
-    """A stand-alone program (an example, a node program) imported as a module under `name`."""
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_script(path: Path) -> ModuleType:
+    """A stand-alone program (an example, a node program) imported as a module named after its path in the
+    repository (`roles.slurm_compute.files.gpuplat_dataset_cache`): the name mutmut gives the functions it
+    mutates there, by which it matches them to the tests that call them (scripts/mutation/run.py)."""
+    name = ".".join(path.resolve().relative_to(ROOT).with_suffix("").parts)
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)

@@ -70,14 +70,27 @@ def platform() -> ResolvedPlatform:
     return load_platform(stack_file(STACK))
 
 
-@pytest.fixture(scope="module")
-def options() -> dict[str, Any]:
-    return {}
+# The shipped stack recorded once per process, with the node groups' resource options collected on the
+# way: recording is most of these tests' time, and pytest run again in this process (mutmut's runs of the
+# policy tests here, forked from the run that recorded: scripts/mutation/run.py) reuses it.
+_RECORDED: dict[str, tuple[Recording, dict[str, Any]]] = {}
+
+
+def _shipped(platform: ResolvedPlatform) -> tuple[Recording, dict[str, Any]]:
+    if STACK not in _RECORDED:
+        options: dict[str, Any] = {}
+        _RECORDED[STACK] = (record(platform, _program(options=options)), options)
+    return _RECORDED[STACK]
 
 
 @pytest.fixture(scope="module")
-def eks(platform: ResolvedPlatform, options: dict[str, Any]) -> Recording:
-    return record(platform, _program(options=options))
+def options(platform: ResolvedPlatform) -> dict[str, Any]:
+    return _shipped(platform)[1]
+
+
+@pytest.fixture(scope="module")
+def eks(platform: ResolvedPlatform) -> Recording:
+    return _shipped(platform)[0]
 
 
 def _variant(write_stack: Callable[..., Path], mutate: Callable[[dict[str, Any]], None]) -> ResolvedPlatform:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from functools import cache
 from typing import Any
 
 import pytest
@@ -19,6 +18,7 @@ from infra.policy.check import verdicts_for
 from infra.policy.rules import Verdict
 from infra.spec.load import CONFIG_KEY
 from tests.conftest import stack_document
+from tests.pulumi.findings import as_written, expected_findings
 from tests.pulumi.test_policy_rules import KUBERNETES_RULES, Mutate, Program, _set, _transform
 
 KUEUE = "kubernetes:kueue.x-k8s.io/v1beta2"
@@ -99,8 +99,19 @@ VARIANTS: dict[str, tuple[str, Mutate | None, Program | None]] = {
 }
 
 
-@cache
+# Recordings of the variants, kept for the process rather than the module's run: recording the program is
+# most of these tests' time, and pytest run again in this process (mutmut's runs of them, one per mutant
+# of the policy rules, forked from the run that recorded: scripts/mutation/run.py) reuses them.
+_RECORDED: dict[str, tuple[ResolvedPlatform, Recording]] = {}
+
+
 def _variant(name: str, tmp: str) -> tuple[ResolvedPlatform, Recording]:
+    if name not in _RECORDED:
+        _RECORDED[name] = _record_variant(name, tmp)
+    return _RECORDED[name]
+
+
+def _record_variant(name: str, tmp: str) -> tuple[ResolvedPlatform, Recording]:
     from pathlib import Path
 
     base, mutate, program = VARIANTS[name]
@@ -155,3 +166,12 @@ def test_broken_variant_is_refused_with_the_rule_and_object(
     found = verdicts(variant)
     assert any(v.rule == rule and v.resource == resource for v in found), found
     assert all(v.severity == "mandatory" for v in found)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_variant_is_told_what_it_was_told(
+    variant: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Each variant's findings, of every rule, word for word (tests/data/policy_findings.yaml)."""
+    platform, recording = _variant(variant, str(tmp_path_factory.getbasetemp()))
+    assert as_written(verdicts_for(platform, recording)) == expected_findings("kubernetes", variant)

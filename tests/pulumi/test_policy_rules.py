@@ -31,6 +31,7 @@ from infra.policy.view import ResourceIndex
 from infra.program import build
 from infra.spec.load import CONFIG_KEY
 from tests.conftest import stack_document
+from tests.pulumi.findings import as_written, expected_findings
 
 Mutate = Callable[[dict[str, Any]], None]
 Program = Callable[[ResolvedPlatform], None]
@@ -223,11 +224,17 @@ VARIANTS: dict[str, tuple[str, Mutate | None, Program | None]] = {
 }
 
 
+# Recordings of the variants, kept for the process rather than the module's run: recording the program is
+# most of these tests' time, and pytest run again in this process (mutmut's runs of them, one per mutant
+# of the policy rules, forked from the run that recorded: scripts/mutation/run.py) reuses them.
+_RECORDED: dict[str, tuple[ResolvedPlatform, Recording]] = {}
+
+
 @pytest.fixture(scope="module")
 def recorded(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Callable[[str], tuple[ResolvedPlatform, Recording]]]:
-    cache: dict[str, tuple[ResolvedPlatform, Recording]] = {}
+    cache = _RECORDED
     folder = tmp_path_factory.mktemp("policy-variants")
 
     def get(name: str) -> tuple[ResolvedPlatform, Recording]:
@@ -379,3 +386,10 @@ def test_enforcement_overrides(verdicts: Callable[..., list[Verdict]]) -> None:
     downgraded = verdicts("over-gpu-budget", enforcement={"budget-gpus": "advisory"})
     assert [v.severity for v in fired(downgraded, "budget-gpus")] == ["advisory"]
     assert fired(verdicts("over-gpu-budget", enforcement={"budget-gpus": "disabled"}), "budget-gpus") == []
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_variant_is_told_what_it_was_told(variant: str, verdicts: Callable[..., list[Verdict]]) -> None:
+    """Each variant's findings word for word (tests/data/policy_findings.yaml): the resource each one
+    names, its URN and its message, with the figures it quotes."""
+    assert as_written(verdicts(variant)) == expected_findings("policy_rules", variant)

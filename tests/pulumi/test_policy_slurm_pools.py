@@ -28,6 +28,7 @@ from infra.policy.view import ResourceIndex, from_recorded
 from infra.program import build
 from infra.spec.load import CONFIG_KEY
 from tests.conftest import stack_document
+from tests.pulumi.findings import as_written, expected_findings
 
 Mutate = Callable[[dict[str, Any]], None]
 Change = Callable[[str, dict[str, Any]], None]  # (resource name, inputs)
@@ -126,11 +127,17 @@ VARIANTS: dict[str, tuple[Mutate | None, str | None, Change | None]] = {
 }  # fmt: skip
 
 
+# Recordings of the variants, kept for the process rather than the module's run: recording the program is
+# most of these tests' time, and pytest run again in this process (mutmut's runs of them, one per mutant
+# of the policy rules, forked from the run that recorded: scripts/mutation/run.py) reuses them.
+_RECORDED: dict[str, tuple[ResolvedPlatform, Recording]] = {}
+
+
 @pytest.fixture(scope="module")
 def recorded(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Callable[[str], tuple[ResolvedPlatform, Recording]]]:
-    cache: dict[str, tuple[ResolvedPlatform, Recording]] = {}
+    cache = _RECORDED
     folder = tmp_path_factory.mktemp("slurm-variants")
 
     def get(name: str) -> tuple[ResolvedPlatform, Recording]:
@@ -331,3 +338,9 @@ def test_ethernet_pool_without_declared_nodes_is_judged_from_the_stack(
     assert finding.resource == "pool train" and "no RDMA (ethernet" in finding.message
     good, _ = recorded("slurm")
     assert list(check_multi_node_rdma(ResourceIndex([]), PolicyContext(good))) == []
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_variant_is_told_what_it_was_told(variant: str, verdicts: Callable[..., list[Verdict]]) -> None:
+    """Each variant's findings word for word (tests/data/policy_findings.yaml)."""
+    assert as_written(verdicts(variant)) == expected_findings("slurm_pools", variant)

@@ -4,6 +4,7 @@ tests/serving/test_serve.py."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -12,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from infra.nodes.role_templates import role_vars
 from tests.conftest import load_script
 
 FILES = Path(__file__).resolve().parents[2] / "roles" / "inference_gateway" / "files"
@@ -21,7 +23,7 @@ FILES = Path(__file__).resolve().parents[2] / "roles" / "inference_gateway" / "f
 def canary() -> ModuleType:
     sys.path.insert(0, str(FILES))  # it imports the runtime API client of gpuplat_gateway_targets.py
     try:
-        return load_script("gpuplat_gateway_canary", FILES / "gpuplat_gateway_canary.py")
+        return load_script(FILES / "gpuplat_gateway_canary.py")
     finally:
         sys.path.remove(str(FILES))
 
@@ -48,3 +50,136 @@ def test_a_share_is_a_whole_percentage(canary: ModuleType) -> None:
 def test_show_map_lines_are_read_by_key(canary: ModuleType) -> None:
     text = "0x5581c1a0e2d0 0 inference_canary\n0x5581c1a0e310 1 inference\n\n"
     assert canary.parse_map(text) == {0: "inference_canary", 1: "inference"}
+
+
+class FakeApi:
+    """HAProxy's runtime API as the canary program uses it: `show map`, `set map` and `show stat` of the
+    two versions' backends. `refuse` answers `set map` with an error; `canary_status` is the status of the
+    canary's one server."""
+
+    def __init__(self, entries: dict[int, str], canary_status: str = "UP", refuse: str = "") -> None:
+        self.entries = dict(entries)
+        self.canary_status = canary_status
+        self.refuse = refuse
+        self.sets: list[str] = []
+
+    def send(self, command: str) -> str:
+        words = command.split()
+        if words[:2] == ["show", "map"]:
+            return (
+                "".join(f"0x55{draw:04x} {draw} {backend}\n" for draw, backend in self.entries.items()) + "\n"
+            )
+        if words[:2] == ["set", "map"]:
+            self.sets.append(command)
+            if self.refuse:
+                return self.refuse + "\n"
+            self.entries[int(words[3])] = words[4]
+            return "\n"
+        raise AssertionError(f"unexpected command {command!r}")
+
+    def stats(self, backend: str) -> dict[str, dict[str, str]]:
+        rows = {
+            "inference": {
+                "FRONTEND": {"status": "OPEN", "stot": "0"},
+                "BACKEND": {"status": "UP", "stot": "900", "hrsp_5xx": "9"},
+                "infer-1": {"status": "UP"},
+                "slot-2": {"status": "UP 1/3"},  # going down, still taking requests
+                "slot-3": {"status": "MAINT"},
+            },
+            "inference_canary": {
+                "BACKEND": {"status": "UP" if self.canary_status.startswith("UP") else "DOWN", "stot": "100"},
+                "canary-1": {"status": self.canary_status, "hrsp_5xx": "50"},
+            },
+        }
+        return rows[backend]
+
+
+def _map_file(tmp_path: Path, canary: ModuleType, percent: int) -> Path:
+    path = tmp_path / "gpuplat-versions.map"
+    path.write_text("".join(f"{d} {b}\n" for d, b in sorted(canary.version_map(percent).items())))
+    return path
+
+
+def test_a_share_moves_only_its_draws_at_haproxy_and_in_the_map_file(
+    canary: ModuleType, tmp_path: Path
+) -> None:
+    map_file = _map_file(tmp_path, canary, 0)
+    api = FakeApi(canary.version_map(0))
+    result = canary.share(api, map_file, 3)
+    assert api.sets == [f"set map {map_file} {d} inference_canary" for d in range(3)]
+    assert map_file.read_text() == "".join(
+        f"{d} {'inference_canary' if d < 3 else 'inference'}\n" for d in range(100)
+    )
+    assert map_file.stat().st_mode & 0o777 == 0o644  # HAProxy reads it after dropping privileges
+    assert [p.name for p in tmp_path.iterdir()] == [map_file.name]  # no temporary file left beside it
+    assert result == {
+        "canary_percent": 3,
+        "backends": {
+            "inference": {"requests": 900, "errors_5xx": 9, "servers_up": 2},
+            "inference_canary": {"requests": 100, "errors_5xx": 0, "servers_up": 1},
+        },
+    }
+
+
+@pytest.mark.parametrize("status", ["DOWN", "MAINT", "NOLB", "no check"])
+def test_no_share_while_no_canary_server_is_up(canary: ModuleType, tmp_path: Path, status: str) -> None:
+    """The refusal: a share sent to a backend whose servers are all down would fail those requests."""
+    map_file = _map_file(tmp_path, canary, 0)
+    before = map_file.read_text()
+    api = FakeApi(canary.version_map(0), canary_status=status)
+    with pytest.raises(canary.RuntimeApiError, match="no server of backend inference_canary is up"):
+        canary.share(api, map_file, 1)
+    assert api.sets == [] and map_file.read_text() == before
+    # Taking the share back to 0 needs no canary: it is how a rollback ends.
+    api.entries = canary.version_map(10)
+    canary.share(api, map_file, 0)
+    assert api.entries == canary.version_map(0)
+
+
+def test_a_set_haproxy_refuses_stops_the_share_before_the_file(canary: ModuleType, tmp_path: Path) -> None:
+    map_file = _map_file(tmp_path, canary, 0)
+    before = map_file.read_text()
+    api = FakeApi(canary.version_map(0), refuse="entry not found.")
+    with pytest.raises(canary.RuntimeApiError) as refused:
+        canary.share(api, map_file, 5)
+    assert str(refused.value) == f"HAProxy refused 'set map {map_file} 0 inference_canary': entry not found."
+    assert len(api.sets) == 1 and map_file.read_text() == before
+
+
+def test_the_program_answers_json_and_exits_2_when_refused(
+    canary: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    map_file = _map_file(tmp_path, canary, 0)
+    api = FakeApi(canary.version_map(0))
+    sockets: list[str] = []
+    monkeypatch.setattr(canary, "RuntimeApi", lambda path: sockets.append(path) or api)
+    assert canary.main(["--socket", "/tmp/s.sock", "--map", str(map_file), "share", "2"]) == 0
+    assert sockets == ["/tmp/s.sock"]
+    assert json.loads(capsys.readouterr().out)["canary_percent"] == 2
+    assert canary.main(["--map", str(map_file), "show"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["canary_percent"] == 2 and shown["backends"]["inference_canary"]["servers_up"] == 1
+    api.canary_status = "DOWN"
+    assert canary.main(["--map", str(map_file), "share", "4"]) == 2
+    assert canary.main(["--map", str(map_file), "share", "101"]) == 2
+    assert capsys.readouterr().out == ""  # nothing printed as if done
+
+
+def test_the_program_fails_with_exit_2_when_haproxy_is_not_there(
+    canary: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    missing = str(tmp_path / "no.sock")
+    # The real client, without its wait for a restarting HAProxy's socket to come back.
+    client = canary.RuntimeApi
+    monkeypatch.setattr(canary, "RuntimeApi", lambda path: client(path, connect_wait_s=0))
+    assert canary.main(["--socket", missing, "--map", str(tmp_path / "m.map"), "show"]) == 2
+    assert f"HAProxy's runtime API at {missing}: " in caplog.text
+
+
+def test_the_defaults_are_where_the_role_puts_the_socket_and_the_map(canary: ModuleType) -> None:
+    """`gpuplat serve` runs `gpuplat_gateway_canary.py share N` on the gateways without --socket or --map."""
+    gateway = role_vars("inference_gateway")
+    arguments = canary.parse_args(["show"])
+    assert arguments.socket == gateway["__inference_gateway_admin_socket"]
+    assert str(arguments.map) == gateway["__inference_gateway_version_map"]
+    assert gateway["__inference_gateway_canary_backend"] == canary.CANARY

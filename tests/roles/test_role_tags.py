@@ -101,22 +101,31 @@ def test_the_walker_finds_includes_that_drop_their_tags(tmp_path: Path) -> None:
 def tagged_tasks(path: Path, inherited: frozenset[str], tag: str, found: list[str]) -> list[str]:
     """Names of the tasks reached from `path` that carry `tag` (their own, a block's, an import's or an
     include's applied tags)."""
+    found += [str(task.get("name")) for task in tagged_task_entries(path, inherited, tag, [])]
+    return found
+
+
+def tagged_task_entries(
+    path: Path, inherited: frozenset[str], tag: str, found: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The tasks themselves (as written) that tagged_tasks names."""
     for task in yaml.safe_load(path.read_text()) or []:
         tags = inherited | frozenset(task.get("tags", []) or [])
         for key in ("block", "rescue", "always"):
             for inner in task.get(key, []) or []:
                 if tag in tags | frozenset(inner.get("tags", []) or []):
-                    found.append(str(inner.get("name")))
+                    found.append(inner)
         include = next((task[k] for k in _INCLUDES if k in task), None)
         imported = next((task[k] for k in _IMPORTS if k in task), None)
         if imported is not None:
             for target in included_files(path.parent, imported):
-                tagged_tasks(target, tags, tag, found)
+                tagged_task_entries(target, tags, tag, found)
         elif include is not None and isinstance(include, dict):
             for target in included_files(path.parent, include["file"]):
-                tagged_tasks(target, frozenset((include.get("apply") or {}).get("tags", [])), tag, found)
+                applied = frozenset((include.get("apply") or {}).get("tags", []))
+                tagged_task_entries(target, applied, tag, found)
         elif tag in tags:
-            found.append(str(task.get("name")))
+            found.append(task)
     return found
 
 
@@ -132,3 +141,21 @@ def test_the_join_steps_undo_the_seal() -> None:
     }
     assert {"Install the key provisioned on this host", "Start munge"} <= set(joined["munge"])
     assert {"Install the node health check", "Start slurmd"} <= set(joined["slurm_compute"])
+
+
+@pytest.mark.parametrize(
+    ("role", "service"), [("munge", "{{ munge_service_name }}"), ("slurm_compute", "slurmd")]
+)
+def test_the_join_steps_start_and_enable_the_sealed_services(role: str, service: str) -> None:
+    """Whatever the task is called, `join` starts the service the seal disabled and enables it again, with
+    nothing that could skip it."""
+    joined = tagged_task_entries(ROLES / role / "tasks" / "main.yml", frozenset(), "join", [])
+    starts = [t for t in joined if (t.get("ansible.builtin.systemd_service") or {}).get("name") == service]
+    assert len(starts) == 1, f"{role}: no join step starts {service}"
+    (start,) = starts
+    assert start["ansible.builtin.systemd_service"]["state"] == "started"
+    assert start["ansible.builtin.systemd_service"]["enabled"] is True
+    assert "when" not in start and "ignore_errors" not in start
+    if role == "munge":
+        defaults = yaml.safe_load((ROLES / "munge" / "defaults" / "main.yml").read_text())
+        assert defaults["munge_service_name"] == "munge"  # the unit image_seal.sh disables

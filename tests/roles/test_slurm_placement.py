@@ -153,3 +153,20 @@ def test_the_scheduler_scenario_gives_the_roles_what_infra_gives_them(mixed: Res
     }
     features = {f for rule in given["slurm_placement"].values() for f in rule["order"]}
     assert features == {"gpu_h100", "gpu_l40s"}
+
+
+def test_a_job_class_gives_its_own_order_whatever_the_team(write_stack: Callable[..., Path]) -> None:
+    """A class whose order is not the stack's (cost first: L40S before H100) sends every team's jobs in
+    its partition that way, the performance-first team's too; each class keeps its own."""
+
+    def two_classes(platform: dict[str, Any]) -> None:
+        with_job_class(platform)
+        platform["scheduler"]["job_classes"].append({"name": "cheapest", "placement": "cost"})
+
+    values = slurm.slurm_vars(load_platform(write_stack("aws-prod", two_classes)))
+    assert values["slurm_placement"]["cheapest"] == {"accounts": {}, "order": ["gpu_l40s", "gpu_h100"]}
+    assert values["slurm_placement"]["fastest"] == {"accounts": {}, "order": ["gpu_h100", "gpu_l40s"]}
+    submit = job_submit(values)
+    assert submit(default_account="research", partition="cheapest")["features"] == "[gpu_l40s|gpu_h100]"
+    assert submit(default_account="product", partition="fastest")["features"] == "[gpu_h100|gpu_l40s]"
+    assert submit(default_account="research")["features"] == "[gpu_h100|gpu_l40s]"  # its team's, elsewhere

@@ -7,12 +7,16 @@ from __future__ import annotations
 import json
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]
 
-from infra.policy.ci_formats import pool_line
+from infra.policy.check import CheckReport
+from infra.policy.ci_formats import junit, pool_line, sarif
+from infra.policy.rules import RULES, Verdict
+from infra.policy.settings import PolicyConfig
 from tests.unit.test_cli import gpuplat
 from tests.upstream import UPSTREAM
 
@@ -67,3 +71,91 @@ def test_junit_fails_the_broken_rules_and_skips_disabled_ones(
 def test_an_unknown_format_is_bad_input() -> None:
     result = gpuplat("check", "--stack", "local", "--format", "xml")
     assert result.returncode == 2 and "give one of text, json, sarif, junit" in result.stderr
+
+
+def _on_demand_spot_pool(spec: dict[str, Any]) -> None:
+    next(p for p in spec["pools"] if p["name"] == "train-spot")["capacity"] = "on-demand"
+
+
+def test_sarif_points_a_resource_at_its_own_pool_not_one_its_name_extends(
+    write_stack: Callable[..., Path],
+) -> None:
+    """aws-prod-train-spot-lt is pool train-spot's, though its name starts with pool train's prefix too."""
+    path = write_stack("aws-prod", _on_demand_spot_pool, name="aws-prod")
+    result = gpuplat("check", "--stack-file", str(path), "--format", "sarif")
+    assert result.returncode == 1, result.stderr
+    (finding,) = json.loads(result.stdout)["runs"][0]["results"]
+    (location,) = finding["locations"]
+    assert location["logicalLocations"] == [{"name": "aws-prod-train-spot-lt", "kind": "resource"}]
+    text = path.read_text()
+    assert location["physicalLocation"]["region"] == {"startLine": pool_line(text, "train-spot")}
+    assert pool_line(text, "train-spot") != pool_line(text, "train")
+
+
+def test_pool_line_is_the_1_based_line_of_the_pools_name() -> None:
+    text = "pools:\n  - name: head\n  - name: 'infer'  # serving\n  - name: infer-big\n    role: infer\n"
+    assert pool_line(text, "head") == 2
+    assert pool_line(text, "infer") == 3
+    assert pool_line(text, "infer-big") == 4
+    assert pool_line(text, "train") is None
+
+
+def _verdict(rule: str, severity: str, resource: str, message: str) -> Verdict:
+    return Verdict(rule, severity, resource, message, remediation=f"fix {rule}")
+
+
+def test_sarif_rules_carry_their_group_and_findings_their_level(tmp_path: Path) -> None:
+    stack = tmp_path / "Pulumi.s.yaml"
+    stack.write_text("pools:\n  - name: infer\n")
+    verdicts = [
+        _verdict("isolation-inference-taint", "mandatory", "pool infer", "untainted"),
+        _verdict("spot-training-share", "advisory", "s-infer-asg", "a share"),
+        _verdict("spot-training-share", "informational", "stack s", "a note"),
+    ]
+    document = sarif([(CheckReport("s", "onprem", str(stack), 3, verdicts), ["infer"])], tmp_path)
+    (run,) = document["runs"]
+    assert run["tool"]["driver"]["name"] == "gpuplat"
+    assert run["tool"]["driver"]["version"] == version("gpu-platform")
+    groups = {rule["id"]: rule["properties"] for rule in run["tool"]["driver"]["rules"]}
+    assert groups["spot-training-share"] == {"group": "spot"} and len(groups) == len(RULES)
+    assert [r["level"] for r in run["results"]] == ["error", "warning", "note"]
+    assert [r["locations"][0]["physicalLocation"] for r in run["results"]] == [
+        {"artifactLocation": {"uri": "Pulumi.s.yaml"}, "region": {"startLine": 2}},
+        {"artifactLocation": {"uri": "Pulumi.s.yaml"}, "region": {"startLine": 2}},
+        {"artifactLocation": {"uri": "Pulumi.s.yaml"}},
+    ]
+    assert run["results"][0]["message"] == {"text": "s: pool infer: untainted"}
+
+
+def test_junit_names_its_suites_cases_failures_and_skips() -> None:
+    verdicts = [
+        _verdict("budget-gpus", "mandatory", "stack p", "too many GPUs"),
+        _verdict("budget-gpus", "mandatory", "pool train", "and here"),
+        _verdict("spot-training-share", "advisory", "pool train-spot", "a large share"),
+    ]
+    config = PolicyConfig(enforcement={"alerts-reach-someone": "disabled", "budget-hourly-cost": "disabled"})
+    text = junit([CheckReport("p", "onprem", "stacks/Pulumi.p.yaml", 5, verdicts)], config)
+    assert text.startswith("<?xml version='1.0' encoding='utf-8'?>\n<testsuites name=\"gpuplat check\">")
+    root = ET.fromstring(text)
+    (suite,) = root.iter("testsuite")
+    assert suite.attrib == {
+        "name": "policy p",
+        "file": "stacks/Pulumi.p.yaml",
+        "tests": str(len(RULES)),
+        "failures": "1",
+        "skipped": "2",
+        "errors": "0",
+    }
+    cases = {case.get("name"): case for case in suite.iter("testcase")}
+    assert cases["budget-gpus"].get("classname") == "gpuplat.policy.budget"
+    failure = cases["budget-gpus"].find("failure")
+    assert failure is not None and failure.attrib == {"message": "too many GPUs", "type": "mandatory"}
+    assert (
+        failure.text
+        == "stack p: too many GPUs Fix: fix budget-gpus\npool train: and here Fix: fix budget-gpus"
+    )
+    skipped = cases["budget-hourly-cost"].find("skipped")
+    assert skipped is not None and skipped.attrib == {"message": "disabled by the policy config"}
+    output = cases["spot-training-share"].find("system-out")
+    assert output is not None and output.text == "advisory: pool train-spot: a large share"
+    assert list(cases["spot-training-share"]) == [output]  # an advisory finding does not fail the case

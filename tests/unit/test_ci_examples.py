@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import jsonschema  # type: ignore[import-untyped]
+import pytest
 import yaml
 
 from infra.spec.load import PROJECT_ROOT, stack_file
@@ -89,3 +90,29 @@ def test_every_action_the_workflows_use_runs_on_a_runtime_github_still_offers() 
     assert not unknown, f"add these actions' runtimes (runs.using at the tag) to the data: {unknown}"
     stale = sorted(action for action in used if runtime[action] in facts["removed_runtimes"])
     assert not stale, f"on a runtime GitHub removed: {[(a, runtime[a]) for a in stale]}"
+
+
+@pytest.mark.parametrize("verdict", [0, 1, 2])
+def test_the_policy_report_exits_with_the_checks_verdict(tmp_path: Path, verdict: int) -> None:
+    """CI fails the job on the script's exit code: 1 where a mandatory rule is broken, 2 on bad input, after
+    writing both reports either way (the code scanning and test report uploads run on failure too)."""
+    calls = tmp_path / "calls"
+    fake = tmp_path / "gpuplat"
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {calls}\necho "report of $*"\nexit {verdict}\n')
+    fake.chmod(0o755)
+    out = tmp_path / "report"
+    done = subprocess.run(
+        [str(SCRIPTS / "policy-report.sh"), str(out), "policy.yaml"],
+        cwd=tmp_path, capture_output=True, text=True, env={"GPUPLAT": str(fake), "PATH": "/usr/bin:/bin"},
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == verdict, done.stderr
+    options = "check --all --policy-config policy.yaml"
+    assert calls.read_text().splitlines() == [
+        f"{options} --format sarif",
+        f"{options} --format junit",
+        options,
+    ]
+    assert (out / "gpuplat.sarif").read_text() == f"report of {options} --format sarif\n"
+    assert (out / "gpuplat-junit.xml").read_text() == f"report of {options} --format junit\n"
+    assert f"(verdict {verdict})" in done.stderr

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from infra.cli.app import app
 from infra.errors import SpecError
-from infra.validate.job_profile import job_profile
+from infra.validate.job_profile import ADVICE, PHASES, job_profile
 from tests.unit.test_hostile_input import refused, run_cli
 
 # Output of examples/train_dist/train.py on the local platform: 2 nodes x 2 processes, gloo.
@@ -255,3 +255,57 @@ def test_lines_cut_off_or_run_together_are_left_out_and_said() -> None:
     assert any("not read whole" in note for note in profile.notes)
     with pytest.raises(SpecError, match="no `timing` lines"):
         job_profile(cut, "log")
+
+
+@pytest.mark.parametrize(
+    ("phases", "dominant"),
+    [
+        ((0.10, 0.90, 0.0, 0.0), "compute"),  # data at exactly its 10 %: not over it
+        ((0.12, 0.88, 0.0, 0.0), "data"),
+        ((0.0, 0.70, 0.30, 0.0), "compute"),  # communication at exactly 30 %
+        ((0.0, 0.68, 0.32, 0.0), "comm"),
+        ((0.0, 0.95, 0.0, 0.05), "compute"),  # checkpoints at exactly 5 %
+        ((0.0, 0.94, 0.0, 0.06), "checkpoint"),
+    ],
+)
+def test_the_limits_are_10_30_and_5_percent_of_the_step(phases: tuple[float, ...], dominant: str) -> None:
+    """A phase is named once it takes more than its share of the step: data 10 %, communication 30 %,
+    checkpoints 5 % (the checkpoint budget of `gpuplat validate`)."""
+    assert job_profile(_line(*phases), "log").dominant == dominant
+
+
+def test_every_window_counts_by_its_steps() -> None:
+    profile = job_profile(_line(0.2, 0.1, 0.0, 0.0, steps=30) + _line(0.4, 0.1, 0.0, 0.0, steps=10), "log")
+    assert profile.seconds_per_step["data"] == pytest.approx((0.2 * 30 + 0.4 * 10) / 40)
+    assert profile.share("data") == pytest.approx(0.25 / 0.35)
+
+
+def test_a_log_of_idle_steps_is_compute_and_shares_nothing() -> None:
+    profile = job_profile(_line(0.0, 0.0, 0.0, 0.0), "log")
+    assert profile.dominant == "compute" and profile.step_s == 0.0
+    assert [profile.share(p) for p in PHASES] == [0.0, 0.0, 0.0, 0.0]
+
+
+def test_the_json_has_each_phase_its_share_and_the_advice() -> None:
+    profile = job_profile(_line(0.0, 0.6, 0.4, 0.0, steps=5), "log")
+    as_json = profile.to_json()
+    assert {key: as_json[key] for key in ("steps", "step_s", "phases", "dominant", "advice")} == {
+        "steps": 5,
+        "step_s": pytest.approx(1.0),
+        "phases": {
+            "data": {"seconds": 0.0, "share": 0.0},
+            "compute": {"seconds": pytest.approx(0.6), "share": pytest.approx(0.6)},
+            "comm": {"seconds": pytest.approx(0.4), "share": pytest.approx(0.4)},
+            "checkpoint": {"seconds": 0.0, "share": 0.0},
+        },
+        "dominant": "comm",
+        "advice": ADVICE["comm"],
+    }
+
+
+def test_bad_input_says_which_job_reports_timing_lines() -> None:
+    with pytest.raises(SpecError) as refused_log:
+        job_profile("nothing\n", "slurm-1.out")
+    assert refused_log.value.message.endswith(
+        "give the output of a job that reports them, such as examples/train_dist/train.py"
+    )

@@ -16,7 +16,7 @@ from infra.data.load import catalog
 from infra.errors import SpecError
 from infra.k8s.queues import queue_objects, quota_plan
 from infra.platform.resolve import ResolvedPlatform, load_platform
-from infra.scheduling.placement import gpu_hour_usd, training_order
+from infra.scheduling.placement import _cost_key, gpu_hour_usd, speed_key, training_order, unknown_pools
 from tests.conftest import CONFIG_KEY, stack_document
 from tests.k8s_schemas import assert_accepted
 from tests.unit.test_hostile_input import run_cli
@@ -164,3 +164,54 @@ def test_job_classes_are_refused_where_they_cannot_be_partitions(
     result = run_cli("plan", "--stack-file", str(path))
     assert result.code == 2 and result.clean
     assert field in result.err and message in result.err, result.err
+
+
+def four_gpu_types(platform: dict[str, Any]) -> None:
+    """aws-k8s with an L40S pool before its H100 one, then an H200 and a single-A10G pool after it."""
+    pools = platform["pools"]
+    at = next(i for i, p in enumerate(pools) if p["name"] == "train")
+    for offset, (name, instance_type) in enumerate(
+        [
+            ("train-l40s", "g6e.48xlarge"),
+            ("train", None),
+            ("train-h200", "p5e.48xlarge"),
+            ("train-a10g", "g5.xlarge"),
+        ]
+    ):
+        if instance_type:
+            pool = {"name": name, "role": "train", "instance_type": instance_type, "count": 1}
+            pools.insert(at + offset, {**pool, "capacity": "on-demand", "labels": {"workload": "training"}})
+
+
+def test_performance_ranks_tflops_then_bandwidth_and_cost_the_gpu_hour(
+    write_stack: Callable[..., Path],
+) -> None:
+    """The catalog's figures: H200 and H100 989 dense BF16 TFLOPS (H200 4.8 TB/s of memory bandwidth
+    against 3.35), L40S 362, A10G none listed (counts 0); the pool's price over its GPUs. Spot stays last,
+    and without a preference the stack's order holds."""
+    platform = load_platform(write_stack("aws-k8s", four_gpu_types))
+    order = {
+        str(p): [pool.name for pool in training_order(platform, p)] for p in ("performance", "cost", None)
+    }
+    assert order == {
+        "performance": ["train-h200", "train", "train-l40s", "train-a10g", "train-spot"],
+        "cost": ["train-a10g", "train-l40s", "train-h200", "train", "train-spot"],
+        "None": ["train-l40s", "train", "train-h200", "train-a10g", "train-spot"],
+    }
+    pools = {p.name: p for p in platform.pools}
+    assert speed_key(pools["train-a10g"]) == (0.0, 600.0)
+    assert speed_key(pools["system"]) == (0.0, 0.0)  # no GPU at all
+    assert gpu_hour_usd(pools["train"]) == pools["train"].node_usd_per_hour / 8
+    assert gpu_hour_usd(pools["train-a10g"]) == pools["train-a10g"].node_usd_per_hour  # one GPU
+    assert gpu_hour_usd(pools["system"]) == pools["system"].node_usd_per_hour  # none: the node's price
+    # Equal GPU-hours go to the faster GPU first.
+    assert _cost_key(pools["train"]) == (pools["train"].node_usd_per_hour / 8, -989.0)
+
+
+def test_unknown_pools_are_the_listed_names_that_are_no_training_pool(
+    write_stack: Callable[..., Path],
+) -> None:
+    platform = load_platform(write_stack("aws-k8s", four_gpu_types))
+    assert unknown_pools(platform, ["train-l40s", "train-a100", "infer"]) == ["train-a100", "infer"]
+    assert unknown_pools(platform, ["train", "train-spot"]) == []
+    assert unknown_pools(platform, "performance") == unknown_pools(platform, None) == []

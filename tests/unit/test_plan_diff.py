@@ -4,15 +4,49 @@ text, JSON or a bounded markdown comment; bad bases exit 2 with one paragraph.""
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
-from infra.plan.diff import PlanDiff, ResourceChange, Totals, markdown
+import infra.plan.diff as plan_diff_module
+from infra.errors import SpecError
+from infra.plan.diff import (
+    MARKDOWN_ROWS,
+    PlanDiff,
+    ResourceChange,
+    Totals,
+    load_base,
+    markdown,
+    plan_diff,
+    resource_changes,
+)
+from infra.plan.record import RecordedResource, Recording
+from infra.platform.resolve import ResolvedPlatform, load_platform
 from infra.spec.load import stack_file
 from tests.unit.test_cli import gpuplat
+
+# Each stack recorded once per process: recording the program is most of these tests' time (infra.plan.record
+# has tests of its own), and pytest run again in this process (mutmut's runs of them, one per mutant of
+# infra.plan.diff, forked from the run that recorded: scripts/mutation/run.py) reuses them.
+_RECORDED: dict[str, Recording] = {}
+
+
+@pytest.fixture(autouse=True)
+def _record_each_stack_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    record = plan_diff_module.record
+
+    def once(platform: ResolvedPlatform) -> Recording:
+        key = platform.spec.model_dump_json()
+        if key not in _RECORDED:
+            _RECORDED[key] = record(platform)
+        return _RECORDED[key]
+
+    monkeypatch.setattr(plan_diff_module, "record", once)
 
 
 def _grow_inference(spec: dict[str, Any]) -> None:
@@ -63,3 +97,149 @@ def test_the_markdown_comment_is_bounded() -> None:
     )
     assert text.count("| add |") == 5 and "and 95 more" in text
     assert "| GPUs at full size | 8 | 16 |" in text
+
+
+def _resource(type_: str, name: str, **inputs: Any) -> RecordedResource:
+    return RecordedResource(type_, name, f"urn:pulumi:s::p::{type_}::{name}", inputs, None, True)
+
+
+def test_added_removed_and_changed_resources_by_type_and_name() -> None:
+    """A resource is the same one before and after when its type and name are; a change lists the inputs
+    that differ, one only before or only after included. Adds, then changes, then removes."""
+    asg, lt = "aws:autoscaling/group:Group", "aws:ec2/launchTemplate:LaunchTemplate"
+    before = Recording(
+        [
+            _resource(asg, "train-asg", maxSize=4, minSize=0),
+            _resource(asg, "spot-asg", maxSize=2),
+            _resource(lt, "train-lt", imageId="ami-1", userData="x"),
+            _resource(lt, "kept", imageId="ami-1"),
+        ]
+    )
+    after = Recording(
+        [
+            _resource(lt, "kept", imageId="ami-1"),
+            _resource(asg, "train-asg", maxSize=8, minSize=0, tags={"a": "b"}),
+            _resource(lt, "train-lt", imageId="ami-1"),
+            _resource(asg, "infer-asg", maxSize=2),
+            _resource(lt, "infer-lt", imageId="ami-2"),
+        ]
+    )
+    assert resource_changes(before, after) == [
+        ResourceChange("add", asg, "infer-asg"),
+        ResourceChange("add", lt, "infer-lt"),
+        ResourceChange("change", asg, "train-asg", fields=("maxSize", "tags")),
+        ResourceChange("change", lt, "train-lt", fields=("userData",)),
+        ResourceChange("remove", asg, "spot-asg"),
+    ]
+    assert resource_changes(after, after) == []
+    assert [c.op for c in resource_changes(after, Recording())] == ["remove"] * 5
+
+
+def test_the_diff_counts_each_operation_and_serialises_whole() -> None:
+    changes = [
+        ResourceChange("add", "t", "a"),
+        ResourceChange("change", "t", "b", fields=("x",)),
+        ResourceChange("remove", "t", "c"),
+        ResourceChange("remove", "t", "d"),
+    ]
+    diff = PlanDiff("s", "main", "head", Totals(3, 8, 1.5), Totals(2, 16, 2.5), changes)
+    assert diff.counts() == {"add": 1, "change": 1, "remove": 2}
+    assert diff.to_dict() == {
+        "stack": "s",
+        "base": "main",
+        "head": "head",
+        "before": {"resources": 3, "gpus": 8, "usd_per_hour": 1.5},
+        "after": {"resources": 2, "gpus": 16, "usd_per_hour": 2.5},
+        "counts": {"add": 1, "change": 1, "remove": 2},
+        "changes": [
+            {"op": "add", "type": "t", "name": "a", "fields": ()},
+            {"op": "change", "type": "t", "name": "b", "fields": ("x",)},
+            {"op": "remove", "type": "t", "name": "c", "fields": ()},
+            {"op": "remove", "type": "t", "name": "d", "fields": ()},
+        ],
+    }
+
+
+def test_the_markdown_comment_in_full() -> None:
+    fields = tuple(f"f{i}" for i in range(8))
+    changes = [
+        ResourceChange("change", "aws:x/y:Z", "big", fields=fields),
+        ResourceChange("remove", "t", "old"),
+    ]
+    diff = PlanDiff("aws-prod", "main", "HEAD", Totals(10, 8, 1234.5), Totals(9, 16, 2469.0), changes)
+    assert markdown(diff) == (
+        "### gpuplat plan: stack `aws-prod`\n"
+        "\n"
+        "Base `main` → head `HEAD`: **0 to add, 1 to change, 1 to remove**\n"
+        "\n"
+        "| | before | after |\n"
+        "|---|---:|---:|\n"
+        "| resources | 10 | 9 |\n"
+        "| GPUs at full size | 8 | 16 |\n"
+        "| $/h at full size | 1,234.50 | 2,469.00 |\n"
+        "\n"
+        "| change | type | name | inputs |\n"
+        "|---|---|---|---|\n"
+        "| change | `aws:x/y:Z` | `big` | f0, f1, f2, f3, f4, f5 … |\n"
+        "| remove | `t` | `old` |  |\n"
+        "\n"
+        "<sub>Recorded offline (the program under the Pulumi SDK's mocks); cloud-computed values are not "
+        "compared.</sub>\n"
+    )
+    nothing = markdown(PlanDiff("s", "a", "b", Totals(1, 0, 0.0), Totals(1, 0, 0.0)))
+    assert "No resource changes.\n" in nothing and "| change |" not in nothing
+    cut = markdown(PlanDiff("s", "a", "b", Totals(0, 0, 0.0), Totals(2, 0, 0.0), changes), limit=1)
+    assert cut.count("| change | `") == 1 and "| remove |" not in cut
+    assert "\n… and 1 more (`gpuplat plan --base` prints them all).\n" in cut
+    assert "more (`gpuplat plan --base`" not in markdown(replace(diff, changes=changes), limit=2)
+    six, seven = (ResourceChange("change", "t", "n", fields=fields[:n]) for n in (6, 7))
+    assert "| f0, f1, f2, f3, f4, f5 |\n" in markdown(replace(diff, changes=[six]))
+    assert "| f0, f1, f2, f3, f4, f5 … |\n" in markdown(replace(diff, changes=[seven]))
+    assert MARKDOWN_ROWS == 40
+
+
+def _git(repository: Path, *args: str) -> str:
+    command = ["git", "-C", str(repository), "-c", "user.name=t", "-c", "user.email=t@example.com", *args]
+    return subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_base_revisions_without_the_stack_or_with_a_broken_one(tmp_path: Path) -> None:
+    """A revision before the stack existed is an empty base (everything is added, nothing before); one
+    whose stack does not parse is refused naming the revision's file, not a temporary copy."""
+    repository = tmp_path / "platform"
+    (repository / "stacks").mkdir(parents=True)
+    _git(repository, "init", "-q", "-b", "main")
+    (repository / "README").write_text("platform\n")
+    _git(repository, "add", ".")
+    _git(repository, "commit", "-q", "-m", "empty")
+    stack = repository / "stacks" / "Pulumi.aws-prod.yaml"
+    stack.write_text(yaml.safe_dump({"config": {"gpu-platform:platform": {"name": "aws-prod", "pools": 3}}}))
+    _git(repository, "add", ".")
+    _git(repository, "commit", "-q", "-m", "broken")
+    stack.write_text(stack_file("aws-prod").read_text())
+
+    assert load_base(stack, "main~1") == (None, "main~1 (no stacks/Pulumi.aws-prod.yaml there)")
+    head = load_platform(stack)
+    diff = plan_diff(None, head, "main~1", str(stack))
+    assert (diff.stack, diff.base, diff.head) == ("aws-prod", "main~1", str(stack))
+    assert diff.before == Totals(0, 0, 0.0)
+    assert diff.after.resources == len(diff.changes) > 0 and diff.after.gpus == head.total_gpus
+    assert {c.op for c in diff.changes} == {"add"}
+
+    with pytest.raises(SpecError) as broken:
+        load_base(stack, "main")
+    assert "main:stacks/Pulumi.aws-prod.yaml" in broken.value.message
+    assert "gpuplat-base-" not in broken.value.message
+    with pytest.raises(SpecError) as unknown:
+        load_base(stack, "nowhere")
+    assert unknown.value.message == (
+        f"--base nowhere: neither a stack file nor a git revision of {repository} (give a file, or a branch, "
+        "tag or commit such as origin/main)"
+    )
+    outside = tmp_path / "Pulumi.loose.yaml"
+    outside.write_text(stack.read_text())
+    with pytest.raises(SpecError) as no_repository:
+        load_base(outside, "main")
+    assert no_repository.value.message == (
+        f"--base main: not a file, and {outside} is not in a git repository to read it from"
+    )

@@ -17,7 +17,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "train_demo" / "trai
 
 
 def _module() -> ModuleType:
-    return load_script("train_demo", SCRIPT)
+    return load_script(SCRIPT)
 
 
 def test_uninterrupted_and_resumed_runs_agree(tmp_path: Path) -> None:

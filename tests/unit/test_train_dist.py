@@ -37,7 +37,7 @@ needs_torchrun = pytest.mark.skipif(
 
 
 def _module() -> ModuleType:
-    return load_script("train_dist", SCRIPT)
+    return load_script(SCRIPT)
 
 
 def _fake_checkpoint(root: Path, step: int, *, metadata: bool, marker: str | None) -> Path:
@@ -418,3 +418,37 @@ def test_a_sigterm_saves_the_step_and_the_resumed_run_ends_bit_identical(tmp_pat
     assert code == 0, output[-3000:]
     assert re.search(rf"^start host=\S+ world=2 resumed_from={step} ", output, re.MULTILINE), output[-3000:]
     assert f"digest={expected.group(1)}" in output, output[-3000:]
+
+
+def test_a_checkpoint_is_complete_only_with_dcps_metadata_and_its_own_marker(tmp_path: Path) -> None:
+    """DCP writes .metadata last, after every rank's shards: a marker without it (a save cut off, a marker
+    copied in) does not make the checkpoint resumable; nor does a marker naming another step."""
+    train = _module()
+    for step in (20, 40, 60):
+        _fake_checkpoint(tmp_path, step, metadata=True, marker=f"step={step}\n")
+    _fake_checkpoint(tmp_path, 80, metadata=False, marker="step=80\n")
+    assert train.newest_complete(tmp_path) == 60
+    assert not train.is_complete(tmp_path / "step-00000080")
+    assert train.is_complete(tmp_path / "step-00000060")
+    (tmp_path / "step-00000060" / "COMPLETE").write_text("step=6\n")
+    assert train.newest_complete(tmp_path) == 40
+    assert train.step_dir(tmp_path, 7) == tmp_path / "step-00000007"
+
+
+def test_only_step_directories_count_as_checkpoints(tmp_path: Path) -> None:
+    train = _module()
+    _fake_checkpoint(tmp_path, 10, metadata=True, marker="step=10\n")
+    (tmp_path / "step-123").mkdir()  # not eight digits
+    (tmp_path / "step-0000001x").mkdir()
+    (tmp_path / "step-00000030").write_text("a file")
+    assert [step for step, _ in train.checkpoints(tmp_path)] == [10]
+
+
+def test_pruning_removes_incomplete_saves_older_than_the_newest_complete_one(tmp_path: Path) -> None:
+    train = _module()
+    for step in (10, 20, 30):
+        _fake_checkpoint(tmp_path, step, metadata=True, marker=f"step={step}\n")
+    _fake_checkpoint(tmp_path, 25, metadata=False, marker=None)  # between two complete ones: abandoned
+    _fake_checkpoint(tmp_path, 40, metadata=False, marker=None)  # newer: a save in flight
+    train.prune(tmp_path, keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000020", "step-00000030", "step-00000040"]
