@@ -45,9 +45,14 @@ def dataset_sources(platform: ResolvedPlatform) -> list[dict[str, str]]:
 
 def training_vars(platform: ResolvedPlatform) -> dict[str, Any]:
     training = platform.spec.training
+    # Slurm's TaskProlog sets these in every task, the batch script included (slurmstepd's exec_task runs
+    # it for batch steps too: src/slurmd/slurmstepd/task.c:448 at slurm-22-05-8-1, :450 at slurm-24-11-5-1),
+    # so a job finds the platform however it was submitted; /etc/profile.d reaches login shells only.
     task_environment = {
         "GPUPLAT_CHECKPOINT_EVERY": str(training.checkpoint_every_steps),
         "GPUPLAT_JOB_METRICS_DIR": JOB_METRICS_DIR,
+        "GPUPLAT_SHARED_PATH": platform.spec.storage.parallel_fs.mount_path,
+        "GPUPLAT_CHECKPOINT_PATH": platform.spec.storage.checkpoint_path,
     }
     values: dict[str, Any] = {
         "slurm_compute_shm_percent": training.shm_percent,

@@ -418,3 +418,41 @@ def test_health_check_paths_default_to_the_inventorys_shared_filesystem() -> Non
     templar = Templar(loader=DataLoader(), variables=variables)
     assert templar.template(variables["slurm_compute_health_check_mounts"]) == ["/fsx"]
     assert templar.template(variables["slurm_compute_health_check_writable_paths"]) == ["/fsx/checkpoints"]
+
+
+def task_prolog(tmp_path: Path, stack: str) -> Path:
+    """slurm_compute's TaskProlog as the inventory of `stack` renders it."""
+    from infra.nodes.inventory import platform_vars
+    from infra.platform.resolve import load_platform
+    from infra.spec.load import stack_file
+
+    variables = compute_role_vars()
+    variables.update(platform_vars(load_platform(stack_file(stack))), ansible_managed="Ansible managed")
+    templar = Templar(loader=DataLoader(), variables=variables)
+    text = (COMPUTE / "templates" / "gpuplat-task-prolog.j2").read_text()
+    rendered = templar.template(trust_as_template(text), escape_backslashes=False,
+                                overrides={"trim_blocks": True, "lstrip_blocks": False})  # fmt: skip
+    script = tmp_path / "gpuplat-task-prolog"
+    script.write_text(str(rendered))
+    return script
+
+
+@pytest.mark.parametrize("stack", ["local", "aws-prod", "onprem"])
+def test_every_task_finds_the_platform_without_a_login_shell(tmp_path: Path, stack: str) -> None:
+    """`sbatch` exports the submitting shell's environment, which has the platform's variables only where
+    it was a login shell (/etc/profile.d): the TaskProlog, which slurmstepd runs for the batch script too,
+    gives every task the shared filesystem and the checkpoint path; a value the job set wins."""
+    from infra.platform.resolve import load_platform
+    from infra.spec.load import stack_file
+
+    storage = load_platform(stack_file(stack)).spec.storage
+    script = task_prolog(tmp_path, stack)
+    bare = {"PATH": "/usr/bin:/bin", "SLURM_CPUS_ON_NODE": "4"}
+    exported = subprocess.run(
+        ["sh", str(script)], env=bare, capture_output=True, text=True, check=True
+    ).stdout
+    assert f"export GPUPLAT_CHECKPOINT_PATH={storage.checkpoint_path}" in exported.splitlines()
+    assert f"export GPUPLAT_SHARED_PATH={storage.parallel_fs.mount_path}" in exported.splitlines()
+    chosen = {**bare, "GPUPLAT_CHECKPOINT_PATH": "/elsewhere"}
+    kept = subprocess.run(["sh", str(script)], env=chosen, capture_output=True, text=True, check=True).stdout
+    assert "GPUPLAT_CHECKPOINT_PATH" not in kept
