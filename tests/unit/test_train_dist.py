@@ -450,5 +450,7 @@ def test_pruning_removes_incomplete_saves_older_than_the_newest_complete_one(tmp
         _fake_checkpoint(tmp_path, step, metadata=True, marker=f"step={step}\n")
     _fake_checkpoint(tmp_path, 25, metadata=False, marker=None)  # between two complete ones: abandoned
     _fake_checkpoint(tmp_path, 40, metadata=False, marker=None)  # newer: a save in flight
-    train.prune(tmp_path, keep=2)
+    pruner = train.Pruner(tmp_path, "this-run")
+    pruner.prune(keep=2)
+    pruner.close(wait=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000020", "step-00000030", "step-00000040"]
