@@ -227,7 +227,13 @@ def _stub(path: Path, text: str) -> None:
 
 
 def _sbatch(
-    tmp_path: Path, *, job_id: int = 12345, restarts: int = 0, left: int | None = None, torchrun_rc: int = 1
+    tmp_path: Path,
+    *,
+    job_id: int = 12345,
+    restarts: int = 0,
+    left: int | None = None,
+    torchrun_rc: int = 1,
+    script: Path = SBATCH,
 ) -> tuple[int, str, list[str], list[str]]:
     """Run train.sbatch as Slurm would on a job's first node. torchrun's stub exits `torchrun_rc` (torchrun
     exits 1 whatever its workers' codes) after leaving `left` in the exit file as train.py's workers do.
@@ -254,7 +260,7 @@ def _sbatch(
         "TRAIN_SCRIPT": str(SCRIPT), "PROCS_PER_NODE": "2",
     }  # fmt: skip
     done = subprocess.run(
-        ["bash", str(SBATCH)], capture_output=True, text=True, env=env, timeout=60, check=False
+        ["bash", str(script)], capture_output=True, text=True, env=env, timeout=60, check=False
     )
     ran = tmp_path / "torchrun.args"
     arguments = ran.read_text().splitlines() if ran.exists() else []
@@ -294,6 +300,27 @@ def test_the_batch_script_refuses_a_checkpoint_directory_someone_else_made(tmp_p
     code, output, arguments, calls = _sbatch(tmp_path)
     assert code == _module().EXIT_STORAGE and "give the job a directory of its own" in output, output
     assert not arguments and not any(call.startswith("requeue") for call in calls)
+
+
+def test_the_batch_script_refuses_a_users_directory_someone_else_made(tmp_path: Path) -> None:
+    """The user's directory above the job's, in the world-writable root: made in advance by another user,
+    it would let that user move the job's directory away (and its checkpoints with it)."""
+    user = subprocess.run(["id", "-un"], capture_output=True, text=True, check=True).stdout.strip()
+    squatted = tmp_path / "checkpoints" / user
+    squatted.mkdir(parents=True)
+    squatted.chmod(0o777)
+    os.chown(squatted, 65534, 65534)
+    code, output, arguments, calls = _sbatch(tmp_path)
+    assert code == _module().EXIT_STORAGE and f"{squatted} belongs to" in output, output
+    assert not arguments and not any(call.startswith("requeue") for call in calls)
+
+
+def test_the_batch_script_refuses_a_signal_meant_for_itself_alone(tmp_path: Path) -> None:
+    """`--signal=B:TERM@N` signals the batch shell only: it would end at once, the steps never save."""
+    script = tmp_path / "train.sbatch"
+    script.write_text(SBATCH.read_text().replace("#SBATCH --signal=TERM@", "#SBATCH --signal=B:TERM@"))
+    code, output, arguments, _ = _sbatch(tmp_path, script=script)
+    assert code == 64 and 'drop "B:"' in output and not arguments, output
 
 
 @pytest.mark.parametrize(
@@ -454,3 +481,26 @@ def test_pruning_removes_incomplete_saves_older_than_the_newest_complete_one(tmp
     pruner.prune(keep=2)
     pruner.close(wait=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000020", "step-00000030", "step-00000040"]
+
+
+IDENTITY = {"seed": "7", "batch": "64", "lr": "0.05", "hidden": "64", "depth": "1", "world": "2"}
+
+
+def test_the_run_identity_holds_every_argument_that_shapes_the_result() -> None:
+    """The data (seed), the optimisation (batch, lr), the model (hidden, depth) and the world size (the
+    only one a resume is bit-identical at): a checkpoint written with another value of any is refused."""
+    assert set(_module().RUN_IDENTITY) == set(IDENTITY)
+
+
+@pytest.mark.parametrize("key", sorted(IDENTITY))
+def test_a_checkpoint_written_with_another_value_of_any_identity_key_is_refused(
+    tmp_path: Path, key: str
+) -> None:
+    train = _module()
+    path = _fake_checkpoint(tmp_path, 20, metadata=True, marker=None)
+    recorded = {**IDENTITY, key: IDENTITY[key] + "1"}
+    (path / "COMPLETE").write_text("step=20\n" + "".join(f"{k}={v}\n" for k, v in recorded.items()))
+    problem = train.identity_problem(tmp_path, 20, IDENTITY)
+    assert problem is not None and f"{key} {recorded[key]} (this run: {IDENTITY[key]})" in problem
+    (path / "COMPLETE").write_text("step=20\n" + "".join(f"{k}={v}\n" for k, v in IDENTITY.items()))
+    assert train.identity_problem(tmp_path, 20, IDENTITY) is None
