@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -81,5 +82,7 @@ def load_script(path: Path) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
+    # Registered before it runs, as an import does: dataclasses resolve their annotations there.
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module

@@ -572,3 +572,31 @@ def test_the_stack_maps_s3_datasets_to_the_shared_filesystem() -> None:
     assert dataset_sources(local) == [
         {"name": "demo-corpus", "version": "v1", "source": "/shared/datasets/demo-corpus/v1"}
     ]
+
+
+def test_a_copy_that_differs_from_what_was_read_is_never_handed_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check after the copy: a byte that changed between reading the source and the copy on disk (a
+    bad disk, a bad page) makes the stage fail, and leaves no generation and no `current` behind."""
+    from tests.conftest import load_script
+
+    cache = load_script(PROGRAM)
+    config = _setup(tmp_path)
+    original = cache.copy_hashed
+
+    def flipping(source: Path, target: Path) -> dict[str, object]:
+        copied = original(source, target)
+        if target.name == "000.bin":
+            data = bytearray(target.read_bytes())
+            data[0] ^= 0xFF
+            target.chmod(0o644)
+            target.write_bytes(bytes(data))
+        return dict(copied)
+
+    monkeypatch.setattr(cache, "copy_hashed", flipping)
+    with pytest.raises(cache.CacheError, match="does not match what was read"):
+        cache.stage(cache.load_config(config), "corpus", "size", log=open(os.devnull, "w"))  # noqa: SIM115
+    version = tmp_path / "cache" / "corpus" / "v1"
+    assert not list(version.glob("g*")) and not (version / "current").exists()
+    assert not [p for p in version.iterdir() if p.name.startswith(".staging")]
