@@ -327,11 +327,16 @@ def health_script(tmp_path: Path, mount_path: str, checkpoint_path: str) -> Path
         shared_fs_mount_path=mount_path,
         gpuplat_checkpoint_path=checkpoint_path,
     )
+    return rendered_script(tmp_path, "gpuplat-node-health", variables)
+
+
+def rendered_script(tmp_path: Path, template: str, variables: dict[str, Any]) -> Path:
+    """slurm_compute's templates/<template>.j2 rendered as Ansible does, written to tmp_path/<template>."""
     templar = Templar(loader=DataLoader(), variables=variables)
-    text = (COMPUTE / "templates" / "gpuplat-node-health.j2").read_text()
+    text = (COMPUTE / "templates" / f"{template}.j2").read_text()
     rendered = templar.template(trust_as_template(text), escape_backslashes=False,
                                 overrides={"trim_blocks": True, "lstrip_blocks": False})  # fmt: skip
-    script = tmp_path / "gpuplat-node-health"
+    script = tmp_path / template
     script.write_text(str(rendered))
     return script
 
@@ -428,13 +433,7 @@ def task_prolog(tmp_path: Path, stack: str) -> Path:
 
     variables = compute_role_vars()
     variables.update(platform_vars(load_platform(stack_file(stack))), ansible_managed="Ansible managed")
-    templar = Templar(loader=DataLoader(), variables=variables)
-    text = (COMPUTE / "templates" / "gpuplat-task-prolog.j2").read_text()
-    rendered = templar.template(trust_as_template(text), escape_backslashes=False,
-                                overrides={"trim_blocks": True, "lstrip_blocks": False})  # fmt: skip
-    script = tmp_path / "gpuplat-task-prolog"
-    script.write_text(str(rendered))
-    return script
+    return rendered_script(tmp_path, "gpuplat-task-prolog", variables)
 
 
 @pytest.mark.parametrize("stack", ["local", "aws-prod", "onprem"])
