@@ -169,10 +169,21 @@ def promote(saving: Path, final: Path, marker: dict[str, str]) -> None:
     sync_directory(final.parent)
 
 
+def set_aside(root: Path) -> list[Path]:
+    """Checkpoints that did not read back, renamed out of the step names (restore), oldest step first."""
+    found = []
+    for path in root.glob(f"step-*{UNREADABLE}*") if root.is_dir() else ():
+        match = STEP_DIR.match(path.name.split(UNREADABLE, 1)[0])
+        if match and path.is_dir():
+            found.append((int(match.group(1)), path.name, path))
+    return [path for _, _, path in sorted(found)]
+
+
 def stale(root: Path, keep: int, run: str) -> list[Path]:
     """What pruning removes: complete checkpoints but the newest `keep`; step directories without a
-    marker older than the newest complete one; saves and removals a killed run left. Never the newest
-    complete checkpoint (keep >= 1) nor a save of this run (`run`), which may be in flight."""
+    marker older than the newest complete one; saves and removals a killed run left; checkpoints set
+    aside as unreadable but the newest (kept for a look at why, each as large as a checkpoint). Never the
+    newest complete checkpoint (keep >= 1) nor a save of this run (`run`), which may be in flight."""
     found = checkpoints(root)
     complete = [step for step, path in found if is_complete(path)]
     if not complete:
@@ -180,7 +191,7 @@ def stale(root: Path, keep: int, run: str) -> list[Path]:
     kept = set(complete[-keep:])
     old = [path for step, path in found if step not in kept and step < complete[-1]]
     abandoned = [path for path in root.glob(f"{SAVING}*") if not path.name.endswith(f"-{run}")]
-    return old + abandoned + sorted(root.glob(f"{REMOVING}*"))
+    return old + abandoned + set_aside(root)[:-1] + sorted(root.glob(f"{REMOVING}*"))
 
 
 class Pruner:

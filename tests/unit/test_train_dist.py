@@ -90,6 +90,38 @@ def test_pruning_runs_in_the_background_and_keeps_the_newest_complete_and_saves_
     ]  # fmt: skip
 
 
+def test_checkpoints_set_aside_as_unreadable_are_pruned_but_the_newest(tmp_path: Path) -> None:
+    """Each is a whole checkpoint: a run whose saves keep failing to read back would fill the disk."""
+    train = _module()
+    _fake_checkpoint(tmp_path, 50, metadata=True, marker="step=50\n")
+    for name in ("step-00000030.unreadable-aaaa", "step-00000040.unreadable-bbbb",
+                 "step-00000040.unreadable-cccc", "step-00000020.unreadable-dddd"):  # fmt: skip
+        (tmp_path / name).mkdir()
+    (tmp_path / "notes.unreadable-eeee").mkdir()  # not a checkpoint's name: left alone
+    stale = {path.name for path in train.stale(tmp_path, keep=2, run="0000beef")}
+    assert stale == {
+        "step-00000020.unreadable-dddd", "step-00000030.unreadable-aaaa", "step-00000040.unreadable-bbbb",
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(("short_by", "refused"), [(1, True), (0, False)])
+def test_the_space_asked_is_the_kept_checkpoints_with_their_factor_and_margin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, short_by: int, refused: bool
+) -> None:
+    """Free space is compared with (checkpoints still to be written) x size x SPACE_FACTOR + SPACE_MARGIN:
+    one byte short of it refuses, exactly it passes."""
+    train = _module()
+    _fake_checkpoint(tmp_path, 10, metadata=True, marker="step=10\n")  # one of the three kept is there
+    size = 100 * train.MIB
+    needed = int(size * 3 * 1.1) + 64 * train.MIB  # --keep 3: two more and one in flight, 10 % + 64 MiB
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(train.shutil, "disk_usage", lambda _: usage._replace(free=needed - short_by))
+    problem = train.storage_problem(tmp_path, size, keep=3)
+    assert (problem is not None) == refused, problem
+    if refused:
+        assert "the 3 checkpoint(s) still to be written" in str(problem), problem
+
+
 def test_keep_must_leave_a_checkpoint_to_resume_from(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -234,6 +266,7 @@ def _sbatch(
     left: int | None = None,
     torchrun_rc: int = 1,
     script: Path = SBATCH,
+    extra_env: dict[str, str] | None = None,
 ) -> tuple[int, str, list[str], list[str]]:
     """Run train.sbatch as Slurm would on a job's first node. torchrun's stub exits `torchrun_rc` (torchrun
     exits 1 whatever its workers' codes) after leaving `left` in the exit file as train.py's workers do.
@@ -243,6 +276,7 @@ def _sbatch(
     env_bin.mkdir(parents=True, exist_ok=True)
     calls = tmp_path / "scontrol.log"
     calls.write_text("")
+    (tmp_path / "torchrun.args").unlink(missing_ok=True)
     _stub(bin_dir / "srun", 'while [ "${1#-}" != "$1" ]; do shift; done\nexec "$@"\n')
     _stub(
         bin_dir / "scontrol",
@@ -257,7 +291,7 @@ def _sbatch(
         "SLURM_JOB_ID": str(job_id), "SLURM_JOB_NAME": "train-dist", "SLURM_JOB_NUM_NODES": "1",
         "SLURM_JOB_NODELIST": "train-0", "SLURM_RESTART_COUNT": str(restarts),
         "GPUPLAT_CHECKPOINT_PATH": str(tmp_path / "checkpoints"), "GPUPLAT_TRAINING_ENV": str(env_bin.parent),
-        "TRAIN_SCRIPT": str(SCRIPT), "PROCS_PER_NODE": "2",
+        "TRAIN_SCRIPT": str(SCRIPT), "PROCS_PER_NODE": "2", **(extra_env or {}),
     }  # fmt: skip
     done = subprocess.run(
         ["bash", str(script)], capture_output=True, text=True, env=env, timeout=60, check=False
@@ -288,6 +322,64 @@ def test_the_batch_script_gives_torchrun_the_grace_a_port_of_the_jobs_own_and_a_
         assert stat.S_IMODE(private.stat().st_mode) == 0o700
     _, _, other_job, _ = _sbatch(tmp_path, job_id=12346, torchrun_rc=0)
     assert "--rdzv-endpoint=train-0:22346" in other_job
+
+
+def test_the_rendezvous_port_skips_one_taken_on_the_first_node(tmp_path: Path) -> None:
+    """Jobs 12345 and 22345 derive the same port: the second finds it bound and takes the next."""
+    with socket.socket() as taken:
+        try:
+            taken.bind(("0.0.0.0", 22345))
+        except OSError:
+            pytest.fail("port 22345 is in use on this machine: the test needs it free to take it")
+        taken.listen()
+        code, output, arguments, _ = _sbatch(tmp_path, job_id=22345, torchrun_rc=0)
+    assert code == 0, output
+    assert "--rdzv-endpoint=train-0:22346" in arguments, arguments
+
+
+def _hold_lock(path: Path, holder: str, seconds: float) -> subprocess.Popen[str]:
+    """Another run's batch script: the directory's lock held (flock), its job ID written in it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{holder}\n")
+    process = subprocess.Popen(
+        ["flock", "-n", str(path), "bash", "-c", f"echo held; sleep {seconds}"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert process.stdout is not None and process.stdout.readline() == "held\n"
+    return process
+
+
+def test_a_second_job_in_a_running_jobs_directory_is_refused_and_not_requeued(tmp_path: Path) -> None:
+    """CKPT_DIR given to two jobs at once: the second would resume from and prune the first one's saves."""
+    shared = tmp_path / "sweep"
+    holder = _hold_lock(shared / ".run.lock", "777", 30)
+    try:
+        code, output, arguments, calls = _sbatch(tmp_path, extra_env={"CKPT_DIR": str(shared)})
+    finally:
+        holder.kill()
+        holder.wait()
+    assert code == _module().EXIT_OTHER_RUN and "in use by job 777" in output, output
+    assert not arguments and not any(call.startswith("requeue") for call in calls)
+
+
+def test_a_requeued_job_waits_for_its_own_run_before_to_let_go(tmp_path: Path) -> None:
+    """The run before of the same job (its ID in the lock) still ending: wait for it, then run; one that
+    never lets go is requeued as a failed run (within MAX_RESTARTS)."""
+    shared = tmp_path / "run"
+    holder = _hold_lock(shared / ".run.lock", "12345", 2)
+    env = {"CKPT_DIR": str(shared), "LOCK_WAIT_S": "20"}
+    code, output, arguments, _ = _sbatch(tmp_path, torchrun_rc=0, extra_env=env)
+    holder.wait()
+    assert code == 0 and arguments, output
+    assert (shared / ".run.lock").read_text() == "12345\n"
+    stuck = _hold_lock(shared / ".run.lock", "12345", 30)
+    try:
+        code, output, arguments, calls = _sbatch(tmp_path, extra_env={**env, "LOCK_WAIT_S": "1"})
+    finally:
+        stuck.kill()
+        stuck.wait()
+    assert code == 1 and "still holds" in output and not arguments, output
+    assert "requeue 12345" in calls
 
 
 def test_the_batch_script_refuses_a_checkpoint_directory_someone_else_made(tmp_path: Path) -> None:
