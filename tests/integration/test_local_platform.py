@@ -25,6 +25,7 @@ from infra.nodes.inventory import container_name
 from infra.nodes.podman import podman
 from infra.platform.resolve import load_platform
 from infra.spec.load import stack_file
+from tests.docs_commands import marked_blocks, submitted_jobs
 
 pytestmark = pytest.mark.integration
 
@@ -207,6 +208,36 @@ def test_openai_client_through_the_gateway(first_up: subprocess.CompletedProcess
     assert len(first) == len(second) > 100
     cosine = sum(a * b for a, b in zip(first, second, strict=True))
     assert cosine > 0.5
+
+
+def test_the_documented_commands_run_as_written(first_up: subprocess.CompletedProcess[str]) -> None:
+    """The README's and the manual's marked blocks (tests/docs_commands.py), verbatim, from the
+    repository's root with the venv's commands on PATH; a job a block submits must complete."""
+    assert first_up.returncode == 0
+    env = {**os.environ, "NO_COLOR": "1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    jobs: list[tuple[str, int]] = []
+    for block in marked_blocks():
+        started = time.monotonic()
+        done = subprocess.run(
+            ["bash", "-e", "-o", "pipefail", "-c", block.text],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False,
+        )  # fmt: skip
+        print(f"\n{block.where}: exit {done.returncode} in {time.monotonic() - started:.1f} s", flush=True)
+        shown = f"{block.where}\n{block.text}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        assert done.returncode == 0, shown
+        jobs += [(block.where, job) for job in submitted_jobs(done.stdout + done.stderr)]
+    for where, job in jobs:
+
+        def ended(job: int = job) -> str:
+            text = on("head-0", "scontrol", "show", "job", str(job), check=False)
+            match = re.search(r"\bJobState=(\S+)", text)
+            state = match.group(1) if match else ""
+            return state if state not in ("", "PENDING", "RUNNING", "CONFIGURING", "REQUEUED") else ""
+
+        state = wait_for(f"job {job} of {where} to end", ended, 600, 3)
+        log = on("head-0", "sh", "-c", f"cat /shared/jobs/slurm-{job}.out", check=False)
+        assert state == "COMPLETED", f"{where}: job {job} ended {state}\n{log[-3000:]}"
+        assert re.search(r"^done .*steps_run=\d+", log, re.MULTILINE), log[-3000:]
 
 
 def _reference_run(directory: Path, arguments: list[str]) -> list[subprocess.Popen[bytes]]:

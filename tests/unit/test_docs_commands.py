@@ -1,0 +1,71 @@
+"""The marks on the manual's shell blocks (tests/docs_commands.py): what is extracted, what is refused,
+and that the marked blocks of the shipped pages are shell the integration tier can run."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.docs_commands import MARK, MarkError, blocks_of, marked_blocks, submitted_jobs
+
+
+def _page(tmp_path: Path, text: str, name: str = "page.md") -> Path:
+    page = tmp_path / name
+    page.write_text(text, encoding="utf-8")
+    return page
+
+
+def test_only_marked_blocks_are_taken_whole_and_in_order(tmp_path: Path) -> None:
+    page = _page(
+        tmp_path,
+        f"# Title\n\n```\nnot marked\n```\n\n{MARK}\n```\ngpuplat status --stack local\n"
+        "podman exec gpuplat-local-head-0 \\\n  sinfo\n```\n\ntext\n\n"
+        f"{MARK}\n```bash\n# a comment\necho two\n```\n",
+    )
+    blocks = blocks_of(page)
+    assert [block.text for block in blocks] == [
+        "gpuplat status --stack local\npodman exec gpuplat-local-head-0 \\\n  sinfo\n",
+        "# a comment\necho two\n",
+    ]
+    assert [block.line for block in blocks] == [7, 16]
+
+
+def test_a_block_repeated_on_another_page_runs_once(tmp_path: Path) -> None:
+    block = f"{MARK}\n```\necho same\n```\n"
+    first = _page(tmp_path, block, "a.md")
+    second = _page(tmp_path, f"intro\n\n{block}{MARK}\n```\necho other\n```\n", "b.md")
+    taken = marked_blocks([first, second])
+    assert [(b.page.name, b.text) for b in taken] == [("a.md", "echo same\n"), ("b.md", "echo other\n")]
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        (f"{MARK}\n\n```\necho x\n```\n", "must be followed by a ``` or ```bash fence"),
+        (f"{MARK}\n```console\n$ echo x\n```\n", "must be followed by a ``` or ```bash fence"),
+        (f"{MARK}\n```\necho x\n", "has no closing ```"),
+        (f"{MARK}\n```\n\n```\n", "is empty"),
+    ],
+    ids=["blank line", "console block", "unclosed", "empty"],
+)
+def test_a_mark_that_names_no_runnable_block_is_refused(tmp_path: Path, text: str, problem: str) -> None:
+    with pytest.raises(MarkError, match=problem):
+        blocks_of(_page(tmp_path, text))
+
+
+def test_the_shipped_pages_mark_the_tour_and_their_blocks_are_shell() -> None:
+    blocks = marked_blocks()
+    assert any("sbatch" in block.text for block in blocks), [b.where for b in blocks]
+    assert any(block.where.startswith("README.md") for block in blocks)
+    for block in blocks:
+        parsed = subprocess.run(["bash", "-n"], input=block.text, capture_output=True, text=True, check=False)
+        assert parsed.returncode == 0, (block.where, parsed.stderr)
+        # A TTY the integration tier (and CI) does not have; the commands marked need none.
+        assert " -it " not in block.text and " -ti " not in block.text, block.where
+
+
+def test_sbatch_submissions_are_read_from_its_own_line() -> None:
+    assert submitted_jobs("Submitted batch job 12\nother\nSubmitted batch job 3\n") == [12, 3]
+    assert submitted_jobs("sbatch: error: Batch job submission failed\n") == []
