@@ -6,6 +6,10 @@ its cluster, in the order of the pages (`PAGES`) and of the blocks in each, from
 with the venv's commands on PATH, as a user who followed the README's `make up` would have them
 (tests/integration/test_local_platform.py, test_the_documented_commands_run_as_written). Identical
 blocks (the README repeats a guide's first command) run once.
+
+`<!-- gpuplat:run local NAME -->` hands the block to the integration test that asks for it by NAME
+(`named_block`), which runs it where its state is right and checks what it did (`validate`: the report
+the command writes); the runner of unnamed blocks leaves it alone.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 MARK = "<!-- gpuplat:run local -->"
+MARK_LINE = re.compile(r"^<!-- gpuplat:run local(?: (?P<name>[a-z][a-z0-9-]*))? -->$")
 OPENING_FENCE = re.compile(r"^(```|~~~)\s*(bash|sh|shell)?\s*$")
 
 
@@ -29,17 +34,23 @@ class Block:
     page: Path
     line: int  # of the mark, 1-based
     text: str
+    name: str | None = None
 
     @property
     def where(self) -> str:
-        return f"{self.page.relative_to(ROOT)}:{self.line}"
+        page = self.page.relative_to(ROOT) if self.page.is_relative_to(ROOT) else self.page
+        return f"{page}:{self.line}"
 
 
 def blocks_of(page: Path) -> list[Block]:
     lines = page.read_text(encoding="utf-8").splitlines()
     found = []
     for index, line in enumerate(lines):
-        if line.strip() != MARK:
+        mark = MARK_LINE.match(line.strip())
+        if mark is None:
+            if line.strip().startswith("<!-- gpuplat:run"):
+                named = "<!-- gpuplat:run local NAME -->"
+                raise MarkError(f"{page}:{index + 1}: a mark is `{MARK}` or `{named}`")
             continue
         where = f"{page}:{index + 1}"
         fence = OPENING_FENCE.match(lines[index + 1]) if index + 1 < len(lines) else None
@@ -53,7 +64,7 @@ def blocks_of(page: Path) -> list[Block]:
         text = "\n".join(lines[index + 2 : closing]).strip()
         if not text:
             raise MarkError(f"{where}: the marked block is empty")
-        found.append(Block(page, index + 1, text + "\n"))
+        found.append(Block(page, index + 1, text + "\n", mark.group("name")))
     return found
 
 
@@ -67,6 +78,15 @@ def marked_blocks(pages: list[Path] | None = None) -> list[Block]:
                 seen.add(block.text)
                 distinct.append(block)
     return distinct
+
+
+def named_block(name: str, pages: list[Path] | None = None) -> Block:
+    """The one block handed to the test that asks for `name` (blocks of that name must be identical)."""
+    named = [block for block in marked_blocks(pages) if block.name == name]
+    if len(named) != 1:
+        places = ", ".join(block.where for block in named) or "none"
+        raise MarkError(f"one block is marked for '{name}', distinct blocks found: {places}")
+    return named[0]
 
 
 SUBMITTED = re.compile(r"^Submitted batch job (\d+)$", re.MULTILINE)

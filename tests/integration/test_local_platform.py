@@ -25,7 +25,7 @@ from infra.nodes.inventory import container_name
 from infra.nodes.podman import podman
 from infra.platform.resolve import load_platform
 from infra.spec.load import stack_file
-from tests.docs_commands import marked_blocks, submitted_jobs
+from tests.docs_commands import marked_blocks, named_block, submitted_jobs
 
 pytestmark = pytest.mark.integration
 
@@ -176,9 +176,10 @@ def test_validate_runs_the_validation_play_through_slurm(first_up: subprocess.Co
     node, then through srun from the controller: storage read, checkpoint write), judged from what the
     play copied back. `up` on the local cluster validates without this play."""
     assert first_up.returncode == 0
-    done = gpuplat("validate", "--stack", STACK, "--json")
-    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
-    report = json.loads(done.stdout)
+    block = named_block("validate")  # the README's command, verbatim; it leaves its report as JSON
+    done = run_block(block.text)
+    assert done.returncode == 0, (block.where, done.stdout[-3000:], done.stderr[-3000:])
+    report = json.loads((ROOT / ".gpuplat" / STACK / "validate" / "report.json").read_text())
     assert report["verdict"] == "pass" and report["stack"] == STACK
     nodes = {n["node"]: n for n in report["nodes"]}
     assert set(nodes) == {"train-0", "train-1"}
@@ -210,18 +211,25 @@ def test_openai_client_through_the_gateway(first_up: subprocess.CompletedProcess
     assert cosine > 0.5
 
 
+def run_block(text: str) -> subprocess.CompletedProcess[str]:
+    """A documented block as a user runs it: from the repository's root, the venv activated."""
+    env = {**os.environ, "NO_COLOR": "1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    return subprocess.run(
+        ["bash", "-e", "-o", "pipefail", "-c", text],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+
+
 def test_the_documented_commands_run_as_written(first_up: subprocess.CompletedProcess[str]) -> None:
     """The README's and the manual's marked blocks (tests/docs_commands.py), verbatim, from the
     repository's root with the venv's commands on PATH; a job a block submits must complete."""
     assert first_up.returncode == 0
-    env = {**os.environ, "NO_COLOR": "1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     jobs: list[tuple[str, int]] = []
     for block in marked_blocks():
+        if block.name is not None:
+            continue  # run by the test that asks for it by name
         started = time.monotonic()
-        done = subprocess.run(
-            ["bash", "-e", "-o", "pipefail", "-c", block.text],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False,
-        )  # fmt: skip
+        done = run_block(block.text)
         print(f"\n{block.where}: exit {done.returncode} in {time.monotonic() - started:.1f} s", flush=True)
         shown = f"{block.where}\n{block.text}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
         assert done.returncode == 0, shown

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.docs_commands import MARK, MarkError, blocks_of, marked_blocks, submitted_jobs
+from tests.docs_commands import MARK, ROOT, MarkError, blocks_of, marked_blocks, named_block, submitted_jobs
 
 
 def _page(tmp_path: Path, text: str, name: str = "page.md") -> Path:
@@ -64,6 +64,32 @@ def test_the_shipped_pages_mark_the_tour_and_their_blocks_are_shell() -> None:
         assert parsed.returncode == 0, (block.where, parsed.stderr)
         # A TTY the integration tier (and CI) does not have; the commands marked need none.
         assert " -it " not in block.text and " -ti " not in block.text, block.where
+
+
+def test_a_named_block_is_handed_to_its_test_alone(tmp_path: Path) -> None:
+    named = "<!-- gpuplat:run local validate -->\n```\ngpuplat validate --stack local\n```\n"
+    page = _page(tmp_path, f"{named}\n{MARK}\n```\necho plain\n```\n")
+    assert named_block("validate", [page]).text == "gpuplat validate --stack local\n"
+    assert [block.name for block in marked_blocks([page])] == ["validate", None]
+    with pytest.raises(MarkError, match="one block is marked for 'scale'"):
+        named_block("scale", [page])
+    other = named.replace("--stack local", "--stack local --json")
+    twice = _page(tmp_path, f"{named}\n{other}", "twice.md")
+    with pytest.raises(MarkError, match=r"distinct blocks found: .*twice\.md:1, .*twice\.md:6"):
+        named_block("validate", [twice])
+
+
+def test_a_misspelt_mark_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(MarkError, match="a mark is"):
+        blocks_of(_page(tmp_path, "<!-- gpuplat:run locale -->\n```\necho x\n```\n"))
+
+
+def test_every_named_block_of_the_pages_is_asked_for_by_an_integration_test() -> None:
+    """A name no test asks for would never run: neither the runner of unnamed blocks nor its test."""
+    integration = (ROOT / "tests" / "integration" / "test_local_platform.py").read_text(encoding="utf-8")
+    for block in marked_blocks():
+        if block.name is not None:
+            assert f'named_block("{block.name}")' in integration, block.where
 
 
 def test_sbatch_submissions_are_read_from_its_own_line() -> None:
