@@ -456,7 +456,7 @@ def test_a_node_added_to_the_running_cluster_joins_runs_gpu_work_and_leaves_no_t
     assert first_up.returncode == 0
     before = {node: _slurm_files(node) for node in ("head-0", "train-0")}
     assert _state("train-2") == "idle~"  # every name of the pool is in slurm.conf, powered down
-    grown = gpuplat("scale", "--stack", STACK, "--pool", "train", "--nodes", "3")
+    grown = run_block(named_block("scale-up").text)  # the README's commands, verbatim
     assert grown.returncode == 0, grown.stderr[-3000:]
     wait_for("train-2 to join its partition", lambda: _state("train-2") == "idle", 120)
     srun = ["srun", "--partition", "train", "--nodelist", "train-2", "--gres", "gpu:1", "--time", "2"]
@@ -466,7 +466,7 @@ def test_a_node_added_to_the_running_cluster_joins_runs_gpu_work_and_leaves_no_t
     # Prometheus on head-0 scrapes it (its configuration reloads a moment after the join's run).
     wait_for("Prometheus to scrape train-2", lambda: container_name(STACK, "train-2") in _scraped_nodes(), 60)
 
-    shrunk = gpuplat("scale", "--stack", STACK, "--pool", "train", "--nodes", "2")
+    shrunk = run_block(named_block("scale-down").text)
     assert shrunk.returncode == 0, shrunk.stderr[-3000:]
     assert podman("container", "exists", container_name(STACK, "train-2"), check=False).returncode != 0
     assert _state("train-2") == "idle~"
@@ -474,6 +474,6 @@ def test_a_node_added_to_the_running_cluster_joins_runs_gpu_work_and_leaves_no_t
 
 
 def test_down_leaves_nothing(first_up: subprocess.CompletedProcess[str]) -> None:
-    result = gpuplat("down", "--stack", STACK)
+    result = run_block(named_block("down").text)  # the README's command, verbatim
     assert result.returncode == 0, result.stderr
     assert _stack_leftovers() == []
