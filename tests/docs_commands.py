@@ -23,6 +23,9 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 MARK = "<!-- gpuplat:run local -->"
 MARK_LINE = re.compile(r"^<!-- gpuplat:run local(?: (?P<name>[a-z][a-z0-9-]*))? -->$")
 OPENING_FENCE = re.compile(r"^(```|~~~)\s*(bash|sh|shell)?\s*$")
+FENCE_LINE = re.compile(r"^\s*(`{3,}|~{3,})")
+INLINE_CODE = re.compile(r"`[^`]*`")
+NEAR_MARK = re.compile(r"<!--\s*gpuplat:run", re.IGNORECASE)
 
 
 class MarkError(ValueError):
@@ -43,28 +46,42 @@ class Block:
 
 
 def blocks_of(page: Path) -> list[Block]:
+    """The marked blocks of a page; marks shown inside another fence (an example of marking) are text."""
     lines = page.read_text(encoding="utf-8").splitlines()
     found = []
-    for index, line in enumerate(lines):
-        mark = MARK_LINE.match(line.strip())
-        if mark is None:
-            if line.strip().startswith("<!-- gpuplat:run"):
-                named = "<!-- gpuplat:run local NAME -->"
-                raise MarkError(f"{page}:{index + 1}: a mark is `{MARK}` or `{named}`")
+    inside: str | None = None  # the fence of the unmarked block being read past
+    index = 0
+    while index < len(lines):
+        line = lines[index]
+        index += 1
+        if inside is not None:
+            closes = re.fullmatch(rf"{inside[0]}{{{len(inside)},}}", line.strip())
+            inside = None if closes else inside
             continue
-        where = f"{page}:{index + 1}"
-        fence = OPENING_FENCE.match(lines[index + 1]) if index + 1 < len(lines) else None
+        if fence_line := FENCE_LINE.match(line):
+            inside = fence_line.group(1)
+            continue
+        mark = MARK_LINE.match(line.strip())
+        where = f"{page}:{index}"
+        if mark is None:
+            if NEAR_MARK.search(INLINE_CODE.sub("", line)):  # a mark shown as `code` in prose is text
+                named = "<!-- gpuplat:run local NAME -->"
+                raise MarkError(f"{where}: a mark is a line of its own, `{MARK}` or `{named}`")
+            continue
+        fence = OPENING_FENCE.match(lines[index]) if index < len(lines) else None
         if fence is None:
             raise MarkError(f"{where}: the mark must be followed by a ``` or ```bash fence on the next line")
-        closing = next(
-            (end for end in range(index + 2, len(lines)) if lines[end].strip() == fence.group(1)), None
-        )
+        closing = next((end for end in range(index + 1, len(lines)) if FENCE_LINE.match(lines[end])), None)
         if closing is None:
             raise MarkError(f"{where}: the marked block has no closing {fence.group(1)}")
-        text = "\n".join(lines[index + 2 : closing]).strip()
+        if lines[closing].strip() != fence.group(1):
+            found_fence, opening = lines[closing].strip(), fence.group(1)
+            raise MarkError(f"{where}: the marked block holds `{found_fence}` before its closing {opening}")
+        text = "\n".join(lines[index + 1 : closing]).strip()
         if not text:
             raise MarkError(f"{where}: the marked block is empty")
-        found.append(Block(page, index + 1, text + "\n", mark.group("name")))
+        found.append(Block(page, index, text + "\n", mark.group("name")))
+        index = closing + 1
     return found
 
 

@@ -170,13 +170,15 @@ def promote(saving: Path, final: Path, marker: dict[str, str]) -> None:
 
 
 def set_aside(root: Path) -> list[Path]:
-    """Checkpoints that did not read back, renamed out of the step names (restore), oldest step first."""
+    """Checkpoints that did not read back, renamed out of the step names (restore): oldest step first,
+    and of one step, the one set aside first (the rename sets its ctime; the run IDs in the names are
+    random)."""
     found = []
     for path in root.glob(f"step-*{UNREADABLE}*") if root.is_dir() else ():
         match = STEP_DIR.match(path.name.split(UNREADABLE, 1)[0])
         if match and path.is_dir():
-            found.append((int(match.group(1)), path.name, path))
-    return [path for _, _, path in sorted(found)]
+            found.append((int(match.group(1)), path.stat().st_ctime_ns, path.name, path))
+    return [path for *_, path in sorted(found)]
 
 
 def stale(root: Path, keep: int, run: str) -> list[Path]:

@@ -11,6 +11,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -211,20 +212,42 @@ def test_openai_client_through_the_gateway(first_up: subprocess.CompletedProcess
     assert cosine > 0.5
 
 
-def run_block(text: str) -> subprocess.CompletedProcess[str]:
-    """A documented block as a user runs it: from the repository's root, the venv activated."""
-    env = {**os.environ, "NO_COLOR": "1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    return subprocess.run(
-        ["bash", "-e", "-o", "pipefail", "-c", text],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False,
+def run_block(text: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    """A documented block as a user runs it: from the repository's root, the venv activated, none of the
+    test process's GPUPLAT_* settings. In a session of its own: what it leaves running is killed with it."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("GPUPLAT_")}
+    env |= {"NO_COLOR": "1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    shell = subprocess.Popen(
+        ["bash", "-e", "-o", "pipefail", "-c", text], cwd=ROOT, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
     )  # fmt: skip
+    try:
+        stdout, stderr = shell.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(shell.pid, signal.SIGKILL)
+        stdout, stderr = shell.communicate()
+        return subprocess.CompletedProcess(shell.args, -signal.SIGKILL, stdout, stderr + "\n(timed out)")
+    return subprocess.CompletedProcess(shell.args, shell.returncode, stdout, stderr)
+
+
+# Slurm's end states (sacct's State, its first word: "CANCELLED by 0").
+JOB_ENDED = {
+    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
+}  # fmt: skip
+
+
+def job_end_state(job: int) -> str:
+    """The job's end state from accounting ("" while it is pending, running, completing or requeued):
+    scontrol shows COMPLETING before the end and forgets a job MinJobAge after it."""
+    answer = on("head-0", "sacct", "-n", "-X", "-P", "-j", str(job), "-o", "State", check=False).split()
+    return answer[0] if answer and answer[0] in JOB_ENDED else ""
 
 
 def test_the_documented_commands_run_as_written(first_up: subprocess.CompletedProcess[str]) -> None:
     """The README's and the manual's marked blocks (tests/docs_commands.py), verbatim, from the
     repository's root with the venv's commands on PATH; a job a block submits must complete."""
     assert first_up.returncode == 0
-    jobs: list[tuple[str, int]] = []
+    jobs: dict[int, tuple[str, str]] = {}  # job -> the block's place, its output file
     for block in marked_blocks():
         if block.name is not None:
             continue  # run by the test that asks for it by name
@@ -233,17 +256,15 @@ def test_the_documented_commands_run_as_written(first_up: subprocess.CompletedPr
         print(f"\n{block.where}: exit {done.returncode} in {time.monotonic() - started:.1f} s", flush=True)
         shown = f"{block.where}\n{block.text}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
         assert done.returncode == 0, shown
-        jobs += [(block.where, job) for job in submitted_jobs(done.stdout + done.stderr)]
-    for where, job in jobs:
-
-        def ended(job: int = job) -> str:
-            text = on("head-0", "scontrol", "show", "job", str(job), check=False)
-            match = re.search(r"\bJobState=(\S+)", text)
-            state = match.group(1) if match else ""
-            return state if state not in ("", "PENDING", "RUNNING", "CONFIGURING", "REQUEUED") else ""
-
-        state = wait_for(f"job {job} of {where} to end", ended, 600, 3)
-        log = on("head-0", "sh", "-c", f"cat /shared/jobs/slurm-{job}.out", check=False)
+        submitted = submitted_jobs(done.stdout + done.stderr)
+        assert submitted or not re.search(r"\bsbatch\b", block.text), shown
+        for job in submitted:
+            details = on("head-0", "scontrol", "show", "job", str(job))
+            stdout = re.search(r"\bStdOut=(\S+)", details)
+            jobs[job] = (block.where, stdout.group(1) if stdout else "")
+    for job, (where, output) in jobs.items():
+        state = wait_for(f"job {job} of {where} to end", lambda job=job: job_end_state(job), 600, 3)
+        log = on("head-0", "cat", output, check=False) if output else "(no StdOut)"
         assert state == "COMPLETED", f"{where}: job {job} ended {state}\n{log[-3000:]}"
         assert re.search(r"^done .*steps_run=\d+", log, re.MULTILINE), log[-3000:]
 

@@ -79,9 +79,28 @@ def test_a_named_block_is_handed_to_its_test_alone(tmp_path: Path) -> None:
         named_block("validate", [twice])
 
 
-def test_a_misspelt_mark_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(MarkError, match="a mark is"):
-        blocks_of(_page(tmp_path, "<!-- gpuplat:run locale -->\n```\necho x\n```\n"))
+@pytest.mark.parametrize(
+    "line",
+    ["<!-- gpuplat:run locale -->", "<!--gpuplat:run local-->", f"Run this: {MARK}"],
+    ids=["misspelt", "unspaced", "inside a paragraph"],  # as `code` in prose it is text (developing.md)
+)
+def test_a_mark_that_is_not_one_of_its_own_is_refused(tmp_path: Path, line: str) -> None:
+    with pytest.raises(MarkError, match="a mark is a line of its own"):
+        blocks_of(_page(tmp_path, f"{line}\n```\necho x\n```\n"))
+
+
+def test_a_mark_shown_inside_another_block_is_text(tmp_path: Path) -> None:
+    """An example of marking, in a ```markdown block: neither a mark nor a block to run."""
+    example = f"````markdown\n{MARK}\n```\necho example\n```\n````\n"
+    page = _page(tmp_path, f"{example}\nprose\n\n{MARK}\n```\necho run\n```\n")
+    assert [block.text for block in blocks_of(page)] == ["echo run\n"]
+
+
+def test_a_marked_block_that_runs_into_another_fence_is_refused(tmp_path: Path) -> None:
+    """Its closing fence forgotten: the prose up to the next block's fence would be run as shell."""
+    page = _page(tmp_path, f"{MARK}\n```\necho x\n\nSome prose.\n\n```bash\necho y\n```\n")
+    with pytest.raises(MarkError, match="holds ````bash` before its closing"):
+        blocks_of(page)
 
 
 def test_every_named_block_of_the_pages_is_asked_for_by_an_integration_test() -> None:
@@ -95,3 +114,4 @@ def test_every_named_block_of_the_pages_is_asked_for_by_an_integration_test() ->
 def test_sbatch_submissions_are_read_from_its_own_line() -> None:
     assert submitted_jobs("Submitted batch job 12\nother\nSubmitted batch job 3\n") == [12, 3]
     assert submitted_jobs("sbatch: error: Batch job submission failed\n") == []
+    assert submitted_jobs("not Submitted batch job 5\nSubmitted batch job 6 twice\n") == []

@@ -9,6 +9,7 @@ srun, scontrol and torchrun replaced by stubs."""
 from __future__ import annotations
 
 import os
+import random
 import re
 import shlex
 import shutil
@@ -94,13 +95,18 @@ def test_checkpoints_set_aside_as_unreadable_are_pruned_but_the_newest(tmp_path:
     """Each is a whole checkpoint: a run whose saves keep failing to read back would fill the disk."""
     train = _module()
     _fake_checkpoint(tmp_path, 50, metadata=True, marker="step=50\n")
-    for name in ("step-00000030.unreadable-aaaa", "step-00000040.unreadable-bbbb",
-                 "step-00000040.unreadable-cccc", "step-00000020.unreadable-dddd"):  # fmt: skip
+    # Step 40 set aside twice, by run cccc and later by run bbbb: the later one is the newest.
+    for name in ("step-00000030.unreadable-aaaa", "step-00000040.unreadable-cccc",
+                 "step-00000040.unreadable-bbbb", "step-00000020.unreadable-dddd"):  # fmt: skip
         (tmp_path / name).mkdir()
-    (tmp_path / "notes.unreadable-eeee").mkdir()  # not a checkpoint's name: left alone
+        time.sleep(0.02)  # a later ctime (the kernel's file clock ticks every few milliseconds)
+    # Not a checkpoint's name, not a directory: left alone.
+    (tmp_path / "notes.unreadable-eeee").mkdir()
+    (tmp_path / "step-xyz.unreadable-ffff").mkdir()
+    (tmp_path / "step-00000060.unreadable-gggg").write_text("a file")
     stale = {path.name for path in train.stale(tmp_path, keep=2, run="0000beef")}
     assert stale == {
-        "step-00000020.unreadable-dddd", "step-00000030.unreadable-aaaa", "step-00000040.unreadable-bbbb",
+        "step-00000020.unreadable-dddd", "step-00000030.unreadable-aaaa", "step-00000040.unreadable-cccc",
     }  # fmt: skip
 
 
@@ -306,7 +312,8 @@ def test_the_batch_script_gives_torchrun_the_grace_a_port_of_the_jobs_own_and_a_
 ) -> None:
     """torchrun SIGKILLs the workers --shutdown-timeout seconds after SIGTERM (30 s unless told): the script
     derives it from the grace of its own --signal line, which the spot QoS's grace covers too."""
-    code, output, arguments, _ = _sbatch(tmp_path, torchrun_rc=0)
+    port = _rendezvous_ports(1)
+    code, output, arguments, _ = _sbatch(tmp_path, job_id=port - 20000 + 10000, torchrun_rc=0)
     assert code == 0, output
     signal_line = re.search(r"^#SBATCH --signal=TERM@(\d+)$", SBATCH.read_text(), re.MULTILINE)
     assert signal_line and int(signal_line.group(1)) <= SPOT_GRACE_TIME_S
@@ -314,27 +321,66 @@ def test_the_batch_script_gives_torchrun_the_grace_a_port_of_the_jobs_own_and_a_
     timeout = [int(a.split("=")[1]) for a in arguments if a.startswith("--shutdown-timeout=")]
     assert timeout and 30 < timeout[0] < grace, arguments
     assert "--max-restarts=2" in arguments
-    assert "--rdzv-endpoint=train-0:22345" in arguments  # 20000 + job ID mod 10000
+    assert f"--rdzv-endpoint=train-0:{port}" in arguments  # 20000 + job ID mod 10000, when free
     user = subprocess.run(["id", "-un"], capture_output=True, text=True, check=True).stdout.strip()
-    directory = tmp_path / "checkpoints" / user / "train-dist-12345"
+    directory = tmp_path / "checkpoints" / user / f"train-dist-{port - 20000 + 10000}"
     assert arguments[arguments.index("--dir") + 1] == str(directory)
     for private in (directory, directory.parent):
         assert stat.S_IMODE(private.stat().st_mode) == 0o700
-    _, _, other_job, _ = _sbatch(tmp_path, job_id=12346, torchrun_rc=0)
-    assert "--rdzv-endpoint=train-0:22346" in other_job
+    other = _rendezvous_ports(1)
+    _, _, other_job, _ = _sbatch(tmp_path, job_id=other, torchrun_rc=0)
+    assert f"--rdzv-endpoint=train-0:{other}" in other_job
 
 
-def test_the_rendezvous_port_skips_one_taken_on_the_first_node(tmp_path: Path) -> None:
-    """Jobs 12345 and 22345 derive the same port: the second finds it bound and takes the next."""
-    with socket.socket() as taken:
+def _rendezvous_ports(count: int) -> int:
+    """A port of 20000-29999 free on this machine with the `count` - 1 after it (tests run side by side)."""
+    for _ in range(200):
+        first = random.randint(20000, 29999 - count)
         try:
-            taken.bind(("0.0.0.0", 22345))
+            for port in range(first, first + count):
+                with socket.socket() as probe:
+                    probe.bind(("0.0.0.0", port))
         except OSError:
-            pytest.fail("port 22345 is in use on this machine: the test needs it free to take it")
-        taken.listen()
-        code, output, arguments, _ = _sbatch(tmp_path, job_id=22345, torchrun_rc=0)
+            continue
+        return first
+    pytest.fail("no free run of ports in 20000-29999 on this machine")
+
+
+def _listening(family: socket.AddressFamily, port: int, v6only: bool = False) -> socket.socket:
+    listener = socket.socket(family)
+    if family == socket.AF_INET6:
+        listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, int(v6only))
+    listener.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
+    listener.listen()
+    return listener
+
+
+@pytest.mark.parametrize(
+    ("family", "v6only"),
+    [(socket.AF_INET, False), (socket.AF_INET6, True)],
+    ids=["IPv4 listener", "IPv6-only listener"],
+)
+def test_the_rendezvous_port_skips_one_taken_on_the_first_node(
+    tmp_path: Path, family: socket.AddressFamily, v6only: bool
+) -> None:
+    """Jobs whose IDs differ by 10,000 derive the same port: the second finds it taken (by a listener of
+    either family: torch's store listens dual-stack) and takes the next."""
+    port = _rendezvous_ports(2)
+    with _listening(family, port, v6only):
+        code, output, arguments, _ = _sbatch(tmp_path, job_id=port - 20000 + 10000, torchrun_rc=0)
     assert code == 0, output
-    assert "--rdzv-endpoint=train-0:22346" in arguments, arguments
+    assert f"--rdzv-endpoint=train-0:{port + 1}" in arguments, arguments
+
+
+def test_the_rendezvous_port_wraps_around_within_its_range(tmp_path: Path) -> None:
+    try:
+        taken = _listening(socket.AF_INET, 29999)
+    except OSError:
+        pytest.fail("port 29999 is in use on this machine: the test needs to take it")
+    with taken:
+        code, output, arguments, _ = _sbatch(tmp_path, job_id=9999, torchrun_rc=0)
+    assert code == 0, output
+    assert "--rdzv-endpoint=train-0:20000" in arguments or "--rdzv-endpoint=train-0:20001" in arguments
 
 
 def _hold_lock(path: Path, holder: str, seconds: float) -> subprocess.Popen[str]:
@@ -360,6 +406,48 @@ def test_a_second_job_in_a_running_jobs_directory_is_refused_and_not_requeued(tm
         holder.wait()
     assert code == _module().EXIT_OTHER_RUN and "in use by job 777" in output, output
     assert not arguments and not any(call.startswith("requeue") for call in calls)
+
+
+def test_a_run_names_itself_in_the_lock_it_takes(tmp_path: Path) -> None:
+    shared = tmp_path / "run"
+    shared.mkdir(mode=0o700)
+    (shared / ".run.lock").write_text("777\n")  # left by a run of job 777 that has ended (not locked)
+    code, output, arguments, _ = _sbatch(tmp_path, torchrun_rc=0, extra_env={"CKPT_DIR": str(shared)})
+    assert code == 0 and arguments, output
+    assert (shared / ".run.lock").read_text() == "12345\n"
+
+
+def test_a_lock_not_yet_named_is_waited_for_then_judged_by_its_name(tmp_path: Path) -> None:
+    """Its holder between taking the lock and writing its ID: no verdict from an empty file."""
+    shared = tmp_path / "run"
+    holder = _hold_lock(shared / ".run.lock", "", 30)
+    try:
+        code, output, arguments, calls = _sbatch(
+            tmp_path, extra_env={"CKPT_DIR": str(shared), "LOCK_WAIT_S": "1"}
+        )
+    finally:
+        holder.kill()
+        holder.wait()
+    assert code == _module().EXIT_OTHER_RUN and "in use by job (unknown)" in output, output
+    assert not arguments and not any(call.startswith("requeue") for call in calls)
+
+
+def test_a_filesystem_without_locks_is_a_storage_error_not_another_job(tmp_path: Path) -> None:
+    """flock(1) fails otherwise than "held" (Lustre mounted noflock: ENOSYS): exit 73, said so."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _stub(bin_dir / "flock", 'echo "flock: 9: Function not implemented" >&2\nexit 71\n')
+    code, output, arguments, calls = _sbatch(tmp_path)
+    assert code == _module().EXIT_STORAGE and "must give file locks" in output, output
+    assert not arguments and not any(call.startswith("requeue") for call in calls)
+
+
+def test_a_checkpoint_directory_the_lock_cannot_be_written_in_is_a_storage_error(tmp_path: Path) -> None:
+    shared = tmp_path / "run"
+    (shared / ".run.lock").mkdir(parents=True)  # what a lock file cannot be opened as
+    shared.chmod(0o700)
+    code, output, arguments, _ = _sbatch(tmp_path, extra_env={"CKPT_DIR": str(shared)})
+    assert code == _module().EXIT_STORAGE and "cannot write" in output and not arguments, output
 
 
 def test_a_requeued_job_waits_for_its_own_run_before_to_let_go(tmp_path: Path) -> None:
