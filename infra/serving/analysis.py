@@ -9,9 +9,11 @@ Two parts, as Argo Rollouts' AnalysisRun and Flagger's canary analysis do it, an
   the analysis inconclusive (Argo: analysis/analysis.go:667 `result.Failed > failureLimit`, :677
   `result.Inconclusive > inconclusiveLimit`; Flagger counts failed checks up to `threshold`,
   pkg/controller/scheduler.go:950);
-- the sequential test, on every look: the canary's errors since it started against a rate at most the
-  stable's plus `max_error_rate_increase` (statistics.log_evidence): a canary failing outright is rolled
-  back as soon as the evidence allows, not at the end of an interval.
+- the sequential tests, on every look (statistics.log_evidence): the canary's errors since it started
+  against a rate at most the stable's plus `max_error_rate_increase`, and its answers slower than the
+  stable's median bucket against the stable's share of them plus `max_slow_share_increase`: a canary
+  failing outright, or plainly slower, is rolled back as soon as the evidence allows, not at the end of an
+  interval.
 After the last interval the canary is promote-ready, or inconclusive with fewer than `min_requests` answered.
 """
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 from infra.serving.counts import Counts, SinceStart
 from infra.serving.statistics import error_rate_p, log_evidence, rollback_boundary, slower_p
@@ -104,7 +107,31 @@ def sequential_errors(stable: Counts, canary: Counts, rules: Canary) -> Verdict 
     )
 
 
+def sequential_latency(stable: Counts, canary: Counts, rules: Canary) -> Verdict | None:
+    """A rollback as soon as the canary's answers slower than the stable's median bucket are evidence
+    enough (None: not yet). The stable's share of them is an estimate: its bound adds two of its largest
+    possible standard errors, 2 sqrt(1/4 / n)."""
+    fast, slow = stable.latency, canary.latency
+    if fast is None or slow is None or not fast.count or not slow.count:
+        return None
+    median = next(i for i, below in enumerate(accumulate(fast.counts)) if 2 * below >= fast.count)
+    stable_slow, canary_slow = sum(fast.counts[median + 1 :]), sum(slow.counts[median + 1 :])
+    bound = stable_slow / fast.count + rules.max_slow_share_increase + 1 / math.sqrt(fast.count)
+    evidence = log_evidence(canary_slow, slow.count, min(1.0, bound))
+    if evidence < rollback_boundary(rules.sequential_alpha):
+        return None
+    return Verdict(
+        ROLLBACK,
+        f"{canary_slow} of the canary's {slow.count} answers since it started "
+        f"({canary_slow / slow.count:.0%}) took longer than {fast.bounds[median]:g} s, the stable version's "
+        f"median bucket, against {stable_slow / fast.count:.0%} of the stable's {fast.count} plus "
+        f"max_slow_share_increase {rules.max_slow_share_increase:.0%}: the sequential test's evidence "
+        f"{math.exp(evidence):.3g} passed 1/sequential_alpha ({1 / rules.sequential_alpha:g})",
+    )
+
+
 MEASURES = (measure_errors, measure_latency)
+SEQUENTIAL = (sequential_errors, sequential_latency)
 
 
 @dataclass
@@ -121,9 +148,10 @@ class Analysis:
 
     def look(self, elapsed_s: float, stable: Counts, canary: Counts) -> Verdict:
         rules = self.rules
-        early = sequential_errors(stable, canary, rules)
-        if early is not None:
-            return early
+        for sequential in SEQUENTIAL:
+            early = sequential(stable, canary, rules)
+            if early is not None:
+                return early
         if (
             self.intervals_done < rules.intervals
             and elapsed_s >= (self.intervals_done + 1) * rules.interval_s

@@ -482,6 +482,15 @@ class Canary(_Model):
             "server, whose first token is the whole answer)"
         ),
     )
+    max_slow_share_increase: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description=(
+            "share of the canary's answers slower than the stable version's median latency bucket allowed "
+            "above the stable's share (half, or less on coarse buckets): the sequential latency test's margin"
+        ),
+    )
     interval_s: int = Field(
         60, ge=10, le=3600, description="length of one analysis interval (seconds); intervals do not overlap"
     )

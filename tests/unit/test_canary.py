@@ -16,6 +16,7 @@ from infra.serving.analysis import (
     Analysis,
     Guard,
     measure_latency,
+    sequential_latency,
 )
 from infra.serving.canary import gate
 from infra.serving.counts import Counts, Histogram, SinceStart
@@ -186,14 +187,24 @@ def test_a_failing_canary_is_rolled_back_by_the_sequential_test_before_its_first
 # Intervals, failure and inconclusive limits, verdicts
 
 
-def run(rules: Canary, intervals: list[tuple[Counts, Counts]]) -> list[str]:
-    """Feed an analysis interval by interval (counts of each interval, summed as the guard would)."""
-    analysis = Analysis(rules)
+def cumulative(intervals: list[tuple[Counts, Counts]]) -> list[tuple[Counts, Counts]]:
+    """Counts of each interval summed as the guard's since-start counts."""
     stable, canary = Counts(), Counts()
-    actions = []
-    for number, (s, c) in enumerate(intervals, start=1):
+    summed = []
+    for s, c in intervals:
         stable, canary = stable.plus(s), canary.plus(c)
+        summed.append((stable, canary))
+    return summed
+
+
+def run(rules: Canary, intervals: list[tuple[Counts, Counts]]) -> list[str]:
+    """Feed an analysis interval by interval, until its verdict."""
+    analysis = Analysis(rules)
+    actions = []
+    for number, (stable, canary) in enumerate(cumulative(intervals), start=1):
         actions.append(analysis.look(number * rules.interval_s, stable, canary).action)
+        if actions[-1] != CONTINUE:
+            break
     return actions
 
 
@@ -203,14 +214,44 @@ ERRING = (Counts(240, 2, GOOD[0].latency), Counts(60, 9, GOOD[1].latency))  # 15
 QUIET = (GOOD[0], Counts(5, 0, latency((1, 2, 2, 0), 0.022)))
 
 
+INTERVALS_ONLY = 1e-300  # a sequential_alpha no evidence reaches
+
+
 def test_one_failed_interval_is_allowed_the_second_rolls_back() -> None:
     """failure_limit 1: failed > 1 rolls back (Argo's `result.Failed > failureLimit`)."""
-    rules = Canary()
+    rules = Canary(sequential_alpha=INTERVALS_ONLY)
     assert run(rules, [SLOW, GOOD, GOOD, GOOD, GOOD]) == [CONTINUE] * 4 + [PROMOTE_READY]
-    assert run(rules, [SLOW, GOOD, SLOW]) == [CONTINUE, CONTINUE, ROLLBACK]
-    assert run(Canary(failure_limit=0), [SLOW]) == [ROLLBACK]
-    erring = run(Canary(sequential_alpha=1e-300), [ERRING, ERRING])
-    assert erring == [CONTINUE, ROLLBACK]
+    slower = Analysis(rules)
+    assert [
+        slower.look(i * 60, *pair).action for i, pair in enumerate(cumulative([SLOW, GOOD, SLOW]), 1)
+    ] == [
+        CONTINUE,
+        CONTINUE,
+        ROLLBACK,
+    ]
+    assert run(Canary(failure_limit=0, sequential_alpha=INTERVALS_ONLY), [SLOW]) == [ROLLBACK]
+    assert run(rules, [ERRING, ERRING]) == [CONTINUE, ROLLBACK]
+    # With the sequential tests a plainly slower or erring canary goes at its first look.
+    assert run(Canary(), [SLOW]) == [ROLLBACK]
+    assert run(Canary(), [(GOOD[0], Counts(60, 30, GOOD[1].latency))]) == [ROLLBACK]
+    assert run(Canary(), [ERRING]) == [CONTINUE]  # 9 of 60: significant in its interval, not yet sequentially
+
+
+def test_the_sequential_latency_test_counts_answers_above_the_stables_median_bucket() -> None:
+    """Stable (40, 120, 80, 0): its median is in the second bucket (40 + 120 >= 120), 80 of 240 above it;
+    the bound is 1/3 + 0.1 + 1 / sqrt(240) = 0.498. A canary with 30 of 60 above it is within; one with
+    60 of 60 is evidence."""
+    rules = Canary()
+    stable = GOOD[0]
+    within = Counts(60, 0, latency((0, 30, 30, 0), 0.03))
+    assert sequential_latency(stable, within, rules) is None
+    assert log_evidence(30, 60, 1 / 3 + 0.1 + 1 / math.sqrt(240)) < 0
+    slower = sequential_latency(stable, SLOW[1], rules)
+    assert slower is not None and slower.reason.startswith(
+        "60 of the canary's 60 answers since it started (100%) took longer than 0.025 s, the stable "
+        "version's median bucket, against 33% of the stable's 240"
+    )
+    assert sequential_latency(Counts(240, 0), SLOW[1], rules) is None  # no stable latencies: no bound
 
 
 def test_too_little_traffic_ends_inconclusive_and_never_promote_ready() -> None:
