@@ -160,6 +160,8 @@ class Release:
         serving = platform.spec.serving
         assert serving is not None
         self.rules = serving.canary or Canary()
+        self.canary_start: tuple[float, Counts, Counts] | None = None
+        """when `deploy` gave the canary its share, and the counters just before"""
 
     # What is served
 
@@ -235,6 +237,14 @@ class Release:
             for backend in (STABLE_BACKEND, CANARY_BACKEND)
         )
         return stable, canary
+
+    def counters(self) -> tuple[Counts, Counts]:
+        """`readings`, without the latencies where Prometheus does not answer (saying so)."""
+        try:
+            return self.readings()
+        except GpuPlatError as error:
+            self.say(f"no latencies this look: {error.message}")
+            return self.readings(latency=False)
 
     def set_share(self, percent: int) -> None:
         for gateway in self.layout.gateways:
@@ -345,6 +355,7 @@ class Release:
         if canary_percent is None:
             self.promote(candidate.name)
             return candidate
+        self.canary_start = (time.monotonic(), *self.counters())
         self.set_share(canary_percent)
         self.say(f"{candidate.reference} takes {canary_percent} % of the requests")
         return candidate
@@ -403,27 +414,20 @@ class Release:
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
     ) -> Verdict:
-        """Analyse the running canary (infra/serving/analysis.py) on counts since this call's first look,
-        every `look_s`, until a verdict or `duration_s` (default: the whole analysis and one look more) ends
-        it; roll it back on 'rollback'. Ending without a verdict returns 'continue'."""
+        """Analyse the running canary (infra/serving/analysis.py) on counts since `deploy` gave it its share
+        (this command's), or since this call's first look, every `look_s`, until a verdict or `duration_s`
+        (default: the whole analysis and one look more) ends it; roll it back on 'rollback'. Ending without a
+        verdict returns 'continue'."""
         if duration_s is None:
             duration_s = self.rules.analysis_s + look_s
-
-        def read() -> tuple[Counts, Counts]:
-            try:
-                return self.readings()
-            except GpuPlatError as error:
-                self.say(f"no latencies this look: {error.message}")
-                return self.readings(latency=False)
-
-        started = clock()
-        watch = Guard(self.rules, started, *read())
+        started, *first = self.canary_start or (clock(), *self.counters())
+        watch = Guard(self.rules, started, *first)
         verdict = Verdict(CONTINUE, "no look yet")
         while clock() - started < duration_s:
             sleep(look_s)
             if self.aliased(model, CHALLENGER) is None:
                 return Verdict("gone", f"'{model}' has no canary any more")
-            verdict = watch.look(clock(), *read())
+            verdict = watch.look(clock(), *self.counters())
             if verdict.action == "rollback":
                 self.rollback(model, verdict.reason)
             if verdict.action != CONTINUE:

@@ -71,6 +71,7 @@ def guarded(readings: list[tuple[Counts, Counts]], rules: Canary) -> tuple[Relea
     """A Release whose gateway answers `readings` one look after another (the last one again after them)."""
     release = object.__new__(Release)
     release.rules = rules
+    release.canary_start = None
     done: list[str] = []
     looks = iter(readings)
     last = readings[-1]
@@ -96,6 +97,20 @@ def test_the_guard_rolls_back_a_failing_canary_at_once_and_says_why() -> None:
     assert verdict.action == ROLLBACK and rolled == [verdict.reason]
     assert verdict.reason.startswith("canary error rate 100.0% (4/4) since it started")
     assert clock.now == 1005.0
+
+
+def test_after_deploy_the_guard_counts_from_the_counters_read_before_the_share_was_set() -> None:
+    """`deploy --guard-s` reads the counters before it gives the canary its share: the canary's first
+    answers count, though they came before the guard's first look."""
+    clock = Clock()
+    release, rolled = guarded([(Counts(916, 3), Counts(304, 252))], Canary())
+    release.canary_start = (clock.now, Counts(900, 3), Counts(300, 248))
+    verdict = release.guard("embedder", sleep=clock.sleep, clock=clock)
+    assert verdict.action == ROLLBACK and "(4/4)" in verdict.reason and rolled == [verdict.reason]
+    assert clock.now == 1005.0
+    # A guard of its own counts from its first look: the same reading is then its baseline, no evidence.
+    alone, _ = guarded([(Counts(916, 3), Counts(304, 252))], Canary())
+    assert alone.guard("embedder", duration_s=10, sleep=clock.sleep, clock=clock).action == CONTINUE
 
 
 def test_a_guard_cut_short_ends_without_a_verdict_and_rolls_nothing_back() -> None:
