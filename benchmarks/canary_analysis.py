@@ -5,7 +5,8 @@ Traffic as production records it: Poisson arrivals split at the gateway by a per
 share, serving.canary.share_percent), Bernoulli errors, lognormal latencies; the gateway's counters read at
 every look of the guard (every 5 s), the latency histograms (the real bucket boundaries) as Prometheus last
 scraped them (every 15 s, at a random phase). The analysis is the real one, fed through its Guard, with the
-spec's defaults; "fixed intervals" is the same analysis with the sequential test switched off.
+spec's defaults; "fixed intervals" is the same analysis with the sequential tests switched off. Each
+verdict's exit code is what `gpuplat serve guard` exits with on it (infra/cli/commands/serve.py _guard).
 
     nice -n 10 .venv/bin/python benchmarks/canary_analysis.py --runs 2000
 """
@@ -13,6 +14,8 @@ spec's defaults; "fixed intervals" is the same analysis with the sequential test
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import math
 import sys
 import time
@@ -23,7 +26,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from infra.serving.analysis import CONTINUE, ROLLBACK, Guard
+import typer
+
+from infra.cli.commands.serve import _guard
+from infra.serving.analysis import CONTINUE, INCONCLUSIVE, PROMOTE_READY, ROLLBACK, Guard, Verdict
 from infra.serving.counts import Counts, Histogram
 from infra.spec.models import Canary
 
@@ -79,8 +85,8 @@ class Case:
     canary_errors: float
     latency: Latency
     slowdown: float
-    bad: bool
-    """True: a rollback is right; False: promote-ready is right."""
+    expected: str
+    """the right verdict: promote-ready, rollback or inconclusive"""
     deadline_s: float | None = None
     """a rollback counts only this soon (None: within the analysis)"""
 
@@ -147,6 +153,26 @@ def run_once(rng: np.random.Generator, case: Case, rules: Canary) -> tuple[str, 
     return verdict, now
 
 
+class Answered:
+    """A release whose guard answers one verdict: what `gpuplat serve guard` exits with on it."""
+
+    def __init__(self, action: str) -> None:
+        self.action = action
+
+    def guard(self, model: str, duration_s: float | None) -> Verdict:
+        return Verdict(self.action, "simulated")
+
+
+def exit_code(action: str) -> int:
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+            _guard(Answered(action), "model", None)  # type: ignore[arg-type]
+    except typer.Exit as ended:
+        return int(ended.exit_code)
+    return 0
+
+
 def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
     """Exact binomial confidence interval for k of n (bisection on the binomial distribution)."""
 
@@ -185,17 +211,37 @@ def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
 def cases() -> list[Case]:
     found = [
         Case(
-            f"identical, {rate:g} req/s, {errors:.0%} errors", rate, errors, errors, EMBEDDER, 1.0, bad=False
+            f"identical, {rate:g} req/s, {errors:.0%} errors",
+            rate,
+            errors,
+            errors,
+            EMBEDDER,
+            1.0,
+            expected=PROMOTE_READY,
         )
         for rate in (2, 10, 50)
         for errors in (0.0, 0.01, 0.02)
     ]
     found += [
-        Case("identical LLM (TTFT), 2 req/s, 1% errors", 2, 0.01, 0.01, LLM_TTFT, 1.0, bad=False),
-        Case("1.5x slower, 10 req/s, no errors", 10, 0.0, 0.0, EMBEDDER, 1.5, bad=True),
-        Case("1.5x slower TTFT (LLM), 10 req/s", 10, 0.0, 0.0, LLM_TTFT, 1.5, bad=True),
-        Case("failing every request, 1 req/s", 1, 0.0, 1.0, EMBEDDER, 1.0, bad=True, deadline_s=60),
-        Case("failing every request, 1 req/s, 2% base", 1, 0.02, 1.0, EMBEDDER, 1.0, bad=True, deadline_s=60),
+        Case(
+            "identical LLM (TTFT), 2 req/s, 1% errors", 2, 0.01, 0.01, LLM_TTFT, 1.0, expected=PROMOTE_READY
+        ),
+        Case("1.5x slower, 10 req/s, no errors", 10, 0.0, 0.0, EMBEDDER, 1.5, expected=ROLLBACK),
+        Case("1.5x slower TTFT (LLM), 10 req/s", 10, 0.0, 0.0, LLM_TTFT, 1.5, expected=ROLLBACK),
+        Case("failing every request, 1 req/s", 1, 0.0, 1.0, EMBEDDER, 1.0, expected=ROLLBACK, deadline_s=60),
+        Case(
+            "failing every request, 1 req/s, 2% base",
+            1,
+            0.02,
+            1.0,
+            EMBEDDER,
+            1.0,
+            expected=ROLLBACK,
+            deadline_s=60,
+        ),
+        Case(
+            "identical, 0.3 req/s: too little traffic", 0.3, 0.01, 0.01, EMBEDDER, 1.0, expected=INCONCLUSIVE
+        ),
     ]
     return found
 
@@ -216,9 +262,12 @@ def main(argv: list[str] | None = None) -> int:
         f"{rules.sequential_alpha}, min_requests {rules.min_requests}"
     )
     print(
-        "| case | wrong verdicts (95 % CI) | rolled back | blocked | median s to rollback (fixed intervals) |"
+        "| case | wrong verdicts (95 % CI) | rolled back | blocked | median s to rollback (fixed intervals) "
+        "| exit codes |"
     )
-    print("|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|")
+    codes = {action: exit_code(action) for action in (PROMOTE_READY, ROLLBACK, INCONCLUSIVE, CONTINUE)}
+    assert codes[PROMOTE_READY] == 0 and all(codes[a] for a in codes if a != PROMOTE_READY), codes
     for case in cases():
         outcomes: dict[str, int] = {}
         times: list[float] = []
@@ -227,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.runs):
             verdict, at = run_once(rng, case, rules)
             outcomes[verdict] = outcomes.get(verdict, 0) + 1
-            if case.bad:
+            if case.expected == ROLLBACK:
                 caught = verdict == ROLLBACK and (case.deadline_s is None or at <= case.deadline_s)
                 wrong += not caught
                 if verdict == ROLLBACK:
@@ -236,16 +285,21 @@ def main(argv: list[str] | None = None) -> int:
                 if fixed_verdict == ROLLBACK:
                     fixed_times.append(fixed_at)
             else:
-                wrong += verdict != "promote-ready"
+                wrong += verdict != case.expected
         low, high = clopper_pearson(wrong, args.runs)
         blocked = args.runs - outcomes.get(ROLLBACK, 0) - outcomes.get("promote-ready", 0)
         timing = "-"
-        if case.bad:
+        if case.expected == ROLLBACK:
             fixed_median = f"{float(np.median(fixed_times)):.0f}" if fixed_times else "never"
             timing = f"{float(np.median(times)):.0f} ({fixed_median})" if times else "never"
+        exits: dict[int, int] = {}
+        for action, runs in outcomes.items():
+            exits[codes[action]] = exits.get(codes[action], 0) + runs
         print(
             f"| {case.name} | {wrong}/{args.runs} = {wrong / args.runs:.2%} ({low:.2%}-{high:.2%}) | "
-            f"{outcomes.get(ROLLBACK, 0)} | {blocked} | {timing} |",
+            f"{outcomes.get(ROLLBACK, 0)} | {blocked} | {timing} | "
+            + ", ".join(f"{code}: {runs}" for code, runs in sorted(exits.items()))
+            + " |",
             flush=True,
         )
     return 0

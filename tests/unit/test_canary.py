@@ -15,7 +15,9 @@ from infra.serving.analysis import (
     ROLLBACK,
     Analysis,
     Guard,
+    measure_errors,
     measure_latency,
+    sequential_errors,
     sequential_latency,
 )
 from infra.serving.canary import gate
@@ -252,6 +254,37 @@ def test_the_sequential_latency_test_counts_answers_above_the_stables_median_buc
         "version's median bucket, against 33% of the stable's 240"
     )
     assert sequential_latency(Counts(240, 0), SLOW[1], rules) is None  # no stable latencies: no bound
+    # Half of 2000 answers above it: beyond 1/3 + 0.1 by far, within the bound with the stable's sampling
+    # error (0.498 < 0.5 by less than the nearest alternative's distance).
+    assert sequential_latency(stable, Counts(2000, 0, latency((0, 1000, 1000, 0), 0.03)), rules) is None
+    assert log_evidence(1000, 2000, 1 / 3 + 0.1) > rollback_boundary(rules.sequential_alpha)
+
+
+def test_the_sequential_error_test_allows_the_stables_own_rate() -> None:
+    """A stable version failing 20 % of its requests: a canary failing as often is no evidence; against a
+    bound of the margin alone (5 %) it would be."""
+    rules = Canary()
+    assert sequential_errors(Counts(1000, 200), Counts(250, 50), rules) is None
+    assert log_evidence(50, 250, 0.05) > rollback_boundary(rules.sequential_alpha)
+    assert sequential_errors(Counts(1000, 200), Counts(250, 100), rules) is not None
+
+
+def test_an_interval_is_judged_from_exactly_its_share_of_min_requests_at_level_alpha() -> None:
+    """min_requests 50 over 5 intervals: 10 canary requests are judged, 9 are not. 4 errors in 20 against
+    1 % + 5 %: z = (0.2 - 0.06) / sqrt(0.06 x 0.94 / 20 + 0.01 x 0.99 / 200) = 2.61, p = 0.0045; 3 in 20:
+    z = 1.68, p = 0.047, failed at alpha 0.05 only."""
+    rules = Canary()
+    assert measure_errors(Counts(200, 2), Counts(10, 0), rules).outcome == "passed"
+    assert measure_errors(Counts(200, 2), Counts(9, 0), rules).outcome == "inconclusive"
+    assert measure_latency(GOOD[0], Counts(10, 0, latency((2, 5, 3, 0), 0.022)), rules).outcome == "passed"
+    assert (
+        measure_latency(GOOD[0], Counts(9, 0, latency((2, 4, 3, 0), 0.022)), rules).outcome == "inconclusive"
+    )
+    assert error_rate_p(4, 20, 2, 200, 0.05) == pytest.approx(0.0045, abs=1e-4)
+    assert error_rate_p(3, 20, 2, 200, 0.05) == pytest.approx(0.047, abs=1e-3)
+    assert measure_errors(Counts(200, 2), Counts(20, 4), rules).outcome == "failed"
+    assert measure_errors(Counts(200, 2), Counts(20, 3), rules).outcome == "passed"
+    assert measure_errors(Counts(200, 2), Counts(20, 3), Canary(alpha=0.05)).outcome == "failed"
 
 
 def test_too_little_traffic_ends_inconclusive_and_never_promote_ready() -> None:
