@@ -326,6 +326,12 @@ def test_a_setting_the_traffic_cannot_meet_is_refused_with_the_arithmetic() -> N
         "canary at least 9 %"
     )
     assert rules.traffic_problem(9) is None  # 2 x 9 % x 60 s = 10.8 >= 10
+    # Exactly the requests an interval needs is enough: 1 x 20 % x 50 s = 10.
+    assert Canary(expected_requests_per_s=1, interval_s=50).traffic_problem(20) is None
+    # An interval needs min_requests / intervals rounded up: 51 / 5 asks 11.
+    assert Canary(min_requests=51).interval_min_requests == 11
+    with pytest.raises(ValueError, match="fewer than the 11 each interval needs"):
+        Canary(min_requests=51, expected_requests_per_s=1, interval_s=50)
     tiny = Canary(expected_requests_per_s=0.1, min_requests=5)  # 1 a interval needed, 1.2 at 20 %
     assert tiny.traffic_problem(100) is None
     with pytest.raises(ValueError, match="no share can: lower min_requests or raise interval_s"):

@@ -13,7 +13,7 @@ import pytest
 from infra.errors import ExitCode, SpecError
 from infra.platform.resolve import load_platform
 from infra.serving.analysis import CONTINUE, INCONCLUSIVE, PROMOTE_READY, ROLLBACK, Verdict
-from infra.serving.counts import Counts
+from infra.serving.counts import Counts, Histogram
 from infra.serving.registry.mlflow import ModelVersion, to_wire_source
 from infra.serving.release import (
     Release,
@@ -54,6 +54,9 @@ def test_a_location_a_replica_cannot_read_safely_is_refused(location: str, why: 
     with pytest.raises(ServeRefused, match="embedder@2") as refused:
         version_environment(version(location), "cpu-reference")
     assert why in refused.value.message and refused.value.exit_code == ExitCode.POLICY_VIOLATION
+
+
+BOUNDS = (0.01, 0.025, 0.05, float("inf"))
 
 
 class Clock:
@@ -121,6 +124,37 @@ def test_a_guard_cut_short_ends_without_a_verdict_and_rolls_nothing_back() -> No
     # By default the guard lasts the whole analysis: no traffic at all ends it inconclusive.
     verdict = release.guard("embedder", sleep=clock.sleep, clock=clock)
     assert verdict.action == INCONCLUSIVE and "could not be judged" in verdict.reason and rolled == []
+
+
+def test_by_default_the_guard_lasts_the_whole_analysis() -> None:
+    """5 intervals of 100 s: a healthy canary is promote-ready at 500 s, not cut short before."""
+    clock = Clock()
+    rules = Canary(interval_s=100)
+    healthy = [
+        (
+            Counts(80 * look, 0, Histogram(BOUNDS, (20 * look, 40 * look, 20 * look, 0), 1.6 * look)),
+            Counts(20 * look, 0, Histogram(BOUNDS, (5 * look, 10 * look, 5 * look, 0), 0.4 * look)),
+        )
+        for look in range(102)
+    ]
+    release, rolled = guarded(healthy, rules)
+    verdict = release.guard("embedder", sleep=clock.sleep, clock=clock)
+    assert verdict.action == PROMOTE_READY and clock.now == 1000.0 + 5 * 100 and rolled == []
+
+
+def test_deploy_refuses_a_share_the_expected_traffic_cannot_judge() -> None:
+    release = object.__new__(Release)
+    release.rules = Canary(expected_requests_per_s=2)
+    candidate = version("/shared/models/x")
+
+    class Registry:
+        def resolve(self, reference: str) -> ModelVersion:
+            return candidate
+
+    release.registry = Registry()  # type: ignore[assignment]
+    release.aliased = lambda model, alias: None  # type: ignore[method-assign]
+    with pytest.raises(ServeRefused, match=r"a canary at 5 % of 2 requests/s answers about 6\.0 requests"):
+        release.deploy("embedder@2", 5)
 
 
 class Verdicts:
