@@ -11,6 +11,8 @@ class ExitCode(IntEnum):
     BAD_INPUT = 2
     ENVIRONMENT = 3
     FAILED = 4
+    NO_VERDICT = 5
+    """an analysis that ended without a verdict to act on (a canary's: inconclusive, or cut short)"""
 
 
 class GpuPlatError(Exception):

@@ -18,8 +18,7 @@ from __future__ import annotations
 import json
 import shlex
 import time
-from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -27,7 +26,9 @@ from infra.errors import ExitCode, GpuPlatError, SpecError
 from infra.nodes.inventory import container_name
 from infra.nodes.role_templates import role_defaults, role_vars
 from infra.platform.resolve import ResolvedPlatform
-from infra.serving.canary import Verdict, VersionStats, gate, judge
+from infra.serving.analysis import CONTINUE, Guard, Verdict
+from infra.serving.canary import gate
+from infra.serving.counts import Counts, Histogram
 from infra.serving.prometheus import instant
 from infra.serving.registry.mlflow import MlflowRegistry, ModelVersion, RegistryError
 from infra.spec.models import Canary
@@ -159,6 +160,8 @@ class Release:
         serving = platform.spec.serving
         assert serving is not None
         self.rules = serving.canary or Canary()
+        self.canary_start: tuple[float, Counts, Counts] | None = None
+        """when `deploy` gave the canary its share, and the counters just before"""
 
     # What is served
 
@@ -196,6 +199,52 @@ class Release:
         )
         by_job = {labels.get("job"): value for labels, value in instant(self.prometheus_url, expression)}
         return {backend: by_job.get(job) for backend, job in JOB_OF_BACKEND.items()}
+
+    def latency_histograms(self) -> dict[str, Histogram | None]:
+        """Each version's latency histogram at its model servers, cumulative (Prometheus' last scrape): the
+        time to the first token (for the CPU reference server the whole answer, its only token). None where
+        no series is there or no Prometheus answers."""
+        found: dict[str, Histogram | None] = dict.fromkeys(JOB_OF_BACKEND)
+        if self.prometheus_url is None:
+            return found
+        histogram = role_vars("monitoring")["__monitoring_engine_metrics"][self.layout.engine][
+            "ttft_histogram"
+        ]
+        jobs = "|".join(JOB_OF_BACKEND.values())
+        buckets: dict[str, dict[float, float]] = {}
+        for labels, value in instant(
+            self.prometheus_url, f'sum by (job, le) ({{__name__="{histogram}_bucket", job=~"{jobs}"}})'
+        ):
+            buckets.setdefault(labels.get("job", ""), {})[float(labels.get("le", "+Inf"))] = value
+        sums = {
+            labels.get("job"): value
+            for labels, value in instant(
+                self.prometheus_url, f'sum by (job) ({{__name__="{histogram}_sum", job=~"{jobs}"}})'
+            )
+        }
+        for backend, job in JOB_OF_BACKEND.items():
+            if job in buckets:
+                found[backend] = Histogram.from_cumulative(buckets[job], sums.get(job, 0.0))
+        return found
+
+    def readings(self, latency: bool = True) -> tuple[Counts, Counts]:
+        """The stable's and the canary's counters now: the gateway's requests and 5xx, and (with `latency`)
+        the latency histograms."""
+        figures = self.figures()
+        histograms = self.latency_histograms() if latency else dict.fromkeys(JOB_OF_BACKEND)
+        stable, canary = (
+            Counts(figures.requests[backend], figures.errors[backend], histograms[backend])
+            for backend in (STABLE_BACKEND, CANARY_BACKEND)
+        )
+        return stable, canary
+
+    def counters(self) -> tuple[Counts, Counts]:
+        """`readings`, without the latencies where Prometheus does not answer (saying so)."""
+        try:
+            return self.readings()
+        except GpuPlatError as error:
+            self.say(f"no latencies this look: {error.message}")
+            return self.readings(latency=False)
 
     def set_share(self, percent: int) -> None:
         for gateway in self.layout.gateways:
@@ -292,7 +341,9 @@ class Release:
                 f"{running.reference} is in canary now: `gpuplat serve promote` or `gpuplat serve rollback` "
                 "first"
             )
-        refusal = gate(candidate, stable, self.rules)
+        refusal = gate(candidate, stable, self.rules) or (
+            None if canary_percent is None else self.rules.traffic_problem(canary_percent)
+        )
         if refusal is not None:
             raise ServeRefused(refusal)
         version_environment(
@@ -304,6 +355,7 @@ class Release:
         if canary_percent is None:
             self.promote(candidate.name)
             return candidate
+        self.canary_start = (time.monotonic(), *self.counters())
         self.set_share(canary_percent)
         self.say(f"{candidate.reference} takes {canary_percent} % of the requests")
         return candidate
@@ -357,56 +409,27 @@ class Release:
     def guard(
         self,
         model: str,
-        duration_s: float,
-        interval_s: float = 1.0,
+        duration_s: float | None = None,
+        look_s: float = 5.0,
         sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
     ) -> Verdict:
-        """Judge the running canary every `interval_s` for `duration_s`, over the spec's window; roll it back
-        at the first 'rollback' verdict."""
-        samples: deque[tuple[float, GatewayFigures]] = deque()
-        verdict = Verdict("wait", "no look yet")
-        deadline = time.monotonic() + duration_s
-        latency_known = True
-        for now, figures in self._looks(deadline, interval_s, sleep):
+        """Analyse the running canary (infra/serving/analysis.py) on counts since `deploy` gave it its share
+        (this command's), or since this call's first look, every `look_s`, until a verdict or `duration_s`
+        (default: the whole analysis and one look more) ends it; roll it back on 'rollback'. Ending without a
+        verdict returns 'continue'."""
+        if duration_s is None:
+            duration_s = self.rules.analysis_s + look_s
+        started, *first = self.canary_start or (clock(), *self.counters())
+        watch = Guard(self.rules, started, *first)
+        verdict = Verdict(CONTINUE, "no look yet")
+        while clock() - started < duration_s:
+            sleep(look_s)
             if self.aliased(model, CHALLENGER) is None:
                 return Verdict("gone", f"'{model}' has no canary any more")
-            samples.append((now, figures))
-            while len(samples) > 1 and samples[1][0] <= now - self.rules.window_s:
-                samples.popleft()
-            p95: dict[str, float | None] = dict.fromkeys(JOB_OF_BACKEND)
-            if latency_known:
-                try:
-                    p95 = self.latency_p95(self.rules.window_s)
-                except GpuPlatError as error:
-                    latency_known = False
-                    self.say(f"judging on error rates only: {error.message}")
-            verdict = judge(*window_stats(samples[0][1], figures, p95), self.rules)
+            verdict = watch.look(clock(), *self.counters())
             if verdict.action == "rollback":
                 self.rollback(model, verdict.reason)
+            if verdict.action != CONTINUE:
                 return verdict
         return verdict
-
-    def _looks(
-        self, deadline: float, interval_s: float, sleep: Callable[[float], None]
-    ) -> Iterator[tuple[float, GatewayFigures]]:
-        while True:
-            yield time.monotonic(), self.figures()
-            if time.monotonic() >= deadline:
-                return
-            sleep(interval_s)
-
-
-def window_stats(
-    first: GatewayFigures, last: GatewayFigures, p95: dict[str, float | None] | None = None
-) -> tuple[VersionStats, VersionStats]:
-    """Stable and canary figures between two looks at the gateway (a reload in between restarts HAProxy's
-    counters: then from zero), with each one's p95 latency where known."""
-
-    def between(backend: str) -> VersionStats:
-        requests = last.requests[backend] - first.requests[backend]
-        errors = last.errors[backend] - first.errors[backend]
-        if requests < 0 or errors < 0:
-            requests, errors = last.requests[backend], last.errors[backend]
-        return VersionStats(requests=requests, errors=errors, p95_s=(p95 or {}).get(backend))
-
-    return between(STABLE_BACKEND), between(CANARY_BACKEND)

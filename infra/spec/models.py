@@ -464,20 +464,127 @@ class Canary(_Model):
     )
     higher_is_better: bool = Field(True, description="false for metrics such as loss or perplexity")
     max_error_rate_increase: float = Field(
-        0.05, ge=0, le=1, description="canary error rate allowed above the stable version's (0.05: 5 points)"
+        0.05,
+        ge=0,
+        le=1,
+        description=(
+            "canary error rate allowed above the stable version's (0.05: 5 points): the error tests' null "
+            "hypothesis is a canary rate at most the stable's plus this"
+        ),
     )
-    max_p95_ratio: float = Field(
-        1.5, ge=1, description="canary p95 latency allowed, as a multiple of the stable version's"
+    max_latency_ratio: float = Field(
+        1.2,
+        ge=1,
+        description=(
+            "canary mean latency allowed, as a multiple of the stable version's (from the histogram's _sum "
+            "and _count); a significantly slower rank (Mann-Whitney) fails an interval only beyond it. The "
+            "latency is the time to the first token (for vLLM; the whole answer for the CPU reference "
+            "server, whose first token is the whole answer)"
+        ),
+    )
+    max_slow_share_increase: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description=(
+            "share of the canary's answers slower than the stable version's median latency bucket allowed "
+            "above the stable's share (half, or less on coarse buckets): the sequential latency test's margin"
+        ),
+    )
+    interval_s: int = Field(
+        60, ge=10, le=3600, description="length of one analysis interval (seconds); intervals do not overlap"
+    )
+    intervals: int = Field(
+        5, ge=1, le=100, description="intervals the analysis lasts before the canary is promote-ready"
+    )
+    failure_limit: int = Field(
+        1,
+        ge=0,
+        description=(
+            "failed intervals of one metric allowed; one more rolls the canary back (Argo's failureLimit)"
+        ),
+    )
+    inconclusive_limit: int = Field(
+        1,
+        ge=0,
+        description=(
+            "intervals of one metric with too few canary requests allowed; one more ends the analysis "
+            "inconclusive (Argo's inconclusiveLimit)"
+        ),
+    )
+    alpha: float = Field(
+        0.01,
+        gt=0,
+        lt=0.5,
+        description="significance level of each interval's test (per metric and interval)",
+    )
+    sequential_alpha: float = Field(
+        0.002,
+        gt=0,
+        lt=0.5,
+        description=(
+            "bound on the sequential test's false rollbacks (per metric, however often it looks): it rolls "
+            "back as soon as the evidence since the canary started reaches 1/sequential_alpha"
+        ),
     )
     min_requests: int = Field(
-        20, ge=1, description="requests the canary must have answered before the guard judges it"
+        50,
+        ge=1,
+        description=(
+            "requests the canary must have answered since it started before it is promote-ready; an "
+            "interval with fewer than min_requests / intervals canary requests is inconclusive"
+        ),
     )
-    window_s: int = Field(60, ge=10, le=3600, description="the guard's look-back window (seconds)")
+    share_percent: int = Field(
+        20, ge=1, le=100, description="the canary's share of the requests the analysis is sized for (percent)"
+    )
+    expected_requests_per_s: float | None = Field(
+        None,
+        gt=0,
+        description=(
+            "requests per second the gateway serves; with it a setting the canary's share cannot meet is "
+            "refused (here for share_percent, at `serve deploy` for --canary)"
+        ),
+    )
+
+    @property
+    def analysis_s(self) -> int:
+        return self.interval_s * self.intervals
+
+    @property
+    def interval_min_requests(self) -> int:
+        """Canary requests an interval needs to be judged."""
+        return -(-self.min_requests // self.intervals)
+
+    def traffic_problem(self, percent: int) -> str | None:
+        """Why a canary at `percent` of expected_requests_per_s cannot be judged in the analysis (None: it
+        can, or no rate is given)."""
+        rate = self.expected_requests_per_s
+        if rate is None:
+            return None
+        per_interval = rate * percent / 100 * self.interval_s
+        if per_interval >= self.interval_min_requests:
+            return None
+        least = -(-self.interval_min_requests * 100 // (rate * self.interval_s))
+        cure = (
+            f"give the canary at least {least:.0f} %"
+            if least <= 100
+            else "no share can: lower min_requests or raise interval_s"
+        )
+        return (
+            f"a canary at {percent} % of {rate:g} requests/s answers about {per_interval:.1f} requests per "
+            f"{self.interval_s} s interval, fewer than the {self.interval_min_requests} each interval needs "
+            f"(min_requests {self.min_requests} / intervals {self.intervals}): every interval would be "
+            f"inconclusive; {cure}"
+        )
 
     @model_validator(mode="after")
     def _gate(self) -> Canary:
         if self.gate_min is not None and self.gate_metric is None:
             raise FieldProblems([(("gate_min",), "gate_min needs gate_metric: the metric it bounds")])
+        problem = self.traffic_problem(self.share_percent)
+        if problem is not None:
+            raise FieldProblems([(("min_requests",), problem)])
         return self
 
 

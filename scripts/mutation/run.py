@@ -70,9 +70,14 @@ class Session:
 SESSIONS = [
     Session(
         "canary",
-        "canary judge (infra/serving/canary.py)",
+        "canary gate and analysis (infra/serving/canary.py, analysis.py, statistics.py, counts.py)",
         "infra",
-        ["infra/serving/canary.py"],
+        [
+            "infra/serving/canary.py",
+            "infra/serving/analysis.py",
+            "infra/serving/statistics.py",
+            "infra/serving/counts.py",
+        ],
         ["tests/unit/test_canary.py", "tests/unit/test_serving_release.py"],
     ),
     Session(

@@ -1,11 +1,35 @@
-"""The canary's gate and guard (infra/serving/canary.py)."""
+"""The canary's gate (infra/serving/canary.py) and its analysis: counts since the canary started
+(infra/serving/counts.py), the tests (infra/serving/statistics.py), intervals, the sequential test and the
+verdicts (infra/serving/analysis.py), the settings the traffic cannot meet (infra/spec/models.py Canary)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from infra.serving.canary import Verdict, VersionStats, gate, judge
+from infra.serving.analysis import (
+    CONTINUE,
+    INCONCLUSIVE,
+    PROMOTE_READY,
+    ROLLBACK,
+    Analysis,
+    Guard,
+    measure_errors,
+    measure_latency,
+    sequential_errors,
+    sequential_latency,
+)
+from infra.serving.canary import gate
+from infra.serving.counts import Counts, Histogram, SinceStart
 from infra.serving.registry.mlflow import ModelVersion
+from infra.serving.statistics import (
+    error_rate_p,
+    log_evidence,
+    mann_whitney_u,
+    rollback_boundary,
+    slower_p,
+)
 from infra.spec.models import Canary
 
 
@@ -32,17 +56,6 @@ def test_gate_min_without_its_metric_is_refused() -> None:
         Canary(gate_min=0.5)
 
 
-def test_the_guard_waits_for_requests_then_rolls_back_on_errors_or_latency() -> None:
-    rules = Canary(min_requests=20, max_error_rate_increase=0.05, max_p95_ratio=1.5)
-    stable = VersionStats(requests=400, errors=4, p95_s=0.100)
-    assert judge(stable, VersionStats(10, 10, 0.1), rules).action == "wait"
-    assert judge(stable, VersionStats(100, 3, 0.12), rules).action == "hold"
-    errors = judge(stable, VersionStats(100, 20, 0.1), rules)
-    assert errors.action == "rollback" and "error rate 20.0%" in errors.reason
-    slow = judge(stable, VersionStats(100, 0, 0.2), rules)
-    assert slow.action == "rollback" and "2.00 x" in slow.reason
-
-
 def test_the_gate_lets_a_candidate_equal_to_its_bar_through() -> None:
     """A candidate exactly at gate_min, or exactly as good as the stable version, passes: the bar is "at
     least" (higher is better) or "at most" (lower is better), never strictly better."""
@@ -62,32 +75,264 @@ def test_the_gate_lets_a_candidate_equal_to_its_bar_through() -> None:
     )
 
 
-def test_the_guard_judges_at_its_boundaries() -> None:
-    """min_requests answered is enough to judge; an error-rate increase or a p95 ratio exactly at its limit
-    holds; one above it rolls back. The increase is over the stable version's own rate."""
-    rules = Canary(min_requests=20, max_error_rate_increase=0.05, max_p95_ratio=1.5)
-    stable = VersionStats(requests=400, errors=8, p95_s=0.25)
-    waiting = judge(stable, VersionStats(19, 0, 0.25), rules)
-    assert waiting == Verdict("wait", "the canary answered 19 of the 20 requests judged on")
-    assert judge(stable, VersionStats(20, 0, 0.25), rules).action == "hold"
-    at_limit = judge(stable, VersionStats(100, 7, 0.375), rules)  # 7 % against 2 % (exactly 0.05); 1.5 x
-    assert at_limit == Verdict("hold", "canary error rate 7.0%, stable 2.0%; p95 375 ms vs 250 ms")
-    above = judge(stable, VersionStats(100, 8, 0.25), rules)
-    assert above == Verdict(
-        "rollback",
-        "canary error rate 8.0% (8/100) is 6.0% above the stable version's 2.0%; "
-        "serving.canary.max_error_rate_increase allows 5.0%",
-    )
-    slow = judge(stable, VersionStats(100, 0, 0.4), rules)
-    assert slow == Verdict(
-        "rollback",
-        "canary p95 400 ms is 1.60 x the stable version's 250 ms; serving.canary.max_p95_ratio allows 1.5",
-    )
+BOUNDS = (0.01, 0.025, 0.05, math.inf)
 
 
-def test_the_guard_without_latency_figures_judges_errors_alone() -> None:
-    rules = Canary(min_requests=20, max_error_rate_increase=0.05, max_p95_ratio=1.5)
-    no_canary_p95 = judge(VersionStats(400, 4, 0.25), VersionStats(100, 1, None), rules)
-    assert no_canary_p95 == Verdict("hold", "canary error rate 1.0%, stable 1.0%")
-    no_stable_p95 = judge(VersionStats(400, 4, None), VersionStats(100, 1, 0.4), rules)
-    assert no_stable_p95 == Verdict("hold", "canary error rate 1.0%, stable 1.0%")
+def latency(counts: tuple[int, ...], mean_s: float) -> Histogram:
+    return Histogram(BOUNDS, counts, mean_s * sum(counts))
+
+
+# Counts since the canary started
+
+
+def test_the_analysis_counts_from_the_canarys_start_not_from_the_gateways() -> None:
+    """HAProxy counts since the gateway started, the canary backend's earlier canaries included: 400 errors
+    of an earlier canary are no evidence against this one, and its own 60 requests per interval are."""
+    rules = Canary()
+    guard = Guard(rules, 0.0, Counts(10_000, 100), Counts(500, 400))
+    verdict = guard.look(0.0, Counts(10_000, 100), Counts(500, 400))
+    for i in range(1, rules.intervals + 1):
+        stable = Counts(10_000 + 240 * i, 100 + 2 * i, latency((40 * i, 120 * i, 80 * i, 0), 0.02))
+        canary = Counts(500 + 60 * i, 400, latency((10 * i, 30 * i, 20 * i, 0), 0.02))
+        verdict = guard.look(i * rules.interval_s, stable, canary)
+    assert verdict.action == PROMOTE_READY, verdict
+    assert guard.canary.total.requests == 60 * rules.intervals and guard.canary.total.errors == 0
+
+
+def test_a_counter_that_restarts_counts_from_zero() -> None:
+    """A reload restarts HAProxy's counters, a restart the model server's histogram: what came after the
+    restart is added, nothing is subtracted."""
+    tally = SinceStart(Counts(900, 3, latency((5, 5, 0, 0), 0.01)))
+    tally.add(Counts(950, 4, latency((10, 5, 0, 0), 0.01)))
+    total = tally.add(Counts(40, 2, latency((1, 0, 0, 0), 0.005)))
+    assert (total.requests, total.errors) == (90, 3)
+    assert total.latency is not None and total.latency.counts == (6, 0, 0, 0)
+    # A look without the histogram (Prometheus did not answer) keeps the last one.
+    assert tally.add(Counts(41, 2)).latency == total.latency
+    assert tally.add(Counts(42, 2, latency((2, 0, 0, 0), 0.005))).latency.counts == (7, 0, 0, 0)  # type: ignore[union-attr]
+
+
+def test_cumulative_buckets_become_counts_per_bucket() -> None:
+    histogram = Histogram.from_cumulative({0.05: 9.0, 0.01: 2.0, math.inf: 10.0, 0.025: 5.0}, 0.3)
+    assert histogram == Histogram(BOUNDS, (2, 3, 4, 1), 0.3)
+    assert histogram.mean_s == pytest.approx(0.03)
+
+
+# The tests' p-values, against values worked by hand and the standard normal table
+
+
+def test_the_error_test_is_a_one_sided_z_test_against_the_stables_rate_plus_the_margin() -> None:
+    """60 errors in 100 against at most 0.5 (no stable requests, margin 0.5): z = 0.1 / sqrt(0.25 / 100) = 2;
+    120 in 200 against 100 in 200 and no margin: z = 0.1 / sqrt(2 x 0.25 / 200) = 2. P(Z > 2) = 0.02275."""
+    assert error_rate_p(60, 100, 0, 0, 0.5) == pytest.approx(0.02275, abs=1e-5)
+    assert error_rate_p(120, 200, 100, 200, 0.0) == pytest.approx(0.02275, abs=1e-5)
+    assert error_rate_p(65, 100, 0, 0, 0.5) == pytest.approx(0.00135, abs=1e-5)  # z = 3
+    # At the bound, or below it, nothing is significant; with no canary request nothing is known.
+    assert error_rate_p(50, 100, 0, 0, 0.5) == pytest.approx(0.5)
+    assert error_rate_p(0, 0, 3, 100, 0.05) == 1.0
+    assert error_rate_p(0, 40, 0, 160, 0.0) == 1.0  # no errors anywhere: no variance, no excess
+
+
+def _pairs_u(canary: tuple[int, ...], stable: tuple[int, ...]) -> float:
+    """U counted pair by pair over the expanded samples (a tie counts one half)."""
+    xs = [i for i, c in enumerate(canary) for _ in range(c)]
+    ys = [i for i, s in enumerate(stable) for _ in range(s)]
+    return sum(1.0 if x > y else 0.5 if x == y else 0.0 for x in xs for y in ys)
+
+
+def test_mann_whitney_on_bucket_counts_with_the_tie_correction() -> None:
+    """Canary (0, 1, 2), stable (2, 1, 0): U = 1 x (2 + 1/2) + 2 x 3 = 8.5; N = 6, each bucket a tie of 2
+    (t^3 - t = 6, thrice): variance 3 x 3 / 12 x (7 - 18 / 30) = 4.8; p = P(Z > (8.5 - 4.5 - 0.5) / sqrt 4.8)
+    = P(Z > 1.597) = 0.0551."""
+    assert mann_whitney_u((0, 1, 2), (2, 1, 0)) == (8.5, pytest.approx(4.8))
+    assert slower_p((0, 1, 2), (2, 1, 0)) == pytest.approx(0.0551, abs=1e-4)
+    for canary, stable in [
+        ((3, 0, 5, 1), (2, 2, 2, 2)),
+        ((0, 0, 7, 0), (1, 6, 0, 0)),
+        ((4, 4, 0, 1), (0, 3, 3, 3)),
+    ]:
+        assert mann_whitney_u(canary, stable)[0] == _pairs_u(canary, stable)
+    # No ties: the plain variance n1 n2 (N + 1) / 12.
+    assert mann_whitney_u((0, 1, 0, 1), (1, 0, 1, 0))[1] == pytest.approx(2 * 2 * 5 / 12)
+    assert slower_p((0, 0, 0), (0, 0, 0)) == 1.0
+    with pytest.raises(ValueError, match="different buckets"):
+        mann_whitney_u((1, 2), (1, 2, 3))
+
+
+# The sequential test's boundary
+
+
+def test_the_sequential_test_rolls_back_at_its_boundary() -> None:
+    """1/sequential_alpha, in logs: the default 0.002 is log 500. Against at most 5 % errors the mixture of
+    ratios (p1 / 0.05)^k over p1 = 0.05 + 0.95 j / 9, j = 1..8, averages 134 after 2 failures of 2 and
+    1895 after 3 of 3: the third failure rolls back."""
+    assert rollback_boundary(0.002) == pytest.approx(math.log(500))
+    alternatives = [0.05 + 0.95 * j / 9 for j in range(1, 9)]
+    for failures, mean in ((2, 133.6), (3, 1895)):
+        by_hand = sum((p1 / 0.05) ** failures for p1 in alternatives) / 8
+        assert by_hand == pytest.approx(mean, rel=2e-3)
+        assert log_evidence(failures, failures, 0.05) == pytest.approx(math.log(by_hand))
+    assert log_evidence(2, 2, 0.05) < rollback_boundary(0.002) < log_evidence(3, 3, 0.05)
+    assert log_evidence(0, 1000, 0.05) < 0  # answers without errors only ever lower the evidence
+    assert log_evidence(5, 5, 1.0) == -math.inf  # nothing is above a rate of 1
+
+
+def test_a_failing_canary_is_rolled_back_by_the_sequential_test_before_its_first_interval() -> None:
+    rules = Canary()
+    analysis = Analysis(rules)
+    assert analysis.look(10, Counts(8, 0), Counts(2, 2)).action == CONTINUE
+    verdict = analysis.look(15, Counts(12, 0), Counts(3, 3))
+    assert verdict.action == ROLLBACK and verdict.reason.startswith("canary error rate 100.0% (3/3)")
+    assert analysis.intervals_done == 0
+
+
+# Intervals, failure and inconclusive limits, verdicts
+
+
+def cumulative(intervals: list[tuple[Counts, Counts]]) -> list[tuple[Counts, Counts]]:
+    """Counts of each interval summed as the guard's since-start counts."""
+    stable, canary = Counts(), Counts()
+    summed = []
+    for s, c in intervals:
+        stable, canary = stable.plus(s), canary.plus(c)
+        summed.append((stable, canary))
+    return summed
+
+
+def run(rules: Canary, intervals: list[tuple[Counts, Counts]]) -> list[str]:
+    """Feed an analysis interval by interval, until its verdict."""
+    analysis = Analysis(rules)
+    actions = []
+    for number, (stable, canary) in enumerate(cumulative(intervals), start=1):
+        actions.append(analysis.look(number * rules.interval_s, stable, canary).action)
+        if actions[-1] != CONTINUE:
+            break
+    return actions
+
+
+GOOD = (Counts(240, 2, latency((40, 120, 80, 0), 0.022)), Counts(60, 0, latency((10, 30, 20, 0), 0.022)))
+SLOW = (GOOD[0], Counts(60, 0, latency((0, 0, 20, 40), 0.06)))
+ERRING = (Counts(240, 2, GOOD[0].latency), Counts(60, 9, GOOD[1].latency))  # 15 % against 0.8 %
+QUIET = (GOOD[0], Counts(5, 0, latency((1, 2, 2, 0), 0.022)))
+
+
+INTERVALS_ONLY = 1e-300  # a sequential_alpha no evidence reaches
+
+
+def test_one_failed_interval_is_allowed_the_second_rolls_back() -> None:
+    """failure_limit 1: failed > 1 rolls back (Argo's `result.Failed > failureLimit`)."""
+    rules = Canary(sequential_alpha=INTERVALS_ONLY)
+    assert run(rules, [SLOW, GOOD, GOOD, GOOD, GOOD]) == [CONTINUE] * 4 + [PROMOTE_READY]
+    slower = Analysis(rules)
+    assert [
+        slower.look(i * 60, *pair).action for i, pair in enumerate(cumulative([SLOW, GOOD, SLOW]), 1)
+    ] == [
+        CONTINUE,
+        CONTINUE,
+        ROLLBACK,
+    ]
+    assert run(Canary(failure_limit=0, sequential_alpha=INTERVALS_ONLY), [SLOW]) == [ROLLBACK]
+    assert run(rules, [ERRING, ERRING]) == [CONTINUE, ROLLBACK]
+    # With the sequential tests a plainly slower or erring canary goes at its first look.
+    assert run(Canary(), [SLOW]) == [ROLLBACK]
+    assert run(Canary(), [(GOOD[0], Counts(60, 30, GOOD[1].latency))]) == [ROLLBACK]
+    assert run(Canary(), [ERRING]) == [CONTINUE]  # 9 of 60: significant in its interval, not yet sequentially
+
+
+def test_the_sequential_latency_test_counts_answers_above_the_stables_median_bucket() -> None:
+    """Stable (40, 120, 80, 0): its median is in the second bucket (40 + 120 >= 120), 80 of 240 above it;
+    the bound is 1/3 + 0.1 + 1 / sqrt(240) = 0.498. A canary with 30 of 60 above it is within; one with
+    60 of 60 is evidence."""
+    rules = Canary()
+    stable = GOOD[0]
+    within = Counts(60, 0, latency((0, 30, 30, 0), 0.03))
+    assert sequential_latency(stable, within, rules) is None
+    assert log_evidence(30, 60, 1 / 3 + 0.1 + 1 / math.sqrt(240)) < 0
+    slower = sequential_latency(stable, SLOW[1], rules)
+    assert slower is not None and slower.reason.startswith(
+        "60 of the canary's 60 answers since it started (100%) took longer than 0.025 s, the stable "
+        "version's median bucket, against 33% of the stable's 240"
+    )
+    assert sequential_latency(Counts(240, 0), SLOW[1], rules) is None  # no stable latencies: no bound
+    # Half of 2000 answers above it: beyond 1/3 + 0.1 by far, within the bound with the stable's sampling
+    # error (0.498 < 0.5 by less than the nearest alternative's distance).
+    assert sequential_latency(stable, Counts(2000, 0, latency((0, 1000, 1000, 0), 0.03)), rules) is None
+    assert log_evidence(1000, 2000, 1 / 3 + 0.1) > rollback_boundary(rules.sequential_alpha)
+
+
+def test_the_sequential_error_test_allows_the_stables_own_rate() -> None:
+    """A stable version failing 20 % of its requests: a canary failing as often is no evidence; against a
+    bound of the margin alone (5 %) it would be."""
+    rules = Canary()
+    assert sequential_errors(Counts(1000, 200), Counts(250, 50), rules) is None
+    assert log_evidence(50, 250, 0.05) > rollback_boundary(rules.sequential_alpha)
+    assert sequential_errors(Counts(1000, 200), Counts(250, 100), rules) is not None
+
+
+def test_an_interval_is_judged_from_exactly_its_share_of_min_requests_at_level_alpha() -> None:
+    """min_requests 50 over 5 intervals: 10 canary requests are judged, 9 are not. 4 errors in 20 against
+    1 % + 5 %: z = (0.2 - 0.06) / sqrt(0.06 x 0.94 / 20 + 0.01 x 0.99 / 200) = 2.61, p = 0.0045; 3 in 20:
+    z = 1.68, p = 0.047, failed at alpha 0.05 only."""
+    rules = Canary()
+    assert measure_errors(Counts(200, 2), Counts(10, 0), rules).outcome == "passed"
+    assert measure_errors(Counts(200, 2), Counts(9, 0), rules).outcome == "inconclusive"
+    assert measure_latency(GOOD[0], Counts(10, 0, latency((2, 5, 3, 0), 0.022)), rules).outcome == "passed"
+    assert (
+        measure_latency(GOOD[0], Counts(9, 0, latency((2, 4, 3, 0), 0.022)), rules).outcome == "inconclusive"
+    )
+    assert error_rate_p(4, 20, 2, 200, 0.05) == pytest.approx(0.0045, abs=1e-4)
+    assert error_rate_p(3, 20, 2, 200, 0.05) == pytest.approx(0.047, abs=1e-3)
+    assert measure_errors(Counts(200, 2), Counts(20, 4), rules).outcome == "failed"
+    assert measure_errors(Counts(200, 2), Counts(20, 3), rules).outcome == "passed"
+    assert measure_errors(Counts(200, 2), Counts(20, 3), Canary(alpha=0.05)).outcome == "failed"
+
+
+def test_too_little_traffic_ends_inconclusive_and_never_promote_ready() -> None:
+    rules = Canary()
+    assert run(rules, [QUIET, GOOD, QUIET]) == [CONTINUE, CONTINUE, INCONCLUSIVE]
+    # Every interval judged, yet fewer than min_requests in all: inconclusive too.
+    few = Canary(min_requests=400, intervals=2, inconclusive_limit=2, expected_requests_per_s=None)
+    assert run(few, [GOOD, GOOD]) == [CONTINUE, INCONCLUSIVE]
+
+
+def test_latency_fails_only_significantly_slower_and_beyond_the_ratio() -> None:
+    rules = Canary()
+    stable = GOOD[0]
+    slower = measure_latency(stable, SLOW[1], rules)
+    assert slower.outcome == "failed" and "2.73 x" in slower.detail
+    # As slow by rank, yet a mean within max_latency_ratio: passes.
+    within = Counts(60, 0, Histogram(BOUNDS, (0, 0, 20, 40), 0.022 * 1.2 * 60))
+    assert measure_latency(stable, within, rules).outcome == "passed"
+    assert measure_latency(stable, GOOD[1], rules).outcome == "passed"
+    assert measure_latency(stable, Counts(60, 0), rules).outcome == "inconclusive"
+    assert measure_latency(Counts(240, 0), GOOD[1], rules).outcome == "inconclusive"
+
+
+# Settings the traffic cannot meet
+
+
+def test_a_setting_the_traffic_cannot_meet_is_refused_with_the_arithmetic() -> None:
+    with pytest.raises(ValueError) as refused:
+        Canary(expected_requests_per_s=0.5)
+    assert (
+        "a canary at 20 % of 0.5 requests/s answers about 6.0 requests per 60 s interval, fewer than the 10 "
+        "each interval needs (min_requests 50 / intervals 5): every interval would be inconclusive; give the "
+        "canary at least 34 %"
+    ) in str(refused.value)
+    rules = Canary(expected_requests_per_s=2)
+    assert str(rules.traffic_problem(8)).endswith(
+        "about 9.6 requests per 60 s interval, fewer than the 10 "
+        "each interval needs (min_requests 50 / intervals 5): every interval would be inconclusive; give the "
+        "canary at least 9 %"
+    )
+    assert rules.traffic_problem(9) is None  # 2 x 9 % x 60 s = 10.8 >= 10
+    # Exactly the requests an interval needs is enough: 1 x 20 % x 50 s = 10.
+    assert Canary(expected_requests_per_s=1, interval_s=50).traffic_problem(20) is None
+    # An interval needs min_requests / intervals rounded up: 51 / 5 asks 11.
+    assert Canary(min_requests=51).interval_min_requests == 11
+    with pytest.raises(ValueError, match="fewer than the 11 each interval needs"):
+        Canary(min_requests=51, expected_requests_per_s=1, interval_s=50)
+    tiny = Canary(expected_requests_per_s=0.1, min_requests=5)  # 1 a interval needed, 1.2 at 20 %
+    assert tiny.traffic_problem(100) is None
+    with pytest.raises(ValueError, match="no share can: lower min_requests or raise interval_s"):
+        Canary(expected_requests_per_s=0.1, share_percent=100)

@@ -1,5 +1,5 @@
 """The pure parts of `gpuplat serve` (infra/serving/release.py): a version's file for a replica, the guard's
-window over the gateway's counters, the stacks it refuses. End to end against the serving scenario:
+loop and its exit codes, the stacks it refuses. End to end against the serving scenario:
 tests/serving/test_serve.py."""
 
 from __future__ import annotations
@@ -12,15 +12,16 @@ import pytest
 
 from infra.errors import ExitCode, SpecError
 from infra.platform.resolve import load_platform
-from infra.serving.canary import VersionStats
+from infra.serving.analysis import CONTINUE, INCONCLUSIVE, PROMOTE_READY, ROLLBACK, Verdict
+from infra.serving.counts import Counts, Histogram
 from infra.serving.registry.mlflow import ModelVersion, to_wire_source
 from infra.serving.release import (
-    GatewayFigures,
+    Release,
     ServeRefused,
     serving_layout,
     version_environment,
-    window_stats,
 )
+from infra.spec.models import Canary
 from tests.unit.test_hostile_input import refused, run_cli
 
 
@@ -55,28 +56,130 @@ def test_a_location_a_replica_cannot_read_safely_is_refused(location: str, why: 
     assert why in refused.value.message and refused.value.exit_code == ExitCode.POLICY_VIOLATION
 
 
-def figures(stable: tuple[int, int], canary: tuple[int, int]) -> GatewayFigures:
-    return GatewayFigures.from_show(
-        {
-            "canary_percent": 20,
-            "backends": {
-                "inference": {"requests": stable[0], "errors_5xx": stable[1], "servers_up": 2},
-                "inference_canary": {"requests": canary[0], "errors_5xx": canary[1], "servers_up": 1},
-            },
-        }
+BOUNDS = (0.01, 0.025, 0.05, float("inf"))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def guarded(readings: list[tuple[Counts, Counts]], rules: Canary) -> tuple[Release, list[str]]:
+    """A Release whose gateway answers `readings` one look after another (the last one again after them)."""
+    release = object.__new__(Release)
+    release.rules = rules
+    release.canary_start = None
+    done: list[str] = []
+    looks = iter(readings)
+    last = readings[-1]
+
+    def read(latency: bool = True) -> tuple[Counts, Counts]:
+        nonlocal last
+        last = next(looks, last)
+        return last
+
+    release.readings = read  # type: ignore[method-assign]
+    release.aliased = lambda model, alias: version("/shared/models/x")  # type: ignore[method-assign]
+    release.rollback = lambda model, reason="": done.append(reason)  # type: ignore[method-assign,assignment,func-returns-value]
+    release.say = lambda line: None
+    return release, done
+
+
+def test_the_guard_rolls_back_a_failing_canary_at_once_and_says_why() -> None:
+    clock = Clock()
+    release, rolled = guarded(
+        [(Counts(900, 3), Counts(300, 250)), (Counts(916, 3), Counts(304, 254))], Canary()
     )
+    verdict = release.guard("embedder", sleep=clock.sleep, clock=clock)
+    assert verdict.action == ROLLBACK and rolled == [verdict.reason]
+    assert verdict.reason.startswith("canary error rate 100.0% (4/4) since it started")
+    assert clock.now == 1005.0
 
 
-def test_the_guard_judges_what_happened_between_two_looks() -> None:
-    assert window_stats(figures((100, 1), (20, 0)), figures((180, 1), (45, 9))) == (
-        VersionStats(80, 0, None),
-        VersionStats(25, 9, None),
-    )
+def test_after_deploy_the_guard_counts_from_the_counters_read_before_the_share_was_set() -> None:
+    """`deploy --guard-s` reads the counters before it gives the canary its share: the canary's first
+    answers count, though they came before the guard's first look."""
+    clock = Clock()
+    release, rolled = guarded([(Counts(916, 3), Counts(304, 252))], Canary())
+    release.canary_start = (clock.now, Counts(900, 3), Counts(300, 248))
+    verdict = release.guard("embedder", sleep=clock.sleep, clock=clock)
+    assert verdict.action == ROLLBACK and "(4/4)" in verdict.reason and rolled == [verdict.reason]
+    assert clock.now == 1005.0
+    # A guard of its own counts from its first look: the same reading is then its baseline, no evidence.
+    alone, _ = guarded([(Counts(916, 3), Counts(304, 252))], Canary())
+    assert alone.guard("embedder", duration_s=10, sleep=clock.sleep, clock=clock).action == CONTINUE
 
 
-def test_counters_restarted_by_a_reload_count_from_zero() -> None:
-    stable, canary = window_stats(figures((900, 3), (200, 1)), figures((40, 0), (12, 2)))
-    assert (stable.requests, canary.requests, canary.errors) == (40, 12, 2)
+def test_a_guard_cut_short_ends_without_a_verdict_and_rolls_nothing_back() -> None:
+    clock = Clock()
+    release, rolled = guarded([(Counts(900, 3), Counts(300, 1))], Canary())
+    verdict = release.guard("embedder", duration_s=30, sleep=clock.sleep, clock=clock)
+    assert verdict.action == CONTINUE and rolled == []
+    # By default the guard lasts the whole analysis: no traffic at all ends it inconclusive.
+    verdict = release.guard("embedder", sleep=clock.sleep, clock=clock)
+    assert verdict.action == INCONCLUSIVE and "could not be judged" in verdict.reason and rolled == []
+
+
+def test_by_default_the_guard_lasts_the_whole_analysis() -> None:
+    """5 intervals of 100 s: a healthy canary is promote-ready at 500 s, not cut short before."""
+    clock = Clock()
+    rules = Canary(interval_s=100)
+    healthy = [
+        (
+            Counts(80 * look, 0, Histogram(BOUNDS, (20 * look, 40 * look, 20 * look, 0), 1.6 * look)),
+            Counts(20 * look, 0, Histogram(BOUNDS, (5 * look, 10 * look, 5 * look, 0), 0.4 * look)),
+        )
+        for look in range(102)
+    ]
+    release, rolled = guarded(healthy, rules)
+    verdict = release.guard("embedder", sleep=clock.sleep, clock=clock)
+    assert verdict.action == PROMOTE_READY and clock.now == 1000.0 + 5 * 100 and rolled == []
+
+
+def test_deploy_refuses_a_share_the_expected_traffic_cannot_judge() -> None:
+    release = object.__new__(Release)
+    release.rules = Canary(expected_requests_per_s=2)
+    candidate = version("/shared/models/x")
+
+    class Registry:
+        def resolve(self, reference: str) -> ModelVersion:
+            return candidate
+
+    release.registry = Registry()  # type: ignore[assignment]
+    release.aliased = lambda model, alias: None  # type: ignore[method-assign]
+    with pytest.raises(ServeRefused, match=r"a canary at 5 % of 2 requests/s answers about 6\.0 requests"):
+        release.deploy("embedder@2", 5)
+
+
+class Verdicts:
+    def __init__(self, verdict: Verdict) -> None:
+        self.verdict = verdict
+
+    def guard(self, model: str, duration_s: float | None) -> Verdict:
+        return self.verdict
+
+
+@pytest.mark.parametrize(
+    ("action", "code"),
+    [(PROMOTE_READY, 0), (ROLLBACK, 1), (INCONCLUSIVE, 5), (CONTINUE, 5), ("gone", 5)],
+)
+def test_serve_guard_exits_0_only_on_promote_ready(action: str, code: int) -> None:
+    import typer
+
+    from infra.cli.commands.serve import _guard
+
+    if code == 0:
+        _guard(Verdicts(Verdict(action, "why")), "embedder", None)  # type: ignore[arg-type]
+        return
+    with pytest.raises(typer.Exit) as ended:
+        _guard(Verdicts(Verdict(action, "why")), "embedder", None)  # type: ignore[arg-type]
+    assert ended.value.exit_code == code
 
 
 def test_serve_refuses_a_stack_it_cannot_drive(write_stack: Callable[..., Path]) -> None:

@@ -12,6 +12,7 @@ from infra.cli import output
 from infra.cli.commands.models import RegistryUrl, check_name
 from infra.cli.stack_options import JsonFlag, StackFile, StackName, platform_from_options
 from infra.errors import ExitCode, GpuPlatError
+from infra.serving.analysis import PROMOTE_READY, ROLLBACK
 from infra.serving.registry.locate import registry_url
 from infra.serving.registry.mlflow import MlflowRegistry
 from infra.serving.release import CANARY_BACKEND, CHALLENGER, CHAMPION, PREVIOUS, STABLE_BACKEND, Release
@@ -69,7 +70,9 @@ def deploy(
     guard_s: Annotated[
         float,
         typer.Option(
-            "--guard-s", min=0, help="with --canary: watch it this long and roll it back past serving.canary"
+            "--guard-s",
+            min=0,
+            help="with --canary: analyse it at most this long (serving.canary) and roll it back if it fails",
         ),
     ] = 0,
     stack: StackName = None,
@@ -92,23 +95,32 @@ def deploy(
 @serve.command()
 def guard(
     model: Model,
-    duration_s: Annotated[float, typer.Option("--for", min=1, help="seconds to watch")] = 300,
+    duration_s: Annotated[
+        float | None,
+        typer.Option(
+            "--for", min=1, help="seconds to watch at most (default: the analysis, interval_s x intervals)"
+        ),
+    ] = None,
     stack: StackName = None,
     stack_file_path: StackFile = None,
     url: RegistryUrl = None,
     prometheus: PrometheusUrl = None,
 ) -> None:
-    """Watch NAME's canary against the stable version; roll it back past serving.canary's limits (exit 1)."""
+    """Analyse NAME's canary against the stable version (serving.canary): exit 0 promote-ready, 1 rolled back,
+    5 no verdict (inconclusive, or --for ended before the analysis)."""
     check_name(model)
     _guard(_release(stack, stack_file_path, url, prometheus), model, duration_s)
 
 
-def _guard(release: Release, model: str, duration_s: float) -> None:
+def _guard(release: Release, model: str, duration_s: float | None) -> None:
     verdict = release.guard(model, duration_s)
-    if verdict.action == "rollback":
+    if verdict.action == ROLLBACK:
         output.stderr().print(escape(f"rolled back: {verdict.reason}"))
         raise typer.Exit(ExitCode.POLICY_VIOLATION)
-    output.stdout().print(escape(f"guard ended ({verdict.action}): {verdict.reason}"))
+    if verdict.action != PROMOTE_READY:
+        output.stderr().print(escape(f"no verdict to promote on ({verdict.action}): {verdict.reason}"))
+        raise typer.Exit(ExitCode.NO_VERDICT)
+    output.stdout().print(escape(f"{PROMOTE_READY}: {verdict.reason}"))
 
 
 @serve.command()
@@ -142,12 +154,12 @@ def status(
     json_output: JsonFlag = False,
 ) -> None:
     """NAME's stable and canary versions: share, requests and 5xx answers at the gateway since it started,
-    p95 latency over serving.canary.window_s."""
+    p95 latency over serving.canary.interval_s."""
     check_name(model)
     release = _release(stack, stack_file_path, url, prometheus)
     figures = release.figures()
     try:
-        p95 = release.latency_p95(release.rules.window_s)
+        p95 = release.latency_p95(release.rules.interval_s)
     except GpuPlatError as error:
         p95 = dict.fromkeys((STABLE_BACKEND, CANARY_BACKEND))
         output.stderr().print(escape(f"no p95 latencies: {error.message}"))

@@ -1,0 +1,309 @@
+"""The canary analysis (infra/serving/analysis.py) against simulated traffic: how often it rolls back or
+blocks an identical canary, how often and how soon it catches a bad one (issue 48's goals).
+
+Traffic as production records it: Poisson arrivals split at the gateway by a per-request draw (the canary's
+share, serving.canary.share_percent), Bernoulli errors, lognormal latencies; the gateway's counters read at
+every look of the guard (every 5 s), the latency histograms (the real bucket boundaries) as Prometheus last
+scraped them (every 15 s, at a random phase). The analysis is the real one, fed through its Guard, with the
+spec's defaults; "fixed intervals" is the same analysis with the sequential tests switched off. Each
+verdict's exit code is what `gpuplat serve guard` exits with on it (infra/cli/commands/serve.py _guard).
+
+    nice -n 10 .venv/bin/python benchmarks/canary_analysis.py --runs 2000
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import typer
+
+from infra.cli.commands.serve import _guard
+from infra.serving.analysis import CONTINUE, INCONCLUSIVE, PROMOTE_READY, ROLLBACK, Guard, Verdict
+from infra.serving.counts import Counts, Histogram
+from infra.spec.models import Canary
+
+# roles/inference_server/files/cpu_reference_server.py LATENCY_BUCKETS, and +Inf.
+CPU_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    0.75,
+    1,
+    1.5,
+    2,
+    3,
+    5,
+    10,
+    30,
+    math.inf,
+)
+# vllm:time_to_first_token_seconds (vllm/v1/metrics/loggers.py, histogram_time_to_first_token), and +Inf.
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+    80.0, 160.0, 640.0, 2560.0, math.inf,
+)  # fmt: skip
+LOOK_S, SCRAPE_S = 5.0, 15.0
+
+
+@dataclass(frozen=True)
+class Latency:
+    """Lognormal latencies: median and sigma of the log, over a histogram's bucket bounds."""
+
+    name: str
+    median_s: float
+    sigma: float
+    bounds: tuple[float, ...]
+
+
+EMBEDDER = Latency("embedder", 0.020, 0.4, CPU_BUCKETS)  # the CPU reference server: ~20 ms
+LLM_TTFT = Latency("vLLM TTFT", 0.150, 0.6, TTFT_BUCKETS)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    rate: float
+    stable_errors: float
+    canary_errors: float
+    latency: Latency
+    slowdown: float
+    expected: str
+    """the right verdict: promote-ready, rollback or inconclusive"""
+    deadline_s: float | None = None
+    """a rollback counts only this soon (None: within the analysis)"""
+
+
+@dataclass
+class Version:
+    """One version's cumulative counters, per second."""
+
+    requests: np.ndarray
+    errors: np.ndarray
+    buckets: np.ndarray
+    sums: np.ndarray
+
+    def at(self, second: int, scraped: int | None, bounds: tuple[float, ...]) -> Counts:
+        latency = None
+        if scraped is not None and scraped >= 0:
+            latency = Histogram(
+                bounds, tuple(int(c) for c in self.buckets[scraped]), float(self.sums[scraped])
+            )
+        return Counts(int(self.requests[second]), int(self.errors[second]), latency)
+
+
+def simulate(
+    rng: np.random.Generator, rate: float, error_rate: float, latency: Latency, slowdown: float, seconds: int
+) -> Version:
+    requests = rng.poisson(rate, seconds + 1)
+    requests[0] = 0
+    errors = rng.binomial(requests, error_rate)
+    total = int(requests.sum())
+    seconds_of = np.repeat(np.arange(seconds + 1), requests)
+    values = latency.median_s * slowdown * np.exp(latency.sigma * rng.standard_normal(total))
+    bucket = np.searchsorted(np.array(latency.bounds), values, side="left")  # le: at most the bound
+    per_second = np.zeros((seconds + 1, len(latency.bounds)), dtype=np.int64)
+    np.add.at(per_second, (seconds_of, bucket), 1)
+    sums = np.zeros(seconds + 1)
+    np.add.at(sums, seconds_of, values)
+    return Version(np.cumsum(requests), np.cumsum(errors), np.cumsum(per_second, axis=0), np.cumsum(sums))
+
+
+def run_once(rng: np.random.Generator, case: Case, rules: Canary) -> tuple[str, float]:
+    """The verdict and the seconds after the canary's start it came."""
+    seconds = int(rules.analysis_s + 2 * LOOK_S)
+    share = rules.share_percent / 100
+    stable = simulate(rng, case.rate * (1 - share), case.stable_errors, case.latency, 1.0, seconds)
+    canary = simulate(rng, case.rate * share, case.canary_errors, case.latency, case.slowdown, seconds)
+    phase = float(rng.uniform(0, SCRAPE_S))
+
+    def scraped(second: float) -> int | None:
+        last = math.floor((second - phase) / SCRAPE_S) * SCRAPE_S + phase
+        return int(last) if last >= 0 else None
+
+    bounds = case.latency.bounds
+    guard = Guard(rules, 0.0, stable.at(0, scraped(0), bounds), canary.at(0, scraped(0), bounds))
+    now = 0.0
+    verdict = CONTINUE
+    while now < rules.analysis_s + LOOK_S:
+        now += LOOK_S
+        second = int(now)
+        verdict = guard.look(
+            now, stable.at(second, scraped(now), bounds), canary.at(second, scraped(now), bounds)
+        ).action
+        if verdict != CONTINUE:
+            return verdict, now
+    return verdict, now
+
+
+class Answered:
+    """A release whose guard answers one verdict: what `gpuplat serve guard` exits with on it."""
+
+    def __init__(self, action: str) -> None:
+        self.action = action
+
+    def guard(self, model: str, duration_s: float | None) -> Verdict:
+        return Verdict(self.action, "simulated")
+
+
+def exit_code(action: str) -> int:
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+            _guard(Answered(action), "model", None)  # type: ignore[arg-type]
+    except typer.Exit as ended:
+        return int(ended.exit_code)
+    return 0
+
+
+def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Exact binomial confidence interval for k of n (bisection on the binomial distribution)."""
+
+    def at_most(j: int, p: float) -> float:
+        if p <= 0.0:
+            return 1.0
+        if p >= 1.0:
+            return 1.0 if j >= n else 0.0
+        return sum(
+            math.exp(
+                math.lgamma(n + 1)
+                - math.lgamma(i + 1)
+                - math.lgamma(n - i + 1)
+                + i * math.log(p)
+                + (n - i) * math.log1p(-p)
+            )
+            for i in range(j + 1)
+        )
+
+    def solve(falls: bool, value_of: float, target: float) -> float:
+        lo, hi = 0.0, 1.0
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            if (at_most(int(value_of), mid) > target) == falls:
+                lo = mid
+            else:
+                hi = mid
+        return (lo + hi) / 2
+
+    tail = (1 - level) / 2
+    lower = 0.0 if k == 0 else solve(True, k - 1, 1 - tail)  # P(X >= k) = tail
+    upper = 1.0 if k == n else solve(True, k, tail)  # P(X <= k) = tail
+    return lower, upper
+
+
+def cases() -> list[Case]:
+    found = [
+        Case(
+            f"identical, {rate:g} req/s, {errors:.0%} errors",
+            rate,
+            errors,
+            errors,
+            EMBEDDER,
+            1.0,
+            expected=PROMOTE_READY,
+        )
+        for rate in (2, 10, 50)
+        for errors in (0.0, 0.01, 0.02)
+    ]
+    found += [
+        Case(
+            "identical LLM (TTFT), 2 req/s, 1% errors", 2, 0.01, 0.01, LLM_TTFT, 1.0, expected=PROMOTE_READY
+        ),
+        Case("1.5x slower, 10 req/s, no errors", 10, 0.0, 0.0, EMBEDDER, 1.5, expected=ROLLBACK),
+        Case("1.5x slower TTFT (LLM), 10 req/s", 10, 0.0, 0.0, LLM_TTFT, 1.5, expected=ROLLBACK),
+        Case("failing every request, 1 req/s", 1, 0.0, 1.0, EMBEDDER, 1.0, expected=ROLLBACK, deadline_s=60),
+        Case(
+            "failing every request, 1 req/s, 2% base",
+            1,
+            0.02,
+            1.0,
+            EMBEDDER,
+            1.0,
+            expected=ROLLBACK,
+            deadline_s=60,
+        ),
+        Case(
+            "identical, 0.3 req/s: too little traffic", 0.3, 0.01, 0.01, EMBEDDER, 1.0, expected=INCONCLUSIVE
+        ),
+    ]
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=2000, help="runs per case")
+    parser.add_argument("--seed", type=int, default=48)
+    args = parser.parse_args(argv)
+    rules = Canary()
+    fixed = Canary(sequential_alpha=1e-300)
+    rng = np.random.default_rng(args.seed)
+    print(
+        f"{time.strftime('%Y-%m-%d')}, {args.runs} runs per case; serving.canary defaults: share "
+        f"{rules.share_percent} %, {rules.intervals} x {rules.interval_s} s, failure_limit "
+        f"{rules.failure_limit}, "
+        f"inconclusive_limit {rules.inconclusive_limit}, alpha {rules.alpha}, sequential_alpha "
+        f"{rules.sequential_alpha}, min_requests {rules.min_requests}"
+    )
+    print(
+        "| case | wrong verdicts (95 % CI) | rolled back | blocked | median s to rollback (fixed intervals) "
+        "| exit codes |"
+    )
+    print("|---|---|---|---|---|---|")
+    codes = {action: exit_code(action) for action in (PROMOTE_READY, ROLLBACK, INCONCLUSIVE, CONTINUE)}
+    assert codes[PROMOTE_READY] == 0 and all(codes[a] for a in codes if a != PROMOTE_READY), codes
+    for case in cases():
+        outcomes: dict[str, int] = {}
+        times: list[float] = []
+        fixed_times: list[float] = []
+        wrong = 0
+        for _ in range(args.runs):
+            verdict, at = run_once(rng, case, rules)
+            outcomes[verdict] = outcomes.get(verdict, 0) + 1
+            if case.expected == ROLLBACK:
+                caught = verdict == ROLLBACK and (case.deadline_s is None or at <= case.deadline_s)
+                wrong += not caught
+                if verdict == ROLLBACK:
+                    times.append(at)
+                fixed_verdict, fixed_at = run_once(rng, case, fixed)
+                if fixed_verdict == ROLLBACK:
+                    fixed_times.append(fixed_at)
+            else:
+                wrong += verdict != case.expected
+        low, high = clopper_pearson(wrong, args.runs)
+        blocked = args.runs - outcomes.get(ROLLBACK, 0) - outcomes.get("promote-ready", 0)
+        timing = "-"
+        if case.expected == ROLLBACK:
+            fixed_median = f"{float(np.median(fixed_times)):.0f}" if fixed_times else "never"
+            timing = f"{float(np.median(times)):.0f} ({fixed_median})" if times else "never"
+        exits: dict[int, int] = {}
+        for action, runs in outcomes.items():
+            exits[codes[action]] = exits.get(codes[action], 0) + runs
+        print(
+            f"| {case.name} | {wrong}/{args.runs} = {wrong / args.runs:.2%} ({low:.2%}-{high:.2%}) | "
+            f"{outcomes.get(ROLLBACK, 0)} | {blocked} | {timing} | "
+            + ", ".join(f"{code}: {runs}" for code, runs in sorted(exits.items()))
+            + " |",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,111 @@
+"""What one version answered, as counters record it: the gateway's requests and 5xx answers, and the
+model servers' latency histogram (Prometheus bucket counts and _sum). Readings are cumulative since a
+process started; the analysis works on differences since the canary started.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """Observations per bucket (not cumulative), over upper bounds ending with +Inf, and their sum."""
+
+    bounds: tuple[float, ...]
+    counts: tuple[int, ...]
+    sum_s: float = 0.0
+
+    @classmethod
+    def from_cumulative(cls, cumulative: dict[float, float], sum_s: float) -> Histogram:
+        """From Prometheus' `le` series (each counts the observations at most its bound)."""
+        bounds = tuple(sorted(cumulative))
+        running = [round(cumulative[b]) for b in bounds]
+        counts = tuple(running[i] - (running[i - 1] if i else 0) for i in range(len(bounds)))
+        return cls(bounds, counts, sum_s)
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    @property
+    def mean_s(self) -> float | None:
+        return self.sum_s / self.count if self.count else None
+
+    def plus(self, other: Histogram) -> Histogram:
+        self._same_bounds(other)
+        return Histogram(
+            self.bounds,
+            tuple(a + b for a, b in zip(self.counts, other.counts, strict=True)),
+            self.sum_s + other.sum_s,
+        )
+
+    def minus(self, earlier: Histogram) -> Histogram:
+        self._same_bounds(earlier)
+        return Histogram(
+            self.bounds,
+            tuple(a - b for a, b in zip(self.counts, earlier.counts, strict=True)),
+            self.sum_s - earlier.sum_s,
+        )
+
+    def _same_bounds(self, other: Histogram) -> None:
+        if other.bounds != self.bounds:
+            raise ValueError(f"histograms over different buckets: {self.bounds} and {other.bounds}")
+
+
+@dataclass(frozen=True)
+class Counts:
+    """One version's requests, 5xx answers and latency histogram (None: no series seen)."""
+
+    requests: int = 0
+    errors: int = 0
+    latency: Histogram | None = None
+
+    @property
+    def error_rate(self) -> float:
+        return self.errors / self.requests if self.requests else 0.0
+
+    def plus(self, other: Counts) -> Counts:
+        return Counts(
+            self.requests + other.requests, self.errors + other.errors, _add(self.latency, other.latency)
+        )
+
+    def minus(self, earlier: Counts) -> Counts:
+        latency = self.latency
+        if latency is not None and earlier.latency is not None:
+            latency = latency.minus(earlier.latency)
+        return Counts(self.requests - earlier.requests, self.errors - earlier.errors, latency)
+
+    def increase(self, earlier: Counts) -> Counts:
+        """What was answered between two readings. A counter that went down restarted (an HAProxy reload, a
+        model server's restart): it counts from zero, as Prometheus' increase() does."""
+        requests, errors = self.requests - earlier.requests, self.errors - earlier.errors
+        if requests < 0 or errors < 0:
+            requests, errors = self.requests, self.errors
+        latency = self.latency
+        if latency is not None and earlier.latency is not None:
+            step = latency.minus(earlier.latency)
+            latency = latency if min(step.counts) < 0 else step
+        return Counts(requests, errors, latency)
+
+
+def _add(a: Histogram | None, b: Histogram | None) -> Histogram | None:
+    if a is None or b is None:
+        return a or b
+    return a.plus(b)
+
+
+class SinceStart:
+    """A version's counts since the first reading (the canary's start), through counter restarts."""
+
+    def __init__(self, first: Counts) -> None:
+        self._last = first
+        self.total = Counts()
+
+    def add(self, reading: Counts) -> Counts:
+        """The total after `reading`; one without a histogram (Prometheus did not answer) keeps the last."""
+        if reading.latency is None:
+            reading = Counts(reading.requests, reading.errors, self._last.latency)
+        self.total = self.total.plus(reading.increase(self._last))
+        self._last = reading
+        return self.total
