@@ -130,6 +130,7 @@ SESSIONS = [
             "tests/pulumi/test_eks.py::test_node_groups_read_eks_node_groups",
             "tests/pulumi/test_eks.py::test_the_shipped_stack_passes_every_rule",
             "tests/unit/test_policy_config.py",
+            "tests/unit/test_policy_rule_shapes.py",
         ],
     ),
     Session(
