@@ -6,6 +6,7 @@ case is a few resource views built by hand; the program's own shapes are tested 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -22,18 +23,37 @@ from infra.policy.rules.kubernetes import (
     pod_specs,
 )
 from infra.policy.rules.resource_types import (
+    ASG,
+    BUCKETS,
     EGRESS_RULE,
+    IAM_ROLE,
+    IAM_ROLE_POLICY,
     INGRESS_RULE,
+    INSTANCE,
     LAUNCH_TEMPLATE,
+    LUSTRE,
     SECURITY_GROUP,
     SG_RULE,
+    SSM_PARAMETER,
+    VOLUME,
 )
-from infra.policy.view import ResourceIndex, ResourceView
+from infra.policy.rules.security import (
+    _names_parameter,
+    _policy_role,
+    check_ebs_encrypted,
+    check_ec2_launch_scoped,
+    check_fsx_encrypted,
+    check_imdsv2,
+    check_open_ingress,
+    check_required_tags,
+)
+from infra.policy.settings import PolicyConfig
+from infra.policy.view import UNKNOWN, ResourceIndex, ResourceView
 
 
-def _view(type_: str, name: str, **props: Any) -> ResourceView:
+def _view(type_: str, logical: str, **props: Any) -> ResourceView:
     return ResourceView(
-        type_, name, props, urn=f"urn:pulumi:s::p::{type_}::{name}", ids=frozenset({f"{name}-id"})
+        type_, logical, props, urn=f"urn:pulumi:s::p::{type_}::{logical}", ids=frozenset({f"{logical}-id"})
     )
 
 
@@ -185,3 +205,165 @@ def test_kubernetes_objects_and_their_labels() -> None:
 @pytest.mark.parametrize("value", [None, "text", 3])
 def test_pod_specs_of_what_holds_none(value: Any) -> None:
     assert list(pod_specs(value)) == []
+
+
+_OPEN = (
+    "ingress from {} exposes GPU nodes to the internet; administration goes through SSM and serving "
+    "through the gateway"
+)
+
+
+def _open_ingress(resource: ResourceView) -> list[str]:
+    return list(check_open_ingress(resource, PolicyContext(None)))
+
+
+def test_open_ingress_in_every_rule_shape() -> None:
+    assert _open_ingress(_view(INGRESS_RULE, "r", cidrIpv4="0.0.0.0/0")) == [_OPEN.format("0.0.0.0/0")]
+    assert _open_ingress(_view(INGRESS_RULE, "r", cidrIpv6="::/0")) == [_OPEN.format("::/0")]
+    assert _open_ingress(_view(INGRESS_RULE, "r", cidrIpv4="10.0.0.0/8")) == []
+    ec2 = {"cidrBlocks": ["10.0.0.0/8", "0.0.0.0/0"], "ipv6CidrBlocks": ["::/0"]}
+    assert _open_ingress(_view(SG_RULE, "r", type="ingress", **ec2)) == [
+        _OPEN.format("0.0.0.0/0"),
+        _OPEN.format("::/0"),
+    ]
+    assert _open_ingress(_view(SG_RULE, "r", type="egress", **ec2)) == []
+    inline = [{"cidrBlocks": ["0.0.0.0/0"]}, {"ipv6CidrBlocks": ["::/0"]}, "not a rule"]
+    assert _open_ingress(_view(SECURITY_GROUP, "sg", ingress=inline, egress=[ec2])) == [
+        _OPEN.format("0.0.0.0/0"),
+        _OPEN.format("::/0"),
+    ]
+
+
+def test_required_tags_from_tags_or_tags_all() -> None:
+    context = PolicyContext(None, PolicyConfig(required_tags=("owner", "team")))
+    tagged = _view(BUCKETS[0], "b", tags={"owner": "ml", "team": " "})
+    assert list(check_required_tags(tagged, context)) == [
+        "missing tag team: cost reports and owners are found through them"
+    ]
+    listed = _view(ASG, "g", tags=[{"key": "Name", "value": "x"}])
+    assert list(check_required_tags(listed, context)) == [
+        "missing tags owner, team: cost reports and owners are found through them"
+    ]
+    provider = _view(BUCKETS[0], "b", tags={"owner": "ml"}, tagsAll={"team": "research", "owner": ""})
+    assert list(check_required_tags(provider, context)) == []
+
+
+def _ebs(resource: ResourceView) -> list[str]:
+    return [m.split(" is not")[0] for m in check_ebs_encrypted(resource, PolicyContext(None))]
+
+
+def test_unencrypted_ebs_in_templates_instances_and_volumes() -> None:
+    mappings = [
+        {"deviceName": "/dev/xvda", "ebs": {"encrypted": "true"}},
+        {"deviceName": "/dev/xvdb", "ebs": {"encrypted": False}},
+        {"deviceName": "/dev/xvdc", "ebs": {}},
+        {"deviceName": "/dev/xvdd", "ebs": {"encrypted": UNKNOWN}},
+        {"deviceName": "/dev/xvde", "virtualName": "ephemeral0"},
+    ]
+    assert _ebs(_view(LAUNCH_TEMPLATE, "lt", blockDeviceMappings=mappings)) == [
+        "EBS volume /dev/xvdb",
+        "EBS volume /dev/xvdc",
+    ]
+    instance = _view(
+        INSTANCE,
+        "i",
+        rootBlockDevice={"encrypted": True},
+        ebsBlockDevices=[
+            {"deviceName": "/dev/sdf", "encrypted": "false"},
+            {"deviceName": "/dev/sdg", "encrypted": True},
+        ],
+    )
+    assert _ebs(instance) == ["EBS volume /dev/sdf"]
+    assert _ebs(_view(INSTANCE, "i")) == ["EBS volume root"]
+    assert _ebs(_view(VOLUME, "v", encrypted=False)) == ["EBS volume volume"]
+    assert _ebs(_view(VOLUME, "v", encrypted=True)) == []
+    message = next(iter(check_ebs_encrypted(_view(VOLUME, "v"), PolicyContext(None))))
+    assert message == "EBS volume volume is not encrypted: node disks hold datasets, checkpoints, credentials"
+
+
+def test_imdsv2_and_fsx_settings_unset_or_unknown() -> None:
+    context = PolicyContext(None)
+    assert list(check_imdsv2(_view(LAUNCH_TEMPLATE, "lt"), context)) == [
+        "metadataOptions.httpTokens is unset (optional): IMDSv1 lets any SSRF in a workload read the node's "
+        "IAM credentials"
+    ]
+    for tokens in ("required", UNKNOWN):
+        assert (
+            list(check_imdsv2(_view(LAUNCH_TEMPLATE, "lt", metadataOptions={"httpTokens": tokens}), context))
+            == []
+        )
+    assert list(check_fsx_encrypted(_view(LUSTRE, "fs"), context)) == [
+        "deployment type SCRATCH_1: only PERSISTENT deployments are encrypted at rest under a KMS key you "
+        "control (kmsKeyId)"
+    ]
+    for deployment in ("PERSISTENT_2", UNKNOWN):
+        assert list(check_fsx_encrypted(_view(LUSTRE, "fs", deploymentType=deployment), context)) == []
+
+
+def _ec2_findings(*statements: Any, single: bool = False) -> list[str]:
+    document = {"Statement": statements[0] if single else list(statements)}
+    policy = _view(IAM_ROLE_POLICY, "p", policy=json.dumps(document))
+    return list(check_ec2_launch_scoped(policy, PolicyContext(None)))
+
+
+def test_ec2_rights_need_conditions_that_keep_the_stack_tag() -> None:
+    run = {"Sid": "Launch", "Effect": "Allow", "Action": "ec2:RunInstances", "Resource": "*"}
+    assert _ec2_findings(run, single=True) == [
+        "statement 'Launch' allows ec2:RunInstances on instances without a condition: anything can be "
+        "launched (any template, image or tags) with the roles this principal may pass"
+    ]
+    assert _ec2_findings({**run, "Effect": "Deny"}) == []
+    assert _ec2_findings({**run, "Resource": "arn:aws:s3:::bucket/*"}) == []
+    terminate = {"Effect": "Allow", "Action": ["ec2:Terminate*"], "Resource": "arn:aws:ec2:*:*:instance/*"}
+    assert _ec2_findings(terminate) == [
+        "a statement allows ec2:TerminateInstances on instances without a condition: any instance of the "
+        "account can be terminated"
+    ]
+    everything_but = {"Effect": "Allow", "NotAction": "iam:*", "NotResource": "arn:aws:s3:::b"}
+    assert len(_ec2_findings(everything_but)) == 3
+    assert _ec2_findings({**everything_but, "NotAction": "ec2:*"}) == []
+
+    def tags(condition: dict[str, Any]) -> list[str]:
+        return _ec2_findings(
+            {"Effect": "Allow", "Action": "ec2:CreateTags", "Resource": "*", "Condition": condition}
+        )
+
+    assert tags({"StringEquals": {"ec2:CreateAction": "RunInstances"}}) == []
+    assert tags({"ForAllValues:StringEquals": {"aws:TagKeys": ["Name", "owner"]}}) == []
+    assert tags({"ForAllValues:StringLike": {"aws:TagKeys": "gpuplat:*"}}) == [
+        "a statement allows ec2:CreateTags on existing instances with any tag key: an instance can be "
+        "(re)tagged gpuplat:stack and so brought under the stack's termination right; limit it to "
+        "ec2:CreateAction RunInstances or to tag keys without gpuplat:stack"
+    ]
+    assert len(tags({"ForAnyValue:StringEquals": {"aws:TagKeys": ["Name"]}})) == 1
+    assert len(tags({"StringEquals": {"aws:ResourceTag/gpuplat:stack": "s"}})) == 1
+    role = _view(IAM_ROLE, "r", inlinePolicies=[{"name": "x", "policy": json.dumps({"Statement": [run]})}])
+    assert len(list(check_ec2_launch_scoped(role, PolicyContext(None)))) == 1
+    for unreadable in (UNKNOWN, "not json", json.dumps(["a list"])):
+        assert (
+            list(check_ec2_launch_scoped(_view(IAM_ROLE_POLICY, "p", policy=unreadable), PolicyContext(None)))
+            == []
+        )
+
+
+def test_a_policy_names_a_parameter_by_arn_wildcard_or_id_and_holds_a_role_by_tag_or_name() -> None:
+    key = _view(SSM_PARAMETER, "munge-key", name="/gpuplat/s/munge.key")
+    assert (
+        _names_parameter("*", key)
+        and _names_parameter(UNKNOWN, key)
+        and _names_parameter("munge-key-id", key)
+    )
+    assert _names_parameter("arn:aws:ssm:us-east-1:123:parameter/gpuplat/s/munge.key", key)
+    assert _names_parameter("arn:aws-cn:ssm:*:*:parameter/gpuplat/*", key)
+    assert not _names_parameter("arn:aws:ssm:*:*:parameter/other/*", key)
+    assert not _names_parameter("arn:aws:s3:::gpuplat/s/munge.key", key)
+    unnamed = _view(SSM_PARAMETER, "munge")
+    assert _names_parameter("arn:aws:ssm:*:*:parameter/munge", unnamed)
+    tagged = _view(IAM_ROLE, "s-anything", tags={"gpuplat:role": "infer"})
+    named = _view(IAM_ROLE, "s-train-role")
+    policies = {
+        name: _view(IAM_ROLE_POLICY, name, role=f"{role.name}-id")
+        for name, role in (("by-tag", tagged), ("by-name", named), ("nobody", _view(IAM_ROLE, "s-x")))
+    }
+    index = ResourceIndex([tagged, named, _view(IAM_ROLE, "s-x"), *policies.values()])
+    assert [_policy_role(index, p) for p in policies.values()] == ["infer", "train", None]
