@@ -129,6 +129,7 @@ SESSIONS = [
             "tests/pulumi/test_k8s_policy.py",
             "tests/pulumi/test_eks.py::test_node_groups_read_eks_node_groups",
             "tests/pulumi/test_eks.py::test_the_shipped_stack_passes_every_rule",
+            "tests/pulumi/test_eks.py::test_eks_node_groups_read_from_labels_templates_or_components",
             "tests/unit/test_policy_config.py",
             "tests/unit/test_policy_rule_shapes.py",
         ],
