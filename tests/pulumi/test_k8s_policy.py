@@ -73,6 +73,11 @@ def _pod_of(name: str, change: Callable[[dict[str, Any]], None]) -> Callable[[di
     return apply
 
 
+def _research_on_h200(props: dict[str, Any]) -> None:
+    if props["metadata"]["name"] == "research":
+        props["spec"]["resourceGroups"][0]["flavors"][0]["name"] = "h200"
+
+
 def _gateway_in_a_team_namespace(props: dict[str, Any]) -> None:
     """The gateway's Deployment as a team's workload that asks for the inference nodes both ways."""
     if props["metadata"]["name"] == "gateway":
@@ -146,6 +151,12 @@ VARIANTS: dict[str, tuple[str, Mutate | None, Program | None]] = {
             ),
         ),
     ),
+    "queue-names-unknown-flavor": ("aws-k8s", None, _transform(f"{KUEUE}:ClusterQueue", _research_on_h200)),
+    "team-quota-at-gpus": (
+        "onprem-k8s",
+        _set("scheduler.teams", [{"name": "research", "gpu_quota": 32, "fairshare": 1}]),
+        None,
+    ),
     "team-workload-on-inference": ("aws-k8s", None, _transform(DEPLOYMENT, _gateway_in_a_team_namespace)),
     "flavors-reach-inference": (
         "aws-k8s",
@@ -208,6 +219,7 @@ REFUSALS = [
     ("train-tolerates-inference", "k8s-isolation", "ResourceFlavor train"),
     ("team-quota-above-gpus", "k8s-quotas", "ResourceQuota team-research/gpus"),
     ("spot-not-interruptible", "k8s-spot-flavors", "ResourceFlavor train-spot"),
+    ("queue-names-unknown-flavor", "k8s-quotas", "ClusterQueue research"),
     ("model-server-on-training", "k8s-isolation", "Deployment serving/model-server"),
     ("model-server-anywhere", "k8s-isolation", "Deployment serving/model-server"),
     ("model-server-tolerates-spot", "k8s-isolation", "Deployment serving/model-server"),

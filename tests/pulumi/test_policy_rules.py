@@ -195,6 +195,16 @@ VARIANTS: dict[str, tuple[str, Mutate | None, Program | None]] = {
             lambda p: p["block_device_mappings"][0]["ebs"].update(encrypted="false"),
         ),
     ),
+    "checkpoints-beside-fs": (
+        "aws-prod",
+        _set("storage.checkpoint_path", "/fsx/../scratch/checkpoints"),
+        None,
+    ),
+    "fsx-default-deployment": (
+        "aws-prod",
+        None,
+        _transform("aws:fsx/lustreFileSystem:LustreFileSystem", lambda p: p.pop("deployment_type")),
+    ),
     "scratch-fsx": (
         "aws-prod",
         None,

@@ -24,6 +24,7 @@ from infra.policy.rules.kubernetes import (
 )
 from infra.policy.rules.resource_types import (
     ASG,
+    BUCKET_SSE,
     BUCKETS,
     EGRESS_RULE,
     IAM_ROLE,
@@ -46,6 +47,7 @@ from infra.policy.rules.security import (
     check_imdsv2,
     check_open_ingress,
     check_required_tags,
+    check_s3_encrypted,
 )
 from infra.policy.settings import PolicyConfig
 from infra.policy.view import UNKNOWN, ResourceIndex, ResourceView
@@ -367,3 +369,24 @@ def test_a_policy_names_a_parameter_by_arn_wildcard_or_id_and_holds_a_role_by_ta
     }
     index = ResourceIndex([tagged, named, _view(IAM_ROLE, "s-x"), *policies.values()])
     assert [_policy_role(index, p) for p in policies.values()] == ["infer", "train", None]
+
+
+def test_bucket_encryption_inline_or_as_its_own_resource() -> None:
+    """A bucket's encryption: its own serverSideEncryptionConfiguration (the older Bucket resource) or a
+    configuration resource naming it; an algorithm S3 does not offer, or none, is no encryption."""
+
+    def unencrypted(*resources: ResourceView) -> list[str]:
+        return [f.resource for f in check_s3_encrypted(ResourceIndex(resources), PolicyContext(None))]
+
+    def rules(algorithm: str) -> list[dict[str, Any]]:
+        return [{"applyServerSideEncryptionByDefault": {"sseAlgorithm": algorithm}}]
+
+    inline = _view(BUCKETS[0], "data", serverSideEncryptionConfiguration={"rules": rules("aws:kms")})
+    assert unencrypted(inline) == []
+    plain = _view(BUCKETS[1], "models")
+    assert unencrypted(plain) == ["models"]
+    for algorithm, found in (("AES256", []), ("aws:kms:dsse", []), (UNKNOWN, []), ("rot13", ["models"])):
+        setting = _view(BUCKET_SSE[0], "models-sse", bucket="models-id", rules=rules(algorithm))
+        assert unencrypted(plain, setting) == found, algorithm
+    elsewhere = _view(BUCKET_SSE[0], "other-sse", bucket="other-id", rules=rules("aws:kms"))
+    assert unencrypted(plain, elsewhere) == ["models"]
