@@ -26,6 +26,7 @@ from infra.plan.record import Recording, record
 from infra.platform.resolve import ResolvedPlatform, load_platform
 from infra.policy.check import verdicts_for
 from infra.policy.rules import RULES, PolicyContext, Verdict, check_partitions, node_groups
+from infra.policy.rules.service_costs import ServiceCost, service_costs
 from infra.policy.settings import PolicyConfig
 from infra.policy.view import (
     TAG_MAX_NODES,
@@ -63,6 +64,14 @@ def _set(path: str, value: Any) -> Mutate:
 def _team_placement(value: Any) -> Mutate:
     def mutate(spec: dict[str, Any]) -> None:
         spec["scheduler"]["teams"][0]["placement"] = value
+
+    return mutate
+
+
+def _first_host_only(pool: str) -> Mutate:
+    def mutate(spec: dict[str, Any]) -> None:
+        target = _pool(pool)(spec)
+        target["hosts"] = target["hosts"][:1]
 
     return mutate
 
@@ -168,6 +177,12 @@ VARIANTS: dict[str, tuple[str, Mutate | None, Program | None]] = {
     "untainted-inference": ("aws-prod", _set("pool:infer.taints", []), None),
     "no-fabric": ("aws-prod", _set("fabric.kind", "none"), None),
     "onprem-no-fabric": ("onprem", _set("fabric.kind", "none"), None),
+    "onprem-roce": ("onprem", _set("fabric.kind", "roce"), None),
+    "onprem-one-node-no-fabric": (
+        "onprem",
+        _all(_set("fabric.kind", "none"), _first_host_only("train")),
+        None,
+    ),
     "spread-placement": ("aws-prod", _set("fabric.placement", "spread"), None),
     "placement-group-spread": (
         "aws-prod",
@@ -459,3 +474,18 @@ def test_node_groups_of_the_aws_stack(recorded: Callable[[str], tuple[ResolvedPl
     # Neither tags nor a platform to match components against: no pool, so no Slurm pool either.
     untagged = _groups(_without(recording, *gpuplat_tags), None)
     assert untagged == [(*expected[0][:1], None, None, *expected[0][3:])]
+
+
+def test_what_the_aws_stack_pays_besides_instances(
+    recorded: Callable[[str], tuple[ResolvedPlatform, Recording]],
+) -> None:
+    """Its NAT gateway and that gateway's public address by the hour, and 48000 GiB of FSx for Lustre at
+    1000 MB/s/TiB ($0.60 per GB-month, infra/data/service_prices.yaml) over the 730 hours of a month."""
+    _, recording = recorded("aws-prod")
+    assert service_costs(from_recorded(r) for r in recording.resources) == [
+        ServiceCost("aws-prod-nat-ip", "public IPv4 address", 0.005),
+        ServiceCost("aws-prod-nat", "NAT gateway", 0.045),
+        ServiceCost(
+            "aws-prod-fs-lustre", "FSx for Lustre, 48000 GiB at 1000 MB/s/TiB", round(48000 * 0.6 / 730, 4)
+        ),
+    ]

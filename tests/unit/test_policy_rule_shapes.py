@@ -27,6 +27,7 @@ from infra.policy.rules.resource_types import (
     BUCKET_SSE,
     BUCKETS,
     EGRESS_RULE,
+    EKS_CLUSTER,
     IAM_ROLE,
     IAM_ROLE_POLICY,
     INGRESS_RULE,
@@ -49,6 +50,7 @@ from infra.policy.rules.security import (
     check_required_tags,
     check_s3_encrypted,
 )
+from infra.policy.rules.service_costs import ServiceCost, service_costs, total_usd_per_hour
 from infra.policy.settings import PolicyConfig
 from infra.policy.view import UNKNOWN, ResourceIndex, ResourceView
 
@@ -390,3 +392,25 @@ def test_bucket_encryption_inline_or_as_its_own_resource() -> None:
         assert unencrypted(plain, setting) == found, algorithm
     elsewhere = _view(BUCKET_SSE[0], "other-sse", bucket="other-id", rules=rules("aws:kms"))
     assert unencrypted(plain, elsewhere) == ["models"]
+
+
+def test_service_costs_of_every_kind_and_a_lustre_file_system_half_described() -> None:
+    """An EKS control plane by the hour; FSx for Lustre by its capacity and throughput tier: without a
+    tier the lowest (125 MB/s/TiB, $0.145 per GB-month), at a tier the price list does not have the
+    dearest ($0.60), without a capacity nothing."""
+    costs = service_costs(
+        [
+            _view(EKS_CLUSTER, "cluster"),
+            _view(LUSTRE, "lowest", storageCapacity=1200),
+            _view(LUSTRE, "odd", storageCapacity="2400", perUnitStorageThroughput=300),
+            _view(LUSTRE, "empty"),
+            _view(SECURITY_GROUP, "not-a-service"),
+        ]
+    )
+    assert costs == [
+        ServiceCost("cluster", "EKS control plane", 0.1),
+        ServiceCost("lowest", "FSx for Lustre, 1200 GiB at 125 MB/s/TiB", round(1200 * 0.145 / 730, 4)),
+        ServiceCost("odd", "FSx for Lustre, 2400 GiB at 300 MB/s/TiB", round(2400 * 0.6 / 730, 4)),
+        ServiceCost("empty", "FSx for Lustre, 0 GiB at 125 MB/s/TiB", 0.0),
+    ]
+    assert total_usd_per_hour(costs) == round(0.1 + 1200 * 0.145 / 730 + 2400 * 0.6 / 730, 2)
