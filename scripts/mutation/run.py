@@ -35,7 +35,11 @@ mutmut/utils/file_utils.py, mutmut/runners/harness.py, mutmut/mutation/trampolin
 - It matches a test to a function by the function's module name, `infra.plan.diff` for infra/plan/diff.py,
   `roles.slurm_compute.files.gpuplat_dataset_cache` for a node program: tests load node programs and
   examples under that name (tests/conftest.py load_script). A node program run as a process of its own is
-  `__main__` there and runs unmutated: its mutants are killed by the tests that import it.
+  `__main__` there and runs unmutated: its mutants are killed by the tests that import it. A node program
+  that is a package (gpuplat_ec2_nodes) is imported by its own name, from the folder pytest's `pythonpath`
+  names: its session links the package at the session's top (mutmut names it `gpuplat_ec2_nodes.resume`)
+  and puts, where that folder has it in mutmut's copy, a link to the mutated package, so the tests and the
+  program's own processes (`python -m gpuplat_ec2_nodes`) both run the mutant.
 - It mutates function and method bodies only (module-level constants are left alone; mutmut 2 mutated
   them): the limits of the job profile and the like are held by tests checked with hand mutants, as are
   the files that are not Python (Ansible tasks, shell scripts, the Lua of job_submit).
@@ -79,6 +83,7 @@ class Session:
     mutate: list[str]  # the files mutated (globs), relative to the repository root
     tests: list[str]  # pytest arguments selecting the module's tests
     functions: list[str] = field(default_factory=list)  # mutant-name globs (empty: every function)
+    package_parent: str = ""  # the folder a package `source` is imported from (empty: none, by path)
 
 
 SESSIONS = [
@@ -170,6 +175,19 @@ SESSIONS = [
         ],
     ),
     Session(
+        "ec2-nodes",
+        "node program's decisions (gpuplat_ec2_nodes)",
+        "gpuplat_ec2_nodes",
+        [f"gpuplat_ec2_nodes/{decision}.py" for decision in ("resume", "suspend", "reconcile", "spot_watch")],
+        [
+            "tests/roles/test_ec2_nodes.py",
+            "tests/roles/test_ec2_reconcile.py",
+            "tests/roles/test_ec2_static.py",
+            "tests/roles/test_ec2_role.py",
+        ],
+        package_parent="roles/slurm_elastic/files",
+    ),
+    Session(
         "job-profile",
         "job profile (infra/validate/job_profile.py)",
         "infra",
@@ -217,6 +235,16 @@ def prepare(session: Session, keep: bool) -> Path:
         link = directory / entry
         if not link.is_symlink():
             link.symlink_to(ROOT / entry)
+    if session.package_parent:
+        package = directory / session.source
+        if not package.is_symlink():
+            package.symlink_to(ROOT / session.package_parent / session.source)
+        # Made before mutmut copies the parent's top-level folder: that copy writes through the link (the
+        # original files, then mutated again by mutmut, as their times are the originals').
+        inner = mutants / session.package_parent / session.source
+        inner.parent.mkdir(parents=True, exist_ok=True)
+        if not inner.is_symlink():
+            inner.symlink_to(os.path.relpath(mutants / session.source, inner.parent))
     source_top = session.source.split("/", 1)[0]
     # The source's own top-level folder is copied too when the source is one file in it (its neighbours,
     # the other programs of a role, the other files of an example, are read by the tests).

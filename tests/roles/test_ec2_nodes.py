@@ -113,8 +113,9 @@ def tags_of(instance: dict[str, Any]) -> dict[str, str]:
 def moto_cloud() -> Iterator[Cloud]:
     """One moto server, VPC, subnet and launch template; each test gets its own stack tag.
 
-    moto's backend is one per process: the modules that share this fixture get a server each, and
-    a template name each.
+    moto's backend is one per process and outlives the server: the modules that share this fixture get a
+    server each, and a template name and stack tags each (the port in them), so that a test run again in
+    the same process (`make mutation` does) sees none of its earlier instances.
     """
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
@@ -131,13 +132,13 @@ def moto_cloud() -> Iterator[Cloud]:
             LaunchTemplateName=f"train-{port}",
             LaunchTemplateData={"ImageId": image_id, "InstanceType": "p5.48xlarge"},
         )
-        yield Cloud(url, ec2, template["LaunchTemplate"]["LaunchTemplateId"], subnet_id)
+        yield Cloud(url, ec2, template["LaunchTemplate"]["LaunchTemplateId"], subnet_id, f"stack-{port}")
     server.stop()
 
 
 @pytest.fixture
 def cloud(moto_cloud: Cloud, request: pytest.FixtureRequest) -> Cloud:
-    return replace(moto_cloud, stack=f"stack-{request.node.name}"[:120])
+    return replace(moto_cloud, stack=f"{moto_cloud.stack}-{request.node.name}"[:120])
 
 
 # --- Slurm side (recorder scripts) ----------------------------------------------------------------
