@@ -3,14 +3,19 @@ EC2 (moto server) and a fake IMDS.
 
 EC2 is moto in server mode on loopback; the Slurm side is recorder scripts (scontrol, squeue,
 scancel) that append their argv to a file and answer queries with what the test gave them; the
-program runs as a subprocess, as Slurm runs it, except where a test drives it in-process (a polling
-loop, a clock, EC2 calls recorded in the same file as the Slurm calls to check their order).
+program runs as a subprocess, as Slurm runs it, for the whole path (a pool scaled up and down, the
+Slurm wrappers, keep-static, a usage error); the other tests run its command line in this process
+(run_in_process: the same argv, exit code and log, and `make mutation` sees the functions they reach) or
+drive a command's function (a polling loop, a clock, EC2 calls recorded in the same file as the Slurm
+calls to check their order).
 keep-static, reconcile and teardown are tested in test_ec2_static.py and test_ec2_reconcile.py,
 which share this module's fixtures.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -24,10 +29,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gpuplat_ec2_nodes import cli as program_cli
 from gpuplat_ec2_nodes import ec2 as program_ec2
 from gpuplat_ec2_nodes.ec2 import Ec2Nodes
 from gpuplat_ec2_nodes.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_UNKNOWN_NODE, EXIT_USAGE, UsageError
 from gpuplat_ec2_nodes.hostlist import expand_hostlist
+from gpuplat_ec2_nodes.logs import LOG
 from gpuplat_ec2_nodes.resume import REASON_RESUME_FAIL, resume, resume_fail
 from gpuplat_ec2_nodes.settings import Pool, Settings, parse_pool, pool_of
 from gpuplat_ec2_nodes.slurm import Job, NodeInfo, Slurm, parse_jobs, parse_nodes
@@ -283,6 +290,22 @@ def run_program(config: Path, cloud: Cloud, *args: str) -> subprocess.CompletedP
     return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, check=False)
 
 
+def run_in_process(config: Path, cloud: Cloud, *args: str) -> subprocess.CompletedProcess[str]:
+    """run_program's argv, exit code and log, from the command line's main in this process (the moto
+    fixture has set the credentials); the program's log is handed back to logging's defaults after."""
+    argv = ["--config", str(config), "--endpoint-url", cloud.url, *args]
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr):
+            code = program_cli.main(argv)
+    finally:
+        for handler in list(LOG.handlers):
+            LOG.removeHandler(handler)
+            handler.close()
+        LOG.propagate = True
+    return subprocess.CompletedProcess(argv, code, "", stderr.getvalue())
+
+
 def address_updates(slurm: SlurmRecorder) -> dict[str, str]:
     updates = {}
     for call in slurm.calls():
@@ -360,10 +383,10 @@ def test_pool_scales_from_zero_to_three_and_back(tmp_path: Path, cloud: Cloud, s
 
 def test_resume_again_reuses_the_instances(tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder) -> None:
     config = write_config(tmp_path, cloud, slurm)
-    assert run_program(config, cloud, "resume", "train-[0-1]").returncode == 0
+    assert run_in_process(config, cloud, "resume", "train-[0-1]").returncode == 0
     first = {tags_of(i)["gpuplat:node"]: i["InstanceId"] for i in cloud.instances()}
 
-    again = run_program(config, cloud, "resume", "train-[0-2]")
+    again = run_in_process(config, cloud, "resume", "train-[0-2]")
     assert again.returncode == 0, again.stderr
     after = {tags_of(i)["gpuplat:node"]: i["InstanceId"] for i in cloud.instances()}
     assert len(cloud.instances()) == 3
@@ -377,7 +400,7 @@ def test_spot_pool_without_subnet_launches_from_the_template(
     tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
 ) -> None:
     config = write_config(tmp_path, cloud, slurm)
-    result = run_program(config, cloud, "resume", "train-spot-4")
+    result = run_in_process(config, cloud, "resume", "train-spot-4")
     assert result.returncode == 0, result.stderr
     [instance] = cloud.instances(gpuplat_node="train-spot-4")
     assert tags_of(instance)["gpuplat:pool"] == "train-spot"
@@ -386,7 +409,7 @@ def test_spot_pool_without_subnet_launches_from_the_template(
 
 def test_a_name_outside_the_pools_fails_clearly(tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder) -> None:
     config = write_config(tmp_path, cloud, slurm)
-    result = run_program(config, cloud, "resume", "infer-1,train-0")
+    result = run_in_process(config, cloud, "resume", "infer-1,train-0")
     assert result.returncode == EXIT_UNKNOWN_NODE
     assert "infer-1 belong to no configured pool (pools: train,train-spot)" in result.stderr
     assert [tags_of(i)["gpuplat:node"] for i in cloud.instances()] == ["train-0"]
@@ -397,7 +420,7 @@ def test_launch_failure_powers_the_names_down_with_the_aws_error(
     tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
 ) -> None:
     config = write_config(tmp_path, cloud, slurm, subnet_id="subnet-0123456789abcdef0")
-    result = run_program(config, cloud, "resume", "train-[3-4]")
+    result = run_in_process(config, cloud, "resume", "train-[3-4]")
     assert result.returncode == EXIT_FAILED
     assert cloud.instances() == []
     assert slurm.calls() == [
@@ -415,7 +438,7 @@ def test_suspend_of_nodes_without_instances_is_fine(
     tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
 ) -> None:
     config = write_config(tmp_path, cloud, slurm)
-    result = run_program(config, cloud, "suspend", "train-[5-6]")
+    result = run_in_process(config, cloud, "suspend", "train-[5-6]")
     assert result.returncode == 0, result.stderr
     assert "train-5: terminated no instance" in result.stderr
 
@@ -545,9 +568,9 @@ def test_resume_fail_terminates_then_returns_the_nodes_to_power_saving(
     """Slurm leaves a node that missed ResumeTimeout DOWN+POWERED_DOWN, never allocated again
     (power_save.c _do_power_work); POWER_DOWN_FORCE after the termination brings it back to idle~."""
     config = write_config(tmp_path, cloud, slurm)
-    assert run_program(config, cloud, "resume", "train-[0-1]").returncode == 0
+    assert run_in_process(config, cloud, "resume", "train-[0-1]").returncode == 0
     slurm.record.unlink()
-    result = run_program(config, cloud, "resume-fail", "train-1")
+    result = run_in_process(config, cloud, "resume-fail", "train-1")
     assert result.returncode == 0, result.stderr
     assert "train-1 did not register in time" in result.stderr
     assert list(cloud.node_instances("terminated")) == ["train-1"]

@@ -1,8 +1,9 @@
 """reconcile and teardown: the pools' instances that no Slurm node owns, and all of them at the end.
 
 Same harness as test_ec2_nodes.py: moto in server mode (each test its own stack tag), recorder
-scontrol answering `show node` with the states a test gives. The program runs as a subprocess, or
-in-process where a test sets the clock (instances are as old as the test makes `now`).
+scontrol answering `show node` with the states a test gives. The command line runs in this process
+(run_in_process), or a command's function where a test sets the clock (instances are as old as the test
+makes `now`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from tests.roles.test_ec2_nodes import (
     Cloud,
     SlurmRecorder,
     ec2_nodes,
-    run_program,
+    run_in_process,
     settings_for,
     show_node,
     write_config,
@@ -67,7 +68,7 @@ def test_reconcile_terminates_what_no_node_owns_and_logs_why(
         show_node("train-3", "ALLOCATED+CLOUD"),
         show_node("train-4", "ALLOCATED+CLOUD+NOT_RESPONDING+POWERING_UP"),
     )
-    result = run_program(write_config(tmp_path, cloud, slurm, NO_GRACE), cloud, "reconcile")
+    result = run_in_process(write_config(tmp_path, cloud, slurm, NO_GRACE), cloud, "reconcile")
     assert result.returncode == 0, result.stderr
     terminated = {untagged, unknown, powered_down, powering_down, duplicate, stopped}
     for instance_id in terminated:
@@ -132,7 +133,7 @@ def test_reconcile_terminates_nothing_without_slurms_node_list(
 ) -> None:
     instance = cloud.launch("train-1")
     slurm.fail("scontrol")
-    result = run_program(write_config(tmp_path, cloud, slurm, NO_GRACE), cloud, "reconcile")
+    result = run_in_process(write_config(tmp_path, cloud, slurm, NO_GRACE), cloud, "reconcile")
     assert result.returncode == EXIT_FAILED
     assert "without Slurm's node list nothing is terminated" in result.stderr
     assert cloud.state(instance) == "running"
@@ -145,12 +146,12 @@ def test_a_failed_termination_is_tried_again_next_round(
     cloud.protect(protected)
     config = write_config(tmp_path, cloud, slurm, NO_GRACE)
     slurm.nodes(show_node("train-1", "IDLE+CLOUD"))
-    first = run_program(config, cloud, "reconcile")
+    first = run_in_process(config, cloud, "reconcile")
     assert first.returncode == EXIT_FAILED
     assert f"{protected} is still there; trying again next round" in first.stderr
     assert cloud.state(plain) == "terminated", "one instance that cannot go does not hold back the others"
     cloud.protect(protected, False)
-    second = run_program(config, cloud, "reconcile")
+    second = run_in_process(config, cloud, "reconcile")
     assert second.returncode == 0, second.stderr
     assert cloud.state(protected) == "terminated"
 
@@ -195,7 +196,7 @@ def test_teardown_terminates_every_instance_of_the_stacks_pools(
     ]
     cloud.ec2.stop_instances(InstanceIds=[ours[2]])
     theirs = [cloud.launch("train-0", stack=f"{cloud.stack}-other"), cloud.launch("infer-0", "infer")]
-    result = run_program(write_config(tmp_path, cloud, slurm), cloud, "teardown", "--poll-seconds=0.1")
+    result = run_in_process(write_config(tmp_path, cloud, slurm), cloud, "teardown", "--poll-seconds=0.1")
     assert result.returncode == 0, result.stderr
     assert [cloud.state(i) for i in ours] == ["terminated"] * 3
     assert [cloud.state(i) for i in theirs] == ["running"] * 2
@@ -207,7 +208,7 @@ def test_teardown_lists_what_is_left_and_fails(tmp_path: Path, cloud: Cloud, slu
     stuck, gone = cloud.launch("train-0"), cloud.launch("train-1")
     cloud.protect(stuck)
     config = write_config(tmp_path, cloud, slurm)
-    result = run_program(config, cloud, "teardown", "--timeout-seconds=0.3", "--poll-seconds=0.1")
+    result = run_in_process(config, cloud, "teardown", "--timeout-seconds=0.3", "--poll-seconds=0.1")
     assert result.returncode == EXIT_FAILED
     assert f"teardown: left: {stuck} (train-0, running)" in result.stderr
     assert cloud.state(gone) == "terminated"
