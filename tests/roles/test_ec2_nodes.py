@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -724,6 +724,7 @@ class FakeImds(ThreadingHTTPServer):
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), ImdsHandler)
         self.responses: list[int] = []
+        self.notice = json.dumps(NOTICE).encode()  # the body of an instance-action answered 200
         self.requests: list[str] = []
         self.credential_delays: list[float] = []  # seconds before each answer with credentials
 
@@ -737,8 +738,9 @@ class ImdsHandler(BaseHTTPRequestHandler):
 
     def do_PUT(self) -> None:
         self.server.requests.append(f"PUT {self.path}")
-        if self.path != "/latest/api/token" or not self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
-            self.reply(400, b"")
+        ttl = self.headers.get("X-aws-ec2-metadata-token-ttl-seconds", "")
+        if self.path != "/latest/api/token" or not (ttl.isdigit() and 1 <= int(ttl) <= 21600):
+            self.reply(400, b"")  # IMDS's answer to a TTL missing or outside 1 to 21600 s
             return
         self.reply(200, self.server.token.encode())
 
@@ -756,7 +758,7 @@ class ImdsHandler(BaseHTTPRequestHandler):
             self.reply(404, b"")
         else:
             status = self.server.responses.pop(0) if self.server.responses else 404
-            self.reply(status, json.dumps(NOTICE).encode() if status == 200 else b"")
+            self.reply(status, self.server.notice if status == 200 else b"")
 
     def reply(self, status: int, body: bytes) -> None:
         self.send_response(status)
@@ -796,6 +798,18 @@ def test_instance_profile_credentials_survive_a_slow_metadata_answer(
 
 class StopWatching(Exception):
     pass
+
+
+def sleeps_at_most(count: int) -> Callable[[float], None]:
+    """A sleep that ends the watch at its call `count + 1` (a notice missed keeps it polling)."""
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        if len(sleeps) > count:
+            raise StopWatching
+
+    return sleep
 
 
 def test_spot_watch_without_notice_does_nothing(
@@ -886,6 +900,65 @@ def test_spot_notice_terms_the_steps_powers_down_then_requeues_the_jobs_that_end
         squeue_states("101", "104", "105"),
         ["scontrol", "requeue", "104,105"],
     ]
+
+
+def test_spot_watch_logs_what_it_watches_the_notice_and_the_jobs_it_cannot_requeue(
+    imds: FakeImds, slurm: SlurmRecorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    imds.responses = [404, 200]
+    slurm.jobs((101, 1, 1), (102, 0, 1), (103, 1, 0))  # 102 srun, 103 --no-requeue
+    slurm.states((101, "PENDING"))
+    watch = SpotWatch("train-spot-1", imds.url + "/", grace_s=90.0, interval_s=5.0)
+    caplog.set_level("INFO", logger=LOG.name)
+    assert spot_watch(watch, Slurm(slurm.scontrol), sleep=sleeps_at_most(2)) == EXIT_OK
+    assert imds.requests == ["PUT /latest/api/token", "GET /latest/meta-data/spot/instance-action"] * 2
+    assert [r.getMessage() for r in caplog.records if r.module == "spot_watch"] == [
+        f"spot-watch: watching {imds.url}/ for node train-spot-1 every 5 s",
+        f"spot-watch: train-spot-1: spot interruption {NOTICE['time']} (terminate)",
+        "spot-watch: train-spot-1: waiting 90 s for the jobs to checkpoint",
+        "spot-watch: train-spot-1: jobs 102,103 are not requeueable batch jobs; POWER_DOWN_FORCE ended them",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("body", "unreadable"),
+    [(b"<html>maintenance</html>", True), (b'["terminate"]', False), (b"{}", False)],
+)
+def test_a_notice_without_a_readable_time_or_action_is_still_handled(
+    imds: FakeImds, slurm: SlurmRecorder, caplog: pytest.LogCaptureFixture, body: bytes, unreadable: bool
+) -> None:
+    """Whatever instance-action holds, its presence is the notice: the node is drained and powered
+    down with the time unknown."""
+    imds.responses, imds.notice = [200], body
+    watch = SpotWatch("train-spot-1", imds.url, grace_s=1.0, interval_s=5.0)
+    caplog.set_level("INFO", logger=LOG.name)
+    assert spot_watch(watch, Slurm(slurm.scontrol), sleep=sleeps_at_most(1)) == EXIT_OK
+    reason = "reason=spot interruption unknown"
+    assert [call for call in slurm.calls() if call[:2] == ["scontrol", "update"]] == [
+        ["scontrol", "update", "nodename=train-spot-1", "state=drain", reason],
+        ["scontrol", "update", "nodename=train-spot-1", "state=power_down_force", reason],
+    ]
+    messages = [r.getMessage() for r in caplog.records if r.name == LOG.name]
+    assert "spot-watch: train-spot-1: spot interruption unknown (unknown)" in messages
+    warning = f"spot-watch: unreadable instance-action {body.decode()!r}; treating it as a notice"
+    assert (warning in messages) is unreadable
+
+
+def test_unreachable_instance_metadata_is_logged_and_polled_again(
+    slurm: SlurmRecorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        raise StopWatching
+
+    watch = SpotWatch("train-spot-1", "http://127.0.0.1:9", grace_s=0.1, interval_s=5.0)
+    with pytest.raises(StopWatching):
+        spot_watch(watch, Slurm(slurm.scontrol), sleep=sleep)
+    assert sleeps == [5.0]
+    [warning] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warning.startswith("spot-watch: instance metadata unreachable: <urlopen error [Errno 111]")
 
 
 def test_spot_notice_requeues_nothing_itself_when_every_job_was_still_running(
