@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import io
 import json
 import os
@@ -616,3 +617,57 @@ def test_a_copy_that_differs_from_what_was_read_is_never_handed_out(
     version = tmp_path / "cache" / "corpus" / "v1"
     assert not list(version.glob("g*")) and not (version / "current").exists()
     assert not [p for p in version.iterdir() if p.name.startswith(".staging")]
+
+
+def test_files_of_several_chunks_two_folders_down_are_copied_whole_and_verify_reads_every_byte(
+    tmp_path: Path,
+) -> None:
+    """A file longer than one read keeps its whole size and digest in the manifest; `verify` (a full
+    check by default) finds a byte changed in its last chunk; a copy without its manifest is no copy."""
+    from tests.conftest import load_script
+
+    chunk = load_script(PROGRAM).CHUNK
+    source = tmp_path / "shared" / "deep" / "v2"
+    (source / "a" / "b").mkdir(parents=True)
+    payload = bytes(range(256)) * (chunk // 256) + b"tail" * 1000
+    (source / "a" / "b" / "big.bin").write_bytes(payload)
+    config = tmp_path / "datasets.json"
+    datasets = [{"name": "deep", "version": "v2", "source": str(source)}]
+    config.write_text(json.dumps({"cache_path": str(tmp_path / "cache"), "datasets": datasets}))
+    staged = _main(config, "stage", "deep")
+    assert staged.returncode == 0, staged.stderr
+    path = Path(staged.stdout.strip())
+    files = json.loads((path / "MANIFEST.json").read_text())["files"]
+    assert files == {"a/b/big.bin": {"size": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}}
+    big = path / "a" / "b" / "big.bin"
+    big.chmod(0o644)
+    big.write_bytes(payload[:-1] + b"!")
+    verified = _main(config, "verify", "deep")
+    assert (verified.returncode, verified.stdout) == (
+        1,
+        "deep v2: a/b/big.bin: content differs from the source (SHA-256)\n",
+    )
+    again = Path(_main(config, "stage", "deep").stdout.strip())
+    (again / "MANIFEST.json").unlink()
+    assert _main(config, "verify", "deep").stdout == "deep v2: no complete manifest\n"
+
+
+def test_the_programs_usage_and_where_the_role_puts_its_configuration(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.conftest import load_script
+
+    cache = load_script(PROGRAM)
+    with pytest.raises(SystemExit) as shown:
+        cache.main(["--help"])
+    usage = capsys.readouterr().out
+    assert shown.value.code == 0 and usage.startswith("usage: gpuplat-dataset [-h] [--config CONFIG]")
+    assert "gpuplat-dataset: the node's cache of the stack's datasets on local NVMe." in usage
+    for wrong in ([], ["stage", "corpus", "--check", "quick"], ["run"]):
+        with pytest.raises(SystemExit) as refused:
+            cache.main(wrong)
+        assert refused.value.code == 2
+    for command, default in (("stage", "size"), ("verify", "full"), ("run", "size")):
+        assert cache.parse([command, "corpus"]).check == default
+    tasks = (PROGRAM.parents[1] / "tasks" / "job_environment.yml").read_text()
+    assert f"dest: {cache.CONFIG}\n" in tasks  # what the program reads without --config
