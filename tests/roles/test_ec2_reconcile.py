@@ -12,8 +12,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from gpuplat_ec2_nodes.ec2 import Ec2Nodes
 from gpuplat_ec2_nodes.exit_codes import EXIT_FAILED, EXIT_OK
+from gpuplat_ec2_nodes.logs import LOG
 from gpuplat_ec2_nodes.reconcile import REASON_RECOVER, reconcile
 from gpuplat_ec2_nodes.slurm import Slurm
 from gpuplat_ec2_nodes.teardown import teardown
@@ -85,21 +87,45 @@ def test_reconcile_terminates_what_no_node_owns_and_logs_why(
     assert slurm.calls() == [["scontrol", "-o", "show", "node"]]
 
 
+def reconcile_log(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """What the last reconcile rounds logged (then forgotten)."""
+    messages = [r.getMessage() for r in caplog.records if r.module == "reconcile"]
+    caplog.clear()
+    return messages
+
+
 def test_reconcile_leaves_young_instances_for_the_grace(
-    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The resume program tags right after RunInstances: an untagged instance may be one of its."""
+    caplog.set_level("INFO", logger=LOG.name)
     untagged = cloud.launch(None)
     unknown = cloud.launch("train-99")
     launched = max(launched_at(cloud, untagged), launched_at(cloud, unknown))
     assert reconcile_at(tmp_path, cloud, slurm, launched + 10, show_node("train-1", "IDLE+CLOUD")) == 0
     assert cloud.state(untagged) == cloud.state(unknown) == "running"
+    young = {i: f"{launched + 10 - launched_at(cloud, i):.0f}" for i in (untagged, unknown)}
+    assert reconcile_log(caplog) == [
+        f"reconcile: {untagged} (no gpuplat:node tag, running) has no gpuplat:node tag, launched "
+        f"{young[untagged]} s ago: within the 300 s grace, left for now",
+        f"reconcile: {unknown} (train-99, running) is named for a node Slurm does not know, launched "
+        f"{young[unknown]} s ago: within the 300 s grace, left for now",
+        "reconcile: 2 instances of pools train,train-spot, 0 orphans, 0 nodes returned to power saving",
+    ]
     assert reconcile_at(tmp_path, cloud, slurm, launched + 301, show_node("train-1", "IDLE+CLOUD")) == 0
     assert cloud.state(untagged) == cloud.state(unknown) == "terminated"
+    old = {i: f"{launched + 301 - launched_at(cloud, i):.0f}" for i in (untagged, unknown)}
+    assert reconcile_log(caplog) == [
+        f"reconcile: terminating {untagged} (no gpuplat:node tag): has no gpuplat:node tag, launched "
+        f"{old[untagged]} s ago",
+        f"reconcile: terminating {unknown} (train-99): is named for a node Slurm does not know, launched "
+        f"{old[unknown]} s ago",
+        "reconcile: 2 instances of pools train,train-spot, 2 orphans, 0 nodes returned to power saving",
+    ]
 
 
 def test_a_powered_down_nodes_instance_goes_within_grace_plus_interval(
-    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Rounds every 60 s, grace 300 s. The node powers down at some T in (60, 120] (SuspendProgram
     failed to terminate): the instance goes at t=360, within T + grace + interval, and after the
@@ -110,11 +136,19 @@ def test_a_powered_down_nodes_instance_goes_within_grace_plus_interval(
     down = show_node("train-5", "IDLE+CLOUD+POWERED_DOWN")
     states = {t0: up, t0 + 60: up} | {t0 + t: down for t in range(120, 480, 60)}
     gone_at = None
+    caplog.set_level("INFO", logger=LOG.name)
+    logs = {}
     for now, line in states.items():
         assert reconcile_at(tmp_path, cloud, slurm, now, line) == 0
+        logs[now - t0] = reconcile_log(caplog)[:-1]  # less the round's summary
         if gone_at is None and cloud.state(instance) == "terminated":
             gone_at = now - t0
     assert gone_at == 360, "powered down since at most t=60 by the rounds' record: 60 + 300"
+    label = f"{instance} (train-5, running)"
+    assert logs[120] == [
+        f"reconcile: {label}: node train-5 POWERED_DOWN for 60 s: within the 300 s grace, left for now"
+    ]
+    assert logs[360] == [f"reconcile: terminating {instance} (train-5): node POWERED_DOWN for 300 s"]
     since = json.loads((tmp_path / "state" / "reconcile.json").read_text())["powered_down_since"]
     assert since == {"train-5": t0 + 60}
 
