@@ -391,7 +391,8 @@ def test_resume_again_reuses_the_instances(tmp_path: Path, cloud: Cloud, slurm: 
     after = {tags_of(i)["gpuplat:node"]: i["InstanceId"] for i in cloud.instances()}
     assert len(cloud.instances()) == 3
     assert {name: after[name] for name in first} == first
-    assert "reusing" in again.stderr
+    for name, instance_id in first.items():
+        assert f"resume: {name} already has instance {instance_id}, reusing it" in again.stderr
     addresses = [call for call in slurm.calls() if any(arg.startswith("nodeaddr=") for arg in call)]
     assert len(addresses) == 5, "each resume tells Slurm the address of every node it was given"
 
@@ -411,9 +412,13 @@ def test_a_name_outside_the_pools_fails_clearly(tmp_path: Path, cloud: Cloud, sl
     config = write_config(tmp_path, cloud, slurm)
     result = run_in_process(config, cloud, "resume", "infer-1,train-0")
     assert result.returncode == EXIT_UNKNOWN_NODE
-    assert "infer-1 belong to no configured pool (pools: train,train-spot)" in result.stderr
+    assert "resume: infer-1 belong to no configured pool (pools: train,train-spot)" in result.stderr
     assert [tags_of(i)["gpuplat:node"] for i in cloud.instances()] == ["train-0"]
     assert list(address_updates(slurm)) == ["train-0"]
+    suspended = run_in_process(config, cloud, "suspend", "infer-1,train-0")
+    assert suspended.returncode == EXIT_UNKNOWN_NODE
+    assert "suspend: infer-1 belong to no configured pool (pools: train,train-spot)" in suspended.stderr
+    assert cloud.node_instances("terminated").keys() == {"train-0"}
 
 
 def test_launch_failure_powers_the_names_down_with_the_aws_error(
@@ -440,7 +445,7 @@ def test_suspend_of_nodes_without_instances_is_fine(
     config = write_config(tmp_path, cloud, slurm)
     result = run_in_process(config, cloud, "suspend", "train-[5-6]")
     assert result.returncode == 0, result.stderr
-    assert "train-5: terminated no instance" in result.stderr
+    assert "suspend: train-5: terminated no instance" in result.stderr
 
 
 class CapacityShortEc2(RecordingEc2):
@@ -737,7 +742,7 @@ class ImdsHandler(BaseHTTPRequestHandler):
     server: FakeImds
 
     def do_PUT(self) -> None:
-        self.server.requests.append(f"PUT {self.path}")
+        self.server.requests.append(self.requestline.rsplit(" ", 1)[0])  # as sent: self.path folds "//"
         ttl = self.headers.get("X-aws-ec2-metadata-token-ttl-seconds", "")
         if self.path != "/latest/api/token" or not (ttl.isdigit() and 1 <= int(ttl) <= 21600):
             self.reply(400, b"")  # IMDS's answer to a TTL missing or outside 1 to 21600 s
@@ -745,7 +750,7 @@ class ImdsHandler(BaseHTTPRequestHandler):
         self.reply(200, self.server.token.encode())
 
     def do_GET(self) -> None:
-        self.server.requests.append(f"GET {self.path}")
+        self.server.requests.append(self.requestline.rsplit(" ", 1)[0])
         if self.headers.get("X-aws-ec2-metadata-token") != self.server.token:
             self.reply(401, b"")
         elif self.path == f"{CREDENTIALS_PATH}/":
