@@ -9,6 +9,8 @@ makes `now`).
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +18,8 @@ import pytest
 from gpuplat_ec2_nodes.ec2 import Ec2Nodes
 from gpuplat_ec2_nodes.exit_codes import EXIT_FAILED, EXIT_OK
 from gpuplat_ec2_nodes.logs import LOG
-from gpuplat_ec2_nodes.reconcile import REASON_RECOVER, reconcile
-from gpuplat_ec2_nodes.slurm import Slurm
+from gpuplat_ec2_nodes.reconcile import REASON_RECOVER, find_orphans, reconcile
+from gpuplat_ec2_nodes.slurm import NodeInfo, Slurm
 from gpuplat_ec2_nodes.teardown import teardown
 
 from tests.roles import test_ec2_nodes as harness
@@ -271,3 +273,38 @@ def test_teardown_waits_for_instances_still_shutting_down(
     assert status == EXIT_OK
     assert sleeps == [5.0, 5.0, 5.0] and ec2.listings == 4
     assert slurm.calls() == [["ec2", "terminate_instances", instance]], "shutting-down is not asked again"
+
+
+def test_a_node_keeps_its_instance_at_node_addr_over_a_newer_one_else_the_newest(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Instances a second apart at least (moto's launch times are to the second: its instances of one
+    test are launched together), so which one is newest is told apart."""
+    launched = datetime(2026, 12, 1, 9, tzinfo=UTC)
+
+    def instance(instance_id: str, after_s: int, address: str) -> dict[str, Any]:
+        return {
+            "InstanceId": instance_id,
+            "LaunchTime": launched + timedelta(seconds=after_s),
+            "PrivateIpAddress": address,
+            "State": {"Name": "running"},
+            "Tags": [{"Key": "gpuplat:node", "Value": "train-2"}],
+        }
+
+    at_addr, newer, newest = (
+        instance("i-at", 0, "10.0.0.1"),
+        instance("i-new", 60, "10.0.0.2"),
+        instance("i-newest", 120, "10.0.0.3"),
+    )
+    node = NodeInfo("train-2", frozenset({"IDLE", "CLOUD"}), addr="10.0.0.1")
+    now = launched.timestamp() + 3600
+    caplog.set_level("INFO", logger=LOG.name)
+    kept_at_addr = find_orphans([newer, at_addr, newest], {"train-2": node}, {}, now, 300.0)
+    assert [o.instance_id for o in kept_at_addr] == ["i-new", "i-newest"]
+    assert reconcile_log(caplog) == [
+        "reconcile: train-2 has 3 instances; keeping i-at is at NodeAddr 10.0.0.1"
+    ]
+    moved = replace(node, addr="10.0.0.9")
+    kept_newest = find_orphans([newer, newest, at_addr], {"train-2": moved}, {}, now, 300.0)
+    assert [o.instance_id for o in kept_newest] == ["i-new", "i-at"]
+    assert reconcile_log(caplog) == ["reconcile: train-2 has 3 instances; keeping i-newest is the newest"]
