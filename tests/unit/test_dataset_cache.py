@@ -20,6 +20,7 @@ import hashlib
 import io
 import json
 import os
+import shlex
 import shutil
 import signal
 import stat
@@ -671,3 +672,39 @@ def test_the_programs_usage_and_where_the_role_puts_its_configuration(
         assert cache.parse([command, "corpus"]).check == default
     tasks = (PROGRAM.parents[1] / "tasks" / "job_environment.yml").read_text()
     assert f"dest: {cache.CONFIG}\n" in tasks  # what the program reads without --config
+
+
+def test_a_user_not_the_owner_runs_the_program_again_as_the_owner_through_sudo(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """How `stage` and `verify` of anyone but root and the cache's owner become the owner: this program
+    again, through `sudo -n -u` (or GPUPLAT_DATASET_BECOME), its stdout handed back less the exit mark."""
+    from tests.conftest import load_script
+
+    cache = load_script(PROGRAM)
+    path = _setup(tmp_path)
+    config = cache.load_config(path)
+    owner = cache.cache_owner(config)[0]
+    program = os.path.realpath(PROGRAM)
+    monkeypatch.setattr(sys, "argv", [str(PROGRAM)])
+    tail = ["--config", str(path), "--as-owner", "stage", "corpus"]
+    assert cache.owner_command(config, ["stage", "corpus"]) == (
+        [sys.executable, program, *tail],
+        sys.executable,
+    )
+    code, out = cache.as_owner(config, ["stage", "corpus", "--check", "size"])
+    assert (code, out) == (0, f"{tmp_path / 'cache' / 'corpus' / 'v1' / 'g1'}\n")
+
+    monkeypatch.setattr(os, "geteuid", lambda: owner + 4242)
+    sudo = ["sudo", "-n", "-u", f"#{owner}", "--"]
+    assert cache.owner_command(config, ["stage", "corpus"]) == ([*sudo, program, *tail], shlex.join(sudo))
+    monkeypatch.setenv("GPUPLAT_DATASET_BECOME", "setpriv --reuid={user} --")
+    assert cache.owner_command(config, ["verify", "x"])[0][:3] == ["setpriv", f"--reuid=#{owner}", "--"]
+    monkeypatch.setenv("GPUPLAT_DATASET_BECOME", "false")
+    with pytest.raises(
+        cache.CacheError, match=r"^cannot run as the cache owner through `false` \(exit 1, see above;"
+    ):
+        cache.as_owner(config, ["stage", "corpus", "--check", "size"])
+    monkeypatch.setenv("GPUPLAT_DATASET_BECOME", str(tmp_path / "no-sudo"))
+    with pytest.raises(cache.CacheError, match=r"No such file or directory.*installs the sudoers rule"):
+        cache.as_owner(config, ["stage", "corpus", "--check", "size"])
