@@ -1021,3 +1021,46 @@ def test_spot_watch_program_handles_a_notice_within_the_grace(imds: FakeImds, sl
     ]
     assert time.monotonic() - started >= 0.5
     assert "train-spot-1" in result.stderr
+
+
+class UnreachableEc2(RecordingEc2):
+    """EC2 refusing every describe (a throttled or denied DescribeInstances)."""
+
+    def get_paginator(self, name: str) -> Any:
+        raise ClientError(
+            {"Error": {"Code": "RequestLimitExceeded", "Message": "slow down"}}, "DescribeInstances"
+        )
+
+
+def test_resume_without_ec2s_answer_powers_the_names_down_and_only_unknown_names_launch_nothing(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = boto3.client("ec2", region_name=REGION, endpoint_url=cloud.url)
+    settings = settings_for(tmp_path, cloud, slurm)
+    status = resume(
+        settings,
+        Ec2Nodes(UnreachableEc2(client, slurm), cloud.stack),
+        Slurm(slurm.scontrol),
+        ["train-0", "train-1"],
+    )
+    assert status == EXIT_FAILED
+    assert slurm.calls() == [
+        [
+            "scontrol",
+            "update",
+            "nodename=train-0,train-1",
+            "state=power_down_force",
+            "reason=gpuplat resume failed: RequestLimitExceeded",
+        ]
+    ]
+    looked_up = (
+        "resume: cannot look up the instances of train-0,train-1: An error occurred (RequestLimitExceeded)"
+    )
+    assert [r.getMessage()[: len(looked_up)] for r in caplog.records if r.name == LOG.name] == [looked_up]
+    caplog.clear()
+    slurm.record.unlink()
+    assert resume(settings, ec2_nodes(cloud, slurm), Slurm(slurm.scontrol), ["infer-1"]) == EXIT_UNKNOWN_NODE
+    assert slurm.calls() == [] and cloud.instances() == []
+    assert [r.getMessage() for r in caplog.records if r.name == LOG.name] == [
+        "resume: infer-1 belong to no configured pool (pools: train,train-spot); names are <pool>-<index>"
+    ]
