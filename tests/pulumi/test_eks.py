@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from infra.platform.resolve import ResolvedPlatform, load_platform
 from infra.policy.check import verdicts_for
 from infra.policy.rules import PolicyContext, Verdict, node_groups
 from infra.policy.settings import PolicyConfig
-from infra.policy.view import ResourceIndex, from_recorded
+from infra.policy.view import TAG_POOL, TAG_ROLE, ResourceIndex, ResourceView, from_recorded
 from infra.program import build
 from infra.spec.load import stack_file
 from tests.pulumi.test_policy_rules import _copy
@@ -547,3 +548,49 @@ def test_an_untainted_inference_pool_is_refused(write_stack: Callable[..., Path]
     assert recording.named("aws-k8s-infer-ng").inputs["taints"] == []
     found = _fired(verdicts_for(platform, recording, PolicyConfig()), "isolation-inference-taint")
     assert [v.resource for v in found] == ["pool infer"]
+
+
+def test_eks_node_groups_read_from_labels_templates_or_components(
+    eks: Recording, platform: ResolvedPlatform
+) -> None:
+    """A node group's pool and role: its gpuplat tags, else its node labels, else its launch template's
+    tags, else its parent component; a program that sets fewer of them is read the same."""
+
+    def groups(index: ResourceIndex, context: PolicyContext | None) -> dict[str | None, tuple[Any, ...]]:
+        return {
+            g.anchor.name: (g.kind, g.role, g.pool, [t.name for t in g.templates],
+                            [pg.name for pg in g.placement_groups], [s.name for s in g.subnets],
+                            sorted({sg.name for sg in g.security_groups}), g.min_size, g.max_size)
+            for g in node_groups(index, context)
+        }  # fmt: skip
+
+    def without(*, labels: bool = False, templates: bool = False, parents: bool = True) -> ResourceIndex:
+        """The node groups without their gpuplat tags (and labels, their templates' tags, their parents)."""
+
+        def strip(view: ResourceView) -> ResourceView:
+            props = dict(view.props)
+            if view.type == NODE_GROUP or (templates and view.type == LT):
+                props["tags"] = {k: v for k, v in props["tags"].items() if k not in (TAG_POOL, TAG_ROLE)}
+                if labels:
+                    props.pop("labels", None)
+            return replace(view, props=props, parent=view.parent if parents else None)
+
+        return ResourceIndex(strip(from_recorded(r)) for r in eks.resources)
+
+    context = PolicyContext(platform)
+    full = groups(ResourceIndex(from_recorded(r) for r in eks.resources), context)
+    assert {name: (kind, role, pool) for name, (kind, role, pool, *_) in full.items()} == {
+        "aws-k8s-train-ng": ("eks", "train", "train"),
+        "aws-k8s-train-spot-ng": ("eks", "train", "train-spot"),
+        "aws-k8s-infer-ng": ("eks", "infer", "infer"),
+        "aws-k8s-system-ng": ("eks", "service", "system"),
+    }
+    assert full["aws-k8s-infer-ng"][3:] == (
+        ["aws-k8s-infer-lt"], [], ["aws-k8s-private-us-east-1a", "aws-k8s-private-us-east-1b"],
+        ["aws-k8s-infer-sg"], 2, 8,
+    )  # fmt: skip
+    assert groups(without(), context) == full  # the node labels
+    assert groups(without(labels=True, parents=False), None) == full  # the templates' tags
+    assert groups(without(labels=True, templates=True), context) == full  # the parent components
+    unknown = groups(without(labels=True, templates=True), None)
+    assert {(role, pool) for _, role, pool, *_ in unknown.values()} == {(None, None)}

@@ -65,6 +65,37 @@ def _train_pool_with_inference_taint(spec: dict[str, Any]) -> None:
     pool["taints"] = [{"key": "gpuplat/inference", "value": "true", "effect": "NoSchedule"}]
 
 
+def _pod_of(name: str, change: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+    def apply(props: dict[str, Any]) -> None:
+        if props["metadata"]["name"] == name:
+            change(props["spec"]["template"]["spec"])
+
+    return apply
+
+
+def _research_on_h200(props: dict[str, Any]) -> None:
+    if props["metadata"]["name"] == "research":
+        props["spec"]["resourceGroups"][0]["flavors"][0]["name"] = "h200"
+
+
+def _gateway_in_a_team_namespace(props: dict[str, Any]) -> None:
+    """The gateway's Deployment as a team's workload that asks for the inference nodes both ways."""
+    if props["metadata"]["name"] == "gateway":
+        props["metadata"]["namespace"] = "team-research"
+        pod = props["spec"]["template"]["spec"]
+        pod["nodeSelector"] = {"gpuplat/role": "infer"}
+        pod["tolerations"] = [{"operator": "Exists"}]
+
+
+def _flavor_by_role_tolerating_inference(props: dict[str, Any]) -> None:
+    if props["metadata"]["name"] == "train":
+        props["spec"]["nodeLabels"]["gpuplat/role"] = "infer"  # its pool's label kept
+    if props["metadata"]["name"] == "train-spot":
+        props["spec"]["tolerations"] = [{"key": "gpuplat/inference", "operator": "Exists"}]
+
+
+DEPLOYMENT = "kubernetes:apps/v1:Deployment"
+
 VARIANTS: dict[str, tuple[str, Mutate | None, Program | None]] = {
     "aws-k8s": ("aws-k8s", None, None),
     "onprem-k8s": ("onprem-k8s", None, None),
@@ -96,6 +127,42 @@ VARIANTS: dict[str, tuple[str, Mutate | None, Program | None]] = {
         None,
     ),
     "spot-not-interruptible": ("aws-k8s", _set("pool:train-spot.interruptible", False), None),
+    "model-server-on-training": (
+        "aws-k8s",
+        None,
+        _transform(
+            DEPLOYMENT,
+            _pod_of("model-server", lambda pod: pod.update(nodeSelector={"gpuplat/pool": "train"})),
+        ),
+    ),
+    "model-server-anywhere": (
+        "aws-k8s",
+        None,
+        _transform(DEPLOYMENT, _pod_of("model-server", lambda pod: pod.pop("nodeSelector"))),
+    ),
+    "model-server-tolerates-spot": (
+        "aws-k8s",
+        None,
+        _transform(
+            DEPLOYMENT,
+            _pod_of(
+                "model-server",
+                lambda pod: pod["tolerations"].append({"key": "gpuplat/spot", "operator": "Exists"}),
+            ),
+        ),
+    ),
+    "queue-names-unknown-flavor": ("aws-k8s", None, _transform(f"{KUEUE}:ClusterQueue", _research_on_h200)),
+    "team-quota-at-gpus": (
+        "onprem-k8s",
+        _set("scheduler.teams", [{"name": "research", "gpu_quota": 32, "fairshare": 1}]),
+        None,
+    ),
+    "team-workload-on-inference": ("aws-k8s", None, _transform(DEPLOYMENT, _gateway_in_a_team_namespace)),
+    "flavors-reach-inference": (
+        "aws-k8s",
+        None,
+        _transform(f"{KUEUE}:ResourceFlavor", _flavor_by_role_tolerating_inference),
+    ),
 }
 
 
@@ -152,6 +219,13 @@ REFUSALS = [
     ("train-tolerates-inference", "k8s-isolation", "ResourceFlavor train"),
     ("team-quota-above-gpus", "k8s-quotas", "ResourceQuota team-research/gpus"),
     ("spot-not-interruptible", "k8s-spot-flavors", "ResourceFlavor train-spot"),
+    ("queue-names-unknown-flavor", "k8s-quotas", "ClusterQueue research"),
+    ("model-server-on-training", "k8s-isolation", "Deployment serving/model-server"),
+    ("model-server-anywhere", "k8s-isolation", "Deployment serving/model-server"),
+    ("model-server-tolerates-spot", "k8s-isolation", "Deployment serving/model-server"),
+    ("team-workload-on-inference", "k8s-isolation", "Deployment team-research/gateway"),
+    ("flavors-reach-inference", "k8s-isolation", "ResourceFlavor train"),
+    ("flavors-reach-inference", "k8s-isolation", "ResourceFlavor train-spot"),
 ]
 
 

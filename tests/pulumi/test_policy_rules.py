@@ -25,9 +25,18 @@ from infra.backends.aws.network import GpuNetwork
 from infra.plan.record import Recording, record
 from infra.platform.resolve import ResolvedPlatform, load_platform
 from infra.policy.check import verdicts_for
-from infra.policy.rules import RULES, PolicyContext, Verdict, check_partitions
+from infra.policy.rules import RULES, PolicyContext, Verdict, check_partitions, node_groups
+from infra.policy.rules.service_costs import ServiceCost, service_costs
 from infra.policy.settings import PolicyConfig
-from infra.policy.view import ResourceIndex
+from infra.policy.view import (
+    TAG_MAX_NODES,
+    TAG_MIN_NODES,
+    TAG_POOL,
+    TAG_ROLE,
+    ResourceIndex,
+    ResourceView,
+    from_recorded,
+)
 from infra.program import build
 from infra.spec.load import CONFIG_KEY
 from tests.conftest import stack_document
@@ -55,6 +64,14 @@ def _set(path: str, value: Any) -> Mutate:
 def _team_placement(value: Any) -> Mutate:
     def mutate(spec: dict[str, Any]) -> None:
         spec["scheduler"]["teams"][0]["placement"] = value
+
+    return mutate
+
+
+def _first_host_only(pool: str) -> Mutate:
+    def mutate(spec: dict[str, Any]) -> None:
+        target = _pool(pool)(spec)
+        target["hosts"] = target["hosts"][:1]
 
     return mutate
 
@@ -160,6 +177,12 @@ VARIANTS: dict[str, tuple[str, Mutate | None, Program | None]] = {
     "untainted-inference": ("aws-prod", _set("pool:infer.taints", []), None),
     "no-fabric": ("aws-prod", _set("fabric.kind", "none"), None),
     "onprem-no-fabric": ("onprem", _set("fabric.kind", "none"), None),
+    "onprem-roce": ("onprem", _set("fabric.kind", "roce"), None),
+    "onprem-one-node-no-fabric": (
+        "onprem",
+        _all(_set("fabric.kind", "none"), _first_host_only("train")),
+        None,
+    ),
     "spread-placement": ("aws-prod", _set("fabric.placement", "spread"), None),
     "placement-group-spread": (
         "aws-prod",
@@ -186,6 +209,16 @@ VARIANTS: dict[str, tuple[str, Mutate | None, Program | None]] = {
             "aws:ec2/launchTemplate:LaunchTemplate",
             lambda p: p["block_device_mappings"][0]["ebs"].update(encrypted="false"),
         ),
+    ),
+    "checkpoints-beside-fs": (
+        "aws-prod",
+        _set("storage.checkpoint_path", "/fsx/../scratch/checkpoints"),
+        None,
+    ),
+    "fsx-default-deployment": (
+        "aws-prod",
+        None,
+        _transform("aws:fsx/lustreFileSystem:LustreFileSystem", lambda p: p.pop("deployment_type")),
     ),
     "scratch-fsx": (
         "aws-prod",
@@ -393,3 +426,66 @@ def test_every_variant_is_told_what_it_was_told(variant: str, verdicts: Callable
     """Each variant's findings word for word (tests/data/policy_findings.yaml): the resource each one
     names, its URN and its message, with the figures it quotes."""
     assert as_written(verdicts(variant)) == expected_findings("policy_rules", variant)
+
+
+def _groups(index: ResourceIndex, platform: ResolvedPlatform | None) -> list[tuple[Any, ...]]:
+    return [
+        (g.kind, g.role, g.pool, g.anchor.name, [t.name for t in g.templates],
+         [pg.name for pg in g.placement_groups], [s.name for s in g.subnets],
+         sorted({sg.name for sg in g.security_groups}), g.min_size, g.max_size)
+        for g in node_groups(index, PolicyContext(platform) if platform else None)
+    ]  # fmt: skip
+
+
+def _without(recorded: Recording, *tags: str, parents: bool = True) -> ResourceIndex:
+    """The recording's views with the given gpuplat tags gone (and their parent components, unless kept)."""
+
+    def keep(view: ResourceView) -> ResourceView:
+        raw = view.props.get("tags")
+        if isinstance(raw, dict):
+            raw = {k: v for k, v in raw.items() if k not in tags}
+        elif isinstance(raw, list):
+            raw = [t for t in raw if not (isinstance(t, dict) and t.get("key") in tags)]
+        return replace(view, props={**view.props, "tags": raw}, parent=view.parent if parents else None)
+
+    return ResourceIndex(keep(from_recorded(r)) for r in recorded.resources)
+
+
+def test_node_groups_of_the_aws_stack(recorded: Callable[[str], tuple[ResolvedPlatform, Recording]]) -> None:
+    """The inference pool's Auto Scaling group and the training pools' Slurm-managed templates, with what
+    each launches into and its size range; the same from the parent components where the gpuplat tags
+    are gone (a program that does not tag), or from the stack's pool named by the tag alone."""
+    platform, recording = recorded("aws-prod")
+    private_a, private_b = "aws-prod-private-us-east-1a", "aws-prod-private-us-east-1b"
+    expected = [
+        ("asg", "infer", "infer", "aws-prod-infer-asg", ["aws-prod-infer-lt"], [], [private_a, private_b],
+         ["aws-prod-infer-sg"], 2, 8),
+        ("slurm", "train", "train", "aws-prod-train-lt", ["aws-prod-train-lt"], ["aws-prod-train-placement"],
+         [private_a], ["aws-prod-train-sg"], 4, 4),
+        ("slurm", "train", "train-spot", "aws-prod-train-spot-lt", ["aws-prod-train-spot-lt"],
+         ["aws-prod-train-spot-placement"], [private_a], ["aws-prod-train-sg"], 0, 4),
+    ]  # fmt: skip
+    tagged = ResourceIndex(from_recorded(r) for r in recording.resources)
+    assert _groups(tagged, platform) == expected
+    assert _groups(tagged, None) == expected  # the tags alone say it
+    gpuplat_tags = (TAG_POOL, TAG_ROLE, TAG_MIN_NODES, TAG_MAX_NODES)
+    assert _groups(_without(recording, *gpuplat_tags), platform) == expected
+    assert _groups(_without(recording, TAG_MIN_NODES, TAG_MAX_NODES, parents=False), platform) == expected
+    # Neither tags nor a platform to match components against: no pool, so no Slurm pool either.
+    untagged = _groups(_without(recording, *gpuplat_tags), None)
+    assert untagged == [(*expected[0][:1], None, None, *expected[0][3:])]
+
+
+def test_what_the_aws_stack_pays_besides_instances(
+    recorded: Callable[[str], tuple[ResolvedPlatform, Recording]],
+) -> None:
+    """Its NAT gateway and that gateway's public address by the hour, and 48000 GiB of FSx for Lustre at
+    1000 MB/s/TiB ($0.60 per GB-month, infra/data/service_prices.yaml) over the 730 hours of a month."""
+    _, recording = recorded("aws-prod")
+    assert service_costs(from_recorded(r) for r in recording.resources) == [
+        ServiceCost("aws-prod-nat-ip", "public IPv4 address", 0.005),
+        ServiceCost("aws-prod-nat", "NAT gateway", 0.045),
+        ServiceCost(
+            "aws-prod-fs-lustre", "FSx for Lustre, 48000 GiB at 1000 MB/s/TiB", round(48000 * 0.6 / 730, 4)
+        ),
+    ]

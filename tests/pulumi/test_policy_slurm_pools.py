@@ -119,6 +119,7 @@ VARIANTS: dict[str, tuple[Mutate | None, str | None, Change | None]] = {
     "no-efa": (_set("fabric.kind", "none"), None, None),
     "few-efa": (None, LT, _training(_keep_interfaces(8))),
     "ethernet": (_pool("train", instance_type="g6e.xlarge"), None, None),
+    "one-ethernet-node": (_pool("train", instance_type="g6e.xlarge", count=1), None, None),
     "spot-on-demand": (None, LT, _training(_drop("instance_market_options"))),
     "interruptible-on-demand": (_pool("train-spot", capacity="on-demand"), None, None),
     "spot-cancel": (_set("scheduler.spot_preempt_mode", "cancel"), None, None),

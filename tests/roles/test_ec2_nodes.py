@@ -3,31 +3,38 @@ EC2 (moto server) and a fake IMDS.
 
 EC2 is moto in server mode on loopback; the Slurm side is recorder scripts (scontrol, squeue,
 scancel) that append their argv to a file and answer queries with what the test gave them; the
-program runs as a subprocess, as Slurm runs it, except where a test drives it in-process (a polling
-loop, a clock, EC2 calls recorded in the same file as the Slurm calls to check their order).
+program runs as a subprocess, as Slurm runs it, for the whole path (a pool scaled up and down, the
+Slurm wrappers, keep-static, a usage error); the other tests run its command line in this process
+(run_in_process: the same argv, exit code and log, and `make mutation` sees the functions they reach) or
+drive a command's function (a polling loop, a clock, EC2 calls recorded in the same file as the Slurm
+calls to check their order).
 keep-static, reconcile and teardown are tested in test_ec2_static.py and test_ec2_reconcile.py,
 which share this module's fixtures.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+from gpuplat_ec2_nodes import cli as program_cli
 from gpuplat_ec2_nodes import ec2 as program_ec2
 from gpuplat_ec2_nodes.ec2 import Ec2Nodes
 from gpuplat_ec2_nodes.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_UNKNOWN_NODE, EXIT_USAGE, UsageError
 from gpuplat_ec2_nodes.hostlist import expand_hostlist
+from gpuplat_ec2_nodes.logs import LOG
 from gpuplat_ec2_nodes.resume import REASON_RESUME_FAIL, resume, resume_fail
 from gpuplat_ec2_nodes.settings import Pool, Settings, parse_pool, pool_of
 from gpuplat_ec2_nodes.slurm import Job, NodeInfo, Slurm, parse_jobs, parse_nodes
@@ -113,8 +120,9 @@ def tags_of(instance: dict[str, Any]) -> dict[str, str]:
 def moto_cloud() -> Iterator[Cloud]:
     """One moto server, VPC, subnet and launch template; each test gets its own stack tag.
 
-    moto's backend is one per process: the modules that share this fixture get a server each, and
-    a template name each.
+    moto's backend is one per process and outlives the server: the modules that share this fixture get a
+    server each, and a template name and stack tags each (the port in them), so that a test run again in
+    the same process (`make mutation` does) sees none of its earlier instances.
     """
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
@@ -131,13 +139,13 @@ def moto_cloud() -> Iterator[Cloud]:
             LaunchTemplateName=f"train-{port}",
             LaunchTemplateData={"ImageId": image_id, "InstanceType": "p5.48xlarge"},
         )
-        yield Cloud(url, ec2, template["LaunchTemplate"]["LaunchTemplateId"], subnet_id)
+        yield Cloud(url, ec2, template["LaunchTemplate"]["LaunchTemplateId"], subnet_id, f"stack-{port}")
     server.stop()
 
 
 @pytest.fixture
 def cloud(moto_cloud: Cloud, request: pytest.FixtureRequest) -> Cloud:
-    return replace(moto_cloud, stack=f"stack-{request.node.name}"[:120])
+    return replace(moto_cloud, stack=f"{moto_cloud.stack}-{request.node.name}"[:120])
 
 
 # --- Slurm side (recorder scripts) ----------------------------------------------------------------
@@ -282,6 +290,22 @@ def run_program(config: Path, cloud: Cloud, *args: str) -> subprocess.CompletedP
     return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, check=False)
 
 
+def run_in_process(config: Path, cloud: Cloud, *args: str) -> subprocess.CompletedProcess[str]:
+    """run_program's argv, exit code and log, from the command line's main in this process (the moto
+    fixture has set the credentials); the program's log is handed back to logging's defaults after."""
+    argv = ["--config", str(config), "--endpoint-url", cloud.url, *args]
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr):
+            code = program_cli.main(argv)
+    finally:
+        for handler in list(LOG.handlers):
+            LOG.removeHandler(handler)
+            handler.close()
+        LOG.propagate = True
+    return subprocess.CompletedProcess(argv, code, "", stderr.getvalue())
+
+
 def address_updates(slurm: SlurmRecorder) -> dict[str, str]:
     updates = {}
     for call in slurm.calls():
@@ -359,15 +383,16 @@ def test_pool_scales_from_zero_to_three_and_back(tmp_path: Path, cloud: Cloud, s
 
 def test_resume_again_reuses_the_instances(tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder) -> None:
     config = write_config(tmp_path, cloud, slurm)
-    assert run_program(config, cloud, "resume", "train-[0-1]").returncode == 0
+    assert run_in_process(config, cloud, "resume", "train-[0-1]").returncode == 0
     first = {tags_of(i)["gpuplat:node"]: i["InstanceId"] for i in cloud.instances()}
 
-    again = run_program(config, cloud, "resume", "train-[0-2]")
+    again = run_in_process(config, cloud, "resume", "train-[0-2]")
     assert again.returncode == 0, again.stderr
     after = {tags_of(i)["gpuplat:node"]: i["InstanceId"] for i in cloud.instances()}
     assert len(cloud.instances()) == 3
     assert {name: after[name] for name in first} == first
-    assert "reusing" in again.stderr
+    for name, instance_id in first.items():
+        assert f"resume: {name} already has instance {instance_id}, reusing it" in again.stderr
     addresses = [call for call in slurm.calls() if any(arg.startswith("nodeaddr=") for arg in call)]
     assert len(addresses) == 5, "each resume tells Slurm the address of every node it was given"
 
@@ -376,7 +401,7 @@ def test_spot_pool_without_subnet_launches_from_the_template(
     tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
 ) -> None:
     config = write_config(tmp_path, cloud, slurm)
-    result = run_program(config, cloud, "resume", "train-spot-4")
+    result = run_in_process(config, cloud, "resume", "train-spot-4")
     assert result.returncode == 0, result.stderr
     [instance] = cloud.instances(gpuplat_node="train-spot-4")
     assert tags_of(instance)["gpuplat:pool"] == "train-spot"
@@ -385,18 +410,22 @@ def test_spot_pool_without_subnet_launches_from_the_template(
 
 def test_a_name_outside_the_pools_fails_clearly(tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder) -> None:
     config = write_config(tmp_path, cloud, slurm)
-    result = run_program(config, cloud, "resume", "infer-1,train-0")
+    result = run_in_process(config, cloud, "resume", "infer-1,train-0")
     assert result.returncode == EXIT_UNKNOWN_NODE
-    assert "infer-1 belong to no configured pool (pools: train,train-spot)" in result.stderr
+    assert "resume: infer-1 belong to no configured pool (pools: train,train-spot)" in result.stderr
     assert [tags_of(i)["gpuplat:node"] for i in cloud.instances()] == ["train-0"]
     assert list(address_updates(slurm)) == ["train-0"]
+    suspended = run_in_process(config, cloud, "suspend", "infer-1,train-0")
+    assert suspended.returncode == EXIT_UNKNOWN_NODE
+    assert "suspend: infer-1 belong to no configured pool (pools: train,train-spot)" in suspended.stderr
+    assert cloud.node_instances("terminated").keys() == {"train-0"}
 
 
 def test_launch_failure_powers_the_names_down_with_the_aws_error(
     tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
 ) -> None:
     config = write_config(tmp_path, cloud, slurm, subnet_id="subnet-0123456789abcdef0")
-    result = run_program(config, cloud, "resume", "train-[3-4]")
+    result = run_in_process(config, cloud, "resume", "train-[3-4]")
     assert result.returncode == EXIT_FAILED
     assert cloud.instances() == []
     assert slurm.calls() == [
@@ -414,9 +443,9 @@ def test_suspend_of_nodes_without_instances_is_fine(
     tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
 ) -> None:
     config = write_config(tmp_path, cloud, slurm)
-    result = run_program(config, cloud, "suspend", "train-[5-6]")
+    result = run_in_process(config, cloud, "suspend", "train-[5-6]")
     assert result.returncode == 0, result.stderr
-    assert "train-5: terminated no instance" in result.stderr
+    assert "suspend: train-5: terminated no instance" in result.stderr
 
 
 class CapacityShortEc2(RecordingEc2):
@@ -544,9 +573,9 @@ def test_resume_fail_terminates_then_returns_the_nodes_to_power_saving(
     """Slurm leaves a node that missed ResumeTimeout DOWN+POWERED_DOWN, never allocated again
     (power_save.c _do_power_work); POWER_DOWN_FORCE after the termination brings it back to idle~."""
     config = write_config(tmp_path, cloud, slurm)
-    assert run_program(config, cloud, "resume", "train-[0-1]").returncode == 0
+    assert run_in_process(config, cloud, "resume", "train-[0-1]").returncode == 0
     slurm.record.unlink()
-    result = run_program(config, cloud, "resume-fail", "train-1")
+    result = run_in_process(config, cloud, "resume-fail", "train-1")
     assert result.returncode == 0, result.stderr
     assert "train-1 did not register in time" in result.stderr
     assert list(cloud.node_instances("terminated")) == ["train-1"]
@@ -700,6 +729,7 @@ class FakeImds(ThreadingHTTPServer):
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), ImdsHandler)
         self.responses: list[int] = []
+        self.notice = json.dumps(NOTICE).encode()  # the body of an instance-action answered 200
         self.requests: list[str] = []
         self.credential_delays: list[float] = []  # seconds before each answer with credentials
 
@@ -712,14 +742,15 @@ class ImdsHandler(BaseHTTPRequestHandler):
     server: FakeImds
 
     def do_PUT(self) -> None:
-        self.server.requests.append(f"PUT {self.path}")
-        if self.path != "/latest/api/token" or not self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
-            self.reply(400, b"")
+        self.server.requests.append(self.requestline.rsplit(" ", 1)[0])  # as sent: self.path folds "//"
+        ttl = self.headers.get("X-aws-ec2-metadata-token-ttl-seconds", "")
+        if self.path != "/latest/api/token" or not (ttl.isdigit() and 1 <= int(ttl) <= 21600):
+            self.reply(400, b"")  # IMDS's answer to a TTL missing or outside 1 to 21600 s
             return
         self.reply(200, self.server.token.encode())
 
     def do_GET(self) -> None:
-        self.server.requests.append(f"GET {self.path}")
+        self.server.requests.append(self.requestline.rsplit(" ", 1)[0])
         if self.headers.get("X-aws-ec2-metadata-token") != self.server.token:
             self.reply(401, b"")
         elif self.path == f"{CREDENTIALS_PATH}/":
@@ -732,7 +763,7 @@ class ImdsHandler(BaseHTTPRequestHandler):
             self.reply(404, b"")
         else:
             status = self.server.responses.pop(0) if self.server.responses else 404
-            self.reply(status, json.dumps(NOTICE).encode() if status == 200 else b"")
+            self.reply(status, self.server.notice if status == 200 else b"")
 
     def reply(self, status: int, body: bytes) -> None:
         self.send_response(status)
@@ -772,6 +803,18 @@ def test_instance_profile_credentials_survive_a_slow_metadata_answer(
 
 class StopWatching(Exception):
     pass
+
+
+def sleeps_at_most(count: int) -> Callable[[float], None]:
+    """A sleep that ends the watch at its call `count + 1` (a notice missed keeps it polling)."""
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        if len(sleeps) > count:
+            raise StopWatching
+
+    return sleep
 
 
 def test_spot_watch_without_notice_does_nothing(
@@ -864,6 +907,65 @@ def test_spot_notice_terms_the_steps_powers_down_then_requeues_the_jobs_that_end
     ]
 
 
+def test_spot_watch_logs_what_it_watches_the_notice_and_the_jobs_it_cannot_requeue(
+    imds: FakeImds, slurm: SlurmRecorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    imds.responses = [404, 200]
+    slurm.jobs((101, 1, 1), (102, 0, 1), (103, 1, 0))  # 102 srun, 103 --no-requeue
+    slurm.states((101, "PENDING"))
+    watch = SpotWatch("train-spot-1", imds.url + "/", grace_s=90.0, interval_s=5.0)
+    caplog.set_level("INFO", logger=LOG.name)
+    assert spot_watch(watch, Slurm(slurm.scontrol), sleep=sleeps_at_most(2)) == EXIT_OK
+    assert imds.requests == ["PUT /latest/api/token", "GET /latest/meta-data/spot/instance-action"] * 2
+    assert [r.getMessage() for r in caplog.records if r.module == "spot_watch"] == [
+        f"spot-watch: watching {imds.url}/ for node train-spot-1 every 5 s",
+        f"spot-watch: train-spot-1: spot interruption {NOTICE['time']} (terminate)",
+        "spot-watch: train-spot-1: waiting 90 s for the jobs to checkpoint",
+        "spot-watch: train-spot-1: jobs 102,103 are not requeueable batch jobs; POWER_DOWN_FORCE ended them",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("body", "unreadable"),
+    [(b"<html>maintenance</html>", True), (b'["terminate"]', False), (b"{}", False)],
+)
+def test_a_notice_without_a_readable_time_or_action_is_still_handled(
+    imds: FakeImds, slurm: SlurmRecorder, caplog: pytest.LogCaptureFixture, body: bytes, unreadable: bool
+) -> None:
+    """Whatever instance-action holds, its presence is the notice: the node is drained and powered
+    down with the time unknown."""
+    imds.responses, imds.notice = [200], body
+    watch = SpotWatch("train-spot-1", imds.url, grace_s=1.0, interval_s=5.0)
+    caplog.set_level("INFO", logger=LOG.name)
+    assert spot_watch(watch, Slurm(slurm.scontrol), sleep=sleeps_at_most(1)) == EXIT_OK
+    reason = "reason=spot interruption unknown"
+    assert [call for call in slurm.calls() if call[:2] == ["scontrol", "update"]] == [
+        ["scontrol", "update", "nodename=train-spot-1", "state=drain", reason],
+        ["scontrol", "update", "nodename=train-spot-1", "state=power_down_force", reason],
+    ]
+    messages = [r.getMessage() for r in caplog.records if r.name == LOG.name]
+    assert "spot-watch: train-spot-1: spot interruption unknown (unknown)" in messages
+    warning = f"spot-watch: unreadable instance-action {body.decode()!r}; treating it as a notice"
+    assert (warning in messages) is unreadable
+
+
+def test_unreachable_instance_metadata_is_logged_and_polled_again(
+    slurm: SlurmRecorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        raise StopWatching
+
+    watch = SpotWatch("train-spot-1", "http://127.0.0.1:9", grace_s=0.1, interval_s=5.0)
+    with pytest.raises(StopWatching):
+        spot_watch(watch, Slurm(slurm.scontrol), sleep=sleep)
+    assert sleeps == [5.0]
+    [warning] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warning.startswith("spot-watch: instance metadata unreachable: <urlopen error [Errno 111]")
+
+
 def test_spot_notice_requeues_nothing_itself_when_every_job_was_still_running(
     imds: FakeImds, slurm: SlurmRecorder
 ) -> None:
@@ -919,3 +1021,46 @@ def test_spot_watch_program_handles_a_notice_within_the_grace(imds: FakeImds, sl
     ]
     assert time.monotonic() - started >= 0.5
     assert "train-spot-1" in result.stderr
+
+
+class UnreachableEc2(RecordingEc2):
+    """EC2 refusing every describe (a throttled or denied DescribeInstances)."""
+
+    def get_paginator(self, name: str) -> Any:
+        raise ClientError(
+            {"Error": {"Code": "RequestLimitExceeded", "Message": "slow down"}}, "DescribeInstances"
+        )
+
+
+def test_resume_without_ec2s_answer_powers_the_names_down_and_only_unknown_names_launch_nothing(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = boto3.client("ec2", region_name=REGION, endpoint_url=cloud.url)
+    settings = settings_for(tmp_path, cloud, slurm)
+    status = resume(
+        settings,
+        Ec2Nodes(UnreachableEc2(client, slurm), cloud.stack),
+        Slurm(slurm.scontrol),
+        ["train-0", "train-1"],
+    )
+    assert status == EXIT_FAILED
+    assert slurm.calls() == [
+        [
+            "scontrol",
+            "update",
+            "nodename=train-0,train-1",
+            "state=power_down_force",
+            "reason=gpuplat resume failed: RequestLimitExceeded",
+        ]
+    ]
+    looked_up = (
+        "resume: cannot look up the instances of train-0,train-1: An error occurred (RequestLimitExceeded)"
+    )
+    assert [r.getMessage()[: len(looked_up)] for r in caplog.records if r.name == LOG.name] == [looked_up]
+    caplog.clear()
+    slurm.record.unlink()
+    assert resume(settings, ec2_nodes(cloud, slurm), Slurm(slurm.scontrol), ["infer-1"]) == EXIT_UNKNOWN_NODE
+    assert slurm.calls() == [] and cloud.instances() == []
+    assert [r.getMessage() for r in caplog.records if r.name == LOG.name] == [
+        "resume: infer-1 belong to no configured pool (pools: train,train-spot); names are <pool>-<index>"
+    ]

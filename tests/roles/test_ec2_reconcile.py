@@ -1,20 +1,25 @@
 """reconcile and teardown: the pools' instances that no Slurm node owns, and all of them at the end.
 
 Same harness as test_ec2_nodes.py: moto in server mode (each test its own stack tag), recorder
-scontrol answering `show node` with the states a test gives. The program runs as a subprocess, or
-in-process where a test sets the clock (instances are as old as the test makes `now`).
+scontrol answering `show node` with the states a test gives. The command line runs in this process
+(run_in_process), or a command's function where a test sets the clock (instances are as old as the test
+makes `now`).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from gpuplat_ec2_nodes.ec2 import Ec2Nodes
 from gpuplat_ec2_nodes.exit_codes import EXIT_FAILED, EXIT_OK
-from gpuplat_ec2_nodes.reconcile import REASON_RECOVER, reconcile
-from gpuplat_ec2_nodes.slurm import Slurm
+from gpuplat_ec2_nodes.logs import LOG
+from gpuplat_ec2_nodes.reconcile import REASON_RECOVER, find_orphans, reconcile
+from gpuplat_ec2_nodes.slurm import NodeInfo, Slurm
 from gpuplat_ec2_nodes.teardown import teardown
 
 from tests.roles import test_ec2_nodes as harness
@@ -22,7 +27,7 @@ from tests.roles.test_ec2_nodes import (
     Cloud,
     SlurmRecorder,
     ec2_nodes,
-    run_program,
+    run_in_process,
     settings_for,
     show_node,
     write_config,
@@ -67,7 +72,7 @@ def test_reconcile_terminates_what_no_node_owns_and_logs_why(
         show_node("train-3", "ALLOCATED+CLOUD"),
         show_node("train-4", "ALLOCATED+CLOUD+NOT_RESPONDING+POWERING_UP"),
     )
-    result = run_program(write_config(tmp_path, cloud, slurm, NO_GRACE), cloud, "reconcile")
+    result = run_in_process(write_config(tmp_path, cloud, slurm, NO_GRACE), cloud, "reconcile")
     assert result.returncode == 0, result.stderr
     terminated = {untagged, unknown, powered_down, powering_down, duplicate, stopped}
     for instance_id in terminated:
@@ -84,21 +89,45 @@ def test_reconcile_terminates_what_no_node_owns_and_logs_why(
     assert slurm.calls() == [["scontrol", "-o", "show", "node"]]
 
 
+def reconcile_log(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """What the last reconcile rounds logged (then forgotten)."""
+    messages = [r.getMessage() for r in caplog.records if r.module == "reconcile"]
+    caplog.clear()
+    return messages
+
+
 def test_reconcile_leaves_young_instances_for_the_grace(
-    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The resume program tags right after RunInstances: an untagged instance may be one of its."""
+    caplog.set_level("INFO", logger=LOG.name)
     untagged = cloud.launch(None)
     unknown = cloud.launch("train-99")
     launched = max(launched_at(cloud, untagged), launched_at(cloud, unknown))
     assert reconcile_at(tmp_path, cloud, slurm, launched + 10, show_node("train-1", "IDLE+CLOUD")) == 0
     assert cloud.state(untagged) == cloud.state(unknown) == "running"
+    young = {i: f"{launched + 10 - launched_at(cloud, i):.0f}" for i in (untagged, unknown)}
+    assert reconcile_log(caplog) == [
+        f"reconcile: {untagged} (no gpuplat:node tag, running) has no gpuplat:node tag, launched "
+        f"{young[untagged]} s ago: within the 300 s grace, left for now",
+        f"reconcile: {unknown} (train-99, running) is named for a node Slurm does not know, launched "
+        f"{young[unknown]} s ago: within the 300 s grace, left for now",
+        "reconcile: 2 instances of pools train,train-spot, 0 orphans, 0 nodes returned to power saving",
+    ]
     assert reconcile_at(tmp_path, cloud, slurm, launched + 301, show_node("train-1", "IDLE+CLOUD")) == 0
     assert cloud.state(untagged) == cloud.state(unknown) == "terminated"
+    old = {i: f"{launched + 301 - launched_at(cloud, i):.0f}" for i in (untagged, unknown)}
+    assert reconcile_log(caplog) == [
+        f"reconcile: terminating {untagged} (no gpuplat:node tag): has no gpuplat:node tag, launched "
+        f"{old[untagged]} s ago",
+        f"reconcile: terminating {unknown} (train-99): is named for a node Slurm does not know, launched "
+        f"{old[unknown]} s ago",
+        "reconcile: 2 instances of pools train,train-spot, 2 orphans, 0 nodes returned to power saving",
+    ]
 
 
 def test_a_powered_down_nodes_instance_goes_within_grace_plus_interval(
-    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Rounds every 60 s, grace 300 s. The node powers down at some T in (60, 120] (SuspendProgram
     failed to terminate): the instance goes at t=360, within T + grace + interval, and after the
@@ -109,11 +138,19 @@ def test_a_powered_down_nodes_instance_goes_within_grace_plus_interval(
     down = show_node("train-5", "IDLE+CLOUD+POWERED_DOWN")
     states = {t0: up, t0 + 60: up} | {t0 + t: down for t in range(120, 480, 60)}
     gone_at = None
+    caplog.set_level("INFO", logger=LOG.name)
+    logs = {}
     for now, line in states.items():
         assert reconcile_at(tmp_path, cloud, slurm, now, line) == 0
+        logs[now - t0] = reconcile_log(caplog)[:-1]  # less the round's summary
         if gone_at is None and cloud.state(instance) == "terminated":
             gone_at = now - t0
     assert gone_at == 360, "powered down since at most t=60 by the rounds' record: 60 + 300"
+    label = f"{instance} (train-5, running)"
+    assert logs[120] == [
+        f"reconcile: {label}: node train-5 POWERED_DOWN for 60 s: within the 300 s grace, left for now"
+    ]
+    assert logs[360] == [f"reconcile: terminating {instance} (train-5): node POWERED_DOWN for 300 s"]
     since = json.loads((tmp_path / "state" / "reconcile.json").read_text())["powered_down_since"]
     assert since == {"train-5": t0 + 60}
 
@@ -132,7 +169,7 @@ def test_reconcile_terminates_nothing_without_slurms_node_list(
 ) -> None:
     instance = cloud.launch("train-1")
     slurm.fail("scontrol")
-    result = run_program(write_config(tmp_path, cloud, slurm, NO_GRACE), cloud, "reconcile")
+    result = run_in_process(write_config(tmp_path, cloud, slurm, NO_GRACE), cloud, "reconcile")
     assert result.returncode == EXIT_FAILED
     assert "without Slurm's node list nothing is terminated" in result.stderr
     assert cloud.state(instance) == "running"
@@ -145,12 +182,12 @@ def test_a_failed_termination_is_tried_again_next_round(
     cloud.protect(protected)
     config = write_config(tmp_path, cloud, slurm, NO_GRACE)
     slurm.nodes(show_node("train-1", "IDLE+CLOUD"))
-    first = run_program(config, cloud, "reconcile")
+    first = run_in_process(config, cloud, "reconcile")
     assert first.returncode == EXIT_FAILED
     assert f"{protected} is still there; trying again next round" in first.stderr
     assert cloud.state(plain) == "terminated", "one instance that cannot go does not hold back the others"
     cloud.protect(protected, False)
-    second = run_program(config, cloud, "reconcile")
+    second = run_in_process(config, cloud, "reconcile")
     assert second.returncode == 0, second.stderr
     assert cloud.state(protected) == "terminated"
 
@@ -195,7 +232,7 @@ def test_teardown_terminates_every_instance_of_the_stacks_pools(
     ]
     cloud.ec2.stop_instances(InstanceIds=[ours[2]])
     theirs = [cloud.launch("train-0", stack=f"{cloud.stack}-other"), cloud.launch("infer-0", "infer")]
-    result = run_program(write_config(tmp_path, cloud, slurm), cloud, "teardown", "--poll-seconds=0.1")
+    result = run_in_process(write_config(tmp_path, cloud, slurm), cloud, "teardown", "--poll-seconds=0.1")
     assert result.returncode == 0, result.stderr
     assert [cloud.state(i) for i in ours] == ["terminated"] * 3
     assert [cloud.state(i) for i in theirs] == ["running"] * 2
@@ -207,7 +244,7 @@ def test_teardown_lists_what_is_left_and_fails(tmp_path: Path, cloud: Cloud, slu
     stuck, gone = cloud.launch("train-0"), cloud.launch("train-1")
     cloud.protect(stuck)
     config = write_config(tmp_path, cloud, slurm)
-    result = run_program(config, cloud, "teardown", "--timeout-seconds=0.3", "--poll-seconds=0.1")
+    result = run_in_process(config, cloud, "teardown", "--timeout-seconds=0.3", "--poll-seconds=0.1")
     assert result.returncode == EXIT_FAILED
     assert f"teardown: left: {stuck} (train-0, running)" in result.stderr
     assert cloud.state(gone) == "terminated"
@@ -236,3 +273,38 @@ def test_teardown_waits_for_instances_still_shutting_down(
     assert status == EXIT_OK
     assert sleeps == [5.0, 5.0, 5.0] and ec2.listings == 4
     assert slurm.calls() == [["ec2", "terminate_instances", instance]], "shutting-down is not asked again"
+
+
+def test_a_node_keeps_its_instance_at_node_addr_over_a_newer_one_else_the_newest(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Instances a second apart at least (moto's launch times are to the second: its instances of one
+    test are launched together), so which one is newest is told apart."""
+    launched = datetime(2026, 12, 1, 9, tzinfo=UTC)
+
+    def instance(instance_id: str, after_s: int, address: str) -> dict[str, Any]:
+        return {
+            "InstanceId": instance_id,
+            "LaunchTime": launched + timedelta(seconds=after_s),
+            "PrivateIpAddress": address,
+            "State": {"Name": "running"},
+            "Tags": [{"Key": "gpuplat:node", "Value": "train-2"}],
+        }
+
+    at_addr, newer, newest = (
+        instance("i-at", 0, "10.0.0.1"),
+        instance("i-new", 60, "10.0.0.2"),
+        instance("i-newest", 120, "10.0.0.3"),
+    )
+    node = NodeInfo("train-2", frozenset({"IDLE", "CLOUD"}), addr="10.0.0.1")
+    now = launched.timestamp() + 3600
+    caplog.set_level("INFO", logger=LOG.name)
+    kept_at_addr = find_orphans([newer, at_addr, newest], {"train-2": node}, {}, now, 300.0)
+    assert [o.instance_id for o in kept_at_addr] == ["i-new", "i-newest"]
+    assert reconcile_log(caplog) == [
+        "reconcile: train-2 has 3 instances; keeping i-at is at NodeAddr 10.0.0.1"
+    ]
+    moved = replace(node, addr="10.0.0.9")
+    kept_newest = find_orphans([newer, newest, at_addr], {"train-2": moved}, {}, now, 300.0)
+    assert [o.instance_id for o in kept_newest] == ["i-new", "i-at"]
+    assert reconcile_log(caplog) == ["reconcile: train-2 has 3 instances; keeping i-newest is the newest"]

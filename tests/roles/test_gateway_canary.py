@@ -5,6 +5,8 @@ tests/serving/test_serve.py."""
 from __future__ import annotations
 
 import json
+import logging
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -57,14 +59,24 @@ class FakeApi:
     two versions' backends. `refuse` answers `set map` with an error; `canary_status` is the status of the
     canary's one server."""
 
-    def __init__(self, entries: dict[int, str], canary_status: str = "UP", refuse: str = "") -> None:
+    def __init__(
+        self,
+        entries: dict[int, str],
+        canary_status: str = "UP",
+        refuse: str = "",
+        map_file: Path | None = None,
+    ) -> None:
         self.entries = dict(entries)
         self.canary_status = canary_status
         self.refuse = refuse
+        self.map_file = map_file
         self.sets: list[str] = []
+        self.canary_backend = True  # False: HAProxy has no such backend (a configuration without a canary)
 
     def send(self, command: str) -> str:
         words = command.split()
+        if self.map_file is not None and words[1:2] == ["map"]:
+            assert words[2] == str(self.map_file), command
         if words[:2] == ["show", "map"]:
             return (
                 "".join(f"0x55{draw:04x} {draw} {backend}\n" for draw, backend in self.entries.items()) + "\n"
@@ -91,6 +103,8 @@ class FakeApi:
                 "canary-1": {"status": self.canary_status, "hrsp_5xx": "50"},
             },
         }
+        if backend == "inference_canary" and not self.canary_backend:
+            return {}
         return rows[backend]
 
 
@@ -147,22 +161,78 @@ def test_a_set_haproxy_refuses_stops_the_share_before_the_file(canary: ModuleTyp
 
 
 def test_the_program_answers_json_and_exits_2_when_refused(
-    canary: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    canary: ModuleType,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     map_file = _map_file(tmp_path, canary, 0)
-    api = FakeApi(canary.version_map(0))
+    api = FakeApi(canary.version_map(0), map_file=map_file)
     sockets: list[str] = []
     monkeypatch.setattr(canary, "RuntimeApi", lambda path: sockets.append(path) or api)
     assert canary.main(["--socket", "/tmp/s.sock", "--map", str(map_file), "share", "2"]) == 0
     assert sockets == ["/tmp/s.sock"]
-    assert json.loads(capsys.readouterr().out)["canary_percent"] == 2
+    out = capsys.readouterr().out
+    assert (
+        out == json.dumps(json.loads(out), sort_keys=True) + "\n" and json.loads(out)["canary_percent"] == 2
+    )
     assert canary.main(["--map", str(map_file), "show"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["canary_percent"] == 2 and shown["backends"]["inference_canary"]["servers_up"] == 1
     api.canary_status = "DOWN"
+    caplog.set_level(logging.ERROR)
     assert canary.main(["--map", str(map_file), "share", "4"]) == 2
     assert canary.main(["--map", str(map_file), "share", "101"]) == 2
     assert capsys.readouterr().out == ""  # nothing printed as if done
+    assert [r.getMessage() for r in caplog.records] == [
+        "no server of backend inference_canary is up: deploy the canary's model servers "
+        "(inference_gateway_canary_servers) and let their health checks pass before giving them a share",
+        "a canary share is a whole percentage from 0 to 100, not 101",
+    ]
+
+
+def test_a_gateway_without_a_canary_backend_has_nothing_up_there(canary: ModuleType, tmp_path: Path) -> None:
+    api = FakeApi(canary.version_map(0))
+    api.canary_backend = False
+    assert canary.backend_figures(api)["inference_canary"] == {
+        "requests": 0,
+        "errors_5xx": 0,
+        "servers_up": 0,
+    }
+    with pytest.raises(canary.RuntimeApiError, match="no server of backend inference_canary is up"):
+        canary.share(api, _map_file(tmp_path, canary, 0), 5)
+
+
+def test_the_map_file_is_replaced_whole(
+    canary: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Written beside the map under a hidden name, then renamed over it: a reload never reads half a map,
+    and the rename stays on the map's file system."""
+    map_file = _map_file(tmp_path, canary, 0)
+    replaced: list[tuple[Path, Path]] = []
+    replace = os.replace
+    monkeypatch.setattr(os, "replace", lambda a, b: replaced.append((Path(a), Path(b))) or replace(a, b))
+    canary.share(FakeApi(canary.version_map(0), map_file=map_file), map_file, 1)
+    ((temporary, target),) = replaced
+    assert target == map_file and temporary.parent == map_file.parent
+    assert temporary.name.startswith(".gpuplat-versions.map.")
+
+
+def test_the_programs_usage(canary: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as shown:
+        canary.parse_args(["--help"])
+    usage = capsys.readouterr().out
+    assert shown.value.code == 0
+    assert usage.startswith("usage: gpuplat_gateway_canary.py [-h] [--socket SOCKET] [--map MAP]")
+    assert "A canary release's share of the requests at the inference gateway" in usage
+    assert "HAProxy's admin stats socket" in usage and "give the canary PERCENT of the requests" in usage
+    assert "the share and each version's requests and errors (JSON)" in usage
+    with pytest.raises(SystemExit) as missing:
+        canary.parse_args([])
+    assert (
+        missing.value.code == 2 and "the following arguments are required: command" in capsys.readouterr().err
+    )
 
 
 def test_the_program_fails_with_exit_2_when_haproxy_is_not_there(
@@ -173,7 +243,8 @@ def test_the_program_fails_with_exit_2_when_haproxy_is_not_there(
     client = canary.RuntimeApi
     monkeypatch.setattr(canary, "RuntimeApi", lambda path: client(path, connect_wait_s=0))
     assert canary.main(["--socket", missing, "--map", str(tmp_path / "m.map"), "show"]) == 2
-    assert f"HAProxy's runtime API at {missing}: " in caplog.text
+    (record,) = caplog.records
+    assert record.getMessage() == f"HAProxy's runtime API at {missing}: [Errno 2] No such file or directory"
 
 
 def test_the_defaults_are_where_the_role_puts_the_socket_and_the_map(canary: ModuleType) -> None:

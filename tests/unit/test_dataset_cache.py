@@ -1,9 +1,11 @@
 """gpuplat-dataset (roles/slurm_compute/files/gpuplat_dataset_cache.py), the node's dataset cache, run
-as the program jobs run: a version is copied once and reused by the next job; a job start checks the copy
-cheaply (the manifest's digest and the files' sizes), staging and `verify` hash every byte; a copy found
-bad is withdrawn and staged again into a new directory, never rewritten under a job that reads it; the
-cache belongs to its own user and serves every user of the node; it stays under its size cap by evicting
-the least recently used copy no job holds; every error is one line and exit 2.
+as the program jobs run (or its main in this process, _main, where one user stages, verifies and lists
+copies, so that `make mutation` sees what those tests call): a version is copied once and reused by the
+next job; a job start checks the copy cheaply (the manifest's digest and the files' sizes), staging and
+`verify` hash every byte; a copy found bad is withdrawn and staged again into a new directory, never
+rewritten under a job that reads it; the cache belongs to its own user and serves every user of the node;
+it stays under its size cap by evicting the least recently used copy no job holds; every error is one
+line and exit 2.
 
 The tests of other users run as root (CI does) with numeric uids that need no passwd entry, switched to
 with setpriv; `sudo -n -u gpuplat-cache` (what the role installs, tests/roles/test_dataset_cache_role.py)
@@ -12,9 +14,13 @@ is replaced by setpriv through GPUPLAT_DATASET_BECOME. Not modelled here: sudo's
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import hashlib
+import io
 import json
 import os
+import shlex
 import shutil
 import signal
 import stat
@@ -97,6 +103,18 @@ def _run(config: Path, *args: str, env: dict[str, str] | None = None) -> subproc
     )
 
 
+def _main(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """_run's exit code and output from the program's main in this process (loaded while its output is
+    taken: `stage` logs to the sys.stderr of its loading), where `make mutation` sees what it calls."""
+    from tests.conftest import load_script
+
+    argv = ["--config", str(config), *args]
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = load_script(PROGRAM).main(argv)
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+
+
 BECOME_OWNER = (
     f"setpriv --reuid={CACHE_UID} --regid={CACHE_UID} --clear-groups --inh-caps=-all --ambient-caps=-all "
     f"-- {SYSTEM_PYTHON}"
@@ -139,7 +157,7 @@ def _one_error_line(done: subprocess.CompletedProcess[str], *expected: str) -> N
 
 def test_a_version_is_staged_once_and_the_next_job_reuses_it(tmp_path: Path) -> None:
     config = _setup(tmp_path)
-    first = _run(config, "stage", "corpus")
+    first = _main(config, "stage", "corpus")
     assert first.returncode == 0, first.stderr
     path = Path(first.stdout.strip())
     assert path.parent == tmp_path / "cache" / "corpus" / "v1"
@@ -147,12 +165,12 @@ def test_a_version_is_staged_once_and_the_next_job_reuses_it(tmp_path: Path) -> 
     assert "staged from" in first.stderr
     assert (path / "shards" / "000.bin").read_bytes() == SHARD0
     inode = (path / "shards" / "000.bin").stat().st_ino
-    second = _run(config, "stage", "corpus")
+    second = _main(config, "stage", "corpus")
     assert second.returncode == 0 and Path(second.stdout.strip()) == path
     assert "cached at" in second.stderr and "staged from" not in second.stderr
     assert (path / "shards" / "000.bin").stat().st_ino == inode  # not copied again
-    assert _run(config, "verify", "corpus").returncode == 0
-    assert "corpus\tv1\tcached" in _run(config, "list").stdout
+    assert _main(config, "verify", "corpus").returncode == 0
+    assert "corpus\tv1\tcached" in _main(config, "list").stdout
     # Read-only copies: a job's bug cannot change what the next job reads.
     assert not (path / "index.json").stat().st_mode & 0o222
 
@@ -164,52 +182,52 @@ def test_a_job_start_checks_sizes_and_the_manifest_digest_and_only_staging_or_ve
     `verify` (and to `stage --check full`), which withdraws the copy; the next stage copies it again into
     a new directory and removes the bad one once no job holds it."""
     config = _setup(tmp_path)
-    path = Path(_run(config, "stage", "corpus").stdout.strip())
+    path = Path(_main(config, "stage", "corpus").stdout.strip())
     shard = path / "shards" / "001.bin"
     shard.chmod(0o644)
     shard.write_bytes(b"SECOND SHARD" * 100)  # same size, other bytes
-    cheap = _run(config, "stage", "corpus")
+    cheap = _main(config, "stage", "corpus")
     assert cheap.returncode == 0 and Path(cheap.stdout.strip()) == path and "cached at" in cheap.stderr
-    verified = _run(config, "verify", "corpus")
+    verified = _main(config, "verify", "corpus")
     assert verified.returncode == 1 and "001.bin: content differs" in verified.stdout
     assert "withdrawn" in verified.stderr
-    again = _run(config, "stage", "corpus")
+    again = _main(config, "stage", "corpus")
     assert again.returncode == 0 and "staged from" in again.stderr, again.stderr
     new = Path(again.stdout.strip())
     assert new != path and (new / "shards" / "001.bin").read_bytes() == SHARD1
     assert not path.exists()  # no job held it
 
-    full = _run(config, "stage", "corpus", "--check", "full")
+    full = _main(config, "stage", "corpus", "--check", "full")
     assert full.returncode == 0 and Path(full.stdout.strip()) == new
 
 
 def test_a_truncated_copy_or_a_changed_manifest_is_never_handed_out(tmp_path: Path) -> None:
     config = _setup(tmp_path)
-    path = Path(_run(config, "stage", "corpus").stdout.strip())
+    path = Path(_main(config, "stage", "corpus").stdout.strip())
     (path / "index.json").chmod(0o644)
     (path / "index.json").write_text("{")
-    checked = _run(config, "verify", "corpus", "--check", "size")
+    checked = _main(config, "verify", "corpus", "--check", "size")
     assert "index.json: 1 bytes, expected 13" in checked.stdout
-    path = Path(_run(config, "stage", "corpus").stdout.strip())
+    path = Path(_main(config, "stage", "corpus").stdout.strip())
     assert (path / "index.json").read_text() == INDEX
     # A manifest edited to match a truncated file: its own digest no longer matches.
     manifest = path / "MANIFEST.json"
     manifest.chmod(0o644)
     manifest.write_text(manifest.read_text().replace('"size": 13', '"size": 1'))
-    staged = _run(config, "stage", "corpus")
+    staged = _main(config, "stage", "corpus")
     assert staged.returncode == 0 and "manifest digest" in staged.stderr and "staged from" in staged.stderr
 
 
 def test_a_source_changed_for_the_same_version_is_staged_again(tmp_path: Path) -> None:
     """Day 2: the stack points the version at another directory; the copy of the old one is not it."""
     config = _setup(tmp_path)
-    path = Path(_run(config, "stage", "corpus").stdout.strip())
+    path = Path(_main(config, "stage", "corpus").stdout.strip())
     moved = tmp_path / "shared" / "moved"
     shutil.copytree(tmp_path / "shared" / "datasets" / "corpus" / "v1", moved)
     document = json.loads(config.read_text())
     document["datasets"][0]["source"] = str(moved)
     config.write_text(json.dumps(document))
-    staged = _run(config, "stage", "corpus")
+    staged = _main(config, "stage", "corpus")
     assert staged.returncode == 0 and "another source" in staged.stderr and "staged from" in staged.stderr
     assert Path(staged.stdout.strip()) != path
 
@@ -362,38 +380,38 @@ def test_the_cache_stays_under_its_cap_by_evicting_the_least_recently_used_copy_
     tmp_path: Path,
 ) -> None:
     config = _setup(tmp_path, names=("alpha", "beta", "gamma"), cache_max_bytes=2 * _bytes_of_one() + 100)
-    alpha = Path(_run(config, "stage", "alpha").stdout.strip())
-    beta = Path(_run(config, "stage", "beta").stdout.strip())
+    alpha = Path(_main(config, "stage", "alpha").stdout.strip())
+    beta = Path(_main(config, "stage", "beta").stdout.strip())
     time.sleep(0.05)
-    assert _run(config, "stage", "alpha").returncode == 0  # alpha used last: beta is the LRU
-    gamma = _run(config, "stage", "gamma")
+    assert _main(config, "stage", "alpha").returncode == 0  # alpha used last: beta is the LRU
+    gamma = _main(config, "stage", "gamma")
     assert gamma.returncode == 0 and "evicted beta v1" in gamma.stderr, gamma.stderr
-    assert alpha.exists() and not beta.exists() and "beta\tv1\t-" in _run(config, "list").stdout
+    assert alpha.exists() and not beta.exists() and "beta\tv1\t-" in _main(config, "list").stdout
 
     # Every other copy held by a running job: the stage is refused, whole, before copying anything.
     readers = [_hold(alpha), _hold(Path(gamma.stdout.strip()))]
     try:
-        refused = _run(config, "stage", "beta")
+        refused = _main(config, "stage", "beta")
         _one_error_line(refused, "cache_max_bytes", "in use")
         assert not list((tmp_path / "cache" / "beta" / "v1").glob(".staging-*"))
     finally:
         for fd in readers:
             os.close(fd)
-    assert _run(config, "stage", "beta").returncode == 0
+    assert _main(config, "stage", "beta").returncode == 0
 
 
 def test_a_version_no_longer_in_the_stack_is_removed_once_no_job_holds_it(tmp_path: Path) -> None:
     config = _setup(tmp_path, names=("alpha", "beta"))
-    alpha = Path(_run(config, "stage", "alpha").stdout.strip())
+    alpha = Path(_main(config, "stage", "alpha").stdout.strip())
     document = json.loads(config.read_text())
     document["datasets"] = [d for d in document["datasets"] if d["name"] == "beta"]
     config.write_text(json.dumps(document))
     reader = _hold(alpha)
     try:
-        assert _run(config, "stage", "beta").returncode == 0 and alpha.exists()
+        assert _main(config, "stage", "beta").returncode == 0 and alpha.exists()
     finally:
         os.close(reader)
-    assert _run(config, "stage", "beta").returncode == 0 and not alpha.exists()
+    assert _main(config, "stage", "beta").returncode == 0 and not alpha.exists()
 
 
 # --- bad input and failures: one line, exit 2 ---------------------------------------------------------
@@ -401,25 +419,25 @@ def test_a_version_no_longer_in_the_stack_is_removed_once_no_job_holds_it(tmp_pa
 
 def test_unknown_datasets_and_missing_sources_are_refused(tmp_path: Path) -> None:
     config = _setup(tmp_path)
-    unknown = _run(config, "stage", "imagenet")
+    unknown = _main(config, "stage", "imagenet")
     _one_error_line(unknown, "no dataset 'imagenet'", "corpus")
     shutil.rmtree(tmp_path / "shared" / "datasets" / "corpus" / "v1")
-    _one_error_line(_run(config, "stage", "corpus"), "is not a directory")
+    _one_error_line(_main(config, "stage", "corpus"), "is not a directory")
     config.write_text("{")
-    _one_error_line(_run(config, "stage", "corpus"), "cannot read the dataset configuration")
+    _one_error_line(_main(config, "stage", "corpus"), "cannot read the dataset configuration")
     config.write_text(json.dumps({"cache_path": "relative", "datasets": [{"name": "x"}]}))
-    _one_error_line(_run(config, "stage", "x"), "datasets.json")
+    _one_error_line(_main(config, "stage", "x"), "datasets.json")
     # The cache's root: the configured cache user's, and no one else may write to it.
     cache = tmp_path / "owned"
     document = {"cache_path": str(cache), "cache_user": "gpuplat-nobody-here", "datasets": []}
     config.write_text(json.dumps(document))
-    _one_error_line(_run(config, "stage", "x"), "does not exist", "roles/slurm_compute")
+    _one_error_line(_main(config, "stage", "x"), "does not exist", "roles/slurm_compute")
     cache.mkdir()
-    _one_error_line(_run(config, "stage", "x"), "not to the cache user gpuplat-nobody-here")
+    _one_error_line(_main(config, "stage", "x"), "not to the cache user gpuplat-nobody-here")
     del document["cache_user"]
     config.write_text(json.dumps(document))
     cache.chmod(0o1777)  # the layout before the cache had a user: anyone could replace a copy
-    _one_error_line(_run(config, "stage", "x"), "may be written by other users")
+    _one_error_line(_main(config, "stage", "x"), "may be written by other users")
 
 
 def test_a_source_that_vanishes_mid_copy_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
@@ -600,3 +618,93 @@ def test_a_copy_that_differs_from_what_was_read_is_never_handed_out(
     version = tmp_path / "cache" / "corpus" / "v1"
     assert not list(version.glob("g*")) and not (version / "current").exists()
     assert not [p for p in version.iterdir() if p.name.startswith(".staging")]
+
+
+def test_files_of_several_chunks_two_folders_down_are_copied_whole_and_verify_reads_every_byte(
+    tmp_path: Path,
+) -> None:
+    """A file longer than one read keeps its whole size and digest in the manifest; `verify` (a full
+    check by default) finds a byte changed in its last chunk; a copy without its manifest is no copy."""
+    from tests.conftest import load_script
+
+    chunk = load_script(PROGRAM).CHUNK
+    source = tmp_path / "shared" / "deep" / "v2"
+    (source / "a" / "b").mkdir(parents=True)
+    payload = bytes(range(256)) * (chunk // 256) + b"tail" * 1000
+    (source / "a" / "b" / "big.bin").write_bytes(payload)
+    config = tmp_path / "datasets.json"
+    datasets = [{"name": "deep", "version": "v2", "source": str(source)}]
+    config.write_text(json.dumps({"cache_path": str(tmp_path / "cache"), "datasets": datasets}))
+    staged = _main(config, "stage", "deep")
+    assert staged.returncode == 0, staged.stderr
+    path = Path(staged.stdout.strip())
+    files = json.loads((path / "MANIFEST.json").read_text())["files"]
+    assert files == {"a/b/big.bin": {"size": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}}
+    big = path / "a" / "b" / "big.bin"
+    big.chmod(0o644)
+    big.write_bytes(payload[:-1] + b"!")
+    verified = _main(config, "verify", "deep")
+    assert (verified.returncode, verified.stdout) == (
+        1,
+        "deep v2: a/b/big.bin: content differs from the source (SHA-256)\n",
+    )
+    again = Path(_main(config, "stage", "deep").stdout.strip())
+    (again / "MANIFEST.json").unlink()
+    assert _main(config, "verify", "deep").stdout == "deep v2: no complete manifest\n"
+
+
+def test_the_programs_usage_and_where_the_role_puts_its_configuration(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.conftest import load_script
+
+    cache = load_script(PROGRAM)
+    with pytest.raises(SystemExit) as shown:
+        cache.main(["--help"])
+    usage = capsys.readouterr().out
+    assert shown.value.code == 0 and usage.startswith("usage: gpuplat-dataset [-h] [--config CONFIG]")
+    assert "gpuplat-dataset: the node's cache of the stack's datasets on local NVMe." in usage
+    for wrong in ([], ["stage", "corpus", "--check", "quick"], ["run"]):
+        with pytest.raises(SystemExit) as refused:
+            cache.main(wrong)
+        assert refused.value.code == 2
+    for command, default in (("stage", "size"), ("verify", "full"), ("run", "size")):
+        assert cache.parse([command, "corpus"]).check == default
+    tasks = (PROGRAM.parents[1] / "tasks" / "job_environment.yml").read_text()
+    assert f"dest: {cache.CONFIG}\n" in tasks  # what the program reads without --config
+
+
+def test_a_user_not_the_owner_runs_the_program_again_as_the_owner_through_sudo(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """How `stage` and `verify` of anyone but root and the cache's owner become the owner: this program
+    again, through `sudo -n -u` (or GPUPLAT_DATASET_BECOME), its stdout handed back less the exit mark."""
+    from tests.conftest import load_script
+
+    cache = load_script(PROGRAM)
+    path = _setup(tmp_path)
+    config = cache.load_config(path)
+    owner = cache.cache_owner(config)[0]
+    program = os.path.realpath(PROGRAM)
+    monkeypatch.setattr(sys, "argv", [str(PROGRAM)])
+    tail = ["--config", str(path), "--as-owner", "stage", "corpus"]
+    assert cache.owner_command(config, ["stage", "corpus"]) == (
+        [sys.executable, program, *tail],
+        sys.executable,
+    )
+    code, out = cache.as_owner(config, ["stage", "corpus", "--check", "size"])
+    assert (code, out) == (0, f"{tmp_path / 'cache' / 'corpus' / 'v1' / 'g1'}\n")
+
+    monkeypatch.setattr(os, "geteuid", lambda: owner + 4242)
+    sudo = ["sudo", "-n", "-u", f"#{owner}", "--"]
+    assert cache.owner_command(config, ["stage", "corpus"]) == ([*sudo, program, *tail], shlex.join(sudo))
+    monkeypatch.setenv("GPUPLAT_DATASET_BECOME", "setpriv --reuid={user} --")
+    assert cache.owner_command(config, ["verify", "x"])[0][:3] == ["setpriv", f"--reuid=#{owner}", "--"]
+    monkeypatch.setenv("GPUPLAT_DATASET_BECOME", "false")
+    with pytest.raises(
+        cache.CacheError, match=r"^cannot run as the cache owner through `false` \(exit 1, see above;"
+    ):
+        cache.as_owner(config, ["stage", "corpus", "--check", "size"])
+    monkeypatch.setenv("GPUPLAT_DATASET_BECOME", str(tmp_path / "no-sudo"))
+    with pytest.raises(cache.CacheError, match=r"No such file or directory.*installs the sudoers rule"):
+        cache.as_owner(config, ["stage", "corpus", "--check", "size"])

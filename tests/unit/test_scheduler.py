@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -130,3 +132,47 @@ def test_the_inventory_mpi_default_is_what_slurm_conf_says(
     conf = render("slurm.conf.j2", version="21.08.5-2ubuntu1", slurm_common_mpi_default=mpi)
     assert settings(conf)["MpiDefault"] == "pmi2"
     assert "no mpi/pmix plugin" in conf
+
+
+def test_the_aws_stacks_partitions_accounts_and_qos(shipped_platforms: dict[str, ResolvedPlatform]) -> None:
+    """One partition per training pool: on demand first (PriorityTier 10, every QoS, never preempted),
+    spot after it (PriorityTier 1, the spot QoS only, preempted in the stack's mode); an account per team
+    with its GPU cap; the QoS tiers, spot's with the grace period a checkpoint needs."""
+    platform = shipped_platforms["aws-prod"]
+    train = [f"train-{i}" for i in range(4)]
+    assert [asdict(p) for p in slurm.partitions(platform)] == [
+        {"name": "train", "pool": "train", "nodes": train, "gpus_per_node": 8, "gpu_type": "h100",
+         "priority_tier": 10, "preempt_mode": "OFF", "default": True, "spot": False,
+         "allowed_qos": ["normal", "high", "spot"]},
+        {"name": "train_spot", "pool": "train-spot", "nodes": [f"train-spot-{i}" for i in range(4)],
+         "gpus_per_node": 8, "gpu_type": "h100", "priority_tier": 1, "preempt_mode": "REQUEUE",
+         "default": False, "spot": True, "allowed_qos": ["spot"]},
+    ]  # fmt: skip
+    assert slurm.default_partition(platform) == "train"
+    assert slurm.partition_names(platform) == {"train", "train_spot"}
+    assert slurm.accounts(platform) == [
+        slurm.Account("research", 48, 50, ["alice", "carol"]),
+        slurm.Account("product", 24, 30, ["bob"]),
+        slurm.Account("eval", 8, 20, ["dave"]),
+    ]
+    assert slurm.qos(platform) == [
+        {"name": "high", "priority": 1000, "preempt": ["spot"], "preempt_mode": "requeue", "grace_time": 0},
+        {"name": "normal", "priority": 100, "preempt": ["spot"], "preempt_mode": "requeue", "grace_time": 0},
+        {"name": "spot", "priority": 10, "preempt": [], "preempt_mode": "requeue", "grace_time": 120},
+    ]
+
+
+def test_gres_types_and_the_memory_nodes_keep_for_the_os(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert slurm.gres_type("H100") == "h100" and slurm.gres_type("RTX-6000") == "rtx_6000"
+    assert slurm.gres_type("") == "gpu"  # a node without a GPU model
+    # 2048 GiB: 3 % (rounded up) and 512 MiB kept; 16 GiB likewise
+    assert slurm.cloud_real_memory_mb(2048) == 2048 * 1024 - 62915 - 512 == 2033725
+    assert slurm.cloud_real_memory_mb(16) == 16384 - 492 - 512
+    # local nodes: 1 % rounded up, at least 512 MiB
+    assert [slurm.local_real_memory_mb(t) for t in (2000, 100000, 100050)] == [1488, 99000, 99049]
+    assert all(isinstance(slurm.local_real_memory_mb(t), int) for t in (2000, 100050))
+    meminfo = Path("/proc/meminfo").read_text()
+    total_kib = int(next(line for line in meminfo.splitlines() if line.startswith("MemTotal:")).split()[1])
+    assert slurm.host_hardware() == (os.cpu_count(), total_kib // 1024)
+    monkeypatch.setattr(os, "cpu_count", lambda: None)
+    assert slurm.host_hardware()[0] == 1
