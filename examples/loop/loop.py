@@ -304,12 +304,12 @@ def experiment(args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def registered_before(client: Any, experiment_id: str, model: str) -> str | None:
-    """What this job registered before it was requeued (its finished run carries the Slurm job ID)."""
+    """What this job registered before it was requeued: a version of a run that carries the Slurm job's ID,
+    whatever the run's status (a job stopped between registering and ending its run left it RUNNING)."""
     job = os.environ.get("SLURM_JOB_ID", "")
     if not job:
         return None
-    query = f"tags.`{JOB_TAG}` = '{job}' and attributes.status = 'FINISHED'"
-    for run in client.search_runs([experiment_id], query):
+    for run in client.search_runs([experiment_id], f"tags.`{JOB_TAG}` = '{job}'"):
         for version in client.search_model_versions(f"name = '{model}' and run_id = '{run.info.run_id}'"):
             return (
                 f"registered before this job was requeued: {model} version {version.version} "
