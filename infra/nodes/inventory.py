@@ -14,10 +14,12 @@ from typing import Any
 import yaml
 
 from infra.errors import GpuPlatError
+from infra.nodes.addresses import registry_address
+from infra.nodes.role_templates import role_defaults, role_vars
 from infra.platform.resolve import ResolvedPlatform, ResolvedPool
 from infra.platform.serving_layout import startup_budget_s
 from infra.scheduling.slurm import slurm_vars
-from infra.training.job_env import training_vars
+from infra.training.job_env import COMPANION_PACKAGES, training_vars, wheelhouse
 
 TAG_STACK = "gpuplat:stack"
 TAG_POOL = "gpuplat:pool"
@@ -99,7 +101,14 @@ def platform_vars(platform: ResolvedPlatform) -> dict[str, Any]:
         "dcgm_cuda_major": sw.driver_cuda_major,
         **({"dcgm_version": sw.dcgm_version} if sw.dcgm_version else {}),
         "nccl_ib_gid_index": spec.fabric.roce_gid_index,
-        **(slurm_vars(platform) | training_vars(platform) if spec.scheduler.kind == "slurm" else {}),
+        **(
+            slurm_vars(platform)
+            | training_vars(
+                platform, packages=training_env_packages(platform), registry_url=registry_address(platform)
+            )
+            if spec.scheduler.kind == "slurm"
+            else {}
+        ),
         **shared_fs_vars(platform),
     }
     if spec.region:
@@ -139,7 +148,9 @@ def platform_vars(platform: ResolvedPlatform) -> dict[str, Any]:
         )
         if serving.registry is not None:
             values["model_registry_port"] = serving.registry.port
-            values["model_registry_data_dir"] = f"{spec.storage.parallel_fs.mount_path.rstrip('/')}/registry"
+            values["model_registry_data_dir"] = registry_data_dir(platform)
+            if spec.backend == "local" and wheelhouse(platform) is not None:
+                values["model_registry_wheelhouse"] = wheelhouse(platform)
         if layout is not None:
             # Ansible waits for /health as long as a replica may take to load (the Kubernetes layer's
             # startup probe allows the same).
@@ -147,6 +158,31 @@ def platform_vars(platform: ResolvedPlatform) -> dict[str, Any]:
                 serving, layout, platform.pool(serving.pool).node_type
             )
     return values
+
+
+def registry_data_dir(platform: ResolvedPlatform) -> str:
+    """The registry's database and artifacts (roles/model_registry), on the shared filesystem."""
+    return f"{platform.spec.storage.parallel_fs.mount_path.rstrip('/')}/registry"
+
+
+def registry_artifacts_dir(platform: ResolvedPlatform) -> str:
+    """Where the registry stores what clients upload (its --artifacts-destination)."""
+    return f"{registry_data_dir(platform)}/{role_vars('model_registry')['__model_registry_artifacts_subdir']}"
+
+
+def training_env_packages(platform: ResolvedPlatform) -> list[str]:
+    """What the training environment holds beside torch: its companions, MLflow's client of the registry's
+    release, and where the stack serves a CPU reference model, that model's package and what reads it (a
+    job fine-tunes the served model from the same files the server loads)."""
+    mlflow = role_defaults("model_registry")["model_registry_mlflow_version"]
+    packages = [*COMPANION_PACKAGES, f"mlflow-skinny=={mlflow}"]
+    serving = platform.spec.serving
+    if serving is not None and serving.engine == "cpu-reference":
+        server = role_defaults("inference_server")
+        model = server["inference_server_cpu_models"].get(serving.model)
+        if model is not None:
+            packages += [model["package"], *server["inference_server_cpu_packages"]]
+    return packages
 
 
 def role_group_members(platform: ResolvedPlatform) -> dict[str, list[str]]:

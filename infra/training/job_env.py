@@ -4,6 +4,7 @@ that node_exporter publishes."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from infra.platform.resolve import ResolvedPlatform
@@ -43,7 +44,14 @@ def dataset_sources(platform: ResolvedPlatform) -> list[dict[str, str]]:
     return result
 
 
-def training_vars(platform: ResolvedPlatform) -> dict[str, Any]:
+def training_vars(
+    platform: ResolvedPlatform,
+    *,
+    packages: Sequence[str] = COMPANION_PACKAGES,
+    registry_url: str | None = None,
+) -> dict[str, Any]:
+    """`packages`: installed beside torch; `registry_url`: the model registry as the nodes reach it, handed
+    to every task as MLFLOW_TRACKING_URI (MLflow's client reads it: mlflow/environment_variables.py)."""
     training = platform.spec.training
     # Slurm's TaskProlog sets these in every task, the batch script included (slurmstepd's exec_task runs
     # it for batch steps too: src/slurmd/slurmstepd/task.c:448 at slurm-22-05-8-1, :450 at slurm-24-11-5-1),
@@ -54,6 +62,8 @@ def training_vars(platform: ResolvedPlatform) -> dict[str, Any]:
         "GPUPLAT_SHARED_PATH": platform.spec.storage.parallel_fs.mount_path,
         "GPUPLAT_CHECKPOINT_PATH": platform.spec.storage.checkpoint_path,
     }
+    if registry_url is not None:
+        task_environment["MLFLOW_TRACKING_URI"] = registry_url
     values: dict[str, Any] = {
         "slurm_compute_shm_percent": training.shm_percent,
         "slurm_compute_datasets": dataset_sources(platform),
@@ -64,7 +74,7 @@ def training_vars(platform: ResolvedPlatform) -> dict[str, Any]:
         values |= {
             "training_env_torch_version": training.torch_version,
             "training_env_path": env_path,
-            "training_env_packages": list(COMPANION_PACKAGES),
+            "training_env_packages": list(packages),
             "training_env_wheelhouse": wheelhouse(platform) or "",
         }
     values["slurm_compute_task_environment"] = task_environment

@@ -450,6 +450,150 @@ def test_a_corrupted_dataset_cache_entry_is_found_and_staged_again(
     assert on("train-0", "sha256sum", f"{staged}/shards/000.bin").split()[0] == original
 
 
+LOOP = ROOT / "examples" / "loop"
+PAIRS_DIR = "/shared/datasets/text-pairs/v1"
+TRAINING_ENV = "/shared/envs/torch-2.13.0"
+
+
+def test_the_loop_two_teams_train_register_and_release(
+    first_up: subprocess.CompletedProcess[str], tmp_path: Path
+) -> None:
+    """docs/loop.md as typed: the manual's pages made into text pairs and staged; alice (research) and bob
+    (product) submit examples/loop at the same time on the same two nodes; both finish, each registers a
+    version from its MLflow run; the lower-scoring one is deployed stable, the other enters a canary through
+    the gate, the guard watches it under traffic, it is promoted; MLflow's own client resolves
+    models:/embedder@champion inside a Slurm task (MLFLOW_TRACKING_URI from the TaskProlog) to that
+    version."""
+    assert first_up.returncode == 0
+    started = time.monotonic()
+    head = container_name(STACK, "head-0")
+    pairs = subprocess.run(
+        [sys.executable, str(LOOP / "make_pairs.py"), str(ROOT / "docs")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    (tmp_path / "pairs.jsonl").write_text(pairs, encoding="utf-8")
+    on("head-0", "mkdir", "-p", PAIRS_DIR)
+    podman("cp", str(tmp_path / "pairs.jsonl"), f"{head}:{PAIRS_DIR}/pairs.jsonl")
+    on("head-0", "rm", "-rf", "/shared/jobs/train_dist", "/shared/jobs/loop")
+    podman("cp", str(TRAIN_DIST), f"{head}:/shared/jobs/")
+    podman("cp", str(LOOP), f"{head}:/shared/jobs/")
+    jobs: dict[str, str] = {}
+    for user, account in (("alice", "research"), ("bob", "product")):
+        on("head-0", "runuser", "-u", user, "--", "mkdir", "-p", f"/shared/jobs/{user}")
+        submitted = podman(
+            "exec", "-w", f"/shared/jobs/{user}", head, "runuser", "-u", user, "--",
+            "sbatch", "--parsable", "--account", account, "/shared/jobs/loop/loop.sbatch",
+        )  # fmt: skip
+        jobs[user] = submitted.stdout.strip().split(";")[0]
+    submitted_s = time.monotonic() - started
+
+    def states() -> dict[str, str]:
+        found = {}
+        for user, job in jobs.items():
+            text = on("head-0", "sacct", "-n", "-X", "-P", "-j", job, "-o", "State", check=False)
+            found[user] = text.strip().splitlines()[0] if text.strip() else ""
+        return found
+
+    def overlapped() -> bool:
+        """Both jobs ran at once on the same nodes (their start and end times overlap)."""
+        spans = []
+        for job in jobs.values():
+            text = on("head-0", "sacct", "-n", "-X", "-P", "-j", job, "-o", "Start,End,NodeList", check=False)
+            start, end, nodes = text.strip().splitlines()[0].split("|")
+            spans.append((start, end, nodes))
+        return spans[0][2] == spans[1][2] and spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1]
+
+    wait_for(
+        "both loop jobs to end",
+        lambda: all(s and s not in ("PENDING", "RUNNING") for s in states().values()),
+        600,
+        3,
+    )
+    trained_s = time.monotonic() - started - submitted_s
+    logs = {
+        user: on("head-0", "cat", f"/shared/jobs/{user}/slurm-{job}.out", check=False)
+        for user, job in jobs.items()
+    }
+    assert set(states().values()) == {"COMPLETED"}, (states(), logs)
+    assert overlapped(), jobs
+    versions: dict[str, int] = {}
+    for user, log in logs.items():
+        match = re.search(
+            r"^registered embedder version (\d+) from runs:/(\w+)/model \(mlflow-artifacts:/", log, re.M
+        )
+        assert match, log[-3000:]
+        versions[user] = int(match.group(1))
+        assert re.search(r"^held out \d+ pairs: recall_at_1 [\d.]+ \(base model [\d.]+\)$", log, re.M), log
+    listed = json.loads(gpuplat("models", "list", "embedder", "--stack", STACK, "--json").stdout)
+    score = {int(v["version"]): float(v["tags"]["recall_at_1"]) for v in listed}
+    assert set(score) >= set(versions.values()), listed
+    stable, candidate = sorted(versions.values(), key=lambda v: (score[v], v))
+
+    release_started = time.monotonic()
+    deployed = gpuplat("serve", "deploy", f"embedder@{stable}", "--stack", STACK)
+    assert deployed.returncode == 0, deployed.stderr[-2000:]
+    location = next(v["location"] for v in listed if int(v["version"]) == stable)
+    assert location.startswith("/shared/registry/artifacts/"), location
+
+    # The model server's user reads the version; the registry's database stays the registry's.
+    def as_nobody(*command: str) -> int:
+        infer = container_name(STACK, "infer-0")
+        return podman("exec", infer, "runuser", "-u", "nobody", "--", *command, check=False).returncode
+
+    assert as_nobody("test", "-r", f"{location}/model.zip") == 0, location
+    assert as_nobody("cat", "/shared/registry/mlflow.db") != 0, "the registry's database is readable by all"
+    canary = gpuplat("serve", "deploy", f"embedder@{candidate}", "--canary", "50", "--stack", STACK)
+    assert canary.returncode == 0, canary.stderr[-2000:]
+    from openai import OpenAI
+
+    cluster = LocalCluster(load_platform(stack_file(STACK)))
+    client = OpenAI(base_url=cluster.gateway_url(), api_key="unused", timeout=30, max_retries=0)
+    model = cluster.platform.spec.serving.model if cluster.platform.spec.serving else ""
+    # The guard watches the canary while requests come in: it judges (enough canary requests in its window)
+    # and none fails, so it holds.
+    env = {"NO_COLOR": "1", "PATH": f"{Path(sys.executable).parent}:/usr/sbin:/usr/bin:/sbin:/bin"}
+    guard = subprocess.Popen(
+        [GPUPLAT, "serve", "guard", "embedder", "--for", "15", "--stack", STACK],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    answered: dict[str, int] = {}
+    try:
+        for i in range(2000):
+            if guard.poll() is not None:
+                break
+            reply = client.embeddings.with_raw_response.create(model=model, input=f"request {i}")
+            served = reply.headers.get("x-gpuplat-model-version", "")
+            answered[served] = answered.get(served, 0) + 1
+            time.sleep(0.05)
+        out, err = guard.communicate(timeout=120)
+    finally:
+        if guard.poll() is None:
+            guard.kill()
+    assert set(answered) == {f"embedder@{stable}", f"embedder@{candidate}"}, answered
+    assert guard.returncode == 0 and "guard ended (hold)" in out, (guard.returncode, out, err)
+    promoted = gpuplat("serve", "promote", "embedder", "--stack", STACK)
+    assert promoted.returncode == 0, promoted.stderr[-2000:]
+    release_s = time.monotonic() - release_started
+
+    resolve = (
+        "import mlflow; c = mlflow.MlflowClient(); v = c.get_model_version_by_alias('embedder', 'champion'); "
+        "p = mlflow.artifacts.download_artifacts('models:/embedder@champion'); import os; "
+        "print(v.version, v.tags['recall_at_1'], sorted(os.listdir(p)))"
+    )
+    as_bob = ["runuser", "-u", "bob", "--", "srun", "--account", "product", "--partition", "train"]
+    resolved = on("head-0", *as_bob, f"{TRAINING_ENV}/bin/python", "-c", resolve, timeout=180)
+    assert resolved.split()[0] == str(candidate), resolved
+    assert "'MLmodel', 'model.zip'" in resolved, resolved
+    print(
+        f"\nloop: submitted in {submitted_s:.1f} s, both jobs done {trained_s:.1f} s later "
+        f"(versions {versions}, recall@1 {score}); deploy, canary, guard ({out.strip()}), promote "
+        f"{release_s:.1f} s; "
+        f"whole test {time.monotonic() - started:.1f} s"
+    )
+
+
 def _scraped_nodes() -> set[str]:
     """The hosts Prometheus scrapes (its active targets' instance labels, port dropped)."""
     cluster = LocalCluster(load_platform(stack_file(STACK)))

@@ -492,7 +492,11 @@ def test_the_registry_runs_no_server_side_jobs_unless_asked() -> None:
     """MLflow's server starts a job runner and four huey consumers by default (each a Python process with
     MLflow imported); the registry uses none of their jobs."""
     unit = ROLES / "model_registry" / "templates" / "gpuplat-registry.service.j2"
-    variables = {**defaults("model_registry"), "__model_registry_venv": "/opt/gpuplat-registry/venv"}
+    variables = {
+        **defaults("model_registry"),
+        "__model_registry_venv": "/opt/gpuplat-registry/venv",
+        "__model_registry_artifacts_dir": "/shared/registry/artifacts",
+    }
     assert "Environment=MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false\n" in render(unit, variables)
     variables["model_registry_job_execution"] = True
     assert "Environment=MLFLOW_SERVER_ENABLE_JOB_EXECUTION=true\n" in render(unit, variables)

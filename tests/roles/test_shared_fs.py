@@ -166,15 +166,19 @@ def test_local_volume_is_left_to_the_container_runtime_and_checked() -> None:
     assert conditional(verdict["when"], {**variables, "ansible_check_mode": False, "__shared_fs_mount": {}})
 
 
-def test_the_checkpoint_directory_is_created_after_the_mount_is_checked() -> None:
+def test_the_checkpoint_and_job_directories_are_created_after_the_mount_is_checked() -> None:
     tasks = load(ROLE / "tasks" / "mount.yml")
     modules = [next(k for k in t if k.startswith("ansible.")) for t in tasks]
     assert modules.index("ansible.builtin.assert") < modules.index("ansible.builtin.file")
-    directory = render_args(tasks[modules.index("ansible.builtin.file")]["ansible.builtin.file"],
-                            shared_fs_vars("fsx-lustre"))  # fmt: skip
-    assert directory["path"] == "/fsx/checkpoints"
-    assert directory["state"] == "directory"
-    assert directory["mode"] == "1777"
+    create = tasks[modules.index("ansible.builtin.file")]
+    variables = shared_fs_vars("fsx-lustre")
+    directories = [render_args(create["ansible.builtin.file"], variables | {"item": item})
+                   for item in render_all(create["loop"], variables)]  # fmt: skip
+    # The checkpoint root and the folder the manual copies job scripts to, sticky like /tmp.
+    assert [d["path"] for d in directories] == ["/fsx/checkpoints", "/fsx/jobs"]
+    assert all(d["state"] == "directory" and d["mode"] == "1777" for d in directories)
+    without = shared_fs_vars("fsx-lustre", shared_fs_jobs_path="")
+    assert render_all(create["loop"], without) == ["/fsx/checkpoints"]
 
 
 # --- input checks -------------------------------------------------------------------------

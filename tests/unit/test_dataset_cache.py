@@ -588,7 +588,8 @@ def test_the_stack_maps_s3_datasets_to_the_shared_filesystem() -> None:
     under <shared path>/datasets (infra/backends/aws: file system path /datasets)."""
     local = load_platform(stack_file("local"))
     assert dataset_sources(local) == [
-        {"name": "demo-corpus", "version": "v1", "source": "/shared/datasets/demo-corpus/v1"}
+        {"name": "demo-corpus", "version": "v1", "source": "/shared/datasets/demo-corpus/v1"},
+        {"name": "text-pairs", "version": "v1", "source": "/shared/datasets/text-pairs/v1"},
     ]
 
 

@@ -29,7 +29,7 @@ def _closed_port() -> int:
 
 
 def test_a_stack_without_a_registry_says_how_to_add_one() -> None:
-    refused(run_cli("models", "list", "--stack", "local"), "runs no model registry", "serving.registry")
+    refused(run_cli("models", "list", "--stack", "onprem"), "runs no model registry", "serving.registry")
 
 
 @pytest.mark.parametrize(

@@ -6,8 +6,6 @@ so Slurm can account GPUs. Everything above the machines is the real software, i
 from __future__ import annotations
 
 import hashlib
-import ipaddress
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +13,7 @@ from pathlib import Path
 from infra.backends.local.node_image import NODE_IMAGES, NodeImage, node_images, remove_stack_images
 from infra.backends.local.wheelhouse import ensure_wheelhouse
 from infra.errors import EnvironmentProblem, GpuPlatError
+from infra.nodes.addresses import local_node_addresses, registry_address, stack_subnet
 from infra.nodes.inventory import LOCAL_NODE_CA_BUNDLE, container_name
 from infra.nodes.podman import exists, inspect, podman, wait_systemd
 from infra.platform.resolve import ResolvedPlatform
@@ -36,12 +35,6 @@ class LocalNode:
     container: str
     gpus: int
     address: str
-
-
-def stack_subnet(stack: str) -> ipaddress.IPv4Network:
-    """A /24 per stack, stable across runs: the network has no DNS (CNI without dnsname), so nodes get
-    fixed addresses and /etc/hosts entries for each other that survive container restarts."""
-    return ipaddress.IPv4Network(f"10.213.{zlib.crc32(stack.encode()) % 200 + 20}.0/24")
 
 
 @dataclass(frozen=True)
@@ -67,7 +60,7 @@ class LocalCluster:
         self.network = f"gpuplat-{platform.name}"
         self.volume = f"gpuplat-{platform.name}-shared"
         self.subnet = stack_subnet(platform.name)
-        names = [(pool, node) for pool in platform.pools for node in pool.node_names()]
+        addresses = local_node_addresses(platform)
         # Every node a pool may have, each with its fixed address; `nodes` are those running now.
         self.possible_nodes = [
             LocalNode(
@@ -76,9 +69,10 @@ class LocalCluster:
                 pool.role,
                 container_name(platform.name, node),
                 pool.gpus_per_node,
-                str(self.subnet.network_address + 10 + index),
+                addresses[node],
             )
-            for index, (pool, node) in enumerate(names)
+            for pool in platform.pools
+            for node in pool.node_names()
         ]
         running = {node for pool in platform.pools for node in pool.running_node_names()}
         self.nodes = [n for n in self.possible_nodes if n.name in running]
@@ -164,10 +158,7 @@ class LocalCluster:
 
     def registry_url(self) -> str | None:
         """The model registry on the gateway's node (serving.registry), None where the stack runs none."""
-        serving = self.platform.spec.serving
-        if serving is None or serving.registry is None:
-            return None
-        return f"http://{self._gateway_address()}:{serving.registry.port}"
+        return registry_address(self.platform)
 
     def _gateway_address(self) -> str:
         gateway = self.platform.gateway_pool.node_names()[0]

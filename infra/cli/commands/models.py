@@ -14,8 +14,8 @@ from infra.cli import output
 from infra.cli.stack_options import JsonFlag, StackFile, StackName, platform_from_options
 from infra.errors import SpecError
 from infra.platform.resolve import ResolvedPlatform
-from infra.serving.registry.locate import registry_url
-from infra.serving.registry.mlflow import MlflowRegistry, ModelVersion
+from infra.serving.registry.locate import open_registry
+from infra.serving.registry.mlflow import ModelVersion
 
 models = typer.Typer(
     name="models",
@@ -65,7 +65,7 @@ def register(
     _check_source(platform, source)
     tags = _metrics(metric or [])
     aliases = [_check_alias(a) for a in alias or []]
-    registry = MlflowRegistry(registry_url(platform, url))
+    registry = open_registry(platform, url)
     registry.ensure_model(name)
     version = registry.create_version(name, source, tags)
     for each in aliases:
@@ -90,7 +90,7 @@ def list_models(
     platform = platform_from_options(stack, stack_file_path)
     if name is not None:
         check_name(name)
-    versions = MlflowRegistry(registry_url(platform, url)).versions(name)
+    versions = open_registry(platform, url).versions(name)
     if json_output:
         output.print_json([_as_json(v) for v in versions])
         return

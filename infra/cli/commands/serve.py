@@ -13,8 +13,7 @@ from infra.cli.commands.models import RegistryUrl, check_name
 from infra.cli.stack_options import JsonFlag, StackFile, StackName, platform_from_options
 from infra.errors import ExitCode, GpuPlatError
 from infra.serving.analysis import PROMOTE_READY, ROLLBACK
-from infra.serving.registry.locate import registry_url
-from infra.serving.registry.mlflow import MlflowRegistry
+from infra.serving.registry.locate import open_registry
 from infra.serving.release import CANARY_BACKEND, CHALLENGER, CHAMPION, PREVIOUS, STABLE_BACKEND, Release
 
 serve = typer.Typer(
@@ -44,7 +43,7 @@ def _release(
     platform = platform_from_options(stack, stack_file_path)
     from infra.backends.local.cluster import LocalCluster
 
-    registry = MlflowRegistry(registry_url(platform, url))
+    registry = open_registry(platform, url)
     cluster = LocalCluster(platform)
 
     def say(line: str) -> None:

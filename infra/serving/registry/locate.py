@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from infra.errors import SpecError
+from infra.nodes.inventory import registry_artifacts_dir
 from infra.platform.resolve import ResolvedPlatform
+from infra.serving.registry.mlflow import MlflowRegistry
 
 
 def registry_url(platform: ResolvedPlatform, given: str | None) -> str:
@@ -25,3 +27,8 @@ def registry_url(platform: ResolvedPlatform, given: str | None) -> str:
         f"stack '{platform.name}' is on {platform.spec.backend}: give the registry's address with "
         f"--registry-url (http://<the gateway node>:{serving.registry.port}) or GPUPLAT_REGISTRY_URL"
     )
+
+
+def open_registry(platform: ResolvedPlatform, given: str | None) -> MlflowRegistry:
+    """The stack's registry, knowing where its artifacts lie on the shared filesystem."""
+    return MlflowRegistry(registry_url(platform, given), artifacts_dir=registry_artifacts_dir(platform))

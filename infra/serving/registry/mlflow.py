@@ -24,6 +24,13 @@ API = "/api/2.0/mlflow"
 # own disk is not where models live. A path on the platform's shared filesystem is therefore recorded as
 # shared://<absolute path>, which every node reads at <absolute path>.
 SHARED_SCHEME = "shared://"
+# A version registered from a run's artifacts (runs:/<run id>/<path>) has for its source the run's artifact
+# URI, on this platform's server mlflow-artifacts:/<experiment>/<run id>/artifacts/<path>: the server
+# proxies it to <its --artifacts-destination>/<experiment>/<run id>/artifacts/<path> (the client's URL for
+# it: mlflow/store/artifact/mlflow_artifacts_repo.py:96-130; the server's store:
+# mlflow/server/handlers.py:598-608, mlflow 3.17.2). The registry keeps that destination on the shared
+# filesystem, where nodes read it.
+ARTIFACTS_SCHEME = "mlflow-artifacts:"
 # MLflow's error code for a name that is already taken (mlflow/protos/databricks.proto).
 ALREADY_EXISTS = "RESOURCE_ALREADY_EXISTS"
 NOT_FOUND = "RESOURCE_DOES_NOT_EXIST"
@@ -41,6 +48,8 @@ class ModelVersion:
     status: str
     aliases: tuple[str, ...] = ()
     tags: dict[str, str] = field(default_factory=dict)
+    artifacts_dir: str = field(default="", compare=False, repr=False)
+    """the registry's --artifacts-destination as nodes see it ("" where not known)"""
 
     @property
     def reference(self) -> str:
@@ -49,10 +58,12 @@ class ModelVersion:
     @property
     def location(self) -> str:
         """Where nodes read the model: a path on the shared filesystem, or the object-store URI."""
+        if self.source.startswith(ARTIFACTS_SCHEME) and self.artifacts_dir:
+            return proxied_artifact_path(self.source, self.artifacts_dir)
         return from_wire_source(self.source)
 
     @classmethod
-    def from_wire(cls, body: dict[str, Any]) -> ModelVersion:
+    def from_wire(cls, body: dict[str, Any], artifacts_dir: str = "") -> ModelVersion:
         return cls(
             name=str(body["name"]),
             version=int(body["version"]),
@@ -60,15 +71,22 @@ class ModelVersion:
             status=str(body.get("status", "")),
             aliases=tuple(str(a) for a in body.get("aliases", [])),
             tags={str(t["key"]): str(t.get("value", "")) for t in body.get("tags", [])},
+            artifacts_dir=artifacts_dir,
         )
 
 
 class MlflowRegistry:
     """One registry server, e.g. MlflowRegistry("http://10.0.0.2:5000")."""
 
-    def __init__(self, url: str, *, timeout_s: float = 15) -> None:
+    def __init__(self, url: str, *, timeout_s: float = 15, artifacts_dir: str = "") -> None:
+        """`artifacts_dir`: the server's --artifacts-destination as nodes see it, where versions registered
+        from a run's artifacts are read."""
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
+        self.artifacts_dir = artifacts_dir
+
+    def _version(self, body: dict[str, Any]) -> ModelVersion:
+        return ModelVersion.from_wire(body, self.artifacts_dir)
 
     # Requests
 
@@ -110,11 +128,11 @@ class MlflowRegistry:
         wire_tags = [{"key": k, "value": v} for k, v in sorted((tags or {}).items())]
         body = {"name": name, "source": to_wire_source(source), "tags": wire_tags}
         answer = self._call("POST", "model-versions/create", body)
-        return ModelVersion.from_wire(answer["model_version"])
+        return self._version(answer["model_version"])
 
     def version(self, name: str, version: int) -> ModelVersion:
         answer = self._call("GET", "model-versions/get", {"name": name, "version": str(version)})
-        return ModelVersion.from_wire(answer["model_version"])
+        return self._version(answer["model_version"])
 
     def versions(self, name: str | None = None) -> list[ModelVersion]:
         """Every version (of one model, or of all), oldest first, following the pages."""
@@ -124,7 +142,7 @@ class MlflowRegistry:
             query["filter"] = f"name='{_quoted(name)}'"
         while True:
             answer = self._call("GET", "model-versions/search", query)
-            found += [ModelVersion.from_wire(v) for v in answer.get("model_versions", [])]
+            found += [self._version(v) for v in answer.get("model_versions", [])]
             token = answer.get("next_page_token")
             if not token:
                 break
@@ -148,7 +166,7 @@ class MlflowRegistry:
 
     def by_alias(self, name: str, alias: str) -> ModelVersion:
         answer = self._call("GET", "registered-models/alias", {"name": name, "alias": alias})
-        return ModelVersion.from_wire(answer["model_version"])
+        return self._version(answer["model_version"])
 
     def set_tag(self, name: str, version: int, key: str, value: str) -> None:
         self._call(
@@ -178,6 +196,19 @@ def to_wire_source(source: str) -> str:
 
 def from_wire_source(source: str) -> str:
     return source.removeprefix(SHARED_SCHEME) if source.startswith(SHARED_SCHEME + "/") else source
+
+
+def proxied_artifact_path(source: str, artifacts_dir: str) -> str:
+    """The file path of a proxied artifact URI (mlflow-artifacts:/<path> or mlflow-artifacts://<host>/<path>)
+    under the server's artifacts destination."""
+    path = urllib.parse.urlparse(source).path
+    parts = [part for part in path.split("/") if part not in ("", ".")]
+    if not parts or ".." in parts:
+        raise RegistryError(
+            f"the registry holds a version whose source '{source}' names no path inside its artifacts: "
+            "register it again from a run's artifacts (runs:/<run id>/<path>)"
+        )
+    return "/".join([artifacts_dir.rstrip("/"), *parts])
 
 
 def _quoted(value: str) -> str:

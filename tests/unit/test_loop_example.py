@@ -1,0 +1,141 @@
+"""examples/loop: its torch encoder computes what the CPU reference server's numpy encoder computes, on the
+real model.zip; the archive it writes is one the server reads; its dataset is split the same way on every
+rank and refused with one message when malformed; make_pairs.py makes a dataset of the manual."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from tests.conftest import ROOT, load_script
+
+LOOP = ROOT / "examples" / "loop"
+SERVER = ROOT / "roles" / "inference_server" / "files" / "cpu_reference_server.py"
+TEXTS = [
+    "How do I resume a training job after a node is lost?",
+    "The registry keeps its database and artifacts on the shared filesystem.",
+    "a",
+    "Checkpoints are written under a temporary name and renamed once complete, " * 6,
+]
+
+
+@pytest.fixture(scope="module")
+def loop() -> ModuleType:
+    return load_script(LOOP / "loop.py")
+
+
+@pytest.fixture(scope="module")
+def server() -> ModuleType:
+    return load_script(SERVER)
+
+
+@pytest.fixture(scope="module")
+def model_files(loop: ModuleType) -> dict[str, bytes]:
+    files: dict[str, bytes] = loop.read_zip(loop.base_model_zip())
+    return files
+
+
+def test_the_test_venv_has_the_model_packages_the_server_installs() -> None:
+    defaults = yaml.safe_load((ROOT / "roles" / "inference_server" / "defaults" / "main.yml").read_text())
+    model = defaults["inference_server_cpu_models"]["sentence-transformers/all-MiniLM-L6-v2"]
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    for requirement in [model["package"], *defaults["inference_server_cpu_packages"]]:
+        name = requirement.split("==")[0]
+        if name == "numpy":  # the venv has one release for every tier
+            continue
+        assert f'"{requirement}"' in pyproject, requirement
+    assert importlib.util.find_spec(model["module"]) is not None
+
+
+def test_the_torch_encoder_matches_the_servers_numpy_encoder(
+    loop: ModuleType, server: ModuleType, model_files: dict[str, bytes]
+) -> None:
+    reference = server.BertEncoder(model_files, 256)
+    expected = reference.encode(reference.tokenize(TEXTS))
+    encoder = loop.Encoder(model_files, 256)
+    got = encoder.encode(TEXTS).numpy()
+    assert got.shape == expected.shape == (len(TEXTS), 384)
+    np.testing.assert_allclose(got, expected, atol=2e-5)
+    # Normalised as the server's are (cosine similarity is a dot product).
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+
+
+def test_the_archive_written_after_training_is_what_the_server_serves(
+    loop: ModuleType, server: ModuleType, model_files: dict[str, bytes], tmp_path: Path
+) -> None:
+    """Weights changed by a step of training go into the archive under the server's names and dtypes; the
+    server, reading it, computes what the trained torch encoder computes (and no longer the base model)."""
+    encoder = loop.Encoder(model_files, 128)
+    embeddings = encoder(*encoder.batch(TEXTS[:2]))
+    (embeddings[0] @ embeddings[1]).backward()
+    # A step of SGD by hand: torch.optim imports torch._dynamo, which fails in a worker where Ansible's
+    # modules have patched sys.intern (the role tests share the xdist workers).
+    with torch.no_grad():
+        for parameter in encoder.parameters():
+            if parameter.grad is not None:
+                parameter -= 0.5 * parameter.grad
+    archive = tmp_path / "model.zip"
+    loop.write_model_zip(model_files, encoder.safetensors(), archive)
+    written = server.read_model_zip(archive)
+    assert set(written) == set(model_files)
+    assert all(written[name] == data for name, data in model_files.items() if name != "model.safetensors")
+    served = server.BertEncoder(written, 128)
+    served_embeddings = served.encode(served.tokenize(TEXTS))
+    np.testing.assert_allclose(encoder.encode(TEXTS).numpy(), served_embeddings, atol=2e-5)
+    base = server.BertEncoder(model_files, 128)
+    assert np.abs(base.encode(base.tokenize(TEXTS)) - served_embeddings).max() > 1e-3
+
+
+def test_the_split_is_fixed_by_the_query_and_bad_datasets_are_refused(
+    loop: ModuleType, tmp_path: Path
+) -> None:
+    rows = [{"query": f"question {i}", "passage": f"the answer to question {i}"} for i in range(80)]
+    (tmp_path / "pairs.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    train, test = loop.read_pairs(tmp_path, 25)
+    again = loop.read_pairs(tmp_path, 25)
+    assert (train, test) == again
+    assert not {q for q, _ in train} & {q for q, _ in test}
+    assert len(train) + len(test) == 80 and 10 <= len(test) <= 30
+
+    with pytest.raises(loop.Refused, match="does not exist") as missing:
+        loop.read_pairs(tmp_path / "nowhere", 25)
+    assert missing.value.code == loop.EXIT_USAGE
+    (tmp_path / "pairs.jsonl").write_text('{"query": "q"}\n')
+    with pytest.raises(loop.Refused, match=r"pairs.jsonl:1 is not a JSON object with a query and a passage"):
+        loop.read_pairs(tmp_path, 25)
+    (tmp_path / "pairs.jsonl").write_text("\n".join(json.dumps(r) for r in rows[:12]) + "\n")
+    with pytest.raises(loop.Refused, match="at least 10 of each"):
+        loop.read_pairs(tmp_path, 25)
+
+
+def test_a_job_without_a_registry_stops_with_one_message_and_no_requeue(
+    loop: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rows = [{"query": f"question {i}", "passage": f"the answer to question {i}"} for i in range(80)]
+    (tmp_path / "pairs.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    monkeypatch.setenv("GPUPLAT_DATASET_PATH", str(tmp_path))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    exit_file = tmp_path / "code"
+    monkeypatch.setenv(loop.EXIT_FILE, str(exit_file))
+    assert loop.main(["--steps", "1"]) == loop.EXIT_CONFIG
+    assert exit_file.read_text().strip() == str(loop.EXIT_CONFIG)
+    sbatch = (ROOT / "examples" / "train_dist" / "train.sbatch").read_text()
+    assert f"EXIT_USAGE={loop.EXIT_USAGE} EXIT_CONFIG={loop.EXIT_CONFIG}" in sbatch
+    assert '"$EXIT_USAGE" | "$EXIT_CONFIG")' in sbatch
+
+
+def test_make_pairs_makes_a_dataset_of_the_manual(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    make_pairs = load_script(LOOP / "make_pairs.py")
+    assert make_pairs.main([str(ROOT / "docs")]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(rows) >= 100
+    assert len({r["query"] for r in rows}) == len(rows)
+    assert all(len(r["passage"]) >= make_pairs.MIN_PASSAGE for r in rows)
+    assert make_pairs.main([str(tmp_path / "nowhere")]) == 64
