@@ -36,9 +36,11 @@ import importlib.util
 import json
 import math
 import os
+import re
 import sys
 import tempfile
 import time
+import urllib.request
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -61,6 +63,8 @@ PAIRS_FILE = "pairs.jsonl"
 # The version tag and run metric the canary gate reads (serving.canary.gate_metric of the local stack).
 METRIC = "recall_at_1"
 JOB_TAG = "gpuplat.slurm_job_id"
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+REGISTRY_PROBE_S = 10
 
 
 class Refused(Exception):
@@ -237,12 +241,19 @@ def recall_at_1(encoder: Encoder, pairs: list[tuple[str, str]]) -> float:
 # --- the job --------------------------------------------------------------------------------------------
 
 
+def model_name(value: str) -> str:
+    if not MODEL_NAME.fullmatch(value):
+        allowed = "letters, digits, '.', '_' and '-', first a letter or digit"
+        raise argparse.ArgumentTypeError(f"{value!r}: {allowed}")
+    return value
+
+
 def arguments(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--dir", type=Path, help="the job's directory (train.sbatch hands it; the model goes to the registry)"
     )
-    parser.add_argument("--model", default="embedder", help="registered model name")
+    parser.add_argument("--model", default="embedder", type=model_name, help="registered model name")
     parser.add_argument("--experiment", default="loop", help="MLflow experiment of the run")
     parser.add_argument(
         "--base-zip", type=Path, help="model.zip to start from (default: the served model's package)"
@@ -294,6 +305,18 @@ def experiment(args: argparse.Namespace) -> tuple[Any, str]:
             "where the stack runs a model registry (serving.registry); set it to the registry's "
             "address to run elsewhere",
         )
+    uri = os.environ["MLFLOW_TRACKING_URI"].rstrip("/")
+    try:
+        with urllib.request.urlopen(f"{uri}/health", timeout=REGISTRY_PROBE_S) as answer:
+            answer.read()
+    except (OSError, ValueError) as error:
+        # MLflow's client would retry each call for minutes (7 retries, back-off 2, 120 s timeouts) and
+        # then fail with a traceback on every rank; a wrong address does not get better in a requeue.
+        raise Refused(
+            EXIT_CONFIG,
+            f"the model registry at MLFLOW_TRACKING_URI={uri} does not answer ({error}): check that "
+            "`gpuplat status` shows it up and that this node reaches its address",
+        ) from None
     # MLflow records the run's Git commit where it finds git; the nodes have none (and say so at length).
     os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
     import mlflow
@@ -303,13 +326,28 @@ def experiment(args: argparse.Namespace) -> tuple[Any, str]:
     return mlflow.MlflowClient(), mlflow.set_experiment(args.experiment).experiment_id
 
 
+def job_tags() -> dict[str, str]:
+    """What identifies the Slurm job on its run: the values of a requeued job are the same. Only
+    characters that need no quoting in MLflow's search filter."""
+    values = {
+        JOB_TAG: os.environ.get("SLURM_JOB_ID", ""),
+        "gpuplat.user": os.environ.get("USER", ""),
+        "gpuplat.cluster": os.environ.get("SLURM_CLUSTER_NAME", ""),
+    }
+    return {key: re.sub(r"[^\w.@-]", "_", value) for key, value in values.items()}
+
+
 def registered_before(client: Any, experiment_id: str, model: str) -> str | None:
     """What this job registered before it was requeued: a version of a run that carries the Slurm job's ID,
     whatever the run's status (a job stopped between registering and ending its run left it RUNNING)."""
     job = os.environ.get("SLURM_JOB_ID", "")
     if not job:
         return None
-    for run in client.search_runs([experiment_id], f"tags.`{JOB_TAG}` = '{job}'"):
+    # The job's ID alone is not the job's: another cluster can share the registry, and any user can tag a
+    # run. With its user and cluster, only this user's own earlier job of that ID on a rebuilt controller
+    # (Slurm's IDs start again) still matches.
+    mine = " and ".join(f"tags.`{key}` = '{value}'" for key, value in job_tags().items())
+    for run in client.search_runs([experiment_id], mine):
         for version in client.search_model_versions(f"name = '{model}' and run_id = '{run.info.run_id}'"):
             return (
                 f"registered before this job was requeued: {model} version {version.version} "
@@ -329,11 +367,7 @@ def register(
     import mlflow
     from mlflow.models import Model
 
-    tags = {
-        JOB_TAG: os.environ.get("SLURM_JOB_ID", ""),
-        "gpuplat.user": os.environ.get("USER", ""),
-        "gpuplat.account": os.environ.get("SLURM_JOB_ACCOUNT", ""),
-    }
+    tags = {**job_tags(), "gpuplat.account": os.environ.get("SLURM_JOB_ACCOUNT", "")}
     with mlflow.start_run(experiment_id=experiment_id, tags=tags) as run:
         mlflow.log_params(params)
         mlflow.log_metrics(scores)

@@ -5,6 +5,8 @@ infra/serving/analysis.py). The share itself is set at the gateway
 
 from __future__ import annotations
 
+import math
+
 from infra.serving.registry.mlflow import ModelVersion
 from infra.spec.models import Canary
 
@@ -17,8 +19,8 @@ def gate(candidate: ModelVersion, stable: ModelVersion | None, rules: Canary) ->
     value = _metric(candidate, metric)
     if value is None:
         return (
-            f"{candidate.reference} carries no '{metric}' (serving.canary.gate_metric): tag the version with "
-            f"its evaluation (`gpuplat models register ... --metric {metric}=VALUE`)"
+            f"{candidate.reference} carries no '{metric}' (serving.canary.gate_metric): tag the "
+            f"version with its evaluation (`gpuplat models register ... --metric {metric}=VALUE`)"
         )
 
     def better(a: float, b: float) -> bool:
@@ -40,7 +42,10 @@ def gate(candidate: ModelVersion, stable: ModelVersion | None, rules: Canary) ->
 
 
 def _metric(version: ModelVersion, metric: str) -> float | None:
+    """The version's value of the metric; None where it has none, or one that is not a number (nan, inf:
+    a tag anyone with the registry's API can set, which would pass every gate and block every later one)."""
     try:
-        return float(version.tags[metric])
+        value = float(version.tags[metric])
     except (KeyError, ValueError):
         return None
+    return value if math.isfinite(value) else None

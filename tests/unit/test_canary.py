@@ -37,6 +37,15 @@ def _version(number: int, **tags: str) -> ModelVersion:
     return ModelVersion(name="embedder", version=number, source="/shared/models/x", status="READY", tags=tags)
 
 
+def test_a_metric_that_is_not_a_finite_number_never_passes_the_gate() -> None:
+    """A tag anyone with the registry's API can set: inf would pass every gate and, promoted, block every
+    later version; nan compares false both ways."""
+    rules = Canary(gate_metric="accuracy")
+    for value in ("inf", "nan", "-inf", "NaN", "1e400"):
+        assert "carries no 'accuracy'" in str(gate(_version(2, accuracy=value), None, rules)), value
+    assert gate(_version(2, accuracy="0.9"), _version(1, accuracy="inf"), rules) is None  # stable's ignored
+
+
 def test_the_gate_asks_for_the_metric_its_minimum_and_no_worse_than_stable() -> None:
     rules = Canary(gate_metric="accuracy", gate_min=0.8)
     assert gate(_version(2, accuracy="0.91"), _version(1, accuracy="0.90"), rules) is None

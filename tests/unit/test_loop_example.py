@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import socket
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -129,6 +131,57 @@ def test_a_job_without_a_registry_stops_with_one_message_and_no_requeue(
     sbatch = (ROOT / "examples" / "train_dist" / "train.sbatch").read_text()
     assert f"EXIT_USAGE={loop.EXIT_USAGE} EXIT_CONFIG={loop.EXIT_CONFIG}" in sbatch
     assert '"$EXIT_USAGE" | "$EXIT_CONFIG")' in sbatch
+
+
+def test_a_registry_that_does_not_answer_stops_the_job_at_once_with_one_message(
+    loop: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MLflow's client would retry every call for minutes on every rank, then fail with a traceback and be
+    requeued; a wrong address is a configuration error (exit 78, not requeued)."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}")
+    started = time.monotonic()
+    with pytest.raises(loop.Refused) as refused:
+        loop.experiment(loop.arguments([]))
+    assert refused.value.code == loop.EXIT_CONFIG and "does not answer" in str(refused.value)
+    assert time.monotonic() - started < loop.REGISTRY_PROBE_S + 5
+
+
+@pytest.mark.parametrize("name", ["emb'edder", "", "-x", "a b"])
+def test_a_model_name_the_registrys_filters_cannot_hold_is_refused(
+    loop: ModuleType, name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        loop.arguments(["--model", name])
+    assert stopped.value.code == 2 and "--model" in capsys.readouterr().err
+
+
+def test_a_requeued_job_looks_for_its_own_run_by_job_user_and_cluster(
+    loop: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another user's run tagged with this job's ID (or one of another cluster sharing the registry) is not
+    this job's: the search asks for all three."""
+    monkeypatch.setenv("SLURM_JOB_ID", "5")
+    monkeypatch.setenv("USER", "bob")
+    monkeypatch.setenv("SLURM_CLUSTER_NAME", "local")
+
+    class Client:
+        def __init__(self) -> None:
+            self.filters: list[str] = []
+
+        def search_runs(self, experiments: list[str], query: str) -> list[object]:
+            self.filters.append(query)
+            return []
+
+    client = Client()
+    assert loop.registered_before(client, "1", "embedder") is None
+    [query] = client.filters
+    for part in ("`gpuplat.slurm_job_id` = '5'", "`gpuplat.user` = 'bob'", "`gpuplat.cluster` = 'local'"):
+        assert part in query, query
+    monkeypatch.setenv("USER", "bo'b")  # quoted away, never breaking the filter
+    assert loop.job_tags()["gpuplat.user"] == "bo_b"
 
 
 def test_make_pairs_makes_a_dataset_of_the_manual(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
