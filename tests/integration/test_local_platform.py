@@ -537,13 +537,16 @@ def test_the_loop_two_teams_train_register_and_release(
     location = next(v["location"] for v in listed if int(v["version"]) == stable)
     assert location.startswith("/shared/registry/artifacts/"), location
 
-    # The model server's user reads the version; the registry's database stays the registry's.
-    def as_nobody(*command: str) -> int:
+    # The model server's user reads the version, and can neither change it nor read the registry's
+    # database (the registry's uid is its own on every node: roles/model_registry, model_registry_uid).
+    def on_infer_as(user: str, *command: str) -> int:
         infer = container_name(STACK, "infer-0")
-        return podman("exec", infer, "runuser", "-u", "nobody", "--", *command, check=False).returncode
+        return podman("exec", infer, "runuser", "-u", user, "--", *command, check=False).returncode
 
-    assert as_nobody("test", "-r", f"{location}/model.zip") == 0, location
-    assert as_nobody("cat", "/shared/registry/mlflow.db") != 0, "the registry's database is readable by all"
+    for user in ("nobody", "gpuplat-inference"):
+        assert on_infer_as(user, "test", "-r", f"{location}/model.zip") == 0, (user, location)
+        assert on_infer_as(user, "test", "-w", f"{location}/model.zip") != 0, (user, location)
+        assert on_infer_as(user, "cat", "/shared/registry/mlflow.db") != 0, f"{user} reads the database"
     canary = gpuplat("serve", "deploy", f"embedder@{candidate}", "--canary", "50", "--stack", STACK)
     assert canary.returncode == 0, canary.stderr[-2000:]
     from openai import OpenAI
