@@ -76,9 +76,12 @@ class Cloud:
         found = [i for i in self.instances() if i["State"]["Name"] == state]
         return {tags_of(i)["gpuplat:node"]: i for i in found}
 
-    def launch(self, node: str | None = None, pool: str = "train", stack: str | None = None) -> str:
+    def launch(
+        self, node: str | None = None, pool: str = "train", stack: str | None = None, role: str = "train"
+    ) -> str:
         """An instance as the resume program leaves it (no gpuplat:node tag when node is None)."""
         tags = {"gpuplat:stack": self.stack if stack is None else stack, "gpuplat:pool": pool}
+        tags["gpuplat:role"] = role
         if node is not None:
             tags["gpuplat:node"] = node
         [instance] = self.ec2.run_instances(
@@ -357,17 +360,22 @@ def test_pool_scales_from_zero_to_three_and_back(tmp_path: Path, cloud: Cloud, s
     assert not cloud.node_instances("running") and not cloud.node_instances("pending")
 
 
-def test_resume_again_reuses_the_instances(tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder) -> None:
+def test_resume_again_launches_new_instances_and_terminates_the_earlier_ones(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+) -> None:
+    """slurmctld ignores a registration from before the resume request: an instance that booted
+    earlier is never reused (resume.py)."""
     config = write_config(tmp_path, cloud, slurm)
     assert run_program(config, cloud, "resume", "train-[0-1]").returncode == 0
     first = {tags_of(i)["gpuplat:node"]: i["InstanceId"] for i in cloud.instances()}
 
     again = run_program(config, cloud, "resume", "train-[0-2]")
     assert again.returncode == 0, again.stderr
-    after = {tags_of(i)["gpuplat:node"]: i["InstanceId"] for i in cloud.instances()}
-    assert len(cloud.instances()) == 3
-    assert {name: after[name] for name in first} == first
-    assert "reusing" in again.stderr
+    live = cloud.node_instances("running") or cloud.node_instances("pending")
+    assert sorted(live) == ["train-0", "train-1", "train-2"]
+    assert not {i["InstanceId"] for i in live.values()} & set(first.values())
+    assert {i: cloud.state(i) for i in first.values()} == dict.fromkeys(first.values(), "terminated")
+    assert "train-0 still has" in again.stderr and "launching a new one" in again.stderr
     addresses = [call for call in slurm.calls() if any(arg.startswith("nodeaddr=") for arg in call)]
     assert len(addresses) == 5, "each resume tells Slurm the address of every node it was given"
 
@@ -441,7 +449,7 @@ def test_names_ec2_cannot_serve_are_powered_down_so_their_jobs_requeue(
     brings the name back to IDLE+POWERED_DOWN (module docstring): the names are tried again."""
     client = boto3.client("ec2", region_name=REGION, endpoint_url=cloud.url)
     ec2 = Ec2Nodes(CapacityShortEc2(client, slurm), cloud.stack)
-    settings = settings_for(tmp_path, cloud, slurm)
+    settings = settings_for(tmp_path, cloud, slurm, insufficient_capacity_timeout_s=0.0)  # test_ec2_holds.py
     status = resume(settings, ec2, Slurm(slurm.scontrol), ["train-0", "train-1", "train-2"])
     assert status == EXIT_FAILED
     [launched] = cloud.instances()
@@ -483,7 +491,8 @@ def test_a_capacity_error_returns_the_names_at_once_not_after_botocore_retries(
     )
     try:
         ec2 = program_ec2.ec2_nodes(REGION, proxy.url, cloud.stack)
-        status = resume(settings_for(tmp_path, cloud, slurm), ec2, Slurm(slurm.scontrol), ["train-0"])
+        settings = settings_for(tmp_path, cloud, slurm, insufficient_capacity_timeout_s=0.0)
+        status = resume(settings, ec2, Slurm(slurm.scontrol), ["train-0"])
     finally:
         proxy.stop()
     assert status == EXIT_FAILED

@@ -59,7 +59,7 @@ def test_reconcile_terminates_what_no_node_owns_and_logs_why(
     busy = cloud.launch("train-3")
     booting = cloud.launch("train-4")
     other_stack = cloud.launch("train-1", stack=f"{cloud.stack}-other")
-    other_pool = cloud.launch("infer-1", "infer")
+    other_pool = cloud.launch("infer-1", "infer", role="infer")
     slurm.nodes(
         show_node("train-1", "IDLE+CLOUD+POWERED_DOWN"),
         show_node("train-spot-1", "IDLE+CLOUD+POWERING_DOWN"),
@@ -194,7 +194,10 @@ def test_teardown_terminates_every_instance_of_the_stacks_pools(
         cloud.launch("train-spot-1", "train-spot"),
     ]
     cloud.ec2.stop_instances(InstanceIds=[ours[2]])
-    theirs = [cloud.launch("train-0", stack=f"{cloud.stack}-other"), cloud.launch("infer-0", "infer")]
+    theirs = [
+        cloud.launch("train-0", stack=f"{cloud.stack}-other"),
+        cloud.launch("infer-0", "infer", role="infer"),
+    ]
     result = run_program(write_config(tmp_path, cloud, slurm), cloud, "teardown", "--poll-seconds=0.1")
     assert result.returncode == 0, result.stderr
     assert [cloud.state(i) for i in ours] == ["terminated"] * 3
@@ -222,8 +225,8 @@ def test_teardown_waits_for_instances_still_shutting_down(
     class ShuttingDownAWhile(Ec2Nodes):  # moto terminates at once; EC2 takes a while
         listings = 0
 
-        def pool_instances(self, pools: Any, states: Any) -> list[dict[str, Any]]:
-            found: list[dict[str, Any]] = super().pool_instances(pools, states)
+        def fleet_instances(self, states: Any) -> list[dict[str, Any]]:
+            found: list[dict[str, Any]] = super().fleet_instances(states)
             self.listings += 1
             if not found and self.listings <= 3:
                 return [{"InstanceId": instance, "State": {"Name": "shutting-down"}, "Tags": []}]

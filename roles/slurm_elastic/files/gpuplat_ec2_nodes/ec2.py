@@ -18,6 +18,11 @@ from .settings import Pool
 TAG_STACK = "gpuplat:stack"
 TAG_POOL = "gpuplat:pool"
 TAG_NODE = "gpuplat:node"
+TAG_ROLE = "gpuplat:role"
+# The role tag of the instances Slurm launches: the training pools' launch templates carry it
+# (infra/backends/aws/tags.py pool_tags) and the resume program asks for it at launch. The stack's
+# controllers and inference nodes carry other roles.
+FLEET_ROLE = "train"
 LIVE_STATES = ("pending", "running")
 TERMINABLE_STATES = ("pending", "running", "stopping", "stopped")
 NOT_TERMINATED_STATES = (*TERMINABLE_STATES, "shutting-down")
@@ -86,16 +91,16 @@ class Ec2Nodes:
                 found.setdefault(str(tag_value(instance, TAG_NODE)), []).append(instance)
         return found
 
-    def pool_instances(self, pools: Sequence[str], states: Sequence[str]) -> list[dict[str, Any]]:
-        """Instances of this stack and these pools, tagged with a node name or not."""
-        found: list[dict[str, Any]] = []
-        for batch in chunks(sorted(pools), FILTER_VALUES_MAX):
-            filters = [
-                {"Name": f"tag:{TAG_POOL}", "Values": batch},
-                {"Name": "instance-state-name", "Values": list(states)},
-            ]
-            found.extend(self.describe(filters))
-        return found
+    def fleet_instances(self, states: Sequence[str]) -> list[dict[str, Any]]:
+        """Every instance Slurm launched for this stack, by its tags alone: configured pools or not
+        (a pool removed or renamed leaves instances no configuration names; ParallelCluster terminates
+        an inactive partition's: aws-parallelcluster-node v3.11.0, src/slurm_plugin/clustermgtd.py:595
+        _clean_up_inactive_partition), tagged with a node name or not."""
+        filters = [
+            {"Name": f"tag:{TAG_ROLE}", "Values": [FLEET_ROLE]},
+            {"Name": "instance-state-name", "Values": list(states)},
+        ]
+        return self.describe(filters)
 
     def launch(self, pool: Pool, names: Sequence[str]) -> tuple[dict[str, dict[str, Any]], str | None]:
         """Launch one instance per name; the instances by name and the error code of those missing.
@@ -130,7 +135,11 @@ class Ec2Nodes:
         return launched, None if len(launched) == len(names) else "TaggingFailed"
 
     def launch_request(self, pool: Pool, count: int) -> dict[str, Any]:
-        tags = [{"Key": TAG_STACK, "Value": self.stack}, {"Key": TAG_POOL, "Value": pool.name}]
+        tags = [
+            {"Key": TAG_STACK, "Value": self.stack},
+            {"Key": TAG_POOL, "Value": pool.name},
+            {"Key": TAG_ROLE, "Value": FLEET_ROLE},
+        ]
         request: dict[str, Any] = {
             "LaunchTemplate": {"LaunchTemplateId": pool.launch_template_id, "Version": "$Latest"},
             "MinCount": 1,
