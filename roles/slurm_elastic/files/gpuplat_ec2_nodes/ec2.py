@@ -3,9 +3,10 @@ boto3 clients that ask EC2."""
 
 from __future__ import annotations
 
+import random
 import time
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import boto3
 import botocore.session
@@ -35,6 +36,42 @@ ADDRESS_POLL_S = 2.0
 IMDS_TIMEOUT_S = 2
 
 ErrorTypes = (ClientError, BotoCoreError)
+
+T = TypeVar("T")
+
+# Asked again, with back-off, where botocore's standard retry mode would not:
+# - RunInstances is asked once by botocore (ec2_nodes), so its throttling is retried here. Throttling
+#   codes as botocore's standard mode has them (botocore 1.44.18, botocore/retries/standard.py:507
+#   ThrottledRetryableChecker; EC2 answers RequestLimitExceeded); capacity errors are not among them.
+# - CreateTags on an instance RunInstances has just returned may fail InvalidInstanceID.NotFound: EC2
+#   is eventually consistent and asks for exponential back-off (EC2 API Reference, "Eventual
+#   consistency in the Amazon EC2 API"); botocore retries no 4xx code but throttling.
+THROTTLING_CODES = frozenset(
+    {"RequestLimitExceeded", "Throttling", "ThrottlingException", "EC2ThrottledException"}
+)
+NOT_YET_VISIBLE_CODES = frozenset({"InvalidInstanceID.NotFound"})
+# Attempts in all, and the back-off of botocore's standard mode (retries/standard.py:344
+# ExponentialBackoff: base 2 s... capped at 20 s), as equal jitter: half the step plus a random half,
+# so an eventually consistent answer gets time even on an unlucky draw.
+RETRY_ATTEMPTS = 6
+RETRY_BASE_S = 1.0
+RETRY_MAX_S = 20.0
+
+
+def retried(call: Callable[..., T], codes: frozenset[str], what: str, **request: Any) -> T:
+    """call(**request), asked again on these EC2 error codes (logged), at most RETRY_ATTEMPTS times in all."""
+    for attempt in range(1, RETRY_ATTEMPTS + 1):
+        try:
+            return call(**request)
+        except ClientError as err:
+            if error_code(err) not in codes or attempt == RETRY_ATTEMPTS:
+                raise
+            step = min(RETRY_BASE_S * 2 ** (attempt - 1), RETRY_MAX_S)
+            delay = step / 2 + random.random() * step / 2
+            LOG.warning("%s: %s; asking again in %.1f s (attempt %d of %d)", what, error_code(err), delay,
+                        attempt + 1, RETRY_ATTEMPTS)  # fmt: skip
+            time.sleep(delay)
+    raise AssertionError("unreachable")
 
 
 def error_code(err: Exception) -> str:
@@ -112,7 +149,12 @@ class Ec2Nodes:
         remaining = list(names)
         while remaining:
             try:
-                response = self.launch_client.run_instances(**self.launch_request(pool, len(remaining)))
+                response = retried(
+                    self.launch_client.run_instances,
+                    THROTTLING_CODES,
+                    f"resume: pool {pool.name}: run_instances",
+                    **self.launch_request(pool, len(remaining)),
+                )
             except ErrorTypes as err:
                 LOG.error(
                     "resume: pool %s: run_instances for %s failed: %s", pool.name, ",".join(remaining), err
@@ -155,7 +197,13 @@ class Ec2Nodes:
         instance_id = instance["InstanceId"]
         tags = [{"Key": TAG_NODE, "Value": name}, {"Key": "Name", "Value": f"{self.stack}-{name}"}]
         try:
-            self.client.create_tags(Resources=[instance_id], Tags=tags)
+            retried(
+                self.client.create_tags,
+                NOT_YET_VISIBLE_CODES,
+                f"resume: tagging {instance_id} as {name}",
+                Resources=[instance_id],
+                Tags=tags,
+            )
         except ErrorTypes as err:
             LOG.error("resume: cannot tag %s as %s (%s); terminating it", instance_id, name, err)
             self.terminate([instance_id])
