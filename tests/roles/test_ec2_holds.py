@@ -229,3 +229,31 @@ def test_bad_hold_settings_are_usage_errors(
     assert result.returncode == EXIT_USAGE
     assert message in result.stderr
     assert result.stdout == ""
+
+
+def test_a_controller_without_the_state_keeps_the_holds_slurm_shows(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+) -> None:
+    """With high_availability both controllers run reconcile, each with its own state file: the one
+    that did not see the capacity error or count the boot failures must neither release the other's
+    holds nor let the pool's other names be launched; it ends a cool-down when its time has come."""
+    protected = "gpuplat protected mode: 10 boot failures in a row; gpuplat-ec2-nodes unprotect train-spot"
+    slurm.nodes(
+        show_node("train-1", "DOWN+CLOUD+POWERED_DOWN", COOLDOWN_REASON),
+        show_node("train-2", "IDLE+CLOUD+POWERED_DOWN"),
+        show_node("train-spot-1", "DOWN+CLOUD+POWERED_DOWN", protected),
+        show_node("train-spot-2", "IDLE+CLOUD+POWERED_DOWN"),
+    )
+    backup = settings_for(tmp_path / "head-1", cloud, slurm)
+    ec2 = harness.ec2_nodes(cloud, slurm)
+    assert reconcile(backup, ec2, Slurm(slurm.scontrol), now=T0 + 599) == EXIT_OK
+    assert scontrol_updates(slurm) == [
+        ["nodename=train-2", "state=down", f"reason={COOLDOWN_REASON}"],
+        ["nodename=train-spot-2", "state=down", f"reason={protected}"],
+    ]
+    slurm.record.unlink()
+    assert reconcile(backup, ec2, Slurm(slurm.scontrol), now=T0 + 600) == EXIT_OK
+    assert scontrol_updates(slurm) == [
+        ["nodename=train-spot-2", "state=down", f"reason={protected}"],
+        ["nodename=train-1", "state=power_down_force", f"reason={REASON_HOLD_OVER}"],
+    ], "the cool-down is over for both controllers; protected mode is unprotect's to end"

@@ -23,7 +23,9 @@ The holds live in <state_dir>/pools.json, changed under a lock (resumes run conc
 
 from __future__ import annotations
 
+import calendar
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -53,6 +55,7 @@ REASON_HOLD_OVER = "gpuplat hold over: back to power saving"
 # A node is up (booted and registered) when none of these is among its flags.
 NOT_UP = frozenset({"DOWN", "NOT_RESPONDING", "POWER_DOWN", *POWERED_OFF, *GOING_UP, *HELD})
 UP_BASES = frozenset({"IDLE", "ALLOCATED", "MIXED", "COMPLETING"})
+_UNTIL = re.compile(r" until (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)")
 
 
 def state_path(settings: Settings) -> Path:
@@ -172,10 +175,33 @@ def held_by_us(node: NodeInfo) -> bool:
     return "DOWN" in node.flags and node.reason.startswith((REASON_COOLDOWN, REASON_PROTECTED))
 
 
+def cooldown_over(reason: str, now: float) -> bool:
+    """A cool-down reason whose end (its `until` time) has come; an unreadable one counts as over."""
+    match = _UNTIL.search(reason)
+    return match is None or calendar.timegm(time.strptime(match.group(1), "%Y-%m-%dT%H:%M:%SZ")) <= now
+
+
+def slurm_holds(settings: Settings, nodes: dict[str, NodeInfo], now: float) -> dict[str, str]:
+    """The holds Slurm's node reasons show, by pool (a protected mode before a cool-down). With two
+    controllers each keeps its own state file, but both see these: neither ends the other's hold."""
+    holds: dict[str, str] = {}
+    for name, node in sorted(nodes.items()):
+        pool = pool_of(name, settings.pools)
+        reason = node.reason.split(" [", 1)[0]  # scontrol appends " [user@time]"
+        if pool is None or not held_by_us(node) or holds.get(pool, "").startswith(REASON_PROTECTED):
+            continue
+        if reason.startswith(REASON_PROTECTED) or not cooldown_over(reason, now):
+            holds[pool] = reason
+    return holds
+
+
 def apply_holds(settings: Settings, slurm: Slurm, nodes: dict[str, NodeInfo], now: float) -> bool:
-    """Set the held pools' idle powered-down dynamic names DOWN; return the names of pools no longer
-    held to power saving. Whether every Slurm update worked."""
+    """Set the held pools' idle powered-down dynamic names DOWN (a pool's hold: this controller's state,
+    else what Slurm's reasons show); return to power saving the names of a pool no longer held whose
+    reason is a cool-down. A protected name is released by `unprotect` only. Whether every Slurm
+    update worked."""
     data = read_holds(settings)
+    shown = slurm_holds(settings, nodes, now)
     static = set(settings.static_nodes)
     hold: dict[str, list[str]] = {}
     release: list[str] = []
@@ -183,11 +209,15 @@ def apply_holds(settings: Settings, slurm: Slurm, nodes: dict[str, NodeInfo], no
         pool = pool_of(name, settings.pools)
         if pool is None or name in static:
             continue
-        reason = hold_reason(data, pool, now)
+        reason = hold_reason(data, pool, now) or shown.get(pool)
         if reason and idle_powered_down(node):
             hold.setdefault(reason, []).append(name)
-        elif reason is None and held_by_us(node):
+        elif reason is None and held_by_us(node) and node.reason.startswith(REASON_COOLDOWN):
             release.append(name)
+    return hold_and_release(slurm, hold, release)
+
+
+def hold_and_release(slurm: Slurm, hold: dict[str, list[str]], release: list[str]) -> bool:
     results = []
     for reason, names in sorted(hold.items()):
         LOG.warning("holding %s DOWN: %s", ",".join(names), reason)
@@ -198,7 +228,7 @@ def apply_holds(settings: Settings, slurm: Slurm, nodes: dict[str, NodeInfo], no
     return all(results)
 
 
-def unprotect(settings: Settings, slurm: Slurm, pool: str, now: float | None = None) -> int:
+def unprotect(settings: Settings, slurm: Slurm, pool: str) -> int:
     """End a pool's protected mode and its boot-failure count; release its held names."""
     if pool not in settings.pools:
         raise UsageError(
@@ -212,13 +242,23 @@ def unprotect(settings: Settings, slurm: Slurm, pool: str, now: float | None = N
         return was
 
     was, saved = update_state(state_path(settings), change)
-    LOG.warning("unprotect: pool %s %s", pool, "leaves protected mode" if was else "was not protected")
+    LOG.warning(
+        "unprotect: pool %s %s on this controller (with two controllers, run it on each: each keeps "
+        "its own count)",
+        pool,
+        "leaves protected mode" if was else "was not protected",
+    )
     nodes = slurm.nodes()
     if not saved or nodes is None:
         return EXIT_FAILED
-    return (
-        EXIT_OK if apply_holds(settings, slurm, nodes, time.time() if now is None else now) else EXIT_FAILED
+    held = sorted(
+        name
+        for name, node in nodes.items()
+        if pool_of(name, settings.pools) == pool
+        and held_by_us(node)
+        and node.reason.startswith(REASON_PROTECTED)
     )
+    return EXIT_OK if hold_and_release(slurm, {}, held) else EXIT_FAILED
 
 
 def pools_report(settings: Settings, now: float | None = None) -> str:
