@@ -25,8 +25,8 @@ on the controller, from systemd timers:
                         that keeps needing this is retried with exponential back-off (base doubling up
                         to a bound), kept in <state_dir>/keep-static.json.
   reconcile             terminate the stack's fleet instances (tags gpuplat:stack and gpuplat:role
-                        train, whatever their pool) that no node owns: (0) of a pool the configuration
-                        does not have (removed or renamed), at once; (a) without a gpuplat:node tag
+                        train, whatever their pool: a pool removed or renamed too) that no node owns:
+                        (a) without a gpuplat:node tag
                         and older than the grace, (b) named for a node Slurm does not know (older than
                         the grace), or for a node powered
                         down or powering down for at least the grace less one round (first seen in

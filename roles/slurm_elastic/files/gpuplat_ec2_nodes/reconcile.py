@@ -57,11 +57,11 @@ def reconcile(settings: Settings, ec2: Ec2Nodes, slurm: Slurm, now: float | None
     now = time.time() if now is None else now
     since, saved = track_powered_down(settings.state_dir / "reconcile.json", nodes, now)
     recovered, recover_ok = recover_failed_resumes(settings, ec2, slurm, nodes, instances)
-    held = note_nodes_up(settings, nodes, now) and apply_holds(settings, slurm, nodes, now)
-    configured = [i for i in instances if tag_value(i, TAG_POOL) in settings.pools]
-    rest = [i for i in configured if tag_value(i, TAG_NODE) not in recovered]
-    orphans = unconfigured_orphans(settings, instances)
-    orphans += find_orphans(rest, nodes, since, now, settings.orphan_grace_s)
+    noted = note_nodes_up(settings, nodes, now)
+    held = apply_holds(settings, slurm, nodes, now)
+    rest = [i for i in instances if tag_value(i, TAG_NODE) not in recovered]
+    report_unconfigured(settings, instances)
+    orphans = find_orphans(rest, nodes, since, now, settings.orphan_grace_s)
     terminated = terminate_orphans(ec2, orphans)
     LOG.info(
         "reconcile: %d instances of stack %s, %d orphans, %d nodes returned to power saving",
@@ -75,23 +75,22 @@ def reconcile(settings: Settings, ec2: Ec2Nodes, slurm: Slurm, now: float | None
         reason = hold_reason(holds, pool, now)
         if reason:
             LOG.warning("reconcile: pool %s is held: %s", pool, reason)
-    return EXIT_OK if saved and recover_ok and held and terminated else EXIT_FAILED
+    return EXIT_OK if saved and recover_ok and noted and held and terminated else EXIT_FAILED
 
 
-def unconfigured_orphans(settings: Settings, instances: list[dict[str, Any]]) -> list[Orphan]:
-    """Instances of a pool the configuration no longer has (removed or renamed): no node of them can
-    come back, so they go at once (ParallelCluster: an inactive partition's instances,
-    aws-parallelcluster-node v3.11.0, src/slurm_plugin/clustermgtd.py:595)."""
-    configured = ",".join(sorted(settings.pools))
-    return [
-        Orphan(
-            i["InstanceId"],
-            tag_value(i, TAG_NODE) or "",
-            f"belongs to pool {tag_value(i, TAG_POOL)}, which is not configured (pools: {configured})",
+def report_unconfigured(settings: Settings, instances: list[dict[str, Any]]) -> None:
+    """Instances of a pool the configuration does not have (removed or renamed) are judged as the
+    others: they go once Slurm no longer knows their node (slurm.conf without the pool), after the
+    grace. Not at once: with two controllers, one may still run an older configuration than the
+    slurm.conf of the active slurmctld, and a new pool's nodes are not its orphans."""
+    unconfigured = sorted({str(tag_value(i, TAG_POOL)) for i in instances} - set(settings.pools))
+    if unconfigured:
+        LOG.warning(
+            "reconcile: instances of pools %s, which are not configured (pools: %s): terminated once Slurm "
+            "no longer knows their nodes",
+            ",".join(unconfigured),
+            ",".join(sorted(settings.pools)),
         )
-        for i in instances
-        if tag_value(i, TAG_POOL) not in settings.pools
-    ]
 
 
 def track_powered_down(path: Path, nodes: dict[str, NodeInfo], now: float) -> tuple[dict[str, float], bool]:
