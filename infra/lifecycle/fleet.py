@@ -44,7 +44,7 @@ def teardown_fleet(platform: ResolvedPlatform, on_line: Line) -> None:
     timeout_s = FLEET_TIMEOUT_S
     if str(NODE_PROGRAM_DIR) not in sys.path:
         sys.path.append(str(NODE_PROGRAM_DIR))
-    from gpuplat_ec2_nodes.ec2 import ec2_nodes
+    from gpuplat_ec2_nodes.ec2 import NOT_TERMINATED_STATES, ErrorTypes, ec2_nodes
     from gpuplat_ec2_nodes.logs import LOG
     from gpuplat_ec2_nodes.settings import Settings
     from gpuplat_ec2_nodes.teardown import teardown
@@ -56,6 +56,15 @@ def teardown_fleet(platform: ResolvedPlatform, on_line: Line) -> None:
     LOG.setLevel(logging.INFO)
     try:
         ec2: Any = ec2_nodes(region, None, platform.name)
+        try:
+            ec2.fleet_instances(NOT_TERMINATED_STATES)
+        except ErrorTypes as err:  # no credentials, no region, access denied: no use waiting
+            raise GpuPlatError(
+                f"stack {platform.name}: cannot list the instances Slurm launched ({err}), so nothing was "
+                "destroyed. Give this shell AWS credentials that may describe and terminate the stack's "
+                "instances (AWS_PROFILE or AWS_* variables) and the stack's region, then run `gpuplat down` "
+                "again."
+            ) from err
         status = teardown(settings, ec2, timeout_s, FLEET_POLL_S)
     finally:
         LOG.removeHandler(handler)

@@ -144,3 +144,18 @@ def test_a_destroy_that_fails_on_a_node_launched_meanwhile_tears_down_again(
         == "212 resource(s) deleted (succeeded)"
     )
     assert calls == [[], []]
+
+
+def test_without_credentials_down_says_so_at_once_and_destroys_nothing(
+    ec2: Any, destroyed: list[list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with pytest.raises(GpuPlatError) as raised:
+        lifecycle.down(stack=STACK, yes=True)
+    assert destroyed == []
+    assert "cannot list the instances Slurm launched" in raised.value.message
+    assert "AWS credentials" in raised.value.message
