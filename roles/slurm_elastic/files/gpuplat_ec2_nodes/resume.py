@@ -31,7 +31,7 @@ def resume(
     An instance a name still has from before is terminated, never reused: slurmctld ignores a
     registration from before the resume request, so a node that booted earlier would wait out
     ResumeTimeout (ParallelCluster's resume always launches: aws-parallelcluster-node v3.11.0,
-    src/slurm_plugin/resume.py _resume, instance_manager.py add_instances).
+    src/slurm_plugin/resume.py:172 _resume, which calls instance_manager.py:438 add_instances).
     """
     groups, unknown = group_by_pool(names, settings.pools)
     known = [name for pool_names in groups.values() for name in pool_names]
