@@ -61,6 +61,8 @@ POOL_AFTER_ICE = (
     show_node("train-2", "IDLE+CLOUD+POWERED_DOWN"),
     show_node("train-3", "ALLOCATED+CLOUD"),
     show_node("train-4", "IDLE+CLOUD+POWER_DOWN+POWERED_DOWN"),
+    show_node("train-5", "IDLE+CLOUD+PLANNED+POWERED_DOWN"),
+    show_node("train-6", "IDLE+CLOUD+POWERED_DOWN+POWERING_UP"),
     show_node("train-spot-1", "IDLE+CLOUD+POWERED_DOWN"),
 )
 
@@ -78,7 +80,7 @@ def test_a_capacity_error_holds_the_pools_idle_names_down_for_the_cool_down(
     ice = "reason=gpuplat resume failed: InsufficientInstanceCapacity"
     assert scontrol_updates(slurm) == [
         ["nodename=train-1", "state=power_down_force", ice],
-        ["nodename=train-2,train-4", "state=down", f"reason={COOLDOWN_REASON}"],
+        ["nodename=train-2,train-4,train-5", "state=down", f"reason={COOLDOWN_REASON}"],
     ]
     report = json.loads(pools_report(settings, now=T0))
     assert report["train"]["hold"] == COOLDOWN_REASON and report["train-spot"]["hold"] is None

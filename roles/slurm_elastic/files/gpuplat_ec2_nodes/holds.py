@@ -167,8 +167,9 @@ def note_nodes_up(settings: Settings, nodes: dict[str, NodeInfo], now: float) ->
 
 def idle_powered_down(node: NodeInfo) -> bool:
     """IDLE+CLOUD+POWERED_DOWN (POWER_DOWN too, a Slurm quirk): ParallelCluster's is_power()
-    (slurm_resources.py:209 SLURM_SCONTROL_POWER_STATES)."""
-    return node.flags - {"CLOUD", "POWER_DOWN"} == {"IDLE", "POWERED_DOWN"}
+    (slurm_resources.py:209 SLURM_SCONTROL_POWER_STATES); PLANNED too (22.05+: the backfill scheduler
+    plans a pending job on it, which is what the hold is to stop)."""
+    return node.flags - {"CLOUD", "POWER_DOWN", "PLANNED"} == {"IDLE", "POWERED_DOWN"}
 
 
 def held_by_us(node: NodeInfo) -> bool:
