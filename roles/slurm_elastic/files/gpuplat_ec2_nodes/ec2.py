@@ -50,9 +50,10 @@ THROTTLING_CODES = frozenset(
     {"RequestLimitExceeded", "Throttling", "ThrottlingException", "EC2ThrottledException"}
 )
 NOT_YET_VISIBLE_CODES = frozenset({"InvalidInstanceID.NotFound"})
-# Attempts in all, and the back-off of botocore's standard mode (retries/standard.py:344
-# ExponentialBackoff: base 2 s... capped at 20 s), as equal jitter: half the step plus a random half,
-# so an eventually consistent answer gets time even on an unlucky draw.
+# Attempts in all (ec2_client's standard mode: 6), and the steps of botocore's back-off
+# (retries/standard.py:344 ExponentialBackoff: min(base_scale * 2**i, 20 s), base_scale 1 s for
+# throttling), drawn as equal jitter (half the step plus a random half) instead of botocore's full
+# jitter, so an eventually consistent answer gets time even on an unlucky draw.
 RETRY_ATTEMPTS = 6
 RETRY_BASE_S = 1.0
 RETRY_MAX_S = 20.0
