@@ -66,6 +66,9 @@ def box_substitutes(endpoint: str, resume_timeout_s: int) -> dict[str, Any]:
         "slurm_elastic_spot_grace_s": 20,
         "slurm_elastic_reconcile_interval_s": 20,
         "slurm_elastic_orphan_grace_s": 30,
+        # The capacity cool-down after d's injected capacity error: the box has one pool, so d's job runs
+        # on the same pool once it is over.
+        "slurm_elastic_insufficient_capacity_timeout_s": 60,
     }
 
 

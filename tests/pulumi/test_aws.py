@@ -335,9 +335,10 @@ def test_only_controllers_launch_and_terminate_nodes(aws_prod: Recording) -> Non
     assert "ec2:ResourceTag/gpuplat:stack" in policies["aws-prod-service-platform"]
     for role in ("train", "infer"):
         assert "ec2:" not in policies[f"aws-prod-{role}-platform"]
-    # the MUNGE key: only nodes that run munged (tests/pulumi/test_aws_iam.py has the details)
-    assert "ssm:GetParameter" in policies["aws-prod-train-platform"]
-    assert "ssm:GetParameter" not in policies["aws-prod-infer-platform"]
+    # the MUNGE key: only nodes that run munged (tests/pulumi/test_aws_munge_key.py judges the effective
+    # policies, managed ones included)
+    assert "ReadMungeKey" in policies["aws-prod-train-platform"]
+    assert "ReadMungeKey" not in policies["aws-prod-infer-platform"]
 
 
 def test_inventory_reaches_nodes_through_ssm(aws_prod: Recording) -> None:

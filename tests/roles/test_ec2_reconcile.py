@@ -64,7 +64,7 @@ def test_reconcile_terminates_what_no_node_owns_and_logs_why(
     busy = cloud.launch("train-3")
     booting = cloud.launch("train-4")
     other_stack = cloud.launch("train-1", stack=f"{cloud.stack}-other")
-    other_pool = cloud.launch("infer-1", "infer")
+    other_pool = cloud.launch("infer-1", "infer", role="infer")
     slurm.nodes(
         show_node("train-1", "IDLE+CLOUD+POWERED_DOWN"),
         show_node("train-spot-1", "IDLE+CLOUD+POWERING_DOWN"),
@@ -112,7 +112,7 @@ def test_reconcile_leaves_young_instances_for_the_grace(
         f"{young[untagged]} s ago: within the 300 s grace, left for now",
         f"reconcile: {unknown} (train-99, running) is named for a node Slurm does not know, launched "
         f"{young[unknown]} s ago: within the 300 s grace, left for now",
-        "reconcile: 2 instances of pools train,train-spot, 0 orphans, 0 nodes returned to power saving",
+        f"reconcile: 2 instances of stack {cloud.stack}, 0 orphans, 0 nodes returned to power saving",
     ]
     assert reconcile_at(tmp_path, cloud, slurm, launched + 301, show_node("train-1", "IDLE+CLOUD")) == 0
     assert cloud.state(untagged) == cloud.state(unknown) == "terminated"
@@ -122,7 +122,7 @@ def test_reconcile_leaves_young_instances_for_the_grace(
         f"{old[untagged]} s ago",
         f"reconcile: terminating {unknown} (train-99): is named for a node Slurm does not know, launched "
         f"{old[unknown]} s ago",
-        "reconcile: 2 instances of pools train,train-spot, 2 orphans, 0 nodes returned to power saving",
+        f"reconcile: 2 instances of stack {cloud.stack}, 2 orphans, 0 nodes returned to power saving",
     ]
 
 
@@ -231,7 +231,10 @@ def test_teardown_terminates_every_instance_of_the_stacks_pools(
         cloud.launch("train-spot-1", "train-spot"),
     ]
     cloud.ec2.stop_instances(InstanceIds=[ours[2]])
-    theirs = [cloud.launch("train-0", stack=f"{cloud.stack}-other"), cloud.launch("infer-0", "infer")]
+    theirs = [
+        cloud.launch("train-0", stack=f"{cloud.stack}-other"),
+        cloud.launch("infer-0", "infer", role="infer"),
+    ]
     result = run_in_process(write_config(tmp_path, cloud, slurm), cloud, "teardown", "--poll-seconds=0.1")
     assert result.returncode == 0, result.stderr
     assert [cloud.state(i) for i in ours] == ["terminated"] * 3
@@ -259,8 +262,8 @@ def test_teardown_waits_for_instances_still_shutting_down(
     class ShuttingDownAWhile(Ec2Nodes):  # moto terminates at once; EC2 takes a while
         listings = 0
 
-        def pool_instances(self, pools: Any, states: Any) -> list[dict[str, Any]]:
-            found: list[dict[str, Any]] = super().pool_instances(pools, states)
+        def fleet_instances(self, states: Any) -> list[dict[str, Any]]:
+            found: list[dict[str, Any]] = super().fleet_instances(states)
             self.listings += 1
             if not found and self.listings <= 3:
                 return [{"InstanceId": instance, "State": {"Name": "shutting-down"}, "Tags": []}]

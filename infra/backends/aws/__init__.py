@@ -31,6 +31,7 @@ from infra.backends.aws.iam import (
     bootstrap_statements,
     cluster_manager_statements,
     inference_node_statements,
+    munge_key_denied_statements,
     munge_key_statements,
     policy_document,
 )
@@ -227,7 +228,9 @@ class AwsBackend:
             if p.node_type.gpu_count and spec.aws.bake_images and not spec.aws.image_id
         }
         image_builds = (
-            ImageBuildIdentity(f"{platform.name}-image-build", bootstrap_bucket.arn, tags) if baked else None
+            ImageBuildIdentity(f"{platform.name}-image-build", bootstrap_bucket.arn, munge_key.arn, tags)
+            if baked
+            else None
         )
         # Every pool's build script carries the same platform values: resolved once, not once per pool (they
         # hold every training node's Slurm line, so per pool they cost pools x nodes).
@@ -454,6 +457,8 @@ class AwsBackend:
             ]
             if role in readers:
                 parts.append(munge_key.arn.apply(munge_key_statements))
+            else:
+                parts.append(munge_key.arn.apply(munge_key_denied_statements))
             if role == "infer":
                 parts.append(pulumi.Output.from_input(inference_node_statements(platform.name)))
             if role == controller_role and "train" in identities:

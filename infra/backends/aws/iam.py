@@ -123,6 +123,31 @@ def munge_key_statements(munge_parameter_arn: str) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
+# What reads a parameter's value: AmazonSSMManagedInstanceCore, which every node role and the image build
+# role carry (SSM Session Manager, Image Builder's agent), allows ssm:GetParameter and ssm:GetParameters on
+# "*" (the policy's document as moto 5.2 ships it, moto/iam/aws_managed_policies.py), and the key is a
+# SecureString under the account's aws/ssm KMS key, whose policy lets every principal of the account decrypt
+# through SSM. So a role that must not read the key is denied it outright: an explicit Deny overrides any
+# Allow (IAM User Guide, "Policy evaluation logic").
+_PARAMETER_READS = ["ssm:GetParameter", "ssm:GetParameters", "ssm:GetParameterHistory"]
+
+
+def munge_key_denied_statements(munge_parameter_arn: str) -> list[dict[str, Any]]:
+    """Every other role (inference nodes, whose model server a job's user may reach, the image builds):
+    no read of the MUNGE key, by name or by path, whatever a managed policy allows."""
+    prefix, _, name = munge_parameter_arn.partition(":parameter/")
+    parts = name.split("/")
+    paths = [f"{prefix}:parameter/{'/'.join(parts[:n])}" for n in range(1, len(parts))] + [
+        f"{prefix}:parameter/"
+    ]
+    return [
+        {"Sid": "NoMungeKey", "Effect": "Deny", "Action": _PARAMETER_READS,
+         "Resource": [munge_parameter_arn]},
+        {"Sid": "NoMungeKeyByPath", "Effect": "Deny", "Action": ["ssm:GetParametersByPath"],
+         "Resource": paths},
+    ]  # fmt: skip
+
+
 # The EC2 Spot service-linked role (AWSServiceRoleForEC2Spot): "If you use the AWS CLI or an API to
 # request a Spot Instance, you must first ensure that this role exists" (EC2 User Guide, "Service-linked
 # role for Spot Instance requests"). EC2 creates it on the first spot RunInstances of an account when the

@@ -27,7 +27,12 @@ import pulumi_aws as aws
 import yaml
 
 from infra.backends.aws.bootstrap import NODE_BOTO3, VENV_STEP, WORK_DIR
-from infra.backends.aws.iam import bootstrap_statements, inline_policy, service_trust_policy
+from infra.backends.aws.iam import (
+    bootstrap_statements,
+    inline_policy,
+    munge_key_denied_statements,
+    service_trust_policy,
+)
 from infra.backends.aws.yaml_text import safe_dump
 from infra.data.node_ansible_choice import node_ansible
 
@@ -135,12 +140,14 @@ def component_version(bundle_key: str) -> str:
 
 class ImageBuildIdentity(pulumi.ComponentResource):
     """The build instances' role and profile, one for all pools: SSM (Image Builder runs components
-    through its agent), Image Builder's instance policy, and reading the bootstrap bundle."""
+    through its agent), Image Builder's instance policy, and reading the bootstrap bundle; never the MUNGE
+    key."""
 
     def __init__(
         self,
         name: str,
         bootstrap_bucket_arn: pulumi.Input[str],
+        munge_parameter_arn: pulumi.Input[str],
         tags: dict[str, str],
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
@@ -153,6 +160,8 @@ class ImageBuildIdentity(pulumi.ComponentResource):
                 f"{name}-managed-{index}", role=role.name, policy_arn=policy, opts=child
             )
         inline_policy(f"{name}-bundle", role, bootstrap_bucket_arn, bootstrap_statements, child)
+        # The build runs no munged, and its instance's SSM core policy would read the key.
+        inline_policy(f"{name}-no-munge-key", role, munge_parameter_arn, munge_key_denied_statements, child)
         self.profile = aws.iam.InstanceProfile(f"{name}-profile", role=role.name, tags=tags, opts=child)
         self.register_outputs({"instance_profile_name": self.profile.name})
 

@@ -18,6 +18,7 @@ from infra.errors import ExitCode, GpuPlatError
 from infra.lifecycle import cloud_stack
 from infra.lifecycle.bringup import CloudApproval, PhaseTiming
 from infra.lifecycle.bringup import up as bring_up
+from infra.lifecycle.fleet import destroy_with_fleet, has_slurm_fleet
 from infra.nodes.playbook_run import inventory_dir
 
 
@@ -92,7 +93,8 @@ def up(
 
 def down(stack: StackName = None, stack_file: StackFile = None, yes: YesFlag = False) -> None:
     """Take the platform down: the local platform's containers, network and volume, or every resource of
-    a cloud stack (`pulumi destroy`, after approval or --yes)."""
+    a cloud stack (`pulumi destroy`, after approval or --yes); on an aws Slurm stack the instances Slurm
+    launched are terminated first, until none is left."""
     platform = platform_from_options(stack, stack_file)
     err = output.stderr()
     if platform.spec.backend == "local":
@@ -102,8 +104,14 @@ def down(stack: StackName = None, stack_file: StackFile = None, yes: YesFlag = F
         err.print(f"removed {len(removed)}: {', '.join(removed) if removed else 'nothing was there'}")
         return
     deployed = cloud_stack.open_stack(platform, "`gpuplat down`", create=False)
-    cloud_stack.approve(f"pulumi destroy: every resource of stack {platform.name}", yes=yes, ask=_ask())
-    err.print(f"{platform.name}: {cloud_stack.destroy(deployed, _pulumi_line)}", markup=False)
+    what = "the instances Slurm launched, then " if has_slurm_fleet(platform) else ""
+    cloud_stack.approve(f"{what}pulumi destroy: every resource of stack {platform.name}", yes=yes, ask=_ask())
+    result = destroy_with_fleet(platform, lambda: cloud_stack.destroy(deployed, _pulumi_line), _fleet_line)
+    err.print(f"{platform.name}: {result}", markup=False)
+
+
+def _fleet_line(line: str) -> None:
+    output.stderr().out(f"  fleet: {line}", highlight=False)
 
 
 def status(stack: StackName = None, stack_file: StackFile = None, json_output: JsonFlag = False) -> None:

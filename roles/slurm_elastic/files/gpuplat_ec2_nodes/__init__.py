@@ -2,16 +2,20 @@
 
 Every node name of a pool (``<pool>-<i>``) is defined in slurm.conf (State=CLOUD). Slurm runs:
 
-  resume HOSTLIST       (ResumeProgram) reuse or launch one instance per node name from the pool's
-                        launch template, tag it, and tell Slurm its address. Names that got no usable
-                        instance (an EC2 error such as InsufficientInstanceCapacity, or no private
-                        address) lose the instance they may have got and are set POWER_DOWN_FORCE with
-                        the error code in the reason: their jobs requeue and the names return to power
-                        saving (idle~), to be launched again on the next attempt.
+  resume HOSTLIST       (ResumeProgram) launch one new instance per node name from the pool's launch
+                        template, tag it, and tell Slurm its address. An instance a name still has from
+                        before is terminated, never reused (Slurm ignores a registration from before the
+                        resume request). Names that got no usable instance (an EC2 error such as
+                        InsufficientInstanceCapacity, or no private address) lose the instance they may
+                        have got and are set POWER_DOWN_FORCE with the error code in the reason: their
+                        jobs requeue and the names return to power saving (idle~). A capacity error
+                        holds the pool (capacity cool-down, below); a held pool's names get no launch
+                        (reason PoolHeld).
   suspend HOSTLIST      (SuspendProgram) terminate the instances of those node names.
   resume-fail HOSTLIST  (ResumeFailProgram) nodes that did not register within ResumeTimeout, which
-                        Slurm has set DOWN+POWERED_DOWN: terminate their instances, then
-                        POWER_DOWN_FORCE them so they return to power saving (idle~).
+                        Slurm has set DOWN+POWERED_DOWN: terminate their instances, count a boot failure
+                        of their pool (protected mode, below), then POWER_DOWN_FORCE them so they return
+                        to power saving (idle~).
 
 on the controller, from systemd timers:
 
@@ -20,21 +24,35 @@ on the controller, from systemd timers:
                         powers it up). DRAIN/FAIL nodes are left to the administrator. A static node
                         that keeps needing this is retried with exponential back-off (base doubling up
                         to a bound), kept in <state_dir>/keep-static.json.
-  reconcile             terminate the pools' instances (tags gpuplat:stack and gpuplat:pool) that no
-                        node owns: (a) without a gpuplat:node tag and older than the grace, (b) named
-                        for a node Slurm does not know (older than the grace), or for a node powered
+  reconcile             terminate the stack's fleet instances (tags gpuplat:stack and gpuplat:role
+                        train, whatever their pool: a pool removed or renamed too) that no node owns:
+                        (a) without a gpuplat:node tag
+                        and older than the grace, (b) named for a node Slurm does not know (older than
+                        the grace), or for a node powered
                         down or powering down for at least the grace less one round (first seen in
                         <state_dir>/reconcile.json), (c) the other instances of a node that has a
                         live one (kept: the one at the node's NodeAddr, else the newest live one),
                         older than the grace. Dynamic nodes a failed resume left DOWN+POWERED_DOWN
-                        (reason "ResumeTimeout reached" or "gpuplat ...") lose their instances and
+                        (reason "ResumeTimeout reached", "gpuplat resume...") lose their instances and
                         are set POWER_DOWN_FORCE. Every decision is logged; a failed termination is
                         tried again next round. An orphan is gone within grace + timer interval.
+                        Then the pools' holds: a pool's boot-failure count starts again when one of its
+                        nodes comes up; a held pool's idle powered-down dynamic names are set DOWN with
+                        the hold as reason; names DOWN for a hold that is over are POWER_DOWN_FORCE'd.
 
 by an operator (before ``pulumi destroy``: Slurm-launched instances are not Pulumi resources):
 
-  teardown              terminate every instance of the stack's pools (every state but terminated)
-                        and wait (--timeout-seconds) until none is left; the ones left are listed.
+  teardown              terminate every fleet instance of the stack (every state but terminated, any
+                        pool) and wait (--timeout-seconds) until none is left; the ones left are listed.
+                        `gpuplat down` runs it before `pulumi destroy`.
+  pools                 each pool's hold and boot-failure count, as JSON.
+  unprotect POOL        end the pool's protected mode (and its count); its held names are released.
+
+Holds (holds.py, after ParallelCluster 3.11's clustermgtd): a capacity error (ParallelCluster's list of
+codes) holds the pool for insufficient_capacity_timeout_s (capacity cool-down); protected_failure_count
+boot failures in a row hold it until `unprotect` (protected mode). A held pool's names are DOWN, so a
+job that may run elsewhere (a shared partition's GPU-type alternatives, several partitions) runs there.
+State in <state_dir>/pools.json, under a lock.
 
 and on a spot node, from systemd:
 
@@ -84,16 +102,20 @@ tags slurm-21-08-5-1, slurm-22-05-8-1, slurm-23-11-4-1, slurm-24-11-5-1 of Sched
   _is_cloud_hidden); slurm.conf sets it there. Were it missing, an instance of such a node would
   still only go after the grace, as an instance of a powered-down node does.
 
-Instances carry the tags gpuplat:stack, gpuplat:pool, gpuplat:node and Name. The configuration
+Instances carry the tags gpuplat:stack, gpuplat:pool, gpuplat:role (train), gpuplat:node and Name.
+RunInstances is asked once by botocore (capacity errors come back at once) and again here on
+throttling; CreateTags again on InvalidInstanceID.NotFound (ec2.py, retried). The configuration
 is a JSON file (``--config``, default /etc/gpuplat/ec2-nodes.json)::
 
   {"stack": "prod", "region": "us-east-1", "scontrol": "/usr/bin/scontrol",
    "state_dir": "/var/lib/gpuplat", "orphan_grace_s": 300,
    "static_backoff_base_s": 60, "static_backoff_max_s": 3600,
+   "insufficient_capacity_timeout_s": 600, "protected_failure_count": 10,
    "pools": {"train": {"launch_template_id": "lt-...", "subnet_id": "subnet-..." | null,
                        "static_nodes": ["train-0"]}}}
 
-(state_dir, orphan_grace_s and static_backoff_* are optional, with these defaults). squeue and
+(state_dir, orphan_grace_s, static_backoff_*, insufficient_capacity_timeout_s and
+protected_failure_count are optional, with these defaults; 0 turns a hold off). squeue and
 scancel are looked up beside scontrol. spot-watch reads no configuration file. The EC2 endpoint is
 boto3's (AWS_ENDPOINT_URL is honoured) unless ``--endpoint-url`` is given.
 
@@ -102,12 +124,14 @@ Exit codes:
   1  partly failed: a node got no instance, an EC2 call or a Slurm command failed, a state file
      could not be written, Slurm's node list could not be read (reconcile then terminates nothing),
      or instances are left after the teardown wait (they are listed)
-  2  usage error: bad arguments, unreadable or malformed configuration, malformed hostlist
+  2  usage error: bad arguments, unreadable or malformed configuration, malformed hostlist, a pool
+     `unprotect` does not know
   3  a node name belongs to no configured pool (the other names were handled)
 
 The package: a module per command (resume.py: resume and resume-fail; suspend.py, keep_static.py,
-reconcile.py, teardown.py, spot_watch.py), the EC2 and Slurm sides they share (ec2.py, slurm.py), the
-configuration (settings.py), hostlists (hostlist.py), state files (state.py), and the command line
-(cli.py, run as ``python3 -m gpuplat_ec2_nodes``). roles/slurm_elastic installs it in
-/usr/local/lib/gpuplat and, as the command gpuplat-ec2-nodes, a launcher that runs cli.main.
+reconcile.py, teardown.py, spot_watch.py), the pools' holds (holds.py: pools, unprotect), the EC2
+and Slurm sides they share (ec2.py, slurm.py), the configuration (settings.py), hostlists
+(hostlist.py), state files (state.py), and the command line (cli.py, run as ``python3 -m
+gpuplat_ec2_nodes``). roles/slurm_elastic installs it in /usr/local/lib/gpuplat and, as the command
+gpuplat-ec2-nodes, a launcher that runs cli.main.
 """

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from . import __doc__ as PACKAGE_DOC
 from .ec2 import ec2_nodes
-from .exit_codes import EXIT_USAGE, UsageError
+from .exit_codes import EXIT_OK, EXIT_USAGE, UsageError
+from .holds import pools_report, unprotect
 from .hostlist import expand_hostlist
 from .keep_static import keep_static
 from .logs import LOG, configure_logging
@@ -32,6 +33,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     for name in ("resume", "suspend", "resume-fail"):
         sub = commands.add_parser(name)
         sub.add_argument("hostlist", nargs="+", help="Slurm hostlist, e.g. train-[0-3,5]")
+    commands.add_parser("pools", help="each pool's hold (capacity cool-down, protected mode) as JSON")
+    unprotect_parser = commands.add_parser("unprotect", help="end a pool's protected mode")
+    unprotect_parser.add_argument("pool")
     commands.add_parser("keep-static")
     commands.add_parser("reconcile")
     teardown_parser = commands.add_parser("teardown")
@@ -52,6 +56,11 @@ def run(args: argparse.Namespace) -> int:
         return spot_watch(watch, Slurm(args.scontrol))
     settings = load_settings(args.config)
     slurm = Slurm(settings.scontrol)
+    if args.command == "pools":
+        print(pools_report(settings))
+        return EXIT_OK
+    if args.command == "unprotect":
+        return unprotect(settings, slurm, args.pool)
     ec2 = ec2_nodes(settings.region, args.endpoint_url, settings.stack)
     if args.command == "keep-static":
         return keep_static(settings, slurm, ec2)

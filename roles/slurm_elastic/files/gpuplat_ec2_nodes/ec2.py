@@ -3,9 +3,10 @@ boto3 clients that ask EC2."""
 
 from __future__ import annotations
 
+import random
 import time
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import boto3
 import botocore.session
@@ -18,6 +19,11 @@ from .settings import Pool
 TAG_STACK = "gpuplat:stack"
 TAG_POOL = "gpuplat:pool"
 TAG_NODE = "gpuplat:node"
+TAG_ROLE = "gpuplat:role"
+# The role tag of the instances Slurm launches: the training pools' launch templates carry it
+# (infra/backends/aws/tags.py pool_tags) and the resume program asks for it at launch. The stack's
+# controllers and inference nodes carry other roles.
+FLEET_ROLE = "train"
 LIVE_STATES = ("pending", "running")
 TERMINABLE_STATES = ("pending", "running", "stopping", "stopped")
 NOT_TERMINATED_STATES = (*TERMINABLE_STATES, "shutting-down")
@@ -30,6 +36,43 @@ ADDRESS_POLL_S = 2.0
 IMDS_TIMEOUT_S = 2
 
 ErrorTypes = (ClientError, BotoCoreError)
+
+T = TypeVar("T")
+
+# Asked again, with back-off, where botocore's standard retry mode would not:
+# - RunInstances is asked once by botocore (ec2_nodes), so its throttling is retried here. Throttling
+#   codes as botocore's standard mode has them (botocore 1.44.18, botocore/retries/standard.py:507
+#   ThrottledRetryableChecker; EC2 answers RequestLimitExceeded); capacity errors are not among them.
+# - CreateTags on an instance RunInstances has just returned may fail InvalidInstanceID.NotFound: EC2
+#   is eventually consistent and asks for exponential back-off (EC2 API Reference, "Eventual
+#   consistency in the Amazon EC2 API"); botocore retries no 4xx code but throttling.
+THROTTLING_CODES = frozenset(
+    {"RequestLimitExceeded", "Throttling", "ThrottlingException", "EC2ThrottledException"}
+)
+NOT_YET_VISIBLE_CODES = frozenset({"InvalidInstanceID.NotFound"})
+# Attempts in all (ec2_client's standard mode: 6), and the steps of botocore's back-off
+# (retries/standard.py:344 ExponentialBackoff: min(base_scale * 2**i, 20 s), base_scale 1 s for
+# throttling), drawn as equal jitter (half the step plus a random half) instead of botocore's full
+# jitter, so an eventually consistent answer gets time even on an unlucky draw.
+RETRY_ATTEMPTS = 6
+RETRY_BASE_S = 1.0
+RETRY_MAX_S = 20.0
+
+
+def retried(call: Callable[..., T], codes: frozenset[str], what: str, **request: Any) -> T:
+    """call(**request), asked again on these EC2 error codes (logged), at most RETRY_ATTEMPTS times in all."""
+    for attempt in range(1, RETRY_ATTEMPTS + 1):
+        try:
+            return call(**request)
+        except ClientError as err:
+            if error_code(err) not in codes or attempt == RETRY_ATTEMPTS:
+                raise
+            step = min(RETRY_BASE_S * 2 ** (attempt - 1), RETRY_MAX_S)
+            delay = step / 2 + random.random() * step / 2
+            LOG.warning("%s: %s; asking again in %.1f s (attempt %d of %d)", what, error_code(err), delay,
+                        attempt + 1, RETRY_ATTEMPTS)  # fmt: skip
+            time.sleep(delay)
+    raise AssertionError("unreachable")
 
 
 def error_code(err: Exception) -> str:
@@ -86,16 +129,16 @@ class Ec2Nodes:
                 found.setdefault(str(tag_value(instance, TAG_NODE)), []).append(instance)
         return found
 
-    def pool_instances(self, pools: Sequence[str], states: Sequence[str]) -> list[dict[str, Any]]:
-        """Instances of this stack and these pools, tagged with a node name or not."""
-        found: list[dict[str, Any]] = []
-        for batch in chunks(sorted(pools), FILTER_VALUES_MAX):
-            filters = [
-                {"Name": f"tag:{TAG_POOL}", "Values": batch},
-                {"Name": "instance-state-name", "Values": list(states)},
-            ]
-            found.extend(self.describe(filters))
-        return found
+    def fleet_instances(self, states: Sequence[str]) -> list[dict[str, Any]]:
+        """Every instance Slurm launched for this stack, by its tags alone: configured pools or not
+        (a pool removed or renamed leaves instances no configuration names; ParallelCluster terminates
+        an inactive partition's: aws-parallelcluster-node v3.11.0, src/slurm_plugin/clustermgtd.py:595
+        _clean_up_inactive_partition), tagged with a node name or not."""
+        filters = [
+            {"Name": f"tag:{TAG_ROLE}", "Values": [FLEET_ROLE]},
+            {"Name": "instance-state-name", "Values": list(states)},
+        ]
+        return self.describe(filters)
 
     def launch(self, pool: Pool, names: Sequence[str]) -> tuple[dict[str, dict[str, Any]], str | None]:
         """Launch one instance per name; the instances by name and the error code of those missing.
@@ -107,7 +150,12 @@ class Ec2Nodes:
         remaining = list(names)
         while remaining:
             try:
-                response = self.launch_client.run_instances(**self.launch_request(pool, len(remaining)))
+                response = retried(
+                    self.launch_client.run_instances,
+                    THROTTLING_CODES,
+                    f"resume: pool {pool.name}: run_instances",
+                    **self.launch_request(pool, len(remaining)),
+                )
             except ErrorTypes as err:
                 LOG.error(
                     "resume: pool %s: run_instances for %s failed: %s", pool.name, ",".join(remaining), err
@@ -130,7 +178,11 @@ class Ec2Nodes:
         return launched, None if len(launched) == len(names) else "TaggingFailed"
 
     def launch_request(self, pool: Pool, count: int) -> dict[str, Any]:
-        tags = [{"Key": TAG_STACK, "Value": self.stack}, {"Key": TAG_POOL, "Value": pool.name}]
+        tags = [
+            {"Key": TAG_STACK, "Value": self.stack},
+            {"Key": TAG_POOL, "Value": pool.name},
+            {"Key": TAG_ROLE, "Value": FLEET_ROLE},
+        ]
         request: dict[str, Any] = {
             "LaunchTemplate": {"LaunchTemplateId": pool.launch_template_id, "Version": "$Latest"},
             "MinCount": 1,
@@ -146,7 +198,13 @@ class Ec2Nodes:
         instance_id = instance["InstanceId"]
         tags = [{"Key": TAG_NODE, "Value": name}, {"Key": "Name", "Value": f"{self.stack}-{name}"}]
         try:
-            self.client.create_tags(Resources=[instance_id], Tags=tags)
+            retried(
+                self.client.create_tags,
+                NOT_YET_VISIBLE_CODES,
+                f"resume: tagging {instance_id} as {name}",
+                Resources=[instance_id],
+                Tags=tags,
+            )
         except ErrorTypes as err:
             LOG.error("resume: cannot tag %s as %s (%s); terminating it", instance_id, name, err)
             self.terminate([instance_id])

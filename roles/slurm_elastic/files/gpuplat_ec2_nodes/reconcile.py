@@ -11,6 +11,7 @@ from typing import Any
 from .ec2 import (
     LIVE_STATES,
     TAG_NODE,
+    TAG_POOL,
     TERMINABLE_STATES,
     Ec2Nodes,
     ErrorTypes,
@@ -19,13 +20,15 @@ from .ec2 import (
     tag_value,
 )
 from .exit_codes import EXIT_FAILED, EXIT_OK
+from .holds import apply_holds, hold_reason, note_nodes_up, read_holds
 from .logs import LOG
 from .settings import Settings, pool_of
 from .slurm import GOING_UP, HELD, POWER_TRANSITIONS, POWERED_OFF, NodeInfo, Slurm
 from .state import number, read_state, write_state
 
-# Reasons of a DOWN+POWERED_DOWN node after a failed resume: Slurm's (power_save.c) and ours.
-FAILED_RESUME_REASONS = ("ResumeTimeout reached", "gpuplat")
+# Reasons of a DOWN+POWERED_DOWN node after a failed resume: Slurm's (power_save.c) and ours; not a
+# pool's hold (holds.py), which apply_holds ends.
+FAILED_RESUME_REASONS = ("ResumeTimeout reached", "gpuplat resume", "gpuplat reconcile")
 
 REASON_RECOVER = "gpuplat reconcile: back to power saving after a failed resume"
 
@@ -43,9 +46,9 @@ def reconcile(settings: Settings, ec2: Ec2Nodes, slurm: Slurm, now: float | None
     EC2 is read before Slurm: every instance listed existed when Slurm's view was taken.
     """
     try:
-        instances = ec2.pool_instances(list(settings.pools), TERMINABLE_STATES)
+        instances = ec2.fleet_instances(TERMINABLE_STATES)
     except ErrorTypes as err:
-        LOG.error("reconcile: cannot list the instances of pools %s: %s", ",".join(settings.pools), err)
+        LOG.error("reconcile: cannot list the instances of stack %s: %s", settings.stack, err)
         return EXIT_FAILED
     nodes = slurm.nodes()
     if nodes is None:
@@ -54,17 +57,40 @@ def reconcile(settings: Settings, ec2: Ec2Nodes, slurm: Slurm, now: float | None
     now = time.time() if now is None else now
     since, saved = track_powered_down(settings.state_dir / "reconcile.json", nodes, now)
     recovered, recover_ok = recover_failed_resumes(settings, ec2, slurm, nodes, instances)
+    noted = note_nodes_up(settings, nodes, now)
+    held = apply_holds(settings, slurm, nodes, now)
     rest = [i for i in instances if tag_value(i, TAG_NODE) not in recovered]
+    report_unconfigured(settings, instances)
     orphans = find_orphans(rest, nodes, since, now, settings.orphan_grace_s)
     terminated = terminate_orphans(ec2, orphans)
     LOG.info(
-        "reconcile: %d instances of pools %s, %d orphans, %d nodes returned to power saving",
+        "reconcile: %d instances of stack %s, %d orphans, %d nodes returned to power saving",
         len(instances),
-        ",".join(sorted(settings.pools)),
+        settings.stack,
         len(orphans),
         len(recovered),
     )
-    return EXIT_OK if saved and recover_ok and terminated else EXIT_FAILED
+    holds = read_holds(settings)
+    for pool in sorted(settings.pools):
+        reason = hold_reason(holds, pool, now)
+        if reason:
+            LOG.warning("reconcile: pool %s is held: %s", pool, reason)
+    return EXIT_OK if saved and recover_ok and noted and held and terminated else EXIT_FAILED
+
+
+def report_unconfigured(settings: Settings, instances: list[dict[str, Any]]) -> None:
+    """Instances of a pool the configuration does not have (removed or renamed) are judged as the
+    others: they go once Slurm no longer knows their node (slurm.conf without the pool), after the
+    grace. Not at once: with two controllers, one may still run an older configuration than the
+    slurm.conf of the active slurmctld, and a new pool's nodes are not its orphans."""
+    unconfigured = sorted({str(tag_value(i, TAG_POOL)) for i in instances} - set(settings.pools))
+    if unconfigured:
+        LOG.warning(
+            "reconcile: instances of pools %s, which are not configured (pools: %s): terminated once Slurm "
+            "no longer knows their nodes",
+            ",".join(unconfigured),
+            ",".join(sorted(settings.pools)),
+        )
 
 
 def track_powered_down(path: Path, nodes: dict[str, NodeInfo], now: float) -> tuple[dict[str, float], bool]:

@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from .ec2 import ADDRESS_WAIT_S, LIVE_STATES, Ec2Nodes, ErrorTypes, error_code, terminate_named
+from .ec2 import ADDRESS_WAIT_S, TERMINABLE_STATES, Ec2Nodes, ErrorTypes, describe_label, terminate_named
 from .exit_codes import EXIT_FAILED, EXIT_OK
+from .holds import (
+    CAPACITY_ERROR_CODES,
+    POOL_HELD,
+    apply_holds,
+    hold_reason,
+    read_holds,
+    record_boot_failures,
+    record_capacity_error,
+)
 from .logs import LOG
 from .settings import Settings, group_by_pool, report_unknown
 from .slurm import Slurm
@@ -13,32 +23,67 @@ from .slurm import Slurm
 REASON_RESUME_FAIL = "gpuplat resume-fail: no registration within ResumeTimeout"
 
 
-def resume(settings: Settings, ec2: Ec2Nodes, slurm: Slurm, names: list[str]) -> int:
+def resume(
+    settings: Settings, ec2: Ec2Nodes, slurm: Slurm, names: list[str], now: float | None = None
+) -> int:
+    """Launch a new instance for every name; names of a held pool get none (holds.py).
+
+    An instance a name still has from before is terminated, never reused: slurmctld ignores a
+    registration from before the resume request, so a node that booted earlier would wait out
+    ResumeTimeout (ParallelCluster's resume always launches: aws-parallelcluster-node v3.11.0,
+    src/slurm_plugin/resume.py:172 _resume, which calls instance_manager.py:438 add_instances).
+    """
     groups, unknown = group_by_pool(names, settings.pools)
     known = [name for pool_names in groups.values() for name in pool_names]
     if not known:
         return report_unknown(unknown, settings.pools, "resume")
-    try:
-        existing = {name: found[0] for name, found in ec2.instances_of(known, LIVE_STATES).items()}
-    except ErrorTypes as err:
-        LOG.error("resume: cannot look up the instances of %s: %s", ",".join(known), err)
-        slurm.power_down_force(known, f"gpuplat resume failed: {error_code(err)}")
-        return EXIT_FAILED
-    for name, instance in existing.items():
-        LOG.info("resume: %s already has instance %s, reusing it", name, instance["InstanceId"])
-    started, failed = dict(existing), {}
+    now = time.time() if now is None else now
+    ok = terminate_earlier(ec2, known)
+    holds = read_holds(settings)
+    started: dict[str, dict[str, Any]] = {}
+    failed: dict[str, str] = {}
+    cooled = False
     for pool_name, pool_names in groups.items():
-        missing = [name for name in pool_names if name not in existing]
-        if missing:
-            launched, code = ec2.launch(settings.pools[pool_name], missing)
-            started.update(launched)
-            failed.update({name: code or "Unknown" for name in missing if name not in launched})
-    ok, unaddressed = announce_addresses(ec2, slurm, started)
+        held = hold_reason(holds, pool_name, now)
+        if held:
+            LOG.warning(
+                "resume: pool %s is held (%s): no launch for %s", pool_name, held, ",".join(pool_names)
+            )
+            failed.update(dict.fromkeys(pool_names, POOL_HELD))
+            continue
+        launched, code = ec2.launch(settings.pools[pool_name], pool_names)
+        started.update(launched)
+        failed.update({name: code or "Unknown" for name in pool_names if name not in launched})
+        if code in CAPACITY_ERROR_CODES:
+            cooled = record_capacity_error(settings, pool_name, code, now) or cooled
+    addressed, unaddressed = announce_addresses(ec2, slurm, started)
     failed.update({name: "NoPrivateAddress" for name in unaddressed})
-    ok = release_failed(ec2, slurm, failed) and ok
+    ok = release_failed(ec2, slurm, failed) and addressed and ok
+    if cooled:
+        nodes = slurm.nodes()
+        ok = nodes is not None and apply_holds(settings, slurm, nodes, now) and ok
     return report_unknown(unknown, settings.pools, "resume") or (
         EXIT_OK if ok and not failed else EXIT_FAILED
     )
+
+
+def terminate_earlier(ec2: Ec2Nodes, names: list[str]) -> bool:
+    """Terminate the instances the names have from before this resume (logged); whether that worked.
+    One left behind is a second instance of its name, which reconcile terminates."""
+    try:
+        earlier = ec2.instances_of(names, TERMINABLE_STATES)
+    except ErrorTypes as err:
+        LOG.error("resume: cannot look up the earlier instances of %s: %s", ",".join(names), err)
+        return False
+    for name, instances in sorted(earlier.items()):
+        LOG.warning(
+            "resume: %s still has %s from before this resume; terminating it and launching a new one "
+            "(Slurm ignores a registration from before the resume request)",
+            name,
+            ",".join(describe_label(i) for i in instances),
+        )
+    ids = [i["InstanceId"] for instances in earlier.values() for i in instances]
+    return not (ec2.terminate(ids) if ids else [])
 
 
 def announce_addresses(
@@ -97,6 +142,9 @@ def resume_fail(settings: Settings, ec2: Ec2Nodes, slurm: Slurm, names: list[str
     if not known:
         return status
     terminated = terminate_named(ec2, known, "resume-fail")
+    record_boot_failures(
+        settings, {pool: len(pool_names) for pool, pool_names in groups.items()}, time.time()
+    )
     LOG.info("resume-fail: returning %s to power saving (POWER_DOWN_FORCE)", ",".join(known))
     released = slurm.power_down_force(known, REASON_RESUME_FAIL)
     return status or (EXIT_OK if terminated and released else EXIT_FAILED)

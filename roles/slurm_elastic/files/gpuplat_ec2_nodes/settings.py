@@ -33,6 +33,8 @@ class Settings:
     orphan_grace_s: float = 300.0
     static_backoff_base_s: float = 60.0
     static_backoff_max_s: float = 3600.0
+    insufficient_capacity_timeout_s: float = 600.0
+    protected_failure_count: int = 10
 
     @property
     def static_nodes(self) -> list[str]:
@@ -55,9 +57,13 @@ def load_settings(path: Path) -> Settings:
             orphan_grace_s=seconds(raw, "orphan_grace_s", 300.0),
             static_backoff_base_s=seconds(raw, "static_backoff_base_s", 60.0),
             static_backoff_max_s=seconds(raw, "static_backoff_max_s", 3600.0),
+            insufficient_capacity_timeout_s=seconds(raw, "insufficient_capacity_timeout_s", 600.0),
+            protected_failure_count=count(raw, "protected_failure_count", 10),
         )
-    except (KeyError, TypeError, AttributeError, ValueError) as err:
+    except (KeyError, TypeError, AttributeError) as err:
         raise UsageError(f"configuration {path}: missing or malformed entry {err}") from err
+    except ValueError as err:
+        raise UsageError(f"configuration {path}: {err}") from err
 
 
 def parse_pool(name: str, entry: dict[str, Any]) -> Pool:
@@ -72,7 +78,16 @@ def parse_pool(name: str, entry: dict[str, Any]) -> Pool:
 def seconds(raw: dict[str, Any], key: str, default: float) -> float:
     value = float(raw.get(key, default))
     if value < 0:
-        raise ValueError(f"{key} must not be negative")
+        raise ValueError(f"{key} must not be negative (seconds), not {value}")
+    return value
+
+
+def count(raw: dict[str, Any], key: str, default: int) -> int:
+    value = raw.get(key, default)
+    if isinstance(value, str) and value.strip().isdigit():  # a template's rendering
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{key} must be a whole number, 0 or more (0 turns it off), not {value!r}")
     return value
 
 

@@ -108,6 +108,9 @@ class Slurm:
     def power_down_force(self, names: Sequence[str], reason: str) -> bool:
         return self.update(names, "state=power_down_force", f"reason={reason}")
 
+    def set_down(self, names: Sequence[str], reason: str) -> bool:
+        return self.update(names, "state=down", f"reason={reason}")
+
     def power_up(self, names: Sequence[str]) -> bool:
         return self.update(names, "state=power_up")
 

@@ -20,12 +20,12 @@ def teardown(
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> int:
-    """Terminate every instance of the stack's pools; wait until none is left (bounded)."""
-    pools = sorted(settings.pools)
-    LOG.warning("teardown: terminating every instance of stack %s, pools %s", settings.stack, ",".join(pools))
+    """Terminate every instance Slurm launched for the stack (configured pools or not); wait until none
+    is left in any state but terminated (bounded)."""
+    LOG.warning("teardown: terminating every instance Slurm launched for stack %s", settings.stack)
     deadline = clock() + timeout_s
     while True:
-        left = teardown_round(ec2, pools)
+        left = teardown_round(ec2)
         if left == []:
             LOG.info("teardown: no instance of stack %s is left", settings.stack)
             return EXIT_OK
@@ -35,10 +35,10 @@ def teardown(
         sleep(poll_s)
 
 
-def teardown_round(ec2: Ec2Nodes, pools: list[str]) -> list[dict[str, Any]] | None:
+def teardown_round(ec2: Ec2Nodes) -> list[dict[str, Any]] | None:
     """The instances not yet terminated (those not shutting down asked to terminate), or None."""
     try:
-        left = ec2.pool_instances(pools, NOT_TERMINATED_STATES)
+        left = ec2.fleet_instances(NOT_TERMINATED_STATES)
     except ErrorTypes as err:
         LOG.error("teardown: cannot list the instances: %s", err)
         return None

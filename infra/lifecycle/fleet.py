@@ -1,0 +1,93 @@
+"""`gpuplat down` on an aws Slurm stack: the training instances Slurm launched are no Pulumi resources,
+so they are terminated first, until none is left in any state but terminated, and only then is the
+stack destroyed (ParallelCluster deletes its compute fleet before the cluster's stack).
+
+The work is the node program's own teardown (roles/slurm_elastic/files/gpuplat_ec2_nodes/teardown.py,
+the instances found by the stack's tags alone), run here with the operator's AWS credentials.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from infra.errors import GpuPlatError
+from infra.platform.resolve import ResolvedPlatform
+from infra.spec.load import PROJECT_ROOT
+
+NODE_PROGRAM_DIR = PROJECT_ROOT / "roles" / "slurm_elastic" / "files"
+FLEET_TIMEOUT_S = 900.0
+FLEET_POLL_S = 10.0
+
+Line = Callable[[str], None]
+
+
+def has_slurm_fleet(platform: ResolvedPlatform) -> bool:
+    """Slurm launches the training instances (power saving) on aws stacks scheduled by Slurm."""
+    return platform.spec.backend == "aws" and platform.spec.scheduler.kind == "slurm"
+
+
+class _ToLines(logging.Handler):
+    def __init__(self, on_line: Line) -> None:
+        super().__init__(logging.INFO)
+        self.on_line = on_line
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.on_line(record.getMessage())
+
+
+def teardown_fleet(platform: ResolvedPlatform, on_line: Line) -> None:
+    """Terminate every instance Slurm launched for the stack and wait until none is left (FLEET_TIMEOUT_S);
+    a GpuPlatError naming what to do when some are still there (they are listed through on_line)."""
+    timeout_s = FLEET_TIMEOUT_S
+    if str(NODE_PROGRAM_DIR) not in sys.path:
+        sys.path.append(str(NODE_PROGRAM_DIR))
+    from gpuplat_ec2_nodes.ec2 import NOT_TERMINATED_STATES, ErrorTypes, ec2_nodes
+    from gpuplat_ec2_nodes.logs import LOG
+    from gpuplat_ec2_nodes.settings import Settings
+    from gpuplat_ec2_nodes.teardown import teardown
+
+    region = platform.spec.region or ""
+    settings = Settings(stack=platform.name, region=region, scontrol="", pools={})
+    handler = _ToLines(on_line)
+    LOG.addHandler(handler)
+    LOG.setLevel(logging.INFO)
+    try:
+        ec2: Any = ec2_nodes(region, None, platform.name)
+        try:
+            ec2.fleet_instances(NOT_TERMINATED_STATES)
+        except ErrorTypes as err:  # no credentials, no region, access denied: no use waiting
+            raise GpuPlatError(
+                f"stack {platform.name}: cannot list the instances Slurm launched ({err}), so nothing was "
+                "destroyed. Give this shell AWS credentials that may describe and terminate the stack's "
+                "instances (AWS_PROFILE or AWS_* variables) and the stack's region, then run `gpuplat down` "
+                "again."
+            ) from err
+        status = teardown(settings, ec2, timeout_s, FLEET_POLL_S)
+    finally:
+        LOG.removeHandler(handler)
+    if status != 0:
+        raise GpuPlatError(
+            f"stack {platform.name}: instances Slurm launched are still there after {timeout_s:.0f} s "
+            "(listed above), so nothing was destroyed: `pulumi destroy` would stop on the subnets and "
+            "security groups they hold while they keep billing. Find why they do not terminate "
+            "(termination protection, an IAM denial, an unreachable EC2 endpoint), then run "
+            "`gpuplat down` again."
+        )
+
+
+def destroy_with_fleet(platform: ResolvedPlatform, destroy: Callable[[], str], on_line: Line) -> str:
+    """The fleet's teardown, then `destroy`. slurmctld runs until the destroy takes the controllers, and
+    may launch a node meanwhile, which then holds the network and fails the destroy: once the
+    controllers are gone nothing launches, so the fleet's teardown and the destroy are run once more."""
+    if not has_slurm_fleet(platform):
+        return destroy()
+    teardown_fleet(platform, on_line)
+    try:
+        return destroy()
+    except Exception as first:  # the Automation API's CommandError, whatever failed in the destroy
+        on_line(f"pulumi destroy failed ({type(first).__name__}); tearing the Slurm fleet down again")
+        teardown_fleet(platform, on_line)
+        return destroy()

@@ -1,0 +1,161 @@
+"""`gpuplat down` on an aws Slurm stack: the instances Slurm launched (no Pulumi resources) are terminated
+first and waited for, in every state, before `pulumi destroy`; with some left, nothing is destroyed.
+
+EC2 is moto on loopback (AWS_ENDPOINT_URL, as boto3 honours it); the Automation API's stack is a
+stand-in whose destroy records what EC2 still had of the fleet at that moment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from infra.cli.commands import lifecycle
+from infra.errors import GpuPlatError
+from infra.lifecycle import cloud_stack, fleet
+
+boto3 = pytest.importorskip("boto3")
+moto_server = pytest.importorskip("moto.server")
+
+STACK = "aws-prod"  # stacks/Pulumi.aws-prod.yaml: backend aws, Slurm, us-east-1
+REGION = "us-east-1"
+
+
+@pytest.fixture
+def ec2(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    url = f"http://{host}:{port}"
+    for key, value in {
+        "AWS_ENDPOINT_URL": url,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": REGION,
+    }.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(fleet, "FLEET_POLL_S", 0.1)
+    yield boto3.client("ec2", region_name=REGION, endpoint_url=url)
+    server.stop()
+
+
+def launch(ec2: Any, stack: str, pool: str, role: str) -> str:
+    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    tags = {"gpuplat:stack": stack, "gpuplat:pool": pool, "gpuplat:role": role}
+    [instance] = ec2.run_instances(
+        ImageId=image,
+        InstanceType="p5.48xlarge",
+        MinCount=1,
+        MaxCount=1,
+        TagSpecifications=[
+            {"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}
+        ],
+    )["Instances"]
+    return str(instance["InstanceId"])
+
+
+def state(ec2: Any, instance_id: str) -> str:
+    return str(
+        ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0]["Instances"][0]["State"]["Name"]
+    )
+
+
+def fleet_left(ec2: Any) -> list[str]:
+    filters = [
+        {"Name": "tag:gpuplat:stack", "Values": [STACK]},
+        {"Name": "tag:gpuplat:role", "Values": ["train"]},
+        {
+            "Name": "instance-state-name",
+            "Values": ["pending", "running", "shutting-down", "stopping", "stopped"],
+        },
+    ]
+    reservations = ec2.describe_instances(Filters=filters)["Reservations"]
+    return [i["InstanceId"] for r in reservations for i in r["Instances"]]
+
+
+@pytest.fixture
+def destroyed(monkeypatch: pytest.MonkeyPatch, ec2: Any) -> list[list[str]]:
+    """What was left of the fleet each time `pulumi destroy` ran."""
+    seen: list[list[str]] = []
+
+    class Stack:
+        name = STACK
+
+        def destroy(self, on_output: Any = None) -> Any:
+            seen.append(fleet_left(ec2))
+            return SimpleNamespace(
+                summary=SimpleNamespace(resource_changes={"delete": 212}, result="succeeded")
+            )
+
+    monkeypatch.setattr(cloud_stack, "open_stack", lambda platform, action, create: Stack())
+    return seen
+
+
+def test_down_terminates_the_slurm_fleet_before_the_destroy(ec2: Any, destroyed: list[list[str]]) -> None:
+    ours = [launch(ec2, STACK, "train", "train"), launch(ec2, STACK, "removed-pool", "train")]
+    ec2.stop_instances(InstanceIds=[ours[1]])
+    controller, other = launch(ec2, STACK, "head", "controller"), launch(ec2, f"{STACK}-2", "train", "train")
+    lifecycle.down(stack=STACK, yes=True)
+    assert destroyed == [[]], "the destroy ran once, with nothing of the fleet left in any state"
+    assert [state(ec2, i) for i in ours] == ["terminated", "terminated"]
+    assert state(ec2, controller) == "running", "the controllers are Pulumi's to destroy"
+    assert state(ec2, other) == "running", "another stack's fleet is not touched"
+
+
+def test_with_an_instance_that_will_not_terminate_nothing_is_destroyed(
+    ec2: Any, destroyed: list[list[str]], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stuck = launch(ec2, STACK, "train", "train")
+    ec2.modify_instance_attribute(InstanceId=stuck, DisableApiTermination={"Value": True})
+    monkeypatch.setattr(fleet, "FLEET_TIMEOUT_S", 0.3)
+    try:
+        with pytest.raises(GpuPlatError) as raised:
+            lifecycle.down(stack=STACK, yes=True)
+    finally:  # moto's backend is one per process: leave nothing another test would wait on
+        ec2.modify_instance_attribute(InstanceId=stuck, DisableApiTermination={"Value": False})
+        ec2.terminate_instances(InstanceIds=[stuck])
+    assert destroyed == []
+    assert "instances Slurm launched are still there after 0 s" in raised.value.message
+    assert "then run `gpuplat down` again" in raised.value.message
+    assert f"teardown: left: {stuck}" in capsys.readouterr().err
+
+
+def test_a_destroy_that_fails_on_a_node_launched_meanwhile_tears_down_again(
+    ec2: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """slurmctld runs until the destroy takes the controllers: a node it launched after the teardown
+    fails the destroy (the network it holds); then nothing launches any more."""
+    calls: list[list[str]] = []
+
+    def destroy() -> str:
+        calls.append(fleet_left(ec2))
+        if len(calls) == 1:
+            launch(ec2, STACK, "train", "train")
+            raise RuntimeError("DependencyViolation: resource sg-0abc has a dependent object")
+        return "212 resource(s) deleted (succeeded)"
+
+    launch(ec2, STACK, "train", "train")
+    platform = lifecycle.platform_from_options(STACK, None)
+    assert (
+        fleet.destroy_with_fleet(platform, destroy, lambda line: None)
+        == "212 resource(s) deleted (succeeded)"
+    )
+    assert calls == [[], []]
+
+
+def test_without_credentials_down_says_so_at_once_and_destroys_nothing(
+    ec2: Any, destroyed: list[list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with pytest.raises(GpuPlatError) as raised:
+        lifecycle.down(stack=STACK, yes=True)
+    assert destroyed == []
+    assert "cannot list the instances Slurm launched" in raised.value.message
+    assert "AWS credentials" in raised.value.message
