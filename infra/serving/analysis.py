@@ -24,10 +24,11 @@ or a metric never judged.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 
-from infra.serving.counts import Counts, Histogram, SinceStart
+from infra.serving.counts import Counts, Histogram, Reading, SinceStart
 from infra.serving.statistics import (
     error_rate_p,
     log_evidence,
@@ -262,10 +263,21 @@ class Analysis:
 class Guard:
     """An analysis fed with raw readings (cumulative since each process started), from the first one on."""
 
-    def __init__(self, rules: Canary, started_s: float, stable: Counts, canary: Counts) -> None:
+    def __init__(
+        self, rules: Canary, started_s: float, stable: Counts | Reading, canary: Counts | Reading
+    ) -> None:
         self.analysis = Analysis(rules)
         self.started_s = started_s
         self.stable, self.canary = SinceStart(stable), SinceStart(canary)
 
-    def look(self, now_s: float, stable: Counts, canary: Counts) -> Verdict:
-        return self.analysis.look(now_s - self.started_s, self.stable.add(stable), self.canary.add(canary))
+    def look(self, now_s: float, stable: Counts | Reading, canary: Counts | Reading) -> Verdict:
+        """The verdict on these readings; one that cannot be added (a ValueError: a version's histograms over
+        different buckets) changes nothing."""
+        kept = copy.deepcopy((self.stable, self.canary, self.analysis))
+        try:
+            return self.analysis.look(
+                now_s - self.started_s, self.stable.add(stable), self.canary.add(canary)
+            )
+        except ValueError:
+            self.stable, self.canary, self.analysis = kept
+            raise

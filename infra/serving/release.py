@@ -28,7 +28,7 @@ from infra.nodes.role_templates import role_defaults, role_vars
 from infra.platform.resolve import ResolvedPlatform
 from infra.serving.analysis import CONTINUE, Guard, Verdict
 from infra.serving.canary import gate
-from infra.serving.counts import Counts, Histogram
+from infra.serving.counts import Counts, Histogram, Reading, Series
 from infra.serving.prometheus import instant
 from infra.serving.registry.mlflow import MlflowRegistry, ModelVersion, RegistryError
 from infra.spec.models import Canary
@@ -48,6 +48,8 @@ STABLE_BACKEND, CANARY_BACKEND = "inference", str(_GATEWAY["__inference_gateway_
 # The Prometheus jobs that scrape the stable replicas and the canary slots (roles/monitoring).
 JOB_OF_BACKEND = {STABLE_BACKEND: "inference_server", CANARY_BACKEND: "inference_canary"}
 UNSAFE_IN_PATH = set(" \t\n\"'\\$`")
+LOOK_TRIES = 3
+"""looks in a row the guard may fail to read the counters (or add them) before it gives up, exit 5"""
 
 
 class ServeRefused(GpuPlatError):
@@ -160,7 +162,7 @@ class Release:
         serving = platform.spec.serving
         assert serving is not None
         self.rules = serving.canary or Canary()
-        self.canary_start: tuple[float, Counts, Counts] | None = None
+        self.canary_start: tuple[float, Counts | Reading, Counts | Reading] | None = None
         """when `deploy` gave the canary its share, and the counters just before"""
 
     # What is served
@@ -200,45 +202,53 @@ class Release:
         by_job = {labels.get("job"): value for labels, value in instant(self.prometheus_url, expression)}
         return {backend: by_job.get(job) for backend, job in JOB_OF_BACKEND.items()}
 
-    def latency_histograms(self) -> dict[str, Histogram | None]:
-        """Each version's latency histogram at its model servers, cumulative (Prometheus' last scrape): the
-        time to the first token (for the CPU reference server the whole answer, its only token). None where
-        no series is there or no Prometheus answers."""
-        found: dict[str, Histogram | None] = dict.fromkeys(JOB_OF_BACKEND)
+    def latency_histograms(self) -> dict[str, Series | None]:
+        """Each version's latency histograms at its model servers, cumulative (Prometheus' last scrape), by
+        instance: the time to the first token (for the CPU reference server the whole answer, its only
+        token). Each instance on its own, so that a restart or a missed scrape of one is told from the
+        others (counts.SinceStart); None where no series is there or no Prometheus answers."""
+        found: dict[str, Series | None] = dict.fromkeys(JOB_OF_BACKEND)
         if self.prometheus_url is None:
             return found
         histogram = role_vars("monitoring")["__monitoring_engine_metrics"][self.layout.engine][
             "ttft_histogram"
         ]
         jobs = "|".join(JOB_OF_BACKEND.values())
-        buckets: dict[str, dict[float, float]] = {}
+        buckets: dict[tuple[str, str], dict[float, float]] = {}
         for labels, value in instant(
-            self.prometheus_url, f'sum by (job, le) ({{__name__="{histogram}_bucket", job=~"{jobs}"}})'
+            self.prometheus_url,
+            f'sum by (job, instance, le) ({{__name__="{histogram}_bucket", job=~"{jobs}"}})',
         ):
-            buckets.setdefault(labels.get("job", ""), {})[float(labels.get("le", "+Inf"))] = value
+            series = (labels.get("job", ""), labels.get("instance", ""))
+            buckets.setdefault(series, {})[float(labels.get("le", "+Inf"))] = value
         sums = {
-            labels.get("job"): value
+            (labels.get("job", ""), labels.get("instance", "")): value
             for labels, value in instant(
-                self.prometheus_url, f'sum by (job) ({{__name__="{histogram}_sum", job=~"{jobs}"}})'
+                self.prometheus_url,
+                f'sum by (job, instance) ({{__name__="{histogram}_sum", job=~"{jobs}"}})',
             )
         }
         for backend, job in JOB_OF_BACKEND.items():
-            if job in buckets:
-                found[backend] = Histogram.from_cumulative(buckets[job], sums.get(job, 0.0))
+            by_instance = {
+                instance: Histogram.from_cumulative(cumulative, sums.get((job, instance), 0.0))
+                for (of, instance), cumulative in buckets.items()
+                if of == job
+            }
+            found[backend] = by_instance or None
         return found
 
-    def readings(self, latency: bool = True) -> tuple[Counts, Counts]:
+    def readings(self, latency: bool = True) -> tuple[Reading, Reading]:
         """The stable's and the canary's counters now: the gateway's requests and 5xx, and (with `latency`)
         the latency histograms."""
         figures = self.figures()
         histograms = self.latency_histograms() if latency else dict.fromkeys(JOB_OF_BACKEND)
         stable, canary = (
-            Counts(figures.requests[backend], figures.errors[backend], histograms[backend])
+            Reading(figures.requests[backend], figures.errors[backend], histograms[backend])
             for backend in (STABLE_BACKEND, CANARY_BACKEND)
         )
         return stable, canary
 
-    def counters(self) -> tuple[Counts, Counts]:
+    def counters(self) -> tuple[Reading, Reading]:
         """`readings`, without the latencies where Prometheus does not answer (saying so)."""
         try:
             return self.readings()
@@ -423,11 +433,29 @@ class Release:
         started, *first = self.canary_start or (clock(), *self.counters())
         watch = Guard(self.rules, started, *first)
         verdict = Verdict(CONTINUE, "no look yet")
+        failed = 0
         while clock() - started < duration_s:
             sleep(look_s)
-            if self.aliased(model, CHALLENGER) is None:
-                return Verdict("gone", f"'{model}' has no canary any more")
-            verdict = watch.look(clock(), *self.counters())
+            try:
+                if self.aliased(model, CHALLENGER) is None:
+                    return Verdict("gone", f"'{model}' has no canary any more")
+                verdict = watch.look(clock(), *self.counters())
+            except (GpuPlatError, ValueError, KeyError) as error:
+                failed += 1
+                reason = (
+                    error.message if isinstance(error, GpuPlatError) else f"{type(error).__name__}: {error}"
+                )
+                if failed >= LOOK_TRIES:
+                    raise GpuPlatError(
+                        f"the guard could not look at '{model}''s canary {failed} times in a row ({reason}): "
+                        "it stopped, and the canary keeps its share unwatched. Fix what the message names, "
+                        f"then `gpuplat serve guard {model}` again (it counts from its own first look), or "
+                        f"`gpuplat serve rollback {model}`",
+                        exit_code=ExitCode.NO_VERDICT,
+                    ) from None
+                self.say(f"look failed ({failed} of {LOOK_TRIES} in a row allowed): {reason}")
+                continue
+            failed = 0
             if verdict.action == "rollback":
                 self.rollback(model, verdict.reason)
             if verdict.action != CONTINUE:

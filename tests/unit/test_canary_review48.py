@@ -6,9 +6,21 @@ import math
 
 import pytest
 
-from infra.serving.analysis import INCONCLUSIVE, PROMOTE_READY, Analysis, error_bound, measure_errors
-from infra.serving.counts import Counts
-from infra.serving.statistics import _log_pmf, binomial_sf, rate_upper_bound
+import infra.serving.release as release_module
+from infra.errors import ExitCode, GpuPlatError
+from infra.serving.analysis import (
+    CONTINUE,
+    INCONCLUSIVE,
+    PROMOTE_READY,
+    Analysis,
+    error_bound,
+    measure_errors,
+    measure_latency,
+    sequential_latency,
+)
+from infra.serving.counts import Counts, Histogram, Reading, SinceStart
+from infra.serving.release import CANARY_BACKEND, STABLE_BACKEND, Release, ServingLayout
+from infra.serving.statistics import _log_pmf, binomial_sf, log_evidence, rate_upper_bound
 from infra.spec.models import Canary
 
 
@@ -107,3 +119,177 @@ def test_promote_ready_needs_every_metric_judged_at_least_once() -> None:
         verdict = analysis.look(i * rules.interval_s, Counts(400 * i, 0), Counts(100 * i, 0))
     assert verdict.action == INCONCLUSIVE != PROMOTE_READY
     assert verdict.reason.startswith("latency could not be judged in any of the 5 intervals")
+
+
+# Finding 1: a missed scrape of one replica
+
+
+BOUNDS = (0.01, 0.025, 0.05, math.inf)
+
+
+def _at(count: int) -> Histogram:
+    return Histogram(BOUNDS, (0, count, 0, 0), 0.02 * count)
+
+
+def test_a_missed_scrape_of_one_replica_adds_nothing_and_its_return_nothing_more() -> None:
+    """Two stable replicas with a million answers each before the canary, 10 more each per look; at look 2
+    replica b's series is missing (stale). Summed before the guard saw them, the drop read as a restart and
+    added a million, and again when b came back. Series by series the total is the true 20 per look (b's
+    10 of look 2 counted at look 3)."""
+    since = SinceStart(Reading(0, 0, {"a": _at(1_000_000), "b": _at(1_000_000)}))
+    seen = []
+    for look in range(1, 5):
+        a, b = _at(1_000_000 + 10 * look), _at(1_000_000 + 10 * look)
+        latency = {"a": a} if look == 2 else {"a": a, "b": b}
+        total = since.add(Reading(0, 0, latency)).latency
+        assert total is not None
+        seen.append(total.count)
+    assert seen == [20, 30, 60, 80]
+    # A replica that restarted counts from zero; one that appears after the start counts from then.
+    restarted = since.add(Reading(0, 0, {"a": _at(5), "b": _at(1_000_050), "c": _at(7)})).latency
+    assert restarted is not None and restarted.count == 80 + 5 + 10
+
+
+def test_the_histograms_are_read_by_instance_with_their_sums(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The query keeps each instance apart (`by (job, instance, le)`) and each series' _sum with it."""
+    asked: list[str] = []
+
+    def instant(url: str, expression: str) -> list[tuple[dict[str, str], float]]:
+        asked.append(expression)
+        if "_sum" in expression:
+            return [({"job": "inference_server", "instance": "n:8000"}, 1.5)]
+        return [
+            ({"job": "inference_server", "instance": "n:8000", "le": le}, value)
+            for le, value in (("0.01", 1.0), ("0.025", 3.0), ("0.05", 4.0), ("+Inf", 4.0))
+        ] + [({"job": "inference_server", "instance": "n:8001", "le": "+Inf"}, 2.0)]
+
+    monkeypatch.setattr(release_module, "instant", instant)
+    release = object.__new__(Release)
+    release.prometheus_url = "http://prometheus"
+    release.layout = ServingLayout((), (), {}, "cpu-reference", 1.0)
+    found = release.latency_histograms()
+    assert all("by (job, instance" in expression for expression in asked)
+    stable = found[STABLE_BACKEND]
+    assert stable is not None and set(stable) == {"n:8000", "n:8001"}
+    assert stable["n:8000"] == Histogram(BOUNDS, (1, 2, 1, 0), 1.5)
+    assert stable["n:8001"].count == 2 and found[CANARY_BACKEND] is None
+
+
+# Finding 6: a bad read does not end the guard
+
+
+def test_histograms_over_different_buckets_leave_latency_inconclusive_and_say_why() -> None:
+    rules = Canary()
+    other = Histogram((0.01, 0.02, 0.05, math.inf), (10, 30, 20, 0), 1.2)
+    stable = Counts(240, 0, Histogram(BOUNDS, (40, 120, 80, 0), 5.0))
+    measured = measure_latency(stable, Counts(60, 0, other), rules)
+    assert measured.outcome == INCONCLUSIVE and "different buckets" in measured.detail
+    assert sequential_latency(stable, Counts(60, 0, other), rules) is None
+    # Within one version, buckets that differ between two readings of the sum cannot be added: a
+    # ValueError, and the guard's state is as before it.
+    with pytest.raises(ValueError, match="different buckets"):
+        _at(1).plus(other)
+
+
+def _guard_reading(script: list[object]) -> tuple[Release, list[str]]:
+    """A Release whose counters answer the script's items in turn: a reading pair, or an exception raised."""
+    release = object.__new__(Release)
+    release.rules = Canary()
+    release.canary_start = None
+    said: list[str] = []
+    items = iter(script)
+    item: object = None
+
+    def read(latency: bool = True) -> tuple[Counts, Counts]:
+        nonlocal item
+        if latency or not isinstance(item, Exception):  # a gateway that failed fails without latency too
+            item = next(items)
+        if isinstance(item, Exception):
+            raise item
+        return item  # type: ignore[return-value]
+
+    release.readings = read  # type: ignore[method-assign]
+    release.aliased = lambda model, alias: object()  # type: ignore[method-assign,assignment,return-value]
+    release.rollback = lambda model, reason="": None  # type: ignore[method-assign,assignment,return-value]
+    release.say = said.append
+    return release, said
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+QUIET = (Counts(0, 0), Counts(0, 0))
+
+
+def test_the_guard_retries_a_failed_look_and_gives_up_with_exit_5_after_three() -> None:
+    clock = _Clock()
+    failing = GpuPlatError("podman exec on gateway-0 failed")
+    release, said = _guard_reading([QUIET, failing, QUIET, failing, failing, QUIET])
+    verdict = release.guard("embedder", duration_s=25, sleep=clock.sleep, clock=clock)
+    failures = [line for line in said if line.startswith("look failed")]
+    assert verdict.action == CONTINUE and len(failures) == 3
+    assert failures[0] == "look failed (1 of 3 in a row allowed): podman exec on gateway-0 failed"
+    assert failures[1:] == [
+        f"look failed ({n} of 3 in a row allowed): podman exec on gateway-0 failed" for n in (1, 2)
+    ]
+    release, said = _guard_reading([QUIET, failing, ValueError("bad json"), KeyError("canary"), QUIET])
+    with pytest.raises(GpuPlatError) as raised:
+        release.guard("embedder", duration_s=60, sleep=clock.sleep, clock=clock)
+    assert raised.value.exit_code == ExitCode.NO_VERDICT
+    assert (
+        "could not look at 'embedder''s canary 3 times in a row (KeyError: 'canary')" in raised.value.message
+    )
+    assert "`gpuplat serve rollback embedder`" in raised.value.message
+
+
+# Mutants that survived (mutants.log)
+
+
+def test_no_stable_latencies_or_an_empty_stable_histogram_is_inconclusive() -> None:
+    """analysis #17: a stable histogram of no answers (or no _sum) is no baseline."""
+    rules = Canary()
+    canary = Counts(60, 0, Histogram(BOUNDS, (10, 30, 20, 0), 1.2))
+    for stable in (Histogram(BOUNDS, (0, 0, 0, 0), 0.0), Histogram(BOUNDS, (40, 120, 80, 0), 0.0)):
+        measured = measure_latency(Counts(240, 0, stable), canary, rules)
+        assert (measured.outcome, measured.detail) == (INCONCLUSIVE, "no stable latencies recorded")
+
+
+def test_the_sequential_evidence_against_a_zero_rate_is_against_nearly_zero() -> None:
+    """statistics #11: p0 0 is taken as 1e-9, so one error in one request is evidence of about
+    mean(p1) / 1e-9, p1 = k/9, k = 1..8 (mean 0.5): log 5e8."""
+    assert log_evidence(1, 1, 0.0) == pytest.approx(math.log(0.5 / 1e-9), rel=1e-3)
+
+
+def test_counters_without_prometheus_read_the_gateway_alone_and_say_so() -> None:
+    """release #47: Prometheus' failure is said and the gateway's counters still read."""
+    release = object.__new__(Release)
+    said: list[str] = []
+    release.say = said.append
+    calls: list[bool] = []
+
+    def read(latency: bool = True) -> tuple[Counts, Counts]:
+        calls.append(latency)
+        if latency:
+            raise GpuPlatError("Prometheus at http://p did not answer")
+        return QUIET
+
+    release.readings = read  # type: ignore[method-assign]
+    assert release.counters() == QUIET and calls == [True, False]
+    assert said == ["no latencies this look: Prometheus at http://p did not answer"]
+
+
+def test_a_canary_taken_out_by_someone_else_ends_the_guard() -> None:
+    """release #48: no challenger alias any more: the guard ends, 'gone', without a look."""
+    clock = _Clock()
+    release, _ = _guard_reading([QUIET])
+    release.aliased = lambda model, alias: None  # type: ignore[method-assign,assignment,return-value]
+    verdict = release.guard("embedder", sleep=clock.sleep, clock=clock)
+    assert verdict.action == "gone" and clock.now == 5.0
