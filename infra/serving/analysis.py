@@ -273,11 +273,14 @@ class Guard:
     def look(self, now_s: float, stable: Counts | Reading, canary: Counts | Reading) -> Verdict:
         """The verdict on these readings; one that cannot be added (a ValueError: a version's histograms over
         different buckets) changes nothing."""
+        delay = self.analysis.rules.initial_delay_s
+        elapsed = now_s - self.started_s - delay
+        if elapsed < 0:  # warming up: the counts start when initial_delay_s is over
+            self.stable, self.canary = SinceStart(stable), SinceStart(canary)
+            return Verdict(CONTINUE, f"initial_delay_s {delay}: the analysis starts in {-elapsed:.0f} s")
         kept = copy.deepcopy((self.stable, self.canary, self.analysis))
         try:
-            return self.analysis.look(
-                now_s - self.started_s, self.stable.add(stable), self.canary.add(canary)
-            )
+            return self.analysis.look(elapsed, self.stable.add(stable), self.canary.add(canary))
         except ValueError:
             self.stable, self.canary, self.analysis = kept
             raise

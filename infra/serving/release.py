@@ -50,6 +50,54 @@ JOB_OF_BACKEND = {STABLE_BACKEND: "inference_server", CANARY_BACKEND: "inference
 UNSAFE_IN_PATH = set(" \t\n\"'\\$`")
 LOOK_TRIES = 3
 """looks in a row the guard may fail to read the counters (or add them) before it gives up, exit 5"""
+# Run on a model-server node: each port's /metrics after a line "# port N" (none for a port that is down).
+METRICS_READ = """import sys, urllib.request
+for port in sys.argv[1:]:
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    except OSError:
+        continue
+    print(f"# port {port}")
+    print(text)
+"""
+
+
+def parse_metrics(answer: str, histogram: str) -> dict[int, Histogram]:
+    """`histogram`'s buckets and _sum per port from METRICS_READ's answer (Prometheus' text format, every
+    label set of a port summed at each `le`)."""
+    cumulative: dict[int, dict[float, float]] = {}
+    sums: dict[int, float] = {}
+    port: int | None = None
+    for line in answer.splitlines():
+        if line.startswith("# port "):
+            port = int(line.split()[2])
+            continue
+        if port is None or not line or line.startswith("#"):
+            continue
+        name, _, rest = line.partition("{")
+        if not rest:
+            name, _, rest = line.partition(" ")
+            labels, value = "", rest
+        else:
+            labels, _, value = rest.partition("}")
+        number = float(value.split()[0])
+        if name == f"{histogram}_bucket":
+            le = next(
+                (
+                    part.split("=", 1)[1].strip('"')
+                    for part in labels.split(",")
+                    if part.strip().startswith("le=")
+                ),
+                "+Inf",
+            )
+            bucket = cumulative.setdefault(port, {})
+            bucket[float(le)] = bucket.get(float(le), 0.0) + number
+        elif name == f"{histogram}_sum":
+            sums[port] = sums.get(port, 0.0) + number
+    return {p: Histogram.from_cumulative(b, sums.get(p, 0.0)) for p, b in cumulative.items()}
+
+
+"""looks in a row the guard may fail to read the counters (or add them) before it gives up, exit 5"""
 
 
 class ServeRefused(GpuPlatError):
@@ -203,39 +251,31 @@ class Release:
         return {backend: by_job.get(job) for backend, job in JOB_OF_BACKEND.items()}
 
     def latency_histograms(self) -> dict[str, Series | None]:
-        """Each version's latency histograms at its model servers, cumulative (Prometheus' last scrape), by
-        instance: the time to the first token (for the CPU reference server the whole answer, its only
-        token). Each instance on its own, so that a restart or a missed scrape of one is told from the
-        others (counts.SinceStart); None where no series is there or no Prometheus answers."""
-        found: dict[str, Series | None] = dict.fromkeys(JOB_OF_BACKEND)
-        if self.prometheus_url is None:
-            return found
+        """Each version's latency histograms, cumulative, by model server (node:port), read from the servers'
+        own /metrics at this instant: the time to the first token (for the CPU reference server the whole
+        answer, its only token). Both versions at the same instant, as the gateway's counters are: a
+        Prometheus scrape of each at its own phase would compare windows that differ by up to a scrape
+        interval, load bursts in one and not the other. Each server on its own, so that a restart or a
+        missed read of one is told from the others (counts.SinceStart). None where no server answered."""
         histogram = role_vars("monitoring")["__monitoring_engine_metrics"][self.layout.engine][
             "ttft_histogram"
         ]
-        jobs = "|".join(JOB_OF_BACKEND.values())
-        buckets: dict[tuple[str, str], dict[float, float]] = {}
-        for labels, value in instant(
-            self.prometheus_url,
-            f'sum by (job, instance, le) ({{__name__="{histogram}_bucket", job=~"{jobs}"}})',
-        ):
-            series = (labels.get("job", ""), labels.get("instance", ""))
-            buckets.setdefault(series, {})[float(labels.get("le", "+Inf"))] = value
-        sums = {
-            (labels.get("job", ""), labels.get("instance", "")): value
-            for labels, value in instant(
-                self.prometheus_url,
-                f'sum by (job, instance) ({{__name__="{histogram}_sum", job=~"{jobs}"}})',
-            )
-        }
-        for backend, job in JOB_OF_BACKEND.items():
-            by_instance = {
-                instance: Histogram.from_cumulative(cumulative, sums.get((job, instance), 0.0))
-                for (of, instance), cumulative in buckets.items()
-                if of == job
-            }
-            found[backend] = by_instance or None
-        return found
+        found: dict[str, dict[str, Histogram]] = {backend: {} for backend in JOB_OF_BACKEND}
+        for node in self.layout.servers:
+            ports = {REPLICA_PORT + replica: STABLE_BACKEND for replica in self._replicas(node)}
+            ports[CANARY_PORT] = CANARY_BACKEND
+            answer = self.nodes.exec(node, "python3", "-c", METRICS_READ, *map(str, ports), timeout=30)
+            for port, read in parse_metrics(answer, str(histogram)).items():
+                if port in ports:
+                    found[ports[port]][f"{self.layout.addresses.get(node, node)}:{port}"] = read
+        return {backend: series or None for backend, series in found.items()}
+
+    def _replicas(self, node: str) -> list[int]:
+        """`stable_replicas`, read once per node and release."""
+        known: dict[str, list[int]] = self.__dict__.setdefault("_replicas_of", {})
+        if node not in known:
+            known[node] = self.stable_replicas(node)
+        return known[node]
 
     def readings(self, latency: bool = True) -> tuple[Reading, Reading]:
         """The stable's and the canary's counters now: the gateway's requests and 5xx, and (with `latency`)
@@ -429,7 +469,7 @@ class Release:
         (default: the whole analysis and one look more) ends it; roll it back on 'rollback'. Ending without a
         verdict returns 'continue'."""
         if duration_s is None:
-            duration_s = self.rules.analysis_s + look_s
+            duration_s = self.rules.initial_delay_s + self.rules.analysis_s + look_s
         started, *first = self.canary_start or (clock(), *self.counters())
         watch = Guard(self.rules, started, *first)
         verdict = Verdict(CONTINUE, "no look yet")

@@ -498,6 +498,16 @@ class Canary(_Model):
             "above the stable's share (half, or less on coarse buckets): the sequential latency test's margin"
         ),
     )
+    initial_delay_s: int = Field(
+        0,
+        ge=0,
+        le=3600,
+        description=(
+            "seconds after the canary gets its share before the analysis starts (Argo Rollouts' "
+            "initialDelay): a version slow while it warms up (caches, compilation) is not judged on that; "
+            "nothing is judged in them, a failing canary included"
+        ),
+    )
     interval_s: int = Field(
         60, ge=10, le=3600, description="length of one analysis interval (seconds); intervals do not overlap"
     )
