@@ -5,21 +5,24 @@ from __future__ import annotations
 import math
 
 import pytest
+from pydantic import ValidationError
 
-import infra.serving.release as release_module
 from infra.errors import ExitCode, GpuPlatError
+from infra.errors.problems import field_path, validation_problems
 from infra.serving.analysis import (
     CONTINUE,
     INCONCLUSIVE,
     PROMOTE_READY,
+    ROLLBACK,
     Analysis,
+    Guard,
     error_bound,
     measure_errors,
     measure_latency,
     sequential_latency,
 )
 from infra.serving.counts import Counts, Histogram, Reading, SinceStart
-from infra.serving.release import CANARY_BACKEND, STABLE_BACKEND, Release, ServingLayout
+from infra.serving.release import CANARY_BACKEND, STABLE_BACKEND, Release, ServingLayout, parse_metrics
 from infra.serving.statistics import _log_pmf, binomial_sf, log_evidence, rate_upper_bound
 from infra.spec.models import Canary
 
@@ -150,29 +153,43 @@ def test_a_missed_scrape_of_one_replica_adds_nothing_and_its_return_nothing_more
     assert restarted is not None and restarted.count == 80 + 5 + 10
 
 
-def test_the_histograms_are_read_by_instance_with_their_sums(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The query keeps each instance apart (`by (job, instance, le)`) and each series' _sum with it."""
-    asked: list[str] = []
+METRICS = """# port 8000
+# HELP gpuplat_inference_request_duration_seconds Time to answer.
+# TYPE gpuplat_inference_request_duration_seconds histogram
+gpuplat_inference_request_duration_seconds_bucket{le="0.01",model="a"} 1.0
+gpuplat_inference_request_duration_seconds_bucket{le="0.025",model="a"} 3.0
+gpuplat_inference_request_duration_seconds_bucket{le="0.05",model="a"} 4.0
+gpuplat_inference_request_duration_seconds_bucket{le="+Inf",model="a"} 4.0
+gpuplat_inference_request_duration_seconds_sum{model="a"} 1.5
+gpuplat_inference_request_duration_seconds_count{model="a"} 4.0
+other_metric 7
+# port 8100
+gpuplat_inference_request_duration_seconds_bucket{model="b",le="+Inf"} 2.0
+gpuplat_inference_request_duration_seconds_sum 0.25
+"""
 
-    def instant(url: str, expression: str) -> list[tuple[dict[str, str], float]]:
-        asked.append(expression)
-        if "_sum" in expression:
-            return [({"job": "inference_server", "instance": "n:8000"}, 1.5)]
-        return [
-            ({"job": "inference_server", "instance": "n:8000", "le": le}, value)
-            for le, value in (("0.01", 1.0), ("0.025", 3.0), ("0.05", 4.0), ("+Inf", 4.0))
-        ] + [({"job": "inference_server", "instance": "n:8001", "le": "+Inf"}, 2.0)]
 
-    monkeypatch.setattr(release_module, "instant", instant)
+def test_both_versions_histograms_are_read_from_their_servers_at_one_instant_by_server() -> None:
+    """Findings 1 and 4: each model server's /metrics, read at the look (not Prometheus' scrapes at their
+    own phases), kept apart by node:port, with its _sum."""
+    assert parse_metrics(METRICS, "gpuplat_inference_request_duration_seconds") == {
+        8000: Histogram(BOUNDS, (1, 2, 1, 0), 1.5),
+        8100: Histogram((math.inf,), (2,), 0.25),
+    }
+
+    class Nodes:
+        def exec(self, node: str, *command: str, timeout: float = 120) -> str:
+            if command[0] == "ls":
+                return "replica-0.env version-canary.env"
+            assert command[:2] == ("python3", "-c") and command[3:] == ("8000", "8100")
+            return METRICS
+
     release = object.__new__(Release)
-    release.prometheus_url = "http://prometheus"
-    release.layout = ServingLayout((), (), {}, "cpu-reference", 1.0)
+    release.nodes = Nodes()
+    release.layout = ServingLayout((), ("infer-0",), {"infer-0": "gp-infer-0"}, "cpu-reference", 1.0)
     found = release.latency_histograms()
-    assert all("by (job, instance" in expression for expression in asked)
-    stable = found[STABLE_BACKEND]
-    assert stable is not None and set(stable) == {"n:8000", "n:8001"}
-    assert stable["n:8000"] == Histogram(BOUNDS, (1, 2, 1, 0), 1.5)
-    assert stable["n:8001"].count == 2 and found[CANARY_BACKEND] is None
+    assert found[STABLE_BACKEND] == {"gp-infer-0:8000": Histogram(BOUNDS, (1, 2, 1, 0), 1.5)}
+    assert found[CANARY_BACKEND] == {"gp-infer-0:8100": Histogram((math.inf,), (2,), 0.25)}
 
 
 # Finding 6: a bad read does not end the guard
@@ -293,3 +310,58 @@ def test_a_canary_taken_out_by_someone_else_ends_the_guard() -> None:
     release.aliased = lambda model, alias: None  # type: ignore[method-assign,assignment,return-value]
     verdict = release.guard("embedder", sleep=clock.sleep, clock=clock)
     assert verdict.action == "gone" and clock.now == 5.0
+
+
+# Finding 7: cold start
+
+
+def test_initial_delay_leaves_the_canarys_warm_up_out_of_the_analysis() -> None:
+    """A canary 3 x slower for its first 20 s: judged from the start it is rolled back at its first look;
+    with initial_delay_s 30 the counts start at 30 s, and the same canary, now as fast, is not."""
+    warm, cold = (0, 60, 0, 0), (0, 0, 0, 60)
+    stable_step = (0, 240, 0, 0)
+
+    def looks(rules: Canary) -> list[str]:
+        guard = Guard(
+            rules,
+            0.0,
+            Counts(0, 0, Histogram(BOUNDS, (0, 0, 0, 0))),
+            Counts(0, 0, Histogram(BOUNDS, (0, 0, 0, 0))),
+        )
+        stable, canary = [0, 0, 0, 0], [0, 0, 0, 0]
+        actions = []
+        for second in range(10, 70, 10):
+            stable = [a + b for a, b in zip(stable, stable_step, strict=True)]
+            canary = [a + b for a, b in zip(canary, cold if second <= 20 else warm, strict=True)]
+            reading = (
+                Counts(sum(stable), 0, Histogram(BOUNDS, tuple(stable), 0.02 * sum(stable))),
+                Counts(sum(canary), 0, Histogram(BOUNDS, tuple(canary), 0.02 * sum(canary))),
+            )
+            actions.append(guard.look(float(second), *reading).action)
+            if actions[-1] != CONTINUE:
+                break
+        return actions
+
+    assert looks(Canary())[-1] == ROLLBACK
+    assert looks(Canary(initial_delay_s=30)) == [CONTINUE] * 6
+    rules = Canary(initial_delay_s=30)
+    guard = Guard(rules, 0.0, Counts(), Counts())
+    assert guard.look(10.0, Counts(), Counts()).reason == "initial_delay_s 30: the analysis starts in 20 s"
+
+
+def test_the_refusals_are_placed_at_their_fields_one_line_each() -> None:
+    """Finding 5: what `gpuplat` prints for a stack file (infra/errors/problems.py): each problem at its
+    field, the field and what is allowed, not pydantic's text."""
+    with pytest.raises(ValidationError) as raised:
+        Canary(failure_limit=5, inconclusive_limit=7, max_error_rate_increase=0.001)
+    problems = validation_problems(raised.value, lambda loc: field_path("serving.canary", loc))
+    assert [path for path, _ in problems] == [
+        "serving.canary.max_error_rate_increase",
+        "serving.canary.failure_limit",
+        "serving.canary.inconclusive_limit",
+    ]
+    assert problems[1][1] == (
+        "failure_limit 5 is not below intervals 5: the analysis could end promote-ready with every interval "
+        "failed; set it to at most 4"
+    )
+    assert all("pydantic" not in message and "[type=" not in message for _, message in problems)
