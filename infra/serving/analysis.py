@@ -278,9 +278,8 @@ class Guard:
         if elapsed < 0:  # warming up: the counts start when initial_delay_s is over
             self.stable, self.canary = SinceStart(stable), SinceStart(canary)
             return Verdict(CONTINUE, f"initial_delay_s {delay}: the analysis starts in {-elapsed:.0f} s")
-        kept = copy.deepcopy((self.stable, self.canary, self.analysis))
-        try:
-            return self.analysis.look(elapsed, self.stable.add(stable), self.canary.add(canary))
-        except ValueError:
-            self.stable, self.canary, self.analysis = kept
-            raise
+        # Each add replaces a SinceStart's attributes, never changes them: a copy is its state before.
+        stable_since, canary_since = copy.copy(self.stable), copy.copy(self.canary)
+        stable_total, canary_total = stable_since.add(stable), canary_since.add(canary)
+        self.stable, self.canary = stable_since, canary_since
+        return self.analysis.look(elapsed, stable_total, canary_total)

@@ -365,3 +365,22 @@ def test_the_refusals_are_placed_at_their_fields_one_line_each() -> None:
         "failed; set it to at most 4"
     )
     assert all("pydantic" not in message and "[type=" not in message for _, message in problems)
+
+
+def test_a_reading_that_cannot_be_added_changes_nothing_and_the_next_one_counts() -> None:
+    """Finding 6: two servers of one version over different buckets cannot be summed: a ValueError (the
+    guard retries the look), and the guard's counts are as before it."""
+    other = (0.01, 0.02, 0.05, math.inf)
+    guard = Guard(Canary(), 0.0, Reading(0, 0, {"a": _at(0)}), Reading(0, 0, {"c": _at(0)}))
+    guard.look(
+        5.0, Reading(10, 0, {"a": _at(10), "b": Histogram(other, (0, 0, 0, 0))}), Reading(2, 0, {"c": _at(2)})
+    )
+    with pytest.raises(ValueError, match="different buckets"):
+        guard.look(
+            10.0,
+            Reading(20, 0, {"a": _at(20), "b": Histogram(other, (0, 5, 0, 0))}),
+            Reading(4, 0, {"c": _at(4)}),
+        )
+    assert guard.stable.total.requests == 10 and guard.canary.total.requests == 2
+    guard.look(15.0, Reading(30, 0, {"a": _at(30)}), Reading(6, 0, {"c": _at(6)}))
+    assert guard.stable.total.requests == 30 and guard.canary.total.requests == 6
