@@ -1,4 +1,5 @@
-"""Issue 48's attack on the canary analysis (REVIEW 13): each test fails on the analysis before it."""
+"""Issue 48's attack on the canary analysis (REVIEW questions 5, 7, 9, 12): its findings 1-8, each test
+failing on the analysis before it."""
 
 from __future__ import annotations
 
