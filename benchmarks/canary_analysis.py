@@ -3,10 +3,13 @@ blocks an identical canary, how often and how soon it catches a bad one (issue 4
 
 Traffic as production records it: Poisson arrivals split at the gateway by a per-request draw (the canary's
 share, serving.canary.share_percent), Bernoulli errors, lognormal latencies; the gateway's counters read at
-every look of the guard (every 5 s), the latency histograms (the real bucket boundaries) as Prometheus last
-scraped them (every 15 s, at a random phase). The analysis is the real one, fed through its Guard, with the
-spec's defaults; "fixed intervals" is the same analysis with the sequential tests switched off. Each
-verdict's exit code is what `gpuplat serve guard` exits with on it (infra/cli/commands/serve.py _guard).
+every look of the guard (every 5 s), and so the model servers' latency histograms (the real bucket
+boundaries; Release.latency_histograms reads each server's /metrics at the look, both versions at the same
+instant). Load bursts are shared: in the "bursts" cases both versions' latencies are 3 x for 20 s, twice, at
+random times; in the "cold start" case the canary's first 20 s are 3 x slower. The analysis is the real one,
+fed through its Guard, with the spec's defaults; "fixed intervals" is the same analysis with the sequential
+tests switched off. Each verdict's exit code is what `gpuplat serve guard` exits with on it
+(infra/cli/commands/serve.py _guard).
 
     nice -n 10 .venv/bin/python benchmarks/canary_analysis.py --runs 2000
 """
@@ -17,6 +20,7 @@ import argparse
 import contextlib
 import io
 import math
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -60,7 +64,7 @@ TTFT_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
     80.0, 160.0, 640.0, 2560.0, math.inf,
 )  # fmt: skip
-LOOK_S, SCRAPE_S = 5.0, 15.0
+LOOK_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,7 @@ class Latency:
 
 EMBEDDER = Latency("embedder", 0.020, 0.4, CPU_BUCKETS)  # the CPU reference server: ~20 ms
 LLM_TTFT = Latency("vLLM TTFT", 0.150, 0.6, TTFT_BUCKETS)
+NARROW = Latency("narrow, median at a bucket edge", 0.025, 0.2, CPU_BUCKETS)  # issue 48's attack, finding 3
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,12 @@ class Case:
     """the right verdict: promote-ready, rollback or inconclusive"""
     deadline_s: float | None = None
     """a rollback counts only this soon (None: within the analysis)"""
+    bursts: int = 0
+    """shared load bursts: both versions 3 x slower for 20 s, this many times"""
+    cold_start_s: int = 0
+    """the canary 3 x slower for its first this many seconds"""
+    initial_delay_s: int = 0
+    """serving.canary.initial_delay_s"""
 
 
 @dataclass
@@ -100,24 +111,26 @@ class Version:
     buckets: np.ndarray
     sums: np.ndarray
 
-    def at(self, second: int, scraped: int | None, bounds: tuple[float, ...]) -> Counts:
-        latency = None
-        if scraped is not None and scraped >= 0:
-            latency = Histogram(
-                bounds, tuple(int(c) for c in self.buckets[scraped]), float(self.sums[scraped])
-            )
+    def at(self, second: int, bounds: tuple[float, ...]) -> Counts:
+        latency = Histogram(bounds, tuple(int(c) for c in self.buckets[second]), float(self.sums[second]))
         return Counts(int(self.requests[second]), int(self.errors[second]), latency)
 
 
 def simulate(
-    rng: np.random.Generator, rate: float, error_rate: float, latency: Latency, slowdown: float, seconds: int
+    rng: np.random.Generator,
+    rate: float,
+    error_rate: float,
+    latency: Latency,
+    slowdown: np.ndarray,
+    seconds: int,
 ) -> Version:
+    """`slowdown`: each second's latency multiple."""
     requests = rng.poisson(rate, seconds + 1)
     requests[0] = 0
     errors = rng.binomial(requests, error_rate)
     total = int(requests.sum())
     seconds_of = np.repeat(np.arange(seconds + 1), requests)
-    values = latency.median_s * slowdown * np.exp(latency.sigma * rng.standard_normal(total))
+    values = latency.median_s * slowdown[seconds_of] * np.exp(latency.sigma * rng.standard_normal(total))
     bucket = np.searchsorted(np.array(latency.bounds), values, side="left")  # le: at most the bound
     per_second = np.zeros((seconds + 1, len(latency.bounds)), dtype=np.int64)
     np.add.at(per_second, (seconds_of, bucket), 1)
@@ -128,26 +141,25 @@ def simulate(
 
 def run_once(rng: np.random.Generator, case: Case, rules: Canary) -> tuple[str, float]:
     """The verdict and the seconds after the canary's start it came."""
-    seconds = int(rules.analysis_s + 2 * LOOK_S)
+    rules = rules.model_copy(update={"initial_delay_s": case.initial_delay_s})
+    seconds = int(rules.initial_delay_s + rules.analysis_s + 2 * LOOK_S)
     share = rules.share_percent / 100
-    stable = simulate(rng, case.rate * (1 - share), case.stable_errors, case.latency, 1.0, seconds)
-    canary = simulate(rng, case.rate * share, case.canary_errors, case.latency, case.slowdown, seconds)
-    phase = float(rng.uniform(0, SCRAPE_S))
-
-    def scraped(second: float) -> int | None:
-        last = math.floor((second - phase) / SCRAPE_S) * SCRAPE_S + phase
-        return int(last) if last >= 0 else None
-
+    load = np.ones(seconds + 1)
+    for _ in range(case.bursts):
+        start = int(rng.uniform(0, seconds - 20))
+        load[start : start + 20] = 3.0
+    slower = load * case.slowdown
+    slower[: case.cold_start_s + 1] *= 3.0
+    stable = simulate(rng, case.rate * (1 - share), case.stable_errors, case.latency, load, seconds)
+    canary = simulate(rng, case.rate * share, case.canary_errors, case.latency, slower, seconds)
     bounds = case.latency.bounds
-    guard = Guard(rules, 0.0, stable.at(0, scraped(0), bounds), canary.at(0, scraped(0), bounds))
+    guard = Guard(rules, 0.0, stable.at(0, bounds), canary.at(0, bounds))
     now = 0.0
     verdict = CONTINUE
-    while now < rules.analysis_s + LOOK_S:
+    while now < rules.initial_delay_s + rules.analysis_s + LOOK_S:
         now += LOOK_S
         second = int(now)
-        verdict = guard.look(
-            now, stable.at(second, scraped(now), bounds), canary.at(second, scraped(now), bounds)
-        ).action
+        verdict = guard.look(now, stable.at(second, bounds), canary.at(second, bounds)).action
         if verdict != CONTINUE:
             return verdict, now
     return verdict, now
@@ -226,6 +238,57 @@ def cases() -> list[Case]:
         Case(
             "identical LLM (TTFT), 2 req/s, 1% errors", 2, 0.01, 0.01, LLM_TTFT, 1.0, expected=PROMOTE_READY
         ),
+        Case(
+            "identical, 50 req/s, 1% errors, shared bursts",
+            50,
+            0.01,
+            0.01,
+            EMBEDDER,
+            1.0,
+            expected=PROMOTE_READY,
+            bursts=2,
+        ),
+        Case(
+            "identical LLM (TTFT), 10 req/s, shared bursts",
+            10,
+            0.01,
+            0.01,
+            LLM_TTFT,
+            1.0,
+            expected=PROMOTE_READY,
+            bursts=2,
+        ),
+        Case("1.1x slower (within 1.2), 50 req/s", 50, 0.0, 0.0, EMBEDDER, 1.1, expected=PROMOTE_READY),
+        Case(
+            "1.1x slower (within 1.2), narrow at a bucket edge, 50 req/s",
+            50,
+            0.0,
+            0.0,
+            NARROW,
+            1.1,
+            expected=PROMOTE_READY,
+        ),
+        Case(
+            "identical, cold start (3x for 20 s), 10 req/s",
+            10,
+            0.01,
+            0.01,
+            EMBEDDER,
+            1.0,
+            expected=PROMOTE_READY,
+            cold_start_s=20,
+        ),
+        Case(
+            "identical, cold start (3x for 20 s), 10 req/s, initial_delay_s 30",
+            10,
+            0.01,
+            0.01,
+            EMBEDDER,
+            1.0,
+            expected=PROMOTE_READY,
+            cold_start_s=20,
+            initial_delay_s=30,
+        ),
         Case("1.5x slower, 10 req/s, no errors", 10, 0.0, 0.0, EMBEDDER, 1.5, expected=ROLLBACK),
         Case("1.5x slower TTFT (LLM), 10 req/s", 10, 0.0, 0.0, LLM_TTFT, 1.5, expected=ROLLBACK),
         Case("failing every request, 1 req/s", 1, 0.0, 1.0, EMBEDDER, 1.0, expected=ROLLBACK, deadline_s=60),
@@ -250,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=2000, help="runs per case")
     parser.add_argument("--seed", type=int, default=48)
+    parser.add_argument("--only", default="", help="the cases whose name this regular expression finds")
     args = parser.parse_args(argv)
     rules = Canary()
     fixed = Canary(sequential_alpha=1e-300)
@@ -268,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|")
     codes = {action: exit_code(action) for action in (PROMOTE_READY, ROLLBACK, INCONCLUSIVE, CONTINUE)}
     assert codes[PROMOTE_READY] == 0 and all(codes[a] for a in codes if a != PROMOTE_READY), codes
-    for case in cases():
+    for case in (c for c in cases() if re.search(args.only, c.name)):
         outcomes: dict[str, int] = {}
         times: list[float] = []
         fixed_times: list[float] = []

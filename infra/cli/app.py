@@ -83,7 +83,8 @@ _USAGE_ERROR: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.
 
 def main(args: Sequence[str] | None = None) -> None:
     """Run the app and turn every way it can end into one of the documented exit codes (0 ok, 1 policy
-    violation, 2 bad input, 3 missing tool or host setting, 4 failure) and at most one paragraph on
+    violation, 2 bad input, 3 missing tool or host setting, 4 failure, 5 an analysis without a verdict to
+    act on: a canary's guard inconclusive, cut short or unable to look) and at most one paragraph on
     stderr; never a traceback."""
     argv = list(sys.argv[1:] if args is None else args)
     if not isinstance(sys.stdout, output.ReaderTolerantStdout):

@@ -10,21 +10,32 @@ Two parts, as Argo Rollouts' AnalysisRun and Flagger's canary analysis do it, an
   `result.Inconclusive > inconclusiveLimit`; Flagger counts failed checks up to `threshold`,
   pkg/controller/scheduler.go:950);
 - the sequential tests, on every look (statistics.log_evidence): the canary's errors since it started
-  against a rate at most the stable's plus `max_error_rate_increase`, and its answers slower than the
-  stable's median bucket against the stable's share of them plus `max_slow_share_increase`: a canary
+  against a rate at most the stable's plus `max_error_rate_increase`, and its answers above the bucket
+  holding `max_latency_ratio` x the stable's median against the stable's share of them plus
+  `max_slow_share_increase`: a canary
   failing outright, or plainly slower, is rolled back as soon as the evidence allows, not at the end of an
   interval.
-After the last interval the canary is promote-ready, or inconclusive with fewer than `min_requests` answered.
+The stable's rate in every error test (and its share of slow answers) is an upper confidence bound of it
+(statistics.rate_upper_bound at half the test's alpha; the test itself at the other half), not its observed
+value, which may be low by chance: a test's false rollbacks are at most its alpha.
+After the last interval the canary is promote-ready, or inconclusive with fewer than `min_requests` answered
+or a metric never judged.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
-from itertools import accumulate
 
-from infra.serving.counts import Counts, SinceStart
-from infra.serving.statistics import error_rate_p, log_evidence, rollback_boundary, slower_p
+from infra.serving.counts import Counts, Histogram, Reading, SinceStart
+from infra.serving.statistics import (
+    error_rate_p,
+    log_evidence,
+    rate_upper_bound,
+    rollback_boundary,
+    slower_p,
+)
 from infra.spec.models import Canary
 
 PROMOTE_READY, CONTINUE, ROLLBACK, INCONCLUSIVE = "promote-ready", "continue", "rollback", "inconclusive"
@@ -58,15 +69,23 @@ def measure_errors(stable: Counts, canary: Counts, rules: Canary) -> Measurement
             INCONCLUSIVE,
             f"{canary.requests} canary requests, fewer than {rules.interval_min_requests}",
         )
-    p = error_rate_p(
-        canary.errors, canary.requests, stable.errors, stable.requests, rules.max_error_rate_increase
-    )
-    outcome = FAILED if p < rules.alpha else PASSED
+    bound = error_bound(stable, rules, rules.alpha)
+    p = error_rate_p(canary.errors, canary.requests, bound)
+    outcome = FAILED if p < rules.alpha / 2 else PASSED
     return Measurement(
         ERRORS,
         outcome,
-        f"canary error rate {_rate(canary)} against the stable version's {_rate(stable)} plus "
-        f"max_error_rate_increase {rules.max_error_rate_increase:.1%}: p = {p:.2g}, alpha {rules.alpha:g}",
+        f"canary error rate {_rate(canary)} against the stable version's {_rate(stable)} (at most "
+        f"{bound - rules.max_error_rate_increase:.1%}) plus max_error_rate_increase "
+        f"{rules.max_error_rate_increase:.1%}: p = {p:.2g}, alpha {rules.alpha:g}",
+    )
+
+
+def error_bound(stable: Counts, rules: Canary, alpha: float) -> float:
+    """The canary error rate a test at level `alpha` allows: the stable's rate's upper confidence bound at
+    alpha / 2, plus max_error_rate_increase."""
+    return min(
+        1.0, rate_upper_bound(stable.errors, stable.requests, alpha / 2) + rules.max_error_rate_increase
     )
 
 
@@ -81,6 +100,13 @@ def measure_latency(stable: Counts, canary: Counts, rules: Canary) -> Measuremen
         )
     if fast is None or not fast.count or not fast.sum_s:
         return Measurement(LATENCY, INCONCLUSIVE, "no stable latencies recorded")
+    if fast.bounds != slow.bounds:
+        return Measurement(
+            LATENCY,
+            INCONCLUSIVE,
+            f"the versions' latency histograms have different buckets (stable {list(fast.bounds)}, canary "
+            f"{list(slow.bounds)}): they cannot be compared; serve both with the same engine version",
+        )
     p = slower_p(slow.counts, fast.counts)
     ratio = (slow.mean_s or 0.0) / (fast.mean_s or math.inf)
     outcome = FAILED if p < rules.alpha and ratio > rules.max_latency_ratio else PASSED
@@ -95,38 +121,57 @@ def measure_latency(stable: Counts, canary: Counts, rules: Canary) -> Measuremen
 
 def sequential_errors(stable: Counts, canary: Counts, rules: Canary) -> Verdict | None:
     """A rollback as soon as the canary's errors since it started are evidence enough (None: not yet)."""
-    bound = min(1.0, stable.error_rate + rules.max_error_rate_increase)
+    bound = error_bound(stable, rules, rules.sequential_alpha)
     evidence = log_evidence(canary.errors, canary.requests, bound)
-    if evidence < rollback_boundary(rules.sequential_alpha):
+    if evidence < rollback_boundary(rules.sequential_alpha / 2):
         return None
     return Verdict(
         ROLLBACK,
         f"canary error rate {_rate(canary)} since it started is above the stable version's {_rate(stable)} "
-        f"plus max_error_rate_increase {rules.max_error_rate_increase:.1%}: the sequential test's evidence "
-        f"{math.exp(evidence):.3g} passed 1/sequential_alpha ({1 / rules.sequential_alpha:g})",
+        f"(at most {bound - rules.max_error_rate_increase:.1%}) plus max_error_rate_increase "
+        f"{rules.max_error_rate_increase:.1%}: the sequential test's evidence {math.exp(evidence):.3g} "
+        f"passed 2/sequential_alpha ({2 / rules.sequential_alpha:g})",
     )
 
 
+def slow_bucket(stable: Histogram, ratio: float) -> int:
+    """The bucket holding `ratio` x the stable's median (the median interpolated within its bucket, as
+    Prometheus' histogram_quantile does): answers above it are slower than max_latency_ratio allows."""
+    half = stable.count / 2
+    below = 0
+    for index, count in enumerate(stable.counts):
+        if below + count >= half and count:
+            lower = stable.bounds[index - 1] if index else 0.0
+            upper = stable.bounds[index]
+            if math.isinf(upper):
+                return index
+            median = lower + (upper - lower) * (half - below) / count
+            return next(i for i, bound in enumerate(stable.bounds) if bound >= ratio * median)
+        below += count
+    return len(stable.counts) - 1
+
+
 def sequential_latency(stable: Counts, canary: Counts, rules: Canary) -> Verdict | None:
-    """A rollback as soon as the canary's answers slower than the stable's median bucket are evidence
-    enough (None: not yet). The stable's share of them is an estimate: its bound adds two of its largest
-    possible standard errors, 2 sqrt(1/4 / n)."""
+    """A rollback as soon as the canary's answers above `slow_bucket` (max_latency_ratio x the stable's
+    median) are evidence enough (None: not yet), against the stable's share of them (its upper confidence
+    bound) plus max_slow_share_increase."""
     fast, slow = stable.latency, canary.latency
-    if fast is None or slow is None or not fast.count or not slow.count:
+    if fast is None or slow is None or not fast.count or not slow.count or fast.bounds != slow.bounds:
         return None
-    median = next(i for i, below in enumerate(accumulate(fast.counts)) if 2 * below >= fast.count)
-    stable_slow, canary_slow = sum(fast.counts[median + 1 :]), sum(slow.counts[median + 1 :])
-    bound = stable_slow / fast.count + rules.max_slow_share_increase + 1 / math.sqrt(fast.count)
-    evidence = log_evidence(canary_slow, slow.count, min(1.0, bound))
-    if evidence < rollback_boundary(rules.sequential_alpha):
+    edge = slow_bucket(fast, rules.max_latency_ratio)
+    stable_slow, canary_slow = sum(fast.counts[edge + 1 :]), sum(slow.counts[edge + 1 :])
+    bound = rate_upper_bound(stable_slow, fast.count, rules.sequential_alpha / 2)
+    evidence = log_evidence(canary_slow, slow.count, min(1.0, bound + rules.max_slow_share_increase))
+    if evidence < rollback_boundary(rules.sequential_alpha / 2):
         return None
     return Verdict(
         ROLLBACK,
         f"{canary_slow} of the canary's {slow.count} answers since it started "
-        f"({canary_slow / slow.count:.0%}) took longer than {fast.bounds[median]:g} s, the stable version's "
-        f"median bucket, against {stable_slow / fast.count:.0%} of the stable's {fast.count} plus "
+        f"({canary_slow / slow.count:.0%}) took longer than {fast.bounds[edge]:g} s, the bucket holding "
+        f"max_latency_ratio {rules.max_latency_ratio:g} x the stable version's median, against "
+        f"{stable_slow / fast.count:.0%} of the stable's {fast.count} (at most {bound:.0%}) plus "
         f"max_slow_share_increase {rules.max_slow_share_increase:.0%}: the sequential test's evidence "
-        f"{math.exp(evidence):.3g} passed 1/sequential_alpha ({1 / rules.sequential_alpha:g})",
+        f"{math.exp(evidence):.3g} passed 2/sequential_alpha ({2 / rules.sequential_alpha:g})",
     )
 
 
@@ -171,6 +216,17 @@ class Analysis:
                 f"the canary answered {canary.requests} requests in its {rules.analysis_s} s analysis, fewer "
                 f"than min_requests {rules.min_requests}: give it a larger share or a longer analysis",
             )
+        never = [
+            metric
+            for metric, measured in self.results.items()
+            if all(m.outcome == INCONCLUSIVE for m in measured)
+        ]
+        if never:
+            return Verdict(
+                INCONCLUSIVE,
+                f"{' and '.join(never)} could not be judged in any of the {rules.intervals} intervals: "
+                + "; ".join(self.results[metric][-1].detail for metric in never),
+            )
         return Verdict(
             PROMOTE_READY,
             f"{rules.intervals} intervals passed: canary error rate {_rate(canary)}, stable {_rate(stable)}; "
@@ -207,10 +263,23 @@ class Analysis:
 class Guard:
     """An analysis fed with raw readings (cumulative since each process started), from the first one on."""
 
-    def __init__(self, rules: Canary, started_s: float, stable: Counts, canary: Counts) -> None:
+    def __init__(
+        self, rules: Canary, started_s: float, stable: Counts | Reading, canary: Counts | Reading
+    ) -> None:
         self.analysis = Analysis(rules)
         self.started_s = started_s
         self.stable, self.canary = SinceStart(stable), SinceStart(canary)
 
-    def look(self, now_s: float, stable: Counts, canary: Counts) -> Verdict:
-        return self.analysis.look(now_s - self.started_s, self.stable.add(stable), self.canary.add(canary))
+    def look(self, now_s: float, stable: Counts | Reading, canary: Counts | Reading) -> Verdict:
+        """The verdict on these readings; one that cannot be added (a ValueError: a version's histograms over
+        different buckets) changes nothing."""
+        delay = self.analysis.rules.initial_delay_s
+        elapsed = now_s - self.started_s - delay
+        if elapsed < 0:  # warming up: the counts start when initial_delay_s is over
+            self.stable, self.canary = SinceStart(stable), SinceStart(canary)
+            return Verdict(CONTINUE, f"initial_delay_s {delay}: the analysis starts in {-elapsed:.0f} s")
+        # Each add replaces a SinceStart's attributes, never changes them: a copy is its state before.
+        stable_since, canary_since = copy.copy(self.stable), copy.copy(self.canary)
+        stable_total, canary_total = stable_since.add(stable), canary_since.add(canary)
+        self.stable, self.canary = stable_since, canary_since
+        return self.analysis.look(elapsed, stable_total, canary_total)

@@ -5,6 +5,7 @@ process started; the analysis works on differences since the canary started.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -95,17 +96,56 @@ def _add(a: Histogram | None, b: Histogram | None) -> Histogram | None:
     return a.plus(b)
 
 
-class SinceStart:
-    """A version's counts since the first reading (the canary's start), through counter restarts."""
+Series = Mapping[str, Histogram]
+"""One version's latency histograms as read, cumulative, by series (a model server's instance)."""
 
-    def __init__(self, first: Counts) -> None:
-        self._last = first
+
+@dataclass(frozen=True)
+class Reading:
+    """One version's counters as read: the gateway's requests and 5xx, and each of its model servers'
+    latency histogram (None: none read this time)."""
+
+    requests: int = 0
+    errors: int = 0
+    latency: Series | None = None
+
+    @classmethod
+    def of(cls, counts: Counts | Reading) -> Reading:
+        """A reading; Counts' one histogram as one series."""
+        if isinstance(counts, Reading):
+            return counts
+        return cls(counts.requests, counts.errors, None if counts.latency is None else {"": counts.latency})
+
+
+class SinceStart:
+    """A version's counts since the first reading (the canary's start), through counter restarts.
+
+    Latencies series by series, as Prometheus' increase() does on each series before a sum: a series that
+    went down restarted and counts from zero; a series missing from a reading (a missed scrape, a stale
+    replica) is no reading, its last value kept; a series first seen after the start counts from then."""
+
+    def __init__(self, first: Counts | Reading) -> None:
+        first = Reading.of(first)
+        self._last = Counts(first.requests, first.errors)
+        self._series: dict[str, Histogram] = dict(first.latency or {})
         self.total = Counts()
 
-    def add(self, reading: Counts) -> Counts:
-        """The total after `reading`; one without a histogram (Prometheus did not answer) keeps the last."""
-        if reading.latency is None:
-            reading = Counts(reading.requests, reading.errors, self._last.latency)
-        self.total = self.total.plus(reading.increase(self._last))
-        self._last = reading
-        return self.total
+    def add(self, reading: Counts | Reading) -> Counts:
+        """The total after `reading`."""
+        reading = Reading.of(reading)
+        counters = Counts(reading.requests, reading.errors)
+        latency: Histogram | None = None
+        series = dict(self._series)
+        for name, histogram in (reading.latency or {}).items():
+            last = series.get(name)
+            series[name] = histogram
+            if last is None:
+                continue
+            if histogram.bounds != last.bounds:  # restarted with other buckets: counts from zero
+                latency = _add(latency, histogram)
+                continue
+            latency = _add(latency, Counts(0, 0, histogram).increase(Counts(0, 0, last)).latency)
+        step = counters.increase(self._last)
+        total = self.total.plus(Counts(step.requests, step.errors, latency))
+        self._last, self._series, self.total = counters, series, total
+        return total

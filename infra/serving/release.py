@@ -28,7 +28,7 @@ from infra.nodes.role_templates import role_defaults, role_vars
 from infra.platform.resolve import ResolvedPlatform
 from infra.serving.analysis import CONTINUE, Guard, Verdict
 from infra.serving.canary import gate
-from infra.serving.counts import Counts, Histogram
+from infra.serving.counts import Counts, Histogram, Reading, Series
 from infra.serving.prometheus import instant
 from infra.serving.registry.mlflow import MlflowRegistry, ModelVersion, RegistryError
 from infra.spec.models import Canary
@@ -48,6 +48,56 @@ STABLE_BACKEND, CANARY_BACKEND = "inference", str(_GATEWAY["__inference_gateway_
 # The Prometheus jobs that scrape the stable replicas and the canary slots (roles/monitoring).
 JOB_OF_BACKEND = {STABLE_BACKEND: "inference_server", CANARY_BACKEND: "inference_canary"}
 UNSAFE_IN_PATH = set(" \t\n\"'\\$`")
+LOOK_TRIES = 3
+"""looks in a row the guard may fail to read the counters (or add them) before it gives up, exit 5"""
+# Run on a model-server node: each port's /metrics after a line "# port N" (none for a port that is down).
+METRICS_READ = """import sys, urllib.request
+for port in sys.argv[1:]:
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    except OSError:
+        continue
+    print(f"# port {port}")
+    print(text)
+"""
+
+
+def parse_metrics(answer: str, histogram: str) -> dict[int, Histogram]:
+    """`histogram`'s buckets and _sum per port from METRICS_READ's answer (Prometheus' text format, every
+    label set of a port summed at each `le`)."""
+    cumulative: dict[int, dict[float, float]] = {}
+    sums: dict[int, float] = {}
+    port: int | None = None
+    for line in answer.splitlines():
+        if line.startswith("# port "):
+            port = int(line.split()[2])
+            continue
+        if port is None or not line or line.startswith("#"):
+            continue
+        name, _, rest = line.partition("{")
+        if not rest:
+            name, _, rest = line.partition(" ")
+            labels, value = "", rest
+        else:
+            labels, _, value = rest.partition("}")
+        number = float(value.split()[0])
+        if name == f"{histogram}_bucket":
+            le = next(
+                (
+                    part.split("=", 1)[1].strip('"')
+                    for part in labels.split(",")
+                    if part.strip().startswith("le=")
+                ),
+                "+Inf",
+            )
+            bucket = cumulative.setdefault(port, {})
+            bucket[float(le)] = bucket.get(float(le), 0.0) + number
+        elif name == f"{histogram}_sum":
+            sums[port] = sums.get(port, 0.0) + number
+    return {p: Histogram.from_cumulative(b, sums.get(p, 0.0)) for p, b in cumulative.items()}
+
+
+"""looks in a row the guard may fail to read the counters (or add them) before it gives up, exit 5"""
 
 
 class ServeRefused(GpuPlatError):
@@ -160,7 +210,7 @@ class Release:
         serving = platform.spec.serving
         assert serving is not None
         self.rules = serving.canary or Canary()
-        self.canary_start: tuple[float, Counts, Counts] | None = None
+        self.canary_start: tuple[float, Counts | Reading, Counts | Reading] | None = None
         """when `deploy` gave the canary its share, and the counters just before"""
 
     # What is served
@@ -200,45 +250,45 @@ class Release:
         by_job = {labels.get("job"): value for labels, value in instant(self.prometheus_url, expression)}
         return {backend: by_job.get(job) for backend, job in JOB_OF_BACKEND.items()}
 
-    def latency_histograms(self) -> dict[str, Histogram | None]:
-        """Each version's latency histogram at its model servers, cumulative (Prometheus' last scrape): the
-        time to the first token (for the CPU reference server the whole answer, its only token). None where
-        no series is there or no Prometheus answers."""
-        found: dict[str, Histogram | None] = dict.fromkeys(JOB_OF_BACKEND)
-        if self.prometheus_url is None:
-            return found
+    def latency_histograms(self) -> dict[str, Series | None]:
+        """Each version's latency histograms, cumulative, by model server (node:port), read from the servers'
+        own /metrics at this instant: the time to the first token (for the CPU reference server the whole
+        answer, its only token). Both versions at the same instant, as the gateway's counters are: a
+        Prometheus scrape of each at its own phase would compare windows that differ by up to a scrape
+        interval, load bursts in one and not the other. Each server on its own, so that a restart or a
+        missed read of one is told from the others (counts.SinceStart). None where no server answered."""
         histogram = role_vars("monitoring")["__monitoring_engine_metrics"][self.layout.engine][
             "ttft_histogram"
         ]
-        jobs = "|".join(JOB_OF_BACKEND.values())
-        buckets: dict[str, dict[float, float]] = {}
-        for labels, value in instant(
-            self.prometheus_url, f'sum by (job, le) ({{__name__="{histogram}_bucket", job=~"{jobs}"}})'
-        ):
-            buckets.setdefault(labels.get("job", ""), {})[float(labels.get("le", "+Inf"))] = value
-        sums = {
-            labels.get("job"): value
-            for labels, value in instant(
-                self.prometheus_url, f'sum by (job) ({{__name__="{histogram}_sum", job=~"{jobs}"}})'
-            )
-        }
-        for backend, job in JOB_OF_BACKEND.items():
-            if job in buckets:
-                found[backend] = Histogram.from_cumulative(buckets[job], sums.get(job, 0.0))
-        return found
+        found: dict[str, dict[str, Histogram]] = {backend: {} for backend in JOB_OF_BACKEND}
+        for node in self.layout.servers:
+            ports = {REPLICA_PORT + replica: STABLE_BACKEND for replica in self._replicas(node)}
+            ports[CANARY_PORT] = CANARY_BACKEND
+            answer = self.nodes.exec(node, "python3", "-c", METRICS_READ, *map(str, ports), timeout=30)
+            for port, read in parse_metrics(answer, str(histogram)).items():
+                if port in ports:
+                    found[ports[port]][f"{self.layout.addresses.get(node, node)}:{port}"] = read
+        return {backend: series or None for backend, series in found.items()}
 
-    def readings(self, latency: bool = True) -> tuple[Counts, Counts]:
+    def _replicas(self, node: str) -> list[int]:
+        """`stable_replicas`, read once per node and release."""
+        known: dict[str, list[int]] = self.__dict__.setdefault("_replicas_of", {})
+        if node not in known:
+            known[node] = self.stable_replicas(node)
+        return known[node]
+
+    def readings(self, latency: bool = True) -> tuple[Reading, Reading]:
         """The stable's and the canary's counters now: the gateway's requests and 5xx, and (with `latency`)
         the latency histograms."""
         figures = self.figures()
         histograms = self.latency_histograms() if latency else dict.fromkeys(JOB_OF_BACKEND)
         stable, canary = (
-            Counts(figures.requests[backend], figures.errors[backend], histograms[backend])
+            Reading(figures.requests[backend], figures.errors[backend], histograms[backend])
             for backend in (STABLE_BACKEND, CANARY_BACKEND)
         )
         return stable, canary
 
-    def counters(self) -> tuple[Counts, Counts]:
+    def counters(self) -> tuple[Reading, Reading]:
         """`readings`, without the latencies where Prometheus does not answer (saying so)."""
         try:
             return self.readings()
@@ -419,15 +469,33 @@ class Release:
         (default: the whole analysis and one look more) ends it; roll it back on 'rollback'. Ending without a
         verdict returns 'continue'."""
         if duration_s is None:
-            duration_s = self.rules.analysis_s + look_s
+            duration_s = self.rules.initial_delay_s + self.rules.analysis_s + look_s
         started, *first = self.canary_start or (clock(), *self.counters())
         watch = Guard(self.rules, started, *first)
         verdict = Verdict(CONTINUE, "no look yet")
+        failed = 0
         while clock() - started < duration_s:
             sleep(look_s)
-            if self.aliased(model, CHALLENGER) is None:
-                return Verdict("gone", f"'{model}' has no canary any more")
-            verdict = watch.look(clock(), *self.counters())
+            try:
+                if self.aliased(model, CHALLENGER) is None:
+                    return Verdict("gone", f"'{model}' has no canary any more")
+                verdict = watch.look(clock(), *self.counters())
+            except (GpuPlatError, ValueError, KeyError) as error:
+                failed += 1
+                reason = (
+                    error.message if isinstance(error, GpuPlatError) else f"{type(error).__name__}: {error}"
+                )
+                if failed >= LOOK_TRIES:
+                    raise GpuPlatError(
+                        f"the guard could not look at '{model}''s canary {failed} times in a row ({reason}): "
+                        "it stopped, and the canary keeps its share unwatched. Fix what the message names, "
+                        f"then `gpuplat serve guard {model}` again (it counts from its own first look), or "
+                        f"`gpuplat serve rollback {model}`",
+                        exit_code=ExitCode.NO_VERDICT,
+                    ) from None
+                self.say(f"look failed ({failed} of {LOOK_TRIES} in a row allowed): {reason}")
+                continue
+            failed = 0
             if verdict.action == "rollback":
                 self.rollback(model, verdict.reason)
             if verdict.action != CONTINUE:

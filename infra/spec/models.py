@@ -448,6 +448,13 @@ class Registry(_Model):
     port: int = Field(5000, ge=1, le=65535, description="the registry's HTTP port on its node")
 
 
+MIN_ERROR_RATE_INCREASE = 0.01
+"""The least serving.canary.max_error_rate_increase (see its validator's message for why)."""
+
+
+UNDONE = {"failure_limit": "failed", "inconclusive_limit": "unjudged"}
+
+
 class Canary(_Model):
     """How `gpuplat serve --canary` admits a version and when its guard rolls the canary back."""
 
@@ -465,11 +472,11 @@ class Canary(_Model):
     higher_is_better: bool = Field(True, description="false for metrics such as loss or perplexity")
     max_error_rate_increase: float = Field(
         0.05,
-        ge=0,
         le=1,
         description=(
-            "canary error rate allowed above the stable version's (0.05: 5 points): the error tests' null "
-            "hypothesis is a canary rate at most the stable's plus this"
+            "canary error rate allowed above the stable version's (0.05: 5 points), at least "
+            "MIN_ERROR_RATE_INCREASE: the error tests' null hypothesis is a canary rate at most the stable's "
+            "(its upper confidence bound) plus this"
         ),
     )
     max_latency_ratio: float = Field(
@@ -489,6 +496,16 @@ class Canary(_Model):
         description=(
             "share of the canary's answers slower than the stable version's median latency bucket allowed "
             "above the stable's share (half, or less on coarse buckets): the sequential latency test's margin"
+        ),
+    )
+    initial_delay_s: int = Field(
+        0,
+        ge=0,
+        le=3600,
+        description=(
+            "seconds after the canary gets its share before the analysis starts (Argo Rollouts' "
+            "initialDelay): a version slow while it warms up (caches, compilation) is not judged on that; "
+            "nothing is judged in them, a failing canary included"
         ),
     )
     interval_s: int = Field(
@@ -536,7 +553,13 @@ class Canary(_Model):
         ),
     )
     share_percent: int = Field(
-        20, ge=1, le=100, description="the canary's share of the requests the analysis is sized for (percent)"
+        20,
+        ge=1,
+        le=99,
+        description=(
+            "the canary's share of the requests the analysis is sized for (percent; below 100: at 100 the "
+            "stable version answers nothing to compare with)"
+        ),
     )
     expected_requests_per_s: float | None = Field(
         None,
@@ -582,6 +605,30 @@ class Canary(_Model):
     def _gate(self) -> Canary:
         if self.gate_min is not None and self.gate_metric is None:
             raise FieldProblems([(("gate_min",), "gate_min needs gate_metric: the metric it bounds")])
+        problems: list[FieldProblem] = []
+        if self.max_error_rate_increase < MIN_ERROR_RATE_INCREASE:
+            problems.append(
+                (
+                    ("max_error_rate_increase",),
+                    f"max_error_rate_increase {self.max_error_rate_increase:g} is below "
+                    f"{MIN_ERROR_RATE_INCREASE:g}: the gateway's 5xx counts include answers no version "
+                    "caused (its own 503s when its queue is full land on the canary by the same draw), and "
+                    "an interval judged on min_requests / intervals requests cannot tell "
+                    f"{MIN_ERROR_RATE_INCREASE:.0%} from less; set it to at least that",
+                )
+            )
+        for name in UNDONE:
+            if getattr(self, name) >= self.intervals:
+                problems.append(
+                    (
+                        (name,),
+                        f"{name} {getattr(self, name)} is not below intervals {self.intervals}: the "
+                        f"analysis could end promote-ready with every interval {UNDONE[name]}; set it to "
+                        f"at most {self.intervals - 1}",
+                    )
+                )
+        if problems:
+            raise FieldProblems(problems)
         problem = self.traffic_problem(self.share_percent)
         if problem is not None:
             raise FieldProblems([(("min_requests",), problem)])

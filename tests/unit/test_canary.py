@@ -15,10 +15,12 @@ from infra.serving.analysis import (
     ROLLBACK,
     Analysis,
     Guard,
+    error_bound,
     measure_errors,
     measure_latency,
     sequential_errors,
     sequential_latency,
+    slow_bucket,
 )
 from infra.serving.canary import gate
 from infra.serving.counts import Counts, Histogram, SinceStart
@@ -27,6 +29,7 @@ from infra.serving.statistics import (
     error_rate_p,
     log_evidence,
     mann_whitney_u,
+    rate_upper_bound,
     rollback_boundary,
     slower_p,
 )
@@ -130,16 +133,15 @@ def test_cumulative_buckets_become_counts_per_bucket() -> None:
 # The tests' p-values, against values worked by hand and the standard normal table
 
 
-def test_the_error_test_is_a_one_sided_z_test_against_the_stables_rate_plus_the_margin() -> None:
-    """60 errors in 100 against at most 0.5 (no stable requests, margin 0.5): z = 0.1 / sqrt(0.25 / 100) = 2;
-    120 in 200 against 100 in 200 and no margin: z = 0.1 / sqrt(2 x 0.25 / 200) = 2. P(Z > 2) = 0.02275."""
-    assert error_rate_p(60, 100, 0, 0, 0.5) == pytest.approx(0.02275, abs=1e-5)
-    assert error_rate_p(120, 200, 100, 200, 0.0) == pytest.approx(0.02275, abs=1e-5)
-    assert error_rate_p(65, 100, 0, 0, 0.5) == pytest.approx(0.00135, abs=1e-5)  # z = 3
-    # At the bound, or below it, nothing is significant; with no canary request nothing is known.
-    assert error_rate_p(50, 100, 0, 0, 0.5) == pytest.approx(0.5)
-    assert error_rate_p(0, 0, 3, 100, 0.05) == 1.0
-    assert error_rate_p(0, 40, 0, 160, 0.0) == 1.0  # no errors anywhere: no variance, no excess
+def test_the_error_test_is_an_exact_binomial_test_against_a_bound() -> None:
+    """P(X >= k), X binomial(n, p0), by hand: 1 - 0.99^100 = 0.634 for one error in 100 at 1 %; three in 10
+    at 10 %: 1 - (0.9^10 + 10 x 0.1 x 0.9^9 + 45 x 0.01 x 0.9^8) = 0.0702."""
+    assert error_rate_p(1, 100, 0.01) == pytest.approx(1 - 0.99**100)
+    by_hand = 1 - (0.9**10 + 10 * 0.1 * 0.9**9 + 45 * 0.01 * 0.9**8)
+    assert error_rate_p(3, 10, 0.1) == pytest.approx(by_hand)
+    assert error_rate_p(0, 0, 0.05) == 1.0  # no canary request: nothing known
+    assert error_rate_p(0, 40, 0.0) == 1.0
+    assert error_rate_p(5, 5, 1.0) == 1.0
 
 
 def _pairs_u(canary: tuple[int, ...], stable: tuple[int, ...]) -> float:
@@ -189,9 +191,9 @@ def test_the_sequential_test_rolls_back_at_its_boundary() -> None:
 def test_a_failing_canary_is_rolled_back_by_the_sequential_test_before_its_first_interval() -> None:
     rules = Canary()
     analysis = Analysis(rules)
-    assert analysis.look(10, Counts(8, 0), Counts(2, 2)).action == CONTINUE
-    verdict = analysis.look(15, Counts(12, 0), Counts(3, 3))
-    assert verdict.action == ROLLBACK and verdict.reason.startswith("canary error rate 100.0% (3/3)")
+    assert analysis.look(20, Counts(16, 0), Counts(4, 4)).action == CONTINUE
+    verdict = analysis.look(40, Counts(32, 0), Counts(8, 8))
+    assert verdict.action == ROLLBACK and verdict.reason.startswith("canary error rate 100.0% (8/8)")
     assert analysis.intervals_done == 0
 
 
@@ -221,7 +223,7 @@ def run(rules: Canary, intervals: list[tuple[Counts, Counts]]) -> list[str]:
 
 GOOD = (Counts(240, 2, latency((40, 120, 80, 0), 0.022)), Counts(60, 0, latency((10, 30, 20, 0), 0.022)))
 SLOW = (GOOD[0], Counts(60, 0, latency((0, 0, 20, 40), 0.06)))
-ERRING = (Counts(240, 2, GOOD[0].latency), Counts(60, 9, GOOD[1].latency))  # 15 % against 0.8 %
+ERRING = (Counts(240, 2, GOOD[0].latency), Counts(60, 15, GOOD[1].latency))  # 25 % against 0.8 %
 QUIET = (GOOD[0], Counts(5, 0, latency((1, 2, 2, 0), 0.022)))
 
 
@@ -248,25 +250,29 @@ def test_one_failed_interval_is_allowed_the_second_rolls_back() -> None:
     assert run(Canary(), [ERRING]) == [CONTINUE]  # 9 of 60: significant in its interval, not yet sequentially
 
 
-def test_the_sequential_latency_test_counts_answers_above_the_stables_median_bucket() -> None:
-    """Stable (40, 120, 80, 0): its median is in the second bucket (40 + 120 >= 120), 80 of 240 above it;
-    the bound is 1/3 + 0.1 + 1 / sqrt(240) = 0.498. A canary with 30 of 60 above it is within; one with
-    60 of 60 is evidence."""
+def test_the_sequential_latency_test_counts_answers_above_the_bucket_of_the_allowed_ratio() -> None:
+    """Stable (40, 120, 80, 0) over (0.01, 0.025, 0.05, +Inf): its median, interpolated in (0.01, 0.025],
+    is 0.01 + 0.015 x 80/120 = 0.02 s; max_latency_ratio 1.2 puts 0.024 s in that bucket, so answers
+    above 0.025 s are slow: 80 of the stable's 240. A canary with 30 of 60 above it is within; one with 60
+    of 60 is evidence."""
     rules = Canary()
     stable = GOOD[0]
+    assert slow_bucket(stable.latency, 1.2) == 1  # type: ignore[arg-type]
+    assert slow_bucket(stable.latency, 1.3) == 2  # type: ignore[arg-type]  # 0.026 s: the next bucket
     within = Counts(60, 0, latency((0, 30, 30, 0), 0.03))
     assert sequential_latency(stable, within, rules) is None
-    assert log_evidence(30, 60, 1 / 3 + 0.1 + 1 / math.sqrt(240)) < 0
     slower = sequential_latency(stable, SLOW[1], rules)
     assert slower is not None and slower.reason.startswith(
-        "60 of the canary's 60 answers since it started (100%) took longer than 0.025 s, the stable "
-        "version's median bucket, against 33% of the stable's 240"
+        "60 of the canary's 60 answers since it started (100%) took longer than 0.025 s, the bucket holding "
+        "max_latency_ratio 1.2 x the stable version's median, against 33% of the stable's 240"
     )
     assert sequential_latency(Counts(240, 0), SLOW[1], rules) is None  # no stable latencies: no bound
-    # Half of 2000 answers above it: beyond 1/3 + 0.1 by far, within the bound with the stable's sampling
-    # error (0.498 < 0.5 by less than the nearest alternative's distance).
-    assert sequential_latency(stable, Counts(2000, 0, latency((0, 1000, 1000, 0), 0.03)), rules) is None
-    assert log_evidence(1000, 2000, 1 / 3 + 0.1) > rollback_boundary(rules.sequential_alpha)
+    # With a ratio of 1.3 the same canary's answers in (0.025, 0.05] are allowed: no evidence.
+    assert sequential_latency(stable, SLOW[1], Canary(max_latency_ratio=1.3)) is not None
+    assert (
+        sequential_latency(stable, Counts(60, 0, latency((0, 0, 60, 0), 0.04)), Canary(max_latency_ratio=1.3))
+        is None
+    )
 
 
 def test_the_sequential_error_test_allows_the_stables_own_rate() -> None:
@@ -275,13 +281,12 @@ def test_the_sequential_error_test_allows_the_stables_own_rate() -> None:
     rules = Canary()
     assert sequential_errors(Counts(1000, 200), Counts(250, 50), rules) is None
     assert log_evidence(50, 250, 0.05) > rollback_boundary(rules.sequential_alpha)
-    assert sequential_errors(Counts(1000, 200), Counts(250, 100), rules) is not None
+    assert sequential_errors(Counts(1000, 200), Counts(250, 125), rules) is not None
 
 
 def test_an_interval_is_judged_from_exactly_its_share_of_min_requests_at_level_alpha() -> None:
-    """min_requests 50 over 5 intervals: 10 canary requests are judged, 9 are not. 4 errors in 20 against
-    1 % + 5 %: z = (0.2 - 0.06) / sqrt(0.06 x 0.94 / 20 + 0.01 x 0.99 / 200) = 2.61, p = 0.0045; 3 in 20:
-    z = 1.68, p = 0.047, failed at alpha 0.05 only."""
+    """min_requests 50 over 5 intervals: 10 canary requests are judged, 9 are not. Against the stable's 2
+    in 200 (its bound at alpha / 2) plus 5 %, the exact test at alpha / 2 fails 9 errors in 20, not 6."""
     rules = Canary()
     assert measure_errors(Counts(200, 2), Counts(10, 0), rules).outcome == "passed"
     assert measure_errors(Counts(200, 2), Counts(9, 0), rules).outcome == "inconclusive"
@@ -289,18 +294,21 @@ def test_an_interval_is_judged_from_exactly_its_share_of_min_requests_at_level_a
     assert (
         measure_latency(GOOD[0], Counts(9, 0, latency((2, 4, 3, 0), 0.022)), rules).outcome == "inconclusive"
     )
-    assert error_rate_p(4, 20, 2, 200, 0.05) == pytest.approx(0.0045, abs=1e-4)
-    assert error_rate_p(3, 20, 2, 200, 0.05) == pytest.approx(0.047, abs=1e-3)
-    assert measure_errors(Counts(200, 2), Counts(20, 4), rules).outcome == "failed"
-    assert measure_errors(Counts(200, 2), Counts(20, 3), rules).outcome == "passed"
-    assert measure_errors(Counts(200, 2), Counts(20, 3), Canary(alpha=0.05)).outcome == "failed"
+    bound = error_bound(Counts(200, 2), rules, rules.alpha)
+    assert bound == pytest.approx(rate_upper_bound(2, 200, rules.alpha / 2) + 0.05)
+    for errors in range(21):
+        p = error_rate_p(errors, 20, bound)
+        outcome = measure_errors(Counts(200, 2), Counts(20, errors), rules).outcome
+        assert outcome == ("failed" if p < rules.alpha / 2 else "passed")
+    assert measure_errors(Counts(200, 2), Counts(20, 9), rules).outcome == "failed"
+    assert measure_errors(Counts(200, 2), Counts(20, 6), rules).outcome == "passed"
 
 
 def test_too_little_traffic_ends_inconclusive_and_never_promote_ready() -> None:
     rules = Canary()
     assert run(rules, [QUIET, GOOD, QUIET]) == [CONTINUE, CONTINUE, INCONCLUSIVE]
     # Every interval judged, yet fewer than min_requests in all: inconclusive too.
-    few = Canary(min_requests=400, intervals=2, inconclusive_limit=2, expected_requests_per_s=None)
+    few = Canary(min_requests=400, intervals=2, inconclusive_limit=1, expected_requests_per_s=None)
     assert run(few, [GOOD, GOOD]) == [CONTINUE, INCONCLUSIVE]
 
 
@@ -344,4 +352,4 @@ def test_a_setting_the_traffic_cannot_meet_is_refused_with_the_arithmetic() -> N
     tiny = Canary(expected_requests_per_s=0.1, min_requests=5)  # 1 a interval needed, 1.2 at 20 %
     assert tiny.traffic_problem(100) is None
     with pytest.raises(ValueError, match="no share can: lower min_requests or raise interval_s"):
-        Canary(expected_requests_per_s=0.1, share_percent=100)
+        Canary(expected_requests_per_s=0.1, share_percent=99)

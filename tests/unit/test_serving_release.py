@@ -94,11 +94,11 @@ def guarded(readings: list[tuple[Counts, Counts]], rules: Canary) -> tuple[Relea
 def test_the_guard_rolls_back_a_failing_canary_at_once_and_says_why() -> None:
     clock = Clock()
     release, rolled = guarded(
-        [(Counts(900, 3), Counts(300, 250)), (Counts(916, 3), Counts(304, 254))], Canary()
+        [(Counts(900, 3), Counts(300, 250)), (Counts(1060, 3), Counts(340, 290))], Canary()
     )
     verdict = release.guard("embedder", sleep=clock.sleep, clock=clock)
     assert verdict.action == ROLLBACK and rolled == [verdict.reason]
-    assert verdict.reason.startswith("canary error rate 100.0% (4/4) since it started")
+    assert verdict.reason.startswith("canary error rate 100.0% (40/40) since it started")
     assert clock.now == 1005.0
 
 
@@ -106,13 +106,13 @@ def test_after_deploy_the_guard_counts_from_the_counters_read_before_the_share_w
     """`deploy --guard-s` reads the counters before it gives the canary its share: the canary's first
     answers count, though they came before the guard's first look."""
     clock = Clock()
-    release, rolled = guarded([(Counts(916, 3), Counts(304, 252))], Canary())
+    release, rolled = guarded([(Counts(1060, 3), Counts(340, 288))], Canary())
     release.canary_start = (clock.now, Counts(900, 3), Counts(300, 248))
     verdict = release.guard("embedder", sleep=clock.sleep, clock=clock)
-    assert verdict.action == ROLLBACK and "(4/4)" in verdict.reason and rolled == [verdict.reason]
+    assert verdict.action == ROLLBACK and "(40/40)" in verdict.reason and rolled == [verdict.reason]
     assert clock.now == 1005.0
     # A guard of its own counts from its first look: the same reading is then its baseline, no evidence.
-    alone, _ = guarded([(Counts(916, 3), Counts(304, 252))], Canary())
+    alone, _ = guarded([(Counts(1060, 3), Counts(340, 288))], Canary())
     assert alone.guard("embedder", duration_s=10, sleep=clock.sleep, clock=clock).action == CONTINUE
 
 

@@ -62,8 +62,8 @@ def deploy(
         typer.Option(
             "--canary",
             min=1,
-            max=100,
-            help="give it this share of the requests (percent) beside the stable version; without: all",
+            max=99,
+            help="give it this share of the requests (percent, 1-99) beside the stable version; without: all",
         ),
     ] = None,
     guard_s: Annotated[
