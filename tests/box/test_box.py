@@ -30,6 +30,8 @@ from typing import Any, TypeVar
 
 import pytest
 
+from tests.slurm_states import JOB_ENDED
+
 pytestmark = pytest.mark.box
 
 BOOT_DEADLINE_S = 600
@@ -37,7 +39,6 @@ BOOT_DEADLINE_S = 600
 # 581 s on the 2-core CI machine while the other test streams ran.
 CONTROLLER_BOOT_DEADLINE_S = 1200
 CHECKPOINTS = "/fsx/checkpoints"
-ENDED = ("COMPLETED", "FAILED", "CANCELLED", "NODE_FAIL", "TIMEOUT", "OUT_OF_MEMORY")
 FIGURES: dict[str, float] = {}
 IMAGES: dict[str, str] = {}  # pool -> the image its launch template names now
 HELD_NODE = "spot-1"  # e: the node whose boot never finishes
@@ -90,7 +91,7 @@ def wait_ended(box: Any, job: str, timeout_s: float = BOOT_DEADLINE_S) -> str:
         if slurm(box, f"squeue -h -j {job} -o %T", check=False).strip():
             return None
         state = job_state(box, job)
-        return state if state in ENDED else None
+        return state if state in JOB_ENDED else None
 
     return wait_for(f"job {job} ended", ended, timeout_s)
 

@@ -27,6 +27,7 @@ from infra.nodes.podman import podman
 from infra.platform.resolve import load_platform
 from infra.spec.load import stack_file
 from tests.docs_commands import marked_blocks, named_block, submitted_jobs
+from tests.slurm_states import JOB_ENDED
 
 pytestmark = pytest.mark.integration
 
@@ -228,12 +229,6 @@ def run_block(text: str, timeout: float = 900) -> subprocess.CompletedProcess[st
         stdout, stderr = shell.communicate()
         return subprocess.CompletedProcess(shell.args, -signal.SIGKILL, stdout, stderr + "\n(timed out)")
     return subprocess.CompletedProcess(shell.args, shell.returncode, stdout, stderr)
-
-
-# Slurm's end states (sacct's State, its first word: "CANCELLED by 0").
-JOB_ENDED = {
-    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
-}  # fmt: skip
 
 
 def job_end_state(job: int) -> str:
