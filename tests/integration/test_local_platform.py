@@ -475,8 +475,14 @@ def test_the_loop_two_teams_train_register_and_release(
     podman("cp", str(TRAIN_DIST), f"{head}:/shared/jobs/")
     podman("cp", str(LOOP), f"{head}:/shared/jobs/")
     jobs: dict[str, str] = {}
+    # The platform made each team user's job folder, private to them: the other team cannot put a file in it.
+    for user, other in (("alice", "bob"), ("bob", "alice")):
+        owner_mode = on("head-0", "stat", "-c", "%U %a", f"/shared/jobs/{user}").strip()
+        assert owner_mode == f"{user} 700", f"/shared/jobs/{user}: {owner_mode}"
+        plant = f"touch /shared/jobs/{user}/x 2>&1; echo rc=$?"
+        planted = on("head-0", "runuser", "-u", other, "--", "sh", "-c", plant)
+        assert "Permission denied" in planted and "rc=1" in planted, planted
     for user, account in (("alice", "research"), ("bob", "product")):
-        on("head-0", "runuser", "-u", user, "--", "mkdir", "-p", f"/shared/jobs/{user}")
         submitted = podman(
             "exec", "-w", f"/shared/jobs/{user}", head, "runuser", "-u", user, "--",
             "sbatch", "--parsable", "--account", account, "/shared/jobs/loop/loop.sbatch",

@@ -1,0 +1,102 @@
+"""The team users' job folders (roles/shared_fs tasks/user_folders.yml), run for real by ansible-playbook
+on this host: each user's folder made private to them, a second run changing nothing, and a name someone
+else took first (a link, a file, another user's folder) stopping the run untouched instead of being
+handed over."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+yaml = pytest.importorskip("yaml")
+pytest.importorskip("ansible")
+
+ROOT = Path(__file__).resolve().parents[2]
+USERS = ["daemon", "nobody"]  # accounts every Debian host has
+MISSING = "gpuplat-no-such-user"
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="handing a folder to another user needs root")
+
+
+def _converge(tmp_path: Path, jobs: Path, users: list[str]) -> subprocess.CompletedProcess[str]:
+    play = [
+        {
+            "name": "The team users' job folders",
+            "hosts": "localhost",
+            "gather_facts": False,
+            "tasks": [
+                {
+                    "name": "Make them",
+                    "ansible.builtin.include_role": {"name": "shared_fs", "tasks_from": "user_folders"},
+                    "vars": {"shared_fs_jobs_path": str(jobs), "shared_fs_job_users": users},
+                }
+            ],
+        }
+    ]
+    from infra.nodes.playbook_run import ansible_playbook_binary
+
+    playbook = tmp_path / "folders.yml"
+    playbook.write_text(yaml.safe_dump(play, sort_keys=False))
+    command = [ansible_playbook_binary(), "-i", "localhost,", "-c", "local", str(playbook)]
+    command += ["-e", f"ansible_python_interpreter={sys.executable}"]
+    return subprocess.run(
+        command, capture_output=True, text=True, check=False, timeout=300, cwd=ROOT,
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")},
+    )  # fmt: skip
+
+
+def _jobs(tmp_path: Path) -> Path:
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    jobs.chmod(0o1777)
+    return jobs
+
+
+def test_each_user_gets_a_private_folder_and_a_second_run_changes_nothing(tmp_path: Path) -> None:
+    from infra.nodes.playbook_run import parse_recap
+
+    jobs = _jobs(tmp_path)
+    first = _converge(tmp_path, jobs, [*USERS, MISSING])
+    assert first.returncode == 0, first.stdout[-3000:]
+    for user in USERS:
+        folder = (jobs / user).lstat()
+        assert folder.st_uid == pwd.getpwnam(user).pw_uid, user
+        assert folder.st_gid == pwd.getpwnam(user).pw_gid, user
+        assert folder.st_mode & 0o7777 == 0o700, oct(folder.st_mode)
+    assert not (jobs / MISSING).exists(), "a name with no account on the host gets no folder"
+    assert parse_recap(first.stdout)[0] == 1  # the one task that made the folders
+
+    second = _converge(tmp_path, jobs, [*USERS, MISSING])
+    assert second.returncode == 0, second.stdout[-3000:]
+    assert parse_recap(second.stdout)[0] == 0
+
+
+@pytest.mark.parametrize("taken_as", ["link", "file", "another user's folder"])
+def test_a_name_taken_first_stops_the_run_and_is_left_as_it_was(tmp_path: Path, taken_as: str) -> None:
+    jobs = _jobs(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o755)
+    taken = jobs / "daemon"
+    if taken_as == "link":
+        taken.symlink_to(elsewhere)
+        os.lchown(taken, pwd.getpwnam("nobody").pw_uid, -1)
+    elif taken_as == "file":
+        taken.write_text("")
+        os.chown(taken, pwd.getpwnam("nobody").pw_uid, -1)
+    else:
+        taken.mkdir(mode=0o777)
+        os.chown(taken, pwd.getpwnam("nobody").pw_uid, -1)
+    before = taken.lstat()
+
+    done = _converge(tmp_path, jobs, ["daemon"])
+    assert done.returncode != 0
+    assert f"{taken} exists and is not daemon's folder" in done.stdout, done.stdout[-3000:]
+    assert "owned by nobody" in done.stdout
+    after = taken.lstat()
+    assert (after.st_uid, after.st_mode) == (before.st_uid, before.st_mode)
+    assert elsewhere.stat().st_uid == 0 and elsewhere.stat().st_mode & 0o777 == 0o755
