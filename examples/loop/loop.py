@@ -11,12 +11,13 @@ dataset and starts torchrun across the job's nodes; gloo without GPUs, NCCL with
   module that computes what the server's numpy encoder computes (same weights, same tokenizer, mean
   pooling, L2 normalisation).
 - The data: a JSON Lines file of {"query": ..., "passage": ...} under GPUPLAT_DATASET_PATH (the node's
-  cached copy of the stack's dataset `text-pairs`). A pair is held out when a hash of its query says so
-  (--eval-percent): the split is the same on every rank, node and run.
+  cached copy of the stack's dataset `text-pairs`). A pair is held out when a hash of its passage says so
+  (--eval-percent): the split is the same on every rank, node and run, and no passage is on both sides.
 - Training: in-batch negatives (each query against every passage of its rank's batch, cross-entropy on
   scaled cosine similarities), DistributedDataParallel across the ranks, --steps steps of AdamW.
 - Evaluation (rank 0): recall@1 on the held-out split, of the fine-tuned and of the base model: the share of
-  its queries whose own passage is the nearest of all its passages.
+  its queries whose own passage is the nearest of all its passages, with texts cut where the served model
+  cuts them (the package's max_seq_length, 256 tokens), not at the shorter --max-seq-length of training.
 - Registration (rank 0), against MLFLOW_TRACKING_URI (every Slurm task has it where the stack runs a
   registry): an MLflow run with the parameters, the metrics and the model (model.zip beside an MLmodel file)
   as the artifact `model`; a version of --model created from runs:/<run id>/model and tagged with the
@@ -119,10 +120,13 @@ class Encoder(torch.nn.Module):
         self.layers = int(self.config["num_hidden_layers"])
         self.eps = float(self.config.get("layer_norm_eps", 1e-12))
         self.normalize = "2_Normalize" in files.get("modules.json", b"").decode()
-        self.max_seq_length = min(max_seq_length, int(self.config["max_position_embeddings"]))
         self.tokenizer = Tokenizer.from_str(files["tokenizer.json"].decode())
-        self.tokenizer.enable_truncation(self.max_seq_length)
         self.tokenizer.no_padding()
+        self.truncate_at(max_seq_length)
+
+    def truncate_at(self, max_seq_length: int) -> None:
+        self.max_seq_length = min(max_seq_length, int(self.config["max_position_embeddings"]))
+        self.tokenizer.enable_truncation(self.max_seq_length)
 
     def w(self, name: str) -> torch.Tensor:
         tensor: torch.Tensor = getattr(self, name.replace(".", "__"))
@@ -195,8 +199,19 @@ def write_model_zip(files: dict[str, bytes], weights: bytes, path: Path) -> None
 # --- the data -------------------------------------------------------------------------------------------
 
 
-def held_out(query: str, percent: int) -> bool:
-    return int(hashlib.sha256(query.encode()).hexdigest()[:8], 16) % 100 < percent
+def served_length(files: dict[str, bytes]) -> int:
+    """The tokens per text the model is served with: sentence-transformers' max_seq_length of the package
+    (the model server's --max-seq-length is the same, 256 for all-MiniLM-L6-v2), else the model's limit."""
+    config = json.loads(files["config.json"])
+    if "sentence_bert_config.json" in files:
+        return int(json.loads(files["sentence_bert_config.json"])["max_seq_length"])
+    return int(config["max_position_embeddings"])
+
+
+def held_out(passage: str, percent: int) -> bool:
+    """By the passage, not the query: a passage two queries share is on one side of the split only, so the
+    model is never scored on finding a passage it was trained to find."""
+    return int(hashlib.sha256(passage.encode()).hexdigest()[:8], 16) % 100 < percent
 
 
 def read_pairs(directory: Path, eval_percent: int) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
@@ -220,8 +235,8 @@ def read_pairs(directory: Path, eval_percent: int) -> tuple[list[tuple[str, str]
         if not all(pair):
             raise Refused(EXIT_USAGE, f"{path}:{number} has an empty query or passage")
         pairs.append(pair)
-    train = [p for p in pairs if not held_out(p[0], eval_percent)]
-    test = [p for p in pairs if held_out(p[0], eval_percent)]
+    train = [p for p in pairs if not held_out(p[1], eval_percent)]
+    test = [p for p in pairs if held_out(p[1], eval_percent)]
     if len(test) < 10 or len(train) < 10:
         raise Refused(
             EXIT_USAGE,
@@ -415,7 +430,10 @@ def run(args: argparse.Namespace) -> int:
     trained_s = time.monotonic() - started
     try:
         if rank == 0:
-            scores = evaluate(encoder, Encoder(files, args.max_seq_length), test_pairs, final_loss, trained_s)
+            # Trained on --max-seq-length tokens per text, scored at the length the model will be served with.
+            served = served_length(files)
+            encoder.truncate_at(served)
+            scores = evaluate(encoder, Encoder(files, served), test_pairs, final_loss, trained_s)
             params = {
                 "base_model": BASE_MODEL,
                 "steps": args.steps,
@@ -423,6 +441,7 @@ def run(args: argparse.Namespace) -> int:
                 "world_size": world,
                 "lr": args.lr,
                 "max_seq_length": args.max_seq_length,
+                "eval_max_seq_length": served,
                 "eval_percent": args.eval_percent,
                 "seed": args.seed,
                 "train_pairs": len(train_pairs),

@@ -69,6 +69,23 @@ def test_the_torch_encoder_matches_the_servers_numpy_encoder(
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
 
 
+def test_the_held_out_score_cuts_texts_where_the_served_model_cuts_them(
+    loop: ModuleType, server: ModuleType, model_files: dict[str, bytes]
+) -> None:
+    """Trained on 64 tokens per text, scored on the 256 the package serves: past token 64, the score is of
+    what users get."""
+    assert loop.served_length(model_files) == 256
+    long_text = [" ".join(TEXTS) * 4]
+    encoder = loop.Encoder(model_files, 64)
+    short = encoder.encode(long_text).numpy()
+    encoder.truncate_at(loop.served_length(model_files))
+    reference = server.BertEncoder(model_files, 256)
+    np.testing.assert_allclose(
+        encoder.encode(long_text).numpy(), reference.encode(reference.tokenize(long_text)), atol=2e-5
+    )
+    assert np.abs(short - encoder.encode(long_text).numpy()).max() > 1e-3
+
+
 def test_the_archive_written_after_training_is_what_the_server_serves(
     loop: ModuleType, server: ModuleType, model_files: dict[str, bytes], tmp_path: Path
 ) -> None:
@@ -95,16 +112,18 @@ def test_the_archive_written_after_training_is_what_the_server_serves(
     assert np.abs(base.encode(base.tokenize(TEXTS)) - served_embeddings).max() > 1e-3
 
 
-def test_the_split_is_fixed_by_the_query_and_bad_datasets_are_refused(
+def test_the_split_is_fixed_by_the_passage_and_bad_datasets_are_refused(
     loop: ModuleType, tmp_path: Path
 ) -> None:
     rows = [{"query": f"question {i}", "passage": f"the answer to question {i}"} for i in range(80)]
+    # Two ways to ask for each of 20 passages: both on the same side of the split, whichever it is.
+    rows += [{"query": f"asked again {i}", "passage": f"the answer to question {i}"} for i in range(20)]
     (tmp_path / "pairs.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     train, test = loop.read_pairs(tmp_path, 25)
     again = loop.read_pairs(tmp_path, 25)
     assert (train, test) == again
-    assert not {q for q, _ in train} & {q for q, _ in test}
-    assert len(train) + len(test) == 80 and 10 <= len(test) <= 30
+    assert not {p for _, p in train} & {p for _, p in test}
+    assert len(train) + len(test) == 100 and 10 <= len(test) <= 40
 
     with pytest.raises(loop.Refused, match="does not exist") as missing:
         loop.read_pairs(tmp_path / "nowhere", 25)
