@@ -195,6 +195,7 @@ def up_local(
             state_dir(platform.name) / "logs",
             limit=None if len(whole) == len(cluster.nodes) else whole,
             on_progress=on_progress,
+            containers=True,
         )
         result.changes += run.changed
         return f"{run.changed} task(s) changed on {len(whole)} node(s); log {run.log}"

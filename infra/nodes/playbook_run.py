@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infra.errors import EnvironmentProblem, GpuPlatError
+from infra.nodes.mitogen import container_speedup
 from infra.nodes.playbook_progress import PlaybookProgress
 from infra.nodes.podman import podman_env
 from infra.spec.load import PROJECT_ROOT
@@ -122,11 +124,18 @@ def run_playbook(
     on_progress: ProgressCallback | None = None,
     tags: list[str] | None = None,
     log_name: str | None = None,
+    containers: bool = False,
 ) -> PlaybookRun:
+    """`containers`: every host is a local podman container and the playbook never delegates to
+    localhost, so Mitogen may run it (infra/nodes/mitogen.py)."""
     env = podman_env()
     env["ANSIBLE_CONFIG"] = str(PROJECT_ROOT / "ansible.cfg")
     env.setdefault("ANSIBLE_FORCE_COLOR", "0")
     command = [ansible_playbook_binary(), "-i", str(inventory), str(PROJECT_ROOT / "playbooks" / playbook)]
+    speedup = container_speedup(env) if containers else None
+    if speedup is not None:
+        env |= speedup.env
+        command += ["-e", json.dumps(speedup.extra_vars)]
     if limit:
         command += ["--limit", ",".join(limit)]
     if tags:

@@ -44,16 +44,17 @@ def join(
     run = PlaybookRun("site.yml", 0, [], logs / "join.log")
     if whole:
         run = run_playbook(
-            "site.yml", inventory, logs, limit=whole, extra_vars=variables, on_progress=on_progress
-        )
+            "site.yml", inventory, logs, limit=whole, extra_vars=variables, on_progress=on_progress,
+            containers=True,
+        )  # fmt: skip
     if imaged:
         joined = run_playbook(
             "site.yml", inventory, logs, limit=imaged, tags=JOIN_TAGS, extra_vars=variables,
-            log_name="join.log", on_progress=on_progress,
+            log_name="join.log", on_progress=on_progress, containers=True,
         )  # fmt: skip
         run = PlaybookRun("site.yml", run.changed + joined.changed, [], joined.log)
     listed = run_playbook(
         "site.yml", inventory, logs, limit=NODE_LIST_ROLES, tags=NODE_LIST_ROLES,
-        log_name="node-lists.log", on_progress=on_progress,
+        log_name="node-lists.log", on_progress=on_progress, containers=True,
     )  # fmt: skip
     return PlaybookRun("site.yml", run.changed + listed.changed, [], run.log)

@@ -1,0 +1,70 @@
+"""Mitogen for Ansible where the nodes are this machine's podman containers and gpuplat runs as root.
+
+Plain Ansible costs a new Python process in the node for every task (0.25 CPU-s a task through
+playbooks/connection_plugins/gpuplat_podman.py); Mitogen's `setns` connection enters the container's
+namespaces once and keeps one interpreter there for the whole run (0.03 CPU-s a task, measured here on
+2026-12-05). It needs root on the controller (setns), and its strategy plugin (`mitogen_linear`): with
+any other strategy the connection does not exist.
+
+Two things differ from the nodes' own view, and are set here:
+- the interpreter inherits the controller's environment (the setns child is forked from it): it is
+  started with `env -i` and the containers' own PATH, HOME and `container` variables;
+- the connection is given as extra variables, which outrank the inventory for every host, `localhost`
+  too: only playbooks that never delegate to localhost may run this way (site.yml, not validate.yml).
+
+GPUPLAT_MITOGEN=0 turns it off (plain Ansible through gpuplat_podman, as for a non-root user).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+STRATEGY = "mitogen_linear"
+# What the platform's node containers are started with (the Debian base image's environment, podman's
+# `container` marker): those of the environment gpuplat_podman hands a module (the container's own) that
+# programs read.
+CONTAINER_ENVIRONMENT = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME": "/root",
+    "container": "podman",
+}
+SWITCH = "GPUPLAT_MITOGEN"
+
+
+@dataclass(frozen=True)
+class ContainerSpeedup:
+    """What a playbook run adds to use Mitogen: environment variables and extra variables."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    extra_vars: dict[str, str] = field(default_factory=dict)
+
+
+def container_speedup(environ: dict[str, str]) -> ContainerSpeedup | None:
+    """Mitogen's settings for a run on container nodes, or None where it cannot or must not be used."""
+    if environ.get(SWITCH, "1") == "0" or os.geteuid() != 0:
+        return None
+    found = importlib.util.find_spec("ansible_mitogen")
+    podman = shutil.which("podman", path=environ.get("PATH"))
+    if found is None or found.origin is None or podman is None:
+        return None
+    strategies = str(Path(found.origin).parent / "plugins" / "strategy")
+    earlier = environ.get("ANSIBLE_STRATEGY_PLUGINS")
+    variables = [f"{name}={value}" for name, value in CONTAINER_ENVIRONMENT.items()]
+    interpreter = ["/usr/bin/env", "-i", *variables, "/usr/bin/python3"]
+    return ContainerSpeedup(
+        env={
+            "ANSIBLE_STRATEGY_PLUGINS": f"{strategies}:{earlier}" if earlier else strategies,
+            "ANSIBLE_STRATEGY": STRATEGY,
+        },
+        extra_vars={
+            "ansible_connection": "setns",
+            # setns finds the container's init process the way `docker inspect` does; podman answers alike.
+            "mitogen_kind": "docker",
+            "mitogen_docker_path": podman,
+            "ansible_python_interpreter": " ".join(interpreter),
+        },
+    )

@@ -1,0 +1,137 @@
+"""Mitogen for Ansible on the local platform's container nodes (infra/nodes/mitogen.py): which runs use it,
+what they hand ansible-playbook, and, against a real container, that a module runs with the node's own
+environment and not the controller's."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from infra.backends.local.cluster import BASE_IMAGE
+from infra.nodes import mitogen, playbook_run
+from infra.nodes.podman import exists, podman
+
+RECAP = "PLAY RECAP ***\nnode-0 : ok=1 changed=0 unreachable=0 failed=0 skipped=0 rescued=0 ignored=0\n"
+
+
+@pytest.fixture
+def recorder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An ansible-playbook stand-in that records its arguments and environment, and ends with a recap."""
+    record = tmp_path / "record.json"
+    program = tmp_path / "ansible-playbook"
+    program.write_text(
+        f"#!{sys.executable}\nimport json, os, sys\n"
+        f"json.dump({{'argv': sys.argv[1:], 'env': dict(os.environ)}}, open({str(record)!r}, 'w'))\n"
+        f"print({RECAP!r})\n"
+    )
+    program.chmod(program.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setattr(playbook_run, "ansible_playbook_binary", lambda: str(program))
+    monkeypatch.delenv(mitogen.SWITCH, raising=False)
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    return record
+
+
+def _run(tmp_path: Path, record: Path, **options: object) -> dict[str, object]:
+    playbook_run.run_playbook("site.yml", tmp_path / "inventory", tmp_path / "logs", **options)  # type: ignore[arg-type]
+    recorded: dict[str, object] = json.loads(record.read_text())
+    return recorded
+
+
+def _extra_vars(argv: list[str]) -> dict[str, str]:
+    found = [argv[i + 1] for i, arg in enumerate(argv) if arg == "-e" and argv[i + 1].startswith("{")]
+    return json.loads(found[0]) if found else {}
+
+
+def test_runs_on_container_nodes_use_mitogens_setns_with_a_clean_interpreter(
+    tmp_path: Path, recorder: Path
+) -> None:
+    recorded = _run(tmp_path, recorder, containers=True)
+    env, argv = recorded["env"], recorded["argv"]
+    assert isinstance(env, dict) and isinstance(argv, list)
+    assert env["ANSIBLE_STRATEGY"] == "mitogen_linear"
+    assert Path(env["ANSIBLE_STRATEGY_PLUGINS"].split(":")[0], "mitogen_linear.py").is_file()
+    extra = _extra_vars(argv)
+    assert extra["ansible_connection"] == "setns" and extra["mitogen_kind"] == "docker"
+    assert Path(extra["mitogen_docker_path"]).name == "podman"
+    interpreter = extra["ansible_python_interpreter"].split()
+    assert interpreter[:2] == ["/usr/bin/env", "-i"] and interpreter[-1] == "/usr/bin/python3"
+    assert "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" in interpreter
+
+
+def test_other_runs_and_the_switched_off_or_unprivileged_ones_use_plain_ansible(
+    tmp_path: Path, recorder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def plain(recorded: dict[str, object]) -> bool:
+        env, argv = recorded["env"], recorded["argv"]
+        assert isinstance(env, dict) and isinstance(argv, list)
+        return "ANSIBLE_STRATEGY" not in env and not _extra_vars(argv)
+
+    # A playbook that may delegate to localhost (validate.yml) is not run as container nodes.
+    assert plain(_run(tmp_path, recorder))
+    monkeypatch.setenv(mitogen.SWITCH, "0")
+    assert plain(_run(tmp_path, recorder, containers=True))
+    monkeypatch.delenv(mitogen.SWITCH)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)  # setns needs root
+    assert plain(_run(tmp_path, recorder, containers=True))
+
+
+def test_a_strategy_path_of_the_users_is_kept_after_mitogens(
+    tmp_path: Path, recorder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ANSIBLE_STRATEGY_PLUGINS", "/opt/mine")
+    env = _run(tmp_path, recorder, containers=True)["env"]
+    assert isinstance(env, dict)
+    assert env["ANSIBLE_STRATEGY_PLUGINS"].endswith(":/opt/mine")
+
+
+@pytest.fixture
+def node() -> Iterator[str]:
+    name = f"gpuplat-test-mitogen-{uuid.uuid4().hex[:8]}"
+    podman("run", "--detach", "--name", name, BASE_IMAGE, "sleep", "600")
+    yield name
+    podman("rm", "--force", "--time", "0", name, check=False)
+
+
+@pytest.mark.containers
+@pytest.mark.skipif(
+    shutil.which("podman") is None or os.geteuid() != 0 or not exists("image", BASE_IMAGE),
+    reason=f"needs root, podman and the base image {BASE_IMAGE} (make image)",
+)
+def test_a_module_run_through_setns_sees_the_nodes_environment_not_the_controllers(
+    tmp_path: Path, node: str
+) -> None:
+    speedup = mitogen.container_speedup(dict(os.environ))
+    assert speedup is not None
+    (tmp_path / "hosts.yml").write_text(json.dumps({"all": {"hosts": {"node-0": {"ansible_host": node}}}}))
+    play = [{"hosts": "all", "gather_facts": False, "tasks": [
+        {"ansible.builtin.command": "env", "register": "seen", "changed_when": False},
+        {"ansible.builtin.copy": {"content": "{{ seen.stdout }}", "dest": "/tmp/seen"}},
+    ]}]  # fmt: skip
+    (tmp_path / "play.yml").write_text(json.dumps(play))
+    env = {**os.environ, **speedup.env, "GPUPLAT_CONTROLLER_ONLY": "1"}
+    env["ANSIBLE_CONFIG"] = str(playbook_run.PROJECT_ROOT / "ansible.cfg")
+    command = [
+        playbook_run.ansible_playbook_binary(),
+        "-i",
+        str(tmp_path / "hosts.yml"),
+        str(tmp_path / "play.yml"),
+    ]
+    done = subprocess.run(
+        [*command, "-e", json.dumps(speedup.extra_vars)],
+        capture_output=True, text=True, env=env, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    seen = dict(
+        line.partition("=")[::2] for line in podman("exec", node, "cat", "/tmp/seen").stdout.splitlines()
+    )
+    assert "GPUPLAT_CONTROLLER_ONLY" not in seen and "ANSIBLE_STRATEGY" not in seen
+    assert seen["PATH"] == mitogen.CONTAINER_ENVIRONMENT["PATH"] and seen["container"] == "podman"
