@@ -1,0 +1,102 @@
+"""The GPU checks of the Slurm health program (gpuplat_node_check.py --periodic, roles/gpu_validation/files,
+installed by roles/slurm_compute) run for real against the recorded answers of tests/data/node-health/:
+a GPU that fell off the bus (XID 79, a reboot asked for, DCGM's PCIe watch failing), a fabric manager that
+is down on an NVSwitch system (every GPU still listed by `nvidia-smi -L`), and a healthy node. The
+scheduler scenario (molecule/slurm_cluster/verify/gpu_health.yml) runs the health program itself with
+the same stand-ins and sees Slurm drain the node.
+
+Not modelled: a real GPU's nvidia-smi and DCGM host engine (their formats are cited in the README)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+PROGRAM = ROOT / "roles" / "gpu_validation" / "files" / "gpuplat_node_check.py"
+RECORDED = ROOT / "tests" / "data" / "node-health"
+
+
+def periodic(tmp_path: Path, case: str, fabric_manager: str, *args: str) -> list[str]:
+    """The drain reasons of `--periodic` on the case, with `systemctl is-active` answering fabric_manager."""
+    tools = tmp_path / "tools"
+    tools.mkdir(exist_ok=True)
+    systemctl = tools / "systemctl"
+    systemctl.write_text(f"#!/bin/sh\necho {fabric_manager}\n[ {fabric_manager} = active ]\n")
+    systemctl.chmod(0o755)
+    done = subprocess.run(
+        [sys.executable, str(PROGRAM), "--periodic", *args],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={
+            **os.environ,
+            "PATH": f"{tools}:{RECORDED / 'bin'}:/usr/bin:/bin",
+            "GPUPLAT_RECORDED": str(RECORDED / case),
+        },
+    )
+    return done.stdout.splitlines()
+
+
+def test_a_healthy_nvswitch_node_has_nothing_to_drain_on(tmp_path: Path) -> None:
+    assert periodic(tmp_path, "healthy", "active", "--nvswitch") == []
+
+
+def test_a_gpu_off_the_bus_drains_on_its_xid_its_recovery_action_and_dcgm(tmp_path: Path) -> None:
+    reasons = periodic(tmp_path, "xid79", "active", "--nvswitch")
+    assert reasons == [
+        "xid: fatal XID since boot: XID 79 on PCI:0000:2a:00 (pid='<unknown>', name=<unknown>, "
+        "GPU has fallen off the bus.)",
+        "recovery: the driver asks for a recovery action: GPU 1 (00000000:2A:00.0): Reboot",
+        "dcgm-health: DCGM health watches report a failure: 1: Failure; PCIe system: Failure; "
+        "GPU 1 has fallen off the bus",
+    ]
+
+
+def test_a_fabric_manager_down_drains_an_nvswitch_node_whose_gpus_are_all_listed(tmp_path: Path) -> None:
+    reasons = periodic(tmp_path, "fabric-not-started", "inactive", "--nvswitch")
+    assert reasons == [
+        "fabric: nvidia-fabricmanager is inactive; "
+        "GPU 0 (00000000:18:00.0): fabric registration Not Started; "
+        "GPU 1 (00000000:2A:00.0): fabric registration Not Started"
+    ]
+
+
+def test_a_node_without_nvswitch_does_not_look_for_a_fabric_manager(tmp_path: Path) -> None:
+    assert periodic(tmp_path, "healthy", "inactive") == []
+
+
+@pytest.mark.parametrize(
+    ("state", "status", "drains"),
+    [
+        ("Completed", "Success", False),
+        ("In Progress", "N/A", True),
+        ("Completed", "NVML_ERROR_TIMEOUT", True),
+        ("N/A", "N/A", False),  # before Hopper: no fabric registration, the service check remains
+    ],
+)
+def test_fabric_registration_states(state: str, status: str, drains: bool) -> None:
+    sys.path.insert(0, str(PROGRAM.parent))
+    try:
+        import gpuplat_node_check as check
+    finally:
+        sys.path.pop(0)
+    result = check.fabric_check_from("active", 0, f"0, 00000000:18:00.0, {state}, {status}\n")
+    assert (result.status == "fail") is drains
+
+
+def test_the_fatal_xids_are_one_list() -> None:
+    """The program's defaults (what the health program uses) and gpu_validation's are the same XIDs."""
+    sys.path.insert(0, str(PROGRAM.parent))
+    try:
+        import gpuplat_node_check as check
+    finally:
+        sys.path.pop(0)
+    defaults = yaml.safe_load((ROOT / "roles" / "gpu_validation" / "defaults" / "main.yml").read_text())
+    assert list(check.FATAL_XIDS) == defaults["gpu_validation_fatal_xids"]
+    assert list(check.WARN_XIDS) == defaults["gpu_validation_warn_xids"]
