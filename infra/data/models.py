@@ -189,6 +189,10 @@ class TorchRelease(Sourced):
     default_cuda: str = Field(
         pattern=r"^\d+\.\d+$", description="CUDA build of the wheel `pip install torch` gets from PyPI"
     )
+    nccl: str = Field(
+        pattern=r"^\d+\.\d+\.\d+$",
+        description="the NCCL the wheel requires (nvidia-nccl-cuNN==X): what its jobs load, not the node's",
+    )
 
     @property
     def cuda_major(self) -> int:

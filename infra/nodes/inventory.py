@@ -115,6 +115,9 @@ def platform_vars(platform: ResolvedPlatform) -> dict[str, Any]:
         values["gpuplat_region"] = spec.region
     if spec.scheduler.kind == "kueue":
         values |= kubernetes_node_vars()
+    if sw.efa is not None:
+        values["rdma_efa_installer_version"] = sw.efa.installer
+        values["nccl_efa_plugin"] = sw.efa.plugin_path
     if spec.fabric.socket_interface:
         values["nccl_socket_ifname"] = spec.fabric.socket_interface
     if spec.fabric.ib_hca:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from infra.data.models import Compatibility, GpuArchitecture, ServingEngineRelease
 from infra.data.packages import ReleaseOffer
+from infra.platform.efa import EfaStack
 from infra.spec.models import Serving, Software
 
 Problem = tuple[str, str]
@@ -42,6 +43,11 @@ class SoftwareVersions:
     dcgm_version: str | None = None
     serving: ServingVersions | None = None
     os_release: str | None = None
+    # The NCCL training jobs load: the training environment's torch wheel's (None: no shared environment,
+    # jobs bring their own), and the torch release it comes with.
+    jobs_nccl: str | None = None
+    jobs_torch: str | None = None
+    efa: EfaStack | None = None  # fabric efa: the installer whose plugin supports both NCCLs
 
 
 @dataclass(frozen=True)

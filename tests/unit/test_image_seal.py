@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SEAL = ROOT / "infra" / "backends" / "aws" / "image_seal.sh"
 
 # A stand-in for cloud-init that only records how it was called (the base image has none).
-CLOUD_INIT_STUB = "#!/bin/sh\necho \"$@\" >>/opt/gpuplat-cloud-init-calls\n"
+CLOUD_INIT_STUB = '#!/bin/sh\necho "$@" >>/opt/gpuplat-cloud-init-calls\n'
 
 KEPT = [
     "/tmp/imagebuilder_service/perform_cleanup",
