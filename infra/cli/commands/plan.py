@@ -109,6 +109,8 @@ def render_plan(report: PlanReport) -> None:
             "seen at that version in NVIDIA's index (infra/data/packages.yaml, `accepted` says why; --json "
             "lists them)"
         )
+    for warning in report.warnings:
+        console.print(escape(f"Warning: {warning}"))
     if not report.verdicts:
         console.print("Policies: no violations (details: gpuplat check)")
     for verdict_line in report.verdicts:
