@@ -153,6 +153,11 @@ class EfaInstallerRelease(_Strict):
     nccl_supported: str = Field(
         pattern=r"^\d+\.\d+\.\d+$", description="the newest NCCL the plugin release names as supported"
     )
+    sha256: str | None = Field(
+        None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="the tarball's sha256 as read at a trusted source (None: not recorded; the plan warns)",
+    )
     plugin: Literal["multiarch", "lib"] = Field(
         description=(
             "multiarch: <release's ofi_nccl_libdir>/libnccl-net.so (before 1.44.0); lib: "

@@ -118,6 +118,8 @@ def platform_vars(platform: ResolvedPlatform) -> dict[str, Any]:
     if sw.efa is not None:
         values["rdma_efa_installer_version"] = sw.efa.installer
         values["nccl_efa_plugin"] = sw.efa.plugin_path
+        if sw.efa.sha256 is not None:
+            values["rdma_efa_installer_checksum"] = f"sha256:{sw.efa.sha256}"
     if spec.fabric.socket_interface:
         values["nccl_socket_ifname"] = spec.fabric.socket_interface
     if spec.fabric.ib_hca:

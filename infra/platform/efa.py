@@ -36,6 +36,7 @@ class EfaStack:
     aws_ofi_nccl: str
     nccl_supported: str
     plugin_path: str
+    sha256: str | None  # None: downloaded unchecked (the plan warns)
 
 
 def supports(release: EfaInstallerRelease, nccl: str) -> bool:
@@ -49,6 +50,7 @@ def _stack(release: EfaInstallerRelease, os_release: Release) -> EfaStack:
         aws_ofi_nccl=release.aws_ofi_nccl,
         nccl_supported=release.nccl_supported,
         plugin_path=release.plugin_path(os_release),
+        sha256=release.sha256,
     )
 
 

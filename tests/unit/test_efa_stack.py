@@ -120,3 +120,19 @@ def test_with_no_installer_that_fits_the_plan_says_what_would() -> None:
     )
     [(path, message)] = problems
     assert path == "p" and "pick an older training.torch_version or software.nccl" in message
+
+
+def test_a_recorded_sha256_reaches_the_role_and_a_missing_one_is_warned_about() -> None:
+    """ParallelCluster pins the installer's sha256 (aws-parallelcluster-cookbook,
+    resources/efa/partial/_common.rb efa_checksum); the data records one per release where it was verified,
+    and the plan says where it is not."""
+    digest = "ab" * 32
+    releases = [r.model_copy(update={"sha256": digest}) for r in FACTS.efa_installer.releases]
+    facts = FACTS.efa_installer.model_copy(update={"releases": releases})
+    stack, _ = resolve_efa(facts, [NcclUse("2.28.3", "nodes")], None, FACTS.release("ubuntu2204"), "p")
+    assert stack is not None and stack.sha256 == digest
+    platform = load_platform(ROOT / "stacks" / "Pulumi.aws-prod.yaml")
+    assert platform.software.efa is not None and platform.software.efa.sha256 is None
+    assert "rdma_efa_installer_checksum" not in platform_vars(platform)
+    result = CliRunner().invoke(app, ["plan", "--stack", "aws-prod"])
+    assert "Warning: EFA installer 1.47.0 is downloaded without a checksum" in " ".join(result.output.split())
