@@ -41,8 +41,9 @@ def _environment(role_dir: Path) -> jinja2.Environment:
         trim_blocks=True,
     )
     env.filters["comment"] = _comment
-    # Ansible's filters of the same names, as the templates use them (a path's last part; re.sub).
+    # Ansible's filters of the same names, as the templates use them (a path's parts; re.sub).
     env.filters["basename"] = posixpath.basename
+    env.filters["dirname"] = posixpath.dirname
     env.filters["regex_replace"] = _regex_replace
     return env
 
