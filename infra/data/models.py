@@ -134,6 +134,10 @@ class DcgmRelease(Sourced):
     cuda_majors: list[int] = Field(
         min_length=1, description="the datacenter-gpu-manager-4-cudaN flavours shipped"
     )
+    exporter: str = Field(
+        pattern=r"^\d+\.\d+\.\d+$",
+        description="the dcgm-exporter release NVIDIA pairs with it (its image tag <dcgm>-<exporter>)",
+    )
 
 
 class GpuModelDriver(Sourced):

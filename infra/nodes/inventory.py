@@ -100,6 +100,7 @@ def platform_vars(platform: ResolvedPlatform) -> dict[str, Any]:
         "nccl_cuda_version": sw.nccl_cuda_build,
         "dcgm_cuda_major": sw.driver_cuda_major,
         **({"dcgm_version": sw.dcgm_version} if sw.dcgm_version else {}),
+        **({"dcgm_exporter_version": sw.dcgm_exporter_version} if sw.dcgm_exporter_version else {}),
         "nccl_ib_gid_index": spec.fabric.roce_gid_index,
         **(
             slurm_vars(platform)

@@ -41,6 +41,7 @@ class SoftwareVersions:
     nccl_cuda_build: str
     driver_cuda_major: int = 12  # the CUDA major the driver reports: DCGM's flavour follows it
     dcgm_version: str | None = None
+    dcgm_exporter_version: str | None = None  # the exporter release paired with dcgm_version
     serving: ServingVersions | None = None
     os_release: str | None = None
     # The NCCL training jobs load: the training environment's torch wheel's (None: no shared environment,
@@ -383,10 +384,12 @@ def resolve_versions(
                 f"needs (datacenter-gpu-manager-4-cuda{driver_cuda_major}; published: {published})",
             )
         ]
+    newest_dcgm = max(dcgm, key=lambda d: version_tuple(d.version)) if dcgm else None
     return SoftwareVersions(
         driver_branch=branch,
         driver_cuda_major=driver_cuda_major,
-        dcgm_version=max((d.version for d in dcgm), key=version_tuple) if dcgm else None,
+        dcgm_version=newest_dcgm.version if newest_dcgm else None,
+        dcgm_exporter_version=newest_dcgm.exporter if newest_dcgm else None,
         driver_version=driver_version,
         open_kernel_modules=open_modules,
         fabric_manager_version=fabric_manager,
