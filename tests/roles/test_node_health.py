@@ -12,10 +12,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
+from ansible.parsing.dataloader import DataLoader
+from ansible.template import Templar, trust_as_template
+
+from tests.roles.test_shared_fs import compute_role_vars, rendered_script
 
 ROOT = Path(__file__).resolve().parents[2]
 PROGRAM = ROOT / "roles" / "gpu_validation" / "files" / "gpuplat_node_check.py"
@@ -100,3 +105,81 @@ def test_the_fatal_xids_are_one_list() -> None:
     defaults = yaml.safe_load((ROOT / "roles" / "gpu_validation" / "defaults" / "main.yml").read_text())
     assert list(check.FATAL_XIDS) == defaults["gpu_validation_fatal_xids"]
     assert list(check.WARN_XIDS) == defaults["gpu_validation_warn_xids"]
+
+
+# The health program itself (roles/slurm_compute/templates/gpuplat-node-health.j2) around the GPU checks:
+# rendered as Ansible does, with a stand-in node check. slurmd kills the program after 60 s, whatever
+# HealthCheckInterval is (SchedMD/slurm src/slurmd/slurmd/slurmd.c, _run_health_check, max_wait), and
+# a killed program drains nothing.
+
+
+def gpu_health_script(tmp_path: Path, node_check: str, **overrides: object) -> Path:
+    stand_in = tmp_path / "node_check.py"
+    stand_in.write_text(node_check)
+    variables = compute_role_vars()
+    variables.update(
+        ansible_managed="Ansible managed",
+        inventory_hostname="train-0",
+        gpuplat_gpu_count=1,
+        gpuplat_gpu_model="H100",
+        gpuplat_gpu_simulated=True,  # no nvidia-smi -L count: the stand-in alone decides
+        shared_fs_mount_path="",
+        gpuplat_checkpoint_path="",
+        slurm_compute_node_check_program=str(stand_in),
+        **overrides,
+    )
+    return rendered_script(tmp_path, "gpuplat-node-health", variables)
+
+
+def run_with_nvidia_smi(script: Path, tmp_path: Path) -> list[str]:
+    """The drain calls of the program where `command -v nvidia-smi` finds one; scontrol and nvidia-smi
+    are exported functions (they win over the program's own PATH)."""
+    calls = tmp_path / "scontrol.log"
+    environment = {
+        "HOME": str(tmp_path),
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "BASH_FUNC_scontrol%%": f'() {{ printf "%s\\n" "$*" >> {calls}; }}',
+        "BASH_FUNC_nvidia-smi%%": "() { :; }",
+    }
+    subprocess.run(
+        ["bash", str(script)], capture_output=True, text=True, env=environment, timeout=60, check=False
+    )
+    return [call for call in calls.read_text().splitlines() if "State=DRAIN" in call]
+
+
+def test_the_health_program_drains_on_the_gpu_checks_reasons(tmp_path: Path) -> None:
+    script = gpu_health_script(tmp_path, "print('xid: fatal XID since boot: XID 79 on PCI:0000:2a:00')\n")
+    drains = run_with_nvidia_smi(script, tmp_path)
+    assert len(drains) == 1
+    assert "xid: fatal XID since boot: XID 79 on PCI:0000:2a:00" in drains[0]
+
+
+def test_gpu_checks_that_hang_drain_the_node_before_slurmd_would_kill_the_program(tmp_path: Path) -> None:
+    """A GPU in a bad state hangs nvidia-smi: the checks are cut at their timeout and the node drained."""
+    script = gpu_health_script(
+        tmp_path, "import time\ntime.sleep(600)\n", slurm_compute_health_check_gpu_timeout=2
+    )
+    started = time.monotonic()
+    drains = run_with_nvidia_smi(script, tmp_path)
+    assert time.monotonic() - started < 20
+    assert len(drains) == 1
+    assert "GPU checks did not answer within 2s" in drains[0]
+
+
+def budget_holds(**overrides: object) -> bool:
+    """The role's assertion that the health program ends before slurmd's 60 s, on the role's defaults."""
+    tasks = yaml.safe_load((ROOT / "roles" / "slurm_compute" / "tasks" / "health.yml").read_text())
+    (budget,) = [t for t in tasks if "slurmd kills it" in t["name"]]
+    variables = {**compute_role_vars(), "shared_fs_mount_path": "/fsx", "gpuplat_checkpoint_path": "/fsx/ck"}
+    variables.update(overrides)
+    templar = Templar(loader=DataLoader(), variables=variables)
+    return all(
+        templar.evaluate_conditional(trust_as_template(condition))
+        for condition in budget["ansible.builtin.assert"]["that"]
+    )
+
+
+def test_the_health_programs_defaults_end_well_before_slurmd_kills_it() -> None:
+    assert budget_holds()
+    assert not budget_holds(slurm_compute_health_check_gpu_timeout=60)
+    assert not budget_holds(slurm_compute_health_check_fs_timeout=30)

@@ -240,9 +240,11 @@ def dcgm_health_check_from(code: int, output: str) -> Check:
 def dcgm_health_check() -> Check:
     if shutil.which("dcgmi") is None:
         return Check("dcgm-health", "skip", "DCGM is not installed on this node (dcgmi not found)")
-    code, output = run(["dcgmi", "health", "-c"], timeout=30)
+    # Short: a host engine that does not answer is an error of the tool, within the health program's
+    # time for the GPU checks (slurm_compute_health_check_gpu_timeout), past which the node is drained.
+    code, output = run(["dcgmi", "health", "-c"], timeout=10)
     if DCGM_WATCHES_UNSET in output:
-        set_code, set_output = run(["dcgmi", "health", "-s", "a"], timeout=30)
+        set_code, set_output = run(["dcgmi", "health", "-s", "a"], timeout=10)
         if set_code != 0:
             return Check(
                 "dcgm-health", "error", f"could not set DCGM's health watches: {set_output.strip()[:200]}"
