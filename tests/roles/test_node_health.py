@@ -183,3 +183,20 @@ def test_the_health_programs_defaults_end_well_before_slurmd_kills_it() -> None:
     assert budget_holds()
     assert not budget_holds(slurm_compute_health_check_gpu_timeout=60)
     assert not budget_holds(slurm_compute_health_check_fs_timeout=30)
+
+
+def test_a_repeating_xid_gives_the_same_drain_reason_run_after_run() -> None:
+    """An XID storm (74 repeats on every NVLink retry) names each XID once per GPU: the reason the health
+    program compares with the node's (and rewrites when they differ) does not grow with the log."""
+    sys.path.insert(0, str(PROGRAM.parent))
+    try:
+        import gpuplat_node_check as check
+    finally:
+        sys.path.pop(0)
+    line = "[{t}.0] NVRM: Xid (PCI:0000:2a:00): 74, pid={pid}, name=python, NVLink: fatal error\n"
+    log = "".join(line.format(t=100 + n, pid=4000 + n) for n in range(3))
+    later = log + line.format(t=900, pid=9000)
+    first = check.xid_check(log, set(check.FATAL_XIDS))
+    assert first.status == "fail"
+    assert first.detail.count("XID 74") == 1
+    assert check.xid_check(later, set(check.FATAL_XIDS)).detail == first.detail

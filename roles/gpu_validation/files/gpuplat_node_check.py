@@ -93,7 +93,14 @@ def parse_xids(kernel_log: str) -> list[Xid]:
 
 
 def _listed(xids: list[Xid]) -> str:
-    return "; ".join(f"XID {x.xid} on PCI:{x.pci}" + (f" ({x.text})" if x.text else "") for x in xids)
+    """Each XID once per GPU (its first occurrence): the drain reason stays the same from one health run
+    to the next while the same XID repeats, instead of growing with every occurrence."""
+    first: dict[tuple[int, str], Xid] = {}
+    for x in xids:
+        first.setdefault((x.xid, x.pci), x)
+    return "; ".join(
+        f"XID {x.xid} on PCI:{x.pci}" + (f" ({x.text})" if x.text else "") for x in first.values()
+    )
 
 
 def xid_check(kernel_log: str, fatal: set[int], warn: frozenset[int] = frozenset()) -> Check:
