@@ -45,7 +45,33 @@ def resolve(templar_: Templar, name: str) -> Any:
     ("kernel", "metas"),
     [
         ("6.8.0-1008-aws", ["linux-aws", "linux-image-aws", "linux-headers-aws", "linux-modules-extra-aws"]),
-        ("6.1.0-28-cloud-amd64", ["linux-image-cloud-amd64", "linux-headers-cloud-amd64"]),
+        (
+            "6.1.0-28-cloud-amd64",
+            [
+                "linux-image-cloud-amd64",
+                "linux-headers-cloud-amd64",
+                "linux-image-cloud-arm64",
+                "linux-headers-cloud-arm64",
+                "linux-image-amd64",
+                "linux-headers-amd64",
+            ],
+        ),
+        # Nodes on a distribution's generic kernel (onprem): the metas that would move it on are held too.
+        (
+            "6.8.0-51-generic",
+            [
+                "linux-generic",
+                "linux-image-generic",
+                "linux-headers-generic",
+                "linux-generic-hwe-22.04",
+                "linux-image-generic-hwe-22.04",
+                "linux-headers-generic-hwe-22.04",
+                "linux-generic-hwe-24.04",
+                "linux-image-generic-hwe-24.04",
+                "linux-headers-generic-hwe-24.04",
+            ],
+        ),
+        ("6.1.0-28-amd64", ["linux-image-amd64", "linux-headers-amd64"]),
     ],
 )
 def test_the_running_kernel_and_its_meta_packages_are_held(kernel: str, metas: list[str]) -> None:
