@@ -189,6 +189,14 @@ def _with_jobs_nccl(spec: PlatformSpec, software: SoftwareVersions) -> tuple[Sof
     if spec.scheduler.kind == "slurm" and torch is not None:
         software = replace(software, jobs_nccl=torch.nccl, jobs_torch=torch.version)
     if spec.fabric.kind != "efa":
+        if spec.software.efa_installer is not None:
+            return software, [
+                (
+                    f"{CONFIG_KEY}.software.efa_installer",
+                    f"an EFA installer is installed on fabric kind efa only; this stack's fabric is "
+                    f"{spec.fabric.kind}: remove software.efa_installer or set fabric.kind: efa",
+                )
+            ]
         return software, []
     uses = [NcclUse(software.nccl, "the nodes' libnccl2: nccl-tests, gpuplat validate")]
     if software.jobs_nccl is not None:

@@ -74,6 +74,19 @@ def test_the_jobs_nccl_alone_can_refuse_an_installer(tmp_path: Path) -> None:
     assert platform.software.efa is not None and platform.software.efa.installer == "1.44.0"
 
 
+def test_an_installer_pinned_on_a_stack_without_efa_is_refused_not_ignored(tmp_path: Path) -> None:
+    stack = yaml.safe_load((ROOT / "stacks" / "Pulumi.onprem.yaml").read_text())
+    platform = stack["config"]["gpu-platform:platform"]
+    assert platform.get("fabric", {}).get("kind", "none") != "efa"
+    platform["software"] = {**platform.get("software", {}), "efa_installer": "1.47.0"}
+    path = tmp_path / "Pulumi.variant.yaml"
+    path.write_text(yaml.safe_dump(stack))
+    with pytest.raises(
+        SpecError, match=r"software\.efa_installer: an EFA installer is installed on fabric kind efa only"
+    ):
+        load_platform(path)
+
+
 def test_unknown_installer_is_refused_with_the_known_ones(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match=r"unknown EFA installer 1\.99\.0; known: 1\.43\.1"):
         load_platform(aws_prod_variant(tmp_path, {"efa_installer": "1.99.0"}, {}))
