@@ -200,3 +200,34 @@ def test_a_repeating_xid_gives_the_same_drain_reason_run_after_run() -> None:
     assert first.status == "fail"
     assert first.detail.count("XID 74") == 1
     assert check.xid_check(later, set(check.FATAL_XIDS)).detail == first.detail
+
+
+def test_a_dcgm_warning_is_reported_without_draining() -> None:
+    sys.path.insert(0, str(PROGRAM.parent))
+    try:
+        import gpuplat_node_check as check
+    finally:
+        sys.path.pop(0)
+    output = (RECORDED / "healthy" / "dcgm-health.txt").read_text().replace("Healthy", "Warning")
+    result = check.dcgm_health_check_from(0, output)
+    assert result.status == "warn"
+    report = check.Report()
+    report.add(result)
+    assert report.drain_reasons == []
+
+
+def test_a_host_engine_without_watches_gets_them_set_and_no_drain(tmp_path: Path) -> None:
+    """A restarted nv-hostengine has no health watches: the program sets them (`dcgmi health -s a`) and
+    checks from the next run on."""
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    calls = tmp_path / "dcgmi.calls"
+    dcgmi = tools / "dcgmi"
+    dcgmi.write_text(
+        f'#!/bin/sh\necho "$*" >>{calls}\n'
+        '[ "$*" = "health -c" ] && { echo "Health watches not enabled"; exit 1; }\n'
+        "exit 0\n"
+    )
+    dcgmi.chmod(0o755)
+    assert periodic(tmp_path, "healthy", "active") == []
+    assert calls.read_text().splitlines() == ["health -c", "health -s a"]
