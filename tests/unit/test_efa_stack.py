@@ -127,6 +127,16 @@ def test_a_plugin_supports_its_nccl_minor_and_older_down_to_2_17_1(nccl: str, su
     assert supports(release, nccl) is supported
 
 
+def test_the_newest_installer_whose_plugin_fits_is_chosen() -> None:
+    """NCCL 2.28.3: 1.44.0 to 1.47.0 fit; the newest of them, not the first listed."""
+    efa, problems = resolve_efa(
+        FACTS.efa_installer, [NcclUse("2.28.3", "the nodes")], None, FACTS.release("ubuntu2204"), "p"
+    )
+    fitting = [r.version for r in FACTS.efa_installer.releases if supports(r, "2.28.3")]
+    assert problems == [] and efa is not None
+    assert len(fitting) > 1 and efa.installer == max(fitting, key=lambda v: tuple(map(int, v.split("."))))
+
+
 def test_with_no_installer_that_fits_the_plan_says_what_would() -> None:
     _, problems = resolve_efa(
         FACTS.efa_installer, [NcclUse("2.30.1", "training jobs")], None, FACTS.release("ubuntu2204"), "p"
