@@ -309,16 +309,16 @@ def index_and_sign(repo: Path, gnupg: Path, origin: str, label: str) -> None:
     run(["gpg", "--batch", "--yes", "-abs", "-o", "Release.gpg", "Release"], cwd=repo, env=env)
 
 
-def efa_installer_tarball(path: Path, version: str, plugin_dir: str) -> None:
+def efa_installer_tarball(path: Path, version: str, plugin: str) -> None:
     script = textwrap.dedent(f"""\
         #!/bin/sh
         # gpuplat test fixture stand-in for the AWS EFA installer {version}.
         # Lays down the paths the rdma and nccl roles rely on; installs no software.
         set -e
-        mkdir -p /opt/amazon/efa/bin /opt/amazon/efa/lib {plugin_dir}
+        mkdir -p /opt/amazon/efa/bin /opt/amazon/efa/lib {plugin.rsplit("/", 1)[0]}
         printf '#!/bin/sh\\necho "provider: efa (fixture)"\\n' > /opt/amazon/efa/bin/fi_info
         chmod 0755 /opt/amazon/efa/bin/fi_info
-        : > {plugin_dir}/libnccl-net.so
+        : > {plugin}
         echo "{version}" > /opt/amazon/efa_installed_packages
         echo "EFA installer fixture {version}: done"
         """)
@@ -383,9 +383,12 @@ def build(out: Path, facts: PackageFacts, kernel: str) -> int:
             (repo / "cuda-archive-keyring.gpg").write_bytes(binary)
     (out / "libnvidia-container" / "gpgkey").write_bytes(armored)
     for release_id in FIXTURE_RELEASES:
-        plugin_dir = facts.release(release_id).ofi_nccl_libdir
-        for version in facts.efa_installer.versions:
-            efa_installer_tarball(out / "efa" / f"aws-efa-installer-{version}.tar.gz", version, plugin_dir)
+        for installer in facts.efa_installer.releases:
+            efa_installer_tarball(
+                out / "efa" / f"aws-efa-installer-{installer.version}.tar.gz",
+                installer.version,
+                installer.plugin_path(facts.release(release_id)),
+            )
     return sum(len(debs) for _, debs, _, _ in repos)
 
 

@@ -134,6 +134,10 @@ class DcgmRelease(Sourced):
     cuda_majors: list[int] = Field(
         min_length=1, description="the datacenter-gpu-manager-4-cudaN flavours shipped"
     )
+    exporter: str = Field(
+        pattern=r"^\d+\.\d+\.\d+$",
+        description="the dcgm-exporter release NVIDIA pairs with it (its image tag <dcgm>-<exporter>)",
+    )
 
 
 class GpuModelDriver(Sourced):
@@ -189,6 +193,10 @@ class TorchRelease(Sourced):
     default_cuda: str = Field(
         pattern=r"^\d+\.\d+$", description="CUDA build of the wheel `pip install torch` gets from PyPI"
     )
+    nccl: str = Field(
+        pattern=r"^\d+\.\d+\.\d+$",
+        description="the NCCL the wheel requires (nvidia-nccl-cuNN==X): what its jobs load, not the node's",
+    )
 
     @property
     def cuda_major(self) -> int:
@@ -209,6 +217,16 @@ class ServingEngineRelease(Sourced):
         return key(self.python_min) <= key(python) < key(self.python_below)
 
 
+class DriverKernelRange(Sourced):
+    """Driver versions of a branch from `driver_from` on build their DKMS module on kernels below
+    `kernel_below` as far as is known: a newer kernel series is outside the known range (a driver that
+    predates a kernel series is not expected to build on it)."""
+
+    branch: int
+    driver_from: str = Field(pattern=r"^\d+\.\d+(\.\d+)?$")
+    kernel_below: str = Field(pattern=r"^\d+\.\d+$", description="the first kernel series not known to build")
+
+
 class Compatibility(_Strict):
     architectures: list[ArchitectureSupport]
     drivers: list[DriverBranch]
@@ -220,6 +238,7 @@ class Compatibility(_Strict):
     serving_engines: list[ServingEngineRelease] = Field(default_factory=list)
     gpu_models: list[GpuModelDriver] = Field(default_factory=list)
     dcgm: list[DcgmRelease] = Field(default_factory=list)
+    driver_kernels: list[DriverKernelRange] = Field(default_factory=list)
 
     def min_driver_branch_for(self, cuda_major: int) -> int | None:
         """The oldest driver branch that runs binaries of a CUDA major (minor version compatibility)."""

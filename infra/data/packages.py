@@ -144,9 +144,45 @@ class Package(_Sourced):
         return [d.replace("{version}", version) for d in self.depends]
 
 
+class EfaInstallerRelease(_Strict):
+    """One EFA installer release and the aws-ofi-nccl plugin it installs."""
+
+    version: str = Field(pattern=r"^\d+\.\d+\.\d+$")
+    released: dt.date
+    aws_ofi_nccl: str = Field(pattern=r"^\d+\.\d+\.\d+$")
+    nccl_supported: str = Field(
+        pattern=r"^\d+\.\d+\.\d+$", description="the newest NCCL the plugin release names as supported"
+    )
+    sha256: str | None = Field(
+        None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="the tarball's sha256 as read at a trusted source (None: not recorded; the plan warns)",
+    )
+    plugin: Literal["multiarch", "lib"] = Field(
+        description=(
+            "multiarch: <release's ofi_nccl_libdir>/libnccl-net.so (before 1.44.0); lib: "
+            "/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so (lib64 on RPM releases)"
+        )
+    )
+
+    def plugin_path(self, release: Release) -> str:
+        """Where this release puts the plugin on the OS release."""
+        if self.plugin == "multiarch":
+            return f"{release.ofi_nccl_libdir}/libnccl-net.so"
+        libdir = "lib64" if release.family == "rhel" else "lib"
+        return f"/opt/amazon/ofi-nccl/{libdir}/libnccl-net-ofi.so"
+
+
 class EfaInstaller(_Sourced):
-    versions: list[str] = Field(min_length=1)
     url: str = Field(pattern=r"\{version\}")
+    releases: list[EfaInstallerRelease] = Field(min_length=1)
+
+    @property
+    def versions(self) -> list[str]:
+        return [r.version for r in self.releases]
+
+    def release(self, version: str) -> EfaInstallerRelease | None:
+        return next((r for r in self.releases if r.version == version), None)
 
 
 class PackageFacts(_Strict):

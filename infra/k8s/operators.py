@@ -261,6 +261,17 @@ _CONTROL_PLANE_TOLERATION = {
 _NFD_WORKER_DEFAULT_TOLERATIONS = [_CONTROL_PLANE_TOLERATION, *_GPU_OPERATOR_DEFAULT_TOLERATIONS]
 
 
+def _device_plugin(platform: ResolvedPlatform) -> dict[str, Any]:
+    """On hosts the container_runtime role configures, the GPUs a pod was allocated reach the runtime as
+    volume mounts: that toolkit ignores NVIDIA_VISIBLE_DEVICES in unprivileged containers (config.toml.j2,
+    NVIDIA's "preventing unprivileged access to GPUs" setting), so the plugin's default (envvar) would give
+    pods no GPU (NVIDIA/k8s-device-plugin: DEVICE_LIST_STRATEGY envvar | volume-mounts). EKS's AMI brings
+    its own toolkit with NVIDIA's default configuration, which reads the variable: the default stays."""
+    if platform.spec.backend == "aws":
+        return {"enabled": True}
+    return {"enabled": True, "env": [{"name": "DEVICE_LIST_STRATEGY", "value": "volume-mounts"}]}
+
+
 def _gpu_operator(platform: ResolvedPlatform, chart: Chart) -> HelmRelease:
     """Device plugin, GPU feature discovery and DCGM exporter on every GPU node.
 
@@ -276,7 +287,7 @@ def _gpu_operator(platform: ResolvedPlatform, chart: Chart) -> HelmRelease:
     values = {
         "driver": {"enabled": False},
         "toolkit": {"enabled": False},
-        "devicePlugin": {"enabled": True},
+        "devicePlugin": _device_plugin(platform),
         # The ServiceMonitor CRD (Prometheus operator) is not installed; Prometheus finds the exporter itself.
         "dcgmExporter": {"enabled": True, "serviceMonitor": {"enabled": False}},
         "daemonsets": {"tolerations": _joined(_GPU_OPERATOR_DEFAULT_TOLERATIONS, pool_tolerations)},

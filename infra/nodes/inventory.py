@@ -100,6 +100,7 @@ def platform_vars(platform: ResolvedPlatform) -> dict[str, Any]:
         "nccl_cuda_version": sw.nccl_cuda_build,
         "dcgm_cuda_major": sw.driver_cuda_major,
         **({"dcgm_version": sw.dcgm_version} if sw.dcgm_version else {}),
+        **({"dcgm_exporter_version": sw.dcgm_exporter_version} if sw.dcgm_exporter_version else {}),
         "nccl_ib_gid_index": spec.fabric.roce_gid_index,
         **(
             slurm_vars(platform)
@@ -115,6 +116,11 @@ def platform_vars(platform: ResolvedPlatform) -> dict[str, Any]:
         values["gpuplat_region"] = spec.region
     if spec.scheduler.kind == "kueue":
         values |= kubernetes_node_vars()
+    if sw.efa is not None:
+        values["rdma_efa_installer_version"] = sw.efa.installer
+        values["nccl_efa_plugin"] = sw.efa.plugin_path
+        if sw.efa.sha256 is not None:
+            values["rdma_efa_installer_checksum"] = f"sha256:{sw.efa.sha256}"
     if spec.fabric.socket_interface:
         values["nccl_socket_ifname"] = spec.fabric.socket_interface
     if spec.fabric.ib_hca:

@@ -7,6 +7,8 @@ another Ansible filter fails to render here (jinja2's error names it) rather tha
 
 from __future__ import annotations
 
+import posixpath
+import re
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,10 @@ def _comment(text: str) -> str:
     return "\n".join(lines)
 
 
+def _regex_replace(value: object, pattern: str, replacement: str) -> str:
+    return re.sub(pattern, replacement, str(value))
+
+
 @cache
 def _environment(role_dir: Path) -> jinja2.Environment:
     env = jinja2.Environment(
@@ -35,6 +41,10 @@ def _environment(role_dir: Path) -> jinja2.Environment:
         trim_blocks=True,
     )
     env.filters["comment"] = _comment
+    # Ansible's filters of the same names, as the templates use them (a path's parts; re.sub).
+    env.filters["basename"] = posixpath.basename
+    env.filters["dirname"] = posixpath.dirname
+    env.filters["regex_replace"] = _regex_replace
     return env
 
 

@@ -6,8 +6,10 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from infra.data.load import compatibility
 from infra.data.packages import package_facts
 from infra.plan.record import Recording, record
+from infra.platform.kernels import kernels_outside_range
 from infra.platform.package_set import resting_facts
 from infra.platform.resolve import ResolvedPlatform
 from infra.policy.check import verdicts_for
@@ -71,6 +73,8 @@ class PlanReport:
     services: list[dict[str, Any]] = field(default_factory=list)
     # Packages the nodes will install whose version was never seen in the real repository index.
     unverified_facts: list[dict[str, Any]] = field(default_factory=list)
+    # What the plan accepts but an operator must know (a kernel outside the driver's known range).
+    warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -120,6 +124,25 @@ def full_size_usd_per_hour(platform: ResolvedPlatform, services: list[ServiceCos
     return round(platform.max_usd_per_hour + total_usd_per_hour(services), 2)
 
 
+def plan_warnings(platform: ResolvedPlatform) -> list[str]:
+    software = platform.software
+    if software.os_release is None or not any(p.node_type.gpu for p in platform.pools):
+        return []
+    outside = kernels_outside_range(
+        compatibility(), package_facts(), software.os_release, software.driver_branch, software.driver_version
+    )
+    warnings = [k.message(software.driver_version, software.os_release) for k in outside]
+    if software.efa is not None and software.efa.sha256 is None:
+        warnings.append(
+            f"EFA installer {software.efa.installer} is downloaded without a checksum: no sha256 is recorded "
+            "for it in infra/data/packages.yaml (efa_installer.releases); record the one of the tarball you "
+            "verified (AWS signs it: aws-efa-installer-<version>.tar.gz.sig, "
+            "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-verify.html) or set "
+            "rdma_efa_installer_checksum"
+        )
+    return warnings
+
+
 def build_report(
     platform: ResolvedPlatform, recording: Recording | None = None, config: PolicyConfig | None = None
 ) -> PlanReport:
@@ -149,4 +172,5 @@ def build_report(
             for f in resting_facts(package_facts(), str(platform.software.os_release), platform.software)
             if not f.verified
         ],
+        warnings=plan_warnings(platform),
     )

@@ -5,7 +5,7 @@ The result is what every consumer reads: the Pulumi program, the policy rules, t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from infra.data.load import catalog, compatibility
@@ -14,6 +14,7 @@ from infra.data.packages import package_facts, release_offer
 from infra.errors import SpecError
 from infra.errors.problems import spec_error
 from infra.platform.boot_time import boot_problems
+from infra.platform.efa import NcclUse, resolve_efa
 from infra.platform.serving_layout import ServingLayout, serving_layout
 from infra.platform.storage import LustreLayout, fsx_lustre_layout
 from infra.platform.versions import Problem, SoftwareVersions, resolve_versions, training_torch_problems
@@ -181,6 +182,36 @@ def image_parameter(spec: PlatformSpec) -> str:
     return parameter
 
 
+def _with_jobs_nccl(spec: PlatformSpec, software: SoftwareVersions) -> tuple[SoftwareVersions, list[Problem]]:
+    """The NCCL jobs load (the training environment's torch wheel's) and, on EFA, the installer whose plugin
+    supports it and the nodes' own NCCL (infra/platform/efa.py)."""
+    torch = next((t for t in compatibility().torch if t.version == spec.training.torch_version), None)
+    if spec.scheduler.kind == "slurm" and torch is not None:
+        software = replace(software, jobs_nccl=torch.nccl, jobs_torch=torch.version)
+    if spec.fabric.kind != "efa":
+        if spec.software.efa_installer is not None:
+            return software, [
+                (
+                    f"{CONFIG_KEY}.software.efa_installer",
+                    f"an EFA installer is installed on fabric kind efa only; this stack's fabric is "
+                    f"{spec.fabric.kind}: remove software.efa_installer or set fabric.kind: efa",
+                )
+            ]
+        return software, []
+    uses = [NcclUse(software.nccl, "the nodes' libnccl2: nccl-tests, gpuplat validate")]
+    if software.jobs_nccl is not None:
+        uses.append(NcclUse(software.jobs_nccl, f"training jobs: torch {software.jobs_torch}'s wheel"))
+    facts = package_facts()
+    efa, problems = resolve_efa(
+        facts.efa_installer,
+        uses,
+        spec.software.efa_installer,
+        facts.release(os_release(spec)),
+        f"{CONFIG_KEY}.software.efa_installer",
+    )
+    return replace(software, efa=efa), problems
+
+
 def resolve(spec: PlatformSpec, source: Path) -> ResolvedPlatform:
     problems: list[Problem] = []
     pools = [_resolve_pool(spec, i, p, problems) for i, p in enumerate(spec.pools)]
@@ -207,6 +238,9 @@ def resolve(spec: PlatformSpec, source: Path) -> ResolvedPlatform:
         problems += training_torch_problems(
             spec.training.torch_version, software.driver_branch, compatibility(), CONFIG_KEY
         )
+    if software is not None:
+        software, nccl_problems = _with_jobs_nccl(spec, software)
+        problems += nccl_problems
     problems += boot_problems(spec)
     layout: ServingLayout | None = None
     if spec.serving is not None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from infra.data.models import Compatibility, GpuArchitecture, ServingEngineRelease
 from infra.data.packages import ReleaseOffer
+from infra.platform.efa import EfaStack
 from infra.spec.models import Serving, Software
 
 Problem = tuple[str, str]
@@ -40,8 +41,14 @@ class SoftwareVersions:
     nccl_cuda_build: str
     driver_cuda_major: int = 12  # the CUDA major the driver reports: DCGM's flavour follows it
     dcgm_version: str | None = None
+    dcgm_exporter_version: str | None = None  # the exporter release paired with dcgm_version
     serving: ServingVersions | None = None
     os_release: str | None = None
+    # The NCCL training jobs load: the training environment's torch wheel's (None: no shared environment,
+    # jobs bring their own), and the torch release it comes with.
+    jobs_nccl: str | None = None
+    jobs_torch: str | None = None
+    efa: EfaStack | None = None  # fabric efa: the installer whose plugin supports both NCCLs
 
 
 @dataclass(frozen=True)
@@ -377,10 +384,12 @@ def resolve_versions(
                 f"needs (datacenter-gpu-manager-4-cuda{driver_cuda_major}; published: {published})",
             )
         ]
+    newest_dcgm = max(dcgm, key=lambda d: version_tuple(d.version)) if dcgm else None
     return SoftwareVersions(
         driver_branch=branch,
         driver_cuda_major=driver_cuda_major,
-        dcgm_version=max((d.version for d in dcgm), key=version_tuple) if dcgm else None,
+        dcgm_version=newest_dcgm.version if newest_dcgm else None,
+        dcgm_exporter_version=newest_dcgm.exporter if newest_dcgm else None,
         driver_version=driver_version,
         open_kernel_modules=open_modules,
         fabric_manager_version=fabric_manager,

@@ -738,6 +738,14 @@ class Software(_Model):
     cuda: str | None = Field(None, pattern=CUDA_PATTERN)
     nccl: str | None = Field(None, pattern=NCCL_PATTERN)
     fabric_manager: str | None = None
+    efa_installer: str | None = Field(
+        None,
+        pattern=r"^\d+\.\d+\.\d+$",
+        description=(
+            "fabric efa: the AWS EFA installer release (infra/data/packages.yaml); its aws-ofi-nccl plugin "
+            "must support the nodes' NCCL and the training environment's. Default: the newest that does"
+        ),
+    )
 
 
 class AwsSettings(_Model):

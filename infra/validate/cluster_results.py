@@ -227,8 +227,36 @@ def _size(size: int) -> str:
     return f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.0f} MiB"
 
 
+@dataclass(frozen=True)
+class MeasuredNccl:
+    """The NCCL a run must have measured: the one the jobs load (the plan's)."""
+
+    version: str
+    loaded_by: str
+
+
+def measured_nccl(platform: ResolvedPlatform) -> MeasuredNccl:
+    software = platform.software
+    if software.jobs_nccl is not None:
+        return MeasuredNccl(software.jobs_nccl, f"torch {software.jobs_torch}'s wheel, the NCCL jobs load")
+    return MeasuredNccl(software.nccl, "the nodes' libnccl2")
+
+
+def _other_nccl(report: FabricReport, expected: MeasuredNccl) -> str | None:
+    """Why the run did not measure the expected NCCL (None: it did)."""
+    ran = report.run.log.nccl_version
+    if ran is None:
+        return f"the log does not say which NCCL ran (no 'NCCL version' line); expected {expected.version}"
+    if ran.split("+")[0] != expected.version:
+        return (
+            f"all_reduce_perf ran NCCL {ran}, not {expected.version} ({expected.loaded_by}): the figures are "
+            "another NCCL's (gpu_validation_training_env_path names the environment whose NCCL it loads)"
+        )
+    return None
+
+
 def nccl_finding(
-    name: str, step: dict[str, Any], pool_dir: Path, node_type: str
+    name: str, step: dict[str, Any], pool_dir: Path, node_type: str, expected: MeasuredNccl
 ) -> tuple[Finding, FabricReport | None]:
     if step["status"] != "ran":
         return _not_run(name, step), None
@@ -238,9 +266,13 @@ def nccl_finding(
         report = fabric_report(text, source=str(path), node_type=node_type, nodes=NCCL_STEPS[name][1])
     except (OSError, SpecError) as exc:
         return Finding(name, "fail", str(exc)), None
-    if not report.verdict.passed:
-        return Finding(name, "fail", "; ".join(report.verdict.failures)), report
-    return Finding(name, "pass", _nccl_summary(report)), report
+    failures = report.verdict.failures
+    other = _other_nccl(report, expected)
+    if other is not None:
+        failures = [f"nccl-version: {other}", *failures]
+    if failures:
+        return Finding(name, "fail", "; ".join(failures)), report
+    return Finding(name, "pass", f"NCCL {expected.version}, {_nccl_summary(report)}"), report
 
 
 def _nccl_summary(report: FabricReport) -> str:
@@ -378,7 +410,9 @@ def judge_pool(
     checkpoint, result.checkpoint = checkpoint_finding(steps["checkpoint"], pool_dir, budget, local)
     result.findings += [storage, checkpoint]
     for name in NCCL_STEPS:
-        finding, report = nccl_finding(name, steps[name], pool_dir, pool.node_type.name)
+        finding, report = nccl_finding(
+            name, steps[name], pool_dir, pool.node_type.name, measured_nccl(platform)
+        )
         result.findings.append(finding)
         if report is not None:
             result.nccl[name] = report

@@ -122,3 +122,44 @@ def test_the_build_script_is_valid_bash(aws_prod: tuple[ResolvedPlatform, Record
     script.write_text(build_step(recording, "infer"))
     result = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
+
+
+def test_each_pools_recipe_is_rebuilt_on_a_schedule_with_its_test_stage(
+    aws_prod: tuple[ResolvedPlatform, Recording],
+) -> None:
+    """Beside the one-shot image: an Image Builder pipeline per GPU pool, weekly whatever the parent image
+    (a fixed AMI never reports a dependency update), with image tests on; the one-shot build skips them."""
+    platform, recording = aws_prod
+    gpu_pools = {p.name for p in platform.pools if p.node_type.gpu_count}
+    pipelines = {r.name: r.inputs for r in recording.of_type("aws:imagebuilder/imagePipeline:ImagePipeline")}
+    assert set(pipelines) == {f"aws-prod-{p}-pipeline" for p in gpu_pools}
+    for pool in gpu_pools:
+        pipeline = pipelines[f"aws-prod-{pool}-pipeline"]
+        assert pipeline["schedule"] == {
+            "scheduleExpression": "cron(0 4 ? * SUN *)",
+            "pipelineExecutionStartCondition": "EXPRESSION_MATCH_ONLY",
+        }
+        assert pipeline["imageTestsConfiguration"] == {"imageTestsEnabled": True, "timeoutMinutes": 60}
+        assert pipeline["status"] == "ENABLED"
+        image = recording.named(f"aws-prod-{pool}-image").inputs
+        assert image["imageTestsConfiguration"]["imageTestsEnabled"] is False
+
+
+def test_the_test_stage_checks_the_driver_for_the_booted_kernel_and_the_seal(
+    aws_prod: tuple[ResolvedPlatform, Recording],
+) -> None:
+    _, recording = aws_prod
+    recipe = recording.named("aws-prod-train-recipe").inputs
+    assert len(recipe["components"]) == 2, "the build component and the test component"
+    document = yaml.safe_load(recording.named("aws-prod-train-test").inputs["data"])
+    [phase] = document["phases"]
+    [step] = phase["steps"]
+    assert (phase["name"], step["action"]) == ("test", "ExecuteBash")
+    [script] = step["inputs"]["commands"]
+    assert script == (ROOT / "infra" / "backends" / "aws" / "image_test.sh").read_text()
+    for check in (
+        'modinfo -k "$kernel" nvidia',
+        "apt-mark showhold",
+        "/etc/modules-load.d/gpuplat-nvidia.conf",
+    ):
+        assert check in script

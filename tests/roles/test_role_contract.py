@@ -82,6 +82,8 @@ def render_nccl_conf(fabric: str, nics: int = 8, release: str = "debian12", **ov
     env = jinja2.Environment(trim_blocks=True, lstrip_blocks=False, keep_trailing_newline=True)
     env.filters["comment"] = lambda text: "#\n# " + text + "\n#"
     env.filters["regex_escape"] = re.escape
+    env.filters["basename"] = lambda path: path.rsplit("/", 1)[-1]
+    env.filters["regex_replace"] = lambda text, pattern, replacement: re.sub(pattern, replacement, text)
     variables: dict[str, Any] = {
         "ansible_managed": "Ansible managed",
         "nvidia_common_release": role_release_facts(package_facts())[release],
@@ -137,7 +139,16 @@ def test_nccl_conf_efa_leaves_the_network_to_the_plugin() -> None:
 @pytest.mark.parametrize("release", ["debian12", "debian13", "ubuntu2204", "ubuntu2404"])
 def test_efa_plugin_directory_is_the_multiarch_one(release: str) -> None:
     """The EFA installer (before 1.44) puts aws-ofi-nccl under lib/x86_64-linux-gnu on Debian/Ubuntu."""
-    assert "(/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu)" in render_nccl_conf("efa", release=release)
+    assert "(/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu/libnccl-net.so)" in render_nccl_conf(
+        "efa", release=release
+    )
+
+
+def test_the_renamed_plugin_of_newer_installers_is_named_to_nccl() -> None:
+    """EFA installer 1.44.0 on: /opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so, which NCCL loads by the name
+    NCCL_NET_PLUGIN=ofi, not as its default libnccl-net.so."""
+    conf = settings(render_nccl_conf("efa", nccl_efa_plugin="/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so"))
+    assert conf["NCCL_NET_PLUGIN"] == "ofi"
 
 
 def test_nccl_conf_forces_a_network_only_when_asked() -> None:

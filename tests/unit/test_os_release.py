@@ -125,7 +125,7 @@ def test_the_default_branch_is_supported_today_and_an_ended_one_is_refused() -> 
         Software(driver_branch=570), ["hopper"], data, "p", offer=offer(), today=today
     )
     assert [path for path, _ in problems] == ["p.software.driver_branch"]
-    assert "570 is past its end of life" in problems[0][1] and "580 (until 2028-09-01)" in problems[0][1]
+    assert "570 is past its end of life" in problems[0][1] and "580 (until 2028-07-01)" in problems[0][1]
 
 
 def test_a_branch_raised_for_the_gpus_is_never_an_ended_one() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -243,15 +244,37 @@ def test_nccl_over_sockets_on_an_efa_pool_fails_the_pool(
     assert not pool.passed and "nccl_2node" in pool.nccl
 
 
+def jobs_loading(platform: Any, nccl: str) -> Any:
+    """The platform with jobs loading `nccl` (the recorded sample's NCCL, 2.22.3)."""
+    return replace(platform, software=replace(platform.software, jobs_nccl=nccl))
+
+
 def test_nccl_on_efa_with_gpudirect_rdma_passes(tmp_path: Path, shipped_platforms: dict[str, Any]) -> None:
+    results = Results(tmp_path)
+    steps, logs = nccl_steps(nccl_2node=(SAMPLES / "efa-p5-gdrdma.log").read_text())
+    healthy_pool(results, ["train-0", "train-1"], steps, **logs)
+    platform = jobs_loading(shipped_platforms["aws-prod"], "2.22.3")
+    pool = judge_cluster(platform, tmp_path, CheckpointBudget()).pools[0]
+    finding = pool.finding("nccl_2node")
+    assert finding is not None and finding.status == "pass", finding
+    assert "NCCL 2.22.3" in finding.detail and "GPUDirect RDMA on" in finding.detail
+    assert pool.finding("nccl_1node") is not None and pool.finding("nccl_1node").status == "skip"  # type: ignore[union-attr]
+
+
+def test_a_run_of_another_nccl_than_the_jobs_load_fails(
+    tmp_path: Path, shipped_platforms: dict[str, Any]
+) -> None:
+    """aws-prod's jobs load torch 2.13.0's NCCL 2.29.7: a run on 2.22.3 measured another library."""
     results = Results(tmp_path)
     steps, logs = nccl_steps(nccl_2node=(SAMPLES / "efa-p5-gdrdma.log").read_text())
     healthy_pool(results, ["train-0", "train-1"], steps, **logs)
     pool = judge_cluster(shipped_platforms["aws-prod"], tmp_path, CheckpointBudget()).pools[0]
     finding = pool.finding("nccl_2node")
-    assert finding is not None and finding.status == "pass", finding
-    assert "GPUDirect RDMA on" in finding.detail
-    assert pool.finding("nccl_1node") is not None and pool.finding("nccl_1node").status == "skip"  # type: ignore[union-attr]
+    assert finding is not None and finding.status == "fail"
+    assert finding.detail.startswith(
+        "nccl-version: all_reduce_perf ran NCCL 2.22.3+cuda12.2, not 2.29.7 "
+        "(torch 2.13.0's wheel, the NCCL jobs load)"
+    )
 
 
 def test_a_failed_step_fails_the_pool_with_its_reason(

@@ -49,6 +49,14 @@ INSTALL_WITHOUT_GPU = {
     for role in ("gpu_driver", "fabric_manager", "cuda_toolkit", "nccl", "container_runtime", "dcgm")
 }
 _SEAL = Path(__file__).with_name("image_seal.sh")
+_TEST = Path(__file__).with_name("image_test.sh")
+# The pipeline that rebuilds each pool's image for patches: weekly, whether or not Image Builder sees a
+# newer parent (the parent is a fixed AMI; the build's apt brings the archive's fixes, the held kernel and
+# driver excepted). Image Builder cron: minutes hours day-of-month month day-of-week year
+# (https://docs.aws.amazon.com/imagebuilder/latest/userguide/cron-expressions.html).
+REBUILD_SCHEDULE = "cron(0 4 ? * SUN *)"
+REBUILD_CONDITION = "EXPRESSION_MATCH_ONLY"
+TEST_TIMEOUT_MINUTES = 60
 
 
 @dataclass(frozen=True)
@@ -131,6 +139,28 @@ def component_document(script: str) -> str:
     return safe_dump(document, sort_keys=False, width=1000)
 
 
+def test_component_document() -> str:
+    """The Image Builder component (schemaVersion 1.0) whose test phase runs image_test.sh."""
+    document = {
+        "name": "gpuplat-node-image-test",
+        "description": "gpu-platform node image test: the driver built for the booted kernel, held, sealed",
+        "schemaVersion": 1.0,
+        "phases": [
+            {
+                "name": "test",
+                "steps": [
+                    {
+                        "name": "CheckGpuNodeImage",
+                        "action": "ExecuteBash",
+                        "inputs": {"commands": [_TEST.read_text()]},
+                    }
+                ],
+            }
+        ],
+    }
+    return safe_dump(document, sort_keys=False, width=1000)
+
+
 def component_version(bundle_key: str) -> str:
     """Semantic version from the bundle's digest (bootstrap/<digest>/bundle.zip): a new bundle, a new
     component and image; the same bundle, the same version."""
@@ -194,11 +224,22 @@ class NodeImage(pulumi.ComponentResource):
             tags=args.tags,
             opts=child,
         )
+        test = aws.imagebuilder.Component(
+            f"{name}-test",
+            platform="Linux",
+            version=component_version(args.bundle_key),
+            data=test_component_document(),
+            tags=args.tags,
+            opts=child,
+        )
         recipe = aws.imagebuilder.ImageRecipe(
             f"{name}-recipe",
             parent_image=args.parent_image_id,
             version=component_version(args.bundle_key),
-            components=[aws.imagebuilder.ImageRecipeComponentArgs(component_arn=component.arn)],
+            components=[
+                aws.imagebuilder.ImageRecipeComponentArgs(component_arn=component.arn),
+                aws.imagebuilder.ImageRecipeComponentArgs(component_arn=test.arn),
+            ],
             block_device_mappings=[
                 aws.imagebuilder.ImageRecipeBlockDeviceMappingArgs(
                     device_name=args.root_device,
@@ -236,8 +277,26 @@ class NodeImage(pulumi.ComponentResource):
             tags=args.tags,
             opts=pulumi.ResourceOptions(parent=self, depends_on=args.build_after),
         )
+        # Beside the one-shot image the launch template boots: the same recipe rebuilt on a schedule, with
+        # the test stage, for patches. Its images are not rolled into the pool by themselves: a new image
+        # reaches the nodes through the plan (aws.image_id, or the next bundle's one-shot build).
+        pipeline = aws.imagebuilder.ImagePipeline(
+            f"{name}-pipeline",
+            image_recipe_arn=recipe.arn,
+            infrastructure_configuration_arn=infrastructure.arn,
+            schedule=aws.imagebuilder.ImagePipelineScheduleArgs(
+                schedule_expression=REBUILD_SCHEDULE,
+                pipeline_execution_start_condition=REBUILD_CONDITION,
+            ),
+            image_tests_configuration=aws.imagebuilder.ImagePipelineImageTestsConfigurationArgs(
+                image_tests_enabled=True, timeout_minutes=TEST_TIMEOUT_MINUTES
+            ),
+            status="ENABLED",
+            tags=args.tags,
+            opts=child,
+        )
         self.image_id: pulumi.Output[str] = image.output_resources.apply(_first_ami)
-        self.register_outputs({"image_id": self.image_id})
+        self.register_outputs({"image_id": self.image_id, "pipeline_arn": pipeline.arn})
 
 
 def _first_ami(resources: Any) -> str:

@@ -91,14 +91,26 @@ def render_plan(report: PlanReport) -> None:
     console.print(
         f"Software: driver {sw['driver_version']} ({'open' if sw['open_kernel_modules'] else 'proprietary'} "
         f"modules), fabric manager {sw['fabric_manager_version']}, CUDA {sw['cuda_package_version']}, "
-        f"NCCL {sw['nccl']}+cuda{sw['nccl_cuda_build']}"
+        f"NCCL {sw['nccl']}+cuda{sw['nccl_cuda_build']} (the nodes')"
     )
+    if sw["jobs_nccl"]:
+        console.print(
+            f"NCCL jobs run: {sw['jobs_nccl']}, from torch {sw['jobs_torch']}'s wheel (training environment)"
+        )
+    if sw["efa"]:
+        efa = sw["efa"]
+        console.print(
+            f"EFA installer {efa['installer']}: aws-ofi-nccl {efa['aws_ofi_nccl']} (supports NCCL up to "
+            f"{efa['nccl_supported']}), plugin {efa['plugin_path']}"
+        )
     if report.unverified_facts:
         console.print(
             f"Unverified facts: {len(report.unverified_facts)} of the packages the nodes install were never "
             "seen at that version in NVIDIA's index (infra/data/packages.yaml, `accepted` says why; --json "
             "lists them)"
         )
+    for warning in report.warnings:
+        console.print(escape(f"Warning: {warning}"))
     if not report.verdicts:
         console.print("Policies: no violations (details: gpuplat check)")
     for verdict_line in report.verdicts:

@@ -2,7 +2,8 @@
 """Is this training node fit to take work? The health checks `gpuplat validate` runs on every node.
 
   gpuplat-node-check [--gpu-absent-reason TEXT] [--health-program PATH] [--dcgm-level 2]
-                     [--dcgm-timeout 1800] [--fatal-xids 48,64,...] [--warn-xids 94]
+                     [--dcgm-timeout 1800] [--fatal-xids 48,64,...] [--warn-xids 94] [--nvswitch]
+  gpuplat-node-check --periodic [--nvswitch] [--fatal-xids ...] [--warn-xids ...]
 
 Checks, each reported as pass, fail, skip (with the reason) or error (the check could not run):
 
@@ -10,7 +11,14 @@ Checks, each reported as pass, fail, skip (with the reason) or error (the check 
   xid             XID errors since boot in the kernel log (dmesg), against the fatal list
   ecc             uncorrectable volatile ECC errors and row-remapping state (nvidia-smi)
   recovery        the GPU recovery action the driver asks for (nvidia-smi gpu_recovery_action)
+  fabric          on NVSwitch systems (--nvswitch): nvidia-fabricmanager active, every GPU's fabric
+                  registration completed with success (nvidia-smi fabric.state, fabric.status)
+  dcgm-health     DCGM's health watches (`dcgmi health -c`), set first where nv-hostengine has none
   dcgm-diag       `dcgmi diag -r LEVEL -j` where DCGM is installed and no Slurm job holds the node
+
+--periodic runs the cheap checks only (xid, ecc, recovery, fabric, dcgm-health: seconds, nothing that
+disturbs a running job) for the Slurm health program (roles/slurm_compute), and prints each drain reason
+on a line of its own instead of the JSON document.
 
 GPU checks skip when --gpu-absent-reason is given (no GPU, simulated GPUs, driver not loaded).
 A failing check adds a drain reason; an error does not (the tool failed, not the node).
@@ -40,6 +48,13 @@ _XID = re.compile(r"NVRM: Xid \(PCI:(?P<pci>[^)]*)\): (?P<xid>\d+),?(?P<text>.*)
 # test failed, DCGM_ST_NVVS_ISOLATE_ERROR (-51) when the failure calls for isolating the GPU
 # (NVIDIA/DCGM dcgmi/Diag.cpp, dcgmlib/dcgm_structs.h).
 DCGM_DIAG_FAILED = {-30 & 0xFF, -51 & 0xFF}
+# XIDs that drain a node: the ones DCGM's health watch always treats as failures (48 double-bit ECC,
+# 64 row-remap failure, 74 NVLink, 79 fallen off the bus, 95 uncontained ECC, 119/120 GSP, 140 ECC
+# unrecovered); 94, a contained ECC error, is its warning (NVIDIA/DCGM modules/health/DcgmHealthWatch.cpp,
+# BuildXidMappings, master 72fa3fea, 2026-07-06, after v4.6.0). The defaults of --fatal-xids and
+# --warn-xids, and of gpu_validation_fatal_xids / gpu_validation_warn_xids (a test holds them equal).
+FATAL_XIDS = (48, 64, 74, 79, 95, 119, 120, 140)
+WARN_XIDS = (94,)
 _SET = {"yes", "1", "true"}
 
 
@@ -78,7 +93,14 @@ def parse_xids(kernel_log: str) -> list[Xid]:
 
 
 def _listed(xids: list[Xid]) -> str:
-    return "; ".join(f"XID {x.xid} on PCI:{x.pci}" + (f" ({x.text})" if x.text else "") for x in xids)
+    """Each XID once per GPU (its first occurrence): the drain reason stays the same from one health run
+    to the next while the same XID repeats, instead of growing with every occurrence."""
+    first: dict[tuple[int, str], Xid] = {}
+    for x in xids:
+        first.setdefault((x.xid, x.pci), x)
+    return "; ".join(
+        f"XID {x.xid} on PCI:{x.pci}" + (f" ({x.text})" if x.text else "") for x in first.values()
+    )
 
 
 def xid_check(kernel_log: str, fatal: set[int], warn: frozenset[int] = frozenset()) -> Check:
@@ -149,6 +171,95 @@ def dcgm_check(returncode: int, output: str, level: int) -> Check:
         return Check("dcgm-diag", "fail", "; ".join(failures))
     tail = " ".join(output.strip().splitlines()[-3:])[-300:]
     return Check("dcgm-diag", "error", f"dcgmi diag -r {level} could not run (exit {returncode}): {tail}")
+
+
+# Fabric registration of a GPU on an NVSwitch system: "Not Started", "In Progress", then "Completed", and
+# only then a status ("Success" or the probe's error) (NVML nvmlGpuFabricInfo_t: state, and status "must
+# be checked only if state returns complete", https://docs.nvidia.com/deploy/nvml-api/
+# structnvmlGpuFabricInfo__t.html; nvidia-smi's fields fabric.state and fabric.status, NVIDIA/NVSentinel
+# issue 883). GPUs without fabric registration (before Hopper) answer N/A: the service check remains.
+FABRIC_NO_INFO = frozenset({"N/A", "[N/A]", "Not Supported", "[Not Supported]"})
+
+
+def fabric_check_from(service_state: str, code: int, output: str) -> Check:
+    """service_state: `systemctl is-active nvidia-fabricmanager`; code and output: nvidia-smi's query of
+    index, pci.bus_id, fabric.state, fabric.status (CSV without header)."""
+    problems = []
+    if service_state.strip() != "active":
+        problems.append(f"nvidia-fabricmanager is {service_state.strip() or 'not running'}")
+    if code != 0 and "not a valid field" not in output:
+        problems.append(f"nvidia-smi could not read the fabric state: {output.strip()[:200]}")
+    elif code == 0:
+        for row in _rows(output):
+            if len(row) != 4:
+                continue
+            index, bus, state, status = row
+            if state in FABRIC_NO_INFO:
+                continue
+            if state != "Completed":
+                problems.append(f"GPU {index} ({bus}): fabric registration {state}")
+            elif status not in ("Success", *FABRIC_NO_INFO):
+                problems.append(f"GPU {index} ({bus}): fabric registration failed: {status}")
+    if problems:
+        return Check("fabric", "fail", "; ".join(problems))
+    return Check("fabric", "pass", "nvidia-fabricmanager active, every GPU's fabric registration completed")
+
+
+def fabric_check() -> Check:
+    _, service_state = run(["systemctl", "is-active", "nvidia-fabricmanager"])
+    return fabric_check_from(
+        service_state,
+        *run(
+            ["nvidia-smi", "--query-gpu=index,pci.bus_id,fabric.state,fabric.status", "--format=csv,noheader"]
+        ),
+    )
+
+
+# `dcgmi health -c` prints "Overall Health" as Healthy, Warning or Failure, then each GPU's incidents
+# (NVIDIA/DCGM dcgmi/Health.cpp, CheckWatches and HelperHealthToString); with no watch set it answers
+# "Health watches not enabled" (exit status non-zero). Watches live in nv-hostengine: a restarted host
+# engine has none until they are set again (`dcgmi health -s a`, every system).
+_DCGM_OVERALL = re.compile(r"Overall Health\W+(?:value\W+)?(Healthy|Warning|Failure|Internal error)")
+DCGM_WATCHES_UNSET = "Health watches not enabled"
+
+
+def dcgm_health_check_from(code: int, output: str) -> Check:
+    match = _DCGM_OVERALL.search(output)
+    if match is None:
+        tail = " ".join(output.strip().splitlines()[-3:])[-300:]
+        return Check("dcgm-health", "error", f"dcgmi health -c gave no overall health (exit {code}): {tail}")
+    incidents = []
+    for line in output[match.end() :].splitlines():
+        cells = [cell.strip().removeprefix("-> ") for cell in line.strip().strip("|").split("|")]
+        cells = [cell for cell in cells if cell and not cell.startswith("+-")]
+        if cells and not (len(cells) == 1 and cells[0] in ("GPU", "Errors", "Switch")):
+            incidents.append(": ".join(cells))
+    detail = "; ".join(incidents) or match[1]
+    if match[1] == "Failure":
+        return Check("dcgm-health", "fail", f"DCGM health watches report a failure: {detail}")
+    if match[1] == "Warning":
+        return Check("dcgm-health", "warn", f"DCGM health watches report a warning: {detail}")
+    if match[1] == "Internal error":
+        return Check("dcgm-health", "error", "DCGM health watches answered an internal error")
+    return Check("dcgm-health", "pass", "DCGM health watches report healthy")
+
+
+def dcgm_health_check() -> Check:
+    if shutil.which("dcgmi") is None:
+        return Check("dcgm-health", "skip", "DCGM is not installed on this node (dcgmi not found)")
+    # Short: a host engine that does not answer is an error of the tool, within the health program's
+    # time for the GPU checks (slurm_compute_health_check_gpu_timeout), past which the node is drained.
+    code, output = run(["dcgmi", "health", "-c"], timeout=10)
+    if DCGM_WATCHES_UNSET in output:
+        set_code, set_output = run(["dcgmi", "health", "-s", "a"], timeout=10)
+        if set_code != 0:
+            return Check(
+                "dcgm-health", "error", f"could not set DCGM's health watches: {set_output.strip()[:200]}"
+            )
+        return Check(
+            "dcgm-health", "skip", "DCGM's health watches were not set: set now, checked from the next run"
+        )
+    return dcgm_health_check_from(code, output)
 
 
 def run(command: Sequence[str], timeout: float = 120) -> tuple[int, str]:
@@ -282,13 +393,9 @@ def dcgm_guard(node: str) -> Check | None:
     return None
 
 
-def check_node(args: argparse.Namespace) -> Report:
-    report = Report()
-    report.add(health_program_check(args.health_program))
-    if args.gpu_absent_reason:
-        for name in ("xid", "ecc", "recovery", "dcgm-diag"):
-            report.add(Check(name, "skip", args.gpu_absent_reason))
-        return report
+def add_cheap_checks(report: Report, args: argparse.Namespace) -> None:
+    """What the Slurm health program runs every interval and `validate` runs too (validate's DCGM
+    diagnostic goes further than the health watches, which its health-program check runs): reads only."""
     code, log = kernel_log()
     report.add(
         xid_check(log, set(args.fatal_xids), frozenset(args.warn_xids))
@@ -297,6 +404,23 @@ def check_node(args: argparse.Namespace) -> Report:
     )
     report.add(ecc_check())
     report.add(recovery_check())
+    if args.nvswitch:
+        report.add(fabric_check())
+    if args.periodic:
+        report.add(dcgm_health_check())
+
+
+def check_node(args: argparse.Namespace) -> Report:
+    report = Report()
+    if args.periodic:
+        add_cheap_checks(report, args)
+        return report
+    report.add(health_program_check(args.health_program))
+    if args.gpu_absent_reason:
+        for name in ("xid", "ecc", "recovery", "dcgm-diag"):
+            report.add(Check(name, "skip", args.gpu_absent_reason))
+        return report
+    add_cheap_checks(report, args)
     if shutil.which("dcgmi") is None:
         report.add(Check("dcgm-diag", "skip", "DCGM is not installed on this node (dcgmi not found)"))
     elif (busy := dcgm_guard(args.slurm_node or socket.gethostname())) is not None:
@@ -322,14 +446,22 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--health-program", default="/usr/local/sbin/gpuplat-node-health")
     parser.add_argument("--dcgm-level", type=int, choices=[1, 2, 3, 4], default=2)
     parser.add_argument("--dcgm-timeout", type=float, default=1800)
-    parser.add_argument("--fatal-xids", type=_xid_list, default=[])
-    parser.add_argument("--warn-xids", type=_xid_list, default=[])
+    parser.add_argument("--fatal-xids", type=_xid_list, default=list(FATAL_XIDS))
+    parser.add_argument("--warn-xids", type=_xid_list, default=list(WARN_XIDS))
     parser.add_argument("--slurm-node", default="", help="this node's Slurm name (default: the host name)")
+    parser.add_argument("--nvswitch", action="store_true", help="an NVSwitch system: check the fabric")
+    parser.add_argument(
+        "--periodic", action="store_true", help="the cheap checks only; print the drain reasons, one a line"
+    )
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    report = check_node(parse_args(sys.argv[1:] if argv is None else argv))
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    report = check_node(args)
+    if args.periodic:
+        sys.stdout.write("".join(f"{reason}\n" for reason in report.drain_reasons))
+        return 0
     document: dict[str, Any] = asdict(report)
     sys.stdout.write(json.dumps(document, indent=2) + "\n")
     return 0

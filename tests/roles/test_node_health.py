@@ -1,0 +1,233 @@
+"""The GPU checks of the Slurm health program (gpuplat_node_check.py --periodic, roles/gpu_validation/files,
+installed by roles/slurm_compute) run for real against the recorded answers of tests/data/node-health/:
+a GPU that fell off the bus (XID 79, a reboot asked for, DCGM's PCIe watch failing), a fabric manager that
+is down on an NVSwitch system (every GPU still listed by `nvidia-smi -L`), and a healthy node. The
+scheduler scenario (molecule/slurm_cluster/verify/gpu_health.yml) runs the health program itself with
+the same stand-ins and sees Slurm drain the node.
+
+Not modelled: a real GPU's nvidia-smi and DCGM host engine (their formats are cited in the README)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from ansible.parsing.dataloader import DataLoader
+from ansible.template import Templar, trust_as_template
+
+from tests.roles.test_shared_fs import compute_role_vars, rendered_script
+
+ROOT = Path(__file__).resolve().parents[2]
+PROGRAM = ROOT / "roles" / "gpu_validation" / "files" / "gpuplat_node_check.py"
+RECORDED = ROOT / "tests" / "data" / "node-health"
+
+
+def periodic(tmp_path: Path, case: str, fabric_manager: str, *args: str) -> list[str]:
+    """The drain reasons of `--periodic` on the case, with `systemctl is-active` answering fabric_manager."""
+    tools = tmp_path / "tools"
+    tools.mkdir(exist_ok=True)
+    systemctl = tools / "systemctl"
+    systemctl.write_text(f"#!/bin/sh\necho {fabric_manager}\n[ {fabric_manager} = active ]\n")
+    systemctl.chmod(0o755)
+    done = subprocess.run(
+        [sys.executable, str(PROGRAM), "--periodic", *args],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={
+            **os.environ,
+            "PATH": f"{tools}:{RECORDED / 'bin'}:/usr/bin:/bin",
+            "GPUPLAT_RECORDED": str(RECORDED / case),
+        },
+    )
+    return done.stdout.splitlines()
+
+
+def test_a_healthy_nvswitch_node_has_nothing_to_drain_on(tmp_path: Path) -> None:
+    assert periodic(tmp_path, "healthy", "active", "--nvswitch") == []
+
+
+def test_a_gpu_off_the_bus_drains_on_its_xid_its_recovery_action_and_dcgm(tmp_path: Path) -> None:
+    reasons = periodic(tmp_path, "xid79", "active", "--nvswitch")
+    assert reasons == [
+        "xid: fatal XID since boot: XID 79 on PCI:0000:2a:00 (pid='<unknown>', name=<unknown>, "
+        "GPU has fallen off the bus.)",
+        "recovery: the driver asks for a recovery action: GPU 1 (00000000:2A:00.0): Reboot",
+        "dcgm-health: DCGM health watches report a failure: 1: Failure; PCIe system: Failure; "
+        "GPU 1 has fallen off the bus",
+    ]
+
+
+def test_a_fabric_manager_down_drains_an_nvswitch_node_whose_gpus_are_all_listed(tmp_path: Path) -> None:
+    reasons = periodic(tmp_path, "fabric-not-started", "inactive", "--nvswitch")
+    assert reasons == [
+        "fabric: nvidia-fabricmanager is inactive; "
+        "GPU 0 (00000000:18:00.0): fabric registration Not Started; "
+        "GPU 1 (00000000:2A:00.0): fabric registration Not Started"
+    ]
+
+
+def test_a_node_without_nvswitch_does_not_look_for_a_fabric_manager(tmp_path: Path) -> None:
+    assert periodic(tmp_path, "healthy", "inactive") == []
+
+
+@pytest.mark.parametrize(
+    ("state", "status", "drains"),
+    [
+        ("Completed", "Success", False),
+        ("In Progress", "N/A", True),
+        ("Completed", "NVML_ERROR_TIMEOUT", True),
+        ("N/A", "N/A", False),  # before Hopper: no fabric registration, the service check remains
+    ],
+)
+def test_fabric_registration_states(state: str, status: str, drains: bool) -> None:
+    sys.path.insert(0, str(PROGRAM.parent))
+    try:
+        import gpuplat_node_check as check
+    finally:
+        sys.path.pop(0)
+    result = check.fabric_check_from("active", 0, f"0, 00000000:18:00.0, {state}, {status}\n")
+    assert (result.status == "fail") is drains
+
+
+def test_the_fatal_xids_are_one_list() -> None:
+    """The program's defaults (what the health program uses) and gpu_validation's are the same XIDs."""
+    sys.path.insert(0, str(PROGRAM.parent))
+    try:
+        import gpuplat_node_check as check
+    finally:
+        sys.path.pop(0)
+    defaults = yaml.safe_load((ROOT / "roles" / "gpu_validation" / "defaults" / "main.yml").read_text())
+    assert list(check.FATAL_XIDS) == defaults["gpu_validation_fatal_xids"]
+    assert list(check.WARN_XIDS) == defaults["gpu_validation_warn_xids"]
+
+
+# The health program itself (roles/slurm_compute/templates/gpuplat-node-health.j2) around the GPU checks:
+# rendered as Ansible does, with a stand-in node check. slurmd kills the program after 60 s, whatever
+# HealthCheckInterval is (SchedMD/slurm src/slurmd/slurmd/slurmd.c, _run_health_check, max_wait), and
+# a killed program drains nothing.
+
+
+def gpu_health_script(tmp_path: Path, node_check: str, **overrides: object) -> Path:
+    stand_in = tmp_path / "node_check.py"
+    stand_in.write_text(node_check)
+    variables = compute_role_vars()
+    variables.update(
+        ansible_managed="Ansible managed",
+        inventory_hostname="train-0",
+        gpuplat_gpu_count=1,
+        gpuplat_gpu_model="H100",
+        gpuplat_gpu_simulated=True,  # no nvidia-smi -L count: the stand-in alone decides
+        shared_fs_mount_path="",
+        gpuplat_checkpoint_path="",
+        slurm_compute_node_check_program=str(stand_in),
+        **overrides,
+    )
+    return rendered_script(tmp_path, "gpuplat-node-health", variables)
+
+
+def run_with_nvidia_smi(script: Path, tmp_path: Path) -> list[str]:
+    """The drain calls of the program where `command -v nvidia-smi` finds one; scontrol and nvidia-smi
+    are exported functions (they win over the program's own PATH)."""
+    calls = tmp_path / "scontrol.log"
+    environment = {
+        "HOME": str(tmp_path),
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "BASH_FUNC_scontrol%%": f'() {{ printf "%s\\n" "$*" >> {calls}; }}',
+        "BASH_FUNC_nvidia-smi%%": "() { :; }",
+    }
+    subprocess.run(
+        ["bash", str(script)], capture_output=True, text=True, env=environment, timeout=60, check=False
+    )
+    return [call for call in calls.read_text().splitlines() if "State=DRAIN" in call]
+
+
+def test_the_health_program_drains_on_the_gpu_checks_reasons(tmp_path: Path) -> None:
+    script = gpu_health_script(tmp_path, "print('xid: fatal XID since boot: XID 79 on PCI:0000:2a:00')\n")
+    drains = run_with_nvidia_smi(script, tmp_path)
+    assert len(drains) == 1
+    assert "xid: fatal XID since boot: XID 79 on PCI:0000:2a:00" in drains[0]
+
+
+def test_gpu_checks_that_hang_drain_the_node_before_slurmd_would_kill_the_program(tmp_path: Path) -> None:
+    """A GPU in a bad state hangs nvidia-smi: the checks are cut at their timeout and the node drained."""
+    script = gpu_health_script(
+        tmp_path, "import time\ntime.sleep(600)\n", slurm_compute_health_check_gpu_timeout=2
+    )
+    started = time.monotonic()
+    drains = run_with_nvidia_smi(script, tmp_path)
+    assert time.monotonic() - started < 20
+    assert len(drains) == 1
+    assert "GPU checks did not answer within 2s" in drains[0]
+
+
+def budget_holds(**overrides: object) -> bool:
+    """The role's assertion that the health program ends before slurmd's 60 s, on the role's defaults."""
+    tasks = yaml.safe_load((ROOT / "roles" / "slurm_compute" / "tasks" / "health.yml").read_text())
+    (budget,) = [t for t in tasks if "slurmd kills it" in t["name"]]
+    variables = {**compute_role_vars(), "shared_fs_mount_path": "/fsx", "gpuplat_checkpoint_path": "/fsx/ck"}
+    variables.update(overrides)
+    templar = Templar(loader=DataLoader(), variables=variables)
+    return all(
+        templar.evaluate_conditional(trust_as_template(condition))
+        for condition in budget["ansible.builtin.assert"]["that"]
+    )
+
+
+def test_the_health_programs_defaults_end_well_before_slurmd_kills_it() -> None:
+    assert budget_holds()
+    assert not budget_holds(slurm_compute_health_check_gpu_timeout=60)
+    assert not budget_holds(slurm_compute_health_check_fs_timeout=30)
+
+
+def test_a_repeating_xid_gives_the_same_drain_reason_run_after_run() -> None:
+    """An XID storm (74 repeats on every NVLink retry) names each XID once per GPU: the reason the health
+    program compares with the node's (and rewrites when they differ) does not grow with the log."""
+    sys.path.insert(0, str(PROGRAM.parent))
+    try:
+        import gpuplat_node_check as check
+    finally:
+        sys.path.pop(0)
+    line = "[{t}.0] NVRM: Xid (PCI:0000:2a:00): 74, pid={pid}, name=python, NVLink: fatal error\n"
+    log = "".join(line.format(t=100 + n, pid=4000 + n) for n in range(3))
+    later = log + line.format(t=900, pid=9000)
+    first = check.xid_check(log, set(check.FATAL_XIDS))
+    assert first.status == "fail"
+    assert first.detail.count("XID 74") == 1
+    assert check.xid_check(later, set(check.FATAL_XIDS)).detail == first.detail
+
+
+def test_a_dcgm_warning_is_reported_without_draining() -> None:
+    sys.path.insert(0, str(PROGRAM.parent))
+    try:
+        import gpuplat_node_check as check
+    finally:
+        sys.path.pop(0)
+    output = (RECORDED / "healthy" / "dcgm-health.txt").read_text().replace("Healthy", "Warning")
+    result = check.dcgm_health_check_from(0, output)
+    assert result.status == "warn"
+    report = check.Report()
+    report.add(result)
+    assert report.drain_reasons == []
+
+
+def test_a_host_engine_without_watches_gets_them_set_and_no_drain(tmp_path: Path) -> None:
+    """A restarted nv-hostengine has no health watches: the program sets them (`dcgmi health -s a`) and
+    checks from the next run on."""
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    calls = tmp_path / "dcgmi.calls"
+    dcgmi = tools / "dcgmi"
+    dcgmi.write_text(
+        f'#!/bin/sh\necho "$*" >>{calls}\n'
+        '[ "$*" = "health -c" ] && { echo "Health watches not enabled"; exit 1; }\n'
+        "exit 0\n"
+    )
+    dcgmi.chmod(0o755)
+    assert periodic(tmp_path, "healthy", "active") == []
+    assert calls.read_text().splitlines() == ["health -c", "health -s a"]
