@@ -5,8 +5,9 @@ a  the controller boots from its user data alone; slurmctld and slurmdbd serve
 b  a job for a powered-down pool: slurmctld runs the real resume program, an instance boots, takes its
    name, joins, and the job runs; then the pool's image is taken from that node (image_seal.sh), so
    the later launches boot it and only configure themselves
-c  a spot notice on the node of a requeueable job: the job is requeued (never FAILED) and completes on
-   a replacement instance
+c  a spot notice while a trainer runs in the batch step of a requeueable job (as torchrun in the script,
+   not under srun): it gets SIGTERM within the grace and checkpoints; the job is requeued (never
+   FAILED) and resumes from the checkpoint on a replacement instance
 d  RunInstances fails for capacity: the names return to power saving, the job runs on the next attempt
 e  a node that never finishes booting (past ResumeTimeout) comes back to power saving, not DOWN
 f  a stray instance of the stack that Slurm does not know is terminated by the reconciler
@@ -179,10 +180,8 @@ def test_e_held_a_node_whose_boot_never_finishes(box: Any) -> None:
 
 def test_c_a_spot_notice_requeues_the_job_which_completes_on_a_replacement(box: Any) -> None:
     launch_stray(box)  # f's stray lives out its grace while c runs
-    marker = f"{CHECKPOINTS}/box-c-first-run"
     # Pinned: the held node is requeued and boots again during c, and must not take c's job.
-    script = f"if [ -e {marker} ]; then echo resumed; else touch {marker}; sleep 900; fi"
-    job = submit(box, script, "--requeue -w spot-0")
+    job = submit(box, f"python3 -c {shlex.quote(TRAINER)}; echo trainer exited $?", "--requeue -w spot-0")
     wait_for(
         f"job {job} running",
         lambda: "RUNNING" in slurm(box, f"squeue -h -j {job} -o %T", False) or None,
@@ -190,8 +189,22 @@ def test_c_a_spot_notice_requeues_the_job_which_completes_on_a_replacement(box: 
     )
     node = slurm(box, f"squeue -h -j {job} -o %N").strip()
     first = live(box, gpuplat_node=node)[0]["InstanceId"]
+    wait_for(
+        "the trainer training", lambda: "training" in slurm(box, f"cat {CHECKPOINTS}/slurm-{job}.out"), 60
+    )
     box.imds.interrupt(first, datetime.datetime.now(datetime.UTC) + datetime.timedelta(minutes=2))
-    noticed = time.monotonic()
+    noticed, noticed_at = time.monotonic(), time.time()
+    # The trainer runs in the batch step, as torchrun started by the script does (not under srun): the
+    # notice's SIGTERM reaches it within the grace, not at its end, when the node is powered down.
+    written = wait_for("the checkpoint", lambda: slurm(box, f"cat {C_CHECKPOINT}", check=False).strip(), 120)
+    FIGURES["spot notice -> checkpoint written s"] = float(written.split()[1]) - noticed_at
+    assert FIGURES["spot notice -> checkpoint written s"] < SPOT_GRACE_S
+    wait_for(
+        f"job {job} requeued",
+        lambda: slurm(box, f"squeue -h -j {job} -o %T", False).strip() == "PENDING" or None,
+        SPOT_GRACE_S + 120,
+    )
+    FIGURES["spot notice -> requeued s"] = time.monotonic() - noticed
     wait_for(
         f"{first} terminated",
         lambda: all(i["InstanceId"] != first for i in live(box, gpuplat_pool="spot")) or None,
@@ -212,8 +225,35 @@ def test_c_a_spot_notice_requeues_the_job_which_completes_on_a_replacement(box: 
     assert wait_ended(box, job) == "COMPLETED", explain(box, job)
     restarts = slurm(box, f"scontrol -o show job {job}").split("Restarts=")[1].split()[0]
     assert int(restarts) >= 1, explain(box, job)  # requeued once, then completed: never FAILED
+    step = written.split()[0]
+    assert f"resumed from step {step}" in slurm(box, f"cat {CHECKPOINTS}/slurm-{job}.out"), explain(box, job)
     replacement = live(box, gpuplat_node=slurm(box, f"sacct -nXP -j {job} -o NodeList").strip())
     assert replacement and replacement[0]["InstanceId"] != first
+
+
+C_CHECKPOINT = f"{CHECKPOINTS}/box-c-checkpoint"
+SPOT_GRACE_S = 90  # slurm_elastic_spot_grace_s
+# c's job: a stand-in for torchrun in the batch step (the box has no torch: tests/box/stack.yaml). It
+# counts steps; on SIGTERM it writes its step and the time, then exits 0, as a checkpointing trainer
+# does; started again with a checkpoint, it resumes from it and ends.
+TRAINER = f"""
+import os, signal, sys, time
+path = {C_CHECKPOINT!r}
+if os.path.exists(path):
+    print("resumed from step", open(path).read().split()[0], flush=True)
+    sys.exit(0)
+step = 0
+def checkpoint(*_):
+    with open(path + ".tmp", "w") as out:
+        out.write(f"{{step}} {{time.time()}}")
+    os.rename(path + ".tmp", path)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, checkpoint)
+print("training", flush=True)
+while True:
+    step += 1
+    time.sleep(0.5)
+"""
 
 
 def launch_stray(box: Any) -> None:

@@ -57,8 +57,10 @@ State in <state_dir>/pools.json, under a lock.
 and on a spot node, from systemd:
 
   spot-watch            on an interruption notice: drain this node, list its jobs, send SIGTERM to
-                        their job steps only (not the batch shell, so the job survives to be
-                        requeued), wait the grace period for them to checkpoint, POWER_DOWN_FORCE
+                        their job steps and to every process of their batch steps but the batch
+                        shell (`scontrol listpids`: a torchrun the script runs without srun is in no
+                        job step), so the job survives to be requeued, wait the grace period for
+                        them to checkpoint, POWER_DOWN_FORCE
                         the node (Slurm requeues the requeueable batch jobs still running and ends
                         the rest; the name gets a new instance), then requeue the requeueable batch
                         jobs that ended in the grace period.
