@@ -10,7 +10,9 @@ c  a spot notice while a trainer runs in the batch step of a requeueable job (as
    FAILED) and resumes from the checkpoint on a replacement instance
 d  RunInstances fails for capacity: the names return to power saving, the job runs on the next attempt
 e  a node that never finishes booting (past ResumeTimeout) comes back to power saving, not DOWN
-f  a stray instance of the stack that Slurm does not know is terminated by the reconciler
+f  a stray instance of the stack that Slurm does not know is terminated by the reconciler (its log says so)
+i  an instance terminated from outside: its job is requeued within REQUEUE_BOUND_S and done on a new
+   instance of the same name within BACK_IN_SERVICE_BOUND_S
 g  idle nodes are suspended and their instances terminated
 h  teardown leaves no instance of the stack
 
@@ -104,6 +106,22 @@ def node_states(box: Any) -> dict[str, str]:
 
 def live(box: Any, **tags: str) -> list[dict[str, Any]]:
     return list(box.instances("pending", "running", **tags))
+
+
+def state_of(box: Any, instance_id: str) -> str:
+    """The instance's state as EC2 has it: "terminated" is the end; stopped or shutting-down still are
+    instances (a stopped one keeps its volumes and addresses)."""
+    [reservation] = box.ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]
+    return str(reservation["Instances"][0]["State"]["Name"])
+
+
+def terminated(box: Any, instance_id: str) -> bool | None:
+    return state_of(box, instance_id) == "terminated" or None
+
+
+def controller_log(box: Any) -> str:
+    """The node program's log on the controller: which of its commands did what."""
+    return slurm(box, "cat /var/log/gpuplat/ec2-nodes.log")
 
 
 def tag(instance: dict[str, Any], key: str) -> str:
@@ -205,11 +223,7 @@ def test_c_a_spot_notice_requeues_the_job_which_completes_on_a_replacement(box: 
         SPOT_GRACE_S + 120,
     )
     FIGURES["spot notice -> requeued s"] = time.monotonic() - noticed
-    wait_for(
-        f"{first} terminated",
-        lambda: all(i["InstanceId"] != first for i in live(box, gpuplat_pool="spot")) or None,
-        240,
-    )
+    wait_for(f"{first} terminated", lambda: terminated(box, first), 240)
     FIGURES["spot notice -> instance terminated s"] = time.monotonic() - noticed
     # A requeued job waits for its old credential to expire before it is scheduled again
     # (job_mgr.c batch_requeue_fini: BeginTime = now + cred_expire + 1).
@@ -270,12 +284,12 @@ def launch_stray(box: Any) -> None:
 
 def test_f_a_stray_instance_is_terminated_by_the_reconciler(box: Any) -> None:
     stray, since = STRAY["instance"], STRAY["since"]
-    wait_for(
-        f"stray {stray} terminated",
-        lambda: all(i["InstanceId"] != stray for i in live(box)) or None,
-        240 - (time.monotonic() - since),
-    )
+    wait_for(f"stray {stray} terminated", lambda: terminated(box, stray), 240 - (time.monotonic() - since))
     FIGURES["stray instance -> terminated s"] = time.monotonic() - since
+    assert (
+        f"reconcile: terminating {stray} (spot-7): is named for a node Slurm does not know"
+        in controller_log(box)
+    )
 
 
 def test_e_a_node_that_never_boots_comes_back_to_power_saving(box: Any) -> None:
@@ -309,6 +323,38 @@ def test_d_a_launch_without_capacity_returns_the_name_and_the_job_runs_on_the_ne
     assert wait_ended(box, job) == "COMPLETED", explain(box, job)
     assert box.faults.count("RunInstances") >= launches + 2
     assert "InsufficientInstanceCapacity" in slurm(box, "cat /var/log/gpuplat/ec2-nodes.log")
+
+
+# i: reconcile's round (slurm_elastic_reconcile_interval_s, 20 s in the box) and the round's own time.
+REQUEUE_BOUND_S = 60
+# i: the requeued job's credential wait (cred_expire 30 s + 1), a resume and a boot from the pool image
+# (35 to 72 s measured), slurmd's registration.
+BACK_IN_SERVICE_BOUND_S = 300
+
+
+def test_i_an_instance_terminated_from_outside_requeues_its_job_and_the_name_comes_back(box: Any) -> None:
+    """Terminated from outside (the console, a reclaim without notice): Slurm alone would wait for
+    slurmd to stop answering, then SlurmdTimeout; reconcile sees a node in service without a live
+    instance and replaces it in its next round (ParallelCluster's is_backing_instance_valid)."""
+    marker = f"{CHECKPOINTS}/box-i-first-run"
+    job = submit(box, f"if [ -e {marker} ]; then echo again; else touch {marker}; sleep 900; fi", "--requeue")
+    wait_for(f"job {job} running", lambda: job_state(box, job) == "RUNNING" or None, BOOT_DEADLINE_S)
+    node = slurm(box, f"squeue -h -j {job} -o %N").strip()
+    [instance] = live(box, gpuplat_node=node)
+    box.ec2.terminate_instances(InstanceIds=[instance["InstanceId"]])
+    gone = time.monotonic()
+
+    def requeued() -> bool | None:
+        restarts = re.search(r"Restarts=(\d+)", slurm(box, f"scontrol -o show job {job}", check=False))
+        return (restarts is not None and int(restarts.group(1)) >= 1) or None
+
+    wait_for(f"job {job} requeued", requeued, REQUEUE_BOUND_S, every_s=1)
+    FIGURES["instance terminated from outside -> job requeued s"] = time.monotonic() - gone
+    assert f"reconcile: replacing {node}: gpuplat reconcile: replaced" in controller_log(box)
+    assert wait_ended(box, job, BACK_IN_SERVICE_BOUND_S) == "COMPLETED", explain(box, job)
+    FIGURES["instance terminated from outside -> job done on a new instance s"] = time.monotonic() - gone
+    again = live(box, gpuplat_node=slurm(box, f"sacct -nXP -j {job} -o NodeList").strip())
+    assert again and again[0]["InstanceId"] != instance["InstanceId"]
 
 
 def test_g_idle_nodes_are_suspended_and_their_instances_terminated(box: Any) -> None:

@@ -262,6 +262,7 @@ def test_the_resume_program_may_launch_name_and_terminate(
     own = tag_context(instance_tags, "ResourceTag")
     assert allowed(controller, "ec2:TerminateInstances", arn("instance/i-00000000000000000"), own)
     assert allowed(controller, "ec2:DescribeInstances", "*", {})
+    assert allowed(controller, "ec2:DescribeInstanceStatus", "*", {})  # reconcile's scheduled events
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -214,7 +214,8 @@ def cluster_manager_statements(
     instances = scope.ec2("instance/*")
     statements: list[dict[str, Any]] = [
         {"Sid": "DiscoverInstances", "Effect": "Allow",
-         "Action": ["ec2:DescribeInstances", "autoscaling:DescribeAutoScalingInstances"], "Resource": "*"},
+         "Action": ["ec2:DescribeInstances", "ec2:DescribeInstanceStatus",
+                    "autoscaling:DescribeAutoScalingInstances"], "Resource": "*"},
         {"Sid": "LaunchFromStackTrainingTemplates", "Effect": "Allow", "Action": ["ec2:RunInstances"],
          "Resource": [templates],
          "Condition": {"StringEquals": {f"aws:ResourceTag/{TAG_STACK}": stack,

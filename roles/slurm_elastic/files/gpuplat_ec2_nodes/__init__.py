@@ -21,7 +21,7 @@ on the controller, from systemd timers:
 
   keep-static           keep the pools' static nodes up: power up those Slurm has powered down;
                         replace a DOWN one (terminate its instance, POWER_DOWN_FORCE; a later round
-                        powers it up). DRAIN/FAIL nodes are left to the administrator. A static node
+                        powers it up). A drained static node is reconcile's. A static node
                         that keeps needing this is retried with exponential back-off (base doubling up
                         to a bound), kept in <state_dir>/keep-static.json.
   reconcile             terminate the stack's fleet instances (tags gpuplat:stack and gpuplat:role
@@ -32,10 +32,18 @@ on the controller, from systemd timers:
                         down or powering down for at least the grace less one round (first seen in
                         <state_dir>/reconcile.json), (c) the other instances of a node that has a
                         live one (kept: the one at the node's NodeAddr, else the newest live one),
-                        older than the grace. Dynamic nodes a failed resume left DOWN+POWERED_DOWN
-                        (reason "ResumeTimeout reached", "gpuplat resume...") lose their instances and
-                        are set POWER_DOWN_FORCE. Every decision is logged; a failed termination is
-                        tried again next round. An orphan is gone within grace + timer interval.
+                        older than the grace. Unhealthy nodes are replaced (replacement.py, after
+                        ParallelCluster's clustermgtd): their instances terminated, the names set
+                        POWER_DOWN_FORCE (jobs requeued, back to power saving): dynamic nodes a failed
+                        resume left DOWN+POWERED_DOWN (reason "ResumeTimeout reached", "gpuplat
+                        resume..."), DOWN dynamic nodes, DRAINED nodes (drained and idle; not
+                        spot-watch's drain), nodes in service whose NodeAddr has no live instance
+                        behind it (terminated or stopped from outside: at once, not after
+                        SlurmdTimeout). A node whose instance has an EC2 scheduled event
+                        (instance-reboot, system-reboot, system-maintenance, instance-retirement,
+                        instance-stop) is drained, so it is replaced once its jobs end. Every
+                        decision is logged; a failed termination is tried again next round. An
+                        orphan is gone within grace + timer interval.
                         Then the pools' holds: a pool's boot-failure count starts again when one of its
                         nodes comes up; a held pool's idle powered-down dynamic names are set DOWN with
                         the hold as reason; names DOWN for a hold that is over are POWER_DOWN_FORCE'd.
@@ -131,8 +139,8 @@ Exit codes:
   3  a node name belongs to no configured pool (the other names were handled)
 
 The package: a module per command (resume.py: resume and resume-fail; suspend.py, keep_static.py,
-reconcile.py, teardown.py, spot_watch.py), the pools' holds (holds.py: pools, unprotect), the EC2
-and Slurm sides they share (ec2.py, slurm.py), the configuration (settings.py), hostlists
+reconcile.py and replacement.py, teardown.py, spot_watch.py), the pools' holds (holds.py: pools,
+unprotect), the EC2 and Slurm sides they share (ec2.py, slurm.py), the configuration (settings.py), hostlists
 (hostlist.py), state files (state.py), and the command line (cli.py, run as ``python3 -m
 gpuplat_ec2_nodes``). roles/slurm_elastic installs it in /usr/local/lib/gpuplat and, as the command
 gpuplat-ec2-nodes, a launcher that runs cli.main.

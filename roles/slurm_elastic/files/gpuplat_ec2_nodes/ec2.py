@@ -27,9 +27,14 @@ FLEET_ROLE = "train"
 LIVE_STATES = ("pending", "running")
 TERMINABLE_STATES = ("pending", "running", "stopping", "stopped")
 NOT_TERMINATED_STATES = (*TERMINABLE_STATES, "shutting-down")
-# EC2 accepts at most 200 values per describe filter, and 1000 instance IDs per TerminateInstances.
+# EC2 accepts at most 200 values per describe filter, 1000 instance IDs per TerminateInstances and 100
+# per DescribeInstanceStatus (EC2 API Reference, DescribeInstanceStatus, InstanceId.N).
 FILTER_VALUES_MAX = 200
 TERMINATE_MAX = 1000
+STATUS_IDS_MAX = 100
+# A scheduled event that is over stays listed, its description starting so (EC2 User Guide, "Scheduled
+# events for your instances": "[Completed]", "[Canceled]").
+EVENT_OVER_PREFIXES = ("[Completed]", "[Canceled]")
 
 ADDRESS_WAIT_S = 60.0
 ADDRESS_POLL_S = 2.0
@@ -227,6 +232,22 @@ class Ec2Nodes:
                     if instance.get("PrivateIpAddress"):
                         addresses[waiting[instance["InstanceId"]]] = instance["PrivateIpAddress"]
         return addresses
+
+    def scheduled_events(self, instance_ids: Sequence[str], codes: Sequence[str]) -> dict[str, str]:
+        """Each instance's first pending scheduled event of these codes, "CODE at TIME", by ID."""
+        events: dict[str, str] = {}
+        for batch in chunks(instance_ids, STATUS_IDS_MAX):
+            response = self.client.describe_instance_status(InstanceIds=batch)
+            for status in response.get("InstanceStatuses", []):
+                pending = [
+                    event for event in status.get("Events", [])
+                    if event.get("Code") in codes
+                    and not str(event.get("Description", "")).startswith(EVENT_OVER_PREFIXES)
+                ]  # fmt: skip
+                if pending:
+                    event = pending[0]
+                    events[status["InstanceId"]] = f"{event['Code']} at {event.get('NotBefore', 'unknown')}"
+        return events
 
     def terminate(self, instance_ids: Sequence[str]) -> list[str]:
         """Terminate the instances; the IDs that could not be terminated (logged).
