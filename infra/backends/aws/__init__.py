@@ -179,7 +179,7 @@ class AwsBackend:
             tags=tags,
             opts=pulumi.ResourceOptions(parent=bootstrap, ignore_changes=["value"]),
         )
-        identities = self._identities(platform, store, bootstrap_bucket, munge_key, tags)
+        identities = self._identities(platform, store, bootstrap_bucket, munge_key, network.vpc.arn, tags)
 
         filesystem_source: pulumi.Input[str] = ""
         outputs = common_outputs(platform)
@@ -437,6 +437,7 @@ class AwsBackend:
         store: ObjectStore,
         bootstrap_bucket: aws.s3.Bucket,
         munge_key: aws.ssm.Parameter,
+        vpc_arn: pulumi.Output[str],
         tags: dict[str, str],
     ) -> dict[str, NodeIdentity]:
         """One identity per pool role. Every role reads the bootstrap bundle; only the roles whose nodes
@@ -463,8 +464,10 @@ class AwsBackend:
                 parts.append(pulumi.Output.from_input(inference_node_statements(platform.name)))
             if role == controller_role and "train" in identities:
                 parts.append(
-                    pulumi.Output.all(identities["train"].role.arn, scope).apply(
-                        lambda values: cluster_manager_statements(platform.name, [values[0]], values[1], spot)
+                    pulumi.Output.all(identities["train"].role.arn, scope, vpc_arn).apply(
+                        lambda values: cluster_manager_statements(
+                            platform.name, [values[0]], values[1], values[2], spot
+                        )
                     )
                 )
             document = pulumi.Output.all(*parts).apply(
