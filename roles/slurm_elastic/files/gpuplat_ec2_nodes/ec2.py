@@ -145,11 +145,16 @@ class Ec2Nodes:
         ]
         return self.describe(filters)
 
-    def launch(self, pool: Pool, names: Sequence[str]) -> tuple[dict[str, dict[str, Any]], str | None]:
+    def launch(
+        self, pool: Pool, names: Sequence[str], all_or_nothing: bool = False
+    ) -> tuple[dict[str, dict[str, Any]], str | None]:
         """Launch one instance per name; the instances by name and the error code of those missing.
 
-        After a partial launch (EC2 may start fewer than MaxCount) the rest is asked for again, which
-        either starts more (each round at least one, so this ends) or fails with EC2's error code.
+        All or nothing: MinCount is the number of names, so EC2 starts all of them or none ("If Amazon
+        EC2 cannot launch the minimum number of instances you request, no instances will be launched":
+        EC2 API Reference, RunInstances, MinCount). Otherwise MinCount is 1: after a partial launch
+        (EC2 may start fewer than MaxCount) the rest is asked for again, which either starts more (each
+        round at least one, so this ends) or fails with EC2's error code.
         """
         launched: dict[str, dict[str, Any]] = {}
         remaining = list(names)
@@ -159,7 +164,7 @@ class Ec2Nodes:
                     self.launch_client.run_instances,
                     THROTTLING_CODES,
                     f"resume: pool {pool.name}: run_instances",
-                    **self.launch_request(pool, len(remaining)),
+                    **self.launch_request(pool, len(remaining), all_or_nothing),
                 )
             except ErrorTypes as err:
                 LOG.error(
@@ -182,7 +187,7 @@ class Ec2Nodes:
                     launched[name] = instance
         return launched, None if len(launched) == len(names) else "TaggingFailed"
 
-    def launch_request(self, pool: Pool, count: int) -> dict[str, Any]:
+    def launch_request(self, pool: Pool, count: int, all_or_nothing: bool = False) -> dict[str, Any]:
         tags = [
             {"Key": TAG_STACK, "Value": self.stack},
             {"Key": TAG_POOL, "Value": pool.name},
@@ -190,7 +195,7 @@ class Ec2Nodes:
         ]
         request: dict[str, Any] = {
             "LaunchTemplate": {"LaunchTemplateId": pool.launch_template_id, "Version": "$Latest"},
-            "MinCount": 1,
+            "MinCount": count if all_or_nothing else 1,
             "MaxCount": count,
             "TagSpecifications": [{"ResourceType": "instance", "Tags": tags}],
         }
