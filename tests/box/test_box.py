@@ -11,9 +11,12 @@ c  a spot notice while a trainer runs in the batch step of a requeueable job (as
 d  a two-node job on capacity for one: nothing is launched (all or nothing), the names return to power
    saving, the job runs on the next attempt
 e  a node that never finishes booting (past ResumeTimeout) comes back to power saving, not DOWN
-f  a stray instance of the stack that Slurm does not know is terminated by the reconciler (its log says so)
-i  an instance terminated from outside: its job is requeued within REQUEUE_BOUND_S and done on a new
-   instance of the same name within BACK_IN_SERVICE_BOUND_S
+f  a stray instance of the stack that Slurm does not know, and one of a pool removed from the stack, are
+   terminated by the reconciler (its log says so)
+i  a job user on a training node gets no IMDS token (so no instance credentials for the MUNGE key in
+   SSM) and cannot read the key file; then the node's instance is terminated from outside: its job is
+   requeued within REQUEUE_BOUND_S and done on a new instance of the same name within
+   BACK_IN_SERVICE_BOUND_S
 g  idle nodes are suspended and their instances terminated
 h  teardown leaves no instance of the stack
 
@@ -34,6 +37,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from tests.box.box import box_substitutes
 from tests.slurm_states import JOB_ENDED
 
 pytestmark = pytest.mark.box
@@ -247,7 +251,7 @@ def test_c_a_spot_notice_requeues_the_job_which_completes_on_a_replacement(box: 
 
 
 C_CHECKPOINT = f"{CHECKPOINTS}/box-c-checkpoint"
-SPOT_GRACE_S = 90  # slurm_elastic_spot_grace_s
+SPOT_GRACE_S = box_substitutes("", 0)["slurm_elastic_spot_grace_s"]
 # c's job: a stand-in for torchrun in the batch step (the box has no torch: tests/box/stack.yaml). It
 # counts steps; on SIGTERM it writes its step and the time, then exits 0, as a checkpointing trainer
 # does; started again with a checkpoint, it resumes from it and ends.
@@ -280,17 +284,27 @@ def launch_stray(box: Any) -> None:
             {"Key": "gpuplat:stack", "Value": box.platform.name}, {"Key": "gpuplat:pool", "Value": "spot"},
             {"Key": "gpuplat:node", "Value": "spot-7"}]}],
     )["Instances"][0]["InstanceId"]  # fmt: skip
-    STRAY.update(instance=stray, since=time.monotonic())
+    # and one of a pool removed from the stack (its names no longer in slurm.conf): found by the stack's
+    # tags alone
+    removed = box.ec2_api.run_instances(
+        LaunchTemplate={"LaunchTemplateId": box.stack.templates["spot"], "Version": "$Latest"},
+        MinCount=1, MaxCount=1,
+        TagSpecifications=[{"ResourceType": "instance", "Tags": [
+            {"Key": "gpuplat:stack", "Value": box.platform.name}, {"Key": "gpuplat:pool", "Value": "removed"},
+            {"Key": "gpuplat:role", "Value": "train"}, {"Key": "gpuplat:node", "Value": "removed-0"}]}],
+    )["Instances"][0]["InstanceId"]  # fmt: skip
+    STRAY.update(instance=stray, removed=removed, since=time.monotonic())
 
 
 def test_f_a_stray_instance_is_terminated_by_the_reconciler(box: Any) -> None:
     stray, since = STRAY["instance"], STRAY["since"]
     wait_for(f"stray {stray} terminated", lambda: terminated(box, stray), 240 - (time.monotonic() - since))
     FIGURES["stray instance -> terminated s"] = time.monotonic() - since
-    assert (
-        f"reconcile: terminating {stray} (spot-7): is named for a node Slurm does not know"
-        in controller_log(box)
-    )
+    removed = STRAY["removed"]
+    wait_for(f"removed pool's {removed} terminated", lambda: terminated(box, removed), 60)
+    log = controller_log(box)
+    assert f"reconcile: terminating {stray} (spot-7): is named for a node Slurm does not know" in log
+    assert f"reconcile: terminating {removed} (removed-0): is named for a node Slurm does not know" in log
 
 
 def test_e_a_node_that_never_boots_comes_back_to_power_saving(box: Any) -> None:
@@ -355,6 +369,7 @@ def test_i_an_instance_terminated_from_outside_requeues_its_job_and_the_name_com
     wait_for(f"job {job} running", lambda: job_state(box, job) == "RUNNING" or None, BOOT_DEADLINE_S)
     node = slurm(box, f"squeue -h -j {job} -o %N").strip()
     [instance] = live(box, gpuplat_node=node)
+    a_job_user_gets_no_credentials_and_no_munge_key(box, instance["InstanceId"])
     box.ec2.terminate_instances(InstanceIds=[instance["InstanceId"]])
     gone = time.monotonic()
 
@@ -371,6 +386,26 @@ def test_i_an_instance_terminated_from_outside_requeues_its_job_and_the_name_com
     assert again and again[0]["InstanceId"] != instance["InstanceId"]
 
 
+# A token request as IMDSv2 takes it, printing the HTTP status or the error.
+TOKEN_PUT = (
+    "import urllib.request as u\n"
+    "r = u.Request('http://169.254.169.254/latest/api/token', method='PUT',"
+    " headers={'X-aws-ec2-metadata-token-ttl-seconds': '60'})\n"
+    "try:\n    print(u.urlopen(r, timeout=3).status)\nexcept Exception as e:\n    print('refused', e)\n"
+)
+
+
+def a_job_user_gets_no_credentials_and_no_munge_key(box: Any, instance_id: str) -> None:
+    """On a training node running alice's job: root gets an IMDS token, alice none (imds_guard's
+    nftables table), so no instance credentials to read the key from SSM; nor the key file."""
+    put = f"python3 -c {shlex.quote(TOKEN_PUT)}"
+    assert box.sh(instance_id, put).strip() == "200"
+    assert box.sh(instance_id, f"su alice -c {shlex.quote(put)}").startswith("refused")
+    assert "Permission denied" in box.sh(
+        instance_id, "su alice -c 'cat /etc/munge/munge.key' 2>&1", check=False
+    )
+
+
 def test_g_idle_nodes_are_suspended_and_their_instances_terminated(box: Any) -> None:
     start = time.monotonic()
     wait_for(
@@ -384,9 +419,13 @@ def test_h_teardown_leaves_no_instance_of_the_stack(box: Any) -> None:
     submit(box, "sleep 600")
     wait_for("a training instance", lambda: live(box, gpuplat_pool="spot") or None, 120)
     slurm(box, "systemctl stop slurmctld")  # the controllers go first: nothing launches during teardown
+    start = time.monotonic()
     program = box.teardown()
+    FIGURES["teardown -> nothing left s"] = time.monotonic() - start
     assert program.returncode == 0, program.stdout + program.stderr
-    assert not box.instances("pending", "running", "stopping", "stopped", gpuplat_pool="spot")
+    assert not box.instances(
+        "pending", "running", "shutting-down", "stopping", "stopped", gpuplat_pool="spot"
+    )
     box.ec2.terminate_instances(InstanceIds=list(box.stack.controllers.values()))  # pulumi destroy's part
     assert not box.instances("pending", "running", "stopping", "stopped", gpuplat_stack=box.platform.name)
     print("\nbox figures: " + ", ".join(f"{k} {v:.0f}" for k, v in FIGURES.items()))
