@@ -112,6 +112,15 @@ def test_a_node_whose_instance_is_gone_is_powered_down_at_once(
         "train-spot-2": f"{REPLACED}: no live instance at NodeAddr {addresses[1]}",
     }
     assert cloud.state(stopped) == "terminated"
+    updates = [call[2:4] for call in slurm.calls() if call[:2] == ["scontrol", "update"]]
+    # DOWN first: the job leaves the dead node (else COMPLETING there until SlurmdTimeout), then back
+    # to power saving
+    assert updates == [
+        ["nodename=train-spot-1", "state=down"],
+        ["nodename=train-spot-2", "state=down"],
+        ["nodename=train-spot-1", "state=power_down_force"],
+        ["nodename=train-spot-2", "state=power_down_force"],
+    ]
 
 
 class EventfulEc2(RecordingEc2):

@@ -46,6 +46,7 @@ SCHEDULED_EVENT_CODES = (
 class Unhealthy:
     node: str
     why: str  # also the node's reason in Slurm
+    down: bool = True  # DOWN in Slurm already
 
 
 def is_failed_resume(node: NodeInfo) -> bool:
@@ -97,14 +98,21 @@ def find_unhealthy(
         if pool_of(name, settings.pools):
             why = unhealthy_reason(node, name in static, live.get(name, []))
             if why:
-                found.append(Unhealthy(name, why))
+                found.append(Unhealthy(name, why, "DOWN" in node.flags))
     return found
 
 
 def replace_unhealthy(
     ec2: Ec2Nodes, slurm: Slurm, unhealthy: list[Unhealthy], instances: list[dict[str, Any]]
 ) -> bool:
-    """Terminate the nodes' instances, then POWER_DOWN_FORCE them with the rule as reason."""
+    """Terminate the nodes' instances, set DOWN those that are not, then POWER_DOWN_FORCE them all
+    with the rule as reason.
+
+    DOWN first: a job still on a node whose instance is gone would otherwise stay COMPLETING there
+    (no slurmd answers the kill), and the node with it, until SlurmdTimeout and beyond (seen in the
+    box: IDLE+COMPLETING+POWER_DOWN+NOT_RESPONDING). Setting a node DOWN requeues or ends its jobs
+    (node_mgr.c update_node: kill_running_job_by_node_name) and counts a DOWN node's part of a
+    completing job as done (job_mgr.c re_kill_job, deallocate_nodes)."""
     if not unhealthy:
         return True
     names = {u.node for u in unhealthy}
@@ -115,7 +123,12 @@ def replace_unhealthy(
     by_reason: dict[str, list[str]] = {}
     for entry in unhealthy:
         by_reason.setdefault(entry.why, []).append(entry.node)
-    released = [slurm.power_down_force(group, why) for why, group in by_reason.items()]
+    up: dict[str, list[str]] = {}
+    for entry in unhealthy:
+        if not entry.down:
+            up.setdefault(entry.why, []).append(entry.node)
+    downed = [slurm.set_down(group, why) for why, group in up.items()]
+    released = downed + [slurm.power_down_force(group, why) for why, group in by_reason.items()]
     return all(released) and not failed
 
 
