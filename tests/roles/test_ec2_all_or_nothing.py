@@ -148,6 +148,11 @@ def test_the_resume_file_as_slurm_writes_it(tmp_path: Path, caplog: pytest.LogCa
         ResumeJob("140815", ("train-0",)),
     ]
     assert read_resume_file(None) == []
+    # Slurm 21.08 and 22.05 write "nodes" (the box's Debian 12 has 22.05: seen there)
+    path.write_text(
+        json.dumps({"all_nodes": "train-spot-[1-2]", "jobs": [{"job_id": 4, "nodes": "train-spot-[1-2]"}]})
+    )
+    assert read_resume_file(str(path)) == [ResumeJob("4", ("train-spot-1", "train-spot-2"))]
     for text in ("{not json", json.dumps({"jobs": [{"job_id": 1}]}), json.dumps([1])):
         path.write_text(text)
         assert read_resume_file(str(path)) == []
