@@ -366,7 +366,13 @@ def test_i_an_instance_terminated_from_outside_requeues_its_job_and_the_name_com
     instance and replaces it in its next round (ParallelCluster's is_backing_instance_valid)."""
     marker = f"{CHECKPOINTS}/box-i-first-run"
     job = submit(box, f"if [ -e {marker} ]; then echo again; else touch {marker}; sleep 900; fi", "--requeue")
-    wait_for(f"job {job} running", lambda: job_state(box, job) == "RUNNING" or None, BOOT_DEADLINE_S)
+    # squeue's RUNNING, not CONFIGURING (sacct says RUNNING for both): the node has booted and is in
+    # service. An instance gone while its node is still powering up is resume-fail's, at ResumeTimeout.
+    wait_for(
+        f"job {job} running",
+        lambda: slurm(box, f"squeue -h -j {job} -o %T", False).strip() == "RUNNING" or None,
+        BOOT_DEADLINE_S,
+    )
     node = slurm(box, f"squeue -h -j {job} -o %N").strip()
     [instance] = live(box, gpuplat_node=node)
     a_job_user_gets_no_credentials_and_no_munge_key(box, instance["InstanceId"])
