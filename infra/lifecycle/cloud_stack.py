@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from infra.errors import EnvironmentProblem, ExitCode, GpuPlatError, SpecError
+from infra.lifecycle.fleet_holds import FleetHolds
 from infra.platform.resolve import ResolvedPlatform
 from infra.spec.load import PROJECT_ROOT
 
@@ -66,6 +67,7 @@ class CloudStatus:
     last_result: str | None
     resource_changes: dict[str, int]
     outputs: dict[str, Any]
+    holds: FleetHolds | None = None  # aws Slurm stacks: each training pool's hold (fleet_holds.py)
 
 
 def require_pulumi(platform: ResolvedPlatform, action: str) -> None:

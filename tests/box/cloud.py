@@ -123,7 +123,7 @@ def declare(
             stack=platform.name,
             region=str(spec.region),
             bucket=bucket,
-            bundle_key=key,
+            bundle_key="" if node else key,  # controllers: the group vars' (infra/backends/aws/__init__.py)
             inventory=node_inventory(platform, platform.pool(pool_name)),
             os_release=os_release(spec),
             node_name=node,
@@ -155,7 +155,7 @@ def declare(
 
     controller = platform.controller_pool
     addresses = controller_addresses(controller.node_names(), [zone], {zone: subnet_cidr})
-    group_vars = {**node_group_vars(platform, "", addresses, templates, {}), **substitutes}
+    group_vars = {**node_group_vars(platform, "", addresses, templates, {}, key), **substitutes}
     s3.put_object(Bucket=bucket, Key=GROUP_VARS_KEY, Body=json.dumps(group_vars, indent=1).encode())
 
     controllers: dict[str, str] = {}

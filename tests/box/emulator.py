@@ -1,7 +1,8 @@
 """The AWS API of the box: moto in server mode on loopback, and in front of it a proxy on the box
 network's gateway address that the instances use as their endpoint. The proxy forwards every request
 unchanged, except where a test armed a fault for an EC2 action: then it answers what EC2 answers for
-that fault (moto never fails for capacity).
+that fault (moto never fails for capacity), and RunInstances, which it has start as many instances as
+EC2 would (moto starts exactly MinCount) within the capacity a test left.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class Faults:
 
     armed: dict[str, list[Any]] = field(default_factory=dict)
     seen: list[str] = field(default_factory=list)
+    capacity: int | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def arm(self, action: str, code: str, times: int = 1) -> None:
@@ -58,6 +60,24 @@ class Faults:
     def count(self, action: str) -> int:
         with self.lock:
             return self.seen.count(action)
+
+    def limit_capacity(self, instances: int | None) -> None:
+        """Instances RunInstances can still start (None: no limit)."""
+        with self.lock:
+            self.capacity = instances
+
+    def launch_count(self, min_count: int, max_count: int) -> int | None:
+        """How many instances a RunInstances for MinCount..MaxCount starts, as EC2 decides: as many as it
+        can up to MaxCount, none (None: InsufficientInstanceCapacity) when that is below MinCount (EC2
+        API Reference, RunInstances, MinCount). moto starts exactly MinCount, so the proxy asks it for
+        this many."""
+        with self.lock:
+            available = max_count if self.capacity is None else min(max_count, self.capacity)
+            if available < min_count:
+                return None
+            if self.capacity is not None:
+                self.capacity -= available
+            return available
 
 
 class MotoServer:
@@ -126,6 +146,18 @@ def template_network(ec2: Any, body: bytes) -> bytes:
     return body + ("&" + urllib.parse.urlencode(extra)).encode() if extra else body
 
 
+def launch_as_ec2(body: bytes, faults: Faults) -> tuple[bytes, str | None]:
+    """A RunInstances form rewritten so that moto starts what EC2 would (Faults.launch_count), or the
+    capacity error EC2 answers instead."""
+    form = urllib.parse.parse_qs(body.decode(), keep_blank_values=True)
+    min_count, max_count = int(form["MinCount"][0]), int(form["MaxCount"][0])
+    count = faults.launch_count(min_count, max_count)
+    if count is None:
+        return body, "InsufficientInstanceCapacity"
+    form["MinCount"] = form["MaxCount"] = [str(count)]
+    return urllib.parse.urlencode(form, doseq=True).encode(), None
+
+
 class FaultProxy:
     """Forwards to moto; answers an armed fault instead for the matching EC2 action, and completes
     RunInstances requests from their launch template (`template_network`)."""
@@ -144,6 +176,8 @@ class FaultProxy:
                 body = self.rfile.read(length) if length else b""
                 action = ec2_action(body, urllib.parse.urlsplit(self.path).query)
                 fault = faults.take(action) if action else None
+                if fault is None and action == "RunInstances":
+                    body, fault = launch_as_ec2(body, faults)
                 if fault is not None:
                     payload = _FAULT_BODY.format(code=fault, message=f"box: injected {fault}").encode()
                     self.send_response(FAULT_STATUS.get(fault, 400))

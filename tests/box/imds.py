@@ -3,7 +3,8 @@ network's bridge on the host. Containers reach it through their default route, a
 real one; the caller's source address says which instance asks (its private IP in the emulator).
 
 Served, as EC2 serves them (EC2 User Guide, "Instance metadata categories"): api/token (PUT, required:
-the launch templates set http_tokens required), instance-id, local-ipv4, placement/availability-zone,
+the launch templates set http_tokens required; a token lives for the TTL it was asked for, 1 to 21600 s,
+and only on the instance that asked), instance-id, local-ipv4, placement/availability-zone,
 tags/instance and tags/instance/<key> (read live from the emulator, so tags set after launch show),
 iam/security-credentials/<role> (the instance profile's role, with keys the emulator accepts), and
 spot/instance-action once a test has set a notice (404 before, as on EC2). Tags only where the
@@ -30,6 +31,21 @@ IMDS_ADDRESS = "169.254.169.254"
 DESCRIBE_TTL_S = 2.0
 
 
+# IMDSv2 session tokens live 1 s to 6 h, as the PUT's TTL header asks; other values are refused (EC2 User
+# Guide, "Use the Instance Metadata Service to access instance metadata": "a minimum of one second, and a
+# maximum of six hours (21,600 seconds)"), and a token works only on the instance it was issued to.
+TOKEN_TTL_MIN_S = 1
+TOKEN_TTL_MAX_S = 21600
+
+
+def token_ttl(header: str | None) -> int | None:
+    """The TTL the PUT asks for, or None where EC2 answers 400 (missing, not a number, out of range)."""
+    if header is None or not header.strip().isdigit():
+        return None
+    ttl = int(header)
+    return ttl if TOKEN_TTL_MIN_S <= ttl <= TOKEN_TTL_MAX_S else None
+
+
 class InstanceMetadata:
     def __init__(
         self, describe: Callable[[str], dict[str, Any] | None], port: int = 80, address: str = IMDS_ADDRESS
@@ -38,7 +54,7 @@ class InstanceMetadata:
         program on this host binds it to loopback (`address`, port 0: any free port)."""
         self._describe = describe
         self._described: dict[str, tuple[float, dict[str, Any] | None]] = {}
-        self.tokens: set[str] = set()
+        self.tokens: dict[str, tuple[str, float]] = {}  # token -> the address it was issued to, its end
         self.notices: dict[str, dict[str, str]] = {}
         self.lifecycle: dict[str, str] = {}  # instance id -> autoscaling/target-lifecycle-state
         self.lock = threading.Lock()
@@ -61,19 +77,24 @@ class InstanceMetadata:
             def do_PUT(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 self.rfile.read(length)
-                if self.path != "/latest/api/token" or not self.headers.get(
-                    "X-aws-ec2-metadata-token-ttl-seconds"
-                ):
+                ttl = token_ttl(self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"))
+                if self.path != "/latest/api/token" or ttl is None:
                     self._send(400)
                     return
                 token = secrets.token_urlsafe(24)
                 with box.lock:
-                    box.tokens.add(token)
+                    box.tokens[token] = (self.client_address[0], time.monotonic() + ttl)
                 self._send(200, token)
 
             def do_GET(self) -> None:
                 with box.lock:
-                    valid = self.headers.get("X-aws-ec2-metadata-token") in box.tokens
+                    issued = box.tokens.get(self.headers.get("X-aws-ec2-metadata-token") or "")
+                # A token is good until its TTL, and only on the instance that asked for it.
+                valid = (
+                    issued is not None
+                    and issued[0] == self.client_address[0]
+                    and time.monotonic() < issued[1]
+                )
                 if not valid:
                     self._send(401)
                     return
@@ -149,3 +170,8 @@ class InstanceMetadata:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+# Not modelled: the PUT response's IP hop limit (http_put_response_hop_limit 1 keeps containers on a
+# node from the token; the box's instances are containers one hop from the host, so every answer
+# arrives); the credentials path answers the instance profile's name where EC2 answers the role's.

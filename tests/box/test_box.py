@@ -5,11 +5,18 @@ a  the controller boots from its user data alone; slurmctld and slurmdbd serve
 b  a job for a powered-down pool: slurmctld runs the real resume program, an instance boots, takes its
    name, joins, and the job runs; then the pool's image is taken from that node (image_seal.sh), so
    the later launches boot it and only configure themselves
-c  a spot notice on the node of a requeueable job: the job is requeued (never FAILED) and completes on
-   a replacement instance
-d  RunInstances fails for capacity: the names return to power saving, the job runs on the next attempt
+c  a spot notice while a trainer runs in the batch step of a requeueable job (as torchrun in the script,
+   not under srun): it gets SIGTERM within the grace and checkpoints; the job is requeued (never
+   FAILED) and resumes from the checkpoint on a replacement instance
+d  a two-node job on capacity for one: nothing is launched (all or nothing), the names return to power
+   saving, the job runs on the next attempt
 e  a node that never finishes booting (past ResumeTimeout) comes back to power saving, not DOWN
-f  a stray instance of the stack that Slurm does not know is terminated by the reconciler
+f  a stray instance of the stack that Slurm does not know, and one of a pool removed from the stack, are
+   terminated by the reconciler (its log says so)
+i  a job user on a training node gets no IMDS token (so no instance credentials for the MUNGE key in
+   SSM) and cannot read the key file; then the node's instance is terminated from outside: its job is
+   requeued within REQUEUE_BOUND_S and done on a new instance of the same name within
+   BACK_IN_SERVICE_BOUND_S
 g  idle nodes are suspended and their instances terminated
 h  teardown leaves no instance of the stack
 
@@ -30,6 +37,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from tests.box.box import box_substitutes
 from tests.slurm_states import JOB_ENDED
 
 pytestmark = pytest.mark.box
@@ -103,6 +111,22 @@ def node_states(box: Any) -> dict[str, str]:
 
 def live(box: Any, **tags: str) -> list[dict[str, Any]]:
     return list(box.instances("pending", "running", **tags))
+
+
+def state_of(box: Any, instance_id: str) -> str:
+    """The instance's state as EC2 has it: "terminated" is the end; stopped or shutting-down still are
+    instances (a stopped one keeps its volumes and addresses)."""
+    [reservation] = box.ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]
+    return str(reservation["Instances"][0]["State"]["Name"])
+
+
+def terminated(box: Any, instance_id: str) -> bool | None:
+    return state_of(box, instance_id) == "terminated" or None
+
+
+def controller_log(box: Any) -> str:
+    """The node program's log on the controller: which of its commands did what."""
+    return slurm(box, "cat /var/log/gpuplat/ec2-nodes.log")
 
 
 def tag(instance: dict[str, Any], key: str) -> str:
@@ -179,10 +203,8 @@ def test_e_held_a_node_whose_boot_never_finishes(box: Any) -> None:
 
 def test_c_a_spot_notice_requeues_the_job_which_completes_on_a_replacement(box: Any) -> None:
     launch_stray(box)  # f's stray lives out its grace while c runs
-    marker = f"{CHECKPOINTS}/box-c-first-run"
     # Pinned: the held node is requeued and boots again during c, and must not take c's job.
-    script = f"if [ -e {marker} ]; then echo resumed; else touch {marker}; sleep 900; fi"
-    job = submit(box, script, "--requeue -w spot-0")
+    job = submit(box, f"python3 -c {shlex.quote(TRAINER)}; echo trainer exited $?", "--requeue -w spot-0")
     wait_for(
         f"job {job} running",
         lambda: "RUNNING" in slurm(box, f"squeue -h -j {job} -o %T", False) or None,
@@ -190,13 +212,23 @@ def test_c_a_spot_notice_requeues_the_job_which_completes_on_a_replacement(box: 
     )
     node = slurm(box, f"squeue -h -j {job} -o %N").strip()
     first = live(box, gpuplat_node=node)[0]["InstanceId"]
-    box.imds.interrupt(first, datetime.datetime.now(datetime.UTC) + datetime.timedelta(minutes=2))
-    noticed = time.monotonic()
     wait_for(
-        f"{first} terminated",
-        lambda: all(i["InstanceId"] != first for i in live(box, gpuplat_pool="spot")) or None,
-        240,
+        "the trainer training", lambda: "training" in slurm(box, f"cat {CHECKPOINTS}/slurm-{job}.out"), 60
     )
+    box.imds.interrupt(first, datetime.datetime.now(datetime.UTC) + datetime.timedelta(minutes=2))
+    noticed, noticed_at = time.monotonic(), time.time()
+    # The trainer runs in the batch step, as torchrun started by the script does (not under srun): the
+    # notice's SIGTERM reaches it within the grace, not at its end, when the node is powered down.
+    written = wait_for("the checkpoint", lambda: slurm(box, f"cat {C_CHECKPOINT}", check=False).strip(), 120)
+    FIGURES["spot notice -> checkpoint written s"] = float(written.split()[1]) - noticed_at
+    assert FIGURES["spot notice -> checkpoint written s"] < SPOT_GRACE_S
+    wait_for(
+        f"job {job} requeued",
+        lambda: slurm(box, f"squeue -h -j {job} -o %T", False).strip() == "PENDING" or None,
+        SPOT_GRACE_S + 120,
+    )
+    FIGURES["spot notice -> requeued s"] = time.monotonic() - noticed
+    wait_for(f"{first} terminated", lambda: terminated(box, first), 240)
     FIGURES["spot notice -> instance terminated s"] = time.monotonic() - noticed
     # A requeued job waits for its old credential to expire before it is scheduled again
     # (job_mgr.c batch_requeue_fini: BeginTime = now + cred_expire + 1).
@@ -212,8 +244,35 @@ def test_c_a_spot_notice_requeues_the_job_which_completes_on_a_replacement(box: 
     assert wait_ended(box, job) == "COMPLETED", explain(box, job)
     restarts = slurm(box, f"scontrol -o show job {job}").split("Restarts=")[1].split()[0]
     assert int(restarts) >= 1, explain(box, job)  # requeued once, then completed: never FAILED
+    step = written.split()[0]
+    assert f"resumed from step {step}" in slurm(box, f"cat {CHECKPOINTS}/slurm-{job}.out"), explain(box, job)
     replacement = live(box, gpuplat_node=slurm(box, f"sacct -nXP -j {job} -o NodeList").strip())
     assert replacement and replacement[0]["InstanceId"] != first
+
+
+C_CHECKPOINT = f"{CHECKPOINTS}/box-c-checkpoint"
+SPOT_GRACE_S = box_substitutes("", 0)["slurm_elastic_spot_grace_s"]
+# c's job: a stand-in for torchrun in the batch step (the box has no torch: tests/box/stack.yaml). It
+# counts steps; on SIGTERM it writes its step and the time, then exits 0, as a checkpointing trainer
+# does; started again with a checkpoint, it resumes from it and ends.
+TRAINER = f"""
+import os, signal, sys, time
+path = {C_CHECKPOINT!r}
+if os.path.exists(path):
+    print("resumed from step", open(path).read().split()[0], flush=True)
+    sys.exit(0)
+step = 0
+def checkpoint(*_):
+    with open(path + ".tmp", "w") as out:
+        out.write(f"{{step}} {{time.time()}}")
+    os.rename(path + ".tmp", path)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, checkpoint)
+print("training", flush=True)
+while True:
+    step += 1
+    time.sleep(0.5)
+"""
 
 
 def launch_stray(box: Any) -> None:
@@ -225,17 +284,27 @@ def launch_stray(box: Any) -> None:
             {"Key": "gpuplat:stack", "Value": box.platform.name}, {"Key": "gpuplat:pool", "Value": "spot"},
             {"Key": "gpuplat:node", "Value": "spot-7"}]}],
     )["Instances"][0]["InstanceId"]  # fmt: skip
-    STRAY.update(instance=stray, since=time.monotonic())
+    # and one of a pool removed from the stack (its names no longer in slurm.conf): found by the stack's
+    # tags alone
+    removed = box.ec2_api.run_instances(
+        LaunchTemplate={"LaunchTemplateId": box.stack.templates["spot"], "Version": "$Latest"},
+        MinCount=1, MaxCount=1,
+        TagSpecifications=[{"ResourceType": "instance", "Tags": [
+            {"Key": "gpuplat:stack", "Value": box.platform.name}, {"Key": "gpuplat:pool", "Value": "removed"},
+            {"Key": "gpuplat:role", "Value": "train"}, {"Key": "gpuplat:node", "Value": "removed-0"}]}],
+    )["Instances"][0]["InstanceId"]  # fmt: skip
+    STRAY.update(instance=stray, removed=removed, since=time.monotonic())
 
 
 def test_f_a_stray_instance_is_terminated_by_the_reconciler(box: Any) -> None:
     stray, since = STRAY["instance"], STRAY["since"]
-    wait_for(
-        f"stray {stray} terminated",
-        lambda: all(i["InstanceId"] != stray for i in live(box)) or None,
-        240 - (time.monotonic() - since),
-    )
+    wait_for(f"stray {stray} terminated", lambda: terminated(box, stray), 240 - (time.monotonic() - since))
     FIGURES["stray instance -> terminated s"] = time.monotonic() - since
+    removed = STRAY["removed"]
+    wait_for(f"removed pool's {removed} terminated", lambda: terminated(box, removed), 60)
+    log = controller_log(box)
+    assert f"reconcile: terminating {stray} (spot-7): is named for a node Slurm does not know" in log
+    assert f"reconcile: terminating {removed} (removed-0): is named for a node Slurm does not know" in log
 
 
 def test_e_a_node_that_never_boots_comes_back_to_power_saving(box: Any) -> None:
@@ -261,14 +330,86 @@ def test_e_a_node_that_never_boots_comes_back_to_power_saving(box: Any) -> None:
     )
 
 
-def test_d_a_launch_without_capacity_returns_the_name_and_the_job_runs_on_the_next_attempt(box: Any) -> None:
+def test_d_a_two_node_job_on_capacity_for_one_launches_nothing_and_runs_on_the_next_attempt(box: Any) -> None:
+    """All or nothing per job (SLURM_RESUME_FILE): with capacity for one instance, the job's two names
+    are asked for in one RunInstances with MinCount 2, which EC2 refuses whole; no instance idles
+    waiting for the other. The capacity cool-down (60 s in the box) holds the one pool, then the job
+    runs on the next attempt."""
+    wait_for(  # both names must be launched by this job: none still up from c
+        "every node powered down", lambda: all(s == "idle~" for s in node_states(box).values()) or None, 300
+    )
     launches = box.faults.count("RunInstances")
-    box.faults.arm("RunInstances", "InsufficientInstanceCapacity", times=1)
-    job = submit(box, "srun hostname", "-N 2")  # both names are launched in one RunInstances
+    before = {i["InstanceId"] for i in box.instances()}
+    box.faults.limit_capacity(1)
+    job = submit(box, "srun hostname", "-N 2")
     wait_for("the failed launch", lambda: box.faults.count("RunInstances") > launches or None, 180)
+    failed_at = time.monotonic()
+    time.sleep(5)  # a best-effort resume would have its one instance by now
+    assert {i["InstanceId"] for i in box.instances()} == before, "an instance launched for part of the job"
+    box.faults.limit_capacity(None)
+    assert "resume: pool spot: run_instances for spot-0,spot-1 failed" in controller_log(box)
     assert wait_ended(box, job) == "COMPLETED", explain(box, job)
-    assert box.faults.count("RunInstances") >= launches + 2
-    assert "InsufficientInstanceCapacity" in slurm(box, "cat /var/log/gpuplat/ec2-nodes.log")
+    FIGURES["capacity error -> job done on the next attempt s"] = time.monotonic() - failed_at
+    assert "InsufficientInstanceCapacity" in controller_log(box)
+
+
+# i: reconcile's round (slurm_elastic_reconcile_interval_s, 20 s in the box) and the round's own time.
+REQUEUE_BOUND_S = 60
+# i: the requeued job's credential wait (cred_expire 30 s + 1), a resume and a boot from the pool image
+# (35 to 72 s measured), slurmd's registration.
+BACK_IN_SERVICE_BOUND_S = 300
+
+
+def test_i_an_instance_terminated_from_outside_requeues_its_job_and_the_name_comes_back(box: Any) -> None:
+    """Terminated from outside (the console, a reclaim without notice): Slurm alone would wait for
+    slurmd to stop answering, then SlurmdTimeout; reconcile sees a node in service without a live
+    instance and replaces it in its next round (ParallelCluster's is_backing_instance_valid)."""
+    marker = f"{CHECKPOINTS}/box-i-first-run"
+    job = submit(box, f"if [ -e {marker} ]; then echo again; else touch {marker}; sleep 900; fi", "--requeue")
+    # squeue's RUNNING, not CONFIGURING (sacct says RUNNING for both): the node has booted and is in
+    # service. An instance gone while its node is still powering up is resume-fail's, at ResumeTimeout.
+    wait_for(
+        f"job {job} running",
+        lambda: slurm(box, f"squeue -h -j {job} -o %T", False).strip() == "RUNNING" or None,
+        BOOT_DEADLINE_S,
+    )
+    node = slurm(box, f"squeue -h -j {job} -o %N").strip()
+    [instance] = live(box, gpuplat_node=node)
+    a_job_user_gets_no_credentials_and_no_munge_key(box, instance["InstanceId"])
+    box.ec2.terminate_instances(InstanceIds=[instance["InstanceId"]])
+    gone = time.monotonic()
+
+    def requeued() -> bool | None:
+        restarts = re.search(r"Restarts=(\d+)", slurm(box, f"scontrol -o show job {job}", check=False))
+        return (restarts is not None and int(restarts.group(1)) >= 1) or None
+
+    wait_for(f"job {job} requeued", requeued, REQUEUE_BOUND_S, every_s=1)
+    FIGURES["instance terminated from outside -> job requeued s"] = time.monotonic() - gone
+    assert f"reconcile: replacing {node}: gpuplat reconcile: replaced" in controller_log(box)
+    assert wait_ended(box, job, BACK_IN_SERVICE_BOUND_S) == "COMPLETED", explain(box, job)
+    FIGURES["instance terminated from outside -> job done on a new instance s"] = time.monotonic() - gone
+    again = live(box, gpuplat_node=slurm(box, f"sacct -nXP -j {job} -o NodeList").strip())
+    assert again and again[0]["InstanceId"] != instance["InstanceId"]
+
+
+# A token request as IMDSv2 takes it, printing the HTTP status or the error.
+TOKEN_PUT = (
+    "import urllib.request as u\n"
+    "r = u.Request('http://169.254.169.254/latest/api/token', method='PUT',"
+    " headers={'X-aws-ec2-metadata-token-ttl-seconds': '60'})\n"
+    "try:\n    print(u.urlopen(r, timeout=3).status)\nexcept Exception as e:\n    print('refused', e)\n"
+)
+
+
+def a_job_user_gets_no_credentials_and_no_munge_key(box: Any, instance_id: str) -> None:
+    """On a training node running alice's job: root gets an IMDS token, alice none (imds_guard's
+    nftables table), so no instance credentials to read the key from SSM; nor the key file."""
+    put = f"python3 -c {shlex.quote(TOKEN_PUT)}"
+    assert box.sh(instance_id, put).strip() == "200"
+    assert box.sh(instance_id, f"su alice -c {shlex.quote(put)}").startswith("refused")
+    assert "Permission denied" in box.sh(
+        instance_id, "su alice -c 'cat /etc/munge/munge.key' 2>&1", check=False
+    )
 
 
 def test_g_idle_nodes_are_suspended_and_their_instances_terminated(box: Any) -> None:
@@ -284,9 +425,13 @@ def test_h_teardown_leaves_no_instance_of_the_stack(box: Any) -> None:
     submit(box, "sleep 600")
     wait_for("a training instance", lambda: live(box, gpuplat_pool="spot") or None, 120)
     slurm(box, "systemctl stop slurmctld")  # the controllers go first: nothing launches during teardown
+    start = time.monotonic()
     program = box.teardown()
+    FIGURES["teardown -> nothing left s"] = time.monotonic() - start
     assert program.returncode == 0, program.stdout + program.stderr
-    assert not box.instances("pending", "running", "stopping", "stopped", gpuplat_pool="spot")
+    assert not box.instances(
+        "pending", "running", "shutting-down", "stopping", "stopped", gpuplat_pool="spot"
+    )
     box.ec2.terminate_instances(InstanceIds=list(box.stack.controllers.values()))  # pulumi destroy's part
     assert not box.instances("pending", "running", "stopping", "stopped", gpuplat_stack=box.platform.name)
     print("\nbox figures: " + ", ".join(f"{k} {v:.0f}" for k, v in FIGURES.items()))

@@ -321,7 +321,10 @@ def test_every_node_boots_into_the_published_bundle(aws_prod: Recording) -> None
             ("aws-prod-head-head-1", "userDataBase64"),
         )
     }
-    assert all(f"BUNDLE_KEY={key}" in script for script in scripts.values())
+    assert f"BUNDLE_KEY={key}" in scripts["aws-prod-train-spot-lt"]
+    # controllers: the one the group vars name (their user data must not change with the roles)
+    assert "GPUPLAT_BUNDLE_KEY=''" in scripts["aws-prod-head-head-1"]
+    assert json.loads(aws_prod.named("aws-prod-group-vars").inputs["content"])["gpuplat_bundle_key"] == key
     assert "NODE_NAME=head-1" in scripts["aws-prod-head-head-1"]
     assert "NODE_NAME=''" in scripts["aws-prod-train-spot-lt"]
     assert "def take_name(" in scripts["aws-prod-train-spot-lt"]  # the join program rides along

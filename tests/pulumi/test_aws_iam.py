@@ -35,6 +35,8 @@ from infra.nodes.munge import MUNGE_GROUPS, munge_roles
 from infra.plan.record import Recording, record
 from infra.platform.resolve import ResolvedPlatform, load_platform
 
+managed_policies = pytest.importorskip("moto.iam.aws_managed_policies")
+
 ROOT = Path(__file__).resolve().parents[2]
 ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
@@ -68,7 +70,7 @@ def _condition_holds(operator: str, key: str, wanted: list[str], context: Contex
     if present is None:
         return False
     given = _values(present)
-    if operator == "StringEquals":
+    if operator in ("StringEquals", "ArnEquals"):
         return any(g in wanted for g in given)
     if operator in ("StringLike", "ArnLike"):
         return any(fnmatchcase(g, w) for g in given for w in wanted)
@@ -128,24 +130,36 @@ def run_instances_allowed(
     template_tags: Mapping[str, str] | None,
     request_tags: Mapping[str, str],
     spot: bool,
+    vpc: str | None = None,
+    overridden: frozenset[str] = frozenset(),
 ) -> dict[str, bool]:
-    """Per resource of one RunInstances launching from a template (None: no template): allowed?"""
+    """Per resource of one RunInstances launching from a template (None: no template): allowed? The
+    network resources are in `vpc` (None: the stack's, read from the policy); the other resources come
+    from the template unless their kind is in `overridden` (given in the request instead)."""
     through_template: Context = {"ec2:LaunchTemplate": template_arn} if template_tags is not None else {}
+    vpc = vpc or stack_vpc(statements)
+    network = [arn("subnet/subnet-0a"), arn("security-group/sg-0a"), arn("network-interface/*")]
     uses = [
-        arn("subnet/subnet-0a"),
-        arn("security-group/sg-0a"),
-        arn("network-interface/*"),
         arn("volume/*"),
         arn("placement-group/aws-prod-train-placement"),
         arn("image/ami-0mockdeeplearning0", account=""),
         arn("snapshot/snap-0a", account=""),
     ]
-    if spot:
-        uses.append(arn("spot-instances-request/*"))
     verdicts = {
-        resource: allowed(statements, "ec2:RunInstances", resource, dict(through_template))
-        for resource in uses
+        resource: allowed(statements, "ec2:RunInstances", resource, {**through_template, "ec2:Vpc": vpc})
+        for resource in network
     }
+    for resource in uses:
+        kind = resource.split(":")[-1].split("/")[0]
+        from_template = {
+            "ec2:IsLaunchTemplateResource": str(kind not in overridden and template_tags is not None).lower()
+        }
+        verdicts[resource] = allowed(
+            statements, "ec2:RunInstances", resource, {**through_template, **from_template}
+        )
+    if spot:
+        resource = arn("spot-instances-request/*")
+        verdicts[resource] = allowed(statements, "ec2:RunInstances", resource, dict(through_template))
     instance_context = {**through_template, **tag_context(request_tags, "RequestTag")}
     verdicts["instance"] = allowed(statements, "ec2:RunInstances", arn("instance/*"), instance_context)
     if template_tags is not None:
@@ -168,6 +182,38 @@ def statements_of(recording: Recording, name: str) -> list[Mapping[str, Any]]:
     return list(json.loads(recording.named(name).inputs["policy"])["Statement"])
 
 
+def managed_statements(policy_arn: str) -> list[Mapping[str, Any]]:
+    """An AWS managed policy's statements, as moto ships its document (moto/iam/aws_managed_policies.py)."""
+    documents = json.loads(managed_policies.aws_managed_policies_data)
+    document = documents[policy_arn.rsplit("/", 1)[1]]["Document"]
+    statements = document["Statement"]
+    return list(statements if isinstance(statements, list) else [statements])
+
+
+def effective_statements(recording: Recording, identity: str) -> list[Mapping[str, Any]]:
+    """Every statement of the role `<identity>-role`: inline (`<identity>-*` role policies) and managed
+    (`<identity>-managed-*` attachments)."""
+    statements: list[Mapping[str, Any]] = []
+    for policy in recording.of_type("aws:iam/rolePolicy:RolePolicy"):
+        if policy.name.startswith(f"{identity}-"):
+            statements.extend(json.loads(policy.inputs["policy"])["Statement"])
+    attachments = recording.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
+    for attachment in attachments:
+        if attachment.name.startswith(f"{identity}-managed-"):
+            statements.extend(managed_statements(attachment.inputs["policyArn"]))
+    return statements
+
+
+def stack_vpc(statements: list[Mapping[str, Any]]) -> str:
+    """The VPC the controllers may launch into, as the policy names it (the mocks' ARN)."""
+    [vpc] = {
+        str(s["Condition"]["ArnEquals"]["ec2:Vpc"])
+        for s in statements
+        if "ec2:Vpc" in s.get("Condition", {}).get("ArnEquals", {})
+    }
+    return vpc
+
+
 @pytest.fixture(scope="module")
 def aws_prod(shipped_platforms: dict[str, ResolvedPlatform]) -> tuple[ResolvedPlatform, Recording]:
     platform = shipped_platforms["aws-prod"]
@@ -176,7 +222,10 @@ def aws_prod(shipped_platforms: dict[str, ResolvedPlatform]) -> tuple[ResolvedPl
 
 @pytest.fixture(scope="module")
 def controller(aws_prod: tuple[ResolvedPlatform, Recording]) -> list[Mapping[str, Any]]:
-    return statements_of(aws_prod[1], "aws-prod-service-platform")
+    """The controllers' whole effective policy: inline and managed (AmazonSSMManagedInstanceCore, ...)."""
+    statements = effective_statements(aws_prod[1], "aws-prod-service")
+    assert statements_of(aws_prod[1], "aws-prod-service-platform")[0] in statements
+    return statements
 
 
 @pytest.fixture(scope="module")
@@ -262,6 +311,7 @@ def test_the_resume_program_may_launch_name_and_terminate(
     own = tag_context(instance_tags, "ResourceTag")
     assert allowed(controller, "ec2:TerminateInstances", arn("instance/i-00000000000000000"), own)
     assert allowed(controller, "ec2:DescribeInstances", "*", {})
+    assert allowed(controller, "ec2:DescribeInstanceStatus", "*", {})  # reconcile's scheduled events
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -301,6 +351,42 @@ def test_no_instance_can_be_brought_under_the_stack_tag(
     assert not allowed(
         controller, "ec2:TerminateInstances", foreign, tag_context({"gpuplat:stack": "x"}, "ResourceTag")
     )
+
+
+def test_no_launch_outside_the_stack_vpc_or_with_what_the_template_does_not_name(
+    controller: list[Mapping[str, Any]], train_template_tags: dict[str, str]
+) -> None:
+    """ec2:Vpc on the network resources, ec2:IsLaunchTemplateResource on the others: a controller's
+    credentials launch no instance into another VPC, from another image, with another volume."""
+    tags = {"gpuplat:stack": "aws-prod", "gpuplat:pool": "train-spot"}
+    elsewhere = run_instances_allowed(
+        controller, TEMPLATE, train_template_tags, tags, spot=False, vpc=arn("vpc/vpc-0other")
+    )
+    assert not elsewhere[arn("subnet/subnet-0a")] and not elsewhere[arn("security-group/sg-0a")]
+    for kind, resource in (
+        ("image", arn("image/ami-0mockdeeplearning0", account="")),
+        ("volume", arn("volume/*")),
+        ("snapshot", arn("snapshot/snap-0a", account="")),
+    ):
+        verdicts = run_instances_allowed(
+            controller, TEMPLATE, train_template_tags, tags, spot=False, overridden=frozenset({kind})
+        )
+        assert not verdicts[resource], kind  # fmt: skip
+
+
+def test_no_controller_or_inference_node_of_the_stack_can_be_terminated_or_renamed(
+    aws_prod: tuple[ResolvedPlatform, Recording], controller: list[Mapping[str, Any]]
+) -> None:
+    """Terminate and tag reach the training nodes only (gpuplat:role train), not the stack's other
+    instances, whose templates carry the stack tag too."""
+    for template in ("aws-prod-head-head-0", "aws-prod-infer-lt"):  # a controller, the inference nodes'
+        tags = dict(aws_prod[1].named(template).inputs["tags"])
+        assert tags["gpuplat:stack"] == "aws-prod" and tags["gpuplat:role"] != "train"
+        theirs = tag_context(tags, "ResourceTag")
+        assert not allowed(controller, "ec2:TerminateInstances", arn("instance/i-0c"), theirs), template
+        assert not allowed(
+            controller, "ec2:CreateTags", arn("instance/i-0c"), {**theirs, "aws:TagKeys": ["Name"]}
+        ), template
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -13,16 +13,19 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-import pytest
-
 from infra.backends.aws.bootstrap import munge_parameter
 from infra.backends.aws.iam import munge_key_denied_statements
 from infra.nodes.munge import munge_roles
 from infra.plan.record import Recording
 from infra.platform.resolve import ResolvedPlatform
-from tests.pulumi.test_aws_iam import ACCOUNT, REGION, allowed, aws_prod
-
-managed_policies = pytest.importorskip("moto.iam.aws_managed_policies")
+from tests.pulumi.test_aws_iam import (
+    ACCOUNT,
+    REGION,
+    allowed,
+    aws_prod,
+    effective_statements,
+    managed_statements,
+)
 
 __all__ = ["aws_prod"]  # the fixture: aws-prod's program recorded under the mocks
 
@@ -37,27 +40,6 @@ def reads(key: str) -> list[tuple[str, str]]:
     return [(action, key) for action in PARAMETER_READS] + [
         ("ssm:GetParametersByPath", f"{prefix}:parameter/{parent}") for parent in parents
     ]
-
-
-def managed_statements(policy_arn: str) -> list[Mapping[str, Any]]:
-    documents = json.loads(managed_policies.aws_managed_policies_data)
-    document = documents[policy_arn.rsplit("/", 1)[1]]["Document"]
-    statements = document["Statement"]
-    return list(statements if isinstance(statements, list) else [statements])
-
-
-def effective_statements(recording: Recording, identity: str) -> list[Mapping[str, Any]]:
-    """Every statement of the role `<identity>-role`: inline (`<identity>-*` role policies) and managed
-    (`<identity>-managed-*` attachments)."""
-    statements: list[Mapping[str, Any]] = []
-    for policy in recording.of_type("aws:iam/rolePolicy:RolePolicy"):
-        if policy.name.startswith(f"{identity}-"):
-            statements.extend(json.loads(policy.inputs["policy"])["Statement"])
-    attachments = recording.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
-    for attachment in attachments:
-        if attachment.name.startswith(f"{identity}-managed-"):
-            statements.extend(managed_statements(attachment.inputs["policyArn"]))
-    return statements
 
 
 def recorded_key(recording: Recording) -> str:

@@ -184,6 +184,14 @@ class SlurmRecorder:
         text = "".join(f"{job:<20}{state:<20}\n" for job, state in rows)
         (self.bin_dir / "squeue.states.out").write_text(text)
 
+    def pids(self, *rows: tuple[int, int, str, str]) -> None:
+        """What `scontrol listpids` prints: (pid, job id, step id, local id), as Slurm formats it."""
+        header = f"{'PID':<8} {'JOBID':<8} {'STEPID':<6} {'LOCALID':<7} {'GLOBALID':<8}\n"
+        lines = "".join(
+            f"{pid:<8} {job:<8} {step:<6} {local:<7} {local:<8}\n" for pid, job, step, local in rows
+        )
+        (self.bin_dir / "scontrol.listpids.out").write_text(header + lines)
+
     def fail(self, command: str) -> None:
         (self.bin_dir / f"{command}.rc").write_text("1")
 
@@ -198,6 +206,7 @@ RECORDER = """#!/bin/sh
 if [ -f "$0.rc" ]; then exit "$(cat "$0.rc")"; fi
 case " $* " in
   *--Format=JobID,State" "*) if [ -f "$0.states.out" ]; then cat "$0.states.out"; fi;;
+  *" listpids "*) if [ -f "$0.listpids.out" ]; then cat "$0.listpids.out"; fi;;
   *" show "*|*--Format=*) if [ -f "$0.out" ]; then cat "$0.out"; fi;;
 esac
 """
@@ -890,11 +899,12 @@ def squeue_states(*job_ids: str) -> list[str]:
 def test_spot_notice_terms_the_steps_powers_down_then_requeues_the_jobs_that_ended(
     imds: FakeImds, slurm: SlurmRecorder
 ) -> None:
-    """SIGTERM goes to the job steps only: `scancel --signal` without --full never signals the batch
-    shell (job_mgr.c _signal_job, KILL_STEPS_ONLY), which bash would die of, ending the job FAILED.
-    After the grace, POWER_DOWN_FORCE requeues the requeueable batch jobs still running (101, now
-    PENDING) and ends the others; those that ended in the grace (104 checkpointed and exited, 105
-    failed) are requeued then, and never one still running: requeued twice, 22.05 leaks its GPU."""
+    """SIGTERM goes to the job steps (`scancel --signal` without --full: job_mgr.c _signal_job,
+    KILL_STEPS_ONLY) and to what the batch scripts started, never to a batch shell, which bash would
+    die of, ending the job and its steps at once. After the grace, POWER_DOWN_FORCE requeues the
+    requeueable batch jobs still running (101, now PENDING) and ends the others; those that ended in
+    the grace (104 checkpointed and exited, 105 failed) are requeued then, and never one still
+    running: requeued twice, 22.05 leaks its GPU."""
     imds.responses = [200]
     slurm.jobs((101, 1, 1), (102, 0, 1), (103, 1, 0), (104, 1, 1), (105, 1, 1))  # 102 srun, 103 --no-requeue
     slurm.states((101, "PENDING"), (104, "COMPLETED"), (105, "FAILED"))
@@ -908,11 +918,57 @@ def test_spot_notice_terms_the_steps_powers_down_then_requeues_the_jobs_that_end
         ["scontrol", "update", "nodename=train-spot-1", "state=drain", SPOT_REASON],
         SQUEUE_JOBS_ON_SPOT_1,
         ["scancel", "--signal=TERM", "--nodelist=train-spot-1"],
+        ["scontrol", "listpids"],
         ["sleep", "90.0"],
         ["scontrol", "update", "nodename=train-spot-1", "state=power_down_force", SPOT_REASON],
         squeue_states("101", "104", "105"),
         ["scontrol", "requeue", "104,105"],
     ]
+
+
+def test_a_spot_notice_terms_what_the_batch_script_started_but_not_the_batch_shell(
+    imds: FakeImds, slurm: SlurmRecorder
+) -> None:
+    """A torchrun run in the batch script (not under srun) is in no job step: `scancel --signal`
+    never reaches it. spot-watch signals every process `scontrol listpids` lists in the batch step but
+    the step's task (the shell), before the grace: here real processes stand for them."""
+    imds.responses = [200]
+    slurm.jobs((101, 1, 1), (102, 0, 1))  # 102: an salloc/srun job, without a batch step
+    shell, trainer, other_job = (
+        subprocess.Popen(["sleep", "60"]) for _ in range(3)
+    )  # fmt: skip
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    slurm.pids(
+        (shell.pid, 101, "batch", "0"), (trainer.pid, 101, "batch", "-"), (gone.pid, 101, "batch", "-"),
+        (other_job.pid, 99, "batch", "-"), (4242, 101, "extern", "-"),
+    )  # fmt: skip
+    signalled_at: list[int | None] = []
+
+    def sleep(_: float) -> None:
+        signalled_at.append(trainer.wait(timeout=10))
+
+    try:
+        watch = SpotWatch("train-spot-1", imds.url, grace_s=90.0, interval_s=5.0)
+        assert spot_watch(watch, Slurm(slurm.scontrol), sleep=sleep) == EXIT_OK
+        assert signalled_at == [-15], "TERM within the grace, not at its end"
+        assert shell.poll() is None and other_job.poll() is None
+    finally:
+        for process in (shell, trainer, other_job):
+            process.kill()
+            process.wait()
+
+
+def test_a_failed_listpids_still_waits_the_grace_and_powers_down(
+    imds: FakeImds, slurm: SlurmRecorder
+) -> None:
+    imds.responses = [200]
+    slurm.jobs((101, 1, 1))
+    slurm.fail("scontrol")
+    watch = SpotWatch("train-spot-1", imds.url, grace_s=1.0, interval_s=5.0)
+    assert spot_watch(watch, Slurm(slurm.scontrol), sleep=lambda _: None) == EXIT_FAILED
+    assert ["scontrol", "listpids"] in slurm.calls()
+    assert slurm.calls()[-2][3] == "state=power_down_force"
 
 
 def test_spot_watch_logs_what_it_watches_the_notice_and_the_jobs_it_cannot_requeue(
@@ -928,6 +984,7 @@ def test_spot_watch_logs_what_it_watches_the_notice_and_the_jobs_it_cannot_reque
     assert [r.getMessage() for r in caplog.records if r.module == "spot_watch"] == [
         f"spot-watch: watching {imds.url}/ for node train-spot-1 every 5 s",
         f"spot-watch: train-spot-1: spot interruption {NOTICE['time']} (terminate)",
+        "spot-watch: train-spot-1: SIGTERM to 0 processes of the batch steps of jobs 101,103: none",
         "spot-watch: train-spot-1: waiting 90 s for the jobs to checkpoint",
         "spot-watch: train-spot-1: jobs 102,103 are not requeueable batch jobs; POWER_DOWN_FORCE ended them",
     ]
@@ -1023,6 +1080,7 @@ def test_spot_watch_program_handles_a_notice_within_the_grace(imds: FakeImds, sl
         ["scontrol", "update", "nodename=train-spot-1", "state=drain", SPOT_REASON],
         SQUEUE_JOBS_ON_SPOT_1,
         ["scancel", "--signal=TERM", "--nodelist=train-spot-1"],
+        ["scontrol", "listpids"],
         ["scontrol", "update", "nodename=train-spot-1", "state=power_down_force", SPOT_REASON],
         squeue_states("7"),
         ["scontrol", "requeue", "7"],

@@ -18,7 +18,8 @@ import pytest
 from gpuplat_ec2_nodes.ec2 import Ec2Nodes
 from gpuplat_ec2_nodes.exit_codes import EXIT_FAILED, EXIT_OK
 from gpuplat_ec2_nodes.logs import LOG
-from gpuplat_ec2_nodes.reconcile import REASON_RECOVER, find_orphans, reconcile
+from gpuplat_ec2_nodes.reconcile import find_orphans, reconcile
+from gpuplat_ec2_nodes.replacement import REASON_RECOVER
 from gpuplat_ec2_nodes.slurm import NodeInfo, Slurm
 from gpuplat_ec2_nodes.teardown import teardown
 
@@ -112,7 +113,7 @@ def test_reconcile_leaves_young_instances_for_the_grace(
         f"{young[untagged]} s ago: within the 300 s grace, left for now",
         f"reconcile: {unknown} (train-99, running) is named for a node Slurm does not know, launched "
         f"{young[unknown]} s ago: within the 300 s grace, left for now",
-        f"reconcile: 2 instances of stack {cloud.stack}, 0 orphans, 0 nodes returned to power saving",
+        f"reconcile: 2 instances of stack {cloud.stack}, 0 orphans, 0 nodes replaced",
     ]
     assert reconcile_at(tmp_path, cloud, slurm, launched + 301, show_node("train-1", "IDLE+CLOUD")) == 0
     assert cloud.state(untagged) == cloud.state(unknown) == "terminated"
@@ -122,7 +123,7 @@ def test_reconcile_leaves_young_instances_for_the_grace(
         f"{old[untagged]} s ago",
         f"reconcile: terminating {unknown} (train-99): is named for a node Slurm does not know, launched "
         f"{old[unknown]} s ago",
-        f"reconcile: 2 instances of stack {cloud.stack}, 2 orphans, 0 nodes returned to power saving",
+        f"reconcile: 2 instances of stack {cloud.stack}, 2 orphans, 0 nodes replaced",
     ]
 
 

@@ -85,3 +85,19 @@ def test_a_capacity_error_is_still_asked_once(
     armed.arm("RunInstances", "InsufficientInstanceCapacity", times=1)
     assert resume_through(url, tmp_path, cloud, slurm, "train-3") == EXIT_FAILED
     assert armed.count("RunInstances") == 1
+
+
+def test_the_box_proxy_starts_what_ec2_would(cloud: Cloud, faults: tuple[Faults, str]) -> None:
+    """The box's proxy in front of moto (tests/box/emulator.py): moto starts exactly MinCount, EC2 as
+    many as it can up to MaxCount and none below MinCount; so every multi-name resume took the partial
+    path in the box before."""
+    armed, url = faults
+    client = harness.boto3.client("ec2", region_name=REGION, endpoint_url=url)
+    request = {"LaunchTemplate": {"LaunchTemplateId": cloud.launch_template_id}, "SubnetId": cloud.subnet_id}
+    assert len(client.run_instances(MinCount=1, MaxCount=3, **request)["Instances"]) == 3
+    armed.limit_capacity(2)
+    with pytest.raises(harness.botocore_exceptions.ClientError, match="InsufficientInstanceCapacity"):
+        client.run_instances(MinCount=3, MaxCount=3, **request)
+    assert len(client.run_instances(MinCount=1, MaxCount=3, **request)["Instances"]) == 2
+    with pytest.raises(harness.botocore_exceptions.ClientError, match="InsufficientInstanceCapacity"):
+        client.run_instances(MinCount=1, MaxCount=1, **request)

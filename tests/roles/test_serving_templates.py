@@ -313,7 +313,10 @@ def booting_infer_node_vars(platform: Any) -> dict[str, Any]:
     pool = platform.pool("infer")
     inventory = node_inventory(platform, pool)
     pool_vars = inventory["all"]["children"][f"pool_{pool.name}"]["vars"]
-    return {**node_group_vars(platform, "fs@tcp:/mnt", {"head-0": "10.0.0.10"}, {}, {}), **pool_vars}
+    return {
+        **node_group_vars(platform, "fs@tcp:/mnt", {"head-0": "10.0.0.10"}, {}, {}, "bootstrap/0/bundle.zip"),
+        **pool_vars,
+    }
 
 
 def test_the_scaling_agent_configures_on_a_node_that_boots_alone(

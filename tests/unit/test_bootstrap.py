@@ -99,9 +99,11 @@ class FakeImds:
         return self.tags.get(path.removeprefix("tags/instance/"))
 
 
-def _join_settings(tmp_path: Path, node_name: str = "", wait_s: float = 60) -> node_join.JoinSettings:
+def _join_settings(
+    tmp_path: Path, node_name: str = "", wait_s: float = 60, bundle_key: str = "bootstrap/x/bundle.zip"
+) -> node_join.JoinSettings:
     return node_join.JoinSettings(
-        stack="s", region="us-east-1", bucket="box-bucket", bundle_key="bootstrap/x/bundle.zip",
+        stack="s", region="us-east-1", bucket="box-bucket", bundle_key=bundle_key,
         group_vars_key="bootstrap/group_vars/all.json", munge_parameter="/gpuplat/s/munge-key",
         node_name=node_name, name_wait_s=wait_s, fetch_wait_s=wait_s, work=tmp_path,
     )  # fmt: skip
@@ -159,6 +161,40 @@ def test_the_group_vars_written_after_the_node_booted_are_waited_for(
     assert len(rounds) == 2
     assert json.loads((tmp_path / "all.json").read_text()) == {"a": 1}
     assert (tmp_path / "munge.key").read_bytes() == b"key"
+
+
+@pytest.mark.parametrize("group_vars", [{"gpuplat_bundle_key": "bootstrap/y/bundle.zip"}, {"a": 1}])
+def test_a_controller_boots_from_the_bundle_the_group_vars_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, group_vars: dict[str, str]
+) -> None:
+    """A controller's boot script names no bundle (its user data must not change with the roles): the
+    group vars name the stack's current one; group vars that name none stop the boot with the reason."""
+    moto = pytest.importorskip("moto")
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "t",
+        "AWS_SECRET_ACCESS_KEY": "t",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(key, value)
+    with moto.mock_aws():
+        import boto3
+
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket="box-bucket")
+        s3.put_object(Bucket="box-bucket", Key="bootstrap/y/bundle.zip", Body=b"current")
+        s3.put_object(
+            Bucket="box-bucket", Key="bootstrap/group_vars/all.json", Body=json.dumps(group_vars).encode()
+        )
+        boto3.client("ssm", region_name="us-east-1").put_parameter(
+            Name="/gpuplat/s/munge-key", Type="SecureString", Value="a2V5"
+        )
+        settings = _join_settings(tmp_path, "head-0", bundle_key="")
+        if "gpuplat_bundle_key" not in group_vars:
+            with pytest.raises(node_join.BootError, match="names no bundle"):
+                node_join.fetch(settings, lambda _: None, tmp_path / "munge.key")
+            return
+        node_join.fetch(settings, lambda _: None, tmp_path / "munge.key")
+    assert (tmp_path / "bundle.zip").read_bytes() == b"current"
 
 
 def test_every_shipped_boot_script_fits_ec2_user_data(shipped_platforms: dict[str, ResolvedPlatform]) -> None:

@@ -179,7 +179,7 @@ class AwsBackend:
             tags=tags,
             opts=pulumi.ResourceOptions(parent=bootstrap, ignore_changes=["value"]),
         )
-        identities = self._identities(platform, store, bootstrap_bucket, munge_key, tags)
+        identities = self._identities(platform, store, bootstrap_bucket, munge_key, network.vpc.arn, tags)
 
         filesystem_source: pulumi.Input[str] = ""
         outputs = common_outputs(platform)
@@ -207,13 +207,15 @@ class AwsBackend:
             opts=in_bootstrap,
         )
 
-        def boot_script(pool: ResolvedPool, node_name: str = "") -> pulumi.Output[str]:
+        def boot_script(
+            pool: ResolvedPool, node_name: str = "", bundle: str | None = None
+        ) -> pulumi.Output[str]:
             script: pulumi.Output[str] = bootstrap_bucket.bucket.apply(
                 lambda bucket: BootScript(
                     stack=platform.name,
                     region=str(spec.region),
                     bucket=bucket,
-                    bundle_key=key,
+                    bundle_key=key if bundle is None else bundle,
                     inventory=node_inventory(platform, pool),
                     os_release=os_release(spec),
                     node_name=node_name,
@@ -314,6 +316,7 @@ class AwsBackend:
                 addresses,
                 dict(zip(template_names, values[1 : 1 + len(template_names)], strict=True)),
                 dict(zip(purposes, values[1 + len(template_names) :], strict=True)),
+                key,
             )
         )
         group_vars_object = aws.s3.BucketObjectv2(
@@ -339,7 +342,11 @@ class AwsBackend:
                 instance_profile_name=identities[controller.role].profile.name,
                 root_volume_gib=spec.aws.root_volume_gib,
                 tags=pool_tags(platform, controller),
-                user_data={node: boot_script(controller, node) for node in controller.node_names()},
+                # No bundle key in the controllers' user data: they boot from the group vars' (a
+                # role change is no user data change, so no stop and start; bootstrap.BootScript).
+                user_data={
+                    node: boot_script(controller, node, bundle="") for node in controller.node_names()
+                },
                 boot_after=boot_after,
             ),
         )
@@ -437,6 +444,7 @@ class AwsBackend:
         store: ObjectStore,
         bootstrap_bucket: aws.s3.Bucket,
         munge_key: aws.ssm.Parameter,
+        vpc_arn: pulumi.Output[str],
         tags: dict[str, str],
     ) -> dict[str, NodeIdentity]:
         """One identity per pool role. Every role reads the bootstrap bundle; only the roles whose nodes
@@ -463,8 +471,10 @@ class AwsBackend:
                 parts.append(pulumi.Output.from_input(inference_node_statements(platform.name)))
             if role == controller_role and "train" in identities:
                 parts.append(
-                    pulumi.Output.all(identities["train"].role.arn, scope).apply(
-                        lambda values: cluster_manager_statements(platform.name, [values[0]], values[1], spot)
+                    pulumi.Output.all(identities["train"].role.arn, scope, vpc_arn).apply(
+                        lambda values: cluster_manager_statements(
+                            platform.name, [values[0]], values[1], values[2], spot
+                        )
                     )
                 )
             document = pulumi.Output.all(*parts).apply(

@@ -2,7 +2,8 @@
 
 `pulumi up` uploads the project's `playbooks/` and `roles/` as one zip under a key named by their
 digest (`bootstrap/<digest>/bundle.zip`: a changed role is a new bundle, and only nodes launched after
-the change take it) and the stack's resolved group vars, outputs included, as
+the change take it; controllers boot from the bundle the group vars name, so their user data does not
+change with the roles: BootScript.bundle_key) and the stack's resolved group vars, outputs included, as
 `bootstrap/group_vars/all.json`. Every launch template's user data is the boot script below. On boot a
 node:
 
@@ -35,6 +36,7 @@ from typing import Any
 import yaml
 
 from infra.backends.aws.naming import stack_bucket_uri
+from infra.backends.aws.node_join import BUNDLE_KEY_VAR
 from infra.data.node_ansible_choice import node_ansible
 from infra.nodes.ansible_content import content_files
 from infra.nodes.inventory import platform_vars, pool_group, pool_vars, role_group_members
@@ -96,9 +98,11 @@ def node_group_vars(
     controller_addresses: dict[str, str],
     template_ids: dict[str, str],
     bucket_names: Mapping[str, str],
+    bundle: str,
 ) -> dict[str, Any]:
     """The group vars every booting node reads (`GROUP_VARS_KEY`): the platform's resolved values and
-    what exists only once the stack's resources do (an `s3://<purpose>/` model names its bucket)."""
+    what exists only once the stack's resources do (an `s3://<purpose>/` model names its bucket), and
+    the current bundle's key, which controllers boot from."""
     region = str(platform.spec.region)
     values = platform_vars(platform)
     if "inference_model" in values:
@@ -111,6 +115,7 @@ def node_group_vars(
         "slurm_elastic_stack": platform.name,
         "slurm_elastic_region": region,
         "slurm_elastic_pools": elastic_pool_settings(platform, template_ids),
+        BUNDLE_KEY_VAR: bundle,
     }
 
 
@@ -135,6 +140,11 @@ class BootScript:
     stack: str
     region: str
     bucket: str
+    # Empty: the one the group vars name (BUNDLE_KEY_VAR), for controllers, whose user data must not
+    # change with the bundle: on an aws_instance a user data change is a stop and start (Terraform AWS
+    # provider, resource aws_instance, user_data: "Updates to this field will trigger a stop/start of
+    # the EC2 instance by default"); role changes reach running controllers through `gpuplat up`'s
+    # Ansible run instead.
     bundle_key: str
     inventory: dict[str, Any]
     os_release: str  # the image's: its Python decides the Ansible release (infra/data/node_ansible_choice.py)

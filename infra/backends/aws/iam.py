@@ -161,8 +161,14 @@ SPOT_SERVICE_LINKED_ROLE = "AWSServiceRoleForEC2Spot"
 # (aws/aws-parallelcluster, cli/src/pcluster/templates/cdk_builder_utils.py: EC2RunInstancesCreateFleet,
 # AllowRunningReservedCapacity) and Karpenter's controller (snapshot, spot-instances-request). Images and
 # snapshots may be another account's (AWS or a marketplace): no account in their ARNs.
-_LAUNCH_USES = ("subnet", "security-group", "network-interface", "volume", "placement-group",
-                "capacity-reservation", "spot-instances-request")  # fmt: skip
+# The network ones must be in the stack's VPC (`ec2:Vpc`: the resume program names a pool's subnet in the
+# request); the others must come from the launch template (`ec2:IsLaunchTemplateResource`), so a
+# controller cannot launch another image or attach another volume or reservation (EC2 User Guide,
+# "Example policies to control access the Amazon EC2 API": launch instances into a specific VPC, and
+# "Work with launch templates": IsLaunchTemplateResource). The spot request is the launch's own.
+_LAUNCH_NETWORK = ("subnet", "security-group", "network-interface")
+_LAUNCH_FROM_TEMPLATE = ("volume", "placement-group", "capacity-reservation")
+_LAUNCH_CREATES = ("spot-instances-request",)
 _OWNERLESS = ("image", "snapshot")
 # What a launch from those templates creates and tags (the templates' tag specifications, the request's).
 _TAGGED_AT_LAUNCH = ("instance", "volume", "network-interface", "spot-instances-request")
@@ -186,7 +192,7 @@ class AccountScope:
 
 
 def cluster_manager_statements(
-    stack: str, train_role_arns: list[str], scope: AccountScope, spot: bool = False
+    stack: str, train_role_arns: list[str], scope: AccountScope, vpc_arn: str, spot: bool = False
 ) -> list[dict[str, Any]]:
     """The controllers: launch, name and terminate training nodes (Slurm power saving), find inference
     nodes (gateway and Prometheus discovery) and, with a spot training pool, let EC2 create the spot
@@ -201,7 +207,10 @@ def cluster_manager_statements(
     - CreateTags only as part of that launch (`ec2:CreateAction` RunInstances), or on an instance that
       already carries this stack's tag and then only the keys the resume program sets (gpuplat:node,
       Name): gpuplat:stack is never changed on an existing instance;
-    - TerminateInstances only of instances tagged with this stack.
+    - TerminateInstances, and CreateTags on existing instances, only of instances tagged with this stack
+      and the training role: never a controller or an inference node of the stack;
+    - the launch's subnet, security groups and interfaces in the stack's VPC, its image, snapshots,
+      volumes, placement group and reservation those of the template.
     What the resume program does (roles/slurm_elastic/files/gpuplat_ec2_nodes) stays allowed:
     RunInstances with LaunchTemplate and TagSpecifications (gpuplat:stack, gpuplat:pool), then
     CreateTags (gpuplat:node, Name) on the new instance. The pattern is Karpenter's controller policy
@@ -212,16 +221,24 @@ def cluster_manager_statements(
     templates = scope.ec2("launch-template/*")
     from_template = {"ArnLike": {"ec2:LaunchTemplate": templates}}
     instances = scope.ec2("instance/*")
+    own_nodes = {f"aws:ResourceTag/{TAG_STACK}": stack, f"aws:ResourceTag/{TAG_ROLE}": "train"}
     statements: list[dict[str, Any]] = [
         {"Sid": "DiscoverInstances", "Effect": "Allow",
-         "Action": ["ec2:DescribeInstances", "autoscaling:DescribeAutoScalingInstances"], "Resource": "*"},
+         "Action": ["ec2:DescribeInstances", "ec2:DescribeInstanceStatus",
+                    "autoscaling:DescribeAutoScalingInstances"], "Resource": "*"},
         {"Sid": "LaunchFromStackTrainingTemplates", "Effect": "Allow", "Action": ["ec2:RunInstances"],
          "Resource": [templates],
          "Condition": {"StringEquals": {f"aws:ResourceTag/{TAG_STACK}": stack,
                                         f"aws:ResourceTag/{TAG_ROLE}": "train"}}},
+        {"Sid": "LaunchInTheStackVpc", "Effect": "Allow", "Action": ["ec2:RunInstances"],
+         "Resource": sorted(scope.ec2(f"{kind}/*") for kind in _LAUNCH_NETWORK),
+         "Condition": {"ArnEquals": {"ec2:Vpc": vpc_arn}}},
         {"Sid": "LaunchWhatTheTemplateUses", "Effect": "Allow", "Action": ["ec2:RunInstances"],
-         "Resource": sorted([scope.ec2(f"{kind}/*") for kind in _LAUNCH_USES]
-                            + [scope.ec2(f"{kind}/*", account="") for kind in _OWNERLESS])},
+         "Resource": sorted([scope.ec2(f"{kind}/*") for kind in _LAUNCH_FROM_TEMPLATE]
+                            + [scope.ec2(f"{kind}/*", account="") for kind in _OWNERLESS]),
+         "Condition": {"Bool": {"ec2:IsLaunchTemplateResource": "true"}}},
+        {"Sid": "LaunchItsSpotRequest", "Effect": "Allow", "Action": ["ec2:RunInstances"],
+         "Resource": [scope.ec2(f"{kind}/*") for kind in _LAUNCH_CREATES]},
         {"Sid": "LaunchStackTaggedInstances", "Effect": "Allow", "Action": ["ec2:RunInstances"],
          "Resource": [instances],
          "Condition": {**from_template, "StringEquals": {f"aws:RequestTag/{TAG_STACK}": stack}}},
@@ -229,11 +246,12 @@ def cluster_manager_statements(
          "Resource": sorted(scope.ec2(f"{kind}/*") for kind in _TAGGED_AT_LAUNCH),
          "Condition": {"StringEquals": {"ec2:CreateAction": "RunInstances"}}},
         {"Sid": "NameOwnNodes", "Effect": "Allow", "Action": ["ec2:CreateTags"], "Resource": [instances],
-         "Condition": {"StringEquals": {f"aws:ResourceTag/{TAG_STACK}": stack},
+         "Condition": {"StringEquals": own_nodes,
                        "ForAllValues:StringEquals": {"aws:TagKeys": list(NODE_TAG_KEYS)}}},
         {"Sid": "TerminateOwnNodes", "Effect": "Allow", "Action": ["ec2:TerminateInstances"],
          "Resource": [instances],
-         "Condition": {"StringEquals": {f"ec2:ResourceTag/{TAG_STACK}": stack}}},
+         "Condition": {"StringEquals": {f"ec2:ResourceTag/{TAG_STACK}": stack,
+                                        f"ec2:ResourceTag/{TAG_ROLE}": "train"}}},
         {"Sid": "PassTrainingRole", "Effect": "Allow", "Action": ["iam:PassRole"],
          "Resource": sorted(train_role_arns),
          "Condition": {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}},

@@ -39,6 +39,11 @@ class BootError(Exception):
     """The node cannot join; the message says why."""
 
 
+# The group var that names the stack's current bundle: a controller's boot script names none (its user
+# data must not change when a role does), so it boots from the one the group vars name.
+BUNDLE_KEY_VAR = "gpuplat_bundle_key"
+
+
 @dataclass(frozen=True)
 class JoinSettings:
     stack: str
@@ -180,10 +185,10 @@ def fetch(
         lambda: s3_object(settings.group_vars_key),
         sleep,
     )
-    json.loads(group_vars)  # a half-written object fails here, not in Ansible
-    bundle = until(
-        settings.fetch_wait_s, where + settings.bundle_key, lambda: s3_object(settings.bundle_key), sleep
-    )
+    bundle_key = settings.bundle_key or str(json.loads(group_vars).get(BUNDLE_KEY_VAR) or "")
+    if not bundle_key:  # a half-written object fails here too, not in Ansible
+        raise BootError(f"{where}{settings.group_vars_key} names no bundle ({BUNDLE_KEY_VAR})")
+    bundle = until(settings.fetch_wait_s, where + bundle_key, lambda: s3_object(bundle_key), sleep)
     settings.work.mkdir(parents=True, exist_ok=True)
     (settings.work / "all.json").write_bytes(group_vars)
     (settings.work / "bundle.zip").write_bytes(bundle)

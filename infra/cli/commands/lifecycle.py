@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Annotated
 
 import typer
@@ -19,6 +19,7 @@ from infra.lifecycle import cloud_stack
 from infra.lifecycle.bringup import CloudApproval, PhaseTiming
 from infra.lifecycle.bringup import up as bring_up
 from infra.lifecycle.fleet import destroy_with_fleet, has_slurm_fleet
+from infra.lifecycle.fleet_holds import fleet_holds
 from infra.nodes.playbook_run import inventory_dir
 
 
@@ -123,6 +124,8 @@ def status(stack: StackName = None, stack_file: StackFile = None, json_output: J
         state = collect_status(LocalCluster(with_running_sizes(platform)))
     else:
         state = cloud_stack.status(cloud_stack.open_stack(platform, "`gpuplat status`", create=False))
+        if has_slurm_fleet(platform):
+            state = replace(state, holds=fleet_holds(platform))
     if json_output:
         output.print_json(asdict(state))
     elif isinstance(state, PlatformStatus):
@@ -139,6 +142,16 @@ def render_cloud_status(state: cloud_stack.CloudStatus) -> None:
         markup=False,
     )
     console.print(output.table("Outputs", ["output", "value"], [[k, v] for k, v in state.outputs.items()]))
+    if state.holds is None:
+        return
+    if state.holds.note:
+        output.stderr().print(state.holds.note, markup=False)
+    if state.holds.pools:
+        console.print(output.table(
+            "Training pools (capacity cool-down, protected mode)", ["pool", "hold", "boot failures in a row"],
+            [[h.pool, h.hold or "-", f"{h.boot_failures} of {h.protected_failure_count}"]
+             for h in state.holds.pools],
+        ))  # fmt: skip
 
 
 def list_stacks(json_output: JsonFlag = False) -> None:

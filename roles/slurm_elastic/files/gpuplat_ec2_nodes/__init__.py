@@ -3,7 +3,10 @@
 Every node name of a pool (``<pool>-<i>``) is defined in slurm.conf (State=CLOUD). Slurm runs:
 
   resume HOSTLIST       (ResumeProgram) launch one new instance per node name from the pool's launch
-                        template, tag it, and tell Slurm its address. An instance a name still has from
+                        template, tag it, and tell Slurm its address. The names of each job of
+                        SLURM_RESUME_FILE are launched all or nothing (MinCount = their number;
+                        resume_file.py); names of no job, and every name on Slurm 21.08, which writes
+                        no such file, best effort. An instance a name still has from
                         before is terminated, never reused (Slurm ignores a registration from before the
                         resume request). Names that got no usable instance (an EC2 error such as
                         InsufficientInstanceCapacity, or no private address) lose the instance they may
@@ -21,7 +24,7 @@ on the controller, from systemd timers:
 
   keep-static           keep the pools' static nodes up: power up those Slurm has powered down;
                         replace a DOWN one (terminate its instance, POWER_DOWN_FORCE; a later round
-                        powers it up). DRAIN/FAIL nodes are left to the administrator. A static node
+                        powers it up). A drained static node is reconcile's. A static node
                         that keeps needing this is retried with exponential back-off (base doubling up
                         to a bound), kept in <state_dir>/keep-static.json.
   reconcile             terminate the stack's fleet instances (tags gpuplat:stack and gpuplat:role
@@ -32,10 +35,18 @@ on the controller, from systemd timers:
                         down or powering down for at least the grace less one round (first seen in
                         <state_dir>/reconcile.json), (c) the other instances of a node that has a
                         live one (kept: the one at the node's NodeAddr, else the newest live one),
-                        older than the grace. Dynamic nodes a failed resume left DOWN+POWERED_DOWN
-                        (reason "ResumeTimeout reached", "gpuplat resume...") lose their instances and
-                        are set POWER_DOWN_FORCE. Every decision is logged; a failed termination is
-                        tried again next round. An orphan is gone within grace + timer interval.
+                        older than the grace. Unhealthy nodes are replaced (replacement.py, after
+                        ParallelCluster's clustermgtd): their instances terminated, the names set
+                        POWER_DOWN_FORCE (jobs requeued, back to power saving): dynamic nodes a failed
+                        resume left DOWN+POWERED_DOWN (reason "ResumeTimeout reached", "gpuplat
+                        resume..."), DOWN dynamic nodes, DRAINED nodes (drained and idle; not
+                        spot-watch's drain), nodes in service whose NodeAddr has no live instance
+                        behind it (terminated or stopped from outside: at once, not after
+                        SlurmdTimeout). A node whose instance has an EC2 scheduled event
+                        (instance-reboot, system-reboot, system-maintenance, instance-retirement,
+                        instance-stop) is drained, so it is replaced once its jobs end. Every
+                        decision is logged; a failed termination is tried again next round. An
+                        orphan is gone within grace + timer interval.
                         Then the pools' holds: a pool's boot-failure count starts again when one of its
                         nodes comes up; a held pool's idle powered-down dynamic names are set DOWN with
                         the hold as reason; names DOWN for a hold that is over are POWER_DOWN_FORCE'd.
@@ -57,8 +68,10 @@ State in <state_dir>/pools.json, under a lock.
 and on a spot node, from systemd:
 
   spot-watch            on an interruption notice: drain this node, list its jobs, send SIGTERM to
-                        their job steps only (not the batch shell, so the job survives to be
-                        requeued), wait the grace period for them to checkpoint, POWER_DOWN_FORCE
+                        their job steps and to every process of their batch steps but the batch
+                        shell (`scontrol listpids`: a torchrun the script runs without srun is in no
+                        job step), so the job survives to be requeued, wait the grace period for
+                        them to checkpoint, POWER_DOWN_FORCE
                         the node (Slurm requeues the requeueable batch jobs still running and ends
                         the rest; the name gets a new instance), then requeue the requeueable batch
                         jobs that ended in the grace period.
@@ -129,8 +142,8 @@ Exit codes:
   3  a node name belongs to no configured pool (the other names were handled)
 
 The package: a module per command (resume.py: resume and resume-fail; suspend.py, keep_static.py,
-reconcile.py, teardown.py, spot_watch.py), the pools' holds (holds.py: pools, unprotect), the EC2
-and Slurm sides they share (ec2.py, slurm.py), the configuration (settings.py), hostlists
+reconcile.py and replacement.py, teardown.py, spot_watch.py), the pools' holds (holds.py: pools,
+unprotect), the EC2 and Slurm sides they share (ec2.py, slurm.py), the configuration (settings.py), hostlists
 (hostlist.py), state files (state.py), and the command line (cli.py, run as ``python3 -m
 gpuplat_ec2_nodes``). roles/slurm_elastic installs it in /usr/local/lib/gpuplat and, as the command
 gpuplat-ec2-nodes, a launcher that runs cli.main.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import sys
 from collections.abc import Sequence
@@ -17,6 +18,7 @@ from .keep_static import keep_static
 from .logs import LOG, configure_logging
 from .reconcile import reconcile
 from .resume import resume, resume_fail
+from .resume_file import read_resume_file
 from .settings import DEFAULT_CONFIG, load_settings
 from .slurm import Slurm
 from .spot_watch import DEFAULT_IMDS_URL, SpotWatch, spot_watch
@@ -70,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         return teardown(settings, ec2, args.timeout_seconds, args.poll_seconds)
     names = expand_hostlist(",".join(args.hostlist))
     if args.command == "resume":
-        return resume(settings, ec2, slurm, names)
+        return resume(settings, ec2, slurm, names, jobs=read_resume_file(os.environ.get("SLURM_RESUME_FILE")))
     if args.command == "resume-fail":
         return resume_fail(settings, ec2, slurm, names)
     return suspend(settings, ec2, names)

@@ -27,9 +27,14 @@ FLEET_ROLE = "train"
 LIVE_STATES = ("pending", "running")
 TERMINABLE_STATES = ("pending", "running", "stopping", "stopped")
 NOT_TERMINATED_STATES = (*TERMINABLE_STATES, "shutting-down")
-# EC2 accepts at most 200 values per describe filter, and 1000 instance IDs per TerminateInstances.
+# EC2 accepts at most 200 values per describe filter, 1000 instance IDs per TerminateInstances and 100
+# per DescribeInstanceStatus (EC2 API Reference, DescribeInstanceStatus, InstanceId.N).
 FILTER_VALUES_MAX = 200
 TERMINATE_MAX = 1000
+STATUS_IDS_MAX = 100
+# A scheduled event that is over stays listed, its description starting so (EC2 User Guide, "Scheduled
+# events for your instances": "[Completed]", "[Canceled]").
+EVENT_OVER_PREFIXES = ("[Completed]", "[Canceled]")
 
 ADDRESS_WAIT_S = 60.0
 ADDRESS_POLL_S = 2.0
@@ -140,11 +145,16 @@ class Ec2Nodes:
         ]
         return self.describe(filters)
 
-    def launch(self, pool: Pool, names: Sequence[str]) -> tuple[dict[str, dict[str, Any]], str | None]:
+    def launch(
+        self, pool: Pool, names: Sequence[str], all_or_nothing: bool = False
+    ) -> tuple[dict[str, dict[str, Any]], str | None]:
         """Launch one instance per name; the instances by name and the error code of those missing.
 
-        After a partial launch (EC2 may start fewer than MaxCount) the rest is asked for again, which
-        either starts more (each round at least one, so this ends) or fails with EC2's error code.
+        All or nothing: MinCount is the number of names, so EC2 starts all of them or none ("If Amazon
+        EC2 cannot launch the minimum number of instances you request, no instances will be launched":
+        EC2 API Reference, RunInstances, MinCount). Otherwise MinCount is 1: after a partial launch
+        (EC2 may start fewer than MaxCount) the rest is asked for again, which either starts more (each
+        round at least one, so this ends) or fails with EC2's error code.
         """
         launched: dict[str, dict[str, Any]] = {}
         remaining = list(names)
@@ -154,7 +164,7 @@ class Ec2Nodes:
                     self.launch_client.run_instances,
                     THROTTLING_CODES,
                     f"resume: pool {pool.name}: run_instances",
-                    **self.launch_request(pool, len(remaining)),
+                    **self.launch_request(pool, len(remaining), all_or_nothing),
                 )
             except ErrorTypes as err:
                 LOG.error(
@@ -177,7 +187,7 @@ class Ec2Nodes:
                     launched[name] = instance
         return launched, None if len(launched) == len(names) else "TaggingFailed"
 
-    def launch_request(self, pool: Pool, count: int) -> dict[str, Any]:
+    def launch_request(self, pool: Pool, count: int, all_or_nothing: bool = False) -> dict[str, Any]:
         tags = [
             {"Key": TAG_STACK, "Value": self.stack},
             {"Key": TAG_POOL, "Value": pool.name},
@@ -185,7 +195,7 @@ class Ec2Nodes:
         ]
         request: dict[str, Any] = {
             "LaunchTemplate": {"LaunchTemplateId": pool.launch_template_id, "Version": "$Latest"},
-            "MinCount": 1,
+            "MinCount": count if all_or_nothing else 1,
             "MaxCount": count,
             "TagSpecifications": [{"ResourceType": "instance", "Tags": tags}],
         }
@@ -227,6 +237,22 @@ class Ec2Nodes:
                     if instance.get("PrivateIpAddress"):
                         addresses[waiting[instance["InstanceId"]]] = instance["PrivateIpAddress"]
         return addresses
+
+    def scheduled_events(self, instance_ids: Sequence[str], codes: Sequence[str]) -> dict[str, str]:
+        """Each instance's first pending scheduled event of these codes, "CODE at TIME", by ID."""
+        events: dict[str, str] = {}
+        for batch in chunks(instance_ids, STATUS_IDS_MAX):
+            response = self.client.describe_instance_status(InstanceIds=batch)
+            for status in response.get("InstanceStatuses", []):
+                pending = [
+                    event for event in status.get("Events", [])
+                    if event.get("Code") in codes
+                    and not str(event.get("Description", "")).startswith(EVENT_OVER_PREFIXES)
+                ]  # fmt: skip
+                if pending:
+                    event = pending[0]
+                    events[status["InstanceId"]] = f"{event['Code']} at {event.get('NotBefore', 'unknown')}"
+        return events
 
     def terminate(self, instance_ids: Sequence[str]) -> list[str]:
         """Terminate the instances; the IDs that could not be terminated (logged).

@@ -1,5 +1,5 @@
 """reconcile (a systemd timer on the controller): the pools' instances that no node owns terminated,
-the nodes a failed resume left DOWN+POWERED_DOWN returned to power saving."""
+unhealthy nodes replaced and nodes with an EC2 scheduled event drained (replacement.py)."""
 
 from __future__ import annotations
 
@@ -22,15 +22,10 @@ from .ec2 import (
 from .exit_codes import EXIT_FAILED, EXIT_OK
 from .holds import apply_holds, hold_reason, note_nodes_up, read_holds
 from .logs import LOG
-from .settings import Settings, pool_of
-from .slurm import GOING_UP, HELD, POWER_TRANSITIONS, POWERED_OFF, NodeInfo, Slurm
+from .replacement import drain_for_events, find_unhealthy, replace_unhealthy, scheduled_events
+from .settings import Settings
+from .slurm import GOING_UP, POWERED_OFF, NodeInfo, Slurm
 from .state import number, read_state, write_state
-
-# Reasons of a DOWN+POWERED_DOWN node after a failed resume: Slurm's (power_save.c) and ours; not a
-# pool's hold (holds.py), which apply_holds ends.
-FAILED_RESUME_REASONS = ("ResumeTimeout reached", "gpuplat resume", "gpuplat reconcile")
-
-REASON_RECOVER = "gpuplat reconcile: back to power saving after a failed resume"
 
 
 @dataclass(frozen=True)
@@ -41,7 +36,7 @@ class Orphan:
 
 
 def reconcile(settings: Settings, ec2: Ec2Nodes, slurm: Slurm, now: float | None = None) -> int:
-    """Terminate the pools' instances no node owns; return failed-resume nodes to power saving.
+    """Terminate the pools' instances no node owns; replace unhealthy nodes (replacement.py).
 
     EC2 is read before Slurm: every instance listed existed when Slurm's view was taken.
     """
@@ -56,26 +51,31 @@ def reconcile(settings: Settings, ec2: Ec2Nodes, slurm: Slurm, now: float | None
         return EXIT_FAILED
     now = time.time() if now is None else now
     since, saved = track_powered_down(settings.state_dir / "reconcile.json", nodes, now)
-    recovered, recover_ok = recover_failed_resumes(settings, ec2, slurm, nodes, instances)
+    events = scheduled_events(ec2, instances)
+    unhealthy = find_unhealthy(settings, nodes, instances)
+    replaced = {entry.node for entry in unhealthy}
+    replace_ok = replace_unhealthy(ec2, slurm, unhealthy, instances)
+    rest = [i for i in instances if tag_value(i, TAG_NODE) not in replaced]
+    drained = events is not None and drain_for_events(slurm, nodes, rest, events)
     noted = note_nodes_up(settings, nodes, now)
     held = apply_holds(settings, slurm, nodes, now)
-    rest = [i for i in instances if tag_value(i, TAG_NODE) not in recovered]
     report_unconfigured(settings, instances)
     orphans = find_orphans(rest, nodes, since, now, settings.orphan_grace_s)
     terminated = terminate_orphans(ec2, orphans)
     LOG.info(
-        "reconcile: %d instances of stack %s, %d orphans, %d nodes returned to power saving",
+        "reconcile: %d instances of stack %s, %d orphans, %d nodes replaced",
         len(instances),
         settings.stack,
         len(orphans),
-        len(recovered),
+        len(replaced),
     )
     holds = read_holds(settings)
     for pool in sorted(settings.pools):
         reason = hold_reason(holds, pool, now)
         if reason:
             LOG.warning("reconcile: pool %s is held: %s", pool, reason)
-    return EXIT_OK if saved and recover_ok and noted and held and terminated else EXIT_FAILED
+    ok = saved and replace_ok and drained and noted and held and terminated
+    return EXIT_OK if ok else EXIT_FAILED
 
 
 def report_unconfigured(settings: Settings, instances: list[dict[str, Any]]) -> None:
@@ -109,47 +109,6 @@ def track_powered_down(path: Path, nodes: dict[str, NodeInfo], now: float) -> tu
         if node.flags & POWERED_OFF and not node.flags & GOING_UP
     }
     return since, write_state(path, {"round": now, "powered_down_since": since})
-
-
-def is_failed_resume(node: NodeInfo) -> bool:
-    """DOWN+POWERED_DOWN after ResumeTimeout or our own failure, and nothing else pending on it."""
-    return (
-        {"DOWN", "POWERED_DOWN"} <= node.flags
-        and not node.flags & (HELD | POWER_TRANSITIONS)
-        and node.reason.startswith(FAILED_RESUME_REASONS)
-    )
-
-
-def recover_failed_resumes(
-    settings: Settings,
-    ec2: Ec2Nodes,
-    slurm: Slurm,
-    nodes: dict[str, NodeInfo],
-    instances: list[dict[str, Any]],
-) -> tuple[set[str], bool]:
-    """Dynamic nodes a failed resume left DOWN+POWERED_DOWN: terminate their instances, POWER_DOWN_FORCE.
-
-    resume-fail does this; this catches what it missed (it failed, or ran before this version).
-    Static nodes are keep-static's.
-    """
-    static = set(settings.static_nodes)
-    names = sorted(
-        name
-        for name, node in nodes.items()
-        if pool_of(name, settings.pools) and name not in static and is_failed_resume(node)
-    )
-    if not names:
-        return set(), True
-    LOG.warning(
-        "reconcile: %s are DOWN+POWERED_DOWN after a failed resume (%s); terminating their instances "
-        "and returning them to power saving",
-        ",".join(names),
-        "; ".join(sorted({nodes[name].reason for name in names})),
-    )
-    owned = [i["InstanceId"] for i in instances if tag_value(i, TAG_NODE) in names]
-    failed = ec2.terminate(owned) if owned else []
-    released = slurm.power_down_force(names, REASON_RECOVER)
-    return set(names), released and not failed
 
 
 def find_orphans(

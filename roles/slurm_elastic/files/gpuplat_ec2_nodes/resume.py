@@ -17,6 +17,7 @@ from .holds import (
     record_capacity_error,
 )
 from .logs import LOG
+from .resume_file import ResumeJob
 from .settings import Settings, group_by_pool, report_unknown
 from .slurm import Slurm
 
@@ -24,9 +25,16 @@ REASON_RESUME_FAIL = "gpuplat resume-fail: no registration within ResumeTimeout"
 
 
 def resume(
-    settings: Settings, ec2: Ec2Nodes, slurm: Slurm, names: list[str], now: float | None = None
+    settings: Settings,
+    ec2: Ec2Nodes,
+    slurm: Slurm,
+    names: list[str],
+    now: float | None = None,
+    jobs: list[ResumeJob] | None = None,
 ) -> int:
-    """Launch a new instance for every name; names of a held pool get none (holds.py).
+    """Launch a new instance for every name; names of a held pool get none (holds.py). The names of
+    each job of the resume file (resume_file.py) are launched all or nothing: a job that cannot have
+    all its nodes gets none, rather than idle nodes that wait for the rest until SuspendTime.
 
     An instance a name still has from before is terminated, never reused: slurmctld ignores a
     registration from before the resume request, so a node that booted earlier would wait out
@@ -43,19 +51,13 @@ def resume(
     started: dict[str, dict[str, Any]] = {}
     failed: dict[str, str] = {}
     cooled = False
-    for pool_name, pool_names in groups.items():
-        held = hold_reason(holds, pool_name, now)
-        if held:
-            LOG.warning(
-                "resume: pool %s is held (%s): no launch for %s", pool_name, held, ",".join(pool_names)
-            )
-            failed.update(dict.fromkeys(pool_names, POOL_HELD))
-            continue
-        launched, code = ec2.launch(settings.pools[pool_name], pool_names)
+    for job_id, by_pool in launch_units(groups, jobs or []):
+        launched, missing, codes = launch_unit(settings, ec2, holds, by_pool, job_id, now)
         started.update(launched)
-        failed.update({name: code or "Unknown" for name in pool_names if name not in launched})
-        if code in CAPACITY_ERROR_CODES:
-            cooled = record_capacity_error(settings, pool_name, code, now) or cooled
+        failed.update(missing)
+        for pool_name, code in codes.items():
+            if code in CAPACITY_ERROR_CODES:
+                cooled = record_capacity_error(settings, pool_name, code, now) or cooled
     addressed, unaddressed = announce_addresses(ec2, slurm, started)
     failed.update({name: "NoPrivateAddress" for name in unaddressed})
     ok = release_failed(ec2, slurm, failed) and addressed and ok
@@ -65,6 +67,66 @@ def resume(
     return report_unknown(unknown, settings.pools, "resume") or (
         EXIT_OK if ok and not failed else EXIT_FAILED
     )
+
+
+def launch_units(
+    groups: dict[str, list[str]], jobs: list[ResumeJob]
+) -> list[tuple[str | None, dict[str, list[str]]]]:
+    """What is launched together: each job's names (by pool), then the names of no job, by pool."""
+    pools_of = {name: pool for pool, pool_names in groups.items() for name in pool_names}
+    units: list[tuple[str | None, dict[str, list[str]]]] = []
+    placed: set[str] = set()
+    for job in jobs:
+        by_pool: dict[str, list[str]] = {}
+        for name in job.names:
+            if name in pools_of and name not in placed:
+                by_pool.setdefault(pools_of[name], []).append(name)
+                placed.add(name)
+        if by_pool:
+            units.append((job.job_id, by_pool))
+    for pool, pool_names in groups.items():
+        alone = [name for name in pool_names if name not in placed]
+        if alone:  # best effort, each name on its own
+            units.append((None, {pool: alone}))
+    return units
+
+
+def launch_unit(
+    settings: Settings,
+    ec2: Ec2Nodes,
+    holds: dict[str, Any],
+    by_pool: dict[str, list[str]],
+    job_id: str | None,
+    now: float,
+) -> tuple[dict[str, dict[str, Any]], dict[str, str], dict[str, str]]:
+    """Launch the names of one unit; the instances by name, the error code of each name without one,
+    and each pool's launch error. A job's unit is all or nothing: RunInstances with MinCount as many as
+    its names (EC2 starts all or none), and what its other pools got goes again if one pool fails."""
+    launched: dict[str, dict[str, Any]] = {}
+    failed: dict[str, str] = {}
+    codes: dict[str, str] = {}
+    for pool_name, pool_names in by_pool.items():
+        held = hold_reason(holds, pool_name, now)
+        if held:
+            LOG.warning(
+                "resume: pool %s is held (%s): no launch for %s", pool_name, held, ",".join(pool_names)
+            )
+            failed.update(dict.fromkeys(pool_names, POOL_HELD))
+            continue
+        got, code = ec2.launch(settings.pools[pool_name], pool_names, all_or_nothing=job_id is not None)
+        launched.update(got)
+        failed.update({name: code or "Unknown" for name in pool_names if name not in got})
+        if code:
+            codes[pool_name] = code
+    if job_id is not None and failed and launched:
+        code = next(iter(failed.values()))
+        LOG.warning(
+            "resume: job %s got %d of its %d nodes (%s); all or nothing: %s go too",
+            job_id, len(launched), len(launched) + len(failed), code, ",".join(sorted(launched)),
+        )  # fmt: skip
+        failed.update(dict.fromkeys(launched, code))
+        launched = {}
+    return launched, failed, codes
 
 
 def terminate_earlier(ec2: Ec2Nodes, names: list[str]) -> bool:

@@ -87,6 +87,19 @@ def parse_jobs(text: str) -> list[Job]:
     return jobs
 
 
+def parse_batch_children(text: str, job_ids: Sequence[str]) -> list[int]:
+    """PIDs of `scontrol listpids` (PID JOBID STEPID LOCALID GLOBALID) in the batch step of these jobs
+    that are not its task: the batch shell is the step's one task (a LOCALID), every process it
+    started is listed with LOCALID "-" (src/scontrol/info_job.c _list_pids_one_step)."""
+    wanted = set(job_ids)
+    return [
+        int(columns[0])
+        for columns in (line.split() for line in text.splitlines())
+        if len(columns) == 5 and columns[0].isdigit() and columns[1] in wanted
+        and columns[2] == "batch" and columns[3] == "-"
+    ]  # fmt: skip
+
+
 class Slurm:
     def __init__(self, scontrol: str) -> None:
         self.scontrol = scontrol
@@ -153,6 +166,12 @@ class Slurm:
             return None
         rows = (line.split() for line in output.splitlines())
         return {row[0]: row[1] for row in rows if len(row) == 2 and row[0].isdigit()}
+
+    def batch_step_children(self, job_ids: Sequence[str]) -> list[int] | None:
+        """The processes of these jobs' batch steps on this node, less each batch shell, or None
+        (logged) when scontrol failed. Run on the node: `scontrol listpids` asks its slurmstepds."""
+        output = run_command([self.scontrol, "listpids"])
+        return None if output is None else parse_batch_children(output, job_ids)
 
     def signal_steps(self, name: str, signal: str) -> bool:
         """Signal the job steps of the node's jobs; not the batch shells (no --full)."""

@@ -3,7 +3,10 @@ checkpointed, requeued and the node powered down."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import time
 import urllib.error
 import urllib.request
@@ -62,27 +65,53 @@ def spot_notice(base_url: str) -> dict[str, Any] | None:
 
 
 def handle_spot_notice(
-    watch: SpotWatch, slurm: Slurm, notice: dict[str, Any], sleep: Callable[[float], None]
+    watch: SpotWatch,
+    slurm: Slurm,
+    notice: dict[str, Any],
+    sleep: Callable[[float], None],
+    kill: Callable[[int, int], None] = os.kill,
 ) -> int:
-    """Drain, TERM the job steps, wait, POWER_DOWN_FORCE, then requeue the requeueable batch jobs that
-    ended in the grace period.
+    """Drain, TERM the job steps and the processes the batch scripts started, wait, POWER_DOWN_FORCE,
+    then requeue the requeueable batch jobs that ended in the grace period.
 
-    The batch shell is not signalled: bash dies on SIGTERM, which would end the job FAILED before it
-    could be requeued. POWER_DOWN_FORCE requeues the requeueable batch jobs still running; a job
-    whose steps ended (checkpointed) in the grace period is requeued here, as `scontrol requeue`
-    takes finished jobs back (the package docstring).
+    The batch shell itself is not signalled: bash dies on SIGTERM, and with it the job, whose
+    other steps Slurm then kills after KillWait instead of the grace. What it started (a torchrun
+    run in the script, not under srun) is: `scancel --signal` reaches job steps only, never the
+    batch step. POWER_DOWN_FORCE requeues the requeueable batch jobs still running; a job whose
+    work ended (checkpointed) in the grace period is requeued here, as `scontrol requeue` takes
+    finished jobs back (the package docstring).
     """
     reason = f"spot interruption {notice.get('time', 'unknown')}"
     LOG.warning("spot-watch: %s: %s (%s)", watch.node, reason, notice.get("action", "unknown"))
     drained = slurm.drain(watch.node, reason)
     jobs = slurm.jobs_on(watch.node)
     signalled = slurm.signal_steps(watch.node, "TERM")
+    children = term_batch_step_children(slurm, watch.node, jobs or [], kill)
     LOG.info("spot-watch: %s: waiting %.0f s for the jobs to checkpoint", watch.node, watch.grace_s)
     sleep(watch.grace_s)
     powered_down = slurm.power_down_force([watch.node], reason)
     requeued = requeue_ended_jobs(slurm, watch.node, jobs or [])
-    ok = drained and jobs is not None and signalled and powered_down and requeued
+    ok = drained and jobs is not None and signalled and children and powered_down and requeued
     return EXIT_OK if ok else EXIT_FAILED
+
+
+def term_batch_step_children(
+    slurm: Slurm, node: str, jobs: list[Job], kill: Callable[[int, int], None]
+) -> bool:
+    """SIGTERM to every process of the batch jobs' batch steps but their shells; whether they were
+    listed. A process that ended meanwhile is no failure."""
+    batch = [job.job_id for job in jobs if job.batch]
+    if not batch:
+        return True
+    pids = slurm.batch_step_children(batch)
+    if pids is None:
+        return False
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            kill(pid, signal.SIGTERM)
+    LOG.info("spot-watch: %s: SIGTERM to %d processes of the batch steps of jobs %s: %s", node, len(pids),
+             ",".join(batch), " ".join(str(pid) for pid in pids) or "none")  # fmt: skip
+    return True
 
 
 # The states a job reaches when its steps end on SIGTERM: exit 0 after a checkpoint, or not.

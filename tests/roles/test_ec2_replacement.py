@@ -1,0 +1,178 @@
+"""reconcile's replacement of unhealthy nodes (replacement.py): DOWN, drained and instance-less nodes
+lose their instance and are powered down; a node whose instance has an EC2 scheduled event is drained.
+
+Same harness as test_ec2_reconcile.py: moto in server mode, recorder scontrol answering `show node`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gpuplat_ec2_nodes.ec2 import Ec2Nodes
+from gpuplat_ec2_nodes.exit_codes import EXIT_OK
+from gpuplat_ec2_nodes.reconcile import reconcile
+from gpuplat_ec2_nodes.slurm import Slurm
+
+from tests.roles import test_ec2_nodes as harness
+from tests.roles.test_ec2_nodes import Cloud, RecordingEc2, SlurmRecorder, ec2_nodes, settings_for, show_node
+
+moto_cloud, cloud, slurm = harness.moto_cloud, harness.cloud, harness.slurm
+
+SPOT = "spot interruption"
+REPLACED = "reason=gpuplat reconcile: replaced"
+
+
+def reconcile_once(tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder, *lines: str, ec2: Any = None) -> int:
+    slurm.nodes(*lines)
+    settings = settings_for(tmp_path, cloud, slurm, static_nodes=["train-0"], orphan_grace_s=3600.0)
+    return int(reconcile(settings, ec2 or ec2_nodes(cloud, slurm), Slurm(slurm.scontrol)))
+
+
+def address(cloud: Cloud, instance_id: str) -> str:
+    return str(cloud.describe(instance_id)["PrivateIpAddress"])
+
+
+def power_downs(slurm: SlurmRecorder) -> dict[str, str]:
+    """Each POWER_DOWN_FORCE'd node and its reason."""
+    found: dict[str, str] = {}
+    for call in slurm.calls():
+        if call[:2] == ["scontrol", "update"] and call[3] == "state=power_down_force":
+            found.update(dict.fromkeys(call[2].removeprefix("nodename=").split(","), call[4]))
+    return found
+
+
+def test_down_and_drained_nodes_are_replaced_and_their_jobs_requeued(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+) -> None:
+    """ParallelCluster's terminate_down_nodes and terminate_drain_nodes (replacement.py): a DOWN node
+    (slurmd died, not responding) and a DRAINED one (an operator's or a health check's drain, its jobs
+    ended) are replaced, static ones too when drained; a DRAINING node keeps running its jobs, a static
+    DOWN one is keep-static's (its back-off), spot-watch's drain is spot-watch's."""
+    ids = {name: cloud.launch(name, pool) for name, pool in [
+        ("train-spot-1", "train-spot"), ("train-spot-2", "train-spot"), ("train-0", "train"),
+        ("train-spot-3", "train-spot"), ("train-1", "train"), ("train-spot-4", "train-spot")]}  # fmt: skip
+    at = {name: address(cloud, instance_id) for name, instance_id in ids.items()}
+    status = reconcile_once(
+        tmp_path, cloud, slurm,
+        show_node("train-spot-1", "DOWN+CLOUD+NOT_RESPONDING", "Not responding", at["train-spot-1"]),
+        show_node("train-spot-2", "IDLE+CLOUD+DRAIN", "gpuplat health: /fsx missing", at["train-spot-2"]),
+        show_node("train-0", "IDLE+CLOUD+DRAIN", "maintenance", at["train-0"]),
+        show_node("train-spot-3", "MIXED+CLOUD+DRAIN", "maintenance", at["train-spot-3"]),
+        show_node("train-1", "DOWN+CLOUD", "Not responding", at["train-1"]),
+        show_node("train-spot-4", "IDLE+CLOUD+DRAIN", f"{SPOT} 2026-12-01T10:02:00Z", at["train-spot-4"]),
+    )  # fmt: skip
+    assert status == EXIT_OK
+    assert power_downs(slurm) == {
+        "train-spot-1": f"{REPLACED}: DOWN (Not responding)",
+        "train-spot-2": f"{REPLACED}: drained (gpuplat health: /fsx missing)",
+        "train-0": f"{REPLACED}: drained (maintenance)",
+        "train-1": f"{REPLACED}: DOWN (Not responding)",  # not static in this stack
+    }
+    for name in ("train-spot-1", "train-spot-2", "train-0", "train-1"):
+        assert cloud.state(ids[name]) == "terminated", name
+    for name in ("train-spot-3", "train-spot-4"):
+        assert cloud.state(ids[name]) == "running", name
+
+
+def test_a_static_down_node_is_left_to_keep_static(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+) -> None:
+    instance = cloud.launch("train-0")
+    status = reconcile_once(
+        tmp_path, cloud, slurm, show_node("train-0", "DOWN+CLOUD", "Not responding", address(cloud, instance))
+    )
+    assert status == EXIT_OK
+    assert power_downs(slurm) == {}
+    assert cloud.state(instance) == "running"
+
+
+def test_a_node_whose_instance_is_gone_is_powered_down_at_once(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+) -> None:
+    """An instance terminated or stopped from outside: Slurm would wait SlurmdTimeout and more before
+    the node is DOWN, its job stuck; ParallelCluster's is_backing_instance_valid (missing count 0)
+    replaces it in the round that sees it. Nodes powered down or on their way up have no instance yet."""
+    gone, stopped = cloud.launch("train-spot-1", "train-spot"), cloud.launch("train-spot-2", "train-spot")
+    addresses = [address(cloud, gone), address(cloud, stopped)]
+    cloud.ec2.terminate_instances(InstanceIds=[gone])
+    cloud.ec2.stop_instances(InstanceIds=[stopped])
+    status = reconcile_once(
+        tmp_path, cloud, slurm,
+        show_node("train-spot-1", "ALLOCATED+CLOUD", addr=addresses[0]),
+        show_node("train-spot-2", "IDLE+CLOUD", addr=addresses[1]),
+        show_node("train-spot-3", "IDLE+CLOUD+POWERED_DOWN"),
+        show_node("train-spot-4", "ALLOCATED+CLOUD+POWERING_UP", addr="10.0.0.99"),
+        show_node("train-spot-5", "IDLE+CLOUD"),  # NodeAddr never set: nothing to look for
+    )  # fmt: skip
+    assert status == EXIT_OK
+    assert power_downs(slurm) == {
+        "train-spot-1": f"{REPLACED}: no live instance at NodeAddr {addresses[0]}",
+        "train-spot-2": f"{REPLACED}: no live instance at NodeAddr {addresses[1]}",
+    }
+    assert cloud.state(stopped) == "terminated"
+    updates = [call[2:4] for call in slurm.calls() if call[:2] == ["scontrol", "update"]]
+    # DOWN first: the job leaves the dead node (else COMPLETING there until SlurmdTimeout), then back
+    # to power saving
+    assert updates == [
+        ["nodename=train-spot-1", "state=down"],
+        ["nodename=train-spot-2", "state=down"],
+        ["nodename=train-spot-1", "state=power_down_force"],
+        ["nodename=train-spot-2", "state=power_down_force"],
+    ]
+
+
+class EventfulEc2(RecordingEc2):
+    """moto's client, with scheduled events on some instances (moto has none)."""
+
+    def __init__(self, client: Any, slurm: SlurmRecorder, events: dict[str, list[dict[str, str]]]) -> None:
+        super().__init__(client, slurm)
+        self.events = events
+
+    def describe_instance_status(self, **request: Any) -> Any:
+        response = self.client.describe_instance_status(**request)
+        for status in response["InstanceStatuses"]:
+            status["Events"] = self.events.get(status["InstanceId"], [])
+        return response
+
+
+def test_a_node_with_a_scheduled_event_is_drained_then_replaced_once_idle(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+) -> None:
+    retiring, done, rebooting = (cloud.launch(f"train-spot-{i}", "train-spot") for i in (1, 2, 3))
+    events = {
+        retiring: [{"Code": "instance-retirement", "Description": "retiring", "NotBefore": "2026-12-07"}],
+        done: [{"Code": "system-reboot", "Description": "[Completed] reboot", "NotBefore": "2026-12-01"}],
+        rebooting: [{"Code": "system-reboot", "Description": "reboot", "NotBefore": "2026-12-08"}],
+    }
+    client = EventfulEc2(ec2_nodes(cloud, slurm).client.client, slurm, events)
+    lines = [
+        show_node("train-spot-1", "ALLOCATED+CLOUD", addr=address(cloud, retiring)),
+        show_node("train-spot-2", "IDLE+CLOUD", addr=address(cloud, done)),
+        show_node("train-spot-3", "IDLE+CLOUD+DRAIN", "maintenance", address(cloud, rebooting)),
+    ]
+    assert reconcile_once(tmp_path, cloud, slurm, *lines, ec2=Ec2Nodes(client, cloud.stack)) == EXIT_OK
+    drains = [
+        call for call in slurm.calls() if call[:2] == ["scontrol", "update"] and call[3] == "state=drain"
+    ]
+    assert drains == [
+        ["scontrol", "update", "nodename=train-spot-1", "state=drain",
+         "reason=gpuplat reconcile: EC2 scheduled event instance-retirement at 2026-12-07"],
+    ]  # fmt: skip
+    assert set(power_downs(slurm)) == {"train-spot-3"}, "already drained and idle: replaced at once"
+    assert cloud.state(retiring) == "running" and cloud.state(done) == "running"
+
+
+@pytest.mark.parametrize("state", ["IDLE+CLOUD+DRAIN", "DOWN+CLOUD+DRAIN"])
+def test_a_node_drained_for_its_scheduled_event_is_replaced_once_drained(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder, state: str
+) -> None:
+    instance = cloud.launch("train-spot-1", "train-spot")
+    reason = "gpuplat reconcile: EC2 scheduled event instance-stop at 2026-12-07"
+    status = reconcile_once(
+        tmp_path, cloud, slurm, show_node("train-spot-1", state, reason, address(cloud, instance))
+    )
+    assert status == EXIT_OK
+    assert list(power_downs(slurm)) == ["train-spot-1"]
+    assert cloud.state(instance) == "terminated"
