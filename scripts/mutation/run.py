@@ -97,7 +97,11 @@ SESSIONS = [
             "infra/serving/statistics.py",
             "infra/serving/counts.py",
         ],
-        ["tests/unit/test_canary.py", "tests/unit/test_serving_release.py"],
+        [
+            "tests/unit/test_canary.py",
+            "tests/unit/test_canary_statistics.py",
+            "tests/unit/test_serving_release.py",
+        ],
     ),
     Session(
         "gateway-canary",
