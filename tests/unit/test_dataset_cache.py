@@ -955,3 +955,24 @@ def test_an_os_error_names_the_dataset_and_version_when_the_configuration_does(
     )
     args = cache.parse(["--config", str(tmp_path / "gone.json"), "stage", "corpus"])
     assert cache.describe_version(args) == ""
+
+
+def test_root_becomes_the_cache_owner_groups_first_then_group_then_user(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Root (a job's prolog, an admin) stages as the cache's owner, so that what it writes is the owner's
+    to remove later: no supplementary groups, the owner's group, then the owner's uid (after setuid it
+    could no longer change its groups). The switch is recorded here, not made."""
+    cache = load_script_quietly()
+    config = _setup(tmp_path)
+    (tmp_path / "cache").mkdir(mode=0o755)
+    if os.geteuid() == 0:
+        os.chown(tmp_path / "cache", CACHE_UID, CACHE_UID)
+    owner = (tmp_path / "cache").stat()
+    switched: list[tuple[str, object]] = []
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    for call in ("setgroups", "setgid", "setuid"):
+        monkeypatch.setattr(os, call, lambda value, call=call: switched.append((call, value)))
+    done = _main_of(cache, config, "stage", "corpus")
+    assert done.returncode == 0, done.stderr
+    assert switched == [("setgroups", []), ("setgid", owner.st_gid), ("setuid", owner.st_uid)]
