@@ -36,13 +36,17 @@ def _exact_sf(events: int, trials: int, p: Fraction) -> float:
         (5, 5, Fraction(1, 2)),  # every trial: p^n
         (3, 20, Fraction(1, 10)),  # below the mean: the lower tail, complemented
         (1, 50, Fraction(1, 20)),
+        (3, 40, Fraction(1, 10)),  # the lower tail over several terms
+        (10, 200, Fraction(1, 10)),
         (7, 30, Fraction(1, 10)),
         (50, 100, Fraction(1, 10)),  # far in the upper tail: about 1.5e-20, exact in relative terms
         (29, 30, Fraction(1, 3)),
     ],
 )
 def test_binomial_tails_match_the_exact_sum(events: int, trials: int, p: Fraction) -> None:
-    assert binomial_sf(events, trials, float(p)) == pytest.approx(_exact_sf(events, trials, p), rel=1e-9)
+    assert binomial_sf(events, trials, float(p)) == pytest.approx(
+        _exact_sf(events, trials, p), rel=1e-9, abs=0
+    )
 
 
 def test_binomial_tails_at_their_edges() -> None:
