@@ -842,8 +842,27 @@ class _Started(Exception):
     """What the test's execvpe raises in place of replacing this process with the command."""
 
 
+@pytest.fixture
+def holders(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """The holders `run` starts in this process, ended and waited for after the test: a child left to be
+    reaped by whoever waits next is what `make mutation`'s runner (which waits for any child) trips on."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    class Recorded(subprocess.Popen):  # type: ignore[type-arg]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            started.append(self)
+
+    monkeypatch.setattr(subprocess, "Popen", Recorded)
+    yield started
+    for holder in started:
+        if holder.stdin is not None:
+            holder.stdin.close()
+        holder.wait(timeout=60)
+
+
 def test_run_starts_the_command_with_the_held_copy_in_its_environment(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, holders: list[subprocess.Popen[bytes]]
 ) -> None:
     """`run NAME -- COMMAND` in this process, up to the exec: the holder (this program again, as the
     cache's owner) has staged and holds the copy when the command starts; the command, less the `--`,
@@ -851,13 +870,6 @@ def test_run_starts_the_command_with_the_held_copy_in_its_environment(
     lets the copy go."""
     cache = load_script_quietly()
     config = _setup(tmp_path)
-    holders: list[subprocess.Popen[bytes]] = []
-
-    class Recorded(subprocess.Popen):  # type: ignore[type-arg]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            holders.append(self)
-
     started: dict[str, Any] = {}
 
     def execvpe(file: str, args: list[str], env: dict[str, str]) -> None:
@@ -873,7 +885,6 @@ def test_run_starts_the_command_with_the_held_copy_in_its_environment(
         raise _Started
 
     monkeypatch.setattr(sys, "argv", [str(PROGRAM)])
-    monkeypatch.setattr(subprocess, "Popen", Recorded)
     monkeypatch.setattr(os, "execvpe", execvpe)
     monkeypatch.setenv("GPUPLAT_TEST_CALLER", "kept")
     with pytest.raises(_Started):
@@ -894,7 +905,7 @@ def test_run_starts_the_command_with_the_held_copy_in_its_environment(
 
 
 def test_run_without_a_command_or_a_holder_is_one_line(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, holders: list[subprocess.Popen[bytes]]
 ) -> None:
     """`run` refuses no command; a holder that fails passes its exit status on (its error is its own
     stderr line); one that cannot start, or ends without holding, is one line naming how it was started;
