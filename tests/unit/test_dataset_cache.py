@@ -722,6 +722,19 @@ def test_a_user_not_the_owner_runs_the_program_again_as_the_owner_through_sudo(
     monkeypatch.setenv("GPUPLAT_DATASET_BECOME", str(tmp_path / "no-sudo"))
     with pytest.raises(cache.CacheError, match=r"No such file or directory.*installs the sudoers rule"):
         cache.as_owner(config, ["stage", "corpus", "--check", "size"])
+    with pytest.raises(
+        cache.CacheError, match=rf"^cannot run as the cache owner through `{tmp_path}/no-sudo` "
+    ):
+        cache.as_owner(config, ["stage", "corpus", "--check", "size"])
+    # The owner's output, however many lines, is handed back whole; its last line is the exit mark.
+    monkeypatch.setenv(
+        "GPUPLAT_DATASET_BECOME", f"sh -c 'echo first; echo second; echo {cache.EXIT_MARK}3' sh"
+    )
+    code, out = cache.as_owner(config, ["verify", "corpus"])
+    assert (code, out.splitlines()[:2]) == (3, ["first", "second"])
+    # Root runs it directly (it drops to the owner itself), never through sudo.
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert cache.owner_command(config, ["stage", "corpus"])[0][:2] == [sys.executable, program]
 
 
 # --- run and its holder, in this process (what `make mutation` sees them do) ------------------------------
@@ -913,10 +926,21 @@ def test_run_without_a_command_or_a_holder_is_one_line(
     cache = load_script_quietly()
     config = _setup(tmp_path)
     monkeypatch.setattr(sys, "argv", [str(PROGRAM)])
+    missing_program = str(tmp_path / "no-such-program")
+    execvpe = os.execvpe
+
+    def started_only_if_missing(file: str, args: list[str], env: dict[str, str]) -> None:
+        if file == missing_program:
+            execvpe(file, args, env)  # raises: there is no such program
+        raise _Started  # none of these may start their command (nor replace this process)
+
+    monkeypatch.setattr(os, "execvpe", started_only_if_missing)
     for command in ([], ["--"]):
-        _one_error_line(_main(config, "run", "corpus", *command), "run: give the command after `--`")
+        refused = _main(config, "run", "corpus", *command)
+        _one_error_line(refused)
+        assert refused.stderr.splitlines()[-1] == "gpuplat-dataset: run: give the command after `--`"
     assert _main(config, "run", "imagenet", "--", "true").returncode == 2  # the holder's own refusal
-    missing = _main(config, "run", "corpus", "--", str(tmp_path / "no-such-program"))
+    missing = _main(config, "run", "corpus", "--", missing_program)
     _one_error_line(missing, f"run: cannot start {tmp_path / 'no-such-program'}: No such file or directory")
 
     owner = cache.cache_owner(cache.load_config(config))[0]
