@@ -608,6 +608,26 @@ def test_resume_fail_terminates_then_returns_the_nodes_to_power_saving(
     ]
 
 
+def test_resume_fail_logs_each_step_and_fails_when_slurm_does_not_take_the_nodes_back(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+) -> None:
+    """resume-fail's log names the step and the nodes (the warning, each termination, the power-down),
+    and its exit status is a failure when scontrol refuses POWER_DOWN_FORCE even though the instances
+    were terminated: the nodes would stay DOWN+POWERED_DOWN."""
+    config = write_config(tmp_path, cloud, slurm)
+    assert run_in_process(config, cloud, "resume", "train-[0-1]").returncode == 0
+    slurm.fail("scontrol")
+    result = run_in_process(config, cloud, "resume-fail", "train-[0-1]")
+    assert result.returncode == EXIT_FAILED, result.stderr
+    assert list(cloud.node_instances("terminated")) == ["train-0", "train-1"]
+    assert (
+        "resume-fail: train-0,train-1 did not register in time; terminating their instances" in result.stderr
+    )
+    for name in ("train-0", "train-1"):
+        assert f"resume-fail: {name}: terminated i-" in result.stderr
+    assert "resume-fail: returning train-0,train-1 to power saving (POWER_DOWN_FORCE)" in result.stderr
+
+
 def test_resume_fail_powers_down_only_after_terminating(
     tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
 ) -> None:

@@ -15,6 +15,7 @@ is replaced by setpriv through GPUPLAT_DATASET_BECOME. Not modelled here: sudo's
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import io
@@ -30,6 +31,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -108,10 +110,21 @@ def _main(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
     taken: `stage` logs to the sys.stderr of its loading), where `make mutation` sees what it calls."""
     from tests.conftest import load_script
 
-    argv = ["--config", str(config), *args]
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = load_script(PROGRAM).main(argv)
+        program = load_script(PROGRAM)
+    return _main_of(program, config, *args, taken=(out, err))
+
+
+def _main_of(
+    program: Any, config: Path, *args: str, taken: tuple[io.StringIO, io.StringIO] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """_main with the program already loaded (a test that replaced some of its functions); `taken`: the
+    stdout and stderr it was loaded with."""
+    argv = ["--config", str(config), *args]
+    out, err = taken or (io.StringIO(), io.StringIO())
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = program.main(argv)
     return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
@@ -709,3 +722,292 @@ def test_a_user_not_the_owner_runs_the_program_again_as_the_owner_through_sudo(
     monkeypatch.setenv("GPUPLAT_DATASET_BECOME", str(tmp_path / "no-sudo"))
     with pytest.raises(cache.CacheError, match=r"No such file or directory.*installs the sudoers rule"):
         cache.as_owner(config, ["stage", "corpus", "--check", "size"])
+    with pytest.raises(
+        cache.CacheError, match=rf"^cannot run as the cache owner through `{tmp_path}/no-sudo` "
+    ):
+        cache.as_owner(config, ["stage", "corpus", "--check", "size"])
+    # The owner's output, however many lines, is handed back whole; its last line is the exit mark.
+    monkeypatch.setenv(
+        "GPUPLAT_DATASET_BECOME", f"sh -c 'echo first; echo second; echo {cache.EXIT_MARK}3' sh"
+    )
+    code, out = cache.as_owner(config, ["verify", "corpus"])
+    assert (code, out.splitlines()[:2]) == (3, ["first", "second"])
+    # Root runs it directly (it drops to the owner itself), never through sudo.
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert cache.owner_command(config, ["stage", "corpus"])[0][:2] == [sys.executable, program]
+
+
+# --- run and its holder, in this process (what `make mutation` sees them do) ------------------------------
+
+
+def _is_held(path: Path) -> bool:
+    """Whether a reader holds the copy at `path` (an exclusive lock on its readers' file is refused)."""
+    fd = os.open(_readers(path), os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def test_the_holder_prints_the_copy_keeps_it_until_eof_and_ignores_the_jobs_signals(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`hold` (what `run` starts as the cache's owner): stages, prints the held mark with the copy's path,
+    keeps a shared lock on it until EOF on its stdin, and lets SIGTERM, SIGINT and SIGHUP pass (a job in
+    its grace time still reads); the copy is free once it returns."""
+    import threading
+
+    cache = load_script_quietly()
+    config = cache.load_config(_setup(tmp_path))
+    to_holder, holder_in = os.pipe()
+    from_holder, holder_out = os.pipe()
+    seen: dict[str, object] = {}
+
+    def caller() -> None:
+        with os.fdopen(from_holder) as lines:
+            first = lines.readline()
+            seen["line"] = first
+            path = Path(first.strip().removeprefix(cache.HELD_MARK))
+            seen["held"] = _is_held(path)
+            seen["signals"] = [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)]
+            seen["rest"] = lines.read()  # the holder's stdout is closed to the caller once it has printed
+        os.close(holder_in)  # the job has ended: EOF
+
+    saved_fds = os.dup(0), os.dup(1)
+    saved_signals = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    thread = threading.Thread(target=caller)
+    try:
+        os.dup2(to_holder, 0)
+        os.dup2(holder_out, 1)
+        os.close(to_holder)
+        os.close(holder_out)
+        # print() to fd 1 itself, as in the holder's process (the test's sys.stdout is pytest's capture)
+        monkeypatch.setattr(sys, "stdout", os.fdopen(1, "w", closefd=False))
+        thread.start()
+        with contextlib.redirect_stderr(io.StringIO()):
+            assert cache.hold_for_caller(config, "corpus", "size") == 0
+    finally:
+        os.dup2(saved_fds[0], 0)
+        os.dup2(saved_fds[1], 1)
+        for fd in saved_fds:
+            os.close(fd)
+        for sig, handler in saved_signals.items():
+            signal.signal(sig, handler)
+        thread.join(timeout=30)
+    copy = tmp_path / "cache" / "corpus" / "v1" / "g1"
+    assert seen["line"] == f"{cache.HELD_MARK}{copy}\n"
+    assert seen["held"] is True and seen["rest"] == ""
+    assert seen["signals"] == [signal.SIG_IGN] * 3
+    assert not _is_held(copy)
+
+
+def test_the_holder_stages_again_when_the_copy_goes_before_it_is_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A copy withdrawn between its stage and the holder's lock is staged again; after five such losses the
+    holder gives up with one line."""
+    cache = load_script_quietly()
+    config = cache.load_config(_setup(tmp_path))
+    staged: list[str] = []
+    stage, hold = cache.stage, cache.hold
+
+    def counted(config: object, name: str, check: str) -> Path:
+        staged.append(name)
+        return Path(stage(config, name, check))
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    monkeypatch.setattr(os, "read", lambda fd, size: b"")  # the caller has gone: EOF at once
+    monkeypatch.setattr(sys, "stdout", io.StringIO())
+    monkeypatch.setattr(os, "dup2", lambda fd, fd2: fd2)  # this process's stdout stays the test's
+    monkeypatch.setattr(cache, "stage", counted)
+    try:
+        # stage itself holds the copy it hands back (hold_current): only the holder's own hold is lost
+        monkeypatch.setattr(cache, "hold", lambda path: None if len(staged) == 1 else hold(path))
+        with contextlib.redirect_stderr(io.StringIO()):
+            assert cache.hold_for_caller(config, "corpus", "size") == 0
+        assert len(staged) == 2 and sys.stdout.getvalue().startswith(cache.HELD_MARK)
+        monkeypatch.setattr(cache, "hold", lambda path: None)
+        with (
+            contextlib.redirect_stderr(io.StringIO()),
+            pytest.raises(
+                cache.CacheError, match=r"^corpus: the copy was removed each time before it could be held$"
+            ),
+        ):
+            cache.hold_for_caller(config, "corpus", "size")
+        assert len(staged) == 2 + 5
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def load_script_quietly() -> object:
+    """The program loaded as a module (`stage` logs to the stderr it was loaded with: kept quiet)."""
+    from tests.conftest import load_script
+
+    with contextlib.redirect_stderr(io.StringIO()):
+        return load_script(PROGRAM)
+
+
+class _Started(Exception):
+    """What the test's execvpe raises in place of replacing this process with the command."""
+
+
+@pytest.fixture
+def holders(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """The holders `run` starts in this process, ended and waited for after the test: a child left to be
+    reaped by whoever waits next is what `make mutation`'s runner (which waits for any child) trips on."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    class Recorded(subprocess.Popen):  # type: ignore[type-arg]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            started.append(self)
+
+    monkeypatch.setattr(subprocess, "Popen", Recorded)
+    yield started
+    for holder in started:
+        if holder.stdin is not None:
+            holder.stdin.close()
+        holder.wait(timeout=60)
+
+
+def test_run_starts_the_command_with_the_held_copy_in_its_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, holders: list[subprocess.Popen[bytes]]
+) -> None:
+    """`run NAME -- COMMAND` in this process, up to the exec: the holder (this program again, as the
+    cache's owner) has staged and holds the copy when the command starts; the command, less the `--`,
+    gets GPUPLAT_DATASET_PATH beside the caller's environment and inherits the holder's pipe, whose EOF
+    lets the copy go."""
+    cache = load_script_quietly()
+    config = _setup(tmp_path)
+    started: dict[str, Any] = {}
+
+    def execvpe(file: str, args: list[str], env: dict[str, str]) -> None:
+        copy = Path(env["GPUPLAT_DATASET_PATH"])
+        assert holders[0].stdin is not None
+        started.update(
+            file=file,
+            args=args,
+            env=env,
+            held=_is_held(copy),
+            inherits=os.get_inheritable(holders[0].stdin.fileno()),
+        )
+        raise _Started
+
+    monkeypatch.setattr(sys, "argv", [str(PROGRAM)])
+    monkeypatch.setattr(os, "execvpe", execvpe)
+    monkeypatch.setenv("GPUPLAT_TEST_CALLER", "kept")
+    with pytest.raises(_Started):
+        cache.main(["--config", str(config), "run", "corpus", "--", "job", "--flag", "--"])
+    copy = tmp_path / "cache" / "corpus" / "v1" / "g1"
+    assert (started["file"], started["args"]) == ("job", ["job", "--flag", "--"])
+    assert (
+        started["env"]["GPUPLAT_DATASET_PATH"] == str(copy)
+        and started["env"]["GPUPLAT_TEST_CALLER"] == "kept"
+    )
+    assert started["held"] is True and started["inherits"] is True
+    (holder,) = holders
+    assert holder.stdout is not None and holder.stdout.closed  # the caller reads no more of the holder
+    assert holder.stdin is not None
+    holder.stdin.close()  # the command and all that inherited the pipe have ended
+    assert holder.wait(timeout=60) == 0
+    assert not _is_held(copy)
+
+
+def test_run_without_a_command_or_a_holder_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, holders: list[subprocess.Popen[bytes]]
+) -> None:
+    """`run` refuses no command; a holder that fails passes its exit status on (its error is its own
+    stderr line); one that cannot start, or ends without holding, is one line naming how it was started;
+    an exit mark of 0 without a held copy is still a failure; a command that cannot start is one line."""
+    cache = load_script_quietly()
+    config = _setup(tmp_path)
+    monkeypatch.setattr(sys, "argv", [str(PROGRAM)])
+    missing_program = str(tmp_path / "no-such-program")
+    execvpe = os.execvpe
+
+    def started_only_if_missing(file: str, args: list[str], env: dict[str, str]) -> None:
+        if file == missing_program:
+            execvpe(file, args, env)  # raises: there is no such program
+        raise _Started  # none of these may start their command (nor replace this process)
+
+    monkeypatch.setattr(os, "execvpe", started_only_if_missing)
+    for command in ([], ["--"]):
+        refused = _main(config, "run", "corpus", *command)
+        _one_error_line(refused)
+        assert refused.stderr.splitlines()[-1] == "gpuplat-dataset: run: give the command after `--`"
+    assert _main(config, "run", "imagenet", "--", "true").returncode == 2  # the holder's own refusal
+    missing = _main(config, "run", "corpus", "--", missing_program)
+    _one_error_line(missing, f"run: cannot start {tmp_path / 'no-such-program'}: No such file or directory")
+
+    owner = cache.cache_owner(cache.load_config(config))[0]
+    monkeypatch.setattr(os, "geteuid", lambda: owner + 4242)  # not the owner: through GPUPLAT_DATASET_BECOME
+    monkeypatch.setenv("GPUPLAT_DATASET_BECOME", str(tmp_path / "no-sudo"))
+    _one_error_line(
+        _main(config, "run", "corpus", "--", "true"),
+        f"cannot run as the cache owner through `{tmp_path / 'no-sudo'}` ([Errno 2] No such file",
+    )
+    monkeypatch.setenv("GPUPLAT_DATASET_BECOME", "true")
+    _one_error_line(
+        _main(config, "run", "corpus", "--", "true"),
+        "cannot run as the cache owner through `true` (exit 0, see above;",
+    )
+    monkeypatch.setenv("GPUPLAT_DATASET_BECOME", f"printf '%s\\n' {cache.EXIT_MARK}0")
+    assert _main(config, "run", "corpus", "--", "true").returncode == 2
+
+
+def test_an_os_error_names_the_dataset_and_version_when_the_configuration_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An OSError is one line: the dataset and its version when the configuration names them, the error
+    and its file, and that the disk is full when it is; a command without a dataset (list), or a
+    configuration that no longer reads, names none."""
+    cache = load_script_quietly()
+    config = _setup(tmp_path)
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", "/cache/corpus/v1/.staging-1/index.json")
+
+    monkeypatch.setattr(cache, "stage", full)
+    done = _main_of(cache, config, "stage", "corpus")
+    assert (done.returncode, done.stderr) == (
+        2,
+        "gpuplat-dataset: corpus v1: No space left on device: /cache/corpus/v1/.staging-1/index.json "
+        "(the cache's disk is full)\n",
+    )
+
+    def denied(*args: object, **kwargs: object) -> None:
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(cache, "list_datasets", denied)
+    assert _main_of(cache, config, "list").stderr == "gpuplat-dataset: Permission denied\n"
+    monkeypatch.setattr(cache, "stage", denied)
+    assert (
+        _main_of(cache, config, "stage", "imagenet").stderr == "gpuplat-dataset: imagenet Permission denied\n"
+    )
+    args = cache.parse(["--config", str(tmp_path / "gone.json"), "stage", "corpus"])
+    assert cache.describe_version(args) == ""
+
+
+def test_root_becomes_the_cache_owner_groups_first_then_group_then_user(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Root (a job's prolog, an admin) stages as the cache's owner, so that what it writes is the owner's
+    to remove later: no supplementary groups, the owner's group, then the owner's uid (after setuid it
+    could no longer change its groups). The switch is recorded here, not made."""
+    cache = load_script_quietly()
+    config = _setup(tmp_path)
+    (tmp_path / "cache").mkdir(mode=0o755)
+    if os.geteuid() == 0:
+        os.chown(tmp_path / "cache", CACHE_UID, CACHE_UID)
+    owner = (tmp_path / "cache").stat()
+    switched: list[tuple[str, object]] = []
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    for call in ("setgroups", "setgid", "setuid"):
+        monkeypatch.setattr(os, call, lambda value, call=call: switched.append((call, value)))
+    done = _main_of(cache, config, "stage", "corpus")
+    assert done.returncode == 0, done.stderr
+    assert switched == [("setgroups", []), ("setgid", owner.st_gid), ("setuid", owner.st_uid)]

@@ -309,3 +309,247 @@ def test_bad_input_says_which_job_reports_timing_lines() -> None:
     assert refused_log.value.message.endswith(
         "give the output of a job that reports them, such as examples/train_dist/train.py"
     )
+
+
+# --- what the command reports, field by field (issue 46: the survivors of `make mutation`) ---------------
+
+
+def _windows(first: int, last: int, phases_by_rank: dict[int, tuple[float, ...]], host: str = "") -> str:
+    """Windows of 10 steps, steps first*10 .. last*10, a line per rank in the dict's order."""
+    return "".join(
+        _rank_line(w * 10, rank, phases, host=host)
+        for w in range(first, last + 1)
+        for rank, phases in phases_by_rank.items()
+    )
+
+
+def test_the_json_of_a_requeued_job_with_a_straggler_field_by_field() -> None:
+    """`gpuplat job-profile --json`, the document scripts read: run 1 (ranks 0 and 1 of 4 reported, 30
+    steps) was requeued and resumed from step 20; run 2 (every rank, 100 steps) has rank 2 computing at
+    half speed. Every key of the job, its runs, their phases and the straggler, with its value."""
+    even = (0.002, 0.030, 0.010, 0.001)
+    log = "start host=train-0 world=4 resumed_from=0 restart=0\n" + _windows(1, 3, {0: even, 1: even})
+    fast, slow = (0.001, 0.030, 0.035, 0.0), (0.001, 0.060, 0.005, 0.0)
+    log += "start host=train-1 world=4 resumed_from=20 restart=1\n"
+    log += _windows(3, 12, {0: fast, 1: fast, 2: slow, 3: fast})
+    document = _cli_json(log)
+
+    def phases(
+        seconds: dict[str, float], spread: dict[str, tuple[int, float, int, float]]
+    ) -> dict[str, object]:
+        step = sum(seconds.values())
+        return {
+            phase: {
+                "seconds": pytest.approx(seconds[phase]),
+                "share": pytest.approx(seconds[phase] / step),
+                "min": {"rank": spread[phase][0], "seconds": pytest.approx(spread[phase][1])},
+                "max": {"rank": spread[phase][2], "seconds": pytest.approx(spread[phase][3])},
+            }
+            for phase in PHASES
+        }
+
+    first_seconds = dict(zip(PHASES, even, strict=True))
+    first = {
+        "run": 1,
+        "host": "train-0",
+        "world": 4,
+        "resumed_from": 0,
+        "restart": 0,
+        "last_step": 30,
+        "steps": 30,
+        "redone": 0,
+        "ranks": [0, 1],
+        "step_s": pytest.approx(0.043),
+        "phases": phases(
+            first_seconds, {p: (0, v, 0, v) for p, v in first_seconds.items()}
+        ),  # equals: rank 0
+        "dominant": "compute",
+        "straggler": None,
+        "notes": [
+            "ranks 2, 3 of 4 did not report: a straggler among them would go unseen",
+            "fewer than 50 steps per rank: too few to tell a straggler from noise, none named",
+        ],
+    }
+    second_seconds = {
+        "data": 0.001,
+        "compute": (3 * 0.030 + 0.060) / 4,
+        "comm": (3 * 0.035 + 0.005) / 4,
+        "checkpoint": 0.0,
+    }
+    second = {
+        "run": 2,
+        "host": "train-1",
+        "world": 4,
+        "resumed_from": 20,
+        "restart": 1,
+        "last_step": 120,
+        "steps": 100,
+        "redone": 10,
+        "ranks": [0, 1, 2, 3],
+        "step_s": pytest.approx(0.066),
+        "phases": phases(
+            second_seconds,
+            {
+                "data": (0, 0.001, 0, 0.001),
+                "compute": (0, 0.030, 2, 0.060),
+                "comm": (2, 0.005, 0, 0.035),
+                "checkpoint": (0, 0.0, 0, 0.0),
+            },
+        ),
+        "dominant": "straggler",
+        "straggler": {
+            "rank": 2,
+            "host": "train-1",
+            "phase": "compute",
+            "excess_s": pytest.approx(0.030),
+            "others_wait_s": pytest.approx(0.030),
+            "own_comm_share": pytest.approx(0.005 / 0.066),
+        },
+        "notes": ["resumed from step 20: redid at least 10 steps of the run before"],
+    }
+    job_seconds = {p: (first_seconds[p] * 30 + second_seconds[p] * 100) / 130 for p in PHASES}
+    job_step = sum(job_seconds.values())
+    assert document == {
+        "steps": 130,
+        "steps_redone": 10,
+        "step_s": pytest.approx(job_step),
+        "phases": {
+            p: {"seconds": pytest.approx(job_seconds[p]), "share": pytest.approx(job_seconds[p] / job_step)}
+            for p in PHASES
+        },
+        "dominant": "straggler",
+        "verdict_run": 2,
+        "straggler": second["straggler"],
+        "advice": ADVICE["straggler"],
+        "runs": [first, second],
+        "malformed_lines": 0,
+        "notes": [],
+    }
+
+
+def test_a_log_of_rank_0_alone_has_no_ranks_and_says_so() -> None:
+    """Lines without `rank=` (train.py before issue 47): no rank is named anywhere in the document, the
+    note says a slow rank elsewhere reads as communication, and a start line without restart= is read."""
+    log = "start host=train-0 world=2 resumed_from=0\n" + "".join(
+        _line(0.001, 0.030, 0.005, 0.0).replace("step 10 ", f"step {w * 10} ", 1) for w in range(1, 4)
+    )
+    run = job_profile(log, "log").to_json()["runs"][0]  # type: ignore[index]
+    assert run["restart"] is None and run["ranks"] == [] and run["straggler"] is None
+    assert run["phases"]["compute"]["min"] == {"rank": None, "seconds": pytest.approx(0.030)}
+    assert run["phases"]["compute"]["max"] == {"rank": None, "seconds": pytest.approx(0.030)}
+    assert run["notes"] == [
+        "only rank 0 reported (a log from before every rank printed its timing): a slow rank elsewhere shows "
+        "here as communication"
+    ]
+
+
+def test_an_idle_run_shares_nothing_in_the_json() -> None:
+    run = job_profile(_line(0.0, 0.0, 0.0, 0.0), "log").to_json()["runs"][0]  # type: ignore[index]
+    assert run["step_s"] == 0.0 and [run["phases"][p]["share"] for p in PHASES] == [0.0] * 4
+
+
+@pytest.mark.parametrize(
+    ("world", "said"),
+    [
+        (10, "ranks 2, 3, 4, 5, 6, 7, 8, 9 of 10 did not report"),  # eight missing: all of them named
+        (11, "ranks 2, 3, 4, 5, 6, 7, 8, 9 ... of 11 did not report"),  # nine: the first eight and "..."
+        (2, None),  # every rank reported
+    ],
+)
+def test_ranks_that_did_not_report_are_named_up_to_eight(world: int, said: str | None) -> None:
+    even = (0.001, 0.030, 0.010, 0.0)
+    log = f"start host=train-0 world={world} resumed_from=0 restart=0\n" + _windows(1, 5, {0: even, 1: even})
+    notes = job_profile(log, "log").runs[0].notes
+    if said is None:
+        assert notes == ()
+    else:
+        assert notes == (f"{said}: a straggler among them would go unseen",)
+
+
+@pytest.mark.parametrize(
+    ("steps", "notes"),
+    [
+        (20, ()),  # 20 steps: not fewer than 20
+        (19, ("only 19 steps: start-up and warm-up weigh heavily in so few",)),
+    ],
+)
+def test_a_run_of_fewer_than_20_steps_is_said_to_be_short(steps: int, notes: tuple[str, ...]) -> None:
+    text = _rank_line(steps, 0, (0.001, 0.030, 0.010, 0.0), steps=steps)
+    assert job_profile(text, "log").runs[0].notes == notes
+
+
+def test_fifty_steps_a_rank_are_enough_to_name_a_straggler_and_one_rank_never_is() -> None:
+    log = _straggler_log(windows=5)  # 50 steps a rank
+    profile = job_profile(log, "log")
+    assert profile.runs[0].notes == () and profile.straggler is not None and profile.straggler.rank == 2
+    alone = "start host=train-0 world=1 resumed_from=0 restart=0\n" + _windows(
+        1, 3, {0: (0.001, 0.03, 0.01, 0.0)}
+    )
+    assert job_profile(alone, "log").runs[0].notes == ()  # one rank, 30 steps: nothing to compare
+
+
+def test_a_run_resumed_from_the_last_step_of_the_one_before_redid_nothing() -> None:
+    even = (0.001, 0.030, 0.010, 0.0)
+    log = "start host=train-0 world=1 resumed_from=0 restart=0\n" + _windows(1, 3, {0: even})
+    log += "start host=train-0 world=1 resumed_from=30 restart=1\n" + _windows(4, 6, {0: even})
+    profile = job_profile(log, "log")
+    assert [run.redone for run in profile.runs] == [0, 0] and profile.runs[1].notes == ()
+
+
+def test_of_two_equally_slow_ranks_the_lowest_is_named() -> None:
+    """Ranks 0 and 1 both compute at half speed; the others wait for them: rank 0 is named, whichever
+    rank's lines come first."""
+    fast, slow = (0.001, 0.030, 0.035, 0.0), (0.001, 0.060, 0.005, 0.0)
+    profile = job_profile(_windows(1, 10, {1: slow, 0: slow, 3: fast, 2: fast}), "log")
+    assert profile.straggler is not None and profile.straggler.rank == 0
+
+
+def test_a_rank_waiting_for_its_data_is_a_data_straggler() -> None:
+    fast, starved = (0.001, 0.030, 0.045, 0.0), (0.040, 0.030, 0.006, 0.0)
+    straggler = job_profile(_windows(1, 10, {0: fast, 1: starved, 2: fast, 3: fast}), "log").straggler
+    assert straggler is not None and (straggler.rank, straggler.phase) == (1, "data")
+
+
+@pytest.mark.parametrize(
+    ("slow", "fast", "named"),
+    [
+        # step 10 s: the slow rank works 1 s (10 % of the step) more and the other waits 1 s: not above 10 %
+        ((0.0, 5.0, 5.0, 0.0), (0.0, 4.0, 6.0, 0.0), False),
+        # 2 s more, the other waits exactly half of that (1 s): it does wait at least half, named
+        ((0.0, 6.0, 2.0, 0.0), (0.0, 4.0, 3.0, 0.0), True),
+    ],
+)
+def test_a_straggler_at_the_limits_of_excess_and_wait(
+    slow: tuple[float, ...], fast: tuple[float, ...], named: bool
+) -> None:
+    """The two limits at their values, in sums a float holds exactly: extra work above 10 % of the step
+    (not at it), the others' wait at least half of it. Two ranks are enough to compare."""
+    text = _rank_line(50, 0, fast, steps=50) + _rank_line(50, 1, slow, steps=50)
+    straggler = job_profile(text, "log").straggler
+    assert (straggler is not None and straggler.rank == 1) is named
+
+
+def test_the_straggler_is_described_in_milliseconds_and_percent() -> None:
+    """What the command prints: the extra work and the wait in ms, the straggler's own communication in %
+    of the step (0.0156 of 0.0766 s: 20 %); a rank whose lines name no host is described without one,
+    and its host is null in the JSON."""
+    fast, slow = (0.001, 0.030, 0.0456, 0.0), (0.001, 0.060, 0.0156, 0.0)
+    straggler = job_profile(_windows(1, 5, {0: fast, 1: slow}), "log").straggler
+    assert straggler is not None
+    assert straggler.describe() == (
+        "rank 1 on train-0 spends 30.00 ms per step more on compute than the median rank, and the others "
+        "wait 30.00 ms for it in the all-reduce; without that wait communication is 20% of a step"
+    )
+    hostless = _windows(1, 5, {0: fast, 1: slow}).replace(" host=train-0", "")
+    straggler = job_profile(hostless, "log").straggler
+    assert straggler is not None and straggler.describe().startswith("rank 1 spends 30.00 ms")
+    assert straggler.to_json()["host"] is None
+
+
+def test_a_line_without_a_rank_is_never_named_the_straggler() -> None:
+    """A run with rank 0's old-style line (no `rank=`) among every rank's: the old line is no rank of its
+    own to blame, however slow it reads."""
+    fast, slow = (0.001, 0.030, 0.035, 0.0), (0.001, 0.060, 0.005, 0.0)
+    text = _windows(1, 10, {0: fast, 1: fast, 2: slow, 3: fast}) + _line(0.5, 0.5, 0.0, 0.0, steps=50)
+    straggler = job_profile(text, "log").straggler
+    assert straggler is not None and straggler.rank == 2
