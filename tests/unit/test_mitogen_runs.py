@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import stat
 import subprocess
@@ -20,6 +21,7 @@ from infra.backends.local.cluster import BASE_IMAGE
 from infra.nodes import mitogen, playbook_run
 from infra.nodes.podman import exists, podman
 
+PROXY = "http://proxy.example:3128"
 RECAP = "PLAY RECAP ***\nnode-0 : ok=1 changed=0 unreachable=0 failed=0 skipped=0 rescued=0 ignored=0\n"
 
 
@@ -62,9 +64,8 @@ def test_runs_on_container_nodes_use_mitogens_setns_with_a_clean_interpreter(
     extra = _extra_vars(argv)
     assert extra["ansible_connection"] == "setns" and extra["mitogen_kind"] == "docker"
     assert Path(extra["mitogen_docker_path"]).name == "podman"
-    interpreter = extra["ansible_python_interpreter"].split()
-    assert interpreter[:2] == ["/usr/bin/env", "-i"] and interpreter[-1] == "/usr/bin/python3"
-    assert "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" in interpreter
+    interpreter = shlex.split(extra["ansible_python_interpreter"])
+    assert interpreter == ["/usr/bin/python3", "-I", "-c", mitogen.ADOPT_CONTAINER_ENVIRONMENT]
 
 
 def test_other_runs_and_the_switched_off_or_unprivileged_ones_use_plain_ansible(
@@ -96,7 +97,8 @@ def test_a_strategy_path_of_the_users_is_kept_after_mitogens(
 @pytest.fixture
 def node() -> Iterator[str]:
     name = f"gpuplat-test-mitogen-{uuid.uuid4().hex[:8]}"
-    podman("run", "--detach", "--name", name, BASE_IMAGE, "sleep", "600")
+    # A variable the container was started with, as podman passes the host's proxy variables by default.
+    podman("run", "--detach", "--name", name, "--env", f"HTTPS_PROXY={PROXY}", BASE_IMAGE, "sleep", "600")
     yield name
     podman("rm", "--force", "--time", "0", name, check=False)
 
@@ -134,4 +136,9 @@ def test_a_module_run_through_setns_sees_the_nodes_environment_not_the_controlle
         line.partition("=")[::2] for line in podman("exec", node, "cat", "/tmp/seen").stdout.splitlines()
     )
     assert "GPUPLAT_CONTROLLER_ONLY" not in seen and "ANSIBLE_STRATEGY" not in seen
-    assert seen["PATH"] == mitogen.CONTAINER_ENVIRONMENT["PATH"] and seen["container"] == "podman"
+    # What the container was started with (the image's, podman's and --env), as gpuplat_podman hands a module.
+    started = podman("container", "inspect", "--format", "{{json .Config.Env}}", node).stdout
+    for variable in json.loads(started):
+        name, _, value = variable.partition("=")
+        assert seen.get(name) == value, (variable, seen)
+    assert seen["HTTPS_PROXY"] == PROXY and seen["container"] == "podman"
