@@ -16,8 +16,9 @@ dataset and starts torchrun across the job's nodes; gloo without GPUs, NCCL with
 - Training: in-batch negatives (each query against every passage of its rank's batch, cross-entropy on
   scaled cosine similarities), DistributedDataParallel across the ranks, --steps steps of AdamW.
 - Evaluation (rank 0): recall@1 on the held-out split, of the fine-tuned and of the base model: the share of
-  its queries whose own passage is the nearest of all its passages, with texts cut where the served model
-  cuts them (the package's max_seq_length, 256 tokens), not at the shorter --max-seq-length of training.
+  its queries whose own passage is the nearest of all its passages, with texts cut where the model server
+  cuts them (--served-max-seq-length: the server's --max-seq-length, 256), not at the shorter
+  --max-seq-length of training.
 - Registration (rank 0), against MLFLOW_TRACKING_URI (every Slurm task has it where the stack runs a
   registry): an MLflow run with the parameters, the metrics and the model (model.zip beside an MLmodel file)
   as the artifact `model`; a version of --model created from runs:/<run id>/model and tagged with the
@@ -199,13 +200,11 @@ def write_model_zip(files: dict[str, bytes], weights: bytes, path: Path) -> None
 # --- the data -------------------------------------------------------------------------------------------
 
 
-def served_length(files: dict[str, bytes]) -> int:
-    """The tokens per text the model is served with: sentence-transformers' max_seq_length of the package
-    (the model server's --max-seq-length is the same, 256 for all-MiniLM-L6-v2), else the model's limit."""
-    config = json.loads(files["config.json"])
-    if "sentence_bert_config.json" in files:
-        return int(json.loads(files["sentence_bert_config.json"])["max_seq_length"])
-    return int(config["max_position_embeddings"])
+def served_length(files: dict[str, bytes], server_max_seq_length: int) -> int:
+    """The tokens per text the model is served with: the model server cuts at its --max-seq-length, or at the
+    model's position limit if that is shorter (roles/inference_server/files/cpu_reference_server.py,
+    BertEncoder), whatever the package's sentence_bert_config.json says."""
+    return min(server_max_seq_length, int(json.loads(files["config.json"])["max_position_embeddings"]))
 
 
 def held_out(passage: str, percent: int) -> bool:
@@ -277,6 +276,12 @@ def arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=8, help="pairs per rank and step")
     parser.add_argument("--lr", type=float, default=5e-5)
     parser.add_argument("--max-seq-length", type=int, default=64, help="tokens per text (the rest is cut)")
+    parser.add_argument(
+        "--served-max-seq-length",
+        type=int,
+        default=256,  # roles/inference_server/defaults/main.yml, inference_server_max_seq_length
+        help="tokens per text the model server cuts at (its --max-seq-length): the held-out score's length",
+    )
     parser.add_argument("--eval-percent", type=int, default=25)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -431,7 +436,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if rank == 0:
             # Trained on --max-seq-length tokens per text, scored at the length the model will be served with.
-            served = served_length(files)
+            served = served_length(files, args.served_max_seq_length)
             encoder.truncate_at(served)
             scores = evaluate(encoder, Encoder(files, served), test_pairs, final_loss, trained_s)
             params = {
