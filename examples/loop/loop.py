@@ -435,10 +435,8 @@ def run(args: argparse.Namespace) -> int:
     trained_s = time.monotonic() - started
     try:
         if rank == 0:
-            # Trained on --max-seq-length tokens per text, scored at the length the model will be served with.
             served = served_length(files, args.served_max_seq_length)
-            encoder.truncate_at(served)
-            scores = evaluate(encoder, Encoder(files, served), test_pairs, final_loss, trained_s)
+            scores = evaluate(encoder, files, served, test_pairs, final_loss, trained_s)
             params = {
                 "base_model": BASE_MODEL,
                 "steps": args.steps,
@@ -463,8 +461,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def evaluate(
-    encoder: Encoder, base: Encoder, pairs: list[tuple[str, str]], loss: float, trained_s: float
+    encoder: Encoder,
+    files: dict[str, bytes],
+    served: int,
+    pairs: list[tuple[str, str]],
+    loss: float,
+    trained_s: float,
 ) -> dict[str, float]:
+    """Trained on --max-seq-length tokens per text, the model and the base model it is compared with are
+    scored at `served`, the length the model server cuts at."""
+    encoder.truncate_at(served)
+    base = Encoder(files, served)
     encoder.eval()
     scores = {
         METRIC: recall_at_1(encoder, pairs),

@@ -100,6 +100,20 @@ def test_the_held_out_length_is_the_servers_whatever_the_package_says(
     assert loop.served_length(without, 4096) == server.BertEncoder(without, 4096).max_seq_length == 512
 
 
+def test_the_trained_and_the_base_model_are_scored_at_the_served_length(
+    loop: ModuleType, model_files: dict[str, bytes]
+) -> None:
+    """Both sides of the comparison at the served length: an untrained encoder (the base model's weights)
+    made at the training length scores what the base model scores, on texts longer than that length."""
+    pairs = [
+        (f"{TEXTS[3]} question {i} " * 2, f"{TEXTS[1]} answer {i} " * 6 + f"number {i}") for i in range(12)
+    ]
+    encoder = loop.Encoder(model_files, 64)
+    scores = loop.evaluate(encoder, model_files, 256, pairs, 0.0, 0.0)
+    assert encoder.max_seq_length == 256
+    assert scores[loop.METRIC] == scores[f"base_{loop.METRIC}"]
+
+
 def test_the_archive_written_after_training_is_what_the_server_serves(
     loop: ModuleType, server: ModuleType, model_files: dict[str, bytes], tmp_path: Path
 ) -> None:
