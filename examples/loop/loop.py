@@ -16,8 +16,8 @@ dataset and starts torchrun across the job's nodes; gloo without GPUs, NCCL with
 - Training: in-batch negatives (each query against every passage of its rank's batch, cross-entropy on
   scaled cosine similarities), DistributedDataParallel across the ranks, --steps steps of AdamW.
 - Evaluation (rank 0): recall@1 on the held-out split, of the fine-tuned and of the base model: the share of
-  its queries whose own passage is the nearest of all its passages, with texts cut where the model server
-  cuts them (--served-max-seq-length: the server's --max-seq-length, 256), not at the shorter
+  its queries whose own passage is the nearest of all its distinct passages, with texts cut where the model
+  server cuts them (--served-max-seq-length: the server's --max-seq-length, 256), not at the shorter
   --max-seq-length of training.
 - Registration (rank 0), against MLFLOW_TRACKING_URI (every Slurm task has it where the stack runs a
   registry): an MLflow run with the parameters, the metrics and the model (model.zip beside an MLmodel file)
@@ -246,10 +246,13 @@ def read_pairs(directory: Path, eval_percent: int) -> tuple[list[tuple[str, str]
 
 
 def recall_at_1(encoder: Encoder, pairs: list[tuple[str, str]]) -> float:
+    """Among the distinct passages: a passage two queries share (the split keeps them on one side) is one
+    candidate, so each of its queries finds it, not a copy of it that counts as another passage."""
+    distinct = list(dict.fromkeys(p for _, p in pairs))
+    own = torch.tensor([distinct.index(p) for _, p in pairs])
     queries = encoder.encode([q for q, _ in pairs])
-    passages = encoder.encode([p for _, p in pairs])
-    nearest = (queries @ passages.T).argmax(dim=1)
-    return float((nearest == torch.arange(len(pairs))).float().mean())
+    nearest = (queries @ encoder.encode(distinct).T).argmax(dim=1)
+    return float((nearest == own).float().mean())
 
 
 # --- the job --------------------------------------------------------------------------------------------

@@ -114,6 +114,16 @@ def test_the_trained_and_the_base_model_are_scored_at_the_served_length(
     assert scores[loop.METRIC] == scores[f"base_{loop.METRIC}"]
 
 
+def test_a_passage_two_held_out_queries_share_is_one_candidate_each_finds(
+    loop: ModuleType, model_files: dict[str, bytes]
+) -> None:
+    """Each query is its passage's own text, so its passage is the nearest: recall@1 is 1, also for the
+    second query of a shared passage (a copy of the passage in the candidates made it a miss)."""
+    passages = [f"{TEXTS[1]} Part {i}." for i in range(6)]
+    pairs = [(p, p) for p in passages] + [(p, p) for p in passages[:3]]
+    assert loop.recall_at_1(loop.Encoder(model_files, 64).eval(), pairs) == 1.0
+
+
 def test_the_archive_written_after_training_is_what_the_server_serves(
     loop: ModuleType, server: ModuleType, model_files: dict[str, bytes], tmp_path: Path
 ) -> None:
