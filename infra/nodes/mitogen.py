@@ -72,3 +72,15 @@ def container_speedup(environ: dict[str, str]) -> ContainerSpeedup | None:
             "ansible_python_interpreter": shlex.join(interpreter),
         },
     )
+
+
+def failure_hint(log_text: str) -> str | None:
+    """What to do when a run under Mitogen failed in Mitogen itself (its plugins did not load, its connection
+    broke: the log names ansible_mitogen or mitogen), or None when the log does not point at it."""
+    if "ansible_mitogen" not in log_text and "mitogen." not in log_text:
+        return None
+    return (
+        "This run used Mitogen for Ansible (infra/nodes/mitogen.py) and the log points at Mitogen itself: "
+        f"{SWITCH}=0 runs the playbooks with plain Ansible; `.venv/bin/pip install -e '.[dev,ansible]'` "
+        "reinstalls the pinned mitogen."
+    )

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from infra.backends.local.cluster import BASE_IMAGE
+from infra.errors import GpuPlatError
 from infra.nodes import mitogen, playbook_run
 from infra.nodes.podman import exists, podman
 
@@ -92,6 +93,27 @@ def test_a_strategy_path_of_the_users_is_kept_after_mitogens(
     env = _run(tmp_path, recorder, containers=True)["env"]
     assert isinstance(env, dict)
     assert env["ANSIBLE_STRATEGY_PLUGINS"].endswith(":/opt/mine")
+
+
+BROKEN = """Traceback (most recent call last):
+  File "site-packages/ansible_mitogen/plugins/strategy/mitogen_linear.py", line 1, in <module>
+ImportError: cannot import name 'x' from 'ansible.plugins.loader'
+ERROR! Unexpected Exception, this is probably a bug: cannot import name 'x' from 'ansible.plugins.loader'
+"""
+
+
+def test_a_run_that_fails_in_mitogen_itself_says_how_to_run_without_it(
+    tmp_path: Path, recorder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    program = tmp_path / "ansible-playbook"
+    program.write_text(f"#!{sys.executable}\nimport sys\nprint({BROKEN!r})\nsys.exit(250)\n")
+    with pytest.raises(GpuPlatError) as failed:
+        playbook_run.run_playbook("site.yml", tmp_path / "inventory", tmp_path / "logs", containers=True)
+    assert f"{mitogen.SWITCH}=0 runs the playbooks with plain Ansible" in str(failed.value)
+    # A plain run's failure says nothing of Mitogen.
+    with pytest.raises(GpuPlatError) as plain:
+        playbook_run.run_playbook("site.yml", tmp_path / "inventory", tmp_path / "logs")
+    assert mitogen.SWITCH not in str(plain.value)
 
 
 @pytest.fixture
