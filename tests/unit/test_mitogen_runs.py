@@ -164,3 +164,32 @@ def test_a_module_run_through_setns_sees_the_nodes_environment_not_the_controlle
         name, _, value = variable.partition("=")
         assert seen.get(name) == value, (variable, seen)
     assert seen["HTTPS_PROXY"] == PROXY and seen["container"] == "podman"
+
+
+def test_the_local_platforms_site_runs_and_only_those_ask_for_container_nodes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node joining (whole, by its join tags, and the node-list roles again) runs site.yml on containers."""
+    from types import SimpleNamespace
+
+    from infra.backends.local import join
+
+    runs: list[dict[str, object]] = []
+
+    def run_playbook(
+        playbook: str, inventory: Path, log_dir: Path, **options: object
+    ) -> playbook_run.PlaybookRun:
+        runs.append({"playbook": playbook, **options})
+        return playbook_run.PlaybookRun(playbook, 0, [], log_dir / "site.log")
+
+    monkeypatch.setattr(join, "run_playbook", run_playbook)
+    monkeypatch.setattr(join, "provision_munge_key", lambda cluster, names: None)
+    monkeypatch.setenv("GPUPLAT_STATE_DIR", str(tmp_path))
+    cluster = SimpleNamespace(
+        platform=SimpleNamespace(name="local"),
+        node=lambda name: SimpleNamespace(name=name),
+        started_from_image=lambda node: node.name == "train-1",
+    )
+    join.join(cluster, ["train-1", "train-2"], tmp_path / "inventory")  # type: ignore[arg-type]
+    assert [run.get("tags") for run in runs] == [None, join.JOIN_TAGS, join.NODE_LIST_ROLES]
+    assert all(run["playbook"] == "site.yml" and run.get("containers") is True for run in runs), runs
