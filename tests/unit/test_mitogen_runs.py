@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import stat
@@ -193,3 +194,55 @@ def test_the_local_platforms_site_runs_and_only_those_ask_for_container_nodes(
     join.join(cluster, ["train-1", "train-2"], tmp_path / "inventory")  # type: ignore[arg-type]
     assert [run.get("tags") for run in runs] == [None, join.JOIN_TAGS, join.NODE_LIST_ROLES]
     assert all(run["playbook"] == "site.yml" and run.get("containers") is True for run in runs), runs
+
+
+def _reached_roles(playbook: Path, seen: set[str]) -> list[dict[str, object]]:
+    """The plays of a playbook and those it imports; `seen` gets the roles they reach (their roles, the roles
+    those include, and their meta dependencies)."""
+    import yaml
+
+    plays: list[dict[str, object]] = []
+    for play in yaml.safe_load(playbook.read_text()) or []:
+        imported = play.get("ansible.builtin.import_playbook")
+        if imported:
+            plays += _reached_roles(playbook.parent / imported, seen)
+            continue
+        plays.append(play)
+        names = [r["role"] if isinstance(r, dict) else r for r in play.get("roles", [])]
+        names += re.findall(r"name: (\w+)", yaml.safe_dump(play.get("tasks", [])))
+        pending = list(names)
+        while pending:
+            role = pending.pop()
+            if role in seen or not (ROLES / role).is_dir():
+                continue
+            seen.add(role)
+            text = "".join(f.read_text() for f in (ROLES / role).glob("*/*.yml"))
+            pending += re.findall(r"role: (\w+)", text) + re.findall(r"name: (\w+)\n", text)
+    return plays
+
+
+ROLES = playbook_run.PROJECT_ROOT / "roles"
+ON_THE_CONTROLLER = re.compile(
+    r"delegate_to: *[\"']?(localhost|127\.0\.0\.1)|connection: *local|local_action|hosts: *localhost"
+)
+
+
+def test_nothing_site_yml_reaches_runs_on_the_controller() -> None:
+    """Mitogen's connection is given as extra variables, which outrank the inventory for every host,
+    localhost too: a play, task or handler of site.yml that runs on the controller would be sent into a
+    container named localhost. validate.yml, which does, runs without it."""
+    roles: set[str] = set()
+    plays = _reached_roles(playbook_run.PROJECT_ROOT / "playbooks" / "site.yml", roles)
+    assert {"node_identity", "shared_fs", "slurm_controller", "inference_server", "munge"} <= roles, roles
+    found = [f"playbook: {play.get('name')}" for play in plays if ON_THE_CONTROLLER.search(json.dumps(play))]
+    for role in sorted(roles):
+        for path in sorted((ROLES / role).glob("*/*.yml")):
+            found += [f"{path}: {m.group(0)}" for m in ON_THE_CONTROLLER.finditer(path.read_text())]
+    assert not found, found
+    validate_roles: set[str] = set()
+    _reached_roles(playbook_run.PROJECT_ROOT / "playbooks" / "validate.yml", validate_roles)
+    assert any(
+        ON_THE_CONTROLLER.search(path.read_text())
+        for role in validate_roles
+        for path in (ROLES / role).glob("*/*.yml")
+    ), "the check finds validate.yml's steps on the controller"
