@@ -149,3 +149,21 @@ def test_a_folder_of_an_owner_with_no_account_here_stops_the_run_with_the_messag
     assert done.returncode != 0
     assert f"{jobs / 'daemon'} exists and is not daemon's folder" in done.stdout, done.stdout[-3000:]
     assert "owned by 54321" in done.stdout
+
+
+def test_a_filesystem_that_refuses_root_stops_the_run_with_one_paragraph(tmp_path: Path) -> None:
+    """Where root may not write (an NFS export with root_squash; here, an immutable job path, which refuses
+    root's mkdir with the same EPERM), the run stops with what to do, not a module traceback."""
+    jobs = _jobs(tmp_path)
+    if subprocess.run(["chattr", "+i", str(jobs)], capture_output=True, check=False).returncode != 0:
+        pytest.skip("needs chattr and a filesystem with the immutable attribute (ext4, xfs)")
+    try:
+        done = _converge(tmp_path, jobs, ["daemon"])
+    finally:
+        subprocess.run(["chattr", "-i", str(jobs)], check=True)
+    assert done.returncode != 0
+    assert f"root could not make {jobs / 'daemon'} for daemon: Operation not permitted" in done.stdout, (
+        done.stdout[-3000:]
+    )
+    assert "Traceback" not in done.stdout + done.stderr
+    assert not (jobs / "daemon").exists()

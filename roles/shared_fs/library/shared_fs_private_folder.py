@@ -7,6 +7,7 @@ import errno
 import os
 import pwd
 import stat
+from collections.abc import Callable
 from typing import NoReturn
 
 from ansible.module_utils.basic import AnsibleModule
@@ -71,6 +72,25 @@ def main() -> None:
         )
         raise AssertionError("fail_json exits")
 
+    try:
+        make(module, parent, user, account, refuse)
+    except OSError as refused:
+        module.fail_json(
+            msg=f"shared_fs: root could not make {path} for {user}: {refused.strerror}. The folders are made "
+            "and handed over by root on the shared filesystem: an NFS export with root_squash (not covered: "
+            "roles/shared_fs/README.md) or a read-only mount refuses it; make the folder on the server, "
+            f"owned by {user} with mode 0700, and run again."
+        )
+
+
+def make(
+    module: AnsibleModule,
+    parent: str,
+    user: str,
+    account: pwd.struct_passwd | None,
+    refuse: Callable[[os.stat_result], NoReturn],
+) -> None:
+    path = os.path.join(parent, user)
     parent_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
     try:
         created = False
