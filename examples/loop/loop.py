@@ -16,8 +16,9 @@ dataset and starts torchrun across the job's nodes; gloo without GPUs, NCCL with
 - Training: in-batch negatives (each query against every passage of its rank's batch, cross-entropy on
   scaled cosine similarities), DistributedDataParallel across the ranks, --steps steps of AdamW.
 - Evaluation (rank 0): recall@1 on the held-out split, of the fine-tuned and of the base model: the share of
-  its queries whose own passage is the nearest of all its passages, with texts cut where the served model
-  cuts them (the package's max_seq_length, 256 tokens), not at the shorter --max-seq-length of training.
+  its queries whose own passage is the nearest of all its distinct passages, with texts cut where the model
+  server cuts them (--served-max-seq-length: the server's --max-seq-length, 256), not at the shorter
+  --max-seq-length of training.
 - Registration (rank 0), against MLFLOW_TRACKING_URI (every Slurm task has it where the stack runs a
   registry): an MLflow run with the parameters, the metrics and the model (model.zip beside an MLmodel file)
   as the artifact `model`; a version of --model created from runs:/<run id>/model and tagged with the
@@ -199,13 +200,11 @@ def write_model_zip(files: dict[str, bytes], weights: bytes, path: Path) -> None
 # --- the data -------------------------------------------------------------------------------------------
 
 
-def served_length(files: dict[str, bytes]) -> int:
-    """The tokens per text the model is served with: sentence-transformers' max_seq_length of the package
-    (the model server's --max-seq-length is the same, 256 for all-MiniLM-L6-v2), else the model's limit."""
-    config = json.loads(files["config.json"])
-    if "sentence_bert_config.json" in files:
-        return int(json.loads(files["sentence_bert_config.json"])["max_seq_length"])
-    return int(config["max_position_embeddings"])
+def served_length(files: dict[str, bytes], server_max_seq_length: int) -> int:
+    """The tokens per text the model is served with: the model server cuts at its --max-seq-length, or at the
+    model's position limit if that is shorter (roles/inference_server/files/cpu_reference_server.py,
+    BertEncoder), whatever the package's sentence_bert_config.json says."""
+    return min(server_max_seq_length, int(json.loads(files["config.json"])["max_position_embeddings"]))
 
 
 def held_out(passage: str, percent: int) -> bool:
@@ -247,10 +246,13 @@ def read_pairs(directory: Path, eval_percent: int) -> tuple[list[tuple[str, str]
 
 
 def recall_at_1(encoder: Encoder, pairs: list[tuple[str, str]]) -> float:
+    """Among the distinct passages: a passage two queries share (the split keeps them on one side) is one
+    candidate, so each of its queries finds it, not a copy of it that counts as another passage."""
+    distinct = list(dict.fromkeys(p for _, p in pairs))
+    own = torch.tensor([distinct.index(p) for _, p in pairs])
     queries = encoder.encode([q for q, _ in pairs])
-    passages = encoder.encode([p for _, p in pairs])
-    nearest = (queries @ passages.T).argmax(dim=1)
-    return float((nearest == torch.arange(len(pairs))).float().mean())
+    nearest = (queries @ encoder.encode(distinct).T).argmax(dim=1)
+    return float((nearest == own).float().mean())
 
 
 # --- the job --------------------------------------------------------------------------------------------
@@ -277,6 +279,12 @@ def arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=8, help="pairs per rank and step")
     parser.add_argument("--lr", type=float, default=5e-5)
     parser.add_argument("--max-seq-length", type=int, default=64, help="tokens per text (the rest is cut)")
+    parser.add_argument(
+        "--served-max-seq-length",
+        type=int,
+        default=256,  # roles/inference_server/defaults/main.yml, inference_server_max_seq_length
+        help="tokens per text the model server cuts at (its --max-seq-length): the held-out score's length",
+    )
     parser.add_argument("--eval-percent", type=int, default=25)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -430,10 +438,8 @@ def run(args: argparse.Namespace) -> int:
     trained_s = time.monotonic() - started
     try:
         if rank == 0:
-            # Trained on --max-seq-length tokens per text, scored at the length the model will be served with.
-            served = served_length(files)
-            encoder.truncate_at(served)
-            scores = evaluate(encoder, Encoder(files, served), test_pairs, final_loss, trained_s)
+            served = served_length(files, args.served_max_seq_length)
+            scores = evaluate(encoder, files, served, test_pairs, final_loss, trained_s)
             params = {
                 "base_model": BASE_MODEL,
                 "steps": args.steps,
@@ -458,8 +464,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def evaluate(
-    encoder: Encoder, base: Encoder, pairs: list[tuple[str, str]], loss: float, trained_s: float
+    encoder: Encoder,
+    files: dict[str, bytes],
+    served: int,
+    pairs: list[tuple[str, str]],
+    loss: float,
+    trained_s: float,
 ) -> dict[str, float]:
+    """Trained on --max-seq-length tokens per text, the model and the base model it is compared with are
+    scored at `served`, the length the model server cuts at."""
+    encoder.truncate_at(served)
+    base = Encoder(files, served)
     encoder.eval()
     scores = {
         METRIC: recall_at_1(encoder, pairs),

@@ -7,8 +7,10 @@ namespaces once and keeps one interpreter there for the whole run (0.03 CPU-s a 
 any other strategy the connection does not exist.
 
 Two things differ from the nodes' own view, and are set here:
-- the interpreter inherits the controller's environment (the setns child is forked from it): it is
-  started with `env -i` and the containers' own PATH, HOME and `container` variables;
+- the interpreter inherits the controller's environment (the setns child is forked from it): it replaces
+  it with the environment of the container's first process, what podman started the container with (the
+  image's ENV, `--env`, the host's proxy variables that podman passes by default), as gpuplat_podman hands
+  a module podman's `.Config.Env`;
 - the connection is given as extra variables, which outrank the inventory for every host, `localhost`
   too: only playbooks that never delegate to localhost may run this way (site.yml, not validate.yml).
 
@@ -19,19 +21,22 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shlex
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 STRATEGY = "mitogen_linear"
-# What the platform's node containers are started with (the Debian base image's environment, podman's
-# `container` marker): those of the environment gpuplat_podman hands a module (the container's own) that
-# programs read.
-CONTAINER_ENVIRONMENT = {
-    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-    "HOME": "/root",
-    "container": "podman",
-}
+# Run as the interpreter (mitogen/parent.py get_boot_command appends `-c <first stage> <args>`; the first
+# stage re-executes sys.executable, which keeps the environment): /usr/bin/python3, exec'd again with the
+# environment of the container's PID 1 (/proc of the container's mount namespace, which setns has entered);
+# -I: the first interpreter ignores the PYTHON* variables of the controller it starts with.
+ADOPT_CONTAINER_ENVIRONMENT = (
+    "import os,sys;"
+    "e=dict(v.partition(b'=')[::2] for v in open('/proc/1/environ','rb').read().split(bytes(1))"
+    " if b'=' in v);"
+    "os.execve(sys.executable,[sys.executable]+sys.argv[1:],e)"
+)
 SWITCH = "GPUPLAT_MITOGEN"
 
 
@@ -53,8 +58,7 @@ def container_speedup(environ: dict[str, str]) -> ContainerSpeedup | None:
         return None
     strategies = str(Path(found.origin).parent / "plugins" / "strategy")
     earlier = environ.get("ANSIBLE_STRATEGY_PLUGINS")
-    variables = [f"{name}={value}" for name, value in CONTAINER_ENVIRONMENT.items()]
-    interpreter = ["/usr/bin/env", "-i", *variables, "/usr/bin/python3"]
+    interpreter = ["/usr/bin/python3", "-I", "-c", ADOPT_CONTAINER_ENVIRONMENT]
     return ContainerSpeedup(
         env={
             "ANSIBLE_STRATEGY_PLUGINS": f"{strategies}:{earlier}" if earlier else strategies,
@@ -65,6 +69,18 @@ def container_speedup(environ: dict[str, str]) -> ContainerSpeedup | None:
             # setns finds the container's init process the way `docker inspect` does; podman answers alike.
             "mitogen_kind": "docker",
             "mitogen_docker_path": podman,
-            "ansible_python_interpreter": " ".join(interpreter),
+            "ansible_python_interpreter": shlex.join(interpreter),
         },
+    )
+
+
+def failure_hint(log_text: str) -> str | None:
+    """What to do when a run under Mitogen failed in Mitogen itself (its plugins did not load, its connection
+    broke: the log names ansible_mitogen or mitogen), or None when the log does not point at it."""
+    if "ansible_mitogen" not in log_text and "mitogen." not in log_text:
+        return None
+    return (
+        "This run used Mitogen for Ansible (infra/nodes/mitogen.py) and the log points at Mitogen itself: "
+        f"{SWITCH}=0 runs the playbooks with plain Ansible; `.venv/bin/pip install -e '.[dev,ansible]'` "
+        "reinstalls the pinned mitogen."
     )

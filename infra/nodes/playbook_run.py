@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infra.errors import EnvironmentProblem, GpuPlatError
-from infra.nodes.mitogen import container_speedup
+from infra.nodes.mitogen import container_speedup, failure_hint
 from infra.nodes.playbook_progress import PlaybookProgress
 from infra.nodes.podman import podman_env
 from infra.spec.load import PROJECT_ROOT
@@ -150,9 +150,10 @@ def run_playbook(
     changed, failed = parse_recap(text)
     if returncode != 0 or failed:
         tail = "\n".join(text.strip().splitlines()[-15:])
+        hint = failure_hint(text) if speedup is not None else None
         raise GpuPlatError(
             f"{playbook} failed on {', '.join(failed) or 'the run'} (exit {returncode}); "
-            f"full log: {log}\n{tail}"
+            f"full log: {log}\n{tail}" + (f"\n{hint}" if hint else "")
         )
     return PlaybookRun(playbook, changed, failed, log)
 

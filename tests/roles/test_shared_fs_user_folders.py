@@ -23,7 +23,27 @@ MISSING = "gpuplat-no-such-user"
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="handing a folder to another user needs root")
 
 
-def _converge(tmp_path: Path, jobs: Path, users: list[str]) -> subprocess.CompletedProcess[str]:
+# An Ansible callback that makes a folder as another user at the start of the task that makes the folders:
+# the moment a user racing the platform would pick, after every look the play took before it.
+RACER = """
+import os
+from ansible.plugins.callback import CallbackBase
+
+class CallbackModule(CallbackBase):
+    CALLBACK_VERSION = 2.0
+    CALLBACK_TYPE = "aggregate"
+    CALLBACK_NAME = "racer"
+
+    def v2_playbook_on_task_start(self, task, is_conditional):
+        if task.get_name().endswith("Give each team user a private job folder"):
+            os.mkdir(os.environ["RACE_PATH"], 0o777)
+            os.chown(os.environ["RACE_PATH"], int(os.environ["RACE_UID"]), -1)
+"""
+
+
+def _converge(
+    tmp_path: Path, jobs: Path, users: list[str], race: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     play = [
         {
             "name": "The team users' job folders",
@@ -44,9 +64,14 @@ def _converge(tmp_path: Path, jobs: Path, users: list[str]) -> subprocess.Comple
     playbook.write_text(yaml.safe_dump(play, sort_keys=False))
     command = [ansible_playbook_binary(), "-i", "localhost,", "-c", "local", str(playbook)]
     command += ["-e", f"ansible_python_interpreter={sys.executable}"]
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")}
+    if race:
+        (tmp_path / "callbacks").mkdir(exist_ok=True)
+        (tmp_path / "callbacks" / "racer.py").write_text(RACER)
+        env |= {"ANSIBLE_CALLBACK_PLUGINS": str(tmp_path / "callbacks"), "ANSIBLE_CALLBACKS_ENABLED": "racer"}
+        env |= race
     return subprocess.run(
-        command, capture_output=True, text=True, check=False, timeout=300, cwd=ROOT,
-        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")},
+        command, capture_output=True, text=True, check=False, timeout=300, cwd=ROOT, env=env
     )  # fmt: skip
 
 
@@ -100,3 +125,45 @@ def test_a_name_taken_first_stops_the_run_and_is_left_as_it_was(tmp_path: Path, 
     after = taken.lstat()
     assert (after.st_uid, after.st_mode) == (before.st_uid, before.st_mode)
     assert elsewhere.stat().st_uid == 0 and elsewhere.stat().st_mode & 0o777 == 0o755
+
+
+def test_a_folder_another_user_makes_after_the_platform_looked_is_not_handed_over(tmp_path: Path) -> None:
+    """The look and the making are one step: a folder that appears in between (another user racing the
+    run) stops it, instead of being given, with what that user put in it, to the team user."""
+    jobs = _jobs(tmp_path)
+    nobody = pwd.getpwnam("nobody").pw_uid
+    race = {"RACE_PATH": str(jobs / "daemon"), "RACE_UID": str(nobody)}
+    done = _converge(tmp_path, jobs, ["daemon"], race)
+    assert (jobs / "daemon").lstat().st_uid == nobody, "the racer's folder was handed to daemon"
+    assert done.returncode != 0
+    assert f"{jobs / 'daemon'} exists and is not daemon's folder" in done.stdout, done.stdout[-3000:]
+
+
+def test_a_folder_of_an_owner_with_no_account_here_stops_the_run_with_the_message(tmp_path: Path) -> None:
+    """A folder whose owner has no account on this host (a removed user, or one known only to the compute
+    nodes' directory service): the same message, naming the owner by number."""
+    jobs = _jobs(tmp_path)
+    (jobs / "daemon").mkdir(mode=0o700)
+    os.chown(jobs / "daemon", 54321, 54321)
+    done = _converge(tmp_path, jobs, ["daemon"])
+    assert done.returncode != 0
+    assert f"{jobs / 'daemon'} exists and is not daemon's folder" in done.stdout, done.stdout[-3000:]
+    assert "owned by 54321" in done.stdout
+
+
+def test_a_filesystem_that_refuses_root_stops_the_run_with_one_paragraph(tmp_path: Path) -> None:
+    """Where root may not write (an NFS export with root_squash; here, an immutable job path, which refuses
+    root's mkdir with the same EPERM), the run stops with what to do, not a module traceback."""
+    jobs = _jobs(tmp_path)
+    if subprocess.run(["chattr", "+i", str(jobs)], capture_output=True, check=False).returncode != 0:
+        pytest.skip("needs chattr and a filesystem with the immutable attribute (ext4, xfs)")
+    try:
+        done = _converge(tmp_path, jobs, ["daemon"])
+    finally:
+        subprocess.run(["chattr", "-i", str(jobs)], check=True)
+    assert done.returncode != 0
+    assert f"root could not make {jobs / 'daemon'} for daemon: Operation not permitted" in done.stdout, (
+        done.stdout[-3000:]
+    )
+    assert "Traceback" not in done.stdout + done.stderr
+    assert not (jobs / "daemon").exists()

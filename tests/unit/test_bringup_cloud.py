@@ -88,7 +88,9 @@ def stand_in(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> StandIn:
     def create_or_select_stack(stack_name: str, work_dir: str) -> Stack:
         return Stack(state.platforms[stack_name])
 
-    def run_playbook(playbook: str, inventory: Path, log_dir: Path, **_: Any) -> PlaybookRun:
+    def run_playbook(playbook: str, inventory: Path, log_dir: Path, **options: Any) -> PlaybookRun:
+        # Cloud and existing hosts are not this machine's containers: never Mitogen's setns into them.
+        assert not options.get("containers"), playbook
         state.playbooks.append(playbook)
         return PlaybookRun(playbook, 0, [], log_dir / "site.log")
 

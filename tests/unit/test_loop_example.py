@@ -74,16 +74,54 @@ def test_the_held_out_score_cuts_texts_where_the_served_model_cuts_them(
 ) -> None:
     """Trained on 64 tokens per text, scored on the 256 the package serves: past token 64, the score is of
     what users get."""
-    assert loop.served_length(model_files) == 256
+    assert loop.served_length(model_files, 256) == 256
     long_text = [" ".join(TEXTS) * 4]
     encoder = loop.Encoder(model_files, 64)
     short = encoder.encode(long_text).numpy()
-    encoder.truncate_at(loop.served_length(model_files))
+    encoder.truncate_at(loop.served_length(model_files, 256))
     reference = server.BertEncoder(model_files, 256)
     np.testing.assert_allclose(
         encoder.encode(long_text).numpy(), reference.encode(reference.tokenize(long_text)), atol=2e-5
     )
     assert np.abs(short - encoder.encode(long_text).numpy()).max() > 1e-3
+
+
+def test_the_held_out_length_is_the_servers_whatever_the_package_says(
+    loop: ModuleType, server: ModuleType, model_files: dict[str, bytes]
+) -> None:
+    """The server cuts at its --max-seq-length (the role's inference_server_max_seq_length) and the model's
+    position limit, not at the package's sentence_bert_config.json: a --base-zip without that file, or with
+    another length in it, is scored where the server cuts."""
+    default = loop.arguments([]).served_max_seq_length
+    without = {name: data for name, data in model_files.items() if name != "sentence_bert_config.json"}
+    other = {**model_files, "sentence_bert_config.json": json.dumps({"max_seq_length": 128}).encode()}
+    for files in (model_files, without, other):
+        assert loop.served_length(files, default) == server.BertEncoder(files, default).max_seq_length == 256
+    assert loop.served_length(without, 4096) == server.BertEncoder(without, 4096).max_seq_length == 512
+
+
+def test_the_trained_and_the_base_model_are_scored_at_the_served_length(
+    loop: ModuleType, model_files: dict[str, bytes]
+) -> None:
+    """Both sides of the comparison at the served length: an untrained encoder (the base model's weights)
+    made at the training length scores what the base model scores, on texts longer than that length."""
+    pairs = [
+        (f"{TEXTS[3]} question {i} " * 2, f"{TEXTS[1]} answer {i} " * 6 + f"number {i}") for i in range(12)
+    ]
+    encoder = loop.Encoder(model_files, 64)
+    scores = loop.evaluate(encoder, model_files, 256, pairs, 0.0, 0.0)
+    assert encoder.max_seq_length == 256
+    assert scores[loop.METRIC] == scores[f"base_{loop.METRIC}"]
+
+
+def test_a_passage_two_held_out_queries_share_is_one_candidate_each_finds(
+    loop: ModuleType, model_files: dict[str, bytes]
+) -> None:
+    """Each query is its passage's own text, so its passage is the nearest: recall@1 is 1, also for the
+    second query of a shared passage (a copy of the passage in the candidates made it a miss)."""
+    passages = [f"{TEXTS[1]} Part {i}." for i in range(6)]
+    pairs = [(p, p) for p in passages] + [(p, p) for p in passages[:3]]
+    assert loop.recall_at_1(loop.Encoder(model_files, 64).eval(), pairs) == 1.0
 
 
 def test_the_archive_written_after_training_is_what_the_server_serves(

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 import stat
 import subprocess
@@ -17,9 +19,11 @@ from pathlib import Path
 import pytest
 
 from infra.backends.local.cluster import BASE_IMAGE
+from infra.errors import GpuPlatError
 from infra.nodes import mitogen, playbook_run
 from infra.nodes.podman import exists, podman
 
+PROXY = "http://proxy.example:3128"
 RECAP = "PLAY RECAP ***\nnode-0 : ok=1 changed=0 unreachable=0 failed=0 skipped=0 rescued=0 ignored=0\n"
 
 
@@ -62,9 +66,8 @@ def test_runs_on_container_nodes_use_mitogens_setns_with_a_clean_interpreter(
     extra = _extra_vars(argv)
     assert extra["ansible_connection"] == "setns" and extra["mitogen_kind"] == "docker"
     assert Path(extra["mitogen_docker_path"]).name == "podman"
-    interpreter = extra["ansible_python_interpreter"].split()
-    assert interpreter[:2] == ["/usr/bin/env", "-i"] and interpreter[-1] == "/usr/bin/python3"
-    assert "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" in interpreter
+    interpreter = shlex.split(extra["ansible_python_interpreter"])
+    assert interpreter == ["/usr/bin/python3", "-I", "-c", mitogen.ADOPT_CONTAINER_ENVIRONMENT]
 
 
 def test_other_runs_and_the_switched_off_or_unprivileged_ones_use_plain_ansible(
@@ -93,10 +96,32 @@ def test_a_strategy_path_of_the_users_is_kept_after_mitogens(
     assert env["ANSIBLE_STRATEGY_PLUGINS"].endswith(":/opt/mine")
 
 
+BROKEN = """Traceback (most recent call last):
+  File "site-packages/ansible_mitogen/plugins/strategy/mitogen_linear.py", line 1, in <module>
+ImportError: cannot import name 'x' from 'ansible.plugins.loader'
+ERROR! Unexpected Exception, this is probably a bug: cannot import name 'x' from 'ansible.plugins.loader'
+"""
+
+
+def test_a_run_that_fails_in_mitogen_itself_says_how_to_run_without_it(
+    tmp_path: Path, recorder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    program = tmp_path / "ansible-playbook"
+    program.write_text(f"#!{sys.executable}\nimport sys\nprint({BROKEN!r})\nsys.exit(250)\n")
+    with pytest.raises(GpuPlatError) as failed:
+        playbook_run.run_playbook("site.yml", tmp_path / "inventory", tmp_path / "logs", containers=True)
+    assert f"{mitogen.SWITCH}=0 runs the playbooks with plain Ansible" in str(failed.value)
+    # A plain run's failure says nothing of Mitogen.
+    with pytest.raises(GpuPlatError) as plain:
+        playbook_run.run_playbook("site.yml", tmp_path / "inventory", tmp_path / "logs")
+    assert mitogen.SWITCH not in str(plain.value)
+
+
 @pytest.fixture
 def node() -> Iterator[str]:
     name = f"gpuplat-test-mitogen-{uuid.uuid4().hex[:8]}"
-    podman("run", "--detach", "--name", name, BASE_IMAGE, "sleep", "600")
+    # A variable the container was started with, as podman passes the host's proxy variables by default.
+    podman("run", "--detach", "--name", name, "--env", f"HTTPS_PROXY={PROXY}", BASE_IMAGE, "sleep", "600")
     yield name
     podman("rm", "--force", "--time", "0", name, check=False)
 
@@ -134,4 +159,90 @@ def test_a_module_run_through_setns_sees_the_nodes_environment_not_the_controlle
         line.partition("=")[::2] for line in podman("exec", node, "cat", "/tmp/seen").stdout.splitlines()
     )
     assert "GPUPLAT_CONTROLLER_ONLY" not in seen and "ANSIBLE_STRATEGY" not in seen
-    assert seen["PATH"] == mitogen.CONTAINER_ENVIRONMENT["PATH"] and seen["container"] == "podman"
+    # What the container was started with (the image's, podman's and --env), as gpuplat_podman hands a module.
+    started = podman("container", "inspect", "--format", "{{json .Config.Env}}", node).stdout
+    for variable in json.loads(started):
+        name, _, value = variable.partition("=")
+        assert seen.get(name) == value, (variable, seen)
+    assert seen["HTTPS_PROXY"] == PROXY and seen["container"] == "podman"
+
+
+def test_the_local_platforms_site_runs_and_only_those_ask_for_container_nodes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node joining (whole, by its join tags, and the node-list roles again) runs site.yml on containers."""
+    from types import SimpleNamespace
+
+    from infra.backends.local import join
+
+    runs: list[dict[str, object]] = []
+
+    def run_playbook(
+        playbook: str, inventory: Path, log_dir: Path, **options: object
+    ) -> playbook_run.PlaybookRun:
+        runs.append({"playbook": playbook, **options})
+        return playbook_run.PlaybookRun(playbook, 0, [], log_dir / "site.log")
+
+    monkeypatch.setattr(join, "run_playbook", run_playbook)
+    monkeypatch.setattr(join, "provision_munge_key", lambda cluster, names: None)
+    monkeypatch.setenv("GPUPLAT_STATE_DIR", str(tmp_path))
+    cluster = SimpleNamespace(
+        platform=SimpleNamespace(name="local"),
+        node=lambda name: SimpleNamespace(name=name),
+        started_from_image=lambda node: node.name == "train-1",
+    )
+    join.join(cluster, ["train-1", "train-2"], tmp_path / "inventory")  # type: ignore[arg-type]
+    assert [run.get("tags") for run in runs] == [None, join.JOIN_TAGS, join.NODE_LIST_ROLES]
+    assert all(run["playbook"] == "site.yml" and run.get("containers") is True for run in runs), runs
+
+
+def _reached_roles(playbook: Path, seen: set[str]) -> list[dict[str, object]]:
+    """The plays of a playbook and those it imports; `seen` gets the roles they reach (their roles, the roles
+    those include, and their meta dependencies)."""
+    import yaml
+
+    plays: list[dict[str, object]] = []
+    for play in yaml.safe_load(playbook.read_text()) or []:
+        imported = play.get("ansible.builtin.import_playbook")
+        if imported:
+            plays += _reached_roles(playbook.parent / imported, seen)
+            continue
+        plays.append(play)
+        names = [r["role"] if isinstance(r, dict) else r for r in play.get("roles", [])]
+        names += re.findall(r"name: (\w+)", yaml.safe_dump(play.get("tasks", [])))
+        pending = list(names)
+        while pending:
+            role = pending.pop()
+            if role in seen or not (ROLES / role).is_dir():
+                continue
+            seen.add(role)
+            text = "".join(f.read_text() for f in (ROLES / role).glob("*/*.yml"))
+            pending += re.findall(r"role: (\w+)", text) + re.findall(r"name: (\w+)\n", text)
+    return plays
+
+
+ROLES = playbook_run.PROJECT_ROOT / "roles"
+ON_THE_CONTROLLER = re.compile(
+    r"delegate_to: *[\"']?(localhost|127\.0\.0\.1)|connection: *local|local_action|hosts: *localhost"
+)
+
+
+def test_nothing_site_yml_reaches_runs_on_the_controller() -> None:
+    """Mitogen's connection is given as extra variables, which outrank the inventory for every host,
+    localhost too: a play, task or handler of site.yml that runs on the controller would be sent into a
+    container named localhost. validate.yml, which does, runs without it."""
+    roles: set[str] = set()
+    plays = _reached_roles(playbook_run.PROJECT_ROOT / "playbooks" / "site.yml", roles)
+    assert {"node_identity", "shared_fs", "slurm_controller", "inference_server", "munge"} <= roles, roles
+    found = [f"playbook: {play.get('name')}" for play in plays if ON_THE_CONTROLLER.search(json.dumps(play))]
+    for role in sorted(roles):
+        for path in sorted((ROLES / role).glob("*/*.yml")):
+            found += [f"{path}: {m.group(0)}" for m in ON_THE_CONTROLLER.finditer(path.read_text())]
+    assert not found, found
+    validate_roles: set[str] = set()
+    _reached_roles(playbook_run.PROJECT_ROOT / "playbooks" / "validate.yml", validate_roles)
+    assert any(
+        ON_THE_CONTROLLER.search(path.read_text())
+        for role in validate_roles
+        for path in (ROLES / role).glob("*/*.yml")
+    ), "the check finds validate.yml's steps on the controller"
