@@ -471,9 +471,10 @@ def test_the_loop_two_teams_train_register_and_release(
     (tmp_path / "pairs.jsonl").write_text(pairs, encoding="utf-8")
     on("head-0", "mkdir", "-p", PAIRS_DIR)
     podman("cp", str(tmp_path / "pairs.jsonl"), f"{head}:{PAIRS_DIR}/pairs.jsonl")
-    on("head-0", "rm", "-rf", "/shared/jobs/train_dist", "/shared/jobs/loop")
-    podman("cp", str(TRAIN_DIST), f"{head}:/shared/jobs/")
-    podman("cp", str(LOOP), f"{head}:/shared/jobs/")
+    for user in ("alice", "bob"):  # each their own copy, in the folder only they can write to
+        on("head-0", "rm", "-rf", f"/shared/jobs/{user}/train_dist", f"/shared/jobs/{user}/loop")
+        podman("cp", str(TRAIN_DIST), f"{head}:/shared/jobs/{user}/")
+        podman("cp", str(LOOP), f"{head}:/shared/jobs/{user}/")
     jobs: dict[str, str] = {}
     # The platform made each team user's job folder, private to them: the other team cannot put a file in it.
     for user, other in (("alice", "bob"), ("bob", "alice")):
@@ -485,7 +486,7 @@ def test_the_loop_two_teams_train_register_and_release(
     for user, account in (("alice", "research"), ("bob", "product")):
         submitted = podman(
             "exec", "-w", f"/shared/jobs/{user}", head, "runuser", "-u", user, "--",
-            "sbatch", "--parsable", "--account", account, "/shared/jobs/loop/loop.sbatch",
+            "sbatch", "--parsable", "--account", account, f"/shared/jobs/{user}/loop/loop.sbatch",
         )  # fmt: skip
         jobs[user] = submitted.stdout.strip().split(";")[0]
     submitted_s = time.monotonic() - started
