@@ -27,7 +27,7 @@ from infra.serving.counts import Counts, Histogram, SinceStart
 from infra.serving.registry.mlflow import ModelVersion
 from infra.serving.statistics import (
     error_rate_p,
-    log_evidence,
+    log_evidence_above,
     mann_whitney_u,
     rate_upper_bound,
     rollback_boundary,
@@ -174,18 +174,67 @@ def test_mann_whitney_on_bucket_counts_with_the_tie_correction() -> None:
 
 
 def test_the_sequential_test_rolls_back_at_its_boundary() -> None:
-    """1/sequential_alpha, in logs: the default 0.002 is log 500. Against at most 5 % errors the mixture of
-    ratios (p1 / 0.05)^k over p1 = 0.05 + 0.95 j / 9, j = 1..8, averages 134 after 2 failures of 2 and
-    1895 after 3 of 3: the third failure rolls back."""
+    """1/sequential_alpha, in logs: the default 0.002 is log 500. A canary failing 4 of 4 against a stable
+    failing 0 of 48, margin 5 %: the mixture's likelihood B(4.5, 0.5) B(0.5, 48.5) / B(0.5, 0.5)^2 over the
+    null's largest, (x + 0.05)^4 (1 - x)^48 at x = 1.6 / 52 (where 4 / (x + 0.05) = 48 / (1 - x))."""
     assert rollback_boundary(0.002) == pytest.approx(math.log(500))
-    alternatives = [0.05 + 0.95 * j / 9 for j in range(1, 9)]
-    for failures, mean in ((2, 133.6), (3, 1895)):
-        by_hand = sum((p1 / 0.05) ** failures for p1 in alternatives) / 8
-        assert by_hand == pytest.approx(mean, rel=2e-3)
-        assert log_evidence(failures, failures, 0.05) == pytest.approx(math.log(by_hand))
-    assert log_evidence(2, 2, 0.05) < rollback_boundary(0.002) < log_evidence(3, 3, 0.05)
-    assert log_evidence(0, 1000, 0.05) < 0  # answers without errors only ever lower the evidence
-    assert log_evidence(5, 5, 1.0) == -math.inf  # nothing is above a rate of 1
+
+    def beta(a: float, b: float) -> float:
+        return math.gamma(a) * math.gamma(b) / math.gamma(a + b)
+
+    x = 1.6 / 52
+    by_hand = beta(4.5, 0.5) * beta(0.5, 48.5) / beta(0.5, 0.5) ** 2 / ((x + 0.05) ** 4 * (1 - x) ** 48)
+    assert log_evidence_above(4, 4, 0, 48, 0.05) == pytest.approx(math.log(by_hand))
+    assert log_evidence_above(3, 3, 0, 48, 0.05) < rollback_boundary(0.002) < math.log(by_hand)
+    assert log_evidence_above(0, 1000, 0, 1000, 0.05) < 0  # answers without errors only lower the evidence
+    assert log_evidence_above(30, 30, 0, 0, 0.05) < 0  # no stable answers: nothing to be worse than
+
+
+def _rolled_back(stable_rate: float, canary_rate: float, alpha: float, looks: int = 30) -> float:
+    """The exact chance that the sequential test ever rolls back in `looks` looks of 1 canary and 4 stable
+    requests each (a distribution over both error counts, a path removed once it crosses)."""
+    alive = {(0, 0): 1.0}
+    crossed = 0.0
+    for look in range(1, looks + 1):
+        after: dict[tuple[int, int], float] = {}
+        for (canary_errors, stable_errors), weight in alive.items():
+            for failed in (0, 1):
+                canary_weight = canary_rate if failed else 1 - canary_rate
+                for stable_failed in range(5):
+                    stable_weight = (
+                        math.comb(4, stable_failed)
+                        * stable_rate**stable_failed
+                        * (1 - stable_rate) ** (4 - stable_failed)
+                    )
+                    key = (canary_errors + failed, stable_errors + stable_failed)
+                    after[key] = after.get(key, 0.0) + weight * canary_weight * stable_weight
+        alive = {}
+        for (canary_errors, stable_errors), weight in after.items():
+            if log_evidence_above(canary_errors, look, stable_errors, 4 * look, 0.05) >= rollback_boundary(
+                alpha
+            ):
+                crossed += weight
+            else:
+                alive[(canary_errors, stable_errors)] = weight
+    return crossed
+
+
+def test_the_sequential_test_rolls_an_acceptable_canary_back_at_most_alpha_of_the_time() -> None:
+    """Ville's bound, summed exactly: a canary exactly max_error_rate_increase worse than the stable (the
+    null hypothesis' worst case) is rolled back in at most alpha of its paths, looked at after every
+    request; a canary failing half its requests (against 10 %) in most of 30 looks."""
+    for stable_rate in (0.0, 0.1, 0.3):
+        assert _rolled_back(stable_rate, stable_rate + 0.05, 0.05) <= 0.05
+    assert _rolled_back(0.1, 0.5, 0.05) > 0.5
+
+
+def test_a_canary_failing_every_request_at_one_request_per_second_is_rolled_back_within_a_minute() -> None:
+    """Issue 48's goal: at 1 request/s and a 20 % share the canary answers Poisson(12) requests in its first
+    60 s, fewer than 5 in 0.76 % of minutes; the stable about 48. 4 failures of 4 must roll back: the
+    stable's confidence bound and a test against it, each at half of sequential_alpha, needed 6."""
+    verdict = sequential_errors(Counts(48, 0), Counts(4, 4), Canary())
+    assert verdict is not None and verdict.action == ROLLBACK
+    assert sequential_errors(Counts(48, 1), Counts(5, 5), Canary()) is not None
 
 
 def test_a_failing_canary_is_rolled_back_by_the_sequential_test_before_its_first_interval() -> None:
@@ -280,7 +329,7 @@ def test_the_sequential_error_test_allows_the_stables_own_rate() -> None:
     bound of the margin alone (5 %) it would be."""
     rules = Canary()
     assert sequential_errors(Counts(1000, 200), Counts(250, 50), rules) is None
-    assert log_evidence(50, 250, 0.05) > rollback_boundary(rules.sequential_alpha)
+    assert log_evidence_above(50, 250, 0, 1000, 0.05) > rollback_boundary(rules.sequential_alpha)
     assert sequential_errors(Counts(1000, 200), Counts(250, 125), rules) is not None
 
 

@@ -24,7 +24,7 @@ from infra.serving.analysis import (
 )
 from infra.serving.counts import Counts, Histogram, Reading, SinceStart
 from infra.serving.release import CANARY_BACKEND, STABLE_BACKEND, Release, ServingLayout, parse_metrics
-from infra.serving.statistics import _log_pmf, binomial_sf, log_evidence, rate_upper_bound
+from infra.serving.statistics import _log_pmf, binomial_sf, log_evidence_above, rate_upper_bound
 from infra.spec.models import Canary
 
 
@@ -280,10 +280,14 @@ def test_no_stable_latencies_or_an_empty_stable_histogram_is_inconclusive() -> N
         assert (measured.outcome, measured.detail) == (INCONCLUSIVE, "no stable latencies recorded")
 
 
-def test_the_sequential_evidence_against_a_zero_rate_is_against_nearly_zero() -> None:
-    """statistics #11: p0 0 is taken as 1e-9, so one error in one request is evidence of about
-    mean(p1) / 1e-9, p1 = k/9, k = 1..8 (mean 0.5): log 5e8."""
-    assert log_evidence(1, 1, 0.0) == pytest.approx(math.log(0.5 / 1e-9), rel=1e-3)
+def test_the_sequential_evidence_at_rates_of_zero_and_one_is_finite() -> None:
+    """A stable failing nothing and a canary failing everything (0 log 0 is 0, the likelihood's maximum on
+    the null's boundary at its end): one error in one request against none in one with no margin is the
+    mixture's B(1.5, 0.5) B(0.5, 1.5) / B(0.5, 0.5)^2 = 1/4 over the null's largest likelihood, 1/4 at
+    x = 1/2: no evidence."""
+    assert log_evidence_above(1, 1, 0, 1, 0.0) == pytest.approx(0.0, abs=1e-9)
+    assert math.isfinite(log_evidence_above(20, 20, 0, 80, 0.05))
+    assert math.isfinite(log_evidence_above(0, 20, 80, 80, 0.05))
 
 
 def test_counters_without_prometheus_read_the_gateway_alone_and_say_so() -> None:
