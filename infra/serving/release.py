@@ -16,6 +16,7 @@ stable replicas restart, one at a time, each drained on the gateway first.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import time
 from collections.abc import Callable
@@ -62,6 +63,25 @@ for port in sys.argv[1:]:
 """
 
 
+# Prometheus' text format (prometheus/docs content/docs/instrumenting/exposition_formats.md, "Text format
+# details"): `name{label="value",...} value [timestamp]`, each label value quoted, with \\, \" and \n
+# escaped in it: a `,` or `}` inside the quotes belongs to the value.
+_SAMPLE = re.compile(
+    r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)\s*(?:\{(?P<labels>(?:[^"}]|"(?:[^"\\]|\\.)*")*)\})?'
+    r"\s+(?P<value>\S+)(?:\s+-?\d+)?$"
+)
+_LABEL = re.compile(r'\s*(?P<name>[a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"(?P<value>(?:[^"\\]|\\.)*)"\s*(?:,|$)')
+_UNESCAPED = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+
+
+def sample_labels(labels: str) -> dict[str, str]:
+    """A sample's labels (the text between its braces), each value unescaped."""
+    return {
+        match["name"]: re.sub(r"\\.", lambda escape: _UNESCAPED.get(escape[0], escape[0]), match["value"])
+        for match in _LABEL.finditer(labels)
+    }
+
+
 def parse_metrics(answer: str, histogram: str) -> dict[int, Histogram]:
     """`histogram`'s buckets and _sum per port from METRICS_READ's answer (Prometheus' text format, every
     label set of a port summed at each `le`)."""
@@ -72,32 +92,17 @@ def parse_metrics(answer: str, histogram: str) -> dict[int, Histogram]:
         if line.startswith("# port "):
             port = int(line.split()[2])
             continue
-        if port is None or not line or line.startswith("#"):
+        sample = _SAMPLE.match(line.strip())
+        if port is None or sample is None:
             continue
-        name, _, rest = line.partition("{")
-        if not rest:
-            name, _, rest = line.partition(" ")
-            labels, value = "", rest
-        else:
-            labels, _, value = rest.partition("}")
-        number = float(value.split()[0])
+        name, number = sample["name"], float(sample["value"])
         if name == f"{histogram}_bucket":
-            le = next(
-                (
-                    part.split("=", 1)[1].strip('"')
-                    for part in labels.split(",")
-                    if part.strip().startswith("le=")
-                ),
-                "+Inf",
-            )
+            le = float(sample_labels(sample["labels"] or "").get("le", "+Inf"))
             bucket = cumulative.setdefault(port, {})
-            bucket[float(le)] = bucket.get(float(le), 0.0) + number
+            bucket[le] = bucket.get(le, 0.0) + number
         elif name == f"{histogram}_sum":
             sums[port] = sums.get(port, 0.0) + number
     return {p: Histogram.from_cumulative(b, sums.get(p, 0.0)) for p, b in cumulative.items()}
-
-
-"""looks in a row the guard may fail to read the counters (or add them) before it gives up, exit 5"""
 
 
 class ServeRefused(GpuPlatError):
@@ -223,15 +228,21 @@ class Release:
                 return None
             raise
 
-    def gateway(self, *arguments: str) -> dict[str, Any]:
-        answer = self.nodes.exec(
-            self.layout.gateways[0], "python3", f"{GATEWAY_PROGRAMS}/gpuplat_gateway_canary.py", *arguments
-        )
-        result: dict[str, Any] = json.loads(answer)
-        return result
+    def gateway_figures(self, gateway: str) -> GatewayFigures:
+        answer = self.nodes.exec(gateway, "python3", f"{GATEWAY_PROGRAMS}/gpuplat_gateway_canary.py", "show")
+        return GatewayFigures.from_show(json.loads(answer))
 
     def figures(self) -> GatewayFigures:
-        return GatewayFigures.from_show(self.gateway("show"))
+        """Every gateway's figures: requests and errors summed, the servers up on every gateway (the least
+        any counts), the largest canary share any gives."""
+        each = [self.gateway_figures(gateway) for gateway in self.layout.gateways]
+        backends = each[0].requests
+        return GatewayFigures(
+            canary_percent=max(f.canary_percent for f in each),
+            requests={b: sum(f.requests.get(b, 0) for f in each) for b in backends},
+            errors={b: sum(f.errors.get(b, 0) for f in each) for b in backends},
+            servers_up={b: min(f.servers_up.get(b, 0) for f in each) for b in backends},
+        )
 
     def latency_p95(self, window_s: int) -> dict[str, float | None]:
         """p95 of each version's requests at its model servers over the last `window_s` (Prometheus);
@@ -278,12 +289,29 @@ class Release:
         return known[node]
 
     def readings(self, latency: bool = True) -> tuple[Reading, Reading]:
-        """The stable's and the canary's counters now: the gateway's requests and 5xx, and (with `latency`)
-        the latency histograms."""
-        figures = self.figures()
+        """The stable's and the canary's counters now: every gateway's requests and errors, and (with
+        `latency`) the latency histograms. A gateway that does not answer is left out of this look (its
+        counters count at its next); none answering fails the look."""
+        by_gateway: dict[str, GatewayFigures] = {}
+        failures: list[str] = []
+        for gateway in self.layout.gateways:
+            try:
+                by_gateway[gateway] = self.gateway_figures(gateway)
+            except GpuPlatError as error:
+                failures.append(f"{gateway}: {error.message}")
+        if not by_gateway:
+            raise GpuPlatError("no gateway answered: " + "; ".join(failures))
+        for failure in failures:
+            self.say(f"left out of this look: {failure}")
         histograms = self.latency_histograms() if latency else dict.fromkeys(JOB_OF_BACKEND)
         stable, canary = (
-            Reading(figures.requests[backend], figures.errors[backend], histograms[backend])
+            Reading.of_gateways(
+                {
+                    gateway: Counts(figures.requests[backend], figures.errors[backend])
+                    for gateway, figures in by_gateway.items()
+                },
+                histograms[backend],
+            )
             for backend in (STABLE_BACKEND, CANARY_BACKEND)
         )
         return stable, canary

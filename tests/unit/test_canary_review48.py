@@ -23,7 +23,14 @@ from infra.serving.analysis import (
     sequential_latency,
 )
 from infra.serving.counts import Counts, Histogram, Reading, SinceStart
-from infra.serving.release import CANARY_BACKEND, STABLE_BACKEND, Release, ServingLayout, parse_metrics
+from infra.serving.release import (
+    CANARY_BACKEND,
+    STABLE_BACKEND,
+    Release,
+    ServingLayout,
+    parse_metrics,
+    sample_labels,
+)
 from infra.serving.statistics import _log_pmf, binomial_sf, log_evidence_above, rate_upper_bound
 from infra.spec.models import Canary
 
@@ -389,3 +396,18 @@ def test_a_reading_that_cannot_be_added_changes_nothing_and_the_next_one_counts(
     assert guard.stable.total.requests == 10 and guard.canary.total.requests == 2
     guard.look(15.0, Reading(30, 0, {"a": _at(30)}), Reading(6, 0, {"c": _at(6)}))
     assert guard.stable.total.requests == 30 and guard.canary.total.requests == 6
+
+
+def test_a_label_value_holding_commas_braces_quotes_and_escapes_is_one_value() -> None:
+    """Prometheus' text format quotes label values (\\\\, \\" and \\n escaped): a model name such as
+    `a,le="9"}` is the `model` label's value, not an `le`, and the sample after the braces keeps its
+    number; a timestamp after the value is no part of it."""
+    answer = (
+        "# port 8000\n"
+        'h_bucket{model="a,le=\\"9\\"}",le="0.1"} 3\n'
+        'h_bucket{model="a,le=\\"9\\"}",le="+Inf"} 5 1700000000000\n'
+        'h_sum{path="C:\\\\dir\\\\",model="x}\\ny"} 0.4\n'
+    )
+    assert parse_metrics(answer, "h") == {8000: Histogram((0.1, math.inf), (3, 2), 0.4)}
+    assert sample_labels('model="a,le=\\"9\\"}",le="0.1"') == {"model": 'a,le="9"}', "le": "0.1"}
+    assert sample_labels('path="C:\\\\dir\\\\",y="l\\nm"') == {"path": "C:\\dir\\", "y": "l\nm"}

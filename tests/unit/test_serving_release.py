@@ -4,20 +4,22 @@ tests/serving/test_serve.py."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from infra.errors import ExitCode, SpecError
+from infra.errors import ExitCode, GpuPlatError, SpecError
 from infra.platform.resolve import load_platform
 from infra.serving.analysis import CONTINUE, INCONCLUSIVE, PROMOTE_READY, ROLLBACK, Verdict
-from infra.serving.counts import Counts, Histogram
+from infra.serving.counts import Counts, Histogram, SinceStart
 from infra.serving.registry.mlflow import ModelVersion, to_wire_source
 from infra.serving.release import (
     Release,
     ServeRefused,
+    ServingLayout,
     serving_layout,
     version_environment,
 )
@@ -221,3 +223,45 @@ def test_serve_refuses_a_model_name_before_reaching_the_registry(write_stack: Ca
     refused(run_cli("serve", "promote", "a_b", *unreachable), "model name 'a_b'")
     down = run_cli("serve", "deploy", "embedder@1", *unreachable)
     assert down.code == 4 and "did not answer" in down.err, down.err
+
+
+def _show(canary_percent: int, stable: tuple[int, int, int], canary: tuple[int, int, int]) -> str:
+    """A gateway's `gpuplat_gateway_canary.py show`: each backend's requests, 5xx and servers up."""
+    backends = {
+        name: {"requests": requests, "errors_5xx": errors, "servers_up": up}
+        for name, (requests, errors, up) in (("inference", stable), ("inference_canary", canary))
+    }
+    return json.dumps({"canary_percent": canary_percent, "backends": backends})
+
+
+def test_the_guard_counts_every_gateway_each_through_its_own_reload() -> None:
+    """Two gateways: gw-0's canary answered 30 more requests (3 errors) between two looks, gw-1 was reloaded
+    (its counters from zero: 20 requests, 2 errors since) and did not answer one look in between. The
+    canary's counts are both gateways', 50 requests and 5 errors, not the first gateway's alone."""
+    answers = {
+        "gw-0": iter([_show(20, (400, 0, 2), (100, 0, 1))] + [_show(20, (520, 0, 2), (130, 3, 1))] * 3),
+        "gw-1": iter([_show(20, (2000, 4, 2), (500, 10, 1)), None] + [_show(20, (80, 0, 2), (20, 2, 0))] * 2),
+    }
+
+    class Nodes:
+        def exec(self, node: str, *command: str, timeout: float = 120) -> str:
+            assert command[-1] == "show"
+            answer = next(answers[node])
+            if answer is None:
+                raise GpuPlatError(f"{node} did not answer")
+            return answer
+
+    said: list[str] = []
+    release = object.__new__(Release)
+    release.nodes = Nodes()
+    release.say = said.append
+    release.layout = ServingLayout(("gw-0", "gw-1"), (), {}, "cpu-reference", 1.0)
+    _, canary = release.readings(latency=False)
+    since = SinceStart(canary)
+    _, missing_one = release.readings(latency=False)
+    assert since.add(missing_one) == Counts(30, 3)
+    assert said == ["left out of this look: gw-1: gw-1 did not answer"]
+    _, canary = release.readings(latency=False)
+    assert since.add(canary) == Counts(50, 5)
+    figures = release.figures()  # the gateways' sums; servers up on every gateway: gw-1 counts none
+    assert (figures.requests["inference_canary"], figures.servers_up["inference_canary"]) == (150, 0)

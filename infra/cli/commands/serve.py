@@ -152,8 +152,8 @@ def status(
     prometheus: PrometheusUrl = None,
     json_output: JsonFlag = False,
 ) -> None:
-    """NAME's stable and canary versions: share, requests and 5xx answers at the gateway since it started,
-    p95 latency over serving.canary.interval_s."""
+    """NAME's stable and canary versions: share, requests and 5xx answers at the gateways (summed, each
+    since it started), p95 latency over serving.canary.interval_s."""
     check_name(model)
     release = _release(stack, stack_file_path, url, prometheus)
     figures = release.figures()
