@@ -9,8 +9,10 @@ Where things live (local and on-premises stacks; roles/inference_server, roles/i
 - the registry's aliases say which version is which: `champion` the stable one, `challenger` the canary,
   `previous` the champion before the last promotion (what a rollback returns to).
 
-A promotion never leaves the stable backend without a server: the canary takes every request while the
-stable replicas restart, one at a time, each drained on the gateway first.
+A promotion never leaves the stable backend without a server and never sends every request to one slot:
+the canary keeps its share while the stable replicas restart on its version one at a time, each drained on
+every gateway first (the canary takes every request only while the last stable server up restarts); then
+its share goes to 0 and each canary server is drained on every gateway before it stops.
 """
 
 from __future__ import annotations
@@ -125,6 +127,9 @@ class ServingLayout:
     """node -> the address the gateways know it by"""
     engine: str
     health_timeout_s: float
+    drain_s: float = 60.0
+    """how long a server's requests in flight may take to end on a gateway before it stops: the gateway's
+    own time limit for a request (serving.gateway_timeout_s) and a margin"""
 
 
 def serving_layout(platform: ResolvedPlatform) -> ServingLayout:
@@ -158,6 +163,7 @@ def serving_layout(platform: ResolvedPlatform) -> ServingLayout:
         addresses=addresses,
         engine=serving.engine,
         health_timeout_s=600.0,
+        drain_s=serving.gateway_timeout_s + 10,
     )
 
 
@@ -190,7 +196,7 @@ class GatewayFigures:
         return cls(
             canary_percent=int(answer["canary_percent"]),
             requests={name: int(b["requests"]) for name, b in backends.items()},
-            errors={name: int(b["errors_5xx"]) for name, b in backends.items()},
+            errors={name: int(b["errors"]) for name, b in backends.items()},
             servers_up={name: int(b["servers_up"]) for name, b in backends.items()},
         )
 
@@ -358,12 +364,35 @@ class Release:
                 f"({error.message})"
             ) from None
 
+    def _on_gateways(self, command: str, backend: str, target: str) -> None:
+        """gpuplat_gateway_targets.py `command` for `target` on every gateway (drain: no new request, and
+        wait for those in flight to end; ready: out of drain, and wait until the gateway's checks count it
+        up)."""
+        for gateway in self.layout.gateways:
+            self.nodes.exec(
+                gateway,
+                "python3",
+                f"{GATEWAY_PROGRAMS}/gpuplat_gateway_targets.py",
+                "--backend",
+                backend,
+                command,
+                target,
+                "--wait-s",
+                str(int(self.layout.drain_s)),
+                timeout=self.layout.drain_s + 30,
+            )
+
+    def _canary_target(self, node: str) -> str:
+        return f"{self.layout.addresses[node]}:{CANARY_PORT}"
+
     def start_canary(self, version: ModelVersion) -> None:
         for node in self.layout.servers:
             self._write_version(node, CANARY_SLOT, version)
             self.nodes.exec(node, "systemctl", "restart", f"{UNIT}@{CANARY_SLOT}.service")
         for node in self.layout.servers:
             self._wait_healthy(node, CANARY_PORT)
+            # The last canary's stop left its server drained on the gateways.
+            self._on_gateways("ready", CANARY_BACKEND, self._canary_target(node))
         self._wait_canary_up()
 
     def _wait_canary_up(self) -> None:
@@ -378,7 +407,11 @@ class Release:
             time.sleep(1)
 
     def stop_canary(self) -> None:
+        """Share 0, then each canary server drained on every gateway (its requests in flight answered)
+        before it stops: nothing it was answering is cut."""
+        self.set_share(0)
         for node in self.layout.servers:
+            self._on_gateways("drain", CANARY_BACKEND, self._canary_target(node))
             self.nodes.exec(node, "systemctl", "stop", f"{UNIT}@{CANARY_SLOT}.service")
             self.nodes.exec(node, "rm", "-f", f"{CONFIG_DIR}/version-{CANARY_SLOT}.env")
 
@@ -387,23 +420,28 @@ class Release:
         files = self.nodes.exec(node, "ls", CONFIG_DIR).split()
         return sorted(int(f[8:-4]) for f in files if f.startswith("replica-") and f[8:-4].isdigit())
 
-    def roll_stable(self, version: ModelVersion) -> None:
-        """Every stable replica onto `version`, one at a time, each drained on the gateways first."""
-        targets = f"{GATEWAY_PROGRAMS}/gpuplat_gateway_targets.py"
+    def roll_stable(self, version: ModelVersion, share: int) -> None:
+        """Every stable replica onto `version`, one at a time, each drained on every gateway first, the
+        canary keeping `share` meanwhile: the other stable replicas take the stable's draws. Only where the
+        replica is the last stable server up on a gateway does the canary take every request while it
+        restarts (no other server could)."""
         for node in self.layout.servers:
             for replica in self.stable_replicas(node):
                 target = f"{self.layout.addresses[node]}:{REPLICA_PORT + replica}"
-                for gateway in self.layout.gateways:
-                    self.nodes.exec(
-                        gateway, "python3", targets, "drain", target, "--wait-s", "60", timeout=90
+                alone = self.figures().servers_up.get(STABLE_BACKEND, 0) <= 1
+                if alone and share < 100:
+                    self.say(
+                        f"replica {replica} on {node} is the last stable server up: the canary takes "
+                        "every request while it restarts"
                     )
+                    self.set_share(100)
+                self._on_gateways("drain", STABLE_BACKEND, target)
                 self._write_version(node, str(replica), version)
                 self.nodes.exec(node, "systemctl", "restart", f"{UNIT}@{replica}.service")
                 self._wait_healthy(node, REPLICA_PORT + replica)
-                for gateway in self.layout.gateways:
-                    self.nodes.exec(
-                        gateway, "python3", targets, "ready", target, "--wait-s", "60", timeout=90
-                    )
+                self._on_gateways("ready", STABLE_BACKEND, target)
+                if alone and share < 100:
+                    self.set_share(share)
                 self.say(f"replica {replica} on {node} serves {version.reference}")
 
     # The commands
@@ -445,10 +483,11 @@ class Release:
                 f"'{model}' has no version in canary ({CHALLENGER}): `gpuplat serve deploy` one"
             )
         stable = self.aliased(model, CHAMPION)
-        self.set_share(100)
-        self.say(f"{candidate.reference} takes every request while the stable replicas restart")
-        self.roll_stable(candidate)
-        self.set_share(0)
+        share = self.figures().canary_percent
+        self.say(
+            f"{candidate.reference} keeps its {share} % while the stable replicas restart on it one at a time"
+        )
+        self.roll_stable(candidate, share)
         self.stop_canary()
         if stable is not None:
             self.registry.set_alias(model, PREVIOUS, stable.version)
@@ -462,7 +501,6 @@ class Release:
         the stack's own model)."""
         candidate = self.aliased(model, CHALLENGER)
         if candidate is not None:
-            self.set_share(0)
             self.stop_canary()
             self.registry.delete_alias(model, CHALLENGER)
             self.say(
@@ -474,9 +512,7 @@ class Release:
             raise ServeRefused(f"'{model}' has no canary and no {PREVIOUS} version to roll back to")
         self.start_canary(previous)
         self.registry.set_alias(model, CHALLENGER, previous.version)
-        self.set_share(100)
-        self.roll_stable(previous)
-        self.set_share(0)
+        self.roll_stable(previous, 0)
         self.stop_canary()
         self.registry.set_alias(model, CHAMPION, previous.version)
         self.registry.delete_alias(model, CHALLENGER)

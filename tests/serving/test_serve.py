@@ -10,6 +10,7 @@ set); elsewhere they skip, saying so.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import subprocess
@@ -255,11 +256,29 @@ def test_a_failing_canary_is_rolled_back_by_the_guard(stack: Path, model: str, f
 def test_promote_then_rollback_returns_to_the_previous_version(
     stack: Path, model: str, first_stable: str
 ) -> None:
+    """Promote under steady load from clients that keep their connections open, the gateway reloaded
+    before and after: not one request fails (the canary keeps its share while the stable replicas roll,
+    each drained first; the canary drained before it stops; idle keep-alive connections closed only after
+    an answer that says so)."""
     serve(stack, "deploy", f"{model}@2", "--canary", str(SHARE))
     answers: list[Answer] = []
-    with sending(answers):
-        serve(stack, "promote", model)
-    assert {a.status for a in answers} == {200}, Counter(a.status for a in answers)
+    failures: list[str] = []
+    with keeping_alive(answers, failures, clients=2):
+        time.sleep(1)
+        node(HEAD, "systemctl", "reload", "haproxy")
+        promoted = serve(stack, "promote", model)
+        node(HEAD, "systemctl", "reload", "haproxy")
+        time.sleep(1)
+    print(
+        f"promote under keep-alive load: {len(answers)} answers, {len(failures)} failures; "
+        f"{promoted.err.strip()}"
+    )
+    assert not failures and {a.status for a in answers} == {200}, (
+        failures[:5],
+        Counter(a.status for a in answers),
+    )
+    assert "keeps its 20 % while the stable replicas restart" in promoted.err + promoted.out
+    assert len(answers) > 20
     assert versions_answering(20) == {f"{model}@2": 20}
     status = json.loads(serve(stack, "status", model, "--json").out)
     assert status["previous"] == first_stable and status["versions"][1]["version"] is None
@@ -268,6 +287,43 @@ def test_promote_then_rollback_returns_to_the_previous_version(
     assert versions_answering(20) == {first_stable: 20}
     again = cli(stack, "serve", "rollback", model)
     assert again.code == 1 and "no canary and no previous version" in again.err, again.err
+
+
+@contextmanager
+def keeping_alive(answers: list[Answer], failures: list[str], clients: int) -> Iterator[None]:
+    """`clients` clients sending requests through the gateway one after another, each on a connection it
+    keeps open as long as the gateway does (a new one only after an answer that says `Connection: close`).
+    Anything but a complete answer (a reset, a connection closed under a request) is a failure."""
+    stop = threading.Event()
+    body = json.dumps({"model": MODEL, "input": "a canary release"}).encode()
+
+    def client() -> None:
+        connection = http.client.HTTPConnection("127.0.0.1", 18080, timeout=30)
+        while not stop.is_set():
+            sent = time.monotonic()
+            try:
+                connection.request("POST", "/v1/embeddings", body, {"Content-Type": "application/json"})
+                reply = connection.getresponse()
+                reply.read()
+            except (OSError, http.client.HTTPException) as failure:
+                failures.append(f"{time.monotonic() - sent:.2f} s: {failure!r}")
+                connection.close()
+                continue
+            answers.append(
+                Answer(sent, time.monotonic(), reply.status, reply.getheader(VERSION_HEADER) or "-")
+            )
+            if reply.will_close:
+                connection.close()
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
 
 
 @contextmanager

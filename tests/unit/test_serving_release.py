@@ -228,7 +228,7 @@ def test_serve_refuses_a_model_name_before_reaching_the_registry(write_stack: Ca
 def _show(canary_percent: int, stable: tuple[int, int, int], canary: tuple[int, int, int]) -> str:
     """A gateway's `gpuplat_gateway_canary.py show`: each backend's requests, 5xx and servers up."""
     backends = {
-        name: {"requests": requests, "errors_5xx": errors, "servers_up": up}
+        name: {"requests": requests, "errors": errors, "errors_5xx": errors, "servers_up": up}
         for name, (requests, errors, up) in (("inference", stable), ("inference_canary", canary))
     }
     return json.dumps({"canary_percent": canary_percent, "backends": backends})
@@ -265,3 +265,76 @@ def test_the_guard_counts_every_gateway_each_through_its_own_reload() -> None:
     assert since.add(canary) == Counts(50, 5)
     figures = release.figures()  # the gateways' sums; servers up on every gateway: gw-1 counts none
     assert (figures.requests["inference_canary"], figures.servers_up["inference_canary"]) == (150, 0)
+
+
+class RecordingNodes:
+    """The nodes of a promotion: gateways that answer `show` with the share set so far, model-server nodes
+    with `replicas` stable replicas; every command recorded, in order, as (node, command words)."""
+
+    def __init__(self, replicas: int, share: int) -> None:
+        self.replicas, self.share = replicas, share
+        self.done: list[tuple[str, tuple[str, ...]]] = []
+
+    def exec(self, node: str, *command: str, timeout: float = 120) -> str:
+        self.done.append((node, command))
+        if command[:1] == ("ls",):
+            return " ".join(f"replica-{i}.env" for i in range(self.replicas))
+        if command[-2:-1] == ("share",):
+            self.share = int(command[-1])
+        if command[-1:] in (("show",), ("share",)) or command[-2:-1] == ("share",):
+            return _show(self.share, (0, 0, self.replicas), (0, 0, 1))
+        return ""
+
+    def shares(self) -> list[int]:
+        return [int(c[-1]) for n, c in self.done if c[-2:-1] == ("share",) and n == "gw-0"]
+
+
+def promoted(replicas: int, share: int) -> RecordingNodes:
+    nodes = RecordingNodes(replicas, share)
+    release = object.__new__(Release)
+    release.nodes = nodes
+    release.say = lambda line: None
+    release.layout = ServingLayout(
+        ("gw-0", "gw-1"), ("infer-0",), {"infer-0": "c-infer-0"}, "cpu-reference", 1.0
+    )
+    release.aliased = lambda model, alias: version("/shared/models/x")  # type: ignore[method-assign]
+    release._wait_healthy = lambda node, port: None  # type: ignore[method-assign]
+
+    class Registry:
+        def set_alias(self, *arguments: object) -> None: ...
+
+        def delete_alias(self, *arguments: object) -> None: ...
+
+    release.registry = Registry()  # type: ignore[assignment]
+    release.promote("embedder")
+    return nodes
+
+
+def _at(nodes: RecordingNodes, node: str, *words: str) -> list[int]:
+    """Where in the recorded commands `node` ran a command holding each of `words`."""
+    return [i for i, (n, c) in enumerate(nodes.done) if n == node and all(w in " ".join(c) for w in words)]
+
+
+def test_promote_keeps_the_canarys_share_while_stable_replicas_roll_and_drains_it_before_it_stops() -> None:
+    """Issue 48, findings 3 and 4: never every request to the one canary slot while R stable replicas
+    restart; each stable replica drained on every gateway before its restart; then share 0 and the canary
+    drained on every gateway before `systemctl stop`."""
+    nodes = promoted(replicas=2, share=20)
+    assert nodes.shares() == [0]  # the share kept at 20 until the canary goes
+    for replica, port in ((0, 8000), (1, 8001)):
+        restart = _at(nodes, "infer-0", "systemctl restart", f"@{replica}.service")[0]
+        for gateway in ("gw-0", "gw-1"):
+            drained = _at(nodes, gateway, "--backend inference drain", f"c-infer-0:{port}")
+            assert drained and drained[0] < restart
+    stop = _at(nodes, "infer-0", "systemctl stop", "@canary.service")[0]
+    share_zero = _at(nodes, "gw-1", "share 0")[0]
+    for gateway in ("gw-0", "gw-1"):
+        drained = _at(nodes, gateway, "--backend inference_canary drain", "c-infer-0:8100")
+        assert drained and share_zero < drained[0] < stop
+
+
+def test_promote_gives_the_canary_every_request_only_while_the_last_stable_server_restarts() -> None:
+    nodes = promoted(replicas=1, share=20)
+    assert nodes.shares() == [100, 20, 0]
+    restart = _at(nodes, "infer-0", "systemctl restart", "@0.service")[0]
+    assert _at(nodes, "gw-1", "share 100")[0] < restart < _at(nodes, "gw-1", "share 20")[0]

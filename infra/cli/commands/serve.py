@@ -152,8 +152,8 @@ def status(
     prometheus: PrometheusUrl = None,
     json_output: JsonFlag = False,
 ) -> None:
-    """NAME's stable and canary versions: share, requests and 5xx answers at the gateways (summed, each
-    since it started), p95 latency over serving.canary.interval_s."""
+    """NAME's stable and canary versions: share, requests and failed answers (4xx, 5xx, aborted) at the
+    gateways (summed, each since it started), p95 latency over serving.canary.interval_s."""
     check_name(model)
     release = _release(stack, stack_file_path, url, prometheus)
     figures = release.figures()
@@ -173,7 +173,7 @@ def status(
                 "version": version.reference if version else ("serving.model" if alias == CHAMPION else None),
                 "share_percent": share,
                 "requests": figures.requests[backend],
-                "errors_5xx": figures.errors[backend],
+                "errors": figures.errors[backend],
                 "servers_up": figures.servers_up[backend],
                 "p95_ms": None if p95[backend] is None else round(1000 * (p95[backend] or 0), 1),
             }
@@ -190,7 +190,7 @@ def status(
             str(r["version"] or "-"),
             f"{r['share_percent']} %",
             str(r["requests"]),
-            str(r["errors_5xx"]),
+            str(r["errors"]),
             str(r["servers_up"]),
             "-" if r["p95_ms"] is None else f"{r['p95_ms']:.0f} ms",
         ]
@@ -200,5 +200,5 @@ def status(
         f" (previous: {previous.reference})" if previous else ""
     )
     output.stdout().print(
-        output.table(title, ["role", "version", "share", "requests", "5xx", "servers up", "p95"], table)
+        output.table(title, ["role", "version", "share", "requests", "errors", "servers up", "p95"], table)
     )
