@@ -29,7 +29,7 @@ from infra.errors import ExitCode, GpuPlatError, SpecError
 from infra.nodes.inventory import container_name
 from infra.nodes.role_templates import role_defaults, role_vars
 from infra.platform.resolve import ResolvedPlatform
-from infra.serving.analysis import CONTINUE, Guard, Verdict
+from infra.serving.analysis import CONTINUE, PROMOTE_READY, Guard, Verdict
 from infra.serving.canary import gate
 from infra.serving.counts import Counts, Histogram, Reading, Series
 from infra.serving.prometheus import instant
@@ -37,6 +37,9 @@ from infra.serving.registry.mlflow import MlflowRegistry, ModelVersion, Registry
 from infra.spec.models import Canary
 
 CHAMPION, CHALLENGER, PREVIOUS = "champion", "challenger", "previous"
+PROMOTED, GATED = "promoted", "gated"
+"""a stepped release's ends besides the analysis' verdicts: its last step (100 %) promoted the canary; a step
+with a manual gate passed, the release held there"""
 CANARY_SLOT = "canary"
 # Where the roles put things (their defaults and vars: one source).
 _SERVER, _GATEWAY = role_defaults("inference_server"), role_vars("inference_gateway")
@@ -521,6 +524,54 @@ class Release:
         return previous
 
     def guard(
+        self,
+        model: str,
+        duration_s: float | None = None,
+        look_s: float = 5.0,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        past_gate: bool = False,
+    ) -> Verdict:
+        """The canary's analysis (`analyse`), or with serving.canary.steps the release through its steps:
+        from the first step at or above the canary's share (above it with `past_gate`: an operator opens the
+        gate the last step held at), each step's share set and held for one analysis of its own (counts from
+        just before the share moved); a step at 100 % promotes. Any verdict but promote-ready ends it; so
+        does a passed step with a manual gate (GATED), the share left at that step."""
+        steps = self.rules.steps
+        share = self.figures().canary_percent if steps else 0
+        ahead = [
+            (number, step)
+            for number, step in enumerate(steps, 1)
+            if step.percent > share or (step.percent == share and not past_gate)
+        ]
+        if not ahead:
+            return self.analyse(model, duration_s, look_s, sleep, clock)
+        verdict = Verdict(CONTINUE, "no step analysed")
+        for number, step in ahead:
+            label = f"step {number} of {len(steps)} ({step.percent} %)"
+            if step.percent == 100:
+                version = self.promote(model)
+                return Verdict(PROMOTED, f"{len(steps) - 1} step(s) passed: {version.reference} promoted")
+            if step.percent != share:
+                self.canary_start = (clock(), *self.counters())
+                self.set_share(step.percent)
+                share = step.percent
+                self.say(f"{label}: the canary takes {step.percent} % of the requests")
+            verdict = self.analyse(model, duration_s, look_s, sleep, clock)
+            self.canary_start = None
+            if verdict.action != PROMOTE_READY:
+                return verdict
+            self.say(f"{label} passed: {verdict.reason}")
+            if step.manual_gate and number < len(steps):
+                return Verdict(
+                    GATED,
+                    f"{label} passed and its manual gate holds the release at {step.percent} %: `gpuplat "
+                    f"serve guard {model} --past-gate` goes on to step {number + 1} "
+                    f"({steps[number].percent} %), `gpuplat serve rollback {model}` takes the canary out",
+                )
+        return verdict
+
+    def analyse(
         self,
         model: str,
         duration_s: float | None = None,

@@ -17,6 +17,8 @@ from infra.serving.analysis import CONTINUE, INCONCLUSIVE, PROMOTE_READY, ROLLBA
 from infra.serving.counts import Counts, Histogram, SinceStart
 from infra.serving.registry.mlflow import ModelVersion, to_wire_source
 from infra.serving.release import (
+    GATED,
+    PROMOTED,
     Release,
     ServeRefused,
     ServingLayout,
@@ -163,15 +165,25 @@ class Verdicts:
     def __init__(self, verdict: Verdict) -> None:
         self.verdict = verdict
 
-    def guard(self, model: str, duration_s: float | None) -> Verdict:
+    def guard(self, model: str, duration_s: float | None, past_gate: bool = False) -> Verdict:
         return self.verdict
 
 
 @pytest.mark.parametrize(
     ("action", "code"),
-    [(PROMOTE_READY, 0), (ROLLBACK, 1), (INCONCLUSIVE, 5), (CONTINUE, 5), ("gone", 5)],
+    [
+        (PROMOTE_READY, 0),
+        (PROMOTED, 0),
+        (GATED, 0),
+        (ROLLBACK, 1),
+        (INCONCLUSIVE, 5),
+        (CONTINUE, 5),
+        ("gone", 5),
+    ],
 )
-def test_serve_guard_exits_0_only_on_promote_ready(action: str, code: int) -> None:
+def test_serve_guard_exits_0_only_on_a_passed_analysis(action: str, code: int) -> None:
+    """promote-ready, promoted (a stepped release's last step), held at a manual gate: each a passed
+    analysis; anything else is not 0."""
     import typer
 
     from infra.cli.commands.serve import _guard

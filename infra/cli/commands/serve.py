@@ -14,7 +14,16 @@ from infra.cli.stack_options import JsonFlag, StackFile, StackName, platform_fro
 from infra.errors import ExitCode, GpuPlatError
 from infra.serving.analysis import PROMOTE_READY, ROLLBACK
 from infra.serving.registry.locate import open_registry
-from infra.serving.release import CANARY_BACKEND, CHALLENGER, CHAMPION, PREVIOUS, STABLE_BACKEND, Release
+from infra.serving.release import (
+    CANARY_BACKEND,
+    CHALLENGER,
+    CHAMPION,
+    GATED,
+    PREVIOUS,
+    PROMOTED,
+    STABLE_BACKEND,
+    Release,
+)
 
 serve = typer.Typer(
     name="serve",
@@ -104,15 +113,26 @@ def guard(
     stack_file_path: StackFile = None,
     url: RegistryUrl = None,
     prometheus: PrometheusUrl = None,
+    past_gate: Annotated[
+        bool,
+        typer.Option(
+            "--past-gate", help="serving.canary.steps: open the manual gate the release is held at, go on"
+        ),
+    ] = False,
 ) -> None:
-    """Analyse NAME's canary against the stable version (serving.canary): exit 0 promote-ready, 1 rolled back,
-    5 no verdict (inconclusive, or --for ended before the analysis)."""
+    """Analyse NAME's canary against the stable version (serving.canary), or carry it through
+    serving.canary.steps (each held for an analysis; a step at 100 % promotes): exit 0 promote-ready,
+    promoted, or held at a manual gate; 1 rolled back; 5 no verdict (inconclusive, or --for ended before
+    the analysis)."""
     check_name(model)
-    _guard(_release(stack, stack_file_path, url, prometheus), model, duration_s)
+    _guard(_release(stack, stack_file_path, url, prometheus), model, duration_s, past_gate)
 
 
-def _guard(release: Release, model: str, duration_s: float | None) -> None:
-    verdict = release.guard(model, duration_s)
+def _guard(release: Release, model: str, duration_s: float | None, past_gate: bool = False) -> None:
+    verdict = release.guard(model, duration_s, past_gate=past_gate)
+    if verdict.action in (PROMOTED, GATED):
+        output.stdout().print(escape(f"{verdict.action}: {verdict.reason}"))
+        return
     if verdict.action == ROLLBACK:
         output.stderr().print(escape(f"rolled back: {verdict.reason}"))
         raise typer.Exit(ExitCode.POLICY_VIOLATION)
