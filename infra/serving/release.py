@@ -21,7 +21,7 @@ import json
 import re
 import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -56,6 +56,9 @@ JOB_OF_BACKEND = {STABLE_BACKEND: "inference_server", CANARY_BACKEND: "inference
 UNSAFE_IN_PATH = set(" \t\n\"'\\$`")
 LOOK_TRIES = 3
 """looks in a row the guard may fail to read the counters (or add them) before it gives up, exit 5"""
+# The CPU reference server's gauge naming the registered version it serves (roles/inference_server/files/
+# cpu_reference_server.py); vLLM has none.
+VERSION_INFO = "gpuplat_inference_model_version_info"
 # Run on a model-server node: each port's /metrics after a line "# port N" (none for a port that is down).
 METRICS_READ = """import sys, urllib.request
 for port in sys.argv[1:]:
@@ -87,19 +90,38 @@ def sample_labels(labels: str) -> dict[str, str]:
     }
 
 
-def parse_metrics(answer: str, histogram: str) -> dict[int, Histogram]:
-    """`histogram`'s buckets and _sum per port from METRICS_READ's answer (Prometheus' text format, every
-    label set of a port summed at each `le`)."""
-    cumulative: dict[int, dict[float, float]] = {}
-    sums: dict[int, float] = {}
+def port_samples(answer: str) -> Iterator[tuple[int, re.Match[str]]]:
+    """Each sample of METRICS_READ's answer with the port whose /metrics it came from."""
     port: int | None = None
     for line in answer.splitlines():
         if line.startswith("# port "):
             port = int(line.split()[2])
             continue
         sample = _SAMPLE.match(line.strip())
-        if port is None or sample is None:
-            continue
+        if port is not None and sample is not None:
+            yield port, sample
+
+
+def answering_ports(answer: str) -> set[int]:
+    return {int(line.split()[2]) for line in answer.splitlines() if line.startswith("# port ")}
+
+
+def served_versions(answer: str) -> dict[int, str]:
+    """The registered version each port's server says it serves (VERSION_INFO at 1; "" for the stack's own
+    model), from METRICS_READ's answer."""
+    return {
+        port: sample_labels(sample["labels"] or "").get("version", "")
+        for port, sample in port_samples(answer)
+        if sample["name"] == VERSION_INFO and float(sample["value"]) == 1
+    }
+
+
+def parse_metrics(answer: str, histogram: str) -> dict[int, Histogram]:
+    """`histogram`'s buckets and _sum per port from METRICS_READ's answer (Prometheus' text format, every
+    label set of a port summed at each `le`)."""
+    cumulative: dict[int, dict[float, float]] = {}
+    sums: dict[int, float] = {}
+    for port, sample in port_samples(answer):
         name, number = sample["name"], float(sample["value"])
         if name == f"{histogram}_bucket":
             le = float(sample_labels(sample["labels"] or "").get("le", "+Inf"))
@@ -204,6 +226,17 @@ class GatewayFigures:
         )
 
 
+@dataclass(frozen=True)
+class ReplicaServing:
+    node: str
+    slot: str
+    """a stable replica's number, or the canary slot"""
+    port: int
+    answering: bool
+    version: str | None
+    """the registered version its server names, "" the stack's own model, None: it names none"""
+
+
 class Release:
     """One stack's serving, as the registry, the gateways and the model-server nodes hold it."""
 
@@ -289,6 +322,23 @@ class Release:
                 if port in ports:
                     found[ports[port]][f"{self.layout.addresses.get(node, node)}:{port}"] = read
         return {backend: series or None for backend, series in found.items()}
+
+    def replicas_serving(self) -> list[ReplicaServing]:
+        """What each replica (and canary slot) of each node serves now, as its own server says: the version
+        its /metrics names, "" for the stack's own model, None where it does not answer or names none."""
+        found: list[ReplicaServing] = []
+        for node in self.layout.servers:
+            slots = {str(replica): REPLICA_PORT + replica for replica in self._replicas(node)}
+            slots[CANARY_SLOT] = CANARY_PORT
+            answer = self.nodes.exec(
+                node, "python3", "-c", METRICS_READ, *map(str, slots.values()), timeout=30
+            )
+            versions, up = served_versions(answer), answering_ports(answer)
+            found += [
+                ReplicaServing(node, slot, port, port in up, versions.get(port))
+                for slot, port in slots.items()
+            ]
+        return found
 
     def _replicas(self, node: str) -> list[int]:
         """`stable_replicas`, read once per node and release."""

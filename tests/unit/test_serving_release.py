@@ -20,6 +20,7 @@ from infra.serving.release import (
     GATED,
     PROMOTED,
     Release,
+    ReplicaServing,
     ServeRefused,
     ServingLayout,
     serving_layout,
@@ -350,3 +351,30 @@ def test_promote_gives_the_canary_every_request_only_while_the_last_stable_serve
     assert nodes.shares() == [100, 20, 0]
     restart = _at(nodes, "infer-0", "systemctl restart", "@0.service")[0]
     assert _at(nodes, "gw-1", "share 100")[0] < restart < _at(nodes, "gw-1", "share 20")[0]
+
+
+def test_status_says_what_each_replica_serves_as_its_own_server_says() -> None:
+    """Issue 48 finding 5: aliases say what should serve; each replica's /metrics what does. Replica 0
+    serves embedder@2, replica 1 the stack's own model, the canary slot does not answer."""
+    answer = (
+        "# port 8000\n"
+        'gpuplat_inference_model_version_info{version="embedder@2"} 1.0\n'
+        "# port 8001\n"
+        'gpuplat_inference_model_version_info{version=""} 1.0\n'
+    )
+
+    class Nodes:
+        def exec(self, node: str, *command: str, timeout: float = 120) -> str:
+            if command[0] == "ls":
+                return "replica-0.env replica-1.env"
+            assert command[3:] == ("8000", "8001", "8100")
+            return answer
+
+    release = object.__new__(Release)
+    release.nodes = Nodes()
+    release.layout = ServingLayout(("gw-0",), ("infer-0",), {"infer-0": "c-infer-0"}, "cpu-reference", 1.0)
+    assert release.replicas_serving() == [
+        ReplicaServing("infer-0", "0", 8000, True, "embedder@2"),
+        ReplicaServing("infer-0", "1", 8001, True, ""),
+        ReplicaServing("infer-0", "canary", 8100, False, None),
+    ]

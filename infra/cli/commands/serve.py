@@ -199,9 +199,23 @@ def status(
             }
         )
     previous = release.aliased(model, PREVIOUS)
+    replicas = [
+        {
+            "node": r.node,
+            "slot": r.slot,
+            "port": r.port,
+            "serves": _served(r.answering, r.version),
+        }
+        for r in release.replicas_serving()
+    ]
     if json_output:
         output.print_json(
-            {"model": model, "versions": rows, "previous": previous.reference if previous else None}
+            {
+                "model": model,
+                "versions": rows,
+                "previous": previous.reference if previous else None,
+                "replicas": replicas,
+            }
         )
         return
     table = [
@@ -222,3 +236,18 @@ def status(
     output.stdout().print(
         output.table(title, ["role", "version", "share", "requests", "errors", "servers up", "p95"], table)
     )
+    output.stdout().print(
+        output.table(
+            "what each replica serves (its own /metrics)",
+            ["node", "slot", "port", "serves"],
+            [[r["node"], r["slot"], str(r["port"]), str(r["serves"])] for r in replicas],
+        )
+    )
+
+
+def _served(answering: bool, version: str | None) -> str:
+    if not answering:
+        return "not answering"
+    if version is None:
+        return "unknown (its server names no version)"
+    return version or "serving.model"
