@@ -18,10 +18,13 @@ its share goes to 0 and each canary server is drained on every gateway before it
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import socket
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -56,6 +59,34 @@ JOB_OF_BACKEND = {STABLE_BACKEND: "inference_server", CANARY_BACKEND: "inference
 UNSAFE_IN_PATH = set(" \t\n\"'\\$`")
 LOOK_TRIES = 3
 """looks in a row the guard may fail to read the counters (or add them) before it gives up, exit 5"""
+# Where the release locks live on the first gateway's node (tmpfs: a restart of that node frees them), and
+# the script that takes one: mkdir is atomic, so of two at once one makes the directory and the other reads
+# who did. Arguments: the folder, the model, the owner's description.
+LOCK_DIR = "/run/gpuplat-serve"
+LOCK_TAKE = """mkdir -p "$1" || exit 1
+if mkdir "$1/$2.lock" 2>/dev/null; then printf '%s' "$3" > "$1/$2.lock/owner"; echo taken
+else printf 'held: '; cat "$1/$2.lock/owner" 2>/dev/null; echo; fi"""
+
+
+def _gone(holder: str) -> bool:
+    """Whether the lock's holder ("... by pid N on HOST since ...") was a process of this host that is no
+    longer running."""
+    words = holder.split()
+    try:
+        pid, host = int(words[words.index("pid") + 1]), words[words.index("on") + 1]
+    except (ValueError, IndexError):
+        return False
+    if host != socket.gethostname():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
 # The CPU reference server's gauge naming the registered version it serves (roles/inference_server/files/
 # cpu_reference_server.py); vLLM has none.
 VERSION_INFO = "gpuplat_inference_model_version_info"
@@ -259,6 +290,39 @@ class Release:
         self.rules = serving.canary or Canary()
         self.canary_start: tuple[float, Counts | Reading, Counts | Reading] | None = None
         """when `deploy` gave the canary its share, and the counters just before"""
+
+    # One release at a time per model
+
+    @contextmanager
+    def exclusive(self, model: str, what: str) -> Iterator[None]:
+        """Hold `model`'s release lock (a directory on the first gateway's node, made atomically by mkdir)
+        while `what` runs: a second deploy, promote, rollback or guard of the model meets it and is refused,
+        saying who holds it. A lock whose holder was a process of this host that is gone is taken over."""
+        held: set[str] = self.__dict__.setdefault("_held", set())
+        if model in held:
+            yield
+            return
+        node = self.layout.gateways[0]
+        owner = f"{what} by pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S %Z')}"
+        for _ in range(2):
+            answer = self.nodes.exec(node, "sh", "-c", LOCK_TAKE, "lock", LOCK_DIR, model, owner).strip()
+            if answer == "taken":
+                break
+            holder = answer.removeprefix("held: ")
+            if not _gone(holder):
+                raise ServeRefused(
+                    f"a release of '{model}' is in progress ({holder}): one release at a time per model. "
+                    f"Wait for it to end, or stop it (Ctrl-C releases its lock); a lock left by a process "
+                    f"of another host that is gone: `rm -r {LOCK_DIR}/{model}.lock` on {node}"
+                )
+            self.say(f"taking over the release lock of '{model}' from a process that is gone ({holder})")
+            self.nodes.exec(node, "rm", "-rf", f"{LOCK_DIR}/{model}.lock")
+        held.add(model)
+        try:
+            yield
+        finally:
+            held.discard(model)
+            self.nodes.exec(node, "rm", "-rf", f"{LOCK_DIR}/{model}.lock")
 
     # What is served
 

@@ -5,6 +5,8 @@ tests/serving/test_serve.py."""
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from infra.serving.counts import Counts, Histogram, SinceStart
 from infra.serving.registry.mlflow import ModelVersion, to_wire_source
 from infra.serving.release import (
     GATED,
+    LOCK_DIR,
     PROMOTED,
     Release,
     ReplicaServing,
@@ -378,3 +381,59 @@ def test_status_says_what_each_replica_serves_as_its_own_server_says() -> None:
         ReplicaServing("infer-0", "1", 8001, True, ""),
         ReplicaServing("infer-0", "canary", 8100, False, None),
     ]
+
+
+class LockNode:
+    """A gateway node whose lock folder is a local one: the lock script runs in a real `sh`."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = str(folder)
+
+    def exec(self, node: str, *command: str, timeout: float = 120) -> str:
+        words = [w.replace(LOCK_DIR, self.folder) for w in command]
+        return subprocess.run(words, capture_output=True, text=True, check=True).stdout
+
+
+def locking(folder: Path) -> Release:
+    release = object.__new__(Release)
+    release.nodes = LockNode(folder)
+    release.say = lambda line: None
+    release.layout = ServingLayout(("gw-0",), (), {}, "cpu-reference", 1.0)
+    return release
+
+
+def test_one_release_at_a_time_per_model_a_second_promote_meets_the_lock(tmp_path: Path) -> None:
+    """Issue 48 finding 5: a CI guard and an operator's promote raced. The second is refused, saying who
+    holds the lock; the holder's own nested steps (the guard's rollback) pass; another model is free;
+    the lock goes with its holder."""
+    guard, operator = locking(tmp_path), locking(tmp_path)
+    with guard.exclusive("embedder", "guard"):
+        with guard.exclusive("embedder", "rollback"):
+            pass
+        refusal = r"a release of 'embedder' is in progress \(guard by pid \d+ on "
+        with pytest.raises(ServeRefused, match=refusal), operator.exclusive("embedder", "promote"):
+            pass
+        with operator.exclusive("other-model", "promote"):
+            pass
+        assert (tmp_path / "embedder.lock").is_dir()
+    assert not (tmp_path / "embedder.lock").exists()
+    with operator.exclusive("embedder", "promote"):
+        pass
+
+
+def test_a_lock_left_by_a_process_of_this_host_that_is_gone_is_taken_over(tmp_path: Path) -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    (tmp_path / "embedder.lock").mkdir()
+    (tmp_path / "embedder.lock" / "owner").write_text(
+        f"promote by pid {gone.pid} on {socket.gethostname()} since 07:00:00 UTC"
+    )
+    with locking(tmp_path).exclusive("embedder", "promote"):
+        assert "promote by pid" in (tmp_path / "embedder.lock" / "owner").read_text()
+    (tmp_path / "embedder.lock").mkdir()
+    (tmp_path / "embedder.lock" / "owner").write_text("promote by pid 1 on another-host since 07:00:00 UTC")
+    with (
+        pytest.raises(ServeRefused, match="another-host"),
+        locking(tmp_path).exclusive("embedder", "promote"),
+    ):
+        pass

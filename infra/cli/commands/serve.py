@@ -89,15 +89,17 @@ def deploy(
     prometheus: PrometheusUrl = None,
 ) -> None:
     """Serve a registered version: as a canary (--canary PERCENT), or on every replica."""
-    check_name(reference.partition("@")[0])
+    name = reference.partition("@")[0]
+    check_name(name)
     release = _release(stack, stack_file_path, url, prometheus)
-    version = release.deploy(reference, canary)
-    if canary is None:
-        output.stdout().print(escape(f"{version.reference} serves every request"))
-        return
-    output.stdout().print(escape(f"{version.reference} is in canary with {canary} % of the requests"))
-    if guard_s > 0:
-        _guard(release, version.name, guard_s)
+    with release.exclusive(name, f"deploy {reference}"):
+        version = release.deploy(reference, canary)
+        if canary is None:
+            output.stdout().print(escape(f"{version.reference} serves every request"))
+            return
+        output.stdout().print(escape(f"{version.reference} is in canary with {canary} % of the requests"))
+        if guard_s > 0:
+            _guard(release, version.name, guard_s)
 
 
 @serve.command()
@@ -125,7 +127,9 @@ def guard(
     promoted, or held at a manual gate; 1 rolled back; 5 no verdict (inconclusive, or --for ended before
     the analysis)."""
     check_name(model)
-    _guard(_release(stack, stack_file_path, url, prometheus), model, duration_s, past_gate)
+    release = _release(stack, stack_file_path, url, prometheus)
+    with release.exclusive(model, "guard"):
+        _guard(release, model, duration_s, past_gate)
 
 
 def _guard(release: Release, model: str, duration_s: float | None, past_gate: bool = False) -> None:
@@ -148,7 +152,9 @@ def promote(
 ) -> None:
     """Make NAME's canary the stable version on every replica."""
     check_name(model)
-    version = _release(stack, stack_file_path, url).promote(model)
+    release = _release(stack, stack_file_path, url)
+    with release.exclusive(model, "promote"):
+        version = release.promote(model)
     output.stdout().print(escape(f"{version.reference} serves every request"))
 
 
@@ -158,7 +164,9 @@ def rollback(
 ) -> None:
     """Take NAME's canary out; with no canary, put the previous stable version back."""
     check_name(model)
-    serving = _release(stack, stack_file_path, url).rollback(model)
+    release = _release(stack, stack_file_path, url)
+    with release.exclusive(model, "rollback"):
+        serving = release.rollback(model)
     what = serving.reference if serving else "the stack's own model (serving.model)"
     output.stdout().print(escape(f"{what} serves every request"))
 
