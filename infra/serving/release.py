@@ -32,7 +32,7 @@ from infra.errors import ExitCode, GpuPlatError, SpecError
 from infra.nodes.inventory import container_name
 from infra.nodes.role_templates import role_defaults, role_vars
 from infra.platform.resolve import ResolvedPlatform
-from infra.serving.analysis import CONTINUE, PROMOTE_READY, Guard, Verdict
+from infra.serving.analysis import CONTINUE, PROMOTE_READY, ROLLBACK, Guard, Verdict
 from infra.serving.canary import gate
 from infra.serving.counts import Counts, Histogram, Reading, Series
 from infra.serving.prometheus import instant
@@ -85,6 +85,12 @@ def _gone(holder: str) -> bool:
     except PermissionError:
         return False
     return False
+
+
+# The guard's record of each model's release on the first gateway's node (persistent: `serve status` reads
+# it after the guard's command ended, or the node restarted), written whole (a temporary file renamed).
+STATE_DIR = "/var/lib/gpuplat-serve"
+STATE_WRITE = 'mkdir -p "$1" && printf %s "$3" > "$1/.$2.json" && mv "$1/.$2.json" "$1/$2.json"'
 
 
 # The CPU reference server's gauge naming the registered version it serves (roles/inference_server/files/
@@ -323,6 +329,35 @@ class Release:
         finally:
             held.discard(model)
             self.nodes.exec(node, "rm", "-rf", f"{LOCK_DIR}/{model}.lock")
+
+    # The guard's record
+
+    def record(self, model: str, phase: str, detail: str, percent: int | None = None) -> None:
+        """What the release of `model` is doing (phase: analysing, gated, promoted, rolled back, ...)."""
+        state = {
+            "phase": phase,
+            "detail": detail,
+            "canary_percent": percent,
+            "steps": [step.percent for step in self.rules.steps],
+            "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "by": f"pid {os.getpid()} on {socket.gethostname()}",
+        }
+        try:
+            self.nodes.exec(
+                self.layout.gateways[0], "sh", "-c", STATE_WRITE, "state", STATE_DIR, model, json.dumps(state)
+            )
+        except GpuPlatError as error:  # the release goes on; only its record is behind
+            self.say(f"the release's record was not written ({phase}): {error.message}")
+
+    def recorded(self, model: str) -> dict[str, Any] | None:
+        """The last record of `model`'s release (None: none yet)."""
+        path = f"{STATE_DIR}/{model}.json"
+        text = self.nodes.exec(self.layout.gateways[0], "sh", "-c", f'cat "{path}" 2>/dev/null || true')
+        try:
+            found: dict[str, Any] = json.loads(text)
+        except ValueError:
+            return None
+        return found
 
     # What is served
 
@@ -659,30 +694,45 @@ class Release:
             if step.percent > share or (step.percent == share and not past_gate)
         ]
         if not ahead:
-            return self.analyse(model, duration_s, look_s, sleep, clock)
+            self.record(model, "analysing", "the canary's analysis", share or None)
+            verdict = self.analyse(model, duration_s, look_s, sleep, clock)
+            self.record(model, verdict.action, verdict.reason, None if verdict.action == ROLLBACK else share)
+            return verdict
         verdict = Verdict(CONTINUE, "no step analysed")
         for number, step in ahead:
             label = f"step {number} of {len(steps)} ({step.percent} %)"
             if step.percent == 100:
+                self.record(model, "promoting", label, share)
                 version = self.promote(model)
-                return Verdict(PROMOTED, f"{len(steps) - 1} step(s) passed: {version.reference} promoted")
+                verdict = Verdict(PROMOTED, f"{len(steps) - 1} step(s) passed: {version.reference} promoted")
+                self.record(model, PROMOTED, verdict.reason, 100)
+                return verdict
             if step.percent != share:
                 self.canary_start = (clock(), *self.counters())
                 self.set_share(step.percent)
                 share = step.percent
                 self.say(f"{label}: the canary takes {step.percent} % of the requests")
+            self.record(model, "analysing", label, share)
             verdict = self.analyse(model, duration_s, look_s, sleep, clock)
             self.canary_start = None
             if verdict.action != PROMOTE_READY:
+                self.record(
+                    model,
+                    verdict.action,
+                    f"{label}: {verdict.reason}",
+                    None if verdict.action == ROLLBACK else share,
+                )
                 return verdict
             self.say(f"{label} passed: {verdict.reason}")
             if step.manual_gate and number < len(steps):
+                self.record(model, GATED, f"{label} passed; its manual gate holds the release", share)
                 return Verdict(
                     GATED,
                     f"{label} passed and its manual gate holds the release at {step.percent} %: `gpuplat "
                     f"serve guard {model} --past-gate` goes on to step {number + 1} "
                     f"({steps[number].percent} %), `gpuplat serve rollback {model}` takes the canary out",
                 )
+        self.record(model, verdict.action, verdict.reason, share)
         return verdict
 
     def analyse(

@@ -221,6 +221,7 @@ def _guard_reading(script: list[object]) -> tuple[Release, list[str]]:
     release = object.__new__(Release)
     release.rules = Canary()
     release.canary_start = None
+    release.record = lambda model, phase, detail, percent=None: None  # type: ignore[method-assign]
     said: list[str] = []
     items = iter(script)
     item: object = None

@@ -122,6 +122,13 @@ def test_the_guard_holds_each_step_for_an_analysis_and_promotes_at_the_last() ->
     verdict = release.guard("embedder", sleep=clock.sleep, clock=clock)
     assert verdict.action == PROMOTED and verdict.reason == "3 step(s) passed: embedder@2 promoted"
     assert done == ["share 20", "share 50", "promote"]  # 5 % was the deploy's share
+    assert release.__dict__["records"] == [
+        ("analysing", 5),
+        ("analysing", 20),
+        ("analysing", 50),
+        ("promoting", 50),
+        ("promoted", 100),
+    ]
     assert clock.now == 1000.0 + 3 * 20  # three analyses of 2 x 10 s
 
 

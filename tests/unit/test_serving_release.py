@@ -22,6 +22,7 @@ from infra.serving.release import (
     GATED,
     LOCK_DIR,
     PROMOTED,
+    STATE_DIR,
     Release,
     ReplicaServing,
     ServeRefused,
@@ -96,6 +97,9 @@ def guarded(readings: list[tuple[Counts, Counts]], rules: Canary) -> tuple[Relea
     release.aliased = lambda model, alias: version("/shared/models/x")  # type: ignore[method-assign]
     release.rollback = lambda model, reason="": done.append(reason)  # type: ignore[method-assign,assignment,func-returns-value]
     release.say = lambda line: None
+    records: list[tuple[str, int | None]] = []
+    release.__dict__["records"] = records
+    release.record = lambda model, phase, detail, percent=None: records.append((phase, percent))  # type: ignore[method-assign]
     return release, done
 
 
@@ -437,3 +441,29 @@ def test_a_lock_left_by_a_process_of_this_host_that_is_gone_is_taken_over(tmp_pa
         locking(tmp_path).exclusive("embedder", "promote"),
     ):
         pass
+
+
+class StateNode(LockNode):
+    def exec(self, node: str, *command: str, timeout: float = 120) -> str:
+        words = [w.replace(STATE_DIR, self.folder) for w in command]
+        return subprocess.run(words, capture_output=True, text=True, check=True).stdout
+
+
+def test_the_guards_record_is_written_whole_on_the_node_and_read_back_by_status(tmp_path: Path) -> None:
+    """The release's record outlives the guard's command: `serve status` reads what the guard last did."""
+    release = object.__new__(Release)
+    release.nodes = StateNode(tmp_path / "state")
+    release.say = lambda line: None
+    release.layout = ServingLayout(("gw-0",), (), {}, "cpu-reference", 1.0)
+    release.rules = Canary.model_validate({"steps": [{"percent": 10}, {"percent": 100}]})
+    assert release.recorded("embedder") is None
+    release.record("embedder", "analysing", 'step 1 of 2 (10 %) "quoted"', 10)
+    record = release.recorded("embedder")
+    assert record is not None
+    assert (record["phase"], record["detail"], record["canary_percent"], record["steps"]) == (
+        "analysing",
+        'step 1 of 2 (10 %) "quoted"',
+        10,
+        [10, 100],
+    )
+    assert [p.name for p in (tmp_path / "state").iterdir()] == ["embedder.json"]  # no temporary left

@@ -216,6 +216,7 @@ def status(
         }
         for r in release.replicas_serving()
     ]
+    record = release.recorded(model)
     if json_output:
         output.print_json(
             {
@@ -223,6 +224,7 @@ def status(
                 "versions": rows,
                 "previous": previous.reference if previous else None,
                 "replicas": replicas,
+                "release": record,
             }
         )
         return
@@ -244,6 +246,14 @@ def status(
     output.stdout().print(
         output.table(title, ["role", "version", "share", "requests", "errors", "servers up", "p95"], table)
     )
+    if record is not None:
+        at_share = "" if record.get("canary_percent") is None else f" at {record['canary_percent']} %"
+        output.stdout().print(
+            escape(
+                f"release: {record.get('phase')}{at_share}: {record.get('detail')} "
+                f"({record.get('at')}, {record.get('by')})"
+            )
+        )
     output.stdout().print(
         output.table(
             "what each replica serves (its own /metrics)",
