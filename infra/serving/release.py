@@ -638,6 +638,8 @@ class Release:
         share = self.figures().canary_percent
         self.say(
             f"{candidate.reference} keeps its {share} % while the stable replicas restart on it one at a time"
+            if share
+            else f"the stable replicas restart on {candidate.reference} one at a time"
         )
         self.roll_stable(candidate, share)
         self.stop_canary()
