@@ -689,6 +689,10 @@ class Release:
         just before the share moved); a step at 100 % promotes. Any verdict but promote-ready ends it; so
         does a passed step with a manual gate (GATED), the share left at that step."""
         steps = self.rules.steps
+        if steps and self.aliased(model, CHALLENGER) is None:
+            return Verdict(
+                "gone", f"'{model}' has no canary: `gpuplat serve deploy NAME@VERSION --canary P` one"
+            )
         share = self.figures().canary_percent if steps else 0
         ahead = [
             (number, step)

@@ -149,3 +149,10 @@ def test_a_step_that_fails_rolls_the_canary_back_and_goes_no_further() -> None:
     release, done = stepped([{"percent": 5}, {"percent": 50}, {"percent": 100}], share=5, canary_errors=20)
     verdict = release.guard("embedder", sleep=clock.sleep, clock=clock)
     assert verdict.action == ROLLBACK and done == ["rollback"]
+
+
+def test_a_stepped_guard_without_a_canary_moves_no_share() -> None:
+    release, done = stepped([{"percent": 5}, {"percent": 100}], share=0)
+    release.aliased = lambda model, alias: None  # type: ignore[method-assign]
+    verdict = release.guard("embedder")
+    assert (verdict.action, done) == ("gone", [])
