@@ -66,6 +66,19 @@ LOCK_DIR = "/run/gpuplat-serve"
 LOCK_TAKE = """mkdir -p "$1" || exit 1
 if mkdir "$1/$2.lock" 2>/dev/null; then printf '%s' "$3" > "$1/$2.lock/owner"; echo taken
 else printf 'held: '; cat "$1/$2.lock/owner" 2>/dev/null; echo; fi"""
+# The script that takes over a lock whose holder is gone. Of two takers at once one makes the lock's
+# taking-over directory; it replaces the owner only if the owner is still the gone one it was told of, so a
+# lock taken over a moment before by the other is not taken twice. Arguments: the folder, the model, the
+# gone owner's description, the new owner's.
+LOCK_TAKE_OVER = """lock="$1/$2.lock"
+if mkdir "$lock/taking-over" 2>/dev/null; then
+  if [ "$(cat "$lock/owner" 2>/dev/null)" = "$3" ]; then
+    printf '%s' "$4" > "$lock/owner.new" && mv "$lock/owner.new" "$lock/owner" && rmdir "$lock/taking-over"
+    echo taken; exit 0
+  fi
+  rmdir "$lock/taking-over"
+fi
+printf 'held: '; cat "$lock/owner" 2>/dev/null; echo"""
 
 
 def _gone(holder: str) -> bool:
@@ -310,19 +323,20 @@ class Release:
             return
         node = self.layout.gateways[0]
         owner = f"{what} by pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S %Z')}"
-        for _ in range(2):
-            answer = self.nodes.exec(node, "sh", "-c", LOCK_TAKE, "lock", LOCK_DIR, model, owner).strip()
-            if answer == "taken":
-                break
-            holder = answer.removeprefix("held: ")
-            if not _gone(holder):
-                raise ServeRefused(
-                    f"a release of '{model}' is in progress ({holder}): one release at a time per model. "
-                    f"Wait for it to end, or stop it (Ctrl-C releases its lock); a lock left by a process "
-                    f"of another host that is gone: `rm -r {LOCK_DIR}/{model}.lock` on {node}"
-                )
+        answer = self.nodes.exec(node, "sh", "-c", LOCK_TAKE, "lock", LOCK_DIR, model, owner).strip()
+        holder = answer.removeprefix("held: ")
+        if answer != "taken" and _gone(holder):
             self.say(f"taking over the release lock of '{model}' from a process that is gone ({holder})")
-            self.nodes.exec(node, "rm", "-rf", f"{LOCK_DIR}/{model}.lock")
+            script = ("sh", "-c", LOCK_TAKE_OVER, "lock", LOCK_DIR, model, holder, owner)
+            answer = self.nodes.exec(node, *script).strip()
+            holder = answer.removeprefix("held: ")
+        if answer != "taken":
+            raise ServeRefused(
+                f"a release of '{model}' is in progress ({holder or 'its holder is writing its name'}): one "
+                "release at a time per model. Wait for it to end, or stop it (Ctrl-C releases its lock); a "
+                f"lock left by a process of another host that is gone: `rm -r {LOCK_DIR}/{model}.lock` on "
+                f"{node}"
+            )
         held.add(model)
         try:
             yield
@@ -490,11 +504,20 @@ class Release:
 
     # Steps on the nodes
 
-    def _write_version(self, node: str, slot: str, version: ModelVersion) -> None:
-        text = version_environment(version, self.layout.engine)
+    def _write_version(self, node: str, slot: str, version: ModelVersion | None) -> None:
+        """The slot's version file (None: none, the stack's own model)."""
         path = f"{CONFIG_DIR}/version-{slot}.env"
+        if version is None:
+            self.nodes.exec(node, "rm", "-f", path)
+            return
+        text = version_environment(version, self.layout.engine)
         script = 'printf %s "$1" > "$2.tmp" && mv "$2.tmp" "$2"'
         self.nodes.exec(node, "sh", "-c", script, "sh", text, path)
+
+    def _version_file(self, node: str, slot: str) -> str:
+        """The slot's version file as written ("" where there is none)."""
+        path = f"{CONFIG_DIR}/version-{slot}.env"
+        return self.nodes.exec(node, "sh", "-c", 'cat "$1" 2>/dev/null || true', "sh", path).strip()
 
     def _wait_healthy(self, node: str, port: int) -> None:
         probe = f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{port}/health', timeout=5)"
@@ -572,14 +595,25 @@ class Release:
         files = self.nodes.exec(node, "ls", CONFIG_DIR).split()
         return sorted(int(f[8:-4]) for f in files if f.startswith("replica-") and f[8:-4].isdigit())
 
-    def roll_stable(self, version: ModelVersion, share: int) -> None:
-        """Every stable replica onto `version`, one at a time, each drained on every gateway first, the
-        canary keeping `share` meanwhile: the other stable replicas take the stable's draws. Only where the
-        replica is the last stable server up on a gateway does the canary take every request while it
-        restarts (no other server could)."""
-        for node in self.layout.servers:
-            for replica in self.stable_replicas(node):
+    def roll_stable(self, version: ModelVersion | None, share: int, only_off: bool = False) -> None:
+        """Every stable replica onto `version` (None: the stack's own model), one at a time, each drained
+        on every gateway first, the canary keeping `share` meanwhile: the other stable replicas take the
+        stable's draws. Only where the replica is the last stable server up on a gateway does the canary
+        take every request while it restarts (no other server could). With `only_off`, the replicas whose
+        version file already names `version` stay as they are (taken out of drain where a promote cut short
+        left one drained)."""
+        wanted = "" if version is None else version_environment(version, self.layout.engine).strip()
+        replicas = {node: self.stable_replicas(node) for node in self.layout.servers}
+        drained = only_off and self.figures().servers_up.get(STABLE_BACKEND, 0) < sum(
+            map(len, replicas.values())
+        )
+        for node, numbers in replicas.items():
+            for replica in numbers:
                 target = f"{self.layout.addresses[node]}:{REPLICA_PORT + replica}"
+                if only_off and self._version_file(node, str(replica)) == wanted:
+                    if drained:
+                        self._on_gateways("ready", STABLE_BACKEND, target)
+                    continue
                 alone = self.figures().servers_up.get(STABLE_BACKEND, 0) <= 1
                 if alone and share < 100:
                     self.say(
@@ -594,7 +628,8 @@ class Release:
                 self._on_gateways("ready", STABLE_BACKEND, target)
                 if alone and share < 100:
                     self.set_share(share)
-                self.say(f"replica {replica} on {node} serves {version.reference}")
+                serves = "the stack's own model" if version is None else version.reference
+                self.say(f"replica {replica} on {node} serves {serves}")
 
     # The commands
 
@@ -655,6 +690,10 @@ class Release:
         the stack's own model)."""
         candidate = self.aliased(model, CHALLENGER)
         if candidate is not None:
+            # A promote cut short (killed, a replica that did not come up) left some stable replicas on the
+            # candidate: they go back to the champion, the canary at share 0 first.
+            self.set_share(0)
+            self.roll_stable(self.aliased(model, CHAMPION), 0, only_off=True)
             self.stop_canary()
             self.registry.delete_alias(model, CHALLENGER)
             self.say(

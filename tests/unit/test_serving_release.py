@@ -360,6 +360,71 @@ def test_promote_gives_the_canary_every_request_only_while_the_last_stable_serve
     assert _at(nodes, "gw-1", "share 100")[0] < restart < _at(nodes, "gw-1", "share 20")[0]
 
 
+class CutShortNodes(RecordingNodes):
+    """A promote of embedder@3 cut short on a node of 3 replicas: replica 0 restarted on it, replica 1
+    drained but not yet restarted (still on the champion, embedder@2), replica 2 not reached; the canary
+    at 100 % (killed while the last stable server restarted). Version files kept as written."""
+
+    def __init__(self) -> None:
+        super().__init__(replicas=3, share=100)
+        self.files = {
+            f"version-{i}.env": version_environment(
+                ModelVersion("embedder", v, to_wire_source("/m"), "READY"), "cpu-reference"
+            )
+            for i, v in ((0, 3), (1, 2), (2, 2), ("canary", 3))
+        }
+
+    def exec(self, node: str, *command: str, timeout: float = 120) -> str:
+        if command[:2] == ("sh", "-c") and command[-1].endswith(".env"):
+            name = command[-1].rsplit("/", 1)[-1]
+            if command[2].startswith("cat"):
+                self.done.append((node, command))
+                return self.files.get(name, "")
+            self.files[name] = command[-2]
+        if command[:2] == ("rm", "-f"):
+            self.files.pop(command[-1].rsplit("/", 1)[-1], None)
+        answer = super().exec(node, *command)
+        if command[-1:] == ("show",):  # replica 1 is drained: the gateways count 2 stable servers up
+            return _show(self.share, (0, 0, 2), (0, 0, 1))
+        return answer
+
+
+def test_a_rollback_after_a_promote_cut_short_puts_every_stable_replica_back_on_the_champion() -> None:
+    """Issue 48 finding 5: a failed promote left some replicas on the new version; `rollback` stopped
+    only the canary. Now the canary's share goes to 0 first, each replica not on the champion is drained,
+    restarted on it and taken out of drain (the others untouched, a drained one taken out of drain), then
+    the canary drained and stopped."""
+    nodes = CutShortNodes()
+    release = object.__new__(Release)
+    release.nodes = nodes
+    release.say = lambda line: None
+    release.layout = ServingLayout(("gw-0",), ("infer-0",), {"infer-0": "c-infer-0"}, "cpu-reference", 1.0)
+    release._wait_healthy = lambda node, port: None  # type: ignore[method-assign]
+    aliases = {
+        "challenger": ModelVersion("embedder", 3, to_wire_source("/m"), "READY"),
+        "champion": ModelVersion("embedder", 2, to_wire_source("/m"), "READY"),
+    }
+    release.aliased = lambda model, alias: aliases.get(alias)  # type: ignore[method-assign]
+
+    class Registry:
+        def delete_alias(self, model: str, alias: str) -> None:
+            aliases.pop(alias)
+
+    release.registry = Registry()  # type: ignore[assignment]
+    assert release.rollback("embedder") == aliases["champion"]
+    champion = version_environment(aliases["champion"], "cpu-reference")
+    assert [nodes.files[f"version-{i}.env"] for i in range(3)] == [champion] * 3
+    assert "version-canary.env" not in nodes.files
+    restarted = [i for i in range(3) if _at(nodes, "infer-0", "systemctl restart", f"@{i}.service")]
+    assert restarted == [0]
+    assert nodes.shares()[0] == 0  # the bad version's share first
+    restart = _at(nodes, "infer-0", "systemctl restart", "@0.service")[0]
+    assert _at(nodes, "gw-0", "--backend inference drain", "c-infer-0:8000")[0] < restart
+    assert _at(nodes, "gw-0", "--backend inference ready", "c-infer-0:8000")[0] > restart
+    assert _at(nodes, "gw-0", "--backend inference ready", "c-infer-0:8001")  # left drained by the promote
+    assert _at(nodes, "infer-0", "systemctl stop", "@canary.service")
+
+
 def test_status_says_what_each_replica_serves_as_its_own_server_says() -> None:
     """Issue 48 finding 5: aliases say what should serve; each replica's /metrics what does. Replica 0
     serves embedder@2, replica 1 the stack's own model, the canary slot does not answer."""
@@ -441,6 +506,39 @@ def test_a_lock_left_by_a_process_of_this_host_that_is_gone_is_taken_over(tmp_pa
         locking(tmp_path).exclusive("embedder", "promote"),
     ):
         pass
+
+
+class RacingNode(LockNode):
+    """A gateway node on which another taker acts between this taker's first and second command."""
+
+    def __init__(self, folder: Path, between: Callable[[], None]) -> None:
+        super().__init__(folder)
+        self.between, self.calls = between, 0
+
+    def exec(self, node: str, *command: str, timeout: float = 120) -> str:
+        self.calls += 1
+        if self.calls == 2:
+            self.between()
+        return super().exec(node, *command)
+
+
+def test_of_two_takers_of_a_gone_holders_lock_one_takes_it(tmp_path: Path) -> None:
+    """Two promotes both find the lock of a gone process; the first takes it over; the second, which read
+    the gone holder a moment before, must not remove the first's lock and take it too."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    (tmp_path / "embedder.lock").mkdir()
+    (tmp_path / "embedder.lock" / "owner").write_text(
+        f"promote by pid {gone.pid} on {socket.gethostname()} since 07:00:00 UTC"
+    )
+    first = locking(tmp_path).exclusive("embedder", "first promote")
+    second = locking(tmp_path)
+    second.nodes = RacingNode(tmp_path, first.__enter__)
+    with pytest.raises(ServeRefused, match=r"\(first promote by pid"), second.exclusive("embedder", "second"):
+        pass
+    assert "first promote" in (tmp_path / "embedder.lock" / "owner").read_text()
+    first.__exit__(None, None, None)
+    assert not (tmp_path / "embedder.lock").exists()
 
 
 class StateNode(LockNode):
