@@ -68,6 +68,8 @@ def measure_errors(stable: Counts, canary: Counts, rules: Canary) -> Measurement
             INCONCLUSIVE,
             f"{canary.requests} canary requests, fewer than {rules.interval_min_requests}",
         )
+    if stable.requests < rules.interval_min_requests:
+        return Measurement(ERRORS, INCONCLUSIVE, _too_few_stable(stable.requests, "requests", rules))
     bound = error_bound(stable, rules, rules.alpha)
     p = error_rate_p(canary.errors, canary.requests, bound)
     outcome = FAILED if p < rules.alpha / 2 else PASSED
@@ -77,6 +79,14 @@ def measure_errors(stable: Counts, canary: Counts, rules: Canary) -> Measurement
         f"canary error rate {_rate(canary)} against the stable version's {_rate(stable)} (at most "
         f"{bound - rules.max_error_rate_increase:.1%}) plus max_error_rate_increase "
         f"{rules.max_error_rate_increase:.1%}: p = {p:.2g}, alpha {rules.alpha:g}",
+    )
+
+
+def _too_few_stable(seen: int, what: str, rules: Canary) -> str:
+    """A canary with nearly all the traffic leaves the stable version too few answers to compare with."""
+    return (
+        f"{seen} stable {what}, fewer than {rules.interval_min_requests}: at this share the stable version "
+        "answers too few to compare the canary with"
     )
 
 
@@ -99,6 +109,8 @@ def measure_latency(stable: Counts, canary: Counts, rules: Canary) -> Measuremen
         )
     if fast is None or not fast.count or not fast.sum_s:
         return Measurement(LATENCY, INCONCLUSIVE, "no stable latencies recorded")
+    if fast.count < rules.interval_min_requests:
+        return Measurement(LATENCY, INCONCLUSIVE, _too_few_stable(fast.count, "latencies recorded", rules))
     if fast.bounds != slow.bounds:
         return Measurement(
             LATENCY,

@@ -471,8 +471,8 @@ class CanaryStep(_Model):
     manual_gate: bool = Field(
         False,
         description=(
-            "after this step's analysis passes, wait for an operator (`gpuplat serve promote`) before the "
-            "next step (Argo Rollouts' `pause: {}` without a duration)"
+            "after this step's analysis passes, wait for an operator (`gpuplat serve guard NAME "
+            "--past-gate`) before the next step (Argo Rollouts' `pause: {}` without a duration)"
         ),
     )
 
@@ -616,21 +616,36 @@ class Canary(_Model):
         rate = self.expected_requests_per_s
         if rate is None:
             return None
-        per_interval = rate * percent / 100 * self.interval_s
-        if per_interval >= self.interval_min_requests:
-            return None
         least = -(-self.interval_min_requests * 100 // (rate * self.interval_s))
-        cure = (
-            f"give the canary at least {least:.0f} %"
-            if least <= 100
-            else "no share can: lower min_requests or raise interval_s"
+        needs = (
+            f"fewer than the {self.interval_min_requests} each interval needs (min_requests "
+            f"{self.min_requests} / intervals {self.intervals}): every interval would be inconclusive"
         )
-        return (
-            f"a canary at {percent} % of {rate:g} requests/s answers about {per_interval:.1f} requests per "
-            f"{self.interval_s} s interval, fewer than the {self.interval_min_requests} each interval needs "
-            f"(min_requests {self.min_requests} / intervals {self.intervals}): every interval would be "
-            f"inconclusive; {cure}"
-        )
+        per_interval = rate * percent / 100 * self.interval_s
+        if per_interval < self.interval_min_requests:
+            cure = (
+                f"give the canary at least {least:.0f} %"
+                if least <= 100
+                else "no share can: lower min_requests or raise interval_s"
+            )
+            return (
+                f"a canary at {percent} % of {rate:g} requests/s answers about {per_interval:.1f} requests "
+                f"per {self.interval_s} s interval, {needs}; {cure}"
+            )
+        # The analysis compares the canary with the stable version: it needs as many answers of both.
+        stable_per_interval = rate * (100 - percent) / 100 * self.interval_s
+        if percent < 100 and stable_per_interval < self.interval_min_requests:
+            return (
+                f"a canary at {percent} % of {rate:g} requests/s leaves the stable version about "
+                f"{stable_per_interval:.1f} requests per {self.interval_s} s interval to compare with, "
+                f"{needs}; "
+                + (
+                    f"give the canary at most {100 - least:.0f} %"
+                    if 2 * least <= 100
+                    else "no share leaves both versions enough: lower min_requests or raise interval_s"
+                )
+            )
+        return None
 
     @model_validator(mode="after")
     def _gate(self) -> Canary:
