@@ -157,7 +157,9 @@ class SinceStart:
             gateways[name] = counters
             if before is not None:
                 step = counters.increase(before)
-                requests, errors = requests + step.requests, errors + step.errors
+                # A gateway counts a failed answer under each of its status and its abort (a 5xx cut off is
+                # both): between two readings never more failures than answers.
+                requests, errors = requests + step.requests, errors + min(step.errors, step.requests)
         latency: Histogram | None = None
         series = dict(self._series)
         for name, histogram in (reading.latency or {}).items():

@@ -111,6 +111,14 @@ def test_the_analysis_counts_from_the_canarys_start_not_from_the_gateways() -> N
     assert guard.canary.total.requests == 60 * rules.intervals and guard.canary.total.errors == 0
 
 
+def test_failures_since_the_start_never_outnumber_the_answers() -> None:
+    """The serving scenario's guard read 30 failures of 29 canary requests since it started: the gateway
+    counts a 5xx cut off under hrsp_5xx and srv_abrt both, capped at its requests only in its own total."""
+    since = SinceStart(Counts(100, 0))
+    assert since.add(Counts(129, 30)) == Counts(29, 29)
+    assert since.add(Counts(130, 30)) == Counts(30, 29)
+
+
 def test_a_counter_that_restarts_counts_from_zero() -> None:
     """A reload restarts HAProxy's counters, a restart the model server's histogram: what came after the
     restart is added, nothing is subtracted."""
@@ -324,6 +332,22 @@ def test_the_sequential_latency_test_counts_answers_above_the_bucket_of_the_allo
     )
 
 
+def test_the_sequential_latency_test_rolls_back_at_1_over_sequential_alpha_not_before() -> None:
+    """Against the stable's 80 slow of 240 plus max_slow_share_increase 0.1, 26 slow of 30 is evidence 464,
+    short of 1/0.002; 27 of 30 is 3789, past it."""
+    rules = Canary()
+    assert sequential_latency(GOOD[0], Counts(30, 0, latency((0, 4, 26, 0), 0.04)), rules) is None
+    past = sequential_latency(GOOD[0], Counts(30, 0, latency((0, 3, 27, 0), 0.04)), rules)
+    assert past is not None and "evidence 3.79e+03 passed 1/sequential_alpha (500)" in past.reason
+
+
+def test_counts_that_already_meet_the_null_are_no_evidence_against_it() -> None:
+    """Where the canary's observed rate is within the stable's plus the margin, the null's maximum is the
+    likelihood's own: the mixture over it is at most 1, whatever the counts."""
+    for canary, stable in (((6, 100), (2, 100)), ((7, 100), (2, 100)), ((1, 10), (0, 10)), ((0, 5), (3, 50))):
+        assert log_evidence_above(*canary, *stable, 0.05) <= 0.0
+
+
 def test_the_sequential_error_test_allows_the_stables_own_rate() -> None:
     """A stable version failing 20 % of its requests: a canary failing as often is no evidence; against a
     bound of the margin alone (5 %) it would be."""
@@ -351,6 +375,17 @@ def test_an_interval_is_judged_from_exactly_its_share_of_min_requests_at_level_a
         assert outcome == ("failed" if p < rules.alpha / 2 else "passed")
     assert measure_errors(Counts(200, 2), Counts(20, 9), rules).outcome == "failed"
     assert measure_errors(Counts(200, 2), Counts(20, 6), rules).outcome == "passed"
+
+
+def test_an_interval_with_too_few_stable_answers_to_compare_with_is_inconclusive() -> None:
+    """A canary with nearly all the traffic (a 99 % step) leaves the stable 9 answers: the canary is not
+    compared with them (promote-ready by default), the interval is not judged."""
+    rules = Canary()
+    canary = Counts(200, 30, latency((40, 100, 60, 0), 0.022))
+    for measure in (measure_errors, measure_latency):
+        few = measure(Counts(9, 0, latency((2, 4, 3, 0), 0.022)), canary, rules)
+        assert few.outcome == "inconclusive" and "9 stable" in few.detail
+        assert measure(Counts(10, 0, latency((2, 5, 3, 0), 0.022)), canary, rules).outcome != "inconclusive"
 
 
 def test_too_little_traffic_ends_inconclusive_and_never_promote_ready() -> None:
