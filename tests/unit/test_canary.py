@@ -344,7 +344,13 @@ def test_the_sequential_latency_test_rolls_back_at_1_over_sequential_alpha_not_b
 def test_counts_that_already_meet_the_null_are_no_evidence_against_it() -> None:
     """Where the canary's observed rate is within the stable's plus the margin, the null's maximum is the
     likelihood's own: the mixture over it is at most 1, whatever the counts."""
-    for canary, stable in (((6, 100), (2, 100)), ((7, 100), (2, 100)), ((1, 10), (0, 10)), ((0, 5), (3, 50))):
+    within = (
+        ((6, 100), (2, 100)),
+        ((600, 20000), (0, 20000)),
+        ((1500, 20000), (600, 20000)),
+        ((0, 5), (3, 50)),
+    )
+    for canary, stable in within:
         assert log_evidence_above(*canary, *stable, 0.05) <= 0.0
 
 
