@@ -500,7 +500,10 @@ def test_a_lock_left_by_a_process_of_this_host_that_is_gone_is_taken_over(tmp_pa
     with locking(tmp_path).exclusive("embedder", "promote"):
         assert "promote by pid" in (tmp_path / "embedder.lock" / "owner").read_text()
     (tmp_path / "embedder.lock").mkdir()
-    (tmp_path / "embedder.lock" / "owner").write_text("promote by pid 1 on another-host since 07:00:00 UTC")
+    # A process of another host, though no process of this host has its pid: not known to be gone.
+    (tmp_path / "embedder.lock" / "owner").write_text(
+        f"promote by pid {gone.pid} on another-host since 07:00:00 UTC"
+    )
     with (
         pytest.raises(ServeRefused, match="another-host"),
         locking(tmp_path).exclusive("embedder", "promote"),
