@@ -171,7 +171,7 @@ class Answered:
     def __init__(self, action: str) -> None:
         self.action = action
 
-    def guard(self, model: str, duration_s: float | None) -> Verdict:
+    def guard(self, model: str, duration_s: float | None, past_gate: bool = False) -> Verdict:
         return Verdict(self.action, "simulated")
 
 

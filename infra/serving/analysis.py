@@ -9,15 +9,14 @@ Two parts, as Argo Rollouts' AnalysisRun and Flagger's canary analysis do it, an
   the analysis inconclusive (Argo: analysis/analysis.go:667 `result.Failed > failureLimit`, :677
   `result.Inconclusive > inconclusiveLimit`; Flagger counts failed checks up to `threshold`,
   pkg/controller/scheduler.go:950);
-- the sequential tests, on every look (statistics.log_evidence): the canary's errors since it started
-  against a rate at most the stable's plus `max_error_rate_increase`, and its answers above the bucket
-  holding `max_latency_ratio` x the stable's median against the stable's share of them plus
-  `max_slow_share_increase`: a canary
-  failing outright, or plainly slower, is rolled back as soon as the evidence allows, not at the end of an
-  interval.
-The stable's rate in every error test (and its share of slow answers) is an upper confidence bound of it
-(statistics.rate_upper_bound at half the test's alpha; the test itself at the other half), not its observed
-value, which may be low by chance: a test's false rollbacks are at most its alpha.
+- the sequential tests, on every look (statistics.log_evidence_above, one two-sample test on both
+  versions' counts since the canary started): the canary's error rate against at most the stable's plus
+  `max_error_rate_increase`, and its share of answers above the bucket holding `max_latency_ratio` x the
+  stable's median against at most the stable's share plus `max_slow_share_increase`: a canary failing
+  outright, or plainly slower, is rolled back as soon as the evidence allows, not at the end of an interval.
+The stable's rate in an interval's error test is an upper confidence bound of it (statistics.rate_upper_bound
+at half the test's alpha; the test itself at the other half), not its observed value, which may be low by
+chance: a test's false rollbacks are at most its alpha.
 After the last interval the canary is promote-ready, or inconclusive with fewer than `min_requests` answered
 or a metric never judged.
 """
@@ -31,7 +30,7 @@ from dataclasses import dataclass, field
 from infra.serving.counts import Counts, Histogram, Reading, SinceStart
 from infra.serving.statistics import (
     error_rate_p,
-    log_evidence,
+    log_evidence_above,
     rate_upper_bound,
     rollback_boundary,
     slower_p,
@@ -69,6 +68,8 @@ def measure_errors(stable: Counts, canary: Counts, rules: Canary) -> Measurement
             INCONCLUSIVE,
             f"{canary.requests} canary requests, fewer than {rules.interval_min_requests}",
         )
+    if stable.requests < rules.interval_min_requests:
+        return Measurement(ERRORS, INCONCLUSIVE, _too_few_stable(stable.requests, "requests", rules))
     bound = error_bound(stable, rules, rules.alpha)
     p = error_rate_p(canary.errors, canary.requests, bound)
     outcome = FAILED if p < rules.alpha / 2 else PASSED
@@ -78,6 +79,14 @@ def measure_errors(stable: Counts, canary: Counts, rules: Canary) -> Measurement
         f"canary error rate {_rate(canary)} against the stable version's {_rate(stable)} (at most "
         f"{bound - rules.max_error_rate_increase:.1%}) plus max_error_rate_increase "
         f"{rules.max_error_rate_increase:.1%}: p = {p:.2g}, alpha {rules.alpha:g}",
+    )
+
+
+def _too_few_stable(seen: int, what: str, rules: Canary) -> str:
+    """A canary with nearly all the traffic leaves the stable version too few answers to compare with."""
+    return (
+        f"{seen} stable {what}, fewer than {rules.interval_min_requests}: at this share the stable version "
+        "answers too few to compare the canary with"
     )
 
 
@@ -100,6 +109,8 @@ def measure_latency(stable: Counts, canary: Counts, rules: Canary) -> Measuremen
         )
     if fast is None or not fast.count or not fast.sum_s:
         return Measurement(LATENCY, INCONCLUSIVE, "no stable latencies recorded")
+    if fast.count < rules.interval_min_requests:
+        return Measurement(LATENCY, INCONCLUSIVE, _too_few_stable(fast.count, "latencies recorded", rules))
     if fast.bounds != slow.bounds:
         return Measurement(
             LATENCY,
@@ -121,16 +132,16 @@ def measure_latency(stable: Counts, canary: Counts, rules: Canary) -> Measuremen
 
 def sequential_errors(stable: Counts, canary: Counts, rules: Canary) -> Verdict | None:
     """A rollback as soon as the canary's errors since it started are evidence enough (None: not yet)."""
-    bound = error_bound(stable, rules, rules.sequential_alpha)
-    evidence = log_evidence(canary.errors, canary.requests, bound)
-    if evidence < rollback_boundary(rules.sequential_alpha / 2):
+    evidence = log_evidence_above(
+        canary.errors, canary.requests, stable.errors, stable.requests, rules.max_error_rate_increase
+    )
+    if evidence < rollback_boundary(rules.sequential_alpha):
         return None
     return Verdict(
         ROLLBACK,
         f"canary error rate {_rate(canary)} since it started is above the stable version's {_rate(stable)} "
-        f"(at most {bound - rules.max_error_rate_increase:.1%}) plus max_error_rate_increase "
-        f"{rules.max_error_rate_increase:.1%}: the sequential test's evidence {math.exp(evidence):.3g} "
-        f"passed 2/sequential_alpha ({2 / rules.sequential_alpha:g})",
+        f"plus max_error_rate_increase {rules.max_error_rate_increase:.1%}: the sequential test's evidence "
+        f"{math.exp(evidence):.3g} passed 1/sequential_alpha ({1 / rules.sequential_alpha:g})",
     )
 
 
@@ -153,25 +164,25 @@ def slow_bucket(stable: Histogram, ratio: float) -> int:
 
 def sequential_latency(stable: Counts, canary: Counts, rules: Canary) -> Verdict | None:
     """A rollback as soon as the canary's answers above `slow_bucket` (max_latency_ratio x the stable's
-    median) are evidence enough (None: not yet), against the stable's share of them (its upper confidence
-    bound) plus max_slow_share_increase."""
+    median) are evidence enough (None: not yet), against the stable's share of them plus
+    max_slow_share_increase."""
     fast, slow = stable.latency, canary.latency
     if fast is None or slow is None or not fast.count or not slow.count or fast.bounds != slow.bounds:
         return None
     edge = slow_bucket(fast, rules.max_latency_ratio)
     stable_slow, canary_slow = sum(fast.counts[edge + 1 :]), sum(slow.counts[edge + 1 :])
-    bound = rate_upper_bound(stable_slow, fast.count, rules.sequential_alpha / 2)
-    evidence = log_evidence(canary_slow, slow.count, min(1.0, bound + rules.max_slow_share_increase))
-    if evidence < rollback_boundary(rules.sequential_alpha / 2):
+    margin = rules.max_slow_share_increase
+    evidence = log_evidence_above(canary_slow, slow.count, stable_slow, fast.count, margin)
+    if evidence < rollback_boundary(rules.sequential_alpha):
         return None
     return Verdict(
         ROLLBACK,
         f"{canary_slow} of the canary's {slow.count} answers since it started "
         f"({canary_slow / slow.count:.0%}) took longer than {fast.bounds[edge]:g} s, the bucket holding "
         f"max_latency_ratio {rules.max_latency_ratio:g} x the stable version's median, against "
-        f"{stable_slow / fast.count:.0%} of the stable's {fast.count} (at most {bound:.0%}) plus "
-        f"max_slow_share_increase {rules.max_slow_share_increase:.0%}: the sequential test's evidence "
-        f"{math.exp(evidence):.3g} passed 2/sequential_alpha ({2 / rules.sequential_alpha:g})",
+        f"{stable_slow / fast.count:.0%} of the stable's {fast.count} plus max_slow_share_increase "
+        f"{margin:.0%}: the sequential test's evidence {math.exp(evidence):.3g} passed 1/sequential_alpha "
+        f"({1 / rules.sequential_alpha:g})",
     )
 
 

@@ -1,4 +1,4 @@
-"""What one version answered, as counters record it: the gateway's requests and 5xx answers, and the
+"""What one version answered, as counters record it: the gateways' requests and error answers, and the
 model servers' latency histogram (Prometheus bucket counts and _sum). Readings are cumulative since a
 process started; the analysis works on differences since the canary started.
 """
@@ -102,12 +102,28 @@ Series = Mapping[str, Histogram]
 
 @dataclass(frozen=True)
 class Reading:
-    """One version's counters as read: the gateway's requests and 5xx, and each of its model servers'
-    latency histogram (None: none read this time)."""
+    """One version's counters as read: the gateways' requests and errors (their sums), each gateway's own
+    (None: the sums are one gateway's), and each of its model servers' latency histogram (None: none read
+    this time)."""
 
     requests: int = 0
     errors: int = 0
     latency: Series | None = None
+    gateways: Mapping[str, Counts] | None = None
+
+    @classmethod
+    def of_gateways(cls, gateways: Mapping[str, Counts], latency: Series | None) -> Reading:
+        return cls(
+            sum(c.requests for c in gateways.values()),
+            sum(c.errors for c in gateways.values()),
+            latency,
+            gateways,
+        )
+
+    def by_gateway(self) -> dict[str, Counts]:
+        if self.gateways is None:
+            return {"": Counts(self.requests, self.errors)}
+        return dict(self.gateways)
 
     @classmethod
     def of(cls, counts: Counts | Reading) -> Reading:
@@ -120,20 +136,30 @@ class Reading:
 class SinceStart:
     """A version's counts since the first reading (the canary's start), through counter restarts.
 
-    Latencies series by series, as Prometheus' increase() does on each series before a sum: a series that
-    went down restarted and counts from zero; a series missing from a reading (a missed scrape, a stale
-    replica) is no reading, its last value kept; a series first seen after the start counts from then."""
+    Gateway by gateway and latencies series by series, as Prometheus' increase() does on each series before
+    a sum: a counter that went down restarted (one gateway's reload) and counts from zero; one missing from
+    a reading (a gateway or replica that did not answer) is no reading, its last value kept; one first seen
+    after the start counts from then."""
 
     def __init__(self, first: Counts | Reading) -> None:
         first = Reading.of(first)
-        self._last = Counts(first.requests, first.errors)
+        self._gateways = first.by_gateway()
         self._series: dict[str, Histogram] = dict(first.latency or {})
         self.total = Counts()
 
     def add(self, reading: Counts | Reading) -> Counts:
         """The total after `reading`."""
         reading = Reading.of(reading)
-        counters = Counts(reading.requests, reading.errors)
+        gateways = dict(self._gateways)
+        requests = errors = 0
+        for name, counters in reading.by_gateway().items():
+            before = gateways.get(name)
+            gateways[name] = counters
+            if before is not None:
+                step = counters.increase(before)
+                # A gateway counts a failed answer under each of its status and its abort (a 5xx cut off is
+                # both): between two readings never more failures than answers.
+                requests, errors = requests + step.requests, errors + min(step.errors, step.requests)
         latency: Histogram | None = None
         series = dict(self._series)
         for name, histogram in (reading.latency or {}).items():
@@ -145,7 +171,6 @@ class SinceStart:
                 latency = _add(latency, histogram)
                 continue
             latency = _add(latency, Counts(0, 0, histogram).increase(Counts(0, 0, last)).latency)
-        step = counters.increase(self._last)
-        total = self.total.plus(Counts(step.requests, step.errors, latency))
-        self._last, self._series, self.total = counters, series, total
+        total = self.total.plus(Counts(requests, errors, latency))
+        self._gateways, self._series, self.total = gateways, series, total
         return total

@@ -9,16 +9,22 @@ Where things live (local and on-premises stacks; roles/inference_server, roles/i
 - the registry's aliases say which version is which: `champion` the stable one, `challenger` the canary,
   `previous` the champion before the last promotion (what a rollback returns to).
 
-A promotion never leaves the stable backend without a server: the canary takes every request while the
-stable replicas restart, one at a time, each drained on the gateway first.
+A promotion never leaves the stable backend without a server and never sends every request to one slot:
+the canary keeps its share while the stable replicas restart on its version one at a time, each drained on
+every gateway first (the canary takes every request only while the last stable server up restarts); then
+its share goes to 0 and each canary server is drained on every gateway before it stops.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import shlex
+import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -26,7 +32,7 @@ from infra.errors import ExitCode, GpuPlatError, SpecError
 from infra.nodes.inventory import container_name
 from infra.nodes.role_templates import role_defaults, role_vars
 from infra.platform.resolve import ResolvedPlatform
-from infra.serving.analysis import CONTINUE, Guard, Verdict
+from infra.serving.analysis import CONTINUE, PROMOTE_READY, ROLLBACK, Guard, Verdict
 from infra.serving.canary import gate
 from infra.serving.counts import Counts, Histogram, Reading, Series
 from infra.serving.prometheus import instant
@@ -34,6 +40,9 @@ from infra.serving.registry.mlflow import MlflowRegistry, ModelVersion, Registry
 from infra.spec.models import Canary
 
 CHAMPION, CHALLENGER, PREVIOUS = "champion", "challenger", "previous"
+PROMOTED, GATED = "promoted", "gated"
+"""a stepped release's ends besides the analysis' verdicts: its last step (100 %) promoted the canary; a step
+with a manual gate passed, the release held there"""
 CANARY_SLOT = "canary"
 # Where the roles put things (their defaults and vars: one source).
 _SERVER, _GATEWAY = role_defaults("inference_server"), role_vars("inference_gateway")
@@ -50,6 +59,56 @@ JOB_OF_BACKEND = {STABLE_BACKEND: "inference_server", CANARY_BACKEND: "inference
 UNSAFE_IN_PATH = set(" \t\n\"'\\$`")
 LOOK_TRIES = 3
 """looks in a row the guard may fail to read the counters (or add them) before it gives up, exit 5"""
+# Where the release locks live on the first gateway's node (tmpfs: a restart of that node frees them), and
+# the script that takes one: mkdir is atomic, so of two at once one makes the directory and the other reads
+# who did. Arguments: the folder, the model, the owner's description.
+LOCK_DIR = "/run/gpuplat-serve"
+LOCK_TAKE = """mkdir -p "$1" || exit 1
+if mkdir "$1/$2.lock" 2>/dev/null; then printf '%s' "$3" > "$1/$2.lock/owner"; echo taken
+else printf 'held: '; cat "$1/$2.lock/owner" 2>/dev/null; echo; fi"""
+# The script that takes over a lock whose holder is gone. Of two takers at once one makes the lock's
+# taking-over directory; it replaces the owner only if the owner is still the gone one it was told of, so a
+# lock taken over a moment before by the other is not taken twice. Arguments: the folder, the model, the
+# gone owner's description, the new owner's.
+LOCK_TAKE_OVER = """lock="$1/$2.lock"
+if mkdir "$lock/taking-over" 2>/dev/null; then
+  if [ "$(cat "$lock/owner" 2>/dev/null)" = "$3" ]; then
+    printf '%s' "$4" > "$lock/owner.new" && mv "$lock/owner.new" "$lock/owner" && rmdir "$lock/taking-over"
+    echo taken; exit 0
+  fi
+  rmdir "$lock/taking-over"
+fi
+printf 'held: '; cat "$lock/owner" 2>/dev/null; echo"""
+
+
+def _gone(holder: str) -> bool:
+    """Whether the lock's holder ("... by pid N on HOST since ...") was a process of this host that is no
+    longer running."""
+    words = holder.split()
+    try:
+        pid, host = int(words[words.index("pid") + 1]), words[words.index("on") + 1]
+    except (ValueError, IndexError):
+        return False
+    if host != socket.gethostname():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+# The guard's record of each model's release on the first gateway's node (persistent: `serve status` reads
+# it after the guard's command ended, or the node restarted), written whole (a temporary file renamed).
+STATE_DIR = "/var/lib/gpuplat-serve"
+STATE_WRITE = 'mkdir -p "$1" && printf %s "$3" > "$1/.$2.json" && mv "$1/.$2.json" "$1/$2.json"'
+
+
+# The CPU reference server's gauge naming the registered version it serves (roles/inference_server/files/
+# cpu_reference_server.py); vLLM has none.
+VERSION_INFO = "gpuplat_inference_model_version_info"
 # Run on a model-server node: each port's /metrics after a line "# port N" (none for a port that is down).
 METRICS_READ = """import sys, urllib.request
 for port in sys.argv[1:]:
@@ -62,42 +121,65 @@ for port in sys.argv[1:]:
 """
 
 
-def parse_metrics(answer: str, histogram: str) -> dict[int, Histogram]:
-    """`histogram`'s buckets and _sum per port from METRICS_READ's answer (Prometheus' text format, every
-    label set of a port summed at each `le`)."""
-    cumulative: dict[int, dict[float, float]] = {}
-    sums: dict[int, float] = {}
+# Prometheus' text format (prometheus/docs content/docs/instrumenting/exposition_formats.md, "Text format
+# details"): `name{label="value",...} value [timestamp]`, each label value quoted, with \\, \" and \n
+# escaped in it: a `,` or `}` inside the quotes belongs to the value.
+_SAMPLE = re.compile(
+    r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)\s*(?:\{(?P<labels>(?:[^"}]|"(?:[^"\\]|\\.)*")*)\})?'
+    r"\s+(?P<value>\S+)(?:\s+-?\d+)?$"
+)
+_LABEL = re.compile(r'\s*(?P<name>[a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"(?P<value>(?:[^"\\]|\\.)*)"\s*(?:,|$)')
+_UNESCAPED = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+
+
+def sample_labels(labels: str) -> dict[str, str]:
+    """A sample's labels (the text between its braces), each value unescaped."""
+    return {
+        match["name"]: re.sub(r"\\.", lambda escape: _UNESCAPED.get(escape[0], escape[0]), match["value"])
+        for match in _LABEL.finditer(labels)
+    }
+
+
+def port_samples(answer: str) -> Iterator[tuple[int, re.Match[str]]]:
+    """Each sample of METRICS_READ's answer with the port whose /metrics it came from."""
     port: int | None = None
     for line in answer.splitlines():
         if line.startswith("# port "):
             port = int(line.split()[2])
             continue
-        if port is None or not line or line.startswith("#"):
-            continue
-        name, _, rest = line.partition("{")
-        if not rest:
-            name, _, rest = line.partition(" ")
-            labels, value = "", rest
-        else:
-            labels, _, value = rest.partition("}")
-        number = float(value.split()[0])
+        sample = _SAMPLE.match(line.strip())
+        if port is not None and sample is not None:
+            yield port, sample
+
+
+def answering_ports(answer: str) -> set[int]:
+    return {int(line.split()[2]) for line in answer.splitlines() if line.startswith("# port ")}
+
+
+def served_versions(answer: str) -> dict[int, str]:
+    """The registered version each port's server says it serves (VERSION_INFO at 1; "" for the stack's own
+    model), from METRICS_READ's answer."""
+    return {
+        port: sample_labels(sample["labels"] or "").get("version", "")
+        for port, sample in port_samples(answer)
+        if sample["name"] == VERSION_INFO and float(sample["value"]) == 1
+    }
+
+
+def parse_metrics(answer: str, histogram: str) -> dict[int, Histogram]:
+    """`histogram`'s buckets and _sum per port from METRICS_READ's answer (Prometheus' text format, every
+    label set of a port summed at each `le`)."""
+    cumulative: dict[int, dict[float, float]] = {}
+    sums: dict[int, float] = {}
+    for port, sample in port_samples(answer):
+        name, number = sample["name"], float(sample["value"])
         if name == f"{histogram}_bucket":
-            le = next(
-                (
-                    part.split("=", 1)[1].strip('"')
-                    for part in labels.split(",")
-                    if part.strip().startswith("le=")
-                ),
-                "+Inf",
-            )
+            le = float(sample_labels(sample["labels"] or "").get("le", "+Inf"))
             bucket = cumulative.setdefault(port, {})
-            bucket[float(le)] = bucket.get(float(le), 0.0) + number
+            bucket[le] = bucket.get(le, 0.0) + number
         elif name == f"{histogram}_sum":
             sums[port] = sums.get(port, 0.0) + number
     return {p: Histogram.from_cumulative(b, sums.get(p, 0.0)) for p, b in cumulative.items()}
-
-
-"""looks in a row the guard may fail to read the counters (or add them) before it gives up, exit 5"""
 
 
 class ServeRefused(GpuPlatError):
@@ -120,6 +202,9 @@ class ServingLayout:
     """node -> the address the gateways know it by"""
     engine: str
     health_timeout_s: float
+    drain_s: float = 60.0
+    """how long a server's requests in flight may take to end on a gateway before it stops: the gateway's
+    own time limit for a request (serving.gateway_timeout_s) and a margin"""
 
 
 def serving_layout(platform: ResolvedPlatform) -> ServingLayout:
@@ -153,6 +238,7 @@ def serving_layout(platform: ResolvedPlatform) -> ServingLayout:
         addresses=addresses,
         engine=serving.engine,
         health_timeout_s=600.0,
+        drain_s=serving.gateway_timeout_s + 10,
     )
 
 
@@ -185,9 +271,20 @@ class GatewayFigures:
         return cls(
             canary_percent=int(answer["canary_percent"]),
             requests={name: int(b["requests"]) for name, b in backends.items()},
-            errors={name: int(b["errors_5xx"]) for name, b in backends.items()},
+            errors={name: int(b["errors"]) for name, b in backends.items()},
             servers_up={name: int(b["servers_up"]) for name, b in backends.items()},
         )
+
+
+@dataclass(frozen=True)
+class ReplicaServing:
+    node: str
+    slot: str
+    """a stable replica's number, or the canary slot"""
+    port: int
+    answering: bool
+    version: str | None
+    """the registered version its server names, "" the stack's own model, None: it names none"""
 
 
 class Release:
@@ -213,6 +310,69 @@ class Release:
         self.canary_start: tuple[float, Counts | Reading, Counts | Reading] | None = None
         """when `deploy` gave the canary its share, and the counters just before"""
 
+    # One release at a time per model
+
+    @contextmanager
+    def exclusive(self, model: str, what: str) -> Iterator[None]:
+        """Hold `model`'s release lock (a directory on the first gateway's node, made atomically by mkdir)
+        while `what` runs: a second deploy, promote, rollback or guard of the model meets it and is refused,
+        saying who holds it. A lock whose holder was a process of this host that is gone is taken over."""
+        held: set[str] = self.__dict__.setdefault("_held", set())
+        if model in held:
+            yield
+            return
+        node = self.layout.gateways[0]
+        owner = f"{what} by pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S %Z')}"
+        answer = self.nodes.exec(node, "sh", "-c", LOCK_TAKE, "lock", LOCK_DIR, model, owner).strip()
+        holder = answer.removeprefix("held: ")
+        if answer != "taken" and _gone(holder):
+            self.say(f"taking over the release lock of '{model}' from a process that is gone ({holder})")
+            script = ("sh", "-c", LOCK_TAKE_OVER, "lock", LOCK_DIR, model, holder, owner)
+            answer = self.nodes.exec(node, *script).strip()
+            holder = answer.removeprefix("held: ")
+        if answer != "taken":
+            raise ServeRefused(
+                f"a release of '{model}' is in progress ({holder or 'its holder is writing its name'}): one "
+                "release at a time per model. Wait for it to end, or stop it (Ctrl-C releases its lock); a "
+                f"lock left by a process of another host that is gone: `rm -r {LOCK_DIR}/{model}.lock` on "
+                f"{node}"
+            )
+        held.add(model)
+        try:
+            yield
+        finally:
+            held.discard(model)
+            self.nodes.exec(node, "rm", "-rf", f"{LOCK_DIR}/{model}.lock")
+
+    # The guard's record
+
+    def record(self, model: str, phase: str, detail: str, percent: int | None = None) -> None:
+        """What the release of `model` is doing (phase: analysing, gated, promoted, rolled back, ...)."""
+        state = {
+            "phase": phase,
+            "detail": detail,
+            "canary_percent": percent,
+            "steps": [step.percent for step in self.rules.steps],
+            "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "by": f"pid {os.getpid()} on {socket.gethostname()}",
+        }
+        try:
+            self.nodes.exec(
+                self.layout.gateways[0], "sh", "-c", STATE_WRITE, "state", STATE_DIR, model, json.dumps(state)
+            )
+        except GpuPlatError as error:  # the release goes on; only its record is behind
+            self.say(f"the release's record was not written ({phase}): {error.message}")
+
+    def recorded(self, model: str) -> dict[str, Any] | None:
+        """The last record of `model`'s release (None: none yet)."""
+        path = f"{STATE_DIR}/{model}.json"
+        text = self.nodes.exec(self.layout.gateways[0], "sh", "-c", f'cat "{path}" 2>/dev/null || true')
+        try:
+            found: dict[str, Any] = json.loads(text)
+        except ValueError:
+            return None
+        return found
+
     # What is served
 
     def aliased(self, model: str, alias: str) -> ModelVersion | None:
@@ -223,15 +383,21 @@ class Release:
                 return None
             raise
 
-    def gateway(self, *arguments: str) -> dict[str, Any]:
-        answer = self.nodes.exec(
-            self.layout.gateways[0], "python3", f"{GATEWAY_PROGRAMS}/gpuplat_gateway_canary.py", *arguments
-        )
-        result: dict[str, Any] = json.loads(answer)
-        return result
+    def gateway_figures(self, gateway: str) -> GatewayFigures:
+        answer = self.nodes.exec(gateway, "python3", f"{GATEWAY_PROGRAMS}/gpuplat_gateway_canary.py", "show")
+        return GatewayFigures.from_show(json.loads(answer))
 
     def figures(self) -> GatewayFigures:
-        return GatewayFigures.from_show(self.gateway("show"))
+        """Every gateway's figures: requests and errors summed, the servers up on every gateway (the least
+        any counts), the largest canary share any gives."""
+        each = [self.gateway_figures(gateway) for gateway in self.layout.gateways]
+        backends = each[0].requests
+        return GatewayFigures(
+            canary_percent=max(f.canary_percent for f in each),
+            requests={b: sum(f.requests.get(b, 0) for f in each) for b in backends},
+            errors={b: sum(f.errors.get(b, 0) for f in each) for b in backends},
+            servers_up={b: min(f.servers_up.get(b, 0) for f in each) for b in backends},
+        )
 
     def latency_p95(self, window_s: int) -> dict[str, float | None]:
         """p95 of each version's requests at its model servers over the last `window_s` (Prometheus);
@@ -270,6 +436,23 @@ class Release:
                     found[ports[port]][f"{self.layout.addresses.get(node, node)}:{port}"] = read
         return {backend: series or None for backend, series in found.items()}
 
+    def replicas_serving(self) -> list[ReplicaServing]:
+        """What each replica (and canary slot) of each node serves now, as its own server says: the version
+        its /metrics names, "" for the stack's own model, None where it does not answer or names none."""
+        found: list[ReplicaServing] = []
+        for node in self.layout.servers:
+            slots = {str(replica): REPLICA_PORT + replica for replica in self._replicas(node)}
+            slots[CANARY_SLOT] = CANARY_PORT
+            answer = self.nodes.exec(
+                node, "python3", "-c", METRICS_READ, *map(str, slots.values()), timeout=30
+            )
+            versions, up = served_versions(answer), answering_ports(answer)
+            found += [
+                ReplicaServing(node, slot, port, port in up, versions.get(port))
+                for slot, port in slots.items()
+            ]
+        return found
+
     def _replicas(self, node: str) -> list[int]:
         """`stable_replicas`, read once per node and release."""
         known: dict[str, list[int]] = self.__dict__.setdefault("_replicas_of", {})
@@ -278,12 +461,29 @@ class Release:
         return known[node]
 
     def readings(self, latency: bool = True) -> tuple[Reading, Reading]:
-        """The stable's and the canary's counters now: the gateway's requests and 5xx, and (with `latency`)
-        the latency histograms."""
-        figures = self.figures()
+        """The stable's and the canary's counters now: every gateway's requests and errors, and (with
+        `latency`) the latency histograms. A gateway that does not answer is left out of this look (its
+        counters count at its next); none answering fails the look."""
+        by_gateway: dict[str, GatewayFigures] = {}
+        failures: list[str] = []
+        for gateway in self.layout.gateways:
+            try:
+                by_gateway[gateway] = self.gateway_figures(gateway)
+            except GpuPlatError as error:
+                failures.append(f"{gateway}: {error.message}")
+        if not by_gateway:
+            raise GpuPlatError("no gateway answered: " + "; ".join(failures))
+        for failure in failures:
+            self.say(f"left out of this look: {failure}")
         histograms = self.latency_histograms() if latency else dict.fromkeys(JOB_OF_BACKEND)
         stable, canary = (
-            Reading(figures.requests[backend], figures.errors[backend], histograms[backend])
+            Reading.of_gateways(
+                {
+                    gateway: Counts(figures.requests[backend], figures.errors[backend])
+                    for gateway, figures in by_gateway.items()
+                },
+                histograms[backend],
+            )
             for backend in (STABLE_BACKEND, CANARY_BACKEND)
         )
         return stable, canary
@@ -304,11 +504,20 @@ class Release:
 
     # Steps on the nodes
 
-    def _write_version(self, node: str, slot: str, version: ModelVersion) -> None:
-        text = version_environment(version, self.layout.engine)
+    def _write_version(self, node: str, slot: str, version: ModelVersion | None) -> None:
+        """The slot's version file (None: none, the stack's own model)."""
         path = f"{CONFIG_DIR}/version-{slot}.env"
+        if version is None:
+            self.nodes.exec(node, "rm", "-f", path)
+            return
+        text = version_environment(version, self.layout.engine)
         script = 'printf %s "$1" > "$2.tmp" && mv "$2.tmp" "$2"'
         self.nodes.exec(node, "sh", "-c", script, "sh", text, path)
+
+    def _version_file(self, node: str, slot: str) -> str:
+        """The slot's version file as written ("" where there is none)."""
+        path = f"{CONFIG_DIR}/version-{slot}.env"
+        return self.nodes.exec(node, "sh", "-c", 'cat "$1" 2>/dev/null || true', "sh", path).strip()
 
     def _wait_healthy(self, node: str, port: int) -> None:
         probe = f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{port}/health', timeout=5)"
@@ -330,12 +539,35 @@ class Release:
                 f"({error.message})"
             ) from None
 
+    def _on_gateways(self, command: str, backend: str, target: str) -> None:
+        """gpuplat_gateway_targets.py `command` for `target` on every gateway (drain: no new request, and
+        wait for those in flight to end; ready: out of drain, and wait until the gateway's checks count it
+        up)."""
+        for gateway in self.layout.gateways:
+            self.nodes.exec(
+                gateway,
+                "python3",
+                f"{GATEWAY_PROGRAMS}/gpuplat_gateway_targets.py",
+                "--backend",
+                backend,
+                command,
+                target,
+                "--wait-s",
+                str(int(self.layout.drain_s)),
+                timeout=self.layout.drain_s + 30,
+            )
+
+    def _canary_target(self, node: str) -> str:
+        return f"{self.layout.addresses[node]}:{CANARY_PORT}"
+
     def start_canary(self, version: ModelVersion) -> None:
         for node in self.layout.servers:
             self._write_version(node, CANARY_SLOT, version)
             self.nodes.exec(node, "systemctl", "restart", f"{UNIT}@{CANARY_SLOT}.service")
         for node in self.layout.servers:
             self._wait_healthy(node, CANARY_PORT)
+            # The last canary's stop left its server drained on the gateways.
+            self._on_gateways("ready", CANARY_BACKEND, self._canary_target(node))
         self._wait_canary_up()
 
     def _wait_canary_up(self) -> None:
@@ -350,7 +582,11 @@ class Release:
             time.sleep(1)
 
     def stop_canary(self) -> None:
+        """Share 0, then each canary server drained on every gateway (its requests in flight answered)
+        before it stops: nothing it was answering is cut."""
+        self.set_share(0)
         for node in self.layout.servers:
+            self._on_gateways("drain", CANARY_BACKEND, self._canary_target(node))
             self.nodes.exec(node, "systemctl", "stop", f"{UNIT}@{CANARY_SLOT}.service")
             self.nodes.exec(node, "rm", "-f", f"{CONFIG_DIR}/version-{CANARY_SLOT}.env")
 
@@ -359,24 +595,41 @@ class Release:
         files = self.nodes.exec(node, "ls", CONFIG_DIR).split()
         return sorted(int(f[8:-4]) for f in files if f.startswith("replica-") and f[8:-4].isdigit())
 
-    def roll_stable(self, version: ModelVersion) -> None:
-        """Every stable replica onto `version`, one at a time, each drained on the gateways first."""
-        targets = f"{GATEWAY_PROGRAMS}/gpuplat_gateway_targets.py"
-        for node in self.layout.servers:
-            for replica in self.stable_replicas(node):
+    def roll_stable(self, version: ModelVersion | None, share: int, only_off: bool = False) -> None:
+        """Every stable replica onto `version` (None: the stack's own model), one at a time, each drained
+        on every gateway first, the canary keeping `share` meanwhile: the other stable replicas take the
+        stable's draws. Only where the replica is the last stable server up on a gateway does the canary
+        take every request while it restarts (no other server could). With `only_off`, the replicas whose
+        version file already names `version` stay as they are (taken out of drain where a promote cut short
+        left one drained)."""
+        wanted = "" if version is None else version_environment(version, self.layout.engine).strip()
+        replicas = {node: self.stable_replicas(node) for node in self.layout.servers}
+        drained = only_off and self.figures().servers_up.get(STABLE_BACKEND, 0) < sum(
+            map(len, replicas.values())
+        )
+        for node, numbers in replicas.items():
+            for replica in numbers:
                 target = f"{self.layout.addresses[node]}:{REPLICA_PORT + replica}"
-                for gateway in self.layout.gateways:
-                    self.nodes.exec(
-                        gateway, "python3", targets, "drain", target, "--wait-s", "60", timeout=90
+                if only_off and self._version_file(node, str(replica)) == wanted:
+                    if drained:
+                        self._on_gateways("ready", STABLE_BACKEND, target)
+                    continue
+                alone = self.figures().servers_up.get(STABLE_BACKEND, 0) <= 1
+                if alone and share < 100:
+                    self.say(
+                        f"replica {replica} on {node} is the last stable server up: the canary takes "
+                        "every request while it restarts"
                     )
+                    self.set_share(100)
+                self._on_gateways("drain", STABLE_BACKEND, target)
                 self._write_version(node, str(replica), version)
                 self.nodes.exec(node, "systemctl", "restart", f"{UNIT}@{replica}.service")
                 self._wait_healthy(node, REPLICA_PORT + replica)
-                for gateway in self.layout.gateways:
-                    self.nodes.exec(
-                        gateway, "python3", targets, "ready", target, "--wait-s", "60", timeout=90
-                    )
-                self.say(f"replica {replica} on {node} serves {version.reference}")
+                self._on_gateways("ready", STABLE_BACKEND, target)
+                if alone and share < 100:
+                    self.set_share(share)
+                serves = "the stack's own model" if version is None else version.reference
+                self.say(f"replica {replica} on {node} serves {serves}")
 
     # The commands
 
@@ -417,10 +670,13 @@ class Release:
                 f"'{model}' has no version in canary ({CHALLENGER}): `gpuplat serve deploy` one"
             )
         stable = self.aliased(model, CHAMPION)
-        self.set_share(100)
-        self.say(f"{candidate.reference} takes every request while the stable replicas restart")
-        self.roll_stable(candidate)
-        self.set_share(0)
+        share = self.figures().canary_percent
+        self.say(
+            f"{candidate.reference} keeps its {share} % while the stable replicas restart on it one at a time"
+            if share
+            else f"the stable replicas restart on {candidate.reference} one at a time"
+        )
+        self.roll_stable(candidate, share)
         self.stop_canary()
         if stable is not None:
             self.registry.set_alias(model, PREVIOUS, stable.version)
@@ -434,7 +690,10 @@ class Release:
         the stack's own model)."""
         candidate = self.aliased(model, CHALLENGER)
         if candidate is not None:
+            # A promote cut short (killed, a replica that did not come up) left some stable replicas on the
+            # candidate: they go back to the champion, the canary at share 0 first.
             self.set_share(0)
+            self.roll_stable(self.aliased(model, CHAMPION), 0, only_off=True)
             self.stop_canary()
             self.registry.delete_alias(model, CHALLENGER)
             self.say(
@@ -446,9 +705,7 @@ class Release:
             raise ServeRefused(f"'{model}' has no canary and no {PREVIOUS} version to roll back to")
         self.start_canary(previous)
         self.registry.set_alias(model, CHALLENGER, previous.version)
-        self.set_share(100)
-        self.roll_stable(previous)
-        self.set_share(0)
+        self.roll_stable(previous, 0)
         self.stop_canary()
         self.registry.set_alias(model, CHAMPION, previous.version)
         self.registry.delete_alias(model, CHALLENGER)
@@ -457,6 +714,73 @@ class Release:
         return previous
 
     def guard(
+        self,
+        model: str,
+        duration_s: float | None = None,
+        look_s: float = 5.0,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        past_gate: bool = False,
+    ) -> Verdict:
+        """The canary's analysis (`analyse`), or with serving.canary.steps the release through its steps:
+        from the first step at or above the canary's share (above it with `past_gate`: an operator opens the
+        gate the last step held at), each step's share set and held for one analysis of its own (counts from
+        just before the share moved); a step at 100 % promotes. Any verdict but promote-ready ends it; so
+        does a passed step with a manual gate (GATED), the share left at that step."""
+        steps = self.rules.steps
+        if steps and self.aliased(model, CHALLENGER) is None:
+            return Verdict(
+                "gone", f"'{model}' has no canary: `gpuplat serve deploy NAME@VERSION --canary P` one"
+            )
+        share = self.figures().canary_percent if steps else 0
+        ahead = [
+            (number, step)
+            for number, step in enumerate(steps, 1)
+            if step.percent > share or (step.percent == share and not past_gate)
+        ]
+        if not ahead:
+            self.record(model, "analysing", "the canary's analysis", share or None)
+            verdict = self.analyse(model, duration_s, look_s, sleep, clock)
+            self.record(model, verdict.action, verdict.reason, None if verdict.action == ROLLBACK else share)
+            return verdict
+        verdict = Verdict(CONTINUE, "no step analysed")
+        for number, step in ahead:
+            label = f"step {number} of {len(steps)} ({step.percent} %)"
+            if step.percent == 100:
+                self.record(model, "promoting", label, share)
+                version = self.promote(model)
+                verdict = Verdict(PROMOTED, f"{len(steps) - 1} step(s) passed: {version.reference} promoted")
+                self.record(model, PROMOTED, verdict.reason, 100)
+                return verdict
+            if step.percent != share:
+                self.canary_start = (clock(), *self.counters())
+                self.set_share(step.percent)
+                share = step.percent
+                self.say(f"{label}: the canary takes {step.percent} % of the requests")
+            self.record(model, "analysing", label, share)
+            verdict = self.analyse(model, duration_s, look_s, sleep, clock)
+            self.canary_start = None
+            if verdict.action != PROMOTE_READY:
+                self.record(
+                    model,
+                    verdict.action,
+                    f"{label}: {verdict.reason}",
+                    None if verdict.action == ROLLBACK else share,
+                )
+                return verdict
+            self.say(f"{label} passed: {verdict.reason}")
+            if step.manual_gate and number < len(steps):
+                self.record(model, GATED, f"{label} passed; its manual gate holds the release", share)
+                return Verdict(
+                    GATED,
+                    f"{label} passed and its manual gate holds the release at {step.percent} %: `gpuplat "
+                    f"serve guard {model} --past-gate` goes on to step {number + 1} "
+                    f"({steps[number].percent} %), `gpuplat serve rollback {model}` takes the canary out",
+                )
+        self.record(model, verdict.action, verdict.reason, share)
+        return verdict
+
+    def analyse(
         self,
         model: str,
         duration_s: float | None = None,

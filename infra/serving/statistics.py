@@ -1,15 +1,15 @@
 """The tests a canary analysis runs: pure functions of counts, no I/O, standard library only.
 
-- `rate_upper_bound`: an upper confidence bound of the stable version's error rate (or share of slow
-  answers) that holds at every look at once (a confidence sequence, from the same mixture of Wald's
-  likelihood ratios as `log_evidence`, over rates below the bound): the canary is compared with it, not
-  with the stable's observed rate, which may be low by chance;
+- `rate_upper_bound`: an upper confidence bound of the stable version's error rate that holds at every
+  look at once (a confidence sequence from a mixture of Wald's likelihood ratios over rates below the
+  bound): an interval's test compares the canary with it, not with the stable's observed rate, which may
+  be low by chance;
 - `error_rate_p`: an exact one-sided binomial test of "the canary's error rate is at most that bound plus
   a margin" (its size at most alpha for every count, however small);
 - `slower_p`: is the canary slower (one-sided Mann-Whitney U on histogram bucket counts, each bucket one
   ordinal value, with the tie correction and a continuity correction)?
-- `log_evidence`: the sequential test's evidence against "at most p0" from a Bernoulli count (a mixture of
-  Wald's likelihood ratios over alternatives above p0), checked after every look.
+- `log_evidence_above`: the sequential tests' evidence against "the canary's rate is at most the stable's
+  plus a margin" from both versions' counts since the canary started, checked after every look.
 """
 
 from __future__ import annotations
@@ -96,37 +96,17 @@ def log_likelihood_ratio(events: int, trials: int, p0: float, p1: float) -> floa
     return events * math.log(p1 / p0) + (trials - events) * math.log((1 - p1) / (1 - p0))
 
 
-def alternatives(p0: float, count: int = 8) -> tuple[float, ...]:
-    """Evenly spaced rates between p0 and 1 (both left out): the mixture's components."""
-    return tuple(p0 + (1 - p0) * k / (count + 1) for k in range(1, count + 1))
-
-
 def _log_mean(ratios: Sequence[float]) -> float:
     top = max(ratios)
     return top + math.log(sum(math.exp(r - top) for r in ratios) / len(ratios))
 
 
-def log_evidence(events: int, trials: int, p0: float) -> float:
-    """log of the mean likelihood ratio over `alternatives(p0)`.
-
-    Against a rate at most p0 each ratio is a nonnegative supermartingale with mean at most 1 (for p1 > p0
-    a draw's expected ratio p*p1/p0 + (1-p)*(1-p1)/(1-p0) is at most 1 when p <= p0), and so is their
-    mean; by Ville's inequality it ever reaches 1/alpha with probability at most alpha, however often it is
-    looked at (Robbins 1970, "Statistical methods related to the law of the iterated logarithm", Ann. Math.
-    Statist. 41(5):1397-1409, the mixture's boundary-crossing bound). Wald's upper boundary A <= (1 - beta)
-    / alpha (Wald 1945, "Sequential tests of statistical hypotheses", Ann. Math. Statist. 16(2):117-186,
-    section 3.2) with beta = 0 is this one: a test that never accepts, only rejects."""
-    if p0 >= 1.0:
-        return -math.inf
-    p0 = max(p0, 1e-9)
-    return _log_mean([log_likelihood_ratio(events, trials, p0, p1) for p1 in alternatives(p0)])
-
-
 def log_evidence_below(events: int, trials: int, p: float) -> float:
     """log of the mean likelihood ratio of the rates p * k / 9 (k = 1..8) against p: the evidence that the
     rate is below p. Against a rate at least p it is a nonnegative supermartingale (a draw's expected ratio
-    r*q/p + (1-r)*(1-q)/(1-p) is at most 1 for q < p <= r), and it grows with p at any count (each ratio's
-    derivative in p, (trials - events) * (1/(1-p) - c/(1-c*p)) with q = c*p, is not negative)."""
+    r*q/p + (1-r)*(1-q)/(1-p) is at most 1 for q < p <= r; by Ville's inequality it ever reaches 1/alpha
+    with probability at most alpha, however often it is looked at), and it grows with p at any count (each
+    ratio's derivative in p, (trials - events) * (1/(1-p) - c/(1-c*p)) with q = c*p, is not negative)."""
     if p <= 0.0:
         return -math.inf
     if p >= 1.0:
@@ -156,3 +136,86 @@ def rate_upper_bound(events: int, trials: int, alpha: float) -> float:
 def rollback_boundary(alpha: float) -> float:
     """The log evidence at which the sequential test rolls back: log(1 / alpha)."""
     return -math.log(alpha)
+
+
+JEFFREYS = 0.5
+"""The mixture's prior on each version's rate: Beta(1/2, 1/2), weighted towards rates near 0 and 1 (a stable
+version failing nothing, a canary failing everything), where a canary's first answers must decide."""
+
+
+def _log_likelihood(events: int, trials: int, p: float) -> float:
+    """log P(these `events` in `trials` Bernoulli draws at rate p, in their order); 0 log 0 is 0."""
+    total = 0.0
+    if events:
+        total += events * math.log(p) if p > 0.0 else -math.inf
+    if trials - events:
+        total += (trials - events) * math.log1p(-p) if p < 1.0 else -math.inf
+    return total
+
+
+def _log_marginal(events: int, trials: int) -> float:
+    """log of the likelihood averaged over the prior Beta(a, a), a = JEFFREYS: B(k+a, n-k+a) / B(a, a)."""
+
+    def log_beta(a: float, b: float) -> float:
+        return math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)
+
+    return log_beta(events + JEFFREYS, trials - events + JEFFREYS) - log_beta(JEFFREYS, JEFFREYS)
+
+
+def _log_null_maximum(
+    canary_events: int, canary_trials: int, stable_events: int, stable_trials: int, margin: float
+) -> float:
+    """The largest log likelihood of both counts with the canary's rate at most the stable's plus `margin`.
+    Unless the observed rates already meet that, the maximum lies on the boundary (canary = stable +
+    margin), where the log likelihood is concave in the stable's rate x on [0, 1 - margin]: its derivative
+    is found zero by bisection, and the ends are candidates too."""
+    canary_rate = canary_events / canary_trials if canary_trials else 0.0
+    stable_rate = stable_events / stable_trials if stable_trials else 0.0
+    if canary_rate <= stable_rate + margin:
+        return _log_likelihood(canary_events, canary_trials, canary_rate) + _log_likelihood(
+            stable_events, stable_trials, stable_rate
+        )
+
+    def on_boundary(x: float) -> float:
+        return _log_likelihood(canary_events, canary_trials, x + margin) + _log_likelihood(
+            stable_events, stable_trials, x
+        )
+
+    def slope(x: float) -> float:
+        canary_ok, stable_ok = canary_trials - canary_events, stable_trials - stable_events
+        return (
+            (canary_events / (x + margin) if canary_events else 0.0)
+            - (canary_ok / (1 - x - margin) if canary_ok else 0.0)
+            + (stable_events / x if stable_events else 0.0)
+            - (stable_ok / (1 - x) if stable_ok else 0.0)
+        )
+
+    low, high = 0.0, 1.0 - margin
+    for _ in range(50):
+        middle = (low + high) / 2
+        if slope(middle) > 0:
+            low = middle
+        else:
+            high = middle
+    return max(on_boundary((low + high) / 2), on_boundary(0.0), on_boundary(1.0 - margin))
+
+
+def log_evidence_above(
+    canary_events: int, canary_trials: int, stable_events: int, stable_trials: int, margin: float
+) -> float:
+    """log of the evidence that the canary's rate is above the stable's plus `margin` (margin < 1): the
+    likelihood of both counts averaged over independent Beta(1/2, 1/2) priors on the two rates, over its
+    largest value with the canary's rate at most the stable's plus `margin` (universal inference: Wasserman,
+    Ramdas and Balakrishnan 2020, "Universal inference", PNAS 117(29):16880-16890).
+
+    For any pair of rates that meets the null hypothesis this is at most the mixture's likelihood ratio
+    against that pair, a nonnegative martingale of mean 1 under it as requests come in (in any split
+    between the versions, drawn independently of the answers); by Ville's inequality it ever reaches
+    1/alpha with probability at most alpha, however often it is looked at. One test, not a bound on the
+    stable's rate and a test against it each at half the level: a canary failing its first 4 answers
+    against a stable that failed none of its 48 is evidence 2339, past 1/alpha at the default 0.002."""
+    return (
+        _log_marginal(canary_events, canary_trials)
+        + _log_marginal(stable_events, stable_trials)
+        - _log_null_maximum(canary_events, canary_trials, stable_events, stable_trials, margin)
+    )

@@ -455,6 +455,28 @@ MIN_ERROR_RATE_INCREASE = 0.01
 UNDONE = {"failure_limit": "failed", "inconclusive_limit": "unjudged"}
 
 
+MAX_CANARY_STEPS = 10
+
+
+class CanaryStep(_Model):
+    """One step of a stepped release: the canary's share, held for one analysis (Argo Rollouts' canary
+    step `setWeight` with `pause`, pkg/apis/rollouts/v1alpha1/types.go:658-664 at v1.10.0-rc1-70-g9f8d111;
+    Flagger's `stepWeights`, pkg/apis/flagger/v1beta1/canary.go:282-284 at v1.44.0)."""
+
+    percent: int = Field(
+        ge=1,
+        le=100,
+        description="the canary's share of the requests at this step (percent); 100 is the promotion",
+    )
+    manual_gate: bool = Field(
+        False,
+        description=(
+            "after this step's analysis passes, wait for an operator (`gpuplat serve guard NAME "
+            "--past-gate`) before the next step (Argo Rollouts' `pause: {}` without a duration)"
+        ),
+    )
+
+
 class Canary(_Model):
     """How `gpuplat serve --canary` admits a version and when its guard rolls the canary back."""
 
@@ -561,6 +583,15 @@ class Canary(_Model):
             "stable version answers nothing to compare with)"
         ),
     )
+    steps: list[CanaryStep] = Field(
+        default_factory=list,
+        max_length=MAX_CANARY_STEPS,
+        description=(
+            "a stepped release: the canary's share rises through these steps, each held for one analysis "
+            "(e.g. 5, 20, 50, 100); percents rise strictly, and 100, the promotion, can only be the last. "
+            "Empty: one analysis at share_percent"
+        ),
+    )
     expected_requests_per_s: float | None = Field(
         None,
         gt=0,
@@ -585,21 +616,36 @@ class Canary(_Model):
         rate = self.expected_requests_per_s
         if rate is None:
             return None
-        per_interval = rate * percent / 100 * self.interval_s
-        if per_interval >= self.interval_min_requests:
-            return None
         least = -(-self.interval_min_requests * 100 // (rate * self.interval_s))
-        cure = (
-            f"give the canary at least {least:.0f} %"
-            if least <= 100
-            else "no share can: lower min_requests or raise interval_s"
+        needs = (
+            f"fewer than the {self.interval_min_requests} each interval needs (min_requests "
+            f"{self.min_requests} / intervals {self.intervals}): every interval would be inconclusive"
         )
-        return (
-            f"a canary at {percent} % of {rate:g} requests/s answers about {per_interval:.1f} requests per "
-            f"{self.interval_s} s interval, fewer than the {self.interval_min_requests} each interval needs "
-            f"(min_requests {self.min_requests} / intervals {self.intervals}): every interval would be "
-            f"inconclusive; {cure}"
-        )
+        per_interval = rate * percent / 100 * self.interval_s
+        if per_interval < self.interval_min_requests:
+            cure = (
+                f"give the canary at least {least:.0f} %"
+                if least <= 100
+                else "no share can: lower min_requests or raise interval_s"
+            )
+            return (
+                f"a canary at {percent} % of {rate:g} requests/s answers about {per_interval:.1f} requests "
+                f"per {self.interval_s} s interval, {needs}; {cure}"
+            )
+        # The analysis compares the canary with the stable version: it needs as many answers of both.
+        stable_per_interval = rate * (100 - percent) / 100 * self.interval_s
+        if percent < 100 and stable_per_interval < self.interval_min_requests:
+            return (
+                f"a canary at {percent} % of {rate:g} requests/s leaves the stable version about "
+                f"{stable_per_interval:.1f} requests per {self.interval_s} s interval to compare with, "
+                f"{needs}; "
+                + (
+                    f"give the canary at most {100 - least:.0f} %"
+                    if 2 * least <= 100
+                    else "no share leaves both versions enough: lower min_requests or raise interval_s"
+                )
+            )
+        return None
 
     @model_validator(mode="after")
     def _gate(self) -> Canary:
@@ -627,12 +673,43 @@ class Canary(_Model):
                         f"at most {self.intervals - 1}",
                     )
                 )
+        problems += self._step_problems()
         if problems:
             raise FieldProblems(problems)
         problem = self.traffic_problem(self.share_percent)
         if problem is not None:
             raise FieldProblems([(("min_requests",), problem)])
         return self
+
+    def _step_problems(self) -> list[FieldProblem]:
+        """Steps whose shares do not rise, a promotion before the last step, and shares the traffic cannot
+        judge (with expected_requests_per_s)."""
+        problems: list[FieldProblem] = []
+        for index, step in enumerate(self.steps):
+            where = ("steps", index, "percent")
+            earlier = self.steps[index - 1].percent if index else 0
+            if step.percent <= earlier:
+                problems.append(
+                    (
+                        where,
+                        f"step {index + 1} gives the canary {step.percent} %, not more than step {index}'s "
+                        f"{earlier} %: each step's share must be larger than the one before (e.g. 5, 20, "
+                        "50, 100)",
+                    )
+                )
+            elif step.percent == 100 and index < len(self.steps) - 1:
+                problems.append(
+                    (
+                        where,
+                        f"step {index + 1} gives the canary 100 % (the promotion) but "
+                        f"{len(self.steps) - index - 1} step(s) follow it: 100 can only be the last step",
+                    )
+                )
+            elif step.percent < 100:
+                problem = self.traffic_problem(step.percent)
+                if problem is not None:
+                    problems.append((where, f"step {index + 1}: {problem}"))
+        return problems
 
 
 class Serving(_Model):

@@ -93,7 +93,14 @@ class FakeApi:
         rows = {
             "inference": {
                 "FRONTEND": {"status": "OPEN", "stot": "0"},
-                "BACKEND": {"status": "UP", "stot": "900", "hrsp_5xx": "9"},
+                "BACKEND": {
+                    "status": "UP",
+                    "stot": "900",
+                    "hrsp_4xx": "4",
+                    "hrsp_5xx": "9",
+                    "cli_abrt": "2",
+                    "srv_abrt": "1",
+                },
                 "infer-1": {"status": "UP"},
                 "slot-2": {"status": "UP 1/3"},  # going down, still taking requests
                 "slot-3": {"status": "MAINT"},
@@ -129,8 +136,8 @@ def test_a_share_moves_only_its_draws_at_haproxy_and_in_the_map_file(
     assert result == {
         "canary_percent": 3,
         "backends": {
-            "inference": {"requests": 900, "errors_5xx": 9, "servers_up": 2},
-            "inference_canary": {"requests": 100, "errors_5xx": 0, "servers_up": 1},
+            "inference": {"requests": 900, "errors": 16, "errors_5xx": 9, "servers_up": 2},
+            "inference_canary": {"requests": 100, "errors": 0, "errors_5xx": 0, "servers_up": 1},
         },
     }
 
@@ -192,11 +199,28 @@ def test_the_program_answers_json_and_exits_2_when_refused(
     ]
 
 
+def test_4xx_and_aborted_answers_are_failed_answers_never_more_than_the_requests(canary: ModuleType) -> None:
+    """A version answering 4xx, or cutting its answers off, fails as a 5xx does; a 5xx cut off mid-answer
+    (counted in two fields) never makes more failures than requests."""
+    api = FakeApi(canary.version_map(0))
+    assert canary.backend_figures(api)["inference"]["errors"] == 4 + 9 + 2 + 1
+    stats = api.stats
+
+    def cut_off(backend: str) -> dict[str, dict[str, str]]:
+        rows = stats(backend)
+        rows["BACKEND"] = {**rows["BACKEND"], "stot": "10", "hrsp_5xx": "10", "srv_abrt": "10"}
+        return rows
+
+    api.stats = cut_off  # type: ignore[method-assign]
+    assert canary.backend_figures(api)["inference"]["errors"] == 10
+
+
 def test_a_gateway_without_a_canary_backend_has_nothing_up_there(canary: ModuleType, tmp_path: Path) -> None:
     api = FakeApi(canary.version_map(0))
     api.canary_backend = False
     assert canary.backend_figures(api)["inference_canary"] == {
         "requests": 0,
+        "errors": 0,
         "errors_5xx": 0,
         "servers_up": 0,
     }

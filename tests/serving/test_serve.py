@@ -10,6 +10,7 @@ set); elsewhere they skip, saying so.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import subprocess
@@ -252,22 +253,135 @@ def test_a_failing_canary_is_rolled_back_by_the_guard(stack: Path, model: str, f
     assert versions_answering(20) == {first_stable: 20}
 
 
+# Sent on the infer node straight to the canary's port, never through the gateway: 4 clients each asking
+# for 32 long inputs at once keep the canary's compute slots (--max-inflight 4) busy, so every request the
+# gateway sends it waits for a slot, a wait its own latency histogram counts. The canary answers every
+# request, slower: what the guard must catch is latency, not errors.
+FLOOD_PID = "/tmp/gpuplat-canary-flood.pid"
+CANARY_FLOOD = f"""
+import json, os, threading, urllib.request
+with open("{FLOOD_PID}", "w") as out:
+    out.write(str(os.getpid()))
+body = json.dumps({{"model": "{MODEL}", "input": ["a slow canary " * 60] * 32}}).encode()
+def flood():
+    while True:
+        request = urllib.request.Request("http://127.0.0.1:8100/v1/embeddings", data=body,
+                                         headers={{"Content-Type": "application/json"}})
+        try:
+            urllib.request.urlopen(request, timeout=120).read()
+        except OSError:
+            pass
+threads = [threading.Thread(target=flood, daemon=True) for _ in range(4)]
+for thread in threads:
+    thread.start()
+threads[0].join()
+"""
+
+
+def test_a_slower_canary_is_rolled_back_by_the_guard_for_its_latency(
+    stack: Path, model: str, first_stable: str
+) -> None:
+    """Issue 48: a rollback for latency, not errors, end to end: the canary's requests wait behind a flood
+    of long requests sent to it directly; the guard rolls it back on the latency its server records."""
+    serve(stack, "deploy", f"{model}@2", "--canary", str(SHARE))
+    flood = subprocess.Popen(["podman", "exec", INFER, "python3", "-c", CANARY_FLOOD])
+    answers: list[Answer] = []
+    try:
+        with sending(answers):
+            guard = cli(stack, "serve", "guard", model, "--for", "150", "--prometheus-url", PROMETHEUS)
+    finally:
+        node(INFER, "sh", "-c", f'kill "$(cat {FLOOD_PID})"')
+        flood.wait(timeout=30)
+    print(f"latency guard: exit {guard.code}: {guard.err.strip()} | {len(answers)} requests meanwhile")
+    assert guard.code == 1 and "rolled back:" in guard.err, (guard.code, guard.out, guard.err)
+    assert "took longer than" in guard.err or "latency failed" in guard.err, guard.err
+    assert "canary error rate" not in guard.err, guard.err
+    # A few of the canary's requests wait out its own queue (serving.queue_timeout_s) and get its 503: too
+    # few for the error test, never more than the canary's share of the requests.
+    failed = [a for a in answers if a.status != 200]
+    assert {a.status for a in failed} <= {503}, Counter(a.status for a in answers)
+    assert len(failed) <= SHARE / 100 * len(answers), Counter(a.status for a in answers)
+    assert canary_percent() == 0
+    assert versions_answering(20) == {first_stable: 20}
+
+
 def test_promote_then_rollback_returns_to_the_previous_version(
     stack: Path, model: str, first_stable: str
 ) -> None:
+    """Promote under steady load from clients that keep their connections open, the gateway reloaded
+    before and after: not one request fails (the canary keeps its share while the stable replicas roll,
+    each drained first; the canary drained before it stops; idle keep-alive connections closed only after
+    an answer that says so)."""
     serve(stack, "deploy", f"{model}@2", "--canary", str(SHARE))
     answers: list[Answer] = []
-    with sending(answers):
-        serve(stack, "promote", model)
-    assert {a.status for a in answers} == {200}, Counter(a.status for a in answers)
+    failures: list[str] = []
+    with keeping_alive(answers, failures, clients=2):
+        time.sleep(1)
+        node(HEAD, "systemctl", "reload", "haproxy")
+        promoted = serve(stack, "promote", model)
+        node(HEAD, "systemctl", "reload", "haproxy")
+        time.sleep(1)
+    print(
+        f"promote under keep-alive load: {len(answers)} answers, {len(failures)} failures; "
+        f"{promoted.err.strip()}"
+    )
+    assert not failures and {a.status for a in answers} == {200}, (
+        failures[:5],
+        Counter(a.status for a in answers),
+    )
+    assert "keeps its 20 % while the stable replicas restart" in promoted.err + promoted.out
+    assert len(answers) > 20
     assert versions_answering(20) == {f"{model}@2": 20}
     status = json.loads(serve(stack, "status", model, "--json").out)
     assert status["previous"] == first_stable and status["versions"][1]["version"] is None
+    # What each replica's own server says it serves: the promoted version; the canary slot stopped.
+    assert [(r["slot"], r["serves"]) for r in status["replicas"]] == [
+        ("0", f"{model}@2"),
+        ("1", f"{model}@2"),
+        ("canary", "not answering"),
+    ], status["replicas"]
 
     serve(stack, "rollback", model)
     assert versions_answering(20) == {first_stable: 20}
     again = cli(stack, "serve", "rollback", model)
     assert again.code == 1 and "no canary and no previous version" in again.err, again.err
+
+
+@contextmanager
+def keeping_alive(answers: list[Answer], failures: list[str], clients: int) -> Iterator[None]:
+    """`clients` clients sending requests through the gateway one after another, each on a connection it
+    keeps open as long as the gateway does (a new one only after an answer that says `Connection: close`).
+    Anything but a complete answer (a reset, a connection closed under a request) is a failure."""
+    stop = threading.Event()
+    body = json.dumps({"model": MODEL, "input": "a canary release"}).encode()
+
+    def client() -> None:
+        connection = http.client.HTTPConnection("127.0.0.1", 18080, timeout=30)
+        while not stop.is_set():
+            sent = time.monotonic()
+            try:
+                connection.request("POST", "/v1/embeddings", body, {"Content-Type": "application/json"})
+                reply = connection.getresponse()
+                reply.read()
+            except (OSError, http.client.HTTPException) as failure:
+                failures.append(f"{time.monotonic() - sent:.2f} s: {failure!r}")
+                connection.close()
+                continue
+            answers.append(
+                Answer(sent, time.monotonic(), reply.status, reply.getheader(VERSION_HEADER) or "-")
+            )
+            if reply.will_close:
+                connection.close()
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
 
 
 @contextmanager

@@ -27,7 +27,7 @@ from infra.serving.counts import Counts, Histogram, SinceStart
 from infra.serving.registry.mlflow import ModelVersion
 from infra.serving.statistics import (
     error_rate_p,
-    log_evidence,
+    log_evidence_above,
     mann_whitney_u,
     rate_upper_bound,
     rollback_boundary,
@@ -111,6 +111,14 @@ def test_the_analysis_counts_from_the_canarys_start_not_from_the_gateways() -> N
     assert guard.canary.total.requests == 60 * rules.intervals and guard.canary.total.errors == 0
 
 
+def test_failures_since_the_start_never_outnumber_the_answers() -> None:
+    """The serving scenario's guard read 30 failures of 29 canary requests since it started: the gateway
+    counts a 5xx cut off under hrsp_5xx and srv_abrt both, capped at its requests only in its own total."""
+    since = SinceStart(Counts(100, 0))
+    assert since.add(Counts(129, 30)) == Counts(29, 29)
+    assert since.add(Counts(130, 30)) == Counts(30, 29)
+
+
 def test_a_counter_that_restarts_counts_from_zero() -> None:
     """A reload restarts HAProxy's counters, a restart the model server's histogram: what came after the
     restart is added, nothing is subtracted."""
@@ -174,18 +182,67 @@ def test_mann_whitney_on_bucket_counts_with_the_tie_correction() -> None:
 
 
 def test_the_sequential_test_rolls_back_at_its_boundary() -> None:
-    """1/sequential_alpha, in logs: the default 0.002 is log 500. Against at most 5 % errors the mixture of
-    ratios (p1 / 0.05)^k over p1 = 0.05 + 0.95 j / 9, j = 1..8, averages 134 after 2 failures of 2 and
-    1895 after 3 of 3: the third failure rolls back."""
+    """1/sequential_alpha, in logs: the default 0.002 is log 500. A canary failing 4 of 4 against a stable
+    failing 0 of 48, margin 5 %: the mixture's likelihood B(4.5, 0.5) B(0.5, 48.5) / B(0.5, 0.5)^2 over the
+    null's largest, (x + 0.05)^4 (1 - x)^48 at x = 1.6 / 52 (where 4 / (x + 0.05) = 48 / (1 - x))."""
     assert rollback_boundary(0.002) == pytest.approx(math.log(500))
-    alternatives = [0.05 + 0.95 * j / 9 for j in range(1, 9)]
-    for failures, mean in ((2, 133.6), (3, 1895)):
-        by_hand = sum((p1 / 0.05) ** failures for p1 in alternatives) / 8
-        assert by_hand == pytest.approx(mean, rel=2e-3)
-        assert log_evidence(failures, failures, 0.05) == pytest.approx(math.log(by_hand))
-    assert log_evidence(2, 2, 0.05) < rollback_boundary(0.002) < log_evidence(3, 3, 0.05)
-    assert log_evidence(0, 1000, 0.05) < 0  # answers without errors only ever lower the evidence
-    assert log_evidence(5, 5, 1.0) == -math.inf  # nothing is above a rate of 1
+
+    def beta(a: float, b: float) -> float:
+        return math.gamma(a) * math.gamma(b) / math.gamma(a + b)
+
+    x = 1.6 / 52
+    by_hand = beta(4.5, 0.5) * beta(0.5, 48.5) / beta(0.5, 0.5) ** 2 / ((x + 0.05) ** 4 * (1 - x) ** 48)
+    assert log_evidence_above(4, 4, 0, 48, 0.05) == pytest.approx(math.log(by_hand))
+    assert log_evidence_above(3, 3, 0, 48, 0.05) < rollback_boundary(0.002) < math.log(by_hand)
+    assert log_evidence_above(0, 1000, 0, 1000, 0.05) < 0  # answers without errors only lower the evidence
+    assert log_evidence_above(30, 30, 0, 0, 0.05) < 0  # no stable answers: nothing to be worse than
+
+
+def _rolled_back(stable_rate: float, canary_rate: float, alpha: float, looks: int = 30) -> float:
+    """The exact chance that the sequential test ever rolls back in `looks` looks of 1 canary and 4 stable
+    requests each (a distribution over both error counts, a path removed once it crosses)."""
+    alive = {(0, 0): 1.0}
+    crossed = 0.0
+    for look in range(1, looks + 1):
+        after: dict[tuple[int, int], float] = {}
+        for (canary_errors, stable_errors), weight in alive.items():
+            for failed in (0, 1):
+                canary_weight = canary_rate if failed else 1 - canary_rate
+                for stable_failed in range(5):
+                    stable_weight = (
+                        math.comb(4, stable_failed)
+                        * stable_rate**stable_failed
+                        * (1 - stable_rate) ** (4 - stable_failed)
+                    )
+                    key = (canary_errors + failed, stable_errors + stable_failed)
+                    after[key] = after.get(key, 0.0) + weight * canary_weight * stable_weight
+        alive = {}
+        for (canary_errors, stable_errors), weight in after.items():
+            if log_evidence_above(canary_errors, look, stable_errors, 4 * look, 0.05) >= rollback_boundary(
+                alpha
+            ):
+                crossed += weight
+            else:
+                alive[(canary_errors, stable_errors)] = weight
+    return crossed
+
+
+def test_the_sequential_test_rolls_an_acceptable_canary_back_at_most_alpha_of_the_time() -> None:
+    """Ville's bound, summed exactly: a canary exactly max_error_rate_increase worse than the stable (the
+    null hypothesis' worst case) is rolled back in at most alpha of its paths, looked at after every
+    request; a canary failing half its requests (against 10 %) in most of 30 looks."""
+    for stable_rate in (0.0, 0.1, 0.3):
+        assert _rolled_back(stable_rate, stable_rate + 0.05, 0.05) <= 0.05
+    assert _rolled_back(0.1, 0.5, 0.05) > 0.5
+
+
+def test_a_canary_failing_every_request_at_one_request_per_second_is_rolled_back_within_a_minute() -> None:
+    """Issue 48's goal: at 1 request/s and a 20 % share the canary answers Poisson(12) requests in its first
+    60 s, fewer than 5 in 0.76 % of minutes; the stable about 48. 4 failures of 4 must roll back: the
+    stable's confidence bound and a test against it, each at half of sequential_alpha, needed 6."""
+    verdict = sequential_errors(Counts(48, 0), Counts(4, 4), Canary())
+    assert verdict is not None and verdict.action == ROLLBACK
+    assert sequential_errors(Counts(48, 1), Counts(5, 5), Canary()) is not None
 
 
 def test_a_failing_canary_is_rolled_back_by_the_sequential_test_before_its_first_interval() -> None:
@@ -275,12 +332,34 @@ def test_the_sequential_latency_test_counts_answers_above_the_bucket_of_the_allo
     )
 
 
+def test_the_sequential_latency_test_rolls_back_at_1_over_sequential_alpha_not_before() -> None:
+    """Against the stable's 80 slow of 240 plus max_slow_share_increase 0.1, 26 slow of 30 is evidence 464,
+    short of 1/0.002; 27 of 30 is 3789, past it."""
+    rules = Canary()
+    assert sequential_latency(GOOD[0], Counts(30, 0, latency((0, 4, 26, 0), 0.04)), rules) is None
+    past = sequential_latency(GOOD[0], Counts(30, 0, latency((0, 3, 27, 0), 0.04)), rules)
+    assert past is not None and "evidence 3.79e+03 passed 1/sequential_alpha (500)" in past.reason
+
+
+def test_counts_that_already_meet_the_null_are_no_evidence_against_it() -> None:
+    """Where the canary's observed rate is within the stable's plus the margin, the null's maximum is the
+    likelihood's own: the mixture over it is at most 1, whatever the counts."""
+    within = (
+        ((6, 100), (2, 100)),
+        ((600, 20000), (0, 20000)),
+        ((1500, 20000), (600, 20000)),
+        ((0, 5), (3, 50)),
+    )
+    for canary, stable in within:
+        assert log_evidence_above(*canary, *stable, 0.05) <= 0.0
+
+
 def test_the_sequential_error_test_allows_the_stables_own_rate() -> None:
     """A stable version failing 20 % of its requests: a canary failing as often is no evidence; against a
     bound of the margin alone (5 %) it would be."""
     rules = Canary()
     assert sequential_errors(Counts(1000, 200), Counts(250, 50), rules) is None
-    assert log_evidence(50, 250, 0.05) > rollback_boundary(rules.sequential_alpha)
+    assert log_evidence_above(50, 250, 0, 1000, 0.05) > rollback_boundary(rules.sequential_alpha)
     assert sequential_errors(Counts(1000, 200), Counts(250, 125), rules) is not None
 
 
@@ -302,6 +381,17 @@ def test_an_interval_is_judged_from_exactly_its_share_of_min_requests_at_level_a
         assert outcome == ("failed" if p < rules.alpha / 2 else "passed")
     assert measure_errors(Counts(200, 2), Counts(20, 9), rules).outcome == "failed"
     assert measure_errors(Counts(200, 2), Counts(20, 6), rules).outcome == "passed"
+
+
+def test_an_interval_with_too_few_stable_answers_to_compare_with_is_inconclusive() -> None:
+    """A canary with nearly all the traffic (a 99 % step) leaves the stable 9 answers: the canary is not
+    compared with them (promote-ready by default), the interval is not judged."""
+    rules = Canary()
+    canary = Counts(200, 30, latency((40, 100, 60, 0), 0.022))
+    for measure in (measure_errors, measure_latency):
+        few = measure(Counts(9, 0, latency((2, 4, 3, 0), 0.022)), canary, rules)
+        assert few.outcome == "inconclusive" and "9 stable" in few.detail
+        assert measure(Counts(10, 0, latency((2, 5, 3, 0), 0.022)), canary, rules).outcome != "inconclusive"
 
 
 def test_too_little_traffic_ends_inconclusive_and_never_promote_ready() -> None:

@@ -23,8 +23,15 @@ from infra.serving.analysis import (
     sequential_latency,
 )
 from infra.serving.counts import Counts, Histogram, Reading, SinceStart
-from infra.serving.release import CANARY_BACKEND, STABLE_BACKEND, Release, ServingLayout, parse_metrics
-from infra.serving.statistics import _log_pmf, binomial_sf, log_evidence, rate_upper_bound
+from infra.serving.release import (
+    CANARY_BACKEND,
+    STABLE_BACKEND,
+    Release,
+    ServingLayout,
+    parse_metrics,
+    sample_labels,
+)
+from infra.serving.statistics import _log_pmf, binomial_sf, log_evidence_above, rate_upper_bound
 from infra.spec.models import Canary
 
 
@@ -214,6 +221,7 @@ def _guard_reading(script: list[object]) -> tuple[Release, list[str]]:
     release = object.__new__(Release)
     release.rules = Canary()
     release.canary_start = None
+    release.record = lambda model, phase, detail, percent=None: None  # type: ignore[method-assign]
     said: list[str] = []
     items = iter(script)
     item: object = None
@@ -280,10 +288,14 @@ def test_no_stable_latencies_or_an_empty_stable_histogram_is_inconclusive() -> N
         assert (measured.outcome, measured.detail) == (INCONCLUSIVE, "no stable latencies recorded")
 
 
-def test_the_sequential_evidence_against_a_zero_rate_is_against_nearly_zero() -> None:
-    """statistics #11: p0 0 is taken as 1e-9, so one error in one request is evidence of about
-    mean(p1) / 1e-9, p1 = k/9, k = 1..8 (mean 0.5): log 5e8."""
-    assert log_evidence(1, 1, 0.0) == pytest.approx(math.log(0.5 / 1e-9), rel=1e-3)
+def test_the_sequential_evidence_at_rates_of_zero_and_one_is_finite() -> None:
+    """A stable failing nothing and a canary failing everything (0 log 0 is 0, the likelihood's maximum on
+    the null's boundary at its end): one error in one request against none in one with no margin is the
+    mixture's B(1.5, 0.5) B(0.5, 1.5) / B(0.5, 0.5)^2 = 1/4 over the null's largest likelihood, 1/4 at
+    x = 1/2: no evidence."""
+    assert log_evidence_above(1, 1, 0, 1, 0.0) == pytest.approx(0.0, abs=1e-9)
+    assert math.isfinite(log_evidence_above(20, 20, 0, 80, 0.05))
+    assert math.isfinite(log_evidence_above(0, 20, 80, 80, 0.05))
 
 
 def test_counters_without_prometheus_read_the_gateway_alone_and_say_so() -> None:
@@ -385,3 +397,18 @@ def test_a_reading_that_cannot_be_added_changes_nothing_and_the_next_one_counts(
     assert guard.stable.total.requests == 10 and guard.canary.total.requests == 2
     guard.look(15.0, Reading(30, 0, {"a": _at(30)}), Reading(6, 0, {"c": _at(6)}))
     assert guard.stable.total.requests == 30 and guard.canary.total.requests == 6
+
+
+def test_a_label_value_holding_commas_braces_quotes_and_escapes_is_one_value() -> None:
+    """Prometheus' text format quotes label values (\\\\, \\" and \\n escaped): a model name such as
+    `a,le="9"}` is the `model` label's value, not an `le`, and the sample after the braces keeps its
+    number; a timestamp after the value is no part of it."""
+    answer = (
+        "# port 8000\n"
+        'h_bucket{model="a,le=\\"9\\"}",le="0.1"} 3\n'
+        'h_bucket{model="a,le=\\"9\\"}",le="+Inf"} 5 1700000000000\n'
+        'h_sum{path="C:\\\\dir\\\\",model="x}\\ny"} 0.4\n'
+    )
+    assert parse_metrics(answer, "h") == {8000: Histogram((0.1, math.inf), (3, 2), 0.4)}
+    assert sample_labels('model="a,le=\\"9\\"}",le="0.1"') == {"model": 'a,le="9"}', "le": "0.1"}
+    assert sample_labels('path="C:\\\\dir\\\\",y="l\\nm"') == {"path": "C:\\dir\\", "y": "l\nm"}

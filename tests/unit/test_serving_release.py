@@ -4,20 +4,29 @@ tests/serving/test_serve.py."""
 
 from __future__ import annotations
 
+import json
+import socket
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from infra.errors import ExitCode, SpecError
+from infra.errors import ExitCode, GpuPlatError, SpecError
 from infra.platform.resolve import load_platform
 from infra.serving.analysis import CONTINUE, INCONCLUSIVE, PROMOTE_READY, ROLLBACK, Verdict
-from infra.serving.counts import Counts, Histogram
+from infra.serving.counts import Counts, Histogram, SinceStart
 from infra.serving.registry.mlflow import ModelVersion, to_wire_source
 from infra.serving.release import (
+    GATED,
+    LOCK_DIR,
+    PROMOTED,
+    STATE_DIR,
     Release,
+    ReplicaServing,
     ServeRefused,
+    ServingLayout,
     serving_layout,
     version_environment,
 )
@@ -88,6 +97,9 @@ def guarded(readings: list[tuple[Counts, Counts]], rules: Canary) -> tuple[Relea
     release.aliased = lambda model, alias: version("/shared/models/x")  # type: ignore[method-assign]
     release.rollback = lambda model, reason="": done.append(reason)  # type: ignore[method-assign,assignment,func-returns-value]
     release.say = lambda line: None
+    records: list[tuple[str, int | None]] = []
+    release.__dict__["records"] = records
+    release.record = lambda model, phase, detail, percent=None: records.append((phase, percent))  # type: ignore[method-assign]
     return release, done
 
 
@@ -161,15 +173,25 @@ class Verdicts:
     def __init__(self, verdict: Verdict) -> None:
         self.verdict = verdict
 
-    def guard(self, model: str, duration_s: float | None) -> Verdict:
+    def guard(self, model: str, duration_s: float | None, past_gate: bool = False) -> Verdict:
         return self.verdict
 
 
 @pytest.mark.parametrize(
     ("action", "code"),
-    [(PROMOTE_READY, 0), (ROLLBACK, 1), (INCONCLUSIVE, 5), (CONTINUE, 5), ("gone", 5)],
+    [
+        (PROMOTE_READY, 0),
+        (PROMOTED, 0),
+        (GATED, 0),
+        (ROLLBACK, 1),
+        (INCONCLUSIVE, 5),
+        (CONTINUE, 5),
+        ("gone", 5),
+    ],
 )
-def test_serve_guard_exits_0_only_on_promote_ready(action: str, code: int) -> None:
+def test_serve_guard_exits_0_only_on_a_passed_analysis(action: str, code: int) -> None:
+    """promote-ready, promoted (a stepped release's last step), held at a manual gate: each a passed
+    analysis; anything else is not 0."""
     import typer
 
     from infra.cli.commands.serve import _guard
@@ -221,3 +243,328 @@ def test_serve_refuses_a_model_name_before_reaching_the_registry(write_stack: Ca
     refused(run_cli("serve", "promote", "a_b", *unreachable), "model name 'a_b'")
     down = run_cli("serve", "deploy", "embedder@1", *unreachable)
     assert down.code == 4 and "did not answer" in down.err, down.err
+
+
+def _show(canary_percent: int, stable: tuple[int, int, int], canary: tuple[int, int, int]) -> str:
+    """A gateway's `gpuplat_gateway_canary.py show`: each backend's requests, 5xx and servers up."""
+    backends = {
+        name: {"requests": requests, "errors": errors, "errors_5xx": errors, "servers_up": up}
+        for name, (requests, errors, up) in (("inference", stable), ("inference_canary", canary))
+    }
+    return json.dumps({"canary_percent": canary_percent, "backends": backends})
+
+
+def test_the_guard_counts_every_gateway_each_through_its_own_reload() -> None:
+    """Two gateways: gw-0's canary answered 30 more requests (3 errors) between two looks, gw-1 was reloaded
+    (its counters from zero: 20 requests, 2 errors since) and did not answer one look in between. The
+    canary's counts are both gateways', 50 requests and 5 errors, not the first gateway's alone."""
+    answers = {
+        "gw-0": iter([_show(20, (400, 0, 2), (100, 0, 1))] + [_show(20, (520, 0, 2), (130, 3, 1))] * 3),
+        "gw-1": iter([_show(20, (2000, 4, 2), (500, 10, 1)), None] + [_show(20, (80, 0, 2), (20, 2, 0))] * 2),
+    }
+
+    class Nodes:
+        def exec(self, node: str, *command: str, timeout: float = 120) -> str:
+            assert command[-1] == "show"
+            answer = next(answers[node])
+            if answer is None:
+                raise GpuPlatError(f"{node} did not answer")
+            return answer
+
+    said: list[str] = []
+    release = object.__new__(Release)
+    release.nodes = Nodes()
+    release.say = said.append
+    release.layout = ServingLayout(("gw-0", "gw-1"), (), {}, "cpu-reference", 1.0)
+    _, canary = release.readings(latency=False)
+    since = SinceStart(canary)
+    _, missing_one = release.readings(latency=False)
+    assert since.add(missing_one) == Counts(30, 3)
+    assert said == ["left out of this look: gw-1: gw-1 did not answer"]
+    _, canary = release.readings(latency=False)
+    assert since.add(canary) == Counts(50, 5)
+    figures = release.figures()  # the gateways' sums; servers up on every gateway: gw-1 counts none
+    assert (figures.requests["inference_canary"], figures.servers_up["inference_canary"]) == (150, 0)
+
+
+class RecordingNodes:
+    """The nodes of a promotion: gateways that answer `show` with the share set so far, model-server nodes
+    with `replicas` stable replicas; every command recorded, in order, as (node, command words)."""
+
+    def __init__(self, replicas: int, share: int) -> None:
+        self.replicas, self.share = replicas, share
+        self.done: list[tuple[str, tuple[str, ...]]] = []
+
+    def exec(self, node: str, *command: str, timeout: float = 120) -> str:
+        self.done.append((node, command))
+        if command[:1] == ("ls",):
+            return " ".join(f"replica-{i}.env" for i in range(self.replicas))
+        if command[-2:-1] == ("share",):
+            self.share = int(command[-1])
+        if command[-1:] in (("show",), ("share",)) or command[-2:-1] == ("share",):
+            return _show(self.share, (0, 0, self.replicas), (0, 0, 1))
+        return ""
+
+    def shares(self) -> list[int]:
+        return [int(c[-1]) for n, c in self.done if c[-2:-1] == ("share",) and n == "gw-0"]
+
+
+def promoted(replicas: int, share: int) -> RecordingNodes:
+    nodes = RecordingNodes(replicas, share)
+    release = object.__new__(Release)
+    release.nodes = nodes
+    release.say = lambda line: None
+    release.layout = ServingLayout(
+        ("gw-0", "gw-1"), ("infer-0",), {"infer-0": "c-infer-0"}, "cpu-reference", 1.0
+    )
+    release.aliased = lambda model, alias: version("/shared/models/x")  # type: ignore[method-assign]
+    release._wait_healthy = lambda node, port: None  # type: ignore[method-assign]
+
+    class Registry:
+        def set_alias(self, *arguments: object) -> None: ...
+
+        def delete_alias(self, *arguments: object) -> None: ...
+
+    release.registry = Registry()  # type: ignore[assignment]
+    release.promote("embedder")
+    return nodes
+
+
+def _at(nodes: RecordingNodes, node: str, *words: str) -> list[int]:
+    """Where in the recorded commands `node` ran a command holding each of `words`."""
+    return [i for i, (n, c) in enumerate(nodes.done) if n == node and all(w in " ".join(c) for w in words)]
+
+
+def test_promote_keeps_the_canarys_share_while_stable_replicas_roll_and_drains_it_before_it_stops() -> None:
+    """Issue 48, findings 3 and 4: never every request to the one canary slot while R stable replicas
+    restart; each stable replica drained on every gateway before its restart; then share 0 and the canary
+    drained on every gateway before `systemctl stop`."""
+    nodes = promoted(replicas=2, share=20)
+    assert nodes.shares() == [0]  # the share kept at 20 until the canary goes
+    for replica, port in ((0, 8000), (1, 8001)):
+        restart = _at(nodes, "infer-0", "systemctl restart", f"@{replica}.service")[0]
+        for gateway in ("gw-0", "gw-1"):
+            drained = _at(nodes, gateway, "--backend inference drain", f"c-infer-0:{port}")
+            assert drained and drained[0] < restart
+    stop = _at(nodes, "infer-0", "systemctl stop", "@canary.service")[0]
+    share_zero = _at(nodes, "gw-1", "share 0")[0]
+    for gateway in ("gw-0", "gw-1"):
+        drained = _at(nodes, gateway, "--backend inference_canary drain", "c-infer-0:8100")
+        assert drained and share_zero < drained[0] < stop
+
+
+def test_promote_gives_the_canary_every_request_only_while_the_last_stable_server_restarts() -> None:
+    nodes = promoted(replicas=1, share=20)
+    assert nodes.shares() == [100, 20, 0]
+    restart = _at(nodes, "infer-0", "systemctl restart", "@0.service")[0]
+    assert _at(nodes, "gw-1", "share 100")[0] < restart < _at(nodes, "gw-1", "share 20")[0]
+
+
+class CutShortNodes(RecordingNodes):
+    """A promote of embedder@3 cut short on a node of 3 replicas: replica 0 restarted on it, replica 1
+    drained but not yet restarted (still on the champion, embedder@2), replica 2 not reached; the canary
+    at 100 % (killed while the last stable server restarted). Version files kept as written."""
+
+    def __init__(self) -> None:
+        super().__init__(replicas=3, share=100)
+        self.files = {
+            f"version-{i}.env": version_environment(
+                ModelVersion("embedder", v, to_wire_source("/m"), "READY"), "cpu-reference"
+            )
+            for i, v in ((0, 3), (1, 2), (2, 2), ("canary", 3))
+        }
+
+    def exec(self, node: str, *command: str, timeout: float = 120) -> str:
+        if command[:2] == ("sh", "-c") and command[-1].endswith(".env"):
+            name = command[-1].rsplit("/", 1)[-1]
+            if command[2].startswith("cat"):
+                self.done.append((node, command))
+                return self.files.get(name, "")
+            self.files[name] = command[-2]
+        if command[:2] == ("rm", "-f"):
+            self.files.pop(command[-1].rsplit("/", 1)[-1], None)
+        answer = super().exec(node, *command)
+        if command[-1:] == ("show",):  # replica 1 is drained: the gateways count 2 stable servers up
+            return _show(self.share, (0, 0, 2), (0, 0, 1))
+        return answer
+
+
+def test_a_rollback_after_a_promote_cut_short_puts_every_stable_replica_back_on_the_champion() -> None:
+    """Issue 48 finding 5: a failed promote left some replicas on the new version; `rollback` stopped
+    only the canary. Now the canary's share goes to 0 first, each replica not on the champion is drained,
+    restarted on it and taken out of drain (the others untouched, a drained one taken out of drain), then
+    the canary drained and stopped."""
+    nodes = CutShortNodes()
+    release = object.__new__(Release)
+    release.nodes = nodes
+    release.say = lambda line: None
+    release.layout = ServingLayout(("gw-0",), ("infer-0",), {"infer-0": "c-infer-0"}, "cpu-reference", 1.0)
+    release._wait_healthy = lambda node, port: None  # type: ignore[method-assign]
+    aliases = {
+        "challenger": ModelVersion("embedder", 3, to_wire_source("/m"), "READY"),
+        "champion": ModelVersion("embedder", 2, to_wire_source("/m"), "READY"),
+    }
+    release.aliased = lambda model, alias: aliases.get(alias)  # type: ignore[method-assign]
+
+    class Registry:
+        def delete_alias(self, model: str, alias: str) -> None:
+            aliases.pop(alias)
+
+    release.registry = Registry()  # type: ignore[assignment]
+    assert release.rollback("embedder") == aliases["champion"]
+    champion = version_environment(aliases["champion"], "cpu-reference")
+    assert [nodes.files[f"version-{i}.env"] for i in range(3)] == [champion] * 3
+    assert "version-canary.env" not in nodes.files
+    restarted = [i for i in range(3) if _at(nodes, "infer-0", "systemctl restart", f"@{i}.service")]
+    assert restarted == [0]
+    assert nodes.shares()[0] == 0  # the bad version's share first
+    restart = _at(nodes, "infer-0", "systemctl restart", "@0.service")[0]
+    assert _at(nodes, "gw-0", "--backend inference drain", "c-infer-0:8000")[0] < restart
+    assert _at(nodes, "gw-0", "--backend inference ready", "c-infer-0:8000")[0] > restart
+    assert _at(nodes, "gw-0", "--backend inference ready", "c-infer-0:8001")  # left drained by the promote
+    assert _at(nodes, "infer-0", "systemctl stop", "@canary.service")
+
+
+def test_status_says_what_each_replica_serves_as_its_own_server_says() -> None:
+    """Issue 48 finding 5: aliases say what should serve; each replica's /metrics what does. Replica 0
+    serves embedder@2, replica 1 the stack's own model, the canary slot does not answer."""
+    answer = (
+        "# port 8000\n"
+        'gpuplat_inference_model_version_info{version="embedder@2"} 1.0\n'
+        "# port 8001\n"
+        'gpuplat_inference_model_version_info{version=""} 1.0\n'
+    )
+
+    class Nodes:
+        def exec(self, node: str, *command: str, timeout: float = 120) -> str:
+            if command[0] == "ls":
+                return "replica-0.env replica-1.env"
+            assert command[3:] == ("8000", "8001", "8100")
+            return answer
+
+    release = object.__new__(Release)
+    release.nodes = Nodes()
+    release.layout = ServingLayout(("gw-0",), ("infer-0",), {"infer-0": "c-infer-0"}, "cpu-reference", 1.0)
+    assert release.replicas_serving() == [
+        ReplicaServing("infer-0", "0", 8000, True, "embedder@2"),
+        ReplicaServing("infer-0", "1", 8001, True, ""),
+        ReplicaServing("infer-0", "canary", 8100, False, None),
+    ]
+
+
+class LockNode:
+    """A gateway node whose lock folder is a local one: the lock script runs in a real `sh`."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = str(folder)
+
+    def exec(self, node: str, *command: str, timeout: float = 120) -> str:
+        words = [w.replace(LOCK_DIR, self.folder) for w in command]
+        return subprocess.run(words, capture_output=True, text=True, check=True).stdout
+
+
+def locking(folder: Path) -> Release:
+    release = object.__new__(Release)
+    release.nodes = LockNode(folder)
+    release.say = lambda line: None
+    release.layout = ServingLayout(("gw-0",), (), {}, "cpu-reference", 1.0)
+    return release
+
+
+def test_one_release_at_a_time_per_model_a_second_promote_meets_the_lock(tmp_path: Path) -> None:
+    """Issue 48 finding 5: a CI guard and an operator's promote raced. The second is refused, saying who
+    holds the lock; the holder's own nested steps (the guard's rollback) pass; another model is free;
+    the lock goes with its holder."""
+    guard, operator = locking(tmp_path), locking(tmp_path)
+    with guard.exclusive("embedder", "guard"):
+        with guard.exclusive("embedder", "rollback"):
+            pass
+        refusal = r"a release of 'embedder' is in progress \(guard by pid \d+ on "
+        with pytest.raises(ServeRefused, match=refusal), operator.exclusive("embedder", "promote"):
+            pass
+        with operator.exclusive("other-model", "promote"):
+            pass
+        assert (tmp_path / "embedder.lock").is_dir()
+    assert not (tmp_path / "embedder.lock").exists()
+    with operator.exclusive("embedder", "promote"):
+        pass
+
+
+def test_a_lock_left_by_a_process_of_this_host_that_is_gone_is_taken_over(tmp_path: Path) -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    (tmp_path / "embedder.lock").mkdir()
+    (tmp_path / "embedder.lock" / "owner").write_text(
+        f"promote by pid {gone.pid} on {socket.gethostname()} since 07:00:00 UTC"
+    )
+    with locking(tmp_path).exclusive("embedder", "promote"):
+        assert "promote by pid" in (tmp_path / "embedder.lock" / "owner").read_text()
+    (tmp_path / "embedder.lock").mkdir()
+    # A process of another host, though no process of this host has its pid: not known to be gone.
+    (tmp_path / "embedder.lock" / "owner").write_text(
+        f"promote by pid {gone.pid} on another-host since 07:00:00 UTC"
+    )
+    with (
+        pytest.raises(ServeRefused, match="another-host"),
+        locking(tmp_path).exclusive("embedder", "promote"),
+    ):
+        pass
+
+
+class RacingNode(LockNode):
+    """A gateway node on which another taker acts between this taker's first and second command."""
+
+    def __init__(self, folder: Path, between: Callable[[], None]) -> None:
+        super().__init__(folder)
+        self.between, self.calls = between, 0
+
+    def exec(self, node: str, *command: str, timeout: float = 120) -> str:
+        self.calls += 1
+        if self.calls == 2:
+            self.between()
+        return super().exec(node, *command)
+
+
+def test_of_two_takers_of_a_gone_holders_lock_one_takes_it(tmp_path: Path) -> None:
+    """Two promotes both find the lock of a gone process; the first takes it over; the second, which read
+    the gone holder a moment before, must not remove the first's lock and take it too."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    (tmp_path / "embedder.lock").mkdir()
+    (tmp_path / "embedder.lock" / "owner").write_text(
+        f"promote by pid {gone.pid} on {socket.gethostname()} since 07:00:00 UTC"
+    )
+    first = locking(tmp_path).exclusive("embedder", "first promote")
+    second = locking(tmp_path)
+    second.nodes = RacingNode(tmp_path, first.__enter__)
+    with pytest.raises(ServeRefused, match=r"\(first promote by pid"), second.exclusive("embedder", "second"):
+        pass
+    assert "first promote" in (tmp_path / "embedder.lock" / "owner").read_text()
+    first.__exit__(None, None, None)
+    assert not (tmp_path / "embedder.lock").exists()
+
+
+class StateNode(LockNode):
+    def exec(self, node: str, *command: str, timeout: float = 120) -> str:
+        words = [w.replace(STATE_DIR, self.folder) for w in command]
+        return subprocess.run(words, capture_output=True, text=True, check=True).stdout
+
+
+def test_the_guards_record_is_written_whole_on_the_node_and_read_back_by_status(tmp_path: Path) -> None:
+    """The release's record outlives the guard's command: `serve status` reads what the guard last did."""
+    release = object.__new__(Release)
+    release.nodes = StateNode(tmp_path / "state")
+    release.say = lambda line: None
+    release.layout = ServingLayout(("gw-0",), (), {}, "cpu-reference", 1.0)
+    release.rules = Canary.model_validate({"steps": [{"percent": 10}, {"percent": 100}]})
+    assert release.recorded("embedder") is None
+    release.record("embedder", "analysing", 'step 1 of 2 (10 %) "quoted"', 10)
+    record = release.recorded("embedder")
+    assert record is not None
+    assert (record["phase"], record["detail"], record["canary_percent"], record["steps"]) == (
+        "analysing",
+        'step 1 of 2 (10 %) "quoted"',
+        10,
+        [10, 100],
+    )
+    assert [p.name for p in (tmp_path / "state").iterdir()] == ["embedder.json"]  # no temporary left

@@ -14,7 +14,16 @@ from infra.cli.stack_options import JsonFlag, StackFile, StackName, platform_fro
 from infra.errors import ExitCode, GpuPlatError
 from infra.serving.analysis import PROMOTE_READY, ROLLBACK
 from infra.serving.registry.locate import open_registry
-from infra.serving.release import CANARY_BACKEND, CHALLENGER, CHAMPION, PREVIOUS, STABLE_BACKEND, Release
+from infra.serving.release import (
+    CANARY_BACKEND,
+    CHALLENGER,
+    CHAMPION,
+    GATED,
+    PREVIOUS,
+    PROMOTED,
+    STABLE_BACKEND,
+    Release,
+)
 
 serve = typer.Typer(
     name="serve",
@@ -80,15 +89,17 @@ def deploy(
     prometheus: PrometheusUrl = None,
 ) -> None:
     """Serve a registered version: as a canary (--canary PERCENT), or on every replica."""
-    check_name(reference.partition("@")[0])
+    name = reference.partition("@")[0]
+    check_name(name)
     release = _release(stack, stack_file_path, url, prometheus)
-    version = release.deploy(reference, canary)
-    if canary is None:
-        output.stdout().print(escape(f"{version.reference} serves every request"))
-        return
-    output.stdout().print(escape(f"{version.reference} is in canary with {canary} % of the requests"))
-    if guard_s > 0:
-        _guard(release, version.name, guard_s)
+    with release.exclusive(name, f"deploy {reference}"):
+        version = release.deploy(reference, canary)
+        if canary is None:
+            output.stdout().print(escape(f"{version.reference} serves every request"))
+            return
+        output.stdout().print(escape(f"{version.reference} is in canary with {canary} % of the requests"))
+        if guard_s > 0:
+            _guard(release, version.name, guard_s)
 
 
 @serve.command()
@@ -104,15 +115,28 @@ def guard(
     stack_file_path: StackFile = None,
     url: RegistryUrl = None,
     prometheus: PrometheusUrl = None,
+    past_gate: Annotated[
+        bool,
+        typer.Option(
+            "--past-gate", help="serving.canary.steps: open the manual gate the release is held at, go on"
+        ),
+    ] = False,
 ) -> None:
-    """Analyse NAME's canary against the stable version (serving.canary): exit 0 promote-ready, 1 rolled back,
-    5 no verdict (inconclusive, or --for ended before the analysis)."""
+    """Analyse NAME's canary against the stable version (serving.canary), or carry it through
+    serving.canary.steps (each held for an analysis; a step at 100 % promotes): exit 0 promote-ready,
+    promoted, or held at a manual gate; 1 rolled back; 5 no verdict (inconclusive, or --for ended before
+    the analysis)."""
     check_name(model)
-    _guard(_release(stack, stack_file_path, url, prometheus), model, duration_s)
+    release = _release(stack, stack_file_path, url, prometheus)
+    with release.exclusive(model, "guard"):
+        _guard(release, model, duration_s, past_gate)
 
 
-def _guard(release: Release, model: str, duration_s: float | None) -> None:
-    verdict = release.guard(model, duration_s)
+def _guard(release: Release, model: str, duration_s: float | None, past_gate: bool = False) -> None:
+    verdict = release.guard(model, duration_s, past_gate=past_gate)
+    if verdict.action in (PROMOTED, GATED):
+        output.stdout().print(escape(f"{verdict.action}: {verdict.reason}"))
+        return
     if verdict.action == ROLLBACK:
         output.stderr().print(escape(f"rolled back: {verdict.reason}"))
         raise typer.Exit(ExitCode.POLICY_VIOLATION)
@@ -128,7 +152,9 @@ def promote(
 ) -> None:
     """Make NAME's canary the stable version on every replica."""
     check_name(model)
-    version = _release(stack, stack_file_path, url).promote(model)
+    release = _release(stack, stack_file_path, url)
+    with release.exclusive(model, "promote"):
+        version = release.promote(model)
     output.stdout().print(escape(f"{version.reference} serves every request"))
 
 
@@ -138,7 +164,9 @@ def rollback(
 ) -> None:
     """Take NAME's canary out; with no canary, put the previous stable version back."""
     check_name(model)
-    serving = _release(stack, stack_file_path, url).rollback(model)
+    release = _release(stack, stack_file_path, url)
+    with release.exclusive(model, "rollback"):
+        serving = release.rollback(model)
     what = serving.reference if serving else "the stack's own model (serving.model)"
     output.stdout().print(escape(f"{what} serves every request"))
 
@@ -152,8 +180,8 @@ def status(
     prometheus: PrometheusUrl = None,
     json_output: JsonFlag = False,
 ) -> None:
-    """NAME's stable and canary versions: share, requests and 5xx answers at the gateway since it started,
-    p95 latency over serving.canary.interval_s."""
+    """NAME's stable and canary versions: share, requests and failed answers (4xx, 5xx, aborted) at the
+    gateways (summed, each since it started), p95 latency over serving.canary.interval_s."""
     check_name(model)
     release = _release(stack, stack_file_path, url, prometheus)
     figures = release.figures()
@@ -173,15 +201,31 @@ def status(
                 "version": version.reference if version else ("serving.model" if alias == CHAMPION else None),
                 "share_percent": share,
                 "requests": figures.requests[backend],
-                "errors_5xx": figures.errors[backend],
+                "errors": figures.errors[backend],
                 "servers_up": figures.servers_up[backend],
                 "p95_ms": None if p95[backend] is None else round(1000 * (p95[backend] or 0), 1),
             }
         )
     previous = release.aliased(model, PREVIOUS)
+    replicas = [
+        {
+            "node": r.node,
+            "slot": r.slot,
+            "port": r.port,
+            "serves": _served(r.answering, r.version),
+        }
+        for r in release.replicas_serving()
+    ]
+    record = release.recorded(model)
     if json_output:
         output.print_json(
-            {"model": model, "versions": rows, "previous": previous.reference if previous else None}
+            {
+                "model": model,
+                "versions": rows,
+                "previous": previous.reference if previous else None,
+                "replicas": replicas,
+                "release": record,
+            }
         )
         return
     table = [
@@ -190,7 +234,7 @@ def status(
             str(r["version"] or "-"),
             f"{r['share_percent']} %",
             str(r["requests"]),
-            str(r["errors_5xx"]),
+            str(r["errors"]),
             str(r["servers_up"]),
             "-" if r["p95_ms"] is None else f"{r['p95_ms']:.0f} ms",
         ]
@@ -200,5 +244,28 @@ def status(
         f" (previous: {previous.reference})" if previous else ""
     )
     output.stdout().print(
-        output.table(title, ["role", "version", "share", "requests", "5xx", "servers up", "p95"], table)
+        output.table(title, ["role", "version", "share", "requests", "errors", "servers up", "p95"], table)
     )
+    if record is not None:
+        at_share = "" if record.get("canary_percent") is None else f" at {record['canary_percent']} %"
+        output.stdout().print(
+            escape(
+                f"release: {record.get('phase')}{at_share}: {record.get('detail')} "
+                f"({record.get('at')}, {record.get('by')})"
+            )
+        )
+    output.stdout().print(
+        output.table(
+            "what each replica serves (its own /metrics)",
+            ["node", "slot", "port", "serves"],
+            [[r["node"], r["slot"], str(r["port"]), str(r["serves"])] for r in replicas],
+        )
+    )
+
+
+def _served(answering: bool, version: str | None) -> str:
+    if not answering:
+        return "not answering"
+    if version is None:
+        return "unknown (its server names no version)"
+    return version or "serving.model"

@@ -9,7 +9,8 @@ two servers weighted 4:1 took 150 and 150 of 300 sequential requests; a map with
 of 300 to the canary).
 
     gpuplat_gateway_canary.py share PERCENT   draws 0..PERCENT-1 to the canary, the rest to the stable version
-    gpuplat_gateway_canary.py show            the share and each version's requests and errors so far (JSON)
+    gpuplat_gateway_canary.py show            the share and each version's requests and failed answers so far
+                                              (4xx, 5xx and aborted; JSON)
 
 `share` changes only the draws that move, through the runtime API (`set map <file> <draw> <backend>`, no
 reload, answered with an empty line), then rewrites the map file so a reload keeps the share. A share
@@ -56,14 +57,23 @@ def parse_map(text: str) -> dict[int, str]:
     return entries
 
 
+# `show stat` fields (HAProxy 2.6 doc/management.txt, section 9.1, fields 42, 43, 49, 50): hrsp_4xx and
+# hrsp_5xx count answers by status; cli_abrt and srv_abrt the transfers the client or the server aborted (an
+# answer cut off mid-stream, its status already counted or never sent).
+ERROR_FIELDS = ("hrsp_4xx", "hrsp_5xx", "cli_abrt", "srv_abrt")
+
+
 def backend_figures(api: RuntimeApi) -> dict[str, dict[str, int]]:
-    """Requests, 5xx answers and servers up of each version's backend, since HAProxy started."""
+    """Requests, failed answers (4xx, 5xx, aborted: `errors`, at most `requests`; `errors_5xx` of them 5xx)
+    and servers up of each version's backend, since HAProxy started."""
     figures = {}
     for backend in (STABLE, CANARY):
         rows = api.stats(backend)
         total = rows.get("BACKEND", {})
+        requests = int(total.get("stot") or 0)
         figures[backend] = {
-            "requests": int(total.get("stot") or 0),
+            "requests": requests,
+            "errors": min(requests, sum(int(total.get(field) or 0) for field in ERROR_FIELDS)),
             "errors_5xx": int(total.get("hrsp_5xx") or 0),
             "servers_up": sum(
                 1
