@@ -16,6 +16,9 @@ LABEL_TEAM = "gpuplat/team"
 LABEL_COMPONENT = "gpuplat/component"
 LABEL_STACK = "gpuplat/stack"
 GPU_RESOURCE = "nvidia.com/gpu"
+# The quota-only resource a team's cap across flavors is counted in (Kueue's resource transformation adds
+# one per GPU requested: infra.k8s.operators); a qualified name outside kubernetes.io, which is reserved.
+TEAM_GPU_RESOURCE = "gpuplat/team-gpus"
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
 SYSTEM_NAMESPACE = "gpuplat-system"
 MONITORING_NAMESPACE = "monitoring"

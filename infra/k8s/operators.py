@@ -20,10 +20,12 @@ from infra.data.models import Sourced
 from infra.errors.problems import spec_error
 from infra.k8s.facts import AUTOSCALER_NAMESPACE, AUTOSCALER_SERVICE_ACCOUNT, ClusterFacts
 from infra.k8s.objects import (
+    GPU_RESOURCE,
     LABEL_POOL,
     LABEL_ROLE,
     LABEL_TEAM,
     MONITORING_NAMESPACE,
+    TEAM_GPU_RESOURCE,
     HelmRelease,
     tolerations,
 )
@@ -379,6 +381,16 @@ KUEUE_WAIT_FOR_PODS_READY: dict[str, Any] = {
 }
 
 
+# Every GPU a workload requests also counts one TEAM_GPU_RESOURCE (the GPU itself is kept: Retain), the
+# quota-only resource a ClusterQueue's cap across flavors is written in (infra.k8s.queues).
+# apis/config/v1beta2/configuration_types.go:597-632 at v0.19.2.
+KUEUE_TEAM_GPU_TRANSFORMATION: dict[str, Any] = {
+    "input": GPU_RESOURCE,
+    "strategy": "Retain",
+    "outputs": {TEAM_GPU_RESOURCE: "1"},
+}
+
+
 def kueue_manager_config() -> dict[str, Any]:
     """Kueue's Configuration (apis/config/v1beta2/configuration_types.go at v0.19.2).
 
@@ -396,7 +408,10 @@ def kueue_manager_config() -> dict[str, Any]:
         "fairSharing": {"preemptionStrategies": ["LessThanOrEqualToFinalShare", "LessThanInitialShare"]},
         "waitForPodsReady": KUEUE_WAIT_FOR_PODS_READY,
         "integrations": {"frameworks": list(KUEUE_FRAMEWORKS)},
-        "resources": {"quotaCheckStrategy": KUEUE_QUOTA_CHECK_STRATEGY},
+        "resources": {
+            "quotaCheckStrategy": KUEUE_QUOTA_CHECK_STRATEGY,
+            "transformations": [KUEUE_TEAM_GPU_TRANSFORMATION],
+        },
     }
 
 

@@ -25,6 +25,7 @@ from infra.k8s.operators import (
     KUBERNETES_FILE,
     KUEUE_NAMESPACE,
     PROMETHEUS_URL,
+    kueue_manager_config,
     load_kubernetes_data,
     releases,
 )
@@ -364,3 +365,14 @@ def test_data_file_with_a_missing_field_names_file_and_field(tmp_path: Path) -> 
         load_kubernetes_data(broken)
     assert str(broken) in raised.value.message
     assert "charts.kueue.version" in raised.value.message
+
+
+def test_kueue_counts_every_gpu_once_more_in_the_team_cap_resource() -> None:
+    """The cap across flavors (infra.k8s.queues) is written in TEAM_GPU_RESOURCE: Kueue's transformation
+    must add one per GPU and keep the GPU itself."""
+    (transformation,) = kueue_manager_config()["resources"]["transformations"]
+    assert transformation == {
+        "input": "nvidia.com/gpu",
+        "strategy": "Retain",
+        "outputs": {"gpuplat/team-gpus": "1"},
+    }

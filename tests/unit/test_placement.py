@@ -91,14 +91,23 @@ def test_each_team_queue_lists_its_flavors_in_its_order_and_moves_on_when_full(
         assert_accepted(queue)
 
 
-def test_a_cost_first_team_reaches_the_cheap_pool_before_its_cap_runs_out(mixed: ResolvedPlatform) -> None:
-    """The cap is taken flavor by flavor in the team's own order: product (cost first; 16 of its cap of 24
-    on demand, 8 on spot) holds its on-demand part on the 16 L40S GPUs and none on the H100s; research
-    (performance first) reaches all 32 H100s first, then the L40S GPUs."""
+def test_every_flavor_keeps_its_whole_pool_within_the_team_part_so_the_fallback_works(
+    mixed: ResolvedPlatform,
+) -> None:
+    """Issue 51: splitting the cap per flavor gave product (16 on demand, 8 spot) 16 on L40S and 0 on the
+    H100s, so 'falls back to H100 when L40S is full' never happened. Each flavor now reaches its whole
+    pool or the team's part of the cap, and the cap across flavors is the quota-only group's."""
     reach = {(q.team, q.flavor): q.nominal + q.borrowing_limit for q in quota_plan(mixed).teams}
-    assert reach["product", "train-l40s"] == 16
-    assert reach["product", "train"] == 0 and reach["product", "train-spot"] == 8
-    assert reach["research", "train"] == 32 and reach["research", "train-l40s"] == 16
+    assert reach["product", "train-l40s"] == 16 and reach["product", "train"] == 16
+    assert reach["product", "train-spot"] == 8
+    assert (reach["research", "train"], reach["research", "train-l40s"], reach["research", "train-spot"]) == (
+        32,
+        16,
+        32,
+    )
+    queues = {o["metadata"]["name"]: o for o in queue_objects(mixed) if o["kind"] == "ClusterQueue"}
+    cap = queues["research"]["spec"]["resourceGroups"][1]["flavors"][0]["resources"][0]
+    assert (cap["name"], cap["nominalQuota"], cap["borrowingLimit"]) == ("gpuplat/team-gpus", 48, 0)
 
 
 def test_an_unknown_preference_is_refused_naming_the_field(write_stack: Callable[..., Path]) -> None:
