@@ -48,6 +48,7 @@ PROMETHEUS_RELEASE = "prometheus"
 PROMETHEUS_PORT = 80
 PROMETHEUS_URL = f"http://{PROMETHEUS_RELEASE}-server.{MONITORING_NAMESPACE}.svc:{PROMETHEUS_PORT}"
 
+KUEUE_RELEASE = "kueue"
 KUEUE_CONFIG_API_VERSION = "config.kueue.x-k8s.io/v1beta2"
 # Kueue 0.19 labels a job that names no queue with its namespace's LocalQueue of this name, if one
 # exists (LocalQueueDefaulting: GA and locked in 0.17, gate removed in 0.19;
@@ -421,4 +422,4 @@ def _kueue(platform: ResolvedPlatform, chart: Chart) -> HelmRelease:
         "controllerManager": _on_service_pool(platform),
         "managerConfig": {"controllerManagerConfigYaml": config},
     }
-    return _release("kueue", chart, KUEUE_NAMESPACE, values, provides=("kueue.x-k8s.io",))
+    return _release(KUEUE_RELEASE, chart, KUEUE_NAMESPACE, values, provides=("kueue.x-k8s.io",))

@@ -15,12 +15,18 @@ from infra.k8s.objects import (
     monitoring_peer,
     team_namespace,
 )
+from infra.k8s.operators import KUEUE_RELEASE
 from infra.k8s.training import SHARED_CLAIM, training_config
 from infra.platform.resolve import ResolvedPlatform
 from infra.spec.models import Team
 
-# The aggregated ClusterRole Kubernetes ships for read/write use of a namespace (no RBAC or quota edits).
-TEAM_CLUSTER_ROLE = "edit"
+# The aggregated ClusterRole Kubernetes ships for read/write use of a namespace (no RBAC or quota edits),
+# and Kueue's role for batch users: it aggregates the chart's editor roles of every job kind Kueue runs,
+# JobSets included, which nothing aggregates into `edit` (Kueue's jobset editor carries only the
+# batch-user label, JobSet's own chart none: charts/kueue/templates/rbac/batch_user_role.yaml and
+# jobset_editor_role.yaml at v0.19.2; charts/jobset/templates/rbac/jobset_editor_role.yaml at v0.12.0).
+# Its name is `<fullname>-batch-user-role`, the fullname the release name "kueue" (_helpers.tpl:29-40).
+TEAM_CLUSTER_ROLES = ("edit", f"{KUEUE_RELEASE}-batch-user-role")
 FSX_CSI_DRIVER = "fsx.csi.aws.com"
 
 
@@ -34,21 +40,24 @@ def team_group(team: str) -> str:
     return f"gpuplat:{team}"
 
 
-def _role_binding(team: Team) -> Manifest:
+def _role_bindings(team: Team) -> list[Manifest]:
     """The team's users (user names as the cluster's authenticator reports them) and the group
-    `gpuplat:<team>` for identity providers that send groups."""
+    `gpuplat:<team>` for identity providers that send groups, bound to each TEAM_CLUSTER_ROLES role."""
     subjects = [
         {"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"} for user in team.users
     ]
     subjects.append({"kind": "Group", "name": team_group(team.name), "apiGroup": "rbac.authorization.k8s.io"})
-    return k8s_object(
-        "rbac.authorization.k8s.io/v1",
-        "RoleBinding",
-        "team-members",
-        team_namespace(team.name),
-        roleRef={"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": TEAM_CLUSTER_ROLE},
-        subjects=subjects,
-    )
+    return [
+        k8s_object(
+            "rbac.authorization.k8s.io/v1",
+            "RoleBinding",
+            "team-members" if role == "edit" else f"team-members-{role}",
+            team_namespace(team.name),
+            roleRef={"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            subjects=subjects,
+        )
+        for role in TEAM_CLUSTER_ROLES
+    ]
 
 
 def _gpu_quota(team: Team) -> Manifest:
@@ -127,7 +136,7 @@ def shared_volume_objects(platform: ResolvedPlatform, volume: SharedVolume, name
 def team_objects(platform: ResolvedPlatform, facts: ClusterFacts) -> list[Manifest]:
     objects: list[Manifest] = []
     for team in platform.spec.scheduler.teams:
-        objects += [_namespace(team), _role_binding(team), _gpu_quota(team), _network_policy(team)]
+        objects += [_namespace(team), *_role_bindings(team), _gpu_quota(team), _network_policy(team)]
         objects.append(training_config(platform, team.name))
         objects += shared_volume_objects(platform, facts.shared_volume, team_namespace(team.name))
     return objects
