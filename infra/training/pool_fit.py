@@ -12,7 +12,7 @@ from typing import Any
 
 from infra.data.models import GIB
 from infra.platform.resolve import ResolvedPlatform
-from infra.scheduling.placement import speed_key
+from infra.scheduling.placement import speed_key, usd_per_gpu_step
 from infra.training.sizing import SizingResult, node_fits, nodes_needed
 
 
@@ -38,7 +38,8 @@ class PoolFit:
 
 def pool_fits(platform: ResolvedPlatform, result: SizingResult) -> list[PoolFit]:
     rows: list[dict[str, Any]] = []
-    for pool in platform.pools_with_role("train"):
+    pools = {p.name: p for p in platform.pools_with_role("train")}
+    for pool in pools.values():
         node = pool.node_type
         gpu = node.gpu.model if node.gpu else "-"
         tflops = speed_key(pool)[0] or None
@@ -70,9 +71,12 @@ def pool_fits(platform: ResolvedPlatform, result: SizingResult) -> list[PoolFit]
         )
     fitting = [r for r in rows if r["fits"] and r["bf16_dense_tflops"]]
     fastest = max((r["bf16_dense_tflops"] for r in fitting), default=None)
-    # $ per step in units of the fastest pool's step: the pool's $/h times its step-time ratio.
     step_ratio = {r["pool"]: fastest / r["bf16_dense_tflops"] for r in fitting} if fastest else {}
-    per_step = {r["pool"]: r["usd_per_hour"] * step_ratio[r["pool"]] for r in fitting}
+    # $ per step: the run's GPUs times what one costs per step there (the cost-first placement's key).
+    per_step = {
+        r["pool"]: r["nodes"] * pools[r["pool"]].gpus_per_node * usd_per_gpu_step(pools[r["pool"]])
+        for r in fitting
+    }
     cheapest = min(per_step.values(), default=None)
     return [
         PoolFit(

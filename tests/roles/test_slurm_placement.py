@@ -30,9 +30,10 @@ from tests.unit.test_placement import two_gpu_types  # noqa: E402
 
 
 def with_job_class(platform: dict[str, Any]) -> None:
-    """aws-prod with an L40S pool: research performance-first, product cost-first, eval none; a fastest
-    job class."""
+    """aws-prod with an L40S pool: research performance-first, product L40S first (a list: cost first is
+    H100 first too, by $ per step), eval none; a fastest job class."""
     two_gpu_types(platform)
+    platform["scheduler"]["teams"][1]["placement"] = ["train-l40s"]
     platform["scheduler"]["job_classes"] = [{"name": "fastest", "placement": "performance"}]
 
 
@@ -156,12 +157,12 @@ def test_the_scheduler_scenario_gives_the_roles_what_infra_gives_them(mixed: Res
 
 
 def test_a_job_class_gives_its_own_order_whatever_the_team(write_stack: Callable[..., Path]) -> None:
-    """A class whose order is not the stack's (cost first: L40S before H100) sends every team's jobs in
-    its partition that way, the performance-first team's too; each class keeps its own."""
+    """A class whose order is not the stack's (L40S before H100) sends every team's jobs in its partition
+    that way, the performance-first team's too; each class keeps its own."""
 
     def two_classes(platform: dict[str, Any]) -> None:
         with_job_class(platform)
-        platform["scheduler"]["job_classes"].append({"name": "cheapest", "placement": "cost"})
+        platform["scheduler"]["job_classes"].append({"name": "cheapest", "placement": ["train-l40s"]})
 
     values = slurm.slurm_vars(load_platform(write_stack("aws-prod", two_classes)))
     assert values["slurm_placement"]["cheapest"] == {"accounts": {}, "order": ["gpu_l40s", "gpu_h100"]}
