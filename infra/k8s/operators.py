@@ -54,7 +54,11 @@ KUEUE_CONFIG_API_VERSION = "config.kueue.x-k8s.io/v1beta2"
 # exists (LocalQueueDefaulting: GA and locked in 0.17, gate removed in 0.19;
 # pkg/controller/constants/constants.go, DefaultLocalQueueName, at v0.19.2).
 DEFAULT_LOCAL_QUEUE = "default"
-KUEUE_FRAMEWORKS = ("batch/job", "jobset.x-k8s.io/jobset")
+# `pod`, `deployment` and `statefulset` too: a bare Pod, Deployment or StatefulSet in a team namespace
+# that asks for GPUs waits for its queue like a Job, so nothing a member can create skips the quota and
+# fair sharing (apis/config/v1beta2/configuration_types.go:540-557; pkg/controller/jobs/pod,
+# deployment, statefulset at v0.19.2: the last two need pod's integration, which they enable).
+KUEUE_FRAMEWORKS = ("batch/job", "jobset.x-k8s.io/jobset", "pod", "deployment", "statefulset")
 # Quota is checked only for the resources a ClusterQueue covers (infra.k8s.queues covers GPUs only);
 # feature gate QuotaCheckStrategy is beta and on by default in 0.19 (pkg/features/kube_features.go).
 KUEUE_QUOTA_CHECK_STRATEGY = "IgnoreUndeclared"

@@ -117,7 +117,7 @@ def serving_objects(platform: ResolvedPlatform, facts: ClusterFacts) -> list[Man
     config = _gateway_config(platform, serving, namespace, gateways)
     return [
         k8s_object("v1", "Namespace", namespace),
-        *shared_volume_objects(platform, facts.shared_volume, namespace),
+        *shared_volume_objects(platform, facts.shared_volume, namespace, read_only=True),
         k8s_object("v1", "ServiceAccount", MODEL_SERVER_ACCOUNT, namespace),
         _model_server(platform, serving, layout, namespace, version, facts),
         _model_server_service(layout, namespace),
@@ -279,7 +279,12 @@ def _model_server_container(
         # The shared filesystem at its path on the nodes: a model path of the stack is the same here.
         "volumeMounts": [
             {"name": "dshm", "mountPath": "/dev/shm"},
-            {"name": SHARED_CLAIM, "mountPath": platform.spec.storage.parallel_fs.mount_path},
+            # Read only: the model server reads weights; no team's files are its to change.
+            {
+                "name": SHARED_CLAIM,
+                "mountPath": platform.spec.storage.parallel_fs.mount_path,
+                "readOnly": True,
+            },
         ],
     }
     container["env"] = _environment(platform, serving, pool, layout, model)
@@ -315,7 +320,7 @@ def _model_server_pod(
         "volumes": [
             # NCCL and Ray keep their buffers in /dev/shm: in memory, a quarter of the pod's at most.
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{max(1, memory_gib // 4)}Gi"}},
-            {"name": SHARED_CLAIM, "persistentVolumeClaim": {"claimName": SHARED_CLAIM}},
+            {"name": SHARED_CLAIM, "persistentVolumeClaim": {"claimName": SHARED_CLAIM, "readOnly": True}},
         ],
     }
     pool_tolerations = tolerations(pool)

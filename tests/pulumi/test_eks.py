@@ -232,7 +232,9 @@ def test_one_node_group_per_pool_on_its_own_template(eks: Recording, platform: R
     assert groups["aws-k8s-train-spot-ng"]["taints"] == [
         {"key": "gpuplat/spot", "value": "true", "effect": "NO_SCHEDULE"}
     ]
-    assert groups["aws-k8s-train-ng"]["taints"] == []
+    assert groups["aws-k8s-train-ng"]["taints"] == [
+        {"key": "gpuplat/training", "value": "true", "effect": "NO_SCHEDULE"}
+    ]
 
 
 def test_templates_leave_to_eks_what_the_node_group_owns(eks: Recording) -> None:

@@ -127,6 +127,7 @@ VARIANTS: dict[str, tuple[str, Mutate | None, Program | None]] = {
         None,
     ),
     "spot-not-interruptible": ("aws-k8s", _set("pool:train-spot.interruptible", False), None),
+    "untainted-gpu-pool": ("aws-k8s", _set("pool:train.taints", []), None),
     "model-server-on-training": (
         "aws-k8s",
         None,
@@ -218,6 +219,7 @@ REFUSALS = [
     ("train-tolerates-inference", "k8s-isolation", "ResourceFlavor train"),
     ("team-quota-above-gpus", "k8s-quotas", "ResourceQuota team-research/gpus"),
     ("spot-not-interruptible", "k8s-spot-flavors", "ResourceFlavor train-spot"),
+    ("untainted-gpu-pool", "k8s-isolation", "pool train"),
     ("queue-names-unknown-flavor", "k8s-quotas", "ClusterQueue research"),
     ("model-server-on-training", "k8s-isolation", "Deployment serving/model-server"),
     ("model-server-anywhere", "k8s-isolation", "Deployment serving/model-server"),

@@ -172,7 +172,7 @@ def test_crd_providing_charts_match_the_crd_release_tags(
 def test_gpu_operator_daemonsets_tolerate_every_gpu_pool_taint(aws_k8s: ResolvedPlatform) -> None:
     values = by_name(releases(aws_k8s, fsx_facts(CLUSTER_NAME)))["gpu-operator"].values
     gpu_taints = [t for pool in aws_k8s.pools if pool.role in ("train", "infer") for t in taints(pool)]
-    assert len(gpu_taints) == 2  # train-spot and infer are tainted in aws-k8s
+    assert len(gpu_taints) == 3  # every GPU pool is tainted in aws-k8s
     lists = {
         "daemonsets": values["daemonsets"]["tolerations"],
         "node-feature-discovery worker": values["node-feature-discovery"]["worker"]["tolerations"],
@@ -256,7 +256,14 @@ def test_kueue_queues_every_team_job_with_fair_sharing(aws_k8s: ResolvedPlatform
     config = kueue_config(releases(aws_k8s, fsx_facts(CLUSTER_NAME)))
     assert config["manageJobsWithoutQueueName"] is True
     assert config["fairSharing"]["preemptionStrategies"]
-    assert config["integrations"]["frameworks"] == ["batch/job", "jobset.x-k8s.io/jobset"]
+    # Bare Pods, Deployments and StatefulSets too (issue 51, item 7): nothing skips the quota.
+    assert config["integrations"]["frameworks"] == [
+        "batch/job",
+        "jobset.x-k8s.io/jobset",
+        "pod",
+        "deployment",
+        "statefulset",
+    ]
     assert config["resources"]["quotaCheckStrategy"] == "IgnoreUndeclared"
     assert DEFAULT_LOCAL_QUEUE == "default"
 

@@ -157,7 +157,7 @@ def test_flavors_select_their_pool_and_tolerate_its_taints(aws_k8s: ResolvedPlat
         "gpuplat/capacity": "spot",
     }
     assert flavors["train-spot"]["tolerations"][0]["key"] == "gpuplat/spot"
-    assert "tolerations" not in flavors["train"]
+    assert flavors["train"]["tolerations"][0]["key"] == "gpuplat/training"  # every GPU pool is tainted
     # Every queue lists the autoscaled spot pool too, which cannot use topology: no queue does.
     assert "topologyName" not in flavors["train"]
 

@@ -262,20 +262,26 @@ def test_headless_service_lists_each_replicas_api_pod(
     assert service["selector"] == selector
 
 
-def test_fsx_is_a_static_volume_bound_to_a_claim_in_the_serving_namespace(aws: ResolvedPlatform) -> None:
+def test_fsx_is_a_read_only_static_volume_bound_to_a_claim_in_the_serving_namespace(
+    aws: ResolvedPlatform,
+) -> None:
     objects = objects_of(aws)
     volume = find(objects, "PersistentVolume", "aws-k8s-serving-shared")["spec"]
     assert volume["csi"] == {
         "driver": "fsx.csi.aws.com",
         "volumeHandle": "fs-0123456789abcdef0",
+        "readOnly": True,
         "volumeAttributes": {"dnsname": "fs-0123.fsx.example", "mountname": "abcdef"},
     }
+    assert volume["accessModes"] == ["ReadOnlyMany"]
     claim = find(objects, "PersistentVolumeClaim", "shared")
     assert claim["metadata"]["namespace"] == "serving"
     assert claim["spec"]["volumeName"] == "aws-k8s-serving-shared"
     pod = pod_templates(model_server(objects))[0]["spec"]
-    assert {"name": "shared", "persistentVolumeClaim": {"claimName": "shared"}} in pod["volumes"]
-    assert {"name": "shared", "mountPath": "/fsx"} in pod["containers"][0]["volumeMounts"]
+    assert {"name": "shared", "persistentVolumeClaim": {"claimName": "shared", "readOnly": True}} in pod[
+        "volumes"
+    ]
+    assert {"name": "shared", "mountPath": "/fsx", "readOnly": True} in pod["containers"][0]["volumeMounts"]
     shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
     assert shm["emptyDir"]["medium"] == "Memory"
 
@@ -285,7 +291,9 @@ def test_host_path_filesystem_is_the_nodes_mount(onprem: ResolvedPlatform) -> No
     volume = find(objects, "PersistentVolume", "onprem-k8s-serving-shared")["spec"]
     assert volume["hostPath"] == {"path": "/lustre", "type": "Directory"}
     for template in pod_templates(model_server(objects)):
-        assert {"name": "shared", "mountPath": "/lustre"} in template["spec"]["containers"][0]["volumeMounts"]
+        assert {"name": "shared", "mountPath": "/lustre", "readOnly": True} in template["spec"]["containers"][
+            0
+        ]["volumeMounts"]
 
 
 @pytest.mark.parametrize(("stack", "pods"), [("aws", 2), ("onprem", 2)])

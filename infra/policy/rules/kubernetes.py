@@ -124,6 +124,14 @@ def check_kubernetes_isolation(index: ResourceIndex, ctx: PolicyContext) -> Iter
         return
     infer_pools, infer_taints = _inference(platform)
     train_taints = {t.key for p in platform.pools_with_role("train") for t in p.spec.taints}
+    for pool in platform.pools_with_role("train"):
+        if pool.gpus_per_node and not any(t.effect in ("NoSchedule", "NoExecute") for t in pool.spec.taints):
+            yield Finding(
+                f"pool {pool.name}",
+                f"training pool {pool.name!r} has GPUs and no NoSchedule or NoExecute taint: a pod Kueue "
+                "never admitted (another namespace's, a DaemonSet's) can take its GPU nodes; taint it (the "
+                "flavor then tolerates the taint for the jobs Kueue admits)",
+            )
     serving = serving_namespace(platform)
     for view in kubernetes_objects(index):
         namespace = _meta(view, "namespace")
