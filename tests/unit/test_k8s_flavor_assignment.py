@@ -118,3 +118,23 @@ def test_a_queue_uses_topology_on_all_its_flavors_or_none(platform: ResolvedPlat
 def test_a_stack_of_fixed_efa_pools_keeps_topology_for_every_queue(write_stack: Callable[..., Path]) -> None:
     platform = load_platform(write_stack("aws-k8s", _without_spot))
     assert topology_queues(platform) == {t.name for t in platform.spec.scheduler.teams}
+
+
+def test_each_team_example_asks_for_no_more_than_the_team_may_hold(platform: ResolvedPlatform) -> None:
+    """Issue 51, item 6: eval's example asked for 16 GPUs against a reach of 8 and could never run."""
+    for team in platform.spec.scheduler.teams:
+        example = example_jobset(platform, team.name)
+        job = example["spec"]["replicatedJobs"][0]["template"]["spec"]
+        per_pod = job["template"]["spec"]["containers"][0]["resources"]["requests"][GPU_RESOURCE]
+        assert 0 < job["parallelism"] * per_pod <= team.gpu_quota, team.name
+
+
+def test_examples_are_multi_node_where_the_team_reaches_two_nodes() -> None:
+    platform = load_platform(stack_file("aws-k8s"))
+    sizes = {
+        t.name: example_jobset(platform, t.name)["spec"]["replicatedJobs"][0]["template"]["spec"][
+            "parallelism"
+        ]
+        for t in platform.spec.scheduler.teams
+    }
+    assert sizes == {"research": 2, "product": 2, "eval": 1}
