@@ -429,17 +429,19 @@ def _model_server_service(layout: ServingLayout, namespace: str) -> Manifest:
 
 
 def _disruption_budget(serving: Serving, layout: ServingLayout, namespace: str) -> Manifest:
-    """Voluntary disruptions (node drains, the cluster autoscaler removing a node) never take the
-    healthy model-server pods below serving.min_replicas replicas (x the nodes each spans): above that
-    floor pods may be evicted, at it a drain waits. Pods that are not ready (still loading, or broken)
-    may always be evicted, so that they never block a drain."""
+    """Voluntary disruptions (node drains, node-group upgrades, the cluster autoscaler removing a node)
+    evict one model-server pod at a time: a drain always makes progress, and at most one replica is down
+    (a multi-node replica loses its group with any of its pods) while the rest serve. A floor at KEDA's
+    minimum (minAvailable = min_replicas) would allow no eviction at all while the servers run at their
+    minimum, and every drain would stall. Pods that are not ready (still loading, or broken) may always be
+    evicted, so that they never block a drain."""
     return k8s_object(
         "policy/v1",
         "PodDisruptionBudget",
         MODEL_SERVER,
         namespace,
         spec={
-            "minAvailable": serving.min_replicas * layout.nodes,
+            "maxUnavailable": 1,
             "selector": {"matchLabels": _selector(MODEL_SERVER)},
             "unhealthyPodEvictionPolicy": "AlwaysAllow",
         },
