@@ -22,6 +22,7 @@ import yaml
 from infra.k8s.objects import Manifest
 
 CHART_TYPE = "kubernetes:helm.sh/v4:Chart"
+CONFIG_FILE_TYPE = "kubernetes:yaml/v2:ConfigFile"
 # What the offline recording's mocks answer for values a cloud computes at deployment (ids, DNS names).
 _MOCK_VALUE = re.compile(r"(-id$|\.mock\.amazonaws\.com|^mockmnt$|^arn:aws:mock:)")
 
@@ -46,6 +47,8 @@ def dump_all(documents: Iterable[Any]) -> str:
 class RecordedChart:
     name: str
     inputs: dict[str, Any]
+    crd_urls: tuple[str, ...] = ()
+    """CRDs applied before the chart (HelmRelease.crd_urls): a presync hook of its helmfile release."""
 
 
 def _ordered(manifest: Manifest) -> Manifest:
@@ -73,15 +76,25 @@ def _helmfile(charts: list[RecordedChart]) -> tuple[str, dict[str, str]]:
             reference = f"{chart.name}/{reference}"
         values_file = f"{chart.name}.values.yaml"
         values_files[values_file] = dump_all([inputs.get("values") or {}])
-        releases.append(
-            {
-                "name": chart.name,
-                "namespace": inputs.get("namespace"),
-                "chart": reference,
-                "version": inputs.get("version"),
-                "values": [values_file],
-            }
-        )
+        release: dict[str, Any] = {
+            "name": chart.name,
+            "namespace": inputs.get("namespace"),
+            "chart": reference,
+            "version": inputs.get("version"),
+            "values": [values_file],
+        }
+        if chart.crd_urls:
+            # helmfile runs a release's presync hooks before it installs it (helmfile docs, "Hooks").
+            release["hooks"] = [
+                {
+                    "events": ["presync"],
+                    "showlogs": True,
+                    "command": "kubectl",
+                    "args": ["apply", "--server-side", "-f", url],
+                }
+                for url in chart.crd_urls
+            ]
+        releases.append(release)
     document: dict[str, Any] = {}
     if repositories:
         document["repositories"] = [{"name": n, "url": u} for n, u in sorted(repositories.items())]

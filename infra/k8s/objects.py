@@ -93,6 +93,11 @@ def identity(manifest: Manifest) -> str:
     return f"{manifest.get('kind')} {where}{meta.get('name')}"
 
 
+# A chart's CRDs applied from a URL are the resources `<release>-crd-<n>` (infra/k8s/resources.py), which
+# `gpuplat manifests` reads back (infra/cli/commands/manifests.py).
+CRD_SUFFIX = "-crd-"
+
+
 @dataclass(frozen=True)
 class HelmRelease:
     """One operator installed from its Helm chart, at a version pinned in infra/data/kubernetes.yaml."""
@@ -107,3 +112,5 @@ class HelmRelease:
     provides: tuple[str, ...] = ()
     """API groups whose CRDs the chart installs: custom resources of these groups wait for it."""
     source: str = ""
+    crd_urls: tuple[str, ...] = ()
+    """CRDs the chart needs but does not install: applied from these pinned URLs before it."""

@@ -7,6 +7,7 @@ Controllers run on the service pool; node daemonsets tolerate the taints of the 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
@@ -62,6 +63,11 @@ KUEUE_FRAMEWORKS = ("batch/job", "jobset.x-k8s.io/jobset", "pod", "deployment", 
 # Quota is checked only for the resources a ClusterQueue covers (infra.k8s.queues covers GPUs only);
 # feature gate QuotaCheckStrategy is beta and on by default in 0.19 (pkg/features/kube_features.go).
 KUEUE_QUOTA_CHECK_STRATEGY = "IgnoreUndeclared"
+
+PROVISIONING_REQUEST_CRD_URL = (
+    "https://raw.githubusercontent.com/kubernetes/autoscaler/cluster-autoscaler-{version}/"
+    "cluster-autoscaler/apis/config/crd/autoscaling.x-k8s.io_provisioningrequests.yaml"
+)
 
 _SERVICE_NODES = {LABEL_ROLE: "service"}
 _GPU_ROLES = ("train", "infer")
@@ -217,9 +223,20 @@ def _cluster_autoscaler(
         "awsRegion": _region(platform, facts),
         "rbac": {"serviceAccount": {"create": True, "name": AUTOSCALER_SERVICE_ACCOUNT}},
         "image": {"tag": image.tag},
+        # ProvisioningRequests, which Kueue's admission check on autoscaled pools creates (infra.k8s.queues):
+        # the flag and the JSON content type its client needs (cluster-autoscaler/FAQ.md, "How can I use
+        # ProvisioningRequest to run batch workloads", at cluster-autoscaler-1.34.5). The chart's
+        # ClusterRole already grants provisioningrequests (templates/clusterrole.yaml:219-229 at
+        # cluster-autoscaler-chart-9.59.0); the CRD is not in the chart: applied from the image's tag.
+        "extraArgs": {
+            "enable-provisioning-requests": True,
+            "kube-api-content-type": "application/json",
+        },
         **_on_service_pool(platform),
     }
-    return _release("cluster-autoscaler", chart, AUTOSCALER_NAMESPACE, values)
+    release = _release("cluster-autoscaler", chart, AUTOSCALER_NAMESPACE, values)
+    crd = PROVISIONING_REQUEST_CRD_URL.format(version=image.tag.removeprefix("v"))
+    return dataclasses.replace(release, crd_urls=(crd,), provides=("autoscaling.x-k8s.io",))
 
 
 def _fsx_csi_driver(platform: ResolvedPlatform, facts: ClusterFacts, chart: Chart) -> HelmRelease | None:

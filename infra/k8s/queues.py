@@ -48,6 +48,17 @@ from infra.scheduling.slurm import QOS
 from infra.spec.models import Team
 
 KUEUE_API = "kueue.x-k8s.io/v1beta2"
+# Autoscaled pools' flavors are admitted through a ProvisioningRequest (Kueue's built-in admission check,
+# GA since v0.14: site/content/en/docs/concepts/admission_check/provisioning_request.md at v0.19.2): Kueue
+# reserves the quota, asks the cluster autoscaler for room for every pod of the workload at once, and
+# admits (creates pods) only when it answers Provisioned. The class scales up for the whole request
+# (cluster-autoscaler FAQ, "Supported ProvisioningClasses", 1.34.5); on AWS the node group's
+# AtomicIncreaseSize is not implemented (cloudprovider/aws/aws_cloud_provider.go:287-290), so the scale-up
+# is one request for all the nodes, not a guarantee EC2 delivers them all: waitForPodsReady still bounds
+# a partial delivery. A failed request is retried with back-off (retryStrategy's defaults).
+PROVISIONING_CHECK = "autoscaled-capacity"
+PROVISIONING_CONTROLLER = "kueue.x-k8s.io/provisioning-request"
+PROVISIONING_CLASS = "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
 # The flavor that provides the quota-only TEAM_GPU_RESOURCE: it selects no nodes.
 TEAM_CAP_FLAVOR = "team-gpu-cap"
 # A job in a team namespace without a kueue.x-k8s.io/queue-name label goes to this LocalQueue.
@@ -87,6 +98,38 @@ def uses_topology(platform: ResolvedPlatform, pool: ResolvedPool) -> bool:
     k8s = platform.spec.kubernetes
     fixed = pool.spec.min_nodes == pool.spec.max_nodes
     return k8s is not None and k8s.distribution == "eks" and platform.uses_efa(pool) and fixed
+
+
+def provisioned_flavors(platform: ResolvedPlatform) -> list[str]:
+    """The training pools that scale (min < max) where the cluster autoscaler runs: their workloads wait
+    for a ProvisioningRequest."""
+    k8s = platform.spec.kubernetes
+    if k8s is None or k8s.scaler != "cluster-autoscaler":
+        return []
+    return [p.name for p in training_flavors(platform) if p.spec.min_nodes < p.spec.max_nodes]
+
+
+def _provisioning_objects() -> list[Manifest]:
+    config = k8s_object(
+        KUEUE_API,
+        "ProvisioningRequestConfig",
+        PROVISIONING_CHECK,
+        spec={"provisioningClassName": PROVISIONING_CLASS, "managedResources": [GPU_RESOURCE]},
+    )
+    check = k8s_object(
+        KUEUE_API,
+        "AdmissionCheck",
+        PROVISIONING_CHECK,
+        spec={
+            "controllerName": PROVISIONING_CONTROLLER,
+            "parameters": {
+                "apiGroup": "kueue.x-k8s.io",
+                "kind": "ProvisioningRequestConfig",
+                "name": PROVISIONING_CHECK,
+            },
+        },
+    )
+    return [config, check]
 
 
 def narrowest_network_level() -> str:
@@ -252,11 +295,18 @@ def _cluster_queue(platform: ResolvedPlatform, team: Team, plan: QuotaPlan) -> M
     groups = [_resource_group(quotas)]
     if needs_cap_group(platform, team):
         groups.append(_resource_group({TEAM_CAP_FLAVOR: (team.gpu_quota, 0)}, TEAM_GPU_RESOURCE))
+    checks: dict[str, object] = {}
+    provisioned = [f for f in provisioned_flavors(platform) if f in quotas]
+    if provisioned:
+        checks["admissionChecksStrategy"] = {
+            "admissionChecks": [{"name": PROVISIONING_CHECK, "onFlavors": provisioned}]
+        }
     return k8s_object(
         KUEUE_API,
         "ClusterQueue",
         team.name,
         spec={
+            **checks,
             "cohortName": cohort_name(platform),
             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": team_namespace(team.name)}},
             "resourceGroups": groups,
@@ -297,6 +347,8 @@ def queue_objects(platform: ResolvedPlatform) -> list[Manifest]:
     objects += [_flavor(platform, pool, topology) for pool in training_flavors(platform)]
     if any(needs_cap_group(platform, t) for t in teams):
         objects.append(_cap_flavor())
+    if provisioned_flavors(platform):
+        objects += _provisioning_objects()
     objects.append(_cohort(platform, plan))
     objects += [_cluster_queue(platform, t, plan) for t in teams]
     objects += [

@@ -15,7 +15,7 @@ from pulumi_kubernetes import _utilities as k8s_utilities
 from infra.k8s.facts import ClusterFacts
 from infra.k8s.layer import kubernetes_layer
 from infra.k8s.nodes import merged_taints
-from infra.k8s.objects import HelmRelease, Manifest
+from infra.k8s.objects import CRD_SUFFIX, HelmRelease, Manifest
 from infra.platform.resolve import ResolvedPlatform
 
 
@@ -110,11 +110,15 @@ class KubernetesPlatform(pulumi.ComponentResource):
         }
         if release.repository:
             args["repository_opts"] = {"repo": release.repository}
+        crds: list[pulumi.Resource] = [
+            k8s.yaml.v2.ConfigFile(f"{release.name}{CRD_SUFFIX}{index}", file=url, opts=child)
+            for index, url in enumerate(release.crd_urls)
+        ]
         return k8s.helm.v4.Chart(
             release.name,
             **args,
             opts=pulumi.ResourceOptions.merge(
-                child, pulumi.ResourceOptions(depends_on=self._after(release.namespace))
+                child, pulumi.ResourceOptions(depends_on=[*self._after(release.namespace), *crds])
             ),
         )
 

@@ -71,3 +71,13 @@ def test_eks_stacks_have_no_ansible_inventory() -> None:
     assert result.returncode == 2
     assert "EKS" in result.stderr and "Traceback" not in result.stderr
     assert gpuplat("inventory", "--stack", "onprem-k8s").returncode == 0
+
+
+def test_the_helmfile_applies_the_autoscalers_crd_before_its_release(tmp_path: Path) -> None:
+    result = gpuplat("manifests", "--stack", "aws-k8s", "--output", str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr
+    helmfile = documents(tmp_path / "out" / "operators" / "helmfile.yaml")[0]
+    (release,) = [r for r in helmfile["releases"] if r["name"] == "cluster-autoscaler"]
+    (hook,) = release["hooks"]
+    assert hook["events"] == ["presync"] and hook["command"] == "kubectl"
+    assert hook["args"][-1].endswith("autoscaling.x-k8s.io_provisioningrequests.yaml")

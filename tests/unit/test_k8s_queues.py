@@ -219,3 +219,40 @@ def test_every_team_namespace_gets_a_default_local_queue_and_only_v1beta2(aws_k8
     assert {o["apiVersion"] for o in objects} == {KUEUE_API}
     priorities = {o["metadata"]["name"]: o["value"] for o in objects if o["kind"] == "WorkloadPriorityClass"}
     assert priorities["high"] > priorities["normal"] > priorities["spot"]
+
+
+def test_autoscaled_flavors_wait_for_a_provisioning_request(aws_k8s: ResolvedPlatform) -> None:
+    """Issue 51, item 8: the spot pool scales from zero and a multi-node job got part of its nodes, held
+    them idle until waitForPodsReady evicted it, and tried again. Now Kueue asks the cluster autoscaler
+    for the whole workload first (an AdmissionCheck on the autoscaled flavors only)."""
+    objects = queue_objects(aws_k8s)
+    check = next(o for o in objects if o["kind"] == "AdmissionCheck")
+    config = next(o for o in objects if o["kind"] == "ProvisioningRequestConfig")
+    assert check["spec"]["controllerName"] == "kueue.x-k8s.io/provisioning-request"
+    assert check["spec"]["parameters"]["name"] == config["metadata"]["name"]
+    assert config["spec"]["provisioningClassName"] == "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
+    for queue in (o for o in objects if o["kind"] == "ClusterQueue"):
+        (entry,) = queue["spec"]["admissionChecksStrategy"]["admissionChecks"]
+        assert entry == {"name": check["metadata"]["name"], "onFlavors": ["train-spot"]}
+
+
+def test_the_autoscaler_serves_provisioning_requests_with_their_crd() -> None:
+    from infra.k8s.operators import releases
+    from tests.conftest import fsx_facts
+
+    platform = load_platform(stack_file("aws-k8s"))
+    (autoscaler,) = [r for r in releases(platform, fsx_facts()) if r.name == "cluster-autoscaler"]
+    assert autoscaler.values["extraArgs"]["enable-provisioning-requests"] is True
+    assert autoscaler.values["extraArgs"]["kube-api-content-type"] == "application/json"
+    tag = autoscaler.values["image"]["tag"].removeprefix("v")
+    assert autoscaler.crd_urls == (
+        f"https://raw.githubusercontent.com/kubernetes/autoscaler/cluster-autoscaler-{tag}/"
+        "cluster-autoscaler/apis/config/crd/autoscaling.x-k8s.io_provisioningrequests.yaml",
+    )
+
+
+def test_fixed_pools_and_clusters_without_the_autoscaler_have_no_provisioning_check() -> None:
+    platform = load_platform(stack_file("onprem-k8s"))
+    objects = queue_objects(platform)
+    assert not [o for o in objects if o["kind"] in ("AdmissionCheck", "ProvisioningRequestConfig")]
+    assert all("admissionChecksStrategy" not in o["spec"] for o in objects if o["kind"] == "ClusterQueue")
