@@ -305,6 +305,6 @@ def _print_pools(console: Console, stack: str, pools: list[dict[str, Any]]) -> N
     console.print(
         "  step: compute at the precision's dense TFLOPS + the optimizer step at memory bandwidth + "
         "gradient and tensor-parallel traffic (seconds with the activation flags --seq-len ... --layers, "
-        "else compute only); step time: over the fastest pool's; $ per step: over the cheapest pool's, spot with its "
-        "interruptions (--spot-interruptions-per-day, --spot-restart-minutes: assumptions)"
+        "else compute only); step time: over the fastest pool's; $ per step: over the cheapest pool's, "
+        "spot with its interruptions (--spot-interruptions-per-day, --spot-restart-minutes: assumptions)"
     )
