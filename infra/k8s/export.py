@@ -67,6 +67,10 @@ def _helmfile(charts: list[RecordedChart]) -> tuple[str, dict[str, str]]:
     repositories: dict[str, str] = {}
     releases = []
     values_files: dict[str, str] = {}
+    # helmfile installs releases in parallel unless one `needs` another (helmfile docs, "DAG-aware
+    # installation/deletion ordering with needs"): every release waits for those before it that apply
+    # CRDs, whose APIs a controller may look for only when it starts (KubernetesPlatform._chart).
+    with_crds: list[str] = []
     for chart in charts:
         inputs = chart.inputs
         reference = str(inputs["chart"])
@@ -83,7 +87,10 @@ def _helmfile(charts: list[RecordedChart]) -> tuple[str, dict[str, str]]:
             "version": inputs.get("version"),
             "values": [values_file],
         }
+        if with_crds:
+            release["needs"] = list(with_crds)
         if chart.crd_urls:
+            with_crds.append(f"{inputs.get('namespace')}/{chart.name}")
             # helmfile runs a release's presync hooks before it installs it (helmfile docs, "Hooks").
             release["hooks"] = [
                 {
