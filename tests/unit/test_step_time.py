@@ -99,3 +99,22 @@ def test_size_against_the_stack_prices_precision_and_spot(tmp_path: Path) -> Non
     calm = run_cli(*args, "--spot-interruptions-per-day", "0", "--stack-file", str(stack), "--json")
     calm_pools = {p["pool"]: p for p in json.loads(calm.out)["pools"]}
     assert calm_pools["train-spot"]["spot_overhead"] == 0.0
+
+
+def test_zero3_moves_half_again_the_gradient_traffic_of_zero1() -> None:
+    """ZeRO-3 all-gathers the parameters in the forward and backward passes besides reduce-scattering the
+    gradients: 1.5x the all-reduce volume of ZeRO-1/2 (Rajbhandari et al. 2020, section 7)."""
+    p5 = node("p5.48xlarge")
+    zero1 = step_time(sized(dp=16, zero=1), SHAPE, p5)  # type: ignore[arg-type]
+    zero3 = step_time(sized(dp=16, zero=3), SHAPE, p5)  # type: ignore[arg-type]
+    assert zero1 and zero3 and zero1.communication_s > 0
+    assert zero3.communication_s == pytest.approx(zero1.communication_s * 1.5)
+
+
+def test_tensor_parallel_traffic_is_per_pipeline_stage() -> None:
+    """Each pipeline stage all-reduces activations only for its own layers: two stages, half the layers."""
+    p5 = node("p5.48xlarge")
+    one_stage = step_time(sized(tp=2), SHAPE, p5)  # type: ignore[arg-type]
+    two_stages = step_time(sized(tp=2, pp=2), SHAPE, p5)  # type: ignore[arg-type]
+    assert one_stage and two_stages and one_stage.communication_s > 0
+    assert two_stages.communication_s == pytest.approx(one_stage.communication_s / 2)
