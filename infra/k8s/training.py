@@ -9,6 +9,7 @@ from infra.k8s.objects import (
     GPU_RESOURCE,
     LABEL_CAPACITY,
     Manifest,
+    capacity_label,
     k8s_object,
     team_namespace,
 )
@@ -78,14 +79,15 @@ def training_config(platform: ResolvedPlatform, team: str) -> Manifest:
 
 
 def example_size(platform: ResolvedPlatform, team: str, nodes: int = 2) -> tuple[ResolvedPool, int, int]:
-    """The example's pool (the first on-demand pool the team tries), its pods and GPUs per pod: up to
-    `nodes` whole nodes, as many as the team may hold there (its cap, its on-demand part), at least one
-    pod of at most a node's GPUs."""
+    """The example's pool (the first on-demand pool the team may hold GPUs on; a spot one where its
+    whole cap is spot), its pods and GPUs per pod: up to `nodes` whole nodes, as many as the team may
+    hold there (its cap, its on-demand part), at least one pod of at most a node's GPUs."""
     member = next(t for t in platform.spec.scheduler.teams if t.name == team)
     limits = flavor_limits(platform, member)
+    reachable = [p for p in training_order(platform, member.placement) if limits[p.name] > 0]
     pool = next(
-        (p for p in training_order(platform, member.placement) if p.spec.capacity != "spot"),
-        platform.pools_with_role("train")[0],
+        (p for p in reachable if p.spec.capacity != "spot"),
+        reachable[0] if reachable else platform.pools_with_role("train")[0],
     )
     reach = min(limits[pool.name], member.gpu_quota)
     per_pod = min(pool.gpus_per_node, reach)
@@ -127,8 +129,9 @@ def example_jobset(platform: ResolvedPlatform, team: str, nodes: int = 2) -> Man
             "restartPolicy": "Never",
             # A drained (spot) node's pods get SIGTERM and this long to save, as Slurm's spot QoS gives.
             "terminationGracePeriodSeconds": SPOT_GRACE_TIME_S,
-            # Jobs that must not run on spot pin on-demand capacity; Kueue only offers matching flavors.
-            "nodeSelector": {LABEL_CAPACITY: "on-demand"},
+            # Jobs that must not run on spot pin on-demand capacity (a team whose cap is all spot, spot);
+            # Kueue only offers matching flavors.
+            "nodeSelector": {LABEL_CAPACITY: capacity_label(pool)},
             "containers": [
                 {
                     "name": "trainer",

@@ -138,3 +138,18 @@ def test_examples_are_multi_node_where_the_team_reaches_two_nodes() -> None:
         for t in platform.spec.scheduler.teams
     }
     assert sizes == {"research": 2, "product": 2, "eval": 1}
+
+
+def test_a_team_whose_cap_is_all_spot_gets_an_example_on_spot(write_stack: Callable[..., Path]) -> None:
+    """product with spot_gpu_quota equal to its cap may hold no on-demand GPU: its example asks for the
+    spot pool's GPUs (not 0 GPUs on on-demand, which no flavor admits and whose shell divides by 0)."""
+
+    def all_spot(platform: dict[str, Any]) -> None:
+        product = next(t for t in platform["scheduler"]["teams"] if t["name"] == "product")
+        product["spot_gpu_quota"] = product["gpu_quota"]
+
+    platform = load_platform(write_stack("aws-k8s", all_spot))
+    queues, flavors = _queues(platform)
+    example = example_jobset(platform, "product")
+    assignment = assignable_flavors(example, queues["product"], flavors, TRANSFORMATIONS)
+    assert assignment and gpu_flavors(assignment) == {"train-spot"}
