@@ -178,6 +178,19 @@ def test_a_job_moved_to_another_partition_gets_that_ones_order(mixed: ResolvedPl
     assert modify(pending, time_limit=60).get("features") is None  # nothing placement reads changed
 
 
+def test_a_pending_jobs_new_constraint_or_preference_keeps_the_order(mixed: ResolvedPlatform) -> None:
+    """`scontrol update job=N features=intel` (or prefer=) replaces the job's constraint: without the
+    order ANDed in again a multi-node job could span two GPU types."""
+    submit = job_submit(slurm.slurm_vars(mixed))
+    modify = submit.modify  # type: ignore[attr-defined]
+    pending = {"partition": "gpus", "account": "product", "features": "[gpu_l40s|gpu_h100]"}
+    assert modify(pending, features="intel")["features"] == "(intel)&[gpu_l40s|gpu_h100]"
+    assert modify(pending, features="")["features"] == "[gpu_l40s|gpu_h100]"
+    moved = modify(pending, prefer="intel")
+    assert moved["prefer"] == "(intel)&[gpu_l40s|gpu_h100]"
+    assert moved["features"] == "[gpu_l40s|gpu_h100]"
+
+
 def test_each_heterogeneous_component_gets_the_order_and_it_is_logged(mixed: ResolvedPlatform) -> None:
     submit = job_submit(slurm.slurm_vars(mixed))
     for offset in (0, 1):
