@@ -6,6 +6,8 @@ mount until the directory exists."""
 
 from __future__ import annotations
 
+import hashlib
+
 from infra.k8s.facts import ClusterFacts
 from infra.k8s.objects import LABEL_POOL, SYSTEM_NAMESPACE, Manifest, k8s_object, tolerations
 from infra.k8s.tenancy import shared_volume_objects, team_directory
@@ -42,10 +44,13 @@ def team_directory_objects(platform: ResolvedPlatform, facts: ClusterFacts) -> l
             "volumes": [{"name": SHARED_CLAIM, "persistentVolumeClaim": {"claimName": SHARED_CLAIM}}],
         }
     }
+    # A Job's pod template cannot change (the API refuses it: `kubectl apply` of the manifests would fail
+    # on day 2 when a team is added), so its name carries the directories: a new team list is a new Job.
+    digest = hashlib.sha256(command.encode()).hexdigest()[:8]
     job = k8s_object(
         "batch/v1",
         "Job",
-        JOB_NAME,
+        f"{JOB_NAME}-{digest}",
         SYSTEM_NAMESPACE,
         spec={"backoffLimit": 20, "template": pod},
     )

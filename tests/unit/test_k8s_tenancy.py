@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -97,6 +98,21 @@ def test_a_job_creates_every_team_directory_from_the_filesystem_root(aws_k8s: Re
     root = next(o for o in objects if o["kind"] == "PersistentVolume")
     assert root["spec"]["csi"]["volumeAttributes"]["mountname"] == "abcdef"
     assert root["spec"]["claimRef"]["namespace"] == job["metadata"]["namespace"] == "gpuplat-system"
+
+
+def test_a_team_added_on_day_2_gets_a_new_directories_job(aws_k8s: ResolvedPlatform) -> None:
+    """A Job's pod template is immutable: the same name with another team list would be refused by
+    `kubectl apply` (and never run again); the same teams keep the same Job."""
+
+    def job_name(platform: ResolvedPlatform) -> str:
+        return next(o for o in team_directory_objects(platform, fsx_facts()) if o["kind"] == "Job")[
+            "metadata"
+        ]["name"]
+
+    more = aws_k8s.spec.model_copy(deep=True)
+    more.scheduler.teams.append(more.scheduler.teams[-1].model_copy(update={"name": "vision"}))
+    assert job_name(aws_k8s) == job_name(aws_k8s)
+    assert job_name(dataclasses.replace(aws_k8s, spec=more)) != job_name(aws_k8s)
 
 
 def test_training_environment_is_the_nodes_nccl_conf_with_the_pods_interface() -> None:
