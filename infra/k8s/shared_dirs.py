@@ -24,7 +24,9 @@ MOUNT = "/shared"
 def team_directory_objects(platform: ResolvedPlatform, facts: ClusterFacts) -> list[Manifest]:
     # On a training node: those mount the filesystem (the FSx node plugin tolerates every taint; on an
     # existing cluster the shared_fs role mounts it on the GPU hosts).
-    pool = next(p for p in training_order(platform) if p.spec.capacity != "spot")
+    # On-demand first (the Job is not interrupted there); a stack whose training pools are all spot, spot.
+    pools = training_order(platform)
+    pool = next((p for p in pools if p.spec.capacity != "spot"), pools[0])
     directories = [f"{MOUNT}/{team_directory(t.name)}" for t in platform.spec.scheduler.teams]
     # 0770 would need the teams' uids; only the team's own pods ever mount its directory.
     command = f"mkdir -p {' '.join(directories)} && chmod 0777 {' '.join(directories)}"

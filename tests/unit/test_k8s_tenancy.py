@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from infra.k8s.facts import host_path_facts
-from infra.k8s.objects import Manifest
+from infra.k8s.objects import LABEL_POOL, Manifest
 from infra.k8s.shared_dirs import team_directory_objects
 from infra.k8s.tenancy import team_objects
 from infra.k8s.training import EXAMPLE_PROGRAM, RESTART_ATTEMPT_LABEL, example_jobset, training_environment
@@ -113,6 +115,19 @@ def test_a_team_added_on_day_2_gets_a_new_directories_job(aws_k8s: ResolvedPlatf
     more.scheduler.teams.append(more.scheduler.teams[-1].model_copy(update={"name": "vision"}))
     assert job_name(aws_k8s) == job_name(aws_k8s)
     assert job_name(dataclasses.replace(aws_k8s, spec=more)) != job_name(aws_k8s)
+
+
+def test_a_stack_of_spot_training_pools_creates_the_directories_on_spot(
+    write_stack: Callable[..., Path],
+) -> None:
+    def spot_only(platform: dict[str, Any]) -> None:
+        platform["pools"] = [p for p in platform["pools"] if p["name"] != "train"]
+        for team in platform["scheduler"]["teams"]:
+            team.pop("spot_gpu_quota", None)
+
+    platform = load_platform(write_stack("aws-k8s", spot_only))
+    job = next(o for o in team_directory_objects(platform, fsx_facts()) if o["kind"] == "Job")
+    assert job["spec"]["template"]["spec"]["nodeSelector"] == {LABEL_POOL: "train-spot"}
 
 
 def test_training_environment_is_the_nodes_nccl_conf_with_the_pods_interface() -> None:
