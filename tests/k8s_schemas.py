@@ -284,6 +284,10 @@ def _crd_validator(
 def _make_strict(schema: Schema) -> None:
     """Rewrite an OpenAPI v3 structural schema (in place) into a JSON schema that refuses what the API
     server prunes, i.e. what a strict field validation rejects as unknown."""
+    pattern = schema.get("pattern")
+    if isinstance(pattern, str) and pattern.startswith("^(?i)"):
+        # RE2 (the API server's) takes inline flags anywhere; Python's re only at the start.
+        schema["pattern"] = "(?i)^" + pattern[len("^(?i)") :]
     if schema.get("x-kubernetes-int-or-string"):
         schema.pop("type", None)
         schema.setdefault("anyOf", [{"type": "integer"}, {"type": "string"}])

@@ -88,6 +88,19 @@ class GpuModelFigures(Sourced):
         None, gt=0, description="dense BF16 Tensor Core TFLOPS; None where no source gives it"
     )
     memory_bandwidth_gbps: float = Field(gt=0, description="GPU memory bandwidth, GB/s")
+    fp8_dense_tflops: float | None = Field(
+        None, gt=0, description="dense FP8 Tensor Core TFLOPS; None where the GPU has no FP8 (A100)"
+    )
+    tf32_dense_tflops: float | None = Field(None, gt=0, description="dense TF32 Tensor Core TFLOPS (fp32)")
+    nvlink_gbps: float | None = Field(
+        None, gt=0, description="NVLink bandwidth per GPU, GB/s, both directions; None without NVLink"
+    )
+    pcie_gbps: float | None = Field(
+        None, gt=0, description="PCIe bandwidth to the host, GB/s, both directions"
+    )
+    figures_source: str | None = Field(
+        None, description="where the precision and interconnect figures were read, where not `source`"
+    )
 
 
 class Catalog(_Strict):

@@ -22,6 +22,7 @@ import yaml
 from infra.k8s.objects import Manifest
 
 CHART_TYPE = "kubernetes:helm.sh/v4:Chart"
+CONFIG_FILE_TYPE = "kubernetes:yaml/v2:ConfigFile"
 # What the offline recording's mocks answer for values a cloud computes at deployment (ids, DNS names).
 _MOCK_VALUE = re.compile(r"(-id$|\.mock\.amazonaws\.com|^mockmnt$|^arn:aws:mock:)")
 
@@ -46,6 +47,8 @@ def dump_all(documents: Iterable[Any]) -> str:
 class RecordedChart:
     name: str
     inputs: dict[str, Any]
+    crd_urls: tuple[str, ...] = ()
+    """CRDs applied before the chart (HelmRelease.crd_urls): a presync hook of its helmfile release."""
 
 
 def _ordered(manifest: Manifest) -> Manifest:
@@ -64,6 +67,10 @@ def _helmfile(charts: list[RecordedChart]) -> tuple[str, dict[str, str]]:
     repositories: dict[str, str] = {}
     releases = []
     values_files: dict[str, str] = {}
+    # helmfile installs releases in parallel unless one `needs` another (helmfile docs, "DAG-aware
+    # installation/deletion ordering with needs"): every release waits for those before it that apply
+    # CRDs, whose APIs a controller may look for only when it starts (KubernetesPlatform._chart).
+    with_crds: list[str] = []
     for chart in charts:
         inputs = chart.inputs
         reference = str(inputs["chart"])
@@ -73,15 +80,28 @@ def _helmfile(charts: list[RecordedChart]) -> tuple[str, dict[str, str]]:
             reference = f"{chart.name}/{reference}"
         values_file = f"{chart.name}.values.yaml"
         values_files[values_file] = dump_all([inputs.get("values") or {}])
-        releases.append(
-            {
-                "name": chart.name,
-                "namespace": inputs.get("namespace"),
-                "chart": reference,
-                "version": inputs.get("version"),
-                "values": [values_file],
-            }
-        )
+        release: dict[str, Any] = {
+            "name": chart.name,
+            "namespace": inputs.get("namespace"),
+            "chart": reference,
+            "version": inputs.get("version"),
+            "values": [values_file],
+        }
+        if with_crds:
+            release["needs"] = list(with_crds)
+        if chart.crd_urls:
+            with_crds.append(f"{inputs.get('namespace')}/{chart.name}")
+            # helmfile runs a release's presync hooks before it installs it (helmfile docs, "Hooks").
+            release["hooks"] = [
+                {
+                    "events": ["presync"],
+                    "showlogs": True,
+                    "command": "kubectl",
+                    "args": ["apply", "--server-side", "-f", url],
+                }
+                for url in chart.crd_urls
+            ]
+        releases.append(release)
     document: dict[str, Any] = {}
     if repositories:
         document["repositories"] = [{"name": n, "url": u} for n, u in sorted(repositories.items())]

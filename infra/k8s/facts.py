@@ -6,6 +6,7 @@ only place them in objects and chart values, never inspect them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -35,6 +36,8 @@ class SharedVolume:
     mount_path: str
     capacity_tib: float
     attributes: dict[str, Any] = field(default_factory=dict)
+    join: Callable[..., Any] = field(default=lambda *parts: "".join(parts))
+    """Joins attributes and text into one value: `pulumi.Output.concat` where attributes are outputs."""
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from infra.k8s.objects import HelmRelease, Manifest, k8s_object
 from infra.k8s.operators import releases
 from infra.k8s.queues import queue_objects
 from infra.k8s.serving import serving_objects
+from infra.k8s.shared_dirs import team_directory_objects
 from infra.k8s.tenancy import team_objects
 from infra.platform.resolve import ResolvedPlatform
 
@@ -45,6 +46,7 @@ def kubernetes_layer(platform: ResolvedPlatform, facts: ClusterFacts) -> Kuberne
     charts = releases(platform, facts)
     objects = [
         *team_objects(platform, facts),
+        *team_directory_objects(platform, facts),
         *queue_objects(platform),
         *isolation_objects(platform),
         *serving_objects(platform, facts),

@@ -16,6 +16,9 @@ LABEL_TEAM = "gpuplat/team"
 LABEL_COMPONENT = "gpuplat/component"
 LABEL_STACK = "gpuplat/stack"
 GPU_RESOURCE = "nvidia.com/gpu"
+# The quota-only resource a team's cap across flavors is counted in (Kueue's resource transformation adds
+# one per GPU requested: infra.k8s.operators); a qualified name outside kubernetes.io, which is reserved.
+TEAM_GPU_RESOURCE = "gpuplat/team-gpus"
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
 SYSTEM_NAMESPACE = "gpuplat-system"
 MONITORING_NAMESPACE = "monitoring"
@@ -90,6 +93,11 @@ def identity(manifest: Manifest) -> str:
     return f"{manifest.get('kind')} {where}{meta.get('name')}"
 
 
+# A chart's CRDs applied from a URL are the resources `<release>-crd-<n>` (infra/k8s/resources.py), which
+# `gpuplat manifests` reads back (infra/cli/commands/manifests.py).
+CRD_SUFFIX = "-crd-"
+
+
 @dataclass(frozen=True)
 class HelmRelease:
     """One operator installed from its Helm chart, at a version pinned in infra/data/kubernetes.yaml."""
@@ -104,3 +112,5 @@ class HelmRelease:
     provides: tuple[str, ...] = ()
     """API groups whose CRDs the chart installs: custom resources of these groups wait for it."""
     source: str = ""
+    crd_urls: tuple[str, ...] = ()
+    """CRDs the chart needs but does not install: applied from these pinned URLs before it."""

@@ -7,6 +7,7 @@ Controllers run on the service pool; node daemonsets tolerate the taints of the 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
@@ -20,10 +21,12 @@ from infra.data.models import Sourced
 from infra.errors.problems import spec_error
 from infra.k8s.facts import AUTOSCALER_NAMESPACE, AUTOSCALER_SERVICE_ACCOUNT, ClusterFacts
 from infra.k8s.objects import (
+    GPU_RESOURCE,
     LABEL_POOL,
     LABEL_ROLE,
     LABEL_TEAM,
     MONITORING_NAMESPACE,
+    TEAM_GPU_RESOURCE,
     HelmRelease,
     tolerations,
 )
@@ -46,15 +49,25 @@ PROMETHEUS_RELEASE = "prometheus"
 PROMETHEUS_PORT = 80
 PROMETHEUS_URL = f"http://{PROMETHEUS_RELEASE}-server.{MONITORING_NAMESPACE}.svc:{PROMETHEUS_PORT}"
 
+KUEUE_RELEASE = "kueue"
 KUEUE_CONFIG_API_VERSION = "config.kueue.x-k8s.io/v1beta2"
 # Kueue 0.19 labels a job that names no queue with its namespace's LocalQueue of this name, if one
 # exists (LocalQueueDefaulting: GA and locked in 0.17, gate removed in 0.19;
 # pkg/controller/constants/constants.go, DefaultLocalQueueName, at v0.19.2).
 DEFAULT_LOCAL_QUEUE = "default"
-KUEUE_FRAMEWORKS = ("batch/job", "jobset.x-k8s.io/jobset")
+# `pod`, `deployment` and `statefulset` too: a bare Pod, Deployment or StatefulSet in a team namespace
+# that asks for GPUs waits for its queue like a Job, so nothing a member can create skips the quota and
+# fair sharing (apis/config/v1beta2/configuration_types.go:540-557; pkg/controller/jobs/pod,
+# deployment, statefulset at v0.19.2: the last two need pod's integration, which they enable).
+KUEUE_FRAMEWORKS = ("batch/job", "jobset.x-k8s.io/jobset", "pod", "deployment", "statefulset")
 # Quota is checked only for the resources a ClusterQueue covers (infra.k8s.queues covers GPUs only);
 # feature gate QuotaCheckStrategy is beta and on by default in 0.19 (pkg/features/kube_features.go).
 KUEUE_QUOTA_CHECK_STRATEGY = "IgnoreUndeclared"
+
+PROVISIONING_REQUEST_CRD_URL = (
+    "https://raw.githubusercontent.com/kubernetes/autoscaler/cluster-autoscaler-{version}/"
+    "cluster-autoscaler/apis/config/crd/autoscaling.x-k8s.io_provisioningrequests.yaml"
+)
 
 _SERVICE_NODES = {LABEL_ROLE: "service"}
 _GPU_ROLES = ("train", "infer")
@@ -210,9 +223,20 @@ def _cluster_autoscaler(
         "awsRegion": _region(platform, facts),
         "rbac": {"serviceAccount": {"create": True, "name": AUTOSCALER_SERVICE_ACCOUNT}},
         "image": {"tag": image.tag},
+        # ProvisioningRequests, which Kueue's admission check on autoscaled pools creates (infra.k8s.queues):
+        # the flag and the JSON content type its client needs (cluster-autoscaler/FAQ.md, "How can I use
+        # ProvisioningRequest to run batch workloads", at cluster-autoscaler-1.34.5). The chart's
+        # ClusterRole already grants provisioningrequests (templates/clusterrole.yaml:219-229 at
+        # cluster-autoscaler-chart-9.59.0); the CRD is not in the chart: applied from the image's tag.
+        "extraArgs": {
+            "enable-provisioning-requests": True,
+            "kube-api-content-type": "application/json",
+        },
         **_on_service_pool(platform),
     }
-    return _release("cluster-autoscaler", chart, AUTOSCALER_NAMESPACE, values)
+    release = _release("cluster-autoscaler", chart, AUTOSCALER_NAMESPACE, values)
+    crd = PROVISIONING_REQUEST_CRD_URL.format(version=image.tag.removeprefix("v"))
+    return dataclasses.replace(release, crd_urls=(crd,), provides=("autoscaling.x-k8s.io",))
 
 
 def _fsx_csi_driver(platform: ResolvedPlatform, facts: ClusterFacts, chart: Chart) -> HelmRelease | None:
@@ -390,6 +414,16 @@ KUEUE_WAIT_FOR_PODS_READY: dict[str, Any] = {
 }
 
 
+# Every GPU a workload requests also counts one TEAM_GPU_RESOURCE (the GPU itself is kept: Retain), the
+# quota-only resource a ClusterQueue's cap across flavors is written in (infra.k8s.queues).
+# apis/config/v1beta2/configuration_types.go:597-632 at v0.19.2.
+KUEUE_TEAM_GPU_TRANSFORMATION: dict[str, Any] = {
+    "input": GPU_RESOURCE,
+    "strategy": "Retain",
+    "outputs": {TEAM_GPU_RESOURCE: "1"},
+}
+
+
 def kueue_manager_config() -> dict[str, Any]:
     """Kueue's Configuration (apis/config/v1beta2/configuration_types.go at v0.19.2).
 
@@ -407,7 +441,10 @@ def kueue_manager_config() -> dict[str, Any]:
         "fairSharing": {"preemptionStrategies": ["LessThanOrEqualToFinalShare", "LessThanInitialShare"]},
         "waitForPodsReady": KUEUE_WAIT_FOR_PODS_READY,
         "integrations": {"frameworks": list(KUEUE_FRAMEWORKS)},
-        "resources": {"quotaCheckStrategy": KUEUE_QUOTA_CHECK_STRATEGY},
+        "resources": {
+            "quotaCheckStrategy": KUEUE_QUOTA_CHECK_STRATEGY,
+            "transformations": [KUEUE_TEAM_GPU_TRANSFORMATION],
+        },
     }
 
 
@@ -417,4 +454,4 @@ def _kueue(platform: ResolvedPlatform, chart: Chart) -> HelmRelease:
         "controllerManager": _on_service_pool(platform),
         "managerConfig": {"controllerManagerConfigYaml": config},
     }
-    return _release("kueue", chart, KUEUE_NAMESPACE, values, provides=("kueue.x-k8s.io",))
+    return _release(KUEUE_RELEASE, chart, KUEUE_NAMESPACE, values, provides=("kueue.x-k8s.io",))

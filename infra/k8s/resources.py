@@ -15,7 +15,7 @@ from pulumi_kubernetes import _utilities as k8s_utilities
 from infra.k8s.facts import ClusterFacts
 from infra.k8s.layer import kubernetes_layer
 from infra.k8s.nodes import merged_taints
-from infra.k8s.objects import HelmRelease, Manifest
+from infra.k8s.objects import CRD_SUFFIX, HelmRelease, Manifest
 from infra.platform.resolve import ResolvedPlatform
 
 
@@ -74,6 +74,7 @@ class KubernetesPlatform(pulumi.ComponentResource):
             for o in layer.objects
             if o["kind"] == "Namespace"
         }
+        self._crds: list[pulumi.Resource] = []
         self.charts = {release.name: self._chart(release, child) for release in layer.releases}
         self.objects = [
             self._object(o, layer.releases, child) for o in layer.objects if o["kind"] != "Namespace"
@@ -110,11 +111,20 @@ class KubernetesPlatform(pulumi.ComponentResource):
         }
         if release.repository:
             args["repository_opts"] = {"repo": release.repository}
+        crds: list[pulumi.Resource] = [
+            k8s.yaml.v2.ConfigFile(f"{release.name}{CRD_SUFFIX}{index}", file=url, opts=child)
+            for index, url in enumerate(release.crd_urls)
+        ]
+        # After the CRDs of every release before it in install order too: a controller may look for an
+        # API only when it starts (Kueue sets up its ProvisioningRequest admission check only if the CRD
+        # is served then: cmd/kueue/main.go:512-526 at v0.19.2; without it the check stays inactive and
+        # so does every ClusterQueue that uses it, pkg/cache/scheduler/clusterqueue.go:253-262).
+        self._crds += crds
         return k8s.helm.v4.Chart(
             release.name,
             **args,
             opts=pulumi.ResourceOptions.merge(
-                child, pulumi.ResourceOptions(depends_on=self._after(release.namespace))
+                child, pulumi.ResourceOptions(depends_on=[*self._after(release.namespace), *self._crds])
             ),
         )
 

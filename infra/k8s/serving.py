@@ -117,7 +117,7 @@ def serving_objects(platform: ResolvedPlatform, facts: ClusterFacts) -> list[Man
     config = _gateway_config(platform, serving, namespace, gateways)
     return [
         k8s_object("v1", "Namespace", namespace),
-        *shared_volume_objects(platform, facts.shared_volume, namespace),
+        *shared_volume_objects(platform, facts.shared_volume, namespace, read_only=True),
         k8s_object("v1", "ServiceAccount", MODEL_SERVER_ACCOUNT, namespace),
         _model_server(platform, serving, layout, namespace, version, facts),
         _model_server_service(layout, namespace),
@@ -279,7 +279,12 @@ def _model_server_container(
         # The shared filesystem at its path on the nodes: a model path of the stack is the same here.
         "volumeMounts": [
             {"name": "dshm", "mountPath": "/dev/shm"},
-            {"name": SHARED_CLAIM, "mountPath": platform.spec.storage.parallel_fs.mount_path},
+            # Read only: the model server reads weights; no team's files are its to change.
+            {
+                "name": SHARED_CLAIM,
+                "mountPath": platform.spec.storage.parallel_fs.mount_path,
+                "readOnly": True,
+            },
         ],
     }
     container["env"] = _environment(platform, serving, pool, layout, model)
@@ -315,7 +320,7 @@ def _model_server_pod(
         "volumes": [
             # NCCL and Ray keep their buffers in /dev/shm: in memory, a quarter of the pod's at most.
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{max(1, memory_gib // 4)}Gi"}},
-            {"name": SHARED_CLAIM, "persistentVolumeClaim": {"claimName": SHARED_CLAIM}},
+            {"name": SHARED_CLAIM, "persistentVolumeClaim": {"claimName": SHARED_CLAIM, "readOnly": True}},
         ],
     }
     pool_tolerations = tolerations(pool)
@@ -424,17 +429,19 @@ def _model_server_service(layout: ServingLayout, namespace: str) -> Manifest:
 
 
 def _disruption_budget(serving: Serving, layout: ServingLayout, namespace: str) -> Manifest:
-    """Voluntary disruptions (node drains, the cluster autoscaler removing a node) never take the
-    healthy model-server pods below serving.min_replicas replicas (x the nodes each spans): above that
-    floor pods may be evicted, at it a drain waits. Pods that are not ready (still loading, or broken)
-    may always be evicted, so that they never block a drain."""
+    """Voluntary disruptions (node drains, node-group upgrades, the cluster autoscaler removing a node)
+    evict one model-server pod at a time: a drain always makes progress, and at most one replica is down
+    (a multi-node replica loses its group with any of its pods) while the rest serve. A floor at KEDA's
+    minimum (minAvailable = min_replicas) would allow no eviction at all while the servers run at their
+    minimum, and every drain would stall. Pods that are not ready (still loading, or broken) may always be
+    evicted, so that they never block a drain."""
     return k8s_object(
         "policy/v1",
         "PodDisruptionBudget",
         MODEL_SERVER,
         namespace,
         spec={
-            "minAvailable": serving.min_replicas * layout.nodes,
+            "maxUnavailable": 1,
             "selector": {"matchLabels": _selector(MODEL_SERVER)},
             "unhealthyPodEvictionPolicy": "AlwaysAllow",
         },

@@ -9,18 +9,21 @@ from infra.k8s.objects import (
     GPU_RESOURCE,
     LABEL_CAPACITY,
     Manifest,
+    capacity_label,
     k8s_object,
     team_namespace,
 )
 from infra.k8s.queues import (
     LOCAL_QUEUE,
     PREFERRED_TOPOLOGY_ANNOTATION,
+    flavor_limits,
     narrowest_network_level,
-    uses_topology,
+    queue_uses_topology,
 )
 from infra.nodes.inventory import platform_vars, pool_vars
 from infra.nodes.role_templates import render_role_template
 from infra.platform.resolve import ResolvedPlatform, ResolvedPool
+from infra.scheduling.placement import training_order
 from infra.scheduling.slurm import SPOT_GRACE_TIME_S
 
 TRAINING_CONFIG = "gpuplat-training"
@@ -75,11 +78,27 @@ def training_config(platform: ResolvedPlatform, team: str) -> Manifest:
     )
 
 
+def example_size(platform: ResolvedPlatform, team: str, nodes: int = 2) -> tuple[ResolvedPool, int, int]:
+    """The example's pool (the first on-demand pool the team may hold GPUs on; a spot one where its
+    whole cap is spot), its pods and GPUs per pod: up to `nodes` whole nodes, as many as the team may
+    hold there (its cap, its on-demand part), at least one pod of at most a node's GPUs."""
+    member = next(t for t in platform.spec.scheduler.teams if t.name == team)
+    limits = flavor_limits(platform, member)
+    reachable = [p for p in training_order(platform, member.placement) if limits[p.name] > 0]
+    pool = next(
+        (p for p in reachable if p.spec.capacity != "spot"),
+        reachable[0] if reachable else platform.pools_with_role("train")[0],
+    )
+    reach = min(limits[pool.name], member.gpu_quota)
+    per_pod = min(pool.gpus_per_node, reach)
+    return pool, max(1, min(nodes, reach // max(per_pod, 1))), per_pod
+
+
 def example_jobset(platform: ResolvedPlatform, team: str, nodes: int = 2) -> Manifest:
-    """A multi-node PyTorch job for `team`: one pod per node, every GPU of the node, the EFA devices on
-    EFA pools, the training environment, the shared filesystem (checkpoints), queued by Kueue."""
-    pool = platform.pools_with_role("train")[0]
-    gpus = pool.gpus_per_node
+    """A PyTorch job for `team`, multi-node where its reach allows (example_size): one pod per node,
+    the EFA devices on EFA pools, the training environment, the shared filesystem (checkpoints), queued
+    by Kueue."""
+    pool, nodes, gpus = example_size(platform, team, nodes)
     limits: dict[str, int] = {GPU_RESOURCE: gpus}
     if platform.uses_efa(pool):
         limits[EFA_RESOURCE] = pool.node_type.network.nics
@@ -101,7 +120,7 @@ def example_jobset(platform: ResolvedPlatform, team: str, nodes: int = 2) -> Man
         f"{mount}/{EXAMPLE_PROGRAM} --dir {checkpoints}"
     )
     annotations = {"prometheus.io/scrape": "false"}
-    if uses_topology(platform, pool):
+    if queue_uses_topology(platform, team):
         # As close on the network as the pool allows, wider only when the job does not fit.
         annotations[PREFERRED_TOPOLOGY_ANNOTATION] = narrowest_network_level()
     pod = {
@@ -110,8 +129,9 @@ def example_jobset(platform: ResolvedPlatform, team: str, nodes: int = 2) -> Man
             "restartPolicy": "Never",
             # A drained (spot) node's pods get SIGTERM and this long to save, as Slurm's spot QoS gives.
             "terminationGracePeriodSeconds": SPOT_GRACE_TIME_S,
-            # Jobs that must not run on spot pin on-demand capacity; Kueue only offers matching flavors.
-            "nodeSelector": {LABEL_CAPACITY: "on-demand"},
+            # Jobs that must not run on spot pin on-demand capacity (a team whose cap is all spot, spot);
+            # Kueue only offers matching flavors.
+            "nodeSelector": {LABEL_CAPACITY: capacity_label(pool)},
             "containers": [
                 {
                     "name": "trainer",

@@ -1,6 +1,7 @@
 """Which training pools a team's jobs try first, by its placement preference (scheduler.teams[].placement):
 `performance` the fastest GPUs (dense BF16 TFLOPS, then memory bandwidth, from the catalog's gpu_models),
-`cost` the cheapest GPU-hour (the pool's own price: spot where the pool is spot), or a list of pool names
+`cost` the cheapest step (the GPU-hour's price, spot where the pool is spot, times the step time
+`gpuplat size --stack` compares pools by: usd_per_gpu_step), or a list of pool names
 (those first, in the list's order, then the rest in the stack's). Either way on-demand and reserved pools
 come before spot ones, as every team's order does: a preference never puts a team's jobs on preemptible
 nodes while others are free. A team without a preference keeps the stack's order."""
@@ -30,8 +31,16 @@ def _performance_key(pool: ResolvedPool) -> tuple[float, float, float]:
     return (-tflops, -bandwidth, gpu_hour_usd(pool))
 
 
+def usd_per_gpu_step(pool: ResolvedPool) -> float:
+    """What one GPU of the pool costs per unit of work: the GPU-hour's price over its dense BF16 TFLOPS
+    (a compute-bound step's time goes as 1 / TFLOPS; infra.training.pool_fit scales it by the nodes a run
+    takes). A GPU without a figure costs infinitely much per step (never first on cost)."""
+    tflops = speed_key(pool)[0]
+    return gpu_hour_usd(pool) / tflops if tflops else float("inf")
+
+
 def _cost_key(pool: ResolvedPool) -> tuple[float, float]:
-    return (gpu_hour_usd(pool), -speed_key(pool)[0])
+    return (usd_per_gpu_step(pool), -speed_key(pool)[0])
 
 
 def training_order(

@@ -282,7 +282,9 @@ def gpu_type_order(platform: ResolvedPlatform, preference: PlacementPreference |
 def placement(platform: ResolvedPlatform) -> dict[str, dict[str, Any]]:
     """What roles/slurm_controller's job_submit.lua gives jobs, by partition: the GPU features jobs try in
     order (`accounts`: a team's own; `order`: everyone else's, the stack's order on PLACEMENT_PARTITION,
-    a job class's on its own). Every job gets one, so that no job spans two GPU types."""
+    a job class's on its own). Every job in these partitions gets one, so that all its nodes have one GPU
+    type; what the plugin leaves to the job (a node list, brackets of its own, heterogeneous components
+    among themselves) is in its header."""
     shared = shared_partitions(platform)
     if not shared:
         return {}

@@ -1,19 +1,30 @@
 """`gpuplat size --stack`: a sized training run against the stack's own training pools: whether it fits
 each pool's GPUs, how many of its nodes it takes, and how the pools compare per step.
 
-The step-time ratio assumes a compute-bound step: time in proportion to 1 / dense BF16 TFLOPS (the
-catalog's gpu_models). Communication and input pipelines shift it; the order it gives holds while the
-GPUs, not the network or the data, set the pace."""
+The step time is infra.training.step_time's: compute at the precision's throughput, the memory-bound
+optimizer step at the GPU's memory bandwidth, and the gradient and tensor-parallel traffic over the
+links the run uses; with the sequence length and micro-batch given, in seconds, else the compute ratio
+alone. On a spot pool the $ per step includes what interruptions cost (SpotAssumption)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from infra.data.load import catalog
 from infra.data.models import GIB
 from infra.platform.resolve import ResolvedPlatform
-from infra.scheduling.placement import speed_key
 from infra.training.sizing import SizingResult, node_fits, nodes_needed
+from infra.training.step_time import Shape, StepTime, spot_overhead, step_time
+
+
+@dataclass(frozen=True)
+class SpotAssumption:
+    """What a spot pool's interruptions cost: how often, and how long until the job runs again. AWS
+    publishes only coarse interruption-frequency bands (the Spot Instance Advisor): the caller's figures."""
+
+    interruptions_per_day: float = 1.0
+    restart_minutes: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -27,6 +38,11 @@ class PoolFit:
     pool_max_nodes: int
     usd_per_hour: float | None
     bf16_dense_tflops: float | None
+    precision_tflops: float | None
+    step_time_s: float | None
+    """seconds per step where the sequence length and micro-batch are known, else None"""
+    spot_overhead: float | None
+    """the fraction of a spot pool's wall time lost to interruptions (None: not spot)"""
     step_time_ratio: float | None
     """the pool's step time over the fastest fitting pool's (1.0: the fastest)"""
     usd_per_step_ratio: float | None
@@ -36,43 +52,66 @@ class PoolFit:
         return asdict(self)
 
 
-def pool_fits(platform: ResolvedPlatform, result: SizingResult) -> list[PoolFit]:
+def _why_not(result: SizingResult, node_gpus: int, memory_gib: float) -> str:
+    if node_gpus < result.tp:
+        return f"{node_gpus} GPUs per node, fewer than tp={result.tp}"
+    return f"{memory_gib:.1f} GiB per GPU, the run needs {result.per_gpu_bytes.total / GIB:.1f} GiB per GPU"
+
+
+def pool_fits(
+    platform: ResolvedPlatform,
+    result: SizingResult,
+    shape: Shape | None = None,
+    spot: SpotAssumption | None = None,
+) -> list[PoolFit]:
+    shape = shape or Shape()
+    spot = spot or SpotAssumption()
     rows: list[dict[str, Any]] = []
+    times: dict[str, StepTime] = {}
     for pool in platform.pools_with_role("train"):
         node = pool.node_type
-        gpu = node.gpu.model if node.gpu else "-"
-        tflops = speed_key(pool)[0] or None
         why_not = None
         nodes = None
         if not node_fits(result, node):
-            why_not = (
-                f"{node.gpu_count} GPUs per node, fewer than tp={result.tp}"
-                if node.gpu_count < result.tp
-                else f"{node.gpu_memory_gib:.1f} GiB per GPU, the run needs "
-                f"{result.per_gpu_bytes.total / GIB:.1f} GiB per GPU"
-            )
+            why_not = _why_not(result, node.gpu_count, node.gpu_memory_gib)
         else:
             nodes = nodes_needed(result, node)
             if nodes > pool.spec.max_nodes:
                 why_not = f"needs {nodes} nodes, the pool has at most {pool.spec.max_nodes}"
+        timed = step_time(result, shape, node) if why_not is None else None
+        if timed is not None:
+            times[pool.name] = timed
+        overhead = None
+        if timed is not None and pool.spec.capacity == "spot":
+            checkpoint_steps = platform.spec.training.checkpoint_every_steps
+            seconds = timed.total_s if timed.absolute else 0.0
+            overhead = spot_overhead(
+                seconds, checkpoint_steps, spot.interruptions_per_day, spot.restart_minutes
+            )
+        figures_tflops = timed.throughput_tflops if timed else None
         rows.append(
             {
                 "pool": pool.name,
-                "gpu": gpu,
+                "gpu": node.gpu.model if node.gpu else "-",
                 "gpu_memory_gib": round(node.gpu_memory_gib, 1),
                 "fits": why_not is None,
                 "why_not": why_not,
                 "nodes": nodes,
                 "pool_max_nodes": pool.spec.max_nodes,
                 "usd_per_hour": round(nodes * pool.node_usd_per_hour, 4) if nodes else None,
-                "bf16_dense_tflops": tflops,
+                "bf16_dense_tflops": _bf16(node.gpu.model if node.gpu else None),
+                "precision_tflops": figures_tflops,
+                "step_time_s": round(timed.total_s, 4) if timed and timed.absolute else None,
+                "spot_overhead": round(overhead, 4) if overhead is not None else None,
             }
         )
-    fitting = [r for r in rows if r["fits"] and r["bf16_dense_tflops"]]
-    fastest = max((r["bf16_dense_tflops"] for r in fitting), default=None)
-    # $ per step in units of the fastest pool's step: the pool's $/h times its step-time ratio.
-    step_ratio = {r["pool"]: fastest / r["bf16_dense_tflops"] for r in fitting} if fastest else {}
-    per_step = {r["pool"]: r["usd_per_hour"] * step_ratio[r["pool"]] for r in fitting}
+    fastest = min((t.total_s for t in times.values()), default=None)
+    step_ratio = {name: t.total_s / fastest for name, t in times.items()} if fastest else {}
+    per_step = {
+        r["pool"]: r["usd_per_hour"] * times[r["pool"]].total_s / (1 - (r["spot_overhead"] or 0.0))
+        for r in rows
+        if r["pool"] in times
+    }
     cheapest = min(per_step.values(), default=None)
     return [
         PoolFit(
@@ -84,3 +123,8 @@ def pool_fits(platform: ResolvedPlatform, result: SizingResult) -> list[PoolFit]
         )
         for r in rows
     ]
+
+
+def _bf16(model: str | None) -> float | None:
+    figures = catalog().gpu_figures(model) if model else None
+    return figures.bf16_dense_tflops if figures else None

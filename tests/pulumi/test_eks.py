@@ -16,7 +16,7 @@ import pytest
 from infra.backends.aws.eks import accelerator_label, eks_problems, kubeconfig
 from infra.errors import SpecError
 from infra.k8s.facts import AUTOSCALER_NAMESPACE, AUTOSCALER_SERVICE_ACCOUNT, MODEL_SERVER_ACCOUNT
-from infra.k8s.objects import node_labels
+from infra.k8s.objects import CRD_SUFFIX, node_labels
 from infra.plan.record import SECRET, Recording, record
 from infra.platform.resolve import ResolvedPlatform, load_platform
 from infra.policy.check import verdicts_for
@@ -232,7 +232,9 @@ def test_one_node_group_per_pool_on_its_own_template(eks: Recording, platform: R
     assert groups["aws-k8s-train-spot-ng"]["taints"] == [
         {"key": "gpuplat/spot", "value": "true", "effect": "NO_SCHEDULE"}
     ]
-    assert groups["aws-k8s-train-ng"]["taints"] == []
+    assert groups["aws-k8s-train-ng"]["taints"] == [
+        {"key": "gpuplat/training", "value": "true", "effect": "NO_SCHEDULE"}
+    ]
 
 
 def test_templates_leave_to_eks_what_the_node_group_owns(eks: Recording) -> None:
@@ -594,3 +596,11 @@ def test_eks_node_groups_read_from_labels_templates_or_components(
     assert groups(without(labels=True, templates=True), context) == full  # the parent components
     unknown = groups(without(labels=True, templates=True), None)
     assert {(role, pool) for _, role, pool, *_ in unknown.values()} == {(None, None)}
+
+
+def test_kueue_starts_after_the_provisioning_request_crd(eks: Recording) -> None:
+    """Kueue sets up its ProvisioningRequest admission check only if the CRD is served when it starts
+    (cmd/kueue/main.go:512-526 at v0.19.2); the chart must wait for the CRD the autoscaler's release
+    applies, or every ClusterQueue with the check stays inactive (clusterqueue.go:253-262)."""
+    crd = eks.named(f"cluster-autoscaler{CRD_SUFFIX}0")
+    assert crd.urn in eks.named("kueue").dependencies

@@ -19,6 +19,7 @@ CONTROL_PLANE = {"key": "node-role.kubernetes.io/control-plane", "effect": "NoSc
 NOT_READY = {"key": "node.kubernetes.io/not-ready", "effect": "NoExecute"}
 OPERATOR = {"key": "nvidia.com/gpu-driver-upgrade", "value": "pending", "effect": "NoSchedule"}
 INFERENCE = {"key": "gpuplat/inference", "value": "true", "effect": "NoSchedule"}
+TRAINING = {"key": "gpuplat/training", "value": "true", "effect": "NoSchedule"}
 RETIRED = {"key": "gpuplat/retired", "value": "true", "effect": "NoSchedule"}
 
 
@@ -58,4 +59,4 @@ def test_the_patch_carries_the_live_nodes_taints(
     assert json.loads(gpu["metadata"]["annotations"][MANAGED_TAINTS_ANNOTATION]) == [
         "gpuplat/inference:NoSchedule"
     ]
-    assert patches["node-gpu-01"]["spec"]["taints"] == [OPERATOR]  # a training node: nothing of its own
+    assert patches["node-gpu-01"]["spec"]["taints"] == [OPERATOR, TRAINING]

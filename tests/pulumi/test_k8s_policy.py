@@ -36,10 +36,10 @@ def _research_takes_more(props: dict[str, Any]) -> None:
 
 
 def _research_reaches_its_cap_on_spot_too(props: dict[str, Any]) -> None:
-    """Each flavor within the cap (48), their sum not: Kueue would admit up to 32 + 48 GPUs."""
+    """Each flavor within the cap (48), their sum not, and no quota-only group to hold the sum: Kueue
+    would admit up to 32 + 32 GPUs."""
     if props["metadata"]["name"] == "research":
-        spot = props["spec"]["resourceGroups"][0]["flavors"][1]["resources"][0]
-        spot["borrowingLimit"] = 48 - spot["nominalQuota"]
+        del props["spec"]["resourceGroups"][1:]
 
 
 def _spot_first(props: dict[str, Any]) -> None:
@@ -127,6 +127,7 @@ VARIANTS: dict[str, tuple[str, Mutate | None, Program | None]] = {
         None,
     ),
     "spot-not-interruptible": ("aws-k8s", _set("pool:train-spot.interruptible", False), None),
+    "untainted-gpu-pool": ("aws-k8s", _set("pool:train.taints", []), None),
     "model-server-on-training": (
         "aws-k8s",
         None,
@@ -210,7 +211,6 @@ def test_shipped_kueue_stacks_pass(verdicts: Callable[[str], list[Verdict]], sta
 REFUSALS = [
     ("flavor-on-inference", "k8s-isolation", "ResourceFlavor train"),
     ("overcommitted-flavor", "k8s-quotas", "ResourceFlavor train"),
-    ("overcommitted-flavor", "k8s-quotas", "ClusterQueue research"),
     ("reach-past-cap-over-flavors", "k8s-quotas", "ClusterQueue research"),
     ("spot-first", "k8s-spot-flavors", "ClusterQueue research"),
     ("unbounded-borrowing", "k8s-quotas", "ClusterQueue eval"),
@@ -219,6 +219,7 @@ REFUSALS = [
     ("train-tolerates-inference", "k8s-isolation", "ResourceFlavor train"),
     ("team-quota-above-gpus", "k8s-quotas", "ResourceQuota team-research/gpus"),
     ("spot-not-interruptible", "k8s-spot-flavors", "ResourceFlavor train-spot"),
+    ("untainted-gpu-pool", "k8s-isolation", "pool train"),
     ("queue-names-unknown-flavor", "k8s-quotas", "ClusterQueue research"),
     ("model-server-on-training", "k8s-isolation", "Deployment serving/model-server"),
     ("model-server-anywhere", "k8s-isolation", "Deployment serving/model-server"),

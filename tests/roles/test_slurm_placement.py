@@ -30,9 +30,10 @@ from tests.unit.test_placement import two_gpu_types  # noqa: E402
 
 
 def with_job_class(platform: dict[str, Any]) -> None:
-    """aws-prod with an L40S pool: research performance-first, product cost-first, eval none; a fastest
-    job class."""
+    """aws-prod with an L40S pool: research performance-first, product L40S first (a list: cost first is
+    H100 first too, by $ per step), eval none; a fastest job class."""
     two_gpu_types(platform)
+    platform["scheduler"]["teams"][1]["placement"] = ["train-l40s"]
     platform["scheduler"]["job_classes"] = [{"name": "fastest", "placement": "performance"}]
 
 
@@ -113,6 +114,14 @@ def job_submit(values: dict[str, Any]) -> Callable[..., dict[str, Any]]:
         assert lua.globals().slurm_job_submit(job_desc, lua.table(), 1000) == 0
         return dict(job_desc)
 
+    def modify(job_rec: dict[str, Any], **fields: Any) -> dict[str, Any]:
+        """scontrol update job: `fields` the change, `job_rec` the pending job as slurmctld has it."""
+        job_desc = lua.table_from(fields)
+        assert lua.globals().slurm_job_modify(job_desc, lua.table_from(job_rec), lua.table(), 0) == 0
+        return dict(job_desc)
+
+    submit.modify = modify  # type: ignore[attr-defined]
+    submit.logged = logged  # type: ignore[attr-defined]
     return submit
 
 
@@ -127,16 +136,67 @@ def test_each_job_gets_its_teams_order_unless_it_chose(mixed: ResolvedPlatform) 
     chose = [
         {"tres_per_node": "gres/gpu:l40s:2"},  # a GPU type (24.11 writes gres/, 22.05 gres:)
         {"tres_per_job": "gres:gpu:h100:8"},
-        {"features": "gpu_l40s"},
-        {"prefer": "gpu_h100"},
         {"req_nodes": "train-0"},
         {"partition": "train_l40s"},  # a pool's own partition
-        {"partition": "gpus,train"},  # several partitions: Slurm picks
+        {"features": "[rack1|rack2]"},  # brackets of its own: one set per job
+        {"features": "graphics*2"},  # a count: brackets would be needed
     ]
     for fields in chose:
         result = submit(default_account="product", **fields)
         assert result.get("features") == fields.get("features"), fields
     assert submit(tres_per_node="gres/gpu:2", default_account="product")["features"] == "[gpu_l40s|gpu_h100]"
+
+
+def test_a_constraint_or_preference_of_the_jobs_own_is_anded_with_the_order(mixed: ResolvedPlatform) -> None:
+    """Issue 51, item 10: --prefer (tried on its own first) or a non-GPU --constraint let a multi-node
+    job span two GPU types. Now the order is ANDed in: every node still has one GPU type."""
+    submit = job_submit(slurm.slurm_vars(mixed))
+    result = submit(default_account="product", features="intel")
+    assert result["features"] == "(intel)&[gpu_l40s|gpu_h100]"
+    result = submit(default_account="product", prefer="intel")
+    assert result["features"] == "[gpu_l40s|gpu_h100]"
+    assert result["prefer"] == "(intel)&[gpu_l40s|gpu_h100]"
+    result = submit(default_account="research", features="gpu_l40s")  # a type: only it matches
+    assert result["features"] == "(gpu_l40s)&[gpu_h100|gpu_l40s]"
+
+
+def test_a_partition_list_gets_the_order_of_its_first_placed_partition(mixed: ResolvedPlatform) -> None:
+    submit = job_submit(slurm.slurm_vars(mixed))
+    assert submit(default_account="product", partition="train,gpus")["features"] == "[gpu_l40s|gpu_h100]"
+    assert submit(default_account="product", partition="fastest,gpus")["features"] == "[gpu_h100|gpu_l40s]"
+
+
+def test_a_job_moved_to_another_partition_gets_that_ones_order(mixed: ResolvedPlatform) -> None:
+    """`scontrol update job=N partition=fastest`: job_submit never sees it, job_modify does."""
+    submit = job_submit(slurm.slurm_vars(mixed))
+    modify = submit.modify  # type: ignore[attr-defined]
+    pending = {"partition": "gpus", "account": "product", "features": "[gpu_l40s|gpu_h100]"}
+    assert modify(pending, partition="fastest")["features"] == "[gpu_h100|gpu_l40s]"
+    own = {"partition": "gpus", "account": "product", "features": "(intel)&[gpu_l40s|gpu_h100]"}
+    assert modify(own, partition="fastest")["features"] == "(intel)&[gpu_h100|gpu_l40s]"
+    assert modify(pending, account="research")["features"] == "[gpu_h100|gpu_l40s]"
+    assert modify(pending, time_limit=60).get("features") is None  # nothing placement reads changed
+
+
+def test_a_pending_jobs_new_constraint_or_preference_keeps_the_order(mixed: ResolvedPlatform) -> None:
+    """`scontrol update job=N features=intel` (or prefer=) replaces the job's constraint: without the
+    order ANDed in again a multi-node job could span two GPU types."""
+    submit = job_submit(slurm.slurm_vars(mixed))
+    modify = submit.modify  # type: ignore[attr-defined]
+    pending = {"partition": "gpus", "account": "product", "features": "[gpu_l40s|gpu_h100]"}
+    assert modify(pending, features="intel")["features"] == "(intel)&[gpu_l40s|gpu_h100]"
+    assert modify(pending, features="")["features"] == "[gpu_l40s|gpu_h100]"
+    moved = modify(pending, prefer="intel")
+    assert moved["prefer"] == "(intel)&[gpu_l40s|gpu_h100]"
+    assert moved["features"] == "[gpu_l40s|gpu_h100]"
+
+
+def test_each_heterogeneous_component_gets_the_order_and_it_is_logged(mixed: ResolvedPlatform) -> None:
+    submit = job_submit(slurm.slurm_vars(mixed))
+    for offset in (0, 1):
+        result = submit(default_account="product", het_job_offset=offset)
+        assert result["features"] == "[gpu_l40s|gpu_h100]"
+    assert any("heterogeneous job component" in line for line in submit.logged)  # type: ignore[attr-defined]
 
 
 def test_the_scheduler_scenario_gives_the_roles_what_infra_gives_them(mixed: ResolvedPlatform) -> None:
@@ -156,12 +216,12 @@ def test_the_scheduler_scenario_gives_the_roles_what_infra_gives_them(mixed: Res
 
 
 def test_a_job_class_gives_its_own_order_whatever_the_team(write_stack: Callable[..., Path]) -> None:
-    """A class whose order is not the stack's (cost first: L40S before H100) sends every team's jobs in
-    its partition that way, the performance-first team's too; each class keeps its own."""
+    """A class whose order is not the stack's (L40S before H100) sends every team's jobs in its partition
+    that way, the performance-first team's too; each class keeps its own."""
 
     def two_classes(platform: dict[str, Any]) -> None:
         with_job_class(platform)
-        platform["scheduler"]["job_classes"].append({"name": "cheapest", "placement": "cost"})
+        platform["scheduler"]["job_classes"].append({"name": "cheapest", "placement": ["train-l40s"]})
 
     values = slurm.slurm_vars(load_platform(write_stack("aws-prod", two_classes)))
     assert values["slurm_placement"]["cheapest"] == {"accounts": {}, "order": ["gpu_l40s", "gpu_h100"]}

@@ -41,6 +41,19 @@ TEMPLATE_KEYS: dict[str, dict[tuple[str, ...], str]] = {
     "fsx_csi_driver": {
         ("node", "region"): "charts/aws-fsx-csi-driver/templates/node-daemonset.yaml",
     },
+    # The deployment template turns every extraArgs key into a flag (`range $key, $value :=
+    # .Values.extraArgs`, cluster-autoscaler/charts/cluster-autoscaler/templates/deployment.yaml:136-140
+    # at cluster-autoscaler-chart-9.59.0); the flags are cluster-autoscaler's (FAQ.md, ProvisioningRequest).
+    "cluster_autoscaler": {
+        (
+            "extraArgs",
+            "enable-provisioning-requests",
+        ): "cluster-autoscaler/charts/cluster-autoscaler/templates/deployment.yaml",
+        (
+            "extraArgs",
+            "kube-api-content-type",
+        ): "cluster-autoscaler/charts/cluster-autoscaler/templates/deployment.yaml",
+    },
 }
 
 # Pinned charts whose values could not be copied from an exact release tag: chart key -> why.

@@ -71,3 +71,26 @@ def test_eks_stacks_have_no_ansible_inventory() -> None:
     assert result.returncode == 2
     assert "EKS" in result.stderr and "Traceback" not in result.stderr
     assert gpuplat("inventory", "--stack", "onprem-k8s").returncode == 0
+
+
+def test_the_helmfile_applies_the_autoscalers_crd_before_its_release(tmp_path: Path) -> None:
+    result = gpuplat("manifests", "--stack", "aws-k8s", "--output", str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr
+    helmfile = documents(tmp_path / "out" / "operators" / "helmfile.yaml")[0]
+    (release,) = [r for r in helmfile["releases"] if r["name"] == "cluster-autoscaler"]
+    (hook,) = release["hooks"]
+    assert hook["events"] == ["presync"] and hook["command"] == "kubectl"
+    assert hook["args"][-1].endswith("autoscaling.x-k8s.io_provisioningrequests.yaml")
+
+
+def test_releases_after_the_autoscaler_wait_for_its_crd(tmp_path: Path) -> None:
+    """helmfile installs releases in parallel unless one needs another, and Kueue sets up its
+    ProvisioningRequest check only if the CRD is served when it starts (cmd/kueue/main.go:512-526 at
+    v0.19.2): without the CRD first, every ClusterQueue with the check stays inactive."""
+    result = gpuplat("manifests", "--stack", "aws-k8s", "--output", str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr
+    releases = documents(tmp_path / "out" / "operators" / "helmfile.yaml")[0]["releases"]
+    autoscaler = next(r for r in releases if r["name"] == "cluster-autoscaler")
+    (kueue,) = [r for r in releases if r["name"] == "kueue"]
+    assert kueue["needs"] == [f"{autoscaler['namespace']}/cluster-autoscaler"]
+    assert "needs" not in autoscaler

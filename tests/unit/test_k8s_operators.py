@@ -25,6 +25,7 @@ from infra.k8s.operators import (
     KUBERNETES_FILE,
     KUEUE_NAMESPACE,
     PROMETHEUS_URL,
+    kueue_manager_config,
     load_kubernetes_data,
     releases,
 )
@@ -171,7 +172,7 @@ def test_crd_providing_charts_match_the_crd_release_tags(
 def test_gpu_operator_daemonsets_tolerate_every_gpu_pool_taint(aws_k8s: ResolvedPlatform) -> None:
     values = by_name(releases(aws_k8s, fsx_facts(CLUSTER_NAME)))["gpu-operator"].values
     gpu_taints = [t for pool in aws_k8s.pools if pool.role in ("train", "infer") for t in taints(pool)]
-    assert len(gpu_taints) == 2  # train-spot and infer are tainted in aws-k8s
+    assert len(gpu_taints) == 3  # every GPU pool is tainted in aws-k8s
     lists = {
         "daemonsets": values["daemonsets"]["tolerations"],
         "node-feature-discovery worker": values["node-feature-discovery"]["worker"]["tolerations"],
@@ -255,7 +256,14 @@ def test_kueue_queues_every_team_job_with_fair_sharing(aws_k8s: ResolvedPlatform
     config = kueue_config(releases(aws_k8s, fsx_facts(CLUSTER_NAME)))
     assert config["manageJobsWithoutQueueName"] is True
     assert config["fairSharing"]["preemptionStrategies"]
-    assert config["integrations"]["frameworks"] == ["batch/job", "jobset.x-k8s.io/jobset"]
+    # Bare Pods, Deployments and StatefulSets too (issue 51, item 7): nothing skips the quota.
+    assert config["integrations"]["frameworks"] == [
+        "batch/job",
+        "jobset.x-k8s.io/jobset",
+        "pod",
+        "deployment",
+        "statefulset",
+    ]
     assert config["resources"]["quotaCheckStrategy"] == "IgnoreUndeclared"
     assert DEFAULT_LOCAL_QUEUE == "default"
 
@@ -364,3 +372,14 @@ def test_data_file_with_a_missing_field_names_file_and_field(tmp_path: Path) -> 
         load_kubernetes_data(broken)
     assert str(broken) in raised.value.message
     assert "charts.kueue.version" in raised.value.message
+
+
+def test_kueue_counts_every_gpu_once_more_in_the_team_cap_resource() -> None:
+    """The cap across flavors (infra.k8s.queues) is written in TEAM_GPU_RESOURCE: Kueue's transformation
+    must add one per GPU and keep the GPU itself."""
+    (transformation,) = kueue_manager_config()["resources"]["transformations"]
+    assert transformation == {
+        "input": "nvidia.com/gpu",
+        "strategy": "Retain",
+        "outputs": {"gpuplat/team-gpus": "1"},
+    }

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from infra.errors import SpecError
-from infra.k8s.objects import LABEL_CAPACITY, LABEL_POOL, node_labels
-from infra.k8s.queues import KUEUE_API, _split, queue_objects, quota_plan, training_flavors
+from infra.k8s.objects import LABEL_CAPACITY, LABEL_POOL, TEAM_GPU_RESOURCE, node_labels
+from infra.k8s.queues import KUEUE_API, TEAM_CAP_FLAVOR, _split, queue_objects, quota_plan, training_flavors
 from infra.k8s.training import example_jobset
 from infra.platform.resolve import ResolvedPlatform, load_platform
 from infra.spec.load import stack_file
@@ -58,26 +58,55 @@ def test_no_team_reaches_past_its_cap(aws_k8s: ResolvedPlatform) -> None:
         assert all(q.nominal + q.borrowing_limit <= team.gpu_quota for q in quotas)
 
 
+def _admissible(queue: dict[str, Any]) -> tuple[dict[str, int], int | None]:
+    """What a queue may admit: per GPU flavor nominal + borrowingLimit, and the cap across them (the
+    quota-only group's nominal, borrowing 0) or None without one."""
+    groups = queue["spec"]["resourceGroups"]
+    per_flavor = {
+        f["name"]: f["resources"][0]["nominalQuota"] + f["resources"][0]["borrowingLimit"]
+        for f in groups[0]["flavors"]
+    }
+    cap = None
+    for group in groups[1:]:
+        assert group["coveredResources"] == [TEAM_GPU_RESOURCE]
+        (resource,) = group["flavors"][0]["resources"]
+        assert resource["borrowingLimit"] == 0
+        cap = resource["nominalQuota"]
+    return per_flavor, cap
+
+
 @pytest.mark.parametrize("stack", KUEUE_STACKS)
-def test_what_kueue_may_admit_for_a_team_over_all_flavors_is_within_its_cap(stack: str) -> None:
-    """Kueue caps each flavor on its own (nominal + borrowingLimit); summed over the flavors a queue
-    tries, that is what it may admit, and past the cap the namespace's ResourceQuota refuses pods of
-    workloads Kueue already admitted."""
+def test_each_flavor_reaches_its_whole_pool_and_the_team_reach_over_flavors_is_its_cap(stack: str) -> None:
+    """Kueue caps each flavor on its own (nominal + borrowingLimit): each flavor may take its whole pool
+    (or the team's spot or on-demand part), and the quota-only TEAM_GPU_RESOURCE, one per GPU by Kueue's
+    resource transformation, holds the sum over flavors to the cap."""
     platform = load_platform(stack_file(stack))
     queues = {o["metadata"]["name"]: o for o in queue_objects(platform) if o["kind"] == "ClusterQueue"}
+    pools = {p.name: p.max_gpus for p in training_flavors(platform)}
     for team in platform.spec.scheduler.teams:
-        flavors = queues[team.name]["spec"]["resourceGroups"][0]["flavors"]
-        reach = sum(r["nominalQuota"] + r["borrowingLimit"] for f in flavors for r in f["resources"])
-        assert reach <= team.gpu_quota, (team.name, flavors)
+        per_flavor, cap = _admissible(queues[team.name])
+        for flavor, reach in per_flavor.items():
+            assert reach == min(pools[flavor], team.gpu_quota) or team.spot_gpu_quota is not None
+        total = sum(per_flavor.values()) if cap is None else min(cap, sum(per_flavor.values()))
+        assert total == team.gpu_quota, team.name
 
 
 def test_a_team_splits_its_cap_between_spot_and_on_demand(aws_k8s: ResolvedPlatform) -> None:
     plan = quota_plan(aws_k8s)
     reach = {(q.team, q.flavor): q.nominal + q.borrowing_limit for q in plan.teams}
     assert (reach["product", "train"], reach["product", "train-spot"]) == (16, 8)  # spot_gpu_quota: 8 of 24
-    # Without a split the flavors take the cap in the order a queue tries them, on-demand first.
-    assert (reach["research", "train"], reach["research", "train-spot"]) == (32, 16)
-    assert (reach["eval", "train"], reach["eval", "train-spot"]) == (8, 0)
+    # Without a split every flavor reaches its whole pool; the cap group holds the sum to the cap.
+    assert (reach["research", "train"], reach["research", "train-spot"]) == (32, 32)
+    assert (reach["eval", "train"], reach["eval", "train-spot"]) == (8, 8)
+
+
+def test_no_spot_gpu_is_out_of_every_queue_s_reach(aws_k8s: ResolvedPlatform) -> None:
+    """Issue 51: 8 of the 32 spot GPUs were in no queue's reach; now every pool's GPUs are."""
+    plan = quota_plan(aws_k8s)
+    for pool in training_flavors(aws_k8s):
+        assert (
+            max(q.nominal + q.borrowing_limit for q in plan.teams if q.flavor == pool.name) == pool.max_gpus
+        )
 
 
 def test_a_spot_part_above_the_cap_is_refused(write_stack: Callable[..., Path]) -> None:
@@ -119,7 +148,8 @@ def test_flavors_select_their_pool_and_tolerate_its_taints(aws_k8s: ResolvedPlat
     flavors = {
         o["metadata"]["name"]: o["spec"] for o in queue_objects(aws_k8s) if o["kind"] == "ResourceFlavor"
     }
-    assert set(flavors) == {"train", "train-spot"}
+    assert set(flavors) == {"train", "train-spot", TEAM_CAP_FLAVOR}
+    assert flavors[TEAM_CAP_FLAVOR] == {}  # quota only: it selects no nodes
     assert flavors["train-spot"]["nodeLabels"] == {
         "workload": "training",
         "gpuplat/pool": "train-spot",
@@ -127,8 +157,9 @@ def test_flavors_select_their_pool_and_tolerate_its_taints(aws_k8s: ResolvedPlat
         "gpuplat/capacity": "spot",
     }
     assert flavors["train-spot"]["tolerations"][0]["key"] == "gpuplat/spot"
-    assert "tolerations" not in flavors["train"]
-    assert flavors["train"]["topologyName"] == "aws-k8s-network"
+    assert flavors["train"]["tolerations"][0]["key"] == "gpuplat/training"  # every GPU pool is tainted
+    # Every queue lists the autoscaled spot pool too, which cannot use topology: no queue does.
+    assert "topologyName" not in flavors["train"]
 
 
 @pytest.mark.parametrize("stack", KUEUE_STACKS)
@@ -149,7 +180,9 @@ def test_every_key_a_job_selects_on_is_a_flavor_label(stack: str) -> None:
     """Kueue matches a job's node selector against flavors only on keys some flavor's nodeLabels name;
     another key is ignored in the flavor choice and the pod may land on a flavor it cannot run on."""
     platform = load_platform(stack_file(stack))
-    flavors = [o["spec"]["nodeLabels"] for o in queue_objects(platform) if o["kind"] == "ResourceFlavor"]
+    flavors = [
+        o["spec"].get("nodeLabels", {}) for o in queue_objects(platform) if o["kind"] == "ResourceFlavor"
+    ]
     keys = {key for labels in flavors for key in labels}
     job = example_jobset(platform, platform.spec.scheduler.teams[0].name)
     selector = job["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["nodeSelector"]
@@ -159,7 +192,15 @@ def test_every_key_a_job_selects_on_is_a_flavor_label(stack: str) -> None:
         assert {LABEL_POOL, LABEL_CAPACITY} <= set(node_labels(pool)) <= keys
 
 
-def test_the_example_job_asks_for_the_narrowest_network_level(aws_k8s: ResolvedPlatform) -> None:
+def test_the_example_job_asks_for_the_narrowest_network_level(write_stack: Callable[..., Path]) -> None:
+    """Where the team's queue uses topology (a stack of fixed EFA pools only)."""
+
+    def fixed_only(platform: dict[str, Any]) -> None:
+        platform["pools"] = [p for p in platform["pools"] if p["name"] != "train-spot"]
+        for team in platform["scheduler"]["teams"]:
+            team.pop("spot_gpu_quota", None)
+
+    aws_k8s = load_platform(write_stack("aws-k8s", fixed_only))
     job = example_jobset(aws_k8s, "research")
     annotations = job["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["metadata"]["annotations"]
     assert annotations["kueue.x-k8s.io/podset-preferred-topology"] == "topology.k8s.aws/network-node-layer-3"
@@ -178,3 +219,40 @@ def test_every_team_namespace_gets_a_default_local_queue_and_only_v1beta2(aws_k8
     assert {o["apiVersion"] for o in objects} == {KUEUE_API}
     priorities = {o["metadata"]["name"]: o["value"] for o in objects if o["kind"] == "WorkloadPriorityClass"}
     assert priorities["high"] > priorities["normal"] > priorities["spot"]
+
+
+def test_autoscaled_flavors_wait_for_a_provisioning_request(aws_k8s: ResolvedPlatform) -> None:
+    """Issue 51, item 8: the spot pool scales from zero and a multi-node job got part of its nodes, held
+    them idle until waitForPodsReady evicted it, and tried again. Now Kueue asks the cluster autoscaler
+    for the whole workload first (an AdmissionCheck on the autoscaled flavors only)."""
+    objects = queue_objects(aws_k8s)
+    check = next(o for o in objects if o["kind"] == "AdmissionCheck")
+    config = next(o for o in objects if o["kind"] == "ProvisioningRequestConfig")
+    assert check["spec"]["controllerName"] == "kueue.x-k8s.io/provisioning-request"
+    assert check["spec"]["parameters"]["name"] == config["metadata"]["name"]
+    assert config["spec"]["provisioningClassName"] == "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
+    for queue in (o for o in objects if o["kind"] == "ClusterQueue"):
+        (entry,) = queue["spec"]["admissionChecksStrategy"]["admissionChecks"]
+        assert entry == {"name": check["metadata"]["name"], "onFlavors": ["train-spot"]}
+
+
+def test_the_autoscaler_serves_provisioning_requests_with_their_crd() -> None:
+    from infra.k8s.operators import releases
+    from tests.conftest import fsx_facts
+
+    platform = load_platform(stack_file("aws-k8s"))
+    (autoscaler,) = [r for r in releases(platform, fsx_facts()) if r.name == "cluster-autoscaler"]
+    assert autoscaler.values["extraArgs"]["enable-provisioning-requests"] is True
+    assert autoscaler.values["extraArgs"]["kube-api-content-type"] == "application/json"
+    tag = autoscaler.values["image"]["tag"].removeprefix("v")
+    assert autoscaler.crd_urls == (
+        f"https://raw.githubusercontent.com/kubernetes/autoscaler/cluster-autoscaler-{tag}/"
+        "cluster-autoscaler/apis/config/crd/autoscaling.x-k8s.io_provisioningrequests.yaml",
+    )
+
+
+def test_fixed_pools_and_clusters_without_the_autoscaler_have_no_provisioning_check() -> None:
+    platform = load_platform(stack_file("onprem-k8s"))
+    objects = queue_objects(platform)
+    assert not [o for o in objects if o["kind"] in ("AdmissionCheck", "ProvisioningRequestConfig")]
+    assert all("admissionChecksStrategy" not in o["spec"] for o in objects if o["kind"] == "ClusterQueue")

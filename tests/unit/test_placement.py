@@ -62,7 +62,8 @@ def test_performance_tries_the_fastest_gpus_and_cost_the_cheapest_gpu_hour(mixed
         "train-l40s",
         "train-spot",
     ]
-    assert [p.name for p in training_order(mixed, product.placement)] == ["train-l40s", "train", "train-spot"]
+    # Cost first is by $ per step: the L40S GPU-hour is cheaper, its step 2.7 x longer (issue 51, item 4).
+    assert [p.name for p in training_order(mixed, product.placement)] == ["train", "train-l40s", "train-spot"]
     assert [p.name for p in training_order(mixed, eval_.placement)] == [
         "train",
         "train-l40s",
@@ -79,7 +80,7 @@ def test_each_team_queue_lists_its_flavors_in_its_order_and_moves_on_when_full(
     }
     assert order == {
         "research": ["train", "train-l40s", "train-spot"],
-        "product": ["train-l40s", "train", "train-spot"],
+        "product": ["train", "train-l40s", "train-spot"],
         "eval": ["train", "train-l40s", "train-spot"],
     }
     for queue in queues.values():
@@ -91,14 +92,43 @@ def test_each_team_queue_lists_its_flavors_in_its_order_and_moves_on_when_full(
         assert_accepted(queue)
 
 
-def test_a_cost_first_team_reaches_the_cheap_pool_before_its_cap_runs_out(mixed: ResolvedPlatform) -> None:
-    """The cap is taken flavor by flavor in the team's own order: product (cost first; 16 of its cap of 24
-    on demand, 8 on spot) holds its on-demand part on the 16 L40S GPUs and none on the H100s; research
-    (performance first) reaches all 32 H100s first, then the L40S GPUs."""
+def test_every_flavor_keeps_its_whole_pool_within_the_team_part_so_the_fallback_works(
+    mixed: ResolvedPlatform,
+) -> None:
+    """Issue 51: splitting the cap per flavor gave product (16 on demand, 8 spot) 16 on L40S and 0 on the
+    H100s, so 'falls back to H100 when L40S is full' never happened. Each flavor now reaches its whole
+    pool or the team's part of the cap, and the cap across flavors is the quota-only group's."""
     reach = {(q.team, q.flavor): q.nominal + q.borrowing_limit for q in quota_plan(mixed).teams}
-    assert reach["product", "train-l40s"] == 16
-    assert reach["product", "train"] == 0 and reach["product", "train-spot"] == 8
-    assert reach["research", "train"] == 32 and reach["research", "train-l40s"] == 16
+    assert reach["product", "train-l40s"] == 16 and reach["product", "train"] == 16
+    assert reach["product", "train-spot"] == 8
+    assert (reach["research", "train"], reach["research", "train-l40s"], reach["research", "train-spot"]) == (
+        32,
+        16,
+        32,
+    )
+    queues = {o["metadata"]["name"]: o for o in queue_objects(mixed) if o["kind"] == "ClusterQueue"}
+    cap = queues["research"]["spec"]["resourceGroups"][1]["flavors"][0]["resources"][0]
+    assert (cap["name"], cap["nominalQuota"], cap["borrowingLimit"]) == ("gpuplat/team-gpus", 48, 0)
+
+
+def test_cost_first_is_the_order_of_size_s_dollars_per_step(tmp_path: Path) -> None:
+    """`gpuplat size --stack` for an 8B model that fits every pool: the pools sorted by its $ per step
+    are the order a cost-first team's queue tries them (on-demand first, as every order)."""
+    document = copy.deepcopy(stack_document("aws-k8s"))
+    two_gpu_types(document["config"][CONFIG_KEY])
+    stack = tmp_path / "Pulumi.mixed.yaml"
+    stack.write_text(yaml.safe_dump(document, sort_keys=False))
+    run = run_cli(
+        "size", "--params", "8e9", "--dp", "16", "--zero", "3", "--stack-file", str(stack), "--json"
+    )
+    assert run.code == 0, run.err
+    pools = json.loads(run.out)["pools"]
+    assert all(p["fits"] for p in pools)
+    on_demand = [p for p in pools if p["pool"] != "train-spot"]
+    by_step = [p["pool"] for p in sorted(on_demand, key=lambda p: p["usd_per_step_ratio"])]
+    platform = load_platform(stack)
+    cost_first = [p.name for p in training_order(platform, "cost") if p.name != "train-spot"]
+    assert cost_first == by_step == ["train", "train-l40s"]
 
 
 def test_an_unknown_preference_is_refused_naming_the_field(write_stack: Callable[..., Path]) -> None:
@@ -123,8 +153,12 @@ def test_size_against_the_stack_says_which_pools_fit_and_compares_them_per_step(
     assert pools["train-l40s"]["why_not"].startswith("44.7 GiB per GPU, the run needs")
     h100, spot = pools["train"], pools["train-spot"]
     assert (h100["nodes"], h100["step_time_ratio"], spot["usd_per_step_ratio"]) == (2, 1.0, 1.0)
-    # On-demand H100 at $55.04 per node-hour against spot at the catalog's discount: 2.22 x per step.
-    assert h100["usd_per_step_ratio"] == round(55.04 / pools["train-spot"]["usd_per_hour"] * 2, 2)
+    # On-demand H100 at $55.04 per node-hour against spot at the catalog's discount, spot's hours
+    # stretched by its interruptions (1 a day, 10 min to restart; no step seconds: restart only).
+    lost = 1 / 24 * 10 / 60
+    assert spot["spot_overhead"] == round(lost, 4) and h100["spot_overhead"] is None
+    spot_per_step = pools["train-spot"]["usd_per_hour"] / (1 - lost)
+    assert h100["usd_per_step_ratio"] == round(110.08 / spot_per_step, 2)
 
 
 def test_a_list_preference_puts_the_named_pools_first(write_stack: Callable[..., Path]) -> None:
@@ -183,19 +217,19 @@ def four_gpu_types(platform: dict[str, Any]) -> None:
             pools.insert(at + offset, {**pool, "capacity": "on-demand", "labels": {"workload": "training"}})
 
 
-def test_performance_ranks_tflops_then_bandwidth_and_cost_the_gpu_hour(
+def test_performance_ranks_tflops_then_bandwidth_and_cost_the_dollars_per_step(
     write_stack: Callable[..., Path],
 ) -> None:
     """The catalog's figures: H200 and H100 989 dense BF16 TFLOPS (H200 4.8 TB/s of memory bandwidth
-    against 3.35), L40S 362, A10G none listed (counts 0); the pool's price over its GPUs. Spot stays last,
-    and without a preference the stack's order holds."""
+    against 3.35), L40S 362, A10G none listed (counts 0: never first on cost); cost is the pool's price
+    over its GPUs over the TFLOPS. Spot stays last, and without a preference the stack's order holds."""
     platform = load_platform(write_stack("aws-k8s", four_gpu_types))
     order = {
         str(p): [pool.name for pool in training_order(platform, p)] for p in ("performance", "cost", None)
     }
     assert order == {
         "performance": ["train-h200", "train", "train-l40s", "train-a10g", "train-spot"],
-        "cost": ["train-a10g", "train-l40s", "train-h200", "train", "train-spot"],
+        "cost": ["train-h200", "train", "train-l40s", "train-a10g", "train-spot"],
         "None": ["train-l40s", "train", "train-h200", "train-a10g", "train-spot"],
     }
     pools = {p.name: p for p in platform.pools}
@@ -204,8 +238,9 @@ def test_performance_ranks_tflops_then_bandwidth_and_cost_the_gpu_hour(
     assert gpu_hour_usd(pools["train"]) == pools["train"].node_usd_per_hour / 8
     assert gpu_hour_usd(pools["train-a10g"]) == pools["train-a10g"].node_usd_per_hour  # one GPU
     assert gpu_hour_usd(pools["system"]) == pools["system"].node_usd_per_hour  # none: the node's price
-    # Equal GPU-hours go to the faster GPU first.
-    assert _cost_key(pools["train"]) == (pools["train"].node_usd_per_hour / 8, -989.0)
+    # Equal $ per step go to the faster GPU first.
+    assert _cost_key(pools["train"]) == (pools["train"].node_usd_per_hour / 8 / 989.0, -989.0)
+    assert _cost_key(pools["train-a10g"])[0] == float("inf")
 
 
 def test_unknown_pools_are_the_listed_names_that_are_no_training_pool(

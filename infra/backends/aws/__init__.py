@@ -419,6 +419,7 @@ class AwsBackend:
                 fs.mount_path,
                 fs.capacity_tib,
                 {"file_system_id": lustre.id, "dns_name": lustre.dns_name, "mount_name": lustre.mount_name},
+                pulumi.Output.concat,
             ),
             cluster_name=eks.cluster.name,
             region=spec.region,

@@ -11,7 +11,8 @@ from infra.cli import output
 from infra.cli.output_tree import Force, write_tree
 from infra.cli.stack_options import StackFile, StackName, platform_from_options
 from infra.errors import SpecError
-from infra.k8s.export import CHART_TYPE, RecordedChart, manifest_files, mock_values
+from infra.k8s.export import CHART_TYPE, CONFIG_FILE_TYPE, RecordedChart, manifest_files, mock_values
+from infra.k8s.objects import CRD_SUFFIX
 from infra.k8s.training import example_jobset
 from infra.plan.record import record
 
@@ -32,7 +33,15 @@ def manifests(
     kubernetes = [r for r in recording.resources if r.type.startswith("kubernetes:")]
     objects = [r.inputs for r in kubernetes if "kind" in r.inputs and not r.type.endswith("Patch")]
     patches = [r.inputs for r in kubernetes if r.type.endswith("Patch")]
-    charts = [RecordedChart(r.name, r.inputs) for r in kubernetes if r.type == CHART_TYPE]
+    crds: dict[str, list[str]] = {}
+    for resource in kubernetes:
+        if resource.type == CONFIG_FILE_TYPE and CRD_SUFFIX in resource.name:
+            crds.setdefault(resource.name.split(CRD_SUFFIX)[0], []).append(str(resource.inputs["file"]))
+    charts = [
+        RecordedChart(r.name, r.inputs, tuple(crds.get(r.name, ())))
+        for r in kubernetes
+        if r.type == CHART_TYPE
+    ]
     examples = {
         f"{team.name}-jobset.yaml": example_jobset(platform, team.name)
         for team in platform.spec.scheduler.teams

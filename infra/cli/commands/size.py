@@ -15,7 +15,7 @@ from infra.data.load import catalog
 from infra.data.models import GB, NodeProvider
 from infra.errors import SpecError
 from infra.errors.problems import Loc, spec_error, validation_problems
-from infra.training.pool_fit import pool_fits
+from infra.training.pool_fit import SpotAssumption, pool_fits
 from infra.training.sizing import (
     Attention,
     Optimizer,
@@ -24,6 +24,7 @@ from infra.training.sizing import (
     plan_nodes,
     size_training,
 )
+from infra.training.step_time import Shape
 
 # The flag of each TrainingSizingRequest field: messages name what the user typed.
 FLAGS = {
@@ -205,6 +206,12 @@ def size(
     provider: Annotated[
         str, typer.Option(help="aws | onprem: which of the catalog's node types to choose from")
     ] = "aws",
+    spot_interruptions_per_day: Annotated[
+        float, typer.Option(min=0, help="with --stack: spot interruptions per day of running (an assumption)")
+    ] = SpotAssumption.interruptions_per_day,
+    spot_restart_minutes: Annotated[
+        float, typer.Option(min=0, help="with --stack: minutes from a spot interruption to running again")
+    ] = SpotAssumption.restart_minutes,
     stack: StackName = None,
     stack_file_path: StackFile = None,
     json_output: JsonFlag = False,
@@ -238,7 +245,13 @@ def size(
         platform = platform_from_options(stack, stack_file_path)
         result = size_training(TrainingSizingRequest.model_validate(fields))
         data["stack"] = platform.name
-        data["pools"] = [fit.as_json() for fit in pool_fits(platform, result)]
+        shape = Shape(seq_len, micro_batch, hidden, layers)
+        spot = SpotAssumption(spot_interruptions_per_day, spot_restart_minutes)
+        data["pools"] = [fit.as_json() for fit in pool_fits(platform, result, shape, spot)]
+        data["spot_assumption"] = {
+            "interruptions_per_day": spot.interruptions_per_day,
+            "restart_minutes": spot.restart_minutes,
+        }
     if json_output:
         output.print_json(data)
         return
@@ -281,14 +294,17 @@ def _print_pools(console: Console, stack: str, pools: list[dict[str, Any]]) -> N
             "yes" if p["fits"] else f"no: {p['why_not']}",
             "-" if p["nodes"] is None else f"{p['nodes']} of {p['pool_max_nodes']}",
             "-" if p["usd_per_hour"] is None else output.usd(p["usd_per_hour"]),
+            "-" if p["step_time_s"] is None else f"{p['step_time_s']:.3g} s",
             ratio(p["step_time_ratio"]),
             ratio(p["usd_per_step_ratio"]),
         ]
         for p in pools
     ]
-    columns = ["pool", "GPU", "fits", "nodes", "$/h", "step time", "$ per step"]
+    columns = ["pool", "GPU", "fits", "nodes", "$/h", "step", "step time", "$ per step"]
     console.print(output.table(f"The training pools of {stack}", columns, rows))
     console.print(
-        "  step time: over the fastest pool's, from dense BF16 TFLOPS (a compute-bound step); "
-        "$ per step: over the cheapest pool's"
+        "  step: compute at the precision's dense TFLOPS + the optimizer step at memory bandwidth + "
+        "gradient and tensor-parallel traffic (seconds with the activation flags --seq-len ... --layers, "
+        "else compute only); step time: over the fastest pool's; $ per step: over the cheapest pool's, "
+        "spot with its interruptions (--spot-interruptions-per-day, --spot-restart-minutes: assumptions)"
     )

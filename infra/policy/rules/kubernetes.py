@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from infra.k8s.objects import LABEL_POOL, LABEL_ROLE, serving_namespace, team_namespace
+from infra.k8s.objects import LABEL_POOL, LABEL_ROLE, TEAM_GPU_RESOURCE, serving_namespace, team_namespace
 from infra.platform.resolve import ResolvedPlatform
 from infra.policy.rules.base import Finding, PolicyContext, _items, _number
 from infra.policy.view import ResourceIndex, ResourceView
@@ -124,6 +124,14 @@ def check_kubernetes_isolation(index: ResourceIndex, ctx: PolicyContext) -> Iter
         return
     infer_pools, infer_taints = _inference(platform)
     train_taints = {t.key for p in platform.pools_with_role("train") for t in p.spec.taints}
+    for pool in platform.pools_with_role("train"):
+        if pool.gpus_per_node and not any(t.effect in ("NoSchedule", "NoExecute") for t in pool.spec.taints):
+            yield Finding(
+                f"pool {pool.name}",
+                f"training pool {pool.name!r} has GPUs and no NoSchedule or NoExecute taint: a pod Kueue "
+                "never admitted (another namespace's, a DaemonSet's) can take its GPU nodes; taint it (the "
+                "flavor then tolerates the taint for the jobs Kueue admits)",
+            )
     serving = serving_namespace(platform)
     for view in kubernetes_objects(index):
         namespace = _meta(view, "namespace")
@@ -243,23 +251,42 @@ def check_spot_flavors(index: ResourceIndex, ctx: PolicyContext) -> Iterator[Fin
             )
 
 
+def _cap_over_flavors(view: ResourceView) -> float | None:
+    """The queue's limit on the quota-only TEAM_GPU_RESOURCE (nominal + borrowing limit), which Kueue's
+    resource transformation counts one per GPU over every flavor; None without one (or unbounded)."""
+    spec = view.props.get("spec") or {}
+    for group in _items(spec.get("resourceGroups")):
+        for flavor in _items(group.get("flavors") if isinstance(group, Mapping) else None):
+            for resource in _items(flavor.get("resources") if isinstance(flavor, Mapping) else None):
+                if isinstance(resource, Mapping) and resource.get("name") == TEAM_GPU_RESOURCE:
+                    limit = resource.get("borrowingLimit")
+                    if limit is not None:
+                        return _number(resource.get("nominalQuota")) + _number(limit)
+    return None
+
+
 def _queues_within_caps(queues: list[ResourceView], caps: dict[str, int]) -> Iterator[Finding]:
     """Kueue limits each flavor on its own: a team's reach is its nominal plus borrowing limit summed over
-    every flavor, and it must stay within the team's cap, or Kueue admits workloads the team namespace's
-    ResourceQuota then refuses pods of (half-started jobs holding nodes)."""
+    every flavor, or the queue's limit on TEAM_GPU_RESOURCE where that is lower, and it must stay within
+    the team's cap, or Kueue admits workloads the team namespace's ResourceQuota then refuses pods of
+    (half-started jobs holding nodes)."""
     for view in queues:
         cap = caps.get(_meta(view, "name"))
         quotas = list(_flavor_quotas(view))
         if cap is None or any(limit is None for _, _, limit in quotas):
             continue
+        over_flavors = _cap_over_flavors(view)
         reach = sum(nominal + (limit or 0) for _, nominal, limit in quotas)
+        if over_flavors is not None:
+            reach = min(reach, over_flavors)
         if reach > cap:
             parts = ", ".join(f"{flavor} {nominal + (limit or 0):g}" for flavor, nominal, limit in quotas)
             yield Finding(
                 object_label(view),
                 f"{object_label(view)} may hold {reach:g} GPUs over its flavors ({parts}: nominal + "
                 f"borrowing limit), above team {_meta(view, 'name')!r}'s gpu_quota of {cap}; Kueue caps "
-                "each flavor on its own, so the cap must be split across them",
+                "each flavor on its own, so the cap must be split across them or held by a quota-only "
+                f"{TEAM_GPU_RESOURCE} resource group",
                 view.urn or None,
             )
 
