@@ -12,8 +12,9 @@ from infra.cli.commands.check import PolicyConfigFile, fail_on_mandatory
 from infra.cli.stack_options import JsonFlag, StackFile, StackName, stack_path
 from infra.errors import SpecError
 from infra.lifecycle import cloud_stack
-from infra.plan.diff import PlanDiff, load_base, markdown, plan_diff
+from infra.plan.diff import PlanDiff, ResourceChange, load_base, markdown, plan_diff, shown
 from infra.plan.report import PlanReport, build_report
+from infra.plan.snapshot import snapshot
 from infra.platform.resolve import load_platform
 from infra.policy.config import load_policy_config
 from infra.policy.rules.service_costs import NOT_COUNTED
@@ -147,23 +148,26 @@ def plan(
         raise SpecError("--format markdown shows a difference: give --base (a stack file or a git revision)")
     config = load_policy_config(policy_config) if policy_config else PolicyConfig()
     path = stack_path(stack, stack_file)
+    if base is not None:
+        planned_base = load_base(path, base)  # a bad base is refused before the head is planned
+        head = snapshot(load_platform(path), config=config)
+        diff = plan_diff(planned_base.snapshot, head, planned_base.label, str(path), planned_base.code)
+        render_diff(diff, output_format)
+        fail_on_mandatory({diff.stack: {v["rule"] for v in diff.mandatory}})
+        return
     platform = load_platform(path)
     report = build_report(platform, config=config)
-    if base is not None:
-        base_platform, base_label = load_base(path, base)
-        render_diff(plan_diff(base_platform, platform, base_label, str(path)), output_format)
+    changes = None
+    if deployed:
+        deployed_stack = cloud_stack.open_stack(platform, "`gpuplat plan --deployed`", create=False)
+        changes = cloud_stack.preview(deployed_stack, lambda line: output.stderr().out(line.rstrip()))
+    if output_format == "json":
+        extra = {"deployed_changes": changes.counts} if changes else {}
+        output.print_json({**report.to_dict(), **extra})
     else:
-        changes = None
-        if deployed:
-            deployed_stack = cloud_stack.open_stack(platform, "`gpuplat plan --deployed`", create=False)
-            changes = cloud_stack.preview(deployed_stack, lambda line: output.stderr().out(line.rstrip()))
-        if output_format == "json":
-            extra = {"deployed_changes": changes.counts} if changes else {}
-            output.print_json({**report.to_dict(), **extra})
-        else:
-            render_plan(report)
-            if changes is not None:
-                output.stdout().print(f"Against the deployed stack: {changes.line()}", markup=False)
+        render_plan(report)
+        if changes is not None:
+            output.stdout().print(f"Against the deployed stack: {changes.line()}", markup=False)
     fail_on_mandatory({report.stack: {v["rule"] for v in report.verdicts if v["severity"] == "mandatory"}})
 
 
@@ -182,8 +186,23 @@ def render_diff(diff: PlanDiff, output_format: str) -> None:
         f"{output.usd(diff.before.usd_per_hour)}/h -> {output.usd(diff.after.usd_per_hour)}/h at full size",
         markup=False,
     )
+    if diff.settings:
+        console.print(output.table(
+            "Setting changes", ["setting", "before", "after"],
+            [[s.field, shown(s.old), shown(s.new)] for s in diff.settings],
+        ))  # fmt: skip
     if diff.changes:
         console.print(output.table(
             "Resource changes", ["change", "type", "name", "inputs"],
-            [[c.op, c.type, c.name, ", ".join(c.fields)] for c in diff.changes],
+            [[c.op, c.type, c.name, _values_text(c)] for c in diff.changes],
         ))  # fmt: skip
+    mandatory = len(diff.mandatory)
+    console.print(
+        f"Policy: {'FAILED' if mandatory else 'passed'} ({mandatory} mandatory, "
+        f"{len(diff.verdicts) - mandatory} advisory findings; details: gpuplat check)",
+        markup=False,
+    )
+
+
+def _values_text(change: ResourceChange) -> str:
+    return "\n".join(f"{v.field}: {shown(v.old)} -> {shown(v.new)}" for v in change.values)
