@@ -7,6 +7,7 @@ versioned (`FORMAT`): a newer reader refuses a snapshot it does not know rather 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from dataclasses import asdict, dataclass, field
@@ -18,6 +19,7 @@ from infra.plan.report import full_size_usd_per_hour, recorded_services
 from infra.platform.resolve import ResolvedPlatform, load_platform
 from infra.policy.check import verdicts_for
 from infra.policy.settings import PolicyConfig
+from infra.spec.load import PROJECT_ROOT
 
 FORMAT = 1
 
@@ -60,6 +62,35 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix: value}
 
 
+def _digest(path: Path) -> str:
+    """A file's SHA-256, or a directory's over its files' relative paths and contents."""
+    digest = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for file in files:
+        digest.update(file.relative_to(path).as_posix().encode() if path.is_dir() else b"")
+        digest.update(file.read_bytes() if file.exists() else b"(missing)")
+    return digest.hexdigest()[:16]
+
+
+def portable(value: Any) -> Any:
+    """Inputs that compare across checkouts: a file asset or archive (recorded by its absolute path, which
+    differs between the head and a worktree of the base) by its path in the project and its content's
+    digest, so a changed role file shows as a changed value and an unchanged one in another place does not."""
+    if isinstance(value, dict):
+        kinds = ("FileAsset", "FileArchive")
+        if len(value) == 1 and next(iter(value)) in kinds and isinstance(next(iter(value.values())), str):
+            kind, location = next(iter(value.items()))
+            path = Path(location)
+            where = (
+                path.relative_to(PROJECT_ROOT).as_posix() if path.is_relative_to(PROJECT_ROOT) else location
+            )
+            return {kind: where, "sha256": _digest(path)}
+        return {key: portable(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [portable(item) for item in value]
+    return value
+
+
 def snapshot(
     platform: ResolvedPlatform, recording: Recording | None = None, config: PolicyConfig | None = None
 ) -> PlanSnapshot:
@@ -68,7 +99,7 @@ def snapshot(
         stack=platform.name,
         gpus=platform.total_gpus,
         usd_per_hour=full_size_usd_per_hour(platform, recorded_services(recording)),
-        resources={resource_key(r.type, r.name): r.inputs for r in recording.resources},
+        resources={resource_key(r.type, r.name): portable(r.inputs) for r in recording.resources},
         settings=flatten(platform.spec.model_dump(mode="json")),
         verdicts=[v.to_dict() for v in verdicts_for(platform, recording, config)],
     )

@@ -15,6 +15,7 @@ import yaml
 
 import infra.plan.snapshot as snapshot_module
 from infra.errors import SpecError
+from infra.plan import record as record_module
 from infra.plan.diff import (
     MARKDOWN_ROWS,
     PlanDiff,
@@ -40,7 +41,7 @@ _RECORDED: dict[str, Recording] = {}
 
 @pytest.fixture(autouse=True)
 def _record_each_stack_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    record = snapshot_module.record
+    record = record_module.record
 
     def once(platform: ResolvedPlatform) -> Recording:
         key = platform.spec.model_dump_json()

@@ -9,6 +9,7 @@ import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,7 +40,7 @@ def platform_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def branch(platform_repository: Path) -> Path:
+def branch(platform_repository: Path) -> Iterator[Path]:
     """A branch of main to change; main checked out again afterwards."""
     _git(platform_repository, "checkout", "-q", "-B", "change", "main")
     yield platform_repository
