@@ -159,3 +159,17 @@ def test_junit_names_its_suites_cases_failures_and_skips() -> None:
     output = cases["spot-training-share"].find("system-out")
     assert output is not None and output.text == "advisory: pool train-spot: a large share"
     assert list(cases["spot-training-share"]) == [output]  # an advisory finding does not fail the case
+
+
+def test_conflicting_format_flags_are_refused() -> None:
+    """--json is --format json: beside another --format it is two answers to one question (exit 2, nothing
+    on stdout); beside --format json it is the same answer."""
+    for command in (("plan", "--stack", "local", "--base", "HEAD"), ("check", "--stack", "local")):
+        other = "markdown" if command[0] == "plan" else "sarif"
+        refused = gpuplat(*command, "--json", "--format", other)
+        assert refused.returncode == 2 and refused.stdout == ""
+        assert f"--json and --format {other} ask for two formats" in refused.stderr
+    text = gpuplat("check", "--stack", "local", "--json", "--format", "text")
+    assert text.returncode == 2
+    same = gpuplat("check", "--stack", "local", "--json", "--format", "json")
+    assert same.returncode == 0 and json.loads(same.stdout)[0]["stack"] == "local"

@@ -34,7 +34,7 @@ PolicyConfigFile = Annotated[
 
 
 CheckFormat = Annotated[
-    str, typer.Option("--format", help="text | json | sarif (code scanning) | junit (test reports)")
+    str | None, typer.Option("--format", help="text | json | sarif (code scanning) | junit (test reports)")
 ]
 _FORMATS = ("text", "json", "sarif", "junit")
 
@@ -78,7 +78,7 @@ def check(
     stack_file: StackFile = None,
     every: AllFlag = False,
     policy_config: PolicyConfigFile = None,
-    output_format: CheckFormat = "text",
+    output_format: CheckFormat = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Check the policy rules offline: the real Pulumi program under the SDK's mocks, no cloud calls."""

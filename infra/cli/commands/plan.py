@@ -127,7 +127,9 @@ BaseOption = Annotated[
         help="compare with this revision: a stack file, or a git branch, tag or commit of the stack file",
     ),
 ]
-FormatOption = Annotated[str, typer.Option("--format", help="text | json | markdown (markdown: with --base)")]
+FormatOption = Annotated[
+    str | None, typer.Option("--format", help="text | json | markdown (markdown: with --base)")
+]
 _FORMATS = ("text", "json", "markdown")
 
 
@@ -137,7 +139,7 @@ def plan(
     policy_config: PolicyConfigFile = None,
     deployed: DeployedFlag = False,
     base: BaseOption = None,
-    output_format: FormatOption = "text",
+    output_format: FormatOption = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Plan offline: the real Pulumi program under the SDK's mocks; no Pulumi CLI, no cloud calls.
