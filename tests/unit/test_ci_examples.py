@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import jsonschema  # type: ignore[import-untyped]
@@ -94,8 +95,8 @@ def test_every_action_the_workflows_use_runs_on_a_runtime_github_still_offers() 
 
 @pytest.mark.parametrize("verdict", [0, 1, 2])
 def test_the_policy_report_exits_with_the_checks_verdict(tmp_path: Path, verdict: int) -> None:
-    """CI fails the job on the script's exit code: 1 where a mandatory rule is broken, 2 on bad input, after
-    writing both reports either way (the code scanning and test report uploads run on failure too)."""
+    """CI fails the job on the script's exit code: 1 where a mandatory rule is broken, 2 on bad input, from
+    one check run that writes both reports (the code scanning and test report uploads run on failure too)."""
     calls = tmp_path / "calls"
     fake = tmp_path / "gpuplat"
     fake.write_text(f'#!/bin/sh\necho "$*" >> {calls}\necho "report of $*"\nexit {verdict}\n')
@@ -107,12 +108,55 @@ def test_the_policy_report_exits_with_the_checks_verdict(tmp_path: Path, verdict
         check=False,
     )  # fmt: skip
     assert done.returncode == verdict, done.stderr
-    options = "check --all --policy-config policy.yaml"
     assert calls.read_text().splitlines() == [
-        f"{options} --format sarif",
-        f"{options} --format junit",
-        options,
+        f"check --all --sarif {out}/gpuplat.sarif --junit {out}/gpuplat-junit.xml --policy-config policy.yaml"
     ]
-    assert (out / "gpuplat.sarif").read_text() == f"report of {options} --format sarif\n"
-    assert (out / "gpuplat-junit.xml").read_text() == f"report of {options} --format junit\n"
+    assert "report of check --all" in done.stderr  # the text report goes to the job's log
+    assert f"no {out}/gpuplat.sarif (gpuplat exited {verdict} before checking any stack)" in done.stderr
     assert f"(verdict {verdict})" in done.stderr
+
+
+def _one_bad_one_failing(stacks: Path) -> None:
+    document = yaml.safe_load(stack_file("onprem").read_text())
+    document["config"]["gpu-platform:platform"]["budget"]["max_gpus"] = 8
+    (stacks / "Pulumi.onprem.yaml").write_text(yaml.safe_dump(document, sort_keys=False))
+    platform = document["config"]["gpu-platform:platform"]
+    platform["name"] = "typo"
+    platform["budgett"] = platform.pop("budget")
+    (stacks / "Pulumi.typo.yaml").write_text(yaml.safe_dump(document, sort_keys=False))
+
+
+def test_one_bad_stack_is_one_error_and_the_failing_stack_keeps_its_results(tmp_path: Path) -> None:
+    """A directory with a typo'd stack file beside a stack that breaks a mandatory rule: the SARIF holds the
+    failing stack's finding and one error for the bad file, the JUnit one errored case for it and the
+    failing stack's failed case, both whole; the exit is 2 (bad input), from one check run."""
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    _one_bad_one_failing(stacks)
+    environment = {
+        "GPUPLAT": GPUPLAT,
+        "PATH": "/usr/bin:/bin",
+        "GPUPLAT_STACKS_DIR": str(stacks),
+        "NO_COLOR": "1",
+    }
+    done = subprocess.run(
+        [str(SCRIPTS / "policy-report.sh"), "report"], cwd=tmp_path, capture_output=True, text=True,
+        env=environment, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("budgett: unknown key") == 1  # said once, not once per format
+    document = json.loads((tmp_path / "report" / "gpuplat.sarif").read_text())
+    jsonschema.validate(document, json.loads((UPSTREAM / "sarif" / "sarif-schema-2.1.0.json").read_text()))
+    results = {(r["ruleId"], r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"]) for r in
+               document["runs"][0]["results"]}  # fmt: skip
+    assert results == {
+        ("budget-gpus", "stacks/Pulumi.onprem.yaml"),
+        ("stack-file-valid", "stacks/Pulumi.typo.yaml"),
+    }
+    suites = {
+        s.get("name"): s for s in ET.fromstring((tmp_path / "report" / "gpuplat-junit.xml").read_text())
+    }
+    assert suites["policy typo"].get("errors") == "1" and suites["policy typo"].get("tests") == "1"
+    error = suites["policy typo"].find("testcase/error")
+    assert error is not None and "budgett" in error.get("message", "")
+    assert suites["policy onprem"].get("failures") == "1"
