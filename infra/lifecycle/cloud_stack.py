@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from infra.errors import EnvironmentProblem, ExitCode, GpuPlatError, SpecError
@@ -30,7 +31,8 @@ class AutomationStack(Protocol):
     """The part of pulumi.automation.Stack used here (pulumi/automation/_stack.py: preview, up, destroy,
     outputs, info; PreviewResult.change_summary, UpResult.outputs, DestroyResult.summary)."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def preview(self, *, diff: bool | None = ..., on_output: Line | None = ...) -> Any: ...
 
@@ -77,29 +79,65 @@ def require_pulumi(platform: ResolvedPlatform, action: str) -> None:
         )
 
 
+# The stack file the Pulumi program reads its platform from, where it is not stacks/Pulumi.NAME.yaml
+# (`--stack-file`): infra/program.py reads this variable for the file's path.
+STACK_FILE_ENV = "GPUPLAT_STACK_FILE"
+
+
+@dataclass(frozen=True)
+class FromStackFile:
+    """A Pulumi stack whose configuration is the stack file the command was given, in every operation:
+    `--config-file` (pulumi/automation/_stack.py: preview, up, destroy and refresh take `config_file`),
+    so `--stack-file` deploys that file, not stacks/Pulumi.NAME.yaml of the same name."""
+
+    stack: Any
+    config_file: str
+
+    @property
+    def name(self) -> str:
+        return str(self.stack.name)
+
+    def preview(self, *, diff: bool | None = None, on_output: Line | None = None) -> Any:
+        return self.stack.preview(diff=diff, on_output=on_output, config_file=self.config_file)
+
+    def up(self, *, diff: bool | None = None, on_output: Line | None = None) -> Any:
+        return self.stack.up(diff=diff, on_output=on_output, config_file=self.config_file)
+
+    def destroy(self, *, on_output: Line | None = None) -> Any:
+        return self.stack.destroy(on_output=on_output, config_file=self.config_file)
+
+    def outputs(self) -> Mapping[str, Any]:
+        outputs: Mapping[str, Any] = self.stack.outputs()
+        return outputs
+
+    def info(self) -> Any:
+        return self.stack.info()
+
+
 def open_stack(platform: ResolvedPlatform, action: str, *, create: bool) -> AutomationStack:
-    """The stack in the Pulumi backend: created when `create` (first `up`), else it must exist."""
+    """The stack in the Pulumi backend: created when `create` (first `up`), else it must exist. Its
+    configuration is the platform's own stack file, wherever that is."""
     if platform.spec.backend == "local":
         raise SpecError(f"stack {platform.name} is local: it has no Pulumi stack (`gpuplat status` shows it)")
     require_pulumi(platform, action)
     from pulumi import automation
 
+    config_file = str(Path(platform.source).resolve())
+    options = automation.LocalWorkspaceOptions(env_vars={STACK_FILE_ENV: config_file})
     if create:
-        stack: AutomationStack = automation.create_or_select_stack(
-            stack_name=platform.name, work_dir=str(PROJECT_ROOT)
+        created = automation.create_or_select_stack(
+            stack_name=platform.name, work_dir=str(PROJECT_ROOT), opts=options
         )
-        return stack
+        return FromStackFile(created, config_file)
     try:
-        selected: AutomationStack = automation.select_stack(
-            stack_name=platform.name, work_dir=str(PROJECT_ROOT)
-        )
-        return selected
+        selected = automation.select_stack(stack_name=platform.name, work_dir=str(PROJECT_ROOT), opts=options)
     except automation.errors.StackNotFoundError as exc:
         raise GpuPlatError(
             f"stack {platform.name} is not deployed in the current Pulumi backend (`pulumi whoami -v` names "
-            f"it): `gpuplat up --stack {platform.name}` creates it",
+            f"it): `gpuplat up --stack-file {platform.source}` creates it",
             exit_code=ExitCode.BAD_INPUT,
         ) from exc
+    return FromStackFile(selected, config_file)
 
 
 def preview(stack: AutomationStack, on_line: Line) -> Changes:

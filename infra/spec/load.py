@@ -36,12 +36,31 @@ _BYTE_ORDER_MARKS = (
 )
 
 
+STACKS_DIR_ENV = "GPUPLAT_STACKS_DIR"
+
+
 def stacks_dir() -> Path:
-    override = os.environ.get("GPUPLAT_STACKS_DIR")
-    return Path(override) if override else PROJECT_ROOT / "stacks"
+    """Where --stack NAME and --all look: $GPUPLAT_STACKS_DIR; else the `stacks/` of the current directory
+    or the nearest directory above it that has one with stack files (a checkout of the platform, as Pulumi
+    finds Pulumi.yaml); else the stacks shipped with gpuplat."""
+    override = os.environ.get(STACKS_DIR_ENV)
+    if override:
+        return Path(override)
+    here = Path.cwd()
+    for directory in (here, *here.parents):
+        candidate = directory / "stacks"
+        if candidate.is_dir() and any(candidate.glob("Pulumi.*.yaml")):
+            return candidate
+    return PROJECT_ROOT / "stacks"
 
 
 def stack_file(name: str) -> Path:
+    if name.endswith((".yaml", ".yml")) or "/" in name:
+        bare = Path(name).name.removeprefix("Pulumi.").removesuffix(".yaml").removesuffix(".yml")
+        raise SpecError(
+            f"--stack {name}: --stack takes a stack's name ({bare}, for stacks/Pulumi.{bare}.yaml); for a "
+            f"file give --stack-file {name}"
+        )
     if not _STACK_NAME.fullmatch(name):
         raise SpecError(
             f"stack name {name!r}: a stack name holds letters, digits, -, _ and . only (e.g. aws-prod); "

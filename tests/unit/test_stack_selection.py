@@ -1,0 +1,62 @@
+"""Which stack file a command reads: --stack NAME finds stacks/ from the current directory (or one above
+it), GPUPLAT_STACKS_DIR overrides it; a file name given to --stack is refused pointing at --stack-file."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from infra.spec.load import CONFIG_KEY, stack_file
+from tests.unit.test_cli import gpuplat
+
+
+def _own_stack(directory: Path, name: str) -> Path:
+    document = yaml.safe_load(stack_file("onprem").read_text())
+    document["config"][CONFIG_KEY]["name"] = name
+    path = directory / "stacks" / f"Pulumi.{name}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+def test_stacks_are_found_from_the_current_directory_and_above(tmp_path: Path) -> None:
+    path = _own_stack(tmp_path, "mine")
+    below = tmp_path / "stacks" / "deeper"
+    below.mkdir()
+    for where in (tmp_path, below):
+        result = gpuplat("check", "--stack", "mine", "--json", cwd=where)
+        assert result.returncode == 0, result.stderr
+        (report,) = json.loads(result.stdout)
+        assert report["source"] == str(path)
+    listed = gpuplat("stacks", "--json", cwd=tmp_path)
+    assert [entry["stack"] for entry in json.loads(listed.stdout)] == ["mine"]
+    everything = gpuplat("check", "--all", "--json", cwd=tmp_path)
+    assert [r["stack"] for r in json.loads(everything.stdout)] == ["mine"]
+
+
+def test_the_environment_variable_overrides_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _own_stack(tmp_path / "here", "here")
+    elsewhere = _own_stack(tmp_path / "there", "there")
+    monkeypatch.setattr("tests.unit.test_cli.cli_env", lambda: _env(elsewhere.parent))
+    result = gpuplat("check", "--all", "--json", cwd=tmp_path / "here")
+    assert [r["stack"] for r in json.loads(result.stdout)] == ["there"]
+
+
+def _env(stacks: Path) -> dict[str, str]:
+    return {"NO_COLOR": "1", "PATH": "/usr/bin:/bin", "XDG_STATE_HOME": os.environ["XDG_STATE_HOME"],
+            "GPUPLAT_STACKS_DIR": str(stacks)}  # fmt: skip
+
+
+@pytest.mark.parametrize("given", ["Pulumi.aws-prod.yaml", "stacks/Pulumi.aws-prod.yaml", "aws-prod.yml"])
+def test_a_file_name_given_to_stack_points_at_stack_file(given: str) -> None:
+    result = gpuplat("plan", "--stack", given)
+    assert result.returncode == 2 and result.stdout == ""
+    assert f"for a file give --stack-file {given}" in result.stderr
+    assert "(aws-prod, for stacks/Pulumi.aws-prod.yaml)" in result.stderr
+    assert "Pulumi.Pulumi" not in result.stderr
