@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.plan.record import Recording, record
-from infra.plan.report import full_size_usd_per_hour, recorded_services
+from infra.plan.report import full_size_usd_per_hour
 from infra.platform.resolve import ResolvedPlatform, load_platform
 from infra.policy.check import verdicts_for
 from infra.policy.settings import PolicyConfig
@@ -98,7 +98,7 @@ def snapshot(
     return PlanSnapshot(
         stack=platform.name,
         gpus=platform.total_gpus,
-        usd_per_hour=full_size_usd_per_hour(platform, recorded_services(recording)),
+        usd_per_hour=full_size_usd_per_hour(platform, recording),
         resources={resource_key(r.type, r.name): portable(r.inputs) for r in recording.resources},
         settings=flatten(platform.spec.model_dump(mode="json")),
         verdicts=[v.to_dict() for v in verdicts_for(platform, recording, config)],

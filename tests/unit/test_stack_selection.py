@@ -60,3 +60,12 @@ def test_a_file_name_given_to_stack_points_at_stack_file(given: str) -> None:
     assert f"for a file give --stack-file {given}" in result.stderr
     assert "(aws-prod, for stacks/Pulumi.aws-prod.yaml)" in result.stderr
     assert "Pulumi.Pulumi" not in result.stderr
+
+
+def test_stacks_and_plan_agree_on_the_cost_at_full_size() -> None:
+    """One figure: the pools at full size and the services the program declares (aws-prod's FSx, NAT, ...)."""
+    listed = {row["stack"]: row for row in json.loads(gpuplat("stacks", "--json").stdout)}
+    planned = json.loads(gpuplat("plan", "--stack", "aws-prod", "--json").stdout)
+    assert listed["aws-prod"]["usd_per_hour"] == planned["budget"]["usd_per_hour"]
+    services = sum(s["usd_per_hour"] for s in planned["services"])
+    assert services > 0 and planned["budget"]["usd_per_hour"] > services
