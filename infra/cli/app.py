@@ -81,6 +81,16 @@ _INTERRUPTED = 130  # the shell's code for a command stopped by Ctrl-C (128 + SI
 _USAGE_ERROR: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 
 
+def usage_message(exc: Exception) -> str:
+    """click's message of a usage error, with the command whose --help says more."""
+    usage_error: Any = exc
+    message = str(usage_error.format_message())
+    context = getattr(usage_error, "ctx", None)
+    if context is not None and getattr(context, "command_path", None):
+        message += f" (see `{context.command_path} --help`)"
+    return message
+
+
 def main(args: Sequence[str] | None = None) -> None:
     """Run the app and turn every way it can end into one of the documented exit codes (0 ok, 1 policy
     violation, 2 bad input, 3 missing tool or host setting, 4 failure, 5 an analysis without a verdict to
@@ -94,9 +104,8 @@ def main(args: Sequence[str] | None = None) -> None:
     except GpuPlatError as exc:
         output.error(exc.message)
         sys.exit(int(exc.exit_code))
-    except _USAGE_ERROR as exc:  # unknown flag, bad option value, missing option
-        usage_error: Any = exc
-        usage_error.show()
+    except _USAGE_ERROR as exc:  # unknown flag, bad option value, missing option: in the tool's one style
+        output.error(usage_message(exc))
         sys.exit(int(ExitCode.BAD_INPUT))
     except (KeyboardInterrupt, typer.Abort):
         output.error("interrupted")

@@ -55,7 +55,7 @@ def stacks_dir() -> Path:
 
 
 def stack_file(name: str) -> Path:
-    if name.endswith((".yaml", ".yml")) or "/" in name:
+    if name.endswith((".yaml", ".yml")):
         bare = Path(name).name.removeprefix("Pulumi.").removesuffix(".yaml").removesuffix(".yml")
         raise SpecError(
             f"--stack {name}: --stack takes a stack's name ({bare}, for stacks/Pulumi.{bare}.yaml); for a "
