@@ -97,7 +97,9 @@ def guard(
     duration_s: Annotated[
         float | None,
         typer.Option(
-            "--for", min=1, help="seconds to watch at most (default: the analysis, interval_s x intervals)"
+            "--guard-s",
+            min=1,
+            help="seconds to watch at most, as deploy's --guard-s (default: interval_s x intervals)",
         ),
     ] = None,
     stack: StackName = None,
@@ -106,7 +108,7 @@ def guard(
     prometheus: PrometheusUrl = None,
 ) -> None:
     """Analyse NAME's canary against the stable version (serving.canary): exit 0 promote-ready, 1 rolled back,
-    5 no verdict (inconclusive, or --for ended before the analysis)."""
+    5 no verdict (inconclusive, or --guard-s ended before the analysis)."""
     check_name(model)
     _guard(_release(stack, stack_file_path, url, prometheus), model, duration_s)
 
