@@ -69,3 +69,17 @@ def test_stacks_and_plan_agree_on_the_cost_at_full_size() -> None:
     assert listed["aws-prod"]["usd_per_hour"] == planned["budget"]["usd_per_hour"]
     services = sum(s["usd_per_hour"] for s in planned["services"])
     assert services > 0 and planned["budget"]["usd_per_hour"] > services
+
+
+def test_size_picks_from_the_stacks_own_backend_and_a_named_gpu() -> None:
+    """An on-prem stack is sized on the on-prem node types, not an AWS instance type; --gpu narrows the
+    catalog to one GPU model; a --provider against the stack and an unknown GPU are refused (exit 2)."""
+    request = ("size", "--params", "7e9", "--dp", "16", "--zero", "3", "--json")
+    onprem = json.loads(gpuplat(*request, "--stack", "onprem").stdout)
+    assert onprem["node_plan"]["node_type"].startswith("hgx-")
+    a100 = json.loads(gpuplat(*request, "--gpu", "a100").stdout)
+    assert a100["node_plan"]["node_type"] in ("p4d.24xlarge", "p4de.24xlarge")
+    unknown = gpuplat(*request, "--gpu", "V100")
+    assert unknown.returncode == 2 and "--gpu: the aws catalog has no 'V100' GPU" in unknown.stderr
+    against = gpuplat(*request, "--stack", "onprem", "--provider", "aws")
+    assert against.returncode == 2 and "stack onprem is on the onprem backend" in against.stderr
