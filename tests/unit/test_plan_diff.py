@@ -298,3 +298,14 @@ def test_base_revisions_without_the_stack_or_with_a_broken_one(tmp_path: Path) -
     assert no_repository.value.message == (
         f"--base main: not a file, and {outside} is not in a git repository to read it from"
     )
+
+
+def test_a_bad_base_is_refused_before_the_head_is_planned(tmp_path: Path) -> None:
+    """The base is looked up first: a wrong --base costs no plan of the head (a head that does not even
+    load shows it) and says so in one paragraph, without git's own words."""
+    head = tmp_path / "Pulumi.aws-prod.yaml"
+    head.write_text(yaml.safe_dump({"config": {"gpu-platform:platform": {"name": "aws-prod", "pools": 3}}}))
+    result = gpuplat("plan", "--stack-file", str(head), "--base", "no-such-ref-xyz")
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: --base no-such-ref-xyz: not a file")
+    assert "fatal:" not in result.stderr and "pools" not in result.stderr
