@@ -160,3 +160,50 @@ def test_one_bad_stack_is_one_error_and_the_failing_stack_keeps_its_results(tmp_
     error = suites["policy typo"].find("testcase/error")
     assert error is not None and "budgett" in error.get("message", "")
     assert suites["policy onprem"].get("failures") == "1"
+
+
+def _gitlab_jobs() -> dict[str, dict[str, object]]:
+    document = yaml.safe_load((PROJECT_ROOT / "examples" / "ci" / "gitlab" / ".gitlab-ci.yml").read_text())
+    return {name: job for name, job in document.items() if isinstance(job, dict) and "script" in job}
+
+
+def _flat(script: object) -> list[str]:
+    """A GitLab script with its nested anchors flattened, as GitLab runs it."""
+    if isinstance(script, list):
+        return [line for item in script for line in _flat(item)]
+    return [str(script)]
+
+
+def test_every_gitlab_job_with_an_id_token_exchanges_it_and_has_the_tools() -> None:
+    """A job that asks GitLab for an AWS ID token hands it to the SDKs' web-identity provider (and proves
+    the exchange before anything else runs); the AWS CLI and the Session Manager plugin are installed."""
+    jobs = _gitlab_jobs()
+    with_token = [name for name, job in jobs.items() if "id_tokens" in job]
+    assert set(with_token) == {"preview", "apply"}
+    for name in with_token:
+        job = jobs[name]
+        lines = _flat(job["script"])
+        assert job["variables"]["AWS_ROLE_ARN"].startswith("$PLATFORM_")  # type: ignore[index]
+        exchange = next(i for i, line in enumerate(lines) if "AWS_WEB_IDENTITY_TOKEN_FILE=" in line)
+        proof = next(i for i, line in enumerate(lines) if line.startswith("aws sts get-caller-identity"))
+        deploy = next(i for i, line in enumerate(lines) if line.startswith(("pulumi preview", "gpuplat up")))
+        assert exchange < proof < deploy
+        assert any("awscli-exe-linux" in line for line in lines)
+        assert any("session-manager-plugin" in line for line in lines)
+
+
+def test_every_example_makes_the_virtualenv_pulumi_yaml_names() -> None:
+    """Pulumi.yaml runs the program in `.venv`, as does the policy pack: each job that installs gpuplat
+    installs it there."""
+    assert "virtualenv: .venv" in (PROJECT_ROOT / "Pulumi.yaml").read_text()
+    for name, job in _gitlab_jobs().items():
+        lines = _flat(job["script"])
+        if any("pip install" in line for line in lines):
+            assert "python -m venv .venv" in lines, name
+            assert all(".venv/bin/python -m pip" in line for line in lines if "pip install" in line), name
+    for workflow in (PROJECT_ROOT / "examples" / "ci" / "github").glob("*.yml"):
+        for job in yaml.safe_load(workflow.read_text())["jobs"].values():
+            runs = [str(step.get("run", "")) for step in job["steps"]]
+            installs = [run for run in runs if "pip install" in run]
+            for run in installs:
+                assert "python -m venv .venv" in run and ".venv/bin/python -m pip install" in run, workflow
