@@ -14,7 +14,7 @@ import typer
 from rich.markup import escape
 
 from infra.cli import output
-from infra.cli.stack_options import JsonFlag, StackFile, StackName, platform_from_options
+from infra.cli.stack_options import JsonFlag, SetOption, StackFile, StackName, platform_from_options
 from infra.errors import ExitCode, GpuPlatError, SpecError
 from infra.plan.check import check_platform
 from infra.platform.resolve import load_platform
@@ -50,14 +50,20 @@ JunitFile = Annotated[
 
 
 def _outcomes(
-    stack: str | None, stack_file_path: Path | None, every: bool, config: PolicyConfig
+    stack: str | None,
+    stack_file_path: Path | None,
+    every: bool,
+    config: PolicyConfig,
+    overrides: list[str] | None = None,
 ) -> list[CheckReport | StackProblem]:
     """Each stack's report. With --all, a stack whose file does not load is one StackProblem and the others
     are still checked; a single stack that does not load is bad input (exit 2) as everywhere else."""
     if not every:
-        return [check_platform(platform_from_options(stack, stack_file_path), config)]
+        return [check_platform(platform_from_options(stack, stack_file_path, overrides), config)]
     if stack or stack_file_path:
         raise SpecError("give --all or a single stack (--stack / --stack-file), not both")
+    if overrides:
+        raise SpecError("--set sets a value of one stack: give --stack or --stack-file, not --all")
     names = stack_names()
     if not names:
         raise SpecError(f"no stacks found: {stacks_dir()}/Pulumi.NAME.yaml")
@@ -116,13 +122,14 @@ def check(
     json_output: JsonFlag = False,
     sarif_file: SarifFile = None,
     junit_file: JunitFile = None,
+    overrides: SetOption = None,
 ) -> None:
     """Check the policy rules offline: the real Pulumi program under the SDK's mocks, no cloud calls.
     With --all, a stack file that does not load is reported as that stack's error and the others are still
     checked (exit 2 then). --sarif and --junit write those reports in the same run."""
     output_format = output.chosen_format(output_format, json_output, _FORMATS)
     config = load_policy_config(policy_config) if policy_config else PolicyConfig()
-    outcomes = _outcomes(stack, stack_file, every, config)
+    outcomes = _outcomes(stack, stack_file, every, config, overrides)
     reports = [o for o in outcomes if isinstance(o, CheckReport)]
     problems = [o for o in outcomes if isinstance(o, StackProblem)]
     base = Path.cwd()

@@ -9,7 +9,7 @@ from rich.markup import escape
 
 from infra.cli import output
 from infra.cli.commands.check import PolicyConfigFile, fail_on_mandatory
-from infra.cli.stack_options import JsonFlag, StackFile, StackName, stack_path
+from infra.cli.stack_options import JsonFlag, SetOption, StackFile, StackName, stack_path
 from infra.errors import SpecError
 from infra.lifecycle import cloud_stack
 from infra.plan.diff import PlanDiff, ResourceChange, load_base, markdown, plan_diff, shown
@@ -141,6 +141,7 @@ def plan(
     base: BaseOption = None,
     output_format: FormatOption = None,
     json_output: JsonFlag = False,
+    overrides: SetOption = None,
 ) -> None:
     """Plan offline: the real Pulumi program under the SDK's mocks; no Pulumi CLI, no cloud calls.
     Exits 1 on a mandatory policy violation, as `gpuplat check` does. --deployed adds what `pulumi up`
@@ -152,12 +153,17 @@ def plan(
     path = stack_path(stack, stack_file)
     if base is not None:
         planned_base = load_base(path, base)  # a bad base is refused before the head is planned
-        head = snapshot(load_platform(path), config=config)
+        head = snapshot(load_platform(path, overrides or ()), config=config)
         diff = plan_diff(planned_base.snapshot, head, planned_base.label, str(path), planned_base.code)
         render_diff(diff, output_format)
         fail_on_mandatory({diff.stack: {v["rule"] for v in diff.mandatory}})
         return
-    platform = load_platform(path)
+    if overrides and deployed:
+        raise SpecError(
+            "--set changes what is planned, not what is deployed: --deployed previews the stack file as "
+            "Pulumi deploys it; edit the file, or plan without --deployed"
+        )
+    platform = load_platform(path, overrides or ())
     report = build_report(platform, config=config)
     changes = None
     if deployed:
