@@ -40,6 +40,8 @@ class AutomationStack(Protocol):
 
     def destroy(self, *, on_output: Line | None = ...) -> Any: ...
 
+    def refresh(self, *, preview_only: bool | None = ..., on_output: Line | None = ...) -> Any: ...
+
     def outputs(self) -> Mapping[str, Any]: ...
 
     def info(self) -> Any: ...
@@ -106,6 +108,11 @@ class FromStackFile:
     def destroy(self, *, on_output: Line | None = None) -> Any:
         return self.stack.destroy(on_output=on_output, config_file=self.config_file)
 
+    def refresh(self, *, preview_only: bool | None = None, on_output: Line | None = None) -> Any:
+        return self.stack.refresh(
+            preview_only=preview_only, on_output=on_output, config_file=self.config_file
+        )
+
     def outputs(self) -> Mapping[str, Any]:
         outputs: Mapping[str, Any] = self.stack.outputs()
         return outputs
@@ -144,6 +151,34 @@ def preview(stack: AutomationStack, on_line: Line) -> Changes:
     """`pulumi preview --diff` against what is deployed; Pulumi's diff streams to on_line."""
     result = stack.preview(diff=True, on_output=on_line)
     return Changes({str(op): int(n) for op, n in (result.change_summary or {}).items()})
+
+
+@dataclass(frozen=True)
+class Drift:
+    """What `pulumi refresh --preview-only` found between the stack's state and the cloud: resources changed
+    outside Pulumi (update) and gone (delete); nothing is written to the state."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def drifted(self) -> int:
+        return sum(n for op, n in self.counts.items() if op != "same")
+
+    def line(self) -> str:
+        changed, gone = self.counts.get("update", 0), self.counts.get("delete", 0)
+        if not self.drifted:
+            return f"no drift; {self.counts.get('same', 0)} resources as recorded"
+        parts = [f"{changed} changed outside Pulumi" if changed else "", f"{gone} gone" if gone else ""]
+        others = {op: n for op, n in self.counts.items() if op not in ("update", "delete", "same") and n}
+        parts += [f"{n} to {op}" for op, n in sorted(others.items())]
+        return ", ".join(p for p in parts if p) + " (pulumi refresh records it; gpuplat up puts it back)"
+
+
+def drift(stack: AutomationStack, on_line: Line) -> Drift:
+    """`pulumi refresh --preview-only`: the cloud read back against the state, the state left as it is."""
+    result = stack.refresh(preview_only=True, on_output=on_line)
+    changes = getattr(getattr(result, "summary", None), "resource_changes", None) or {}
+    return Drift({str(op): int(n) for op, n in changes.items()})
 
 
 Ask = Callable[[str], bool]

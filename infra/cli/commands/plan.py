@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -120,6 +120,16 @@ DeployedFlag = Annotated[
 ]
 
 
+RefreshFlag = Annotated[
+    bool,
+    typer.Option(
+        "--refresh",
+        help="with --deployed: also read the cloud back against the stack's state (pulumi refresh "
+        "--preview-only): what changed outside Pulumi (drift); the state is not written",
+    ),
+]
+
+
 BaseOption = Annotated[
     str | None,
     typer.Option(
@@ -142,6 +152,7 @@ def plan(
     output_format: FormatOption = None,
     json_output: JsonFlag = False,
     overrides: SetOption = None,
+    refresh: RefreshFlag = False,
 ) -> None:
     """Plan offline: the real Pulumi program under the SDK's mocks; no Pulumi CLI, no cloud calls.
     Exits 1 on a mandatory policy violation, as `gpuplat check` does. --deployed adds what `pulumi up`
@@ -158,6 +169,8 @@ def plan(
         render_diff(diff, output_format)
         fail_on_mandatory({diff.stack: {v["rule"] for v in diff.mandatory}})
         return
+    if refresh and not deployed:
+        raise SpecError("--refresh reads the deployed stack back: give it with --deployed")
     if overrides and deployed:
         raise SpecError(
             "--set changes what is planned, not what is deployed: --deployed previews the stack file as "
@@ -165,18 +178,29 @@ def plan(
         )
     platform = load_platform(path, overrides or ())
     report = build_report(platform, config=config)
-    changes = None
+    changes = drifted = None
     if deployed:
         deployed_stack = cloud_stack.open_stack(platform, "`gpuplat plan --deployed`", create=False)
-        changes = cloud_stack.preview(deployed_stack, lambda line: output.stderr().out(line.rstrip()))
+        if refresh:
+            drifted = cloud_stack.drift(deployed_stack, _to_stderr)
+        changes = cloud_stack.preview(deployed_stack, _to_stderr)
     if output_format == "json":
-        extra = {"deployed_changes": changes.counts} if changes else {}
+        extra: dict[str, Any] = {"deployed_changes": changes.counts} if changes else {}
+        if drifted is not None:
+            extra["drift"] = drifted.counts
         output.print_json({**report.to_dict(), **extra})
     else:
         render_plan(report)
+        if drifted is not None:
+            output.stdout().print(f"Drift of the deployed stack: {drifted.line()}", markup=False)
         if changes is not None:
             output.stdout().print(f"Against the deployed stack: {changes.line()}", markup=False)
     fail_on_mandatory({report.stack: {v["rule"] for v in report.verdicts if v["severity"] == "mandatory"}})
+
+
+def _to_stderr(line: str) -> None:
+    """Pulumi's own lines, as they come, beside the plan on stdout."""
+    output.stderr().out(line.rstrip())
 
 
 def render_diff(diff: PlanDiff, output_format: str) -> None:
