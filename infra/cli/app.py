@@ -20,6 +20,7 @@ from infra.cli.commands.nccl_report import nccl_report
 from infra.cli.commands.plan import plan
 from infra.cli.commands.serve import serve
 from infra.cli.commands.size import size
+from infra.cli.commands.ssh import ssh
 from infra.cli.commands.stacks import stacks
 from infra.cli.commands.validate import validate
 from infra.cli.crash import crash_summary, write_crash_log
@@ -70,6 +71,7 @@ app.command()(manifests)
 app.command()(nccl_report)
 app.command()(validate)
 app.command("job-profile")(job_profile_command)
+app.command()(ssh)
 app.add_typer(models)
 app.add_typer(serve)
 
