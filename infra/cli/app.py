@@ -14,6 +14,7 @@ from infra.cli.commands.check import check
 from infra.cli.commands.inventory import inventory
 from infra.cli.commands.job_profile import job_profile_command
 from infra.cli.commands.lifecycle import down, list_stacks, scale, status, up
+from infra.cli.commands.logs import logs
 from infra.cli.commands.manifests import manifests
 from infra.cli.commands.models import models
 from infra.cli.commands.nccl_report import nccl_report
@@ -72,6 +73,7 @@ app.command()(nccl_report)
 app.command()(validate)
 app.command("job-profile")(job_profile_command)
 app.command()(ssh)
+app.command()(logs)
 app.add_typer(models)
 app.add_typer(serve)
 
