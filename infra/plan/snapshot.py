@@ -19,9 +19,11 @@ from infra.plan.report import full_size_usd_per_hour
 from infra.platform.resolve import ResolvedPlatform, load_platform
 from infra.policy.check import verdicts_for
 from infra.policy.settings import PolicyConfig
-from infra.spec.load import PROJECT_ROOT
 
 FORMAT = 1
+# The checkout this code runs from: the worktree of the base when it plans the base (infra.plan may not
+# import infra.spec, whose PROJECT_ROOT is the same directory).
+CHECKOUT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,7 @@ def portable(value: Any) -> Any:
             kind, location = next(iter(value.items()))
             path = Path(location)
             where = (
-                path.relative_to(PROJECT_ROOT).as_posix() if path.is_relative_to(PROJECT_ROOT) else location
+                path.relative_to(CHECKOUT).as_posix() if path.is_relative_to(CHECKOUT) else location
             )
             return {kind: where, "sha256": _digest(path)}
         return {key: portable(item) for key, item in value.items()}
