@@ -25,6 +25,7 @@ from infra.cli.commands.ssh import ssh
 from infra.cli.commands.stacks import stacks
 from infra.cli.commands.validate import validate
 from infra.cli.crash import crash_summary, write_crash_log
+from infra.cli.help_text import plain_placeholders
 from infra.errors import ExitCode, GpuPlatError
 from infra.plan.record import release_event_loops
 
@@ -104,12 +105,17 @@ def main(args: Sequence[str] | None = None) -> None:
     if not isinstance(sys.stdout, output.ReaderTolerantStdout):
         sys.stdout = output.ReaderTolerantStdout(sys.stdout)
     try:
-        code = app(args=argv, prog_name="gpuplat", standalone_mode=False)
+        command = typer.main.get_command(app)
+        plain_placeholders(command)
+        code = command.main(args=argv, prog_name="gpuplat", standalone_mode=False)
     except GpuPlatError as exc:
         output.error(exc.message)
         sys.exit(int(exc.exit_code))
     except _USAGE_ERROR as exc:  # unknown flag, bad option value, missing option: in the tool's one style
-        output.error(usage_message(exc))
+        if type(exc).__name__ == "NoArgsIsHelpError":  # `gpuplat` alone, or a group alone: its help
+            sys.stderr.write(str(getattr(exc, "format_message", lambda: "")()) + "\n")
+        else:
+            output.error(usage_message(exc))
         sys.exit(int(ExitCode.BAD_INPUT))
     except (KeyboardInterrupt, typer.Abort):
         output.error("interrupted")

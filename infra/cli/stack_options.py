@@ -11,8 +11,12 @@ from infra.errors import SpecError
 from infra.platform.resolve import ResolvedPlatform, load_platform
 from infra.spec.load import stack_file
 
-StackName = Annotated[str | None, typer.Option("--stack", "-s", help="stack name: stacks/Pulumi.NAME.yaml")]
-StackFile = Annotated[Path | None, typer.Option("--stack-file", help="path of a stack file to read instead")]
+StackName = Annotated[
+    str | None, typer.Option("--stack", "-s", metavar="NAME", help="stack name: stacks/Pulumi.NAME.yaml")
+]
+StackFile = Annotated[
+    Path | None, typer.Option("--stack-file", metavar="PATH", help="path of a stack file to read instead")
+]
 JsonFlag = Annotated[bool, typer.Option("--json", help="print JSON instead of tables")]
 SetOption = Annotated[
     list[str] | None,

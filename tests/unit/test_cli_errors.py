@@ -61,3 +61,10 @@ def test_a_number_in_quotes_is_refused(write_stack: Callable[..., Path]) -> None
     result = gpuplat("check", "--stack-file", str(write_stack("onprem", _quoted_gpus)))
     assert result.returncode == 2
     assert "budget.max_gpus: must be a number, not text: write it without quotes (got '80')" in result.stderr
+
+
+def test_a_command_group_alone_prints_its_help() -> None:
+    for args in ((), ("serve",)):
+        result = gpuplat(*args)
+        assert result.returncode == 2 and result.stderr.startswith("Usage: gpuplat")
+        assert "error:" not in result.stderr
