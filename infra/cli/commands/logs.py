@@ -3,16 +3,14 @@
 
 from __future__ import annotations
 
-import os
 import re
-import shlex
 from typing import Annotated
 
 import typer
 
-from infra.cli import output
+from infra.cli.commands.ssh import PrintFlag, run_on_node
 from infra.cli.stack_options import StackFile, StackName, platform_from_options
-from infra.errors import EnvironmentProblem, SpecError
+from infra.errors import SpecError
 from infra.nodes.reach import node_command
 
 # A systemd unit name (systemd.unit(5): letters, digits and :-_.\@); --since, a span back from now.
@@ -44,18 +42,9 @@ def logs(
     lines: Annotated[int | None, typer.Option(min=1, metavar="N", help="at most the last N lines")] = None,
     stack: StackName = None,
     stack_file: StackFile = None,
-    print_only: Annotated[
-        bool, typer.Option("--print", help="print the command that reads the journal instead of running it")
-    ] = False,
+    print_only: PrintFlag = False,
 ) -> None:
     """Print NODE's journal (one unit's with --unit) since --since ago: read on the node through SSM on
     AWS, podman exec on the local platform, ssh on an on-prem host."""
     journal = journal_command(unit, since, lines)
-    argv = node_command(platform_from_options(stack, stack_file), node, journal)
-    if print_only:
-        output.stdout().out(shlex.join(argv), highlight=False)
-        return
-    try:
-        os.execvp(argv[0], argv)
-    except OSError as exc:
-        raise EnvironmentProblem(f"{argv[0]}: cannot run it ({exc.strerror})") from exc
+    run_on_node(node_command(platform_from_options(stack, stack_file), node, journal), print_only)

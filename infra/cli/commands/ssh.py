@@ -15,6 +15,11 @@ from infra.errors import EnvironmentProblem
 from infra.nodes.reach import node_command
 
 
+PrintFlag = Annotated[
+    bool, typer.Option("--print", help="print the command that reaches the node instead of running it")
+]
+
+
 def ssh(
     node: Annotated[str, typer.Argument(metavar="NODE", help="the node's name, e.g. head-0 or train-1")],
     command: Annotated[
@@ -22,13 +27,15 @@ def ssh(
     ] = None,
     stack: StackName = None,
     stack_file: StackFile = None,
-    print_only: Annotated[
-        bool, typer.Option("--print", help="print the command that reaches the node instead of running it")
-    ] = False,
+    print_only: PrintFlag = False,
 ) -> None:
     """Open a shell on NODE, or run COMMAND there: an SSM session on AWS (the platform opens no SSH
     port), `podman exec` on the local platform, ssh to an on-prem host's address."""
-    argv = node_command(platform_from_options(stack, stack_file), node, command or [])
+    run_on_node(node_command(platform_from_options(stack, stack_file), node, command or []), print_only)
+
+
+def run_on_node(argv: list[str], print_only: bool) -> None:
+    """Become the command that reaches the node (its exit code is ours), or print it."""
     if print_only:
         output.stdout().out(shlex.join(argv), highlight=False)
         return
