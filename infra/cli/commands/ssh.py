@@ -14,7 +14,6 @@ from infra.cli.stack_options import StackFile, StackName, platform_from_options
 from infra.errors import EnvironmentProblem
 from infra.nodes.reach import node_command
 
-
 PrintFlag = Annotated[
     bool, typer.Option("--print", help="print the command that reaches the node instead of running it")
 ]
