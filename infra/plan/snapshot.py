@@ -83,9 +83,7 @@ def portable(value: Any) -> Any:
         if len(value) == 1 and next(iter(value)) in kinds and isinstance(next(iter(value.values())), str):
             kind, location = next(iter(value.items()))
             path = Path(location)
-            where = (
-                path.relative_to(CHECKOUT).as_posix() if path.is_relative_to(CHECKOUT) else location
-            )
+            where = path.relative_to(CHECKOUT).as_posix() if path.is_relative_to(CHECKOUT) else location
             return {kind: where, "sha256": _digest(path)}
         return {key: portable(item) for key, item in value.items()}
     if isinstance(value, list):
