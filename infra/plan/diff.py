@@ -139,27 +139,36 @@ def _plan_base(tree: Path, relative: str, label: str) -> Base:
         except SpecError as exc:
             raise SpecError(exc.message.replace(str(stack), label)) from exc
     environment = {**os.environ, "PYTHONPATH": str(tree)}
-    done = subprocess.run(
-        [sys.executable, "-m", "infra.plan.snapshot", str(stack)],
-        cwd=tree,
-        env=environment,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=SNAPSHOT_SECONDS,
-    )
+    could_not = f"--base {label}: the base revision's code could not plan it"
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "infra.plan.snapshot", str(stack)],
+            cwd=tree,
+            env=environment,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=SNAPSHOT_SECONDS,
+        )
+    except subprocess.TimeoutExpired:
+        raise SpecError(f"{could_not}: it did not finish in {SNAPSHOT_SECONDS} s") from None
     if done.returncode != 0:
         message = (done.stderr.strip().splitlines() or ["no message"])[-1]
-        raise SpecError(
-            f"--base {label}: the base revision's code could not plan it: "
-            + message.replace(str(stack), label)
-        )
-    data = json.loads(done.stdout)
+        raise SpecError(f"{could_not}: " + message.replace(str(stack), label))
+    try:
+        data = json.loads(done.stdout)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        raise SpecError(f"{could_not}: it printed no plan (a JSON object) on stdout")
     if data.get("format") != FORMAT:
         raise SpecError(
             f"--base {label}: its plan is in format {data.get('format')}, this gpuplat reads {FORMAT}"
         )
-    return Base(PlanSnapshot.from_dict(data), label)
+    try:
+        return Base(PlanSnapshot.from_dict(data), label)
+    except TypeError:
+        raise SpecError(f"{could_not}: its plan (format {FORMAT}) lacks or adds fields") from None
 
 
 def _git(directory: Path, *args: str) -> str | None:

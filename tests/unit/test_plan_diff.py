@@ -309,3 +309,39 @@ def test_a_bad_base_is_refused_before_the_head_is_planned(tmp_path: Path) -> Non
     assert result.returncode == 2
     assert result.stderr.startswith("error: --base no-such-ref-xyz: not a file")
     assert "fatal:" not in result.stderr and "pools" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("planner", "said"),
+    [
+        ("import time\ntime.sleep(30)\n", "did not finish in 2 s"),
+        ("print('Pulumi: a warning on stdout')\n", "printed no plan"),
+        ("print('[1, 2]')\n", "printed no plan"),
+        ("print('{\"format\": 1}')\n", "lacks or adds fields"),
+    ],
+)
+def test_a_base_planner_that_hangs_or_prints_no_plan_is_one_paragraph(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, planner: str, said: str
+) -> None:
+    """The base's own code is run as it is: one that hangs is stopped at the time limit, one whose output is
+    not a plan is refused (exit 2, naming the revision), and its worktree is removed either way."""
+    repository = tmp_path / "platform"
+    (repository / "infra" / "plan").mkdir(parents=True)
+    (repository / "stacks").mkdir()
+    for package in ("infra", "infra/plan"):
+        (repository / package / "__init__.py").write_text("")
+    (repository / "infra" / "plan" / "snapshot.py").write_text(planner)
+    stack = repository / "stacks" / "Pulumi.aws-prod.yaml"
+    stack.write_text(stack_file("aws-prod").read_text())
+    _git(repository, "init", "-q", "-b", "main")
+    _git(repository, "add", ".")
+    _git(repository, "commit", "-q", "-m", "a base whose planner misbehaves")
+    monkeypatch.setattr("infra.plan.diff.SNAPSHOT_SECONDS", 2)
+
+    with pytest.raises(SpecError) as refused:
+        load_base(stack, "main")
+    assert refused.value.message.startswith(
+        "--base main:stacks/Pulumi.aws-prod.yaml: the base revision's code could not plan it: "
+    )
+    assert said in refused.value.message
+    assert _git(repository, "worktree", "list", "--porcelain").count("worktree ") == 1
