@@ -8,6 +8,7 @@ name (the tags the inventory reads).
 
 from __future__ import annotations
 
+import json
 import shlex
 import shutil
 from collections.abc import Sequence
@@ -71,7 +72,9 @@ def node_command(platform: ResolvedPlatform, node: str, command: Sequence[str], 
         hosts = {h.name: h.address for pool in platform.pools for h in pool.spec.hosts}
         if node not in hosts:
             raise SpecError(f"stack {platform.name} has no host {node!r}; its hosts: {', '.join(hosts)}")
-        return ["ssh", hosts[node], *command]
+        # ssh(1) hands its command to the remote user's shell as one string: the arguments quoted, so they
+        # arrive as given (as through SSM), and `--` so an address cannot be read as an option.
+        return ["ssh", "--", hosts[node], *([shlex.join(command)] if command else [])]
     missing = [tool for tool in ("aws", "session-manager-plugin") if shutil.which(tool) is None]
     if missing:
         raise EnvironmentProblem(f"an SSM session needs {', '.join(missing)}: install {INSTALL_SSM}")
@@ -83,5 +86,11 @@ def node_command(platform: ResolvedPlatform, node: str, command: Sequence[str], 
     target = running_instance(platform, node, ec2)
     session = ["aws", "ssm", "start-session", "--region", region, "--target", target]
     if command:
-        session += ["--document-name", SSM_COMMAND_DOCUMENT, "--parameters", f"command={shlex.join(command)}"]
+        # As JSON, not the CLI's shorthand `command=...`: shorthand splits a value at commas and refuses a
+        # value with `=` after one (`nvidia-smi --query-gpu=name,memory.used` fails to parse), see
+        # awscli/shorthand.py ShorthandParser._values/_csv_value (aws-cli 1.45.11) and
+        # docs.aws.amazon.com/cli/latest/userguide/cli-usage-shorthand.html; a value that starts with `{`
+        # is read as JSON (awscli/argprocess.py ParamShorthandParser._should_parse_as_shorthand).
+        parameters = json.dumps({"command": [shlex.join(command)]})
+        session += ["--document-name", SSM_COMMAND_DOCUMENT, "--parameters", parameters]
     return session

@@ -4,6 +4,8 @@ modelled here)."""
 
 from __future__ import annotations
 
+import json
+import shlex
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,10 @@ def test_local_and_onprem_nodes() -> None:
     one = gpuplat("ssh", "--stack", "local", "--print", "train-0", "--", "nvidia-smi", "-L")
     assert one.stdout.strip() == "podman exec -i gpuplat-local-train-0 nvidia-smi -L"
     host = gpuplat("ssh", "--stack", "onprem", "--print", "gpu-01", "--", "hostname")
-    assert host.stdout.strip() == "ssh 10.40.1.11 hostname"
+    assert host.stdout.strip() == "ssh -- 10.40.1.11 hostname"
+    # The remote shell gets the arguments as given, not split again at their spaces or run as `;`.
+    quoted = gpuplat("ssh", "--stack", "onprem", "--print", "gpu-01", "--", "bash", "-c", "echo a b; ls")
+    assert shlex.split(quoted.stdout) == ["ssh", "--", "10.40.1.11", "bash -c 'echo a b; ls'"]
     unknown = gpuplat("ssh", "--stack", "local", "nope")
     assert unknown.returncode == 2 and "its nodes: head-0, train-0" in unknown.stderr
 
@@ -69,8 +74,12 @@ def test_an_aws_node_is_an_ssm_session_to_its_running_instance(
         "aws", "ssm", "start-session", "--region", "us-east-1", "--target", ours,
     ]  # fmt: skip
     assert node_command(platform, "head-0", ["sinfo", "-N"], ec2)[-4:] == [
-        "--document-name", "AWS-StartInteractiveCommand", "--parameters", "command=sinfo -N",
+        "--document-name", "AWS-StartInteractiveCommand", "--parameters", '{"command": ["sinfo -N"]}',
     ]  # fmt: skip
+    # A command with commas and `=` (the AWS CLI's shorthand would split it or refuse it) is one string.
+    query = ["nvidia-smi", "--query-gpu=name,memory.used", "--format=csv"]
+    parameters = json.loads(node_command(platform, "head-0", query, ec2)[-1])
+    assert parameters == {"command": ["nvidia-smi --query-gpu=name,memory.used --format=csv"]}
     with pytest.raises(GpuPlatError) as absent:
         node_command(platform, "train-3", [], ec2)
     assert absent.value.exit_code == 2 and "(running: head-0)" in absent.value.message
