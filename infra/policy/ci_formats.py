@@ -104,7 +104,7 @@ def _result(
                 "logicalLocations": [{"name": logical, "kind": "resource"}],
             }
         ],
-        "partialFingerprints": {FINGERPRINT: fingerprint(rule_id, uri, identity)},
+        "partialFingerprints": {FINGERPRINT: fingerprint(rule_id, identity)},  # not the path: moves keep it
     }
 
 

@@ -12,7 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]
+import pytest
 
+from infra.cli.commands.check import _write_whole
+from infra.errors import SpecError
 from infra.policy.check import CheckReport
 from infra.policy.ci_formats import FINGERPRINT, junit, pool_line, sarif, settings_line
 from infra.policy.rules import RULES, Verdict
@@ -145,8 +148,9 @@ def test_sarif_rules_carry_their_group_and_findings_their_level(tmp_path: Path) 
 
 
 def test_sarif_fingerprints_are_stable_and_follow_the_finding(tmp_path: Path) -> None:
-    """The same findings give the same fingerprints on every run and wherever the check runs from; an edit
-    above the pool (its line moves) keeps them; the finding moving to another pool or resource changes it."""
+    """The same findings give the same fingerprints on every run, wherever the check runs from and wherever
+    the stack file moves; an edit above the pool (its line moves) keeps them; the finding moving to another
+    pool or resource changes it."""
     stack = tmp_path / "Pulumi.s.yaml"
     text = "config:\n  gpu-platform:platform:\n    pools:\n      - name: infer\n      - name: infer2\n"
     stack.write_text(text)
@@ -158,6 +162,10 @@ def test_sarif_fingerprints_are_stable_and_follow_the_finding(tmp_path: Path) ->
     on_infer = _verdict("isolation-inference-taint", "mandatory", "pool infer", "untainted")
     first = prints(on_infer)
     assert first == prints(on_infer) and len(first[0]) == 32
+    assert prints(on_infer, base=tmp_path.parent) == first  # run from another directory
+    (tmp_path / "moved").mkdir()
+    stack = stack.rename(tmp_path / "moved" / stack.name)
+    assert prints(on_infer) == first  # the stack file moved, the finding did not
     stack.write_text("# a comment above everything\n" + text)
     assert prints(on_infer) == first  # the line moved, the finding did not
     moved = _verdict("isolation-inference-taint", "mandatory", "pool infer2", "untainted")
@@ -239,3 +247,25 @@ def test_conflicting_format_flags_are_refused() -> None:
     assert text.returncode == 2
     same = gpuplat("check", "--stack", "local", "--json", "--format", "json")
     assert same.returncode == 0 and json.loads(same.stdout)[0]["stack"] == "local"
+
+
+def test_a_report_that_fails_halfway_leaves_the_last_one_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--sarif/--junit write beside the report and rename: a write that fails halfway (disk full) leaves the
+    previous report as it was and no partial file, and is one paragraph (exit 2)."""
+    report = tmp_path / "reports" / "policy.sarif"
+    _write_whole(report, "the last run's report\n")
+    assert report.read_text() == "the last run's report\n"
+
+    def half_then_full(self: Path, text: str, encoding: str | None = None) -> int:
+        with self.open("w", encoding=encoding) as handle:
+            handle.write(text[: len(text) // 2])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", half_then_full)
+    with pytest.raises(SpecError) as full:
+        _write_whole(report, "this run's report, cut short\n")
+    assert full.value.exit_code == 2 and "No space left on device" in full.value.message
+    assert report.read_text() == "the last run's report\n"
+    assert sorted(p.name for p in report.parent.iterdir()) == ["policy.sarif"]

@@ -81,12 +81,13 @@ def _outcomes(
 
 def _write_whole(path: Path, text: str) -> None:
     """Write a report beside its final name, then rename: a reader never sees a half or empty file."""
+    partial = path.with_name(f".{path.name}.partial")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f".{path.name}.partial")
         partial.write_text(text, encoding="utf-8")
         partial.replace(path)
     except OSError as exc:
+        partial.unlink(missing_ok=True)
         raise SpecError(f"{path}: cannot write the report ({exc.strerror})") from exc
 
 
