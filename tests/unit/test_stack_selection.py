@@ -83,3 +83,27 @@ def test_size_picks_from_the_stacks_own_backend_and_a_named_gpu() -> None:
     assert unknown.returncode == 2 and "--gpu: the aws catalog has no 'V100' GPU" in unknown.stderr
     against = gpuplat(*request, "--stack", "onprem", "--provider", "aws")
     assert against.returncode == 2 and "stack onprem is on the onprem backend" in against.stderr
+
+
+def test_check_all_reports_a_bad_stack_and_still_checks_the_others(tmp_path: Path) -> None:
+    """With --all, a stack file that does not load is that stack's error (exit 2, named with its field); the
+    other stacks keep their reports, on stdout and in the --sarif and --junit files of the same run."""
+    _own_stack(tmp_path, "good")
+    (tmp_path / "stacks" / "Pulumi.bad.yaml").write_text(
+        yaml.safe_dump({"config": {CONFIG_KEY: {"name": "bad", "pools": 3}}})
+    )
+    result = gpuplat(
+        "check", "--all", "--json", "--sarif", "out/policy.sarif", "--junit", "out/policy.xml", cwd=tmp_path
+    )
+    assert result.returncode == 2
+    assert "1 stack file(s) could not be checked (bad); 1 checked" in result.stderr
+    by_stack = {entry["stack"]: entry for entry in json.loads(result.stdout)}
+    assert sorted(by_stack) == ["bad", "good"]
+    assert "pools" in by_stack["bad"]["error"] and "verdicts" in by_stack["good"]
+    results = json.loads((tmp_path / "out" / "policy.sarif").read_text())["runs"][0]["results"]
+    assert [r["ruleId"] for r in results if r["level"] == "error" and "bad:" in r["message"]["text"]] == [
+        "stack-file-valid"
+    ]
+    junit = (tmp_path / "out" / "policy.xml").read_text()
+    assert 'classname="gpuplat.policy.bad"' in junit
+    assert "gpuplat.policy.good." in junit and 'type="stack-file"' in junit
