@@ -64,6 +64,9 @@ def test_a_code_only_change_shows_with_its_values(branch: Path) -> None:
     assert diff["base"] == "main:stacks/Pulumi.aws-prod.yaml" and diff["base_code"] == "the base revision's"
     changed = [c for c in diff["changes"] if c["type"] == "aws:ec2/instance:Instance"]
     assert changed and all(c["op"] == "change" for c in changed)
+    # Only those: the role bundle's files (assets, by a path that differs between the two checkouts) are
+    # the same content, so no change.
+    assert changed == diff["changes"], [(c["type"], c["name"]) for c in diff["changes"] if c not in changed]
     values = {v["field"]: (v["old"], v["new"]) for v in changed[0]["values"]}
     assert values == {"rootBlockDevice.encrypted": (True, False)}
     assert diff["settings"] == []
