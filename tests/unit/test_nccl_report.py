@@ -584,3 +584,16 @@ def test_cli_bad_input_exits_2_with_one_message(tmp_path: Path) -> None:
     refused = gpuplat("nccl-report", str(not_nccl))
     assert refused.returncode == 2 and "is not an NCCL log" in refused.stderr
     assert all("Traceback" not in r.stderr for r in (unknown, missing, refused))
+
+
+@pytest.mark.parametrize(("share", "verdict"), [(0.49, "fail"), (0.51, "pass")])
+def test_the_one_node_judgement_turns_at_half_the_nodes_own_figure(share: float, verdict: str) -> None:
+    """Three nodes without a gate or a node type: judged against their one-node figure (480.14 GB/s), a run
+    just under half of it is a collapse across the nodes and one just over passes (ONE_NODE_SHARE)."""
+    alone_text = sample("busbw-one-node-h100.txt").read_text()
+    busbw = f"{480.14 * share:.2f}"
+    across = alone_text.replace("479.41", busbw).replace("480.14      0", f"{busbw}      0")
+    assert across.count(busbw) == 2
+    result = fabric_report(across, source="x", nodes=3, one_node=("one-node.txt", alone_text))
+    assert checks(result)["busbw"] == verdict, reason(result, "busbw")
+    assert f"{share:.0%} of the 480.14 GB/s these nodes should reach" in reason(result, "busbw")
