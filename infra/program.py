@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pulumi
@@ -28,5 +29,6 @@ def build(platform: ResolvedPlatform) -> None:
 
 def platform_from_config() -> ResolvedPlatform:
     raw = pulumi.Config("gpu-platform").require_object("platform")
-    source = stack_file(pulumi.get_stack())
+    # `gpuplat up --stack-file` names the file it gave Pulumi (infra/lifecycle/cloud_stack.py).
+    source = Path(os.environ.get("GPUPLAT_STACK_FILE") or stack_file(pulumi.get_stack()))
     return resolve(parse_spec(raw, source), Path(source))

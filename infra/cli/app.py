@@ -14,15 +14,18 @@ from infra.cli.commands.check import check
 from infra.cli.commands.inventory import inventory
 from infra.cli.commands.job_profile import job_profile_command
 from infra.cli.commands.lifecycle import down, list_stacks, scale, status, up
+from infra.cli.commands.logs import logs
 from infra.cli.commands.manifests import manifests
 from infra.cli.commands.models import models
 from infra.cli.commands.nccl_report import nccl_report
 from infra.cli.commands.plan import plan
 from infra.cli.commands.serve import serve
 from infra.cli.commands.size import size
+from infra.cli.commands.ssh import ssh
 from infra.cli.commands.stacks import stacks
 from infra.cli.commands.validate import validate
 from infra.cli.crash import crash_summary, write_crash_log
+from infra.cli.help_text import plain_placeholders
 from infra.errors import ExitCode, GpuPlatError
 from infra.plan.record import release_event_loops
 
@@ -70,6 +73,8 @@ app.command()(manifests)
 app.command()(nccl_report)
 app.command()(validate)
 app.command("job-profile")(job_profile_command)
+app.command()(ssh)
+app.command()(logs)
 app.add_typer(models)
 app.add_typer(serve)
 
@@ -81,6 +86,16 @@ _INTERRUPTED = 130  # the shell's code for a command stopped by Ctrl-C (128 + SI
 _USAGE_ERROR: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 
 
+def usage_message(exc: Exception) -> str:
+    """click's message of a usage error, with the command whose --help says more."""
+    usage_error: Any = exc
+    message = str(usage_error.format_message())
+    context = getattr(usage_error, "ctx", None)
+    if context is not None and getattr(context, "command_path", None):
+        message += f" (see `{context.command_path} --help`)"
+    return message
+
+
 def main(args: Sequence[str] | None = None) -> None:
     """Run the app and turn every way it can end into one of the documented exit codes (0 ok, 1 policy
     violation, 2 bad input, 3 missing tool or host setting, 4 failure, 5 an analysis without a verdict to
@@ -90,13 +105,17 @@ def main(args: Sequence[str] | None = None) -> None:
     if not isinstance(sys.stdout, output.ReaderTolerantStdout):
         sys.stdout = output.ReaderTolerantStdout(sys.stdout)
     try:
-        code = app(args=argv, prog_name="gpuplat", standalone_mode=False)
+        command = typer.main.get_command(app)
+        plain_placeholders(command)
+        code = command.main(args=argv, prog_name="gpuplat", standalone_mode=False)
     except GpuPlatError as exc:
         output.error(exc.message)
         sys.exit(int(exc.exit_code))
-    except _USAGE_ERROR as exc:  # unknown flag, bad option value, missing option
-        usage_error: Any = exc
-        usage_error.show()
+    except _USAGE_ERROR as exc:  # unknown flag, bad option value, missing option: in the tool's one style
+        if type(exc).__name__ == "NoArgsIsHelpError":  # `gpuplat` alone, or a group alone: its help
+            sys.stderr.write(str(getattr(exc, "format_message", lambda: "")()) + "\n")
+        else:
+            output.error(usage_message(exc))
         sys.exit(int(ExitCode.BAD_INPUT))
     except (KeyboardInterrupt, typer.Abort):
         output.error("interrupted")

@@ -65,12 +65,15 @@ def stderr() -> Console:
     return Console(stderr=True, no_color=_NO_COLOR, highlight=False, soft_wrap=True, width=width)
 
 
-def chosen_format(requested: str, json_flag: bool, allowed: tuple[str, ...]) -> str:
-    """--format, with --json as its shorthand for json; anything else allowed is bad input (exit 2)."""
-    chosen = "json" if json_flag else requested
-    if chosen not in allowed:
-        from infra.errors import SpecError
+def chosen_format(requested: str | None, json_flag: bool, allowed: tuple[str, ...]) -> str:
+    """--format (text when not given), with --json as its shorthand for json; --json beside another
+    --format, or a format not in `allowed`, is bad input (exit 2)."""
+    from infra.errors import SpecError
 
+    if json_flag and requested not in (None, "json"):
+        raise SpecError(f"--json and --format {requested} ask for two formats: give one of them")
+    chosen = "json" if json_flag else requested or "text"
+    if chosen not in allowed:
         raise SpecError(f"--format {chosen!r}: give one of {', '.join(allowed)}")
     return chosen
 

@@ -11,9 +11,21 @@ from infra.errors import SpecError
 from infra.platform.resolve import ResolvedPlatform, load_platform
 from infra.spec.load import stack_file
 
-StackName = Annotated[str | None, typer.Option("--stack", "-s", help="stack name: stacks/Pulumi.NAME.yaml")]
-StackFile = Annotated[Path | None, typer.Option("--stack-file", help="path of a stack file to read instead")]
+StackName = Annotated[
+    str | None, typer.Option("--stack", "-s", metavar="NAME", help="stack name: stacks/Pulumi.NAME.yaml")
+]
+StackFile = Annotated[
+    Path | None, typer.Option("--stack-file", metavar="PATH", help="path of a stack file to read instead")
+]
 JsonFlag = Annotated[bool, typer.Option("--json", help="print JSON instead of tables")]
+SetOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set",
+        metavar="KEY=VALUE",
+        help="a value over the stack file's, e.g. budget.max_gpus=64 or pools[infer].max=12 (repeatable)",
+    ),
+]
 
 
 def stack_path(stack: str | None, stack_file_path: Path | None) -> Path:
@@ -26,8 +38,10 @@ def stack_path(stack: str | None, stack_file_path: Path | None) -> Path:
     raise SpecError("name a stack: --stack NAME (see `gpuplat stacks`) or --stack-file PATH")
 
 
-def platform_from_options(stack: str | None, stack_file_path: Path | None) -> ResolvedPlatform:
-    return load_platform(stack_path(stack, stack_file_path))
+def platform_from_options(
+    stack: str | None, stack_file_path: Path | None, overrides: list[str] | None = None
+) -> ResolvedPlatform:
+    return load_platform(stack_path(stack, stack_file_path), overrides or ())
 
 
 def read_log(path: Path) -> str:

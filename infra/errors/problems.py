@@ -137,16 +137,37 @@ def validation_problems(
     model: type[BaseModel] | None = None,
     pattern_meanings: Mapping[str, str] | None = None,
 ) -> list[Problem]:
-    """One (path, message) per error; FieldProblems are placed at their own fields."""
+    """One (path, message) per error; FieldProblems are placed at their own fields. A misspelt key is one
+    problem: the key it was meant to be is not reported missing beside it."""
     problems: list[Problem] = []
-    for error in exc.errors():
+    errors = exc.errors()
+    meant = _misspelt(errors, model)
+    for error in errors:
         loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        if error["type"] == "missing" and loc in meant:
+            continue
         raised = error.get("ctx", {}).get("error")
         if isinstance(raised, FieldProblems):
             problems += [(path_of(loc + relative), message) for relative, message in raised.problems]
         else:
             problems.append((path_of(loc), _describe(error, model, pattern_meanings or {})))
     return problems
+
+
+def _misspelt(errors: Sequence[Any], model: type[BaseModel] | None) -> set[tuple[int | str, ...]]:
+    """The locations of required keys that an unknown key beside them was evidently meant to be."""
+    if model is None:
+        return set()
+    meant = set()
+    for error in errors:
+        if error["type"] != "extra_forbidden":
+            continue
+        loc = tuple(error["loc"])
+        owner = model_at(model, loc[:-1])
+        close = difflib.get_close_matches(str(loc[-1]), allowed_keys(owner), n=1) if owner else []
+        if close:
+            meant.add((*loc[:-1], close[0]))
+    return meant
 
 
 def _line(path: str, message: str) -> str:

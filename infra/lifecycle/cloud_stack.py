@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from infra.errors import EnvironmentProblem, ExitCode, GpuPlatError, SpecError
@@ -31,13 +32,16 @@ class AutomationStack(Protocol):
     """The part of pulumi.automation.Stack used here (pulumi/automation/_stack.py: preview, up, destroy,
     outputs, info; PreviewResult.change_summary, UpResult.outputs, DestroyResult.summary)."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def preview(self, *, diff: bool | None = ..., on_output: Line | None = ...) -> Any: ...
 
     def up(self, *, diff: bool | None = ..., on_output: Line | None = ...) -> Any: ...
 
     def destroy(self, *, on_output: Line | None = ...) -> Any: ...
+
+    def refresh(self, *, preview_only: bool | None = ..., on_output: Line | None = ...) -> Any: ...
 
     def outputs(self) -> Mapping[str, Any]: ...
 
@@ -79,35 +83,104 @@ def require_pulumi(platform: ResolvedPlatform, action: str) -> None:
         )
 
 
+# The stack file the Pulumi program reads its platform from, where it is not stacks/Pulumi.NAME.yaml
+# (`--stack-file`): infra/program.py reads this variable for the file's path.
+STACK_FILE_ENV = "GPUPLAT_STACK_FILE"
+
+
+@dataclass(frozen=True)
+class FromStackFile:
+    """A Pulumi stack whose configuration is the stack file the command was given, in every operation:
+    `--config-file` (pulumi/automation/_stack.py: preview, up, destroy and refresh take `config_file`),
+    so `--stack-file` deploys that file, not stacks/Pulumi.NAME.yaml of the same name."""
+
+    stack: Any
+    config_file: str
+
+    @property
+    def name(self) -> str:
+        return str(self.stack.name)
+
+    def preview(self, *, diff: bool | None = None, on_output: Line | None = None) -> Any:
+        return self.stack.preview(diff=diff, on_output=on_output, config_file=self.config_file)
+
+    def up(self, *, diff: bool | None = None, on_output: Line | None = None) -> Any:
+        return self.stack.up(diff=diff, on_output=on_output, config_file=self.config_file)
+
+    def destroy(self, *, on_output: Line | None = None) -> Any:
+        return self.stack.destroy(on_output=on_output, config_file=self.config_file)
+
+    def refresh(self, *, preview_only: bool | None = None, on_output: Line | None = None) -> Any:
+        return self.stack.refresh(
+            preview_only=preview_only, on_output=on_output, config_file=self.config_file
+        )
+
+    def outputs(self) -> Mapping[str, Any]:
+        outputs: Mapping[str, Any] = self.stack.outputs()
+        return outputs
+
+    def info(self) -> Any:
+        return self.stack.info()
+
+
 def open_stack(platform: ResolvedPlatform, action: str, *, create: bool) -> AutomationStack:
-    """The stack in the Pulumi backend: created when `create` (first `up`), else it must exist."""
+    """The stack in the Pulumi backend: created when `create` (first `up`), else it must exist. Its
+    configuration is the platform's own stack file, wherever that is."""
     if platform.spec.backend == "local":
         raise SpecError(f"stack {platform.name} is local: it has no Pulumi stack (`gpuplat status` shows it)")
     require_pulumi(platform, action)
     from pulumi import automation
 
+    config_file = str(Path(platform.source).resolve())
+    options = automation.LocalWorkspaceOptions(env_vars={STACK_FILE_ENV: config_file})
     if create:
-        stack: AutomationStack = automation.create_or_select_stack(
-            stack_name=platform.name, work_dir=str(PROJECT_ROOT)
+        created = automation.create_or_select_stack(
+            stack_name=platform.name, work_dir=str(PROJECT_ROOT), opts=options
         )
-        return stack
+        return FromStackFile(created, config_file)
     try:
-        selected: AutomationStack = automation.select_stack(
-            stack_name=platform.name, work_dir=str(PROJECT_ROOT)
-        )
-        return selected
+        selected = automation.select_stack(stack_name=platform.name, work_dir=str(PROJECT_ROOT), opts=options)
     except automation.errors.StackNotFoundError as exc:
         raise GpuPlatError(
             f"stack {platform.name} is not deployed in the current Pulumi backend (`pulumi whoami -v` names "
-            f"it): `gpuplat up --stack {platform.name}` creates it",
+            f"it): `gpuplat up --stack-file {platform.source}` creates it",
             exit_code=ExitCode.BAD_INPUT,
         ) from exc
+    return FromStackFile(selected, config_file)
 
 
 def preview(stack: AutomationStack, on_line: Line) -> Changes:
     """`pulumi preview --diff` against what is deployed; Pulumi's diff streams to on_line."""
     result = stack.preview(diff=True, on_output=on_line)
     return Changes({str(op): int(n) for op, n in (result.change_summary or {}).items()})
+
+
+@dataclass(frozen=True)
+class Drift:
+    """What `pulumi refresh --preview-only` found between the stack's state and the cloud: resources changed
+    outside Pulumi (update) and gone (delete); nothing is written to the state."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def drifted(self) -> int:
+        return sum(n for op, n in self.counts.items() if op != "same")
+
+    def line(self) -> str:
+        changed, gone = self.counts.get("update", 0), self.counts.get("delete", 0)
+        if not self.drifted:
+            return f"no drift; {self.counts.get('same', 0)} resources as recorded"
+        parts = [f"{changed} changed outside Pulumi" if changed else "", f"{gone} gone" if gone else ""]
+        others = {op: n for op, n in self.counts.items() if op not in ("update", "delete", "same") and n}
+        parts += [f"{n} to {op}" for op, n in sorted(others.items())]
+        return ", ".join(p for p in parts if p) + " (pulumi refresh records it; gpuplat up puts it back)"
+
+
+def drift(stack: AutomationStack, on_line: Line) -> Drift:
+    """`pulumi refresh --preview-only`: the cloud read back against the state, the state left as it is."""
+    result = stack.refresh(preview_only=True, on_output=on_line)
+    changes = getattr(getattr(result, "summary", None), "resource_changes", None) or {}
+    return Drift({str(op): int(n) for op, n in changes.items()})
 
 
 Ask = Callable[[str], bool]

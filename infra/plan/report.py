@@ -119,8 +119,11 @@ def recorded_services(recording: Recording) -> list[ServiceCost]:
     return service_costs(from_recorded(r) for r in recording.resources)
 
 
-def full_size_usd_per_hour(platform: ResolvedPlatform, services: list[ServiceCost]) -> float:
-    """The pools at full size plus the services (EKS, NAT gateway, FSx) the program declares."""
+def full_size_usd_per_hour(platform: ResolvedPlatform, recording: Recording | None = None) -> float:
+    """The stack's cost per hour at full size, the one figure `plan`, `plan --base` and `stacks` show: the
+    pools at full size plus the services (EKS, NAT gateway, FSx) the program declares (recorded here when
+    no recording is given)."""
+    services = recorded_services(recording or record(platform))
     return round(platform.max_usd_per_hour + total_usd_per_hour(services), 2)
 
 
@@ -160,7 +163,7 @@ def build_report(
         budget=BudgetLine(
             gpus=platform.total_gpus,
             max_gpus=budget.max_gpus,
-            usd_per_hour=full_size_usd_per_hour(platform, services),
+            usd_per_hour=full_size_usd_per_hour(platform, recording),
             max_usd_per_hour=budget.max_hourly_usd,
         ),
         software=asdict(platform.software),

@@ -5,6 +5,7 @@ The result is what every consumer reads: the Pulumi program, the policy rules, t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -262,5 +263,5 @@ def resolve(spec: PlatformSpec, source: Path) -> ResolvedPlatform:
     )
 
 
-def load_platform(path: Path) -> ResolvedPlatform:
-    return resolve(load_spec_file(path), path)
+def load_platform(path: Path, overrides: Sequence[str] = ()) -> ResolvedPlatform:
+    return resolve(load_spec_file(path, overrides), path)

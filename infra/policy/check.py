@@ -25,6 +25,10 @@ class CheckReport:
     source: str
     resources: int
     verdicts: list[Verdict] = field(default_factory=list)
+    pools: tuple[str, ...] = ()  # the stack's pool names: a finding on one points at its line
+    not_applicable: tuple[str, ...] = ()  # rules that judged no resource of this stack
+    seconds: dict[str, float] = field(default_factory=dict)  # each rule's time on this stack
+    total_seconds: float = 0.0  # the stack's whole check: recording the program and every rule
 
     @property
     def mandatory(self) -> list[Verdict]:
@@ -43,6 +47,19 @@ class CheckReport:
             "passed": self.passed,
             "verdicts": [v.to_dict() for v in self.verdicts],
         }
+
+
+@dataclass(frozen=True)
+class StackProblem:
+    """A stack that could not be checked (its file does not parse or validate): one error in a report of
+    several stacks, which keep their own results."""
+
+    stack: str
+    source: str
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stack": self.stack, "source": self.source, "error": self.message}
 
 
 def verdicts_for(

@@ -12,6 +12,7 @@ does not name: a property a rule does not take is an error naming the rule and t
 from __future__ import annotations
 
 import difflib
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -100,9 +101,34 @@ def parse_policy_config(document: Mapping[str, Any], source: str = "policy confi
 
 
 def load_policy_config(path: Path) -> PolicyConfig:
-    document = read_yaml_file(path, "policy config file")
+    """A policy config file: JSON where it is one (`.json`, or text that opens with `{`; the format
+    `pulumi preview --policy-pack-config` takes), else YAML; each reported in its own terms."""
+    document = _read_json(path) if _is_json(path) else read_yaml_file(path, "policy config file")
     if document is None:
         return PolicyConfig()
     if not isinstance(document, Mapping):
         raise SpecError(f"{path}: a policy config is a mapping of rule id to settings.")
     return parse_policy_config(document, str(path))
+
+
+def _is_json(path: Path) -> bool:
+    if path.suffix.lower() == ".json":
+        return True
+    try:
+        with path.open("rb") as handle:
+            return handle.read(4096).lstrip().startswith(b"{")
+    except OSError:
+        return False  # the YAML reader reports it
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"{path}: cannot read the policy config file ({exc})") from exc
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SpecError(
+            f"{path}, line {exc.lineno}, column {exc.colno}: not valid JSON: {exc.msg}."
+        ) from None

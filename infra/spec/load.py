@@ -6,6 +6,7 @@ import codecs
 import difflib
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from infra.errors import SpecError
 from infra.errors.problems import field_path, spec_error, validation_problems
 from infra.spec.catalog_checks import catalog_problems
 from infra.spec.models import PATTERN_MEANINGS, PlatformSpec
+from infra.spec.overrides import apply_overrides
 
 CONFIG_KEY = "gpu-platform:platform"
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -36,12 +38,31 @@ _BYTE_ORDER_MARKS = (
 )
 
 
+STACKS_DIR_ENV = "GPUPLAT_STACKS_DIR"
+
+
 def stacks_dir() -> Path:
-    override = os.environ.get("GPUPLAT_STACKS_DIR")
-    return Path(override) if override else PROJECT_ROOT / "stacks"
+    """Where --stack NAME and --all look: $GPUPLAT_STACKS_DIR; else the `stacks/` of the current directory
+    or the nearest directory above it that has one with stack files (a checkout of the platform, as Pulumi
+    finds Pulumi.yaml); else the stacks shipped with gpuplat."""
+    override = os.environ.get(STACKS_DIR_ENV)
+    if override:
+        return Path(override)
+    here = Path.cwd()
+    for directory in (here, *here.parents):
+        candidate = directory / "stacks"
+        if candidate.is_dir() and any(candidate.glob("Pulumi.*.yaml")):
+            return candidate
+    return PROJECT_ROOT / "stacks"
 
 
 def stack_file(name: str) -> Path:
+    if name.endswith((".yaml", ".yml")):
+        bare = Path(name).name.removeprefix("Pulumi.").removesuffix(".yaml").removesuffix(".yml")
+        raise SpecError(
+            f"--stack {name}: --stack takes a stack's name ({bare}, for stacks/Pulumi.{bare}.yaml); for a "
+            f"file give --stack-file {name}"
+        )
     if not _STACK_NAME.fullmatch(name):
         raise SpecError(
             f"stack name {name!r}: a stack name holds letters, digits, -, _ and . only (e.g. aws-prod); "
@@ -221,7 +242,8 @@ def _check_provider_region(path: Path, config: dict[str, Any], spec: PlatformSpe
         )
 
 
-def load_spec_file(path: Path) -> PlatformSpec:
+def load_spec_file(path: Path, overrides: Sequence[str] = ()) -> PlatformSpec:
+    """The stack file's platform description, with `--set KEY=VALUE` over it (infra.spec.overrides)."""
     config = read_stack_config(path)
     if CONFIG_KEY not in config:
         close = difflib.get_close_matches(CONFIG_KEY, [str(key) for key in config], n=1)
@@ -229,6 +251,12 @@ def load_spec_file(path: Path) -> PlatformSpec:
         raise SpecError(
             f"{path}: no `{CONFIG_KEY}` key under `config:`{hint}; the platform description lives there."
         )
-    spec = parse_spec(config[CONFIG_KEY], path)
+    raw = config[CONFIG_KEY]
+    if overrides:
+        if not isinstance(raw, dict):
+            raise SpecError(f"{path}: `{CONFIG_KEY}` is not a mapping, so --set has nothing to set")
+        raw = apply_overrides(raw, overrides)
+    source = f"{path} with --set {' '.join(overrides)}" if overrides else path
+    spec = parse_spec(raw, source)
     _check_provider_region(path, config, spec)
     return spec

@@ -8,9 +8,18 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Annotated, Any, Literal
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from infra.errors.problems import FieldProblem, FieldProblems
 from infra.spec.cross_checks import platform_problems, repeats
@@ -98,8 +107,32 @@ def _ipv4_network(value: str) -> str:
     return value
 
 
+def _number_kinds(annotation: Any) -> set[type]:
+    """int and float among what a field's annotation allows (through Optional and Annotated)."""
+    if annotation in (int, float):
+        return {annotation}
+    if get_origin(annotation) is Annotated:
+        return _number_kinds(get_args(annotation)[0])
+    if get_origin(annotation) in (Union, UnionType):
+        kinds: set[type] = set()
+        for member in get_args(annotation):
+            kinds |= _number_kinds(member)
+        return kinds if str not in get_args(annotation) else set()
+    return set()
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _numbers_are_not_text(cls, value: Any, info: ValidationInfo) -> Any:
+        """A number given in quotes ("80") is refused, not read as 80: a quoted value is text in YAML, and
+        a setting that only reads as a number by luck is a typo waiting (pydantic would convert it)."""
+        field = cls.model_fields.get(info.field_name or "")
+        if isinstance(value, str) and field is not None and _number_kinds(field.annotation):
+            raise ValueError("must be a number, not text: write it without quotes")
+        return value
 
 
 class Taint(_Model):

@@ -58,9 +58,16 @@ def gpu_node_type(name: str) -> NodeType:
 
 
 def fabric_report(
-    text: str, *, source: str, node_type: str | None = None, nodes: int | None = None
+    text: str,
+    *,
+    source: str,
+    node_type: str | None = None,
+    nodes: int | None = None,
+    one_node: tuple[str, str] | None = None,
 ) -> FabricReport:
-    """Read an NCCL log and/or nccl-tests output and judge it; SpecError when the text holds neither."""
+    """Read an NCCL log and/or nccl-tests output and judge it; SpecError when the text holds neither.
+    `one_node`: (source, text) of an all_reduce_perf run on one of the same nodes, the figure a multi-node
+    run without a published gate is judged against."""
     node = gpu_node_type(node_type) if node_type else None
     log = parse_nccl_log(text)
     tables = tuple(parse_results(text))
@@ -69,8 +76,21 @@ def fabric_report(
             f"{source} is not an NCCL log: no 'NCCL INFO' or 'NCCL WARN' lines and no nccl-tests result "
             "table (run the job with NCCL_DEBUG=INFO and keep the all_reduce_perf output)"
         )
-    run = Run(log, tables, node, fabric_gates().get(node.name) if node else None, _nodes(log, tables, nodes))
+    gates = fabric_gates().get(node.name) if node else None
+    alone = _one_node_tables(*one_node) if one_node else ()
+    run = Run(log, tables, node, gates, _nodes(log, tables, nodes), alone)
     return FabricReport(source, run, judge(run))
+
+
+def _one_node_tables(source: str, text: str) -> tuple[ResultsTable, ...]:
+    tables = tuple(t for t in parse_results(text) if t.rows and t.is_all_reduce is not False)
+    if not tables:
+        raise SpecError(f"--one-node {source}: no all_reduce_perf result table in it")
+    log_nodes = parse_nccl_log(text).nodes
+    seen = max([t.nodes for t in tables if t.nodes] + ([log_nodes] if log_nodes else []), default=1)
+    if seen > 1:
+        raise SpecError(f"--one-node {source}: that run had {seen} nodes; give a run on one node")
+    return tables
 
 
 def _nodes(log: NcclLog, tables: tuple[ResultsTable, ...], given: int | None) -> int | None:

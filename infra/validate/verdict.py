@@ -46,6 +46,7 @@ class Run:
     node: NodeType | None
     gates: NodeGates | None
     nodes: int | None
+    one_node: tuple[ResultsTable, ...] = ()  # an all_reduce_perf run on one of these nodes, if given
 
     @property
     def multi_node(self) -> bool:
@@ -187,19 +188,80 @@ def nics_check(run: Run) -> Check:
 def busbw_checks(run: Run) -> list[Check]:
     if not run.tables:
         return [Check("busbw", "skip", "no nccl-tests result table in the log")]
-    if run.node is None:
+    if run.node is None and not run.one_node:
         return [Check("busbw", "skip", "pass --node-type to compare with its gate")]
-    shape = next((s for s, n in SHAPE_NODES.items() if n == run.nodes), None)
     if run.nodes is None:
         return [Check("busbw", "skip", "the log does not show how many nodes ran the test: pass --nodes")]
-    if shape is None:
-        return [
-            Check("busbw", "skip", f"gates are published for one and two nodes; this run had {run.nodes}")
-        ]
-    gate = run.gates.busbw_gate(shape) if run.gates else None
-    if gate is None:
-        return [Check("busbw", "skip", f"no published figure for {run.node.name} {shape}: busbw not gated")]
-    return [_busbw_check(table, gate, shape) for table in run.tables]
+    shape = next((s for s, n in SHAPE_NODES.items() if n == run.nodes), None)
+    gate = run.gates.busbw_gate(shape) if run.gates and shape else None
+    if gate is not None and shape is not None:
+        return [_busbw_check(table, gate, shape) for table in run.tables]
+    if run.nodes > 1 and run.one_node:
+        return [_against_one_node(table, run) for table in run.tables]
+    unpublished = (
+        f"no published figure for {run.node.name} {shape}"
+        if run.node and shape
+        else f"gates are published for one and two nodes; this run had {run.nodes}"
+    )
+    if run.nodes > 1:
+        unpublished += (
+            ": pass --one-node LOG (all_reduce_perf on one of these nodes) to judge it against the "
+            "nodes' own figure"
+        )
+    return [Check("busbw", "skip", f"{unpublished}: busbw not gated" if run.nodes == 1 else unpublished)]
+
+
+# Below this share of what the nodes reach alone (or of their network, when that is lower), a multi-node
+# all_reduce has collapsed across the nodes: the platform's threshold, not a published figure. busbw is
+# meant to show the hardware bottleneck, NVLink or network, whatever the rank count (nccl-tests
+# doc/PERFORMANCE.md, "Summary"); across two nodes NCCL's trees can reach up to twice the network
+# bandwidth, not across three or more (NVIDIA/nccl issue #209, sjeaugey, 2019-06-04).
+ONE_NODE_SHARE = 0.5
+BANDWIDTH_BOUND_BYTES = 128 * 1024 * 1024  # smaller messages are latency-bound: no bandwidth verdict
+
+
+def _against_one_node(table: ResultsTable, run: Run) -> Check:
+    if table.is_all_reduce is False:
+        return Check(
+            "busbw", "skip", f"judged for all_reduce_perf, this table is {table.test or 'another test'}"
+        )
+    largest = max(table.rows, key=lambda row: row.size_bytes, default=None)
+    if largest is None or largest.size_bytes < BANDWIDTH_BOUND_BYTES:
+        return Check(
+            "busbw",
+            "skip",
+            f"the table stops below {BANDWIDTH_BOUND_BYTES} bytes: run with -e 1G to judge bandwidth",
+        )
+    alone = max((row.best_busbw_gbps for t in run.one_node for row in t.rows), default=0.0)
+    expected, why = alone, f"their one-node figure {alone:.2f} GB/s"
+    if run.node is not None:
+        network = run.node.network
+        ceiling = network.total_gbps / 8 * (2 if run.nodes == 2 else 1)
+        if ceiling < expected:
+            expected = ceiling
+            why = (
+                f"their network, {network.nics} x {network.gbps_per_nic:g} Gb/s"
+                + (" (x2 with trees on two nodes)" if run.nodes == 2 else "")
+                + f", below their one-node figure {alone:.2f} GB/s"
+            )
+    measured = largest.best_busbw_gbps
+    peak = table.peak
+    where = f"{run.nodes} nodes reach {measured:.2f} GB/s at {largest.size_bytes} bytes"
+    share = measured / expected if expected else 0.0
+    judged = f"{share:.0%} of the {expected:.2f} GB/s these nodes should reach ({why})"
+    if share < ONE_NODE_SHARE:
+        collapse = (
+            f"; the peak is {peak.best_busbw_gbps:.2f} GB/s at {peak.size_bytes} bytes"
+            if peak and peak.size_bytes != largest.size_bytes
+            else ""
+        )
+        return Check(
+            "busbw",
+            "fail",
+            f"{where}, {judged}: bandwidth collapses across the nodes{collapse}. Check the links between the "
+            "nodes (racks, switches, flow control) with a two-node run of each pair",
+        )
+    return Check("busbw", "pass", f"{where}, {judged}")
 
 
 def _busbw_check(table: ResultsTable, gate: BusbwGate, shape: Shape) -> Check:

@@ -209,7 +209,7 @@ def test_a_failing_canary_is_rolled_back_by_the_guard(stack: Path, model: str, f
             "serve",
             "guard",
             model,
-            "--for",
+            "--guard-s",
             "120",
             "--stack-file",
             str(stack),

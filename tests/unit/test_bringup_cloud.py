@@ -10,6 +10,7 @@ through the real entry point)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,7 +24,7 @@ from infra.lifecycle import bringup, cloud_stack
 from infra.lifecycle.bringup import CloudApproval
 from infra.nodes.inventory import aws_ec2_config, platform_vars
 from infra.nodes.playbook_run import PlaybookRun
-from infra.platform.resolve import ResolvedPlatform
+from infra.platform.resolve import ResolvedPlatform, load_platform
 from tests.unit.test_cli import gpuplat
 
 FSX_DNS = "fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com"
@@ -58,6 +59,8 @@ class StandIn:
     playbooks: list[str] = field(default_factory=list)
     calls: list[str] = field(default_factory=list)
     change_summary: dict[str, int] = field(default_factory=lambda: {"create": 212, "same": 0})
+    config_files: list[str] = field(default_factory=list)
+    environments: list[dict[str, str]] = field(default_factory=list)
 
 
 @pytest.fixture
@@ -72,20 +75,23 @@ def stand_in(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> StandIn:
             self.platform = platform
             self.name = platform.name
 
-        def preview(self, diff: bool | None = None, on_output: Any = None) -> Any:
+        def preview(self, diff: bool | None = None, on_output: Any = None, config_file: str = "") -> Any:
             state.calls.append(f"preview diff={diff}")
+            state.config_files.append(config_file)
             on_output("+ aws:ec2/vpc:Vpc aws-prod-vpc create")
             return SimpleNamespace(change_summary=dict(state.change_summary))
 
-        def up(self, diff: bool | None = None, on_output: Any = None) -> Any:
+        def up(self, diff: bool | None = None, on_output: Any = None, config_file: str = "") -> Any:
             state.calls.append("up")
+            state.config_files.append(config_file)
             on_output("Resources: + 212 created")
             outputs = program_outputs(self.platform)
             return SimpleNamespace(
                 outputs={key: automation.OutputValue(value, False) for key, value in outputs.items()}
             )
 
-    def create_or_select_stack(stack_name: str, work_dir: str) -> Stack:
+    def create_or_select_stack(stack_name: str, work_dir: str, opts: Any) -> Stack:
+        state.environments.append(dict(opts.env_vars))
         return Stack(state.platforms[stack_name])
 
     def run_playbook(playbook: str, inventory: Path, log_dir: Path, **options: Any) -> PlaybookRun:
@@ -197,3 +203,16 @@ def test_cloud_commands_without_the_pulumi_cli_exit_3_with_the_install_command(c
     result = gpuplat(*command)  # PATH=/usr/bin:/bin: no pulumi
     assert result.returncode == 3, result.stderr
     assert "get.pulumi.com" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_stack_file_elsewhere_is_what_pulumi_deploys(
+    stand_in: StandIn, write_stack: Callable[..., Path]
+) -> None:
+    """`up --stack-file /elsewhere/Pulumi.aws-prod.yaml`: every Pulumi operation reads that file (its
+    --config-file), and the program is told its path, not stacks/Pulumi.aws-prod.yaml of the same name."""
+    path = write_stack("aws-prod", lambda spec: None, name="aws-prod")
+    platform = load_platform(path)
+    stand_in.platforms[platform.name] = platform
+    up(platform, [], yes=True)
+    assert stand_in.config_files == [str(path.resolve())] * 2  # preview and up
+    assert stand_in.environments == [{"GPUPLAT_STACK_FILE": str(path.resolve())}]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import jsonschema  # type: ignore[import-untyped]
@@ -94,8 +95,8 @@ def test_every_action_the_workflows_use_runs_on_a_runtime_github_still_offers() 
 
 @pytest.mark.parametrize("verdict", [0, 1, 2])
 def test_the_policy_report_exits_with_the_checks_verdict(tmp_path: Path, verdict: int) -> None:
-    """CI fails the job on the script's exit code: 1 where a mandatory rule is broken, 2 on bad input, after
-    writing both reports either way (the code scanning and test report uploads run on failure too)."""
+    """CI fails the job on the script's exit code: 1 where a mandatory rule is broken, 2 on bad input, from
+    one check run that writes both reports (the code scanning and test report uploads run on failure too)."""
     calls = tmp_path / "calls"
     fake = tmp_path / "gpuplat"
     fake.write_text(f'#!/bin/sh\necho "$*" >> {calls}\necho "report of $*"\nexit {verdict}\n')
@@ -107,12 +108,102 @@ def test_the_policy_report_exits_with_the_checks_verdict(tmp_path: Path, verdict
         check=False,
     )  # fmt: skip
     assert done.returncode == verdict, done.stderr
-    options = "check --all --policy-config policy.yaml"
     assert calls.read_text().splitlines() == [
-        f"{options} --format sarif",
-        f"{options} --format junit",
-        options,
+        f"check --all --sarif {out}/gpuplat.sarif --junit {out}/gpuplat-junit.xml --policy-config policy.yaml"
     ]
-    assert (out / "gpuplat.sarif").read_text() == f"report of {options} --format sarif\n"
-    assert (out / "gpuplat-junit.xml").read_text() == f"report of {options} --format junit\n"
+    assert "report of check --all" in done.stderr  # the text report goes to the job's log
+    assert f"no {out}/gpuplat.sarif (gpuplat exited {verdict} before checking any stack)" in done.stderr
     assert f"(verdict {verdict})" in done.stderr
+
+
+def _one_bad_one_failing(stacks: Path) -> None:
+    document = yaml.safe_load(stack_file("onprem").read_text())
+    document["config"]["gpu-platform:platform"]["budget"]["max_gpus"] = 8
+    (stacks / "Pulumi.onprem.yaml").write_text(yaml.safe_dump(document, sort_keys=False))
+    platform = document["config"]["gpu-platform:platform"]
+    platform["name"] = "typo"
+    platform["budgett"] = platform.pop("budget")
+    (stacks / "Pulumi.typo.yaml").write_text(yaml.safe_dump(document, sort_keys=False))
+
+
+def test_one_bad_stack_is_one_error_and_the_failing_stack_keeps_its_results(tmp_path: Path) -> None:
+    """A directory with a typo'd stack file beside a stack that breaks a mandatory rule: the SARIF holds the
+    failing stack's finding and one error for the bad file, the JUnit one errored case for it and the
+    failing stack's failed case, both whole; the exit is 2 (bad input), from one check run."""
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    _one_bad_one_failing(stacks)
+    environment = {
+        "GPUPLAT": GPUPLAT,
+        "PATH": "/usr/bin:/bin",
+        "GPUPLAT_STACKS_DIR": str(stacks),
+        "NO_COLOR": "1",
+    }
+    done = subprocess.run(
+        [str(SCRIPTS / "policy-report.sh"), "report"], cwd=tmp_path, capture_output=True, text=True,
+        env=environment, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("budgett: unknown key") == 1  # said once, not once per format
+    document = json.loads((tmp_path / "report" / "gpuplat.sarif").read_text())
+    jsonschema.validate(document, json.loads((UPSTREAM / "sarif" / "sarif-schema-2.1.0.json").read_text()))
+    results = {(r["ruleId"], r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"]) for r in
+               document["runs"][0]["results"]}  # fmt: skip
+    assert results == {
+        ("budget-gpus", "stacks/Pulumi.onprem.yaml"),
+        ("stack-file-valid", "stacks/Pulumi.typo.yaml"),
+    }
+    suites = {
+        s.get("name"): s for s in ET.fromstring((tmp_path / "report" / "gpuplat-junit.xml").read_text())
+    }
+    assert suites["policy typo"].get("errors") == "1" and suites["policy typo"].get("tests") == "1"
+    error = suites["policy typo"].find("testcase/error")
+    assert error is not None and "budgett" in error.get("message", "")
+    assert suites["policy onprem"].get("failures") == "1"
+
+
+def _gitlab_jobs() -> dict[str, dict[str, object]]:
+    document = yaml.safe_load((PROJECT_ROOT / "examples" / "ci" / "gitlab" / ".gitlab-ci.yml").read_text())
+    return {name: job for name, job in document.items() if isinstance(job, dict) and "script" in job}
+
+
+def _flat(script: object) -> list[str]:
+    """A GitLab script with its nested anchors flattened, as GitLab runs it."""
+    if isinstance(script, list):
+        return [line for item in script for line in _flat(item)]
+    return [str(script)]
+
+
+def test_every_gitlab_job_with_an_id_token_exchanges_it_and_has_the_tools() -> None:
+    """A job that asks GitLab for an AWS ID token hands it to the SDKs' web-identity provider (and proves
+    the exchange before anything else runs); the AWS CLI and the Session Manager plugin are installed."""
+    jobs = _gitlab_jobs()
+    with_token = [name for name, job in jobs.items() if "id_tokens" in job]
+    assert set(with_token) == {"preview", "apply"}
+    for name in with_token:
+        job = jobs[name]
+        lines = _flat(job["script"])
+        assert job["variables"]["AWS_ROLE_ARN"].startswith("$PLATFORM_")  # type: ignore[index]
+        exchange = next(i for i, line in enumerate(lines) if "AWS_WEB_IDENTITY_TOKEN_FILE=" in line)
+        proof = next(i for i, line in enumerate(lines) if line.startswith("aws sts get-caller-identity"))
+        deploy = next(i for i, line in enumerate(lines) if line.startswith(("pulumi preview", "gpuplat up")))
+        assert exchange < proof < deploy
+        assert any("awscli-exe-linux" in line for line in lines)
+        assert any("session-manager-plugin" in line for line in lines)
+
+
+def test_every_example_makes_the_virtualenv_pulumi_yaml_names() -> None:
+    """Pulumi.yaml runs the program in `.venv`, as does the policy pack: each job that installs gpuplat
+    installs it there."""
+    assert "virtualenv: .venv" in (PROJECT_ROOT / "Pulumi.yaml").read_text()
+    for name, job in _gitlab_jobs().items():
+        lines = _flat(job["script"])
+        if any("pip install" in line for line in lines):
+            assert "python -m venv .venv" in lines, name
+            assert all(".venv/bin/python -m pip" in line for line in lines if "pip install" in line), name
+    for workflow in (PROJECT_ROOT / "examples" / "ci" / "github").glob("*.yml"):
+        for job in yaml.safe_load(workflow.read_text())["jobs"].values():
+            runs = [str(step.get("run", "")) for step in job["steps"]]
+            installs = [run for run in runs if "pip install" in run]
+            for run in installs:
+                assert "python -m venv .venv" in run and ".venv/bin/python -m pip install" in run, workflow

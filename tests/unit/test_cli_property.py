@@ -188,6 +188,8 @@ def _stack_commands(output: Path) -> dict[str, list[str]]:
         "scale": ["--pool", "train", "--nodes", "1"],
         "validate": [],
         "size": ["--params", "7e9"],
+        "ssh": ["head-0", "--print"],
+        "logs": ["head-0", "--print"],
     }
 
 

@@ -307,6 +307,55 @@ def test_busbw_sample_peak_collapse_and_gate() -> None:
     assert checks(result)["transport"] == "fail"  # a bare table cannot show the transport
 
 
+def test_three_nodes_without_a_gate_are_judged_by_their_one_node_figure() -> None:
+    """The cross-rack collapse (3 x 8 H100, NVIDIA/nccl#1453) has no published gate for its node type or
+    node count: judged against what one node of the class reaches (NVIDIA/nccl-tests#347: 480.14 GB/s),
+    capped by the network (hgx-h100: 8 x 400 Gb/s = 400 GB/s), it fails; without that figure it is
+    skipped, saying how to judge it."""
+    crossrack = sample("busbw-poor-crossrack.txt").read_text()
+    alone = ("one-node.txt", sample("busbw-one-node-h100.txt").read_text())
+    result = fabric_report(crossrack, source="x", node_type="hgx-h100", nodes=3, one_node=alone)
+    assert checks(result)["busbw"] == "fail"
+    assert reason(result, "busbw").startswith(
+        "3 nodes reach 5.33 GB/s at 536870912 bytes, 1% of the 400.00 GB/s these nodes should reach (their "
+        "network, 8 x 400 Gb/s, below their one-node figure 480.14 GB/s): bandwidth collapses across the "
+        "nodes; the peak is 29.50 GB/s at 33554432 bytes."
+    )
+    unjudged = report(crossrack, "hgx-h100", nodes=3)
+    assert checks(unjudged)["busbw"] == "skip" and "--one-node LOG" in reason(unjudged, "busbw")
+    # No node type: the one-node figure alone is the measure.
+    bare = fabric_report(crossrack, source="x", nodes=3, one_node=alone)
+    assert "of the 480.14 GB/s these nodes should reach (their one-node figure" in reason(bare, "busbw")
+    # A run that holds its one-node figure across nodes passes; two nodes may reach twice the network.
+    healthy = alone[1]
+    assert (
+        checks(fabric_report(healthy, source="x", node_type="hgx-h100", nodes=3, one_node=alone))["busbw"]
+        == "pass"
+    )
+    two = fabric_report(crossrack, source="x", node_type="hgx-h100", nodes=2, one_node=alone)
+    assert "(x2 with trees on two nodes)" not in reason(two, "busbw")  # 800 > 480.14: the node's figure
+
+
+def test_one_node_runs_that_are_not_one_node_or_have_no_table_are_refused() -> None:
+    crossrack = sample("busbw-poor-crossrack.txt").read_text()
+    with pytest.raises(SpecError, match="no all_reduce_perf result table"):
+        fabric_report(crossrack, source="x", nodes=3, one_node=("empty.txt", "nothing here\n"))
+    small = "\n".join(crossrack.splitlines()[:6])  # up to 32 MiB: latency-bound, no bandwidth verdict
+    alone = ("one-node.txt", sample("busbw-one-node-h100.txt").read_text())
+    result = fabric_report(small, source="x", node_type="hgx-h100", nodes=3, one_node=alone)
+    assert checks(result)["busbw"] == "skip" and "run with -e 1G" in reason(result, "busbw")
+
+
+def test_cli_one_node_option(tmp_path: Path) -> None:
+    result = gpuplat(
+        "nccl-report", str(sample("busbw-poor-crossrack.txt")), "--node-type", "hgx-h100", "--nodes", "3",
+        "--one-node", str(sample("busbw-one-node-h100.txt")), "--json",
+    )  # fmt: skip
+    assert result.returncode == 1
+    busbw = next(c for c in json.loads(result.stdout)["checks"] if c["name"] == "busbw")
+    assert busbw["status"] == "fail" and "collapses across the nodes" in busbw["reason"]
+
+
 def test_bare_table_without_node_count_is_not_gated() -> None:
     result = report(sample("busbw-poor-crossrack.txt").read_text(), "p5.48xlarge")
     assert checks(result)["busbw"] == "skip" and "--nodes" in reason(result, "busbw")
@@ -535,3 +584,16 @@ def test_cli_bad_input_exits_2_with_one_message(tmp_path: Path) -> None:
     refused = gpuplat("nccl-report", str(not_nccl))
     assert refused.returncode == 2 and "is not an NCCL log" in refused.stderr
     assert all("Traceback" not in r.stderr for r in (unknown, missing, refused))
+
+
+@pytest.mark.parametrize(("share", "verdict"), [(0.49, "fail"), (0.51, "pass")])
+def test_the_one_node_judgement_turns_at_half_the_nodes_own_figure(share: float, verdict: str) -> None:
+    """Three nodes without a gate or a node type: judged against their one-node figure (480.14 GB/s), a run
+    just under half of it is a collapse across the nodes and one just over passes (ONE_NODE_SHARE)."""
+    alone_text = sample("busbw-one-node-h100.txt").read_text()
+    busbw = f"{480.14 * share:.2f}"
+    across = alone_text.replace("479.41", busbw).replace("480.14      0", f"{busbw}      0")
+    assert across.count(busbw) == 2
+    result = fabric_report(across, source="x", nodes=3, one_node=("one-node.txt", alone_text))
+    assert checks(result)["busbw"] == verdict, reason(result, "busbw")
+    assert f"{share:.0%} of the 480.14 GB/s these nodes should reach" in reason(result, "busbw")

@@ -27,11 +27,21 @@ def nccl_report(
     nodes: Annotated[
         int | None, typer.Option(min=1, help="nodes in the run, where the log does not say (a bare table)")
     ] = None,
+    one_node: Annotated[
+        Path | None,
+        typer.Option(
+            "--one-node",
+            metavar="LOG",
+            help="all_reduce_perf on one of the same nodes: judges a multi-node run without a published gate",
+        ),
+    ] = None,
     json_output: JsonFlag = False,
 ) -> None:
-    """Transport per rank, plugin failures, GPUDirect RDMA, NICs and busbw of an NCCL run, judged by gates."""
+    """Transport per rank, plugin failures, GPUDirect RDMA, NICs and busbw of an NCCL run, judged by gates
+    (or, across nodes without one, by the nodes' own one-node figure: --one-node)."""
     text = read_log(log)
-    report = fabric_report(text, source=str(log), node_type=node_type, nodes=nodes)
+    alone = (str(one_node), read_log(one_node)) if one_node else None
+    report = fabric_report(text, source=str(log), node_type=node_type, nodes=nodes, one_node=alone)
     if json_output:
         output.print_json(report.to_json())
     else:

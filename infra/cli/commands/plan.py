@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
 
 from infra.cli import output
 from infra.cli.commands.check import PolicyConfigFile, fail_on_mandatory
-from infra.cli.stack_options import JsonFlag, StackFile, StackName, stack_path
+from infra.cli.stack_options import JsonFlag, SetOption, StackFile, StackName, stack_path
 from infra.errors import SpecError
 from infra.lifecycle import cloud_stack
-from infra.plan.diff import PlanDiff, load_base, markdown, plan_diff
+from infra.plan.diff import PlanDiff, ResourceChange, load_base, markdown, plan_diff, shown
 from infra.plan.report import PlanReport, build_report
+from infra.plan.snapshot import snapshot
 from infra.platform.resolve import load_platform
 from infra.policy.config import load_policy_config
 from infra.policy.rules.service_costs import NOT_COUNTED
@@ -131,6 +132,16 @@ DeployedFlag = Annotated[
 ]
 
 
+RefreshFlag = Annotated[
+    bool,
+    typer.Option(
+        "--refresh",
+        help="with --deployed: also read the cloud back against the stack's state (pulumi refresh "
+        "--preview-only): what changed outside Pulumi (drift); the state is not written",
+    ),
+]
+
+
 BaseOption = Annotated[
     str | None,
     typer.Option(
@@ -138,7 +149,9 @@ BaseOption = Annotated[
         help="compare with this revision: a stack file, or a git branch, tag or commit of the stack file",
     ),
 ]
-FormatOption = Annotated[str, typer.Option("--format", help="text | json | markdown (markdown: with --base)")]
+FormatOption = Annotated[
+    str | None, typer.Option("--format", help="text | json | markdown (markdown: with --base)")
+]
 _FORMATS = ("text", "json", "markdown")
 
 
@@ -148,8 +161,10 @@ def plan(
     policy_config: PolicyConfigFile = None,
     deployed: DeployedFlag = False,
     base: BaseOption = None,
-    output_format: FormatOption = "text",
+    output_format: FormatOption = None,
     json_output: JsonFlag = False,
+    overrides: SetOption = None,
+    refresh: RefreshFlag = False,
 ) -> None:
     """Plan offline: the real Pulumi program under the SDK's mocks; no Pulumi CLI, no cloud calls.
     Exits 1 on a mandatory policy violation, as `gpuplat check` does. --deployed adds what `pulumi up`
@@ -159,24 +174,45 @@ def plan(
         raise SpecError("--format markdown shows a difference: give --base (a stack file or a git revision)")
     config = load_policy_config(policy_config) if policy_config else PolicyConfig()
     path = stack_path(stack, stack_file)
-    platform = load_platform(path)
-    report = build_report(platform, config=config)
     if base is not None:
-        base_platform, base_label = load_base(path, base)
-        render_diff(plan_diff(base_platform, platform, base_label, str(path)), output_format)
+        planned_base = load_base(path, base)  # a bad base is refused before the head is planned
+        head = snapshot(load_platform(path, overrides or ()), config=config)
+        diff = plan_diff(planned_base.snapshot, head, planned_base.label, str(path), planned_base.code)
+        render_diff(diff, output_format)
+        fail_on_mandatory({diff.stack: {v["rule"] for v in diff.mandatory}})
+        return
+    if refresh and not deployed:
+        raise SpecError("--refresh reads the deployed stack back: give it with --deployed")
+    if overrides and deployed:
+        raise SpecError(
+            "--set changes what is planned, not what is deployed: --deployed previews the stack file as "
+            "Pulumi deploys it; edit the file, or plan without --deployed"
+        )
+    platform = load_platform(path, overrides or ())
+    report = build_report(platform, config=config)
+    changes = drifted = None
+    if deployed:
+        deployed_stack = cloud_stack.open_stack(platform, "`gpuplat plan --deployed`", create=False)
+        if refresh:
+            drifted = cloud_stack.drift(deployed_stack, _to_stderr)
+        changes = cloud_stack.preview(deployed_stack, _to_stderr)
+    if output_format == "json":
+        extra: dict[str, Any] = {"deployed_changes": changes.counts} if changes else {}
+        if drifted is not None:
+            extra["drift"] = drifted.counts
+        output.print_json({**report.to_dict(), **extra})
     else:
-        changes = None
-        if deployed:
-            deployed_stack = cloud_stack.open_stack(platform, "`gpuplat plan --deployed`", create=False)
-            changes = cloud_stack.preview(deployed_stack, lambda line: output.stderr().out(line.rstrip()))
-        if output_format == "json":
-            extra = {"deployed_changes": changes.counts} if changes else {}
-            output.print_json({**report.to_dict(), **extra})
-        else:
-            render_plan(report)
-            if changes is not None:
-                output.stdout().print(f"Against the deployed stack: {changes.line()}", markup=False)
+        render_plan(report)
+        if drifted is not None:
+            output.stdout().print(f"Drift of the deployed stack: {drifted.line()}", markup=False)
+        if changes is not None:
+            output.stdout().print(f"Against the deployed stack: {changes.line()}", markup=False)
     fail_on_mandatory({report.stack: {v["rule"] for v in report.verdicts if v["severity"] == "mandatory"}})
+
+
+def _to_stderr(line: str) -> None:
+    """Pulumi's own lines, as they come, beside the plan on stdout."""
+    output.stderr().out(line.rstrip())
 
 
 def render_diff(diff: PlanDiff, output_format: str) -> None:
@@ -194,8 +230,23 @@ def render_diff(diff: PlanDiff, output_format: str) -> None:
         f"{output.usd(diff.before.usd_per_hour)}/h -> {output.usd(diff.after.usd_per_hour)}/h at full size",
         markup=False,
     )
+    if diff.settings:
+        console.print(output.table(
+            "Setting changes", ["setting", "before", "after"],
+            [[s.field, shown(s.old), shown(s.new)] for s in diff.settings],
+        ))  # fmt: skip
     if diff.changes:
         console.print(output.table(
             "Resource changes", ["change", "type", "name", "inputs"],
-            [[c.op, c.type, c.name, ", ".join(c.fields)] for c in diff.changes],
+            [[c.op, c.type, c.name, _values_text(c)] for c in diff.changes],
         ))  # fmt: skip
+    mandatory = len(diff.mandatory)
+    console.print(
+        f"Policy: {'FAILED' if mandatory else 'passed'} ({mandatory} mandatory, "
+        f"{len(diff.verdicts) - mandatory} advisory findings; details: gpuplat check)",
+        markup=False,
+    )
+
+
+def _values_text(change: ResourceChange) -> str:
+    return "\n".join(f"{v.field}: {shown(v.old)} -> {shown(v.new)}" for v in change.values)

@@ -108,7 +108,9 @@ def guard(
     duration_s: Annotated[
         float | None,
         typer.Option(
-            "--for", min=1, help="seconds to watch at most (default: the analysis, interval_s x intervals)"
+            "--guard-s",
+            min=1,
+            help="seconds to watch at most, as deploy's --guard-s (default: interval_s x intervals)",
         ),
     ] = None,
     stack: StackName = None,
@@ -124,7 +126,7 @@ def guard(
 ) -> None:
     """Analyse NAME's canary against the stable version (serving.canary), or carry it through
     serving.canary.steps (each held for an analysis; a step at 100 % promotes): exit 0 promote-ready,
-    promoted, or held at a manual gate; 1 rolled back; 5 no verdict (inconclusive, or --for ended before
+    promoted, or held at a manual gate; 1 rolled back; 5 no verdict (inconclusive, or --guard-s ended before
     the analysis)."""
     check_name(model)
     release = _release(stack, stack_file_path, url, prometheus)

@@ -15,6 +15,7 @@ from infra.data.load import catalog
 from infra.data.models import GB, NodeProvider
 from infra.errors import SpecError
 from infra.errors.problems import Loc, spec_error, validation_problems
+from infra.platform.resolve import ResolvedPlatform
 from infra.training.pool_fit import SpotAssumption, pool_fits
 from infra.training.sizing import (
     Attention,
@@ -120,23 +121,43 @@ def _check_bounds(request: TrainingSizingRequest) -> None:
         raise _bad_flags(problems)
 
 
-def sizing(request_fields: dict[str, Any], provider: NodeProvider = "aws") -> dict[str, Any]:
+def _gpu_models(provider: NodeProvider) -> list[str]:
+    return sorted({n.gpu.model for n in catalog().node_types if n.gpu and n.provider == provider})
+
+
+def sizing(
+    request_fields: dict[str, Any], provider: NodeProvider = "aws", gpu: str | None = None
+) -> dict[str, Any]:
     try:
         request = TrainingSizingRequest.model_validate(request_fields)
     except ValidationError as exc:
         raise _bad_flags(validation_problems(exc, _flag_path)) from exc
     _check_bounds(request)
+    if gpu is not None and gpu.upper() not in {m.upper() for m in _gpu_models(provider)}:
+        raise _bad_flags(
+            [
+                (
+                    "--gpu",
+                    f"the {provider} catalog has no {gpu!r} GPU; "
+                    f"give one of {', '.join(_gpu_models(provider))}",
+                )
+            ]
+        )
     try:
-        return _sized(request, provider)
+        return _sized(request, provider, gpu)
     except OverflowError as exc:
         raise _bad_flags([("", f"the inputs are too large to size: a byte count overflows ({exc})")]) from exc
     except ValueError as exc:  # the sizing's own consistency checks
         raise _bad_flags([("", str(exc))]) from exc
 
 
-def _sized(request: TrainingSizingRequest, provider: NodeProvider) -> dict[str, Any]:
+def _sized(request: TrainingSizingRequest, provider: NodeProvider, gpu: str | None) -> dict[str, Any]:
     result = size_training(request)
-    node_types = [n for n in catalog().node_types if n.gpu_count > 0 and n.provider == provider]
+    node_types = [
+        n
+        for n in catalog().node_types
+        if n.gpu and n.provider == provider and (gpu is None or n.gpu.model.upper() == gpu.upper())
+    ]
     node_plan = plan_nodes(result, node_types)
     data = result.to_json_dict()
     data["node_plan"] = node_plan.model_dump() if node_plan else None
@@ -204,8 +225,16 @@ def size(
     checkpointing: Annotated[bool, typer.Option(help="full activation checkpointing")] = False,
     gpu_memory: Annotated[float | None, typer.Option(help="GPU memory to fit, GiB")] = None,
     provider: Annotated[
-        str, typer.Option(help="aws | onprem: which of the catalog's node types to choose from")
-    ] = "aws",
+        str | None,
+        typer.Option(
+            metavar="PROVIDER",
+            help="aws | onprem: which of the catalog's node types to choose from (default: the --stack's "
+            "backend, else aws)",
+        ),
+    ] = None,
+    gpu: Annotated[
+        str | None, typer.Option(metavar="MODEL", help="only node types with this GPU, e.g. H100, A100, L40S")
+    ] = None,
     spot_interruptions_per_day: Annotated[
         float, typer.Option(min=0, help="with --stack: spot interruptions per day of running (an assumption)")
     ] = SpotAssumption.interruptions_per_day,
@@ -240,9 +269,14 @@ def size(
         "activation_checkpointing": checkpointing,
         "gpu_memory_gib": gpu_memory,
     }
-    data = sizing(fields, _provider(provider))
-    if stack is not None or stack_file_path is not None:
-        platform = platform_from_options(stack, stack_file_path)
+    platform = (
+        platform_from_options(stack, stack_file_path)
+        if stack is not None or stack_file_path is not None
+        else None
+    )
+    provider = _provider_for(provider, platform)
+    data = sizing(fields, provider, gpu)
+    if platform is not None:
         result = size_training(TrainingSizingRequest.model_validate(fields))
         data["stack"] = platform.name
         shape = Shape(seq_len, micro_batch, hidden, layers)
@@ -281,6 +315,20 @@ def size(
         console.print(f"Minimum GPUs with this tp/pp: {data['min_gpus']}")
     if "pools" in data:
         _print_pools(console, data["stack"], data["pools"])
+
+
+def _provider_for(given: str | None, platform: ResolvedPlatform | None) -> NodeProvider:
+    """--provider, else the stack's: an AWS stack picks AWS instance types, an on-prem or local one the
+    on-prem node types; a --provider that contradicts the stack is refused."""
+    if platform is None:
+        return _provider(given or "aws")
+    own: NodeProvider = "aws" if platform.spec.backend == "aws" else "onprem"
+    if given is not None and given != own:
+        raise SpecError(
+            f"gpuplat size --provider {given}: stack {platform.name} is on the {platform.spec.backend} "
+            f"backend, which takes {own} node types; leave --provider out or give {own}"
+        )
+    return own
 
 
 def _print_pools(console: Console, stack: str, pools: list[dict[str, Any]]) -> None:

@@ -9,6 +9,7 @@ from rich.markup import escape
 from infra.cli import output
 from infra.cli.stack_options import JsonFlag
 from infra.errors import GpuPlatError, SpecError
+from infra.plan.report import full_size_usd_per_hour
 from infra.platform.resolve import load_platform
 from infra.spec.load import stack_file, stack_names
 
@@ -30,7 +31,7 @@ def stacks_summary() -> tuple[list[dict[str, Any]], list[GpuPlatError]]:
                 "backend": platform.spec.backend,
                 "pools": len(platform.pools),
                 "gpus": platform.total_gpus,
-                "usd_per_hour": platform.max_usd_per_hour,
+                "usd_per_hour": full_size_usd_per_hour(platform),  # as `gpuplat plan` counts it
             }
         )
     return rows, errors
@@ -43,7 +44,8 @@ def _first_problem(message: str) -> str:
 
 
 def stacks(json_output: JsonFlag = False) -> None:
-    """List the stacks in stacks/ with backend, pools, GPUs and hourly cost at full size."""
+    """List the stacks in stacks/ with backend, pools, GPUs and hourly cost at full size (the pools and the
+    services the program declares, as `gpuplat plan` counts them)."""
     rows, errors = stacks_summary()
     if json_output:
         output.print_json(rows)

@@ -32,7 +32,7 @@ from infra.policy.rules.fabric import check_cluster_placement, check_efa_securit
 from infra.policy.rules.isolation import check_inference_taint, check_partitions, check_shared_resources
 from infra.policy.rules.nodes import NodeGroup, node_groups
 from infra.policy.rules.placement import check_filesystem_zone
-from infra.policy.rules.registry import RULES, RULES_BY_ID, applies_to, evaluate, rule
+from infra.policy.rules.registry import RULES, RULES_BY_ID, applies_to, evaluate, not_applicable, rule
 from infra.policy.rules.resource_types import (
     ASG,
     BUCKET_PAB,
@@ -127,5 +127,6 @@ __all__ = [
     "check_spot_training_share",
     "evaluate",
     "node_groups",
+    "not_applicable",
     "rule",
 ]

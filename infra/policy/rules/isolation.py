@@ -94,8 +94,8 @@ def check_inference_taint(index: ResourceIndex, ctx: PolicyContext) -> Iterator[
             key, _, value = label.partition("=")
             if pool.spec.labels.get(key) == value:
                 continue
-        accepted = "a NoSchedule or NoExecute taint" + (f" or the label {label}" if label else "")
+        missing = "no NoSchedule or NoExecute taint" + (f" and not the label {label}" if label else "")
         yield Finding(
             f"pool {pool.name}",
-            f"inference pool {pool.name!r} has no {accepted}: nothing keeps training jobs off its nodes",
+            f"inference pool {pool.name!r} has {missing}: nothing keeps training jobs off its nodes",
         )

@@ -312,6 +312,19 @@ def applies_to(rule_: ResourceRule, resource: ResourceView) -> bool:
     return resource.type in rule_.types or (rule_.any_tagged and "tags" in resource.props)
 
 
+def not_applicable(
+    resources: Iterable[ResourceView], rules: Iterable[ResourceRule | StackRule] = RULES
+) -> list[str]:
+    """The resource rules no resource of the stack is judged by (an AWS rule on an on-prem stack): a report
+    shows them as skipped, not passed. A stack rule always judges the stack."""
+    views = list(resources)
+    return [
+        rule_.id
+        for rule_ in rules
+        if isinstance(rule_, ResourceRule) and not any(applies_to(rule_, view) for view in views)
+    ]
+
+
 def evaluate(
     resources: Iterable[ResourceView],
     ctx: PolicyContext,

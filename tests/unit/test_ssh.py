@@ -1,0 +1,94 @@
+"""`gpuplat ssh NODE`: the command that reaches a node, per backend (printed with --print: running it needs
+the node). On AWS the instance is found by its tags in a moto EC2 (what SSM then does is AWS's, not
+modelled here)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.errors import GpuPlatError
+from infra.nodes.reach import node_command
+from infra.platform.resolve import ResolvedPlatform
+from tests.unit.test_cli import gpuplat
+
+boto3 = pytest.importorskip("boto3")
+moto_server = pytest.importorskip("moto.server")
+
+
+def test_local_and_onprem_nodes() -> None:
+    shell = gpuplat("ssh", "--stack", "local", "--print", "train-0")
+    assert shell.returncode == 0 and shell.stdout.strip() == "podman exec -it gpuplat-local-train-0 bash -l"
+    one = gpuplat("ssh", "--stack", "local", "--print", "train-0", "--", "nvidia-smi", "-L")
+    assert one.stdout.strip() == "podman exec -i gpuplat-local-train-0 nvidia-smi -L"
+    host = gpuplat("ssh", "--stack", "onprem", "--print", "gpu-01", "--", "hostname")
+    assert host.stdout.strip() == "ssh -- 10.40.1.11 hostname"
+    # The remote shell gets the arguments as given, not split again at their spaces or run as `;`.
+    quoted = gpuplat("ssh", "--stack", "onprem", "--print", "gpu-01", "--", "bash", "-c", "echo a b; ls")
+    assert shlex.split(quoted.stdout) == ["ssh", "--", "10.40.1.11", "bash -c 'echo a b; ls'"]
+    unknown = gpuplat("ssh", "--stack", "local", "nope")
+    assert unknown.returncode == 2 and "its nodes: head-0, train-0" in unknown.stderr
+
+
+@pytest.fixture
+def ec2(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Any]:
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    url = f"http://{host}:{port}"
+    for key, value in {"AWS_ACCESS_KEY_ID": "t", "AWS_SECRET_ACCESS_KEY": "t"}.items():
+        monkeypatch.setenv(key, value)
+    tools = tmp_path / "bin"  # the AWS CLI and the plugin present (never run here)
+    tools.mkdir()
+    for tool in ("aws", "session-manager-plugin"):
+        (tools / tool).write_text("#!/bin/sh\n")
+        (tools / tool).chmod(0o755)
+    monkeypatch.setattr("infra.nodes.reach.shutil.which", lambda name: str(tools / name))
+    yield boto3.client("ec2", region_name="us-east-1", endpoint_url=url)
+    server.stop()
+
+
+def _launch(ec2: Any, tags: dict[str, str]) -> str:
+    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    specification = {"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}
+    [instance] = ec2.run_instances(
+        ImageId=image, InstanceType="m5.large", MinCount=1, MaxCount=1, TagSpecifications=[specification]
+    )["Instances"]
+    return str(instance["InstanceId"])
+
+
+def test_an_aws_node_is_an_ssm_session_to_its_running_instance(
+    ec2: Any, shipped_platforms: dict[str, ResolvedPlatform]
+) -> None:
+    platform = shipped_platforms["aws-prod"]
+    ours = _launch(ec2, {"gpuplat:stack": "aws-prod", "gpuplat:node": "head-0"})
+    _launch(ec2, {"gpuplat:stack": "aws-prod-2", "gpuplat:node": "head-0"})  # another stack's head-0
+    stopped = _launch(ec2, {"gpuplat:stack": "aws-prod", "gpuplat:node": "train-3"})
+    ec2.stop_instances(InstanceIds=[stopped])
+    assert node_command(platform, "head-0", [], ec2) == [
+        "aws", "ssm", "start-session", "--region", "us-east-1", "--target", ours,
+    ]  # fmt: skip
+    assert node_command(platform, "head-0", ["sinfo", "-N"], ec2)[-4:] == [
+        "--document-name", "AWS-StartInteractiveCommand", "--parameters", '{"command": ["sinfo -N"]}',
+    ]  # fmt: skip
+    # A command with commas and `=` (the AWS CLI's shorthand would split it or refuse it) is one string.
+    query = ["nvidia-smi", "--query-gpu=name,memory.used", "--format=csv"]
+    parameters = json.loads(node_command(platform, "head-0", query, ec2)[-1])
+    assert parameters == {"command": ["nvidia-smi --query-gpu=name,memory.used --format=csv"]}
+    with pytest.raises(GpuPlatError) as absent:
+        node_command(platform, "train-3", [], ec2)
+    assert absent.value.exit_code == 2 and "(running: head-0)" in absent.value.message
+
+
+def test_without_the_ssm_tools_it_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, shipped_platforms: dict[str, ResolvedPlatform]
+) -> None:
+    monkeypatch.setattr("infra.nodes.reach.shutil.which", lambda name: None)
+    with pytest.raises(GpuPlatError) as missing:
+        node_command(shipped_platforms["aws-prod"], "head-0", [])
+    assert missing.value.exit_code == 3 and "aws, session-manager-plugin" in missing.value.message
