@@ -55,7 +55,9 @@ def reconcile(settings: Settings, ec2: Ec2Nodes, slurm: Slurm, now: float | None
     unhealthy = find_unhealthy(settings, nodes, instances)
     replaced = {entry.node for entry in unhealthy}
     replace_ok = replace_unhealthy(ec2, slurm, unhealthy, instances)
-    record_boot_failures(settings, boot_failures(settings, unhealthy), now)
+    refused = boot_failures(settings, unhealthy)
+    if refused:
+        record_boot_failures(settings, refused, now)
     rest = [i for i in instances if tag_value(i, TAG_NODE) not in replaced]
     drained = events is not None and drain_for_events(slurm, nodes, rest, events)
     noted = note_nodes_up(settings, nodes, now)
