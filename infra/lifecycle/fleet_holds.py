@@ -22,6 +22,10 @@ COMMAND_WAIT_S = 60.0
 COMMAND_POLL_S = 2.0
 # SSM's command statuses that are not final (Systems Manager API Reference, GetCommandInvocation, Status).
 RUNNING_STATUSES = frozenset({"Pending", "InProgress", "Delayed"})
+# What GetCommandInvocation answers until the invocation SendCommand just made is visible (SSM is
+# eventually consistent; the AWS CLI's command_executed waiter retries on it: botocore
+# data/ssm/2014-11-06/waiters-2.json).
+NOT_YET_VISIBLE = "InvocationDoesNotExist"
 
 
 @dataclass(frozen=True)
@@ -80,7 +84,12 @@ def read_fleet_holds(
         deadline = time.monotonic() + wait_s
         while True:
             sleep(COMMAND_POLL_S)
-            invocation = ssm.get_command_invocation(CommandId=command, InstanceId=instances[0])
+            try:
+                invocation = ssm.get_command_invocation(CommandId=command, InstanceId=instances[0])
+            except Exception as err:
+                if error_code(err) != NOT_YET_VISIBLE or time.monotonic() > deadline:
+                    raise
+                continue
             if invocation["Status"] not in RUNNING_STATUSES or time.monotonic() > deadline:
                 break
     except Exception as err:  # botocore's ClientError and BotoCoreError, credentials missing included
@@ -92,6 +101,12 @@ def read_fleet_holds(
         return FleetHolds(pools=parse_pools_report(str(invocation.get("StandardOutputContent", ""))))
     except (ValueError, KeyError, TypeError, AttributeError) as err:
         return FleetHolds(note=f"pool holds not read ({where}): unreadable answer ({err})")
+
+
+def error_code(err: Exception) -> str | None:
+    """botocore's ClientError code, None for anything else."""
+    response = getattr(err, "response", None)
+    return str(response.get("Error", {}).get("Code")) if isinstance(response, dict) else None
 
 
 def fleet_holds(platform: ResolvedPlatform) -> FleetHolds:

@@ -8,6 +8,7 @@ started, as EC2 does; otherwise it starts as many as it can up to MaxCount.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import pytest
 from botocore.exceptions import ClientError
 from gpuplat_ec2_nodes.ec2 import Ec2Nodes
 from gpuplat_ec2_nodes.exit_codes import EXIT_FAILED, EXIT_OK
+from gpuplat_ec2_nodes.holds import record_capacity_error
 from gpuplat_ec2_nodes.logs import LOG
 from gpuplat_ec2_nodes.resume import resume
 from gpuplat_ec2_nodes.resume_file import ResumeJob, read_resume_file
@@ -129,6 +131,21 @@ def test_a_job_across_pools_keeps_nothing_when_one_pool_fails(
         "resume: job 7 got 1 of its 2 nodes (InsufficientInstanceCapacity); all or nothing: train-1 go too"
         in caplog.text
     )
+
+
+def test_a_job_across_pools_launches_nothing_when_one_of_them_is_held(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+) -> None:
+    """A held pool (capacity cool-down, protected mode) fails the job's names there before any other
+    pool is asked: no instance started only to be terminated, whichever pool comes first."""
+    for held, order in (("train-spot", ("train-1", "train-spot-1")), ("train", ("train-spot-1", "train-1"))):
+        nodes, client = limited(cloud, slurm, capacity=5)
+        settings = settings_for(tmp_path / held, cloud, slurm, insufficient_capacity_timeout_s=600)
+        assert record_capacity_error(settings, held, ICE, time.time())
+        job = ResumeJob("7", order)
+        assert resume(settings, nodes, Slurm(slurm.scontrol), list(order), jobs=[job]) == EXIT_FAILED
+        assert client.requests == [], held
+        assert live(cloud) == []
 
 
 def test_the_resume_file_as_slurm_writes_it(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

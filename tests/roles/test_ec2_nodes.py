@@ -206,7 +206,8 @@ RECORDER = """#!/bin/sh
 if [ -f "$0.rc" ]; then exit "$(cat "$0.rc")"; fi
 case " $* " in
   *--Format=JobID,State" "*) if [ -f "$0.states.out" ]; then cat "$0.states.out"; fi;;
-  *" listpids "*) if [ -f "$0.listpids.out" ]; then cat "$0.listpids.out"; fi;;
+  *" listpids "*) if [ -f "$0.listpids.out" ]; then cat "$0.listpids.out"; fi
+    if [ -f "$0.listpids.rc" ]; then exit "$(cat "$0.listpids.rc")"; fi;;
   *" show "*|*--Format=*) if [ -f "$0.out" ]; then cat "$0.out"; fi;;
 esac
 """
@@ -954,14 +955,14 @@ def test_a_spot_notice_terms_what_the_batch_script_started_but_not_the_batch_she
     the step's task (the shell), before the grace: here real processes stand for them."""
     imds.responses = [200]
     slurm.jobs((101, 1, 1), (102, 0, 1))  # 102: an salloc/srun job, without a batch step
-    shell, trainer, other_job = (
-        subprocess.Popen(["sleep", "60"]) for _ in range(3)
+    shell, trainer, other_job, extern, step_helper = (
+        subprocess.Popen(["sleep", "60"]) for _ in range(5)
     )  # fmt: skip
     gone = subprocess.Popen(["true"])
     gone.wait()
     slurm.pids(
         (shell.pid, 101, "batch", "0"), (trainer.pid, 101, "batch", "-"), (gone.pid, 101, "batch", "-"),
-        (other_job.pid, 99, "batch", "-"), (4242, 101, "extern", "-"),
+        (other_job.pid, 99, "batch", "-"), (extern.pid, 101, "extern", "-"), (step_helper.pid, 101, "0", "-"),
     )  # fmt: skip
     signalled_at: list[int | None] = []
 
@@ -973,10 +974,30 @@ def test_a_spot_notice_terms_what_the_batch_script_started_but_not_the_batch_she
         assert spot_watch(watch, Slurm(slurm.scontrol), sleep=sleep) == EXIT_OK
         assert signalled_at == [-15], "TERM within the grace, not at its end"
         assert shell.poll() is None and other_job.poll() is None
+        assert extern.poll() is None and step_helper.poll() is None, "other steps: scancel's"
     finally:
-        for process in (shell, trainer, other_job):
+        for process in (shell, trainer, other_job, extern, step_helper):
             process.kill()
             process.wait()
+
+
+def test_a_listpids_that_could_not_reach_every_step_still_terms_what_it_listed(
+    imds: FakeImds, slurm: SlurmRecorder
+) -> None:
+    """`scontrol listpids` exits 1 when one slurmstepd cannot be reached (a step that ended while it
+    listed, a stale socket), after printing the steps it reached (info_job.c _list_pids_one_step)."""
+    imds.responses = [200]
+    slurm.jobs((101, 1, 1))
+    trainer = subprocess.Popen(["sleep", "60"])
+    slurm.pids((trainer.pid, 101, "batch", "-"))
+    (slurm.bin_dir / "scontrol.listpids.rc").write_text("1")
+    try:
+        watch = SpotWatch("train-spot-1", imds.url, grace_s=1.0, interval_s=5.0)
+        spot_watch(watch, Slurm(slurm.scontrol), sleep=lambda _: None)
+        assert trainer.wait(timeout=10) == -15
+    finally:
+        trainer.kill()
+        trainer.wait()
 
 
 def test_a_failed_listpids_still_waits_the_grace_and_powers_down(

@@ -6,12 +6,14 @@ Same harness as test_ec2_reconcile.py: moto in server mode, recorder scontrol an
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 from gpuplat_ec2_nodes.ec2 import Ec2Nodes
 from gpuplat_ec2_nodes.exit_codes import EXIT_OK
+from gpuplat_ec2_nodes.holds import pools_report
 from gpuplat_ec2_nodes.reconcile import reconcile
 from gpuplat_ec2_nodes.slurm import Slurm
 
@@ -176,3 +178,80 @@ def test_a_node_drained_for_its_scheduled_event_is_replaced_once_drained(
     assert status == EXIT_OK
     assert list(power_downs(slurm)) == ["train-spot-1"]
     assert cloud.state(instance) == "terminated"
+
+
+def test_a_refused_registration_is_a_boot_failure_of_its_pool(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+) -> None:
+    """slurmctld drains a node whose slurmd registers with less than slurm.conf says (INVALID_REG);
+    replacing it boots the same image into the same refusal, so each replacement counts towards the
+    pool's protected mode, as ParallelCluster's is_bootstrap_failure counts it. An operator's drain
+    does not count."""
+    refused, drained = cloud.launch("train-spot-1", "train-spot"), cloud.launch("train-spot-2", "train-spot")
+    slurm.nodes(
+        show_node("train-spot-1", "IDLE+CLOUD+DRAIN+INVALID_REG", "Low RealMemory", address(cloud, refused)),
+        show_node("train-spot-2", "IDLE+CLOUD+DRAIN", "maintenance", address(cloud, drained)),
+    )
+    settings = settings_for(tmp_path, cloud, slurm, protected_failure_count=1)
+    assert reconcile(settings, ec2_nodes(cloud, slurm), Slurm(slurm.scontrol)) == EXIT_OK
+    assert set(power_downs(slurm)) == {"train-spot-1", "train-spot-2"}
+    report = json.loads(pools_report(settings))
+    assert report["train-spot"]["boot_failures"] == 1
+    assert str(report["train-spot"]["hold"]).startswith("gpuplat protected mode")
+    assert report["train"]["boot_failures"] == 0
+
+
+def test_a_drained_node_still_completing_a_job_is_left_until_its_epilog_ends(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+) -> None:
+    """ParallelCluster's is_drained excludes COMPLETING (slurm_resources.py:273): the epilog still runs."""
+    instance = cloud.launch("train-spot-1", "train-spot")
+    status = reconcile_once(
+        tmp_path, cloud, slurm,
+        show_node("train-spot-1", "IDLE+COMPLETING+CLOUD+DRAIN", "maintenance", address(cloud, instance)),
+    )  # fmt: skip
+    assert status == EXIT_OK
+    assert power_downs(slurm) == {}
+    assert cloud.state(instance) == "running"
+
+
+def test_an_event_drains_only_a_node_in_service_and_not_drained_yet(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+) -> None:
+    """A node draining for another reason keeps that reason; a node on its way up or down has no job
+    to let end (it is powered down, or replaced once up and drained)."""
+    ids = [cloud.launch(f"train-spot-{i}", "train-spot") for i in (1, 2, 3)]
+    event = [{"Code": "instance-stop", "Description": "stop", "NotBefore": "2026-12-07"}]
+    client = EventfulEc2(ec2_nodes(cloud, slurm).client.client, slurm, dict.fromkeys(ids, event))
+    lines = [
+        show_node("train-spot-1", "MIXED+CLOUD+DRAIN", "maintenance", address(cloud, ids[0])),
+        show_node("train-spot-2", "IDLE+CLOUD+POWERING_UP", addr=address(cloud, ids[1])),
+        show_node("train-spot-3", "IDLE+CLOUD+POWERING_DOWN", addr=address(cloud, ids[2])),
+    ]
+    assert reconcile_once(tmp_path, cloud, slurm, *lines, ec2=Ec2Nodes(client, cloud.stack)) == EXIT_OK
+    assert [call for call in slurm.calls() if call[:2] == ["scontrol", "update"]] == []
+
+
+def test_nodes_of_no_pool_are_not_replaced(tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder) -> None:
+    """slurm.conf may define nodes that are no pool's (a login or on-premises node): not reconcile's."""
+    status = reconcile_once(
+        tmp_path, cloud, slurm,
+        show_node("login-1", "DOWN+NOT_RESPONDING", "Not responding", "10.0.9.9"),
+        show_node("cpu-1", "IDLE+DRAIN", "maintenance", "10.0.9.10"),
+    )  # fmt: skip
+    assert status == EXIT_OK
+    assert [call for call in slurm.calls() if call[:2] == ["scontrol", "update"]] == []
+
+
+def test_a_replaced_node_is_not_also_drained_for_its_event(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+) -> None:
+    """A DOWN node whose instance also has a scheduled event is replaced, and its reason stays the
+    replacement's (its instance is no longer there to drain for)."""
+    instance = cloud.launch("train-spot-1", "train-spot")
+    event = [{"Code": "instance-retirement", "Description": "retiring", "NotBefore": "2026-12-07"}]
+    client = EventfulEc2(ec2_nodes(cloud, slurm).client.client, slurm, {instance: event})
+    line = show_node("train-spot-1", "DOWN+CLOUD+NOT_RESPONDING", "Not responding", address(cloud, instance))
+    assert reconcile_once(tmp_path, cloud, slurm, line, ec2=Ec2Nodes(client, cloud.stack)) == EXIT_OK
+    updates = [call[3] for call in slurm.calls() if call[:2] == ["scontrol", "update"]]
+    assert updates == ["state=power_down_force"]

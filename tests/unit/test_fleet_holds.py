@@ -37,7 +37,7 @@ class FakeEc2:
 
 
 class FakeSsm:
-    def __init__(self, *invocations: dict[str, Any], refuse: bool = False) -> None:
+    def __init__(self, *invocations: dict[str, Any] | Exception, refuse: bool = False) -> None:
         self.invocations = list(invocations)
         self.refuse = refuse
         self.sent: list[dict[str, Any]] = []
@@ -49,7 +49,10 @@ class FakeSsm:
         return {"Command": {"CommandId": "c-1"}}
 
     def get_command_invocation(self, CommandId: str, InstanceId: str) -> dict[str, Any]:
-        return self.invocations.pop(0) if len(self.invocations) > 1 else self.invocations[0]
+        answer = self.invocations.pop(0) if len(self.invocations) > 1 else self.invocations[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
 
 
 @pytest.fixture
@@ -72,6 +75,15 @@ def test_the_pools_holds_are_read_on_the_primary_controller(aws_prod: ResolvedPl
     assert ssm.sent == [{"InstanceIds": ["i-0head0"], "DocumentName": "AWS-RunShellScript",
                          "Parameters": {"commands": [POOLS_COMMAND]}}]  # fmt: skip
     assert {f["Name"]: f["Values"] for f in ec2.filters}["tag:gpuplat:node"] == ["head-0"]
+
+
+def test_an_invocation_not_yet_visible_is_waited_for(aws_prod: ResolvedPlatform) -> None:
+    """GetCommandInvocation answers InvocationDoesNotExist until the command SendCommand just made is
+    visible (the AWS CLI's command_executed waiter retries on it)."""
+    unseen = ClientError({"Error": {"Code": "InvocationDoesNotExist", "Message": ""}}, "GetCommandInvocation")
+    ssm = FakeSsm(unseen, {"Status": "Success", "StandardOutputContent": json.dumps(REPORT)})
+    holds = read_fleet_holds(aws_prod, FakeEc2(["i-0head0"]), ssm, sleep=lambda _: None)
+    assert holds.note is None and len(holds.pools) == 2
 
 
 @pytest.mark.parametrize(

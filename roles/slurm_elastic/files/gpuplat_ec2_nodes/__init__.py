@@ -5,8 +5,8 @@ Every node name of a pool (``<pool>-<i>``) is defined in slurm.conf (State=CLOUD
   resume HOSTLIST       (ResumeProgram) launch one new instance per node name from the pool's launch
                         template, tag it, and tell Slurm its address. The names of each job of
                         SLURM_RESUME_FILE are launched all or nothing (MinCount = their number;
-                        resume_file.py); names of no job, and every name on Slurm 21.08, which writes
-                        no such file, best effort. An instance a name still has from
+                        resume_file.py; Slurm 21.08 and 22.05 name them under "nodes", 23.02 on
+                        under "nodes_resume"); names of no job best effort. An instance a name still has from
                         before is terminated, never reused (Slurm ignores a registration from before the
                         resume request). Names that got no usable instance (an EC2 error such as
                         InsufficientInstanceCapacity, or no private address) lose the instance they may

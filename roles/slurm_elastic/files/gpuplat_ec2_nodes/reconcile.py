@@ -20,9 +20,9 @@ from .ec2 import (
     tag_value,
 )
 from .exit_codes import EXIT_FAILED, EXIT_OK
-from .holds import apply_holds, hold_reason, note_nodes_up, read_holds
+from .holds import apply_holds, hold_reason, note_nodes_up, read_holds, record_boot_failures
 from .logs import LOG
-from .replacement import drain_for_events, find_unhealthy, replace_unhealthy, scheduled_events
+from .replacement import boot_failures, drain_for_events, find_unhealthy, replace_unhealthy, scheduled_events
 from .settings import Settings
 from .slurm import GOING_UP, POWERED_OFF, NodeInfo, Slurm
 from .state import number, read_state, write_state
@@ -55,6 +55,9 @@ def reconcile(settings: Settings, ec2: Ec2Nodes, slurm: Slurm, now: float | None
     unhealthy = find_unhealthy(settings, nodes, instances)
     replaced = {entry.node for entry in unhealthy}
     replace_ok = replace_unhealthy(ec2, slurm, unhealthy, instances)
+    refused = boot_failures(settings, unhealthy)
+    if refused:
+        record_boot_failures(settings, refused, now)
     rest = [i for i in instances if tag_value(i, TAG_NODE) not in replaced]
     drained = events is not None and drain_for_events(slurm, nodes, rest, events)
     noted = note_nodes_up(settings, nodes, now)

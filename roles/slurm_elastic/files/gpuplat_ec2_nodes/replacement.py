@@ -10,6 +10,11 @@ at once); unhealthy dynamic nodes lose their instance and are powered down (clus
 _handle_unhealthy_dynamic_nodes). An instance with an EC2 scheduled event (slurm_resources.py:30
 EC2_SCHEDULED_EVENT_CODES) has its node drained (clustermgtd.py:1065
 _handle_nodes_failing_health_check), so it is replaced once its jobs have ended.
+
+A node whose slurmd registered with less than slurm.conf says (INVALID_REG: slurmctld drains it,
+node_mgr.c validate_node_specs, slurm-22-05-8-1 :2969) counts as a boot failure of its pool, as
+ParallelCluster counts it towards protected mode (slurm_resources.py:744 is_bootstrap_failure): its
+replacement would boot the same image into the same refusal, one GPU instance after another.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ FAILED_RESUME_REASONS = ("ResumeTimeout reached", "gpuplat resume", "gpuplat rec
 # spot-watch drains its node and powers it down itself after the grace: replaced earlier, its
 # instance (and spot-watch with it) would go before spot-watch requeues the jobs that checkpointed.
 SPOT_DRAIN_REASON = "spot interruption"
+INVALID_REGISTRATION = "INVALID_REG"
 REASON_PREFIX = "gpuplat reconcile: replaced"
 REASON_RECOVER = "gpuplat reconcile: back to power saving after a failed resume"
 REASON_SCHEDULED_EVENT = "gpuplat reconcile: EC2 scheduled event"
@@ -47,6 +53,7 @@ class Unhealthy:
     node: str
     why: str  # also the node's reason in Slurm
     down: bool = True  # DOWN in Slurm already
+    boot_failure: bool = False  # its slurmd's registration was refused (INVALID_REG)
 
 
 def is_failed_resume(node: NodeInfo) -> bool:
@@ -78,7 +85,9 @@ def unhealthy_reason(node: NodeInfo, static: bool, live_instances: list[dict[str
         return f"{REASON_PREFIX}: no live instance at NodeAddr {node.addr}"
     if "DOWN" in node.flags and not static:
         return f"{REASON_PREFIX}: DOWN ({own_words(node.reason)})"
-    drained = "DRAIN" in node.flags and bool(node.flags & {"IDLE", "DOWN"})
+    # Drained: no job left, not even one completing (its epilog still runs): slurm_resources.py:273
+    # is_drained.
+    drained = "DRAIN" in node.flags and bool(node.flags & {"IDLE", "DOWN"}) and "COMPLETING" not in node.flags
     if drained and not node.reason.startswith(SPOT_DRAIN_REASON):
         return f"{REASON_PREFIX}: drained ({own_words(node.reason)})"
     return None
@@ -98,8 +107,18 @@ def find_unhealthy(
         if pool_of(name, settings.pools):
             why = unhealthy_reason(node, name in static, live.get(name, []))
             if why:
-                found.append(Unhealthy(name, why, "DOWN" in node.flags))
+                found.append(Unhealthy(name, why, "DOWN" in node.flags, INVALID_REGISTRATION in node.flags))
     return found
+
+
+def boot_failures(settings: Settings, unhealthy: list[Unhealthy]) -> dict[str, int]:
+    """The replaced nodes whose registration was refused, counted per pool (holds.record_boot_failures)."""
+    counts: dict[str, int] = {}
+    for entry in unhealthy:
+        pool = pool_of(entry.node, settings.pools)
+        if entry.boot_failure and pool:
+            counts[pool] = counts.get(pool, 0) + 1
+    return counts
 
 
 def replace_unhealthy(

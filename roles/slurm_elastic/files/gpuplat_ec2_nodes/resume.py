@@ -112,6 +112,11 @@ def launch_unit(
                 "resume: pool %s is held (%s): no launch for %s", pool_name, held, ",".join(pool_names)
             )
             failed.update(dict.fromkeys(pool_names, POOL_HELD))
+    for pool_name, pool_names in by_pool.items():
+        if pool_names[0] in failed:
+            continue
+        if job_id is not None and failed:  # the job cannot have all its nodes: launch no more of them
+            failed.update(dict.fromkeys(pool_names, next(iter(failed.values()))))
             continue
         got, code = ec2.launch(settings.pools[pool_name], pool_names, all_or_nothing=job_id is not None)
         launched.update(got)

@@ -20,8 +20,10 @@ POWERED_OFF = frozenset({"POWERED_DOWN", "POWERING_DOWN"})
 HELD = frozenset({"DRAIN", "FAIL"})
 
 
-def run_command(argv: Sequence[str]) -> str | None:
-    """stdout of the command, or None (logged) when it could not run or failed."""
+def run_command(argv: Sequence[str], partial: bool = False) -> str | None:
+    """stdout of the command, or None (logged) when it could not run or failed. partial: a command
+    that failed still gives what it printed (logged), for commands that print what they could reach
+    and exit 1 for the rest."""
     try:
         result = subprocess.run(
             list(argv), capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False
@@ -31,7 +33,7 @@ def run_command(argv: Sequence[str]) -> str | None:
         return None
     if result.returncode != 0:
         LOG.error("%s failed (exit %d): %s", " ".join(argv), result.returncode, result.stderr.strip())
-        return None
+        return result.stdout if partial else None
     return result.stdout
 
 
@@ -169,8 +171,12 @@ class Slurm:
 
     def batch_step_children(self, job_ids: Sequence[str]) -> list[int] | None:
         """The processes of these jobs' batch steps on this node, less each batch shell, or None
-        (logged) when scontrol failed. Run on the node: `scontrol listpids` asks its slurmstepds."""
-        output = run_command([self.scontrol, "listpids"])
+        (logged) when scontrol could not run. Run on the node: `scontrol listpids` asks its
+        slurmstepds one after the other and exits 1 when one of them cannot be reached (a step that
+        ended meanwhile, a stale socket) or there is no step, having printed the others
+        (src/scontrol/info_job.c _list_pids_one_step, _list_pids_all_jobs; slurm-22-05-8-1 :609-623,
+        :715-720): what it printed is used."""
+        output = run_command([self.scontrol, "listpids"], partial=True)
         return None if output is None else parse_batch_children(output, job_ids)
 
     def signal_steps(self, name: str, signal: str) -> bool:
