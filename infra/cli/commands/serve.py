@@ -92,6 +92,8 @@ def deploy(
     name = reference.partition("@")[0]
     check_name(name)
     release = _release(stack, stack_file_path, url, prometheus)
+    # The registry answers for the version before anything on the nodes is touched, the lock included.
+    release.registry.resolve(reference)
     with release.exclusive(name, f"deploy {reference}"):
         version = release.deploy(reference, canary)
         if canary is None:
