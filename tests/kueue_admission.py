@@ -135,3 +135,12 @@ def assignable_flavors(
 
 def gpu_flavors(assignment: dict[str, list[str]]) -> set[str]:
     return {f for key, names in assignment.items() if key.endswith(f"/{GPU_RESOURCE}") for f in names}
+
+
+def flavors_with_room(queue: dict[str, Any], gpus: int) -> set[str]:
+    """The GPU flavors of a ClusterQueue whose nominal quota and borrowing limit together hold `gpus`."""
+    return {
+        f["name"]
+        for f in queue["spec"]["resourceGroups"][0]["flavors"]
+        if f["resources"][0]["nominalQuota"] + f["resources"][0].get("borrowingLimit", 0) >= gpus
+    }

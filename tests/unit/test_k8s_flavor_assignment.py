@@ -16,7 +16,7 @@ from infra.k8s.queues import queue_objects, topology_queues
 from infra.k8s.training import example_jobset
 from infra.platform.resolve import ResolvedPlatform, load_platform
 from infra.spec.load import stack_file
-from tests.kueue_admission import assignable_flavors, gpu_flavors
+from tests.kueue_admission import assignable_flavors, flavors_with_room, gpu_flavors
 from tests.unit.test_placement import two_gpu_types
 
 
@@ -91,11 +91,7 @@ def test_unannotated_jobs_can_use_every_flavor_of_every_team_queue(platform: Res
     queues, flavors = _queues(platform)
     gpus = platform.pools_with_role("train")[0].gpus_per_node
     for name, queue in queues.items():
-        listed = {
-            f["name"]
-            for f in queue["spec"]["resourceGroups"][0]["flavors"]
-            if f["resources"][0]["nominalQuota"] + f["resources"][0].get("borrowingLimit", 0) >= gpus
-        }
+        listed = flavors_with_room(queue, gpus)
         team = next(t for t in platform.spec.scheduler.teams if t.name == name)
         for workload in (plain_job(name), plain_jobset(name, min(gpus, team.gpu_quota))):
             assignment = assignable_flavors(workload, queue, flavors, TRANSFORMATIONS)

@@ -13,7 +13,7 @@ import pytest
 
 from infra.k8s.queues import topology_flavors, topology_queues, uses_topology
 from infra.platform.resolve import ResolvedPlatform, load_platform
-from tests.kueue_admission import assignable_flavors, gpu_flavors
+from tests.kueue_admission import assignable_flavors, flavors_with_room, gpu_flavors
 from tests.unit.test_k8s_flavor_assignment import TRANSFORMATIONS, _queues, plain_job, plain_jobset
 
 
@@ -59,11 +59,7 @@ def test_unannotated_jobs_fit_every_flavor_they_reach(platform: ResolvedPlatform
     queues, flavors = _queues(platform)
     gpus = platform.pools_with_role("train")[0].gpus_per_node
     for name, queue in queues.items():
-        reachable = {
-            f["name"]
-            for f in queue["spec"]["resourceGroups"][0]["flavors"]
-            if f["resources"][0]["nominalQuota"] + f["resources"][0].get("borrowingLimit", 0) >= gpus
-        }
+        reachable = flavors_with_room(queue, gpus)
         for workload in (plain_job(name), plain_jobset(name, gpus)):
             assignment = assignable_flavors(workload, queue, flavors, TRANSFORMATIONS)
             assert assignment is not None, (name, workload["kind"])
