@@ -207,6 +207,7 @@ SESSIONS = [
             "tests/roles/test_ec2_replacement.py",
             "tests/roles/test_ec2_retries.py",
             "tests/roles/test_ec2_fleet.py",
+            "tests/roles/test_ec2_decisions.py",
         ],
         package_parent="roles/slurm_elastic/files",
     ),

@@ -1,0 +1,74 @@
+"""spot-watch's answer when one of its Slurm queries alone fails (gpuplat_ec2_nodes/spot_watch.py): the
+recorder of test_ec2_nodes.py fails a command for all its queries, so these stand a query in by a Slurm
+whose one method answers None, as the method does when its command could not run. Each test failed on a
+mutant the suite let through (`make mutation`, docs/developing.md#mutation-score)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gpuplat_ec2_nodes.exit_codes import EXIT_FAILED
+from gpuplat_ec2_nodes.slurm import Slurm
+from gpuplat_ec2_nodes.spot_watch import SpotWatch, handle_spot_notice
+
+from tests.roles import test_ec2_nodes as harness
+from tests.roles.test_ec2_nodes import NOTICE, SPOT_REASON, SlurmRecorder
+
+slurm = harness.slurm
+
+
+class WithoutListpids(Slurm):
+    """`scontrol listpids` could not run (not found, timed out)."""
+
+    def batch_step_children(self, job_ids: Sequence[str]) -> list[int] | None:
+        return None
+
+
+class WithoutJobStates(Slurm):
+    """squeue's job-state query could not run, after its job list did."""
+
+    def job_states(self, job_ids: Sequence[str]) -> dict[str, str] | None:
+        return None
+
+
+WATCH = SpotWatch("train-spot-1", "http://127.0.0.1:9", grace_s=1.0, interval_s=5.0)
+
+
+def test_a_notice_whose_batch_processes_cannot_be_listed_fails_yet_powers_the_node_down(
+    slurm: SlurmRecorder,
+) -> None:
+    """What the batch scripts started got no SIGTERM (nothing listed them): spot-watch fails, so its unit
+    shows the notice half handled, and still powers the node down so its jobs requeue."""
+    slurm.jobs((101, 1, 1))
+    slurm.states((101, "PENDING"))
+    killed: list[int] = []
+    status = handle_spot_notice(
+        WATCH, WithoutListpids(slurm.scontrol), NOTICE, lambda _: None, lambda pid, _: killed.append(pid)
+    )
+    assert status == EXIT_FAILED
+    assert killed == []
+    assert [
+        "scontrol",
+        "update",
+        "nodename=train-spot-1",
+        "state=power_down_force",
+        SPOT_REASON,
+    ] in slurm.calls()
+
+
+def test_a_notice_whose_job_states_cannot_be_read_fails_and_requeues_nothing(slurm: SlurmRecorder) -> None:
+    """Without the states, spot-watch cannot tell a job that ended in the grace (to requeue) from one still
+    running (requeued twice, 22.05 leaks its GPU): it requeues none and fails."""
+    slurm.jobs((101, 1, 1))
+    status = handle_spot_notice(
+        WATCH, WithoutJobStates(slurm.scontrol), NOTICE, lambda _: None, lambda *_: None
+    )
+    assert status == EXIT_FAILED
+    assert not [call for call in slurm.calls() if call[:2] == ["scontrol", "requeue"]]
+    assert [
+        "scontrol",
+        "update",
+        "nodename=train-spot-1",
+        "state=power_down_force",
+        SPOT_REASON,
+    ] in slurm.calls()
