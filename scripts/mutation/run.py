@@ -163,6 +163,7 @@ SESSIONS = [
             "tests/pulumi/test_eks.py::test_eks_node_groups_read_from_labels_templates_or_components",
             "tests/unit/test_policy_config.py",
             "tests/unit/test_policy_rule_shapes.py",
+            "tests/unit/test_policy_spot_pools.py",
         ],
     ),
     Session(
