@@ -10,8 +10,9 @@ from typing import Any
 
 from infra.platform.resolve import ResolvedPlatform
 from infra.policy.rules import PolicyContext
+from infra.policy.rules.resource_types import ASG
 from infra.policy.rules.spot import check_inference_base_capacity, check_interruptible_on_spot
-from infra.policy.view import ResourceIndex
+from infra.policy.view import ResourceIndex, ResourceView
 
 NO_RESOURCES = ResourceIndex([])
 
@@ -64,3 +65,63 @@ def test_every_interruptible_pool_on_on_demand_capacity_is_named_with_the_saving
         f"pool 'train' {lead}carries it for less",
         f"pool 'train-spot' {lead}carries it for less (about 55% less for p5.48xlarge)",
     }
+
+
+# Pools with their Auto Scaling groups
+
+
+def asg(
+    name: str, min_size: int, base: int, percent: float, pool: str = "", role: str = "", parent: str = ""
+) -> Any:
+    """An Auto Scaling group with a mixed instances policy; tagged with its pool and role, or known only by
+    its parent component (`<stack>-<pool>`)."""
+    tags = [{"key": "gpuplat:pool", "value": pool}, {"key": "gpuplat:role", "value": role}] if pool else []
+    distribution = {"onDemandBaseCapacity": base, "onDemandPercentageAboveBaseCapacity": percent}
+    props = {
+        "minSize": min_size,
+        "maxSize": 8,
+        "tags": tags,
+        "mixedInstancesPolicy": {"instancesDistribution": distribution},
+    }
+    return ResourceView(
+        ASG, name, props, urn=f"urn:{name}", parent=f"urn:component::{parent}" if parent else None
+    )
+
+
+def test_inference_groups_keep_their_minimum_on_demand_and_only_inference_groups_are_asked(
+    shipped_platforms: dict[str, ResolvedPlatform],
+) -> None:
+    """A training group below its minimum on-demand is no finding (its work survives interruption); the
+    inference group, known by its component only, is, after it."""
+    aws = PolicyContext(shipped_platforms["aws-prod"])
+    index = ResourceIndex(
+        [
+            asg("train-asg", 2, 0, 0, pool="train-spot", role="train"),
+            asg("infer-asg", 2, 1, 0, parent="aws-prod-infer"),
+        ]
+    )
+    found = list(check_inference_base_capacity(index, aws))
+    assert [(f.resource, f.urn) for f in found] == [("infer-asg", "urn:infer-asg")]
+    assert found[0].message.startswith(
+        "inference group 'infer-asg' keeps 1 on-demand instances as base capacity but needs at least its "
+        "minimum of 2"
+    )
+    enough = ResourceIndex([asg("infer-asg", 2, 2, 0, parent="aws-prod-infer")])
+    assert not list(check_inference_base_capacity(enough, aws))
+
+
+def test_a_spot_pool_whose_group_launches_any_on_demand_is_named(
+    shipped_platforms: dict[str, ResolvedPlatform],
+) -> None:
+    """train-spot is spot in the stack: its group may launch no on-demand instance, neither as base nor as
+    any percentage above it. The group is known by its component (`aws-prod-train-spot`)."""
+    aws = PolicyContext(shipped_platforms["aws-prod"])
+    for base, percent in ((1, 0), (0, 1), (0, 10), (3, 50)):
+        index = ResourceIndex([asg("spot-asg", 0, base, percent, parent="aws-prod-train-spot")])
+        found = list(check_interruptible_on_spot(index, aws))
+        assert [f.message for f in found] == [
+            "pool 'train-spot' is spot in the stack, but its Auto Scaling group 'spot-asg' launches "
+            f"on-demand instances (base {base}, {percent:g}% above base)"
+        ], (base, percent)
+    all_spot = ResourceIndex([asg("spot-asg", 0, 0, 0, parent="aws-prod-train-spot")])
+    assert not list(check_interruptible_on_spot(all_spot, aws))
