@@ -11,7 +11,11 @@ from typing import Any
 from infra.platform.resolve import ResolvedPlatform
 from infra.policy.rules import PolicyContext
 from infra.policy.rules.resource_types import ASG
-from infra.policy.rules.spot import check_inference_base_capacity, check_interruptible_on_spot
+from infra.policy.rules.spot import (
+    check_inference_base_capacity,
+    check_interruptible_on_spot,
+    check_spot_training_recovery,
+)
 from infra.policy.view import ResourceIndex, ResourceView
 
 NO_RESOURCES = ResourceIndex([])
@@ -125,3 +129,24 @@ def test_a_spot_pool_whose_group_launches_any_on_demand_is_named(
         ], (base, percent)
     all_spot = ResourceIndex([asg("spot-asg", 0, 0, 0, parent="aws-prod-train-spot")])
     assert not list(check_interruptible_on_spot(all_spot, aws))
+
+
+def test_spot_training_on_a_local_volume_is_told_its_checkpoints_die_with_the_node(
+    shipped_platforms: dict[str, ResolvedPlatform],
+) -> None:
+    """aws-prod with its parallel filesystem a local volume: the one problem is the volume (no FSx is asked
+    for, the stack has no Lustre to ask it of), named at the spot pool's group, known by its component."""
+    platform = shipped_platforms["aws-prod"]
+    storage = platform.spec.storage
+    local_fs = storage.parallel_fs.model_copy(update={"kind": "local-volume"})
+    spec = platform.spec.model_copy(update={"storage": storage.model_copy(update={"parallel_fs": local_fs})})
+    index = ResourceIndex([asg("spot-asg", 0, 0, 0, parent="aws-prod-train-spot")])
+    found = list(check_spot_training_recovery(index, PolicyContext(replace(platform, spec=spec))))
+    assert [(f.resource, f.urn, f.message) for f in found] == [
+        (
+            "spot-asg",
+            "urn:spot-asg",
+            "spot training pool 'train-spot' needs persistent checkpoints: the parallel filesystem is a "
+            "local volume, which does not outlive its node",
+        )
+    ]
