@@ -10,7 +10,7 @@ from typing import Any
 
 from infra.platform.resolve import ResolvedPlatform
 from infra.policy.rules import PolicyContext
-from infra.policy.rules.resource_types import ASG
+from infra.policy.rules.resource_types import ASG, LUSTRE
 from infra.policy.rules.spot import (
     check_inference_base_capacity,
     check_interruptible_on_spot,
@@ -150,3 +150,33 @@ def test_spot_training_on_a_local_volume_is_told_its_checkpoints_die_with_the_no
             "local volume, which does not outlive its node",
         )
     ]
+
+
+def test_spot_training_on_aws_needs_a_persistent_fsx_for_lustre(
+    shipped_platforms: dict[str, ResolvedPlatform],
+) -> None:
+    """aws-prod's parallel filesystem is FSx for Lustre: none declared, or a scratch one (SCRATCH_1 when the
+    deployment type is left out, as AWS defaults it), is a problem; a persistent one is not."""
+    aws = PolicyContext(shipped_platforms["aws-prod"])
+    lead = "spot training pool 'train-spot' needs persistent checkpoints: "
+
+    def problems(*filesystems: ResourceView) -> list[tuple[str, str]]:
+        found = check_spot_training_recovery(ResourceIndex(list(filesystems)), aws)
+        return [(f.resource, f.message.removeprefix(lead)) for f in found]
+
+    assert problems() == [
+        ("pool train-spot", "no FSx for Lustre file system is declared to hold the checkpoints")
+    ]
+    scratch = ResourceView(LUSTRE, "scratch", {"deploymentType": "SCRATCH_2"})
+    unset = ResourceView(LUSTRE, "unset", {})
+    assert problems(scratch, unset) == [
+        (
+            "pool train-spot",
+            "file system 'scratch' is SCRATCH_2: scratch file systems lose data when a server fails",
+        ),
+        (
+            "pool train-spot",
+            "file system 'unset' is SCRATCH_1: scratch file systems lose data when a server fails",
+        ),
+    ]
+    assert problems(ResourceView(LUSTRE, "kept", {"deploymentType": "PERSISTENT_2"})) == []
