@@ -5,16 +5,20 @@ mutant the suite let through (`make mutation`, docs/developing.md#mutation-score
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
+from pathlib import Path
 
-from gpuplat_ec2_nodes.exit_codes import EXIT_FAILED
+import pytest
+from gpuplat_ec2_nodes.exit_codes import EXIT_FAILED, EXIT_UNKNOWN_NODE
+from gpuplat_ec2_nodes.resume import resume_fail
 from gpuplat_ec2_nodes.slurm import Slurm
 from gpuplat_ec2_nodes.spot_watch import SpotWatch, handle_spot_notice
 
 from tests.roles import test_ec2_nodes as harness
-from tests.roles.test_ec2_nodes import NOTICE, SPOT_REASON, SlurmRecorder
+from tests.roles.test_ec2_nodes import NOTICE, SPOT_REASON, Cloud, SlurmRecorder, ec2_nodes, settings_for
 
-slurm = harness.slurm
+moto_cloud, cloud, slurm = harness.moto_cloud, harness.cloud, harness.slurm
 
 
 class WithoutListpids(Slurm):
@@ -72,3 +76,22 @@ def test_a_notice_whose_job_states_cannot_be_read_fails_and_requeues_nothing(slu
         "state=power_down_force",
         SPOT_REASON,
     ] in slurm.calls()
+
+
+def test_resume_fail_says_what_it_does_and_names_the_names_of_no_pool_as_its_own(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    cloud.launch("train-spot-2", "train-spot")
+    with caplog.at_level(logging.INFO):
+        status = resume_fail(
+            settings_for(tmp_path, cloud, slurm),
+            ec2_nodes(cloud, slurm),
+            Slurm(slurm.scontrol),
+            ["train-spot-2", "infer-0"],
+        )
+    assert status == EXIT_UNKNOWN_NODE
+    lines = [record.getMessage() for record in caplog.records]
+    assert "resume-fail: train-spot-2,infer-0 did not register in time; terminating their instances" in lines
+    assert any(
+        line.startswith("resume-fail: infer-0 belong to no configured pool (pools: ") for line in lines
+    ), lines
