@@ -165,6 +165,7 @@ SESSIONS = [
             "tests/unit/test_policy_rule_shapes.py",
             "tests/unit/test_policy_spot_pools.py",
             "tests/unit/test_policy_not_applicable.py",
+            "tests/unit/test_policy_evaluate.py",
         ],
     ),
     Session(
