@@ -166,6 +166,7 @@ SESSIONS = [
             "tests/unit/test_policy_spot_pools.py",
             "tests/unit/test_policy_not_applicable.py",
             "tests/unit/test_policy_evaluate.py",
+            "tests/unit/test_policy_isolation.py",
         ],
     ),
     Session(

@@ -1,0 +1,71 @@
+"""isolation-shared-resources on hand-made resources (infra/policy/rules/isolation.py check_shared_resources):
+what makes a template, placement group or security group shared between training and inference. Each test
+failed on a mutant of the rule the policy-rules session let through (`make mutation`,
+docs/developing.md#mutation-score)."""
+
+from __future__ import annotations
+
+from infra.platform.resolve import ResolvedPlatform
+from infra.policy.rules import PolicyContext
+from infra.policy.rules.isolation import check_shared_resources
+from infra.policy.rules.resource_types import ASG, LAUNCH_TEMPLATE, PLACEMENT_GROUP, SECURITY_GROUP
+from infra.policy.settings import PolicyConfig
+from infra.policy.view import ResourceIndex, ResourceView
+
+TAG_ROLE = "gpuplat:role"
+
+
+def tagged(type_: str, name: str, role: str, urn: bool = True) -> ResourceView:
+    return ResourceView(
+        type_, name, {"tags": {TAG_ROLE: role}}, urn=f"urn:{name}" if urn else "", ids=frozenset({name})
+    )
+
+
+def group(name: str, template: str, placement: str = "", role: str = "", component: str = "") -> ResourceView:
+    """An Auto Scaling group launching from the template (into the placement group) it names: tagged with its
+    role, or known by its component (`<stack>-<pool>`) only."""
+    props = {"minSize": 0, "maxSize": 4, "launchTemplate": {"id": template}, "placementGroup": placement}
+    if role:
+        props["tags"] = [{"key": TAG_ROLE, "value": role}, {"key": "gpuplat:pool", "value": role}]
+    parent = f"urn:component::{component}" if component else None
+    return ResourceView(ASG, name, props, urn=f"urn:{name}", parent=parent)
+
+
+def shared(platform: ResolvedPlatform, *resources: ResourceView, isolate_subnets: bool = False) -> list[str]:
+    config = PolicyConfig.model_validate({"isolateSubnets": isolate_subnets})
+    found = check_shared_resources(ResourceIndex(list(resources)), PolicyContext(platform, config))
+    return [f.message.split(" serves both")[0] for f in found]
+
+
+def test_an_inference_template_or_placement_group_a_training_group_uses_is_shared(
+    shipped_platforms: dict[str, ResolvedPlatform],
+) -> None:
+    aws = shipped_platforms["aws-prod"]
+    template = tagged(LAUNCH_TEMPLATE, "infer-lt", "infer")
+    placement = tagged(PLACEMENT_GROUP, "infer-pg", "infer")
+    training = group("train-asg", "infer-lt", "infer-pg", role="train")
+    both = ["LaunchTemplate 'infer-lt'", "PlacementGroup 'infer-pg'"]
+    assert shared(aws, template, placement, training) == both
+    # Subnets are compared too when asked; what else the group shares is still compared then.
+    assert shared(aws, template, placement, training, isolate_subnets=True) == both
+
+
+def test_groups_known_by_their_pools_components_share_the_template_they_both_launch_from(
+    shipped_platforms: dict[str, ResolvedPlatform],
+) -> None:
+    common = ResourceView(LAUNCH_TEMPLATE, "common-lt", {}, urn="urn:common-lt", ids=frozenset({"common-lt"}))
+    training = group("train-asg", "common-lt", component="aws-prod-train")
+    inference = group("infer-asg", "common-lt", component="aws-prod-infer")
+    assert shared(shipped_platforms["aws-prod"], common, training, inference) == [
+        "LaunchTemplate 'common-lt'"
+    ]
+
+
+def test_resources_without_urns_are_told_apart_by_their_names(
+    shipped_platforms: dict[str, ResolvedPlatform],
+) -> None:
+    """A training security group and an inference placement group, neither with a URN (a preview): two
+    resources, neither shared."""
+    training = tagged(SECURITY_GROUP, "train-sg", "train", urn=False)
+    inference = tagged(PLACEMENT_GROUP, "infer-pg", "infer", urn=False)
+    assert shared(shipped_platforms["aws-prod"], training, inference) == []
