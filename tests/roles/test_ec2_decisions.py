@@ -92,6 +92,7 @@ def test_resume_fail_says_what_it_does_and_names_the_names_of_no_pool_as_its_own
     assert status == EXIT_UNKNOWN_NODE
     lines = [record.getMessage() for record in caplog.records]
     assert "resume-fail: train-spot-2,infer-0 did not register in time; terminating their instances" in lines
+    assert "resume-fail: returning train-spot-2 to power saving (POWER_DOWN_FORCE)" in lines
     assert any(
         line.startswith("resume-fail: infer-0 belong to no configured pool (pools: ") for line in lines
     ), lines

@@ -5,9 +5,11 @@ docs/developing.md#mutation-score)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from infra.platform.resolve import ResolvedPlatform
 from infra.policy.rules import PolicyContext
-from infra.policy.rules.isolation import check_shared_resources
+from infra.policy.rules.isolation import check_inference_taint, check_shared_resources
 from infra.policy.rules.resource_types import ASG, LAUNCH_TEMPLATE, PLACEMENT_GROUP, SECURITY_GROUP
 from infra.policy.settings import PolicyConfig
 from infra.policy.view import ResourceIndex, ResourceView
@@ -69,3 +71,24 @@ def test_resources_without_urns_are_told_apart_by_their_names(
     training = tagged(SECURITY_GROUP, "train-sg", "train", urn=False)
     inference = tagged(PLACEMENT_GROUP, "infer-pg", "infer", urn=False)
     assert shared(shipped_platforms["aws-prod"], training, inference) == []
+
+
+def test_an_inference_pool_tainted_no_execute_alone_keeps_training_off(
+    shipped_platforms: dict[str, ResolvedPlatform],
+) -> None:
+    aws = shipped_platforms["aws-prod"]
+    pools = []
+    for pool in aws.pools:
+        if pool.role == "infer":
+            taints = [taint.model_copy(update={"effect": "NoExecute"}) for taint in pool.spec.taints[:1]]
+            assert taints, "aws-prod's inference pool is tainted"
+            pool = replace(pool, spec=pool.spec.model_copy(update={"taints": taints}))
+        pools.append(pool)
+    platform = replace(aws, pools=tuple(pools))
+    assert list(check_inference_taint(ResourceIndex([]), PolicyContext(platform))) == []
+    untainted = replace(
+        aws, pools=tuple(replace(p, spec=p.spec.model_copy(update={"taints": []})) for p in aws.pools)
+    )
+    assert [f.resource for f in check_inference_taint(ResourceIndex([]), PolicyContext(untainted))] == [
+        "pool infer"
+    ]
