@@ -97,13 +97,16 @@ def test_an_inference_pool_tainted_no_execute_alone_keeps_training_off(
 def test_each_inference_pool_needs_the_taint_or_the_configured_label_and_is_told_which(
     shipped_platforms: dict[str, ResolvedPlatform],
 ) -> None:
-    """Two untainted inference pools, the first with the label the config names: the second is reported,
-    and its message names the label it lacks."""
+    """The tainted inference pool, then two untainted ones, the first with the label the config names: the
+    last is reported, and its message names the label it lacks."""
     aws = shipped_platforms["aws-prod"]
     infer = aws.pool("infer")
-    labelled = replace(infer, spec=infer.spec.model_copy(update={"taints": [], "labels": {"serving": "yes"}}))
+    labelled = replace(
+        infer,
+        spec=infer.spec.model_copy(update={"name": "infer-1", "taints": [], "labels": {"serving": "yes"}}),
+    )
     bare = replace(infer, spec=infer.spec.model_copy(update={"name": "infer-2", "taints": [], "labels": {}}))
-    platform = replace(aws, pools=(*[p for p in aws.pools if p.role != "infer"], labelled, bare))
+    platform = replace(aws, pools=(*aws.pools, labelled, bare))
     config = PolicyConfig.model_validate({"inferenceLabel": "serving=yes"})
     found = list(check_inference_taint(ResourceIndex([]), PolicyContext(platform, config)))
     assert [(f.resource, f.message) for f in found] == [
