@@ -10,6 +10,7 @@ Not modelled: a real GPU's nvidia-smi and DCGM host engine (their formats are ci
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -61,6 +62,25 @@ def test_a_gpu_off_the_bus_drains_on_its_xid_its_recovery_action_and_dcgm(tmp_pa
         "dcgm-health: DCGM health watches report a failure: 1: Failure; PCIe system: Failure; "
         "GPU 1 has fallen off the bus",
     ]
+
+
+def test_a_fatal_xid_that_rolled_out_of_the_ring_buffer_drains_from_the_journal(tmp_path: Path) -> None:
+    ring = (RECORDED / "xid-only-in-journal" / "kernel.log").read_text()
+    assert "Xid" not in ring, "the case's point: dmesg alone no longer shows the XID"
+    assert periodic(tmp_path, "xid-only-in-journal", "active", "--nvswitch") == [
+        "xid: fatal XID since boot: XID 74 on PCI:0000:18:00 (pid=48213, name=python3, "
+        "NVLink: fatal error detected on link 3)"
+    ]
+
+
+def test_an_xid_in_both_the_journal_and_the_ring_is_named_once(tmp_path: Path) -> None:
+    case = tmp_path / "xid79-both"
+    shutil.copytree(RECORDED / "xid79", case)
+    ring = (case / "kernel.log").read_text()
+    (case / "journal.log").write_text("".join(line.split("] ", 1)[1] + "\n" for line in ring.splitlines()))
+    reasons = periodic(tmp_path, str(case), "active", "--nvswitch")
+    assert reasons[0] == periodic(tmp_path, "xid79", "active", "--nvswitch")[0]
+    assert reasons[0].count("XID 79") == 1
 
 
 def test_a_fabric_manager_down_drains_an_nvswitch_node_whose_gpus_are_all_listed(tmp_path: Path) -> None:

@@ -8,7 +8,8 @@
 Checks, each reported as pass, fail, skip (with the reason) or error (the check could not run):
 
   health-program  the pool's Slurm health program (roles/slurm_compute) with --dry-run
-  xid             XID errors since boot in the kernel log (dmesg), against the fatal list
+  xid             XID errors since boot in the kernel log (the journal's `journalctl -k -b` and
+                  dmesg's ring buffer), against the fatal list
   ecc             uncorrectable volatile ECC errors and row-remapping state (nvidia-smi)
   recovery        the GPU recovery action the driver asks for (nvidia-smi gpu_recovery_action)
   fabric          on NVSwitch systems (--nvswitch): nvidia-fabricmanager active, every GPU's fabric
@@ -285,8 +286,16 @@ def health_program_check(program: str) -> Check:
 
 
 def kernel_log() -> tuple[int, str]:
-    code, output = run(["dmesg"])
-    return (code, output) if code == 0 else run(["journalctl", "-k", "-b", "--no-pager", "-o", "cat"])
+    """This boot's kernel log: the journal's copy (`journalctl -k -b`) where journald keeps one, and the
+    kernel's ring buffer (dmesg). The ring has the size the kernel was built with (CONFIG_LOG_BUF_SHIFT)
+    and wraps on a chatty node, so an XID from days ago may be only in the journal;
+    the journal may lack the newest lines (journald reads /dev/kmsg as they come) or not exist (a node
+    without journald, a container). Both are read; an XID in either counts, once (`_listed`)."""
+    journal_code, journal = run(["journalctl", "-k", "-b", "-q", "--no-pager", "-o", "cat"], timeout=20)
+    ring_code, ring = run(["dmesg"], timeout=20)
+    if journal_code != 0 and ring_code != 0:
+        return ring_code, f"{ring.strip()[:150]}; {journal.strip()[:150]}"
+    return 0, (journal if journal_code == 0 else "") + "\n" + (ring if ring_code == 0 else "")
 
 
 def ecc_check() -> Check:
