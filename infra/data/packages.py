@@ -156,7 +156,10 @@ class EfaInstallerRelease(_Strict):
     sha256: str | None = Field(
         None,
         pattern=r"^[0-9a-f]{64}$",
-        description="the tarball's sha256 as read at a trusted source (None: not recorded; the plan warns)",
+        description=(
+            "the tarball's sha256 as read at a trusted source (None: not recorded; the role checks AWS's "
+            "signature either way)"
+        ),
     )
     plugin: Literal["multiarch", "lib"] = Field(
         description=(
