@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from infra.data.models import Compatibility, GpuArchitecture, ServingEngineRelease
 from infra.data.packages import ReleaseOffer
 from infra.platform.efa import EfaStack
+from infra.platform.gdrcopy import GdrcopyBuild
 from infra.spec.models import Serving, Software
 
 Problem = tuple[str, str]
@@ -49,6 +50,7 @@ class SoftwareVersions:
     jobs_nccl: str | None = None
     jobs_torch: str | None = None
     efa: EfaStack | None = None  # fabric efa: the installer whose plugin supports both NCCLs
+    gdrcopy: GdrcopyBuild | None = None  # RDMA fabrics: what the training GPU nodes build (roles/rdma)
 
 
 @dataclass(frozen=True)

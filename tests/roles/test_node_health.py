@@ -251,3 +251,39 @@ def test_a_host_engine_without_watches_gets_them_set_and_no_drain(tmp_path: Path
     dcgmi.chmod(0o755)
     assert periodic(tmp_path, "healthy", "active") == []
     assert calls.read_text().splitlines() == ["health -c", "health -s a"]
+
+
+def test_gdrcopy_check_fails_without_the_module_or_its_device(tmp_path: Path) -> None:
+    sys.path.insert(0, str(PROGRAM.parent))
+    try:
+        import gpuplat_node_check as check
+    finally:
+        sys.path.pop(0)
+    module, device = tmp_path / "sys-module-gdrdrv", tmp_path / "dev-gdrdrv"
+    assert check.gdrcopy_check(module, device).status == "fail"
+    module.mkdir()
+    missing_device = check.gdrcopy_check(module, device)
+    assert missing_device.status == "fail" and "is missing" in missing_device.detail
+    device.touch()
+    assert check.gdrcopy_check(module, device).status == "pass"
+
+
+def test_the_gdrcopy_check_runs_on_rdma_gpu_nodes_only(tmp_path: Path) -> None:
+    """--gdrcopy from the inventory's gpuplat_gdrcopy, in the health program and in validate's call."""
+    echo_args = "import sys\nprint('args: ' + ' '.join(sys.argv[1:]))\n"
+    for gdrcopy in (True, False):
+        run_dir = tmp_path / str(gdrcopy)
+        run_dir.mkdir()
+        script = gpu_health_script(run_dir, echo_args, gpuplat_gdrcopy=gdrcopy)
+        [drain] = run_with_nvidia_smi(script, run_dir)
+        assert ("--gdrcopy" in drain) is gdrcopy
+    validate_vars = (ROOT / "roles" / "gpu_validation" / "vars" / "main.yml").read_text()
+    assert "(['--gdrcopy'] if gpuplat_gdrcopy | default(false) | bool else [])" in validate_vars
+    listed = subprocess.run(
+        [sys.executable, str(PROGRAM), "--gdrcopy", "--gpu-absent-reason", "simulated GPUs",
+         "--health-program", ""],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert {"name": "gdrcopy", "status": "skip", "detail": "simulated GPUs"} in yaml.safe_load(listed.stdout)[
+        "checks"
+    ]

@@ -2,8 +2,8 @@
 """Is this training node fit to take work? The health checks `gpuplat validate` runs on every node.
 
   gpuplat-node-check [--gpu-absent-reason TEXT] [--health-program PATH] [--dcgm-level 2]
-                     [--dcgm-timeout 1800] [--fatal-xids 48,64,...] [--warn-xids 94] [--nvswitch]
-  gpuplat-node-check --periodic [--nvswitch] [--fatal-xids ...] [--warn-xids ...]
+                     [--dcgm-timeout 1800] [--fatal-xids 48,64,...] [--warn-xids 94] [--nvswitch] [--gdrcopy]
+  gpuplat-node-check --periodic [--nvswitch] [--gdrcopy] [--fatal-xids ...] [--warn-xids ...]
 
 Checks, each reported as pass, fail, skip (with the reason) or error (the check could not run):
 
@@ -14,12 +14,14 @@ Checks, each reported as pass, fail, skip (with the reason) or error (the check 
   recovery        the GPU recovery action the driver asks for (nvidia-smi gpu_recovery_action)
   fabric          on NVSwitch systems (--nvswitch): nvidia-fabricmanager active, every GPU's fabric
                   registration completed with success (nvidia-smi fabric.state, fabric.status)
+  gdrcopy         on GPU nodes of an RDMA fabric (--gdrcopy): GDRCopy's kernel module gdrdrv loaded and
+                  /dev/gdrdrv there
   dcgm-health     DCGM's health watches (`dcgmi health -c`), set first where nv-hostengine has none
   dcgm-diag       `dcgmi diag -r LEVEL -j` where DCGM is installed and no Slurm job holds the node
 
---periodic runs the cheap checks only (xid, ecc, recovery, fabric, dcgm-health: seconds, nothing that
-disturbs a running job) for the Slurm health program (roles/slurm_compute), and prints each drain reason
-on a line of its own instead of the JSON document.
+--periodic runs the cheap checks only (xid, ecc, recovery, fabric, gdrcopy, dcgm-health: seconds,
+nothing that disturbs a running job) for the Slurm health program (roles/slurm_compute), and prints each
+drain reason on a line of its own instead of the JSON document.
 
 GPU checks skip when --gpu-absent-reason is given (no GPU, simulated GPUs, driver not loaded).
 A failing check adds a drain reason; an error does not (the tool failed, not the node).
@@ -402,6 +404,22 @@ def dcgm_guard(node: str) -> Check | None:
     return None
 
 
+def gdrcopy_check(module: Path = Path("/sys/module/gdrdrv"), device: Path = Path("/dev/gdrdrv")) -> Check:
+    """On a GPU node of an RDMA fabric (--gdrcopy): GDRCopy's kernel module gdrdrv loaded and its device
+    node there (roles/rdma). Without them libgdrapi cannot open, and libfabric and NCCL fall back to slower
+    copies through the CUDA API without saying so: a node with the wrong kernel for its DKMS build, say."""
+    if not module.is_dir():
+        return Check(
+            "gdrcopy",
+            "fail",
+            f"gdrdrv is not loaded ({module} missing): `dkms status gdrdrv` and `systemctl status gdrdrv` "
+            "say why",
+        )
+    if not device.exists():
+        return Check("gdrcopy", "fail", f"gdrdrv is loaded but {device} is missing: restart gdrdrv.service")
+    return Check("gdrcopy", "pass", f"gdrdrv loaded, {device} present")
+
+
 def add_cheap_checks(report: Report, args: argparse.Namespace) -> None:
     """What the Slurm health program runs every interval and `validate` runs too (validate's DCGM
     diagnostic goes further than the health watches, which its health-program check runs): reads only."""
@@ -415,6 +433,8 @@ def add_cheap_checks(report: Report, args: argparse.Namespace) -> None:
     report.add(recovery_check())
     if args.nvswitch:
         report.add(fabric_check())
+    if args.gdrcopy:
+        report.add(gdrcopy_check())
     if args.periodic:
         report.add(dcgm_health_check())
 
@@ -426,7 +446,7 @@ def check_node(args: argparse.Namespace) -> Report:
         return report
     report.add(health_program_check(args.health_program))
     if args.gpu_absent_reason:
-        for name in ("xid", "ecc", "recovery", "dcgm-diag"):
+        for name in ("xid", "ecc", "recovery", "dcgm-diag") + (("gdrcopy",) if args.gdrcopy else ()):
             report.add(Check(name, "skip", args.gpu_absent_reason))
         return report
     add_cheap_checks(report, args)
@@ -459,6 +479,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--warn-xids", type=_xid_list, default=list(WARN_XIDS))
     parser.add_argument("--slurm-node", default="", help="this node's Slurm name (default: the host name)")
     parser.add_argument("--nvswitch", action="store_true", help="an NVSwitch system: check the fabric")
+    parser.add_argument(
+        "--gdrcopy", action="store_true", help="a GPU node of an RDMA fabric: check gdrdrv is loaded"
+    )
     parser.add_argument(
         "--periodic", action="store_true", help="the cheap checks only; print the drain reasons, one a line"
     )
