@@ -57,6 +57,16 @@ _TEST = Path(__file__).with_name("image_test.sh")
 REBUILD_SCHEDULE = "cron(0 4 ? * SUN *)"
 REBUILD_CONDITION = "EXPRESSION_MATCH_ONLY"
 TEST_TIMEOUT_MINUTES = 60
+# The pipeline's images pile up (an AMI and its snapshots a week). A lifecycle policy per pool deletes the
+# recipe's images past the newest KEEP_PIPELINE_IMAGES, AMIs and snapshots with them; a COUNT filter's
+# value is "the minimum number of resources to keep on hand" (EC2 Image Builder API reference,
+# LifecyclePolicyDetailFilter). The one-shot image the launch template boots carries LIVE_IMAGE_TAG, which
+# the policy's exclusion rule skips (LifecyclePolicyDetailExclusionRules, tagMap). Image Builder runs the
+# policy with a role it may assume that holds AWS's EC2ImageBuilderLifecycleExecutionPolicy
+# (https://docs.aws.amazon.com/imagebuilder/latest/userguide/image-lifecycle-prerequisites.html).
+KEEP_PIPELINE_IMAGES = 3
+LIVE_IMAGE_TAG = "gpuplat:live-image"
+LIFECYCLE_EXECUTION_POLICY = "arn:aws:iam::aws:policy/service-role/EC2ImageBuilderLifecycleExecutionPolicy"
 
 
 @dataclass(frozen=True)
@@ -193,7 +203,19 @@ class ImageBuildIdentity(pulumi.ComponentResource):
         # The build runs no munged, and its instance's SSM core policy would read the key.
         inline_policy(f"{name}-no-munge-key", role, munge_parameter_arn, munge_key_denied_statements, child)
         self.profile = aws.iam.InstanceProfile(f"{name}-profile", role=role.name, tags=tags, opts=child)
-        self.register_outputs({"instance_profile_name": self.profile.name})
+        lifecycle = aws.iam.Role(
+            f"{name}-lifecycle-role",
+            assume_role_policy=service_trust_policy("imagebuilder.amazonaws.com"),
+            tags=tags,
+            opts=child,
+        )
+        self.lifecycle_grant = aws.iam.RolePolicyAttachment(
+            f"{name}-lifecycle", role=lifecycle.name, policy_arn=LIFECYCLE_EXECUTION_POLICY, opts=child
+        )
+        self.lifecycle_role_arn: pulumi.Output[str] = lifecycle.arn
+        self.register_outputs(
+            {"instance_profile_name": self.profile.name, "lifecycle_role_arn": self.lifecycle_role_arn}
+        )
 
 
 @dataclass(frozen=True)
@@ -203,6 +225,8 @@ class NodeImageArgs:
     build_script: pulumi.Input[str]
     bundle_key: str
     instance_profile_name: pulumi.Input[str]
+    lifecycle_role_arn: pulumi.Input[str]
+    lifecycle_grant: pulumi.Resource  # the role's policy: the lifecycle policy waits for it
     subnet_id: pulumi.Input[str]
     security_group_id: pulumi.Input[str]
     root_volume_gib: int
@@ -274,7 +298,7 @@ class NodeImage(pulumi.ComponentResource):
             image_tests_configuration=aws.imagebuilder.ImageImageTestsConfigurationArgs(
                 image_tests_enabled=False
             ),
-            tags=args.tags,
+            tags={**args.tags, LIVE_IMAGE_TAG: "true"},
             opts=pulumi.ResourceOptions(parent=self, depends_on=args.build_after),
         )
         # Beside the one-shot image the launch template boots: the same recipe rebuilt on a schedule, with
@@ -294,6 +318,38 @@ class NodeImage(pulumi.ComponentResource):
             status="ENABLED",
             tags=args.tags,
             opts=child,
+        )
+        # The recipe's images: the pipeline's weekly ones and the one-shot image, which is never deleted.
+        aws.imagebuilder.LifecyclePolicy(
+            f"{name}-image-lifecycle",
+            resource_type="AMI_IMAGE",
+            execution_role=args.lifecycle_role_arn,
+            resource_selection=aws.imagebuilder.LifecyclePolicyResourceSelectionArgs(
+                recipes=[
+                    aws.imagebuilder.LifecyclePolicyResourceSelectionRecipeArgs(
+                        name=recipe.name, semantic_version=recipe.version
+                    )
+                ]
+            ),
+            policy_details=[
+                aws.imagebuilder.LifecyclePolicyPolicyDetailArgs(
+                    action=aws.imagebuilder.LifecyclePolicyPolicyDetailActionArgs(
+                        type="DELETE",
+                        include_resources=aws.imagebuilder.LifecyclePolicyPolicyDetailActionIncludeResourcesArgs(
+                            amis=True, snapshots=True
+                        ),
+                    ),
+                    filter=aws.imagebuilder.LifecyclePolicyPolicyDetailFilterArgs(
+                        type="COUNT", value=KEEP_PIPELINE_IMAGES
+                    ),
+                    exclusion_rules=aws.imagebuilder.LifecyclePolicyPolicyDetailExclusionRulesArgs(
+                        tag_map={LIVE_IMAGE_TAG: "true"}
+                    ),
+                )
+            ],
+            status="ENABLED",
+            tags=args.tags,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[args.lifecycle_grant]),
         )
         self.image_id: pulumi.Output[str] = image.output_resources.apply(_first_ami)
         self.register_outputs({"image_id": self.image_id, "pipeline_arn": pipeline.arn})
