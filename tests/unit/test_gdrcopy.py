@@ -83,3 +83,20 @@ def test_the_role_installs_gdrcopy_only_on_real_gpus_of_an_rdma_node() -> None:
     defaults = yaml.safe_load((ROOT / "roles" / "rdma" / "defaults" / "main.yml").read_text())
     assert defaults["rdma_gdrcopy_repo_url"] == FACTS.repository
     assert defaults["rdma_gdrcopy_version"] == ""  # the inventory sets it; the role alone installs nothing
+
+
+def test_gdrdrv_is_started_only_on_a_loaded_driver_and_enabled_for_boot_always() -> None:
+    """An image build runs on a machine without a GPU (infra/backends/aws/node_image.py): gdrdrv's init
+    script needs the nvidia module, so the role enables it for the next boot and starts it only where
+    /sys/module/nvidia exists, then checks the module is there."""
+    tasks = yaml.safe_load((ROOT / "roles" / "rdma" / "tasks" / "gdrcopy.yml").read_text())
+    enable = next(t for t in tasks if t["name"] == "Enable gdrdrv at boot")
+    assert enable["ansible.builtin.systemd_service"] == {"name": "gdrdrv", "enabled": True}
+    assert "when" not in enable
+    [load] = [t for t in tasks if "block" in t and "gdrdrv" in t["name"]]
+    assert load["when"] == "__rdma_nvidia_loaded.stat.exists"
+    started = [
+        t for t in load["block"] if t.get("ansible.builtin.systemd_service", {}).get("state") == "started"
+    ]
+    assert len(started) == 1
+    assert any("ansible.builtin.assert" in t for t in load["block"])
