@@ -55,8 +55,11 @@ def pool_vars(platform: ResolvedPlatform, pool: ResolvedPool) -> dict[str, Any]:
         "gpuplat_nvswitch": bool(gpu and gpu.nvswitch),
         "gpuplat_fabric": platform.spec.fabric.kind if pool.role == "train" else "none",
         "gpuplat_fabric_nics": pool.node_type.network.nics if pool.role == "train" else 0,
-        # The nodes roles/rdma gives GDRCopy (gdrdrv) and the node check looks for it on.
-        "gpuplat_gdrcopy": bool(gpu) and pool.role == "train" and platform.software.gdrcopy is not None,
+        # The nodes roles/rdma gives GDRCopy (gdrdrv) and the node check looks for it on: real GPUs only.
+        "gpuplat_gdrcopy": bool(gpu)
+        and not pool.simulated
+        and pool.role == "train"
+        and platform.software.gdrcopy is not None,
         "gpuplat_labels": dict(pool.spec.labels),
         "gpuplat_taints": [t.model_dump() for t in pool.spec.taints],
         # Training jobs (any user) write their metrics files where node_exporter reads them.

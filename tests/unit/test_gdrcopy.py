@@ -5,6 +5,7 @@ an RDMA fabric, and nodes without a GPU, get nothing."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
@@ -28,8 +29,12 @@ def test_the_rdma_stacks_build_the_pinned_release_and_the_others_nothing() -> No
         pinned = (values["rdma_gdrcopy_version"], values["rdma_gdrcopy_commit"])
         assert pinned == (FACTS.version, FACTS.commit)
         node_pools = {p.name: pool_vars(platform, p)["gpuplat_gdrcopy"] for p in platform.pools}
-        assert node_pools == {p.name: bool(p.node_type.gpu) and p.role == "train" for p in platform.pools}
+        expected = {p.name: bool(p.node_type.gpu) and p.role == "train" for p in platform.pools}
+        assert node_pools == expected and not any(p.simulated for p in platform.pools)
         assert any(node_pools.values()) and not all(node_pools.values()), (stack, node_pools)
+    onprem = load_platform(ROOT / "stacks" / "Pulumi.onprem.yaml")
+    train = replace(next(p for p in onprem.pools if p.name == "train"), simulated=True)
+    assert pool_vars(onprem, train)["gpuplat_gdrcopy"] is False  # simulated GPUs: nothing to build on
     local = load_platform(ROOT / "stacks" / "Pulumi.local.yaml")
     assert local.software.gdrcopy is None
     assert "rdma_gdrcopy_version" not in platform_vars(local)
