@@ -107,7 +107,29 @@ def test_the_role_verifies_before_it_unpacks_and_pins_aws_key() -> None:
     tasks = yaml.safe_load((ROLE / "tasks" / "efa.yml").read_text())
     names = [t["name"] for t in tasks]
     verify_at = next(i for i, t in enumerate(tasks) if "gpuplat-verify-signature" in str(t))
-    unpack_at = next(i for i, t in enumerate(tasks) if "ansible.builtin.unarchive" in t)
+    unpack_at = next(i for i, t in enumerate(tasks) if "ansible.builtin.unarchive" in str(t))
     assert verify_at < unpack_at, names
     defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
     assert defaults["rdma_efa_installer_key_fingerprint"].replace(" ", "") == AWS_FINGERPRINT
+
+
+def test_the_installer_run_is_the_tarball_just_verified_unpacked_afresh() -> None:
+    """The tarballs of every version unpack into one aws-efa-installer directory. A tree left there (the
+    previous version on a day-2 upgrade, a kill mid-unpack, one unpacked before signatures were checked)
+    must never be what runs: the role removes it and unpacks the verified tarball whenever it runs the
+    installer, and nothing decides to skip the unpack on a file that tree holds."""
+    tasks = yaml.safe_load((ROLE / "tasks" / "efa.yml").read_text())
+    verify_at = next(i for i, t in enumerate(tasks) if "gpuplat-verify-signature" in str(t))
+    [install] = [t for t in tasks if "efa_installer.sh" in str(t)]
+    assert tasks.index(install) > verify_at
+    assert install["when"] == (
+        "(__rdma_efa_recorded.content | default('') | b64decode | trim) != rdma_efa_installer_version"
+    )
+    steps = install["block"]
+    modules = [next(k for k in step if k.startswith("ansible.builtin.")) for step in steps]
+    assert modules == ["ansible.builtin.file", "ansible.builtin.unarchive", "ansible.builtin.command"]
+    removed, unpacked, run = steps
+    unpacked_to = "{{ rdma_efa_installer_dir }}/aws-efa-installer"
+    assert removed["ansible.builtin.file"] == {"path": unpacked_to, "state": "absent"}
+    assert "creates" not in unpacked["ansible.builtin.unarchive"] and "when" not in unpacked
+    assert run["ansible.builtin.command"]["chdir"] == unpacked_to and "when" not in run
