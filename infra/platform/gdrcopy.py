@@ -3,7 +3,8 @@
 The RDMA pools (fabric efa, infiniband or roce; their training GPU nodes) get GDRCopy's library and its
 kernel module gdrdrv (roles/rdma); other pools get nothing. The release is data (infra/data/packages.yaml,
 gdrcopy) and must support the CUDA major the driver reports and every GPU architecture of those pools;
-gdrdrv itself is built by DKMS against the pinned driver's source, so it cannot drift from the driver.
+gdrdrv itself is rebuilt against the pinned driver's source whenever the driver or the kernel changes
+(roles/rdma/files/gpuplat-gdrdrv-build.sh).
 """
 
 from __future__ import annotations
