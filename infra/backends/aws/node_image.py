@@ -65,6 +65,7 @@ TEST_TIMEOUT_MINUTES = 60
 # policy with a role it may assume that holds AWS's EC2ImageBuilderLifecycleExecutionPolicy
 # (https://docs.aws.amazon.com/imagebuilder/latest/userguide/image-lifecycle-prerequisites.html).
 KEEP_PIPELINE_IMAGES = 3
+ALL_RECIPE_VERSIONS = "x.x.x"
 LIVE_IMAGE_TAG = "gpuplat:live-image"
 LIFECYCLE_EXECUTION_POLICY = "arn:aws:iam::aws:policy/service-role/EC2ImageBuilderLifecycleExecutionPolicy"
 
@@ -256,8 +257,11 @@ class NodeImage(pulumi.ComponentResource):
             tags=args.tags,
             opts=child,
         )
+        # Named, not auto-named: each new bundle is a new version of the same recipe (a replacement would
+        # otherwise get a new random name), so the lifecycle policy below selects every version's images.
         recipe = aws.imagebuilder.ImageRecipe(
             f"{name}-recipe",
+            name=f"{name}-recipe",
             parent_image=args.parent_image_id,
             version=component_version(args.bundle_key),
             components=[
@@ -319,7 +323,11 @@ class NodeImage(pulumi.ComponentResource):
             tags=args.tags,
             opts=child,
         )
-        # The recipe's images: the pipeline's weekly ones and the one-shot image, which is never deleted.
+        # The recipe's images, of every version: "x.x.x" (EC2 Image Builder API reference,
+        # LifecyclePolicyResourceSelectionRecipe: semanticVersion may be x in each part; pulumi-aws 7.51.1
+        # imagebuilder LifecyclePolicyResourceSelectionRecipeArgs: "Wildcard semantic version is supported").
+        # A new bundle's recipe version must not leave the older versions' pipeline images out of the
+        # policy, kept and billed for ever. The one-shot image the launch template boots is never deleted.
         aws.imagebuilder.LifecyclePolicy(
             f"{name}-image-lifecycle",
             resource_type="AMI_IMAGE",
@@ -327,7 +335,7 @@ class NodeImage(pulumi.ComponentResource):
             resource_selection=aws.imagebuilder.LifecyclePolicyResourceSelectionArgs(
                 recipes=[
                     aws.imagebuilder.LifecyclePolicyResourceSelectionRecipeArgs(
-                        name=recipe.name, semantic_version=recipe.version
+                        name=recipe.name, semantic_version=ALL_RECIPE_VERSIONS
                     )
                 ]
             ),
