@@ -103,6 +103,21 @@ def test_a_signature_by_another_key_in_the_key_file_is_refused(
     assert done.returncode == 1 and f"signed by key {someone.fingerprint}" in done.stderr
 
 
+def test_a_signature_by_a_revoked_key_is_refused(
+    tmp_path_factory: pytest.TempPathFactory, tarball: Path
+) -> None:
+    """The key file carries the publisher's revocation (GnuPG writes one for each new key under
+    openpgp-revocs.d, its armour lines escaped with a colon); a good signature by the revoked key is refused,
+    though GnuPG reports it VALIDSIG."""
+    revoked = Signer(tmp_path_factory.mktemp("revoked") / "publisher", "revoked")
+    signature = revoked.sign(tarball)
+    certificate = revoked.home / "openpgp-revocs.d" / f"{revoked.fingerprint}.rev"
+    gpg(revoked.home, "--import", stdin=certificate.read_text().replace(":-----BEGIN", "-----BEGIN"))
+    revoked.keyfile.write_text(gpg(revoked.home, "--armor", "--export", revoked.fingerprint))
+    done = verify(tarball, signature, revoked.keyfile, revoked.fingerprint)
+    assert done.returncode == 1 and "is revoked" in done.stderr
+
+
 def test_the_role_verifies_before_it_unpacks_and_pins_aws_key() -> None:
     tasks = yaml.safe_load((ROLE / "tasks" / "efa.yml").read_text())
     names = [t["name"] for t in tasks]

@@ -5,7 +5,8 @@
 #
 # The key file is imported into a keyring of its own (nothing in root's keyring is trusted or touched),
 # and the signature must be a good one made by the primary key FINGERPRINT: a key file that holds
-# another key, or a signature by any other key, is refused, as is a file changed after it was signed.
+# another key, or a signature by any other key, is refused, as is a file changed after it was signed and a
+# signature by the key where the key file says it is revoked.
 # Exit 0 when it is; 1 with one line on stderr saying what is wrong otherwise; 2 on bad usage.
 set -u
 
@@ -43,5 +44,11 @@ if [ -z "$signer" ]; then
 fi
 if [ "$signer" != "$expected" ]; then
     echo "$file: signed by key $signer, not by $expected; refusing it" >&2
+    exit 1
+fi
+# A good signature by a revoked key still gets VALIDSIG, beside REVKEYSIG (GnuPG doc/DETAILS): the
+# publisher revoked it (a key it lost, say), so what it signed is no proof.
+if echo "$status" | awk '$2 == "REVKEYSIG" {found = 1} END {exit !found}'; then
+    echo "$file: signed by key $expected, which the key file $keyfile says is revoked; refusing it" >&2
     exit 1
 fi
