@@ -9,6 +9,7 @@ Not modelled: a real GPU's nvidia-smi and DCGM host engine (their formats are ci
 
 from __future__ import annotations
 
+import inspect
 import os
 import shutil
 import subprocess
@@ -287,3 +288,57 @@ def test_the_gdrcopy_check_runs_on_rdma_gpu_nodes_only(tmp_path: Path) -> None:
     assert {"name": "gdrcopy", "status": "skip", "detail": "simulated GPUs"} in yaml.safe_load(listed.stdout)[
         "checks"
     ]
+
+
+def test_a_node_without_gdrdrv_drains_in_the_periodic_check(tmp_path: Path) -> None:
+    """The periodic run with --gdrcopy looks at this machine's /sys/module/gdrdrv, which a test machine does
+    not have; the names are GDRCopy's (packages/dkms/debian/gdrdrv.init: DRIVER=gdrdrv, mknod /dev/gdrdrv)."""
+    assert not Path("/sys/module/gdrdrv").exists(), "a machine with gdrdrv loaded cannot run this test"
+    [reason] = periodic(tmp_path, "healthy", "active", "--nvswitch", "--gdrcopy")
+    assert reason.startswith("gdrcopy: gdrdrv is not loaded (/sys/module/gdrdrv missing)")
+    sys.path.insert(0, str(PROGRAM.parent))
+    try:
+        import gpuplat_node_check as check
+    finally:
+        sys.path.pop(0)
+    defaults = {name: p.default for name, p in inspect.signature(check.gdrcopy_check).parameters.items()}
+    assert defaults == {"module": Path("/sys/module/gdrdrv"), "device": Path("/dev/gdrdrv")}
+
+
+def test_a_device_node_left_after_gdrdrv_was_unloaded_still_fails(tmp_path: Path) -> None:
+    """mknod's /dev/gdrdrv outlives the module (`modprobe -r gdrdrv` by hand removes no node): the module
+    itself is what is checked."""
+    sys.path.insert(0, str(PROGRAM.parent))
+    try:
+        import gpuplat_node_check as check
+    finally:
+        sys.path.pop(0)
+    device = tmp_path / "dev-gdrdrv"
+    device.touch()
+    left = check.gdrcopy_check(tmp_path / "sys-module-gdrdrv", device)
+    assert left.status == "fail" and "not loaded" in left.detail
+
+
+def test_no_kernel_log_at_all_is_an_error_not_a_pass(tmp_path: Path) -> None:
+    """Neither the journal nor dmesg answers (dmesg_restrict for a non-root caller, no journald): the xid
+    check cannot tell, so it is an error (said on stderr), never a silent pass."""
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    for name in ("dmesg", "journalctl"):
+        (tools / name).write_text(
+            f"#!/bin/sh\necho '{name}: read kernel buffer failed: Operation not permitted' >&2\nexit 1\n"
+        )
+        (tools / name).chmod(0o755)
+    done = subprocess.run(
+        [sys.executable, str(PROGRAM), "--health-program", "", "--dcgm-level", "1"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={
+            **os.environ,
+            "PATH": f"{tools}:{RECORDED / 'bin'}:/usr/bin:/bin",
+            "GPUPLAT_RECORDED": str(RECORDED / "healthy"),
+        },
+    )
+    [xid] = [c for c in yaml.safe_load(done.stdout)["checks"] if c["name"] == "xid"]
+    assert xid["status"] == "error" and "Operation not permitted" in xid["detail"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
@@ -103,3 +104,21 @@ def test_gdrdrv_is_started_only_on_a_loaded_driver_and_enabled_for_boot_always()
     started = [t for t in load["block"] if "state" in t.get("ansible.builtin.systemd_service", {})]
     assert len(started) == 1
     assert any("ansible.builtin.assert" in t for t in load["block"])
+
+
+@pytest.mark.parametrize("fabric", ["efa", "infiniband", "roce"])
+def test_every_rdma_fabric_builds_gdrcopy(fabric: str) -> None:
+    build, problems = resolve_gdrcopy(FACTS, fabric, 13, ["hopper"], "p")
+    assert problems == [] and build is not None and build.commit == FACTS.commit
+
+
+def test_only_the_training_pools_gpus_must_be_supported(monkeypatch: pytest.MonkeyPatch) -> None:
+    """aws-prod's inference pool (ada) gets no GDRCopy, so a release without ada must not refuse the stack."""
+    facts = package_facts()
+    hopper_only = facts.model_copy(update={"gdrcopy": FACTS.model_copy(update={"architectures": ["hopper"]})})
+    monkeypatch.setattr("infra.platform.resolve.package_facts", lambda: hopper_only)
+    platform = load_platform(ROOT / "stacks" / "Pulumi.aws-prod.yaml")
+    assert {
+        p.node_type.gpu.architecture for p in platform.pools if p.role == "infer" and p.node_type.gpu
+    } == {"ada"}
+    assert platform.software.gdrcopy is not None
