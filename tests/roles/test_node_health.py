@@ -342,3 +342,22 @@ def test_no_kernel_log_at_all_is_an_error_not_a_pass(tmp_path: Path) -> None:
     )
     [xid] = [c for c in yaml.safe_load(done.stdout)["checks"] if c["name"] == "xid"]
     assert xid["status"] == "error" and "Operation not permitted" in xid["detail"]
+
+
+def test_a_journal_too_long_to_read_in_time_counts_what_was_read(tmp_path: Path) -> None:
+    """A journal of weeks of a chatty kernel that journalctl cannot finish reading: the periodic run must
+    not spend the GPU checks' 40 s on it (past which the health program drains the node as hung), and the
+    XID it read before being stopped still drains. The stand-in prints an XID 79 line and then hangs."""
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    line = "NVRM: Xid (PCI:0000:3b:00): 79, pid=2211, name=python3, GPU has fallen off the bus."
+    (tools / "journalctl").write_text(f"#!/bin/sh\necho '{line}'\nexec sleep 120\n")
+    (tools / "journalctl").chmod(0o755)
+    started = time.monotonic()
+    reasons = periodic(tmp_path, "healthy", "active", "--nvswitch")
+    elapsed = time.monotonic() - started
+    assert reasons == [
+        "xid: fatal XID since boot: XID 79 on PCI:0000:3b:00 "
+        "(pid=2211, name=python3, GPU has fallen off the bus.)"
+    ]
+    assert elapsed < 15, f"the kernel log reads took {elapsed:.0f} s of the GPU checks' 40"

@@ -39,6 +39,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -287,17 +288,52 @@ def health_program_check(program: str) -> Check:
     return Check("health-program", "fail", message)
 
 
+# What the kernel log reads may take of the periodic run's time (slurm_compute_health_check_gpu_timeout,
+# 40 s by default, past which the node is drained as hung): a journal of weeks of a chatty kernel is read
+# for seconds, and what it holds is kept only where it is an XID line.
+JOURNAL_TIMEOUT = 8
+RING_TIMEOUT = 5
+
+
+def xid_lines(command: Sequence[str], timeout: float) -> tuple[int, str]:
+    """The XID lines of a kernel log command's output, read as it comes (a log of gigabytes is never held),
+    and its error output where it fails. Stopped at the timeout, it keeps the lines it read (the log is in
+    time order, so those are the oldest) and exits 124."""
+    try:
+        process = subprocess.Popen(
+            list(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace"
+        )
+    except FileNotFoundError:
+        return 127, f"{command[0]}: not found"
+    timer = threading.Timer(timeout, process.kill)
+    timer.start()
+    try:
+        assert process.stdout is not None and process.stderr is not None
+        kept = [line for line in process.stdout if "NVRM: Xid" in line]
+        errors = process.stderr.read()
+        code = process.wait()
+    finally:
+        timer.cancel()
+    if code == -9:
+        return 124, "".join(kept) or f"{' '.join(command)}: no answer in {timeout:.0f} s"
+    return code, "".join(kept) if code == 0 else errors + "".join(kept)
+
+
 def kernel_log() -> tuple[int, str]:
-    """This boot's kernel log: the journal's copy (`journalctl -k -b`) where journald keeps one, and the
-    kernel's ring buffer (dmesg). The ring has the size the kernel was built with (CONFIG_LOG_BUF_SHIFT)
-    and wraps on a chatty node, so an XID from days ago may be only in the journal;
-    the journal may lack the newest lines (journald reads /dev/kmsg as they come) or not exist (a node
-    without journald, a container). Both are read; an XID in either counts, once (`_listed`)."""
-    journal_code, journal = run(["journalctl", "-k", "-b", "-q", "--no-pager", "-o", "cat"], timeout=20)
-    ring_code, ring = run(["dmesg"], timeout=20)
-    if journal_code != 0 and ring_code != 0:
+    """This boot's XID lines from its kernel log: the journal's copy (`journalctl -k -b`) where journald
+    keeps one, and the kernel's ring buffer (dmesg). The ring has the size the kernel was built with
+    (CONFIG_LOG_BUF_SHIFT) and wraps on a chatty node, so an XID from days ago may be only in the journal;
+    the journal may lack the newest lines (journald reads /dev/kmsg as they come), not exist (a node
+    without journald, a container) or be too long to read in JOURNAL_TIMEOUT (what was read counts).
+    Both are read; an XID in either counts, once (`_listed`)."""
+    journal_code, journal = xid_lines(
+        ["journalctl", "-k", "-b", "-q", "--no-pager", "-o", "cat"], JOURNAL_TIMEOUT
+    )
+    ring_code, ring = xid_lines(["dmesg"], RING_TIMEOUT)
+    usable = {0, 124}
+    if journal_code not in usable and ring_code not in usable:
         return ring_code, f"{ring.strip()[:150]}; {journal.strip()[:150]}"
-    return 0, (journal if journal_code == 0 else "") + "\n" + (ring if ring_code == 0 else "")
+    return 0, (journal if journal_code in usable else "") + "\n" + (ring if ring_code in usable else "")
 
 
 def ecc_check() -> Check:
