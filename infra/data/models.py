@@ -154,7 +154,8 @@ class DcgmRelease(Sourced):
 
 
 class GpuModelDriver(Sourced):
-    """A GPU model that needs a newer driver than its architecture's first branch (H200 after H100)."""
+    """The first production driver that supports a GPU model (H200 needs a newer one than H100, its
+    architecture's first): the plan refuses an older one for a pool of that GPU."""
 
     model: str
     min_driver_version: str = Field(pattern=r"^\d+\.\d+(\.\d+)?$")

@@ -156,7 +156,10 @@ class EfaInstallerRelease(_Strict):
     sha256: str | None = Field(
         None,
         pattern=r"^[0-9a-f]{64}$",
-        description="the tarball's sha256 as read at a trusted source (None: not recorded; the plan warns)",
+        description=(
+            "the tarball's sha256 as read at a trusted source (None: not recorded; the role checks AWS's "
+            "signature either way)"
+        ),
     )
     plugin: Literal["multiarch", "lib"] = Field(
         description=(
@@ -185,10 +188,21 @@ class EfaInstaller(_Sourced):
         return next((r for r in self.releases if r.version == version), None)
 
 
+class Gdrcopy(_Sourced):
+    """The GDRCopy release the RDMA pools' nodes build (roles/rdma), pinned to its tag's commit."""
+
+    version: str = Field(pattern=r"^\d+\.\d+(\.\d+)?$")
+    commit: str = Field(pattern=r"^[0-9a-f]{40}$", description="the commit the release tag names")
+    repository: str = Field(min_length=8)
+    cuda_majors: list[int] = Field(min_length=1, description="CUDA majors the release supports")
+    architectures: list[str] = Field(min_length=1, description="GPU architectures the release supports")
+
+
 class PackageFacts(_Strict):
     releases: list[Release]
     packages: list[Package]
     efa_installer: EfaInstaller
+    gdrcopy: Gdrcopy
 
     @model_validator(mode="after")
     def _releases_known(self) -> PackageFacts:

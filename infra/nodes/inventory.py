@@ -55,6 +55,11 @@ def pool_vars(platform: ResolvedPlatform, pool: ResolvedPool) -> dict[str, Any]:
         "gpuplat_nvswitch": bool(gpu and gpu.nvswitch),
         "gpuplat_fabric": platform.spec.fabric.kind if pool.role == "train" else "none",
         "gpuplat_fabric_nics": pool.node_type.network.nics if pool.role == "train" else 0,
+        # The nodes roles/rdma gives GDRCopy (gdrdrv) and the node check looks for it on: real GPUs only.
+        "gpuplat_gdrcopy": bool(gpu)
+        and not pool.simulated
+        and pool.role == "train"
+        and platform.software.gdrcopy is not None,
         "gpuplat_labels": dict(pool.spec.labels),
         "gpuplat_taints": [t.model_dump() for t in pool.spec.taints],
         # Training jobs (any user) write their metrics files where node_exporter reads them.
@@ -121,6 +126,10 @@ def platform_vars(platform: ResolvedPlatform) -> dict[str, Any]:
         values["nccl_efa_plugin"] = sw.efa.plugin_path
         if sw.efa.sha256 is not None:
             values["rdma_efa_installer_checksum"] = f"sha256:{sw.efa.sha256}"
+    if sw.gdrcopy is not None:
+        values["rdma_gdrcopy_version"] = sw.gdrcopy.version
+        values["rdma_gdrcopy_commit"] = sw.gdrcopy.commit
+        values["rdma_gdrcopy_repo_url"] = sw.gdrcopy.repository
     if spec.fabric.socket_interface:
         values["nccl_socket_ifname"] = spec.fabric.socket_interface
     if spec.fabric.ib_hca:

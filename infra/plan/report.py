@@ -135,14 +135,6 @@ def plan_warnings(platform: ResolvedPlatform) -> list[str]:
         compatibility(), package_facts(), software.os_release, software.driver_branch, software.driver_version
     )
     warnings = [k.message(software.driver_version, software.os_release) for k in outside]
-    if software.efa is not None and software.efa.sha256 is None:
-        warnings.append(
-            f"EFA installer {software.efa.installer} is downloaded without a checksum: no sha256 is recorded "
-            "for it in infra/data/packages.yaml (efa_installer.releases); record the one of the tarball you "
-            "verified (AWS signs it: aws-efa-installer-<version>.tar.gz.sig, "
-            "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-verify.html) or set "
-            "rdma_efa_installer_checksum"
-        )
     return warnings
 
 

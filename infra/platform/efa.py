@@ -36,7 +36,7 @@ class EfaStack:
     aws_ofi_nccl: str
     nccl_supported: str
     plugin_path: str
-    sha256: str | None  # None: downloaded unchecked (the plan warns)
+    sha256: str | None  # None: none recorded (the role still checks AWS's signature)
 
 
 def supports(release: EfaInstallerRelease, nccl: str) -> bool:

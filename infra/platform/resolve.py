@@ -16,6 +16,7 @@ from infra.errors import SpecError
 from infra.errors.problems import spec_error
 from infra.platform.boot_time import boot_problems
 from infra.platform.efa import NcclUse, resolve_efa
+from infra.platform.gdrcopy import resolve_gdrcopy
 from infra.platform.serving_layout import ServingLayout, serving_layout
 from infra.platform.storage import LustreLayout, fsx_lustre_layout
 from infra.platform.versions import Problem, SoftwareVersions, resolve_versions, training_torch_problems
@@ -242,6 +243,18 @@ def resolve(spec: PlatformSpec, source: Path) -> ResolvedPlatform:
     if software is not None:
         software, nccl_problems = _with_jobs_nccl(spec, software)
         problems += nccl_problems
+        rdma_architectures = [
+            p.node_type.gpu.architecture for p in resolved_pools if p.node_type.gpu and p.role == "train"
+        ]
+        gdrcopy, gdrcopy_problems = resolve_gdrcopy(
+            package_facts().gdrcopy,
+            spec.fabric.kind,
+            software.driver_cuda_major,
+            rdma_architectures,
+            f"{CONFIG_KEY}.fabric.kind",
+        )
+        software = replace(software, gdrcopy=gdrcopy)
+        problems += gdrcopy_problems
     problems += boot_problems(spec)
     layout: ServingLayout | None = None
     if spec.serving is not None:

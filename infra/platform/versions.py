@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from infra.data.models import Compatibility, GpuArchitecture, ServingEngineRelease
 from infra.data.packages import ReleaseOffer
 from infra.platform.efa import EfaStack
+from infra.platform.gdrcopy import GdrcopyBuild
 from infra.spec.models import Serving, Software
 
 Problem = tuple[str, str]
@@ -49,6 +50,7 @@ class SoftwareVersions:
     jobs_nccl: str | None = None
     jobs_torch: str | None = None
     efa: EfaStack | None = None  # fabric efa: the installer whose plugin supports both NCCLs
+    gdrcopy: GdrcopyBuild | None = None  # RDMA fabrics: what the training GPU nodes build (roles/rdma)
 
 
 @dataclass(frozen=True)
@@ -248,11 +250,17 @@ def resolve_versions(
         need = next((m for m in data.gpu_models if m.model == model), None)
         if need is not None and version_tuple(driver_version) < version_tuple(need.min_driver_version):
             field = "driver_version" if wanted.driver_version else "driver_branch"
+            remedy = (
+                f"set software.driver_version to {need.min_driver_version} or later"
+                if wanted.driver_version
+                else f"set software.driver_branch to one whose driver is {need.min_driver_version} or later"
+            )
             problems.append(
                 (
                     f"{path}.{field}",
-                    f"{model} GPUs need driver {need.min_driver_version} or newer; driver "
-                    f"{driver_version} (branch {branch}) does not support them",
+                    f"{model} GPUs need driver {need.min_driver_version} or newer, the first production "
+                    "driver that supports them (infra/data/compatibility.yaml, gpu_models); driver "
+                    f"{driver_version} (branch {branch}) does not: {remedy}, or leave the driver to the plan",
                 )
             )
 

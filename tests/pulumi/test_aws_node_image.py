@@ -3,6 +3,7 @@ OS image by the bundle's GPU play and sealed; the pool's launch template boots i
 
 from __future__ import annotations
 
+import json
 import subprocess
 from dataclasses import replace
 from pathlib import Path
@@ -163,3 +164,44 @@ def test_the_test_stage_checks_the_driver_for_the_booted_kernel_and_the_seal(
         "/etc/modules-load.d/gpuplat-nvidia.conf",
     ):
         assert check in script
+
+
+def test_the_pipelines_images_are_pruned_and_the_pools_live_image_kept(
+    aws_prod: tuple[ResolvedPlatform, Recording],
+) -> None:
+    """A lifecycle policy per pool on its recipe's images: the newest three kept, older ones deleted with
+    their AMIs and snapshots, the one-shot image the launch template boots skipped by its tag; run by a role
+    Image Builder assumes with AWS's lifecycle execution policy, created before the policy."""
+    platform, recording = aws_prod
+    gpu_pools = {p.name for p in platform.pools if p.node_type.gpu_count}
+    policies = {r.name: r for r in recording.of_type("aws:imagebuilder/lifecyclePolicy:LifecyclePolicy")}
+    assert set(policies) == {f"aws-prod-{p}-image-lifecycle" for p in gpu_pools}
+    [grant] = [
+        r
+        for r in recording.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
+        if r.inputs["policyArn"].endswith("service-role/EC2ImageBuilderLifecycleExecutionPolicy")
+    ]
+    [role] = [
+        r for r in recording.of_type("aws:iam/role:Role") if r.name == "aws-prod-image-build-lifecycle-role"
+    ]
+    assert json.loads(role.inputs["assumeRolePolicy"])["Statement"][0]["Principal"] == {
+        "Service": "imagebuilder.amazonaws.com"
+    }
+    for pool in gpu_pools:
+        policy = policies[f"aws-prod-{pool}-image-lifecycle"]
+        recipe = recording.named(f"aws-prod-{pool}-recipe").inputs
+        assert policy.inputs["resourceType"] == "AMI_IMAGE" and policy.inputs["status"] == "ENABLED"
+        # Every version of the pool's recipe, whose name stays when a new bundle makes a new version.
+        assert recipe["name"] == f"aws-prod-{pool}-recipe"
+        assert policy.inputs["resourceSelection"] == {
+            "recipes": [{"name": f"aws-prod-{pool}-recipe", "semanticVersion": "x.x.x"}]
+        }
+        [detail] = policy.inputs["policyDetails"]
+        assert detail["action"] == {"type": "DELETE", "includeResources": {"amis": True, "snapshots": True}}
+        assert detail["filter"] == {"type": "COUNT", "value": 3}
+        assert detail["exclusionRules"] == {"tagMap": {"gpuplat:live-image": "true"}}
+        live = recording.named(f"aws-prod-{pool}-image").inputs
+        assert live["tags"]["gpuplat:live-image"] == "true"
+        assert "gpuplat:live-image" not in recording.named(f"aws-prod-{pool}-pipeline").inputs["tags"]
+        assert grant.urn in policy.dependencies
+        assert policy.inputs["executionRole"] == "arn:aws:mock:::role/aws-prod-image-build-lifecycle-role"

@@ -9,7 +9,9 @@ Not modelled: a real GPU's nvidia-smi and DCGM host engine (their formats are ci
 
 from __future__ import annotations
 
+import inspect
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -61,6 +63,25 @@ def test_a_gpu_off_the_bus_drains_on_its_xid_its_recovery_action_and_dcgm(tmp_pa
         "dcgm-health: DCGM health watches report a failure: 1: Failure; PCIe system: Failure; "
         "GPU 1 has fallen off the bus",
     ]
+
+
+def test_a_fatal_xid_that_rolled_out_of_the_ring_buffer_drains_from_the_journal(tmp_path: Path) -> None:
+    ring = (RECORDED / "xid-only-in-journal" / "kernel.log").read_text()
+    assert "Xid" not in ring, "the case's point: dmesg alone no longer shows the XID"
+    assert periodic(tmp_path, "xid-only-in-journal", "active", "--nvswitch") == [
+        "xid: fatal XID since boot: XID 74 on PCI:0000:18:00 (pid=48213, name=python3, "
+        "NVLink: fatal error detected on link 3)"
+    ]
+
+
+def test_an_xid_in_both_the_journal_and_the_ring_is_named_once(tmp_path: Path) -> None:
+    case = tmp_path / "xid79-both"
+    shutil.copytree(RECORDED / "xid79", case)
+    ring = (case / "kernel.log").read_text()
+    (case / "journal.log").write_text("".join(line.split("] ", 1)[1] + "\n" for line in ring.splitlines()))
+    reasons = periodic(tmp_path, str(case), "active", "--nvswitch")
+    assert reasons[0] == periodic(tmp_path, "xid79", "active", "--nvswitch")[0]
+    assert reasons[0].count("XID 79") == 1
 
 
 def test_a_fabric_manager_down_drains_an_nvswitch_node_whose_gpus_are_all_listed(tmp_path: Path) -> None:
@@ -231,3 +252,112 @@ def test_a_host_engine_without_watches_gets_them_set_and_no_drain(tmp_path: Path
     dcgmi.chmod(0o755)
     assert periodic(tmp_path, "healthy", "active") == []
     assert calls.read_text().splitlines() == ["health -c", "health -s a"]
+
+
+def test_gdrcopy_check_fails_without_the_module_or_its_device(tmp_path: Path) -> None:
+    sys.path.insert(0, str(PROGRAM.parent))
+    try:
+        import gpuplat_node_check as check
+    finally:
+        sys.path.pop(0)
+    module, device = tmp_path / "sys-module-gdrdrv", tmp_path / "dev-gdrdrv"
+    assert check.gdrcopy_check(module, device).status == "fail"
+    module.mkdir()
+    missing_device = check.gdrcopy_check(module, device)
+    assert missing_device.status == "fail" and "is missing" in missing_device.detail
+    device.touch()
+    assert check.gdrcopy_check(module, device).status == "pass"
+
+
+def test_the_gdrcopy_check_runs_on_rdma_gpu_nodes_only(tmp_path: Path) -> None:
+    """--gdrcopy from the inventory's gpuplat_gdrcopy, in the health program and in validate's call."""
+    echo_args = "import sys\nprint('args: ' + ' '.join(sys.argv[1:]))\n"
+    for gdrcopy in (True, False):
+        run_dir = tmp_path / str(gdrcopy)
+        run_dir.mkdir()
+        script = gpu_health_script(run_dir, echo_args, gpuplat_gdrcopy=gdrcopy)
+        [drain] = run_with_nvidia_smi(script, run_dir)
+        assert ("--gdrcopy" in drain) is gdrcopy
+    validate_vars = (ROOT / "roles" / "gpu_validation" / "vars" / "main.yml").read_text()
+    assert "(['--gdrcopy'] if gpuplat_gdrcopy | default(false) | bool else [])" in validate_vars
+    listed = subprocess.run(
+        [sys.executable, str(PROGRAM), "--gdrcopy", "--gpu-absent-reason", "simulated GPUs",
+         "--health-program", ""],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert {"name": "gdrcopy", "status": "skip", "detail": "simulated GPUs"} in yaml.safe_load(listed.stdout)[
+        "checks"
+    ]
+
+
+def test_a_node_without_gdrdrv_drains_in_the_periodic_check(tmp_path: Path) -> None:
+    """The periodic run with --gdrcopy looks at this machine's /sys/module/gdrdrv, which a test machine does
+    not have; the names are GDRCopy's (packages/dkms/debian/gdrdrv.init: DRIVER=gdrdrv, mknod /dev/gdrdrv)."""
+    assert not Path("/sys/module/gdrdrv").exists(), "a machine with gdrdrv loaded cannot run this test"
+    [reason] = periodic(tmp_path, "healthy", "active", "--nvswitch", "--gdrcopy")
+    assert reason.startswith("gdrcopy: gdrdrv is not loaded (/sys/module/gdrdrv missing)")
+    sys.path.insert(0, str(PROGRAM.parent))
+    try:
+        import gpuplat_node_check as check
+    finally:
+        sys.path.pop(0)
+    defaults = {name: p.default for name, p in inspect.signature(check.gdrcopy_check).parameters.items()}
+    assert defaults == {"module": Path("/sys/module/gdrdrv"), "device": Path("/dev/gdrdrv")}
+
+
+def test_a_device_node_left_after_gdrdrv_was_unloaded_still_fails(tmp_path: Path) -> None:
+    """mknod's /dev/gdrdrv outlives the module (`modprobe -r gdrdrv` by hand removes no node): the module
+    itself is what is checked."""
+    sys.path.insert(0, str(PROGRAM.parent))
+    try:
+        import gpuplat_node_check as check
+    finally:
+        sys.path.pop(0)
+    device = tmp_path / "dev-gdrdrv"
+    device.touch()
+    left = check.gdrcopy_check(tmp_path / "sys-module-gdrdrv", device)
+    assert left.status == "fail" and "not loaded" in left.detail
+
+
+def test_no_kernel_log_at_all_is_an_error_not_a_pass(tmp_path: Path) -> None:
+    """Neither the journal nor dmesg answers (dmesg_restrict for a non-root caller, no journald): the xid
+    check cannot tell, so it is an error (said on stderr), never a silent pass."""
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    for name in ("dmesg", "journalctl"):
+        (tools / name).write_text(
+            f"#!/bin/sh\necho '{name}: read kernel buffer failed: Operation not permitted' >&2\nexit 1\n"
+        )
+        (tools / name).chmod(0o755)
+    done = subprocess.run(
+        [sys.executable, str(PROGRAM), "--health-program", "", "--dcgm-level", "1"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={
+            **os.environ,
+            "PATH": f"{tools}:{RECORDED / 'bin'}:/usr/bin:/bin",
+            "GPUPLAT_RECORDED": str(RECORDED / "healthy"),
+        },
+    )
+    [xid] = [c for c in yaml.safe_load(done.stdout)["checks"] if c["name"] == "xid"]
+    assert xid["status"] == "error" and "Operation not permitted" in xid["detail"]
+
+
+def test_a_journal_too_long_to_read_in_time_counts_what_was_read(tmp_path: Path) -> None:
+    """A journal of weeks of a chatty kernel that journalctl cannot finish reading: the periodic run must
+    not spend the GPU checks' 40 s on it (past which the health program drains the node as hung), and the
+    XID it read before being stopped still drains. The stand-in prints an XID 79 line and then hangs."""
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    line = "NVRM: Xid (PCI:0000:3b:00): 79, pid=2211, name=python3, GPU has fallen off the bus."
+    (tools / "journalctl").write_text(f"#!/bin/sh\necho '{line}'\nexec sleep 120\n")
+    (tools / "journalctl").chmod(0o755)
+    started = time.monotonic()
+    reasons = periodic(tmp_path, "healthy", "active", "--nvswitch")
+    elapsed = time.monotonic() - started
+    assert reasons == [
+        "xid: fatal XID since boot: XID 79 on PCI:0000:3b:00 "
+        "(pid=2211, name=python3, GPU has fallen off the bus.)"
+    ]
+    assert elapsed < 15, f"the kernel log reads took {elapsed:.0f} s of the GPU checks' 40"

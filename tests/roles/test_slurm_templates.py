@@ -603,3 +603,23 @@ def test_the_local_platform_schedules_often_so_a_requeued_job_starts_soon_after_
     local = settings(render("slurm.conf.j2", gpuplat_backend="local"))
     assert local["SchedulerParameters"] == "bf_interval=5,sched_interval=10"
     assert "SchedulerParameters" not in settings(render("slurm.conf.j2", gpuplat_backend="aws"))
+
+
+def test_slurmd_starts_after_gdrdrv_where_the_health_check_looks_for_it() -> None:
+    """slurmd runs the health program as it starts (SchedMD/slurm src/slurmd/slurmd/slurmd.c,
+    run_script_health_check() before registration): on a GDRCopy node started before gdrdrv.service, the
+    gdrcopy check would drain a healthy node at every boot."""
+    with_gdrcopy = render_role_template("slurm_compute", "slurmd-order.conf.j2", gpuplat_gdrcopy=True)
+    unit = [line for line in with_gdrcopy.splitlines() if line and not line.startswith("#")]
+    assert unit == ["[Unit]", "After=gdrdrv.service"]
+    without = render_role_template("slurm_compute", "slurmd-order.conf.j2", gpuplat_gdrcopy=False)
+    assert "After=" not in without
+    tasks = yaml.safe_load((ROLES / "slurm_compute" / "tasks" / "service.yml").read_text())
+    [order] = [t for t in tasks if t.get("ansible.builtin.template", {}).get("src") == "slurmd-order.conf.j2"]
+    assert order["ansible.builtin.template"]["dest"] == "{{ __slurm_compute_order_dropin }}"
+    assert role_vars("slurm_compute")["__slurm_compute_order_dropin"].startswith(
+        "/etc/systemd/system/slurmd.service.d/"
+    )
+    units = [t["ansible.builtin.systemd_service"] for t in tasks if "ansible.builtin.systemd_service" in t]
+    [reload] = [u for u in units if "daemon_reload" in u]
+    assert "__slurm_compute_order_file is changed" in reload["daemon_reload"]

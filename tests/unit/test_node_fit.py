@@ -73,7 +73,10 @@ def test_a_gpu_model_newer_than_its_architectures_first_branch_is_checked() -> N
     assert problems == [
         (
             "p.software.driver_branch",
-            "H200 GPUs need driver 550.90.07 or newer; driver 535.247.01 (branch 535) does not support them",
+            "H200 GPUs need driver 550.90.07 or newer, the first production driver that supports them "
+            "(infra/data/compatibility.yaml, gpu_models); driver 535.247.01 (branch 535) does not: set "
+            "software.driver_branch to one whose driver is 550.90.07 or later, or leave the driver to "
+            "the plan",
         )
     ]
     software, problems = resolve_versions(

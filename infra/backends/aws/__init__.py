@@ -260,6 +260,8 @@ class AwsBackend:
                     build_script=build_script,
                     bundle_key=key,
                     instance_profile_name=image_builds.profile.name,
+                    lifecycle_role_arn=image_builds.lifecycle_role_arn,
+                    lifecycle_grant=image_builds.lifecycle_grant,
                     subnet_id=network.subnet_by_zone[zones.pool_zones(platform, pool)[0]].id,
                     security_group_id=network.security_groups[pool.role].id,
                     root_volume_gib=spec.aws.root_volume_gib,

@@ -57,6 +57,17 @@ _TEST = Path(__file__).with_name("image_test.sh")
 REBUILD_SCHEDULE = "cron(0 4 ? * SUN *)"
 REBUILD_CONDITION = "EXPRESSION_MATCH_ONLY"
 TEST_TIMEOUT_MINUTES = 60
+# The pipeline's images pile up (an AMI and its snapshots a week). A lifecycle policy per pool deletes the
+# recipe's images past the newest KEEP_PIPELINE_IMAGES, AMIs and snapshots with them; a COUNT filter's
+# value is "the minimum number of resources to keep on hand" (EC2 Image Builder API reference,
+# LifecyclePolicyDetailFilter). The one-shot image the launch template boots carries LIVE_IMAGE_TAG, which
+# the policy's exclusion rule skips (LifecyclePolicyDetailExclusionRules, tagMap). Image Builder runs the
+# policy with a role it may assume that holds AWS's EC2ImageBuilderLifecycleExecutionPolicy
+# (https://docs.aws.amazon.com/imagebuilder/latest/userguide/image-lifecycle-prerequisites.html).
+KEEP_PIPELINE_IMAGES = 3
+ALL_RECIPE_VERSIONS = "x.x.x"
+LIVE_IMAGE_TAG = "gpuplat:live-image"
+LIFECYCLE_EXECUTION_POLICY = "arn:aws:iam::aws:policy/service-role/EC2ImageBuilderLifecycleExecutionPolicy"
 
 
 @dataclass(frozen=True)
@@ -193,7 +204,19 @@ class ImageBuildIdentity(pulumi.ComponentResource):
         # The build runs no munged, and its instance's SSM core policy would read the key.
         inline_policy(f"{name}-no-munge-key", role, munge_parameter_arn, munge_key_denied_statements, child)
         self.profile = aws.iam.InstanceProfile(f"{name}-profile", role=role.name, tags=tags, opts=child)
-        self.register_outputs({"instance_profile_name": self.profile.name})
+        lifecycle = aws.iam.Role(
+            f"{name}-lifecycle-role",
+            assume_role_policy=service_trust_policy("imagebuilder.amazonaws.com"),
+            tags=tags,
+            opts=child,
+        )
+        self.lifecycle_grant = aws.iam.RolePolicyAttachment(
+            f"{name}-lifecycle", role=lifecycle.name, policy_arn=LIFECYCLE_EXECUTION_POLICY, opts=child
+        )
+        self.lifecycle_role_arn: pulumi.Output[str] = lifecycle.arn
+        self.register_outputs(
+            {"instance_profile_name": self.profile.name, "lifecycle_role_arn": self.lifecycle_role_arn}
+        )
 
 
 @dataclass(frozen=True)
@@ -203,6 +226,8 @@ class NodeImageArgs:
     build_script: pulumi.Input[str]
     bundle_key: str
     instance_profile_name: pulumi.Input[str]
+    lifecycle_role_arn: pulumi.Input[str]
+    lifecycle_grant: pulumi.Resource  # the role's policy: the lifecycle policy waits for it
     subnet_id: pulumi.Input[str]
     security_group_id: pulumi.Input[str]
     root_volume_gib: int
@@ -232,8 +257,11 @@ class NodeImage(pulumi.ComponentResource):
             tags=args.tags,
             opts=child,
         )
+        # Named, not auto-named: each new bundle is a new version of the same recipe (a replacement would
+        # otherwise get a new random name), so the lifecycle policy below selects every version's images.
         recipe = aws.imagebuilder.ImageRecipe(
             f"{name}-recipe",
+            name=f"{name}-recipe",
             parent_image=args.parent_image_id,
             version=component_version(args.bundle_key),
             components=[
@@ -274,7 +302,7 @@ class NodeImage(pulumi.ComponentResource):
             image_tests_configuration=aws.imagebuilder.ImageImageTestsConfigurationArgs(
                 image_tests_enabled=False
             ),
-            tags=args.tags,
+            tags={**args.tags, LIVE_IMAGE_TAG: "true"},
             opts=pulumi.ResourceOptions(parent=self, depends_on=args.build_after),
         )
         # Beside the one-shot image the launch template boots: the same recipe rebuilt on a schedule, with
@@ -294,6 +322,42 @@ class NodeImage(pulumi.ComponentResource):
             status="ENABLED",
             tags=args.tags,
             opts=child,
+        )
+        # The recipe's images, of every version: "x.x.x" (EC2 Image Builder API reference,
+        # LifecyclePolicyResourceSelectionRecipe: semanticVersion may be x in each part; pulumi-aws 7.51.1
+        # imagebuilder LifecyclePolicyResourceSelectionRecipeArgs: "Wildcard semantic version is supported").
+        # A new bundle's recipe version must not leave the older versions' pipeline images out of the
+        # policy, kept and billed for ever. The one-shot image the launch template boots is never deleted.
+        aws.imagebuilder.LifecyclePolicy(
+            f"{name}-image-lifecycle",
+            resource_type="AMI_IMAGE",
+            execution_role=args.lifecycle_role_arn,
+            resource_selection=aws.imagebuilder.LifecyclePolicyResourceSelectionArgs(
+                recipes=[
+                    aws.imagebuilder.LifecyclePolicyResourceSelectionRecipeArgs(
+                        name=recipe.name, semantic_version=ALL_RECIPE_VERSIONS
+                    )
+                ]
+            ),
+            policy_details=[
+                aws.imagebuilder.LifecyclePolicyPolicyDetailArgs(
+                    action=aws.imagebuilder.LifecyclePolicyPolicyDetailActionArgs(
+                        type="DELETE",
+                        include_resources=aws.imagebuilder.LifecyclePolicyPolicyDetailActionIncludeResourcesArgs(
+                            amis=True, snapshots=True
+                        ),
+                    ),
+                    filter=aws.imagebuilder.LifecyclePolicyPolicyDetailFilterArgs(
+                        type="COUNT", value=KEEP_PIPELINE_IMAGES
+                    ),
+                    exclusion_rules=aws.imagebuilder.LifecyclePolicyPolicyDetailExclusionRulesArgs(
+                        tag_map={LIVE_IMAGE_TAG: "true"}
+                    ),
+                )
+            ],
+            status="ENABLED",
+            tags=args.tags,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[args.lifecycle_grant]),
         )
         self.image_id: pulumi.Output[str] = image.output_resources.apply(_first_ami)
         self.register_outputs({"image_id": self.image_id, "pipeline_arn": pipeline.arn})

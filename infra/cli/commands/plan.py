@@ -104,6 +104,11 @@ def render_plan(report: PlanReport) -> None:
             f"EFA installer {efa['installer']}: aws-ofi-nccl {efa['aws_ofi_nccl']} (supports NCCL up to "
             f"{efa['nccl_supported']}), plugin {efa['plugin_path']}"
         )
+    if sw["gdrcopy"]:
+        console.print(
+            f"GDRCopy {sw['gdrcopy']['version']} on the training GPU nodes of the RDMA fabric: libgdrapi and "
+            f"gdrdrv, built by DKMS against driver {sw['driver_version']}"
+        )
     if report.unverified_facts:
         console.print(
             f"Unverified facts: {len(report.unverified_facts)} of the packages the nodes install were never "

@@ -2,23 +2,26 @@
 """Is this training node fit to take work? The health checks `gpuplat validate` runs on every node.
 
   gpuplat-node-check [--gpu-absent-reason TEXT] [--health-program PATH] [--dcgm-level 2]
-                     [--dcgm-timeout 1800] [--fatal-xids 48,64,...] [--warn-xids 94] [--nvswitch]
-  gpuplat-node-check --periodic [--nvswitch] [--fatal-xids ...] [--warn-xids ...]
+                     [--dcgm-timeout 1800] [--fatal-xids 48,64,...] [--warn-xids 94] [--nvswitch] [--gdrcopy]
+  gpuplat-node-check --periodic [--nvswitch] [--gdrcopy] [--fatal-xids ...] [--warn-xids ...]
 
 Checks, each reported as pass, fail, skip (with the reason) or error (the check could not run):
 
   health-program  the pool's Slurm health program (roles/slurm_compute) with --dry-run
-  xid             XID errors since boot in the kernel log (dmesg), against the fatal list
+  xid             XID errors since boot in the kernel log (the journal's `journalctl -k -b` and
+                  dmesg's ring buffer), against the fatal list
   ecc             uncorrectable volatile ECC errors and row-remapping state (nvidia-smi)
   recovery        the GPU recovery action the driver asks for (nvidia-smi gpu_recovery_action)
   fabric          on NVSwitch systems (--nvswitch): nvidia-fabricmanager active, every GPU's fabric
                   registration completed with success (nvidia-smi fabric.state, fabric.status)
+  gdrcopy         on GPU nodes of an RDMA fabric (--gdrcopy): GDRCopy's kernel module gdrdrv loaded and
+                  /dev/gdrdrv there
   dcgm-health     DCGM's health watches (`dcgmi health -c`), set first where nv-hostengine has none
   dcgm-diag       `dcgmi diag -r LEVEL -j` where DCGM is installed and no Slurm job holds the node
 
---periodic runs the cheap checks only (xid, ecc, recovery, fabric, dcgm-health: seconds, nothing that
-disturbs a running job) for the Slurm health program (roles/slurm_compute), and prints each drain reason
-on a line of its own instead of the JSON document.
+--periodic runs the cheap checks only (xid, ecc, recovery, fabric, gdrcopy, dcgm-health: seconds,
+nothing that disturbs a running job) for the Slurm health program (roles/slurm_compute), and prints each
+drain reason on a line of its own instead of the JSON document.
 
 GPU checks skip when --gpu-absent-reason is given (no GPU, simulated GPUs, driver not loaded).
 A failing check adds a drain reason; an error does not (the tool failed, not the node).
@@ -36,6 +39,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -284,9 +288,52 @@ def health_program_check(program: str) -> Check:
     return Check("health-program", "fail", message)
 
 
+# What the kernel log reads may take of the periodic run's time (slurm_compute_health_check_gpu_timeout,
+# 40 s by default, past which the node is drained as hung): a journal of weeks of a chatty kernel is read
+# for seconds, and what it holds is kept only where it is an XID line.
+JOURNAL_TIMEOUT = 8
+RING_TIMEOUT = 5
+
+
+def xid_lines(command: Sequence[str], timeout: float) -> tuple[int, str]:
+    """The XID lines of a kernel log command's output, read as it comes (a log of gigabytes is never held),
+    and its error output where it fails. Stopped at the timeout, it keeps the lines it read (the log is in
+    time order, so those are the oldest) and exits 124."""
+    try:
+        process = subprocess.Popen(
+            list(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace"
+        )
+    except FileNotFoundError:
+        return 127, f"{command[0]}: not found"
+    timer = threading.Timer(timeout, process.kill)
+    timer.start()
+    try:
+        assert process.stdout is not None and process.stderr is not None
+        kept = [line for line in process.stdout if "NVRM: Xid" in line]
+        errors = process.stderr.read()
+        code = process.wait()
+    finally:
+        timer.cancel()
+    if code == -9:
+        return 124, "".join(kept) or f"{' '.join(command)}: no answer in {timeout:.0f} s"
+    return code, "".join(kept) if code == 0 else errors + "".join(kept)
+
+
 def kernel_log() -> tuple[int, str]:
-    code, output = run(["dmesg"])
-    return (code, output) if code == 0 else run(["journalctl", "-k", "-b", "--no-pager", "-o", "cat"])
+    """This boot's XID lines from its kernel log: the journal's copy (`journalctl -k -b`) where journald
+    keeps one, and the kernel's ring buffer (dmesg). The ring has the size the kernel was built with
+    (CONFIG_LOG_BUF_SHIFT) and wraps on a chatty node, so an XID from days ago may be only in the journal;
+    the journal may lack the newest lines (journald reads /dev/kmsg as they come), not exist (a node
+    without journald, a container) or be too long to read in JOURNAL_TIMEOUT (what was read counts).
+    Both are read; an XID in either counts, once (`_listed`)."""
+    journal_code, journal = xid_lines(
+        ["journalctl", "-k", "-b", "-q", "--no-pager", "-o", "cat"], JOURNAL_TIMEOUT
+    )
+    ring_code, ring = xid_lines(["dmesg"], RING_TIMEOUT)
+    usable = {0, 124}
+    if journal_code not in usable and ring_code not in usable:
+        return ring_code, f"{ring.strip()[:150]}; {journal.strip()[:150]}"
+    return 0, (journal if journal_code in usable else "") + "\n" + (ring if ring_code in usable else "")
 
 
 def ecc_check() -> Check:
@@ -393,6 +440,22 @@ def dcgm_guard(node: str) -> Check | None:
     return None
 
 
+def gdrcopy_check(module: Path = Path("/sys/module/gdrdrv"), device: Path = Path("/dev/gdrdrv")) -> Check:
+    """On a GPU node of an RDMA fabric (--gdrcopy): GDRCopy's kernel module gdrdrv loaded and its device
+    node there (roles/rdma). Without them libgdrapi cannot open, and libfabric and NCCL fall back to slower
+    copies through the CUDA API without saying so: a node with the wrong kernel for its DKMS build, say."""
+    if not module.is_dir():
+        return Check(
+            "gdrcopy",
+            "fail",
+            f"gdrdrv is not loaded ({module} missing): `dkms status gdrdrv` and `systemctl status gdrdrv` "
+            "say why",
+        )
+    if not device.exists():
+        return Check("gdrcopy", "fail", f"gdrdrv is loaded but {device} is missing: restart gdrdrv.service")
+    return Check("gdrcopy", "pass", f"gdrdrv loaded, {device} present")
+
+
 def add_cheap_checks(report: Report, args: argparse.Namespace) -> None:
     """What the Slurm health program runs every interval and `validate` runs too (validate's DCGM
     diagnostic goes further than the health watches, which its health-program check runs): reads only."""
@@ -406,6 +469,8 @@ def add_cheap_checks(report: Report, args: argparse.Namespace) -> None:
     report.add(recovery_check())
     if args.nvswitch:
         report.add(fabric_check())
+    if args.gdrcopy:
+        report.add(gdrcopy_check())
     if args.periodic:
         report.add(dcgm_health_check())
 
@@ -417,7 +482,7 @@ def check_node(args: argparse.Namespace) -> Report:
         return report
     report.add(health_program_check(args.health_program))
     if args.gpu_absent_reason:
-        for name in ("xid", "ecc", "recovery", "dcgm-diag"):
+        for name in ("xid", "ecc", "recovery", "dcgm-diag") + (("gdrcopy",) if args.gdrcopy else ()):
             report.add(Check(name, "skip", args.gpu_absent_reason))
         return report
     add_cheap_checks(report, args)
@@ -450,6 +515,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--warn-xids", type=_xid_list, default=list(WARN_XIDS))
     parser.add_argument("--slurm-node", default="", help="this node's Slurm name (default: the host name)")
     parser.add_argument("--nvswitch", action="store_true", help="an NVSwitch system: check the fabric")
+    parser.add_argument(
+        "--gdrcopy", action="store_true", help="a GPU node of an RDMA fabric: check gdrdrv is loaded"
+    )
     parser.add_argument(
         "--periodic", action="store_true", help="the cheap checks only; print the drain reasons, one a line"
     )
