@@ -1,0 +1,65 @@
+"""Exit 0 when every requirement given as an argument is installed in this interpreter's environment at
+a version it allows, and so are its dependencies, all the way down (markers evaluated here, extras
+followed); exit 1 naming the first one that is not. Run by the interpreter of the environment checked.
+
+What `pip install REQ...` (no --upgrade) would leave as it is: pip keeps an installed distribution that
+satisfies its requirement (prereleases allowed: InstallRequirement.check_if_exists,
+src/pip/_internal/req/req_install.py of pypa/pip at 0013e5a3, the 23.0 line of Debian 12's python3-pip-whl)
+and resolves the rest from there, so it changes nothing exactly when this check passes.
+--no-deps: check the named requirements only, as `pip install --no-deps` would.
+"""
+
+import sys
+from importlib import metadata
+
+try:
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+except ImportError:  # an environment without packaging still has pip's copy of it
+    from pip._vendor.packaging.requirements import InvalidRequirement, Requirement
+    from pip._vendor.packaging.utils import canonicalize_name
+
+
+def unmet(texts: list[str], follow_dependencies: bool) -> str | None:
+    """The first requirement not met, in words; None when all are."""
+    pending = [(text, frozenset()) for text in texts]
+    seen = set()
+    while pending:
+        text, wanted_extras = pending.pop()
+        try:
+            requirement = Requirement(text)
+        except InvalidRequirement:
+            return f"{text!r} is not a requirement this check reads"
+        if requirement.url:
+            return f"{text!r} names a URL: only pip can tell"
+        if requirement.marker is not None and not any(
+            requirement.marker.evaluate({"extra": extra}) for extra in wanted_extras or {""}
+        ):
+            continue
+        key = (canonicalize_name(requirement.name), str(requirement.specifier), frozenset(requirement.extras))
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            distribution = metadata.distribution(requirement.name)
+        except metadata.PackageNotFoundError:
+            return f"{requirement.name} is not installed"
+        version = distribution.version
+        if not requirement.specifier.contains(version, prereleases=True):
+            return f"{requirement.name} {version} is installed, {requirement} is required"
+        if follow_dependencies:
+            # Older packaging (pip 23's copy) compares extras in markers as written, newer ones normalised.
+            extras = frozenset(requirement.extras) | {canonicalize_name(e) for e in requirement.extras}
+            pending += [(dependency, extras) for dependency in distribution.requires or []]
+    return None
+
+
+def main(arguments: list[str]) -> int:
+    follow = "--no-deps" not in arguments
+    reason = unmet([a for a in arguments if a != "--no-deps"], follow)
+    print(reason or "met")
+    return 1 if reason else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

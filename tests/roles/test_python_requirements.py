@@ -1,0 +1,142 @@
+"""The python_requirements role: whether `pip install` would leave an environment as it is, told without
+pip (files/requirements_met.py), and the roles that install into environments running pip only then."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+yaml = pytest.importorskip("yaml")
+
+ROOT = Path(__file__).resolve().parents[2]
+CHECK = ROOT / "roles" / "python_requirements" / "files" / "requirements_met.py"
+
+
+def distribution(site: Path, name: str, version: str, *requires: str, extras: tuple[str, ...] = ()) -> None:
+    info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+    lines += [f"Provides-Extra: {extra}" for extra in extras]
+    lines += [f"Requires-Dist: {requirement}" for requirement in requires]
+    (info / "METADATA").write_text("\n".join(lines) + "\n")
+
+
+def check(site: Path, *arguments: str) -> tuple[int, str]:
+    result = subprocess.run(
+        [sys.executable, str(CHECK), *arguments],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(site)},
+        check=False,
+    )
+    return result.returncode, result.stdout.strip()
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Path:
+    """An environment: app 1.2 needs lib>=2 (and plugin with its extra 'full', none on old Pythons)."""
+    distribution(
+        tmp_path,
+        "gpuplat-app",
+        "1.2",
+        "gpuplat-lib>=2",
+        'gpuplat-plugin; extra == "full"',
+        'gpuplat-ancient; python_version < "3"',
+        extras=("full",),
+    )
+    distribution(tmp_path, "gpuplat-lib", "2.1")
+    return tmp_path
+
+
+def test_met_when_the_requirements_and_their_dependencies_are_installed(site: Path) -> None:
+    assert check(site, "gpuplat-app==1.2") == (0, "met")
+    assert check(site, "gpuplat_app>=1", "gpuplat-lib")[0] == 0
+
+
+def test_a_requirement_missing_or_at_another_version_is_not_met(site: Path) -> None:
+    assert check(site, "gpuplat-app==1.3") == (
+        1,
+        "gpuplat-app 1.2 is installed, gpuplat-app==1.3 is required",
+    )
+    assert check(site, "gpuplat-app==1.2", "gpuplat-absent") == (1, "gpuplat-absent is not installed")
+
+
+def test_dependencies_are_followed_unless_no_deps(site: Path) -> None:
+    (site / "gpuplat_lib-2.1.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: gpuplat-lib\nVersion: 1.9\n"
+    )
+    assert check(site, "gpuplat-app==1.2") == (1, "gpuplat-lib 1.9 is installed, gpuplat-lib>=2 is required")
+    assert check(site, "--no-deps", "gpuplat-app==1.2") == (0, "met")
+
+
+def test_a_dependency_of_an_extra_counts_only_when_the_extra_is_asked_for(site: Path) -> None:
+    assert check(site, "gpuplat-app[full]==1.2") == (1, "gpuplat-plugin is not installed")
+    distribution(site, "gpuplat-plugin", "0.1")
+    assert check(site, "gpuplat-app[full]==1.2") == (0, "met")
+
+
+def test_what_only_pip_can_read_is_not_met(site: Path) -> None:
+    assert check(site, "not a requirement!")[0] == 1
+    assert check(site, "gpuplat-app @ https://example.invalid/app.whl")[0] == 1
+
+
+def test_the_role_tells_on_a_real_interpreter_and_a_missing_one(tmp_path: Path) -> None:
+    """Run by ansible-playbook on this host against this interpreter's own environment."""
+    pytest.importorskip("ansible")
+    from infra.nodes.playbook_run import ansible_playbook_binary
+
+    installed = f"pyyaml=={metadata.version('pyyaml')}"
+    cases = [(sys.executable, installed, 0), (sys.executable, "pyyaml==0.0.1", 1)]
+    cases.append((str(tmp_path / "absent" / "bin" / "python"), installed, None))
+    tasks = []
+    for python, requirement, rc in cases:
+        tasks.append(
+            {
+                "name": f"Check {requirement} with {python}",
+                "ansible.builtin.include_role": {"name": "python_requirements"},
+                "vars": {"python_requirements_python": python, "python_requirements_packages": [requirement]},
+            }
+        )
+        expected = "python_requirements_check.rc == 0" if rc == 0 else "python_requirements_check.rc != 0"
+        tasks.append({"name": "Assert", "ansible.builtin.assert": {"that": [expected]}})
+    play = [{"name": "python_requirements", "hosts": "localhost", "gather_facts": False, "tasks": tasks}]
+    playbook = tmp_path / "play.yml"
+    playbook.write_text(yaml.safe_dump(play, sort_keys=False))
+    command = [ansible_playbook_binary(), "-i", "localhost,", "-c", "local", str(playbook)]
+    command += ["-e", f"ansible_python_interpreter={sys.executable}"]
+    result = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "PATH": "/usr/bin:/bin"},
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("tasks_file", "pip_task"),
+    [
+        ("model_registry/tasks/main.yml", "Install MLflow into the virtual environment"),
+        ("training_env/tasks/main.yml", "Install torch and its companions into the environment"),
+        (
+            "inference_server/tasks/engine-cpu-reference.yml",
+            "Install the CPU engine's dependencies into the virtual environment",
+        ),
+    ],
+)
+def test_pip_runs_only_where_the_check_found_something_missing(tasks_file: str, pip_task: str) -> None:
+    def flatten(tasks: list[dict]) -> list[dict]:
+        return [t for task in tasks for t in ([task, *flatten(task.get("block", []))])]
+
+    tasks = flatten(yaml.safe_load((ROOT / "roles" / tasks_file).read_text()))
+    names = [task.get("name") for task in tasks]
+    install = tasks[names.index(pip_task)]
+    check_task = tasks[names.index(pip_task) - 1]
+    assert check_task.get("ansible.builtin.import_role", {}).get("name") == "python_requirements"
+    assert install.get("when") == "python_requirements_check.rc != 0"
