@@ -8,8 +8,9 @@ ratios the project aims for: cold configure <= 240 s, reconfigure <= 25% of the 
 changed (issue 15); configuring the nodes (configure, node images and join) with 8 training nodes <=
 1.3x the time with 2, the pool's first node baked into its image and the others joining from it
 (issue 25), and the whole cold `up`. Beside each run's wall time: the CPU seconds of gpuplat and the processes
-it waited for (under Mitogen the nodes' module work runs in processes forked on this side, counted as far
-as they are reaped), and the load average when it started: on shared cores compare runs as ratios.
+it waited for (Ansible's controller side; under Mitogen not the nodes' interpreters and what they run, which
+it never waits for, nor the containers' services), and the load average when it started: on shared cores
+compare runs as ratios, back to back.
 
 Run: .venv/bin/python benchmarks/local_up.py [--sizes 2,4,8]   (needs podman and the base image)
 """
@@ -40,7 +41,7 @@ CHANGES = re.compile(r"is up in [\d.]+ s \((?P<changes>\d+) change")
 class Outcome:
     phases: dict[str, float]  # phase name -> seconds
     changes: int  # tasks changed
-    cpu_s: float  # user + system CPU of gpuplat and what it waited for (ansible-playbook, podman, modules)
+    cpu_s: float  # user + system CPU of gpuplat and what it waited for (ansible-playbook, podman)
     load: float  # the 1-minute load average when it started
 
 
