@@ -32,6 +32,7 @@ def check(site: Path, *arguments: str) -> tuple[int, str]:
         text=True,
         env={"PYTHONPATH": str(site)},
         check=False,
+        timeout=60,
     )
     return result.returncode, result.stdout.strip()
 
@@ -82,6 +83,54 @@ def test_a_dependency_of_an_extra_counts_only_when_the_extra_is_asked_for(site: 
 def test_what_only_pip_can_read_is_not_met(site: Path) -> None:
     assert check(site, "not a requirement!")[0] == 1
     assert check(site, "gpuplat-app @ https://example.invalid/app.whl")[0] == 1
+
+
+def test_a_prerelease_installed_meets_a_requirement_that_allows_its_version(site: Path) -> None:
+    """pip keeps an installed pre-release its requirement's range holds (prereleases=True in
+    _get_installed_candidate, pip/_internal/resolution/resolvelib/factory.py of pip 23.0.1)."""
+    distribution(site, "gpuplat-beta", "2.0rc1")
+    assert check(site, "gpuplat-beta>=1.0") == (0, "met")
+    assert check(site, "gpuplat-beta<2")[0] == 1
+
+
+def test_a_requirement_whose_marker_holds_here_must_be_installed(site: Path) -> None:
+    assert check(site, 'gpuplat-absent; python_version >= "3"') == (1, "gpuplat-absent is not installed")
+    assert check(site, 'gpuplat-absent; python_version < "3"') == (0, "met")
+
+
+def test_the_same_project_asked_for_twice_is_checked_for_each_ask(site: Path) -> None:
+    """With and without an extra, or under two version ranges: in either order, each ask is checked."""
+    with_extra, without = "gpuplat-app[full]==1.2", "gpuplat-app==1.2"
+    for asks in ((with_extra, without), (without, with_extra)):
+        assert check(site, *asks) == (1, "gpuplat-plugin is not installed")
+    for asks in (("gpuplat-lib>=3", "gpuplat-lib"), ("gpuplat-lib", "gpuplat-lib>=3")):
+        assert check(site, *asks) == (1, "gpuplat-lib 2.1 is installed, gpuplat-lib>=3 is required")
+
+
+def test_dependencies_in_a_cycle_are_read_once(tmp_path: Path) -> None:
+    distribution(tmp_path, "gpuplat-a", "1.0", "gpuplat-b")
+    distribution(tmp_path, "gpuplat-b", "1.0", "gpuplat-a")
+    assert check(tmp_path, "gpuplat-a") == (0, "met")
+
+
+def test_a_distribution_whose_metadata_lacks_its_name_or_version_is_not_installed(site: Path) -> None:
+    """pip 23.0.1 (Debian 12) skips a distribution whose METADATA has no Name and installs it again;
+    importlib still finds it by its folder's name."""
+    metadata_file = site / "gpuplat_lib-2.1.dist-info" / "METADATA"
+    unreadable = (1, "gpuplat-lib is installed without a name and version in its metadata")
+    metadata_file.write_text("Metadata-Version: 2.1\nVersion: 2.1\n")
+    assert check(site, "gpuplat-lib") == unreadable
+    metadata_file.unlink()
+    assert check(site, "gpuplat-lib") == unreadable
+
+
+def test_requirements_are_read_with_pips_own_packaging_not_the_environments(site: Path) -> None:
+    """The pip that would run reads versions and markers with its vendored packaging (21.3 in pip 23.0.1,
+    which compares extras as written); the environment's own packaging, of any version, is not imported."""
+    planted = site / "packaging"
+    planted.mkdir()
+    (planted / "__init__.py").write_text("raise RuntimeError('the environment\\'s packaging was imported')\n")
+    assert check(site, "gpuplat-app==1.2") == (0, "met")
 
 
 def test_the_role_tells_on_a_real_interpreter_and_a_missing_one(tmp_path: Path) -> None:

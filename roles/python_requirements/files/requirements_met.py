@@ -12,12 +12,15 @@ and resolves the rest from there, so it changes nothing exactly when this check 
 import sys
 from importlib import metadata
 
+# pip's own copy of packaging first: versions, specifiers and markers then read as the pip that would run
+# reads them (Debian 12's pip 23.0.1 vendors packaging 21.3, which compares extras as written, where the
+# environment's packaging may be newer or older), and nothing of the environment's own packages is imported.
 try:
-    from packaging.requirements import InvalidRequirement, Requirement
-    from packaging.utils import canonicalize_name
-except ImportError:  # an environment without packaging still has pip's copy of it
     from pip._vendor.packaging.requirements import InvalidRequirement, Requirement
     from pip._vendor.packaging.utils import canonicalize_name
+except ImportError:  # an environment without pip
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
 
 
 def unmet(texts: list[str], follow_dependencies: bool) -> str | None:
@@ -44,7 +47,14 @@ def unmet(texts: list[str], follow_dependencies: bool) -> str | None:
             distribution = metadata.distribution(requirement.name)
         except metadata.PackageNotFoundError:
             return f"{requirement.name} is not installed"
-        version = distribution.version
+        # pip skips an installed distribution whose metadata has no Name (and then installs it again):
+        # _DistributionFinder._find_impl, pip/_internal/metadata/importlib/_envs.py:61-67, with
+        # get_dist_name, _compat.py:46-55, of pip 23.0.1 (Debian 12's python3-pip-whl); importlib finds it
+        # by its folder's name.
+        fields = distribution.metadata  # None on newer Pythons where the folder holds no metadata file
+        name, version = (fields.get("Name"), fields.get("Version")) if fields is not None else (None, None)
+        if not isinstance(name, str) or not isinstance(version, str):
+            return f"{requirement.name} is installed without a name and version in its metadata"
         if not requirement.specifier.contains(version, prereleases=True):
             return f"{requirement.name} {version} is installed, {requirement} is required"
         if follow_dependencies:
