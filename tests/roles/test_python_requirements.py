@@ -3,6 +3,7 @@ pip (files/requirements_met.py), and the roles that install into environments ru
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from importlib import metadata
@@ -141,13 +142,31 @@ def test_the_role_tells_on_a_real_interpreter_and_a_missing_one(tmp_path: Path) 
     installed = f"pyyaml=={metadata.version('pyyaml')}"
     cases = [(sys.executable, installed, 0), (sys.executable, "pyyaml==0.0.1", 1)]
     cases.append((str(tmp_path / "absent" / "bin" / "python"), installed, None))
+    # Reachable only through the controller's PYTHONPATH, which the service that runs the environment
+    # lacks: not installed there (the check runs with -I).
+    planted = tmp_path / "planted"
+    distribution(planted, "gpuplat-planted", "1.0")
+    cases.append((sys.executable, "gpuplat-planted==1.0", 1))
+    # An environment whose app lacks its dependency: not met, unless told that pip installs with --no-deps.
+    environment = tmp_path / "env"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", environment], check=True
+    )
+    site = environment / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    distribution(site, "gpuplat-app", "1.0", "gpuplat-missing")
+    cases.append((str(environment / "bin" / "python"), "gpuplat-app==1.0", 1))
+    cases.append((str(environment / "bin" / "python"), "gpuplat-app==1.0 --no-deps", 0))
     tasks = []
     for python, requirement, rc in cases:
+        role_vars = {"python_requirements_python": python, "python_requirements_packages": [requirement]}
+        if requirement.endswith(" --no-deps"):
+            role_vars |= {"python_requirements_packages": [requirement.split()[0]]}
+            role_vars |= {"python_requirements_follow_dependencies": False}
         tasks.append(
             {
                 "name": f"Check {requirement} with {python}",
                 "ansible.builtin.include_role": {"name": "python_requirements"},
-                "vars": {"python_requirements_python": python, "python_requirements_packages": [requirement]},
+                "vars": role_vars,
             }
         )
         expected = "python_requirements_check.rc == 0" if rc == 0 else "python_requirements_check.rc != 0"
@@ -155,14 +174,19 @@ def test_the_role_tells_on_a_real_interpreter_and_a_missing_one(tmp_path: Path) 
     play = [{"name": "python_requirements", "hosts": "localhost", "gather_facts": False, "tasks": tasks}]
     playbook = tmp_path / "play.yml"
     playbook.write_text(yaml.safe_dump(play, sort_keys=False))
-    command = [ansible_playbook_binary(), "-i", "localhost,", "-c", "local", str(playbook)]
+    # --check: the check runs in check mode too (a plan's dry run decides on it like a converge does).
+    command = [ansible_playbook_binary(), "-i", "localhost,", "-c", "local", "--check", str(playbook)]
     command += ["-e", f"ansible_python_interpreter={sys.executable}"]
     result = subprocess.run(
         command,
         capture_output=True,
         text=True,
         cwd=ROOT,
-        env={"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "PATH": "/usr/bin:/bin"},
+        env={
+            "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+            "PATH": "/usr/bin:/bin",
+            "PYTHONPATH": str(planted),
+        },
         check=False,
     )
     assert result.returncode == 0, result.stdout[-3000:]
@@ -189,3 +213,24 @@ def test_pip_runs_only_where_the_check_found_something_missing(tasks_file: str, 
     check_task = tasks[names.index(pip_task) - 1]
     assert check_task.get("ansible.builtin.import_role", {}).get("name") == "python_requirements"
     assert install.get("when") == "python_requirements_check.rc != 0"
+
+    # The check looks at what pip would install, where: the same interpreter, the same requirement list
+    # (one variable, so that a day-2 change of either reaches both), --no-deps on both or neither.
+    checked = check_task["vars"]
+    assert (checked["python_requirements_python"], checked["python_requirements_packages"]) == pip_reads(
+        install
+    )[:2]
+    no_deps = pip_reads(install)[2]
+    assert checked.get("python_requirements_follow_dependencies", True) is not no_deps
+
+
+def pip_reads(install: dict) -> tuple[str, str, bool]:
+    """The interpreter, the requirements (as a template) and whether --no-deps, of a pip task of a role."""
+    if "ansible.builtin.pip" in install:
+        pip = install["ansible.builtin.pip"]
+        return f"{pip['virtualenv']}/bin/python", pip["name"], "--no-deps" in pip.get("extra_args", "")
+    argv = install["ansible.builtin.command"]["argv"]
+    python = re.match(r"\{\{ \[(\w+) ~ '/bin/python', '-m', 'pip', 'install'", argv)
+    requirements = re.search(r"\+ (\w+) \}\}$", argv.strip())
+    assert python and requirements, argv
+    return f"{{{{ {python[1]} }}}}/bin/python", f"{{{{ {requirements[1]} }}}}", "--no-deps" in argv
