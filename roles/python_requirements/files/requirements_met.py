@@ -18,15 +18,21 @@ from importlib import metadata
 try:
     from pip._vendor.packaging.requirements import InvalidRequirement, Requirement
     from pip._vendor.packaging.utils import canonicalize_name
-except ImportError:  # an environment without pip
-    from packaging.requirements import InvalidRequirement, Requirement
-    from packaging.utils import canonicalize_name
+except ImportError:  # an environment without pip: the same names from packaging itself
+    from packaging.requirements import InvalidRequirement, Requirement  # type: ignore[assignment]
+    from packaging.utils import canonicalize_name  # type: ignore[assignment]
+
+
+def metadata_field(distribution: metadata.Distribution, key: str) -> str | None:
+    fields = distribution.metadata  # None on newer Pythons where the folder holds no metadata file
+    values = fields.get_all(key) if fields is not None else None
+    return str(values[0]) if values else None
 
 
 def unmet(texts: list[str], follow_dependencies: bool) -> str | None:
     """The first requirement not met, in words; None when all are."""
-    pending = [(text, frozenset()) for text in texts]
-    seen = set()
+    pending: list[tuple[str, frozenset[str]]] = [(text, frozenset()) for text in texts]
+    seen: set[tuple[str, str, frozenset[str]]] = set()
     while pending:
         text, wanted_extras = pending.pop()
         try:
@@ -51,9 +57,8 @@ def unmet(texts: list[str], follow_dependencies: bool) -> str | None:
         # _DistributionFinder._find_impl, pip/_internal/metadata/importlib/_envs.py:61-67, with
         # get_dist_name, _compat.py:46-55, of pip 23.0.1 (Debian 12's python3-pip-whl); importlib finds it
         # by its folder's name.
-        fields = distribution.metadata  # None on newer Pythons where the folder holds no metadata file
-        name, version = (fields.get("Name"), fields.get("Version")) if fields is not None else (None, None)
-        if not isinstance(name, str) or not isinstance(version, str):
+        name, version = metadata_field(distribution, "Name"), metadata_field(distribution, "Version")
+        if name is None or version is None:
             return f"{requirement.name} is installed without a name and version in its metadata"
         if not requirement.specifier.contains(version, prereleases=True):
             return f"{requirement.name} {version} is installed, {requirement} is required"
