@@ -88,7 +88,7 @@ def test_what_only_pip_can_read_is_not_met(site: Path) -> None:
 
 def test_a_prerelease_installed_meets_a_requirement_that_allows_its_version(site: Path) -> None:
     """pip keeps an installed pre-release its requirement's range holds (prereleases=True in
-    _get_installed_candidate, pip/_internal/resolution/resolvelib/factory.py of pip 23.0.1)."""
+    get_installed_candidate, pip/_internal/resolution/resolvelib/factory.py:260-266 of pip 23.0.1)."""
     distribution(site, "gpuplat-beta", "2.0rc1")
     assert check(site, "gpuplat-beta>=1.0") == (0, "met")
     assert check(site, "gpuplat-beta<2")[0] == 1

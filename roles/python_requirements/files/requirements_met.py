@@ -4,8 +4,9 @@ followed); exit 1 naming the first one that is not. Run by the interpreter of th
 
 What `pip install REQ...` (no --upgrade) would leave as it is: pip keeps an installed distribution that
 satisfies its requirement (prereleases allowed: InstallRequirement.check_if_exists,
-src/pip/_internal/req/req_install.py of pypa/pip at 0013e5a3, the 23.0 line of Debian 12's python3-pip-whl)
-and resolves the rest from there, so it changes nothing exactly when this check passes.
+src/pip/_internal/req/req_install.py of pypa/pip at 0013e5a3, the 23.0 line of Debian 12's python3-pip-whl;
+in the resolver, get_installed_candidate in pip/_internal/resolution/resolvelib/factory.py:260-266 of the
+pip-23.0.1 wheel) and resolves the rest from there, so it changes nothing exactly when this check passes.
 --no-deps: check the named requirements only, as `pip install --no-deps` would.
 """
 
