@@ -13,7 +13,7 @@ NODE_PROGRAMS := roles/slurm_elastic/files/gpuplat_ec2_nodes roles/inference_gat
 	roles/inference_gateway/files/gpuplat_gateway_canary.py \
 	roles/inference_server/files/gpuplat_scaling_agent.py \
 	roles/gpu_validation/files/gpuplat_node_check.py roles/gpu_validation/files/gpuplat_checkpoint_probe.py \
-	roles/slurm_compute/files/gpuplat_dataset_cache.py
+	roles/slurm_compute/files/gpuplat_dataset_cache.py roles/python_requirements/files/requirements_met.py
 
 .PHONY: venv host image images up down status plan test test-fast test-unit test-roles test-scheduler test-serving test-integration test-box lint mutation clean
 

@@ -7,7 +7,10 @@ and change nothing), then cold `up` with 2, 4 and 8 training nodes. Prints wall 
 ratios the project aims for: cold configure <= 240 s, reconfigure <= 25% of the cold configure with 0
 changed (issue 15); configuring the nodes (configure, node images and join) with 8 training nodes <=
 1.3x the time with 2, the pool's first node baked into its image and the others joining from it
-(issue 25), and the whole cold `up`.
+(issue 25), and the whole cold `up`. Beside each run's wall time: the CPU seconds of gpuplat and the processes
+it waited for (Ansible's controller side; under Mitogen not the nodes' interpreters and what they run, which
+it never waits for, nor the containers' services), and the load average when it started: on shared cores
+compare runs as ratios, back to back.
 
 Run: .venv/bin/python benchmarks/local_up.py [--sizes 2,4,8]   (needs podman and the base image)
 """
@@ -16,10 +19,13 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -31,14 +37,27 @@ PHASE = re.compile(r"^✓ (?P<name>[\w ]+) \((?P<seconds>[\d.]+) s\)", re.MULTIL
 CHANGES = re.compile(r"is up in [\d.]+ s \((?P<changes>\d+) change")
 
 
-def run(*args: str) -> tuple[dict[str, float], int]:
-    """Phase name -> seconds, and the tasks changed."""
+@dataclass(frozen=True)
+class Outcome:
+    phases: dict[str, float]  # phase name -> seconds
+    changes: int  # tasks changed
+    cpu_s: float  # user + system CPU of gpuplat and what it waited for (ansible-playbook, podman)
+    load: float  # the 1-minute load average when it started
+
+
+def cpu_of_children() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run(*args: str) -> Outcome:
+    load, cpu_before = os.getloadavg()[0], cpu_of_children()
     result = subprocess.run([GPUPLAT, *args], capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise SystemExit(f"gpuplat {' '.join(args)} failed:\n{result.stderr[-3000:]}")
     changes = CHANGES.search(result.stderr)
     phases = {m["name"]: float(m["seconds"]) for m in PHASE.finditer(result.stderr)}
-    return phases, int(changes["changes"]) if changes else -1
+    return Outcome(phases, int(changes["changes"]) if changes else -1, cpu_of_children() - cpu_before, load)
 
 
 def stack_with_training_nodes(count: int | None, directory: Path) -> Path:
@@ -63,12 +82,16 @@ def stack_with_training_nodes(count: int | None, directory: Path) -> Path:
 CONFIGURE_PHASES = ("configure", "node images", "join")
 
 
-def show(label: str, outcome: tuple[dict[str, float], int]) -> tuple[float, float]:
+def show(label: str, outcome: Outcome) -> tuple[float, float]:
     """Print one run; return its total and its configure time (CONFIGURE_PHASES)."""
-    phases, changes = outcome
+    phases = outcome.phases
     total = sum(phases.values())
     detail = ", ".join(f"{name} {seconds:.1f}" for name, seconds in phases.items())
-    print(f"{label:<34} {total:7.1f} s   ({detail}; {changes} changed)", flush=True)
+    print(
+        f"{label:<34} {total:7.1f} s   ({detail}; {outcome.changes} changed; "
+        f"{outcome.cpu_s:.1f} CPU-s; load {outcome.load:.1f})",
+        flush=True,
+    )
     return total, sum(phases.get(name, 0.0) for name in CONFIGURE_PHASES)
 
 

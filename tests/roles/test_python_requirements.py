@@ -1,0 +1,236 @@
+"""The python_requirements role: whether `pip install` would leave an environment as it is, told without
+pip (files/requirements_met.py), and the roles that install into environments running pip only then."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+yaml = pytest.importorskip("yaml")
+
+ROOT = Path(__file__).resolve().parents[2]
+CHECK = ROOT / "roles" / "python_requirements" / "files" / "requirements_met.py"
+
+
+def distribution(site: Path, name: str, version: str, *requires: str, extras: tuple[str, ...] = ()) -> None:
+    info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+    lines += [f"Provides-Extra: {extra}" for extra in extras]
+    lines += [f"Requires-Dist: {requirement}" for requirement in requires]
+    (info / "METADATA").write_text("\n".join(lines) + "\n")
+
+
+def check(site: Path, *arguments: str) -> tuple[int, str]:
+    result = subprocess.run(
+        [sys.executable, str(CHECK), *arguments],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(site)},
+        check=False,
+        timeout=60,
+    )
+    return result.returncode, result.stdout.strip()
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Path:
+    """An environment: app 1.2 needs lib>=2 (and plugin with its extra 'full', none on old Pythons)."""
+    distribution(
+        tmp_path,
+        "gpuplat-app",
+        "1.2",
+        "gpuplat-lib>=2",
+        'gpuplat-plugin; extra == "full"',
+        'gpuplat-ancient; python_version < "3"',
+        extras=("full",),
+    )
+    distribution(tmp_path, "gpuplat-lib", "2.1")
+    return tmp_path
+
+
+def test_met_when_the_requirements_and_their_dependencies_are_installed(site: Path) -> None:
+    assert check(site, "gpuplat-app==1.2") == (0, "met")
+    assert check(site, "gpuplat_app>=1", "gpuplat-lib")[0] == 0
+
+
+def test_a_requirement_missing_or_at_another_version_is_not_met(site: Path) -> None:
+    assert check(site, "gpuplat-app==1.3") == (
+        1,
+        "gpuplat-app 1.2 is installed, gpuplat-app==1.3 is required",
+    )
+    assert check(site, "gpuplat-app==1.2", "gpuplat-absent") == (1, "gpuplat-absent is not installed")
+
+
+def test_dependencies_are_followed_unless_no_deps(site: Path) -> None:
+    (site / "gpuplat_lib-2.1.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: gpuplat-lib\nVersion: 1.9\n"
+    )
+    assert check(site, "gpuplat-app==1.2") == (1, "gpuplat-lib 1.9 is installed, gpuplat-lib>=2 is required")
+    assert check(site, "--no-deps", "gpuplat-app==1.2") == (0, "met")
+
+
+def test_a_dependency_of_an_extra_counts_only_when_the_extra_is_asked_for(site: Path) -> None:
+    assert check(site, "gpuplat-app[full]==1.2") == (1, "gpuplat-plugin is not installed")
+    distribution(site, "gpuplat-plugin", "0.1")
+    assert check(site, "gpuplat-app[full]==1.2") == (0, "met")
+
+
+def test_what_only_pip_can_read_is_not_met(site: Path) -> None:
+    assert check(site, "not a requirement!")[0] == 1
+    assert check(site, "gpuplat-app @ https://example.invalid/app.whl")[0] == 1
+
+
+def test_a_prerelease_installed_meets_a_requirement_that_allows_its_version(site: Path) -> None:
+    """pip keeps an installed pre-release its requirement's range holds (prereleases=True in
+    get_installed_candidate, pip/_internal/resolution/resolvelib/factory.py:260-266 of pip 23.0.1)."""
+    distribution(site, "gpuplat-beta", "2.0rc1")
+    assert check(site, "gpuplat-beta>=1.0") == (0, "met")
+    assert check(site, "gpuplat-beta<2")[0] == 1
+
+
+def test_a_requirement_whose_marker_holds_here_must_be_installed(site: Path) -> None:
+    assert check(site, 'gpuplat-absent; python_version >= "3"') == (1, "gpuplat-absent is not installed")
+    assert check(site, 'gpuplat-absent; python_version < "3"') == (0, "met")
+
+
+def test_the_same_project_asked_for_twice_is_checked_for_each_ask(site: Path) -> None:
+    """With and without an extra, or under two version ranges: in either order, each ask is checked."""
+    with_extra, without = "gpuplat-app[full]==1.2", "gpuplat-app==1.2"
+    for asks in ((with_extra, without), (without, with_extra)):
+        assert check(site, *asks) == (1, "gpuplat-plugin is not installed")
+    for asks in (("gpuplat-lib>=3", "gpuplat-lib"), ("gpuplat-lib", "gpuplat-lib>=3")):
+        assert check(site, *asks) == (1, "gpuplat-lib 2.1 is installed, gpuplat-lib>=3 is required")
+
+
+def test_dependencies_in_a_cycle_are_read_once(tmp_path: Path) -> None:
+    distribution(tmp_path, "gpuplat-a", "1.0", "gpuplat-b")
+    distribution(tmp_path, "gpuplat-b", "1.0", "gpuplat-a")
+    assert check(tmp_path, "gpuplat-a") == (0, "met")
+
+
+def test_a_distribution_whose_metadata_lacks_its_name_or_version_is_not_installed(site: Path) -> None:
+    """pip 23.0.1 (Debian 12) skips a distribution whose METADATA has no Name and installs it again;
+    importlib still finds it by its folder's name."""
+    metadata_file = site / "gpuplat_lib-2.1.dist-info" / "METADATA"
+    unreadable = (1, "gpuplat-lib is installed without a name and version in its metadata")
+    metadata_file.write_text("Metadata-Version: 2.1\nVersion: 2.1\n")
+    assert check(site, "gpuplat-lib") == unreadable
+    metadata_file.unlink()
+    assert check(site, "gpuplat-lib") == unreadable
+
+
+def test_requirements_are_read_with_pips_own_packaging_not_the_environments(site: Path) -> None:
+    """The pip that would run reads versions and markers with its vendored packaging (21.3 in pip 23.0.1,
+    which compares extras as written); the environment's own packaging, of any version, is not imported."""
+    planted = site / "packaging"
+    planted.mkdir()
+    (planted / "__init__.py").write_text("raise RuntimeError('the environment\\'s packaging was imported')\n")
+    assert check(site, "gpuplat-app==1.2") == (0, "met")
+
+
+def test_the_role_tells_on_a_real_interpreter_and_a_missing_one(tmp_path: Path) -> None:
+    """Run by ansible-playbook on this host against this interpreter's own environment."""
+    pytest.importorskip("ansible")
+    from infra.nodes.playbook_run import ansible_playbook_binary
+
+    installed = f"pyyaml=={metadata.version('pyyaml')}"
+    cases = [(sys.executable, installed, 0), (sys.executable, "pyyaml==0.0.1", 1)]
+    cases.append((str(tmp_path / "absent" / "bin" / "python"), installed, None))
+    # Reachable only through the controller's PYTHONPATH, which the service that runs the environment
+    # lacks: not installed there (the check runs with -I).
+    planted = tmp_path / "planted"
+    distribution(planted, "gpuplat-planted", "1.0")
+    cases.append((sys.executable, "gpuplat-planted==1.0", 1))
+    # An environment whose app lacks its dependency: not met, unless told that pip installs with --no-deps.
+    environment = tmp_path / "env"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", environment], check=True
+    )
+    site = environment / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    distribution(site, "gpuplat-app", "1.0", "gpuplat-missing")
+    cases.append((str(environment / "bin" / "python"), "gpuplat-app==1.0", 1))
+    cases.append((str(environment / "bin" / "python"), "gpuplat-app==1.0 --no-deps", 0))
+    tasks = []
+    for python, requirement, rc in cases:
+        role_vars = {"python_requirements_python": python, "python_requirements_packages": [requirement]}
+        if requirement.endswith(" --no-deps"):
+            role_vars |= {"python_requirements_packages": [requirement.split()[0]]}
+            role_vars |= {"python_requirements_follow_dependencies": False}
+        tasks.append(
+            {
+                "name": f"Check {requirement} with {python}",
+                "ansible.builtin.include_role": {"name": "python_requirements"},
+                "vars": role_vars,
+            }
+        )
+        expected = "python_requirements_check.rc == 0" if rc == 0 else "python_requirements_check.rc != 0"
+        tasks.append({"name": "Assert", "ansible.builtin.assert": {"that": [expected]}})
+    play = [{"name": "python_requirements", "hosts": "localhost", "gather_facts": False, "tasks": tasks}]
+    playbook = tmp_path / "play.yml"
+    playbook.write_text(yaml.safe_dump(play, sort_keys=False))
+    # --check: the check runs in check mode too (a plan's dry run decides on it like a converge does).
+    command = [ansible_playbook_binary(), "-i", "localhost,", "-c", "local", "--check", str(playbook)]
+    command += ["-e", f"ansible_python_interpreter={sys.executable}"]
+    result = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={
+            "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+            "PATH": "/usr/bin:/bin",
+            "PYTHONPATH": str(planted),
+        },
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("tasks_file", "pip_task"),
+    [
+        ("model_registry/tasks/main.yml", "Install MLflow into the virtual environment"),
+        ("training_env/tasks/main.yml", "Install torch and its companions into the environment"),
+        (
+            "inference_server/tasks/engine-cpu-reference.yml",
+            "Install the CPU engine's dependencies into the virtual environment",
+        ),
+    ],
+)
+def test_pip_runs_only_where_the_check_found_something_missing(tasks_file: str, pip_task: str) -> None:
+    def flatten(tasks: list[dict]) -> list[dict]:
+        return [t for task in tasks for t in ([task, *flatten(task.get("block", []))])]
+
+    tasks = flatten(yaml.safe_load((ROOT / "roles" / tasks_file).read_text()))
+    names = [task.get("name") for task in tasks]
+    install = tasks[names.index(pip_task)]
+    check_task = tasks[names.index(pip_task) - 1]
+    assert check_task.get("ansible.builtin.import_role", {}).get("name") == "python_requirements"
+    assert install.get("when") == "python_requirements_check.rc != 0"
+
+    # The check looks at what pip would install, where: the same interpreter, the same requirement list
+    # (one variable, so that a day-2 change of either reaches both), --no-deps on both or neither.
+    checked = check_task["vars"]
+    assert (checked["python_requirements_python"], checked["python_requirements_packages"]) == pip_reads(
+        install
+    )[:2]
+    no_deps = pip_reads(install)[2]
+    assert checked.get("python_requirements_follow_dependencies", True) is not no_deps
+
+
+def pip_reads(install: dict) -> tuple[str, str, bool]:
+    """The interpreter, the requirements (as a template) and whether --no-deps, of a pip task of a role."""
+    if "ansible.builtin.pip" in install:
+        pip = install["ansible.builtin.pip"]
+        return f"{pip['virtualenv']}/bin/python", pip["name"], "--no-deps" in pip.get("extra_args", "")
+    argv = install["ansible.builtin.command"]["argv"]
+    python = re.match(r"\{\{ \[(\w+) ~ '/bin/python', '-m', 'pip', 'install'", argv)
+    requirements = re.search(r"\+ (\w+) \}\}$", argv.strip())
+    assert python and requirements, argv
+    return f"{{{{ {python[1]} }}}}/bin/python", f"{{{{ {requirements[1]} }}}}", "--no-deps" in argv
