@@ -10,6 +10,11 @@ blocks (the README repeats a guide's first command) run once.
 `<!-- gpuplat:run local NAME -->` hands the block to the integration test that asks for it by NAME
 (`named_block`), which runs it where its state is right and checks what it did (`validate`: the report
 the command writes); the runner of unnamed blocks leaves it alone.
+
+A marked ```console block is a transcript: each line that starts with `$ ` is a command (a command that
+ends with `\\` goes on over the next line), every other line is what the command before it printed. The
+commands are run, the output is the page's record of a real run (tests/docs_session.py runs a page's
+console blocks in one shell, as one terminal, so variables carry from one block to the next).
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 MARK = "<!-- gpuplat:run local -->"
 MARK_LINE = re.compile(r"^<!-- gpuplat:run local(?: (?P<name>[a-z][a-z0-9-]*))? -->$")
-OPENING_FENCE = re.compile(r"^(```|~~~)\s*(bash|sh|shell)?\s*$")
+OPENING_FENCE = re.compile(r"^(```|~~~)\s*(bash|sh|shell|console)?\s*$")
+PROMPT = "$ "
 FENCE_LINE = re.compile(r"^\s*(`{3,}|~{3,})")
 INLINE_CODE = re.compile(r"`[^`]*`")
 NEAR_MARK = re.compile(r"<!--\s*gpuplat:run", re.IGNORECASE)
@@ -33,11 +39,24 @@ class MarkError(ValueError):
 
 
 @dataclass(frozen=True)
+class Step:
+    command: str
+    shown: str  # the output the page shows for it
+
+
+@dataclass(frozen=True)
 class Block:
     page: Path
     line: int  # of the mark, 1-based
     text: str
     name: str | None = None
+    # A console block's commands (continuation lines joined into their command), each with the output
+    # the page shows under it; a plain block is one command without shown output.
+    steps: tuple[Step, ...] = ()
+
+    @property
+    def commands(self) -> list[str]:
+        return [step.command for step in self.steps] if self.steps else [self.text]
 
     @property
     def where(self) -> str:
@@ -70,19 +89,49 @@ def blocks_of(page: Path) -> list[Block]:
             continue
         fence = OPENING_FENCE.match(lines[index]) if index < len(lines) else None
         if fence is None:
-            raise MarkError(f"{where}: the mark must be followed by a ``` or ```bash fence on the next line")
+            raise MarkError(
+                f"{where}: the mark must be followed by a ```, ```bash or ```console fence on the next line"
+            )
         closing = next((end for end in range(index + 1, len(lines)) if FENCE_LINE.match(lines[end])), None)
         if closing is None:
             raise MarkError(f"{where}: the marked block has no closing {fence.group(1)}")
         if lines[closing].strip() != fence.group(1):
             found_fence, opening = lines[closing].strip(), fence.group(1)
             raise MarkError(f"{where}: the marked block holds `{found_fence}` before its closing {opening}")
-        text = "\n".join(lines[index + 1 : closing]).strip()
+        body = lines[index + 1 : closing]
+        text = "\n".join(body).strip()
         if not text:
             raise MarkError(f"{where}: the marked block is empty")
-        found.append(Block(page, index, text + "\n", mark.group("name")))
+        if fence.group(2) == "console":
+            steps = transcript(body, where)
+            text = "".join(f"{step.command}\n" for step in steps)
+            found.append(Block(page, index, text, mark.group("name"), steps))
+        else:
+            found.append(Block(page, index, text + "\n", mark.group("name")))
         index = closing + 1
     return found
+
+
+def transcript(body: list[str], where: str) -> tuple[Step, ...]:
+    """A console block's commands (`$ ` lines, `\\` continuations joined) and the lines shown under each."""
+    steps: list[tuple[list[str], list[str]]] = []
+    continued = False
+    for line in body:
+        if continued:
+            steps[-1][0].append(line)
+        elif line.startswith(PROMPT):
+            steps.append(([line.removeprefix(PROMPT)], []))
+        elif not steps:
+            if line.strip():
+                first = f"{where}: a marked console block starts with a command (`$ ...`), not `{line}`"
+                raise MarkError(first)
+            continue
+        else:
+            steps[-1][1].append(line)
+        continued = line.endswith("\\") and (continued or line.startswith(PROMPT))
+    if continued:
+        raise MarkError(f"{where}: the console block's last command ends with a `\\` and nothing follows")
+    return tuple(Step("\n".join(command), "\n".join(shown)) for command, shown in steps)
 
 
 def marked_blocks(pages: list[Path] | None = None) -> list[Block]:

@@ -43,12 +43,21 @@ def test_a_block_repeated_on_another_page_runs_once(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "problem"),
     [
-        (f"{MARK}\n\n```\necho x\n```\n", "must be followed by a ``` or ```bash fence"),
-        (f"{MARK}\n```console\n$ echo x\n```\n", "must be followed by a ``` or ```bash fence"),
+        (f"{MARK}\n\n```\necho x\n```\n", "must be followed by a ```, ```bash or ```console fence"),
+        (f"{MARK}\n```text\n$ echo x\n```\n", "must be followed by a ```, ```bash or ```console fence"),
+        (f"{MARK}\n```console\nx\n$ echo x\n```\n", r"starts with a command \(`\$ \.\.\.`\), not `x`"),
+        (f"{MARK}\n```console\n$ echo x \\\n```\n", "last command ends with a `\\\\`"),
         (f"{MARK}\n```\necho x\n", "has no closing ```"),
         (f"{MARK}\n```\n\n```\n", "is empty"),
     ],
-    ids=["blank line", "console block", "unclosed", "empty"],
+    ids=[
+        "blank line",
+        "text block",
+        "console output first",
+        "console continued past its end",
+        "unclosed",
+        "empty",
+    ],
 )
 def test_a_mark_that_names_no_runnable_block_is_refused(tmp_path: Path, text: str, problem: str) -> None:
     with pytest.raises(MarkError, match=problem):
@@ -115,3 +124,34 @@ def test_sbatch_submissions_are_read_from_its_own_line() -> None:
     assert submitted_jobs("Submitted batch job 12\nother\nSubmitted batch job 3\n") == [12, 3]
     assert submitted_jobs("sbatch: error: Batch job submission failed\n") == []
     assert submitted_jobs("not Submitted batch job 5\nSubmitted batch job 6 twice\n") == []
+
+
+def test_a_console_block_is_its_commands_with_the_output_shown_under_each(tmp_path: Path) -> None:
+    page = _page(
+        tmp_path,
+        "<!-- gpuplat:run local session -->\n```console\n$ echo one\none\n$ printf '%s\\n' \\\n"
+        "  two three\ntwo\nthree\n$ true\n```\n",
+    )
+    (block,) = blocks_of(page)
+    assert block.commands == ["echo one", "printf '%s\\n' \\\n  two three", "true"]
+    assert [step.shown for step in block.steps] == ["one", "two\nthree", ""]
+    assert block.text == "echo one\nprintf '%s\\n' \\\n  two three\ntrue\n"
+    plain = _page(tmp_path, f"{MARK}\n```\necho a\necho b\n```\n", "plain.md")
+    assert blocks_of(plain)[0].commands == ["echo a\necho b\n"]  # one script, as the plain runner runs it
+
+
+def test_the_loop_page_is_run_whole_by_the_loop_test() -> None:
+    """Every command docs/loop.md shows (`$ ` lines) is in a console block handed to the integration
+    test of the loop, in the page's order; each block's name is asked for by that test."""
+    page = ROOT / "docs" / "loop.md"
+    lines = page.read_text(encoding="utf-8").splitlines()
+    shown = [line.removeprefix("$ ") for line in lines if line.startswith("$ ")]
+    blocks = blocks_of(page)
+    assert [command for block in blocks for command in block.commands] == shown
+    assert all(block.name and block.name.startswith("loop-") and block.steps for block in blocks)
+    integration = (ROOT / "tests" / "integration" / "test_local_platform.py").read_text(encoding="utf-8")
+    asked = [integration.index(f'named_block("{block.name}")') for block in blocks]
+    assert asked == sorted(asked), "the test asks for the page's blocks in the page's order"
+    users = {"alice": "research", "bob": "product"}
+    for user, team in users.items():
+        assert any(f"runuser -u {user} -- sbatch --parsable --account {team}" in c for c in shown), user
