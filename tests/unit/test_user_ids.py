@@ -1,0 +1,98 @@
+"""The team users' uids (infra/spec/user_ids.py): unique or refused when the stack loads, stable when
+users come and go, the same numbers roles/slurm_common derived before, and explicit where a directory
+gives them."""
+
+from __future__ import annotations
+
+import random
+import string
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.errors import ExitCode, SpecError
+from infra.platform.resolve import load_platform
+from infra.scheduling.slurm import slurm_vars
+from infra.spec.user_ids import derived_uid
+from tests.unit.test_cli import gpuplat
+
+# md5("user33")[:4] = 57d2, md5("user59")[:4] = 1502: 22482 and 5378, both 930 mod 10000.
+SAME_DERIVED = ("user33", "user59")
+
+
+def _users(research: list[str], product: list[str], user_ids: dict[str, int] | None = None) -> Any:
+    def mutate(spec: dict[str, Any]) -> None:
+        spec["scheduler"]["teams"][0]["users"] = research
+        spec["scheduler"]["teams"][1]["users"] = product
+        if user_ids is not None:
+            spec["scheduler"]["user_ids"] = user_ids
+
+    return mutate
+
+
+def test_the_names_numbers_are_the_ones_clusters_already_have() -> None:
+    """roles/slurm_common's derivation before this module: 20000 + int(md5(name)[:4], 16) % 10000; a
+    cluster that is up keeps every user's uid."""
+    assert derived_uid("alice") == 25476 and derived_uid("bob") == 20861
+    assert derived_uid(SAME_DERIVED[0]) == derived_uid(SAME_DERIVED[1]) == 20930
+
+
+def test_two_users_of_one_derived_uid_are_refused_before_anything_runs(
+    write_stack: Callable[..., Path],
+) -> None:
+    path = write_stack("local", _users(["alice", SAME_DERIVED[0]], ["bob", SAME_DERIVED[1]]))
+    with pytest.raises(SpecError) as raised:
+        load_platform(path)
+    message = raised.value.message
+    assert raised.value.exit_code == ExitCode.BAD_INPUT
+    assert message.startswith(f"{path}: 1 problem"), message
+    assert "scheduler.teams[1].users[1]: user 'user59' would get uid 20930" in message, message
+    assert "which 'user33' has" in message and "scheduler.user_ids, e.g. `user59: 30000`" in message
+    result = gpuplat("plan", "--stack-file", str(path))  # the CLI: one paragraph, exit 2
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "user 'user59' would get uid 20930" in result.stderr
+
+
+def test_an_explicit_uid_settles_it_and_moves_no_one_else(write_stack: Callable[..., Path]) -> None:
+    pinned = _users(["alice", SAME_DERIVED[0]], ["bob", SAME_DERIVED[1]], {SAME_DERIVED[1]: 30000})
+    uids = slurm_vars(load_platform(write_stack("local", pinned)))["slurm_common_user_ids"]
+    assert uids == {"alice": 25476, "user33": 20930, "bob": 20861, "user59": 30000}
+
+
+@pytest.mark.parametrize(
+    ("user_ids", "where", "problem"),
+    [
+        ({"alice": 20861}, "scheduler.user_ids.alice", "user 'alice' would get uid 20861"),  # bob's derived
+        ({"alice": 30000, "bob": 30000}, "scheduler.user_ids.bob", "which 'alice' has (scheduler.user_ids"),
+        ({"carol": 30000}, "scheduler.user_ids.carol", "'carol' is no team's user"),
+        ({"alice": 65534}, "scheduler.user_ids.alice", "uid 65534 is nobody's"),
+        ({"alice": 999}, "scheduler.user_ids.alice", "greater than or equal to 1000"),
+        ({"alice": 2**32 - 1}, "scheduler.user_ids.alice", "less than or equal to 4294967294"),
+    ],
+    ids=["explicit on derived", "explicit twice", "no such user", "nobody", "system range", "uid_t -1"],
+)
+def test_a_bad_explicit_uid_is_refused_at_its_entry(
+    write_stack: Callable[..., Path], user_ids: dict[str, int], where: str, problem: str
+) -> None:
+    path = write_stack("local", _users(["alice"], ["bob"], user_ids))
+    with pytest.raises(SpecError) as raised:
+        load_platform(path)
+    assert f"{where}: " in raised.value.message and problem in raised.value.message, raised.value.message
+
+
+def test_adding_or_removing_users_renumbers_no_other() -> None:
+    """Each uid is a function of its own name (or its own entry): any subset of users keeps the numbers
+    the whole set gives them."""
+    from infra.spec.models import Scheduler, Team
+
+    rng = random.Random(7)
+    names = sorted({"".join(rng.choices(string.ascii_lowercase, k=6)) for _ in range(40)})
+    for _ in range(20):
+        kept = [n for n in names if rng.random() < 0.5]
+        whole = Scheduler(teams=[Team(name="a", gpu_quota=1, users=names[:20]), Team(name="b", gpu_quota=1, users=names[20:])])
+        part = Scheduler(teams=[Team(name="a", gpu_quota=1, users=kept)])
+        from infra.spec.user_ids import user_uids
+
+        assert {n: user_uids(whole)[n] for n in kept} == user_uids(part)
