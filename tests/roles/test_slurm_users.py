@@ -4,9 +4,9 @@ another account holds, stops the play before a group or user is created or renum
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -18,9 +18,7 @@ FREE_NAME = "gpuplat-no-such-user"
 FREE_UID = 3999999999  # no account of a test host has it
 
 
-def _check(tmp_path: Path, users: list[str], user_ids: dict[str, int]) -> Any:
-    import subprocess
-
+def _check(tmp_path: Path, users: list[str], user_ids: dict[str, int]) -> subprocess.CompletedProcess[str]:
     from infra.nodes.playbook_run import ansible_playbook_binary
 
     play = [
@@ -42,7 +40,9 @@ def _check(tmp_path: Path, users: list[str], user_ids: dict[str, int]) -> Any:
     command = [ansible_playbook_binary(), "--check", "-i", "localhost,", "-c", "local", str(playbook)]
     command += ["-e", f"ansible_python_interpreter={sys.executable}"]
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")}
-    return subprocess.run(command, capture_output=True, text=True, check=False, timeout=300, cwd=ROOT, env=env)
+    return subprocess.run(
+        command, capture_output=True, text=True, check=False, timeout=300, cwd=ROOT, env=env
+    )  # fmt: skip
 
 
 def test_the_uid_is_the_inventorys(tmp_path: Path) -> None:

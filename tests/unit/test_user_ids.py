@@ -15,7 +15,8 @@ import pytest
 from infra.errors import ExitCode, SpecError
 from infra.platform.resolve import load_platform
 from infra.scheduling.slurm import slurm_vars
-from infra.spec.user_ids import derived_uid
+from infra.spec.models import Scheduler, Team
+from infra.spec.user_ids import derived_uid, user_uids
 from tests.unit.test_cli import gpuplat
 
 # md5("user33")[:4] = 57d2, md5("user59")[:4] = 1502: 22482 and 5378, both 930 mod 10000.
@@ -85,14 +86,11 @@ def test_a_bad_explicit_uid_is_refused_at_its_entry(
 def test_adding_or_removing_users_renumbers_no_other() -> None:
     """Each uid is a function of its own name (or its own entry): any subset of users keeps the numbers
     the whole set gives them."""
-    from infra.spec.models import Scheduler, Team
-
     rng = random.Random(7)
     names = sorted({"".join(rng.choices(string.ascii_lowercase, k=6)) for _ in range(40)})
     for _ in range(20):
         kept = [n for n in names if rng.random() < 0.5]
-        whole = Scheduler(teams=[Team(name="a", gpu_quota=1, users=names[:20]), Team(name="b", gpu_quota=1, users=names[20:])])
+        teams = [Team(name="a", gpu_quota=1, users=names[:20]), Team(name="b", gpu_quota=1, users=names[20:])]
+        whole = Scheduler(teams=teams)
         part = Scheduler(teams=[Team(name="a", gpu_quota=1, users=kept)])
-        from infra.spec.user_ids import user_uids
-
         assert {n: user_uids(whole)[n] for n in kept} == user_uids(part)
