@@ -17,6 +17,7 @@ from infra.platform.resolve import load_platform
 from infra.scheduling.slurm import slurm_vars
 from infra.spec.models import Scheduler, Team
 from infra.spec.user_ids import derived_uid, user_uids
+from tests.conftest import ROOT
 from tests.unit.test_cli import gpuplat
 
 # md5("user33")[:4] = 57d2, md5("user59")[:4] = 1502: 22482 and 5378, both 930 mod 10000.
@@ -94,3 +95,14 @@ def test_adding_or_removing_users_renumbers_no_other() -> None:
         whole = Scheduler(teams=teams)
         part = Scheduler(teams=[Team(name="a", gpu_quota=1, users=kept)])
         assert {n: user_uids(whole)[n] for n in kept} == user_uids(part)
+
+
+def test_the_scheduler_scenario_gives_the_uids_the_stack_would() -> None:
+    """molecule/slurm_cluster writes by hand the inventory infra.scheduling renders: its users' uids are
+    the ones their names give."""
+    import yaml
+
+    scenario = yaml.safe_load((ROOT / "molecule" / "slurm_cluster" / "molecule.yml").read_text())
+    given = scenario["provisioner"]["inventory"]["group_vars"]["all"]
+    users = [user for account in given["slurm_accounts"] for user in account["users"]]
+    assert given["slurm_common_user_ids"] == {user: derived_uid(user) for user in users}
