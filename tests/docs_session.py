@@ -45,12 +45,14 @@ class BlockRun:
         """What the block's command at index `command` printed."""
         return self.ran[command].output
 
-    def report(self) -> str:
-        """The block's place, and each command with its output up to the one that failed."""
+    def report(self, tail: int | None = 3000) -> str:
+        """The block's place, and each command with (the last `tail` characters of) its output, up to
+        the one that failed. Whole, it is the block as the page would show this run."""
         lines = [f"{self.block.where}: {'ran' if self.ok else 'failed'}"]
         for ran in self.ran:
             status = "timed out" if ran.status is None else f"exit {ran.status}"
-            lines += [f"$ {ran.command}", ran.output[-3000:].rstrip("\n"), f"({status})"]
+            output = ran.output if tail is None else ran.output[-tail:]
+            lines += [f"$ {ran.command}", output.rstrip("\n"), f"({status})"]
         return "\n".join(lines)
 
 
