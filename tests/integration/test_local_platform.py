@@ -477,11 +477,11 @@ def test_the_loop_two_teams_train_register_and_release(first_up: subprocess.Comp
                 plant = f"touch /shared/jobs/{user}/x 2>&1; echo rc=$?"
                 planted = on("head-0", "runuser", "-u", other, "--", "sh", "-c", plant)
                 assert "Permission denied" in planted and "rc=1" in planted, planted
-            step(session, named_block("loop-train"))
+            train = step(session, named_block("loop-train"))
         finally:
             pairs_file.unlink(missing_ok=True)
         submitted_s = time.monotonic() - started
-        jobs = _loop_jobs()
+        jobs = _loop_jobs(train.output(3))
         assert set(jobs) == {"alice", "bob"}, jobs
 
         def states() -> dict[str, str]:
@@ -549,11 +549,10 @@ def _user_env() -> dict[str, str]:
     return env | {"NO_COLOR": "1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
 
 
-def _loop_jobs() -> dict[str, int]:
-    """The loop jobs in Slurm's accounting: user -> job."""
-    window = ("--allusers", "--starttime", "now-1days")  # sacct's default window starts at midnight
-    text = on("head-0", "sacct", "-n", "-X", "-P", *window, "--name", "loop", "-o", "JobID,User", check=False)
-    return {user: int(job) for job, user in (line.split("|") for line in text.split())}
+def _loop_jobs(squeue: str) -> dict[str, int]:
+    """The loop jobs in the page's `squeue` (JOBID PARTITION NAME USER ...): user -> job."""
+    rows = [line.split() for line in squeue.splitlines()[1:]]
+    return {row[3]: int(row[0]) for row in rows if len(row) > 3 and row[2] == "loop"}
 
 
 def _overlapped(jobs: list[int]) -> bool:
