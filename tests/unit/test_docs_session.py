@@ -66,3 +66,16 @@ def test_a_command_past_the_time_fails_and_what_runs_in_the_background_is_killed
     time.sleep(0.2)
     stat = Path(f"/proc/{background}/stat")
     assert not stat.exists() or stat.read_text().split()[2] == "Z", "left running"
+
+
+def test_a_process_sent_to_the_background_runs_until_a_later_command_stops_it(tmp_path: Path) -> None:
+    """The loop page's guard step: traffic in the background (`&`), the guard, then `kill $!`."""
+    (block,) = _blocks(
+        tmp_path,
+        "$ while sleep 0.1; do echo tick >> ticks; done &\n$ sleep 1; wc -l < ticks\n$ kill $!\n"
+        '$ sleep 0.5; a=$(wc -l < ticks); sleep 0.5; b=$(wc -l < ticks); [ "$a" = "$b" ] && echo stopped\n',
+    )
+    with Session(tmp_path, _env()) as session:
+        ran = session.run(block, timeout=30)
+    assert ran.ok, ran.report()
+    assert int(ran.output(1)) >= 3 and ran.output(3) == "stopped\n"
