@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import re
 import signal
 import subprocess
 import threading
@@ -21,8 +22,11 @@ from pathlib import Path
 
 from tests.docs_commands import Block
 
-# The line the shell prints after each command that succeeded: its own line, which no command prints.
+# The line the shell prints after each command that returned to it, with its status: its own line, which
+# no command prints.
 _DONE = "\x1egpuplat-session-command-done"
+_DONE_LINE = re.compile(re.escape(_DONE) + r" (\d+)")
+_SHELL_ENDED = 255  # the status of a command that ended the shell with 0 (it did not return to it)
 
 
 @dataclass(frozen=True)
@@ -90,25 +94,31 @@ class Session:
     def _command(self, command: str, deadline: float) -> Ran:
         assert self._shell.stdin is not None
         # A group, not a subshell: what it sets stays; `\n}` so that a command ending with `&` is one.
-        self._shell.stdin.write(f"{{ {command}\n}} </dev/null\nprintf '\\n{_DONE}\\n'\n")
+        # Its status printed after it: -e ends the shell at most failures, but not where bash ignores -e
+        # for the command that failed (`a && b` whose `a` fails, `! b`), which a terminal's user still sees.
+        self._shell.stdin.write(f"{{ {command}\n}} </dev/null\nprintf '\\n{_DONE} %d\\n' $?\n")
         self._shell.stdin.flush()
         output: list[str] = []
         while True:
             try:
                 line = self._lines.get(timeout=0.2)
             except queue.Empty:
-                if self._shell.poll() is not None:  # ended by the command's failure (-e)
+                if self._shell.poll() is not None:  # ended by the command's failure (-e), or its `exit`
                     self.ended = True
                     time.sleep(0.2)  # what the reader still has of its last words
                     output += self._drained()
-                    return Ran(command, "".join(output), self._shell.returncode)
+                    # A shell gone before the command's end is a failure even at status 0 (`exit 0`):
+                    # the page's terminal would be closed, and nothing after it runs.
+                    return Ran(command, "".join(output), self._shell.returncode or _SHELL_ENDED)
                 if time.monotonic() > deadline:
                     self.close()
                     return Ran(command, "".join(output + self._drained()), None)
                 continue
-            if line.rstrip("\n") == _DONE:
-                text = "".join(output)
-                return Ran(command, text.removesuffix("\n"), 0)
+            if done := _DONE_LINE.fullmatch(line.rstrip("\n")):
+                status = int(done.group(1))
+                if status != 0:
+                    self.close()  # the session stops at the failed command, as under -e
+                return Ran(command, "".join(output).removesuffix("\n"), status)
             output.append(line)
 
     def _drained(self) -> list[str]:

@@ -79,3 +79,17 @@ def test_a_process_sent_to_the_background_runs_until_a_later_command_stops_it(tm
         ran = session.run(block, timeout=30)
     assert ran.ok, ran.report()
     assert int(ran.output(1)) >= 3 and ran.output(3) == "stopped\n"
+
+
+def test_a_command_that_fails_where_bash_ignores_e_still_fails_its_block(tmp_path: Path) -> None:
+    """`-e` does not end the shell when the failed command is left of `&&` (the loop page's first command,
+    `make_pairs.py ... > pairs.jsonl && wc -l pairs.jsonl`) or negated with `!`; the user sees it fail.
+    Nor does a command that closes the terminal (`exit 0`) count as run."""
+    for failing in ("false && echo unseen", "! true", "exit 0"):
+        broken, after = _blocks(tmp_path, f"$ echo before\n$ {failing}\n$ echo never\n", "$ echo after\n")
+        with Session(tmp_path, _env()) as session:
+            ran = session.run(broken, timeout=20)
+            assert not ran.ok, (failing, ran.report())
+            assert [r.command for r in ran.ran] == ["echo before", failing], ran.report()
+            assert ran.ran[-1].status not in (0, None), ran.report()
+            assert not session.run(after, timeout=20).ok, failing  # nothing runs after the failure
