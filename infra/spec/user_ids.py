@@ -25,9 +25,17 @@ DERIVED_UID_SPAN = 10000
 # 65534 is `nobody` and 65535 the 16-bit -1 (useradd(8) refuses both for a named user).
 EXPLICIT_UID_MIN = 1000
 EXPLICIT_UID_MAX = 2**32 - 2
-RESERVED_UIDS = {65534: "nobody", 65535: "the 16-bit -1"}
+# And the platform's own service accounts of a fixed uid (and gid) on every node, whose files lie on the
+# shared filesystem: a team user given one would own them (tests/unit/test_user_ids.py holds every
+# role's fixed uid to this list).
+RESERVED_UIDS = {
+    19900: "the model registry's service user's (roles/model_registry: model_registry_uid)",
+    65534: "nobody's",
+    65535: "the 16-bit -1",
+}
 ALLOWED = (
-    f"a number from {EXPLICIT_UID_MIN} to {EXPLICIT_UID_MAX}, not 65534 or 65535, that no other user has "
+    f"a number from {EXPLICIT_UID_MIN} to {EXPLICIT_UID_MAX}, not {', '.join(map(str, RESERVED_UIDS))}, "
+    "that no other user has "
     f"(the names' own numbers are {DERIVED_UID_BASE}-{DERIVED_UID_BASE + DERIVED_UID_SPAN - 1})"
 )
 
@@ -58,7 +66,7 @@ def uid_problems(scheduler: Scheduler) -> list[FieldProblem]:
         if user not in users
     ]
     problems += [
-        (("user_ids", user), f"uid {uid} is {RESERVED_UIDS[uid]}'s; allowed: {ALLOWED}")
+        (("user_ids", user), f"uid {uid} is {RESERVED_UIDS[uid]}; allowed: {ALLOWED}")
         for user, uid in scheduler.user_ids.items()
         if uid in RESERVED_UIDS
     ]

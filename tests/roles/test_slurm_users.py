@@ -51,6 +51,32 @@ def test_the_uid_is_the_inventorys(tmp_path: Path) -> None:
     assert "Create the team users" in done.stdout
 
 
+def _group_without_its_user() -> tuple[str, int]:
+    """A group of this host with no user of its name and a gid that is no user's uid (Debian's `adm`)."""
+    import grp
+    import pwd
+
+    users = pwd.getpwall()
+    names, uids = {user.pw_name for user in users}, {user.pw_uid for user in users}
+    group = next(g for g in grp.getgrall() if g.gr_name not in names and g.gr_gid not in uids)
+    return group.gr_name, group.gr_gid
+
+
+def test_a_gid_the_host_disagrees_with_stops_before_anything_is_made(tmp_path: Path) -> None:
+    """The user's own group has their uid for its gid: a group of their name under another gid is not
+    renumbered, and a gid another group holds is not taken (groupadd would fail halfway through)."""
+    group, gid = _group_without_its_user()
+    renumbered = _check(tmp_path, [group], {group: FREE_UID})
+    assert renumbered.returncode != 0, renumbered.stdout[-3000:]
+    said = renumbered.stdout
+    assert f"has a group {group} with gid {gid}, the stack gives" in said, said[-3000:]
+    assert "Create the team users' groups" not in renumbered.stdout
+    taken = _check(tmp_path, [FREE_NAME], {FREE_NAME: gid})
+    assert taken.returncode != 0, taken.stdout[-3000:]
+    assert f"gid {gid} is the group {group}'s" in " ".join(taken.stdout.split()), taken.stdout[-3000:]
+    assert "Create the team users' groups" not in taken.stdout
+
+
 @pytest.mark.parametrize(
     ("users", "user_ids", "message"),
     [

@@ -5,6 +5,7 @@ gives them."""
 from __future__ import annotations
 
 import random
+import re
 import string
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +17,7 @@ from infra.errors import ExitCode, SpecError
 from infra.platform.resolve import load_platform
 from infra.scheduling.slurm import slurm_vars
 from infra.spec.models import Scheduler, Team
-from infra.spec.user_ids import derived_uid, user_uids
+from infra.spec.user_ids import RESERVED_UIDS, derived_uid, user_uids
 from tests.conftest import ROOT
 from tests.unit.test_cli import gpuplat
 
@@ -71,9 +72,18 @@ def test_an_explicit_uid_settles_it_and_moves_no_one_else(write_stack: Callable[
         ({"carol": 30000}, "scheduler.user_ids.carol", "'carol' is no team's user"),
         ({"alice": 65534}, "scheduler.user_ids.alice", "uid 65534 is nobody's"),
         ({"alice": 999}, "scheduler.user_ids.alice", "greater than or equal to 1000"),
+        ({"alice": 19900}, "scheduler.user_ids.alice", "uid 19900 is the model registry's service user's"),
         ({"alice": 2**32 - 1}, "scheduler.user_ids.alice", "less than or equal to 4294967294"),
     ],
-    ids=["explicit on derived", "explicit twice", "no such user", "nobody", "system range", "uid_t -1"],
+    ids=[
+        "explicit on derived",
+        "explicit twice",
+        "no such user",
+        "nobody",
+        "system range",
+        "registry's",
+        "uid_t -1",
+    ],
 )
 def test_a_bad_explicit_uid_is_refused_at_its_entry(
     write_stack: Callable[..., Path], user_ids: dict[str, int], where: str, problem: str
@@ -106,3 +116,17 @@ def test_the_scheduler_scenario_gives_the_uids_the_stack_would() -> None:
     given = scenario["provisioner"]["inventory"]["group_vars"]["all"]
     users = [user for account in given["slurm_accounts"] for user in account["users"]]
     assert given["slurm_common_user_ids"] == {user: derived_uid(user) for user in users}
+
+
+def test_every_fixed_service_uid_of_a_role_is_reserved_from_team_users() -> None:
+    """A role that gives its service account a fixed uid or gid (its files on the shared filesystem) has
+    that number in RESERVED_UIDS, so no scheduler.user_ids entry can hand it to a team user."""
+    import yaml
+
+    fixed = {}
+    for defaults in sorted((ROOT / "roles").glob("*/defaults/main.yml")):
+        for name, value in (yaml.safe_load(defaults.read_text()) or {}).items():
+            if re.search(r"_(uid|gid)$", name) and isinstance(value, int):
+                fixed[f"{defaults.parts[-3]}: {name}"] = value
+    assert fixed, "no role's fixed uid found: the scan reads no defaults"
+    assert {place: uid for place, uid in fixed.items() if uid not in RESERVED_UIDS} == {}
