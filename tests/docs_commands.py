@@ -20,6 +20,7 @@ console blocks in one shell, as one terminal, so variables carry from one block 
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,8 +107,11 @@ def blocks_of(page: Path) -> list[Block]:
             steps = transcript(body, where)
             text = "".join(f"{step.command}\n" for step in steps)
             found.append(Block(page, index, text, mark.group("name"), steps))
+            for step in steps:
+                refuse_hidden_failures([step.command], where)
         else:
             found.append(Block(page, index, text + "\n", mark.group("name")))
+            refuse_hidden_failures(logical_lines(body), where, script=True)
         index = closing + 1
     return found
 
@@ -132,6 +136,54 @@ def transcript(body: list[str], where: str) -> tuple[Step, ...]:
     if continued:
         raise MarkError(f"{where}: the console block's last command ends with a `\\` and nothing follows")
     return tuple(Step("\n".join(command), "\n".join(shown)) for command, shown in steps)
+
+
+# Commands whose failure the runners would not see: `|| true` and its kin always succeed, and `set +e` /
+# `set +o pipefail` turn the runners' own checks off for what follows.
+_HIDES_FAILURE = (("||", "true"), ("||", ":"), ("set", "+e"), ("set", "+o", "pipefail"))
+
+
+def logical_lines(body: list[str]) -> list[str]:
+    """A script's lines, each with the lines its trailing `\\` continues it over."""
+    lines: list[str] = []
+    continued = False
+    for line in body:
+        if continued:
+            lines[-1] += "\n" + line
+        else:
+            lines.append(line)
+        continued = line.endswith("\\")
+    return [line for line in lines if line.strip()]
+
+
+def _tokens(command: str) -> list[str]:
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+    lexer.whitespace_split, lexer.commenters = True, "#"
+    try:
+        return list(lexer)
+    except ValueError:  # quoting shlex cannot follow: bash itself judges the command
+        return []
+
+
+def refuse_hidden_failures(commands: list[str], where: str, script: bool = False) -> None:
+    """A marked block's commands must fail where they fail. Besides `_HIDES_FAILURE`: in a script (a plain
+    block, run whole by `bash -e`), an `&&` or `||` list before the last line, whose failing left side
+    bash -e does not stop at (the script goes on and may end well); a console block's commands are
+    judged one by one, by their status (tests/docs_session.py)."""
+    for number, command in enumerate(commands, start=1):
+        tokens = _tokens(command)
+        for hiding in _HIDES_FAILURE:
+            if any(tuple(tokens[i : i + len(hiding)]) == hiding for i in range(len(tokens))):
+                pattern = " ".join(hiding)
+                raise MarkError(
+                    f"{where}: `{command}` hides a failure (`{pattern}`): a marked block's "
+                    "commands fail where they fail"
+                )
+        if script and number < len(commands) and {"&&", "||"} & set(tokens):
+            raise MarkError(
+                f"{where}: `{command}` is an && or || list before the block's last line: bash -e goes on "
+                "when its left side fails; put its commands on lines of their own, or end the block with it"
+            )
 
 
 def marked_blocks(pages: list[Path] | None = None) -> list[Block]:

@@ -155,3 +155,38 @@ def test_the_loop_page_is_run_whole_by_the_loop_test() -> None:
     users = {"alice": "research", "bob": "product"}
     for user, team in users.items():
         assert any(f"runuser -u {user} -- sbatch --parsable --account {team}" in c for c in shown), user
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        ("```\npodman exec x false && echo unseen\necho ends well\n```\n", "an && or || list before"),
+        ("```\nfalse || echo fine \\\n  anyway\necho ends well\n```\n", "an && or || list before"),
+        ("```console\n$ gpuplat validate --stack local || true\n```\n", r"hides a failure \(`\|\| true`\)"),
+        ("```bash\nset +e\nfalse\n```\n", r"hides a failure \(`set \+e`\)"),
+        ("```console\n$ set +o pipefail\n```\n", r"hides a failure \(`set \+o pipefail`\)"),
+        ("```\nfalse || :\n```\n", r"hides a failure \(`\|\| :`\)"),
+    ],
+    ids=["&& before the end", "|| continued", "|| true", "set +e", "set +o pipefail", "|| :"],
+)
+def test_a_marked_command_whose_failure_the_runner_would_not_see_is_refused(
+    tmp_path: Path, body: str, problem: str
+) -> None:
+    """`bash -e` goes on past an && list whose left side failed (the plain runner runs a block whole, so
+    only its last line's status counts); `|| true` and `set +e` hide a failure from either runner."""
+    with pytest.raises(MarkError, match=problem):
+        blocks_of(_page(tmp_path, f"{MARK}\n{body}"))
+
+
+def test_a_list_that_ends_its_block_or_stands_in_a_console_block_is_run_as_shown(tmp_path: Path) -> None:
+    """Where a list's failure is its block's (the script's last line) or its command's (a console step,
+    judged by its own status), it is allowed, as are `&&` and `||` inside quotes or comments."""
+    page = _page(
+        tmp_path,
+        f"{MARK}\n```\necho '&& || true' # a && b || true\nmake pairs && wc -l pairs\n```\n\n"
+        f"{MARK}\n```console\n$ make pairs && wc -l pairs\n147 pairs\n$ echo next\n```\n",
+    )
+    assert [block.commands for block in blocks_of(page)] == [
+        ["echo '&& || true' # a && b || true\nmake pairs && wc -l pairs\n"],
+        ["make pairs && wc -l pairs", "echo next"],
+    ]

@@ -130,3 +130,25 @@ def test_every_fixed_service_uid_of_a_role_is_reserved_from_team_users() -> None
                 fixed[f"{defaults.parts[-3]}: {name}"] = value
     assert fixed, "no role's fixed uid found: the scan reads no defaults"
     assert {place: uid for place, uid in fixed.items() if uid not in RESERVED_UIDS} == {}
+
+
+def test_the_derivation_is_the_old_roles_for_any_name() -> None:
+    """Day 2 on a cluster the role made before (roles/slurm_common/tasks/users.yml up to this change,
+    since 6f7271b): its Jinja expression, rendered with Ansible's own `hash` filter, gives every name the
+    number derived_uid does, for 500 names of any shape a stack allows."""
+    jinja2 = pytest.importorskip("jinja2")
+    core = pytest.importorskip("ansible.plugins.filter.core")
+    environment = jinja2.Environment()
+    environment.filters["hash"] = core.get_hash
+    old_role = environment.from_string(
+        "{{ slurm_common_user_uid_base + ((item | hash('md5'))[:4] | int(base=16)) % 10000 }}"
+    )
+    rng = random.Random(3)
+    first, rest = string.ascii_lowercase + "_", string.ascii_lowercase + string.digits + "_-"
+    names = {rng.choice(first) + "".join(rng.choices(rest, k=rng.randint(0, 31))) for _ in range(500)}
+    differ = {
+        name: (old, derived_uid(name))
+        for name in sorted(names)
+        if (old := int(old_role.render(item=name, slurm_common_user_uid_base=20000))) != derived_uid(name)
+    }
+    assert len(names) > 450 and differ == {}
