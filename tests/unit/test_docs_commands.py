@@ -190,3 +190,13 @@ def test_a_list_that_ends_its_block_or_stands_in_a_console_block_is_run_as_shown
         ["echo '&& || true' # a && b || true\nmake pairs && wc -l pairs\n"],
         ["make pairs && wc -l pairs", "echo next"],
     ]
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/training.md", "docs/loop.md"])
+def test_every_shell_block_of_the_local_platforms_walkthroughs_is_marked(page: str) -> None:
+    """These pages are sessions on the local platform: a fence without a mark there is a command the
+    integration tier never runs (the loop page's test above only sees `$ ` lines)."""
+    lines = (ROOT / page).read_text(encoding="utf-8").splitlines()
+    opening = [index for index, line in enumerate(lines) if line.startswith("```")][::2]
+    marked = {block.line for block in blocks_of(ROOT / page)}  # the mark's line, 1-based: the fence's index
+    assert [f"{page}:{index + 1}" for index in opening if index not in marked] == []
