@@ -3,6 +3,7 @@ and that the marked blocks of the shipped pages are shell the integration tier c
 
 from __future__ import annotations
 
+import ast
 import subprocess
 from pathlib import Path
 
@@ -149,9 +150,7 @@ def test_the_loop_page_is_run_whole_by_the_loop_test() -> None:
     blocks = blocks_of(page)
     assert [command for block in blocks for command in block.commands] == shown
     assert all(block.name and block.name.startswith("loop-") and block.steps for block in blocks)
-    integration = (ROOT / "tests" / "integration" / "test_local_platform.py").read_text(encoding="utf-8")
-    asked = [integration.index(f'named_block("{block.name}")') for block in blocks]
-    assert asked == sorted(asked), "the test asks for the page's blocks in the page's order"
+    assert _blocks_the_loop_test_runs() == [block.name for block in blocks], "the page's order, each once"
     users = {"alice": "research", "bob": "product"}
     for user, team in users.items():
         assert any(f"runuser -u {user} -- sbatch --parsable --account {team}" in c for c in shown), user
@@ -200,3 +199,31 @@ def test_every_shell_block_of_the_local_platforms_walkthroughs_is_marked(page: s
     opening = [index for index, line in enumerate(lines) if line.startswith("```")][::2]
     marked = {block.line for block in blocks_of(ROOT / page)}  # the mark's line, 1-based: the fence's index
     assert [f"{page}:{index + 1}" for index in opening if index not in marked] == []
+
+
+def _blocks_the_loop_test_runs() -> list[str]:
+    """The names in `step(session, named_block(NAME))` calls of the loop's integration test, in its order
+    (code, not text: a call commented out is not a call)."""
+    integration = ROOT / "tests" / "integration" / "test_local_platform.py"
+    tree = ast.parse(integration.read_text(encoding="utf-8"))
+    test = next(
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef)
+        and node.name == "test_the_loop_two_teams_train_register_and_release"
+    )
+    steps = [
+        call
+        for call in ast.walk(test)
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "step"
+    ]
+    named = [
+        (asked.lineno, asked.args[0].value)
+        for call in steps
+        for asked in call.args
+        if isinstance(asked, ast.Call)
+        and isinstance(asked.func, ast.Name)
+        and asked.func.id == "named_block"
+        and isinstance(asked.args[0], ast.Constant)
+    ]
+    return [name for _, name in sorted(named)]
