@@ -218,7 +218,7 @@ def _blocks_the_loop_test_runs() -> list[str]:
         if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "step"
     ]
     named = [
-        (asked.lineno, asked.args[0].value)
+        (asked.lineno, str(asked.args[0].value))
         for call in steps
         for asked in call.args
         if isinstance(asked, ast.Call)
