@@ -110,6 +110,11 @@ def blocks_of(page: Path) -> list[Block]:
             for step in steps:
                 refuse_hidden_failures([step.command], where)
         else:
+            if prompted := next((line for line in body if line.startswith(PROMPT)), None):
+                raise MarkError(
+                    f"{where}: `{prompted}` in a ```{fence.group(2) or ''} block, which is run as a script: "
+                    "a transcript with `$ ` prompts is a ```console block"
+                )
             found.append(Block(page, index, text + "\n", mark.group("name")))
             refuse_hidden_failures(logical_lines(body), where, script=True)
         index = closing + 1

@@ -165,8 +165,17 @@ def test_the_loop_page_is_run_whole_by_the_loop_test() -> None:
         ("```bash\nset +e\nfalse\n```\n", r"hides a failure \(`set \+e`\)"),
         ("```console\n$ set +o pipefail\n```\n", r"hides a failure \(`set \+o pipefail`\)"),
         ("```\nfalse || :\n```\n", r"hides a failure \(`\|\| :`\)"),
+        ("```bash\n$ gpuplat status --stack local\n```\n", r"is run as a script: a transcript .* ```console"),
     ],
-    ids=["&& before the end", "|| continued", "|| true", "set +e", "set +o pipefail", "|| :"],
+    ids=[
+        "&& before the end",
+        "|| continued",
+        "|| true",
+        "set +e",
+        "set +o pipefail",
+        "|| :",
+        "prompt in bash",
+    ],
 )
 def test_a_marked_command_whose_failure_the_runner_would_not_see_is_refused(
     tmp_path: Path, body: str, problem: str
