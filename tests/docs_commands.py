@@ -109,6 +109,11 @@ def blocks_of(page: Path) -> list[Block]:
             found.append(Block(page, index, text, mark.group("name"), steps))
             for step in steps:
                 refuse_hidden_failures([step.command], where)
+                if "<<" in _tokens(step.command):  # its body would be the lines the page shows as output
+                    raise MarkError(
+                        f"{where}: `{step.command}` reads a here-document, which a transcript "
+                        "cannot hold (the lines under a command are its output): use a plain block"
+                    )
         else:
             if prompted := next((line for line in body if line.startswith(PROMPT)), None):
                 raise MarkError(

@@ -166,6 +166,10 @@ def test_the_loop_page_is_run_whole_by_the_loop_test() -> None:
         ("```console\n$ set +o pipefail\n```\n", r"hides a failure \(`set \+o pipefail`\)"),
         ("```\nfalse || :\n```\n", r"hides a failure \(`\|\| :`\)"),
         ("```bash\n$ gpuplat status --stack local\n```\n", r"is run as a script: a transcript .* ```console"),
+        (
+            "```console\n$ cat > f <<EOF\nx\nEOF\n```\n",
+            "reads a here-document, which a transcript cannot hold",
+        ),
     ],
     ids=[
         "&& before the end",
@@ -175,6 +179,7 @@ def test_the_loop_page_is_run_whole_by_the_loop_test() -> None:
         "set +o pipefail",
         "|| :",
         "prompt in bash",
+        "heredoc in console",
     ],
 )
 def test_a_marked_command_whose_failure_the_runner_would_not_see_is_refused(
