@@ -370,13 +370,21 @@ def registered_before(client: Any, experiment_id: str, model: str) -> str | None
     # run. With its user and cluster, only this user's own earlier job of that ID on a rebuilt controller
     # (Slurm's IDs start again) still matches.
     mine = " and ".join(f"tags.`{key}` = '{value}'" for key, value in job_tags().items())
+    found = None
     for run in client.search_runs([experiment_id], mine):
-        for version in client.search_model_versions(f"name = '{model}' and run_id = '{run.info.run_id}'"):
-            return (
-                f"registered before this job was requeued: {model} version {version.version} "
+        versions = client.search_model_versions(f"name = '{model}' and run_id = '{run.info.run_id}'")
+        if versions and found is None:
+            found = (
+                f"registered before this job was requeued: {model} version {versions[0].version} "
                 f"(run {run.info.run_id})"
             )
-    return None
+        # A run the job was stopped in stays RUNNING in MLflow for good: one that registered is finished,
+        # one stopped before it registered (its artifacts maybe half logged; a version is made only from
+        # a run's complete artifacts) is KILLED, so that no one takes it for a run still going.
+        # (MLflow's REST API runs/update: RUNNING, SCHEDULED, FINISHED, FAILED or KILLED.)
+        if run.info.status == "RUNNING":
+            client.set_terminated(run.info.run_id, "FINISHED" if versions else "KILLED")
+    return found
 
 
 def register(

@@ -25,6 +25,7 @@ from infra.platform.resolve import ResolvedPlatform, ResolvedPool
 from infra.scheduling.placement import training_order
 from infra.spec.models import PlacementPreference
 from infra.spec.names import PLACEMENT_PARTITION
+from infra.spec.user_ids import user_uids
 
 # QoS tiers: high and normal preempt spot. The preempt mode of every QoS is the spec's
 # scheduler.spot_preempt_mode (see qos()), the same mode the spot partitions use.
@@ -336,6 +337,7 @@ def slurm_vars(platform: ResolvedPlatform) -> dict[str, Any]:
         "slurm_shared_partitions": [asdict(p) for p in shared_partitions(platform)],
         "slurm_placement": placement(platform),
         "slurm_accounts": [asdict(a) for a in accounts(platform)],
+        "slurm_common_user_ids": user_uids(platform.spec.scheduler),
         "slurm_qos": qos(platform),
         "slurm_default_time_limit": platform.spec.scheduler.default_time_limit,
         "slurm_controllers": controllers(platform),

@@ -24,6 +24,7 @@ from pydantic import (
 from infra.errors.problems import FieldProblem, FieldProblems
 from infra.spec.cross_checks import platform_problems, repeats
 from infra.spec.limits import MAX_NODES, MAX_NODES_REASON
+from infra.spec.user_ids import EXPLICIT_UID_MAX, EXPLICIT_UID_MIN, uid_problems
 
 Backend = Literal["aws", "onprem", "local"]
 PoolRole = Literal["train", "infer", "service"]
@@ -415,12 +416,26 @@ class Scheduler(_Model):
         ),
     )
 
+    user_ids: dict[
+        Annotated[str, Field(pattern=USER_PATTERN)],
+        Annotated[int, Field(ge=EXPLICIT_UID_MIN, le=EXPLICIT_UID_MAX)],
+    ] = Field(
+        default_factory=dict,
+        description=(
+            "uid of a team user (and gid of their own group) on the nodes where the platform creates the "
+            "users (the local backend), for users whose numbers come from a directory; any other user's is "
+            "20000 + md5(name) mod 10000, from their name alone (adding or removing a user changes no other "
+            "user's); two users of one uid are refused"
+        ),
+    )
+
     @model_validator(mode="after")
     def _unique_teams(self) -> Scheduler:
         problems: list[FieldProblem] = [
             (("teams", index, "name"), f"team {name!r} is already teams[{first}]; each team is listed once")
             for index, first, name in repeats([t.name for t in self.teams])
         ]
+        problems += uid_problems(self)
         problems += [
             (("job_classes", index, "name"), f"job class {name!r} is already job_classes[{first}]")
             for index, first, name in repeats([c.name for c in self.job_classes])

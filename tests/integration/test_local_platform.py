@@ -26,7 +26,8 @@ from infra.nodes.inventory import container_name
 from infra.nodes.podman import podman
 from infra.platform.resolve import load_platform
 from infra.spec.load import stack_file
-from tests.docs_commands import marked_blocks, named_block, submitted_jobs
+from tests.docs_commands import Block, marked_blocks, named_block, submitted_jobs
+from tests.docs_session import BlockRun, Session
 from tests.slurm_states import JOB_ENDED
 
 pytestmark = pytest.mark.integration
@@ -216,10 +217,8 @@ def test_openai_client_through_the_gateway(first_up: subprocess.CompletedProcess
 def run_block(text: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
     """A documented block as a user runs it: from the repository's root, the venv activated, none of the
     test process's GPUPLAT_* settings. In a session of its own: what it leaves running is killed with it."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith("GPUPLAT_")}
-    env |= {"NO_COLOR": "1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     shell = subprocess.Popen(
-        ["bash", "-e", "-o", "pipefail", "-c", text], cwd=ROOT, env=env, text=True,
+        ["bash", "-e", "-o", "pipefail", "-c", text], cwd=ROOT, env=_user_env(), text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
     )  # fmt: skip
     try:
@@ -445,159 +444,131 @@ def test_a_corrupted_dataset_cache_entry_is_found_and_staged_again(
     assert on("train-0", "sha256sum", f"{staged}/shards/000.bin").split()[0] == original
 
 
-LOOP = ROOT / "examples" / "loop"
-PAIRS_DIR = "/shared/datasets/text-pairs/v1"
-TRAINING_ENV = "/shared/envs/torch-2.13.0"
-
-
-def test_the_loop_two_teams_train_register_and_release(
-    first_up: subprocess.CompletedProcess[str], tmp_path: Path
-) -> None:
-    """docs/loop.md as typed: the manual's pages made into text pairs and staged; alice (research) and bob
+def test_the_loop_two_teams_train_register_and_release(first_up: subprocess.CompletedProcess[str]) -> None:
+    """docs/loop.md's session, its commands verbatim and in order, in one shell as a user types them
+    (tests/docs_session.py): the manual's pages made into text pairs and staged; alice (research) and bob
     (product) submit examples/loop at the same time on the same two nodes; both finish, each registers a
-    version from its MLflow run; the lower-scoring one is deployed stable, the other enters a canary through
-    the gate, the guard watches it under traffic, it is promoted; MLflow's own client resolves
-    models:/embedder@champion inside a Slurm task (MLFLOW_TRACKING_URI from the TaskProlog) to that
-    version."""
+    version from its MLflow run; one is deployed stable, the other enters a canary through the gate, the
+    guard watches it under traffic, it is promoted; MLflow's own client resolves models:/embedder@champion
+    inside a Slurm task (MLFLOW_TRACKING_URI from the TaskProlog) to that version. Between the page's
+    steps the test waits where the page's user waits, and checks what the page says happened."""
     assert first_up.returncode == 0
     started = time.monotonic()
-    head = container_name(STACK, "head-0")
-    pairs = subprocess.run(
-        [sys.executable, str(LOOP / "make_pairs.py"), str(ROOT / "docs")],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    (tmp_path / "pairs.jsonl").write_text(pairs, encoding="utf-8")
-    on("head-0", "mkdir", "-p", PAIRS_DIR)
-    podman("cp", str(tmp_path / "pairs.jsonl"), f"{head}:{PAIRS_DIR}/pairs.jsonl")
-    for user in ("alice", "bob"):  # each their own copy, in the folder only they can write to
-        on("head-0", "rm", "-rf", f"/shared/jobs/{user}/train_dist", f"/shared/jobs/{user}/loop")
-        podman("cp", str(TRAIN_DIST), f"{head}:/shared/jobs/{user}/")
-        podman("cp", str(LOOP), f"{head}:/shared/jobs/{user}/")
-    jobs: dict[str, str] = {}
-    # The platform made each team user's job folder, private to them: the other team cannot put a file in it.
-    for user, other in (("alice", "bob"), ("bob", "alice")):
-        owner_mode = on("head-0", "stat", "-c", "%U %a", f"/shared/jobs/{user}").strip()
-        assert owner_mode == f"{user} 700", f"/shared/jobs/{user}: {owner_mode}"
-        plant = f"touch /shared/jobs/{user}/x 2>&1; echo rc=$?"
-        planted = on("head-0", "runuser", "-u", other, "--", "sh", "-c", plant)
-        assert "Permission denied" in planted and "rc=1" in planted, planted
-    for user, account in (("alice", "research"), ("bob", "product")):
-        submitted = podman(
-            "exec", "-w", f"/shared/jobs/{user}", head, "runuser", "-u", user, "--",
-            "sbatch", "--parsable", "--account", account, f"/shared/jobs/{user}/loop/loop.sbatch",
-        )  # fmt: skip
-        jobs[user] = submitted.stdout.strip().split(";")[0]
-    submitted_s = time.monotonic() - started
+    pairs_file = ROOT / "pairs.jsonl"  # the page's first command writes it where the session runs
+    times: dict[str, float] = {}
 
-    def states() -> dict[str, str]:
-        found = {}
-        for user, job in jobs.items():
-            text = on("head-0", "sacct", "-n", "-X", "-P", "-j", job, "-o", "State", check=False)
-            found[user] = text.strip().splitlines()[0] if text.strip() else ""
-        return found
+    def step(session: Session, block: Block, timeout: float = 600) -> BlockRun:
+        begun = time.monotonic()
+        ran = session.run(block, timeout=timeout)
+        times[str(block.name)] = time.monotonic() - begun
+        # Whole: what the page shows under each command, refreshed from a run of the tier.
+        print(f"\n{ran.report(tail=None)}\n[{block.name}: {times[str(block.name)]:.1f} s]", flush=True)
+        assert ran.ok, ran.report()
+        return ran
 
-    def overlapped() -> bool:
-        """Both jobs ran at once on the same nodes (their start and end times overlap)."""
-        spans = []
-        for job in jobs.values():
-            text = on("head-0", "sacct", "-n", "-X", "-P", "-j", job, "-o", "Start,End,NodeList", check=False)
-            start, end, nodes = text.strip().splitlines()[0].split("|")
-            spans.append((start, end, nodes))
-        return spans[0][2] == spans[1][2] and spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1]
+    with Session(ROOT, _user_env()) as session:
+        try:
+            step(session, named_block("loop-data"))
+            # The platform made each team user's job folder, private to them: the other team cannot put
+            # a file in it.
+            for user, other in (("alice", "bob"), ("bob", "alice")):
+                owner_mode = on("head-0", "stat", "-c", "%U %a", f"/shared/jobs/{user}").strip()
+                assert owner_mode == f"{user} 700", f"/shared/jobs/{user}: {owner_mode}"
+                plant = f"touch /shared/jobs/{user}/x 2>&1; echo rc=$?"
+                planted = on("head-0", "runuser", "-u", other, "--", "sh", "-c", plant)
+                assert "Permission denied" in planted and "rc=1" in planted, planted
+            train = step(session, named_block("loop-train"))
+        finally:
+            pairs_file.unlink(missing_ok=True)
+        submitted_s = time.monotonic() - started
+        jobs = _loop_jobs(train.output(3))
+        assert set(jobs) == {"alice", "bob"}, jobs
 
-    wait_for(
-        "both loop jobs to end",
-        lambda: all(s and s not in ("PENDING", "RUNNING") for s in states().values()),
-        600,
-        3,
-    )
-    trained_s = time.monotonic() - started - submitted_s
-    logs = {
-        user: on("head-0", "cat", f"/shared/jobs/{user}/slurm-{job}.out", check=False)
-        for user, job in jobs.items()
-    }
-    assert set(states().values()) == {"COMPLETED"}, (states(), logs)
-    assert overlapped(), jobs
-    versions: dict[str, int] = {}
-    for user, log in logs.items():
-        match = re.search(
-            r"^registered embedder version (\d+) from runs:/(\w+)/model \(mlflow-artifacts:/", log, re.M
-        )
-        assert match, log[-3000:]
-        versions[user] = int(match.group(1))
-        assert re.search(r"^held out \d+ pairs: recall_at_1 [\d.]+ \(base model [\d.]+\)$", log, re.M), log
-    listed = json.loads(gpuplat("models", "list", "embedder", "--stack", STACK, "--json").stdout)
-    score = {int(v["version"]): float(v["tags"]["recall_at_1"]) for v in listed}
-    assert set(score) >= set(versions.values()), listed
-    stable, candidate = sorted(versions.values(), key=lambda v: (score[v], v))
+        def states() -> dict[str, str]:
+            return {user: job_end_state(job) for user, job in jobs.items()}
 
-    release_started = time.monotonic()
-    deployed = gpuplat("serve", "deploy", f"embedder@{stable}", "--stack", STACK)
-    assert deployed.returncode == 0, deployed.stderr[-2000:]
-    location = next(v["location"] for v in listed if int(v["version"]) == stable)
-    assert location.startswith("/shared/registry/artifacts/"), location
+        wait_for("both loop jobs to end", lambda: all(states().values()), 600, 3)
+        trained_s = time.monotonic() - started - submitted_s
+        logs = {
+            user: on("head-0", "cat", f"/shared/jobs/{user}/slurm-{job}.out", check=False)
+            for user, job in jobs.items()
+        }
+        assert set(states().values()) == {"COMPLETED"}, (states(), logs)
+        assert _overlapped(list(jobs.values())), jobs
+        versions: dict[str, int] = {}
+        for user, log in logs.items():
+            match = re.search(
+                r"^registered embedder version (\d+) from runs:/(\w+)/model \(mlflow-artifacts:/", log, re.M
+            )
+            assert match, log[-3000:]
+            versions[user] = int(match.group(1))
+            scored = r"^held out \d+ pairs: recall_at_1 [\d.]+ \(base model [\d.]+\)$"
+            assert re.search(scored, log, re.M), log[-3000:]
+        assert sorted(versions.values()) == [1, 2], versions  # the versions the page deploys
 
-    # The model server's user reads the version, and can neither change it nor read the registry's
-    # database (the registry's uid is its own on every node: roles/model_registry, model_registry_uid).
-    def on_infer_as(user: str, *command: str) -> int:
-        infer = container_name(STACK, "infer-0")
-        return podman("exec", infer, "runuser", "-u", user, "--", *command, check=False).returncode
+        alice_log = step(session, named_block("loop-log")).output(0)
+        assert f"registered embedder version {versions['alice']} from runs:/" in alice_log, alice_log[-3000:]
+        step(session, named_block("loop-registry"))
+        listed = json.loads(gpuplat("models", "list", "embedder", "--stack", STACK, "--json").stdout)
+        location = next(v["location"] for v in listed if int(v["version"]) == 1)
+        assert location.startswith("/shared/registry/artifacts/"), location
 
-    for user in ("nobody", "gpuplat-inference"):
-        assert on_infer_as(user, "test", "-r", f"{location}/model.zip") == 0, (user, location)
-        assert on_infer_as(user, "test", "-w", f"{location}/model.zip") != 0, (user, location)
-        assert on_infer_as(user, "cat", "/shared/registry/mlflow.db") != 0, f"{user} reads the database"
-    canary = gpuplat("serve", "deploy", f"embedder@{candidate}", "--canary", "50", "--stack", STACK)
-    assert canary.returncode == 0, canary.stderr[-2000:]
-    from openai import OpenAI
+        release_started = time.monotonic()
+        release = step(session, named_block("loop-release"))
+        # The model server's user reads the version, and can neither change it nor read the registry's
+        # database (the registry's uid is its own on every node: roles/model_registry, model_registry_uid).
+        for user in ("nobody", "gpuplat-inference"):
+            assert _on_infer_as(user, "test", "-r", f"{location}/model.zip") == 0, (user, location)
+            assert _on_infer_as(user, "test", "-w", f"{location}/model.zip") != 0, (user, location)
+            assert _on_infer_as(user, "cat", "/shared/registry/mlflow.db") != 0, f"{user} reads the database"
+        shares = dict(line.split()[::-1] for line in release.output(2).splitlines())
+        assert set(shares) == {"embedder@1", "embedder@2"}, release.output(2)  # both versions answered
+        # The guard analyses the canary under the page's background traffic (the local stack's
+        # serving.canary: 5 s of warm-up, three intervals of 10 s); the versions are alike and none fails,
+        # so it exits 0 with promote-ready (1: rolled back, 5: no verdict).
+        guard = step(session, named_block("loop-guard"))
+        assert guard.output(1).startswith("promote-ready"), guard.output(1)
+        assert "serves every request" in guard.output(3), guard.output(3)
+        release_s = time.monotonic() - release_started
 
-    cluster = LocalCluster(load_platform(stack_file(STACK)))
-    client = OpenAI(base_url=cluster.gateway_url(), api_key="unused", timeout=30, max_retries=0)
-    model = cluster.platform.spec.serving.model if cluster.platform.spec.serving else ""
-    # The guard analyses the canary while requests come in (the local stack's serving.canary: 5 s of warm-up,
-    # three intervals of 10 s, each judged on its share of min_requests): the two versions are alike and
-    # none fails, so it ends promote-ready (exit 0); rolled back is 1, no verdict 5.
-    env = {"NO_COLOR": "1", "PATH": f"{Path(sys.executable).parent}:/usr/sbin:/usr/bin:/sbin:/bin"}
-    guard = subprocess.Popen(
-        [GPUPLAT, "serve", "guard", "embedder", "--stack", STACK],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
-    answered: dict[str, int] = {}
-    try:
-        for i in range(2000):
-            if guard.poll() is not None:
-                break
-            reply = client.embeddings.with_raw_response.create(model=model, input=f"request {i}")
-            served = reply.headers.get("x-gpuplat-model-version", "")
-            answered[served] = answered.get(served, 0) + 1
-            time.sleep(0.05)
-        out, err = guard.communicate(timeout=120)
-    finally:
-        if guard.poll() is None:
-            guard.kill()
-    assert set(answered) == {f"embedder@{stable}", f"embedder@{candidate}"}, answered
-    assert guard.returncode == 0 and out.startswith("promote-ready"), (guard.returncode, out, err)
-    promoted = gpuplat("serve", "promote", "embedder", "--stack", STACK)
-    assert promoted.returncode == 0, promoted.stderr[-2000:]
-    release_s = time.monotonic() - release_started
-
-    resolve = (
-        "import mlflow; c = mlflow.MlflowClient(); v = c.get_model_version_by_alias('embedder', 'champion'); "
-        "p = mlflow.artifacts.download_artifacts('models:/embedder@champion'); import os; "
-        "print(v.version, v.tags['recall_at_1'], sorted(os.listdir(p)))"
-    )
-    as_bob = ["runuser", "-u", "bob", "--", "srun", "--account", "product", "--partition", "train"]
-    resolved = on("head-0", *as_bob, f"{TRAINING_ENV}/bin/python", "-c", resolve, timeout=180)
-    assert resolved.split()[0] == str(candidate), resolved
-    assert "'MLmodel', 'model.zip'" in resolved, resolved
+        resolved = step(session, named_block("loop-client")).output(0)
+        assert resolved.split()[0] == "2", resolved
+        assert "['MLmodel', 'model.zip']" in resolved, resolved
     print(
         f"\nloop: submitted in {submitted_s:.1f} s, both jobs done {trained_s:.1f} s later "
-        f"(versions {versions}, recall@1 {score}); deploy, canary, guard ({out.strip()}), promote "
-        f"{release_s:.1f} s; "
-        f"whole test {time.monotonic() - started:.1f} s"
+        f"(versions {versions}); deploy, canary, guard, promote {release_s:.1f} s; "
+        + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in times.items())
+        + f"; whole test {time.monotonic() - started:.1f} s"
     )
+
+
+def _user_env() -> dict[str, str]:
+    """A user's shell as the README's `make up` leaves it: the venv's commands on PATH, none of the test
+    process's GPUPLAT_* settings."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("GPUPLAT_")}
+    return env | {"NO_COLOR": "1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+
+
+def _loop_jobs(squeue: str) -> dict[str, int]:
+    """The loop jobs in the page's `squeue` (JOBID PARTITION NAME USER ...): user -> job."""
+    rows = [line.split() for line in squeue.splitlines()[1:]]
+    return {row[3]: int(row[0]) for row in rows if len(row) > 3 and row[2] == "loop"}
+
+
+def _overlapped(jobs: list[int]) -> bool:
+    """Both jobs ran at once on the same nodes (their start and end times overlap)."""
+    spans = []
+    for job in jobs:
+        fields = ("-o", "Start,End,NodeList")
+        text = on("head-0", "sacct", "-n", "-X", "-P", "-j", str(job), *fields, check=False)
+        start, end, nodes = text.strip().splitlines()[0].split("|")
+        spans.append((start, end, nodes))
+    return spans[0][2] == spans[1][2] and spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1]
+
+
+def _on_infer_as(user: str, *command: str) -> int:
+    infer = container_name(STACK, "infer-0")
+    return podman("exec", infer, "runuser", "-u", user, "--", *command, check=False).returncode
 
 
 def _scraped_nodes() -> set[str]:

@@ -3,6 +3,7 @@ and that the marked blocks of the shipped pages are shell the integration tier c
 
 from __future__ import annotations
 
+import ast
 import subprocess
 from pathlib import Path
 
@@ -43,12 +44,21 @@ def test_a_block_repeated_on_another_page_runs_once(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "problem"),
     [
-        (f"{MARK}\n\n```\necho x\n```\n", "must be followed by a ``` or ```bash fence"),
-        (f"{MARK}\n```console\n$ echo x\n```\n", "must be followed by a ``` or ```bash fence"),
+        (f"{MARK}\n\n```\necho x\n```\n", "must be followed by a ```, ```bash or ```console fence"),
+        (f"{MARK}\n```text\n$ echo x\n```\n", "must be followed by a ```, ```bash or ```console fence"),
+        (f"{MARK}\n```console\nx\n$ echo x\n```\n", r"starts with a command \(`\$ \.\.\.`\), not `x`"),
+        (f"{MARK}\n```console\n$ echo x \\\n```\n", "last command ends with a `\\\\`"),
         (f"{MARK}\n```\necho x\n", "has no closing ```"),
         (f"{MARK}\n```\n\n```\n", "is empty"),
     ],
-    ids=["blank line", "console block", "unclosed", "empty"],
+    ids=[
+        "blank line",
+        "text block",
+        "console output first",
+        "console continued past its end",
+        "unclosed",
+        "empty",
+    ],
 )
 def test_a_mark_that_names_no_runnable_block_is_refused(tmp_path: Path, text: str, problem: str) -> None:
     with pytest.raises(MarkError, match=problem):
@@ -115,3 +125,119 @@ def test_sbatch_submissions_are_read_from_its_own_line() -> None:
     assert submitted_jobs("Submitted batch job 12\nother\nSubmitted batch job 3\n") == [12, 3]
     assert submitted_jobs("sbatch: error: Batch job submission failed\n") == []
     assert submitted_jobs("not Submitted batch job 5\nSubmitted batch job 6 twice\n") == []
+
+
+def test_a_console_block_is_its_commands_with_the_output_shown_under_each(tmp_path: Path) -> None:
+    page = _page(
+        tmp_path,
+        "<!-- gpuplat:run local session -->\n```console\n$ echo one\none\n$ printf '%s\\n' \\\n"
+        "  two three\ntwo\nthree\n$ true\n```\n",
+    )
+    (block,) = blocks_of(page)
+    assert block.commands == ["echo one", "printf '%s\\n' \\\n  two three", "true"]
+    assert [step.shown for step in block.steps] == ["one", "two\nthree", ""]
+    assert block.text == "echo one\nprintf '%s\\n' \\\n  two three\ntrue\n"
+    plain = _page(tmp_path, f"{MARK}\n```\necho a\necho b\n```\n", "plain.md")
+    assert blocks_of(plain)[0].commands == ["echo a\necho b\n"]  # one script, as the plain runner runs it
+
+
+def test_the_loop_page_is_run_whole_by_the_loop_test() -> None:
+    """Every command docs/loop.md shows (`$ ` lines) is in a console block handed to the integration
+    test of the loop, in the page's order; each block's name is asked for by that test."""
+    page = ROOT / "docs" / "loop.md"
+    lines = page.read_text(encoding="utf-8").splitlines()
+    shown = [line.removeprefix("$ ") for line in lines if line.startswith("$ ")]
+    blocks = blocks_of(page)
+    assert [command for block in blocks for command in block.commands] == shown
+    assert all(block.name and block.name.startswith("loop-") and block.steps for block in blocks)
+    assert _blocks_the_loop_test_runs() == [block.name for block in blocks], "the page's order, each once"
+    users = {"alice": "research", "bob": "product"}
+    for user, team in users.items():
+        assert any(f"runuser -u {user} -- sbatch --parsable --account {team}" in c for c in shown), user
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        ("```\npodman exec x false && echo unseen\necho ends well\n```\n", "an && or || list before"),
+        ("```\nfalse || echo fine \\\n  anyway\necho ends well\n```\n", "an && or || list before"),
+        ("```console\n$ gpuplat validate --stack local || true\n```\n", r"hides a failure \(`\|\| true`\)"),
+        ("```bash\nset +e\nfalse\n```\n", r"hides a failure \(`set \+e`\)"),
+        ("```console\n$ set +o pipefail\n```\n", r"hides a failure \(`set \+o pipefail`\)"),
+        ("```\nfalse || :\n```\n", r"hides a failure \(`\|\| :`\)"),
+        ("```bash\n$ gpuplat status --stack local\n```\n", r"is run as a script: a transcript .* ```console"),
+        (
+            "```console\n$ cat > f <<EOF\nx\nEOF\n```\n",
+            "reads a here-document, which a transcript cannot hold",
+        ),
+    ],
+    ids=[
+        "&& before the end",
+        "|| continued",
+        "|| true",
+        "set +e",
+        "set +o pipefail",
+        "|| :",
+        "prompt in bash",
+        "heredoc in console",
+    ],
+)
+def test_a_marked_command_whose_failure_the_runner_would_not_see_is_refused(
+    tmp_path: Path, body: str, problem: str
+) -> None:
+    """`bash -e` goes on past an && list whose left side failed (the plain runner runs a block whole, so
+    only its last line's status counts); `|| true` and `set +e` hide a failure from either runner."""
+    with pytest.raises(MarkError, match=problem):
+        blocks_of(_page(tmp_path, f"{MARK}\n{body}"))
+
+
+def test_a_list_that_ends_its_block_or_stands_in_a_console_block_is_run_as_shown(tmp_path: Path) -> None:
+    """Where a list's failure is its block's (the script's last line) or its command's (a console step,
+    judged by its own status), it is allowed, as are `&&` and `||` inside quotes or comments."""
+    page = _page(
+        tmp_path,
+        f"{MARK}\n```\necho '&& || true' # a && b || true\nmake pairs && wc -l pairs\n```\n\n"
+        f"{MARK}\n```console\n$ make pairs && wc -l pairs\n147 pairs\n$ echo next\n```\n",
+    )
+    assert [block.commands for block in blocks_of(page)] == [
+        ["echo '&& || true' # a && b || true\nmake pairs && wc -l pairs\n"],
+        ["make pairs && wc -l pairs", "echo next"],
+    ]
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/training.md", "docs/loop.md"])
+def test_every_shell_block_of_the_local_platforms_walkthroughs_is_marked(page: str) -> None:
+    """These pages are sessions on the local platform: a fence without a mark there is a command the
+    integration tier never runs (the loop page's test above only sees `$ ` lines)."""
+    lines = (ROOT / page).read_text(encoding="utf-8").splitlines()
+    opening = [index for index, line in enumerate(lines) if line.startswith("```")][::2]
+    marked = {block.line for block in blocks_of(ROOT / page)}  # the mark's line, 1-based: the fence's index
+    assert [f"{page}:{index + 1}" for index in opening if index not in marked] == []
+
+
+def _blocks_the_loop_test_runs() -> list[str]:
+    """The names in `step(session, named_block(NAME))` calls of the loop's integration test, in its order
+    (code, not text: a call commented out is not a call)."""
+    integration = ROOT / "tests" / "integration" / "test_local_platform.py"
+    tree = ast.parse(integration.read_text(encoding="utf-8"))
+    test = next(
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef)
+        and node.name == "test_the_loop_two_teams_train_register_and_release"
+    )
+    steps = [
+        call
+        for call in ast.walk(test)
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "step"
+    ]
+    named = [
+        (asked.lineno, str(asked.args[0].value))
+        for call in steps
+        for asked in call.args
+        if isinstance(asked, ast.Call)
+        and isinstance(asked.func, ast.Name)
+        and asked.func.id == "named_block"
+        and isinstance(asked.args[0], ast.Constant)
+    ]
+    return [name for _, name in sorted(named)]

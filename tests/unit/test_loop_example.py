@@ -249,3 +249,46 @@ def test_make_pairs_makes_a_dataset_of_the_manual(tmp_path: Path, capsys: pytest
     assert len({r["query"] for r in rows}) == len(rows)
     assert all(len(r["passage"]) >= make_pairs.MIN_PASSAGE for r in rows)
     assert make_pairs.main([str(tmp_path / "nowhere")]) == 64
+
+
+def test_a_requeued_job_ends_the_runs_it_was_stopped_in(
+    loop: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job stopped in its register step left its MLflow run RUNNING: with its version made (stopped
+    after register_model), the run is finished and nothing is registered again; without (stopped while
+    logging the artifacts), the run is marked KILLED and the job trains and registers anew."""
+    monkeypatch.setenv("SLURM_JOB_ID", "5")
+
+    class Info:
+        def __init__(self, run_id: str, status: str) -> None:
+            self.run_id, self.status = run_id, status
+
+    class Run:
+        def __init__(self, run_id: str, status: str) -> None:
+            self.info = Info(run_id, status)
+
+    class Version:
+        version = "3"
+
+    class Client:
+        def __init__(self, runs: dict[str, str], registered: set[str]) -> None:
+            self.runs, self.registered = runs, registered
+            self.ended: dict[str, str] = {}
+
+        def search_runs(self, experiments: list[str], query: str) -> list[Run]:
+            return [Run(run_id, status) for run_id, status in self.runs.items()]
+
+        def search_model_versions(self, query: str) -> list[Version]:
+            return [Version()] if any(f"run_id = '{r}'" in query for r in self.registered) else []
+
+        def set_terminated(self, run_id: str, status: str) -> None:
+            self.ended[run_id] = status
+
+    halfway = Client({"a": "RUNNING"}, set())
+    assert loop.registered_before(halfway, "1", "embedder") is None
+    assert halfway.ended == {"a": "KILLED"}
+    registered = Client({"a": "KILLED", "b": "RUNNING", "c": "FINISHED"}, {"b"})
+    assert loop.registered_before(registered, "1", "embedder") == (
+        "registered before this job was requeued: embedder version 3 (run b)"
+    )
+    assert registered.ended == {"b": "FINISHED"}
