@@ -268,7 +268,7 @@ def model_name(value: str) -> str:
 
 def default_experiment() -> str:
     """The user's own experiment: the registry lets only an experiment's creator write runs and artifacts
-    into it (roles/model_registry, MLflow's basic-auth app), so a team's job never shares one with another's."""
+    into it (roles/model_registry, MLflow's basic-auth app), so no two users' jobs share one."""
     return f"loop-{getpass.getuser()}"
 
 

@@ -234,6 +234,6 @@ def test_the_drawn_passwords_are_roots_alone(registry: RegistryServer) -> None:
     secrets = registry.secrets_dir
     assert oct(secrets.stat().st_mode & 0o777) == "0o700"
     for kept in secrets.iterdir():
-        if kept.name == "server.env":  # written by this test's fixture; the role's task: test_registry_role.py
+        if kept.name == "server.env":  # this test's fixture wrote it; the role's task: test_registry_role.py
             continue
         assert oct(kept.stat().st_mode & 0o777) == "0o600", kept

@@ -31,7 +31,9 @@ def wheel_requirements(platform: ResolvedPlatform) -> list[str]:
     serving = platform.spec.serving
     if serving is not None and serving.registry is not None:
         # With its basic-auth app's extra (roles/model_registry, __model_registry_pip_packages).
-        requirements.append(f"mlflow[auth]=={role_defaults('model_registry')['model_registry_mlflow_version']}")
+        requirements.append(
+            f"mlflow[auth]=={role_defaults('model_registry')['model_registry_mlflow_version']}"
+        )
     return requirements
 
 
