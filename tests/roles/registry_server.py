@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -29,7 +31,7 @@ VENV = ROOT / "build" / f"registry-server-{RELEASE}"
 
 
 def server_venv() -> Path:
-    """MLflow's server of the role's release (the full package: the server and its auth app)."""
+    """MLflow's server of the role's release (the full package, its auth app's extra, PostgreSQL's driver)."""
     python = VENV / "bin" / "python"
     marker = VENV / ".complete"
     if marker.is_file():
@@ -44,6 +46,8 @@ def server_venv() -> Path:
             "--quiet",
             "--disable-pip-version-check",
             f"mlflow[auth]=={RELEASE}",
+            # PostgreSQL's driver, which the role installs where the database is PostgreSQL.
+            "psycopg2-binary",
         ],
         check=True,
         timeout=1800,
@@ -66,6 +70,8 @@ def role_variables(overrides: dict[str, Any]) -> dict[str, Any]:
     internal = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
     for _ in range(3):  # vars that name other vars
         for key, value in internal.items():
+            if key in overrides:
+                continue
             try:
                 variables[key] = render_value(env, value, variables)
             except jinja2.UndefinedError:
@@ -177,15 +183,63 @@ def wait_healthy(url: str, process: subprocess.Popen[str], log: Path, timeout_s:
     raise AssertionError(f"the registry at {url} did not answer /health in {timeout_s} s")
 
 
+POSTGRESQL_BIN = Path("/usr/lib/postgresql/15/bin")  # Debian 12's postgresql-15
+
+
+def start_postgresql(owner: str, databases: list[str]) -> Iterator[Path]:
+    """A private PostgreSQL cluster of Debian's package, local connections by peer authentication as
+    Debian's pg_hba.conf has them, with the role's database role (named as the service user) and databases
+    as roles/model_registry's database.yml makes them; yields its socket directory."""
+    # Outside pytest's directories, which only root may enter.
+    cluster = Path(tempfile.mkdtemp(prefix="gpuplat-registry-pg-"))
+    shutil.chown(cluster, "postgres", "postgres")
+    as_postgres = ["runuser", "-u", "postgres", "--"]
+    data = cluster / "data"
+    subprocess.run(
+        [*as_postgres, str(POSTGRESQL_BIN / "initdb"), "-D", str(data), "--auth-local=peer",
+         "--auth-host=reject", "-U", "postgres"],
+        check=True, capture_output=True, timeout=180, cwd=cluster,
+    )  # fmt: skip
+    options = f"-k {cluster} -c listen_addresses=''"
+    subprocess.run(
+        [*as_postgres, str(POSTGRESQL_BIN / "pg_ctl"), "-D", str(data), "-o", options, "-w", "-l",
+         str(cluster / "log"), "start"],
+        check=True, capture_output=True, timeout=180, cwd=cluster,
+    )  # fmt: skip
+    try:
+        psql = [*as_postgres, str(POSTGRESQL_BIN / "psql"), "-h", str(cluster), "-v", "ON_ERROR_STOP=1", "-c"]
+        subprocess.run([*psql, f'CREATE ROLE "{owner}" LOGIN'], check=True, capture_output=True, timeout=60)
+        for database in databases:
+            create = f'CREATE DATABASE {database} OWNER "{owner}"'
+            subprocess.run([*psql, create], check=True, capture_output=True, timeout=60)
+        yield cluster
+    finally:
+        subprocess.run(
+            [*as_postgres, str(POSTGRESQL_BIN / "pg_ctl"), "-D", str(data), "-m", "fast", "stop"],
+            check=False, capture_output=True, timeout=120, cwd=cluster,
+        )  # fmt: skip
+        shutil.rmtree(cluster, ignore_errors=True)
+
+
 def start_registry(
-    root: Path, users: list[str], shared_models: list[dict[str, Any]]
+    root: Path,
+    users: list[str],
+    shared_models: list[dict[str, Any]],
+    postgresql_socket: Path | None = None,
 ) -> Iterator[RegistryServer]:
-    """The server with the role's unit and configuration, its accounts converged by the role's tasks."""
+    """The server with the role's unit and configuration, its accounts converged by the role's tasks; on
+    PostgreSQL where a cluster's socket directory is given (start_postgresql), else SQLite."""
     venv = server_venv()
     (root / "data").mkdir(parents=True)
     port = free_port()
+    database: dict[str, Any] = (
+        {"model_registry_database": "postgresql", "__model_registry_pg_socket": str(postgresql_socket)}
+        if postgresql_socket is not None
+        else {}
+    )
     variables = role_variables(
         {
+            **database,
             "model_registry_user": "root",  # the group the configuration file is given to
             "model_registry_listen_address": "127.0.0.1",
             "model_registry_port": port,

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from infra.serving.registry.mlflow import Credential, MlflowRegistry, RegistryError
-from tests.roles.registry_server import RegistryServer, render_template, start_registry
+from tests.roles.registry_server import RegistryServer, render_template, start_postgresql, start_registry
 
 # alice (research) and bob (product) share `embedder` as the local stack does; carol (a third team) does not.
 USERS = ["alice", "bob", "carol"]
@@ -237,3 +237,33 @@ def test_the_drawn_passwords_are_roots_alone(registry: RegistryServer) -> None:
         if kept.name == "server.env":  # this test's fixture wrote it; the role's task: test_registry_role.py
             continue
         assert oct(kept.stat().st_mode & 0o777) == "0o600", kept
+
+
+@pytest.fixture(scope="module")
+def on_postgresql(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RegistryServer]:
+    """The registry of a production stack: both stores in PostgreSQL (Debian's postgresql-15), reached over
+    the Unix socket as the service user with peer authentication (this test runs it as root, so the role
+    is root)."""
+    root = tmp_path_factory.mktemp("registry-pg")
+    cluster = start_postgresql("root", ["mlflow", "mlflow_auth"])
+    socket_dir = next(cluster)
+    try:
+        yield from start_registry(root, ["alice", "carol"], [], postgresql_socket=socket_dir)
+    finally:
+        cluster.close()  # stops the cluster
+
+
+def test_on_postgresql_the_owner_registers_and_others_are_refused(on_postgresql: RegistryServer) -> None:
+    registry = on_postgresql
+    uri = registry.variables["__model_registry_backend_store_uri"]
+    # No password anywhere: the role's user, over the socket.
+    assert uri.removeprefix("postgresql+psycopg2://").split("@")[0] == "root" and "?host=" in uri
+    alices = register(registry, "alice", "alice-pg", "alice on postgresql", alias="champion")
+    assert call(registry, "PUT", artifact_path(alices), data=b"x") == 401
+    assert call(registry, "PUT", artifact_path(alices), "carol", data=b"x") == 403
+    moved = {"name": "alice-pg", "alias": "champion", "version": "1"}
+    assert call(registry, "POST", "/api/2.0/mlflow/registered-models/alias", "carol", body=moved) == 403
+    read = resolve(registry, "carol", "alice-pg", "champion")
+    assert read.stdout.split() == ["1", "alice", "on", "postgresql"], read.stderr[-2000:]
+    again = registry.converge_accounts()
+    assert again.returncode == 0 and "changed=0" in again.stdout, again.stdout[-3000:]

@@ -62,7 +62,7 @@ def test_the_server_runs_mlflows_auth_app_bound_to_the_platform_address() -> Non
 def test_postgresql_is_reached_as_the_service_user_without_a_password() -> None:
     command, _, text = unit(model_registry_database="postgresql")
     uri = command[command.index("--backend-store-uri") + 1]
-    assert uri == "postgresql://gpuplat-registry@/mlflow?host=/var/run/postgresql"
+    assert uri == "postgresql+psycopg2://gpuplat-registry@/mlflow?host=/var/run/postgresql"
     assert "Requires=postgresql.service" in text
     variables = role_variables(
         {"model_registry_database": "postgresql", "model_registry_listen_address": "x"}
