@@ -68,7 +68,7 @@ def test_postgresql_is_reached_as_the_service_user_without_a_password() -> None:
         {"model_registry_database": "postgresql", "model_registry_listen_address": "x"}
     )
     assert variables["__model_registry_auth_database_uri"].startswith(
-        "postgresql://gpuplat-registry@/mlflow_auth?"
+        "postgresql+psycopg2://gpuplat-registry@/mlflow_auth?"
     )
     assert "psycopg2-binary" in variables["__model_registry_pip_packages"]
     assert {"postgresql", "python3-psycopg2"} <= set(variables["__model_registry_packages"])
