@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import pytest
 import yaml
 
 from tests.conftest import ROOT
@@ -190,6 +191,8 @@ def start_postgresql(owner: str, databases: list[str]) -> Iterator[Path]:
     """A private PostgreSQL cluster of Debian's package, local connections by peer authentication as
     Debian's pg_hba.conf has them, with the role's database role (named as the service user) and databases
     as roles/model_registry's database.yml makes them; yields its socket directory."""
+    if not (POSTGRESQL_BIN / "initdb").is_file():
+        pytest.skip("Debian's postgresql-15 is not installed: `make host` installs it")
     # Outside pytest's directories, which only root may enter.
     cluster = Path(tempfile.mkdtemp(prefix="gpuplat-registry-pg-"))
     shutil.chown(cluster, "postgres", "postgres")
