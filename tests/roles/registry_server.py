@@ -187,10 +187,10 @@ def wait_healthy(url: str, process: subprocess.Popen[str], log: Path, timeout_s:
 POSTGRESQL_BIN = Path("/usr/lib/postgresql/15/bin")  # Debian 12's postgresql-15
 
 
-def start_postgresql(owner: str, databases: list[str]) -> Iterator[Path]:
+def start_postgresql(owner: str) -> Iterator[Path]:
     """A private PostgreSQL cluster of Debian's package, local connections by peer authentication as
-    Debian's pg_hba.conf has them, with the role's database role (named as the service user) and databases
-    as roles/model_registry's database.yml makes them; yields its socket directory."""
+    Debian's pg_hba.conf has them, its database role and databases made by the role's own psql script
+    (run twice: the second run makes nothing); yields its socket directory."""
     if not (POSTGRESQL_BIN / "initdb").is_file():
         pytest.skip("Debian's postgresql-15 is not installed: `make host` installs it")
     # Outside pytest's directories, which only root may enter.
@@ -210,11 +210,23 @@ def start_postgresql(owner: str, databases: list[str]) -> Iterator[Path]:
         check=True, capture_output=True, timeout=180, cwd=cluster,
     )  # fmt: skip
     try:
-        psql = [*as_postgres, str(POSTGRESQL_BIN / "psql"), "-h", str(cluster), "-v", "ON_ERROR_STOP=1", "-c"]
-        subprocess.run([*psql, f'CREATE ROLE "{owner}" LOGIN'], check=True, capture_output=True, timeout=60)
-        for database in databases:
-            create = f'CREATE DATABASE {database} OWNER "{owner}"'
-            subprocess.run([*psql, create], check=True, capture_output=True, timeout=60)
+        variables = role_variables(
+            {
+                "model_registry_database": "postgresql",
+                "model_registry_user": owner,
+                "model_registry_listen_address": "x",
+            }
+        )
+        setup = jinja2.Environment().from_string(variables["__model_registry_pg_setup"]).render(**variables)
+        task = next(t for t in yaml.safe_load((ROLE / "tasks" / "database.yml").read_text()) if "block" in t)
+        argv = next(t for t in task["block"] if "ansible.builtin.command" in t)["ansible.builtin.command"][
+            "argv"
+        ]
+        psql = [*as_postgres, str(POSTGRESQL_BIN / argv[0]), *argv[1:-1], str(cluster)]
+        for run in ("first", "second"):
+            made = subprocess.run(psql, input=setup, capture_output=True, text=True, timeout=60, cwd=cluster)
+            assert made.returncode == 0, made.stderr
+            assert ("CREATE" in made.stdout) == (run == "first"), (run, made.stdout)
         yield cluster
     finally:
         subprocess.run(

@@ -245,7 +245,7 @@ def on_postgresql(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry
     the Unix socket as the service user with peer authentication (this test runs it as root, so the role
     is root)."""
     root = tmp_path_factory.mktemp("registry-pg")
-    cluster = start_postgresql("root", ["mlflow", "mlflow_auth"])
+    cluster = start_postgresql("root")
     socket_dir = next(cluster)
     try:
         yield from start_registry(root, ["alice", "carol"], [], postgresql_socket=socket_dir)
