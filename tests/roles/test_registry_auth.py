@@ -267,3 +267,29 @@ def test_on_postgresql_the_owner_registers_and_others_are_refused(on_postgresql:
     assert read.stdout.split() == ["1", "alice", "on", "postgresql"], read.stderr[-2000:]
     again = registry.converge_accounts()
     assert again.returncode == 0 and "changed=0" in again.stdout, again.stdout[-3000:]
+
+
+def test_a_user_removed_from_the_teams_loses_the_account_and_its_grants(registry: RegistryServer) -> None:
+    """Day 2: carol leaves the stack's teams. The next converge deletes her MLflow account (her password no
+    longer opens the registry, her grants go with it) and forgets her kept password; a further converge
+    changes nothing. Runs last: the module's registry has no carol afterwards."""
+    carols = register(registry, "carol", "carol-ranker", "carol v1", alias="champion")
+    password = registry.password("carol")
+    without_carol = RegistryServer(
+        registry.url,
+        {**registry.variables, "model_registry_users": ["alice", "bob"]},
+        registry.secrets_dir,
+        registry.root,
+    )
+    removed = without_carol.converge_accounts()
+    assert removed.returncode == 0, removed.stdout[-3000:]
+    assert not (registry.secrets_dir / "carol").exists()
+    stale = urllib.request.Request(f"{registry.url}/api/2.0/mlflow/users/get?username=carol")
+    stale.add_header("Authorization", "Basic " + base64.b64encode(f"carol:{password}".encode()).decode())
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(stale, timeout=30)
+    assert refused.value.code == 401
+    # What she made stays, readable by the others, and the operator still manages it.
+    assert call(registry, "GET", f"/api/2.0/mlflow/runs/get?run_id={carols['run']}", "alice") == 200
+    again = without_carol.converge_accounts()
+    assert again.returncode == 0 and "changed=0" in again.stdout, again.stdout[-3000:]
