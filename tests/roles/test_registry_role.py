@@ -99,6 +99,16 @@ def test_secrets_are_roots_alone_and_each_users_credential_theirs() -> None:
     assert (config["owner"], config["group"], config["mode"]) == ("root", "{{ model_registry_user }}", "0640")
     credentials = task("client_credentials.yml", "Write each user's")["ansible.builtin.template"]
     assert credentials["owner"] == "{{ __model_registry_client_user }}" and credentials["mode"] == "0600"
+    folder = task("client_credentials.yml", "Create ~/.mlflow")["ansible.builtin.file"]
+    assert (folder["owner"], folder["mode"]) == ("{{ item }}", "0700")
+    # The SQLite stores (the users' password hashes in basic_auth.db) on the shared filesystem, which every
+    # node's users reach: the registry's alone (SQLite gives its journals the database's mode).
+    databases = task("database.yml", "SQLite databases")
+    assert databases["loop"] == ["mlflow.db", "basic_auth.db"]
+    assert (databases["ansible.builtin.file"]["owner"], databases["ansible.builtin.file"]["mode"]) == (
+        "{{ model_registry_user }}",
+        "0600",
+    )
     # Every task that handles a password hides it from Ansible's output.
     for name in ("secrets.yml", "accounts.yml", "client_credentials.yml"):
         for each in tasks(name):
