@@ -133,6 +133,7 @@ def run_role_tasks(server: RegistryServer, task_files: list[str]) -> subprocess.
             "model_registry_port",
             "model_registry_users",
             "model_registry_shared_models",
+            "model_registry_database",
         )
     }
     play = [

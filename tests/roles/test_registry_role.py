@@ -7,6 +7,7 @@ registry the user names. The server's behaviour with these settings: tests/roles
 from __future__ import annotations
 
 import ipaddress
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,14 @@ from infra.platform.resolve import ResolvedPlatform, load_platform
 from infra.serving.registry import locate
 from infra.serving.registry.locate import operator_credential
 from infra.serving.registry.mlflow import Credential
-from tests.roles.registry_server import ROLE, render_template, role_variables, unit_command
+from tests.roles.registry_server import (
+    ROLE,
+    RegistryServer,
+    render_template,
+    role_variables,
+    run_role_tasks,
+    unit_command,
+)
 from tests.unit.test_hostile_input import refused, run_cli
 
 
@@ -199,3 +207,27 @@ def test_each_users_loop_job_writes_runs_into_its_own_experiment(monkeypatch: py
     spec.loader.exec_module(loop)
     monkeypatch.setattr("getpass.getuser", lambda: "bob")
     assert loop.default_experiment() == "loop-bob"
+
+
+def test_a_converge_to_postgresql_refuses_to_leave_an_earlier_sqlite_registry_behind(tmp_path: Path) -> None:
+    """Day 2: a stack whose registry kept its models in SQLite (every stack before PostgreSQL) is not
+    switched to an empty PostgreSQL registry; a new one (no mlflow.db) and the local stack go on."""
+    data = tmp_path / "data"
+    data.mkdir()
+    settings = {
+        "model_registry_listen_address": "10.0.0.2",
+        "model_registry_data_dir": str(data),
+        "model_registry_config_dir": str(tmp_path / "etc"),
+    }
+
+    def preflight(database: str) -> subprocess.CompletedProcess[str]:
+        variables = role_variables({**settings, "model_registry_database": database})
+        return run_role_tasks(RegistryServer("", variables, tmp_path / "etc", tmp_path), ["preflight.yml"])
+
+    fresh = preflight("postgresql")
+    assert fresh.returncode == 0, fresh.stdout[-2000:]
+    (data / "mlflow.db").write_bytes(b"SQLite format 3\x00" + bytes(4080))
+    refused = preflight("postgresql")
+    assert refused.returncode != 0 and "nothing copies them there" in refused.stdout, refused.stdout[-2000:]
+    kept = preflight("sqlite")
+    assert kept.returncode == 0, kept.stdout[-2000:]
