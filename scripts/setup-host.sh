@@ -4,12 +4,14 @@
 #   debootstrap      builds the local base image (no registry is reachable)
 #   apt-utils, dpkg-dev, gnupg   build and sign the offline fixture apt repository
 #   sudo             visudo checks the sudoers drop-in of roles/slurm_compute's dataset cache
+#   postgresql-15    the model registry's database on production stacks, run under the registry's server
+#                    in tests/roles/test_registry_auth.py (Debian's package, as roles/model_registry installs)
 # The project's containers.conf (scripts/containers.conf) is used through
 # CONTAINERS_CONF by scripts/test-roles.sh; nothing under /etc is edited.
 set -euo pipefail
 
 PACKAGES=(podman runc debootstrap apt-utils dpkg-dev gnupg uidmap slirp4netns fuse-overlayfs
-          conmon catatonit iproute2 python3 ca-certificates sudo)
+          conmon catatonit iproute2 python3 ca-certificates sudo postgresql-15)
 
 if [[ ${EUID} -ne 0 ]]; then
   echo "setup-host.sh: run as root (it installs packages with apt-get)" >&2

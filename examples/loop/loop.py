@@ -33,6 +33,7 @@ train.sbatch does not requeue: another allocation would find the same.
 from __future__ import annotations
 
 import argparse
+import getpass
 import hashlib
 import importlib.util
 import json
@@ -265,13 +266,23 @@ def model_name(value: str) -> str:
     return value
 
 
+def default_experiment() -> str:
+    """The user's own experiment: the registry lets only an experiment's creator write runs and artifacts
+    into it (roles/model_registry, MLflow's basic-auth app), so no two users' jobs share one."""
+    return f"loop-{getpass.getuser()}"
+
+
 def arguments(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--dir", type=Path, help="the job's directory (train.sbatch hands it; the model goes to the registry)"
     )
     parser.add_argument("--model", default="embedder", type=model_name, help="registered model name")
-    parser.add_argument("--experiment", default="loop", help="MLflow experiment of the run")
+    parser.add_argument(
+        "--experiment",
+        default=default_experiment(),
+        help="MLflow experiment of the run (default: loop-<your user>, yours alone)",
+    )
     parser.add_argument(
         "--base-zip", type=Path, help="model.zip to start from (default: the served model's package)"
     )

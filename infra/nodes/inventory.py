@@ -7,6 +7,7 @@ finds instances by the tags the pools set, plus group_vars files with the same r
 from __future__ import annotations
 
 import os
+import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -162,8 +163,7 @@ def platform_vars(platform: ResolvedPlatform) -> dict[str, Any]:
             }
         )
         if serving.registry is not None:
-            values["model_registry_port"] = serving.registry.port
-            values["model_registry_data_dir"] = registry_data_dir(platform)
+            values |= registry_vars(platform)
             if spec.backend == "local" and wheelhouse(platform) is not None:
                 values["model_registry_wheelhouse"] = wheelhouse(platform)
         if layout is not None:
@@ -172,6 +172,29 @@ def platform_vars(platform: ResolvedPlatform) -> dict[str, Any]:
             values["inference_server_health_timeout_s"] = startup_budget_s(
                 serving, layout, platform.pool(serving.pool).node_type
             )
+    return values
+
+
+def registry_vars(platform: ResolvedPlatform) -> dict[str, Any]:
+    """roles/model_registry's settings: where it listens, its database, and who gets a credential."""
+    serving = platform.spec.serving
+    assert serving is not None and serving.registry is not None
+    teams = {team.name: sorted(team.users) for team in platform.spec.scheduler.teams}
+    values: dict[str, Any] = {
+        "model_registry_port": serving.registry.port,
+        "model_registry_data_dir": registry_data_dir(platform),
+        # SQLite on the one-machine platform; Debian's PostgreSQL where the registry serves a real site.
+        "model_registry_database": "sqlite" if platform.spec.backend == "local" else "postgresql",
+        "model_registry_users": sorted({user for users in teams.values() for user in users}),
+        "model_registry_shared_models": [
+            {"name": name, "users": sorted({user for team in sharing for user in teams.get(team, [])})}
+            for name, sharing in sorted(serving.registry.shared_models.items())
+        ],
+    }
+    url = registry_address(platform)
+    if url is not None:
+        # The address the nodes reach it at, not every interface; on AWS the role takes the node's own.
+        values["model_registry_listen_address"] = urllib.parse.urlsplit(url).hostname
     return values
 
 

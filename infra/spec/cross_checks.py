@@ -197,6 +197,18 @@ def _check_serving(spec: PlatformSpec) -> list[FieldProblem]:
                 "MLflow as your own Deployment",
             )
         )
+    if serving.registry is not None:
+        teams = [team.name for team in spec.scheduler.teams]
+        for model, sharing in serving.registry.shared_models.items():
+            unknown = [team for team in sharing if team not in teams]
+            if unknown:
+                problems.append(
+                    (
+                        ("serving", "registry", "shared_models", model),
+                        f"{_listing(unknown)} {'is not a team' if len(unknown) == 1 else 'are not teams'} "
+                        f"of this stack; teams: {_listing(teams)}",
+                    )
+                )
     return problems
 
 

@@ -34,6 +34,8 @@ Placement = Literal["cluster", "spread", "none"]
 
 NAME_PATTERN = r"^[a-z][a-z0-9-]{0,30}$"
 USER_PATTERN = r"^[a-z_][a-z0-9_-]{0,31}$"
+# A registered model the platform serves: its name names servers, systemd units and Kubernetes objects.
+REGISTERED_MODEL_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
 RESERVATION_PATTERN = r"^cr-[0-9a-f]{8,17}$"
 ABSOLUTE_PATH_PATTERN = r"^/"
 TIME_LIMIT_PATTERN = r"^\d+:\d{2}:\d{2}$"
@@ -494,6 +496,14 @@ class Registry(_Model):
     database and artifacts on the shared filesystem)."""
 
     port: int = Field(5000, ge=1, le=65535, description="the registry's HTTP port on its node")
+    shared_models: dict[Annotated[str, Field(pattern=REGISTERED_MODEL_PATTERN)], list[Name]] = Field(
+        default_factory=dict,
+        description=(
+            "registered model -> the teams whose users may add its versions and move its aliases (MLflow's "
+            "EDIT), e.g. {embedder: [research, product]}; the platform creates it. Any other registered "
+            "model or experiment belongs to the user who created it; everyone else may only read it"
+        ),
+    )
 
 
 MIN_ERROR_RATE_INCREASE = 0.01

