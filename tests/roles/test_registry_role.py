@@ -78,11 +78,11 @@ def test_postgresql_is_reached_as_the_service_user_without_a_password() -> None:
     assert variables["__model_registry_auth_database_uri"].startswith(
         "postgresql+psycopg2://gpuplat-registry@/mlflow_auth?"
     )
-    assert "psycopg2-binary" in variables["__model_registry_pip_packages"]
+    assert "psycopg2-binary" in variables["__model_registry_requirements"]
     assert "postgresql" in variables["__model_registry_packages"]
     # On SQLite, neither.
     sqlite = role_variables({"model_registry_listen_address": "x"})
-    assert sqlite["__model_registry_pip_packages"] == [
+    assert sqlite["__model_registry_requirements"] == [
         "mlflow[auth]==" + sqlite["model_registry_mlflow_version"]
     ]
     assert "postgresql" not in sqlite["__model_registry_packages"]
