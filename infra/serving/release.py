@@ -43,6 +43,8 @@ CHAMPION, CHALLENGER, PREVIOUS = "champion", "challenger", "previous"
 PROMOTED, GATED = "promoted", "gated"
 """a stepped release's ends besides the analysis' verdicts: its last step (100 %) promoted the canary; a step
 with a manual gate passed, the release held there"""
+ROLLED_BACK = "rolled back"
+"""the record's phase once a rollback (the guard's or an operator's) took the canary out"""
 CANARY_SLOT = "canary"
 # Where the roles put things (their defaults and vars: one source).
 _SERVER, _GATEWAY = role_defaults("inference_server"), role_vars("inference_gateway")
@@ -180,6 +182,11 @@ def parse_metrics(answer: str, histogram: str) -> dict[int, Histogram]:
         elif name == f"{histogram}_sum":
             sums[port] = sums.get(port, 0.0) + number
     return {p: Histogram.from_cumulative(b, sums.get(p, 0.0)) for p, b in cumulative.items()}
+
+
+def _phase(verdict: Verdict) -> str:
+    """The release record's phase after a verdict: the verdict, or ROLLED_BACK once it rolled back."""
+    return ROLLED_BACK if verdict.action == ROLLBACK else verdict.action
 
 
 class ServeRefused(GpuPlatError):
@@ -683,6 +690,7 @@ class Release:
         self.registry.set_alias(model, CHAMPION, candidate.version)
         self.registry.delete_alias(model, CHALLENGER)
         self.say(f"{candidate.reference} is the stable version")
+        self.record(model, PROMOTED, f"{candidate.reference} is the stable version on every replica")
         return candidate
 
     def rollback(self, model: str, reason: str = "asked for") -> ModelVersion | None:
@@ -699,6 +707,7 @@ class Release:
             self.say(
                 f"{candidate.reference} rolled back ({reason}); every request goes to the stable version"
             )
+            self.record(model, ROLLED_BACK, f"{candidate.reference} taken out: {reason}")
             return self.aliased(model, CHAMPION)
         previous = self.aliased(model, PREVIOUS)
         if previous is None:
@@ -711,6 +720,7 @@ class Release:
         self.registry.delete_alias(model, CHALLENGER)
         self.registry.delete_alias(model, PREVIOUS)
         self.say(f"{previous.reference} is the stable version again")
+        self.record(model, ROLLED_BACK, f"{previous.reference} is the stable version again: {reason}")
         return previous
 
     def guard(
@@ -741,7 +751,7 @@ class Release:
         if not ahead:
             self.record(model, "analysing", "the canary's analysis", share or None)
             verdict = self.analyse(model, duration_s, look_s, sleep, clock)
-            self.record(model, verdict.action, verdict.reason, None if verdict.action == ROLLBACK else share)
+            self.record(model, _phase(verdict), verdict.reason, None if verdict.action == ROLLBACK else share)
             return verdict
         verdict = Verdict(CONTINUE, "no step analysed")
         for number, step in ahead:
@@ -763,7 +773,7 @@ class Release:
             if verdict.action != PROMOTE_READY:
                 self.record(
                     model,
-                    verdict.action,
+                    _phase(verdict),
                     f"{label}: {verdict.reason}",
                     None if verdict.action == ROLLBACK else share,
                 )

@@ -309,10 +309,11 @@ class RecordingNodes:
         return [int(c[-1]) for n, c in self.done if c[-2:-1] == ("share",) and n == "gw-0"]
 
 
-def promoted(replicas: int, share: int) -> RecordingNodes:
-    nodes = RecordingNodes(replicas, share)
+def promoted(replicas: int, share: int, nodes: RecordingNodes | None = None) -> RecordingNodes:
+    nodes = nodes or RecordingNodes(replicas, share)
     release = object.__new__(Release)
     release.nodes = nodes
+    release.rules = Canary()
     release.say = lambda line: None
     release.layout = ServingLayout(
         ("gw-0", "gw-1"), ("infer-0",), {"infer-0": "c-infer-0"}, "cpu-reference", 1.0
@@ -397,6 +398,7 @@ def test_a_rollback_after_a_promote_cut_short_puts_every_stable_replica_back_on_
     nodes = CutShortNodes()
     release = object.__new__(Release)
     release.nodes = nodes
+    release.rules = Canary()
     release.say = lambda line: None
     release.layout = ServingLayout(("gw-0",), ("infer-0",), {"infer-0": "c-infer-0"}, "cpu-reference", 1.0)
     release._wait_healthy = lambda node, port: None  # type: ignore[method-assign]
@@ -568,3 +570,53 @@ def test_the_guards_record_is_written_whole_on_the_node_and_read_back_by_status(
         [10, 100],
     )
     assert [p.name for p in (tmp_path / "state").iterdir()] == ["embedder.json"]  # no temporary left
+
+
+class RecordingStateNodes(RecordingNodes):
+    """RecordingNodes whose first gateway keeps the release's record in a real folder (its scripts run in a
+    real `sh`)."""
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__(replicas=2, share=20)
+        self.folder = str(folder)
+
+    def exec(self, node: str, *command: str, timeout: float = 120) -> str:
+        if any(STATE_DIR in word for word in command):
+            words = [w.replace(STATE_DIR, self.folder) for w in command]
+            return subprocess.run(words, capture_output=True, text=True, check=True).stdout
+        return super().exec(node, *command)
+
+
+def test_promote_and_rollback_write_the_releases_record(tmp_path: Path) -> None:
+    """`serve status` after a promote showed the guard's last record, "promote-ready at 20 %": promote and
+    rollback now write their own, and status reads them."""
+    nodes = RecordingStateNodes(tmp_path)
+    release = object.__new__(Release)
+    release.nodes = nodes
+    release.rules = Canary()
+    release.layout = ServingLayout(("gw-0",), (), {}, "cpu-reference", 1.0)
+    release.record("embedder", PROMOTE_READY, "5 intervals passed", 20)
+    promoted(2, 20, nodes)
+    record = release.recorded("embedder")
+    assert record is not None and record["phase"] == PROMOTED, record
+    assert (record["detail"], record["canary_percent"]) == (
+        "embedder@2 is the stable version on every replica",
+        None,
+    )
+
+    release.say = lambda line: None
+    release._wait_healthy = lambda node, port: None  # type: ignore[method-assign]
+    aliases = {"challenger": version("/shared/models/x"), "champion": version("/shared/models/y")}
+    release.aliased = lambda model, alias: aliases.get(alias)  # type: ignore[method-assign]
+
+    class Registry:
+        def delete_alias(self, model: str, alias: str) -> None:
+            aliases.pop(alias)
+
+    release.registry = Registry()  # type: ignore[assignment]
+    release.rollback("embedder", "asked for")
+    record = release.recorded("embedder")
+    assert record is not None and (record["phase"], record["detail"]) == (
+        "rolled back",
+        "embedder@2 taken out: asked for",
+    ), record
