@@ -35,6 +35,7 @@ from infra.platform.resolve import ResolvedPlatform
 from infra.serving.analysis import CONTINUE, PROMOTE_READY, ROLLBACK, Guard, Verdict
 from infra.serving.canary import gate
 from infra.serving.counts import Counts, Histogram, Reading, Series
+from infra.serving.lock import LEASE_S, ReleaseLock
 from infra.serving.prometheus import instant
 from infra.serving.registry.mlflow import MlflowRegistry, ModelVersion, RegistryError
 from infra.spec.models import Canary
@@ -61,47 +62,6 @@ JOB_OF_BACKEND = {STABLE_BACKEND: "inference_server", CANARY_BACKEND: "inference
 UNSAFE_IN_PATH = set(" \t\n\"'\\$`")
 LOOK_TRIES = 3
 """looks in a row the guard may fail to read the counters (or add them) before it gives up, exit 5"""
-# Where the release locks live on the first gateway's node (tmpfs: a restart of that node frees them), and
-# the script that takes one: mkdir is atomic, so of two at once one makes the directory and the other reads
-# who did. Arguments: the folder, the model, the owner's description.
-LOCK_DIR = "/run/gpuplat-serve"
-LOCK_TAKE = """mkdir -p "$1" || exit 1
-if mkdir "$1/$2.lock" 2>/dev/null; then printf '%s' "$3" > "$1/$2.lock/owner"; echo taken
-else printf 'held: '; cat "$1/$2.lock/owner" 2>/dev/null; echo; fi"""
-# The script that takes over a lock whose holder is gone. Of two takers at once one makes the lock's
-# taking-over directory; it replaces the owner only if the owner is still the gone one it was told of, so a
-# lock taken over a moment before by the other is not taken twice. Arguments: the folder, the model, the
-# gone owner's description, the new owner's.
-LOCK_TAKE_OVER = """lock="$1/$2.lock"
-if mkdir "$lock/taking-over" 2>/dev/null; then
-  if [ "$(cat "$lock/owner" 2>/dev/null)" = "$3" ]; then
-    printf '%s' "$4" > "$lock/owner.new" && mv "$lock/owner.new" "$lock/owner" && rmdir "$lock/taking-over"
-    echo taken; exit 0
-  fi
-  rmdir "$lock/taking-over"
-fi
-printf 'held: '; cat "$lock/owner" 2>/dev/null; echo"""
-
-
-def _gone(holder: str) -> bool:
-    """Whether the lock's holder ("... by pid N on HOST since ...") was a process of this host that is no
-    longer running."""
-    words = holder.split()
-    try:
-        pid, host = int(words[words.index("pid") + 1]), words[words.index("on") + 1]
-    except (ValueError, IndexError):
-        return False
-    if host != socket.gethostname():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
 # The guard's record of each model's release on the first gateway's node (persistent: `serve status` reads
 # it after the guard's command ended, or the node restarted), written whole (a temporary file renamed).
 STATE_DIR = "/var/lib/gpuplat-serve"
@@ -297,6 +257,9 @@ class ReplicaServing:
 class Release:
     """One stack's serving, as the registry, the gateways and the model-server nodes hold it."""
 
+    lease_s = LEASE_S
+    """the release lock's lease (infra/serving/lock.py)"""
+
     def __init__(
         self,
         platform: ResolvedPlatform,
@@ -321,35 +284,27 @@ class Release:
 
     @contextmanager
     def exclusive(self, model: str, what: str) -> Iterator[None]:
-        """Hold `model`'s release lock (a directory on the first gateway's node, made atomically by mkdir)
-        while `what` runs: a second deploy, promote, rollback or guard of the model meets it and is refused,
-        saying who holds it. A lock whose holder was a process of this host that is gone is taken over."""
-        held: set[str] = self.__dict__.setdefault("_held", set())
+        """Hold `model`'s release lock (infra/serving/lock.py: a lease on the first gateway's node, renewed
+        while `what` runs): a second deploy, promote, rollback or guard of the model meets it and is refused,
+        saying who holds it. A lock whose holder's lease ended, or whose holder was a process of this host
+        that is gone, is taken over."""
+        held: dict[str, ReleaseLock] = self.__dict__.setdefault("_held", {})
         if model in held:
             yield
             return
-        node = self.layout.gateways[0]
-        owner = f"{what} by pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S %Z')}"
-        answer = self.nodes.exec(node, "sh", "-c", LOCK_TAKE, "lock", LOCK_DIR, model, owner).strip()
-        holder = answer.removeprefix("held: ")
-        if answer != "taken" and _gone(holder):
-            self.say(f"taking over the release lock of '{model}' from a process that is gone ({holder})")
-            script = ("sh", "-c", LOCK_TAKE_OVER, "lock", LOCK_DIR, model, holder, owner)
-            answer = self.nodes.exec(node, *script).strip()
-            holder = answer.removeprefix("held: ")
-        if answer != "taken":
-            raise ServeRefused(
-                f"a release of '{model}' is in progress ({holder or 'its holder is writing its name'}): one "
-                "release at a time per model. Wait for it to end, or stop it (Ctrl-C releases its lock); a "
-                f"lock left by a process of another host that is gone: `rm -r {LOCK_DIR}/{model}.lock` on "
-                f"{node}"
-            )
-        held.add(model)
+        lock = ReleaseLock(self.nodes, self.layout.gateways[0], model, what, self.say, self.lease_s)
+        lock.take()
+        held[model] = lock
         try:
             yield
         finally:
-            held.discard(model)
-            self.nodes.exec(node, "rm", "-rf", f"{LOCK_DIR}/{model}.lock")
+            held.pop(model, None)
+            lock.release()
+
+    def lock_lost(self, model: str) -> bool:
+        """Whether this command held `model`'s release lock and lost it (its lease ended unrenewed)."""
+        lock = self.__dict__.get("_held", {}).get(model)
+        return lock is not None and lock.lost.is_set()
 
     # The guard's record
 
@@ -810,6 +765,13 @@ class Release:
         failed = 0
         while clock() - started < duration_s:
             sleep(look_s)
+            if self.lock_lost(model):
+                raise GpuPlatError(
+                    f"the guard of '{model}' lost its release lock (not renewed within its "
+                    f"{self.lease_s:.0f} s lease, and taken by another command): it stopped, leaving the "
+                    "release to that command",
+                    exit_code=ExitCode.NO_VERDICT,
+                )
             try:
                 if self.aliased(model, CHALLENGER) is None:
                     return Verdict("gone", f"'{model}' has no canary any more")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,10 +18,10 @@ from infra.errors import ExitCode, GpuPlatError, SpecError
 from infra.platform.resolve import load_platform
 from infra.serving.analysis import CONTINUE, INCONCLUSIVE, PROMOTE_READY, ROLLBACK, Verdict
 from infra.serving.counts import Counts, Histogram, SinceStart
+from infra.serving.lock import LOCK_DIR, LockRefused
 from infra.serving.registry.mlflow import ModelVersion, to_wire_source
 from infra.serving.release import (
     GATED,
-    LOCK_DIR,
     PROMOTED,
     STATE_DIR,
     Release,
@@ -482,7 +483,7 @@ def test_one_release_at_a_time_per_model_a_second_promote_meets_the_lock(tmp_pat
         with guard.exclusive("embedder", "rollback"):
             pass
         refusal = r"a release of 'embedder' is in progress \(guard by pid \d+ on "
-        with pytest.raises(ServeRefused, match=refusal), operator.exclusive("embedder", "promote"):
+        with pytest.raises(LockRefused, match=refusal), operator.exclusive("embedder", "promote"):
             pass
         with operator.exclusive("other-model", "promote"):
             pass
@@ -507,10 +508,66 @@ def test_a_lock_left_by_a_process_of_this_host_that_is_gone_is_taken_over(tmp_pa
         f"promote by pid {gone.pid} on another-host since 07:00:00 UTC"
     )
     with (
-        pytest.raises(ServeRefused, match="another-host"),
+        pytest.raises(LockRefused, match="another-host"),
         locking(tmp_path).exclusive("embedder", "promote"),
     ):
         pass
+
+
+def test_a_lock_whose_lease_ended_is_taken_over_even_from_another_host(tmp_path: Path) -> None:
+    """A CI runner killed on another host left its lock: once its lease ended (by the node's clock) the
+    next release takes it over, saying so; before that it is refused, saying how long is left."""
+    lock = tmp_path / "embedder.lock"
+    lock.mkdir()
+    (lock / "owner").write_text("guard by pid 4242 on ci-runner-7 since 07:00:00 UTC")
+    (lock / "expires").write_text(f"{int(time.time()) - 5}\n")
+    said: list[str] = []
+    release = locking(tmp_path)
+    release.say = said.append
+    with release.exclusive("embedder", "promote"):
+        assert (lock / "owner").read_text().startswith("promote by pid")
+    assert any("lease ended" in line and "ci-runner-7" in line for line in said), said
+    assert not lock.exists()
+    lock.mkdir()
+    (lock / "owner").write_text("guard by pid 4242 on ci-runner-7 since 07:00:00 UTC")
+    (lock / "expires").write_text(f"{int(time.time()) + 30}\n")
+    with (
+        pytest.raises(LockRefused, match=r"ci-runner-7.*taken over once its lease ends"),
+        locking(tmp_path).exclusive("embedder", "promote"),
+    ):
+        pass
+
+
+def test_a_holder_that_renews_its_lease_keeps_the_lock_past_it(tmp_path: Path) -> None:
+    holder, other = locking(tmp_path), locking(tmp_path)
+    holder.lease_s = other.lease_s = 1
+    with holder.exclusive("embedder", "guard"):
+        time.sleep(2.5)
+        with pytest.raises(LockRefused, match=r"\(guard by pid"), other.exclusive("embedder", "promote"):
+            pass
+    assert not (tmp_path / "embedder.lock").exists()
+
+
+def test_a_holder_that_lost_its_lock_leaves_the_new_holders_lock_alone(tmp_path: Path) -> None:
+    """A holder stopped past its lease (SIGSTOP, a node out of reach) whose lock was taken over: its next
+    renewal finds the lock another's, its guard stops, and its end removes nothing."""
+    said: list[str] = []
+    holder = locking(tmp_path)
+    holder.lease_s = 1
+    holder.say = said.append
+    holder.rules = Canary()
+    holder.canary_start = (time.monotonic(), Counts(0, 0), Counts(0, 0))
+    with holder.exclusive("embedder", "guard"):
+        (tmp_path / "embedder.lock" / "owner").write_text(
+            "promote by pid 7 on ci-runner-8 since 08:00:00 UTC"
+        )
+        time.sleep(1)
+        assert holder.lock_lost("embedder")
+        with pytest.raises(GpuPlatError, match="lost its release lock") as stopped:
+            holder.analyse("embedder", duration_s=10, sleep=lambda s: None)
+        assert stopped.value.exit_code == ExitCode.NO_VERDICT
+    assert (tmp_path / "embedder.lock" / "owner").read_text().startswith("promote by pid 7 on ci-runner-8")
+    assert any("no longer this command's (promote by pid 7 on ci-runner-8" in line for line in said), said
 
 
 class RacingNode(LockNode):
@@ -539,7 +596,7 @@ def test_of_two_takers_of_a_gone_holders_lock_one_takes_it(tmp_path: Path) -> No
     first = locking(tmp_path).exclusive("embedder", "first promote")
     second = locking(tmp_path)
     second.nodes = RacingNode(tmp_path, first.__enter__)
-    with pytest.raises(ServeRefused, match=r"\(first promote by pid"), second.exclusive("embedder", "second"):
+    with pytest.raises(LockRefused, match=r"\(first promote by pid"), second.exclusive("embedder", "second"):
         pass
     assert "first promote" in (tmp_path / "embedder.lock" / "owner").read_text()
     first.__exit__(None, None, None)

@@ -1,0 +1,185 @@
+"""A model's release lock: one release at a time per model, held as a lease on the first gateway's node.
+
+The lock is a directory under LOCK_DIR (tmpfs: a restart of that node frees every lock) holding its owner's
+description and the second, on the node's own clock, its lease ends. It is made whole elsewhere and renamed
+into place (rename(2) onto a non-empty directory fails: of two takers at once one gets it, and no lock is
+ever seen without its owner and expiry). The holder renews the lease every third of its length while it
+runs; a lock whose lease ended (its holder killed on another host: a CI runner gone) or whose holder was a
+process of this host that is gone is taken over, never one whose holder still renews it. The node's clock
+decides every expiry, so hosts whose clocks differ agree on it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from infra.errors import ExitCode, GpuPlatError
+
+LOCK_DIR = "/run/gpuplat-serve"
+LEASE_S = 60.0
+"""how long a lock outlives its holder's last renewal"""
+
+# Arguments of every script: the folder, the model, the owner's description, the lease in seconds.
+# Prints "taken", or "held S: OWNER" with the seconds S left of the holder's lease (negative: it ended).
+TAKE = """mkdir -p "$1" || exit 1
+lock="$1/$2.lock"; new="$1/.$2.lock.$$"
+rm -rf "$new"
+mkdir "$new" && printf '%s' "$3" > "$new/owner" && echo $(( $(date +%s) + $4 )) > "$new/expires" || exit 1
+if mv -T "$new" "$lock" 2>/dev/null; then echo taken; exit 0; fi
+rm -rf "$new"
+now=$(date +%s)
+# A lock written before leases: its owner file's age.
+written=$(stat -c %Y "$lock/owner" 2>/dev/null || echo 0)
+expires=$(cat "$lock/expires" 2>/dev/null || echo $(( written + $4 )))
+printf 'held %s: ' $(( expires - now )); cat "$lock/owner" 2>/dev/null; echo"""
+# Every change to a held lock (take over, renew, release) is made inside its mutex: the directory
+# "taking-over" in it, made atomically by mkdir, so a renewal and a take-over never interleave.
+_MUTEX = """lock="$1/$2.lock"; tries=0
+until mkdir "$lock/taking-over" 2>/dev/null; do
+  [ -d "$lock" ] || { printf 'lost: '; echo; exit 0; }
+  tries=$((tries + 1))
+  [ "$tries" -lt 50 ] || { printf 'busy: '; cat "$lock/owner" 2>/dev/null; echo; exit 0; }
+  sleep 0.1
+done
+"""
+# Extra arguments: the owner seen, the way it may be taken ("gone": its holder's process is gone; "expired":
+# only if its lease ended, checked again inside the mutex).
+TAKE_OVER = (
+    _MUTEX
+    + """now=$(date +%s)
+expires=$(cat "$lock/expires" 2>/dev/null || echo 0)
+if [ "$(cat "$lock/owner" 2>/dev/null)" = "$5" ] && { [ "$6" = gone ] || [ "$now" -gt "$expires" ]; }; then
+  printf '%s' "$3" > "$lock/owner.new" && mv "$lock/owner.new" "$lock/owner" \\
+    && echo $(( now + $4 )) > "$lock/expires" && rmdir "$lock/taking-over" && echo taken && exit 0
+fi
+rmdir "$lock/taking-over"
+printf 'held 0: '; cat "$lock/owner" 2>/dev/null; echo"""
+)
+RENEW = (
+    _MUTEX
+    + """if [ "$(cat "$lock/owner" 2>/dev/null)" = "$3" ]; then
+  echo $(( $(date +%s) + $4 )) > "$lock/expires"; rmdir "$lock/taking-over"; echo renewed
+else
+  rmdir "$lock/taking-over"; printf 'lost: '; cat "$lock/owner" 2>/dev/null; echo
+fi"""
+)
+RELEASE = (
+    _MUTEX
+    + """if [ "$(cat "$lock/owner" 2>/dev/null)" = "$3" ]; then rm -rf "$lock"; echo released
+else rmdir "$lock/taking-over"; printf 'lost: '; cat "$lock/owner" 2>/dev/null; echo; fi"""
+)
+
+
+class Nodes(Protocol):
+    def exec(self, node: str, *command: str, timeout: float = 120) -> str: ...
+
+
+class LockRefused(GpuPlatError):
+    """Another release of the model holds its lock."""
+
+    exit_code = ExitCode.POLICY_VIOLATION
+
+
+def gone(holder: str) -> bool:
+    """Whether the lock's holder ("... by pid N on HOST since ...") was a process of this host that is no
+    longer running."""
+    words = holder.split()
+    try:
+        pid, host = int(words[words.index("pid") + 1]), words[words.index("on") + 1]
+    except (ValueError, IndexError):
+        return False
+    if host != socket.gethostname():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+class ReleaseLock:
+    """`model`'s release lock on `node`, held by `what` of this process while `with` runs, its lease
+    renewed meanwhile by a thread. `lost` is set when a renewal finds the lock another's (this process
+    did not renew within the lease: stopped, or the node unreachable that long)."""
+
+    def __init__(
+        self,
+        nodes: Nodes,
+        node: str,
+        model: str,
+        what: str,
+        say: Callable[[str], None],
+        lease_s: float = LEASE_S,
+    ) -> None:
+        self.nodes, self.node, self.model, self.say = nodes, node, model, say
+        self.lease_s = max(1, round(lease_s))
+        self.owner = (
+            f"{what} by pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S %Z')}"
+        )
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
+
+    def _run(self, script: str, *extra: str) -> str:
+        arguments = ("lock", LOCK_DIR, self.model, self.owner, str(self.lease_s), *extra)
+        return self.nodes.exec(self.node, "sh", "-c", script, *arguments).strip()
+
+    def take(self) -> None:
+        answer = self._run(TAKE)
+        if answer != "taken":
+            left, _, holder = answer.removeprefix("held ").partition(": ")
+            way = "gone" if gone(holder) else "expired" if _seconds(left) < 0 else None
+            if way is not None:
+                why = (
+                    "a process that is gone"
+                    if way == "gone"
+                    else f"a holder whose lease ended {-_seconds(left)} s ago"
+                )
+                self.say(f"taking over the release lock of '{self.model}' from {why} ({holder})")
+                answer = self._run(TAKE_OVER, holder, way)
+                holder = answer.partition(": ")[2] or holder
+            if answer != "taken":
+                raise LockRefused(
+                    f"a release of '{self.model}' is in progress ({holder}): one release at a time per "
+                    "model. Wait for it to end, or stop it (Ctrl-C releases its lock); the lock of a holder "
+                    f"that was killed is taken over once its lease ends ({self.lease_s} s after its last "
+                    "renewal)"
+                )
+        self._renewer = threading.Thread(target=self._renew, name=f"lease {self.model}", daemon=True)
+        self._renewer.start()
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.lease_s / 3):
+            try:
+                answer = self._run(RENEW)
+            except GpuPlatError as error:  # tried again at the next third of the lease
+                self.say(f"the release lock of '{self.model}' was not renewed: {error.message}")
+                continue
+            if answer.startswith("lost: "):
+                self.lost.set()
+                self.say(
+                    f"the release lock of '{self.model}' is no longer this command's "
+                    f"({answer.removeprefix('lost: ') or 'removed'})"
+                )
+                return
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._renewer is not None:
+            self._renewer.join()
+        if not self.lost.is_set():
+            self._run(RELEASE)
+
+
+def _seconds(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        return 0
