@@ -38,10 +38,13 @@ written=$(stat -c %Y "$lock/owner" 2>/dev/null || echo 0)
 expires=$(cat "$lock/expires" 2>/dev/null || echo $(( written + $4 )))
 printf 'held %s: ' $(( expires - now )); cat "$lock/owner" 2>/dev/null; echo"""
 # Every change to a held lock (take over, renew, release) is made inside its mutex: the directory
-# "taking-over" in it, made atomically by mkdir, so a renewal and a take-over never interleave.
+# "taking-over" in it, made atomically by mkdir, so a renewal and a take-over never interleave. A mutex
+# older than 10 s was left by a script killed inside it (each holds it for a few commands) and is removed.
 _MUTEX = """lock="$1/$2.lock"; tries=0
 until mkdir "$lock/taking-over" 2>/dev/null; do
   [ -d "$lock" ] || { printf 'lost: '; echo; exit 0; }
+  made=$(stat -c %Y "$lock/taking-over" 2>/dev/null || date +%s)
+  [ $(( $(date +%s) - made )) -lt 10 ] || rmdir "$lock/taking-over" 2>/dev/null
   tries=$((tries + 1))
   [ "$tries" -lt 50 ] || { printf 'busy: '; cat "$lock/owner" 2>/dev/null; echo; exit 0; }
   sleep 0.1

@@ -5,6 +5,7 @@ tests/serving/test_serve.py."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import time
@@ -539,10 +540,16 @@ def test_a_lock_whose_lease_ended_is_taken_over_even_from_another_host(tmp_path:
 
 
 def test_a_holder_that_renews_its_lease_keeps_the_lock_past_it(tmp_path: Path) -> None:
+    """Never taken while its holder renews it; a mutex left by a renewal killed inside it does not stop the
+    next."""
     holder, other = locking(tmp_path), locking(tmp_path)
     holder.lease_s = other.lease_s = 1
     with holder.exclusive("embedder", "guard"):
+        stale = tmp_path / "embedder.lock" / "taking-over"
+        stale.mkdir()
+        os.utime(stale, (time.time() - 60, time.time() - 60))
         time.sleep(2.5)
+        assert int((tmp_path / "embedder.lock" / "expires").read_text()) >= int(time.time())  # renewed
         with pytest.raises(LockRefused, match=r"\(guard by pid"), other.exclusive("embedder", "promote"):
             pass
     assert not (tmp_path / "embedder.lock").exists()
