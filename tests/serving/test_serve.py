@@ -170,10 +170,12 @@ def deeper(stack: Path, model: str) -> str:
     """Version 4 of the model: the same embedder with 24 layers instead of 6, its gate metric passing."""
     folder = f"/shared/models/{model}/4"
     archive = f"/shared/models/{model}/1/model.zip"
+    started = time.monotonic()
     node(INFER, "mkdir", "-p", folder)
     node(INFER, "/opt/gpuplat-inference/venv/bin/python", "-c", DEEPER, archive, f"{folder}/model.zip", "24")
     registered = cli(stack, "models", "register", model, folder, "--metric", "accuracy=0.95", "--json")
     assert registered.code == 0, registered.err
+    print(f"the 24-layer version built and registered in {time.monotonic() - started:.1f} s")
     return f"{model}@4"
 
 
@@ -395,8 +397,12 @@ def test_promote_then_rollback_returns_to_the_previous_version(
         ("canary", "not answering"),
     ], status["replicas"]
 
+    assert status["release"]["phase"] == "promoted", status["release"]  # promote's own record
+
     serve(stack, "rollback", model)
     assert versions_answering(20) == {first_stable: 20}
+    status = json.loads(serve(stack, "status", model, "--json").out)
+    assert status["release"]["phase"] == "rolled back", status["release"]
     again = cli(stack, "serve", "rollback", model)
     assert again.code == 1 and "no canary and no previous version" in again.err, again.err
 
