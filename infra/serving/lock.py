@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -37,6 +38,8 @@ now=$(date +%s)
 written=$(stat -c %Y "$lock/owner" 2>/dev/null || echo 0)
 expires=$(cat "$lock/expires" 2>/dev/null || echo $(( written + $4 )))
 printf 'held %s: ' $(( expires - now )); cat "$lock/owner" 2>/dev/null; echo"""
+# The expiry is written to a temporary and renamed over: a script killed while writing it leaves the old
+# one, never an empty file that no later script reads as a time (the lock would be held for ever).
 # Every change to a held lock (take over, renew, release) is made inside its mutex: the directory
 # "taking-over" in it, made atomically by mkdir, so a renewal and a take-over never interleave. A mutex
 # older than 10 s was left by a script killed inside it (each holds it for a few commands) and is removed.
@@ -55,10 +58,11 @@ done
 TAKE_OVER = (
     _MUTEX
     + """now=$(date +%s)
-expires=$(cat "$lock/expires" 2>/dev/null || echo 0)
+expires=$(cat "$lock/expires" 2>/dev/null); case $expires in ''|*[!0-9]*) expires=0;; esac
 if [ "$(cat "$lock/owner" 2>/dev/null)" = "$5" ] && { [ "$6" = gone ] || [ "$now" -gt "$expires" ]; }; then
   printf '%s' "$3" > "$lock/owner.new" && mv "$lock/owner.new" "$lock/owner" \\
-    && echo $(( now + $4 )) > "$lock/expires" && rmdir "$lock/taking-over" && echo taken && exit 0
+    && echo $(( now + $4 )) > "$lock/expires.new" && mv "$lock/expires.new" "$lock/expires" \\
+    && rmdir "$lock/taking-over" && echo taken && exit 0
 fi
 rmdir "$lock/taking-over"
 printf 'held 0: '; cat "$lock/owner" 2>/dev/null; echo"""
@@ -66,7 +70,9 @@ printf 'held 0: '; cat "$lock/owner" 2>/dev/null; echo"""
 RENEW = (
     _MUTEX
     + """if [ "$(cat "$lock/owner" 2>/dev/null)" = "$3" ]; then
-  echo $(( $(date +%s) + $4 )) > "$lock/expires"; rmdir "$lock/taking-over"; echo renewed
+  echo $(( $(date +%s) + $4 )) > "$lock/expires.new" && mv "$lock/expires.new" "$lock/expires" \\
+    && renewed=renewed
+  rmdir "$lock/taking-over"; echo "${renewed:-not renewed}"
 else
   rmdir "$lock/taking-over"; printf 'lost: '; cat "$lock/owner" 2>/dev/null; echo
 fi"""
@@ -86,6 +92,10 @@ class LockRefused(GpuPlatError):
     """Another release of the model holds its lock."""
 
     exit_code = ExitCode.POLICY_VIOLATION
+
+
+class LockLost(GpuPlatError):
+    """This command's lease of the model's lock ended (it may be another's now): it must not act further."""
 
 
 def gone(holder: str) -> bool:
@@ -109,8 +119,11 @@ def gone(holder: str) -> bool:
 
 class ReleaseLock:
     """`model`'s release lock on `node`, held by `what` of this process while `with` runs, its lease
-    renewed meanwhile by a thread. `lost` is set when a renewal finds the lock another's (this process
-    did not renew within the lease: stopped, or the node unreachable that long)."""
+    renewed meanwhile by a thread. `lost` is set when a renewal finds the lock another's, or when no renewal
+    was confirmed for a lease less a margin by this process's own clock, counted from the moment the last
+    confirmed one was sent (the node's lease began after that moment, so it has not ended yet): a process
+    stopped past its lease (SIGSTOP, a suspended laptop) or cut off from the node that long knows it may
+    have lost the lock before any renewal answers, and does nothing more under it."""
 
     def __init__(
         self,
@@ -127,14 +140,26 @@ class ReleaseLock:
             f"{what} by pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S %Z')}"
         )
         self.lost = threading.Event()
+        self._confirmed = time.monotonic()
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
 
-    def _run(self, script: str, *extra: str) -> str:
+    def _run(self, script: str, *extra: str, timeout: float = 120) -> str:
         arguments = ("lock", LOCK_DIR, self.model, self.owner, str(self.lease_s), *extra)
-        return self.nodes.exec(self.node, "sh", "-c", script, *arguments).strip()
+        return self.nodes.exec(self.node, "sh", "-c", script, *arguments, timeout=timeout).strip()
+
+    def held(self) -> bool:
+        """Whether this command may still act under the lock (see the class)."""
+        if not self.lost.is_set() and time.monotonic() - self._confirmed > self.lease_s * 5 / 6:
+            self.lost.set()
+            self.say(
+                f"the release lock of '{self.model}' was not renewed within its {self.lease_s} s lease: "
+                "it may be another command's now"
+            )
+        return not self.lost.is_set()
 
     def take(self) -> None:
+        sent = time.monotonic()
         answer = self._run(TAKE)
         if answer != "taken":
             left, _, holder = answer.removeprefix("held ").partition(": ")
@@ -155,17 +180,22 @@ class ReleaseLock:
                     f"that was killed is taken over once its lease ends ({self.lease_s} s after its last "
                     "renewal)"
                 )
+        self._confirmed = sent
         self._renewer = threading.Thread(target=self._renew, name=f"lease {self.model}", daemon=True)
         self._renewer.start()
 
     def _renew(self) -> None:
-        while not self._stop.wait(self.lease_s / 3):
+        while not self._stop.wait(self.lease_s / 3) and self.held():
+            sent = time.monotonic()
             try:
-                answer = self._run(RENEW)
-            except GpuPlatError as error:  # tried again at the next third of the lease
-                self.say(f"the release lock of '{self.model}' was not renewed: {error.message}")
+                # A renewal that hangs must not outlast the next one's turn.
+                answer = self._run(RENEW, timeout=self.lease_s / 3)
+            except (GpuPlatError, subprocess.SubprocessError, OSError) as error:  # tried again at the next
+                self.say(f"the release lock of '{self.model}' was not renewed: {error}")
                 continue
-            if answer.startswith("lost: "):
+            if answer == "renewed":
+                self._confirmed = sent
+            elif answer.startswith("lost: "):
                 self.lost.set()
                 self.say(
                     f"the release lock of '{self.model}' is no longer this command's "
@@ -174,11 +204,18 @@ class ReleaseLock:
                 return
 
     def release(self) -> None:
+        """Stop renewing and remove the lock, only if it is still this command's (the script checks the
+        owner on the node: a lock taken over since the last renewal is left to its new holder)."""
         self._stop.set()
         if self._renewer is not None:
             self._renewer.join()
         if not self.lost.is_set():
             self._run(RELEASE)
+            return
+        try:  # the lock may still be this command's, unless taken over: the script removes only its own
+            self._run(RELEASE)
+        except (GpuPlatError, subprocess.SubprocessError, OSError) as error:
+            self.say(f"the release lock of '{self.model}' was left to its lease: {error}")
 
 
 def _seconds(text: str) -> int:

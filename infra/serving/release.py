@@ -35,7 +35,7 @@ from infra.platform.resolve import ResolvedPlatform
 from infra.serving.analysis import CONTINUE, PROMOTE_READY, ROLLBACK, Guard, Verdict
 from infra.serving.canary import gate
 from infra.serving.counts import Counts, Histogram, Reading, Series
-from infra.serving.lock import LEASE_S, ReleaseLock
+from infra.serving.lock import LEASE_S, LockLost, ReleaseLock
 from infra.serving.prometheus import instant
 from infra.serving.registry.mlflow import MlflowRegistry, ModelVersion, RegistryError
 from infra.spec.models import Canary
@@ -304,12 +304,27 @@ class Release:
     def lock_lost(self, model: str) -> bool:
         """Whether this command held `model`'s release lock and lost it (its lease ended unrenewed)."""
         lock = self.__dict__.get("_held", {}).get(model)
-        return lock is not None and lock.lost.is_set()
+        return lock is not None and not lock.held()
+
+    def _fence(self, step: str) -> None:
+        """Refuse `step`, a change to the nodes or the registry, once this command lost a release lock it
+        holds: a holder stopped past its lease (SIGSTOP, the node out of reach) and resumed must not carry
+        on beside the command that took the lock over (two promotes interleaved, replica by replica)."""
+        held: dict[str, ReleaseLock] = self.__dict__.get("_held", {})
+        for model, lock in held.items():
+            if not lock.held():
+                raise LockLost(
+                    f"this command lost the release lock of '{model}' (its lease was not renewed within "
+                    f"{lock.lease_s} s) and stopped before {step}: another command may carry the release "
+                    f"now. `gpuplat serve status {model}` shows where it stands; `gpuplat serve rollback "
+                    f"{model}` puts every replica back on the stable version"
+                )
 
     # The guard's record
 
     def record(self, model: str, phase: str, detail: str, percent: int | None = None) -> None:
         """What the release of `model` is doing (phase: analysing, gated, promoted, rolled back, ...)."""
+        self._fence(f"writing the release's record ({phase})")
         state = {
             "phase": phase,
             "detail": detail,
@@ -459,6 +474,7 @@ class Release:
             return self.readings(latency=False)
 
     def set_share(self, percent: int) -> None:
+        self._fence(f"setting the canary's share to {percent} %")
         for gateway in self.layout.gateways:
             self.nodes.exec(
                 gateway, "python3", f"{GATEWAY_PROGRAMS}/gpuplat_gateway_canary.py", "share", str(percent)
@@ -468,6 +484,7 @@ class Release:
 
     def _write_version(self, node: str, slot: str, version: ModelVersion | None) -> None:
         """The slot's version file (None: none, the stack's own model)."""
+        self._fence(f"writing the version of slot {slot} on {node}")
         path = f"{CONFIG_DIR}/version-{slot}.env"
         if version is None:
             self.nodes.exec(node, "rm", "-f", path)
@@ -505,6 +522,7 @@ class Release:
         """gpuplat_gateway_targets.py `command` for `target` on every gateway (drain: no new request, and
         wait for those in flight to end; ready: out of drain, and wait until the gateway's checks count it
         up)."""
+        self._fence(f"{command} of {target} on the gateways")
         for gateway in self.layout.gateways:
             self.nodes.exec(
                 gateway,
@@ -616,6 +634,7 @@ class Release:
         )  # refuses a path servers cannot read, before any change
         self.say(f"starting {candidate.reference} in the canary slot of {', '.join(self.layout.servers)}")
         self.start_canary(candidate)
+        self._fence("moving the registry's aliases")
         self.registry.set_alias(candidate.name, CHALLENGER, candidate.version)
         if canary_percent is None:
             self.promote(candidate.name)
@@ -640,6 +659,7 @@ class Release:
         )
         self.roll_stable(candidate, share)
         self.stop_canary()
+        self._fence("moving the registry's aliases")
         if stable is not None:
             self.registry.set_alias(model, PREVIOUS, stable.version)
         self.registry.set_alias(model, CHAMPION, candidate.version)
@@ -658,6 +678,7 @@ class Release:
             self.set_share(0)
             self.roll_stable(self.aliased(model, CHAMPION), 0, only_off=True)
             self.stop_canary()
+            self._fence("moving the registry's aliases")
             self.registry.delete_alias(model, CHALLENGER)
             self.say(
                 f"{candidate.reference} rolled back ({reason}); every request goes to the stable version"
@@ -668,9 +689,11 @@ class Release:
         if previous is None:
             raise ServeRefused(f"'{model}' has no canary and no {PREVIOUS} version to roll back to")
         self.start_canary(previous)
+        self._fence("moving the registry's aliases")
         self.registry.set_alias(model, CHALLENGER, previous.version)
         self.roll_stable(previous, 0)
         self.stop_canary()
+        self._fence("moving the registry's aliases")
         self.registry.set_alias(model, CHAMPION, previous.version)
         self.registry.delete_alias(model, CHALLENGER)
         self.registry.delete_alias(model, PREVIOUS)

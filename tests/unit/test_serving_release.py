@@ -19,7 +19,7 @@ from infra.errors import ExitCode, GpuPlatError, SpecError
 from infra.platform.resolve import load_platform
 from infra.serving.analysis import CONTINUE, INCONCLUSIVE, PROMOTE_READY, ROLLBACK, Verdict
 from infra.serving.counts import Counts, Histogram, SinceStart
-from infra.serving.lock import LOCK_DIR, LockRefused
+from infra.serving.lock import LOCK_DIR, LockLost, LockRefused
 from infra.serving.registry.mlflow import ModelVersion, to_wire_source
 from infra.serving.release import (
     GATED,
@@ -684,3 +684,86 @@ def test_promote_and_rollback_write_the_releases_record(tmp_path: Path) -> None:
         "rolled back",
         "embedder@2 taken out: asked for",
     ), record
+
+
+class FlakyLockNode(LockNode):
+    """A gateway node whose lock scripts run in a real `sh`, but whose renewals fail (podman exec timing
+    out: the node overloaded or out of reach) on the calls numbered in `failing`."""
+
+    def __init__(self, folder: Path, failing: Callable[[int], bool]) -> None:
+        super().__init__(folder)
+        self.failing, self.renewals = failing, 0
+
+    def exec(self, node: str, *command: str, timeout: float = 120) -> str:
+        if "renewed" in command[2]:
+            self.renewals += 1
+            if self.failing(self.renewals):
+                raise subprocess.TimeoutExpired(list(command), timeout)
+        return super().exec(node, *command, timeout=timeout)
+
+
+def test_a_holder_whose_renewals_fail_past_its_lease_changes_nothing_more(tmp_path: Path) -> None:
+    """A holder cut off from the node (or stopped, SIGSTOP) past its lease may have lost its lock to another
+    command without any renewal having said so: it counts the lease on its own clock, and stops before its
+    next change (here the canary's share) instead of carrying on beside the lock's new holder. Before, a
+    renewal that timed out ended the renewing thread, and the holder went on for ever."""
+    holder = locking(tmp_path)
+    holder.lease_s = 1
+    said: list[str] = []
+    holder.say = said.append
+    holder.nodes = FlakyLockNode(tmp_path, lambda number: True)
+    with holder.exclusive("embedder", "promote"):
+        time.sleep(1.5)
+        assert holder.lock_lost("embedder")
+        with pytest.raises(LockLost, match=r"lost the release lock of 'embedder'.*stopped before setting"):
+            holder.set_share(100)
+    assert any("not renewed within its 1 s lease" in line for line in said), said
+
+
+def test_a_renewal_that_failed_once_is_tried_again(tmp_path: Path) -> None:
+    """One renewal lost to a slow node does not end the renewals: the next ones keep the lock."""
+    holder = locking(tmp_path)
+    holder.lease_s = 3
+    holder.nodes = FlakyLockNode(tmp_path, lambda number: number == 1)
+    with holder.exclusive("embedder", "guard"):
+        time.sleep(5)
+        assert not holder.lock_lost("embedder")
+        holder._fence("a step")  # no refusal
+
+
+def test_a_renewal_between_the_look_and_the_take_over_keeps_the_lock(tmp_path: Path) -> None:
+    """A taker read the lease as ended, and the holder renewed it before the taker's second script: that
+    script reads the expiry again inside the mutex and refuses."""
+    lock = tmp_path / "embedder.lock"
+    lock.mkdir()
+    (lock / "owner").write_text("guard by pid 4242 on ci-runner-7 since 07:00:00 UTC")
+    (lock / "expires").write_text(f"{int(time.time()) - 5}\n")
+    taker = locking(tmp_path)
+    taker.nodes = RacingNode(tmp_path, lambda: (lock / "expires").write_text(f"{int(time.time()) + 30}\n"))
+    with pytest.raises(LockRefused, match=r"ci-runner-7"), taker.exclusive("embedder", "promote"):
+        pass
+    assert (lock / "owner").read_text().startswith("guard by pid 4242 on ci-runner-7")
+
+
+def test_a_holder_whose_lock_was_taken_since_its_last_renewal_removes_nothing_at_its_end(
+    tmp_path: Path,
+) -> None:
+    """The lock changed hands after the holder's last renewal (it had not seen it yet): its end leaves the
+    new holder's lock where it is."""
+    holder = locking(tmp_path)
+    with holder.exclusive("embedder", "guard"):
+        (tmp_path / "embedder.lock" / "owner").write_text(
+            "promote by pid 7 on ci-runner-8 since 08:00:00 UTC"
+        )
+    assert (tmp_path / "embedder.lock" / "owner").read_text().startswith("promote by pid 7 on ci-runner-8")
+
+
+def test_a_lock_whose_expiry_is_empty_is_taken_over(tmp_path: Path) -> None:
+    """A renewal killed while it wrote the expiry (before it was renamed into place) left an empty file,
+    which no script read as a time: the lock was refused for ever. It now counts as ended."""
+    lock = tmp_path / "embedder.lock"
+    lock.mkdir()
+    (lock / "owner").write_text("guard by pid 4242 on ci-runner-7 since 07:00:00 UTC")
+    (lock / "expires").write_text("")
+    with locking(tmp_path).exclusive("embedder", "promote"):
+        assert (lock / "owner").read_text().startswith("promote by pid")
