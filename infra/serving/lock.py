@@ -40,18 +40,17 @@ expires=$(cat "$lock/expires" 2>/dev/null || echo $(( written + $4 )))
 printf 'held %s: ' $(( expires - now )); cat "$lock/owner" 2>/dev/null; echo"""
 # The expiry is written to a temporary and renamed over: a script killed while writing it leaves the old
 # one, never an empty file that no later script reads as a time (the lock would be held for ever).
-# Every change to a held lock (take over, renew, release) is made inside its mutex: the directory
-# "taking-over" in it, made atomically by mkdir, so a renewal and a take-over never interleave. A mutex
-# older than 10 s was left by a script killed inside it (each holds it for a few commands) and is removed.
-_MUTEX = """lock="$1/$2.lock"; tries=0
-until mkdir "$lock/taking-over" 2>/dev/null; do
-  [ -d "$lock" ] || { printf 'lost: '; echo; exit 0; }
-  made=$(stat -c %Y "$lock/taking-over" 2>/dev/null || date +%s)
-  [ $(( $(date +%s) - made )) -lt 10 ] || rmdir "$lock/taking-over" 2>/dev/null
-  tries=$((tries + 1))
-  [ "$tries" -lt 50 ] || { printf 'busy: '; cat "$lock/owner" 2>/dev/null; echo; exit 0; }
-  sleep 0.1
-done
+# Every change to a held lock (take over, renew, release) is made inside its mutex, so a renewal and a
+# take-over never interleave: flock(1) on the file ".MODEL.mutex" beside the lock, which the kernel drops
+# when the script's last process ends, killed or not (util-linux flock.1.adoc, DESCRIPTION and -u: "a lock
+# is automatically dropped when the file is closed"; -w: give up after that many seconds; util-linux is
+# Essential in Debian, so on every node). A directory made by mkdir served before: one left by a killed
+# script had to be judged stale by its age, and a live script slower than that age was overtaken.
+_MUTEX = """lock="$1/$2.lock"
+[ -d "$lock" ] || { printf 'lost: '; echo; exit 0; }
+exec 9>>"$1/.$2.mutex"
+flock -w 5 9 || { printf 'busy: '; cat "$lock/owner" 2>/dev/null; echo; exit 0; }
+[ -d "$lock" ] || { printf 'lost: '; echo; exit 0; }
 """
 # Extra arguments: the owner seen, the way it may be taken ("gone": its holder's process is gone; "expired":
 # only if its lease ended, checked again inside the mutex).
@@ -60,27 +59,26 @@ TAKE_OVER = (
     + """now=$(date +%s)
 expires=$(cat "$lock/expires" 2>/dev/null); case $expires in ''|*[!0-9]*) expires=0;; esac
 if [ "$(cat "$lock/owner" 2>/dev/null)" = "$5" ] && { [ "$6" = gone ] || [ "$now" -gt "$expires" ]; }; then
-  printf '%s' "$3" > "$lock/owner.new" && mv "$lock/owner.new" "$lock/owner" \\
-    && echo $(( now + $4 )) > "$lock/expires.new" && mv "$lock/expires.new" "$lock/expires" \\
-    && rmdir "$lock/taking-over" && echo taken && exit 0
+  printf '%s' "$3" > "$lock/owner.$$" && mv "$lock/owner.$$" "$lock/owner" \\
+    && echo $(( now + $4 )) > "$lock/expires.$$" && mv "$lock/expires.$$" "$lock/expires" \\
+    && echo taken && exit 0
 fi
-rmdir "$lock/taking-over"
 printf 'held 0: '; cat "$lock/owner" 2>/dev/null; echo"""
 )
 RENEW = (
     _MUTEX
     + """if [ "$(cat "$lock/owner" 2>/dev/null)" = "$3" ]; then
-  echo $(( $(date +%s) + $4 )) > "$lock/expires.new" && mv "$lock/expires.new" "$lock/expires" \\
+  echo $(( $(date +%s) + $4 )) > "$lock/expires.$$" && mv "$lock/expires.$$" "$lock/expires" \\
     && renewed=renewed
-  rmdir "$lock/taking-over"; echo "${renewed:-not renewed}"
+  echo "${renewed:-not renewed}"
 else
-  rmdir "$lock/taking-over"; printf 'lost: '; cat "$lock/owner" 2>/dev/null; echo
+  printf 'lost: '; cat "$lock/owner" 2>/dev/null; echo
 fi"""
 )
 RELEASE = (
     _MUTEX
     + """if [ "$(cat "$lock/owner" 2>/dev/null)" = "$3" ]; then rm -rf "$lock"; echo released
-else rmdir "$lock/taking-over"; printf 'lost: '; cat "$lock/owner" 2>/dev/null; echo; fi"""
+else printf 'lost: '; cat "$lock/owner" 2>/dev/null; echo; fi"""
 )
 
 

@@ -19,7 +19,7 @@ from infra.errors import ExitCode, GpuPlatError, SpecError
 from infra.platform.resolve import load_platform
 from infra.serving.analysis import CONTINUE, INCONCLUSIVE, PROMOTE_READY, ROLLBACK, Verdict
 from infra.serving.counts import Counts, Histogram, SinceStart
-from infra.serving.lock import LOCK_DIR, LockLost, LockRefused
+from infra.serving.lock import LOCK_DIR, RENEW, TAKE_OVER, LockLost, LockRefused
 from infra.serving.registry.mlflow import ModelVersion, to_wire_source
 from infra.serving.release import (
     GATED,
@@ -540,8 +540,8 @@ def test_a_lock_whose_lease_ended_is_taken_over_even_from_another_host(tmp_path:
 
 
 def test_a_holder_that_renews_its_lease_keeps_the_lock_past_it(tmp_path: Path) -> None:
-    """Never taken while its holder renews it; a mutex left by a renewal killed inside it does not stop the
-    next."""
+    """Never taken while its holder renews it; the mutex directory of the lock scripts before flock(1), left
+    by one killed inside it, does not stop the next."""
     holder, other = locking(tmp_path), locking(tmp_path)
     holder.lease_s = other.lease_s = 1
     with holder.exclusive("embedder", "guard"):
@@ -767,3 +767,33 @@ def test_a_lock_whose_expiry_is_empty_is_taken_over(tmp_path: Path) -> None:
     (lock / "expires").write_text("")
     with locking(tmp_path).exclusive("embedder", "promote"):
         assert (lock / "owner").read_text().startswith("promote by pid")
+
+
+def test_a_renewal_slow_inside_the_mutex_is_not_overtaken_by_a_take_over(tmp_path: Path) -> None:
+    """A renewal whose node is slow (here its `mv` takes 14 s) stays inside the mutex past the 10 s after
+    which the mkdir mutex was judged left by a killed script and removed: a take-over of the lease that
+    had ended went in beside it, and both commands then held the lock (the renewal answered "renewed", the
+    take-over "taken"). A mutex the kernel drops when its script ends cannot be judged stale."""
+    lock = tmp_path / "embedder.lock"
+    lock.mkdir()
+    holder = "guard by pid 4242 on ci-runner-7 since 07:00:00 UTC"
+    (lock / "owner").write_text(holder)
+    (lock / "expires").write_text(f"{int(time.time()) - 5}\n")
+    slow = tmp_path / "slow-bin"
+    slow.mkdir()
+    (slow / "mv").write_text('#!/bin/sh\nsleep 14; exec /bin/mv "$@"\n')
+    (slow / "mv").chmod(0o755)
+    scripts = [str(tmp_path), "embedder"]
+    environment = {**os.environ, "PATH": f"{slow}:{os.environ['PATH']}"}
+    renewal = subprocess.Popen(
+        ["sh", "-c", RENEW, "lock", *scripts, holder, "60"],
+        env=environment,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(10.5)
+    take_over = ["sh", "-c", TAKE_OVER, "lock", *scripts, "promote by pid 7 on ci-runner-8", "60", holder]
+    taken = subprocess.run([*take_over, "expired"], capture_output=True, text=True, check=True).stdout
+    renewed = renewal.communicate(timeout=30)[0]
+    assert not (renewed.strip() == "renewed" and taken.strip() == "taken"), (renewed, taken)
+    assert (lock / "owner").read_text() == holder
