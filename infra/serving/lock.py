@@ -25,9 +25,11 @@ LOCK_DIR = "/run/gpuplat-serve"
 LEASE_S = 60.0
 """how long a lock outlives its holder's last renewal"""
 
+# Only root on the node reaches the folder (0700, its files made under umask 077): a user of the node who
+# could open the mutex file could hold its flock for ever, and every renewal and take-over would wait on it.
 # Arguments of every script: the folder, the model, the owner's description, the lease in seconds.
 # Prints "taken", or "held S: OWNER" with the seconds S left of the holder's lease (negative: it ended).
-TAKE = """mkdir -p "$1" || exit 1
+TAKE = """umask 077; mkdir -p "$1" && chmod 700 "$1" || exit 1
 lock="$1/$2.lock"; new="$1/.$2.lock.$$"
 rm -rf "$new"
 mkdir "$new" && printf '%s' "$3" > "$new/owner" && echo $(( $(date +%s) + $4 )) > "$new/expires" || exit 1
@@ -46,7 +48,7 @@ printf 'held %s: ' $(( expires - now )); cat "$lock/owner" 2>/dev/null; echo"""
 # is automatically dropped when the file is closed"; -w: give up after that many seconds; util-linux is
 # Essential in Debian, so on every node). A directory made by mkdir served before: one left by a killed
 # script had to be judged stale by its age, and a live script slower than that age was overtaken.
-_MUTEX = """lock="$1/$2.lock"
+_MUTEX = """umask 077; lock="$1/$2.lock"
 [ -d "$lock" ] || { printf 'lost: '; echo; exit 0; }
 exec 9>>"$1/.$2.mutex"
 flock -w 5 9 || { printf 'busy: '; cat "$lock/owner" 2>/dev/null; echo; exit 0; }
@@ -96,15 +98,26 @@ class LockLost(GpuPlatError):
     """This command's lease of the model's lock ended (it may be another's now): it must not act further."""
 
 
+def here() -> str:
+    """This process's host and PID namespace, as a lock's owner names them: containers that share a host
+    name (podman's --uts=host, CI runners named alike) each number their processes apart, so a pid is
+    only known gone in the namespace that gave it."""
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        namespace = "pid:[unknown]"
+    return f"{socket.gethostname()} in {namespace}"
+
+
 def gone(holder: str) -> bool:
-    """Whether the lock's holder ("... by pid N on HOST since ...") was a process of this host that is no
-    longer running."""
+    """Whether the lock's holder ("... by pid N on HOST in NAMESPACE since ...") was a process of this host
+    and PID namespace that is no longer running (one that names no namespace is never known gone)."""
     words = holder.split()
     try:
-        pid, host = int(words[words.index("pid") + 1]), words[words.index("on") + 1]
+        pid, on = int(words[words.index("pid") + 1]), words.index("on")
     except (ValueError, IndexError):
         return False
-    if host != socket.gethostname():
+    if " ".join(words[on + 1 : on + 4]) != here() or here().endswith("[unknown]"):
         return False
     try:
         os.kill(pid, 0)
@@ -134,9 +147,7 @@ class ReleaseLock:
     ) -> None:
         self.nodes, self.node, self.model, self.say = nodes, node, model, say
         self.lease_s = max(1, round(lease_s))
-        self.owner = (
-            f"{what} by pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S %Z')}"
-        )
+        self.owner = f"{what} by pid {os.getpid()} on {here()} since {time.strftime('%H:%M:%S %Z')}"
         self.lost = threading.Event()
         self._confirmed = time.monotonic()
         self._stop = threading.Event()

@@ -19,7 +19,7 @@ from infra.errors import ExitCode, GpuPlatError, SpecError
 from infra.platform.resolve import load_platform
 from infra.serving.analysis import CONTINUE, INCONCLUSIVE, PROMOTE_READY, ROLLBACK, Verdict
 from infra.serving.counts import Counts, Histogram, SinceStart
-from infra.serving.lock import LOCK_DIR, RENEW, TAKE_OVER, LockLost, LockRefused
+from infra.serving.lock import LOCK_DIR, RENEW, TAKE_OVER, LockLost, LockRefused, here
 from infra.serving.registry.mlflow import ModelVersion, to_wire_source
 from infra.serving.release import (
     GATED,
@@ -499,7 +499,7 @@ def test_a_lock_left_by_a_process_of_this_host_that_is_gone_is_taken_over(tmp_pa
     gone.wait()
     (tmp_path / "embedder.lock").mkdir()
     (tmp_path / "embedder.lock" / "owner").write_text(
-        f"promote by pid {gone.pid} on {socket.gethostname()} since 07:00:00 UTC"
+        f"promote by pid {gone.pid} on {here()} since 07:00:00 UTC"
     )
     with locking(tmp_path).exclusive("embedder", "promote"):
         assert "promote by pid" in (tmp_path / "embedder.lock" / "owner").read_text()
@@ -598,7 +598,7 @@ def test_of_two_takers_of_a_gone_holders_lock_one_takes_it(tmp_path: Path) -> No
     gone.wait()
     (tmp_path / "embedder.lock").mkdir()
     (tmp_path / "embedder.lock" / "owner").write_text(
-        f"promote by pid {gone.pid} on {socket.gethostname()} since 07:00:00 UTC"
+        f"promote by pid {gone.pid} on {here()} since 07:00:00 UTC"
     )
     first = locking(tmp_path).exclusive("embedder", "first promote")
     second = locking(tmp_path)
@@ -796,4 +796,36 @@ def test_a_renewal_slow_inside_the_mutex_is_not_overtaken_by_a_take_over(tmp_pat
     taken = subprocess.run([*take_over, "expired"], capture_output=True, text=True, check=True).stdout
     renewed = renewal.communicate(timeout=30)[0]
     assert not (renewed.strip() == "renewed" and taken.strip() == "taken"), (renewed, taken)
+    assert (lock / "owner").read_text() == holder
+
+
+def test_no_other_user_of_the_node_reaches_the_lock_folder(tmp_path: Path) -> None:
+    """The folder (made 0755 before, under the default umask) and the mutex file (0644): any user of the
+    gateway's node could open the mutex and hold its flock for ever, so that no renewal or take-over could
+    go on. Only root reaches them now, an older folder's mode included."""
+    folder = tmp_path / "locks"
+    folder.mkdir(mode=0o755)
+    folder.chmod(0o755)
+    release = locking(folder)
+    with release.exclusive("embedder", "guard"):
+        release.__dict__["_held"]["embedder"]._run(RENEW)
+        assert folder.stat().st_mode & 0o777 == 0o700
+        assert all(p.stat().st_mode & 0o077 == 0 for p in folder.iterdir()), [
+            (p.name, oct(p.stat().st_mode)) for p in folder.iterdir()
+        ]
+
+
+def test_a_dead_pid_of_another_pid_namespace_on_the_same_host_name_is_not_gone(tmp_path: Path) -> None:
+    """Two containers sharing the host's name but not its PID namespace: the other's live holder has a pid
+    this process cannot see. It was taken over at once, as gone, while it renewed; now only its lease's end
+    frees it."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    lock = tmp_path / "embedder.lock"
+    lock.mkdir()
+    holder = f"guard by pid {dead.pid} on {socket.gethostname()} in pid:[1] since 07:00:00 UTC"
+    (lock / "owner").write_text(holder)
+    (lock / "expires").write_text(f"{int(time.time()) + 30}\n")
+    with pytest.raises(LockRefused, match=r"pid:\[1\]"), locking(tmp_path).exclusive("embedder", "promote"):
+        pass
     assert (lock / "owner").read_text() == holder
