@@ -19,7 +19,7 @@ from infra.errors import ExitCode, GpuPlatError, SpecError
 from infra.platform.resolve import load_platform
 from infra.serving.analysis import CONTINUE, INCONCLUSIVE, PROMOTE_READY, ROLLBACK, Verdict
 from infra.serving.counts import Counts, Histogram, SinceStart
-from infra.serving.lock import LOCK_DIR, RENEW, TAKE_OVER, LockLost, LockRefused, here
+from infra.serving.lock import LOCK_DIR, RENEW, TAKE_OVER, LockLost, LockRefused, ReleaseLock, here
 from infra.serving.registry.mlflow import ModelVersion, to_wire_source
 from infra.serving.release import (
     GATED,
@@ -311,10 +311,14 @@ class RecordingNodes:
         return [int(c[-1]) for n, c in self.done if c[-2:-1] == ("share",) and n == "gw-0"]
 
 
-def promoted(replicas: int, share: int, nodes: RecordingNodes | None = None) -> RecordingNodes:
+def promoted(
+    replicas: int, share: int, nodes: RecordingNodes | None = None, lock: ReleaseLock | None = None
+) -> RecordingNodes:
     nodes = nodes or RecordingNodes(replicas, share)
     release = object.__new__(Release)
     release.nodes = nodes
+    if lock is not None:
+        release.__dict__["_held"] = {"embedder": lock}
     release.rules = Canary()
     release.say = lambda line: None
     release.layout = ServingLayout(
@@ -354,6 +358,33 @@ def test_promote_keeps_the_canarys_share_while_stable_replicas_roll_and_drains_i
     for gateway in ("gw-0", "gw-1"):
         drained = _at(nodes, gateway, "--backend inference_canary drain", "c-infer-0:8100")
         assert drained and share_zero < drained[0] < stop
+
+
+class LosingNodes(RecordingNodes):
+    """RecordingNodes on which the promote's lock is found lost (another command took it over) once the
+    first stable replica restarted."""
+
+    def __init__(self, lock: ReleaseLock) -> None:
+        super().__init__(replicas=2, share=20)
+        self.lock = lock
+
+    def exec(self, node: str, *command: str, timeout: float = 120) -> str:
+        if command[:2] == ("systemctl", "restart"):
+            self.lock.lost.set()
+        return super().exec(node, *command, timeout=timeout)
+
+
+def test_a_promote_that_lost_its_lock_stops_before_its_next_change() -> None:
+    """A promote that went on after its lock was taken over interleaved with the new holder's release,
+    replica by replica ("carry on and only report the loss"): it now stops before the next step, leaving
+    the second replica, the canary and the registry to the lock's holder."""
+    lock = ReleaseLock(RecordingNodes(0, 0), "gw-0", "embedder", "promote", lambda line: None)
+    nodes = LosingNodes(lock)
+    with pytest.raises(LockLost, match=r"stopped before (drain|ready) of c-infer-0:800[01]"):
+        promoted(2, 20, nodes, lock)
+    assert len(_at(nodes, "infer-0", "systemctl restart")) == 1
+    assert not _at(nodes, "infer-0", "systemctl stop")
+    assert not _at(nodes, "gw-0", "share")
 
 
 def test_promote_gives_the_canary_every_request_only_while_the_last_stable_server_restarts() -> None:
