@@ -26,7 +26,8 @@ LEASE_S = 60.0
 """how long a lock outlives its holder's last renewal"""
 
 # Only root on the node reaches the folder (0700, its files made under umask 077): a user of the node who
-# could open the mutex file could hold its flock for ever, and every renewal and take-over would wait on it.
+# could open the mutex file (read permission is enough to flock it: flock.1.adoc, EXAMPLES, "<") could hold
+# its flock for ever, and every renewal and take-over would wait on it.
 # Arguments of every script: the folder, the model, the owner's description, the lease in seconds.
 # Prints "taken", or "held S: OWNER" with the seconds S left of the holder's lease (negative: it ended).
 TAKE = """umask 077; mkdir -p "$1" && chmod 700 "$1" || exit 1
@@ -44,10 +45,11 @@ printf 'held %s: ' $(( expires - now )); cat "$lock/owner" 2>/dev/null; echo"""
 # one, never an empty file that no later script reads as a time (the lock would be held for ever).
 # Every change to a held lock (take over, renew, release) is made inside its mutex, so a renewal and a
 # take-over never interleave: flock(1) on the file ".MODEL.mutex" beside the lock, which the kernel drops
-# when the script's last process ends, killed or not (util-linux flock.1.adoc, DESCRIPTION and -u: "a lock
-# is automatically dropped when the file is closed"; -w: give up after that many seconds; util-linux is
-# Essential in Debian, so on every node). A directory made by mkdir served before: one left by a killed
-# script had to be judged stale by its age, and a live script slower than that age was overtaken.
+# when the script's last process ends, killed or not (util-linux sys-utils/flock.1.adoc, -u: a lock "is
+# automatically dropped when the file is closed"; -w: give up after that many seconds; util-linux is
+# Essential in Debian: 2.38.1 in the bookworm base image). A directory made by mkdir served before: one
+# left by a killed script had to be judged stale by its age, and a live script slower than that was
+# overtaken.
 _MUTEX = """umask 077; lock="$1/$2.lock"
 [ -d "$lock" ] || { printf 'lost: '; echo; exit 0; }
 exec 9>>"$1/.$2.mutex"
@@ -194,14 +196,16 @@ class ReleaseLock:
         self._renewer.start()
 
     def _renew(self) -> None:
-        while not self._stop.wait(self.lease_s / 3) and self.held():
-            sent = time.monotonic()
+        """Every third of the lease; a renewal that failed (the node slow or out of reach, the mutex busy) is
+        tried again a second later, so that one slow answer does not use up the lease's margin."""
+        pause = self.lease_s / 3
+        while not self._stop.wait(pause) and self.held():
+            sent, pause = time.monotonic(), self.lease_s / 3
             try:
-                # A renewal that hangs must not outlast the next one's turn.
-                answer = self._run(RENEW, timeout=self.lease_s / 3)
-            except (GpuPlatError, subprocess.SubprocessError, OSError) as error:  # tried again at the next
-                self.say(f"the release lock of '{self.model}' was not renewed: {error}")
-                continue
+                # A renewal that hangs gives up within a quarter of the lease, leaving time for another.
+                answer = self._run(RENEW, timeout=self.lease_s / 4)
+            except (GpuPlatError, subprocess.SubprocessError, OSError) as error:
+                answer = f"not renewed: {error}"
             if answer == "renewed":
                 self._confirmed = sent
             elif answer.startswith("lost: "):
@@ -211,6 +215,9 @@ class ReleaseLock:
                     f"({answer.removeprefix('lost: ') or 'removed'})"
                 )
                 return
+            else:
+                self.say(f"the release lock of '{self.model}' was not renewed: {answer}")
+                pause = min(1.0, self.lease_s / 10)
 
     def release(self) -> None:
         """Stop renewing and remove the lock, only if it is still this command's (the script checks the

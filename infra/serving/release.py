@@ -791,8 +791,8 @@ class Release:
             if self.lock_lost(model):
                 raise GpuPlatError(
                     f"the guard of '{model}' lost its release lock (not renewed within its "
-                    f"{self.lease_s:.0f} s lease, and taken by another command): it stopped, leaving the "
-                    "release to that command",
+                    f"{self.lease_s:.0f} s lease, or found another command's): it stopped, leaving the "
+                    f"release to whichever command holds it now (`gpuplat serve status {model}`)",
                     exit_code=ExitCode.NO_VERDICT,
                 )
             try:
