@@ -888,3 +888,17 @@ def test_one_renewal_that_hangs_to_its_timeout_does_not_cost_the_lock(tmp_path: 
         time.sleep(6.5)
         assert not holder.lock_lost("embedder")
         assert holder.nodes.renewals >= 2
+
+
+def test_a_renewal_that_finds_the_lock_anothers_stops_the_holder_at_once(tmp_path: Path) -> None:
+    """Not only once its own count of the lease runs out: the first renewal that finds another owner ends
+    what the holder may do."""
+    holder = locking(tmp_path)
+    holder.lease_s = 6
+    with holder.exclusive("embedder", "guard"):
+        (tmp_path / "embedder.lock" / "owner").write_text(
+            "promote by pid 7 on ci-runner-8 since 08:00:00 UTC"
+        )
+        time.sleep(2.6)  # one renewal (every 2 s), well inside the 5 s the holder counts on its own
+        with pytest.raises(LockLost, match="stopped before setting"):
+            holder.set_share(0)
