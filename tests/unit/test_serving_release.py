@@ -902,3 +902,16 @@ def test_a_renewal_that_finds_the_lock_anothers_stops_the_holder_at_once(tmp_pat
         time.sleep(2.6)  # one renewal (every 2 s), well inside the 5 s the holder counts on its own
         with pytest.raises(LockLost, match="stopped before setting"):
             holder.set_share(0)
+
+
+def test_a_lock_from_before_leases_ends_its_lease_after_its_owner_was_written(tmp_path: Path) -> None:
+    """A lock of the version before leases (an owner, no expiry, never renewed) counts as ending a lease
+    after its owner was written: refused before, taken over after."""
+    lock = tmp_path / "embedder.lock"
+    lock.mkdir()
+    (lock / "owner").write_text("guard by pid 4242 on ci-runner-7 since 07:00:00 UTC")
+    with pytest.raises(LockRefused, match="ci-runner-7"), locking(tmp_path).exclusive("embedder", "promote"):
+        pass
+    os.utime(lock / "owner", (time.time() - 120, time.time() - 120))
+    with locking(tmp_path).exclusive("embedder", "promote"):
+        assert (lock / "owner").read_text().startswith("promote by pid")
