@@ -9,7 +9,8 @@
 # Prometheus targets, recording rules and recorded series; then tests/serving from this host
 # against the converged scenario: the model registry through `gpuplat models`, and `gpuplat serve`
 # (two registered versions, the canary's measured share, a failing canary rolled back by the guard,
-# promote, rollback to the previous version).
+# a canary slower by its architecture (24 encoder layers instead of 6) rolled back by the guard for
+# its latency, promote, rollback to the previous version).
 #
 #   scripts/test-serving.sh
 #

@@ -35,6 +35,7 @@ from infra.platform.resolve import ResolvedPlatform
 from infra.serving.analysis import CONTINUE, PROMOTE_READY, ROLLBACK, Guard, Verdict
 from infra.serving.canary import gate
 from infra.serving.counts import Counts, Histogram, Reading, Series
+from infra.serving.lock import LEASE_S, LockLost, ReleaseLock
 from infra.serving.prometheus import instant
 from infra.serving.registry.mlflow import MlflowRegistry, ModelVersion, RegistryError
 from infra.spec.models import Canary
@@ -43,6 +44,8 @@ CHAMPION, CHALLENGER, PREVIOUS = "champion", "challenger", "previous"
 PROMOTED, GATED = "promoted", "gated"
 """a stepped release's ends besides the analysis' verdicts: its last step (100 %) promoted the canary; a step
 with a manual gate passed, the release held there"""
+ROLLED_BACK = "rolled back"
+"""the record's phase once a rollback (the guard's or an operator's) took the canary out"""
 CANARY_SLOT = "canary"
 # Where the roles put things (their defaults and vars: one source).
 _SERVER, _GATEWAY = role_defaults("inference_server"), role_vars("inference_gateway")
@@ -59,47 +62,6 @@ JOB_OF_BACKEND = {STABLE_BACKEND: "inference_server", CANARY_BACKEND: "inference
 UNSAFE_IN_PATH = set(" \t\n\"'\\$`")
 LOOK_TRIES = 3
 """looks in a row the guard may fail to read the counters (or add them) before it gives up, exit 5"""
-# Where the release locks live on the first gateway's node (tmpfs: a restart of that node frees them), and
-# the script that takes one: mkdir is atomic, so of two at once one makes the directory and the other reads
-# who did. Arguments: the folder, the model, the owner's description.
-LOCK_DIR = "/run/gpuplat-serve"
-LOCK_TAKE = """mkdir -p "$1" || exit 1
-if mkdir "$1/$2.lock" 2>/dev/null; then printf '%s' "$3" > "$1/$2.lock/owner"; echo taken
-else printf 'held: '; cat "$1/$2.lock/owner" 2>/dev/null; echo; fi"""
-# The script that takes over a lock whose holder is gone. Of two takers at once one makes the lock's
-# taking-over directory; it replaces the owner only if the owner is still the gone one it was told of, so a
-# lock taken over a moment before by the other is not taken twice. Arguments: the folder, the model, the
-# gone owner's description, the new owner's.
-LOCK_TAKE_OVER = """lock="$1/$2.lock"
-if mkdir "$lock/taking-over" 2>/dev/null; then
-  if [ "$(cat "$lock/owner" 2>/dev/null)" = "$3" ]; then
-    printf '%s' "$4" > "$lock/owner.new" && mv "$lock/owner.new" "$lock/owner" && rmdir "$lock/taking-over"
-    echo taken; exit 0
-  fi
-  rmdir "$lock/taking-over"
-fi
-printf 'held: '; cat "$lock/owner" 2>/dev/null; echo"""
-
-
-def _gone(holder: str) -> bool:
-    """Whether the lock's holder ("... by pid N on HOST since ...") was a process of this host that is no
-    longer running."""
-    words = holder.split()
-    try:
-        pid, host = int(words[words.index("pid") + 1]), words[words.index("on") + 1]
-    except (ValueError, IndexError):
-        return False
-    if host != socket.gethostname():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
 # The guard's record of each model's release on the first gateway's node (persistent: `serve status` reads
 # it after the guard's command ended, or the node restarted), written whole (a temporary file renamed).
 STATE_DIR = "/var/lib/gpuplat-serve"
@@ -180,6 +142,11 @@ def parse_metrics(answer: str, histogram: str) -> dict[int, Histogram]:
         elif name == f"{histogram}_sum":
             sums[port] = sums.get(port, 0.0) + number
     return {p: Histogram.from_cumulative(b, sums.get(p, 0.0)) for p, b in cumulative.items()}
+
+
+def _phase(verdict: Verdict) -> str:
+    """The release record's phase after a verdict: the verdict, or ROLLED_BACK once it rolled back."""
+    return ROLLED_BACK if verdict.action == ROLLBACK else verdict.action
 
 
 class ServeRefused(GpuPlatError):
@@ -290,6 +257,9 @@ class ReplicaServing:
 class Release:
     """One stack's serving, as the registry, the gateways and the model-server nodes hold it."""
 
+    lease_s = LEASE_S
+    """the release lock's lease (infra/serving/lock.py)"""
+
     def __init__(
         self,
         platform: ResolvedPlatform,
@@ -314,40 +284,47 @@ class Release:
 
     @contextmanager
     def exclusive(self, model: str, what: str) -> Iterator[None]:
-        """Hold `model`'s release lock (a directory on the first gateway's node, made atomically by mkdir)
-        while `what` runs: a second deploy, promote, rollback or guard of the model meets it and is refused,
-        saying who holds it. A lock whose holder was a process of this host that is gone is taken over."""
-        held: set[str] = self.__dict__.setdefault("_held", set())
+        """Hold `model`'s release lock (infra/serving/lock.py: a lease on the first gateway's node, renewed
+        while `what` runs): a second deploy, promote, rollback or guard of the model meets it and is refused,
+        saying who holds it. A lock whose holder's lease ended, or whose holder was a process of this host
+        that is gone, is taken over."""
+        held: dict[str, ReleaseLock] = self.__dict__.setdefault("_held", {})
         if model in held:
             yield
             return
-        node = self.layout.gateways[0]
-        owner = f"{what} by pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S %Z')}"
-        answer = self.nodes.exec(node, "sh", "-c", LOCK_TAKE, "lock", LOCK_DIR, model, owner).strip()
-        holder = answer.removeprefix("held: ")
-        if answer != "taken" and _gone(holder):
-            self.say(f"taking over the release lock of '{model}' from a process that is gone ({holder})")
-            script = ("sh", "-c", LOCK_TAKE_OVER, "lock", LOCK_DIR, model, holder, owner)
-            answer = self.nodes.exec(node, *script).strip()
-            holder = answer.removeprefix("held: ")
-        if answer != "taken":
-            raise ServeRefused(
-                f"a release of '{model}' is in progress ({holder or 'its holder is writing its name'}): one "
-                "release at a time per model. Wait for it to end, or stop it (Ctrl-C releases its lock); a "
-                f"lock left by a process of another host that is gone: `rm -r {LOCK_DIR}/{model}.lock` on "
-                f"{node}"
-            )
-        held.add(model)
+        lock = ReleaseLock(self.nodes, self.layout.gateways[0], model, what, self.say, self.lease_s)
+        lock.take()
+        held[model] = lock
         try:
             yield
         finally:
-            held.discard(model)
-            self.nodes.exec(node, "rm", "-rf", f"{LOCK_DIR}/{model}.lock")
+            held.pop(model, None)
+            lock.release()
+
+    def lock_lost(self, model: str) -> bool:
+        """Whether this command held `model`'s release lock and lost it (its lease ended unrenewed)."""
+        lock = self.__dict__.get("_held", {}).get(model)
+        return lock is not None and not lock.held()
+
+    def _fence(self, step: str) -> None:
+        """Refuse `step`, a change to the nodes or the registry, once this command lost a release lock it
+        holds: a holder stopped past its lease (SIGSTOP, the node out of reach) and resumed must not carry
+        on beside the command that took the lock over (two promotes interleaved, replica by replica)."""
+        held: dict[str, ReleaseLock] = self.__dict__.get("_held", {})
+        for model, lock in held.items():
+            if not lock.held():
+                raise LockLost(
+                    f"this command lost the release lock of '{model}' (its lease was not renewed within "
+                    f"{lock.lease_s} s) and stopped before {step}: another command may carry the release "
+                    f"now. `gpuplat serve status {model}` shows where it stands; `gpuplat serve rollback "
+                    f"{model}` puts every replica back on the stable version"
+                )
 
     # The guard's record
 
     def record(self, model: str, phase: str, detail: str, percent: int | None = None) -> None:
         """What the release of `model` is doing (phase: analysing, gated, promoted, rolled back, ...)."""
+        self._fence(f"writing the release's record ({phase})")
         state = {
             "phase": phase,
             "detail": detail,
@@ -497,6 +474,7 @@ class Release:
             return self.readings(latency=False)
 
     def set_share(self, percent: int) -> None:
+        self._fence(f"setting the canary's share to {percent} %")
         for gateway in self.layout.gateways:
             self.nodes.exec(
                 gateway, "python3", f"{GATEWAY_PROGRAMS}/gpuplat_gateway_canary.py", "share", str(percent)
@@ -506,6 +484,7 @@ class Release:
 
     def _write_version(self, node: str, slot: str, version: ModelVersion | None) -> None:
         """The slot's version file (None: none, the stack's own model)."""
+        self._fence(f"writing the version of slot {slot} on {node}")
         path = f"{CONFIG_DIR}/version-{slot}.env"
         if version is None:
             self.nodes.exec(node, "rm", "-f", path)
@@ -543,6 +522,7 @@ class Release:
         """gpuplat_gateway_targets.py `command` for `target` on every gateway (drain: no new request, and
         wait for those in flight to end; ready: out of drain, and wait until the gateway's checks count it
         up)."""
+        self._fence(f"{command} of {target} on the gateways")
         for gateway in self.layout.gateways:
             self.nodes.exec(
                 gateway,
@@ -654,6 +634,7 @@ class Release:
         )  # refuses a path servers cannot read, before any change
         self.say(f"starting {candidate.reference} in the canary slot of {', '.join(self.layout.servers)}")
         self.start_canary(candidate)
+        self._fence("moving the registry's aliases")
         self.registry.set_alias(candidate.name, CHALLENGER, candidate.version)
         if canary_percent is None:
             self.promote(candidate.name)
@@ -678,11 +659,13 @@ class Release:
         )
         self.roll_stable(candidate, share)
         self.stop_canary()
+        self._fence("moving the registry's aliases")
         if stable is not None:
             self.registry.set_alias(model, PREVIOUS, stable.version)
         self.registry.set_alias(model, CHAMPION, candidate.version)
         self.registry.delete_alias(model, CHALLENGER)
         self.say(f"{candidate.reference} is the stable version")
+        self.record(model, PROMOTED, f"{candidate.reference} is the stable version on every replica")
         return candidate
 
     def rollback(self, model: str, reason: str = "asked for") -> ModelVersion | None:
@@ -695,22 +678,27 @@ class Release:
             self.set_share(0)
             self.roll_stable(self.aliased(model, CHAMPION), 0, only_off=True)
             self.stop_canary()
+            self._fence("moving the registry's aliases")
             self.registry.delete_alias(model, CHALLENGER)
             self.say(
                 f"{candidate.reference} rolled back ({reason}); every request goes to the stable version"
             )
+            self.record(model, ROLLED_BACK, f"{candidate.reference} taken out: {reason}")
             return self.aliased(model, CHAMPION)
         previous = self.aliased(model, PREVIOUS)
         if previous is None:
             raise ServeRefused(f"'{model}' has no canary and no {PREVIOUS} version to roll back to")
         self.start_canary(previous)
+        self._fence("moving the registry's aliases")
         self.registry.set_alias(model, CHALLENGER, previous.version)
         self.roll_stable(previous, 0)
         self.stop_canary()
+        self._fence("moving the registry's aliases")
         self.registry.set_alias(model, CHAMPION, previous.version)
         self.registry.delete_alias(model, CHALLENGER)
         self.registry.delete_alias(model, PREVIOUS)
         self.say(f"{previous.reference} is the stable version again")
+        self.record(model, ROLLED_BACK, f"{previous.reference} is the stable version again: {reason}")
         return previous
 
     def guard(
@@ -741,7 +729,7 @@ class Release:
         if not ahead:
             self.record(model, "analysing", "the canary's analysis", share or None)
             verdict = self.analyse(model, duration_s, look_s, sleep, clock)
-            self.record(model, verdict.action, verdict.reason, None if verdict.action == ROLLBACK else share)
+            self.record(model, _phase(verdict), verdict.reason, None if verdict.action == ROLLBACK else share)
             return verdict
         verdict = Verdict(CONTINUE, "no step analysed")
         for number, step in ahead:
@@ -763,7 +751,7 @@ class Release:
             if verdict.action != PROMOTE_READY:
                 self.record(
                     model,
-                    verdict.action,
+                    _phase(verdict),
                     f"{label}: {verdict.reason}",
                     None if verdict.action == ROLLBACK else share,
                 )
@@ -800,6 +788,13 @@ class Release:
         failed = 0
         while clock() - started < duration_s:
             sleep(look_s)
+            if self.lock_lost(model):
+                raise GpuPlatError(
+                    f"the guard of '{model}' lost its release lock (not renewed within its "
+                    f"{self.lease_s:.0f} s lease, or found another command's): it stopped, leaving the "
+                    f"release to whichever command holds it now (`gpuplat serve status {model}`)",
+                    exit_code=ExitCode.NO_VERDICT,
+                )
             try:
                 if self.aliased(model, CHALLENGER) is None:
                     return Verdict("gone", f"'{model}' has no canary any more")

@@ -5,8 +5,10 @@ tests/serving/test_serve.py."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,10 +19,10 @@ from infra.errors import ExitCode, GpuPlatError, SpecError
 from infra.platform.resolve import load_platform
 from infra.serving.analysis import CONTINUE, INCONCLUSIVE, PROMOTE_READY, ROLLBACK, Verdict
 from infra.serving.counts import Counts, Histogram, SinceStart
+from infra.serving.lock import LOCK_DIR, RENEW, TAKE_OVER, LockLost, LockRefused, ReleaseLock, here
 from infra.serving.registry.mlflow import ModelVersion, to_wire_source
 from infra.serving.release import (
     GATED,
-    LOCK_DIR,
     PROMOTED,
     STATE_DIR,
     Release,
@@ -309,10 +311,15 @@ class RecordingNodes:
         return [int(c[-1]) for n, c in self.done if c[-2:-1] == ("share",) and n == "gw-0"]
 
 
-def promoted(replicas: int, share: int) -> RecordingNodes:
-    nodes = RecordingNodes(replicas, share)
+def promoted(
+    replicas: int, share: int, nodes: RecordingNodes | None = None, lock: ReleaseLock | None = None
+) -> RecordingNodes:
+    nodes = nodes or RecordingNodes(replicas, share)
     release = object.__new__(Release)
     release.nodes = nodes
+    if lock is not None:
+        release.__dict__["_held"] = {"embedder": lock}
+    release.rules = Canary()
     release.say = lambda line: None
     release.layout = ServingLayout(
         ("gw-0", "gw-1"), ("infer-0",), {"infer-0": "c-infer-0"}, "cpu-reference", 1.0
@@ -351,6 +358,33 @@ def test_promote_keeps_the_canarys_share_while_stable_replicas_roll_and_drains_i
     for gateway in ("gw-0", "gw-1"):
         drained = _at(nodes, gateway, "--backend inference_canary drain", "c-infer-0:8100")
         assert drained and share_zero < drained[0] < stop
+
+
+class LosingNodes(RecordingNodes):
+    """RecordingNodes on which the promote's lock is found lost (another command took it over) once the
+    first stable replica restarted."""
+
+    def __init__(self, lock: ReleaseLock) -> None:
+        super().__init__(replicas=2, share=20)
+        self.lock = lock
+
+    def exec(self, node: str, *command: str, timeout: float = 120) -> str:
+        if command[:2] == ("systemctl", "restart"):
+            self.lock.lost.set()
+        return super().exec(node, *command, timeout=timeout)
+
+
+def test_a_promote_that_lost_its_lock_stops_before_its_next_change() -> None:
+    """A promote that went on after its lock was taken over interleaved with the new holder's release,
+    replica by replica ("carry on and only report the loss"): it now stops before the next step, leaving
+    the second replica, the canary and the registry to the lock's holder."""
+    lock = ReleaseLock(RecordingNodes(0, 0), "gw-0", "embedder", "promote", lambda line: None)
+    nodes = LosingNodes(lock)
+    with pytest.raises(LockLost, match=r"stopped before (drain|ready) of c-infer-0:800[01]"):
+        promoted(2, 20, nodes, lock)
+    assert len(_at(nodes, "infer-0", "systemctl restart")) == 1
+    assert not _at(nodes, "infer-0", "systemctl stop")
+    assert not _at(nodes, "gw-0", "share")
 
 
 def test_promote_gives_the_canary_every_request_only_while_the_last_stable_server_restarts() -> None:
@@ -397,6 +431,7 @@ def test_a_rollback_after_a_promote_cut_short_puts_every_stable_replica_back_on_
     nodes = CutShortNodes()
     release = object.__new__(Release)
     release.nodes = nodes
+    release.rules = Canary()
     release.say = lambda line: None
     release.layout = ServingLayout(("gw-0",), ("infer-0",), {"infer-0": "c-infer-0"}, "cpu-reference", 1.0)
     release._wait_healthy = lambda node, port: None  # type: ignore[method-assign]
@@ -480,7 +515,7 @@ def test_one_release_at_a_time_per_model_a_second_promote_meets_the_lock(tmp_pat
         with guard.exclusive("embedder", "rollback"):
             pass
         refusal = r"a release of 'embedder' is in progress \(guard by pid \d+ on "
-        with pytest.raises(ServeRefused, match=refusal), operator.exclusive("embedder", "promote"):
+        with pytest.raises(LockRefused, match=refusal), operator.exclusive("embedder", "promote"):
             pass
         with operator.exclusive("other-model", "promote"):
             pass
@@ -495,7 +530,7 @@ def test_a_lock_left_by_a_process_of_this_host_that_is_gone_is_taken_over(tmp_pa
     gone.wait()
     (tmp_path / "embedder.lock").mkdir()
     (tmp_path / "embedder.lock" / "owner").write_text(
-        f"promote by pid {gone.pid} on {socket.gethostname()} since 07:00:00 UTC"
+        f"promote by pid {gone.pid} on {here()} since 07:00:00 UTC"
     )
     with locking(tmp_path).exclusive("embedder", "promote"):
         assert "promote by pid" in (tmp_path / "embedder.lock" / "owner").read_text()
@@ -505,10 +540,72 @@ def test_a_lock_left_by_a_process_of_this_host_that_is_gone_is_taken_over(tmp_pa
         f"promote by pid {gone.pid} on another-host since 07:00:00 UTC"
     )
     with (
-        pytest.raises(ServeRefused, match="another-host"),
+        pytest.raises(LockRefused, match="another-host"),
         locking(tmp_path).exclusive("embedder", "promote"),
     ):
         pass
+
+
+def test_a_lock_whose_lease_ended_is_taken_over_even_from_another_host(tmp_path: Path) -> None:
+    """A CI runner killed on another host left its lock: once its lease ended (by the node's clock) the
+    next release takes it over, saying so; before that it is refused, saying how long is left."""
+    lock = tmp_path / "embedder.lock"
+    lock.mkdir()
+    (lock / "owner").write_text("guard by pid 4242 on ci-runner-7 since 07:00:00 UTC")
+    (lock / "expires").write_text(f"{int(time.time()) - 5}\n")
+    said: list[str] = []
+    release = locking(tmp_path)
+    release.say = said.append
+    with release.exclusive("embedder", "promote"):
+        assert (lock / "owner").read_text().startswith("promote by pid")
+    assert any("lease ended" in line and "ci-runner-7" in line for line in said), said
+    assert not lock.exists()
+    lock.mkdir()
+    (lock / "owner").write_text("guard by pid 4242 on ci-runner-7 since 07:00:00 UTC")
+    (lock / "expires").write_text(f"{int(time.time()) + 30}\n")
+    with (
+        pytest.raises(LockRefused, match=r"ci-runner-7.*taken over once its lease ends"),
+        locking(tmp_path).exclusive("embedder", "promote"),
+    ):
+        pass
+
+
+def test_a_holder_that_renews_its_lease_keeps_the_lock_past_it(tmp_path: Path) -> None:
+    """Never taken while its holder renews it; the mutex directory of the lock scripts before flock(1), left
+    by one killed inside it, does not stop the next."""
+    holder, other = locking(tmp_path), locking(tmp_path)
+    holder.lease_s = other.lease_s = 1
+    with holder.exclusive("embedder", "guard"):
+        stale = tmp_path / "embedder.lock" / "taking-over"
+        stale.mkdir()
+        os.utime(stale, (time.time() - 60, time.time() - 60))
+        time.sleep(2.5)
+        assert int((tmp_path / "embedder.lock" / "expires").read_text()) >= int(time.time())  # renewed
+        with pytest.raises(LockRefused, match=r"\(guard by pid"), other.exclusive("embedder", "promote"):
+            pass
+    assert not (tmp_path / "embedder.lock").exists()
+
+
+def test_a_holder_that_lost_its_lock_leaves_the_new_holders_lock_alone(tmp_path: Path) -> None:
+    """A holder stopped past its lease (SIGSTOP, a node out of reach) whose lock was taken over: its next
+    renewal finds the lock another's, its guard stops, and its end removes nothing."""
+    said: list[str] = []
+    holder = locking(tmp_path)
+    holder.lease_s = 1
+    holder.say = said.append
+    holder.rules = Canary()
+    holder.canary_start = (time.monotonic(), Counts(0, 0), Counts(0, 0))
+    with holder.exclusive("embedder", "guard"):
+        (tmp_path / "embedder.lock" / "owner").write_text(
+            "promote by pid 7 on ci-runner-8 since 08:00:00 UTC"
+        )
+        time.sleep(1)
+        assert holder.lock_lost("embedder")
+        with pytest.raises(GpuPlatError, match="lost its release lock") as stopped:
+            holder.analyse("embedder", duration_s=10, sleep=lambda s: None)
+        assert stopped.value.exit_code == ExitCode.NO_VERDICT
+    assert (tmp_path / "embedder.lock" / "owner").read_text().startswith("promote by pid 7 on ci-runner-8")
+    assert any("no longer this command's (promote by pid 7 on ci-runner-8" in line for line in said), said
 
 
 class RacingNode(LockNode):
@@ -532,12 +629,12 @@ def test_of_two_takers_of_a_gone_holders_lock_one_takes_it(tmp_path: Path) -> No
     gone.wait()
     (tmp_path / "embedder.lock").mkdir()
     (tmp_path / "embedder.lock" / "owner").write_text(
-        f"promote by pid {gone.pid} on {socket.gethostname()} since 07:00:00 UTC"
+        f"promote by pid {gone.pid} on {here()} since 07:00:00 UTC"
     )
     first = locking(tmp_path).exclusive("embedder", "first promote")
     second = locking(tmp_path)
     second.nodes = RacingNode(tmp_path, first.__enter__)
-    with pytest.raises(ServeRefused, match=r"\(first promote by pid"), second.exclusive("embedder", "second"):
+    with pytest.raises(LockRefused, match=r"\(first promote by pid"), second.exclusive("embedder", "second"):
         pass
     assert "first promote" in (tmp_path / "embedder.lock" / "owner").read_text()
     first.__exit__(None, None, None)
@@ -568,3 +665,253 @@ def test_the_guards_record_is_written_whole_on_the_node_and_read_back_by_status(
         [10, 100],
     )
     assert [p.name for p in (tmp_path / "state").iterdir()] == ["embedder.json"]  # no temporary left
+
+
+class RecordingStateNodes(RecordingNodes):
+    """RecordingNodes whose first gateway keeps the release's record in a real folder (its scripts run in a
+    real `sh`)."""
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__(replicas=2, share=20)
+        self.folder = str(folder)
+
+    def exec(self, node: str, *command: str, timeout: float = 120) -> str:
+        if any(STATE_DIR in word for word in command):
+            words = [w.replace(STATE_DIR, self.folder) for w in command]
+            return subprocess.run(words, capture_output=True, text=True, check=True).stdout
+        return super().exec(node, *command)
+
+
+def test_promote_and_rollback_write_the_releases_record(tmp_path: Path) -> None:
+    """`serve status` after a promote showed the guard's last record, "promote-ready at 20 %": promote and
+    rollback now write their own, and status reads them."""
+    nodes = RecordingStateNodes(tmp_path)
+    release = object.__new__(Release)
+    release.nodes = nodes
+    release.rules = Canary()
+    release.layout = ServingLayout(("gw-0",), (), {}, "cpu-reference", 1.0)
+    release.record("embedder", PROMOTE_READY, "5 intervals passed", 20)
+    promoted(2, 20, nodes)
+    record = release.recorded("embedder")
+    assert record is not None and record["phase"] == PROMOTED, record
+    assert (record["detail"], record["canary_percent"]) == (
+        "embedder@2 is the stable version on every replica",
+        None,
+    )
+
+    release.say = lambda line: None
+    release._wait_healthy = lambda node, port: None  # type: ignore[method-assign]
+    aliases = {"challenger": version("/shared/models/x"), "champion": version("/shared/models/y")}
+    release.aliased = lambda model, alias: aliases.get(alias)  # type: ignore[method-assign]
+
+    class Registry:
+        def delete_alias(self, model: str, alias: str) -> None:
+            aliases.pop(alias)
+
+    release.registry = Registry()  # type: ignore[assignment]
+    release.rollback("embedder", "asked for")
+    record = release.recorded("embedder")
+    assert record is not None and (record["phase"], record["detail"]) == (
+        "rolled back",
+        "embedder@2 taken out: asked for",
+    ), record
+
+
+class FlakyLockNode(LockNode):
+    """A gateway node whose lock scripts run in a real `sh`, but whose renewals fail (podman exec timing
+    out: the node overloaded or out of reach) on the calls numbered in `failing`."""
+
+    def __init__(self, folder: Path, failing: Callable[[int], bool]) -> None:
+        super().__init__(folder)
+        self.failing, self.renewals = failing, 0
+
+    def exec(self, node: str, *command: str, timeout: float = 120) -> str:
+        if "renewed" in command[2]:
+            self.renewals += 1
+            if self.failing(self.renewals):
+                raise subprocess.TimeoutExpired(list(command), timeout)
+        return super().exec(node, *command, timeout=timeout)
+
+
+def test_a_holder_whose_renewals_fail_past_its_lease_changes_nothing_more(tmp_path: Path) -> None:
+    """A holder cut off from the node (or stopped, SIGSTOP) past its lease may have lost its lock to another
+    command without any renewal having said so: it counts the lease on its own clock, and stops before its
+    next change (here the canary's share) instead of carrying on beside the lock's new holder. Before, a
+    renewal that timed out ended the renewing thread, and the holder went on for ever."""
+    holder = locking(tmp_path)
+    holder.lease_s = 1
+    said: list[str] = []
+    holder.say = said.append
+    holder.nodes = FlakyLockNode(tmp_path, lambda number: True)
+    with holder.exclusive("embedder", "promote"):
+        time.sleep(1.5)
+        assert holder.lock_lost("embedder")
+        with pytest.raises(LockLost, match=r"lost the release lock of 'embedder'.*stopped before setting"):
+            holder.set_share(100)
+    assert any("not renewed within its 1 s lease" in line for line in said), said
+
+
+def test_a_renewal_that_failed_once_is_tried_again(tmp_path: Path) -> None:
+    """One renewal lost to a slow node does not end the renewals: the next ones keep the lock."""
+    holder = locking(tmp_path)
+    holder.lease_s = 3
+    holder.nodes = FlakyLockNode(tmp_path, lambda number: number == 1)
+    with holder.exclusive("embedder", "guard"):
+        time.sleep(5)
+        assert not holder.lock_lost("embedder")
+        holder._fence("a step")  # no refusal
+
+
+def test_a_renewal_between_the_look_and_the_take_over_keeps_the_lock(tmp_path: Path) -> None:
+    """A taker read the lease as ended, and the holder renewed it before the taker's second script: that
+    script reads the expiry again inside the mutex and refuses."""
+    lock = tmp_path / "embedder.lock"
+    lock.mkdir()
+    (lock / "owner").write_text("guard by pid 4242 on ci-runner-7 since 07:00:00 UTC")
+    (lock / "expires").write_text(f"{int(time.time()) - 5}\n")
+    taker = locking(tmp_path)
+    taker.nodes = RacingNode(tmp_path, lambda: (lock / "expires").write_text(f"{int(time.time()) + 30}\n"))
+    with pytest.raises(LockRefused, match=r"ci-runner-7"), taker.exclusive("embedder", "promote"):
+        pass
+    assert (lock / "owner").read_text().startswith("guard by pid 4242 on ci-runner-7")
+
+
+def test_a_holder_whose_lock_was_taken_since_its_last_renewal_removes_nothing_at_its_end(
+    tmp_path: Path,
+) -> None:
+    """The lock changed hands after the holder's last renewal (it had not seen it yet): its end leaves the
+    new holder's lock where it is."""
+    holder = locking(tmp_path)
+    with holder.exclusive("embedder", "guard"):
+        (tmp_path / "embedder.lock" / "owner").write_text(
+            "promote by pid 7 on ci-runner-8 since 08:00:00 UTC"
+        )
+    assert (tmp_path / "embedder.lock" / "owner").read_text().startswith("promote by pid 7 on ci-runner-8")
+
+
+def test_a_lock_whose_expiry_is_empty_is_taken_over(tmp_path: Path) -> None:
+    """A renewal killed while it wrote the expiry (before it was renamed into place) left an empty file,
+    which no script read as a time: the lock was refused for ever. It now counts as ended."""
+    lock = tmp_path / "embedder.lock"
+    lock.mkdir()
+    (lock / "owner").write_text("guard by pid 4242 on ci-runner-7 since 07:00:00 UTC")
+    (lock / "expires").write_text("")
+    with locking(tmp_path).exclusive("embedder", "promote"):
+        assert (lock / "owner").read_text().startswith("promote by pid")
+
+
+def test_a_renewal_slow_inside_the_mutex_is_not_overtaken_by_a_take_over(tmp_path: Path) -> None:
+    """A renewal whose node is slow (here its `mv` takes 14 s) stays inside the mutex past the 10 s after
+    which the mkdir mutex was judged left by a killed script and removed: a take-over of the lease that
+    had ended went in beside it, and both commands then held the lock (the renewal answered "renewed", the
+    take-over "taken"). A mutex the kernel drops when its script ends cannot be judged stale."""
+    lock = tmp_path / "embedder.lock"
+    lock.mkdir()
+    holder = "guard by pid 4242 on ci-runner-7 since 07:00:00 UTC"
+    (lock / "owner").write_text(holder)
+    (lock / "expires").write_text(f"{int(time.time()) - 5}\n")
+    slow = tmp_path / "slow-bin"
+    slow.mkdir()
+    (slow / "mv").write_text('#!/bin/sh\nsleep 14; exec /bin/mv "$@"\n')
+    (slow / "mv").chmod(0o755)
+    scripts = [str(tmp_path), "embedder"]
+    environment = {**os.environ, "PATH": f"{slow}:{os.environ['PATH']}"}
+    renewal = subprocess.Popen(
+        ["sh", "-c", RENEW, "lock", *scripts, holder, "60"],
+        env=environment,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(10.5)
+    take_over = ["sh", "-c", TAKE_OVER, "lock", *scripts, "promote by pid 7 on ci-runner-8", "60", holder]
+    taken = subprocess.run([*take_over, "expired"], capture_output=True, text=True, check=True).stdout
+    renewed = renewal.communicate(timeout=30)[0]
+    assert not (renewed.strip() == "renewed" and taken.strip() == "taken"), (renewed, taken)
+    assert (lock / "owner").read_text() == holder
+
+
+def test_no_other_user_of_the_node_reaches_the_lock_folder(tmp_path: Path) -> None:
+    """The folder (made 0755 before, under the default umask) and the mutex file (0644): any user of the
+    gateway's node could open the mutex and hold its flock for ever, so that no renewal or take-over could
+    go on. Only root reaches them now, an older folder's mode included."""
+    folder = tmp_path / "locks"
+    folder.mkdir(mode=0o755)
+    folder.chmod(0o755)
+    release = locking(folder)
+    with release.exclusive("embedder", "guard"):
+        release.__dict__["_held"]["embedder"]._run(RENEW)
+        assert folder.stat().st_mode & 0o777 == 0o700
+        assert all(p.stat().st_mode & 0o077 == 0 for p in folder.iterdir()), [
+            (p.name, oct(p.stat().st_mode)) for p in folder.iterdir()
+        ]
+
+
+def test_a_dead_pid_of_another_pid_namespace_on_the_same_host_name_is_not_gone(tmp_path: Path) -> None:
+    """Two containers sharing the host's name but not its PID namespace: the other's live holder has a pid
+    this process cannot see. It was taken over at once, as gone, while it renewed; now only its lease's end
+    frees it."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    lock = tmp_path / "embedder.lock"
+    lock.mkdir()
+    holder = f"guard by pid {dead.pid} on {socket.gethostname()} in pid:[1] since 07:00:00 UTC"
+    (lock / "owner").write_text(holder)
+    (lock / "expires").write_text(f"{int(time.time()) + 30}\n")
+    with pytest.raises(LockRefused, match=r"pid:\[1\]"), locking(tmp_path).exclusive("embedder", "promote"):
+        pass
+    assert (lock / "owner").read_text() == holder
+
+
+class HangingLockNode(LockNode):
+    """A gateway node whose first renewal hangs until its timeout (podman exec on a loaded node)."""
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__(folder)
+        self.renewals = 0
+
+    def exec(self, node: str, *command: str, timeout: float = 120) -> str:
+        if "renewed" in command[2]:
+            self.renewals += 1
+            if self.renewals == 1:
+                time.sleep(timeout)
+                raise subprocess.TimeoutExpired(list(command), timeout)
+        return super().exec(node, *command, timeout=timeout)
+
+
+def test_one_renewal_that_hangs_to_its_timeout_does_not_cost_the_lock(tmp_path: Path) -> None:
+    """A renewal that hung for its whole timeout was tried again only a third of the lease later, past the
+    margin the holder keeps: one slow `podman exec` stopped a promote half-way. It is tried again at once."""
+    holder = locking(tmp_path)
+    holder.lease_s = 6
+    holder.nodes = HangingLockNode(tmp_path)
+    with holder.exclusive("embedder", "promote"):
+        time.sleep(6.5)
+        assert not holder.lock_lost("embedder")
+        assert holder.nodes.renewals >= 2
+
+
+def test_a_renewal_that_finds_the_lock_anothers_stops_the_holder_at_once(tmp_path: Path) -> None:
+    """Not only once its own count of the lease runs out: the first renewal that finds another owner ends
+    what the holder may do."""
+    holder = locking(tmp_path)
+    holder.lease_s = 6
+    with holder.exclusive("embedder", "guard"):
+        (tmp_path / "embedder.lock" / "owner").write_text(
+            "promote by pid 7 on ci-runner-8 since 08:00:00 UTC"
+        )
+        time.sleep(2.6)  # one renewal (every 2 s), well inside the 5 s the holder counts on its own
+        with pytest.raises(LockLost, match="stopped before setting"):
+            holder.set_share(0)
+
+
+def test_a_lock_from_before_leases_ends_its_lease_after_its_owner_was_written(tmp_path: Path) -> None:
+    """A lock of the version before leases (an owner, no expiry, never renewed) counts as ending a lease
+    after its owner was written: refused before, taken over after."""
+    lock = tmp_path / "embedder.lock"
+    lock.mkdir()
+    (lock / "owner").write_text("guard by pid 4242 on ci-runner-7 since 07:00:00 UTC")
+    with pytest.raises(LockRefused, match="ci-runner-7"), locking(tmp_path).exclusive("embedder", "promote"):
+        pass
+    os.utime(lock / "owner", (time.time() - 120, time.time() - 120))
+    with locking(tmp_path).exclusive("embedder", "promote"):
+        assert (lock / "owner").read_text().startswith("promote by pid")
