@@ -11,7 +11,6 @@ A fixture set up for several tests is charged to the first of them; a process a 
 from __future__ import annotations
 
 import json
-import os
 import resource
 import time
 from collections.abc import Iterator
@@ -59,7 +58,10 @@ def append(path: Path, record: dict[str, object]) -> None:
 
 
 def worker_id(config: pytest.Config) -> str:
-    return os.environ.get("PYTEST_XDIST_WORKER", "main")
+    """xdist's name of this worker (gw0, ...); "main" for the controller or a run without xdist. Read from
+    the config, not the environment: a pytest run inside a worker's test (pytester) is no worker."""
+    workerinput: dict[str, str] | None = getattr(config, "workerinput", None)
+    return workerinput["workerid"] if workerinput else "main"
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -141,14 +143,14 @@ class Summary:
 def pytest_configure(config: pytest.Config) -> None:
     path = report_path(config)
     # The controller (or a run without xdist) starts the file afresh; workers only append.
-    if path is not None and "PYTEST_XDIST_WORKER" not in os.environ:
+    if path is not None and worker_id(config) == "main":
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("", encoding="utf-8")
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
     path = report_path(config)
-    if path is None or "PYTEST_XDIST_WORKER" in os.environ or not path.exists():
+    if path is None or worker_id(config) != "main" or not path.exists():
         return
     terminalreporter.section("CPU seconds per test")
     for line in Summary.read(path).lines():
