@@ -66,3 +66,43 @@ def test_a_test_marked_long_runs_first_and_the_others_keep_their_order(pytester:
     result.stdout.fnmatch_lines(
         ["*::test_long PASSED*", "*::test_first_in_the_file PASSED*", "*::test_last_in_the_file PASSED*"]
     )
+
+
+WHERE_EACH_RAN = """
+import os
+from pathlib import Path
+
+import pytest
+
+def _ran(name):
+    with (Path(__file__).parent / "ran.log").open("a") as log:
+        log.write(f"{os.environ['PYTEST_XDIST_WORKER']} {name}\\n")
+
+@pytest.mark.parametrize("n", range(40))
+def test_short(n):
+    _ran(f"short{n}")
+
+@pytest.mark.long
+@pytest.mark.parametrize("n", range(4))
+def test_long(n):
+    _ran(f"long{n}")
+"""
+
+
+def test_under_xdist_every_worker_starts_on_its_share_of_the_long_tests(pytester: pytest.Pytester) -> None:
+    """xdist's `--dist load` sends each worker a run of consecutive tests first: long tests merely sorted to
+    the front all went to the first worker, one after the other. Each test is run once, none is lost."""
+    pytester.makeini("[pytest]\nmarkers =\n    long: runs first\n")
+    pytester.makepyfile(test_where=WHERE_EACH_RAN)
+    result = pytester.runpytest("-p", "tests.long_first", "-p", "no:cacheprovider", "-n", "2")
+    result.assert_outcomes(passed=44)
+    runs: dict[str, list[str]] = {}
+    for line in (pytester.path / "ran.log").read_text().splitlines():
+        worker, name = line.split()
+        runs.setdefault(worker, []).append(name)
+    assert sorted(name for names in runs.values() for name in names) == sorted(
+        [f"short{n}" for n in range(40)] + [f"long{n}" for n in range(4)]
+    )
+    assert sorted(runs) == ["gw0", "gw1"]
+    for worker, names in runs.items():
+        assert names[:2] == [name for name in names if name.startswith("long")], (worker, names)
