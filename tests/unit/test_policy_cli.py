@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from infra.errors import SpecError
 from tests.unit.test_cli import gpuplat, gpuplat_process
 
 
@@ -104,3 +105,28 @@ def test_only_a_command_that_ran_the_sdk_sweeps_the_heap_for_its_loops(
     for command in (["--help"], ["plan", "--help"], ["size", "--params", "7e9"]):
         assert gpuplat(*command).returncode == 0, command
     assert not sweeps, "a command that never ran the SDK swept the heap"
+
+    def refused(report: Any) -> None:
+        raise SpecError("refused after the plan was recorded")
+
+    monkeypatch.setattr("infra.cli.commands.plan.render_plan", refused)
+    assert gpuplat("plan", "--stack", "onprem").returncode == 2
+    assert sweeps, "a command that failed after the SDK ran left its loops to the garbage collector"
+
+
+def test_a_program_that_fails_halfway_still_has_its_loops_swept(shipped_platforms: dict[str, Any]) -> None:
+    """A stack whose program raises ends the command with an error paragraph; the loops the SDK made
+    before the failure are as much left behind as after a plan that succeeded."""
+    import asyncio
+
+    from infra.plan.event_loops import release_event_loops
+    from infra.plan.record import record
+
+    def failing(platform: Any) -> None:
+        raise RuntimeError("the program failed halfway")
+
+    with pytest.raises(RuntimeError, match="halfway"):
+        record(shipped_platforms["onprem"], program=failing)
+    leftover = asyncio.new_event_loop()
+    release_event_loops()
+    assert leftover.is_closed()
