@@ -4,10 +4,10 @@ run while the other worker has nothing left to do.
 
 Under xdist's `--dist load` (what `-n` gives) the first tests are not dealt out one at a time: each worker
 gets one run of consecutive tests, `max(2, min(tests // workers // 4, --maxschedchunk))` of them
-(pytest-xdist 3.8.0 src/xdist/scheduler/load.py, LoadScheduling.schedule, lines 283-295), and a test once sent stays
-with its worker. Long tests merely sorted to the front would all land in the first worker's run and one
-after the other; here they are dealt out round robin to the heads of those runs, so every worker starts
-on its share of them."""
+(pytest-xdist 3.8.0 src/xdist/scheduler/load.py, LoadScheduling.schedule, lines 283-295), and a test once
+sent stays with its worker. Long tests merely sorted to the front would all land in the first worker's
+run, one after the other; here they are dealt out round robin to the heads of those runs, so every
+worker starts on its share of them."""
 
 from __future__ import annotations
 
