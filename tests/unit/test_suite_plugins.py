@@ -4,6 +4,7 @@ included) and tests/long_first.py (tests marked `long` first)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -92,9 +93,13 @@ def test_long(n):
 def test_under_xdist_every_worker_starts_on_its_share_of_the_long_tests(pytester: pytest.Pytester) -> None:
     """xdist's `--dist load` sends each worker a run of consecutive tests first: long tests merely sorted to
     the front all went to the first worker, one after the other. Each test is run once, none is lost."""
-    pytester.makeini("[pytest]\nmarkers =\n    long: runs first\n")
+    # The workers are processes of their own, started in pytester's directory: its ini puts the checkout
+    # on their path (`.venv/bin/pytest` puts no current directory there) and its conftest loads the plugin.
+    root = Path(__file__).parents[2]
+    pytester.makeini(f"[pytest]\npythonpath = {root}\nmarkers =\n    long: runs first\n")
+    pytester.makeconftest('pytest_plugins = ["tests.long_first"]')
     pytester.makepyfile(test_where=WHERE_EACH_RAN)
-    result = pytester.runpytest("-p", "tests.long_first", "-p", "no:cacheprovider", "-n", "2")
+    result = pytester.runpytest("-p", "no:cacheprovider", "-n", "2")
     result.assert_outcomes(passed=44)
     runs: dict[str, list[str]] = {}
     for line in (pytester.path / "ran.log").read_text().splitlines():
