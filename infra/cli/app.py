@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Sequence
 from importlib.metadata import version as package_version
@@ -27,7 +28,7 @@ from infra.cli.commands.validate import validate
 from infra.cli.crash import crash_summary, write_crash_log
 from infra.cli.help_text import plain_placeholders
 from infra.errors import ExitCode, GpuPlatError
-from infra.plan.record import release_event_loops
+from infra.plan.event_loops import release_event_loops
 
 
 def _print_version(wanted: bool) -> None:
@@ -96,6 +97,17 @@ def usage_message(exc: Exception) -> str:
     return message
 
 
+@functools.cache
+def cli_command() -> Any:
+    """The click command of `app` with plain placeholders, built once per process: typer reads every
+    command's signature and annotations to build it (about 0.1 CPU-s), which a process calling `main`
+    again (the tests, in process) would otherwise pay on every call. click keeps a call's state in the
+    context it makes per call, none in the command."""
+    command = typer.main.get_command(app)
+    plain_placeholders(command)
+    return command
+
+
 def main(args: Sequence[str] | None = None) -> None:
     """Run the app and turn every way it can end into one of the documented exit codes (0 ok, 1 policy
     violation, 2 bad input, 3 missing tool or host setting, 4 failure, 5 an analysis without a verdict to
@@ -105,9 +117,7 @@ def main(args: Sequence[str] | None = None) -> None:
     if not isinstance(sys.stdout, output.ReaderTolerantStdout):
         sys.stdout = output.ReaderTolerantStdout(sys.stdout)
     try:
-        command = typer.main.get_command(app)
-        plain_placeholders(command)
-        code = command.main(args=argv, prog_name="gpuplat", standalone_mode=False)
+        code = cli_command().main(args=argv, prog_name="gpuplat", standalone_mode=False)
     except GpuPlatError as exc:
         output.error(exc.message)
         sys.exit(int(exc.exit_code))

@@ -18,6 +18,7 @@ from pulumi.runtime import rpc
 from pulumi.runtime.stack import run_in_stack
 from pulumi.runtime.sync_await import _sync_await
 
+from infra.plan.event_loops import note_sdk_ran
 from infra.platform.resolve import ResolvedPlatform
 
 PROJECT = "gpu-platform"
@@ -184,6 +185,7 @@ def record(platform: ResolvedPlatform, program: Any = None) -> Recording:
 
     recording = Recording()
     mocks = _Mocks()
+    note_sdk_ran()
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     # No cyclic garbage collection while the program runs: the SDK keeps every Output, Task and coroutine
@@ -210,15 +212,3 @@ def record(platform: ResolvedPlatform, program: Any = None) -> Recording:
             gc.enable()
     recording.resources.sort(key=lambda r: (r.type, r.urn))
     return recording
-
-
-def release_event_loops() -> None:
-    """Close the event loops the Pulumi SDK leaves behind (it creates one on demand when none is set)
-    while their sockets are still open. Left to the garbage collector, a loop and its self-pipe sit in
-    one reference cycle, the sockets may be finalized first, and the loop's finalizer then prints
-    'Exception ignored in BaseEventLoop.__del__ ... Invalid file descriptor'."""
-    for obj in gc.get_objects():
-        if isinstance(obj, asyncio.AbstractEventLoop) and not obj.is_running() and not obj.is_closed():
-            obj.close()
-    asyncio.set_event_loop(None)
-    gc.collect()

@@ -145,8 +145,10 @@ def test_error_text_with_brackets_is_printed_verbatim(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("command", [["plan", "--stack", "aws-prod"], ["check", "--stack", "aws-prod"]])
 def test_a_reader_that_leaves_early_does_not_change_the_exit_code(command: list[str]) -> None:
-    """`gpuplat plan | head -3` under pipefail: the command ends with its own verdict, not a pipe failure."""
-    alone = gpuplat_process(*command)
+    """`gpuplat plan | head -3` under pipefail: the command ends with its own verdict, not a pipe failure.
+    The piped run is a process of its own (its stdout a pipe whose reader left); what it must match, the
+    command's verdict and message with a reader that stays, is the same entry point run in process."""
+    alone = gpuplat(*command)
     program = f"{sys.executable} -c 'from infra.cli.app import main; main()' {' '.join(command)}"
     piped = subprocess.run(
         ["bash", "-c", f"set -o pipefail; {program} | true"],

@@ -20,6 +20,8 @@ from tests.unit.test_cli import gpuplat_process
 
 _CONTROLLER = Path("infra/backends/aws/controller_nodes.py")
 
+pytestmark = pytest.mark.long  # each plans a base revision in a checkout of its own
+
 
 def _git(repository: Path, *args: str) -> str:
     command = ["git", "-C", str(repository), "-c", "user.name=t", "-c", "user.email=t@example.com", *args]

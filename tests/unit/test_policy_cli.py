@@ -7,6 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from infra.errors import SpecError
 from tests.unit.test_cli import gpuplat, gpuplat_process
 
 
@@ -67,12 +70,63 @@ def test_no_event_loop_finalizer_noise_after_a_recorded_plan() -> None:
         assert "Exception ignored" not in result.stderr and "Traceback" not in result.stderr
 
 
-def test_leftover_event_loops_are_closed_before_exit() -> None:
-    """Deterministic half of the check above: a loop nobody closed is closed while its sockets live."""
+def test_leftover_event_loops_are_closed_before_exit(shipped_platforms: dict[str, Any]) -> None:
+    """Deterministic half of the check above: after the SDK ran, a loop nobody closed is closed while its
+    sockets live."""
     import asyncio
 
-    from infra.plan.record import release_event_loops
+    from infra.plan.event_loops import release_event_loops
+    from infra.plan.record import record
 
+    record(shipped_platforms["onprem"], program=lambda platform: None)
+    leftover = asyncio.new_event_loop()
+    release_event_loops()
+    assert leftover.is_closed()
+
+
+def test_only_a_command_that_ran_the_sdk_sweeps_the_heap_for_its_loops(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The sweep walks every object and collects the heap whole: a command that never started the SDK
+    (help, size) has no loop of the SDK's to close and skips it; one that planned sweeps once."""
+    import gc
+
+    sweeps: list[int] = []
+    walk = gc.get_objects
+
+    def counted(*args: Any) -> list[Any]:
+        sweeps.append(1)
+        return walk(*args)
+
+    monkeypatch.setattr(gc, "get_objects", counted)
+    assert gpuplat("plan", "--stack", "onprem").returncode == 0
+    assert sweeps, "a recorded plan left its loops to the garbage collector"
+    sweeps.clear()
+    for command in (["--help"], ["plan", "--help"], ["size", "--params", "7e9"]):
+        assert gpuplat(*command).returncode == 0, command
+    assert not sweeps, "a command that never ran the SDK swept the heap"
+
+    def refused(report: Any) -> None:
+        raise SpecError("refused after the plan was recorded")
+
+    monkeypatch.setattr("infra.cli.commands.plan.render_plan", refused)
+    assert gpuplat("plan", "--stack", "onprem").returncode == 2
+    assert sweeps, "a command that failed after the SDK ran left its loops to the garbage collector"
+
+
+def test_a_program_that_fails_halfway_still_has_its_loops_swept(shipped_platforms: dict[str, Any]) -> None:
+    """A stack whose program raises ends the command with an error paragraph; the loops the SDK made
+    before the failure are as much left behind as after a plan that succeeded."""
+    import asyncio
+
+    from infra.plan.event_loops import release_event_loops
+    from infra.plan.record import record
+
+    def failing(platform: Any) -> None:
+        raise RuntimeError("the program failed halfway")
+
+    with pytest.raises(RuntimeError, match="halfway"):
+        record(shipped_platforms["onprem"], program=failing)
     leftover = asyncio.new_event_loop()
     release_event_loops()
     assert leftover.is_closed()

@@ -560,6 +560,7 @@ def _sigterm_at(process: subprocess.Popen[str], step_pattern: str) -> str:
 
 
 @needs_torchrun
+@pytest.mark.long
 def test_a_save_longer_than_torchruns_shutdown_timeout_is_killed(tmp_path: Path) -> None:
     """What train.sbatch's --shutdown-timeout prevents: torchrun forwards SIGTERM, waits its shutdown
     timeout, then SIGKILLs the workers (torch/distributed/elastic/multiprocessing/api.py _close); a 5 s save
@@ -585,6 +586,7 @@ def test_a_save_longer_than_torchruns_shutdown_timeout_is_killed(tmp_path: Path)
 
 
 @needs_torchrun
+@pytest.mark.long
 def test_a_sigterm_saves_the_step_and_the_resumed_run_ends_bit_identical(tmp_path: Path) -> None:
     """The save takes 5 s (--save-seconds: a slow filesystem) and torchrun's shutdown timeout, 20 s here,
     leaves it the time (train.sbatch: the grace less a margin): the step is saved, train.sbatch finds the
