@@ -255,3 +255,35 @@ def test_a_replaced_node_is_not_also_drained_for_its_event(
     assert reconcile_once(tmp_path, cloud, slurm, line, ec2=Ec2Nodes(client, cloud.stack)) == EXIT_OK
     updates = [call[3] for call in slurm.calls() if call[:2] == ["scontrol", "update"]]
     assert updates == ["state=power_down_force"]
+
+
+def test_a_node_whose_instance_ended_during_boot_is_a_boot_failure_replaced_at_once(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+) -> None:
+    """A training node whose boot fails powers itself off and its launch template terminates it; its
+    node, still POWERING_UP, is replaced in the next round (not at ResumeTimeout) and counts towards
+    protected mode, as ParallelCluster's DynamicNode.is_bootstrap_failure counts a powering-up node
+    without a backing instance (slurm_resources.py:717). A node going up whose instance is pending is
+    left alone, and so is one whose address resume has not set yet."""
+    failed = cloud.launch("train-spot-1", "train-spot")
+    at = address(cloud, failed)
+    cloud.ec2.terminate_instances(InstanceIds=[failed])
+    booting = cloud.launch("train-spot-2", "train-spot")
+    earlier = cloud.launch("train-spot-3", "train-spot")
+    cloud.ec2.terminate_instances(InstanceIds=[earlier])  # before resume launched this name again
+    slurm.nodes(
+        show_node("train-spot-1", "IDLE+CLOUD+POWERING_UP", addr=at),
+        show_node("train-spot-2", "IDLE+CLOUD+POWERING_UP", addr=address(cloud, booting)),
+        show_node("train-spot-3", "IDLE+CLOUD+POWERING_UP"),
+    )
+    settings = settings_for(tmp_path, cloud, slurm, protected_failure_count=1, orphan_grace_s=3600.0)
+    assert reconcile(settings, ec2_nodes(cloud, slurm), Slurm(slurm.scontrol)) == EXIT_OK
+    downs = power_downs(slurm)
+    assert list(downs) == ["train-spot-1"]
+    assert downs["train-spot-1"].startswith(
+        f"{REPLACED}: its instance ended during boot ({failed} terminated"
+    )
+    assert cloud.state(booting) == "running"
+    report = json.loads(pools_report(settings))
+    assert report["train-spot"]["boot_failures"] == 1
+    assert str(report["train-spot"]["hold"]).startswith("gpuplat protected mode")

@@ -11,6 +11,7 @@ import pytest
 
 from infra.backends.aws import node_join
 from infra.backends.aws.bootstrap import (
+    POWER_OFF_STEP,
     USER_DATA_MAX_BYTES,
     BootScript,
     bundle_digest,
@@ -214,3 +215,27 @@ def test_nodes_install_the_ansible_their_own_python_runs(
     script = _script(platform, "train")
     assert "NODE_PIP_REQUIREMENTS='ansible==10.7.0 " in script
     assert "BOOT_PACKAGES=python3-venv" in script
+
+
+@pytest.mark.parametrize(
+    ("power_off", "step", "powered_off"),
+    [("1", "false", True), ("1", "true", False), ("", "false", False)],
+)
+def test_a_failed_bootstrap_powers_off_where_asked(
+    tmp_path: Path, power_off: str, step: str, powered_off: bool
+) -> None:
+    """The boot script's failure trap (bootstrap.POWER_OFF_STEP) under the script's own shell options:
+    `shutdown -h now` after a step fails, only where GPUPLAT_POWER_OFF_ON_FAILURE is set."""
+    (tmp_path / "shutdown").write_text(f'#!/bin/sh\necho "$@" >{tmp_path}/shutdown-called\n')
+    (tmp_path / "shutdown").chmod(0o755)
+    script = (
+        f"set -euo pipefail\nGPUPLAT_POWER_OFF_ON_FAILURE={power_off}\n{POWER_OFF_STEP}{step}\necho done\n"
+    )
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
+    ran = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, check=False)
+    assert (ran.returncode != 0) == (step == "false")
+    called = tmp_path / "shutdown-called"
+    assert called.exists() == powered_off
+    if powered_off:
+        assert called.read_text().split() == ["-h", "now"]
+        assert "gpuplat bootstrap failed (exit 1)" in ran.stdout
