@@ -215,11 +215,14 @@ fi
 """
 
 # Where GPUPLAT_POWER_OFF_ON_FAILURE is set: the bootstrap's exit with an error powers the instance off.
+# `poweroff` (or `shutdown`, not `halt`) is an instance-initiated shutdown, which the launch template's
+# InstanceInitiatedShutdownBehavior makes a termination (EC2 User Guide, "Change instance initiated
+# shutdown behavior", Using_ChangingInstanceInitiatedShutdownBehavior.html).
 POWER_OFF_STEP = """power_off_on_failure() {
   local status=$?
   if [ "$status" -ne 0 ] && [ -n "${GPUPLAT_POWER_OFF_ON_FAILURE:-}" ]; then
     echo "gpuplat bootstrap failed (exit $status) $(date --iso-8601=seconds): powering off"
-    shutdown -h now
+    poweroff
   fi
 }
 trap power_off_on_failure EXIT
