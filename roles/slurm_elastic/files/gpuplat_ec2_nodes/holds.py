@@ -5,7 +5,8 @@
   insufficient_capacity_timeout_s (600 s; clustermgtd.py:166 DEFAULTS insufficient_capacity_timeout,
   :1277 _set_ice_compute_resources_to_down, :1310 _reset_insufficient_capacity_timeout_expired_nodes);
 - protected mode: protected_failure_count (10) boot failures of the pool (resume-fail: no registration
-  within ResumeTimeout) with no node of the pool coming up in between hold it until an operator runs
+  within ResumeTimeout; reconcile: a node powering up whose instance ended, a refused registration;
+  replacement.py) with no node of the pool coming up in between hold it until an operator runs
   ``unprotect POOL`` (clustermgtd.py:165 DEFAULTS protected_failure_count, :1019
   _handle_protected_mode_process, :488 _handle_successfully_launched_nodes resets the count, :976
   _enter_protected_mode; `pcluster update-compute-fleet --status START_REQUESTED` is the way out there).
