@@ -236,9 +236,10 @@ def hold_failed_names(settings: Settings, slurm: Slurm, failed: list[str], now: 
     SuspendTimeout and their requeued job would take them again, before reconcile's next round holds
     them, and never reach another pool. DOWN while powering down, a name ends the power-down
     DOWN+POWERED_DOWN (power_save.c makes it available only if not DOWN: slurm-21-08-8-2 :542,
-    slurm-22-05-8-1 :537, slurm-24-11-7-1 :654), as apply_holds leaves the other names. ParallelCluster sets the nodes of a
-    failed resume DOWN at once (aws-parallelcluster-node v3.11.0, src/slurm_plugin/resume.py:143
-    _handle_failed_nodes). Static names are keep-static's. Whether every Slurm update worked."""
+    slurm-22-05-8-1 :537, slurm-24-11-7-1 :654), as apply_holds leaves the other names.
+    ParallelCluster sets the nodes of a failed resume DOWN at once (aws-parallelcluster-node v3.11.0,
+    src/slurm_plugin/resume.py:143 _handle_failed_nodes). Static names are keep-static's. Whether
+    every Slurm update worked."""
     data = read_holds(settings)
     static = set(settings.static_nodes)
     hold: dict[str, list[str]] = {}
