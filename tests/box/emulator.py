@@ -134,17 +134,19 @@ def template_network(ec2: Any, body: bytes) -> bytes:
     """EC2 launches with the network interfaces, metadata options and shutdown behaviour of the launch
     template a RunInstances names; moto takes them only from the request (moto/ec2/models/instances.py:
     prep_nics, MetadataOptions, instance_initiated_shutdown_behavior) and otherwise invents an address
-    in no subnet. Add the template's to such a request, as EC2 applies them."""
+    in no subnet. Add the template's to such a request (its network unless the request names one), as
+    EC2 applies them."""
     form = urllib.parse.parse_qs(body.decode(), keep_blank_values=True)
     template_id = form.get("LaunchTemplate.LaunchTemplateId", [""])[0]
-    if not template_id or any(k.startswith(("NetworkInterface.", "SubnetId")) for k in form):
+    if not template_id:
         return body
     version = form.get("LaunchTemplate.Version", ["$Latest"])[0]
     data = ec2.describe_launch_template_versions(LaunchTemplateId=template_id, Versions=[version])[
         "LaunchTemplateVersions"
     ][0]["LaunchTemplateData"]
     extra: list[tuple[str, str]] = []
-    for index, interface in enumerate(data.get("NetworkInterfaces", []), start=1):
+    own_network = any(k.startswith(("NetworkInterface.", "SubnetId")) for k in form)
+    for index, interface in enumerate([] if own_network else data.get("NetworkInterfaces", []), start=1):
         prefix = f"NetworkInterface.{index}"
         extra += [(f"{prefix}.DeviceIndex", str(interface.get("DeviceIndex", 0)))]
         if "SubnetId" in interface:
