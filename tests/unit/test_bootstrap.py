@@ -226,7 +226,7 @@ def test_a_failed_bootstrap_powers_off_where_asked(
 ) -> None:
     """The boot script's failure trap (bootstrap.POWER_OFF_STEP) under the script's own shell options:
     `poweroff` after a step fails, only where GPUPLAT_POWER_OFF_ON_FAILURE is set."""
-    (tmp_path / "poweroff").write_text(f'#!/bin/sh\ntouch {tmp_path}/powered-off\n')
+    (tmp_path / "poweroff").write_text(f"#!/bin/sh\ntouch {tmp_path}/powered-off\n")
     (tmp_path / "poweroff").chmod(0o755)
     script = (
         f"set -euo pipefail\nGPUPLAT_POWER_OFF_ON_FAILURE={power_off}\n{POWER_OFF_STEP}{step}\necho done\n"
