@@ -81,8 +81,6 @@ def test_a_capacity_error_holds_the_pools_idle_names_down_for_the_cool_down(
     assert scontrol_updates(slurm) == [
         ["nodename=train-1", "state=power_down_force", ice],
         ["nodename=train-2,train-4,train-5", "state=down", f"reason={COOLDOWN_REASON}"],
-        # the failed name too, while it powers down: its requeued job must not take it again
-        ["nodename=train-1", "state=down", f"reason={COOLDOWN_REASON}"],
     ]
     report = json.loads(pools_report(settings, now=T0))
     assert report["train"]["hold"] == COOLDOWN_REASON and report["train-spot"]["hold"] is None
@@ -101,8 +99,7 @@ def test_a_held_pool_launches_nothing_until_the_cool_down_is_over(
     assert resume(settings, ec2, Slurm(slurm.scontrol), ["train-5"], now=T0 + 599) == EXIT_FAILED
     assert ["ec2", "run_instances", ""] not in slurm.calls()
     assert scontrol_updates(slurm) == [
-        ["nodename=train-5", "state=power_down_force", "reason=gpuplat resume failed: PoolHeld"],
-        ["nodename=train-5", "state=down", f"reason={COOLDOWN_REASON}"],
+        ["nodename=train-5", "state=power_down_force", "reason=gpuplat resume failed: PoolHeld"]
     ]
     assert resume(settings, ec2, Slurm(slurm.scontrol), ["train-spot-2"], now=T0 + 599) == EXIT_OK, (
         "other pools launch"
@@ -114,9 +111,8 @@ def test_a_held_pool_launches_nothing_until_the_cool_down_is_over(
 def test_reconcile_keeps_holding_then_releases_the_names_when_the_cool_down_ends(
     tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
 ) -> None:
-    """A name of the pool that comes back to idle~ (released by an operator, say) is held by the next
-    round too. A held name is DOWN+POWERED_DOWN with a gpuplat reason: reconcile's failed-resume recovery
-    must leave it."""
+    """The failed name comes back to idle~ after SuspendTimeout: the next round holds it too. A held
+    name is DOWN+POWERED_DOWN with a gpuplat reason: reconcile's failed-resume recovery must leave it."""
     settings = settings_for(tmp_path, cloud, slurm)
     slurm.nodes(*POOL_AFTER_ICE)
     ec2 = Ec2Nodes(NoCapacityEc2(client(cloud), slurm), cloud.stack)

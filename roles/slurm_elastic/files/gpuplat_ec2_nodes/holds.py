@@ -230,27 +230,6 @@ def hold_and_release(slurm: Slurm, hold: dict[str, list[str]], release: list[str
     return all(results)
 
 
-def hold_failed_names(settings: Settings, slurm: Slurm, failed: list[str], now: float) -> bool:
-    """Set DOWN, with the hold as reason, the names of a held pool that resume has just powered down
-    (POWER_DOWN_FORCE, which requeued their jobs): back in power saving they would be idle~ after
-    SuspendTimeout and their requeued job would take them again, before reconcile's next round holds
-    them, and never reach another pool. DOWN while powering down, a name ends the power-down
-    DOWN+POWERED_DOWN (power_save.c makes it available only if not DOWN: slurm-21-08-8-2 :542,
-    slurm-22-05-8-1 :537, slurm-24-11-7-1 :654), as apply_holds leaves the other names.
-    ParallelCluster sets the nodes of a failed resume DOWN at once (aws-parallelcluster-node v3.11.0,
-    src/slurm_plugin/resume.py:143 _handle_failed_nodes). Static names are keep-static's. Whether
-    every Slurm update worked."""
-    data = read_holds(settings)
-    static = set(settings.static_nodes)
-    hold: dict[str, list[str]] = {}
-    for name in sorted(failed):
-        pool = pool_of(name, settings.pools)
-        reason = hold_reason(data, pool, now) if pool else None
-        if reason and name not in static:
-            hold.setdefault(reason, []).append(name)
-    return hold_and_release(slurm, hold, [])
-
-
 def unprotect(settings: Settings, slurm: Slurm, pool: str) -> int:
     """End a pool's protected mode and its boot-failure count; release its held names."""
     if pool not in settings.pools:

@@ -11,7 +11,6 @@ from .holds import (
     CAPACITY_ERROR_CODES,
     POOL_HELD,
     apply_holds,
-    hold_failed_names,
     hold_reason,
     read_holds,
     record_boot_failures,
@@ -65,7 +64,6 @@ def resume(
     if cooled:
         nodes = slurm.nodes()
         ok = nodes is not None and apply_holds(settings, slurm, nodes, now) and ok
-    ok = hold_failed_names(settings, slurm, sorted(failed), now) and ok
     return report_unknown(unknown, settings.pools, "resume") or (
         EXIT_OK if ok and not failed else EXIT_FAILED
     )
