@@ -482,10 +482,10 @@ def test_g_idle_nodes_are_suspended_and_their_instances_terminated(box: Any) -> 
 def test_k_a_capacity_error_on_one_pool_and_the_job_runs_on_the_teams_next_pool(box: Any) -> None:
     """A job of both of the team's partitions (`-p spot,spot2`: Slurm tries them in that order) gets a
     capacity error on spot: the pool's cool-down sets its powered-down names DOWN, the job is requeued
-    and starts on spot2 (ParallelCluster's ICE handling, clustermgtd.py:1277). Not at once: the failed
-    name itself is back in power saving after SuspendTimeout and the requeued job takes it again
-    (PoolHeld, or another capacity error once the cool-down is over) until a reconcile round holds it
-    while it is idle~ (docs/aws.md, "Capacity cool-down")."""
+    and starts on spot2 (ParallelCluster's ICE handling, clustermgtd.py:1277). The failed name too:
+    SuspendProgram holds it as slurmctld powers it down, so the requeued job never takes it again
+    (on the code before, it was idle~ after SuspendTimeout and the job cycled on it, PoolHeld, for
+    minutes until a reconcile round held it)."""
     wait_for(
         "every node powered down", lambda: all(s == "idle~" for s in node_states(box).values()) or None, 300
     )
@@ -511,6 +511,7 @@ def test_k_a_capacity_error_on_one_pool_and_the_job_runs_on_the_teams_next_pool(
         box.faults.refuse_capacity(spot, False)
     log = controller_log(box)[len(log_before) :]
     assert "pool spot: InsufficientInstanceCapacity: capacity cool-down" in log
+    assert "(PoolHeld)" not in log, log
     assert {i["InstanceId"] for i in box.instances(gpuplat_pool="spot")} == before
 
 

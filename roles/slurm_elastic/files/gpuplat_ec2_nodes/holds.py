@@ -230,6 +230,30 @@ def hold_and_release(slurm: Slurm, hold: dict[str, list[str]], release: list[str
     return all(results)
 
 
+def hold_powering_down(settings: Settings, slurm: Slurm, names: list[str], now: float) -> bool:
+    """SuspendProgram's part of a hold: set DOWN, with the hold as reason, the names of a held pool
+    that slurmctld is powering down (a failed resume's POWER_DOWN_FORCE, an idle suspend). slurmctld
+    has just made each IDLE (idle_on_node_suspend clears DOWN, DRAIN and FAIL when a suspend starts:
+    power_save.c slurm-21-08-8-2 :509, slurm-22-05-8-1 :510, slurm-24-11-7-1 :627), so a hold set
+    before that, by resume, is lost and the name is allocatable again after SuspendTimeout: the
+    requeued job took its held pool's name again until reconcile's next round (box scenario k). DOWN
+    set now keeps the POWERING_DOWN flag (node_mgr.c _make_node_down keeps the flags) and the end of
+    the power-down makes the name available only if it is not DOWN (power_save.c slurm-21-08-8-2
+    :542, slurm-22-05-8-1 :537, slurm-24-11-7-1 :654): it ends down~, as apply_holds leaves the other
+    names, released the same way. ParallelCluster sets a failed resume's nodes DOWN at once
+    (aws-parallelcluster-node v3.11.0, src/slurm_plugin/resume.py:143 _handle_failed_nodes). Static
+    names are keep-static's. Whether every Slurm update worked."""
+    data = read_holds(settings)
+    static = set(settings.static_nodes)
+    hold: dict[str, list[str]] = {}
+    for name in sorted(names):
+        pool = pool_of(name, settings.pools)
+        reason = hold_reason(data, pool, now) if pool else None
+        if reason and name not in static:
+            hold.setdefault(reason, []).append(name)
+    return hold_and_release(slurm, hold, [])
+
+
 def unprotect(settings: Settings, slurm: Slurm, pool: str) -> int:
     """End a pool's protected mode and its boot-failure count; release its held names."""
     if pool not in settings.pools:
