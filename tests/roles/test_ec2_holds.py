@@ -144,6 +144,18 @@ def test_suspend_holds_a_held_pools_names_once_slurmctld_powers_them_down(
     assert scontrol_updates(slurm) == [], "a pool no longer held: nothing held"
 
 
+def test_a_release_that_came_while_the_name_powered_down_is_done_again_by_reconcile(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+) -> None:
+    """A hold ending (cool-down over, unprotect) while SuspendProgram's held name still powers down:
+    slurmctld takes the release's reason and ignores its POWER_DOWN_FORCE ("already powering down"),
+    and the name ends DOWN+POWERED_DOWN with the hold-over reason. The next round releases it again."""
+    settings = settings_for(tmp_path, cloud, slurm)
+    slurm.nodes(show_node("train-1", "DOWN+CLOUD+POWERED_DOWN", f"{REASON_HOLD_OVER} [slurm@2027-01-15]"))
+    assert reconcile(settings, harness.ec2_nodes(cloud, slurm), Slurm(slurm.scontrol), now=T0) == EXIT_OK
+    assert [u[:2] for u in scontrol_updates(slurm)] == [["nodename=train-1", "state=power_down_force"]]
+
+
 def test_reconcile_keeps_holding_then_releases_the_names_when_the_cool_down_ends(
     tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
 ) -> None:

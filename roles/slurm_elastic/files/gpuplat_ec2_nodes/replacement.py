@@ -37,7 +37,12 @@ from .slurm import GOING_UP, HELD, POWER_TRANSITIONS, POWERED_OFF, NodeInfo, Slu
 
 # Reasons of a DOWN+POWERED_DOWN node after a failed resume: Slurm's (power_save.c) and ours; not a
 # pool's hold (holds.py), which apply_holds ends.
-FAILED_RESUME_REASONS = ("ResumeTimeout reached", "gpuplat resume", "gpuplat reconcile")
+# "gpuplat hold over": a release (POWER_DOWN_FORCE) that reached a held name while it was still
+# powering down (SuspendProgram holds names then, holds.hold_powering_down): slurmctld sets the reason
+# and ignores the power-down ("already powering down": node_mgr.c update_node, slurm-21-08-8-2 :1737,
+# slurm-22-05-8-1 :1807, slurm-24-11-7-1 :2110), so the name ends DOWN+POWERED_DOWN, released by
+# nobody else.
+FAILED_RESUME_REASONS = ("ResumeTimeout reached", "gpuplat resume", "gpuplat reconcile", "gpuplat hold over")
 # spot-watch drains its node and powers it down itself after the grace: replaced earlier, its
 # instance (and spot-watch with it) would go before spot-watch requeues the jobs that checkpointed.
 SPOT_DRAIN_REASON = "spot interruption"
