@@ -217,12 +217,19 @@ fi
 # Where GPUPLAT_POWER_OFF_ON_FAILURE is set: the bootstrap's exit with an error powers the instance off.
 # `poweroff` (or `shutdown`, not `halt`) is an instance-initiated shutdown, which the launch template's
 # InstanceInitiatedShutdownBehavior makes a termination (EC2 User Guide, "Change instance initiated
-# shutdown behavior", Using_ChangingInstanceInitiatedShutdownBehavior.html).
+# shutdown behavior", Using_ChangingInstanceInitiatedShutdownBehavior.html). Not where slurmd runs: the
+# script run again on a live node (by hand), or a step after slurm_compute started slurmd, on a node
+# that may have joined and taken a job (the image comes with slurmd disabled, image_seal.sh), which
+# stays up as before for an operator.
 POWER_OFF_STEP = """power_off_on_failure() {
   local status=$?
   if [ "$status" -ne 0 ] && [ -n "${GPUPLAT_POWER_OFF_ON_FAILURE:-}" ]; then
-    echo "gpuplat bootstrap failed (exit $status) $(date --iso-8601=seconds): powering off"
-    poweroff
+    if systemctl is-active --quiet slurmd.service; then
+      echo "gpuplat bootstrap failed (exit $status) $(date --iso-8601=seconds): slurmd runs, staying up"
+    else
+      echo "gpuplat bootstrap failed (exit $status) $(date --iso-8601=seconds): powering off"
+      poweroff
+    fi
   fi
 }
 trap power_off_on_failure EXIT
