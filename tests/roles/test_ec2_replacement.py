@@ -287,3 +287,20 @@ def test_a_node_whose_instance_ended_during_boot_is_a_boot_failure_replaced_at_o
     report = json.loads(pools_report(settings))
     assert report["train-spot"]["boot_failures"] == 1
     assert str(report["train-spot"]["hold"]).startswith("gpuplat protected mode")
+
+
+def test_a_node_whose_new_instance_is_not_found_by_its_name_yet_is_not_a_boot_failure(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+) -> None:
+    """Resume launched train-spot-1 again and set its address, but EC2's tag filter does not show the
+    new instance's gpuplat:node tag yet (eventually consistent) while the name's earlier instance,
+    terminated, is still listed: the live instance at the node's address says it is going up."""
+    earlier = cloud.launch("train-spot-1", "train-spot")
+    cloud.ec2.terminate_instances(InstanceIds=[earlier])
+    relaunched = cloud.launch(None, "train-spot")  # its name tag not visible to the filter yet
+    slurm.nodes(show_node("train-spot-1", "IDLE+CLOUD+POWERING_UP", addr=address(cloud, relaunched)))
+    settings = settings_for(tmp_path, cloud, slurm, protected_failure_count=1, orphan_grace_s=3600.0)
+    assert reconcile(settings, ec2_nodes(cloud, slurm), Slurm(slurm.scontrol)) == EXIT_OK
+    assert power_downs(slurm) == {}
+    assert cloud.state(relaunched) == "running"
+    assert json.loads(pools_report(settings))["train-spot"]["boot_failures"] == 0

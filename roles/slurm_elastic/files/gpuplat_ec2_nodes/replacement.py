@@ -30,7 +30,16 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .ec2 import LIVE_STATES, TAG_NODE, Ec2Nodes, ErrorTypes, launch_time, tag_value
+from .ec2 import (
+    FILTER_VALUES_MAX,
+    LIVE_STATES,
+    TAG_NODE,
+    Ec2Nodes,
+    ErrorTypes,
+    chunks,
+    launch_time,
+    tag_value,
+)
 from .logs import LOG
 from .settings import Settings, pool_of
 from .slurm import GOING_UP, HELD, POWER_TRANSITIONS, POWERED_OFF, NodeInfo, Slurm
@@ -175,7 +184,33 @@ def ended_during_boot(
             cause = newest.get("StateReason", {}).get("Message")
             label = f"{newest['InstanceId']} {newest['State']['Name']}"
             ended[name] = f"{label}: {cause}" if cause else label
-    return ended
+    held = addresses_held(ec2, sorted({nodes[name].addr for name in ended}))
+    if held is None:
+        return {}
+    return {name: why for name, why in ended.items() if nodes[name].addr not in held}
+
+
+def addresses_held(ec2: Ec2Nodes, addresses: list[str]) -> set[str] | None:
+    """The addresses a live instance of the stack holds; None when EC2 cannot be asked (logged).
+
+    By address, as ParallelCluster matches a node to its instance (NodeAddr to the private address,
+    slurm_resources.py:438 is_backing_instance_valid, which allows for the same lag, :457): the
+    instance resume has just launched for a name, its address already set, may not be found by its
+    `gpuplat:node` tag yet (EC2's tag filters are eventually consistent, and resume tags it after
+    RunInstances), while the name's earlier instance, ended, still is: its node is going up, not
+    failed."""
+    held: set[str] = set()
+    try:
+        for batch in chunks(addresses, FILTER_VALUES_MAX):
+            filters = [
+                {"Name": "private-ip-address", "Values": batch},
+                {"Name": "instance-state-name", "Values": list(LIVE_STATES)},
+            ]
+            held.update(str(i.get("PrivateIpAddress")) for i in ec2.describe(filters))
+    except ErrorTypes as err:
+        LOG.error("reconcile: cannot look up the instances at %s: %s", ",".join(addresses), err)
+        return None
+    return held
 
 
 def boot_failures(settings: Settings, unhealthy: list[Unhealthy]) -> dict[str, int]:
