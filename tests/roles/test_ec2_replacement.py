@@ -304,3 +304,17 @@ def test_a_node_whose_new_instance_is_not_found_by_its_name_yet_is_not_a_boot_fa
     assert power_downs(slurm) == {}
     assert cloud.state(relaunched) == "running"
     assert json.loads(pools_report(settings))["train-spot"]["boot_failures"] == 0
+
+
+def test_a_node_whose_instance_was_stopped_during_boot_is_a_boot_failure(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+) -> None:
+    """Stopped, not terminated (a template without the shutdown behaviour, a stop from outside): it
+    will not register either, and a stopped instance is not a live one."""
+    stopped = cloud.launch("train-spot-1", "train-spot")
+    cloud.ec2.stop_instances(InstanceIds=[stopped])
+    slurm.nodes(show_node("train-spot-1", "IDLE+CLOUD+POWERING_UP", addr=address(cloud, stopped)))
+    settings = settings_for(tmp_path, cloud, slurm, protected_failure_count=1, orphan_grace_s=3600.0)
+    assert reconcile(settings, ec2_nodes(cloud, slurm), Slurm(slurm.scontrol)) == EXIT_OK
+    assert list(power_downs(slurm)) == ["train-spot-1"]
+    assert json.loads(pools_report(settings))["train-spot"]["boot_failures"] == 1
