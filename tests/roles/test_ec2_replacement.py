@@ -318,3 +318,45 @@ def test_a_node_whose_instance_was_stopped_during_boot_is_a_boot_failure(
     assert reconcile(settings, ec2_nodes(cloud, slurm), Slurm(slurm.scontrol)) == EXIT_OK
     assert list(power_downs(slurm)) == ["train-spot-1"]
     assert json.loads(pools_report(settings))["train-spot"]["boot_failures"] == 1
+
+
+class EndedLookupRefusedEc2(RecordingEc2):
+    """EC2 that answers the fleet listing but throttles the lookup of ended instances or addresses."""
+
+    def get_paginator(self, name: str) -> Any:
+        paginator = self.client.get_paginator(name)
+
+        class Refusing:
+            def paginate(self, **request: Any) -> Any:
+                names = {f["Name"] for f in request.get("Filters", [])}
+                states = next(
+                    (f["Values"] for f in request["Filters"] if f["Name"] == "instance-state-name"), []
+                )
+                if "terminated" in states or "private-ip-address" in names:
+                    error = {"Error": {"Code": "RequestLimitExceeded", "Message": "slow down"}}
+                    raise harness.ClientError(error, "DescribeInstances")
+                return paginator.paginate(**request)
+
+        return Refusing()
+
+
+def test_a_failed_lookup_of_ended_instances_replaces_nothing_and_the_round_goes_on(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    """EC2 throttled while reconcile asks what ended during boot: no boot failure counted, no error out
+    of the round (ParallelCluster judges no backing instance without EC2's answer)."""
+    failed = cloud.launch("train-spot-1", "train-spot")
+    at = address(cloud, failed)
+    cloud.ec2.terminate_instances(InstanceIds=[failed])
+    slurm.nodes(show_node("train-spot-1", "IDLE+CLOUD+POWERING_UP", addr=at))
+    settings = settings_for(tmp_path, cloud, slurm, protected_failure_count=1, orphan_grace_s=3600.0)
+    ec2 = Ec2Nodes(
+        EndedLookupRefusedEc2(
+            harness.boto3.client("ec2", region_name=harness.REGION, endpoint_url=cloud.url), slurm
+        ),
+        cloud.stack,
+    )
+    assert reconcile(settings, ec2, Slurm(slurm.scontrol)) == EXIT_OK
+    assert power_downs(slurm) == {}
+    assert json.loads(pools_report(settings))["train-spot"]["boot_failures"] == 0
+    assert "cannot look up the instances of train-spot-1, going up" in caplog.text
