@@ -26,6 +26,7 @@ from gpuplat_ec2_nodes.holds import (
 from gpuplat_ec2_nodes.reconcile import reconcile
 from gpuplat_ec2_nodes.resume import resume, resume_fail
 from gpuplat_ec2_nodes.slurm import Slurm
+from gpuplat_ec2_nodes.suspend import suspend
 
 from tests.roles import test_ec2_nodes as harness
 from tests.roles.test_ec2_nodes import (
@@ -142,6 +143,22 @@ def test_suspend_holds_a_held_pools_names_once_slurmctld_powers_them_down(
     slurm.record.unlink()
     assert run_in_process(config, cloud, "suspend", "train-spot-1").returncode == EXIT_OK
     assert scontrol_updates(slurm) == [], "a pool no longer held: nothing held"
+
+
+def test_suspend_holds_by_the_other_controllers_hold_too(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+) -> None:
+    """With two controllers each keeps its own state: after a takeover the hold the other one recorded
+    is only in Slurm's reasons, which SuspendProgram reads as apply_holds does."""
+    settings = settings_for(tmp_path, cloud, slurm)
+    slurm.nodes(
+        show_node("train-2", "DOWN+CLOUD+POWERED_DOWN", COOLDOWN_REASON),
+        show_node("train-1", "IDLE+CLOUD+POWERING_DOWN"),
+        show_node("train-spot-1", "IDLE+CLOUD+POWERING_DOWN"),
+    )
+    ec2 = harness.ec2_nodes(cloud, slurm)
+    assert suspend(settings, ec2, Slurm(slurm.scontrol), ["train-1", "train-spot-1"], now=T0) == EXIT_OK
+    assert scontrol_updates(slurm) == [["nodename=train-1", "state=down", f"reason={COOLDOWN_REASON}"]]
 
 
 def test_a_release_that_came_while_the_name_powered_down_is_done_again_by_reconcile(

@@ -242,14 +242,21 @@ def hold_powering_down(settings: Settings, slurm: Slurm, names: list[str], now: 
     :542, slurm-22-05-8-1 :537, slurm-24-11-7-1 :654): it ends down~, as apply_holds leaves the other
     names, released the same way. ParallelCluster sets a failed resume's nodes DOWN at once
     (aws-parallelcluster-node v3.11.0, src/slurm_plugin/resume.py:143 _handle_failed_nodes). Static
-    names are keep-static's. Whether every Slurm update worked."""
+    names are keep-static's. A pool's hold is this controller's state, else what Slurm's reasons show
+    (the other controller's, as apply_holds reads them; Slurm asked only when the state holds none of
+    the pools). Whether every Slurm update worked."""
     data = read_holds(settings)
     static = set(settings.static_nodes)
+    pools = {name: pool_of(name, settings.pools) for name in sorted(names) if name not in static}
+    own = {pool: hold_reason(data, pool, now) for pool in set(pools.values()) if pool}
+    shown: dict[str, str] = {}
+    if pools and not all(own.values()):
+        nodes = slurm.nodes()
+        shown = slurm_holds(settings, nodes, now) if nodes is not None else {}
     hold: dict[str, list[str]] = {}
-    for name in sorted(names):
-        pool = pool_of(name, settings.pools)
-        reason = hold_reason(data, pool, now) if pool else None
-        if reason and name not in static:
+    for name, pool in pools.items():
+        reason = (own.get(pool) or shown.get(pool)) if pool else None
+        if reason:
             hold.setdefault(reason, []).append(name)
     return hold_and_release(slurm, hold, [])
 
