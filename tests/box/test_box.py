@@ -498,11 +498,16 @@ def test_k_a_capacity_error_on_one_pool_and_the_job_runs_on_the_teams_next_pool(
         job = submit(box, "sleep 5", "--requeue", partitions="spot,spot2")
         wait_for("the refused launch", lambda: box.faults.count("RunInstances") > launches or None, 180)
         refused = time.monotonic()
-        # Started, not merely RUNNING now: the job runs 5 s, which a poll through podman under load
-        # can miss (the box once waited out BOOT_DEADLINE_S for a job that had completed).
+        # RUNNING, or already done: the job runs 5 s, which a poll through podman under load can miss
+        # (the box once waited out BOOT_DEADLINE_S for a job that had completed). Not sacct's RUNNING:
+        # sacct says so while the job's nodes still boot (CONFIGURING).
         wait_for(
-            f"job {job} started",
-            lambda: job_state(box, job) in ("RUNNING", "COMPLETING", "COMPLETED") or None,
+            f"job {job} running",
+            lambda: (
+                slurm(box, f"squeue -h -j {job} -o %T", False).strip() == "RUNNING"
+                or job_state(box, job) == "COMPLETED"
+                or None
+            ),
             BOOT_DEADLINE_S,
             every_s=1,
         )
