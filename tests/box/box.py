@@ -11,12 +11,13 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import boto3
 
+from infra.backends.aws.bootstrap import WORK_DIR
 from infra.backends.local.node_image import seal_and_commit
 from infra.data.load import catalog
 from infra.nodes.podman import podman
@@ -66,10 +67,38 @@ def box_substitutes(endpoint: str, resume_timeout_s: int) -> dict[str, Any]:
         "slurm_elastic_spot_grace_s": 20,
         "slurm_elastic_reconcile_interval_s": 20,
         "slurm_elastic_orphan_grace_s": 30,
-        # The capacity cool-down after d's injected capacity error: the box has one pool, so d's job runs
-        # on the same pool once it is over.
+        # The capacity cool-down after an injected capacity error: d's job (of the spot partition only)
+        # runs on the same pool once it is over; k's (of both partitions) on spot2 meanwhile.
         "slurm_elastic_insufficient_capacity_timeout_s": 60,
+        # j: protected mode after two boot failures in a row (10 on AWS), so the box pays two failed boots.
+        "slurm_elastic_protected_failure_count": 2,
     }
+
+
+@dataclass
+class RunCommand:
+    """SSM Run Command's AWS-RunShellScript as `gpuplat status` uses it (infra/lifecycle/fleet_holds.py),
+    run by the box in the instance's container as root (the SSM agent's user): moto records commands
+    but runs none."""
+
+    box: CloudBox
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def send_command(self, InstanceIds: list[str], DocumentName: str, Parameters: dict[str, Any]) -> Any:
+        assert DocumentName == "AWS-RunShellScript"
+        [instance_id] = InstanceIds
+        script = "\n".join(Parameters["commands"])
+        ran = podman("exec", self.box.container_of(instance_id), "bash", "-c", script, check=False)
+        command_id = f"box-{len(self.results)}"
+        self.results[command_id] = {
+            "Status": "Success" if ran.returncode == 0 else "Failed",
+            "StandardOutputContent": ran.stdout,
+            "StandardErrorContent": ran.stderr,
+        }
+        return {"Command": {"CommandId": command_id}}
+
+    def get_command_invocation(self, CommandId: str, InstanceId: str) -> dict[str, Any]:
+        return self.results[CommandId]
 
 
 def gpus_of(instance_type: str) -> int:
@@ -197,13 +226,34 @@ class CloudBox:
         seal_and_commit(self.container_of(instance_id), image, {})
         image_id = str(self.ec2.create_image(InstanceId=instance_id, Name=f"gpuplat-{pool}")["ImageId"])
         self.hypervisor.settings.images[image_id] = image
+        self.use_image(pool, image_id)
+        return image_id
+
+    def use_image(self, pool: str, image_id: str) -> None:
+        """The pool's launch template gets a newest version that boots `image_id` (as `pulumi up` does
+        when a pool's image changes); the resume program launches `$Latest`."""
         template = self.stack.templates[pool]
         [latest] = self.ec2.describe_launch_template_versions(
             LaunchTemplateId=template, Versions=["$Latest"]
         )["LaunchTemplateVersions"]
         data = {**latest["LaunchTemplateData"], "ImageId": image_id}
         self.ec2.create_launch_template_version(LaunchTemplateId=template, LaunchTemplateData=data)
-        return image_id
+
+    def bad_image(self, image_id: str, name: str) -> str:
+        """An image made from `image_id` on which every bootstrap fails: its Ansible exits with an
+        error (a bad image or bundle on AWS). Registered with the emulator; returns its id."""
+        image = f"{BAKED_IMAGES}:{name}"
+        container = f"gpuplat-box-{name}-build"
+        playbook = f"{WORK_DIR}/venv/bin/ansible-playbook"
+        broken = f"printf '#!/bin/sh\\necho bad image >&2\\nexit 1\\n' >{playbook}"
+        podman("run", "--name", container, self.hypervisor.settings.images[image_id], "sh", "-c", broken)
+        try:
+            podman("commit", container, image)
+        finally:
+            podman("rm", "--force", container, check=False)
+        bad_id = str(self.ec2.register_image(Name=f"gpuplat-{name}")["ImageId"])
+        self.hypervisor.settings.images[bad_id] = image
+        return bad_id
 
     def teardown(self) -> subprocess.CompletedProcess[str]:
         """What an operator runs before `pulumi destroy`: the controllers' own program, from outside."""

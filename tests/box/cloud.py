@@ -128,6 +128,7 @@ def declare(
             os_release=os_release(spec),
             node_name=node,
             fetch_munge_key=runs_munge(platform, platform.pool(pool_name)),
+            power_off_on_failure=platform.pool(pool_name).role == "train",
         ).render()
 
     templates: dict[str, str] = {}

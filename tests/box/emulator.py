@@ -42,6 +42,8 @@ class Faults:
     armed: dict[str, list[Any]] = field(default_factory=dict)
     seen: list[str] = field(default_factory=list)
     capacity: int | None = None
+    # Launch templates (pools) EC2 has no capacity for: their RunInstances get InsufficientInstanceCapacity.
+    no_capacity_templates: set[str] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def arm(self, action: str, code: str, times: int = 1) -> None:
@@ -65,6 +67,14 @@ class Faults:
         """Instances RunInstances can still start (None: no limit)."""
         with self.lock:
             self.capacity = instances
+
+    def refuse_capacity(self, template_id: str, refused: bool = True) -> None:
+        with self.lock:
+            (self.no_capacity_templates.add if refused else self.no_capacity_templates.discard)(template_id)
+
+    def has_capacity(self, template_id: str) -> bool:
+        with self.lock:
+            return template_id not in self.no_capacity_templates
 
     def launch_count(self, min_count: int, max_count: int) -> int | None:
         """How many instances a RunInstances for MinCount..MaxCount starts, as EC2 decides: as many as it
@@ -121,20 +131,22 @@ def ec2_action(body: bytes, query: str) -> str:
 
 
 def template_network(ec2: Any, body: bytes) -> bytes:
-    """EC2 launches with the network interfaces and metadata options of the launch template a
-    RunInstances names; moto takes both only from the request (moto/ec2/models/instances.py: prep_nics,
-    MetadataOptions) and otherwise invents an address in no subnet. Add the template's to such a
-    request, as EC2 applies them."""
+    """EC2 launches with the network interfaces, metadata options and shutdown behaviour of the launch
+    template a RunInstances names; moto takes them only from the request (moto/ec2/models/instances.py:
+    prep_nics, MetadataOptions, instance_initiated_shutdown_behavior) and otherwise invents an address
+    in no subnet. Add the template's to such a request (its network unless the request names one), as
+    EC2 applies them."""
     form = urllib.parse.parse_qs(body.decode(), keep_blank_values=True)
     template_id = form.get("LaunchTemplate.LaunchTemplateId", [""])[0]
-    if not template_id or any(k.startswith(("NetworkInterface.", "SubnetId")) for k in form):
+    if not template_id:
         return body
     version = form.get("LaunchTemplate.Version", ["$Latest"])[0]
     data = ec2.describe_launch_template_versions(LaunchTemplateId=template_id, Versions=[version])[
         "LaunchTemplateVersions"
     ][0]["LaunchTemplateData"]
     extra: list[tuple[str, str]] = []
-    for index, interface in enumerate(data.get("NetworkInterfaces", []), start=1):
+    own_network = any(k.startswith(("NetworkInterface.", "SubnetId")) for k in form)
+    for index, interface in enumerate([] if own_network else data.get("NetworkInterfaces", []), start=1):
         prefix = f"NetworkInterface.{index}"
         extra += [(f"{prefix}.DeviceIndex", str(interface.get("DeviceIndex", 0)))]
         if "SubnetId" in interface:
@@ -143,13 +155,18 @@ def template_network(ec2: Any, body: bytes) -> bytes:
             extra += [(f"{prefix}.SecurityGroupId.{number}", group)]
     if not any(k.startswith("MetadataOptions.") for k in form):
         extra += [(f"MetadataOptions.{k}", str(v)) for k, v in data.get("MetadataOptions", {}).items()]
+    behaviour = data.get("InstanceInitiatedShutdownBehavior")
+    if behaviour and "InstanceInitiatedShutdownBehavior" not in form:
+        extra += [("InstanceInitiatedShutdownBehavior", str(behaviour))]
     return body + ("&" + urllib.parse.urlencode(extra)).encode() if extra else body
 
 
 def launch_as_ec2(body: bytes, faults: Faults) -> tuple[bytes, str | None]:
     """A RunInstances form rewritten so that moto starts what EC2 would (Faults.launch_count), or the
-    capacity error EC2 answers instead."""
+    capacity error EC2 answers instead (none left, or none for the request's launch template)."""
     form = urllib.parse.parse_qs(body.decode(), keep_blank_values=True)
+    if not faults.has_capacity(form.get("LaunchTemplate.LaunchTemplateId", [""])[0]):
+        return body, "InsufficientInstanceCapacity"
     min_count, max_count = int(form["MinCount"][0]), int(form["MaxCount"][0])
     count = faults.launch_count(min_count, max_count)
     if count is None:

@@ -1,7 +1,8 @@
 """Instances of the box are podman containers. A loop watches the emulator: an instance that is pending
 or running gets a systemd container (its private address, on the box network) that runs the instance's
-user data once, as cloud-init does; a terminated instance's container goes away; a container that died
-under a running instance shows as a stopped instance.
+user data once, as cloud-init does; a terminated instance's container goes away; a container that
+stopped under a running instance (its OS halted, or it died) stops the instance, or terminates it when
+its shutdown behaviour is terminate.
 """
 
 from __future__ import annotations
@@ -104,8 +105,21 @@ class Hypervisor:
                 state == "running" and machine is not None and instance_id in booted
                 and running_containers is not None and machine.container not in running_containers
             ):  # fmt: skip
-                self.ec2.stop_instances(InstanceIds=[instance_id], Force=True)
-                self._note(f"{instance_id}: container died; instance stopped")
+                self.shut_down(instance_id)
+
+    def shut_down(self, instance_id: str) -> None:
+        """The instance's container stopped (its OS halted, or it died): EC2 stops the instance, or
+        terminates it where its shutdown behaviour says so (EC2 User Guide, "Change instance initiated
+        shutdown behavior")."""
+        behaviour = self.ec2.describe_instance_attribute(
+            InstanceId=instance_id, Attribute="instanceInitiatedShutdownBehavior"
+        )["InstanceInitiatedShutdownBehavior"]["Value"]
+        if behaviour == "terminate":
+            self.ec2.terminate_instances(InstanceIds=[instance_id])
+            self._note(f"{instance_id}: container stopped; instance terminated (its shutdown behaviour)")
+        else:
+            self.ec2.stop_instances(InstanceIds=[instance_id], Force=True)
+            self._note(f"{instance_id}: container stopped; instance stopped")
 
     def _take_hold(self, instance_id: str) -> bool:
         """Whether this instance's node is held; the hold is used up. The resume program tags the name

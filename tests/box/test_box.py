@@ -13,22 +13,30 @@ d  a two-node job on capacity for one: nothing is launched (all or nothing), the
 e  a node that never finishes booting (past ResumeTimeout) comes back to power saving, not DOWN
 f  a stray instance of the stack that Slurm does not know, and one of a pool removed from the stack, are
    terminated by the reconciler (its log says so)
+j  a bad image on the team's second pool (spot2): each boot fails, the instance powers itself off and
+   its launch template terminates it, reconcile counts a boot failure and requeues the job; after two
+   (slurm_elastic_protected_failure_count in the box) the pool is in protected mode, as `gpuplat
+   status` reads it from the controller, and nothing more is launched; the image fixed and the pool
+   unprotected, its name is back in power saving
 i  a job user on a training node gets no IMDS token (so no instance credentials for the MUNGE key in
    SSM) and cannot read the key file; then the node's instance is terminated from outside: its job is
    requeued within REQUEUE_BOUND_S and done on a new instance of the same name within
    BACK_IN_SERVICE_BOUND_S
 g  idle nodes are suspended and their instances terminated
+k  a capacity error on the spot pool for a job of both partitions: the job runs on spot2
 h  teardown leaves no instance of the stack
 
-e waits out ResumeTimeout, the longest timer, while b, c and f do their work on the other node: its
+e waits out ResumeTimeout, the longest timer, while b, c, f and j do their work on other nodes: its
 job (pinned to spot-1, whose boot the box holds) is submitted with b's (pinned to spot-0), e_held
 finds the held instance, its end is checked after f. f's stray is launched when c starts and
-outlives the reconciler's grace while c runs.
+outlives the reconciler's grace while c runs. j's job is submitted once the image is taken and its
+boots fail on spot2 meanwhile; its outcome is checked after e.
 """
 
 from __future__ import annotations
 
 import datetime
+import json
 import re
 import shlex
 import time
@@ -37,7 +45,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from tests.box.box import box_substitutes
+from infra.lifecycle.fleet_holds import read_fleet_holds
+from tests.box.box import RunCommand, box_substitutes
 from tests.slurm_states import JOB_ENDED
 
 pytestmark = pytest.mark.box
@@ -57,6 +66,8 @@ B_RELEASE = f"{CHECKPOINTS}/box-b-release"
 B_JOB: dict[str, str] = {}
 HELD: dict[str, Any] = {}  # e: the held instance, its job, when its job was submitted
 STRAY: dict[str, Any] = {}  # f: the stray instance, when it was launched (at the start of c)
+BAD: dict[str, Any] = {}  # j: the bad image, its job, when its job was submitted
+PROTECTED_FAILURE_COUNT = box_substitutes("", 0)["slurm_elastic_protected_failure_count"]
 T = TypeVar("T")
 
 
@@ -75,11 +86,11 @@ def slurm(box: Any, command: str, check: bool = True) -> str:
     return str(box.sh(box.stack.controllers["head-0"], command, check=check))
 
 
-def submit(box: Any, script: str, options: str = "") -> str:
-    """A job of team user alice on the spot partition (its QoS is spot), one GPU per node, run in the
-    checkpoint directory on the shared filesystem (where its output lands)."""
+def submit(box: Any, script: str, options: str = "", partitions: str = "spot") -> str:
+    """A job of team user alice on the spot partition (its QoS is spot; spot2 takes it too), one GPU per
+    node, run in the checkpoint directory on the shared filesystem (where its output lands)."""
     command = (
-        f"sbatch --parsable -p spot --qos=spot --gres=gpu:1 --chdir={CHECKPOINTS} {options}"
+        f"sbatch --parsable -p {partitions} --qos=spot --gres=gpu:1 --chdir={CHECKPOINTS} {options}"
         f" --wrap {shlex.quote(script)}"
     )
     return slurm(box, f"su alice -c {shlex.quote(command)}").strip()
@@ -156,7 +167,7 @@ def test_a_controllers_boot_from_user_data_alone(box: Any) -> None:
     assert slurm(box, "hostname").strip() == "head-0"
     assert "is UP" in slurm(box, "scontrol ping")
     assert box.platform.name.replace("-", "_") in slurm(box, "sacctmgr -nP show cluster format=cluster")
-    assert node_states(box) == {"spot-0": "idle~", "spot-1": "idle~"}
+    assert node_states(box) == {"spot-0": "idle~", "spot-1": "idle~", "spot2-0": "idle~"}
 
 
 def test_b_a_job_resumes_a_powered_down_node_which_boots_joins_and_runs_it(box: Any) -> None:
@@ -192,6 +203,14 @@ def test_b_the_pool_image_is_taken_from_the_joined_node(box: Any) -> None:
     FIGURES["image bake s"] = time.monotonic() - start
     box.sh(instance["InstanceId"], f"touch {B_RELEASE}")
     assert wait_ended(box, B_JOB["job"]) == "COMPLETED", explain(box, B_JOB["job"])
+
+
+def test_j_started_a_bad_image_on_the_next_pool(box: Any) -> None:
+    """Not checked here: spot2's launch template boots an image on which every bootstrap fails, and a
+    job waits for spot2; its boots fail while c, f and e run (j is judged after e)."""
+    BAD["image"] = box.bad_image(IMAGES["spot"], "bad")
+    box.use_image("spot2", BAD["image"])
+    BAD.update(job=submit(box, "hostname", "--requeue", partitions="spot2"), since=time.monotonic())
 
 
 def test_e_held_a_node_whose_boot_never_finishes(box: Any) -> None:
@@ -330,6 +349,45 @@ def test_e_a_node_that_never_boots_comes_back_to_power_saving(box: Any) -> None:
     )
 
 
+def test_j_repeated_boot_failures_put_the_pool_in_protected_mode(box: Any) -> None:
+    """Each boot from the bad image fails; the boot script powers the instance off and its launch
+    template terminates it; reconcile sees spot2-0 going up without an instance: a boot failure,
+    replaced at once and the job requeued (ParallelCluster's is_bootstrap_failure), not a GPU instance
+    until ResumeTimeout. At PROTECTED_FAILURE_COUNT in a row the pool is held (protected mode): no
+    launch, whatever waits for it. `gpuplat status` reads the hold from the controller."""
+
+    def protected() -> dict[str, Any] | None:
+        report = json.loads(slurm(box, "sudo -u slurm gpuplat-ec2-nodes pools"))["spot2"]
+        return report if str(report["hold"]).startswith("gpuplat protected mode") else None
+
+    wait_for("spot2 in protected mode", protected, max(60, 600 - (time.monotonic() - BAD["since"])))
+    held_at = time.monotonic()
+    launched = box.instances(gpuplat_pool="spot2")
+    assert len(launched) == PROTECTED_FAILURE_COUNT, launched
+    hypervisor_log = (box.workdir / "hypervisor.log").read_text()
+    log = controller_log(box)
+    for instance in launched:
+        assert state_of(box, instance["InstanceId"]) == "terminated"
+        # it powered itself off (the boot script), and EC2 terminated it for its shutdown behaviour
+        assert f"{instance['InstanceId']}: container stopped; instance terminated" in hypervisor_log
+        assert f"its instance ended during boot ({instance['InstanceId']} terminated" in log
+    assert f"pool spot2: {PROTECTED_FAILURE_COUNT} boot failures in a row" in log
+    holds = read_fleet_holds(box.platform, box.ec2, RunCommand(box), sleep=lambda _: None)
+    assert holds.note is None, holds.note
+    [spot2] = [h for h in holds.pools if h.pool == "spot2"]
+    assert spot2.hold is not None and spot2.hold.startswith("gpuplat protected mode"), holds
+    assert spot2.boot_failures == PROTECTED_FAILURE_COUNT
+    assert slurm(box, f"squeue -h -j {BAD['job']} -o %T").strip() in ("PENDING", "CONFIGURING")
+    time.sleep(max(0, 45 - (time.monotonic() - held_at)))  # two reconcile rounds: nothing more launched
+    assert len(box.instances(gpuplat_pool="spot2")) == PROTECTED_FAILURE_COUNT
+    # The operator fixes the image and ends protected mode; the name goes back to power saving.
+    slurm(box, f"scancel {BAD['job']}")
+    box.use_image("spot2", IMAGES["spot"])
+    slurm(box, "sudo -u slurm gpuplat-ec2-nodes unprotect spot2")
+    assert json.loads(slurm(box, "sudo -u slurm gpuplat-ec2-nodes pools"))["spot2"]["hold"] is None
+    wait_for("spot2-0 back in power saving", lambda: node_states(box)["spot2-0"] == "idle~" or None, 180)
+
+
 def test_d_a_two_node_job_on_capacity_for_one_launches_nothing_and_runs_on_the_next_attempt(box: Any) -> None:
     """All or nothing per job (SLURM_RESUME_FILE): with capacity for one instance, the job's two names
     are asked for in one RunInstances with MinCount 2, which EC2 refuses whole; no instance idles
@@ -417,20 +475,63 @@ def test_g_idle_nodes_are_suspended_and_their_instances_terminated(box: Any) -> 
     wait_for(
         "every node powered down", lambda: all(s == "idle~" for s in node_states(box).values()) or None, 300
     )
-    wait_for("no live training instance", lambda: not live(box, gpuplat_pool="spot") or None, 180)
+    wait_for("no live training instance", lambda: not live(box, gpuplat_role="train") or None, 180)
     FIGURES["last job ended -> instances terminated s"] = time.monotonic() - start
 
 
+def test_k_a_capacity_error_on_one_pool_and_the_job_runs_on_the_teams_next_pool(box: Any) -> None:
+    """A job of both of the team's partitions (`-p spot,spot2`: Slurm tries them in that order) gets a
+    capacity error on spot: the pool's cool-down sets its powered-down names DOWN, the job is requeued
+    and starts on spot2 (ParallelCluster's ICE handling, clustermgtd.py:1277). The failed name too:
+    SuspendProgram holds it as slurmctld powers it down, so the requeued job never takes it again
+    (on the code before, it was idle~ after SuspendTimeout and the job cycled on it, PoolHeld, for
+    minutes until a reconcile round held it)."""
+    wait_for(
+        "every node powered down", lambda: all(s == "idle~" for s in node_states(box).values()) or None, 300
+    )
+    spot = box.stack.templates["spot"]
+    before = {i["InstanceId"] for i in box.instances(gpuplat_pool="spot")}
+    log_before = controller_log(box)
+    box.faults.refuse_capacity(spot)
+    try:
+        launches = box.faults.count("RunInstances")
+        job = submit(box, "sleep 5", "--requeue", partitions="spot,spot2")
+        wait_for("the refused launch", lambda: box.faults.count("RunInstances") > launches or None, 180)
+        refused = time.monotonic()
+        # RUNNING, or already done: the job runs 5 s, which a poll through podman under load can miss
+        # (the box once waited out BOOT_DEADLINE_S for a job that had completed). Not sacct's RUNNING:
+        # sacct says so while the job's nodes still boot (CONFIGURING).
+        wait_for(
+            f"job {job} running",
+            lambda: (
+                slurm(box, f"squeue -h -j {job} -o %T", False).strip() == "RUNNING"
+                or job_state(box, job) == "COMPLETED"
+                or None
+            ),
+            BOOT_DEADLINE_S,
+            every_s=1,
+        )
+        FIGURES["capacity error -> job running on the next pool s"] = time.monotonic() - refused
+        assert wait_ended(box, job) == "COMPLETED", explain(box, job)
+        assert slurm(box, f"sacct -nXP -j {job} -o NodeList").strip() == "spot2-0", explain(box, job)
+    finally:
+        box.faults.refuse_capacity(spot, False)
+    log = controller_log(box)[len(log_before) :]
+    assert "pool spot: InsufficientInstanceCapacity: capacity cool-down" in log
+    assert "(PoolHeld)" not in log, log
+    assert {i["InstanceId"] for i in box.instances(gpuplat_pool="spot")} == before
+
+
 def test_h_teardown_leaves_no_instance_of_the_stack(box: Any) -> None:
-    submit(box, "sleep 600")
-    wait_for("a training instance", lambda: live(box, gpuplat_pool="spot") or None, 120)
+    submit(box, "sleep 600", partitions="spot,spot2")
+    wait_for("a training instance", lambda: live(box, gpuplat_role="train") or None, 120)
     slurm(box, "systemctl stop slurmctld")  # the controllers go first: nothing launches during teardown
     start = time.monotonic()
     program = box.teardown()
     FIGURES["teardown -> nothing left s"] = time.monotonic() - start
     assert program.returncode == 0, program.stdout + program.stderr
     assert not box.instances(
-        "pending", "running", "shutting-down", "stopping", "stopped", gpuplat_pool="spot"
+        "pending", "running", "shutting-down", "stopping", "stopped", gpuplat_role="train"
     )
     box.ec2.terminate_instances(InstanceIds=list(box.stack.controllers.values()))  # pulumi destroy's part
     assert not box.instances("pending", "running", "stopping", "stopped", gpuplat_stack=box.platform.name)

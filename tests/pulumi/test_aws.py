@@ -331,6 +331,21 @@ def test_every_node_boots_into_the_published_bundle(aws_prod: Recording) -> None
     assert "pool_train_spot:" in scripts["aws-prod-train-spot-lt"]
 
 
+def test_a_training_node_whose_boot_fails_is_terminated_not_kept(aws_prod: Recording) -> None:
+    """Its boot script powers it off (bootstrap.py POWER_OFF_STEP) and its template terminates it on
+    shutdown, as ParallelCluster's compute nodes; inference nodes and controllers stay up for an
+    operator to look at."""
+    for pool in ("train", "train-spot"):
+        template = aws_prod.named(f"aws-prod-{pool}-lt").inputs
+        assert template["instanceInitiatedShutdownBehavior"] == "terminate"
+        assert "GPUPLAT_POWER_OFF_ON_FAILURE=1\n" in base64.b64decode(template["userData"]).decode()
+    infer = aws_prod.named("aws-prod-infer-lt").inputs
+    assert "instanceInitiatedShutdownBehavior" not in infer
+    assert "GPUPLAT_POWER_OFF_ON_FAILURE=''" in base64.b64decode(infer["userData"]).decode()
+    head = base64.b64decode(aws_prod.named("aws-prod-head-head-0").inputs["userDataBase64"]).decode()
+    assert "GPUPLAT_POWER_OFF_ON_FAILURE=''" in head
+
+
 def test_only_controllers_launch_and_terminate_nodes(aws_prod: Recording) -> None:
     policies = {r.name: r.inputs["policy"] for r in aws_prod.of_type("aws:iam/rolePolicy:RolePolicy")}
     assert "ec2:RunInstances" in policies["aws-prod-service-platform"]

@@ -9,22 +9,31 @@ run in-process with the clock the test gives.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from gpuplat_ec2_nodes.ec2 import Ec2Nodes
 from gpuplat_ec2_nodes.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from gpuplat_ec2_nodes.holds import REASON_HOLD_OVER, pools_report, unprotect
+from gpuplat_ec2_nodes.holds import (
+    REASON_HOLD_OVER,
+    pools_report,
+    record_boot_failures,
+    record_capacity_error,
+    unprotect,
+)
 from gpuplat_ec2_nodes.reconcile import reconcile
 from gpuplat_ec2_nodes.resume import resume, resume_fail
 from gpuplat_ec2_nodes.slurm import Slurm
+from gpuplat_ec2_nodes.suspend import suspend
 
 from tests.roles import test_ec2_nodes as harness
 from tests.roles.test_ec2_nodes import (
     Cloud,
     RecordingEc2,
     SlurmRecorder,
+    run_in_process,
     run_program,
     settings_for,
     show_node,
@@ -106,6 +115,62 @@ def test_a_held_pool_launches_nothing_until_the_cool_down_is_over(
     )
     assert resume(settings, ec2, Slurm(slurm.scontrol), ["train-5"], now=T0 + 600) == EXIT_OK
     assert sorted(cloud.node_instances("running")) == ["train-5", "train-spot-2"]
+
+
+def test_suspend_holds_a_held_pools_names_once_slurmctld_powers_them_down(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+) -> None:
+    """SuspendProgram sets a held pool's names DOWN: slurmctld made them IDLE as their suspend started
+    (idle_on_node_suspend), so without it each is allocatable at SuspendTimeout and a requeued job
+    takes the held pool's failed name again (PoolHeld) until reconcile's next round (box scenario k).
+    Other pools' names and static names are left alone."""
+    config = write_config(tmp_path, cloud, slurm, static_nodes=["train-0"])
+    settings = settings_for(tmp_path, cloud, slurm, static_nodes=["train-0"])
+    now = time.time()
+    assert record_capacity_error(settings, "train", "InsufficientInstanceCapacity", now)
+    unheld = settings_for(tmp_path, cloud, slurm, protected_failure_count=1)
+    assert record_boot_failures(unheld, {"train-spot": 1}, now) == ["train-spot"]
+    holds = json.loads(pools_report(settings, now=now))
+    result = run_in_process(config, cloud, "suspend", "train-[0-2],train-spot-1")
+    assert result.returncode == EXIT_OK, result.stderr
+    assert scontrol_updates(slurm) == [
+        ["nodename=train-1,train-2", "state=down", f"reason={holds['train']['hold']}"],
+        ["nodename=train-spot-1", "state=down", f"reason={holds['train-spot']['hold']}"],
+    ]
+    slurm.record.unlink()
+    slurm.nodes(show_node("train-spot-1", "IDLE+CLOUD+POWERING_DOWN"))
+    assert run_in_process(config, cloud, "unprotect", "train-spot").returncode == EXIT_OK
+    slurm.record.unlink()
+    assert run_in_process(config, cloud, "suspend", "train-spot-1").returncode == EXIT_OK
+    assert scontrol_updates(slurm) == [], "a pool no longer held: nothing held"
+
+
+def test_suspend_holds_by_the_other_controllers_hold_too(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+) -> None:
+    """With two controllers each keeps its own state: after a takeover the hold the other one recorded
+    is only in Slurm's reasons, which SuspendProgram reads as apply_holds does."""
+    settings = settings_for(tmp_path, cloud, slurm)
+    slurm.nodes(
+        show_node("train-2", "DOWN+CLOUD+POWERED_DOWN", COOLDOWN_REASON),
+        show_node("train-1", "IDLE+CLOUD+POWERING_DOWN"),
+        show_node("train-spot-1", "IDLE+CLOUD+POWERING_DOWN"),
+    )
+    ec2 = harness.ec2_nodes(cloud, slurm)
+    assert suspend(settings, ec2, Slurm(slurm.scontrol), ["train-1", "train-spot-1"], now=T0) == EXIT_OK
+    assert scontrol_updates(slurm) == [["nodename=train-1", "state=down", f"reason={COOLDOWN_REASON}"]]
+
+
+def test_a_release_that_came_while_the_name_powered_down_is_done_again_by_reconcile(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+) -> None:
+    """A hold ending (cool-down over, unprotect) while SuspendProgram's held name still powers down:
+    slurmctld takes the release's reason and ignores its POWER_DOWN_FORCE ("already powering down"),
+    and the name ends DOWN+POWERED_DOWN with the hold-over reason. The next round releases it again."""
+    settings = settings_for(tmp_path, cloud, slurm)
+    slurm.nodes(show_node("train-1", "DOWN+CLOUD+POWERED_DOWN", f"{REASON_HOLD_OVER} [slurm@2027-01-15]"))
+    assert reconcile(settings, harness.ec2_nodes(cloud, slurm), Slurm(slurm.scontrol), now=T0) == EXIT_OK
+    assert [u[:2] for u in scontrol_updates(slurm)] == [["nodename=train-1", "state=power_down_force"]]
 
 
 def test_reconcile_keeps_holding_then_releases_the_names_when_the_cool_down_ends(

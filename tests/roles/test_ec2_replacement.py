@@ -255,3 +255,108 @@ def test_a_replaced_node_is_not_also_drained_for_its_event(
     assert reconcile_once(tmp_path, cloud, slurm, line, ec2=Ec2Nodes(client, cloud.stack)) == EXIT_OK
     updates = [call[3] for call in slurm.calls() if call[:2] == ["scontrol", "update"]]
     assert updates == ["state=power_down_force"]
+
+
+def test_a_node_whose_instance_ended_during_boot_is_a_boot_failure_replaced_at_once(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+) -> None:
+    """A training node whose boot fails powers itself off and its launch template terminates it; its
+    node, still POWERING_UP, is replaced in the next round (not at ResumeTimeout) and counts towards
+    protected mode, as ParallelCluster's DynamicNode.is_bootstrap_failure counts a powering-up node
+    without a backing instance (slurm_resources.py:717). A node going up whose instance is pending is
+    left alone, and so is one whose address resume has not set yet."""
+    failed = cloud.launch("train-spot-1", "train-spot")
+    at = address(cloud, failed)
+    cloud.ec2.terminate_instances(InstanceIds=[failed])
+    booting = cloud.launch("train-spot-2", "train-spot")
+    earlier = cloud.launch("train-spot-3", "train-spot")
+    cloud.ec2.terminate_instances(InstanceIds=[earlier])  # before resume launched this name again
+    slurm.nodes(
+        show_node("train-spot-1", "IDLE+CLOUD+POWERING_UP", addr=at),
+        show_node("train-spot-2", "IDLE+CLOUD+POWERING_UP", addr=address(cloud, booting)),
+        show_node("train-spot-3", "IDLE+CLOUD+POWERING_UP"),
+    )
+    settings = settings_for(tmp_path, cloud, slurm, protected_failure_count=1, orphan_grace_s=3600.0)
+    assert reconcile(settings, ec2_nodes(cloud, slurm), Slurm(slurm.scontrol)) == EXIT_OK
+    downs = power_downs(slurm)
+    assert list(downs) == ["train-spot-1"]
+    assert downs["train-spot-1"].startswith(
+        f"{REPLACED}: its instance ended during boot ({failed} terminated"
+    )
+    assert cloud.state(booting) == "running"
+    report = json.loads(pools_report(settings))
+    assert report["train-spot"]["boot_failures"] == 1
+    assert str(report["train-spot"]["hold"]).startswith("gpuplat protected mode")
+
+
+def test_a_node_whose_new_instance_is_not_found_by_its_name_yet_is_not_a_boot_failure(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+) -> None:
+    """Resume launched train-spot-1 again and set its address, but EC2's tag filter does not show the
+    new instance's gpuplat:node tag yet (eventually consistent) while the name's earlier instance,
+    terminated, is still listed: the live instance at the node's address says it is going up."""
+    earlier = cloud.launch("train-spot-1", "train-spot")
+    cloud.ec2.terminate_instances(InstanceIds=[earlier])
+    relaunched = cloud.launch(None, "train-spot")  # its name tag not visible to the filter yet
+    slurm.nodes(show_node("train-spot-1", "IDLE+CLOUD+POWERING_UP", addr=address(cloud, relaunched)))
+    settings = settings_for(tmp_path, cloud, slurm, protected_failure_count=1, orphan_grace_s=3600.0)
+    assert reconcile(settings, ec2_nodes(cloud, slurm), Slurm(slurm.scontrol)) == EXIT_OK
+    assert power_downs(slurm) == {}
+    assert cloud.state(relaunched) == "running"
+    assert json.loads(pools_report(settings))["train-spot"]["boot_failures"] == 0
+
+
+def test_a_node_whose_instance_was_stopped_during_boot_is_a_boot_failure(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+) -> None:
+    """Stopped, not terminated (a template without the shutdown behaviour, a stop from outside): it
+    will not register either, and a stopped instance is not a live one."""
+    stopped = cloud.launch("train-spot-1", "train-spot")
+    cloud.ec2.stop_instances(InstanceIds=[stopped])
+    slurm.nodes(show_node("train-spot-1", "IDLE+CLOUD+POWERING_UP", addr=address(cloud, stopped)))
+    settings = settings_for(tmp_path, cloud, slurm, protected_failure_count=1, orphan_grace_s=3600.0)
+    assert reconcile(settings, ec2_nodes(cloud, slurm), Slurm(slurm.scontrol)) == EXIT_OK
+    assert list(power_downs(slurm)) == ["train-spot-1"]
+    assert json.loads(pools_report(settings))["train-spot"]["boot_failures"] == 1
+
+
+class EndedLookupRefusedEc2(RecordingEc2):
+    """EC2 that answers the fleet listing but throttles the lookup of ended instances or addresses."""
+
+    def get_paginator(self, name: str) -> Any:
+        paginator = self.client.get_paginator(name)
+
+        class Refusing:
+            def paginate(self, **request: Any) -> Any:
+                names = {f["Name"] for f in request.get("Filters", [])}
+                states = next(
+                    (f["Values"] for f in request["Filters"] if f["Name"] == "instance-state-name"), []
+                )
+                if "terminated" in states or "private-ip-address" in names:
+                    error = {"Error": {"Code": "RequestLimitExceeded", "Message": "slow down"}}
+                    raise harness.ClientError(error, "DescribeInstances")
+                return paginator.paginate(**request)
+
+        return Refusing()
+
+
+def test_a_failed_lookup_of_ended_instances_replaces_nothing_and_the_round_goes_on(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    """EC2 throttled while reconcile asks what ended during boot: no boot failure counted, no error out
+    of the round (ParallelCluster judges no backing instance without EC2's answer)."""
+    failed = cloud.launch("train-spot-1", "train-spot")
+    at = address(cloud, failed)
+    cloud.ec2.terminate_instances(InstanceIds=[failed])
+    slurm.nodes(show_node("train-spot-1", "IDLE+CLOUD+POWERING_UP", addr=at))
+    settings = settings_for(tmp_path, cloud, slurm, protected_failure_count=1, orphan_grace_s=3600.0)
+    ec2 = Ec2Nodes(
+        EndedLookupRefusedEc2(
+            harness.boto3.client("ec2", region_name=harness.REGION, endpoint_url=cloud.url), slurm
+        ),
+        cloud.stack,
+    )
+    assert reconcile(settings, ec2, Slurm(slurm.scontrol)) == EXIT_OK
+    assert power_downs(slurm) == {}
+    assert json.loads(pools_report(settings))["train-spot"]["boot_failures"] == 0
+    assert "cannot look up the instances of train-spot-1, going up" in caplog.text

@@ -101,3 +101,31 @@ def test_the_box_proxy_starts_what_ec2_would(cloud: Cloud, faults: tuple[Faults,
     assert len(client.run_instances(MinCount=1, MaxCount=3, **request)["Instances"]) == 2
     with pytest.raises(harness.botocore_exceptions.ClientError, match="InsufficientInstanceCapacity"):
         client.run_instances(MinCount=1, MaxCount=1, **request)
+
+
+def test_the_box_proxy_refuses_one_templates_capacity_and_applies_its_shutdown_behaviour(
+    cloud: Cloud, faults: tuple[Faults, str]
+) -> None:
+    """The box's proxy: capacity refused for one launch template only (box scenario k: one pool
+    without capacity), and the template's InstanceInitiatedShutdownBehavior applied to the launch, as
+    EC2 applies it (moto takes it from the request only; the box's hypervisor terminates an instance
+    that powered itself off when it says terminate)."""
+    armed, url = faults
+    client = harness.boto3.client("ec2", region_name=REGION, endpoint_url=url)
+    other = client.create_launch_template(
+        LaunchTemplateName="terminate-on-shutdown",
+        LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceInitiatedShutdownBehavior": "terminate"},
+    )["LaunchTemplate"]["LaunchTemplateId"]
+    armed.refuse_capacity(cloud.launch_template_id)
+    with pytest.raises(harness.botocore_exceptions.ClientError, match="InsufficientInstanceCapacity"):
+        client.run_instances(
+            LaunchTemplate={"LaunchTemplateId": cloud.launch_template_id}, SubnetId=cloud.subnet_id,
+            MinCount=1, MaxCount=1,
+        )  # fmt: skip
+    [instance] = client.run_instances(
+        LaunchTemplate={"LaunchTemplateId": other}, SubnetId=cloud.subnet_id, MinCount=1, MaxCount=1
+    )["Instances"]
+    behaviour = client.describe_instance_attribute(
+        InstanceId=instance["InstanceId"], Attribute="instanceInitiatedShutdownBehavior"
+    )["InstanceInitiatedShutdownBehavior"]["Value"]
+    assert behaviour == "terminate"

@@ -11,6 +11,7 @@ import pytest
 
 from infra.backends.aws import node_join
 from infra.backends.aws.bootstrap import (
+    POWER_OFF_STEP,
     USER_DATA_MAX_BYTES,
     BootScript,
     bundle_digest,
@@ -214,3 +215,37 @@ def test_nodes_install_the_ansible_their_own_python_runs(
     script = _script(platform, "train")
     assert "NODE_PIP_REQUIREMENTS='ansible==10.7.0 " in script
     assert "BOOT_PACKAGES=python3-venv" in script
+
+
+@pytest.mark.parametrize(
+    ("power_off", "step", "slurmd_active", "powered_off"),
+    [
+        ("1", "false", False, True),
+        ("1", "true", False, False),
+        ("", "false", False, False),
+        # the script run again on a live node, or a step after slurmd started: the node stays up
+        ("1", "false", True, False),
+    ],
+)
+def test_a_failed_bootstrap_powers_off_where_asked(
+    tmp_path: Path, power_off: str, step: str, slurmd_active: bool, powered_off: bool
+) -> None:
+    """The boot script's failure trap (bootstrap.POWER_OFF_STEP) under the script's own shell options:
+    `poweroff` after a step fails, only where GPUPLAT_POWER_OFF_ON_FAILURE is set and slurmd is not
+    running."""
+    (tmp_path / "poweroff").write_text(f"#!/bin/sh\ntouch {tmp_path}/powered-off\n")
+    active = 0 if slurmd_active else 3  # systemctl is-active: 3 for inactive
+    (tmp_path / "systemctl").write_text(
+        f'#!/bin/sh\n[ "$*" = "is-active --quiet slurmd.service" ] || exit 9\nexit {active}\n'
+    )
+    for program in ("poweroff", "systemctl"):
+        (tmp_path / program).chmod(0o755)
+    script = (
+        f"set -euo pipefail\nGPUPLAT_POWER_OFF_ON_FAILURE={power_off}\n{POWER_OFF_STEP}{step}\necho done\n"
+    )
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
+    ran = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, check=False)
+    assert (ran.returncode != 0) == (step == "false")
+    assert (tmp_path / "powered-off").exists() == powered_off
+    assert ("gpuplat bootstrap failed (exit 1)" in ran.stdout) == (step == "false" and power_off == "1")
+    assert ("powering off" in ran.stdout) == powered_off

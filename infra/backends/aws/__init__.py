@@ -220,6 +220,7 @@ class AwsBackend:
                     os_release=os_release(spec),
                     node_name=node_name,
                     fetch_munge_key=runs_munge(platform, pool),
+                    power_off_on_failure=pool.role == "train",
                 ).render()
             )
             return script

@@ -18,8 +18,14 @@ node:
 3. runs `site.yml` against itself only, with an inventory of one host in its pool's groups; slurmd
    starts configless from the controllers, so no other node changes.
 
-Everything is logged to /var/log/gpuplat-bootstrap.log. A failed bootstrap leaves the node without
-slurmd: Slurm's ResumeTimeout then runs the resume-fail program, which terminates it.
+Everything is logged to /var/log/gpuplat-bootstrap.log. A training node (launched by Slurm's resume
+program) whose bootstrap fails powers itself off, and its launch template terminates an instance that
+shuts itself down (node_pool.slurm_pool_template), as ParallelCluster's compute nodes do (aws-parallelcluster
+v3.11.0, cli/src/pcluster/resources/compute_node/user_data.sh:173 error_exit runs `shutdown -h now`;
+cli/src/pcluster/templates/queues_stack.py:221 instance_initiated_shutdown_behavior="terminate"). The
+controllers' reconciler then sees its node going up without an instance: a boot failure of the pool,
+replaced at once, the job requeued (gpuplat_ec2_nodes/replacement.py), rather than a GPU instance
+billed until ResumeTimeout. Other nodes stay up after a failed bootstrap, for an operator to look at.
 """
 
 from __future__ import annotations
@@ -151,6 +157,8 @@ class BootScript:
     node_name: str = ""  # empty: from the gpuplat:node tag, else the instance id
     # Only nodes that run munged fetch the key (infra/nodes/munge.py); the others may not read it.
     fetch_munge_key: bool = True
+    # A training node powers off when its bootstrap fails (the module docstring).
+    power_off_on_failure: bool = False
 
     def render(self) -> str:
         inventory = yaml.safe_dump(self.inventory, sort_keys=False)
@@ -168,12 +176,14 @@ class BootScript:
             "GPUPLAT_NAME_WAIT_S": str(NAME_WAIT_S),
             "GPUPLAT_FETCH_WAIT_S": str(FETCH_WAIT_S),
             "GPUPLAT_WORK": WORK_DIR,
+            "GPUPLAT_POWER_OFF_ON_FAILURE": "1" if self.power_off_on_failure else "",
             "BOOT_PACKAGES": node.venv_package,
             "NODE_PIP_REQUIREMENTS": f"{node.requirement} {NODE_BOTO3}",
         }
         assignments = "\n".join(f"{key}={shlex.quote(value)}" for key, value in settings.items())
         script = (
             _SCRIPT.replace("@SETTINGS@", assignments)
+            .replace("@POWER_OFF@", POWER_OFF_STEP)
             .replace("@VENV@", VENV_STEP)
             .replace("@INVENTORY@", inventory)
             .replace("@JOIN@", _JOIN_PROGRAM.read_text())
@@ -204,6 +214,27 @@ if [ ! -x venv/bin/ansible-playbook ]; then
 fi
 """
 
+# Where GPUPLAT_POWER_OFF_ON_FAILURE is set: the bootstrap's exit with an error powers the instance off.
+# `poweroff` (or `shutdown`, not `halt`) is an instance-initiated shutdown, which the launch template's
+# InstanceInitiatedShutdownBehavior makes a termination (EC2 User Guide, "Change instance initiated
+# shutdown behavior", Using_ChangingInstanceInitiatedShutdownBehavior.html). Not where slurmd runs: the
+# script run again on a live node (by hand), or a step after slurm_compute started slurmd, on a node
+# that may have joined and taken a job (the image comes with slurmd disabled, image_seal.sh), which
+# stays up as before for an operator.
+POWER_OFF_STEP = """power_off_on_failure() {
+  local status=$?
+  if [ "$status" -ne 0 ] && [ -n "${GPUPLAT_POWER_OFF_ON_FAILURE:-}" ]; then
+    if systemctl is-active --quiet slurmd.service; then
+      echo "gpuplat bootstrap failed (exit $status) $(date --iso-8601=seconds): slurmd runs, staying up"
+    else
+      echo "gpuplat bootstrap failed (exit $status) $(date --iso-8601=seconds): powering off"
+      poweroff
+    fi
+  fi
+}
+trap power_off_on_failure EXIT
+"""
+
 _SCRIPT = """#!/bin/bash
 # gpu-platform node bootstrap: Python and Ansible, the node's name, bundle, group vars and MUNGE key,
 # then Ansible against this node only.
@@ -211,7 +242,7 @@ set -euo pipefail
 exec >>/var/log/gpuplat-bootstrap.log 2>&1
 echo "gpuplat bootstrap start $(date --iso-8601=seconds)"
 @SETTINGS@
-export GPUPLAT_STACK GPUPLAT_REGION GPUPLAT_BUCKET GPUPLAT_BUNDLE_KEY GPUPLAT_GROUP_VARS_KEY \\
+@POWER_OFF@export GPUPLAT_STACK GPUPLAT_REGION GPUPLAT_BUCKET GPUPLAT_BUNDLE_KEY GPUPLAT_GROUP_VARS_KEY \\
   GPUPLAT_MUNGE_PARAMETER GPUPLAT_NODE_NAME GPUPLAT_NAME_WAIT_S GPUPLAT_FETCH_WAIT_S GPUPLAT_WORK
 @VENV@cat >join.py <<'JOIN'
 @JOIN@JOIN

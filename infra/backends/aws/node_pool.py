@@ -181,6 +181,8 @@ def slurm_pool_template(args: GpuNodePoolArgs, placement_group: pulumi.Input[str
         ]  # fmt: skip
     if placement_group is not None:
         template["placement"] = {"group_name": placement_group}
+    # Its boot script powers a node off when the bootstrap fails (bootstrap.py): gone, not stopped.
+    template["instance_initiated_shutdown_behavior"] = "terminate"
     if pool.capacity == "spot":
         template["instance_market_options"] = {
             "market_type": "spot",

@@ -91,7 +91,8 @@ tags slurm-21-08-5-1, slurm-22-05-8-1, slurm-23-11-4-1, slurm-24-11-5-1 of Sched
   (_node_state_suspendable, commit e2dd4418d4). The suspend runs SuspendProgram (terminate:
   idempotent), sets POWERING_DOWN and, with SlurmctldParameters=idle_on_node_suspend (slurm.conf),
   the base state IDLE without DRAIN/FAIL; after SuspendTimeout the node is IDLE+POWERED_DOWN and
-  allocatable (make_node_avail). So POWER_DOWN_FORCE takes DOWN+POWERED_DOWN back to idle~ on every
+  allocatable (make_node_avail), unless SuspendProgram set it DOWN meanwhile (a held pool's name:
+  holds.hold_powering_down). So POWER_DOWN_FORCE takes DOWN+POWERED_DOWN back to idle~ on every
   release; state=resume or state=idle would skip SuspendProgram, the NodeAddr reset and nodes with
   INVALID_REG, and state=resume sets NOT_RESPONDING (_require_node_reg). It is how ParallelCluster
   resets a failed dynamic node (aws-parallelcluster-node v3.11.0,

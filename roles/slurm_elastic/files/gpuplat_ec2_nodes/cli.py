@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         return resume(settings, ec2, slurm, names, jobs=read_resume_file(os.environ.get("SLURM_RESUME_FILE")))
     if args.command == "resume-fail":
         return resume_fail(settings, ec2, slurm, names)
-    return suspend(settings, ec2, names)
+    return suspend(settings, ec2, slurm, names)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

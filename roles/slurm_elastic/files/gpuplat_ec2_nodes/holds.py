@@ -5,7 +5,8 @@
   insufficient_capacity_timeout_s (600 s; clustermgtd.py:166 DEFAULTS insufficient_capacity_timeout,
   :1277 _set_ice_compute_resources_to_down, :1310 _reset_insufficient_capacity_timeout_expired_nodes);
 - protected mode: protected_failure_count (10) boot failures of the pool (resume-fail: no registration
-  within ResumeTimeout) with no node of the pool coming up in between hold it until an operator runs
+  within ResumeTimeout; reconcile: a node powering up whose instance ended, a refused registration;
+  replacement.py) with no node of the pool coming up in between hold it until an operator runs
   ``unprotect POOL`` (clustermgtd.py:165 DEFAULTS protected_failure_count, :1019
   _handle_protected_mode_process, :488 _handle_successfully_launched_nodes resets the count, :976
   _enter_protected_mode; `pcluster update-compute-fleet --status START_REQUESTED` is the way out there).
@@ -227,6 +228,37 @@ def hold_and_release(slurm: Slurm, hold: dict[str, list[str]], release: list[str
         LOG.info("hold over: %s back to power saving (POWER_DOWN_FORCE)", ",".join(release))
         results.append(slurm.power_down_force(release, REASON_HOLD_OVER))
     return all(results)
+
+
+def hold_powering_down(settings: Settings, slurm: Slurm, names: list[str], now: float) -> bool:
+    """SuspendProgram's part of a hold: set DOWN, with the hold as reason, the names of a held pool
+    that slurmctld is powering down (a failed resume's POWER_DOWN_FORCE, an idle suspend). slurmctld
+    has just made each IDLE (idle_on_node_suspend clears DOWN, DRAIN and FAIL when a suspend starts:
+    power_save.c slurm-21-08-8-2 :509, slurm-22-05-8-1 :510, slurm-24-11-7-1 :627), so a hold set
+    before that, by resume, is lost and the name is allocatable again after SuspendTimeout: the
+    requeued job took its held pool's name again until reconcile's next round (box scenario k). DOWN
+    set now keeps the POWERING_DOWN flag (node_mgr.c _make_node_down keeps the flags) and the end of
+    the power-down makes the name available only if it is not DOWN (power_save.c slurm-21-08-8-2
+    :542, slurm-22-05-8-1 :537, slurm-24-11-7-1 :654): it ends down~, as apply_holds leaves the other
+    names, released the same way. ParallelCluster sets a failed resume's nodes DOWN at once
+    (aws-parallelcluster-node v3.11.0, src/slurm_plugin/resume.py:143 _handle_failed_nodes). Static
+    names are keep-static's. A pool's hold is this controller's state, else what Slurm's reasons show
+    (the other controller's, as apply_holds reads them; Slurm asked only when the state holds none of
+    the pools). Whether every Slurm update worked."""
+    data = read_holds(settings)
+    static = set(settings.static_nodes)
+    pools = {name: pool_of(name, settings.pools) for name in sorted(names) if name not in static}
+    own = {pool: hold_reason(data, pool, now) for pool in set(pools.values()) if pool}
+    shown: dict[str, str] = {}
+    if pools and not all(own.values()):
+        nodes = slurm.nodes()
+        shown = slurm_holds(settings, nodes, now) if nodes is not None else {}
+    hold: dict[str, list[str]] = {}
+    for name, pool in pools.items():
+        reason = (own.get(pool) or shown.get(pool)) if pool else None
+        if reason:
+            hold.setdefault(reason, []).append(name)
+    return hold_and_release(slurm, hold, [])
 
 
 def unprotect(settings: Settings, slurm: Slurm, pool: str) -> int:

@@ -22,7 +22,14 @@ from .ec2 import (
 from .exit_codes import EXIT_FAILED, EXIT_OK
 from .holds import apply_holds, hold_reason, note_nodes_up, read_holds, record_boot_failures
 from .logs import LOG
-from .replacement import boot_failures, drain_for_events, find_unhealthy, replace_unhealthy, scheduled_events
+from .replacement import (
+    boot_failures,
+    drain_for_events,
+    ended_during_boot,
+    find_unhealthy,
+    replace_unhealthy,
+    scheduled_events,
+)
 from .settings import Settings
 from .slurm import GOING_UP, POWERED_OFF, NodeInfo, Slurm
 from .state import number, read_state, write_state
@@ -52,7 +59,7 @@ def reconcile(settings: Settings, ec2: Ec2Nodes, slurm: Slurm, now: float | None
     now = time.time() if now is None else now
     since, saved = track_powered_down(settings.state_dir / "reconcile.json", nodes, now)
     events = scheduled_events(ec2, instances)
-    unhealthy = find_unhealthy(settings, nodes, instances)
+    unhealthy = find_unhealthy(settings, nodes, instances, ended_during_boot(settings, ec2, nodes, instances))
     replaced = {entry.node for entry in unhealthy}
     replace_ok = replace_unhealthy(ec2, slurm, unhealthy, instances)
     refused = boot_failures(settings, unhealthy)

@@ -15,6 +15,13 @@ A node whose slurmd registered with less than slurm.conf says (INVALID_REG: slur
 node_mgr.c validate_node_specs, slurm-22-05-8-1 :2969) counts as a boot failure of its pool, as
 ParallelCluster counts it towards protected mode (slurm_resources.py:744 is_bootstrap_failure): its
 replacement would boot the same image into the same refusal, one GPU instance after another.
+
+A node on its way up (POWERING_UP, its NodeAddr set by resume) whose instance has ended is a boot
+failure too, replaced at once rather than at ResumeTimeout, as ParallelCluster's
+DynamicNode.is_bootstrap_failure (slurm_resources.py:717) counts a configuring or powering-up node
+without a valid backing instance. A training node whose boot script fails powers itself off, and
+its launch template terminates it on shutdown (infra/backends/aws/bootstrap.py), so a bad image or
+bundle costs a boot, not ResumeTimeout (30 minutes) of a GPU instance.
 """
 
 from __future__ import annotations
@@ -23,14 +30,28 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .ec2 import LIVE_STATES, TAG_NODE, Ec2Nodes, ErrorTypes, tag_value
+from .ec2 import (
+    FILTER_VALUES_MAX,
+    LIVE_STATES,
+    TAG_NODE,
+    Ec2Nodes,
+    ErrorTypes,
+    chunks,
+    launch_time,
+    tag_value,
+)
 from .logs import LOG
 from .settings import Settings, pool_of
 from .slurm import GOING_UP, HELD, POWER_TRANSITIONS, POWERED_OFF, NodeInfo, Slurm
 
 # Reasons of a DOWN+POWERED_DOWN node after a failed resume: Slurm's (power_save.c) and ours; not a
 # pool's hold (holds.py), which apply_holds ends.
-FAILED_RESUME_REASONS = ("ResumeTimeout reached", "gpuplat resume", "gpuplat reconcile")
+# "gpuplat hold over": a release (POWER_DOWN_FORCE) that reached a held name while it was still
+# powering down (SuspendProgram holds names then, holds.hold_powering_down): slurmctld sets the reason
+# and ignores the power-down ("already powering down": node_mgr.c update_node, slurm-21-08-8-2 :1737,
+# slurm-22-05-8-1 :1807, slurm-24-11-7-1 :2110), so the name ends DOWN+POWERED_DOWN, released by
+# nobody else.
+FAILED_RESUME_REASONS = ("ResumeTimeout reached", "gpuplat resume", "gpuplat reconcile", "gpuplat hold over")
 # spot-watch drains its node and powers it down itself after the grace: replaced earlier, its
 # instance (and spot-watch with it) would go before spot-watch requeues the jobs that checkpointed.
 SPOT_DRAIN_REASON = "spot interruption"
@@ -38,6 +59,9 @@ INVALID_REGISTRATION = "INVALID_REG"
 REASON_PREFIX = "gpuplat reconcile: replaced"
 REASON_RECOVER = "gpuplat reconcile: back to power saving after a failed resume"
 REASON_SCHEDULED_EVENT = "gpuplat reconcile: EC2 scheduled event"
+# An instance no longer running: shut down (the boot script powers off after a failure), terminated
+# or stopped from outside, reclaimed.
+ENDED_STATES = ("shutting-down", "terminated", "stopping", "stopped")
 # ParallelCluster's list (slurm_resources.py:30).
 SCHEDULED_EVENT_CODES = (
     "instance-reboot",
@@ -93,22 +117,100 @@ def unhealthy_reason(node: NodeInfo, static: bool, live_instances: list[dict[str
     return None
 
 
-def find_unhealthy(
-    settings: Settings, nodes: dict[str, NodeInfo], instances: list[dict[str, Any]]
-) -> list[Unhealthy]:
-    """The pools' nodes to replace, by rule (is_failed_resume, unhealthy_reason)."""
-    static = set(settings.static_nodes)
+def live_by_name(instances: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     live: dict[str, list[dict[str, Any]]] = {}
     for instance in instances:
         if instance["State"]["Name"] in LIVE_STATES:
             live.setdefault(str(tag_value(instance, TAG_NODE)), []).append(instance)
+    return live
+
+
+def find_unhealthy(
+    settings: Settings,
+    nodes: dict[str, NodeInfo],
+    instances: list[dict[str, Any]],
+    ended_in_boot: dict[str, str] | None = None,
+) -> list[Unhealthy]:
+    """The pools' nodes to replace, by rule (is_failed_resume, unhealthy_reason), and the nodes whose
+    instance ended while they were going up (`ended_during_boot`: boot failures)."""
+    static = set(settings.static_nodes)
+    live = live_by_name(instances)
+    ended_in_boot = ended_in_boot or {}
     found = []
     for name, node in sorted(nodes.items()):
-        if pool_of(name, settings.pools):
-            why = unhealthy_reason(node, name in static, live.get(name, []))
-            if why:
-                found.append(Unhealthy(name, why, "DOWN" in node.flags, INVALID_REGISTRATION in node.flags))
+        if not pool_of(name, settings.pools):
+            continue
+        if name in ended_in_boot:
+            ended = f"{REASON_PREFIX}: its instance ended during boot ({ended_in_boot[name]})"
+            found.append(Unhealthy(name, ended, "DOWN" in node.flags, boot_failure=True))
+            continue
+        why = unhealthy_reason(node, name in static, live.get(name, []))
+        if why:
+            found.append(Unhealthy(name, why, "DOWN" in node.flags, INVALID_REGISTRATION in node.flags))
     return found
+
+
+def ended_during_boot(
+    settings: Settings, ec2: Ec2Nodes, nodes: dict[str, NodeInfo], instances: list[dict[str, Any]]
+) -> dict[str, str]:
+    """The nodes going up with NodeAddr set (resume gave them an instance) and no live instance in
+    `instances`, whose instances EC2 now lists all ended: name -> the newest one and its state.
+
+    Asked after Slurm's view was taken, by name: an instance resume launched after the fleet listing
+    was read, before it set the node's address, is listed here and live, so it is not taken for dead.
+    EC2 unreachable: none (logged), as ParallelCluster then judges no backing instance."""
+    live = live_by_name(instances)
+    booting = sorted(
+        name
+        for name, node in nodes.items()
+        if pool_of(name, settings.pools)
+        and node.flags & GOING_UP
+        and node.addr
+        and node.addr != name
+        and name not in live
+    )
+    if not booting:
+        return {}
+    try:
+        found = ec2.instances_of(booting, (*LIVE_STATES, *ENDED_STATES))
+    except ErrorTypes as err:
+        LOG.error("reconcile: cannot look up the instances of %s, going up: %s", ",".join(booting), err)
+        return {}
+    ended: dict[str, str] = {}
+    for name in booting:
+        own = found.get(name, [])
+        if own and not any(i["State"]["Name"] in LIVE_STATES for i in own):
+            newest = max(own, key=launch_time)
+            cause = newest.get("StateReason", {}).get("Message")
+            label = f"{newest['InstanceId']} {newest['State']['Name']}"
+            ended[name] = f"{label}: {cause}" if cause else label
+    held = addresses_held(ec2, sorted({nodes[name].addr for name in ended}))
+    if held is None:
+        return {}
+    return {name: why for name, why in ended.items() if nodes[name].addr not in held}
+
+
+def addresses_held(ec2: Ec2Nodes, addresses: list[str]) -> set[str] | None:
+    """The addresses a live instance of the stack holds; None when EC2 cannot be asked (logged).
+
+    By address, as ParallelCluster matches a node to its instance (NodeAddr to the private address,
+    slurm_resources.py:438 is_backing_instance_valid, which allows for the same lag, :457): the
+    instance resume has just launched for a name, its address already set, may not be found by its
+    `gpuplat:node` tag yet (EC2's tag filters are eventually consistent, and resume tags it after
+    RunInstances), while the name's earlier instance, ended, still is: its node is going up, not
+    failed."""
+    held: set[str] = set()
+    try:
+        for batch in chunks(addresses, FILTER_VALUES_MAX):
+            filters = [
+                {"Name": "private-ip-address", "Values": batch},
+                {"Name": "instance-state-name", "Values": list(LIVE_STATES)},
+            ]
+            held.update(str(i.get("PrivateIpAddress")) for i in ec2.describe(filters))
+    except ErrorTypes as err:
+        LOG.error("reconcile: cannot look up the instances at %s: %s", ",".join(addresses), err)
+        return None
+    return held
 
 
 def boot_failures(settings: Settings, unhealthy: list[Unhealthy]) -> dict[str, int]:
