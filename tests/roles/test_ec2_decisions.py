@@ -20,6 +20,15 @@ from tests.roles.test_ec2_nodes import NOTICE, SPOT_REASON, Cloud, SlurmRecorder
 
 moto_cloud, cloud, slurm = harness.moto_cloud, harness.cloud, harness.slurm
 
+# What spot-watch asks of Slurm for its node whatever else failed: powered down, the notice as the reason.
+POWER_DOWN_AFTER_THE_GRACE = [
+    "scontrol",
+    "update",
+    "nodename=train-spot-1",
+    "state=power_down_force",
+    SPOT_REASON,
+]
+
 
 class WithoutListpids(Slurm):
     """`scontrol listpids` could not run (not found, timed out)."""
@@ -51,13 +60,7 @@ def test_a_notice_whose_batch_processes_cannot_be_listed_fails_yet_powers_the_no
     )
     assert status == EXIT_FAILED
     assert killed == []
-    assert [
-        "scontrol",
-        "update",
-        "nodename=train-spot-1",
-        "state=power_down_force",
-        SPOT_REASON,
-    ] in slurm.calls()
+    assert POWER_DOWN_AFTER_THE_GRACE in slurm.calls()
 
 
 def test_a_notice_whose_job_states_cannot_be_read_fails_and_requeues_nothing(slurm: SlurmRecorder) -> None:
@@ -69,13 +72,7 @@ def test_a_notice_whose_job_states_cannot_be_read_fails_and_requeues_nothing(slu
     )
     assert status == EXIT_FAILED
     assert not [call for call in slurm.calls() if call[:2] == ["scontrol", "requeue"]]
-    assert [
-        "scontrol",
-        "update",
-        "nodename=train-spot-1",
-        "state=power_down_force",
-        SPOT_REASON,
-    ] in slurm.calls()
+    assert POWER_DOWN_AFTER_THE_GRACE in slurm.calls()
 
 
 def test_resume_fail_says_what_it_does_and_names_the_names_of_no_pool_as_its_own(
