@@ -381,15 +381,35 @@ def build(out: Path, facts: PackageFacts, kernel: str) -> int:
                 )
             (repo / "gpuplat-fixture.pub").write_bytes(armored)
             (repo / "cuda-archive-keyring.gpg").write_bytes(binary)
+        for release_id in FIXTURE_RELEASES:
+            for installer in facts.efa_installer.releases:
+                tarball = out / "efa" / f"aws-efa-installer-{installer.version}.tar.gz"
+                efa_installer_tarball(
+                    tarball, installer.version, installer.plugin_path(facts.release(release_id))
+                )
+                sign_detached(tarball, gnupg)
+        # As AWS publishes its installer: a detached signature beside each tarball and the signing key; the
+        # key's fingerprint for the scenario to pin in place of AWS's (rdma_efa_installer_key_fingerprint).
+        (out / "efa" / "aws-efa-installer.key").write_bytes(armored)
+        (out / "efa" / "fingerprint").write_text(fingerprint(gnupg) + "\n")
     (out / "libnvidia-container" / "gpgkey").write_bytes(armored)
-    for release_id in FIXTURE_RELEASES:
-        for installer in facts.efa_installer.releases:
-            efa_installer_tarball(
-                out / "efa" / f"aws-efa-installer-{installer.version}.tar.gz",
-                installer.version,
-                installer.plugin_path(facts.release(release_id)),
-            )
     return sum(len(debs) for _, debs, _, _ in repos)
+
+
+def sign_detached(path: Path, gnupg: Path) -> None:
+    env = {**os.environ, "GNUPGHOME": str(gnupg)}
+    run(["gpg", "--batch", "--yes", "--detach-sign", "-o", f"{path}.sig", str(path)], env=env)
+
+
+def fingerprint(gnupg: Path) -> str:
+    """The fixture key's primary fingerprint (the fpr record after its pub record, GnuPG doc/DETAILS)."""
+    env = {**os.environ, "GNUPGHOME": str(gnupg)}
+    listing = run(
+        ["gpg", "--batch", "--with-colons", "--fingerprint", KEY_UID], env=env, stdout=subprocess.PIPE
+    ).stdout.decode()
+    records = [line.split(":") for line in listing.splitlines()]
+    kinds = [record[0] for record in records]
+    return records[kinds.index("fpr", kinds.index("pub"))][9]
 
 
 def main() -> int:
