@@ -5,6 +5,7 @@ MLflow's own variables as an operator elsewhere would."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 
@@ -22,12 +23,17 @@ def operator() -> Credential:
     return Credential(str(role_defaults("model_registry")["model_registry_admin_user"]), kept)
 
 
-@pytest.fixture(autouse=True)
-def as_operator(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+# Session-wide: module fixtures (a test module's registered model) run before any function's fixture, and
+# they ask the registry too.
+@pytest.fixture(autouse=True, scope="session")
+def as_operator(request: pytest.FixtureRequest) -> Iterator[None]:
     """gpuplat's commands in these tests ask as the operator (a registry named by --registry-url gets no
     password read from a node: infra/serving/registry/locate.py)."""
     if not os.environ.get("GPUPLAT_SERVING_SCENARIO"):
+        yield
         return
     operator: Credential = request.getfixturevalue("operator")
-    monkeypatch.setenv(USERNAME_VARIABLE, operator.username)
-    monkeypatch.setenv(PASSWORD_VARIABLE, operator.password)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(USERNAME_VARIABLE, operator.username)
+        patch.setenv(PASSWORD_VARIABLE, operator.password)
+        yield
