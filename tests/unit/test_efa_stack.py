@@ -49,7 +49,10 @@ def test_the_plan_prints_both_nccls_and_the_installer() -> None:
     result = CliRunner().invoke(app, ["plan", "--stack", "aws-prod"])
     assert result.exit_code == 0, result.output
     assert "NCCL jobs run: 2.29.7, from torch 2.13.0's wheel" in result.output
-    assert "EFA installer 1.47.0: aws-ofi-nccl 1.18.0 (supports NCCL up to 2.29.2)" in result.output
+    assert (
+        "EFA installer 1.47.0: aws-ofi-nccl 1.18.0 (supports NCCL 2.29: its release names 2.29.2, other "
+        "patches of that minor taken as supported)" in result.output
+    )
 
 
 def test_an_installer_whose_plugin_does_not_support_the_nccl_is_refused(tmp_path: Path) -> None:

@@ -100,9 +100,11 @@ def render_plan(report: PlanReport) -> None:
         )
     if sw["efa"]:
         efa = sw["efa"]
+        named = efa["nccl_supported"]
         console.print(
-            f"EFA installer {efa['installer']}: aws-ofi-nccl {efa['aws_ofi_nccl']} (supports NCCL up to "
-            f"{efa['nccl_supported']}), plugin {efa['plugin_path']}"
+            f"EFA installer {efa['installer']}: aws-ofi-nccl {efa['aws_ofi_nccl']} (supports NCCL "
+            f"{'.'.join(named.split('.')[:2])}: its release names {named}, other patches of that minor "
+            f"taken as supported), plugin {efa['plugin_path']}"
         )
     if sw["gdrcopy"]:
         console.print(
