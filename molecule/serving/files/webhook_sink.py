@@ -19,7 +19,7 @@ def main() -> None:
     args = parser.parse_args()
 
     class Sink(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 (the http.server interface)
+        def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
             with open(args.out, "a", encoding="utf-8") as out:
                 out.write(json.dumps(json.loads(body)) + "\n")
