@@ -10,6 +10,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """'2.17.7' -> (2, 17, 7); the facts hold plain dotted numbers only."""
+    return tuple(int(part) for part in version.split("."))
+
+
 GpuArchitecture = Literal["ampere", "ada", "hopper", "blackwell"]
 NodeProvider = Literal["aws", "onprem"]
 NicFabric = Literal["efa", "infiniband", "roce", "ethernet"]
@@ -225,10 +231,7 @@ class ServingEngineRelease(Sourced):
     python_below: str = Field(pattern=r"^3\.\d+$", description="Requires-Python upper bound (<)")
 
     def runs_on_python(self, python: str) -> bool:
-        def key(version: str) -> tuple[int, ...]:
-            return tuple(int(part) for part in version.split("."))
-
-        return key(self.python_min) <= key(python) < key(self.python_below)
+        return version_tuple(self.python_min) <= version_tuple(python) < version_tuple(self.python_below)
 
 
 class DriverKernelRange(Sourced):

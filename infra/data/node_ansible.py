@@ -10,16 +10,12 @@ from functools import cache
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from infra.data.load import DATA_DIR, load_data_file
+from infra.data.models import version_tuple
 
 NODE_ANSIBLE_FILE = DATA_DIR / "node_ansible.yaml"
 
 _PYTHON = r"^3\.\d+$"
 _RELEASE = r"^\d+\.\d+\.\d+$"
-
-
-def version_tuple(version: str) -> tuple[int, ...]:
-    """'2.17.7' -> (2, 17, 7); the facts hold plain dotted numbers only."""
-    return tuple(int(part) for part in version.split("."))
 
 
 class _Strict(BaseModel):

@@ -20,12 +20,8 @@ from pathlib import Path
 
 import yaml
 
-from infra.data.node_ansible import (
-    AnsibleRelease,
-    NodeAnsibleFacts,
-    node_ansible_facts,
-    version_tuple,
-)
+from infra.data.models import version_tuple
+from infra.data.node_ansible import AnsibleRelease, NodeAnsibleFacts, node_ansible_facts
 from infra.data.packages import package_facts
 
 ROLES_DIR = Path(__file__).resolve().parents[2] / "roles"

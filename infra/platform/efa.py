@@ -12,14 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from infra.data.models import version_tuple
 from infra.data.packages import EfaInstaller, EfaInstallerRelease, Release
 
 Problem = tuple[str, str]
 OLDEST_NCCL = (2, 17, 1)  # "backward compatibility with NCCL v2.17.1 and later" (every release from 1.15.0)
-
-
-def _version(text: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in text.split("."))
 
 
 @dataclass(frozen=True)
@@ -40,8 +37,8 @@ class EfaStack:
 
 
 def supports(release: EfaInstallerRelease, nccl: str) -> bool:
-    wanted = _version(nccl)
-    return wanted >= OLDEST_NCCL and wanted[:2] <= _version(release.nccl_supported)[:2]
+    wanted = version_tuple(nccl)
+    return wanted >= OLDEST_NCCL and wanted[:2] <= version_tuple(release.nccl_supported)[:2]
 
 
 def _stack(release: EfaInstallerRelease, os_release: Release) -> EfaStack:
@@ -83,7 +80,7 @@ def resolve_efa(
             ]
         return _stack(release, os_release), []
     if not fitting:
-        newest = max(facts.releases, key=lambda r: _version(r.version))
+        newest = max(facts.releases, key=lambda r: version_tuple(r.version))
         return None, [
             (
                 path,
@@ -92,4 +89,4 @@ def resolve_efa(
                 f"NCCL up to {newest.nccl_supported}); pick an older training.torch_version or software.nccl",
             )
         ]
-    return _stack(max(fitting, key=lambda r: _version(r.version)), os_release), []
+    return _stack(max(fitting, key=lambda r: version_tuple(r.version)), os_release), []

@@ -17,17 +17,13 @@ import datetime as dt
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from infra.data.models import Compatibility, GpuArchitecture, ServingEngineRelease
+from infra.data.models import Compatibility, GpuArchitecture, ServingEngineRelease, version_tuple
 from infra.data.packages import ReleaseOffer
 from infra.platform.efa import EfaStack
 from infra.platform.gdrcopy import GdrcopyBuild
 from infra.spec.models import Serving, Software
 
 Problem = tuple[str, str]
-
-
-def version_tuple(version: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in version.split("."))
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from infra.data import node_ansible_choice
-from infra.data.node_ansible import node_ansible_facts, version_tuple
+from infra.data.models import version_tuple
+from infra.data.node_ansible import node_ansible_facts
 from infra.data.node_ansible_choice import (
     Need,
     NodeAnsibleUnavailable,
