@@ -36,6 +36,13 @@ STATUS_IDS_MAX = 100
 # events for your instances": "[Completed]", "[Canceled]").
 EVENT_OVER_PREFIXES = ("[Completed]", "[Canceled]")
 
+# Names launched per request: ParallelCluster's launch_max_batch_size (aws-parallelcluster-node v3.11.0,
+# src/slurm_plugin/resume.py:35 DEFAULTS), within an instant fleet's MinTargetCapacity ("Maximum value
+# of 1000": botocore 1.44.18, data/ec2/2016-11-15/service-2.json, OnDemandOptionsRequest).
+LAUNCH_BATCH_MAX = 500
+# An instant fleet's allocation strategy by the pool's capacity (Ec2Nodes.fleet_request).
+FLEET_ALLOCATION = {"spot": "capacity-optimized", "on-demand": "lowest-price"}
+
 ADDRESS_WAIT_S = 60.0
 ADDRESS_POLL_S = 2.0
 IMDS_TIMEOUT_S = 2
@@ -80,6 +87,13 @@ def retried(call: Callable[..., T], codes: frozenset[str], what: str, **request:
     raise AssertionError("unreachable")
 
 
+def fleet_error(response: dict[str, Any]) -> str:
+    """The code an instant fleet that started nothing gives: its first error's (a capacity error holds
+    the pool, holds.py), else what the caller names it."""
+    errors = response.get("Errors", [])
+    return str(errors[0].get("ErrorCode") or "NoInstanceStarted") if errors else "NoInstanceStarted"
+
+
 def error_code(err: Exception) -> str:
     if isinstance(err, ClientError):
         return str(err.response.get("Error", {}).get("Code", "ClientError"))
@@ -105,7 +119,8 @@ def describe_label(instance: dict[str, Any]) -> str:
 
 
 class Ec2Nodes:
-    """The stack's instances. `launch_client` asks RunInstances once (ec2_nodes); `client` the rest."""
+    """The stack's instances. `launch_client` asks RunInstances and CreateFleet once (ec2_nodes);
+    `client` the rest."""
 
     def __init__(self, client: Any, stack: str, launch_client: Any = None) -> None:
         self.client = client
@@ -148,32 +163,32 @@ class Ec2Nodes:
     def launch(
         self, pool: Pool, names: Sequence[str], all_or_nothing: bool = False
     ) -> tuple[dict[str, dict[str, Any]], str | None]:
-        """Launch one instance per name; the instances by name and the error code of those missing.
+        """Launch one instance per name, in batches of LAUNCH_BATCH_MAX; the instances by name and the
+        error code of those missing. The first batch that fails ends the launch (the names after it
+        get its code): all or nothing, the caller releases what the earlier batches started."""
+        launched: dict[str, dict[str, Any]] = {}
+        for batch in chunks(names, LAUNCH_BATCH_MAX):
+            got, code = self.launch_batch(pool, batch, all_or_nothing)
+            launched.update(got)
+            if code:
+                return launched, code
+        return launched, None
 
-        All or nothing: MinCount is the number of names, so EC2 starts all of them or none ("If Amazon
-        EC2 cannot launch the minimum number of instances you request, no instances will be launched":
-        EC2 API Reference, RunInstances, MinCount). Otherwise MinCount is 1: after a partial launch
-        (EC2 may start fewer than MaxCount) the rest is asked for again, which either starts more (each
-        round at least one, so this ends) or fails with EC2's error code.
-        """
+    def launch_batch(
+        self, pool: Pool, names: Sequence[str], all_or_nothing: bool
+    ) -> tuple[dict[str, dict[str, Any]], str | None]:
+        """All or nothing: EC2 starts all of the names or none (RunInstances with MinCount the number of
+        names: "If Amazon EC2 cannot launch the minimum number of instances you request, no instances
+        will be launched", EC2 API Reference, RunInstances, MinCount; CreateFleet: MinTargetCapacity,
+        fleet_request). Otherwise at least one: after a partial launch (EC2 may start fewer than
+        asked) the rest is asked for again, which either starts more (each round at least one, so this
+        ends) or fails with EC2's error code."""
         launched: dict[str, dict[str, Any]] = {}
         remaining = list(names)
         while remaining:
-            try:
-                response = retried(
-                    self.launch_client.run_instances,
-                    THROTTLING_CODES,
-                    f"resume: pool {pool.name}: run_instances",
-                    **self.launch_request(pool, len(remaining), all_or_nothing),
-                )
-            except ErrorTypes as err:
-                LOG.error(
-                    "resume: pool %s: run_instances for %s failed: %s", pool.name, ",".join(remaining), err
-                )
-                return launched, error_code(err)
-            instances = response["Instances"]
-            if not instances:
-                return launched, "NoInstanceStarted"
+            instances, code = self.start(pool, remaining, all_or_nothing)
+            if code:
+                return launched, code
             if len(instances) < len(remaining):
                 LOG.warning(
                     "resume: pool %s: EC2 started %d of %d instances",
@@ -187,21 +202,131 @@ class Ec2Nodes:
                     launched[name] = instance
         return launched, None if len(launched) == len(names) else "TaggingFailed"
 
+    def start(
+        self, pool: Pool, names: Sequence[str], all_or_nothing: bool
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """Start instances for these names (as many as EC2 gives, at least one); the instances, or the
+        error code when none started. One launch choice: RunInstances, as before; several (instance
+        types, subnets): an instant CreateFleet over them."""
+        fleet = len(pool.launch_choices) > 1
+        call = self.launch_client.create_fleet if fleet else self.launch_client.run_instances
+        what = "create_fleet" if fleet else "run_instances"
+        request = (self.fleet_request if fleet else self.launch_request)(pool, len(names), all_or_nothing)
+        try:
+            response = retried(call, THROTTLING_CODES, f"resume: pool {pool.name}: {what}", **request)
+        except ErrorTypes as err:
+            LOG.error("resume: pool %s: %s for %s failed: %s", pool.name, what, ",".join(names), err)
+            return [], error_code(err)
+        instances = (
+            self.fleet_instances_of(pool, response, len(names), all_or_nothing)
+            if fleet
+            else response["Instances"]
+        )
+        if not instances:
+            return [], fleet_error(response) if fleet else "NoInstanceStarted"
+        return instances, None
+
     def launch_request(self, pool: Pool, count: int, all_or_nothing: bool = False) -> dict[str, Any]:
-        tags = [
-            {"Key": TAG_STACK, "Value": self.stack},
-            {"Key": TAG_POOL, "Value": pool.name},
-            {"Key": TAG_ROLE, "Value": FLEET_ROLE},
-        ]
         request: dict[str, Any] = {
             "LaunchTemplate": {"LaunchTemplateId": pool.launch_template_id, "Version": "$Latest"},
             "MinCount": count if all_or_nothing else 1,
             "MaxCount": count,
-            "TagSpecifications": [{"ResourceType": "instance", "Tags": tags}],
+            "TagSpecifications": [{"ResourceType": "instance", "Tags": self.launch_tags(pool)}],
         }
         if pool.subnet_id:
             request["SubnetId"] = pool.subnet_id
         return request
+
+    def launch_tags(self, pool: Pool) -> list[dict[str, str]]:
+        return [
+            {"Key": TAG_STACK, "Value": self.stack},
+            {"Key": TAG_POOL, "Value": pool.name},
+            {"Key": TAG_ROLE, "Value": FLEET_ROLE},
+        ]
+
+    def fleet_request(self, pool: Pool, count: int, all_or_nothing: bool = False) -> dict[str, Any]:
+        """An instant EC2 Fleet over the pool's instance types and subnets (EC2 API Reference,
+        CreateFleet; the field rules quoted from botocore 1.44.18's EC2 model, data/ec2/2016-11-15/
+        service-2.json, as ParallelCluster builds it: aws-parallelcluster-node v3.11.0,
+        src/slurm_plugin/fleet_manager.py:287 _evaluate_template_overrides, :315 _evaluate_launch_params):
+
+        - one override per (instance type, subnet): "A request of type instant can have only one
+          subnet ID" per override (FleetLaunchTemplateOverridesRequest.SubnetId);
+        - SingleAvailabilityZone: every instance of one fleet in one zone. A job's nodes need it (EFA
+          and cluster placement groups work within one zone), and MinTargetCapacity needs it or
+          SingleInstanceType ("At least one of the following must be specified"). ParallelCluster sets
+          it only with one subnet and so loses all or nothing across zones (fleet_manager.py:333);
+          here all or nothing holds with any number of zones, each job in one of them;
+        - MinTargetCapacity: "If this minimum capacity isn't reached, no instances are launched"
+          (at most 1000: batches are LAUNCH_BATCH_MAX), the job's count all or nothing, else 1;
+        - allocation: spot capacity-optimized (the pools least likely to be interrupted: a training
+          job loses its progress since the last checkpoint on each interruption), on-demand
+          lowest-price (EC2's default; the alternates are the same GPU shape, infra/spec);
+        - tags on the instances and on the fleet at launch: "If the fleet type is instant, specify a
+          resource type of fleet to tag the fleet, instance to tag the instances at launch"
+          (CreateFleetRequest.TagSpecifications); the controllers' IAM policy asks for them.
+        """
+        overrides = [
+            {**({"InstanceType": kind} if kind else {}), **({"SubnetId": subnet} if subnet else {})}
+            for kind, subnet in pool.launch_choices
+        ]
+        options = {
+            "AllocationStrategy": FLEET_ALLOCATION[pool.capacity],
+            "SingleAvailabilityZone": True,
+            "MinTargetCapacity": count if all_or_nothing else 1,
+        }
+        tags = self.launch_tags(pool)
+        return {
+            "Type": "instant",
+            "LaunchTemplateConfigs": [
+                {
+                    "LaunchTemplateSpecification": {
+                        "LaunchTemplateId": pool.launch_template_id,
+                        "Version": "$Latest",
+                    },
+                    "Overrides": overrides,
+                }
+            ],
+            "TargetCapacitySpecification": {
+                "TotalTargetCapacity": count,
+                "DefaultTargetCapacityType": pool.capacity,
+            },
+            "SpotOptions" if pool.capacity == "spot" else "OnDemandOptions": options,
+            "TagSpecifications": [
+                {"ResourceType": "instance", "Tags": tags},
+                {"ResourceType": "fleet", "Tags": tags},
+            ],
+        }
+
+    def fleet_instances_of(
+        self, pool: Pool, response: dict[str, Any], count: int, all_or_nothing: bool
+    ) -> list[dict[str, Any]]:
+        """The instances an instant fleet started (its answer names IDs only), its errors logged. An
+        instant fleet answers capacity errors in its Errors array, not as an API error
+        (CreateFleetResult.Errors: "the instances that could not be launched"). All or nothing and
+        short (MinTargetCapacity should prevent it): what started is terminated, none is used."""
+        ids = [i for entry in response.get("Instances", []) for i in entry.get("InstanceIds", [])]
+        for error in response.get("Errors", []):
+            LOG.warning(
+                "resume: pool %s: create_fleet: %s: %s (%s in %s)",
+                pool.name,
+                error.get("ErrorCode"),
+                error.get("ErrorMessage"),
+                error.get("LaunchTemplateAndOverrides", {})
+                .get("Overrides", {})
+                .get("InstanceType", "its type"),
+                error.get("LaunchTemplateAndOverrides", {})
+                .get("Overrides", {})
+                .get("SubnetId", "its subnet"),
+            )
+        if all_or_nothing and 0 < len(ids) < count:
+            LOG.error(
+                "resume: pool %s: the fleet started %d of %d instances, all or nothing: terminating %s",
+                pool.name, len(ids), count, ",".join(ids),
+            )  # fmt: skip
+            self.terminate(ids)
+            return []
+        return [{"InstanceId": instance_id} for instance_id in ids]
 
     def tag_node(self, name: str, instance: dict[str, Any]) -> bool:
         """Tag a new instance with its node name; an instance that cannot be tagged is terminated."""

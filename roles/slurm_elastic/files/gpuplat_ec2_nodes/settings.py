@@ -15,12 +15,29 @@ DEFAULT_CONFIG = "/etc/gpuplat/ec2-nodes.json"
 DEFAULT_STATE_DIR = "/var/lib/gpuplat"
 
 
+CAPACITY_TYPES = ("on-demand", "spot")
+
+
 @dataclass(frozen=True)
 class Pool:
+    """A training pool. `instance_types` and `subnet_ids` are the choices a launch may take beyond the
+    template's own (its type and subnet first); with more than one choice, the pool launches through
+    CreateFleet (ec2.py)."""
+
     name: str
     launch_template_id: str
     subnet_id: str | None
     static_nodes: tuple[str, ...]
+    instance_types: tuple[str, ...] = ()
+    subnet_ids: tuple[str, ...] = ()
+    capacity: str = "on-demand"
+
+    @property
+    def launch_choices(self) -> list[tuple[str | None, str | None]]:
+        """(instance type, subnet) pairs a launch may take; None: the template's."""
+        types: list[str | None] = list(self.instance_types) or [None]
+        subnets: list[str | None] = list(self.subnet_ids) or [self.subnet_id]
+        return [(kind, subnet) for kind in types for subnet in subnets]
 
 
 @dataclass(frozen=True)
@@ -67,12 +84,29 @@ def load_settings(path: Path) -> Settings:
 
 
 def parse_pool(name: str, entry: dict[str, Any]) -> Pool:
+    capacity = str(entry.get("capacity") or "on-demand")
+    if capacity not in CAPACITY_TYPES:
+        raise ValueError(
+            f"pool {name}: capacity must be one of {', '.join(CAPACITY_TYPES)}, not {capacity!r}"
+        )
     return Pool(
         name=name,
         launch_template_id=str(entry["launch_template_id"]),
         subnet_id=entry.get("subnet_id") or None,
         static_nodes=tuple(str(node) for node in entry.get("static_nodes") or ()),
+        instance_types=names_of(name, entry, "instance_types"),
+        subnet_ids=names_of(name, entry, "subnet_ids"),
+        capacity=capacity,
     )
+
+
+def names_of(pool: str, entry: dict[str, Any], key: str) -> tuple[str, ...]:
+    values = entry.get(key) or []
+    if not isinstance(values, list) or not all(isinstance(v, str) and v for v in values):
+        raise ValueError(f"pool {pool}: {key} must be a list of names, not {values!r}")
+    if len(set(values)) != len(values):
+        raise ValueError(f"pool {pool}: {key} lists a name twice: {values!r}")
+    return tuple(values)
 
 
 def seconds(raw: dict[str, Any], key: str, default: float) -> float:
