@@ -20,11 +20,13 @@ from infra.platform.resolve import ResolvedPlatform, ResolvedPool
 
 
 def pool_zones(platform: ResolvedPlatform, pool: ResolvedPool) -> list[str]:
-    """A pool's zone, else the first zone for training (EFA and cluster placement stay within one zone),
-    else every zone."""
+    """A pool's zone or zones, else the first zone for training (EFA and cluster placement stay within
+    one zone), else every zone."""
     zones = list(platform.spec.zones)
     if pool.spec.zone:
         return [pool.spec.zone]
+    if pool.spec.zones:
+        return list(dict.fromkeys(pool.spec.zones))
     return zones[:1] if pool.role == "train" else zones
 
 

@@ -20,7 +20,71 @@ def catalog_problems(spec: PlatformSpec, catalog: Catalog) -> list[FieldProblem]
         + _quotas_no_size_can_fill(spec, catalog)
         + _tensor_parallel_beyond_node(spec, catalog)
         + _node_ansible(spec)
+        + _alternate_instance_types(spec, catalog)
     )
+
+
+def _shape(node: NodeType, efa: bool) -> dict[str, object]:
+    """What Slurm's one node definition of a pool and its launch template say of a node: GPUs (model,
+    count, memory), vCPUs, memory and, with EFA, the EFA cards the template gives an interface each."""
+    gpu = node.gpu
+    shape: dict[str, object] = {
+        "GPU model": gpu.model if gpu else None,
+        "GPUs": node.gpu_count,
+        "GB per GPU": gpu.memory_gb if gpu else 0,
+        "vCPUs": node.vcpus,
+        "memory GiB": node.memory_gib,
+    }
+    if efa:
+        shape["EFA cards"] = node.network.nics if node.network.fabric == "efa" else 0
+    return shape
+
+
+def _alternate_instance_types(spec: PlatformSpec, catalog: Catalog) -> list[FieldProblem]:
+    """A training pool's alternates (and its zones with EFA) against its instance type: one shape, so
+    Slurm's node definition (CPUs, RealMemory, Gres) and the launch template's interfaces hold for
+    whichever type EC2 launches."""
+    problems: list[FieldProblem] = []
+    for index, pool in enumerate(spec.pools):
+        node = catalog.get(pool.instance_type)
+        if node is None or spec.backend != "aws" or pool.role != "train":
+            continue
+        efa = spec.fabric.kind == "efa" and node.network.fabric == "efa"
+        if efa and len(set(pool.zones)) > 1:
+            problems.append(
+                (
+                    ("pools", index, "zones"),
+                    f"{node.name} uses EFA (fabric efa), which does not reach across zones: give the pool "
+                    "one zone, or another fabric",
+                )
+            )
+        expected = _shape(node, efa)
+        for position, name in enumerate(pool.alternate_instance_types):
+            where = ("pools", index, "alternate_instance_types", position)
+            other = catalog.get(name)
+            if other is None or other.provider != "aws":
+                same = [n.name for n in catalog.node_types if n.provider == "aws" and n.gpu == node.gpu]
+                others = ", ".join(n for n in same if n != node.name) or "none"
+                problems.append(
+                    (where, f"{name} is no aws type of the catalog; of {node.name}'s GPUs: {others}")
+                )
+                continue
+            if pool.capacity == "spot" and other.price.spot_discount is None:
+                problems.append((where, f"{name} is not offered as spot, and the pool's capacity is spot"))
+            found = _shape(other, efa)
+            differ = [
+                f"{key} {found[key]} (not {value})" for key, value in expected.items() if found[key] != value
+            ]
+            if differ:
+                problems.append(
+                    (
+                        where,
+                        f"{name} differs from the pool's instance_type {node.name}: {'; '.join(differ)}. "
+                        "Slurm has one node definition per pool and the launch template one set of network "
+                        "interfaces, so an alternate must match them; give it a pool of its own",
+                    )
+                )
+    return problems
 
 
 def nodes_configure_themselves(spec: PlatformSpec) -> bool:

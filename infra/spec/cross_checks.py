@@ -397,6 +397,7 @@ def _pool_on_backend(spec: PlatformSpec, pool: NodePool) -> list[tuple[str, str]
                 f"of {', '.join(spec.zones)}) so its instances launch where the reservation is",
             )
         )
+    problems += _launch_choices(spec, pool)
     if spec.backend == "onprem" and not pool.hosts:
         problems.append(("hosts", "backend onprem lists the pool's hosts (name, address)"))
     if spec.backend != "onprem" and pool.hosts:
@@ -405,6 +406,56 @@ def _pool_on_backend(spec: PlatformSpec, pool: NodePool) -> list[tuple[str, str]
         problems.append(("capacity", "on-prem hosts are owned; capacity must be on-demand"))
     if spec.backend == "local" and pool.capacity == "reserved":
         problems.append(("capacity", "capacity reservations exist only on aws"))
+    return problems
+
+
+def _launch_choices(spec: PlatformSpec, pool: NodePool) -> list[tuple[str, str]]:
+    """alternate_instance_types and zones: what Slurm's resume program may launch a training pool's nodes
+    on (an instant EC2 Fleet, roles/slurm_elastic/files/gpuplat_ec2_nodes/ec2.py). Neither with a
+    reservation (it holds one type in one zone); several zones neither with a cluster placement group
+    nor EFA, which work within one zone (as ParallelCluster 3.11 refuses them: aws/aws-parallelcluster
+    v3.11.0, cli/src/pcluster/validators/networking_validators.py:141 MultiAzPlacementGroupValidator,
+    cluster_validators.py:443 EfaMultiAzValidator; EFA with several zones: catalog_checks.py)."""
+    problems: list[tuple[str, str]] = []
+    given = [key for key in ("alternate_instance_types", "zones") if getattr(pool, key)]
+    for key in given:
+        if spec.backend != "aws" or pool.role != "train":
+            problems.append((key, f"{key} is only given for training pools on backend aws"))
+        elif pool.reservation is not None:
+            problems.append(
+                (
+                    key,
+                    f"a {pool.reservation.kind} holds one instance type in one zone: drop {key} or the "
+                    "reservation",
+                )
+            )
+    for _index, first, name in repeats(pool.alternate_instance_types):
+        problems.append(
+            ("alternate_instance_types", f"{name!r} is already alternate_instance_types[{first}]")
+        )
+    if pool.instance_type in pool.alternate_instance_types:
+        problems.append(
+            ("alternate_instance_types", f"{pool.instance_type} is the pool's instance_type already")
+        )
+    if not pool.zones or spec.backend != "aws":
+        return problems
+    if pool.zone is not None:
+        problems.append(("zones", "give zone (one) or zones (several), not both"))
+    for _index, first, zone in repeats(pool.zones):
+        problems.append(("zones", f"zone {zone!r} is already zones[{first}]"))
+    unknown = [zone for zone in pool.zones if zone not in spec.zones]
+    if unknown:
+        problems.append(
+            ("zones", f"{', '.join(unknown)}: not among the stack's zones ({', '.join(spec.zones)})")
+        )
+    if len(set(pool.zones)) > 1 and spec.fabric.placement == "cluster":
+        problems.append(
+            (
+                "zones",
+                "a cluster placement group (fabric.placement, default cluster) lies in one zone: give one "
+                "zone, or set fabric.placement to spread or none",
+            )
+        )
     return problems
 
 

@@ -179,6 +179,23 @@ class NodePool(_Model):
             "zone, other pools every zone"
         ),
     )
+    alternate_instance_types: list[str] = Field(
+        default_factory=list,
+        description=(
+            "aws training pools: further instance types Slurm may launch the pool's nodes on when "
+            "instance_type has no capacity (an instant EC2 Fleet over them). Each must have the same GPU "
+            "model, count and memory, vCPUs and memory as instance_type (Slurm's node definition is "
+            "one for the pool) and, on an efa fabric, as many EFA cards (the launch template's interfaces)"
+        ),
+    )
+    zones: list[str] = Field(
+        default_factory=list,
+        description=(
+            "aws training pools: the zones (of the stack's) Slurm may launch the pool's nodes in, each "
+            "job's nodes in one of them; instead of zone. Not with a reservation, EFA or a cluster "
+            "placement group, none of which spans zones"
+        ),
+    )
     hosts: list[Host] = Field(default_factory=list, description="on-prem: the existing hosts of this pool")
     labels: dict[str, str] = Field(default_factory=dict)
     taints: list[Taint] = Field(default_factory=list)

@@ -308,18 +308,22 @@ class AwsBackend:
         }
         template_names = sorted(templates)
         purposes = sorted(store.buckets)
+        zone_names = sorted(network.subnet_by_zone)
+        buckets_end = 1 + len(template_names) + len(purposes)
         group_vars = pulumi.Output.all(
             filesystem_source,
             *[templates[n] for n in template_names],
             *[store.buckets[p].bucket for p in purposes],
+            *[network.subnet_by_zone[zone].id for zone in zone_names],
         ).apply(
             lambda values: node_group_vars(
                 platform,
                 values[0],
                 addresses,
                 dict(zip(template_names, values[1 : 1 + len(template_names)], strict=True)),
-                dict(zip(purposes, values[1 + len(template_names) :], strict=True)),
+                dict(zip(purposes, values[1 + len(template_names) : buckets_end], strict=True)),
                 key,
+                subnet_by_zone=dict(zip(zone_names, values[buckets_end:], strict=True)),
             )
         )
         group_vars_object = aws.s3.BucketObjectv2(

@@ -46,6 +46,7 @@ from infra.backends.aws.node_join import BUNDLE_KEY_VAR
 from infra.data.node_ansible_choice import node_ansible
 from infra.nodes.ansible_content import content_files
 from infra.nodes.inventory import platform_vars, pool_group, pool_vars, role_group_members
+from infra.platform import zones
 from infra.platform.resolve import ResolvedPlatform, ResolvedPool
 
 GROUP_VARS_KEY = "bootstrap/group_vars/all.json"
@@ -86,16 +87,27 @@ def bundle_zip(root: Path) -> bytes:
     return buffer.getvalue()
 
 
-def elastic_pool_settings(platform: ResolvedPlatform, template_ids: dict[str, str]) -> dict[str, Any]:
-    """The Slurm resume program's view of the training pools: launch template and static node names."""
-    return {
-        pool: {
+def elastic_pool_settings(
+    platform: ResolvedPlatform, template_ids: dict[str, str], subnet_by_zone: Mapping[str, str]
+) -> dict[str, Any]:
+    """The Slurm resume program's view of the training pools: launch template, static node names and,
+    where a pool has several, the instance types (its own first) and subnets it may launch on
+    (roles/slurm_elastic/files/gpuplat_ec2_nodes/settings.py, Pool). The template's own network
+    settings name the first zone's subnet."""
+    settings: dict[str, Any] = {}
+    for name, template_id in sorted(template_ids.items()):
+        pool = platform.pool(name)
+        pool_zones = zones.pool_zones(platform, pool)
+        alternates = pool.spec.alternate_instance_types
+        settings[name] = {
             "launch_template_id": template_id,
             "subnet_id": None,
-            "static_nodes": platform.pool(pool).node_names()[: platform.pool(pool).spec.min_nodes],
+            "static_nodes": pool.node_names()[: pool.spec.min_nodes],
+            "instance_types": [pool.node_type.name, *alternates] if alternates else [],
+            "subnet_ids": [subnet_by_zone[zone] for zone in pool_zones] if len(pool_zones) > 1 else [],
+            "capacity": "spot" if pool.spec.capacity == "spot" else "on-demand",
         }
-        for pool, template_id in sorted(template_ids.items())
-    }
+    return settings
 
 
 def node_group_vars(
@@ -105,6 +117,7 @@ def node_group_vars(
     template_ids: dict[str, str],
     bucket_names: Mapping[str, str],
     bundle: str,
+    subnet_by_zone: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The group vars every booting node reads (`GROUP_VARS_KEY`): the platform's resolved values and
     what exists only once the stack's resources do (an `s3://<purpose>/` model names its bucket), and
@@ -120,7 +133,7 @@ def node_group_vars(
         "shared_fs_source": filesystem_source,
         "slurm_elastic_stack": platform.name,
         "slurm_elastic_region": region,
-        "slurm_elastic_pools": elastic_pool_settings(platform, template_ids),
+        "slurm_elastic_pools": elastic_pool_settings(platform, template_ids, subnet_by_zone or {}),
         BUNDLE_KEY_VAR: bundle,
     }
 
