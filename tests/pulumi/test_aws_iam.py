@@ -552,3 +552,77 @@ def test_a_stack_without_fleet_pools_grants_no_create_fleet(controller: list[Map
     for resource in ("launch-template/*", "subnet/*", "fleet/*", "instance/*"):
         assert not allowed(controller, "ec2:CreateFleet", arn(resource), {}), resource
     assert not allowed(controller, "ec2:CreateTags", arn("instance/*"), {"ec2:CreateAction": "CreateFleet"})
+
+
+# The condition keys the Service Authorization Reference lists per action and resource type ("Actions,
+# resources, and condition keys for Amazon EC2", as stored in salesforce/policy_sentry,
+# policy_sentry/shared/data/docs/list_amazonec2.html at c0d416c, 2026-05-10), for the resource types
+# the controllers' launch, tag and terminate statements name; "" is the keys of every resource type of
+# the action (request-level). Only the keys the platform could use are copied.
+_TAG = "${TagKey}"
+_RESOURCE_TAG, _REQUEST_TAG = f"aws:ResourceTag/{_TAG}", f"aws:RequestTag/{_TAG}"
+_FROM_TEMPLATE = {"ec2:IsLaunchTemplateResource", "ec2:LaunchTemplate"}  # RunInstances' every type
+_CREATED = {_REQUEST_TAG, "aws:TagKeys"}
+REFERENCE_KEYS: dict[str, dict[str, set[str]]] = {
+    "ec2:RunInstances": {
+        "image": {_RESOURCE_TAG, "ec2:ImageID", "ec2:Owner"} | _FROM_TEMPLATE,
+        "instance": _CREATED | {"ec2:InstanceType", "ec2:PlacementGroup"} | _FROM_TEMPLATE,
+        "network-interface": _CREATED | {"ec2:Subnet", "ec2:Vpc"} | _FROM_TEMPLATE,
+        "security-group": {_RESOURCE_TAG, "ec2:Vpc"} | _FROM_TEMPLATE,
+        "subnet": {_RESOURCE_TAG, "ec2:SubnetID", "ec2:Vpc"} | _FROM_TEMPLATE,
+        "capacity-reservation": {_RESOURCE_TAG} | _FROM_TEMPLATE,
+        "launch-template": {_RESOURCE_TAG} | _FROM_TEMPLATE,
+        "placement-group": {_RESOURCE_TAG} | _FROM_TEMPLATE,
+        "snapshot": {_RESOURCE_TAG, "ec2:Owner"} | _FROM_TEMPLATE,
+        "volume": _CREATED | {"ec2:Encrypted"} | _FROM_TEMPLATE,
+        "": {"ec2:Region"},
+    },
+    "ec2:CreateFleet": {
+        "fleet": _CREATED,
+        "instance": _CREATED | {"ec2:InstanceType", "ec2:PlacementGroup"},
+        "image": {_RESOURCE_TAG, "ec2:ImageID", "ec2:Owner"},
+        "launch-template": {_RESOURCE_TAG, f"ec2:ResourceTag/{_TAG}"},
+        "placement-group": {_RESOURCE_TAG},
+        "subnet": {_RESOURCE_TAG, "ec2:SubnetID", "ec2:Vpc"},
+        "volume": _CREATED | {"ec2:Encrypted"},
+        "": {"ec2:Region"},
+    },
+    "ec2:CreateTags": {
+        kind: _CREATED | {_RESOURCE_TAG, f"ec2:ResourceTag/{_TAG}"}
+        for kind in ("fleet", "instance", "network-interface", "spot-instances-request", "volume")
+    }
+    | {"": {"ec2:CreateAction", "ec2:Region"}},
+    "ec2:TerminateInstances": {"instance": {_RESOURCE_TAG, f"ec2:ResourceTag/{_TAG}"}, "": {"ec2:Region"}},
+}
+# Named by the launch statements though the reference lists it for neither RunInstances nor CreateFleet
+# (only CreateTags): kept as Karpenter's controller policy has it, an allow that matches nothing if EC2
+# never asks for it.
+NOT_IN_THE_REFERENCE = {("ec2:RunInstances", "spot-instances-request")}
+
+
+def _key_pattern(key: str) -> str:
+    prefix, slash, _tag = key.partition("/")
+    return f"{prefix}/{_TAG}" if slash and prefix.endswith("Tag") else key
+
+
+@pytest.mark.parametrize("stack", ["aws-prod", "fleet"])
+def test_launch_tag_and_terminate_conditions_use_keys_the_reference_lists_for_their_resources(
+    stack: str, controller: list[Mapping[str, Any]], fleet_stack: Recording
+) -> None:
+    """A key the reference does not list for a resource type is absent from its request context, which
+    fails the condition (or, with ...IfExists, skips it): each key must apply to every resource type of
+    its statement."""
+    statements = controller if stack == "aws-prod" else effective_statements(fleet_stack, "aws-prod-service")
+    checked = 0
+    for statement in statements:
+        for action in set(_values(statement["Action"])) & set(REFERENCE_KEYS):
+            table = REFERENCE_KEYS[action]
+            keys = {_key_pattern(k) for block in statement.get("Condition", {}).values() for k in block}
+            for resource in _values(statement["Resource"]):
+                kind = resource.split(":", 5)[5].split("/")[0]
+                if (action, kind) in NOT_IN_THE_REFERENCE:
+                    continue
+                assert kind in table, f"{statement['Sid']}: {action} names no {kind} in the reference"
+                assert keys <= table[kind] | table[""], (statement["Sid"], kind, keys - table[kind])
+                checked += 1
+    assert checked >= (14 if stack == "aws-prod" else 18)

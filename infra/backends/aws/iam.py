@@ -166,6 +166,18 @@ SPOT_SERVICE_LINKED_ROLE = "AWSServiceRoleForEC2Spot"
 # controller cannot launch another image or attach another volume or reservation (EC2 User Guide,
 # "Example policies to control access the Amazon EC2 API": launch instances into a specific VPC, and
 # "Work with launch templates": IsLaunchTemplateResource). The spot request is the launch's own.
+# Which key applies to which resource type, per the Service Authorization Reference's EC2 table
+# ("Actions, resources, and condition keys for Amazon EC2", as stored in salesforce/policy_sentry,
+# policy_sentry/shared/data/docs/list_amazonec2.html at c0d416c, 2026-05-10): RunInstances lists
+# ec2:Vpc for subnet, security-group and network-interface; ec2:IsLaunchTemplateResource and
+# ec2:LaunchTemplate for every resource type it names (image, snapshot, volume, placement-group,
+# capacity-reservation, launch-template, instance ...); aws:ResourceTag for the existing ones (the
+# template), aws:RequestTag for the created ones (instance, volume, network-interface). CreateTags lists
+# ec2:CreateAction for every resource type, aws:ResourceTag and aws:TagKeys for instance;
+# TerminateInstances ec2:ResourceTag and aws:ResourceTag for instance. spot-instances-request is listed
+# under CreateTags only, not RunInstances or CreateFleet: LaunchItsSpotRequest is Karpenter's, kept as an
+# allow that matches nothing if EC2 never asks it (tests/pulumi/test_aws_iam.py checks each statement's
+# keys against that table).
 _LAUNCH_NETWORK = ("subnet", "security-group", "network-interface")
 _LAUNCH_FROM_TEMPLATE = ("volume", "placement-group", "capacity-reservation")
 _LAUNCH_CREATES = ("spot-instances-request",)
