@@ -323,8 +323,15 @@ def test_ec2_rights_need_conditions_that_keep_the_stack_tag() -> None:
         "a statement allows ec2:TerminateInstances on instances without a condition: any instance of the "
         "account can be terminated"
     ]
+    fleet = {"Effect": "Allow", "Action": "ec2:CreateFleet", "Resource": "arn:aws:ec2:*:*:instance/*"}
+    assert _ec2_findings(fleet) == [
+        "a statement allows ec2:CreateFleet on instances without a condition: instances of any template "
+        "and tags can be launched through an EC2 Fleet"
+    ]
+    stack_tagged = {"StringEquals": {"aws:RequestTag/gpuplat:stack": "s"}}
+    assert _ec2_findings({**fleet, "Condition": stack_tagged}) == []
     everything_but = {"Effect": "Allow", "NotAction": "iam:*", "NotResource": "arn:aws:s3:::b"}
-    assert len(_ec2_findings(everything_but)) == 3
+    assert len(_ec2_findings(everything_but)) == 4
     assert _ec2_findings({**everything_but, "NotAction": "ec2:*"}) == []
 
     def tags(condition: dict[str, Any]) -> list[str]:

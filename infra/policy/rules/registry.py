@@ -243,12 +243,14 @@ RULES: tuple[ResourceRule | StackRule, ...] = (
     ResourceRule(
         id="security-ec2-launch-scoped",
         group="security",
-        description="IAM never grants ec2:RunInstances, ec2:CreateTags or ec2:TerminateInstances on "
-        "instances without a condition, and CreateTags never lets an existing instance get the stack tag.",
+        description="IAM never grants ec2:RunInstances, ec2:CreateFleet, ec2:CreateTags or "
+        "ec2:TerminateInstances on instances without a condition, and CreateTags never lets an existing "
+        "instance get the stack tag.",
         remediation="RunInstances on instances with an ec2:LaunchTemplate and aws:RequestTag/gpuplat:stack "
-        "condition; CreateTags with ec2:CreateAction RunInstances, or on instances tagged with the stack "
-        "and ForAllValues aws:TagKeys [gpuplat:node, Name]; TerminateInstances with a resource tag "
-        "condition (infra/backends/aws/iam.py, cluster_manager_statements).",
+        "condition, CreateFleet with aws:RequestTag/gpuplat:stack; CreateTags with ec2:CreateAction "
+        "RunInstances (or CreateFleet), or on instances tagged with the stack and ForAllValues aws:TagKeys "
+        "[gpuplat:node, Name]; TerminateInstances with a resource tag condition (infra/backends/aws/iam.py, "
+        "cluster_manager_statements).",
         types=(IAM_ROLE_POLICY, IAM_POLICY, IAM_ROLE),
         check=check_ec2_launch_scoped,
     ),

@@ -244,7 +244,7 @@ def _ec2_problems(statements: list[Mapping[str, Any]]) -> Iterator[str]:
         if not _covers(statement, _instance_arn):
             continue
         keys = _condition_keys(statement)
-        for action in ("ec2:RunInstances", "ec2:CreateTags", "ec2:TerminateInstances"):
+        for action in ("ec2:RunInstances", "ec2:CreateFleet", "ec2:CreateTags", "ec2:TerminateInstances"):
             if not _allows(statement, action):
                 continue
             if not keys:
@@ -253,6 +253,8 @@ def _ec2_problems(statements: list[Mapping[str, Any]]) -> Iterator[str]:
                     + {
                         "ec2:RunInstances": "anything can be launched (any template, image or tags) with "
                         "the roles this principal may pass",
+                        "ec2:CreateFleet": "instances of any template and tags can be launched through an "
+                        "EC2 Fleet",
                         "ec2:CreateTags": "any instance can be tagged gpuplat:stack and then terminated "
                         "through the tag-conditioned termination",
                         "ec2:TerminateInstances": "any instance of the account can be terminated",
@@ -267,8 +269,8 @@ def _ec2_problems(statements: list[Mapping[str, Any]]) -> Iterator[str]:
 
 
 def check_ec2_launch_scoped(resource: ResourceView, ctx: PolicyContext) -> Iterator[str]:
-    """RunInstances, CreateTags and TerminateInstances are never granted on instances without a
-    condition, and CreateTags never lets an existing instance get the stack tag."""
+    """RunInstances, CreateFleet, CreateTags and TerminateInstances are never granted on instances without
+    a condition, and CreateTags never lets an existing instance get the stack tag."""
     for document in _policy_documents(resource):
         statements = _policy_statements(document)
         if statements is not None:
