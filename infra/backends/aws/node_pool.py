@@ -8,8 +8,8 @@
   cli/src/pcluster/templates/queues_stack.py:161), and terminates them after the pool's idle time.
   So a training pool is a launch template and a placement group, no Auto Scaling group: an ASG would
   replace and scale nodes Slurm does not know. The template carries everything a launch needs: the
-  pool's subnet (EFA and cluster placement work within one zone), one EFA interface on every network card of EFA-capable types (the first on
-  device index 0, the rest on 1: https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html),
+  pool's subnet (EFA and cluster placement work within one zone), one EFA interface on every network
+  card of EFA-capable types (the first on device index 0, the rest on 1: https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html),
   the placement group of `fabric.placement`, the spot market, the reservation or Capacity Block.
 - Inference and other service pools are Auto Scaling groups. Capacity: on-demand; spot (a mixed
   instances policy with no on-demand part); an On-Demand Capacity Reservation or Capacity Block (the
