@@ -219,9 +219,10 @@ def test_an_instant_fleet_short_of_a_job_gets_it_no_node(
 def test_a_fleet_that_started_nothing_holds_the_pool_on_its_capacity_error(
     tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder, stubbed: tuple[Ec2Nodes, Stubber]
 ) -> None:
-    """The capacity cool-down (holds.py) reads the code from the fleet's Errors array."""
+    """The capacity cool-down (holds.py) reads the code from the fleet's Errors array, one per override
+    that failed: a capacity error among them holds the pool, whatever the others say."""
     nodes, stubber = stubbed
-    stubber.add_response("create_fleet", fleet_answer([], [ICE, ICE]))
+    stubber.add_response("create_fleet", fleet_answer([], ["InvalidParameterValue", ICE]))
     settings = replace(
         fleet_settings(tmp_path, cloud, slurm, ["subnet-1", "subnet-2"]), insufficient_capacity_timeout_s=600
     )
@@ -267,9 +268,11 @@ class CountingEc2:
         return {"Instances": [{"InstanceId": i} for i in self.ids(request["MaxCount"])]}
 
     def create_fleet(self, **request: Any) -> dict[str, Any]:
+        """Everything in the last override's subnet (an instant fleet answers where it launched)."""
         self.requests.append(("create_fleet", request))
         count = request["TargetCapacitySpecification"]["TotalTargetCapacity"]
-        return {"Instances": [{"InstanceIds": self.ids(count)}], "Errors": []}
+        subnet = request["LaunchTemplateConfigs"][0]["Overrides"][-1].get("SubnetId")
+        return {"Instances": [{"InstanceIds": self.ids(count), "SubnetId": subnet}], "Errors": []}
 
     def create_tags(self, **_request: Any) -> None:
         return None
@@ -297,3 +300,16 @@ def test_a_job_of_more_than_500_nodes_launches_in_batches_of_500(pool: Pool, siz
     launched, code = Ec2Nodes(client, "stack").launch(pool, names, all_or_nothing=True)
     assert (len(launched), code) == (len(names), None)
     assert [sizes(request) for _call, request in client.requests] == [(500, 500), (1, 1)]
+
+
+def test_the_batches_of_a_job_go_to_the_zone_of_its_first() -> None:
+    """Each instant fleet keeps its instances in one zone; a job of more than one batch would otherwise
+    get its later batches wherever EC2 finds capacity, and its nodes in two zones."""
+    client = CountingEc2()
+    pool = Pool("train", "lt-1", None, (), tuple(TYPES), ("subnet-a", "subnet-b"))
+    names = [f"train-{i}" for i in range(LAUNCH_BATCH_MAX + 1)]
+    launched, code = Ec2Nodes(client, "stack").launch(pool, names, all_or_nothing=True)
+    assert (len(launched), code) == (len(names), None)
+    first, second = (request["LaunchTemplateConfigs"][0]["Overrides"] for _call, request in client.requests)
+    assert {o["SubnetId"] for o in first} == {"subnet-a", "subnet-b"}
+    assert second == [{"InstanceType": kind, "SubnetId": "subnet-b"} for kind in TYPES]

@@ -13,6 +13,7 @@ import botocore.session
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
+from .holds import CAPACITY_ERROR_CODES
 from .logs import LOG
 from .settings import Pool
 
@@ -88,10 +89,19 @@ def retried(call: Callable[..., T], codes: frozenset[str], what: str, **request:
 
 
 def fleet_error(response: dict[str, Any]) -> str:
-    """The code an instant fleet that started nothing gives: its first error's (a capacity error holds
-    the pool, holds.py), else what the caller names it."""
-    errors = response.get("Errors", [])
-    return str(errors[0].get("ErrorCode") or "NoInstanceStarted") if errors else "NoInstanceStarted"
+    """The code an instant fleet that started nothing gives: a capacity error if any of its errors is
+    one (each override fails on its own: one type may be unsupported in a zone while the others are
+    out of capacity; the capacity error holds the pool, holds.py), else its first error's."""
+    codes = [str(error.get("ErrorCode")) for error in response.get("Errors", []) if error.get("ErrorCode")]
+    return next(
+        (code for code in codes if code in CAPACITY_ERROR_CODES), codes[0] if codes else "NoInstanceStarted"
+    )
+
+
+def fleet_subnet(entry: dict[str, Any]) -> str | None:
+    """The subnet an instant fleet's instances went to, from the override that launched them."""
+    overrides = entry.get("LaunchTemplateAndOverrides", {}).get("Overrides", {})
+    return str(overrides["SubnetId"]) if overrides.get("SubnetId") else None
 
 
 def error_code(err: Exception) -> str:
@@ -165,17 +175,21 @@ class Ec2Nodes:
     ) -> tuple[dict[str, dict[str, Any]], str | None]:
         """Launch one instance per name, in batches of LAUNCH_BATCH_MAX; the instances by name and the
         error code of those missing. The first batch that fails ends the launch (the names after it
-        get its code): all or nothing, the caller releases what the earlier batches started."""
+        get its code): all or nothing, the caller releases what the earlier batches started. All or
+        nothing, the batches after the first go to its subnet: a job's nodes in one zone."""
         launched: dict[str, dict[str, Any]] = {}
+        subnet: str | None = None
         for batch in chunks(names, LAUNCH_BATCH_MAX):
-            got, code = self.launch_batch(pool, batch, all_or_nothing)
+            got, code = self.launch_batch(pool, batch, all_or_nothing, subnet)
             launched.update(got)
             if code:
                 return launched, code
+            if all_or_nothing and subnet is None:
+                subnet = next((str(i["SubnetId"]) for i in got.values() if i.get("SubnetId")), None)
         return launched, None
 
     def launch_batch(
-        self, pool: Pool, names: Sequence[str], all_or_nothing: bool
+        self, pool: Pool, names: Sequence[str], all_or_nothing: bool, subnet: str | None = None
     ) -> tuple[dict[str, dict[str, Any]], str | None]:
         """All or nothing: EC2 starts all of the names or none (RunInstances with MinCount the number of
         names: "If Amazon EC2 cannot launch the minimum number of instances you request, no instances
@@ -186,7 +200,7 @@ class Ec2Nodes:
         launched: dict[str, dict[str, Any]] = {}
         remaining = list(names)
         while remaining:
-            instances, code = self.start(pool, remaining, all_or_nothing)
+            instances, code = self.start(pool, remaining, all_or_nothing, subnet)
             if code:
                 return launched, code
             if len(instances) < len(remaining):
@@ -203,7 +217,7 @@ class Ec2Nodes:
         return launched, None if len(launched) == len(names) else "TaggingFailed"
 
     def start(
-        self, pool: Pool, names: Sequence[str], all_or_nothing: bool
+        self, pool: Pool, names: Sequence[str], all_or_nothing: bool, subnet: str | None = None
     ) -> tuple[list[dict[str, Any]], str | None]:
         """Start instances for these names (as many as EC2 gives, at least one); the instances, or the
         error code when none started. One launch choice: RunInstances, as before; several (instance
@@ -211,7 +225,11 @@ class Ec2Nodes:
         fleet = len(pool.launch_choices) > 1
         call = self.launch_client.create_fleet if fleet else self.launch_client.run_instances
         what = "create_fleet" if fleet else "run_instances"
-        request = (self.fleet_request if fleet else self.launch_request)(pool, len(names), all_or_nothing)
+        request = (
+            self.fleet_request(pool, len(names), all_or_nothing, subnet)
+            if fleet
+            else self.launch_request(pool, len(names), all_or_nothing)
+        )
         try:
             response = retried(call, THROTTLING_CODES, f"resume: pool {pool.name}: {what}", **request)
         except ErrorTypes as err:
@@ -244,7 +262,9 @@ class Ec2Nodes:
             {"Key": TAG_ROLE, "Value": FLEET_ROLE},
         ]
 
-    def fleet_request(self, pool: Pool, count: int, all_or_nothing: bool = False) -> dict[str, Any]:
+    def fleet_request(
+        self, pool: Pool, count: int, all_or_nothing: bool = False, subnet: str | None = None
+    ) -> dict[str, Any]:
         """An instant EC2 Fleet over the pool's instance types and subnets (EC2 API Reference,
         CreateFleet; the field rules quoted from botocore 1.44.18's EC2 model, data/ec2/2016-11-15/
         service-2.json, as ParallelCluster builds it: aws-parallelcluster-node v3.11.0,
@@ -262,13 +282,15 @@ class Ec2Nodes:
         - allocation: spot capacity-optimized (the pools least likely to be interrupted: a training
           job loses its progress since the last checkpoint on each interruption), on-demand
           lowest-price (EC2's default; the alternates are the same GPU shape, infra/spec);
+        - `subnet`: only that subnet's overrides (a job's later batches, in the zone of its first);
         - tags on the instances and on the fleet at launch: "If the fleet type is instant, specify a
           resource type of fleet to tag the fleet, instance to tag the instances at launch"
           (CreateFleetRequest.TagSpecifications); the controllers' IAM policy asks for them.
         """
         overrides = [
-            {**({"InstanceType": kind} if kind else {}), **({"SubnetId": subnet} if subnet else {})}
-            for kind, subnet in pool.launch_choices
+            {**({"InstanceType": kind} if kind else {}), **({"SubnetId": where} if where else {})}
+            for kind, where in pool.launch_choices
+            if subnet is None or where == subnet
         ]
         options = {
             "AllocationStrategy": FLEET_ALLOCATION[pool.capacity],
@@ -326,7 +348,12 @@ class Ec2Nodes:
             )  # fmt: skip
             self.terminate(ids)
             return []
-        return [{"InstanceId": instance_id} for instance_id in ids]
+        return [
+            {"InstanceId": instance_id, "SubnetId": subnet}
+            for entry in response.get("Instances", [])
+            for subnet in [entry.get("SubnetId") or fleet_subnet(entry)]
+            for instance_id in entry.get("InstanceIds", [])
+        ]
 
     def tag_node(self, name: str, instance: dict[str, Any]) -> bool:
         """Tag a new instance with its node name; an instance that cannot be tagged is terminated."""
