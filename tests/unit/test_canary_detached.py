@@ -7,6 +7,7 @@ bare Python."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -108,8 +109,8 @@ def started(folder: Path, node: Node, clock: Clock, rules: Canary, duration_s: f
 def _counts(node: Node) -> tuple[Reading, Reading]:
     """The counters as the CLI reads them: by gateway (its node's name), as the guard reads its own."""
     return (
-        Reading.of_gateways({"head-0": Counts(*node.counts[STABLE])}, None),
-        Reading.of_gateways({"head-0": Counts(*node.counts[CANARY])}, None),
+        Reading.of_gateways({"head-0": Counts(node.counts[STABLE][0], node.counts[STABLE][1])}, None),
+        Reading.of_gateways({"head-0": Counts(node.counts[CANARY][0], node.counts[CANARY][1])}, None),
     )
 
 
@@ -118,7 +119,8 @@ def guard_of(folder: Path, node: Node, clock: Clock) -> DetachedGuard:
 
 
 class Kill:
-    """The guard's process killed at its n-th write step (any os call of write_whole), counted from `arm`."""
+    """The guard's process killed at its n-th write step (any os call write_whole makes: open, write, fsync,
+    close, replace), counted from `arm`."""
 
     def __init__(self) -> None:
         self.at: int | None = None
@@ -138,13 +140,13 @@ class Kill:
 def kill(monkeypatch: pytest.MonkeyPatch) -> Kill:
     killing = Kill()
     for name in ("open", "write", "fsync", "close", "replace"):
-        real = getattr(guard_state.os, name)
+        real = getattr(os, name)
 
         def counted(*arguments: Any, _real: Any = real) -> Any:
             killing.step()
             return _real(*arguments)
 
-        monkeypatch.setattr(guard_state.os, name, counted)
+        monkeypatch.setattr(os, name, counted)
     return killing
 
 
