@@ -1,13 +1,14 @@
 """`gpuplat serve deploy ... --canary P --detach`: the canary's guard handed to a service on the gateway's
 node (infra/serving/guard_service.py), which carries the release on after this command ends.
 
-The service runs the package's own modules, bundled by this command into one zip application (Python runs a
-zip holding __main__.py: docs.python.org/3.11/library/zipapp.html, "The Python Zip Application Archive
-Format") and copied to the node with the unit, each time a guard is started: the node runs exactly the
-analysis of the CLI that started it, with the node's own Python (Debian's python3, which the gateway's own
-programs use already), and a role converge is not needed for a newer analysis. The modules it takes are the
-standard-library-only ones (the analysis, its statistics and counts, the lock, the metrics' text, the state
-files and the service): a module that imports more fails the bundle's check on the node at once.
+The service runs the package's own modules, bundled by this command into one zip application (the
+interpreter runs a zip archive holding a __main__.py directly: docs.python.org/3/library/zipapp.html,
+Python 3.5 and later; Debian bookworm's python3 is 3.11) and copied to the node with the unit each time a
+guard is started: the node runs exactly the analysis of the CLI that started it, with the node's own
+Python (which the gateway's own programs use already), and no converge is needed for a newer analysis.
+The modules it takes are the standard-library-only ones (the analysis, its statistics and counts, the
+lock, the metrics' text, the state files and the service); tests/unit/test_canary_detached.py runs the
+bundle on a Python without the CLI's dependencies.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ BUNDLED = (
 MAIN = "import sys\nfrom infra.serving.guard_service import main\nsys.exit(main())\n"
 # Restart=on-failure: a guard that failed (its gateway's program did not answer, the lock lost) starts again
 # and resumes; one that ended (exit 0) stays ended, and so does a later start (its state says so).
-# systemd.service(5), Restart= (systemd 252, Debian bookworm).
+# systemd.service(5), Restart=: on-failure restarts on an unclean exit code or signal, never after a stop or
+# restart systemd itself was asked for (freedesktop.org/software/systemd/man/systemd.service.html#Restart=).
 UNIT = f"""[Unit]
 Description=gpuplat serve: the detached canary guard of %i
 After=network-online.target haproxy.service

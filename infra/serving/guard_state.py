@@ -1,8 +1,9 @@
 """Files the detached guard keeps on its gateway node, each written whole or not at all.
 
 A file is written to a temporary beside it, flushed to the disk (fsync), renamed over the old one, and its
-folder flushed so the rename itself is on the disk: rename(2) replaces the name atomically (POSIX: "If newpath
-already exists, it will be atomically replaced", rename(2) of man-pages 6.03, Debian bookworm), so a reader
+folder flushed so the rename itself is on the disk: rename(2) replaces an existing name atomically, no
+process ever finding it missing (Linux man-pages, rename(2), DESCRIPTION: http://man.he.net/man2/renameat2;
+the temporary is in the same folder, so on the same filesystem, as rename needs), so a reader
 finds the old file or the new one, and a guard killed between any two of these steps (or its node losing
 power after the rename) finds on its restart a whole file, never a half-written one. A temporary a killed
 writer left behind is never read, and the next write replaces it.
