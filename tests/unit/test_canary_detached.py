@@ -294,3 +294,11 @@ def test_the_bundle_runs_on_a_python_without_the_clis_dependencies(tmp_path: Pat
         [sys.executable, "-I", "-S", str(archive)], capture_output=True, text=True, check=False
     )
     assert usage.returncode == 2 and "usage: guard.pyz MODEL" in usage.stderr
+
+
+def test_detach_without_a_canary_is_refused_with_exit_2() -> None:
+    from tests.unit.test_hostile_input import run_cli
+
+    run = run_cli("serve", "deploy", "embedder@2", "--detach")
+    assert run.code == 2 and "--detach hands a canary's guard to the gateway's node" in run.err, run.err
+    assert "Traceback" not in run.err
