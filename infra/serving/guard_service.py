@@ -145,13 +145,12 @@ class DetachedGuard:
         write_whole(record_path(self.model, self.folder), self.record())
 
     def step_label(self) -> str:
-        steps, at = self.state["steps"], self.state["step"]
+        steps = self.state["steps"]
         if not steps:
             return "the canary's analysis"
-        number = self.state["step_numbers"][at] if at < len(steps) else self.state["step_numbers"][-1]
-        return (
-            f"step {number} of {self.state['steps_in_all']} ({steps[min(at, len(steps) - 1)]['percent']} %)"
-        )
+        at = min(self.state["step"], len(steps) - 1)
+        number, in_all = self.state["step_numbers"][at], self.state["steps_in_all"]
+        return f"step {number} of {in_all} ({steps[at]['percent']} %)"
 
     def record(self) -> dict[str, Any]:
         state = self.state

@@ -41,6 +41,20 @@ class Node:
         self.share, self.canary_fails = share, canary_fails
         self.counts = {STABLE: [0, 0], CANARY: [0, 0]}
         self.shares: list[int] = []
+        self.latency = False
+
+    def metrics(self) -> str:
+        """Both versions' servers' /metrics: every answer under 0.1 s, 0.05 s on average."""
+        lines = []
+        for port, backend in ((8000, STABLE), (8100, CANARY)):
+            answered = self.counts[backend][0]
+            lines += [
+                f"# port {port}",
+                f'h_bucket{{le="0.1"}} {answered}',
+                f'h_bucket{{le="+Inf"}} {answered}',
+                f"h_sum {0.05 * answered}",
+            ]
+        return "\n".join(lines)
 
     def traffic(self, requests: int) -> None:
         canary = requests * self.share // 100
@@ -60,7 +74,7 @@ class Node:
             }
             return json.dumps({"canary_percent": self.share, "backends": backends})
         if command[:2] == ("python3", "-c"):
-            return ""  # no model server answers: the analysis judges the errors
+            return self.metrics() if self.latency else ""  # none: the analysis judges the errors alone
         return guard_service.LocalNodes().exec(node, *command, timeout=timeout)
 
 
@@ -269,6 +283,31 @@ def test_the_guard_waits_for_the_lock_its_starter_holds_and_a_second_release_mee
     guard.run()
     assert waits[:2] == [2, 2] and seen == ["refused"]
     assert guard.state["verdict"]["action"] == ROLLBACK
+
+
+def test_the_guard_carries_the_steps_below_100_and_stops_at_a_manual_gate(tmp_path: Path) -> None:
+    """Steps 5, 20 (manual gate) and 100 with a canary as good as the stable version: the guard holds 5 %
+    for its analysis, moves its gateway to 20 %, holds that for an analysis of its own, and stops at the
+    gate, leaving the next step to an operator."""
+    rules = Canary.model_validate(
+        {
+            "min_requests": 4,
+            "interval_s": 10,
+            "intervals": 2,
+            "steps": [{"percent": 5}, {"percent": 20, "manual_gate": True}, {"percent": 100}],
+        }
+    )
+    node = Node(share=5, canary_fails=False)
+    node.latency = True
+    clock = Clock(node)
+    started(tmp_path, node, clock, rules)
+    guard = guard_of(tmp_path, node, clock)
+    guard.run()
+    assert node.shares == [20]
+    assert guard.state["verdict"]["action"] == "gated", guard.state["verdict"]
+    record = guard_state.read_whole(record_path(MODEL, str(tmp_path)))
+    assert record is not None and record["phase"] == "gated" and record["canary_percent"] == 20
+    assert "step 2 of 3 (20 %)" in record["detail"] and "--past-gate` goes on" in record["detail"]
 
 
 def test_a_guard_whose_state_is_missing_says_so(tmp_path: Path) -> None:
