@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
 
 from infra.serving.counts import Counts, Histogram, Reading, SinceStart
 from infra.serving.statistics import (
@@ -35,7 +36,65 @@ from infra.serving.statistics import (
     rollback_boundary,
     slower_p,
 )
-from infra.spec.models import Canary
+
+
+class Canary(Protocol):
+    """The settings the analysis reads: serving.canary (infra/spec/models.Canary), or on a gateway node,
+    where the detached guard runs without the spec's models, the values a CLI read from it (RulesRead)."""
+
+    @property
+    def alpha(self) -> float: ...
+    @property
+    def sequential_alpha(self) -> float: ...
+    @property
+    def max_error_rate_increase(self) -> float: ...
+    @property
+    def max_latency_ratio(self) -> float: ...
+    @property
+    def max_slow_share_increase(self) -> float: ...
+    @property
+    def initial_delay_s(self) -> int: ...
+    @property
+    def interval_s(self) -> int: ...
+    @property
+    def intervals(self) -> int: ...
+    @property
+    def failure_limit(self) -> int: ...
+    @property
+    def inconclusive_limit(self) -> int: ...
+    @property
+    def min_requests(self) -> int: ...
+    @property
+    def analysis_s(self) -> int: ...
+    @property
+    def interval_min_requests(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class RulesRead:
+    """A Canary's values as read (its computed ones included, so that they are computed in one place)."""
+
+    alpha: float
+    sequential_alpha: float
+    max_error_rate_increase: float
+    max_latency_ratio: float
+    max_slow_share_increase: float
+    initial_delay_s: int
+    interval_s: int
+    intervals: int
+    failure_limit: int
+    inconclusive_limit: int
+    min_requests: int
+    analysis_s: int
+    interval_min_requests: int
+
+    @classmethod
+    def of(cls, rules: Canary) -> RulesRead:
+        return cls(**{name: getattr(rules, name) for name in cls.__dataclass_fields__})
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
 
 PROMOTE_READY, CONTINUE, ROLLBACK, INCONCLUSIVE = "promote-ready", "continue", "rollback", "inconclusive"
 PASSED, FAILED = "passed", "failed"
@@ -244,6 +303,21 @@ class Analysis:
             + self.results[LATENCY][-1].detail,
         )
 
+    def to_json(self) -> dict[str, Any]:
+        """The intervals judged so far and the counts at the last one's end (the rules are not part of it)."""
+        return {
+            "results": {metric: [asdict(m) for m in measured] for metric, measured in self.results.items()},
+            "at_boundary": [counts.to_json() for counts in self._at_boundary],
+        }
+
+    @classmethod
+    def from_json(cls, rules: Canary, data: dict[str, Any]) -> Analysis:
+        stable, canary = (Counts.from_json(c) for c in data["at_boundary"])
+        results = {
+            metric: [Measurement(**m) for m in measured] for metric, measured in data["results"].items()
+        }
+        return cls(rules, results, (stable, canary))
+
     def _close_interval(self, stable: Counts, canary: Counts) -> Verdict | None:
         rules = self.rules
         stable_then, canary_then = self._at_boundary
@@ -280,6 +354,26 @@ class Guard:
         self.analysis = Analysis(rules)
         self.started_s = started_s
         self.stable, self.canary = SinceStart(stable), SinceStart(canary)
+
+    def to_json(self) -> dict[str, Any]:
+        """Its whole state: `from_json` of it goes on with the same evidence (counts since the canary
+        started, intervals judged), as if no look had been missed but the ones in between."""
+        return {
+            "started_s": self.started_s,
+            "stable": self.stable.to_json(),
+            "canary": self.canary.to_json(),
+            "analysis": self.analysis.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, rules: Canary, data: dict[str, Any]) -> Guard:
+        guard = cls(rules, float(data["started_s"]), Counts(), Counts())
+        guard.stable, guard.canary = (
+            SinceStart.from_json(data["stable"]),
+            SinceStart.from_json(data["canary"]),
+        )
+        guard.analysis = Analysis.from_json(rules, data["analysis"])
+        return guard
 
     def look(self, now_s: float, stable: Counts | Reading, canary: Counts | Reading) -> Verdict:
         """The verdict on these readings; one that cannot be added (a ValueError: a version's histograms over

@@ -5,8 +5,10 @@ process started; the analysis works on differences since the canary started.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,16 @@ class Histogram:
             self.sum_s - earlier.sum_s,
         )
 
+    def to_json(self) -> dict[str, Any]:
+        """As JSON holds it (+Inf, which JSON has no number for, as null)."""
+        bounds = [None if math.isinf(b) else b for b in self.bounds]
+        return {"bounds": bounds, "counts": list(self.counts), "sum_s": self.sum_s}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Histogram:
+        bounds = tuple(math.inf if b is None else float(b) for b in data["bounds"])
+        return cls(bounds, tuple(int(c) for c in data["counts"]), float(data["sum_s"]))
+
     def _same_bounds(self, other: Histogram) -> None:
         if other.bounds != self.bounds:
             raise ValueError(f"histograms over different buckets: {self.bounds} and {other.bounds}")
@@ -65,6 +77,19 @@ class Counts:
     @property
     def error_rate(self) -> float:
         return self.errors / self.requests if self.requests else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        latency = None if self.latency is None else self.latency.to_json()
+        return {"requests": self.requests, "errors": self.errors, "latency": latency}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Counts:
+        latency = data.get("latency")
+        return cls(
+            int(data["requests"]),
+            int(data["errors"]),
+            None if latency is None else Histogram.from_json(latency),
+        )
 
     def plus(self, other: Counts) -> Counts:
         return Counts(
@@ -146,6 +171,23 @@ class SinceStart:
         self._gateways = first.by_gateway()
         self._series: dict[str, Histogram] = dict(first.latency or {})
         self.total = Counts()
+
+    def to_json(self) -> dict[str, Any]:
+        """Everything it holds (the last counters seen, the total since the start): `from_json` of it goes
+        on counting where this one stood."""
+        return {
+            "gateways": {name: counts.to_json() for name, counts in self._gateways.items()},
+            "series": {name: histogram.to_json() for name, histogram in self._series.items()},
+            "total": self.total.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SinceStart:
+        since = cls(Counts())
+        since._gateways = {name: Counts.from_json(c) for name, c in data["gateways"].items()}
+        since._series = {name: Histogram.from_json(h) for name, h in data["series"].items()}
+        since.total = Counts.from_json(data["total"])
+        return since
 
     def add(self, reading: Counts | Reading) -> Counts:
         """The total after `reading`."""

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import socket
 import time
@@ -36,9 +35,16 @@ from infra.serving.analysis import CONTINUE, PROMOTE_READY, ROLLBACK, Guard, Ver
 from infra.serving.canary import gate
 from infra.serving.counts import Counts, Histogram, Reading, Series
 from infra.serving.lock import LEASE_S, LockLost, ReleaseLock
+from infra.serving.metrics_text import (
+    METRICS_READ,
+    GatewayFigures,
+    answering_ports,
+    parse_metrics,
+    served_versions,
+)
 from infra.serving.prometheus import instant
 from infra.serving.registry.mlflow import MlflowRegistry, ModelVersion, RegistryError
-from infra.spec.models import Canary
+from infra.spec.models import Canary, CanaryStep
 
 CHAMPION, CHALLENGER, PREVIOUS = "champion", "challenger", "previous"
 PROMOTED, GATED = "promoted", "gated"
@@ -68,80 +74,14 @@ STATE_DIR = "/var/lib/gpuplat-serve"
 STATE_WRITE = 'mkdir -p "$1" && printf %s "$3" > "$1/.$2.json" && mv "$1/.$2.json" "$1/$2.json"'
 
 
-# The CPU reference server's gauge naming the registered version it serves (roles/inference_server/files/
-# cpu_reference_server.py); vLLM has none.
-VERSION_INFO = "gpuplat_inference_model_version_info"
-# Run on a model-server node: each port's /metrics after a line "# port N" (none for a port that is down).
-METRICS_READ = """import sys, urllib.request
-for port in sys.argv[1:]:
-    try:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    except OSError:
-        continue
-    print(f"# port {port}")
-    print(text)
-"""
-
-
-# Prometheus' text format (prometheus/docs content/docs/instrumenting/exposition_formats.md, "Text format
-# details"): `name{label="value",...} value [timestamp]`, each label value quoted, with \\, \" and \n
-# escaped in it: a `,` or `}` inside the quotes belongs to the value.
-_SAMPLE = re.compile(
-    r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)\s*(?:\{(?P<labels>(?:[^"}]|"(?:[^"\\]|\\.)*")*)\})?'
-    r"\s+(?P<value>\S+)(?:\s+-?\d+)?$"
-)
-_LABEL = re.compile(r'\s*(?P<name>[a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"(?P<value>(?:[^"\\]|\\.)*)"\s*(?:,|$)')
-_UNESCAPED = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
-
-
-def sample_labels(labels: str) -> dict[str, str]:
-    """A sample's labels (the text between its braces), each value unescaped."""
-    return {
-        match["name"]: re.sub(r"\\.", lambda escape: _UNESCAPED.get(escape[0], escape[0]), match["value"])
-        for match in _LABEL.finditer(labels)
-    }
-
-
-def port_samples(answer: str) -> Iterator[tuple[int, re.Match[str]]]:
-    """Each sample of METRICS_READ's answer with the port whose /metrics it came from."""
-    port: int | None = None
-    for line in answer.splitlines():
-        if line.startswith("# port "):
-            port = int(line.split()[2])
-            continue
-        sample = _SAMPLE.match(line.strip())
-        if port is not None and sample is not None:
-            yield port, sample
-
-
-def answering_ports(answer: str) -> set[int]:
-    return {int(line.split()[2]) for line in answer.splitlines() if line.startswith("# port ")}
-
-
-def served_versions(answer: str) -> dict[int, str]:
-    """The registered version each port's server says it serves (VERSION_INFO at 1; "" for the stack's own
-    model), from METRICS_READ's answer."""
-    return {
-        port: sample_labels(sample["labels"] or "").get("version", "")
-        for port, sample in port_samples(answer)
-        if sample["name"] == VERSION_INFO and float(sample["value"]) == 1
-    }
-
-
-def parse_metrics(answer: str, histogram: str) -> dict[int, Histogram]:
-    """`histogram`'s buckets and _sum per port from METRICS_READ's answer (Prometheus' text format, every
-    label set of a port summed at each `le`)."""
-    cumulative: dict[int, dict[float, float]] = {}
-    sums: dict[int, float] = {}
-    for port, sample in port_samples(answer):
-        name, number = sample["name"], float(sample["value"])
-        if name == f"{histogram}_bucket":
-            le = float(sample_labels(sample["labels"] or "").get("le", "+Inf"))
-            bucket = cumulative.setdefault(port, {})
-            bucket[le] = bucket.get(le, 0.0) + number
-        elif name == f"{histogram}_sum":
-            sums[port] = sums.get(port, 0.0) + number
-    return {p: Histogram.from_cumulative(b, sums.get(p, 0.0)) for p, b in cumulative.items()}
+def steps_ahead(steps: list[CanaryStep], share: int, past_gate: bool) -> list[tuple[int, CanaryStep]]:
+    """The steps (numbered from 1) a release at `share` goes through: from the first at or above it (above
+    it with `past_gate`: the gate the last step held at opened)."""
+    return [
+        (number, step)
+        for number, step in enumerate(steps, 1)
+        if step.percent > share or (step.percent == share and not past_gate)
+    ]
 
 
 def _phase(verdict: Verdict) -> str:
@@ -223,24 +163,6 @@ def version_environment(version: ModelVersion, engine: str) -> str:
         value = f"--model-zip {location.rstrip('/')}/model.zip --model-version {version.reference}"
         return f'# gpuplat serve: {version.reference}\nGPUPLAT_MODEL_ARGS="{value}"\n'
     return f"# gpuplat serve: {version.reference}\nGPUPLAT_MODEL_PATH={location}\n"
-
-
-@dataclass(frozen=True)
-class GatewayFigures:
-    canary_percent: int
-    requests: dict[str, int]
-    errors: dict[str, int]
-    servers_up: dict[str, int]
-
-    @classmethod
-    def from_show(cls, answer: dict[str, Any]) -> GatewayFigures:
-        backends = answer["backends"]
-        return cls(
-            canary_percent=int(answer["canary_percent"]),
-            requests={name: int(b["requests"]) for name, b in backends.items()},
-            errors={name: int(b["errors"]) for name, b in backends.items()},
-            servers_up={name: int(b["servers_up"]) for name, b in backends.items()},
-        )
 
 
 @dataclass(frozen=True)
@@ -393,6 +315,12 @@ class Release:
         by_job = {labels.get("job"): value for labels, value in instant(self.prometheus_url, expression)}
         return {backend: by_job.get(job) for backend, job in JOB_OF_BACKEND.items()}
 
+    def latency_histogram_name(self) -> str:
+        """The engine's histogram the analysis judges latency on (roles/monitoring's vars)."""
+        return str(
+            role_vars("monitoring")["__monitoring_engine_metrics"][self.layout.engine]["ttft_histogram"]
+        )
+
     def latency_histograms(self) -> dict[str, Series | None]:
         """Each version's latency histograms, cumulative, by model server (node:port), read from the servers'
         own /metrics at this instant: the time to the first token (for the CPU reference server the whole
@@ -400,15 +328,15 @@ class Release:
         Prometheus scrape of each at its own phase would compare windows that differ by up to a scrape
         interval, load bursts in one and not the other. Each server on its own, so that a restart or a
         missed read of one is told from the others (counts.SinceStart). None where no server answered."""
-        histogram = role_vars("monitoring")["__monitoring_engine_metrics"][self.layout.engine][
-            "ttft_histogram"
-        ]
+        histogram = self.latency_histogram_name()
         found: dict[str, dict[str, Histogram]] = {backend: {} for backend in JOB_OF_BACKEND}
         for node in self.layout.servers:
             ports = {REPLICA_PORT + replica: STABLE_BACKEND for replica in self._replicas(node)}
             ports[CANARY_PORT] = CANARY_BACKEND
-            answer = self.nodes.exec(node, "python3", "-c", METRICS_READ, *map(str, ports), timeout=30)
-            for port, read in parse_metrics(answer, str(histogram)).items():
+            answer = self.nodes.exec(
+                node, "python3", "-c", METRICS_READ, "127.0.0.1", *map(str, ports), timeout=30
+            )
+            for port, read in parse_metrics(answer, histogram).items():
                 if port in ports:
                     found[ports[port]][f"{self.layout.addresses.get(node, node)}:{port}"] = read
         return {backend: series or None for backend, series in found.items()}
@@ -421,7 +349,7 @@ class Release:
             slots = {str(replica): REPLICA_PORT + replica for replica in self._replicas(node)}
             slots[CANARY_SLOT] = CANARY_PORT
             answer = self.nodes.exec(
-                node, "python3", "-c", METRICS_READ, *map(str, slots.values()), timeout=30
+                node, "python3", "-c", METRICS_READ, "127.0.0.1", *map(str, slots.values()), timeout=30
             )
             versions, up = served_versions(answer), answering_ports(answer)
             found += [
@@ -721,11 +649,7 @@ class Release:
                 "gone", f"'{model}' has no canary: `gpuplat serve deploy NAME@VERSION --canary P` one"
             )
         share = self.figures().canary_percent if steps else 0
-        ahead = [
-            (number, step)
-            for number, step in enumerate(steps, 1)
-            if step.percent > share or (step.percent == share and not past_gate)
-        ]
+        ahead = steps_ahead(steps, share, past_gate)
         if not ahead:
             self.record(model, "analysing", "the canary's analysis", share or None)
             verdict = self.analyse(model, duration_s, look_s, sleep, clock)

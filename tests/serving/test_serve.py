@@ -309,6 +309,87 @@ def test_a_failing_canary_is_rolled_back_by_the_guard(stack: Path, model: str, f
     assert versions_answering(20) == {first_stable: 20}
 
 
+def guard_state(model: str) -> dict[str, Any]:
+    """The detached guard's state on the gateway's node (infra/serving/guard_service.py)."""
+    found: dict[str, Any] = json.loads(node(HEAD, "cat", f"/var/lib/gpuplat-serve/guard/{model}.json"))
+    return found
+
+
+def wait_for(what: str, check: Any, timeout_s: float) -> float:
+    """Seconds until `check()` holds (polled every half second); fails past `timeout_s`."""
+    started = time.monotonic()
+    while not check():
+        assert time.monotonic() - started < timeout_s, f"{what}: not within {timeout_s} s"
+        time.sleep(0.5)
+    return time.monotonic() - started
+
+
+def test_a_detached_guard_carries_the_canary_after_the_cli_exits_resumes_after_a_restart_and_rolls_it_back(
+    stack: Path, model: str, first_stable: str
+) -> None:
+    """`deploy --canary --detach` returns once the canary has its share; the service on the gateway's node
+    (gpuplat-serve-guard@MODEL) carries the analysis, holds the release lock (a promote meets it), keeps its
+    evidence across a restart of itself, and when the canary fails takes its share to 0 at once: no request
+    fails but the canary's own, none after the rollback."""
+    unit = f"gpuplat-serve-guard@{model}.service"
+    started = time.monotonic()
+    deployed = serve(stack, "deploy", f"{model}@2", "--canary", str(SHARE), "--guard-s", "600", "--detach")
+    returned_s = time.monotonic() - started
+    assert f"its guard runs on as {unit}" in deployed.out, deployed.out
+    answers: list[Answer] = []
+    try:
+        with sending(answers):
+            wait_for("the guard's second look", lambda: guard_state(model)["looks"] >= 2, 60)
+            met = cli(stack, "serve", "promote", model)
+            assert met.code == 1 and "(the detached guard by pid" in met.err, (met.code, met.err)
+            before = guard_state(model)
+            status = json.loads(serve(stack, "status", model, "--json").out)["release"]
+            assert status["phase"] == "analysing" and status["guard"]["state"] == "running", status
+            node(HEAD, "systemctl", "restart", unit)
+            wait_for(
+                "a look after the restart", lambda: guard_state(model)["looks"] > before["looks"] + 1, 60
+            )
+            after = guard_state(model)
+            kept = before["guard"]["canary"]["total"]["requests"]
+            assert after["guard"]["canary"]["total"]["requests"] >= kept > 0, (
+                before["guard"],
+                after["guard"],
+            )
+            assert after["guard"]["started_s"] == before["guard"]["started_s"]
+            failed_at = time.monotonic()
+            node(INFER, "systemctl", "stop", "gpuplat-inference@canary.service")
+            seconds = wait_for("the guard's rollback", lambda: canary_percent() == 0, ROLLBACK_BOUND_S + 30)
+            rolled_back_at = time.monotonic()
+            time.sleep(2)
+    finally:
+        if canary_percent() > 0:
+            cli(stack, "serve", "rollback", model)
+    wait_for("the guard's end", lambda: guard_state(model)["phase"] == "done", 30)
+    record = json.loads(serve(stack, "status", model, "--json").out)["release"]
+    after_fault = [a for a in answers if a.sent >= failed_at]
+    failed = [a for a in answers if a.status != 200]
+    during = [a for a in after_fault if a.sent <= rolled_back_at]
+    print(
+        f"detached guard: deploy returned in {returned_s:.1f} s; evidence {kept} canary requests before the "
+        f"restart, {after['guard']['canary']['total']['requests']} after; rollback {seconds:.1f} s after the "
+        f"canary failed; {len(failed)} of {len(answers)} requests failed; record: {record['detail']}"
+    )
+    assert record["phase"] == "rolled back" and record["guard"]["verdict"]["action"] == "rollback", record
+    assert f"`gpuplat serve rollback {model}` stops its slot" in record["detail"], record
+    assert all(failed_at <= a.sent <= rolled_back_at for a in failed), [
+        (a.sent - failed_at, a.status) for a in failed
+    ]
+    assert len(failed) <= SHARE / 100 * len(during) + 3 * (len(during) * 0.2 * 0.8) ** 0.5
+    serve(stack, "rollback", model)  # what the guard left: the canary's slot, the challenger alias
+    assert versions_answering(20) == {first_stable: 20}
+    active = subprocess.run(
+        ["podman", "exec", HEAD, "systemctl", "is-active", unit], capture_output=True, text=True, check=False
+    )
+    assert active.stdout.strip() == "inactive", (
+        active.stdout
+    )  # it ended (exit 0: systemd does not restart it)
+
+
 def test_a_slower_canary_is_rolled_back_by_the_guard_for_its_latency(
     latency_stack: Path, deeper: str, first_stable: str
 ) -> None:

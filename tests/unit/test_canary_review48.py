@@ -23,13 +23,12 @@ from infra.serving.analysis import (
     sequential_latency,
 )
 from infra.serving.counts import Counts, Histogram, Reading, SinceStart
+from infra.serving.metrics_text import parse_metrics, sample_labels
 from infra.serving.release import (
     CANARY_BACKEND,
     STABLE_BACKEND,
     Release,
     ServingLayout,
-    parse_metrics,
-    sample_labels,
 )
 from infra.serving.statistics import _log_pmf, binomial_sf, log_evidence_above, rate_upper_bound
 from infra.spec.models import Canary
@@ -189,7 +188,7 @@ def test_both_versions_histograms_are_read_from_their_servers_at_one_instant_by_
         def exec(self, node: str, *command: str, timeout: float = 120) -> str:
             if command[0] == "ls":
                 return "replica-0.env version-canary.env"
-            assert command[:2] == ("python3", "-c") and command[3:] == ("8000", "8100")
+            assert command[:2] == ("python3", "-c") and command[3:] == ("127.0.0.1", "8000", "8100")
             return METRICS
 
     release = object.__new__(Release)

@@ -474,7 +474,7 @@ def test_status_says_what_each_replica_serves_as_its_own_server_says() -> None:
         def exec(self, node: str, *command: str, timeout: float = 120) -> str:
             if command[0] == "ls":
                 return "replica-0.env replica-1.env"
-            assert command[3:] == ("8000", "8001", "8100")
+            assert command[3:] == ("127.0.0.1", "8000", "8001", "8100")
             return answer
 
     release = object.__new__(Release)

@@ -11,8 +11,9 @@ from rich.markup import escape
 from infra.cli import output
 from infra.cli.commands.models import RegistryUrl, check_name
 from infra.cli.stack_options import JsonFlag, StackFile, StackName, platform_from_options
-from infra.errors import ExitCode, GpuPlatError
+from infra.errors import ExitCode, GpuPlatError, SpecError
 from infra.serving.analysis import PROMOTE_READY, ROLLBACK
+from infra.serving.detach import detach_guard
 from infra.serving.registry.locate import open_registry
 from infra.serving.release import (
     CANARY_BACKEND,
@@ -83,6 +84,16 @@ def deploy(
             help="with --canary: analyse it at most this long (serving.canary) and roll it back if it fails",
         ),
     ] = 0,
+    detach: Annotated[
+        bool,
+        typer.Option(
+            "--detach",
+            help=(
+                "with --canary: hand the guard to a service on the gateway's node and return at once; it "
+                "carries the release after this command ends (`serve status` shows it)"
+            ),
+        ),
+    ] = False,
     stack: StackName = None,
     stack_file_path: StackFile = None,
     url: RegistryUrl = None,
@@ -91,6 +102,8 @@ def deploy(
     """Serve a registered version: as a canary (--canary PERCENT), or on every replica."""
     name = reference.partition("@")[0]
     check_name(name)
+    if detach and canary is None:
+        raise SpecError("--detach hands a canary's guard to the gateway's node: give --canary PERCENT too")
     release = _release(stack, stack_file_path, url, prometheus)
     # The registry answers for the version before anything on the nodes is touched, the lock included.
     release.registry.resolve(reference)
@@ -100,6 +113,15 @@ def deploy(
             output.stdout().print(escape(f"{version.reference} serves every request"))
             return
         output.stdout().print(escape(f"{version.reference} is in canary with {canary} % of the requests"))
+        if detach:
+            unit = detach_guard(release, version.name, version.reference, canary, guard_s or None)
+            output.stdout().print(
+                escape(
+                    f"its guard runs on as {unit} on {release.layout.gateways[0]}: `gpuplat serve status "
+                    f"{version.name}` shows where it stands"
+                )
+            )
+            return
         if guard_s > 0:
             _guard(release, version.name, guard_s)
 
@@ -258,6 +280,15 @@ def status(
                 f"({record.get('at')}, {record.get('by')})"
             )
         )
+        guard_record = record.get("guard")
+        if isinstance(guard_record, dict):
+            output.stdout().print(
+                escape(
+                    f"detached guard: {guard_record.get('state')}, {guard_record.get('step')}, "
+                    f"{guard_record.get('looks')} looks (last {guard_record.get('last_look') or '-'}), "
+                    f"verdict so far: {(guard_record.get('verdict') or {}).get('action', '-')}"
+                )
+            )
     output.stdout().print(
         output.table(
             "what each replica serves (its own /metrics)",

@@ -1,0 +1,146 @@
+"""`gpuplat serve deploy ... --canary P --detach`: the canary's guard handed to a service on the gateway's
+node (infra/serving/guard_service.py), which carries the release on after this command ends.
+
+The service runs the package's own modules, bundled by this command into one zip application (the
+interpreter runs a zip archive holding a __main__.py directly: docs.python.org/3/library/zipapp.html,
+Python 3.5 and later; Debian bookworm's python3 is 3.11) and copied to the node with the unit each time a
+guard is started: the node runs exactly the analysis of the CLI that started it, with the node's own
+Python (which the gateway's own programs use already), and no converge is needed for a newer analysis.
+The modules it takes are the standard-library-only ones (the analysis, its statistics and counts, the
+lock, the metrics' text, the state files and the service); tests/unit/test_canary_detached.py runs the
+bundle on a Python without the CLI's dependencies.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import time
+import zipfile
+from pathlib import Path
+
+import infra
+from infra.serving.analysis import Guard, RulesRead
+from infra.serving.guard_service import initial_state
+from infra.serving.release import (
+    CANARY_BACKEND,
+    CANARY_PORT,
+    GATEWAY_PROGRAMS,
+    REPLICA_PORT,
+    STABLE_BACKEND,
+    Release,
+    ServeRefused,
+    steps_ahead,
+)
+
+BUNDLE_DIR = "/usr/local/lib/gpuplat-serve"
+BUNDLE = f"{BUNDLE_DIR}/guard.pyz"
+SERVICE = "gpuplat-serve-guard"
+BUNDLED = (
+    "__init__.py",
+    "errors/__init__.py",
+    "serving/__init__.py",
+    "serving/analysis.py",
+    "serving/counts.py",
+    "serving/statistics.py",
+    "serving/lock.py",
+    "serving/metrics_text.py",
+    "serving/guard_state.py",
+    "serving/guard_service.py",
+)
+MAIN = "import sys\nfrom infra.serving.guard_service import main\nsys.exit(main())\n"
+# Restart=on-failure: a guard that failed (its gateway's program did not answer, the lock lost) starts again
+# and resumes; one that ended (exit 0) stays ended, and so does a later start (its state says so).
+# systemd.service(5), Restart=: on-failure restarts on an unclean exit code or signal, never after a stop or
+# restart systemd itself was asked for (freedesktop.org/software/systemd/man/systemd.service.html#Restart=).
+UNIT = f"""[Unit]
+Description=gpuplat serve: the detached canary guard of %i
+After=network-online.target haproxy.service
+
+[Service]
+Type=simple
+ExecStart=/usr/bin/python3 {BUNDLE} %i
+Restart=on-failure
+RestartSec=5
+
+[Install]
+WantedBy=multi-user.target
+"""
+WRITE = 'mkdir -p "$(dirname "$1")" && printf %s "$2" | base64 -d > "$1.tmp" && mv "$1.tmp" "$1"'
+
+
+def bundle() -> bytes:
+    """The zip application of the guard's modules, from this installation of the package."""
+    package = Path(infra.__file__).parent
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name in BUNDLED:
+            archive.write(package / name, f"infra/{name}")
+        archive.writestr("__main__.py", MAIN)
+    return buffer.getvalue()
+
+
+def unit_name(model: str) -> str:
+    return f"{SERVICE}@{model}.service"
+
+
+def detach_guard(release: Release, model: str, candidate: str, share: int, duration_s: float | None) -> str:
+    """Hand the analysis `deploy` began (release.canary_start) to the service on the gateway's node and
+    start it; the unit's name. The caller holds the release lock: the service takes it once it is let go."""
+    gateways = release.layout.gateways
+    if len(gateways) != 1:
+        raise ServeRefused(
+            f"stack '{release.platform.name}' has {len(gateways)} gateways: --detach hands the guard to a "
+            "service on the gateway's node, which sets the share on its own gateway only; run the guard in "
+            "the command (without --detach) on a stack with several gateways"
+        )
+    if release.canary_start is None:
+        raise ServeRefused("--detach needs a canary that this deploy started (--canary PERCENT)")
+    gateway, rules = gateways[0], release.rules
+    look_s = 5.0
+    started, stable, canary = release.canary_start
+    histogram = release.latency_histogram_name()
+    servers = {
+        release.layout.addresses[node]: {
+            "stable": [REPLICA_PORT + replica for replica in release.stable_replicas(node)],
+            "canary": CANARY_PORT,
+        }
+        for node in release.layout.servers
+    }
+    steps = [(number, step.model_dump()) for number, step in steps_ahead(rules.steps, share, False)]
+    state = initial_state(
+        model=model,
+        candidate=candidate,
+        rules=RulesRead.of(rules),
+        guard=Guard(rules, 0.0, stable, canary),
+        started_ago_s=time.monotonic() - started,
+        share=share,
+        steps=steps,
+        steps_in_all=len(rules.steps),
+        gateway=gateway,
+        gateway_programs=GATEWAY_PROGRAMS,
+        backends={"stable": STABLE_BACKEND, "canary": CANARY_BACKEND},
+        servers=servers,
+        histogram=histogram,
+        look_s=look_s,
+        duration_s=duration_s or rules.initial_delay_s + rules.analysis_s + look_s,
+    )
+    encoded = base64.b64encode(bundle()).decode()
+    unit = unit_name(model)
+    release.nodes.exec(gateway, "sh", "-c", WRITE, "sh", BUNDLE, encoded)
+    release.nodes.exec(
+        gateway,
+        "sh",
+        "-c",
+        WRITE,
+        "sh",
+        f"/etc/systemd/system/{SERVICE}@.service",
+        base64.b64encode(UNIT.encode()).decode(),
+    )
+    release.nodes.exec(gateway, "python3", BUNDLE, "init", model, json.dumps(state))
+    release.record(model, "analysing", f"the detached guard carries it ({unit} on {gateway})", share)
+    release.nodes.exec(gateway, "systemctl", "daemon-reload")
+    release.nodes.exec(gateway, "systemctl", "enable", unit)
+    release.nodes.exec(gateway, "systemctl", "restart", unit)
+    return unit

@@ -1,0 +1,374 @@
+"""The detached guard: a canary's analysis carried on by a systemd service on the gateway's node, after the
+command that started it (`gpuplat serve deploy ... --canary P --detach`) ended.
+
+It runs `python3 /usr/local/lib/gpuplat-serve/guard.pyz MODEL` as gpuplat-serve-guard@MODEL.service (the
+bundle holds the package's own modules, infra/serving/detach.py), with the node's Python and nothing else.
+What it reaches, and only that: its own gateway (the share and the counters, through the gateway's programs
+and local admin socket) and the model servers' /metrics over the network the gateway already routes to. It
+holds the model's release lock while it runs (a second deploy, promote or guard meets it), and keeps its
+whole state in STATE_DIR/guard/MODEL.json, rewritten whole after every look (guard_state.write_whole): the
+counts since the canary started, the intervals judged, the step it is at and when that began. A restart (of
+the service, of the node) resumes from there: the evidence is neither lost nor started afresh.
+
+Its verdicts: a rollback takes the canary's share to 0 on its gateway at once; stopping the canary slot on the
+model servers and the registry's aliases are left to `gpuplat serve rollback MODEL` (a service that could
+restart inference servers would give the gateway node the inference pool). Steps below 100 % are carried
+(each share set on its gateway, each held for an analysis); it stops at a manual gate, at the promotion step
+or at promote-ready, leaving `gpuplat serve promote MODEL` (the replicas' restarts) to the operator. The
+release record (STATE_DIR/MODEL.json, what `serve status` shows) says each time what remains.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from infra.errors import GpuPlatError
+from infra.serving.analysis import CONTINUE, INCONCLUSIVE, PROMOTE_READY, ROLLBACK, Guard, RulesRead, Verdict
+from infra.serving.counts import Counts, Reading
+from infra.serving.guard_state import read_whole, write_whole
+from infra.serving.lock import LEASE_S, LockRefused, ReleaseLock
+from infra.serving.metrics_text import METRICS_READ, GatewayFigures, parse_metrics
+
+STATE_DIR = "/var/lib/gpuplat-serve"
+RUNNING, DONE = "running", "done"
+GATED, ROLLING_BACK = "gated", "rolling back"
+TAKE_LOCK_S = 3 * LEASE_S
+"""how long a starting guard waits for the release lock (its starter holds it until it exits)"""
+
+
+def state_path(model: str, folder: str = STATE_DIR) -> str:
+    return f"{folder}/guard/{model}.json"
+
+
+def record_path(model: str, folder: str = STATE_DIR) -> str:
+    return f"{folder}/{model}.json"
+
+
+class LocalNodes:
+    """The Nodes of infra/serving/lock.py on the guard's own node: every command runs here."""
+
+    def exec(self, node: str, *command: str, timeout: float = 120) -> str:
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            raise GpuPlatError(f"{command[0]} on this node: {error}") from None
+        if done.returncode != 0:
+            raise GpuPlatError(f"{command[0]} on this node exited {done.returncode}: {done.stderr.strip()}")
+        return done.stdout
+
+
+def say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+class DetachedGuard:
+    """One model's release, as its state file holds it; `run` carries it to its end."""
+
+    def __init__(
+        self,
+        model: str,
+        folder: str = STATE_DIR,
+        nodes: LocalNodes | None = None,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.model, self.folder = model, folder
+        self.nodes = nodes or LocalNodes()
+        self.clock, self.sleep = clock, sleep
+        found = read_whole(state_path(model, folder))
+        if found is None:
+            raise GpuPlatError(f"no detached guard of '{model}': {state_path(model, folder)} does not exist")
+        self.state: dict[str, Any] = found
+        self.rules = RulesRead(**self.state["rules"])
+
+    # What it reaches
+
+    def _gateway_program(self, *arguments: str) -> str:
+        program = f"{self.state['gateway_programs']}/gpuplat_gateway_canary.py"
+        return self.nodes.exec(self.state["gateway"], "python3", program, *arguments, timeout=30)
+
+    def share(self) -> int:
+        return GatewayFigures.from_show(json.loads(self._gateway_program("show"))).canary_percent
+
+    def set_share(self, percent: int) -> None:
+        self._gateway_program("share", str(percent))
+
+    def readings(self) -> tuple[Reading, Reading]:
+        """Its gateway's counters and every model server's latency histograms (by address:port, as the CLI
+        names them: the evidence the CLI began is carried on)."""
+        figures = GatewayFigures.from_show(json.loads(self._gateway_program("show")))
+        backends, servers = self.state["backends"], self.state["servers"]
+        found: dict[str, dict[str, Any]] = {"stable": {}, "canary": {}}
+        for address, ports in servers.items():
+            role_of = {port: "stable" for port in ports["stable"]} | {ports["canary"]: "canary"}
+            try:
+                answer = self.nodes.exec(
+                    self.state["gateway"],
+                    "python3",
+                    "-c",
+                    METRICS_READ,
+                    address,
+                    *map(str, role_of),
+                    timeout=30,
+                )
+            except GpuPlatError as error:
+                say(f"no latencies from {address} this look: {error.message}")
+                continue
+            for port, histogram in parse_metrics(answer, self.state["histogram"]).items():
+                if port in role_of:
+                    found[role_of[port]][f"{address}:{port}"] = histogram
+        stable, canary = (
+            Reading.of_gateways(
+                {
+                    self.state["gateway"]: Counts(
+                        figures.requests[backends[role]], figures.errors[backends[role]]
+                    )
+                },
+                found[role] or None,
+            )
+            for role in ("stable", "canary")
+        )
+        return stable, canary
+
+    # Its state
+
+    def save(self) -> None:
+        """The state, then the record `serve status` reads: killed between the two, the record is one look
+        behind, the evidence whole."""
+        write_whole(state_path(self.model, self.folder), self.state)
+        write_whole(record_path(self.model, self.folder), self.record())
+
+    def step_label(self) -> str:
+        steps = self.state["steps"]
+        if not steps:
+            return "the canary's analysis"
+        at = min(self.state["step"], len(steps) - 1)
+        number, in_all = self.state["step_numbers"][at], self.state["steps_in_all"]
+        return f"step {number} of {in_all} ({steps[at]['percent']} %)"
+
+    def record(self) -> dict[str, Any]:
+        state = self.state
+        verdict = state.get("verdict") or {"action": CONTINUE, "reason": "no look yet"}
+        phase = {ROLLBACK: "rolled back"}.get(verdict["action"], verdict["action"])
+        if state["phase"] == RUNNING:
+            phase = "analysing"
+        detail = f"{self.step_label()}: {verdict['reason']}"
+        if state.get("remains"):
+            detail += f". Left to the operator: {state['remains']}"
+        return {
+            "phase": phase,
+            "detail": detail,
+            "canary_percent": None if phase == "rolled back" else state["share"],
+            "steps": [step["percent"] for step in state["steps"]],
+            "at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self.clock())),
+            "by": f"the detached guard (gpuplat-serve-guard@{self.model} on {socket.gethostname()})",
+            "guard": {
+                "state": state["phase"],
+                "step": self.step_label(),
+                "verdict": verdict,
+                "looks": state["looks"],
+                "last_look": state.get("last_look"),
+                "remains": state.get("remains"),
+            },
+        }
+
+    def finish(self, verdict: Verdict, remains: str) -> None:
+        self.state.update(phase=DONE, verdict=vars(verdict), remains=remains)
+        self.save()
+
+    # Its work
+
+    def run(self) -> None:
+        if self.state["phase"] == DONE:
+            say(f"the release of '{self.model}' ended before: {self.state['verdict']['reason']}")
+            return
+        lock = ReleaseLock(self.nodes, self.state["gateway"], self.model, "the detached guard", say)
+        waited_until = self.clock() + TAKE_LOCK_S
+        while True:
+            try:
+                lock.take()
+                break
+            except LockRefused as refused:
+                if self.clock() > waited_until:
+                    raise
+                say(f"waiting for the release lock: {refused.message}")
+                self.sleep(2)
+        try:
+            while self.state["phase"] != DONE:
+                if not lock.held():
+                    raise GpuPlatError(
+                        f"the detached guard of '{self.model}' lost its release lock: it stops"
+                    )
+                self.look()
+        finally:
+            lock.release()
+
+    def look(self) -> None:
+        """One step of the release: a rollback begun finished, a step begun, or one look at the analysis."""
+        state = self.state
+        if state["phase"] == ROLLING_BACK:
+            self.set_share(0)
+            self.finish(
+                Verdict(**state["verdict"]),
+                f"the canary has no share; `gpuplat serve rollback {self.model}` stops its slot on the model "
+                "servers and takes the registry's challenger alias away",
+            )
+            return
+        if state["guard"] is None:
+            self.begin_step()
+            return
+        self.sleep(state["look_s"])
+        now = self.clock()
+        guard = Guard.from_json(self.rules, state["guard"])
+        try:
+            if self.share() == 0:
+                self.finish(
+                    Verdict("gone", "the canary has no share any more (taken out by another command)"), ""
+                )
+                return
+            verdict = guard.look(now, *self.readings())
+        except (GpuPlatError, ValueError, KeyError) as error:
+            reason = error.message if isinstance(error, GpuPlatError) else f"{type(error).__name__}: {error}"
+            say(f"look failed: {reason}")
+            return
+        state.update(guard=guard.to_json(), looks=state["looks"] + 1, verdict=vars(verdict))
+        state["last_look"] = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now))
+        if verdict.action == ROLLBACK:
+            state["phase"] = ROLLING_BACK  # saved first: a restart finishes the rollback
+            self.save()
+            self.look()
+            return
+        if verdict.action == PROMOTE_READY:
+            self.step_passed(verdict)
+        elif verdict.action == INCONCLUSIVE:
+            self.finish(verdict, _decide(self.model))
+        elif now - guard.started_s >= state["duration_s"]:
+            self.finish(
+                Verdict(CONTINUE, f"no verdict within {state['duration_s']:.0f} s: {verdict.reason}"),
+                _decide(self.model),
+            )
+        else:
+            self.save()
+
+    def begin_step(self) -> None:
+        """The step's share on its gateway, and its analysis from the counters now (the first step's
+        baseline, from just before `deploy` gave the canary its share, came with the state)."""
+        state = self.state
+        step = state["steps"][state["step"]] if state["steps"] else None
+        if step is not None and step["percent"] == 100:
+            self.finish(
+                Verdict(PROMOTE_READY, f"{self.step_label()} is the promotion"),
+                f"`gpuplat serve promote {self.model}` restarts the stable replicas on the canary's version",
+            )
+            return
+        if step is not None and step["percent"] != state["share"]:
+            baseline = self.readings()
+            self.set_share(step["percent"])
+            state["share"] = step["percent"]
+            say(f"{self.step_label()}: the canary takes {step['percent']} % of the requests")
+            state["guard"] = Guard(self.rules, self.clock(), *baseline).to_json()
+        else:
+            state["guard"] = Guard(self.rules, self.clock(), *self.readings()).to_json()
+        self.save()
+
+    def step_passed(self, verdict: Verdict) -> None:
+        state = self.state
+        step = state["steps"][state["step"]] if state["steps"] else None
+        if step is None or state["step"] + 1 >= len(state["steps"]):
+            self.finish(
+                verdict, f"`gpuplat serve promote {self.model}`, or `gpuplat serve rollback {self.model}`"
+            )
+            return
+        if step["manual_gate"]:
+            self.finish(
+                Verdict(GATED, f"{self.step_label()} passed; its manual gate holds the release"),
+                f"`gpuplat serve guard {self.model} --past-gate` goes on, "
+                f"`gpuplat serve rollback {self.model}` takes the canary out",
+            )
+            return
+        say(f"{self.step_label()} passed: {verdict.reason}")
+        state.update(step=state["step"] + 1, guard=None)
+        self.save()
+
+
+def _decide(model: str) -> str:
+    return f"the canary keeps its share: `gpuplat serve rollback {model}` or `gpuplat serve promote {model}`"
+
+
+def initial_state(
+    model: str,
+    candidate: str,
+    rules: RulesRead,
+    guard: Guard,
+    started_ago_s: float,
+    share: int,
+    steps: list[tuple[int, dict[str, Any]]],
+    steps_in_all: int,
+    gateway: str,
+    gateway_programs: str,
+    backends: dict[str, str],
+    servers: dict[str, dict[str, Any]],
+    histogram: str,
+    look_s: float,
+    duration_s: float,
+) -> dict[str, Any]:
+    """The state a detached guard starts from (`init` writes it on the node): the analysis the CLI began,
+    its start given as seconds ago (the node's clock, not the CLI's, counts from there), and the steps ahead
+    (number, step)."""
+    guard_state = guard.to_json()
+    guard_state["started_s"] = -started_ago_s
+    return {
+        "model": model,
+        "candidate": candidate,
+        "rules": rules.to_json(),
+        "phase": RUNNING,
+        "guard": guard_state,
+        "started_relative": True,
+        "share": share,
+        "steps": [step for _, step in steps],
+        "step_numbers": [number for number, _ in steps],
+        "steps_in_all": steps_in_all,
+        "step": 0,
+        "gateway": gateway,
+        "gateway_programs": gateway_programs,
+        "backends": backends,
+        "servers": servers,
+        "histogram": histogram,
+        "look_s": look_s,
+        "duration_s": duration_s,
+        "looks": 0,
+        "verdict": None,
+        "remains": None,
+        "last_look": None,
+    }
+
+
+def init(model: str, text: str, folder: str = STATE_DIR, clock: Callable[[], float] = time.time) -> None:
+    """Write a starting state (from the CLI) on this node: its start, given relative, on this node's clock."""
+    state = json.loads(text)
+    if state.pop("started_relative", False):
+        state["guard"]["started_s"] += clock()
+    write_whole(state_path(model, folder), state)
+
+
+def main(arguments: list[str] | None = None) -> int:
+    """`guard.pyz MODEL` runs the guard; `guard.pyz init MODEL STATE` writes its starting state."""
+    arguments = sys.argv[1:] if arguments is None else arguments
+    try:
+        if len(arguments) == 3 and arguments[0] == "init":
+            init(arguments[1], arguments[2])
+            return 0
+        if len(arguments) != 1:
+            say("usage: guard.pyz MODEL | guard.pyz init MODEL STATE_JSON")
+            return 2
+        DetachedGuard(arguments[0]).run()
+    except GpuPlatError as error:
+        say(error.message)
+        return 1
+    return 0

@@ -1,0 +1,107 @@
+"""What the gateways and model servers say, as text: a gateway's `show` (its share, requests, errors and
+servers up per backend) and the model servers' /metrics (Prometheus' text format). Standard library only:
+the detached guard reads them on a gateway node (infra/serving/guard_service.py).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from infra.serving.counts import Histogram
+
+# The CPU reference server's gauge naming the registered version it serves (roles/inference_server/files/
+# cpu_reference_server.py); vLLM has none.
+VERSION_INFO = "gpuplat_inference_model_version_info"
+# Run with python3 -c: each port's /metrics after a line "# port N" (none for a port that is down).
+# The first argument: the host (127.0.0.1 on the node itself; the node's address from a gateway).
+METRICS_READ = """import sys, urllib.request
+for port in sys.argv[2:]:
+    try:
+        text = urllib.request.urlopen(f"http://{sys.argv[1]}:{port}/metrics", timeout=5).read().decode()
+    except OSError:
+        continue
+    print(f"# port {port}")
+    print(text)
+"""
+
+
+# Prometheus' text format (prometheus/docs content/docs/instrumenting/exposition_formats.md, "Text format
+# details"): `name{label="value",...} value [timestamp]`, each label value quoted, with \\, \" and \n
+# escaped in it: a `,` or `}` inside the quotes belongs to the value.
+_SAMPLE = re.compile(
+    r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)\s*(?:\{(?P<labels>(?:[^"}]|"(?:[^"\\]|\\.)*")*)\})?'
+    r"\s+(?P<value>\S+)(?:\s+-?\d+)?$"
+)
+_LABEL = re.compile(r'\s*(?P<name>[a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"(?P<value>(?:[^"\\]|\\.)*)"\s*(?:,|$)')
+_UNESCAPED = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+
+
+def sample_labels(labels: str) -> dict[str, str]:
+    """A sample's labels (the text between its braces), each value unescaped."""
+    return {
+        match["name"]: re.sub(r"\\.", lambda escape: _UNESCAPED.get(escape[0], escape[0]), match["value"])
+        for match in _LABEL.finditer(labels)
+    }
+
+
+def port_samples(answer: str) -> Iterator[tuple[int, re.Match[str]]]:
+    """Each sample of METRICS_READ's answer with the port whose /metrics it came from."""
+    port: int | None = None
+    for line in answer.splitlines():
+        if line.startswith("# port "):
+            port = int(line.split()[2])
+            continue
+        sample = _SAMPLE.match(line.strip())
+        if port is not None and sample is not None:
+            yield port, sample
+
+
+def answering_ports(answer: str) -> set[int]:
+    return {int(line.split()[2]) for line in answer.splitlines() if line.startswith("# port ")}
+
+
+def served_versions(answer: str) -> dict[int, str]:
+    """The registered version each port's server says it serves (VERSION_INFO at 1; "" for the stack's own
+    model), from METRICS_READ's answer."""
+    return {
+        port: sample_labels(sample["labels"] or "").get("version", "")
+        for port, sample in port_samples(answer)
+        if sample["name"] == VERSION_INFO and float(sample["value"]) == 1
+    }
+
+
+def parse_metrics(answer: str, histogram: str) -> dict[int, Histogram]:
+    """`histogram`'s buckets and _sum per port from METRICS_READ's answer (Prometheus' text format, every
+    label set of a port summed at each `le`)."""
+    cumulative: dict[int, dict[float, float]] = {}
+    sums: dict[int, float] = {}
+    for port, sample in port_samples(answer):
+        name, number = sample["name"], float(sample["value"])
+        if name == f"{histogram}_bucket":
+            le = float(sample_labels(sample["labels"] or "").get("le", "+Inf"))
+            bucket = cumulative.setdefault(port, {})
+            bucket[le] = bucket.get(le, 0.0) + number
+        elif name == f"{histogram}_sum":
+            sums[port] = sums.get(port, 0.0) + number
+    return {p: Histogram.from_cumulative(b, sums.get(p, 0.0)) for p, b in cumulative.items()}
+
+
+@dataclass(frozen=True)
+class GatewayFigures:
+    canary_percent: int
+    requests: dict[str, int]
+    errors: dict[str, int]
+    servers_up: dict[str, int]
+
+    @classmethod
+    def from_show(cls, answer: dict[str, Any]) -> GatewayFigures:
+        backends = answer["backends"]
+        return cls(
+            canary_percent=int(answer["canary_percent"]),
+            requests={name: int(b["requests"]) for name, b in backends.items()},
+            errors={name: int(b["errors"]) for name, b in backends.items()},
+            servers_up={name: int(b["servers_up"]) for name, b in backends.items()},
+        )

@@ -1,0 +1,343 @@
+"""The detached guard (infra/serving/guard_service.py): its state written whole or not at all, whatever
+write a kill lands between; a guard killed after any write and started again resumes with its evidence (the
+counts since the canary started, the baseline before it), never from zero; a rollback takes the canary's
+share to 0 on its gateway and says what remains; the release lock held while it runs; the bundle runs on a
+bare Python."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.errors import GpuPlatError
+from infra.serving import guard_service, guard_state, lock
+from infra.serving.analysis import ROLLBACK, Guard, RulesRead
+from infra.serving.counts import Counts, Reading
+from infra.serving.detach import bundle
+from infra.serving.guard_service import DONE, DetachedGuard, initial_state, record_path, state_path
+from infra.serving.lock import LockRefused, ReleaseLock
+from infra.spec.models import Canary
+
+MODEL = "embedder"
+STABLE, CANARY = "inference", "inference_canary"
+
+
+class Killed(BaseException):
+    """A kill of the guard's process at some write (BaseException: nothing of the guard catches it)."""
+
+
+class Node:
+    """The gateway's node: its gateway's share and counters (stable answers every request, the canary
+    fails `canary_fails` of them), the model servers answering no /metrics, every other command run for
+    real (the lock's scripts, in a folder of the test's)."""
+
+    def __init__(self, share: int, canary_fails: bool) -> None:
+        self.share, self.canary_fails = share, canary_fails
+        self.counts = {STABLE: [0, 0], CANARY: [0, 0]}
+        self.shares: list[int] = []
+        self.latency = False
+
+    def metrics(self) -> str:
+        """Both versions' servers' /metrics: every answer under 0.1 s, 0.05 s on average."""
+        lines = []
+        for port, backend in ((8000, STABLE), (8100, CANARY)):
+            answered = self.counts[backend][0]
+            lines += [
+                f"# port {port}",
+                f'h_bucket{{le="0.1"}} {answered}',
+                f'h_bucket{{le="+Inf"}} {answered}',
+                f"h_sum {0.05 * answered}",
+            ]
+        return "\n".join(lines)
+
+    def traffic(self, requests: int) -> None:
+        canary = requests * self.share // 100
+        self.counts[STABLE][0] += requests - canary
+        self.counts[CANARY][0] += canary
+        if self.canary_fails:
+            self.counts[CANARY][1] += canary
+
+    def exec(self, node: str, *command: str, timeout: float = 120) -> str:
+        if command[0] == "python3" and command[1].endswith("gpuplat_gateway_canary.py"):
+            if command[2] == "share":
+                self.share = int(command[3])
+                self.shares.append(self.share)
+                return "{}"
+            backends = {
+                name: {"requests": r, "errors": e, "servers_up": 1} for name, (r, e) in self.counts.items()
+            }
+            return json.dumps({"canary_percent": self.share, "backends": backends})
+        if command[:2] == ("python3", "-c"):
+            return self.metrics() if self.latency else ""  # none: the analysis judges the errors alone
+        return guard_service.LocalNodes().exec(node, *command, timeout=timeout)
+
+
+class Clock:
+    """The node's clock; each sleep is the time the client's requests flow (10 a second)."""
+
+    def __init__(self, node: Node) -> None:
+        self.now, self.node = 1_000_000.0, node
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        self.node.traffic(int(10 * seconds))
+
+
+@pytest.fixture(autouse=True)
+def lock_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lock, "LOCK_DIR", str(tmp_path / "locks"))
+
+
+def started(folder: Path, node: Node, clock: Clock, rules: Canary, duration_s: float = 400) -> None:
+    """The state `deploy --detach` hands over: the counters just before the canary got its share."""
+    baseline = Guard(rules, 0.0, *_counts(node))
+    state = initial_state(
+        model=MODEL,
+        candidate=f"{MODEL}@2",
+        rules=RulesRead.of(rules),
+        guard=baseline,
+        started_ago_s=0,
+        share=node.share,
+        steps=[(n, s.model_dump()) for n, s in enumerate(rules.steps, 1)],
+        steps_in_all=len(rules.steps),
+        gateway="head-0",
+        gateway_programs="/usr/local/lib/gpuplat",
+        backends={"stable": STABLE, "canary": CANARY},
+        servers={"infer-0": {"stable": [8000], "canary": 8100}},
+        histogram="h",
+        look_s=5,
+        duration_s=duration_s,
+    )
+    guard_service.init(MODEL, json.dumps(state), str(folder), clock)
+
+
+def _counts(node: Node) -> tuple[Reading, Reading]:
+    """The counters as the CLI reads them: by gateway (its node's name), as the guard reads its own."""
+    return (
+        Reading.of_gateways({"head-0": Counts(node.counts[STABLE][0], node.counts[STABLE][1])}, None),
+        Reading.of_gateways({"head-0": Counts(node.counts[CANARY][0], node.counts[CANARY][1])}, None),
+    )
+
+
+def guard_of(folder: Path, node: Node, clock: Clock) -> DetachedGuard:
+    return DetachedGuard(MODEL, str(folder), node, clock, clock.sleep)  # type: ignore[arg-type]
+
+
+class Kill:
+    """The guard's process killed at its n-th write step (any os call write_whole makes: open, write, fsync,
+    close, replace), counted from `arm`."""
+
+    def __init__(self) -> None:
+        self.at: int | None = None
+        self.calls = 0
+
+    def arm(self, at: int | None) -> None:
+        self.at, self.calls = at, 0
+
+    def step(self) -> None:
+        self.calls += 1
+        if self.at is not None and self.calls == self.at:
+            self.at = None
+            raise Killed
+
+
+@pytest.fixture
+def kill(monkeypatch: pytest.MonkeyPatch) -> Kill:
+    killing = Kill()
+    for name in ("open", "write", "fsync", "close", "replace"):
+        real = getattr(os, name)
+
+        def counted(*arguments: Any, _real: Any = real) -> Any:
+            killing.step()
+            return _real(*arguments)
+
+        monkeypatch.setattr(os, name, counted)
+    return killing
+
+
+def test_a_state_written_whole_or_not_at_all_whatever_step_the_writer_is_killed_at(
+    tmp_path: Path, kill: Kill
+) -> None:
+    path = str(tmp_path / "guard" / "m.json")
+    old, new = {"looks": 1, "evidence": [1] * 50}, {"looks": 2, "evidence": [2] * 5000}
+    steps = 0
+    while True:
+        guard_state.write_whole(path, old)
+        kill.arm(steps + 1)
+        try:
+            guard_state.write_whole(path, new)
+        except Killed:
+            assert guard_state.read_whole(path) in (old, new)
+            steps += 1
+            continue
+        break
+    kill.arm(None)
+    assert steps >= 8  # open, write, fsync, close, replace, the folder's open, fsync, close: each one tried
+    assert guard_state.read_whole(path) == new
+    guard_state.write_whole(path, old)  # a temporary a killed writer left is replaced, never read
+    assert guard_state.read_whole(path) == old
+
+
+def test_a_guard_killed_after_any_write_resumes_with_its_evidence_and_rolls_the_failing_canary_back(
+    tmp_path: Path, kill: Kill, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A canary failing every request, the guard killed at its k-th write step and started again (its
+    service restarted) for k = 1, 2, ...: every run rolls it back on the evidence of one that ran
+    uninterrupted, the counts since the canary started never reset, the share 0 on the gateway."""
+    rules = Canary(min_requests=10, interval_s=30, intervals=2)
+    # The killed guard's process is gone: its successor takes its lock over (lock.gone, on the node).
+    monkeypatch.setattr(lock, "gone", lambda holder: holder.startswith("the detached guard"))
+
+    def carried(kill_at: int | None) -> tuple[DetachedGuard, Node, int]:
+        folder = tmp_path / f"run-{kill_at}"
+        node = Node(share=20, canary_fails=True)
+        clock = Clock(node)
+        started(folder, node, clock, rules)
+        node.traffic(30)  # answered before the guard's first look: evidence it must keep
+        restarts = 0
+        kill.arm(kill_at)
+        while True:
+            try:
+                guard = guard_of(folder, node, clock)
+                guard.run()
+                return guard, node, restarts
+            except Killed:
+                restarts += 1
+                saved = guard_state.read_whole(state_path(MODEL, str(folder)))
+                assert saved is not None and saved["guard"]["canary"]["total"]["requests"] >= 0
+
+    uninterrupted, _, _ = carried(None)
+    assert uninterrupted.state["verdict"]["action"] == ROLLBACK
+    looks = uninterrupted.state["looks"]
+    evidence = uninterrupted.state["guard"]["canary"]["total"]
+    for kill_at in range(1, 40):
+        guard, node, restarts = carried(kill_at)
+        assert restarts == 1
+        assert guard.state["phase"] == DONE and guard.state["verdict"]["action"] == ROLLBACK, guard.state
+        assert node.share == 0 and node.shares[-1] == 0
+        # The same evidence as without the kill: the look it cut short repeated at most once.
+        assert guard.state["looks"] in (looks, looks + 1)
+        assert guard.state["guard"]["canary"]["total"]["requests"] >= evidence["requests"]
+        assert guard.state["guard"]["canary"]["total"]["errors"] >= evidence["errors"]
+    record = guard_state.read_whole(record_path(MODEL, str(tmp_path / "run-None")))
+    assert record is not None and record["phase"] == "rolled back" and record["canary_percent"] is None
+    assert "`gpuplat serve rollback embedder` stops its slot" in record["detail"]
+    assert record["guard"]["state"] == DONE
+
+
+def test_a_restarted_guard_keeps_the_evidence_a_fresh_one_would_lose(tmp_path: Path) -> None:
+    """What today's `serve guard` does when started again (counts from its own first look) against the
+    detached guard resumed from its state: the canary failed 6 requests before the restart; the resumed
+    guard still counts them, a fresh one does not."""
+    rules = Canary(min_requests=10, interval_s=30, intervals=2)
+    node = Node(share=20, canary_fails=True)
+    clock = Clock(node)
+    started(tmp_path, node, clock, rules)
+    node.traffic(30)
+    guard = guard_of(tmp_path, node, clock)
+    guard.look()
+    before = guard.state["guard"]["canary"]["total"]
+    assert before["errors"] == 16  # 6 before the first look, 10 in its 5 s
+    resumed = guard_of(tmp_path, node, clock)
+    assert resumed.state["guard"]["canary"]["total"] == before
+    fresh = Guard(rules, clock(), *_counts(node))
+    assert fresh.canary.total.errors == 0
+
+
+def test_the_guard_waits_for_the_lock_its_starter_holds_and_a_second_release_meets_it(tmp_path: Path) -> None:
+    rules = Canary(min_requests=10, interval_s=30, intervals=2)
+    node = Node(share=20, canary_fails=True)
+    clock = Clock(node)
+    started(tmp_path, node, clock, rules)
+    deploy = ReleaseLock(node, "head-0", MODEL, "deploy embedder@2", lambda _: None)
+    deploy.take()
+    waits: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        if len(waits) == 2:
+            deploy.release()  # the deploy command exits
+        clock.sleep(seconds)
+
+    guard = DetachedGuard(MODEL, str(tmp_path), node, clock, sleep)  # type: ignore[arg-type]
+    seen: list[str] = []
+
+    def look() -> None:
+        if not seen:
+            second = ReleaseLock(node, "head-0", MODEL, "promote", lambda _: None)
+            with pytest.raises(LockRefused, match="the detached guard by pid"):
+                second.take()
+            seen.append("refused")
+        DetachedGuard.look(guard)
+
+    guard.look = look  # type: ignore[method-assign]
+    guard.run()
+    assert waits[:2] == [2, 2] and seen == ["refused"]
+    assert guard.state["verdict"]["action"] == ROLLBACK
+
+
+def test_the_guard_carries_the_steps_below_100_and_stops_at_a_manual_gate(tmp_path: Path) -> None:
+    """Steps 5, 20 (manual gate) and 100 with a canary as good as the stable version: the guard holds 5 %
+    for its analysis, moves its gateway to 20 %, holds that for an analysis of its own, and stops at the
+    gate, leaving the next step to an operator."""
+    rules = Canary.model_validate(
+        {
+            "min_requests": 4,
+            "interval_s": 10,
+            "intervals": 2,
+            "steps": [{"percent": 5}, {"percent": 20, "manual_gate": True}, {"percent": 100}],
+        }
+    )
+    node = Node(share=5, canary_fails=False)
+    node.latency = True
+    clock = Clock(node)
+    started(tmp_path, node, clock, rules)
+    guard = guard_of(tmp_path, node, clock)
+    guard.run()
+    assert node.shares == [20]
+    assert guard.state["verdict"]["action"] == "gated", guard.state["verdict"]
+    record = guard_state.read_whole(record_path(MODEL, str(tmp_path)))
+    assert record is not None and record["phase"] == "gated" and record["canary_percent"] == 20
+    assert "step 2 of 3 (20 %)" in record["detail"] and "--past-gate` goes on" in record["detail"]
+
+
+def test_a_guard_whose_state_is_missing_says_so(tmp_path: Path) -> None:
+    with pytest.raises(GpuPlatError, match="no detached guard of 'embedder'"):
+        DetachedGuard(MODEL, str(tmp_path))
+
+
+def test_the_bundle_runs_on_a_python_without_the_clis_dependencies(tmp_path: Path) -> None:
+    """The node has Debian's python3 and nothing else: the bundle imports no module outside itself and
+    the standard library (-I: no site-packages, no user folder)."""
+    archive = tmp_path / "guard.pyz"
+    archive.write_bytes(bundle())
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", str(archive), "init", MODEL, "{}"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=tmp_path,
+    )
+    # It got as far as reading the state it was given ("{}" has no guard: a KeyError, not an ImportError).
+    assert "ModuleNotFoundError" not in done.stderr and "ImportError" not in done.stderr, done.stderr
+    usage = subprocess.run(
+        [sys.executable, "-I", "-S", str(archive)], capture_output=True, text=True, check=False
+    )
+    assert usage.returncode == 2 and "usage: guard.pyz MODEL" in usage.stderr
+
+
+def test_detach_without_a_canary_is_refused_with_exit_2() -> None:
+    from tests.unit.test_hostile_input import run_cli
+
+    run = run_cli("serve", "deploy", "embedder@2", "--detach")
+    assert run.code == 2 and "--detach hands a canary's guard to the gateway's node" in run.err, run.err
+    assert "Traceback" not in run.err
