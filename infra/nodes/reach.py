@@ -16,6 +16,7 @@ from typing import Any
 
 from infra.errors import EnvironmentProblem, ExitCode, GpuPlatError, SpecError
 from infra.nodes.inventory import TAG_NODE, TAG_STACK, container_name
+from infra.nodes.remote import SshSettings, ssh_argv
 from infra.platform.resolve import ResolvedPlatform
 
 # SSM's document that runs one command in a session (AWS-managed; its `command` parameter):
@@ -31,6 +32,12 @@ def _known_node(platform: ResolvedPlatform, node: str) -> None:
     names = [name for pool in platform.pools for name in pool.node_names()]
     if node not in names:
         raise SpecError(f"stack {platform.name} has no node {node!r}; its nodes: {', '.join(names)}")
+
+
+def host_addresses(platform: ResolvedPlatform) -> dict[str, str]:
+    """Each listed host of the stack -> its address: what the inventory gives Ansible (ansible_host) and the
+    gateways know its model servers by (roles/inference_gateway/tasks/preflight.yml)."""
+    return {h.name: h.address for pool in platform.pools for h in pool.spec.hosts}
 
 
 def running_instance(platform: ResolvedPlatform, node: str, ec2: Any) -> str:
@@ -69,12 +76,10 @@ def node_command(platform: ResolvedPlatform, node: str, command: Sequence[str], 
             *(command or ["bash", "-l"]),
         ]
     if backend == "onprem":
-        hosts = {h.name: h.address for pool in platform.pools for h in pool.spec.hosts}
+        hosts = host_addresses(platform)
         if node not in hosts:
             raise SpecError(f"stack {platform.name} has no host {node!r}; its hosts: {', '.join(hosts)}")
-        # ssh(1) hands its command to the remote user's shell as one string: the arguments quoted, so they
-        # arrive as given (as through SSM), and `--` so an address cannot be read as an option.
-        return ["ssh", "--", hosts[node], *([shlex.join(command)] if command else [])]
+        return ssh_argv(hosts[node], command, SshSettings.of_ansible().options())
     missing = [tool for tool in ("aws", "session-manager-plugin") if shutil.which(tool) is None]
     if missing:
         raise EnvironmentProblem(f"an SSM session needs {', '.join(missing)}: install {INSTALL_SSM}")

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 from infra.errors import ExitCode, GpuPlatError, SpecError
 from infra.nodes.inventory import container_name
+from infra.nodes.reach import host_addresses
 from infra.nodes.role_templates import role_defaults, role_vars
 from infra.platform.resolve import ResolvedPlatform
 from infra.serving.analysis import CONTINUE, PROMOTE_READY, ROLLBACK, Guard, Verdict
@@ -178,17 +179,23 @@ def serving_layout(platform: ResolvedPlatform) -> ServingLayout:
     serving = platform.spec.serving
     if serving is None:
         raise SpecError(f"stack '{platform.name}' serves no model: add a serving section to its stack file")
-    if platform.spec.backend != "local":
+    if platform.spec.backend not in ("local", "onprem") or platform.spec.scheduler.kind == "kueue":
         raise SpecError(
-            f"stack '{platform.name}' is on {platform.spec.backend}: `gpuplat serve` drives the model "
-            "servers of local stacks (the podman cluster) so far; on other stacks serve a version by "
-            "setting serving.model to its path and running `gpuplat up`"
+            f"stack '{platform.name}' is on {platform.spec.backend} ({platform.spec.scheduler.kind}): "
+            "`gpuplat serve` drives the gateways' canary backend, which roles/inference_gateway sets up on "
+            "local and on-premises Slurm stacks only (on aws its backend's slots follow the Auto Scaling "
+            "group; on Kubernetes the Service's pods); there serve a version by setting serving.model to its "
+            "path and running `gpuplat up`"
         )
     pool = platform.pool(serving.pool)
     layout = platform.serving_layout
     servers = tuple(pool.running_node_names())
     gateways = tuple(platform.gateway_pool.running_node_names())
-    addresses = {node: container_name(platform.name, node) for node in servers}
+    # The address each gateway's haproxy.cfg names the server by: its ansible_host in the inventory.
+    if platform.spec.backend == "onprem":
+        addresses = {node: host_addresses(platform)[node] for node in servers}
+    else:
+        addresses = {node: container_name(platform.name, node) for node in servers}
     if (
         serving.engine == "vllm"
         and layout is not None
