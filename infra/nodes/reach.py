@@ -16,7 +16,7 @@ from typing import Any
 
 from infra.errors import EnvironmentProblem, ExitCode, GpuPlatError, SpecError
 from infra.nodes.inventory import TAG_NODE, TAG_STACK, container_name
-from infra.nodes.remote import SshSettings, ssh_argv
+from infra.nodes.remote import SshSettings, SsmNodes, ssh_argv
 from infra.platform.resolve import ResolvedPlatform
 
 # SSM's document that runs one command in a session (AWS-managed; its `command` parameter):
@@ -40,18 +40,24 @@ def host_addresses(platform: ResolvedPlatform) -> dict[str, str]:
     return {h.name: h.address for pool in platform.pools for h in pool.spec.hosts}
 
 
-def running_instance(platform: ResolvedPlatform, node: str, ec2: Any) -> str:
-    """The id of the running instance of `node` in the stack (by its gpuplat:stack and gpuplat:node tags)."""
+def running_instances(platform: ResolvedPlatform, ec2: Any) -> dict[str, str]:
+    """The stack's running instances (by its gpuplat:stack tag), named as its Ansible inventory names them:
+    by their gpuplat:node tag, else their instance id (inventory.aws_ec2_config `hostnames`)."""
     filters = [
         {"Name": f"tag:{TAG_STACK}", "Values": [platform.name]},
         {"Name": "instance-state-name", "Values": ["running"]},
     ]
-    reservations = ec2.describe_instances(Filters=filters)["Reservations"]
     by_node: dict[str, str] = {}
-    for instance in (i for r in reservations for i in r["Instances"]):
-        tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
-        if TAG_NODE in tags:
-            by_node[tags[TAG_NODE]] = instance["InstanceId"]
+    for page in ec2.get_paginator("describe_instances").paginate(Filters=filters):
+        for instance in (i for r in page["Reservations"] for i in r["Instances"]):
+            tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
+            by_node[tags.get(TAG_NODE, instance["InstanceId"])] = instance["InstanceId"]
+    return by_node
+
+
+def running_instance(platform: ResolvedPlatform, node: str, ec2: Any) -> str:
+    """The id of the running instance of `node` in the stack (by its gpuplat:stack and gpuplat:node tags)."""
+    by_node = running_instances(platform, ec2)
     if node not in by_node:
         running = ", ".join(sorted(by_node)) or "none"
         raise GpuPlatError(
@@ -60,6 +66,15 @@ def running_instance(platform: ResolvedPlatform, node: str, ec2: Any) -> str:
             exit_code=ExitCode.BAD_INPUT,
         )
     return by_node[node]
+
+
+def ssm_nodes(platform: ResolvedPlatform, ec2: Any = None, ssm: Any = None) -> SsmNodes:
+    """The running nodes of an AWS stack, reached through SSM Run Command (infra/nodes/remote.py)."""
+    import boto3
+
+    region = str(platform.spec.region)
+    ec2 = ec2 or boto3.client("ec2", region_name=region)
+    return SsmNodes(running_instances(platform, ec2), ssm or boto3.client("ssm", region_name=region))
 
 
 def node_command(platform: ResolvedPlatform, node: str, command: Sequence[str], ec2: Any = None) -> list[str]:

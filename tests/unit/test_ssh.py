@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from infra.errors import GpuPlatError
-from infra.nodes.reach import node_command
+from infra.nodes.reach import node_command, ssm_nodes
 from infra.platform.resolve import ResolvedPlatform
 from tests.unit.test_cli import gpuplat
 
@@ -27,7 +27,7 @@ def test_local_and_onprem_nodes() -> None:
     one = gpuplat("ssh", "--stack", "local", "--print", "train-0", "--", "nvidia-smi", "-L")
     assert one.stdout.strip() == "podman exec -i gpuplat-local-train-0 nvidia-smi -L"
     host = gpuplat("ssh", "--stack", "onprem", "--print", "gpu-01", "--", "hostname")
-    # As Ansible reaches the host: the project's ansible.cfg turns host key checking off (infra/nodes/remote.py).
+    # As Ansible reaches it: the project's ansible.cfg turns host key checking off (infra/nodes/remote.py).
     assert host.stdout.strip() == "ssh -o StrictHostKeyChecking=no -- 10.40.1.11 hostname"
     # The remote shell gets the arguments as given, not split again at their spaces or run as `;`.
     quoted = gpuplat("ssh", "--stack", "onprem", "--print", "gpu-01", "--", "bash", "-c", "echo a b; ls")
@@ -93,3 +93,16 @@ def test_without_the_ssm_tools_it_says_what_to_install(
     with pytest.raises(GpuPlatError) as missing:
         node_command(shipped_platforms["aws-prod"], "head-0", [])
     assert missing.value.exit_code == 3 and "aws, session-manager-plugin" in missing.value.message
+
+
+def test_an_aws_stacks_nodes_are_its_running_instances_named_as_its_inventory_names_them(
+    ec2: Any, shipped_platforms: dict[str, ResolvedPlatform]
+) -> None:
+    """gpuplat serve's SSM reach (infra/nodes/remote.py SsmNodes) and `gpuplat ssh` find the same instances:
+    a node by its gpuplat:node tag, an Auto Scaling group's instance (no such tag) by its id."""
+    head = _launch(ec2, {"gpuplat:stack": "aws-prod", "gpuplat:node": "head-0"})
+    scaled = _launch(ec2, {"gpuplat:stack": "aws-prod", "gpuplat:pool": "infer"})
+    _launch(ec2, {"gpuplat:stack": "aws-prod-2", "gpuplat:node": "head-0"})
+    nodes = ssm_nodes(shipped_platforms["aws-prod"], ec2, ssm=object())
+    assert nodes.instances == {"head-0": head, scaled: scaled}
+    assert node_command(shipped_platforms["aws-prod"], scaled, ["true"], ec2)[6] == scaled
