@@ -36,6 +36,9 @@ from infra.platform.resolve import ResolvedPlatform
 from infra.serving.analysis import CONTINUE, PROMOTE_READY, ROLLBACK, Guard, Verdict
 from infra.serving.canary import gate
 from infra.serving.counts import Counts, Histogram, Reading, Series
+from infra.serving.golden import GOLDEN_FILE
+from infra.serving.golden import PROBE as GOLDEN_PROBE
+from infra.serving.golden import misses as golden_misses
 from infra.serving.lock import LEASE_S, LockLost, ReleaseLock
 from infra.serving.prometheus import instant
 from infra.serving.registry.mlflow import MlflowRegistry, ModelVersion, RegistryError
@@ -568,6 +571,27 @@ class Release:
                 )
             time.sleep(1)
 
+    def probe_golden(self, version: ModelVersion) -> None:
+        """Ask each canary server `version`'s golden set (infra/serving/golden.py) while its share is 0: a
+        wrong answer stops the canary before it took any request and refuses the version."""
+        path = f"{version.location.rstrip('/')}/{GOLDEN_FILE}"
+        for node in self.layout.servers:
+            answer = self.nodes.exec(node, "python3", "-c", GOLDEN_PROBE, path, str(CANARY_PORT), timeout=600)
+            found = golden_misses(answer)
+            if found is None:
+                self.say(f"{version.reference} has no golden set ({path}): no answer checked before traffic")
+                return
+            if found:
+                self.stop_canary()
+                wrong = "; ".join(f"case {miss.case}: {miss.why}" for miss in found[:3])
+                raise ServeRefused(
+                    f"{version.reference} answered {len(found)} case(s) of its golden set ({path}) wrongly "
+                    f"on {node}: {wrong}. Its canary is stopped and took no request; fix the version or its "
+                    f"{GOLDEN_FILE}"
+                )
+        servers = ", ".join(self.layout.servers)
+        self.say(f"{version.reference} answered its golden set as expected on {servers}")
+
     def stop_canary(self) -> None:
         """Share 0, then each canary server drained on every gateway (its requests in flight answered)
         before it stops: nothing it was answering is cut."""
@@ -641,6 +665,7 @@ class Release:
         )  # refuses a path servers cannot read, before any change
         self.say(f"starting {candidate.reference} in the canary slot of {', '.join(self.layout.servers)}")
         self.start_canary(candidate)
+        self.probe_golden(candidate)
         self._fence("moving the registry's aliases")
         self.registry.set_alias(candidate.name, CHALLENGER, candidate.version)
         if canary_percent is None:
