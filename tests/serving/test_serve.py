@@ -176,7 +176,7 @@ def deeper(stack: Path, model: str) -> str:
     registered = cli(stack, "models", "register", model, folder, "--metric", "accuracy=0.95", "--json")
     assert registered.code == 0, registered.err
     print(f"the 24-layer version built and registered in {time.monotonic() - started:.1f} s")
-    return f"{model}@4"
+    return f"{model}@{json.loads(registered.out)['version']}"
 
 
 def cli(stack: Path, *arguments: str) -> CliRun:
@@ -246,6 +246,41 @@ def test_a_straight_deploy_serves_the_version_on_every_replica(first_stable: str
     assert f'gpuplat_inference_model_version_info{{version="{first_stable}"}} 1.0' in metrics
 
 
+def embedding_of(text: str) -> list[float]:
+    body = json.dumps({"model": MODEL, "input": text}).encode()
+    request = urllib.request.Request(GATEWAY, data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        return [float(x) for x in json.loads(reply.read())["data"][0]["embedding"]]
+
+
+def test_a_version_that_misses_its_golden_set_never_takes_a_request(
+    stack: Path, model: str, first_stable: str
+) -> None:
+    """Version 2 (the same weights as the stable one) stores the answer the stable version gives as its
+    golden set, and passes it whenever it is deployed after this; another version, the same archive with
+    that answer turned around as its golden set, is refused before its canary takes any request."""
+    expected = embedding_of("a golden question")
+    for folder, vector in (("2", expected), ("missed", [-x for x in expected])):
+        path = f"/shared/models/{model}/{folder}"
+        golden = {"cases": [{"path": "/v1/embeddings", "body": {"model": MODEL, "input": "a golden question"},
+                             "expect": {"embedding": vector}}]}  # fmt: skip
+        node(INFER, "sh", "-c", f'mkdir -p {path} && cp /shared/models/{model}/1/model.zip {path}/ '
+             '&& printf %s "$1" > ' + f"{path}/golden.json", "sh", json.dumps(golden))  # fmt: skip
+    missed = f"/shared/models/{model}/missed"
+    registered = cli(stack, "models", "register", model, missed, "--metric", "accuracy=0.9", "--json")
+    assert registered.code == 0, registered.err
+    reference = f"{model}@{json.loads(registered.out)['version']}"
+    started = time.monotonic()
+    run = cli(stack, "serve", "deploy", reference, "--canary", str(SHARE))
+    print(f"golden set missed: exit {run.code} in {time.monotonic() - started:.1f} s")
+    assert run.code == 1 and "answered 1 case(s) of its golden set" in run.err, (run.code, run.err)
+    assert "took no request" in run.err
+    assert canary_percent() == 0 and versions_answering(20) == {first_stable: 20}
+    status = json.loads(serve(stack, "status", model, "--json").out)
+    assert status["versions"][1]["version"] is None, status["versions"]  # no challenger alias was set
+    assert ("canary", "not answering") in {(r["slot"], r["serves"]) for r in status["replicas"]}
+
+
 # The scenario's nodes as on-premises hosts at their addresses on its network (molecule/serving/molecule.yml),
 # reached over ssh as Ansible reaches listed hosts (prepare.yml installs Debian's OpenSSH server).
 ONPREM_HOSTS = {"head": ("head-0", "10.213.48.10"), "infer": ("infer-0", "10.213.48.11")}
@@ -307,7 +342,8 @@ def test_serve_drives_an_onprem_stack_over_ssh(
 
     canary_server = ("10.213.48.11", 8100)
     assert canary_servers() == {canary_server: True}  # drained when the straight deploy stopped its canary
-    serve_onprem("deploy", f"{model}@2", "--canary", str(SHARE))
+    deployed = serve_onprem("deploy", f"{model}@2", "--canary", str(SHARE))
+    assert f"{model}@2 answered its golden set as expected on infer-0" in deployed.err, deployed.err
     try:
         # Taken out of drain at the host's address: a target that matched no server would have left it so.
         assert canary_servers() == {canary_server: False}
