@@ -328,14 +328,12 @@ def test_serve_drives_an_onprem_stack_over_ssh(
 ) -> None:
     """deploy --canary, status and rollback of an on-premises stack: every step on the nodes over ssh, the
     gateways told the servers by the hosts' addresses (what its haproxy.cfg resolves their names to), the
-    registry named by --registry-url, Prometheus found at the controller host's address."""
+    registry and Prometheus found at the gateway and controller host's address."""
     stack, environment = onprem
 
     def serve_onprem(*arguments: str) -> CliRun:
         started = time.monotonic()
-        run = run_cli(
-            "serve", *arguments, "--stack-file", str(stack), "--registry-url", REGISTRY, env=environment
-        )
+        run = run_cli("serve", *arguments, "--stack-file", str(stack), env=environment)
         print(f"onprem serve {arguments[0]}: exit {run.code} in {time.monotonic() - started:.1f} s")
         assert run.code == 0, (arguments, run.code, run.err)
         return run

@@ -273,3 +273,12 @@ def test_an_aws_command_that_never_ends_fails_after_its_timeout() -> None:
         with pytest.raises(GpuPlatError, match="did not end within 40 s"):
             nodes.exec("head-0", "sleep", "60", timeout=10)
         stub.assert_no_pending_responses()
+
+
+def test_an_onprem_stacks_registry_is_found_where_its_role_binds_it(write_stack: Callable[..., Path]) -> None:
+    from infra.serving.registry.locate import registry_url
+
+    platform = load_platform(write_stack("onprem", onprem_serving))
+    assert registry_url(platform, None) == "http://10.40.0.10:5000"  # model_registry_listen_address
+    assert static_inventory(platform)["all"]["vars"]["model_registry_listen_address"] == "10.40.0.10"
+    assert registry_url(platform, "http://tunnel:5000") == "http://tunnel:5000"
