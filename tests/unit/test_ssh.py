@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,7 @@ import pytest
 
 from infra.errors import GpuPlatError
 from infra.nodes.reach import node_command, ssm_nodes
-from infra.platform.resolve import ResolvedPlatform
+from infra.platform.resolve import ResolvedPlatform, load_platform
 from tests.unit.test_cli import gpuplat
 
 boto3 = pytest.importorskip("boto3")
@@ -96,13 +96,19 @@ def test_without_the_ssm_tools_it_says_what_to_install(
 
 
 def test_an_aws_stacks_nodes_are_its_running_instances_named_as_its_inventory_names_them(
-    ec2: Any, shipped_platforms: dict[str, ResolvedPlatform]
+    ec2: Any, write_stack: Callable[..., Path]
 ) -> None:
     """gpuplat serve's SSM reach (infra/nodes/remote.py SsmNodes) and `gpuplat ssh` find the same instances:
-    a node by its gpuplat:node tag, an Auto Scaling group's instance (no such tag) by its id."""
-    head = _launch(ec2, {"gpuplat:stack": "aws-prod", "gpuplat:node": "head-0"})
-    scaled = _launch(ec2, {"gpuplat:stack": "aws-prod", "gpuplat:pool": "infer"})
-    _launch(ec2, {"gpuplat:stack": "aws-prod-2", "gpuplat:node": "head-0"})
-    nodes = ssm_nodes(shipped_platforms["aws-prod"], ec2, ssm=object())
+    a node by its gpuplat:node tag, an Auto Scaling group's instance (no such tag) by its id. A stack of its
+    own: moto's EC2 is one per process, shared by the tests an xdist worker runs."""
+
+    def renamed(platform: dict[str, Any]) -> None:
+        platform["name"] = "aws-reach"
+
+    platform = load_platform(write_stack("aws-prod", renamed, name="aws-reach"))
+    head = _launch(ec2, {"gpuplat:stack": "aws-reach", "gpuplat:node": "head-0"})
+    scaled = _launch(ec2, {"gpuplat:stack": "aws-reach", "gpuplat:pool": "infer"})
+    _launch(ec2, {"gpuplat:stack": "aws-reach-2", "gpuplat:node": "head-0"})
+    nodes = ssm_nodes(platform, ec2, ssm=object())
     assert nodes.instances == {"head-0": head, scaled: scaled}
-    assert node_command(shipped_platforms["aws-prod"], scaled, ["true"], ec2)[6] == scaled
+    assert node_command(platform, scaled, ["true"], ec2)[6] == scaled
