@@ -16,6 +16,7 @@ from typing import Any
 
 from infra.errors import EnvironmentProblem, ExitCode, GpuPlatError, SpecError
 from infra.nodes.inventory import TAG_NODE, TAG_STACK, container_name
+from infra.nodes.remote import SshSettings, SsmNodes, ssh_argv
 from infra.platform.resolve import ResolvedPlatform
 
 # SSM's document that runs one command in a session (AWS-managed; its `command` parameter):
@@ -33,18 +34,30 @@ def _known_node(platform: ResolvedPlatform, node: str) -> None:
         raise SpecError(f"stack {platform.name} has no node {node!r}; its nodes: {', '.join(names)}")
 
 
-def running_instance(platform: ResolvedPlatform, node: str, ec2: Any) -> str:
-    """The id of the running instance of `node` in the stack (by its gpuplat:stack and gpuplat:node tags)."""
+def host_addresses(platform: ResolvedPlatform) -> dict[str, str]:
+    """Each listed host of the stack -> its address: what the inventory gives Ansible (ansible_host) and the
+    gateways know its model servers by (roles/inference_gateway/tasks/preflight.yml)."""
+    return {h.name: h.address for pool in platform.pools for h in pool.spec.hosts}
+
+
+def running_instances(platform: ResolvedPlatform, ec2: Any) -> dict[str, str]:
+    """The stack's running instances (by its gpuplat:stack tag), named as its Ansible inventory names them:
+    by their gpuplat:node tag, else their instance id (inventory.aws_ec2_config `hostnames`)."""
     filters = [
         {"Name": f"tag:{TAG_STACK}", "Values": [platform.name]},
         {"Name": "instance-state-name", "Values": ["running"]},
     ]
-    reservations = ec2.describe_instances(Filters=filters)["Reservations"]
     by_node: dict[str, str] = {}
-    for instance in (i for r in reservations for i in r["Instances"]):
-        tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
-        if TAG_NODE in tags:
-            by_node[tags[TAG_NODE]] = instance["InstanceId"]
+    for page in ec2.get_paginator("describe_instances").paginate(Filters=filters):
+        for instance in (i for r in page["Reservations"] for i in r["Instances"]):
+            tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
+            by_node[tags.get(TAG_NODE, instance["InstanceId"])] = instance["InstanceId"]
+    return by_node
+
+
+def running_instance(platform: ResolvedPlatform, node: str, ec2: Any) -> str:
+    """The id of the running instance of `node` in the stack (by its gpuplat:stack and gpuplat:node tags)."""
+    by_node = running_instances(platform, ec2)
     if node not in by_node:
         running = ", ".join(sorted(by_node)) or "none"
         raise GpuPlatError(
@@ -53,6 +66,15 @@ def running_instance(platform: ResolvedPlatform, node: str, ec2: Any) -> str:
             exit_code=ExitCode.BAD_INPUT,
         )
     return by_node[node]
+
+
+def ssm_nodes(platform: ResolvedPlatform, ec2: Any = None, ssm: Any = None) -> SsmNodes:
+    """The running nodes of an AWS stack, reached through SSM Run Command (infra/nodes/remote.py)."""
+    import boto3
+
+    region = str(platform.spec.region)
+    ec2 = ec2 or boto3.client("ec2", region_name=region)
+    return SsmNodes(running_instances(platform, ec2), ssm or boto3.client("ssm", region_name=region))
 
 
 def node_command(platform: ResolvedPlatform, node: str, command: Sequence[str], ec2: Any = None) -> list[str]:
@@ -69,12 +91,10 @@ def node_command(platform: ResolvedPlatform, node: str, command: Sequence[str], 
             *(command or ["bash", "-l"]),
         ]
     if backend == "onprem":
-        hosts = {h.name: h.address for pool in platform.pools for h in pool.spec.hosts}
+        hosts = host_addresses(platform)
         if node not in hosts:
             raise SpecError(f"stack {platform.name} has no host {node!r}; its hosts: {', '.join(hosts)}")
-        # ssh(1) hands its command to the remote user's shell as one string: the arguments quoted, so they
-        # arrive as given (as through SSM), and `--` so an address cannot be read as an option.
-        return ["ssh", "--", hosts[node], *([shlex.join(command)] if command else [])]
+        return ssh_argv(hosts[node], command, SshSettings.of_ansible().options())
     missing = [tool for tool in ("aws", "session-manager-plugin") if shutil.which(tool) is None]
     if missing:
         raise EnvironmentProblem(f"an SSM session needs {', '.join(missing)}: install {INSTALL_SSM}")

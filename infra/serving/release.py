@@ -29,11 +29,15 @@ from typing import Any, Protocol
 
 from infra.errors import ExitCode, GpuPlatError, SpecError
 from infra.nodes.inventory import container_name
+from infra.nodes.reach import host_addresses
 from infra.nodes.role_templates import role_defaults, role_vars
 from infra.platform.resolve import ResolvedPlatform
 from infra.serving.analysis import CONTINUE, PROMOTE_READY, ROLLBACK, Guard, Verdict
 from infra.serving.canary import gate
 from infra.serving.counts import Counts, Histogram, Reading, Series
+from infra.serving.golden import GOLDEN_FILE
+from infra.serving.golden import PROBE as GOLDEN_PROBE
+from infra.serving.golden import misses as golden_misses
 from infra.serving.lock import LEASE_S, LockLost, ReleaseLock
 from infra.serving.metrics_text import (
     METRICS_READ,
@@ -118,17 +122,23 @@ def serving_layout(platform: ResolvedPlatform) -> ServingLayout:
     serving = platform.spec.serving
     if serving is None:
         raise SpecError(f"stack '{platform.name}' serves no model: add a serving section to its stack file")
-    if platform.spec.backend != "local":
+    if platform.spec.backend not in ("local", "onprem") or platform.spec.scheduler.kind == "kueue":
         raise SpecError(
-            f"stack '{platform.name}' is on {platform.spec.backend}: `gpuplat serve` drives the model "
-            "servers of local stacks (the podman cluster) so far; on other stacks serve a version by "
-            "setting serving.model to its path and running `gpuplat up`"
+            f"stack '{platform.name}' is on {platform.spec.backend} ({platform.spec.scheduler.kind}): "
+            "`gpuplat serve` drives the gateways' canary backend, which roles/inference_gateway sets up on "
+            "local and on-premises Slurm stacks only (on aws its backend's slots follow the Auto Scaling "
+            "group; on Kubernetes the Service's pods); there serve a version by setting serving.model to its "
+            "path and running `gpuplat up`"
         )
     pool = platform.pool(serving.pool)
     layout = platform.serving_layout
     servers = tuple(pool.running_node_names())
     gateways = tuple(platform.gateway_pool.running_node_names())
-    addresses = {node: container_name(platform.name, node) for node in servers}
+    # The address each gateway's haproxy.cfg names the server by: its ansible_host in the inventory.
+    if platform.spec.backend == "onprem":
+        addresses = {node: host_addresses(platform)[node] for node in servers}
+    else:
+        addresses = {node: container_name(platform.name, node) for node in servers}
     if (
         serving.engine == "vllm"
         and layout is not None
@@ -489,6 +499,27 @@ class Release:
                 )
             time.sleep(1)
 
+    def probe_golden(self, version: ModelVersion) -> None:
+        """Ask each canary server `version`'s golden set (infra/serving/golden.py) while its share is 0: a
+        wrong answer stops the canary before it took any request and refuses the version."""
+        path = f"{version.location.rstrip('/')}/{GOLDEN_FILE}"
+        for node in self.layout.servers:
+            answer = self.nodes.exec(node, "python3", "-c", GOLDEN_PROBE, path, str(CANARY_PORT), timeout=600)
+            found = golden_misses(answer)
+            if found is None:
+                self.say(f"{version.reference} has no golden set ({path}): no answer checked before traffic")
+                return
+            if found:
+                self.stop_canary()
+                wrong = "; ".join(f"case {miss.case}: {miss.why}" for miss in found[:3])
+                raise ServeRefused(
+                    f"{version.reference} answered {len(found)} case(s) of its golden set ({path}) wrongly "
+                    f"on {node}: {wrong}. Its canary is stopped and took no request; fix the version or its "
+                    f"{GOLDEN_FILE}"
+                )
+        servers = ", ".join(self.layout.servers)
+        self.say(f"{version.reference} answered its golden set as expected on {servers}")
+
     def stop_canary(self) -> None:
         """Share 0, then each canary server drained on every gateway (its requests in flight answered)
         before it stops: nothing it was answering is cut."""
@@ -562,6 +593,7 @@ class Release:
         )  # refuses a path servers cannot read, before any change
         self.say(f"starting {candidate.reference} in the canary slot of {', '.join(self.layout.servers)}")
         self.start_canary(candidate)
+        self.probe_golden(candidate)
         self._fence("moving the registry's aliases")
         self.registry.set_alias(candidate.name, CHALLENGER, candidate.version)
         if canary_percent is None:

@@ -176,7 +176,7 @@ def deeper(stack: Path, model: str) -> str:
     registered = cli(stack, "models", "register", model, folder, "--metric", "accuracy=0.95", "--json")
     assert registered.code == 0, registered.err
     print(f"the 24-layer version built and registered in {time.monotonic() - started:.1f} s")
-    return f"{model}@4"
+    return f"{model}@{json.loads(registered.out)['version']}"
 
 
 def cli(stack: Path, *arguments: str) -> CliRun:
@@ -206,6 +206,20 @@ def with_latencies(stack: Path, model: str) -> dict[str, Any]:
     return status
 
 
+SLOTS = """import sys
+sys.path.insert(0, "/usr/local/lib/gpuplat")
+from gpuplat_gateway_targets import RuntimeApi
+for slot in RuntimeApi("/run/haproxy/admin.sock").slots("inference_canary"):
+    print(slot.address, slot.port, int(slot.draining))
+"""
+
+
+def canary_servers() -> dict[tuple[str, int], bool]:
+    """The gateway's canary backend, as HAProxy holds it: (address, port) -> whether it is in drain."""
+    lines = node(HEAD, "python3", "-c", SLOTS).split("\n")
+    return {(a, int(p)): d == "1" for a, p, d in (line.split() for line in lines if line.strip())}
+
+
 def canary_percent() -> int:
     show = node(HEAD, "python3", "/usr/local/lib/gpuplat/gpuplat_gateway_canary.py", "show")
     return int(json.loads(show)["canary_percent"])
@@ -230,6 +244,125 @@ def test_a_straight_deploy_serves_the_version_on_every_replica(first_stable: str
     with urllib.request.urlopen(REPLICA_0_METRICS, timeout=10) as reply:
         metrics = reply.read().decode()
     assert f'gpuplat_inference_model_version_info{{version="{first_stable}"}} 1.0' in metrics
+
+
+def embedding_of(text: str) -> list[float]:
+    body = json.dumps({"model": MODEL, "input": text}).encode()
+    request = urllib.request.Request(GATEWAY, data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        return [float(x) for x in json.loads(reply.read())["data"][0]["embedding"]]
+
+
+def test_a_version_that_misses_its_golden_set_never_takes_a_request(
+    stack: Path, model: str, first_stable: str
+) -> None:
+    """Version 2 (the same weights as the stable one) stores the answer the stable version gives as its
+    golden set, and passes it whenever it is deployed after this; another version, the same archive with
+    that answer turned around as its golden set, is refused before its canary takes any request."""
+    expected = embedding_of("a golden question")
+    for folder, vector in (("2", expected), ("missed", [-x for x in expected])):
+        path = f"/shared/models/{model}/{folder}"
+        golden = {"cases": [{"path": "/v1/embeddings", "body": {"model": MODEL, "input": "a golden question"},
+                             "expect": {"embedding": vector}}]}  # fmt: skip
+        node(INFER, "sh", "-c", f'mkdir -p {path} && cp /shared/models/{model}/1/model.zip {path}/ '
+             '&& printf %s "$1" > ' + f"{path}/golden.json", "sh", json.dumps(golden))  # fmt: skip
+    missed = f"/shared/models/{model}/missed"
+    registered = cli(stack, "models", "register", model, missed, "--metric", "accuracy=0.9", "--json")
+    assert registered.code == 0, registered.err
+    reference = f"{model}@{json.loads(registered.out)['version']}"
+    started = time.monotonic()
+    run = cli(stack, "serve", "deploy", reference, "--canary", str(SHARE))
+    print(f"golden set missed: exit {run.code} in {time.monotonic() - started:.1f} s")
+    assert run.code == 1 and "answered 1 case(s) of its golden set" in run.err, (run.code, run.err)
+    assert "took no request" in run.err
+    assert canary_percent() == 0 and versions_answering(20) == {first_stable: 20}
+    status = json.loads(serve(stack, "status", model, "--json").out)
+    assert status["versions"][1]["version"] is None, status["versions"]  # no challenger alias was set
+    assert ("canary", "not answering") in {(r["slot"], r["serves"]) for r in status["replicas"]}
+
+
+# The scenario's nodes as on-premises hosts at their addresses on its network (molecule/serving/molecule.yml),
+# reached over ssh as Ansible reaches listed hosts (prepare.yml installs Debian's OpenSSH server).
+ONPREM_HOSTS = {"head": ("head-0", "10.213.48.10"), "infer": ("infer-0", "10.213.48.11")}
+
+
+@pytest.fixture(scope="module")
+def onprem(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """An on-premises stack whose gateway and model-server hosts are the scenario's nodes (its train host is
+    never reached), and the environment Ansible's ssh connection would read: root, with a key made for this
+    test and authorised on both nodes, and a known_hosts file of the test's own."""
+    from tests.unit.test_hostile_input import write_variant
+
+    directory = tmp_path_factory.mktemp("onprem")
+    key = directory / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    public = (directory / "id_ed25519.pub").read_text().strip()
+    for container in (HEAD, INFER):
+        line = f"mkdir -p -m 700 /root/.ssh && echo {public!r} >> /root/.ssh/authorized_keys"
+        node(container, "sh", "-c", line)
+
+    def hosts(platform: dict[str, Any]) -> None:
+        platform["name"] = "molecule-onprem"
+        platform["backend"] = "onprem"
+        for pool in platform["pools"]:
+            for size in ("count", "min", "max"):
+                pool.pop(size, None)
+            name, address = ONPREM_HOSTS.get(pool["name"], (f"{pool['name']}-0", "192.0.2.1"))
+            pool["hosts"] = [{"name": name, "address": address}]
+            if pool["role"] == "infer":
+                pool["instance_type"] = "hgx-h100"  # an on-premises node type (the CPU engine uses no GPU)
+        platform["storage"]["parallel_fs"].update(kind="nfs", source="10.213.48.10:/shared")
+        platform["serving"]["registry"] = {}
+        platform["serving"]["canary"] = {"gate_metric": "accuracy", "gate_min": 0.8}
+
+    environment = {
+        "ANSIBLE_REMOTE_USER": "root",
+        "ANSIBLE_PRIVATE_KEY_FILE": str(key),
+        "ANSIBLE_SSH_ARGS": f"-o UserKnownHostsFile={directory / 'known_hosts'}",
+    }
+    return write_variant(directory, "local", hosts, name="molecule-onprem"), environment
+
+
+def test_serve_drives_an_onprem_stack_over_ssh(
+    onprem: tuple[Path, dict[str, str]], model: str, first_stable: str
+) -> None:
+    """deploy --canary, status and rollback of an on-premises stack: every step on the nodes over ssh, the
+    gateways told the servers by the hosts' addresses (what its haproxy.cfg resolves their names to), the
+    registry and Prometheus found at the gateway and controller host's address."""
+    stack, environment = onprem
+
+    def serve_onprem(*arguments: str) -> CliRun:
+        started = time.monotonic()
+        run = run_cli("serve", *arguments, "--stack-file", str(stack), env=environment)
+        print(f"onprem serve {arguments[0]}: exit {run.code} in {time.monotonic() - started:.1f} s")
+        assert run.code == 0, (arguments, run.code, run.err)
+        return run
+
+    canary_server = ("10.213.48.11", 8100)
+    assert canary_servers() == {canary_server: True}  # drained when the straight deploy stopped its canary
+    deployed = serve_onprem("deploy", f"{model}@2", "--canary", str(SHARE))
+    assert f"{model}@2 answered its golden set as expected on infer-0" in deployed.err, deployed.err
+    try:
+        # Taken out of drain at the host's address: a target that matched no server would have left it so.
+        assert canary_servers() == {canary_server: False}
+        assert canary_percent() == SHARE
+        status = json.loads(serve_onprem("status", model, "--json").out)
+        assert [(v["role"], v["version"], v["share_percent"]) for v in status["versions"]] == [
+            ("stable", first_stable, 100 - SHARE),
+            ("canary", f"{model}@2", SHARE),
+        ]
+        # Read over ssh from each server's own /metrics on infer-0.
+        assert [(r["node"], r["slot"], r["serves"]) for r in status["replicas"]] == [
+            ("infer-0", "0", first_stable),
+            ("infer-0", "1", first_stable),
+            ("infer-0", "canary", f"{model}@2"),
+        ], status["replicas"]
+        assert set(versions_answering(60)) == {first_stable, f"{model}@2"}
+    finally:
+        serve_onprem("rollback", model)
+    assert canary_servers() == {canary_server: True}  # drained at that address before it stopped
+    assert canary_percent() == 0
+    assert versions_answering(20) == {first_stable: 20}
 
 
 def test_the_canary_gets_its_share_and_keeps_it_across_a_reload(

@@ -213,7 +213,7 @@ def test_serve_refuses_a_stack_it_cannot_drive(write_stack: Callable[..., Path])
     with pytest.raises(SpecError, match="serves no model"):
         serving_layout(load_platform(write_stack("local", no_serving)))
     with pytest.raises(
-        SpecError, match="is on aws: `gpuplat serve` drives the model servers of local stacks"
+        SpecError, match=r"is on aws \(slurm\): `gpuplat serve` drives the gateways' canary backend"
     ):
         serving_layout(load_platform(write_stack("aws-prod", lambda _: None)))
 

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from infra.errors import GpuPlatError
-from infra.nodes.reach import node_command
-from infra.platform.resolve import ResolvedPlatform
+from infra.nodes.reach import node_command, ssm_nodes
+from infra.platform.resolve import ResolvedPlatform, load_platform
 from tests.unit.test_cli import gpuplat
 
 boto3 = pytest.importorskip("boto3")
@@ -27,10 +27,11 @@ def test_local_and_onprem_nodes() -> None:
     one = gpuplat("ssh", "--stack", "local", "--print", "train-0", "--", "nvidia-smi", "-L")
     assert one.stdout.strip() == "podman exec -i gpuplat-local-train-0 nvidia-smi -L"
     host = gpuplat("ssh", "--stack", "onprem", "--print", "gpu-01", "--", "hostname")
-    assert host.stdout.strip() == "ssh -- 10.40.1.11 hostname"
+    # As Ansible reaches it: the project's ansible.cfg turns host key checking off (infra/nodes/remote.py).
+    assert host.stdout.strip() == "ssh -o StrictHostKeyChecking=no -- 10.40.1.11 hostname"
     # The remote shell gets the arguments as given, not split again at their spaces or run as `;`.
     quoted = gpuplat("ssh", "--stack", "onprem", "--print", "gpu-01", "--", "bash", "-c", "echo a b; ls")
-    assert shlex.split(quoted.stdout) == ["ssh", "--", "10.40.1.11", "bash -c 'echo a b; ls'"]
+    assert shlex.split(quoted.stdout)[-3:] == ["--", "10.40.1.11", "bash -c 'echo a b; ls'"]
     unknown = gpuplat("ssh", "--stack", "local", "nope")
     assert unknown.returncode == 2 and "its nodes: head-0, train-0" in unknown.stderr
 
@@ -92,3 +93,22 @@ def test_without_the_ssm_tools_it_says_what_to_install(
     with pytest.raises(GpuPlatError) as missing:
         node_command(shipped_platforms["aws-prod"], "head-0", [])
     assert missing.value.exit_code == 3 and "aws, session-manager-plugin" in missing.value.message
+
+
+def test_an_aws_stacks_nodes_are_its_running_instances_named_as_its_inventory_names_them(
+    ec2: Any, write_stack: Callable[..., Path]
+) -> None:
+    """gpuplat serve's SSM reach (infra/nodes/remote.py SsmNodes) and `gpuplat ssh` find the same instances:
+    a node by its gpuplat:node tag, an Auto Scaling group's instance (no such tag) by its id. A stack of its
+    own: moto's EC2 is one per process, shared by the tests an xdist worker runs."""
+
+    def renamed(platform: dict[str, Any]) -> None:
+        platform["name"] = "aws-reach"
+
+    platform = load_platform(write_stack("aws-prod", renamed, name="aws-reach"))
+    head = _launch(ec2, {"gpuplat:stack": "aws-reach", "gpuplat:node": "head-0"})
+    scaled = _launch(ec2, {"gpuplat:stack": "aws-reach", "gpuplat:pool": "infer"})
+    _launch(ec2, {"gpuplat:stack": "aws-reach-2", "gpuplat:node": "head-0"})
+    nodes = ssm_nodes(platform, ec2, ssm=object())
+    assert nodes.instances == {"head-0": head, scaled: scaled}
+    assert node_command(platform, scaled, ["true"], ec2)[6] == scaled

@@ -14,6 +14,7 @@ from infra.cli.stack_options import JsonFlag, StackFile, StackName, platform_fro
 from infra.errors import ExitCode, GpuPlatError, SpecError
 from infra.serving.analysis import PROMOTE_READY, ROLLBACK
 from infra.serving.detach import detach_guard
+from infra.serving.reach import prometheus_url, stack_nodes
 from infra.serving.registry.locate import open_registry
 from infra.serving.release import (
     CANARY_BACKEND,
@@ -42,7 +43,10 @@ PrometheusUrl = Annotated[
     typer.Option(
         "--prometheus-url",
         envvar="GPUPLAT_PROMETHEUS_URL",
-        help="the stack's Prometheus, for each version's p95 (default: found on the local platform)",
+        help=(
+            "the stack's Prometheus, for each version's p95 (default: found on the local platform, or at an "
+            "on-premises controller's address)"
+        ),
     ),
 ]
 
@@ -51,15 +55,12 @@ def _release(
     stack: str | None, stack_file_path: Path | None, url: str | None, prometheus: str | None = None
 ) -> Release:
     platform = platform_from_options(stack, stack_file_path)
-    from infra.backends.local.cluster import LocalCluster
-
     registry = open_registry(platform, url)
-    cluster = LocalCluster(platform)
 
     def say(line: str) -> None:
         output.stderr().print(escape(line))
 
-    return Release(platform, registry, cluster, say, prometheus or cluster.prometheus_url())
+    return Release(platform, registry, stack_nodes(platform), say, prometheus_url(platform, prometheus))
 
 
 @serve.command()

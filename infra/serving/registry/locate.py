@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 from infra.errors import SpecError
+from infra.nodes.addresses import registry_address
 from infra.nodes.inventory import registry_artifacts_dir
 from infra.nodes.role_templates import role_defaults
 from infra.platform.resolve import ResolvedPlatform
@@ -25,12 +26,11 @@ def registry_url(platform: ResolvedPlatform, given: str | None) -> str:
         )
     if given:
         return given
-    if platform.spec.backend == "local":
-        from infra.backends.local.cluster import LocalCluster
-
-        url = LocalCluster(platform).registry_url()
-        if url:
-            return url
+    # Where the role binds it on the gateway pool's first node: its fixed address on the local platform,
+    # its listed address on an on-premises stack (not known before the instance exists on aws).
+    url = registry_address(platform)
+    if url:
+        return url
     raise SpecError(
         f"stack '{platform.name}' is on {platform.spec.backend}: give the registry's address with "
         f"--registry-url (http://<the gateway node>:{serving.registry.port}) or GPUPLAT_REGISTRY_URL"
