@@ -146,6 +146,27 @@ def test_an_instance_exactly_as_old_as_the_grace_goes(
     )
 
 
+def test_a_node_with_one_instance_is_no_duplicate_whether_it_runs_or_not(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Duplicates are judged only where a node has more than one instance and one of them is live: a node
+    with its one running instance, and a node whose one instance is stopped, keep it, with nothing said."""
+    caplog.set_level("INFO", logger=LOG.name)
+    running = cloud.launch("train-1")
+    stopped = cloud.launch("train-2")
+    cloud.ec2.stop_instances(InstanceIds=[stopped])
+    now = max(launched_at(cloud, running), launched_at(cloud, stopped)) + 3600
+    lines = (
+        show_node("train-1", "IDLE+CLOUD", addr=cloud.describe(running)["PrivateIpAddress"]),
+        show_node("train-2", "IDLE+CLOUD"),
+    )
+    assert reconcile_at(tmp_path, cloud, slurm, now, *lines) == 0
+    assert cloud.state(running) == "running" and cloud.state(stopped) == "stopped"
+    assert reconcile_log(caplog) == [
+        f"reconcile: 2 instances of stack {cloud.stack}, 0 orphans, 0 nodes replaced"
+    ]
+
+
 def test_a_powered_down_node_is_named_with_each_of_its_power_off_flags() -> None:
     """The reason an instance goes names the node's power-off state flags, joined as Slurm joins a state's
     flags (`+`), should it show both (slurmctld's power_save.c clears POWERING_DOWN where it sets
