@@ -41,10 +41,30 @@ def _first_runs(config: pytest.Config, tests: int) -> tuple[int, int] | None:
     return workers, max(2, min(tests // workers // 4, int(most)))
 
 
+def _units(long: list[pytest.Item]) -> list[list[pytest.Item]]:
+    """The long tests as they are dealt: those marked with one `xdist_group` together (xdist's own mark for
+    tests that must share a worker; with `--dist load` it keeps them nowhere), so that a module fixture they
+    share is set up in one worker, not in each; every other test alone; all in their order."""
+    units: list[list[pytest.Item]] = []
+    groups: dict[str, list[pytest.Item]] = {}
+    for item in long:
+        mark = item.get_closest_marker("xdist_group")
+        name = (mark.args[0] if mark.args else mark.kwargs.get("name")) if mark else None
+        if name is None:
+            units.append([item])
+        elif name in groups:
+            groups[name].append(item)
+        else:
+            groups[name] = [item]
+            units.append(groups[name])
+    return units
+
+
 def _dealt(long: list[pytest.Item], short: list[pytest.Item], workers: int, run: int) -> list[pytest.Item]:
-    """The order in which xdist's first runs of `run` tests each start with every `workers`-th long test;
-    long tests that do not fit there follow those runs, before the other short tests."""
-    heads = [long[worker::workers][:run] for worker in range(workers)]
+    """The order in which xdist's first runs of `run` tests each start with every `workers`-th unit of long
+    tests (_units); long tests that do not fit there follow those runs, before the other short tests."""
+    units = _units(long)
+    heads = [[item for unit in units[worker::workers] for item in unit][:run] for worker in range(workers)]
     placed = {id(item) for head in heads for item in head}
     remaining = iter(short)
     ordered: list[pytest.Item] = []

@@ -18,7 +18,7 @@ from tests.roles import test_ec2_nodes as harness
 from tests.roles.test_ec2_nodes import (
     Cloud,
     SlurmRecorder,
-    run_program,
+    run_in_process,
     settings_for,
     show_node,
     tags_of,
@@ -65,7 +65,7 @@ def test_reconcile_logs_why_an_unconfigured_pools_instance_goes(
 ) -> None:
     removed = cloud.launch("gpu-old-0", "gpu-old")
     slurm.nodes(show_node("train-1", "IDLE+CLOUD"))
-    result = run_program(write_config(tmp_path, cloud, slurm, {"orphan_grace_s": 0}), cloud, "reconcile")
+    result = run_in_process(write_config(tmp_path, cloud, slurm, {"orphan_grace_s": 0}), cloud, "reconcile")
     assert result.returncode == 0, result.stderr
     assert "instances of pools gpu-old, which are not configured (pools: train,train-spot)" in result.stderr
     assert f"terminating {removed} (gpu-old-0): is named for a node Slurm does not know" in result.stderr
@@ -84,7 +84,7 @@ def test_teardown_leaves_no_instance_of_any_pool_configured_or_not(
         cloud.launch("infer-0", "infer", role="infer"),
         cloud.launch("train-0", stack=f"{cloud.stack}-x"),
     ]
-    result = run_program(write_config(tmp_path, cloud, slurm), cloud, "teardown", "--poll-seconds=0.1")
+    result = run_in_process(write_config(tmp_path, cloud, slurm), cloud, "teardown", "--poll-seconds=0.1")
     assert result.returncode == 0, result.stderr
     assert [cloud.state(i) for i in ours] == ["terminated"] * 3
     assert [cloud.state(i) for i in theirs] == ["running"] * 2
@@ -94,7 +94,7 @@ def test_resume_asks_for_the_fleet_role_tag_at_launch(
     tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
 ) -> None:
     """What reconcile and teardown find the fleet by, whatever the launch template carries."""
-    result = run_program(write_config(tmp_path, cloud, slurm), cloud, "resume", "train-2")
+    result = run_in_process(write_config(tmp_path, cloud, slurm), cloud, "resume", "train-2")
     assert result.returncode == 0, result.stderr
     [instance] = cloud.instances(gpuplat_node="train-2")
     assert tags_of(instance)["gpuplat:role"] == "train"

@@ -40,10 +40,14 @@ from gpuplat_ec2_nodes.settings import Pool, Settings, parse_pool, pool_of
 from gpuplat_ec2_nodes.slurm import Job, NodeInfo, Slurm, parse_jobs, parse_nodes
 from gpuplat_ec2_nodes.spot_watch import SpotWatch, spot_watch
 
+from tests.conftest import moto_image
+
 boto3 = pytest.importorskip("boto3")
 botocore_exceptions = pytest.importorskip("botocore.exceptions")
 ClientError = botocore_exceptions.ClientError
 moto_server = pytest.importorskip("moto.server")
+botocore_loaders = pytest.importorskip("botocore.loaders")
+botocore_session = pytest.importorskip("botocore.session")
 
 ROLE = Path(__file__).resolve().parents[2] / "roles" / "slurm_elastic"
 # The program as the tests run it: the package from the role's files (on a node, the launcher the role
@@ -119,6 +123,22 @@ def tags_of(instance: dict[str, Any]) -> dict[str, str]:
     return {tag["Key"]: tag["Value"] for tag in instance.get("Tags", [])}
 
 
+# The program makes a botocore session per client (ec2.aws_session), and each session's loader reads and
+# parses EC2's service model again: 0.1 CPU-s a client, two clients a command run in process. While the
+# moto fixture is up, the sessions made in this process share one loader (botocore 1.44:
+# session.py `_register_data_loader` registers a component a session's get_component returns; loaders.py
+# caches what a loader read, `instance_cache`), so the model is parsed once; every other setting of the
+# session (aws_session's metadata-service retries among them) is the program's own.
+SHARED_LOADER = botocore_loaders.create_loader()
+_new_session = botocore_session.get_session
+
+
+def session_with_shared_models(env_vars: Any = None) -> Any:
+    session = _new_session(env_vars)
+    session.register_component("data_loader", SHARED_LOADER)
+    return session
+
+
 @pytest.fixture(scope="module")
 def moto_cloud() -> Iterator[Cloud]:
     """One moto server, VPC, subnet and launch template; each test gets its own stack tag.
@@ -134,8 +154,9 @@ def moto_cloud() -> Iterator[Cloud]:
     with pytest.MonkeyPatch.context() as env:
         for key, value in CREDENTIALS.items():
             env.setenv(key, value)
+        env.setattr(botocore_session, "get_session", session_with_shared_models)
         ec2 = boto3.client("ec2", region_name=REGION, endpoint_url=url)
-        image_id = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+        image_id = moto_image(ec2)
         vpc_id = ec2.create_vpc(CidrBlock="10.20.0.0/16")["Vpc"]["VpcId"]
         subnet_id = ec2.create_subnet(VpcId=vpc_id, CidrBlock="10.20.1.0/24")["Subnet"]["SubnetId"]
         template = ec2.create_launch_template(

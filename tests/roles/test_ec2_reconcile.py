@@ -18,7 +18,7 @@ import pytest
 from gpuplat_ec2_nodes.ec2 import Ec2Nodes
 from gpuplat_ec2_nodes.exit_codes import EXIT_FAILED, EXIT_OK
 from gpuplat_ec2_nodes.logs import LOG
-from gpuplat_ec2_nodes.reconcile import find_orphans, reconcile
+from gpuplat_ec2_nodes.reconcile import find_orphans, powered_down_orphans, reconcile
 from gpuplat_ec2_nodes.replacement import REASON_RECOVER
 from gpuplat_ec2_nodes.slurm import NodeInfo, Slurm
 from gpuplat_ec2_nodes.teardown import teardown
@@ -125,6 +125,56 @@ def test_reconcile_leaves_young_instances_for_the_grace(
         f"{old[unknown]} s ago",
         f"reconcile: 2 instances of stack {cloud.stack}, 2 orphans, 0 nodes replaced",
     ]
+
+
+def test_an_instance_exactly_as_old_as_the_grace_goes(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The grace is how long an instance no node owns is left: a second short of it, left; at it, gone.
+    (Launch times are whole seconds, so these sums are exact.)"""
+    caplog.set_level("INFO", logger=LOG.name)
+    untagged = cloud.launch(None)
+    launched = launched_at(cloud, untagged)
+    assert reconcile_at(tmp_path, cloud, slurm, launched + 299, show_node("train-1", "IDLE+CLOUD")) == 0
+    assert cloud.state(untagged) == "running"
+    assert reconcile_log(caplog)[0].endswith("launched 299 s ago: within the 300 s grace, left for now")
+    assert reconcile_at(tmp_path, cloud, slurm, launched + 300, show_node("train-1", "IDLE+CLOUD")) == 0
+    assert cloud.state(untagged) == "terminated"
+    assert reconcile_log(caplog)[0] == (
+        f"reconcile: terminating {untagged} (no gpuplat:node tag): has no gpuplat:node tag, "
+        "launched 300 s ago"
+    )
+
+
+def test_a_node_with_one_instance_is_no_duplicate_whether_it_runs_or_not(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Duplicates are judged only where a node has more than one instance and one of them is live: a node
+    with its one running instance, and a node whose one instance is stopped, keep it, with nothing said."""
+    caplog.set_level("INFO", logger=LOG.name)
+    running = cloud.launch("train-1")
+    stopped = cloud.launch("train-2")
+    cloud.ec2.stop_instances(InstanceIds=[stopped])
+    now = max(launched_at(cloud, running), launched_at(cloud, stopped)) + 3600
+    lines = (
+        show_node("train-1", "IDLE+CLOUD", addr=cloud.describe(running)["PrivateIpAddress"]),
+        show_node("train-2", "IDLE+CLOUD"),
+    )
+    assert reconcile_at(tmp_path, cloud, slurm, now, *lines) == 0
+    assert cloud.state(running) == "running" and cloud.state(stopped) == "stopped"
+    assert reconcile_log(caplog) == [
+        f"reconcile: 2 instances of stack {cloud.stack}, 0 orphans, 0 nodes replaced"
+    ]
+
+
+def test_a_powered_down_node_is_named_with_each_of_its_power_off_flags() -> None:
+    """The reason an instance goes names the node's power-off state flags, joined as Slurm joins a state's
+    flags (`+`), should it show both (slurmctld's power_save.c clears POWERING_DOWN where it sets
+    POWERED_DOWN, so one is the rule; the reason holds every one it shows)."""
+    node = NodeInfo("train-7", frozenset({"IDLE", "CLOUD", "POWERED_DOWN", "POWERING_DOWN"}))
+    instance = {"InstanceId": "i-0123456789abcdef0"}
+    [orphan] = powered_down_orphans("train-7", [instance], node, 400.0, 300.0)
+    assert orphan.why == "node POWERED_DOWN+POWERING_DOWN for 400 s"
 
 
 def test_a_powered_down_nodes_instance_goes_within_grace_plus_interval(

@@ -16,6 +16,7 @@ import pytest
 from infra.cli.commands import lifecycle
 from infra.errors import GpuPlatError
 from infra.lifecycle import cloud_stack, fleet
+from tests.conftest import moto_image
 
 boto3 = pytest.importorskip("boto3")
 moto_server = pytest.importorskip("moto.server")
@@ -24,29 +25,34 @@ STACK = "aws-prod"  # stacks/Pulumi.aws-prod.yaml: backend aws, Slurm, us-east-1
 REGION = "us-east-1"
 
 
-@pytest.fixture
-def ec2(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+@pytest.fixture(scope="module")
+def moto_url() -> Iterator[str]:
+    """One server for the module: moto's backend is one per process whichever server asks it, so a server
+    per test isolated nothing (each test cleans up what another would wait on)."""
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
-    url = f"http://{host}:{port}"
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def ec2(moto_url: str, monkeypatch: pytest.MonkeyPatch) -> Any:
     for key, value in {
-        "AWS_ENDPOINT_URL": url,
+        "AWS_ENDPOINT_URL": moto_url,
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",
         "AWS_DEFAULT_REGION": REGION,
     }.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setattr(fleet, "FLEET_POLL_S", 0.1)
-    yield boto3.client("ec2", region_name=REGION, endpoint_url=url)
-    server.stop()
+    return boto3.client("ec2", region_name=REGION, endpoint_url=moto_url)
 
 
 def launch(ec2: Any, stack: str, pool: str, role: str) -> str:
-    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
     tags = {"gpuplat:stack": stack, "gpuplat:pool": pool, "gpuplat:role": role}
     [instance] = ec2.run_instances(
-        ImageId=image,
+        ImageId=moto_image(ec2),
         InstanceType="p5.48xlarge",
         MinCount=1,
         MaxCount=1,

@@ -8,6 +8,7 @@ import importlib.util
 import json
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from threadpoolctl import threadpool_limits
 
 from tests.conftest import ROOT, load_script
 
@@ -26,6 +28,23 @@ TEXTS = [
     "a",
     "Checkpoints are written under a temporary name and renamed once complete, " * 6,
 ]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Iterator[None]:
+    """One thread for torch (OpenMP) and numpy (OpenBLAS): their pools spin while they wait for work, and
+    on the shared 2-core machine these tests cost 16.6 CPU-s with a thread per core and 3.7 with one, for
+    the same values (they compare results, not speed). threadpoolctl (scikit-learn's, which
+    sentence-transformers brings) limits OpenBLAS as its README shows (`threadpool_limits(limits=1,
+    user_api="blas")`, github.com/joblib/threadpoolctl README.md, 3.8.0); both restored afterwards, the
+    xdist worker goes on to other modules."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with threadpool_limits(limits=1, user_api="blas"):
+            yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

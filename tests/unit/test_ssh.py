@@ -15,6 +15,7 @@ import pytest
 from infra.errors import GpuPlatError
 from infra.nodes.reach import node_command, ssm_nodes
 from infra.platform.resolve import ResolvedPlatform, load_platform
+from tests.conftest import moto_image
 from tests.unit.test_cli import gpuplat
 
 boto3 = pytest.importorskip("boto3")
@@ -55,10 +56,13 @@ def ec2(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Any]:
 
 
 def _launch(ec2: Any, tags: dict[str, str]) -> str:
-    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
     specification = {"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}
     [instance] = ec2.run_instances(
-        ImageId=image, InstanceType="m5.large", MinCount=1, MaxCount=1, TagSpecifications=[specification]
+        ImageId=moto_image(ec2),
+        InstanceType="m5.large",
+        MinCount=1,
+        MaxCount=1,
+        TagSpecifications=[specification],
     )["Instances"]
     return str(instance["InstanceId"])
 

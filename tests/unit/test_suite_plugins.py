@@ -87,12 +87,19 @@ def test_short(n):
 @pytest.mark.parametrize("n", range(4))
 def test_long(n):
     _ran(f"long{n}")
+
+@pytest.mark.long
+@pytest.mark.xdist_group("shared")
+@pytest.mark.parametrize("n", range(3))
+def test_grouped(n):
+    _ran(f"grouped{n}")
 """
 
 
 def test_under_xdist_every_worker_starts_on_its_share_of_the_long_tests(pytester: pytest.Pytester) -> None:
     """xdist's `--dist load` sends each worker a run of consecutive tests first: long tests merely sorted to
-    the front all went to the first worker, one after the other. Each test is run once, none is lost."""
+    the front all went to the first worker, one after the other. Long tests of one `xdist_group` stay
+    together, in one worker. Each test is run once, none is lost."""
     # The workers are processes of their own, started in pytester's directory: its ini puts the checkout
     # on their path (`.venv/bin/pytest` puts no current directory there) and its conftest loads the plugin.
     root = Path(__file__).parents[2]
@@ -100,14 +107,19 @@ def test_under_xdist_every_worker_starts_on_its_share_of_the_long_tests(pytester
     pytester.makeconftest('pytest_plugins = ["tests.long_first"]')
     pytester.makepyfile(test_where=WHERE_EACH_RAN)
     result = pytester.runpytest("-p", "no:cacheprovider", "-n", "2")
-    result.assert_outcomes(passed=44)
+    result.assert_outcomes(passed=47)
     runs: dict[str, list[str]] = {}
     for line in (pytester.path / "ran.log").read_text().splitlines():
         worker, name = line.split()
         runs.setdefault(worker, []).append(name)
     assert sorted(name for names in runs.values() for name in names) == sorted(
-        [f"short{n}" for n in range(40)] + [f"long{n}" for n in range(4)]
+        [f"short{n}" for n in range(40)] + [f"long{n}" for n in range(4)] + [f"grouped{n}" for n in range(3)]
     )
     assert sorted(runs) == ["gw0", "gw1"]
+    # Dealt in units, the group of three one of them: long0, long2, long4... to one worker, long1, long3
+    # and the group to the other, each worker starting on its own.
     for worker, names in runs.items():
-        assert names[:2] == [name for name in names if name.startswith("long")], (worker, names)
+        long = [name for name in names if name.startswith(("long", "grouped"))]
+        assert names[: len(long)] == long and len(long) in (2, 5), (worker, names)
+    [grouped] = [names for names in runs.values() if "grouped0" in names]
+    assert {"grouped0", "grouped1", "grouped2"} <= set(grouped), runs
