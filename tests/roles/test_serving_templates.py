@@ -33,6 +33,7 @@ def environment() -> Any:
     env.filters["urlencode"] = lambda text: text
     env.filters["bool"] = lambda value: str(value).lower() in ("true", "yes", "1")
     env.filters["dirname"] = posixpath.dirname
+    env.filters["basename"] = posixpath.basename
     env.tests["match"] = lambda value, pattern: re.match(pattern, str(value)) is not None
     return env
 
