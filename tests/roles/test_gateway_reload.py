@@ -17,6 +17,7 @@ Needs /usr/sbin/haproxy (scripts/setup-host.sh installs Debian's package); skips
 
 from __future__ import annotations
 
+import datetime
 import http.client
 import os
 import re
@@ -38,7 +39,7 @@ from typing import Any
 import pytest
 
 from tests.roles.test_serving_discovery import REGION, STACK, targets_program
-from tests.roles.test_serving_templates import ROLES, cluster, render, role_vars
+from tests.roles.test_serving_templates import ROLES, cluster, render, role_vars, scaling_agent
 
 HAPROXY = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin")
 TEMPLATES = ROLES / "inference_gateway" / "templates"
@@ -65,6 +66,10 @@ class ModelServer:
     """A replica: /health 200; any other path answers after `delay_s`, so requests are in flight."""
 
     def __init__(self, address: str, port: int, delay_s: float = 0.02) -> None:
+        self.address = address
+        self.requests = 0  # answered, health checks aside
+        replica = self
+
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
@@ -74,6 +79,7 @@ class ModelServer:
             def do_GET(self) -> None:
                 if self.path != "/health":
                     time.sleep(delay_s)
+                    replica.requests += 1
                 body = b'{"ok":true}'
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -198,6 +204,7 @@ class Gateway:
     config: Path = field(init=False)
     dropin: dict[str, list[str]] = field(init=False)
     master: subprocess.Popen[bytes] | None = None
+    replicas: list[ModelServer] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         variables = role_vars(
@@ -332,8 +339,8 @@ def gateway() -> Iterator[Gateway]:
     # A short path: UNIX socket paths are limited to ~107 bytes.
     with tempfile.TemporaryDirectory(prefix="gwr") as directory:
         server_port = free_port()
-        replicas = [ModelServer(address, server_port) for address in MODEL_SERVERS]
         gateway = Gateway(Path(directory), port=free_port(), server_port=server_port, agent_port=free_port())
+        gateway.replicas = [ModelServer(address, server_port) for address in MODEL_SERVERS]
         try:
             yield gateway
         finally:
@@ -342,7 +349,7 @@ def gateway() -> Iterator[Gateway]:
                 gateway.master.wait()
             for pid in gateway_pids(Path(directory)):
                 os.kill(pid, signal.SIGKILL)
-            for replica in replicas:
+            for replica in gateway.replicas:
                 replica.stop()
 
 
@@ -411,41 +418,47 @@ def test_a_reload_and_a_restart_keep_the_slots_and_lose_no_request(gateway: Gate
     print(f"\nrequests answered 200, failed, connects refused while stopped: {counts}")
 
 
-class Agent:
-    """A node's agent-check port: answers `reply` to every connection, as the scaling agent does."""
+def test_a_spot_interruption_drains_the_node_on_the_gateway(gateway: Gateway) -> None:
+    """Each node's scaling agent answers the gateway's agent check; EC2 posts a Spot interruption notice
+    in one node's instance metadata (the box's IMDSv2 stand-in): that node's slot goes to DRAIN on
+    HAProxy and gets no new request, the other takes them all, none fails."""
+    from tests.box.imds import InstanceMetadata
 
-    def __init__(self, address: str, port: int, reply: str) -> None:
-        self.reply = reply
-        self.listener = socket.create_server((address, port))
-        threading.Thread(target=self.serve, daemon=True).start()
-
-    def serve(self) -> None:
-        while True:
-            try:
-                connection, _ = self.listener.accept()
-            except OSError:
-                return
-            with connection:
-                connection.sendall(self.reply.encode())
-
-    def stop(self) -> None:
-        self.listener.close()
-
-
-def test_a_slot_whose_agent_says_drain_gets_no_new_request(gateway: Gateway) -> None:
-    program = targets_program()
+    program, agent = targets_program(), scaling_agent()
     gateway.start()
-    api = program.RuntimeApi(gateway.admin_socket)
     fill_slots(program, gateway)
-    leaving, staying = MODEL_SERVERS[1], MODEL_SERVERS[0]
-    agents = [Agent(staying, gateway.agent_port, "up\n"), Agent(leaving, gateway.agent_port, "drain\n")]
+    api = program.RuntimeApi(gateway.admin_socket)
+    staying, leaving = gateway.replicas
+    metadata = InstanceMetadata(
+        lambda address: {"InstanceId": "i-leaving", "Tags": []}, port=0, address="127.0.0.1"
+    )
+    endpoint = f"http://127.0.0.1:{metadata.server.server_address[1]}"
+    checks = [agent.AgentCheck(gateway.agent_port, replica.address) for replica in gateway.replicas]
+    load = None
     try:
-        # The agent check follows the address the targets program gave the slot.
+        wait_for(lambda: len(serving(program, gateway)) == 2, "both slots up")
+        load = Load(gateway.port, keep_alive=2, close=2)
+        assert agent.wait_or_leave(0.2, endpoint, poll_s=0.1) is None  # no notice (404)
+        time.sleep(0.5)
+        assert leaving.requests > 0
+
+        metadata.interrupt("i-leaving", datetime.datetime.now(datetime.UTC) + datetime.timedelta(minutes=2))
+        why = agent.wait_or_leave(5.0, endpoint, poll_s=0.1)
+        assert why is not None and why.reason.startswith("spot terminate at ")
+        checks[1].drain()  # what leave() does first
+        # HAProxy's agent check (agent-inter 1 s here) reads "drain" from the leaving node.
         wait_for(
-            lambda: {s.address for s in api.slots("inference", "slot-") if s.draining} == {leaving},
+            lambda: {s.address for s in api.slots("inference", "slot-") if s.draining} == {leaving.address},
             "the leaving node's slot in drain",
         )
-        assert serving(program, gateway) == {(leaving, gateway.server_port), (staying, gateway.server_port)}
+        time.sleep(0.2)  # requests sent before the drain finish
+        before, staying_before = leaving.requests, staying.requests
+        time.sleep(1.0)
+        assert leaving.requests == before and staying.requests > staying_before
     finally:
-        for agent in agents:
-            agent.stop()
+        if load is not None:
+            load.stop()
+        for check in checks:
+            check.close()
+        metadata.stop()
+    assert load is not None and not [t.failures for t in load.tally.values() if t.failures]
