@@ -289,12 +289,14 @@ class Gateway:
         self.master.send_signal(getattr(signal, kill_signal))
         timeout = float((self.dropin.get("TimeoutStopSec") or ["90"])[-1])
         try:
-            self.master.wait(timeout=timeout)
+            status = self.master.wait(timeout=timeout)
         finally:
             if self.master.poll() is None:
                 self.master.kill()
                 self.master.wait()
             self.master = None
+        # A status systemd counts as a clean stop (the package's SuccessExitStatus=143 and 0).
+        assert status in (0, 143), f"HAProxy's master left with status {status}"
 
     def workers(self) -> set[int]:
         assert self.master is not None
