@@ -69,7 +69,8 @@ lint: venv
 ## host: podman, runc, debootstrap and friends from the distribution (root; skips what is installed)
 host:
 	@if command -v podman >/dev/null && command -v debootstrap >/dev/null && command -v apt-ftparchive >/dev/null \
-		&& PATH="$$PATH:/usr/sbin" command -v visudo >/dev/null && test -x /usr/lib/postgresql/15/bin/initdb; \
+		&& PATH="$$PATH:/usr/sbin" command -v visudo >/dev/null && test -x /usr/lib/postgresql/15/bin/initdb \
+		&& test -x /usr/sbin/haproxy; \
 		then echo "host packages present"; else scripts/setup-host.sh; fi
 
 ## test-unit: fast tests (spec, data, sizing, policy rules, CLI, Pulumi program under mocks, role contracts)

@@ -6,12 +6,14 @@
 #   sudo             visudo checks the sudoers drop-in of roles/slurm_compute's dataset cache
 #   postgresql-15    the model registry's database on production stacks, run under the registry's server
 #                    in tests/roles/test_registry_auth.py (Debian's package, as roles/model_registry installs)
+#   haproxy          the inference gateway reloaded and restarted under load in tests/roles/test_gateway_reload.py
+#                    (Debian's package, as roles/inference_gateway installs; the test runs processes of its own)
 # The project's containers.conf (scripts/containers.conf) is used through
 # CONTAINERS_CONF by scripts/test-roles.sh; nothing under /etc is edited.
 set -euo pipefail
 
 PACKAGES=(podman runc debootstrap apt-utils dpkg-dev gnupg uidmap slirp4netns fuse-overlayfs
-          conmon catatonit iproute2 python3 ca-certificates sudo postgresql-15)
+          conmon catatonit iproute2 python3 ca-certificates sudo postgresql-15 haproxy)
 
 if [[ ${EUID} -ne 0 ]]; then
   echo "setup-host.sh: run as root (it installs packages with apt-get)" >&2

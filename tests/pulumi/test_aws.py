@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from infra.backends.aws.naming import stack_bucket_uri
+from infra.backends.aws.network import NODE_AGENT_PORT
 from infra.plan.record import Recording, record
 from infra.platform.boot_time import expected_boot_s
 from infra.platform.resolve import ResolvedPlatform, load_platform
@@ -86,6 +87,8 @@ def test_inference_accepts_only_the_gateway_group(aws_prod: Recording) -> None:
     ]
     assert {r["referencedSecurityGroupId"] for r in rules} == {"aws-prod-service-sg-id"}
     assert 8000 in {r["fromPort"] for r in rules}
+    # The gateways' agent check of each node's scaling agent (a Spot interruption drains it).
+    assert NODE_AGENT_PORT in {r["fromPort"] for r in rules}
 
 
 def test_imdsv2_and_encrypted_root_volumes(aws_prod: Recording) -> None:

@@ -165,18 +165,24 @@ def servers(config: str) -> list[str]:
 
 def test_aws_gateway_has_disabled_slots_the_targets_program_fills() -> None:
     config = haproxy("aws", max_servers=6, infer_hosts=False)
-    assert servers(config) == [f"slot-{i} 127.0.0.1:8000 disabled" for i in range(1, 7)]
+    # Named by host, so that HAProxy 2.6 restores their addresses from the state file (init-addr last);
+    # 127.0.0.1 and disabled only where there is no state (test_gateway_reload.py runs it).
+    assert servers(config) == [
+        f"slot-{i} slot-{i}.gpuplat.invalid:8000 init-addr last,127.0.0.1 disabled" for i in range(1, 7)
+    ]
     assert "stats socket /run/haproxy/admin.sock mode 660 level admin expose-fd listeners" in config
-    # The slots never load the state file: HAProxy would restore their state, not their address.
-    assert "load-server-state-from-file" not in config
-    assert "load-server-state-from-file global" in haproxy("local")
+    for backend in ("aws", "local"):
+        assert "load-server-state-from-file global" in haproxy(backend), backend
+    # The agent check asks each node's scaling agent (spot interruption, termination): aws only.
+    assert " agent-check agent-port 8090 " in config
+    assert "agent-check" not in haproxy("local")
     # Elsewhere: the inventory's replicas, enabled, as before.
     local = haproxy("local", max_servers=6)
     assert servers(local) == [f"{INFER_HOST}-{i} 10.40.2.21:{8000 + i}" for i in range(2)]
 
 
 def limits(config: str) -> tuple[int, int]:
-    maxconn = re.search(r"^\s+default-server .* maxconn (\d+)$", config, re.MULTILINE)
+    maxconn = re.search(r"^\s+default-server .* maxconn (\d+)\b", config, re.MULTILINE)
     queue = re.search(r"acl queue_full queue\(inference\) ge (\d+)$", config, re.MULTILINE)
     assert maxconn is not None and queue is not None
     return int(maxconn.group(1)), int(queue.group(1))
@@ -237,7 +243,7 @@ STATE_HEADER = (
 class FakeHAProxy:
     """HAProxy's runtime API for one backend of `disabled` slots (srv_admin_state 5: CMAINT|FMAINT).
 
-    Answers `show servers state <backend>`, `set server <b>/<s> addr <ip> port <port>` and `set
+    Answers `show servers state [<backend>]`, `set server <b>/<s> addr <ip> port <port>` and `set
     server <b>/<s> state ready|maint` the way HAProxy does, and records every `set` command.
     """
 
@@ -267,7 +273,7 @@ class FakeHAProxy:
 
     def answer(self, line: str) -> str:
         with self.lock:
-            if line == f"show servers state {self.backend}":
+            if line in ("show servers state", f"show servers state {self.backend}"):
                 rows = [
                     f"3 {self.backend} {s['id']} {s['name']} {s['addr']} {s['op']} {s['admin']} 1 1 5 "
                     f"{6 if s['op'] else 1} {3 if s['op'] else 0} {4 if s['op'] else 0} 6 0 0 0 - "
@@ -481,6 +487,45 @@ def test_the_units_run_the_program_with_the_inventory_values() -> None:
     assert servers(config)[0].startswith(f"{args.slot_prefix}1 ")
     timer = render(templates / "gpuplat-gateway-targets.timer.j2", variables)
     assert "OnUnitActiveSec=15s" in timer and "OnActiveSec=" in timer
+    # It saves the state where HAProxy loads it from, in a directory systemd creates under /run.
+    assert f"server-state-file {args.state_file}\n" in config
+    assert f"RuntimeDirectory={args.state_file.parent.name}\n" in unit
+    assert args.state_file.parent.parent == Path("/run")
+
+
+def test_a_pass_that_changes_the_slots_saves_the_state_for_the_next_haproxy(
+    ec2_endpoint: str, fake_haproxy: FakeHAProxy, tmp_path: Path
+) -> None:
+    """A HAProxy that starts again without the unit's ExecStop (a crash, Restart=always) finds the slots
+    of the last pass in the state file."""
+    program = targets_program()
+    ec2, autoscaling, _ = program.aws_clients(REGION, ec2_endpoint)
+    state = tmp_path / "run" / "server-state"
+
+    def sync() -> None:
+        program.sync(
+            ec2,
+            program.RuntimeApi(fake_haproxy.path),
+            stack=STACK,
+            role="infer",
+            pools=[],
+            base_port=8000,
+            replicas=1,
+            backend="inference",
+            prefix="slot-",
+            autoscaling=autoscaling,
+            state_file=state,
+        )
+
+    sync()  # no instance, no change: the file is written once all the same (there was none)
+    assert state.read_text().startswith("1\n")
+    _, address = launch(ec2_client(ec2_endpoint))
+    sync()
+    saved = program.parse_servers_state(state.read_text(), "inference", "slot-")
+    assert {slot.target for slot in saved if not slot.in_maintenance} == {(address, 8000)}
+    state.write_text("stale")
+    sync()  # nothing changed: the file is left alone
+    assert state.read_text() == "stale"
 
 
 def test_plan_reuses_a_slot_that_already_points_at_a_returning_target() -> None:

@@ -33,6 +33,7 @@ def environment() -> Any:
     env.filters["urlencode"] = lambda text: text
     env.filters["bool"] = lambda value: str(value).lower() in ("true", "yes", "1")
     env.filters["dirname"] = posixpath.dirname
+    env.filters["basename"] = posixpath.basename
     env.tests["match"] = lambda value, pattern: re.match(pattern, str(value)) is not None
     return env
 
@@ -414,10 +415,26 @@ class ReplicaMetrics:
         self.server.server_close()
 
 
+def agent_check_reply(port: int) -> str:
+    """What HAProxy's agent check reads on connecting to the node's agent port."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as connection:
+        return connection.makefile().readline()
+
+
+LIFECYCLE_ACTION = {
+    "LifecycleHookName": "gpuplat-drain",
+    "AutoScalingGroupName": "aws-prod-infer-asg",
+    "LifecycleActionResult": "CONTINUE",
+    "InstanceId": "i-0infer",
+}
+
+
 def test_a_node_the_group_terminates_lets_go_only_once_its_requests_ended() -> None:
     """The group's termination hook holds the instance (its metadata: target-lifecycle-state
-    Terminated); the agent waits for its replicas' requests to end, then completes the lifecycle
-    action, through the SDK's own stubber."""
+    Terminated); the agent drains it through the agent check, waits for its replicas' requests to end,
+    then completes the lifecycle action, through the SDK's own stubber."""
     import threading
 
     import boto3  # type: ignore[import-untyped]
@@ -429,47 +446,102 @@ def test_a_node_the_group_terminates_lets_go_only_once_its_requests_ended() -> N
     instance = {"InstanceId": "i-0infer", "Tags": []}
     metadata = InstanceMetadata(lambda address: instance, port=0, address="127.0.0.1")
     replica = ReplicaMetrics()
+    check = agent.AgentCheck(0, "127.0.0.1")
     autoscaling = boto3.client(
         "autoscaling", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x"
     )
-    expected = {
-        "LifecycleHookName": "gpuplat-drain",
-        "AutoScalingGroupName": "aws-prod-infer-asg",
-        "LifecycleActionResult": "CONTINUE",
-        "InstanceId": "i-0infer",
-    }
     try:
         endpoint = f"http://127.0.0.1:{metadata.server.server_address[1]}"
         assert not agent.leaving(endpoint)  # no lifecycle transition yet: EC2 answers 404
         metadata.transition("i-0infer", "InService")
-        assert not agent.leaving(endpoint)
+        assert not agent.leaving(endpoint) and agent.wait_or_leave(0.3, endpoint, poll_s=0.1) is None
         metadata.transition("i-0infer", "Terminated")
-        assert agent.leaving(endpoint) and agent.wait_or_leave(5.0, endpoint, poll_s=0.1)
+        why = agent.wait_or_leave(5.0, endpoint, poll_s=0.1)
+        assert agent.leaving(endpoint) and why is not None and why.held_by_hook
 
         replica.running = 2
         threading.Timer(0.6, lambda: setattr(replica, "running", 0)).start()
         drain = agent.Drain("gpuplat-drain", grace_s=0.1, timeout_s=10.0, poll_s=0.05)
+        plan = agent.Leaving(drain, "aws-prod-infer-asg", [replica.url], endpoint, check, autoscaling)
+        assert agent_check_reply(check.port) == "up\n"
         with Stubber(autoscaling) as stub:
-            stub.add_response("complete_lifecycle_action", {}, expected)
+            stub.add_response("complete_lifecycle_action", {}, LIFECYCLE_ACTION)
             started = time.monotonic()
-            left = agent.release_when_drained(
-                autoscaling, drain, "aws-prod-infer-asg", "i-0infer", [replica.url]
-            )
+            left = agent.leave(plan, why)
             stub.assert_no_pending_responses()
         assert left == 0 and time.monotonic() - started >= 0.6  # not before the requests ended
+        assert agent_check_reply(check.port) == "drain\n"
 
         replica.running = 1  # a request that never ends: the agent lets go at its timeout
-        short = agent.Drain("gpuplat-drain", grace_s=0.0, timeout_s=0.3, poll_s=0.05)
+        short = agent.Leaving(
+            agent.Drain("gpuplat-drain", grace_s=0.0, timeout_s=0.3, poll_s=0.05),
+            "aws-prod-infer-asg",
+            [replica.url],
+            endpoint,
+            autoscaling=autoscaling,
+        )
         with Stubber(autoscaling) as stub:
-            stub.add_response("complete_lifecycle_action", {}, expected)
-            assert (
-                agent.release_when_drained(
-                    autoscaling, short, "aws-prod-infer-asg", "i-0infer", [replica.url]
-                )
-                == 1
-            )
+            stub.add_response("complete_lifecycle_action", {}, LIFECYCLE_ACTION)
+            assert agent.leave(short, why) == 1
             stub.assert_no_pending_responses()
     finally:
+        check.close()
+        replica.stop()
+        metadata.stop()
+
+
+def test_a_spot_interruption_drains_the_node_through_the_agent_check() -> None:
+    """EC2's notice in the instance metadata (spot/instance-action: 404 until then, then the action and
+    its time, about two minutes ahead): the agent answers "drain" to the gateways' agent check at once,
+    waits for its replicas' requests to end, and completes the group's hook only once the group holds
+    the instance (target lifecycle state Terminated), never before."""
+    import datetime
+    import threading
+
+    import boto3
+    from botocore.stub import Stubber
+
+    from tests.box.imds import InstanceMetadata
+
+    agent = scaling_agent()
+    instance = {"InstanceId": "i-0infer", "Tags": []}
+    metadata = InstanceMetadata(lambda address: instance, port=0, address="127.0.0.1")
+    replica = ReplicaMetrics()
+    check = agent.AgentCheck(0, "127.0.0.1")
+    autoscaling = boto3.client(
+        "autoscaling", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x"
+    )
+    try:
+        endpoint = f"http://127.0.0.1:{metadata.server.server_address[1]}"
+        metadata.transition("i-0infer", "InService")
+        assert agent.spot_interruption(endpoint) is None  # 404: no notice
+        assert agent.wait_or_leave(0.3, endpoint, poll_s=0.1) is None
+        when = datetime.datetime.now(datetime.UTC) + datetime.timedelta(minutes=2)
+        metadata.interrupt("i-0infer", when)
+        why = agent.wait_or_leave(5.0, endpoint, poll_s=0.1)
+        assert why is not None and not why.held_by_hook
+        assert why.reason == f"spot terminate at {when.strftime('%Y-%m-%dT%H:%M:%SZ')}"
+
+        replica.running = 1
+        threading.Timer(0.5, lambda: setattr(replica, "running", 0)).start()
+        threading.Timer(1.0, lambda: metadata.transition("i-0infer", "Terminated")).start()
+        plan = agent.Leaving(
+            agent.Drain("gpuplat-drain", grace_s=0.0, timeout_s=10.0, poll_s=0.05),
+            "aws-prod-infer-asg",
+            [replica.url],
+            endpoint,
+            check,
+            autoscaling,
+        )
+        with Stubber(autoscaling) as stub:
+            stub.add_response("complete_lifecycle_action", {}, LIFECYCLE_ACTION)
+            started = time.monotonic()
+            assert agent.leave(plan, why, poll_s=0.05) == 0
+            stub.assert_no_pending_responses()
+        assert time.monotonic() - started >= 1.0  # completed once the group held the instance
+        assert agent_check_reply(check.port) == "drain\n"
+    finally:
+        check.close()
         replica.stop()
         metadata.stop()
 
@@ -489,6 +561,12 @@ def test_the_agent_completes_the_hook_the_group_declares() -> None:
     unit = render(ROLES / "inference_server" / "templates" / "gpuplat-scaling-agent.service.j2", variables)
     assert f"--lifecycle-hook {DRAIN_HOOK} " in unit.replace("\\\n", " ")
     assert "--drain-timeout-s 60" in unit  # the gateway's request timeout (inventory: 60 s)
+    # The port the gateways' agent check asks (roles/inference_gateway) is the one the agent answers on,
+    # and the one the infer nodes' security group opens to the gateways.
+    from infra.backends.aws.network import NODE_AGENT_PORT
+
+    assert defaults("inference_gateway")["inference_gateway_agent_port"] == NODE_AGENT_PORT
+    assert f" --agent-port {NODE_AGENT_PORT} " in unit.replace("\\\n", " ")
 
 
 def test_the_registry_runs_no_server_side_jobs_unless_asked() -> None:

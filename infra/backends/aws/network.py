@@ -3,7 +3,8 @@
 Security groups by role: `train` allows all traffic from itself in and out (EFA requires a group that
 allows all inbound and outbound traffic to and from itself: AWS EC2 user guide, "Get started with EFA",
 https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-start.html); `infer` accepts only the model
-server port from the gateway's group (and metrics from monitoring); `service` accepts the gateway port
+server port and the scaling agent's agent-check port from the gateway's group (and metrics from
+monitoring); `service` accepts the gateway port
 from inside the VPC. Nothing accepts 0.0.0.0/0: administration goes through SSM.
 """
 
@@ -17,6 +18,10 @@ import pulumi_aws as aws
 
 METRICS_PORTS = (9100, 9400)  # node exporter, DCGM exporter
 LUSTRE_PORTS = ((988, 988), (1018, 1023))  # FSx for Lustre user guide, "File system access control"
+# The infer node's scaling agent answers the gateways' HAProxy agent check here ("drain" once a Spot
+# notice or the group's termination says the node is leaving): roles/inference_server
+# inference_server_agent_port and roles/inference_gateway inference_gateway_agent_port.
+NODE_AGENT_PORT = 8090
 
 
 @dataclass(frozen=True)
@@ -177,6 +182,7 @@ class GpuNetwork(pulumi.ComponentResource):
         ingress(
             "infer-from-gateway", "infer", "service", "tcp", (args.model_server_port, args.model_server_port)
         )
+        ingress("infer-agent-from-gateway", "infer", "service", "tcp", (NODE_AGENT_PORT, NODE_AGENT_PORT))
         for port in METRICS_PORTS:
             ingress(f"infer-metrics-{port}", "infer", "service", "tcp", (port, port))
         for low, high in LUSTRE_PORTS:

@@ -25,7 +25,10 @@ on the gateway:
      healthy yet gets its address and stays in maintenance until a later pass;
   5. instances the Auto Scaling group is terminating (lifecycle state Terminating:Wait, held there by
      the group's termination hook) are drained, not cut: `set server ... state drain` keeps their
-     requests in flight running and sends them no new one.
+     requests in flight running and sends them no new one;
+  6. with --state-file, once it changed a slot (or where the file is missing) it saves the servers'
+     state there, the file haproxy.cfg's server-state-file names: a HAProxy that starts again, even
+     after a crash, finds the slots' last addresses and states in it (haproxy.cfg.j2, init-addr last).
 
 Other commands, on every backend (the gateway's other servers too, matched by address):
 
@@ -42,6 +45,7 @@ targets than slots: the extra ones are left out, logged, and the exit status is 
 
   gpuplat_gateway_targets.py sync --region us-east-1 --stack prod --port 8000 --replicas 4 \\
       --backend inference --slot-prefix slot- --socket /run/haproxy/admin.sock
+  gpuplat_gateway_targets.py sync ... --state-file /run/gpuplat-gateway/server-state
   gpuplat_gateway_targets.py sync ... --dry-run      # print the commands, send nothing
   gpuplat_gateway_targets.py save-state /run/gpuplat-gateway/server-state
   gpuplat_gateway_targets.py drain 10.0.3.7:8001 --wait-s 600
@@ -424,6 +428,7 @@ def sync(
     cloudwatch: Any = None,
     gateways: int = 1,
     healthy: Health = always_healthy,
+    state_file: Path | None = None,
     dry_run: bool = False,
     echo: Callable[[str], None] = print,
 ) -> Plan:
@@ -442,6 +447,8 @@ def sync(
         else:
             LOG.info("%s", command)
             api.apply(command)
+    if state_file is not None and not dry_run and (result.commands or not state_file.exists()):
+        save_state(api, state_file)
     LOG.info(
         "%d instance(s), %d target(s), %d slot(s), %d command(s)",
         len(addresses),
@@ -581,6 +588,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     sync_parser.add_argument("--gateways", type=int, default=1, help="gateways of the stack (backlog share)")
     sync_parser.add_argument("--health-path", default="/health", help="a slot leaves maintenance on 200 here")
     sync_parser.add_argument("--endpoint-url", default=None, help="AWS API endpoint (default: the region's)")
+    sync_parser.add_argument(
+        "--state-file", type=Path, default=None, help="save the servers' state here after a change"
+    )
     sync_parser.add_argument("--dry-run", action="store_true", help="print the commands, send none")
     save_parser = commands.add_parser("save-state", help="save the servers' state for the next process")
     save_parser.add_argument("file", type=Path)
@@ -613,6 +623,7 @@ def run_sync(args: argparse.Namespace, api: RuntimeApi) -> int:
             cloudwatch=cloudwatch,
             gateways=args.gateways,
             healthy=http_health(args.health_path),
+            state_file=args.state_file,
             dry_run=args.dry_run,
         )
     except (BotoCoreError, ClientError) as exc:  # raised before any command: HAProxy unchanged

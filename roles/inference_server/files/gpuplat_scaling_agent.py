@@ -34,6 +34,17 @@ autoscaling/target-lifecycle-state turns to Terminated (Amazon EC2 Auto Scaling 
 then completes the lifecycle action (CONTINUE) and the group terminates it. Past --drain-timeout-s
 it completes anyway; the hook's own timeout is the backstop.
 
+A Spot instance learns of its interruption from its metadata's spot/instance-action: 404 until EC2
+marks it to be stopped or terminated, then {"action": "terminate"|"stop"|"hibernate", "time": "<UTC>"},
+about two minutes ahead, checked every 5 seconds as EC2 recommends (EC2 User Guide, "Spot Instance
+interruption notices", https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/spot-instance-termination-notices.html).
+The Auto Scaling group does not show such an instance as terminating before EC2 acts, so the gateways
+cannot learn it from the group: with --agent-port the agent answers HAProxy's agent check on that port
+(haproxy.cfg.j2 of roles/inference_gateway: agent-check) with "up" while the node serves and "drain"
+once it is leaving, for either reason; the gateways then send it no new request and those in flight
+run on. After a notice it waits for its replicas' requests to end, and if the group's hook later holds
+the instance it completes the lifecycle action at once.
+
 Standard library, plus boto3 only when it publishes.
 """
 
@@ -43,7 +54,9 @@ import argparse
 import json
 import logging
 import re
+import socket
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -173,6 +186,72 @@ def leaving(endpoint: str = IMDS_ENDPOINT) -> bool:
 
 
 @dataclass(frozen=True)
+class Departure:
+    """Why this instance is leaving."""
+
+    reason: str
+    # The group's termination hook holds it (Terminating:Wait): complete the lifecycle action once drained.
+    held_by_hook: bool
+
+
+def spot_interruption(endpoint: str = IMDS_ENDPOINT) -> Departure | None:
+    """EC2's interruption notice of this Spot instance (None: none; on-demand instances never get one)."""
+    try:
+        text = metadata("spot/instance-action", endpoint)
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:  # no notice
+            return None
+        raise
+    try:
+        notice = json.loads(text)
+        action, when = str(notice["action"]), str(notice["time"])
+    except (ValueError, KeyError, TypeError):
+        # Unreadable, but present: EC2 has marked the instance all the same.
+        action, when = "interruption", text[:40]
+    return Departure(f"spot {action} at {when}", held_by_hook=False)
+
+
+def departure(endpoint: str = IMDS_ENDPOINT) -> Departure | None:
+    """Whether this instance is leaving: the group terminates it, or EC2 interrupts it (Spot)."""
+    if leaving(endpoint):
+        return Departure("the group terminates it (target lifecycle state Terminated)", held_by_hook=True)
+    return spot_interruption(endpoint)
+
+
+class AgentCheck:
+    """HAProxy's agent check on this node: one line per connection, "up" while it serves, "drain" once
+    it is leaving (HAProxy 2.6 configuration.txt, "agent-check": "drain" sets the server's DRAIN state,
+    "up" leaves its administrative state alone)."""
+
+    def __init__(self, port: int, address: str = "0.0.0.0") -> None:
+        self.leaving = threading.Event()
+        self.listener = socket.create_server((address, port))
+        threading.Thread(target=self._serve, name="agent-check", daemon=True).start()
+
+    @property
+    def port(self) -> int:
+        return int(self.listener.getsockname()[1])
+
+    def drain(self) -> None:
+        self.leaving.set()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                connection, _ = self.listener.accept()
+            except OSError:  # closed
+                return
+            with connection:
+                try:
+                    connection.sendall(b"drain\n" if self.leaving.is_set() else b"up\n")
+                except OSError:
+                    continue
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+@dataclass(frozen=True)
 class Drain:
     hook: str
     grace_s: float
@@ -180,12 +259,10 @@ class Drain:
     poll_s: float = 2.0
 
 
-def release_when_drained(
-    autoscaling: Any, drain: Drain, asg: str, instance_id: str, urls: list[str]
-) -> float:
-    """Wait for the gateways to drain this node, then for its replicas to finish what they hold, then
-    let the group terminate it. Returns the requests still in flight when it let go (0 once drained)."""
-    LOG.info("the group terminates this instance: waiting %.0f s for the gateways to drain it", drain.grace_s)
+def wait_until_drained(drain: Drain, urls: list[str]) -> float:
+    """Wait for the gateways to drain this node, then for its replicas to finish what they hold.
+    Returns the requests still in flight at the end (0 once drained)."""
+    LOG.info("waiting %.0f s for the gateways to drain this instance", drain.grace_s)
     time.sleep(drain.grace_s)
     deadline = time.monotonic() + drain.timeout_s
     in_flight = sum(map(requests_in_flight, read_metrics(urls)))
@@ -193,9 +270,11 @@ def release_when_drained(
         time.sleep(drain.poll_s)
         in_flight = sum(map(requests_in_flight, read_metrics(urls)))
     if in_flight > 0:
-        LOG.warning(
-            "%d request(s) still in flight after %.0f s: letting the group go on", in_flight, drain.timeout_s
-        )
+        LOG.warning("%d request(s) still in flight after %.0f s", in_flight, drain.timeout_s)
+    return in_flight
+
+
+def complete_lifecycle_action(autoscaling: Any, drain: Drain, asg: str, instance_id: str) -> None:
     autoscaling.complete_lifecycle_action(
         LifecycleHookName=drain.hook,
         AutoScalingGroupName=asg,
@@ -203,20 +282,55 @@ def release_when_drained(
         InstanceId=instance_id,
     )
     LOG.info("lifecycle action completed: the group may terminate %s", instance_id)
-    return in_flight
 
 
-def wait_or_leave(interval_s: float, endpoint: str, poll_s: float = 5.0) -> bool:
-    """Sleep one interval, looking every poll_s whether the group is terminating this instance."""
+def wait_or_leave(interval_s: float, endpoint: str, poll_s: float = 5.0) -> Departure | None:
+    """Sleep one interval, looking every poll_s whether this instance is leaving (None: it stays)."""
     deadline = time.monotonic() + interval_s
     while time.monotonic() < deadline:
         try:
-            if leaving(endpoint):
-                return True
+            gone = departure(endpoint)
+            if gone is not None:
+                return gone
         except OSError as exc:
             LOG.warning("instance metadata: %s", exc)
         time.sleep(min(poll_s, max(deadline - time.monotonic(), 0.0)))
-    return False
+    return None
+
+
+@dataclass(frozen=True)
+class Leaving:
+    """What the agent does once its instance is leaving."""
+
+    drain: Drain
+    asg: str
+    urls: list[str]
+    endpoint: str
+    agent_check: AgentCheck | None = None
+    autoscaling: Any = None
+
+
+def leave(how: Leaving, why: Departure, poll_s: float = 5.0) -> float:
+    """Drain this node through the gateways' agent check, wait for its requests to end, and complete
+    the group's lifecycle action where its hook holds the instance: at once for a termination; after a
+    Spot notice once the group moves the instance to Terminated (EC2 may end it before). Returns the
+    requests still in flight when it stopped waiting for them."""
+    LOG.info("this instance is leaving: %s", why.reason)
+    if how.agent_check is not None:
+        how.agent_check.drain()
+    in_flight = wait_until_drained(how.drain, how.urls)
+    if how.autoscaling is None or not how.drain.hook:
+        return in_flight
+    while not why.held_by_hook:
+        time.sleep(poll_s)
+        try:
+            if leaving(how.endpoint):
+                break
+        except OSError as exc:
+            LOG.warning("instance metadata: %s", exc)
+    instance_id = metadata("instance-id", how.endpoint)
+    complete_lifecycle_action(how.autoscaling, how.drain, how.asg, instance_id)
+    return in_flight
 
 
 def main() -> int:
@@ -241,6 +355,9 @@ def main() -> int:
     parser.add_argument("--lifecycle-hook", default="", help="the group's termination hook to complete")
     parser.add_argument("--drain-grace-s", type=float, default=30.0, help="time the gateways get to drain")
     parser.add_argument("--drain-timeout-s", type=float, default=600.0, help="longest wait for requests")
+    parser.add_argument(
+        "--agent-port", type=int, default=0, help="answer the gateways' agent check here (0: no agent check)"
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the metric data instead of sending it")
     args = parser.parse_args()
     logging.basicConfig(level="INFO", format="%(levelname)s %(name)s: %(message)s")
@@ -262,17 +379,29 @@ def main() -> int:
 
         client = boto3.client("cloudwatch", region_name=args.region)
         autoscaling = boto3.client("autoscaling", region_name=args.region)
-    drain = (
-        Drain(args.lifecycle_hook, args.drain_grace_s, args.drain_timeout_s) if args.lifecycle_hook else None
+    agent_check = AgentCheck(args.agent_port) if args.agent_port else None
+    leaving_plan = Leaving(
+        Drain(args.lifecycle_hook, args.drain_grace_s, args.drain_timeout_s),
+        args.asg,
+        urls,
+        args.imds_endpoint,
+        agent_check,
+        autoscaling,
     )
+    # Watch the instance metadata where something follows from it: a drain through the agent check, or the
+    # group's hook to complete.
+    watching = agent_check is not None or (bool(args.lifecycle_hook) and autoscaling is not None)
 
     previous, previous_at = scrape(urls).requests, time.monotonic()
     while True:
-        if drain is not None and autoscaling is not None and wait_or_leave(args.interval, args.imds_endpoint):
-            instance_id = metadata("instance-id", args.imds_endpoint)
-            release_when_drained(autoscaling, drain, args.asg, instance_id, urls)
-            return 0
-        if drain is None:
+        if watching:
+            why = wait_or_leave(args.interval, args.imds_endpoint)
+            if why is not None:
+                leave(leaving_plan, why)
+                if agent_check is not None:
+                    threading.Event().wait()  # answer "drain" until the instance is gone
+                return 0
+        else:
             time.sleep(args.interval)
         try:
             sample, now = scrape(urls), time.monotonic()
