@@ -2,6 +2,10 @@
 each asserting Slurm's and the emulator's states; the figures they measure are printed at the end.
 
 a  the controller boots from its user data alone; slurmctld and slurmdbd serve
+r  day 2: a role change (a new bundle digest) reaches the running controller through `gpuplat up`'s
+   configure phase (the inventory from the stack's outputs, site.yml), with no stop and start of its
+   instance (its user data, as the Pulumi program declares it, does not change); nodes launched later
+   boot from the new bundle
 b  a job for a powered-down pool: slurmctld runs the real resume program, an instance boots, takes its
    name, joins, and the job runs; then the pool's image is taken from that node (image_seal.sh), so
    the later launches boot it and only configure themselves
@@ -26,29 +30,36 @@ g  idle nodes are suspended and their instances terminated
 k  a capacity error on the spot pool for a job of both partitions: the job runs on spot2
 h  teardown leaves no instance of the stack
 
-e waits out ResumeTimeout, the longest timer (600 s), on a pool of its own (spot3) while b, c, f, j,
-d, i and k do their work on spot and spot2: its job is submitted with b's, e_held finds the held
-instance, the hypervisor notes when it is terminated, and its end is checked after k, by when its job
-has been requeued and its name has come back. f's stray is launched when c starts and outlives the
-reconciler's grace while c runs. j's job is submitted once the image is taken and its boots fail on
-spot2 meanwhile; its outcome is checked after f. d and k wait for spot and spot2 only to be powered
-down; g, after e, for every node.
+They run in the order a r b (and the image) c f j d i k e g h; `-k` may pick a subset that keeps a
+first and, for e, j and f, their starting steps. e waits out ResumeTimeout, the longest timer (600 s),
+on a pool of its own (spot3) while b, c, f, j, d, i and k do their work on spot and spot2: its job is
+submitted with b's, e_held finds the held instance, the hypervisor notes when it is terminated, and
+its end is checked after k, by when its job has been requeued and its name has come back. f's stray
+is launched when c starts and outlives the reconciler's grace while c runs. j's job is submitted once
+the image is taken and its boots fail on spot2 meanwhile; its outcome is checked after f. d and k wait
+for spot and spot2 only to be powered down; g, after e, for every node.
 """
 
 from __future__ import annotations
 
+import base64
 import datetime
 import json
 import re
 import shlex
+import shutil
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import pytest
 
+from infra.backends.aws.bootstrap import bundle_files
 from infra.lifecycle.fleet_holds import read_fleet_holds
+from infra.nodes.podman import podman
+from infra.spec.load import PROJECT_ROOT
 from tests.box.box import RunCommand, box_substitutes
+from tests.box.cloud import user_data
 from tests.slurm_states import JOB_ENDED
 
 pytestmark = pytest.mark.box
@@ -180,6 +191,56 @@ def test_a_controllers_boot_from_user_data_alone(box: Any) -> None:
     assert "is UP" in slurm(box, "scontrol ping")
     assert box.platform.name.replace("-", "_") in slurm(box, "sacctmgr -nP show cluster format=cluster")
     assert node_states(box) == {"spot-0": "idle~", "spot-1": "idle~", "spot2-0": "idle~", HELD_NODE: "idle~"}
+
+
+# r: the role change, a line the node_identity role writes into every node's platform facts.
+ROLE_CHANGE_MARK = "# box role change"
+ROLE_CHANGE_TEMPLATE = "roles/node_identity/templates/node.yml.j2"
+
+
+def started_at(box: Any, instance_id: str) -> str:
+    """When the instance's container (its OS) last started: a stop and start changes it."""
+    return str(podman("inspect", "--format", "{{.State.StartedAt}}", box.container_of(instance_id)).stdout)
+
+
+def test_r_a_role_change_reaches_the_running_controller_without_a_stop_and_start(box: Any) -> None:
+    """Day 2: a role changed in the operator's checkout (a new bundle digest). `pulumi up` (the box's
+    change_roles) publishes the bundle and the group vars naming it and gives the training pools'
+    launch templates new versions; the controller's instance is declared as before, so it is neither
+    stopped nor started. `gpuplat up`'s configure phase (the inventory from the stack's outputs,
+    site.yml through it) brings the change to the running controller. The later scenarios' nodes boot
+    from the new bundle (b)."""
+    head = box.stack.controllers["head-0"]
+    checkout = box.workdir / "checkout"
+    shutil.rmtree(checkout, ignore_errors=True)
+    for name, path in bundle_files(PROJECT_ROOT).items():
+        (checkout / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, checkout / name)
+    template = checkout / ROLE_CHANGE_TEMPLATE
+    template.write_text(template.read_text() + ROLE_CHANGE_MARK + "\n")
+    facts = "/etc/gpuplat/node.yml"
+    assert ROLE_CHANGE_MARK not in box.sh(head, f"cat {facts}")
+    user_data_before, started_before = user_data(box.ec2, head), started_at(box, head)
+    slurmctld_before = slurm(box, "systemctl show -p MainPID --value slurmctld").strip()
+
+    change = box.change_roles(checkout)
+    assert change.bundle_after != change.bundle_before
+    assert change.restarted == [], f"pulumi up would stop and start {change.restarted}: their inputs changed"
+    for template_id in box.stack.templates.values():
+        [latest] = box.ec2.describe_launch_template_versions(
+            LaunchTemplateId=template_id, Versions=["$Latest"]
+        )["LaunchTemplateVersions"]
+        assert change.bundle_after in base64.b64decode(latest["LaunchTemplateData"]["UserData"]).decode()
+    start = time.monotonic()
+    box.configure(checkout, change)
+    FIGURES["role change: site.yml on the running controller s"] = time.monotonic() - start
+
+    assert ROLE_CHANGE_MARK in box.sh(head, f"cat {facts}")  # the change took effect
+    assert started_at(box, head) == started_before  # never stopped nor started
+    assert user_data(box.ec2, head) == user_data_before
+    assert state_of(box, head) == "running"
+    assert slurm(box, "systemctl show -p MainPID --value slurmctld").strip() == slurmctld_before
+    assert "is UP" in slurm(box, "scontrol ping")
 
 
 def test_b_a_job_resumes_a_powered_down_node_which_boots_joins_and_runs_it(box: Any) -> None:
