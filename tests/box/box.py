@@ -35,11 +35,10 @@ from infra.nodes.playbook_run import PlaybookRun, run_playbook
 from infra.nodes.podman import podman
 from infra.platform.resolve import ResolvedPlatform
 from infra.spec.load import PROJECT_ROOT
-from tests.box.cloud import BoxStack, declare, node_boot_script, zone_subnet
+from tests.box.cloud import BoxStack, declare, node_boot_script, user_data, zone_subnet
 from tests.box.emulator import CREDENTIALS, FaultProxy, Faults, MotoServer
 from tests.box.hypervisor import LABEL, Hypervisor, HypervisorSettings, remove_all
 from tests.box.imds import IMDS_ADDRESS, InstanceMetadata
-from tests.bundle_recording import controller_inputs, recorded_with_bundle
 
 NETWORK = "gpuplat-box"
 SHARED_VOLUME = "gpuplat-box-fsx"
@@ -282,20 +281,20 @@ class CloudBox:
     def change_roles(self, checkout: Path) -> RoleChange:
         """`pulumi up` after the roles changed in `checkout` (the operator's copy of the project), as the
         box plays it: the new bundle under its digest, the group vars naming it, and a new version of
-        each training pool's launch template that boots it. The controllers are as the Pulumi program
-        declares them for the new bundle (recorded under its mocks, tests/bundle_recording.py): one whose
-        inputs changed is stopped and started, which is what the Terraform AWS provider does for a changed
-        user_data of an aws_instance ("Updates to this field will trigger a stop/start of the EC2
-        instance by default", resource aws_instance, argument user_data)."""
+        each training pool's launch template that boots it. A controller whose user data, as the stack
+        declares it (cloud.node_boot_script, the program's; tests/pulumi/test_aws_controller_changes.py
+        holds the program to it), changes with the bundle is stopped and started: the Terraform AWS
+        provider's default for a changed user_data of an aws_instance ("Updates to this field will
+        trigger a stop/start of the EC2 instance by default", resource aws_instance, argument
+        user_data)."""
         s3 = self.client("s3")
         key = bundle_key(checkout)
         s3.put_object(Bucket=self.stack.bucket, Key=key, Body=bundle_zip(checkout))
         group_vars = json.loads(s3.get_object(Bucket=self.stack.bucket, Key=GROUP_VARS_KEY)["Body"].read())
         before = str(group_vars[BUNDLE_KEY_VAR])
         group_vars[BUNDLE_KEY_VAR] = key
-        s3.put_object(
-            Bucket=self.stack.bucket, Key=GROUP_VARS_KEY, Body=json.dumps(group_vars, indent=1).encode()
-        )
+        body = json.dumps(group_vars, indent=1).encode()
+        s3.put_object(Bucket=self.stack.bucket, Key=GROUP_VARS_KEY, Body=body)
         for pool, template in self.stack.templates.items():
             [latest] = self.ec2.describe_launch_template_versions(
                 LaunchTemplateId=template, Versions=["$Latest"]
@@ -303,23 +302,20 @@ class CloudBox:
             script = node_boot_script(self.platform, self.stack.bucket, key, pool)
             data = {**latest["LaunchTemplateData"], "UserData": base64.b64encode(script.encode()).decode()}
             self.ec2.create_launch_template_version(LaunchTemplateId=template, LaunchTemplateData=data)
-        declared_before = controller_inputs(recorded_with_bundle(self.platform, before))
-        declared_after = controller_inputs(recorded_with_bundle(self.platform, key))
+        controller = self.platform.controller_pool.name
         restarted = []
         for node, instance_id in self.stack.controllers.items():
-            [name] = [n for n in declared_after if n.endswith(f"-{node}")]
-            if declared_before.get(name) != declared_after[name]:
-                self.stop_start(instance_id)
+            declared = node_boot_script(self.platform, self.stack.bucket, key, controller, node)
+            if declared != user_data(self.ec2, instance_id):
+                self.ec2.stop_instances(InstanceIds=[instance_id])
+                podman("stop", "--time", "30", self.container_of(instance_id))
+                self.ec2.modify_instance_attribute(
+                    InstanceId=instance_id, UserData={"Value": declared.encode()}
+                )
+                podman("start", self.container_of(instance_id))
+                self.ec2.start_instances(InstanceIds=[instance_id])
                 restarted.append(node)
         return RoleChange(before, key, group_vars, restarted)
-
-    def stop_start(self, instance_id: str) -> None:
-        """EC2's stop and start of an instance: its OS halts and boots again (user data does not run
-        again), same instance id and address."""
-        self.ec2.stop_instances(InstanceIds=[instance_id])
-        podman("stop", "--time", "30", self.container_of(instance_id))
-        podman("start", self.container_of(instance_id))
-        self.ec2.start_instances(InstanceIds=[instance_id])
 
     def configure(self, checkout: Path, change: RoleChange) -> PlaybookRun:
         """`gpuplat up`'s configure phase on a cloud stack (infra/lifecycle/bringup.py up_cloud): the

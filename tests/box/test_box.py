@@ -4,7 +4,7 @@ each asserting Slurm's and the emulator's states; the figures they measure are p
 a  the controller boots from its user data alone; slurmctld and slurmdbd serve
 r  day 2: a role change (a new bundle digest) reaches the running controller through `gpuplat up`'s
    configure phase (the inventory from the stack's outputs, site.yml), with no stop and start of its
-   instance (its user data, as the Pulumi program declares it, does not change); nodes launched later
+   instance (its declared user data names no bundle, so it does not change); nodes launched later
    boot from the new bundle
 b  a job for a powered-down pool: slurmctld runs the real resume program, an instance boots, takes its
    name, joins, and the job runs; then the pool's image is taken from that node (image_seal.sh), so

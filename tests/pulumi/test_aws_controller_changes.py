@@ -14,11 +14,18 @@ from typing import Any
 
 import pytest
 
-from infra.plan.record import Recording
+import infra.backends.aws as aws_backend
+from infra.plan.record import Recording, record
 from infra.platform.resolve import ResolvedPlatform
-from tests.bundle_recording import controller_inputs, recorded_with_bundle
 
+INSTANCE = "aws:ec2/instance:Instance"
 TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
+OBJECT = "aws:s3/bucketObjectv2:BucketObjectv2"
+
+
+def recorded_with_bundle(platform: ResolvedPlatform, key: str, monkeypatch: pytest.MonkeyPatch) -> Recording:
+    monkeypatch.setattr(aws_backend, "bundle_key", lambda _root: key)
+    return record(platform)
 
 
 def by_name(recording: Recording, type_token: str) -> dict[str, dict[str, Any]]:
@@ -27,13 +34,13 @@ def by_name(recording: Recording, type_token: str) -> dict[str, dict[str, Any]]:
 
 @pytest.mark.parametrize("stack", ["aws-prod"])
 def test_a_new_bundle_digest_changes_no_controller_input(
-    shipped_platforms: dict[str, ResolvedPlatform], stack: str
+    shipped_platforms: dict[str, ResolvedPlatform], monkeypatch: pytest.MonkeyPatch, stack: str
 ) -> None:
     platform = shipped_platforms[stack]
-    before = recorded_with_bundle(platform, "bootstrap/0000000000000000/bundle.zip")
-    after = recorded_with_bundle(platform, "bootstrap/1111111111111111/bundle.zip")
-    controllers = controller_inputs(before)
-    assert controllers and controllers == controller_inputs(after)
+    before = recorded_with_bundle(platform, "bootstrap/0000000000000000/bundle.zip", monkeypatch)
+    after = recorded_with_bundle(platform, "bootstrap/1111111111111111/bundle.zip", monkeypatch)
+    controllers = by_name(before, INSTANCE)
+    assert controllers and controllers == by_name(after, INSTANCE)
     templates_before, templates_after = by_name(before, TEMPLATE), by_name(after, TEMPLATE)
     assert any(templates_before[n]["userData"] != templates_after[n]["userData"] for n in templates_before)
     group_vars = json.loads(after.named(f"{stack}-group-vars").inputs["content"])
