@@ -5,6 +5,7 @@ controllers; `stop()` removes every container, the network, the volumes and the 
 
 from __future__ import annotations
 
+import base64
 import ipaddress
 import json
 import os
@@ -14,16 +15,27 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import boto3
 
-from infra.backends.aws.bootstrap import WORK_DIR
+from infra.backends.aws.bootstrap import GROUP_VARS_KEY, WORK_DIR, bundle_key, bundle_zip
+from infra.backends.aws.node_join import BUNDLE_KEY_VAR
 from infra.backends.local.node_image import seal_and_commit
 from infra.data.load import catalog
+from infra.nodes import playbook_run
+from infra.nodes.inventory import (
+    STACK_OUTPUT_GROUP_VARS,
+    STACK_OUTPUT_INVENTORY_CONFIG,
+    aws_ec2_config,
+    stack_inventory_documents,
+    write_inventory,
+)
+from infra.nodes.playbook_run import PlaybookRun, run_playbook
 from infra.nodes.podman import podman
 from infra.platform.resolve import ResolvedPlatform
 from infra.spec.load import PROJECT_ROOT
-from tests.box.cloud import BoxStack, declare, zone_subnet
+from tests.box.cloud import BoxStack, declare, node_boot_script, user_data, zone_subnet
 from tests.box.emulator import CREDENTIALS, FaultProxy, Faults, MotoServer
 from tests.box.hypervisor import LABEL, Hypervisor, HypervisorSettings, remove_all
 from tests.box.imds import IMDS_ADDRESS, InstanceMetadata
@@ -73,6 +85,17 @@ def box_substitutes(endpoint: str, resume_timeout_s: int) -> dict[str, Any]:
         # j: protected mode after two boot failures in a row (10 on AWS), so the box pays two failed boots.
         "slurm_elastic_protected_failure_count": 2,
     }
+
+
+@dataclass(frozen=True)
+class RoleChange:
+    """What the box's `pulumi up` of a role change did: the bundle before and after, the group vars it
+    wrote, the controllers it stopped and started."""
+
+    bundle_before: str
+    bundle_after: str
+    group_vars: dict[str, Any]
+    restarted: list[str]
 
 
 @dataclass
@@ -254,6 +277,69 @@ class CloudBox:
         bad_id = str(self.ec2.register_image(Name=f"gpuplat-{name}")["ImageId"])
         self.hypervisor.settings.images[bad_id] = image
         return bad_id
+
+    def change_roles(self, checkout: Path) -> RoleChange:
+        """`pulumi up` after the roles changed in `checkout` (the operator's copy of the project), as the
+        box plays it: the new bundle under its digest, the group vars naming it, and a new version of
+        each training pool's launch template that boots it. A controller whose user data, as the stack
+        declares it (cloud.node_boot_script, the program's; tests/pulumi/test_aws_controller_changes.py
+        holds the program to it), changes with the bundle is stopped and started: the Terraform AWS
+        provider's default for a changed user_data of an aws_instance ("Updates to this field will
+        trigger a stop/start of the EC2 instance by default", resource aws_instance, argument
+        user_data)."""
+        s3 = self.client("s3")
+        key = bundle_key(checkout)
+        s3.put_object(Bucket=self.stack.bucket, Key=key, Body=bundle_zip(checkout))
+        group_vars = json.loads(s3.get_object(Bucket=self.stack.bucket, Key=GROUP_VARS_KEY)["Body"].read())
+        before = str(group_vars[BUNDLE_KEY_VAR])
+        group_vars[BUNDLE_KEY_VAR] = key
+        body = json.dumps(group_vars, indent=1).encode()
+        s3.put_object(Bucket=self.stack.bucket, Key=GROUP_VARS_KEY, Body=body)
+        for pool, template in self.stack.templates.items():
+            [latest] = self.ec2.describe_launch_template_versions(
+                LaunchTemplateId=template, Versions=["$Latest"]
+            )["LaunchTemplateVersions"]
+            script = node_boot_script(self.platform, self.stack.bucket, key, pool)
+            data = {**latest["LaunchTemplateData"], "UserData": base64.b64encode(script.encode()).decode()}
+            self.ec2.create_launch_template_version(LaunchTemplateId=template, LaunchTemplateData=data)
+        controller = self.platform.controller_pool.name
+        restarted = []
+        for node, instance_id in self.stack.controllers.items():
+            declared = node_boot_script(self.platform, self.stack.bucket, key, controller, node)
+            if declared != user_data(self.ec2, instance_id):
+                self.ec2.stop_instances(InstanceIds=[instance_id])
+                podman("stop", "--time", "30", self.container_of(instance_id))
+                self.ec2.modify_instance_attribute(
+                    InstanceId=instance_id, UserData={"Value": declared.encode()}
+                )
+                podman("start", self.container_of(instance_id))
+                self.ec2.start_instances(InstanceIds=[instance_id])
+                restarted.append(node)
+        return RoleChange(before, key, group_vars, restarted)
+
+    def configure(self, checkout: Path, change: RoleChange) -> PlaybookRun:
+        """`gpuplat up`'s configure phase on a cloud stack (infra/lifecycle/bringup.py up_cloud): the
+        inventory from the stack's outputs (stack_inventory_documents), then playbooks/site.yml of the
+        operator's checkout through it. The box's substitutes in the aws_ec2 inventory config, as in
+        RunCommand: the emulator's endpoint and credentials, and the instance's container reached with
+        podman instead of an SSM session (moto records Session Manager calls but opens no session)."""
+        config = aws_ec2_config(self.platform, self.stack.bucket)
+        config |= {
+            "endpoint_url": self.moto.url,
+            "access_key": CREDENTIALS["AWS_ACCESS_KEY_ID"],
+            "secret_key": CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+            "session_token": CREDENTIALS["AWS_SESSION_TOKEN"],
+        }
+        config["compose"] = {
+            **config["compose"],
+            "ansible_connection": "'gpuplat_podman'",
+            "ansible_host": "'box-' + instance_id",
+        }
+        outputs = {STACK_OUTPUT_GROUP_VARS: change.group_vars, STACK_OUTPUT_INVENTORY_CONFIG: config}
+        inventory = self.workdir / "inventory"
+        write_inventory(stack_inventory_documents(self.platform, outputs), inventory)
+        with mock.patch.object(playbook_run, "PROJECT_ROOT", checkout):
+            return run_playbook("site.yml", inventory, self.workdir / "logs", timeout=900)
 
     def teardown(self) -> subprocess.CompletedProcess[str]:
         """What an operator runs before `pulumi destroy`: the controllers' own program, from outside."""

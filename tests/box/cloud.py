@@ -119,17 +119,7 @@ def declare(
     )
 
     def boot_script(pool_name: str, node: str = "") -> str:
-        return BootScript(
-            stack=platform.name,
-            region=str(spec.region),
-            bucket=bucket,
-            bundle_key="" if node else key,  # controllers: the group vars' (infra/backends/aws/__init__.py)
-            inventory=node_inventory(platform, platform.pool(pool_name)),
-            os_release=os_release(spec),
-            node_name=node,
-            fetch_munge_key=runs_munge(platform, platform.pool(pool_name)),
-            power_off_on_failure=platform.pool(pool_name).role == "train",
-        ).render()
+        return node_boot_script(platform, bucket, key, pool_name, node)
 
     templates: dict[str, str] = {}
     for pool in platform.pools_with_role("train"):
@@ -181,6 +171,23 @@ def declare(
     return BoxStack(
         platform, image_id, vpc_id, subnet_id, subnet_cidr, group_id, bucket, profiles, templates, controllers
     )
+
+
+def node_boot_script(platform: ResolvedPlatform, bucket: str, key: str, pool: str, node: str = "") -> str:
+    """A node's user data; a controller's (`node` given) names no bundle: it boots from the group vars'
+    (infra/backends/aws/__init__.py)."""
+    resolved = platform.pool(pool)
+    return BootScript(
+        stack=platform.name,
+        region=str(platform.spec.region),
+        bucket=bucket,
+        bundle_key="" if node else key,
+        inventory=node_inventory(platform, resolved),
+        os_release=os_release(platform.spec),
+        node_name=node,
+        fetch_munge_key=runs_munge(platform, resolved),
+        power_off_on_failure=resolved.role == "train",
+    ).render()
 
 
 def _profiles(client: Callable[[str], Any], platform: ResolvedPlatform) -> dict[str, str]:

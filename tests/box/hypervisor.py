@@ -53,6 +53,8 @@ class Hypervisor:
         self.log = log
         self.machines: dict[str, Machine] = {}
         self.held: set[str] = set()  # instances whose user data was never run
+        # instance -> when the hypervisor saw it terminated (time.monotonic(), within POLL_S)
+        self.ended: dict[str, float] = {}
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -97,6 +99,7 @@ class Hypervisor:
                     self.machines[instance_id] = machine
                 threading.Thread(target=self._boot, args=(machine, instance), daemon=True).start()
             elif state in ("shutting-down", "terminated") and machine is not None:
+                self.ended.setdefault(instance_id, time.monotonic())
                 podman("rm", "--force", "--time", "0", machine.container, check=False)
                 with self._lock:
                     del self.machines[instance_id]

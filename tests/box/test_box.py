@@ -2,6 +2,10 @@
 each asserting Slurm's and the emulator's states; the figures they measure are printed at the end.
 
 a  the controller boots from its user data alone; slurmctld and slurmdbd serve
+r  day 2: a role change (a new bundle digest) reaches the running controller through `gpuplat up`'s
+   configure phase (the inventory from the stack's outputs, site.yml), with no stop and start of its
+   instance (its declared user data names no bundle, so it does not change); nodes launched later
+   boot from the new bundle
 b  a job for a powered-down pool: slurmctld runs the real resume program, an instance boots, takes its
    name, joins, and the job runs; then the pool's image is taken from that node (image_seal.sh), so
    the later launches boot it and only configure themselves
@@ -26,27 +30,36 @@ g  idle nodes are suspended and their instances terminated
 k  a capacity error on the spot pool for a job of both partitions: the job runs on spot2
 h  teardown leaves no instance of the stack
 
-e waits out ResumeTimeout, the longest timer, while b, c, f and j do their work on other nodes: its
-job (pinned to spot-1, whose boot the box holds) is submitted with b's (pinned to spot-0), e_held
-finds the held instance, its end is checked after f. f's stray is launched when c starts and
-outlives the reconciler's grace while c runs. j's job is submitted once the image is taken and its
-boots fail on spot2 meanwhile; its outcome is checked after e.
+They run in the order a r b (and the image) c f j d i k e g h; `-k` may pick a subset that keeps a
+first and, for e, j and f, their starting steps. e waits out ResumeTimeout, the longest timer (600 s),
+on a pool of its own (spot3) while b, c, f, j, d, i and k do their work on spot and spot2: its job is
+submitted with b's, e_held finds the held instance, the hypervisor notes when it is terminated, and
+its end is checked after k, by when its job has been requeued and its name has come back. f's stray
+is launched when c starts and outlives the reconciler's grace while c runs. j's job is submitted once
+the image is taken and its boots fail on spot2 meanwhile; its outcome is checked after f. d and k wait
+for spot and spot2 only to be powered down; g, after e, for every node.
 """
 
 from __future__ import annotations
 
+import base64
 import datetime
 import json
 import re
 import shlex
+import shutil
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import pytest
 
+from infra.backends.aws.bootstrap import bundle_files
 from infra.lifecycle.fleet_holds import read_fleet_holds
+from infra.nodes.podman import podman
+from infra.spec.load import PROJECT_ROOT
 from tests.box.box import RunCommand, box_substitutes
+from tests.box.cloud import user_data
 from tests.slurm_states import JOB_ENDED
 
 pytestmark = pytest.mark.box
@@ -58,7 +71,8 @@ CONTROLLER_BOOT_DEADLINE_S = 1200
 CHECKPOINTS = "/fsx/checkpoints"
 FIGURES: dict[str, float] = {}
 IMAGES: dict[str, str] = {}  # pool -> the image its launch template names now
-HELD_NODE = "spot-1"  # e: the node whose boot never finishes
+HELD_POOL = "spot3"  # e: the pool whose node's boot never finishes, used by no other scenario
+HELD_NODE = f"{HELD_POOL}-0"
 # b: spot-0's job holds the node until its image is taken. A job that ended at once left the node idle
 # while the user data still ran its last plays (slurmd starts half-way), and on a loaded machine
 # SuspendTime (scheduler.scale_down_idle_s, 60 s) ended it before the test could take the image.
@@ -120,6 +134,15 @@ def node_states(box: Any) -> dict[str, str]:
     return dict(zip(words[0::2], words[1::2], strict=True))
 
 
+def wait_powered_down(box: Any, but: str = "", timeout_s: float = 300) -> None:
+    """Every node in power saving (`idle~`), but `but` (the held pool's node while e runs)."""
+    wait_for(
+        "every node powered down" + (f" but {but}" if but else ""),
+        lambda: all(s == "idle~" for n, s in node_states(box).items() if n != but) or None,
+        timeout_s,
+    )
+
+
 def live(box: Any, **tags: str) -> list[dict[str, Any]]:
     return list(box.instances("pending", "running", **tags))
 
@@ -167,12 +190,62 @@ def test_a_controllers_boot_from_user_data_alone(box: Any) -> None:
     assert slurm(box, "hostname").strip() == "head-0"
     assert "is UP" in slurm(box, "scontrol ping")
     assert box.platform.name.replace("-", "_") in slurm(box, "sacctmgr -nP show cluster format=cluster")
-    assert node_states(box) == {"spot-0": "idle~", "spot-1": "idle~", "spot2-0": "idle~"}
+    assert node_states(box) == {"spot-0": "idle~", "spot-1": "idle~", "spot2-0": "idle~", HELD_NODE: "idle~"}
+
+
+# r: the role change, a line the node_identity role writes into every node's platform facts.
+ROLE_CHANGE_MARK = "# box role change"
+ROLE_CHANGE_TEMPLATE = "roles/node_identity/templates/node.yml.j2"
+
+
+def started_at(box: Any, instance_id: str) -> str:
+    """When the instance's container (its OS) last started: a stop and start changes it."""
+    return str(podman("inspect", "--format", "{{.State.StartedAt}}", box.container_of(instance_id)).stdout)
+
+
+def test_r_a_role_change_reaches_the_running_controller_without_a_stop_and_start(box: Any) -> None:
+    """Day 2: a role changed in the operator's checkout (a new bundle digest). `pulumi up` (the box's
+    change_roles) publishes the bundle and the group vars naming it and gives the training pools'
+    launch templates new versions; the controller's instance is declared as before, so it is neither
+    stopped nor started. `gpuplat up`'s configure phase (the inventory from the stack's outputs,
+    site.yml through it) brings the change to the running controller. The later scenarios' nodes boot
+    from the new bundle (b)."""
+    head = box.stack.controllers["head-0"]
+    checkout = box.workdir / "checkout"
+    shutil.rmtree(checkout, ignore_errors=True)
+    for name, path in bundle_files(PROJECT_ROOT).items():
+        (checkout / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, checkout / name)
+    template = checkout / ROLE_CHANGE_TEMPLATE
+    template.write_text(template.read_text() + ROLE_CHANGE_MARK + "\n")
+    facts = "/etc/gpuplat/node.yml"
+    assert ROLE_CHANGE_MARK not in box.sh(head, f"cat {facts}")
+    user_data_before, started_before = user_data(box.ec2, head), started_at(box, head)
+    slurmctld_before = slurm(box, "systemctl show -p MainPID --value slurmctld").strip()
+
+    change = box.change_roles(checkout)
+    assert change.bundle_after != change.bundle_before
+    assert change.restarted == [], f"pulumi up would stop and start {change.restarted}: their inputs changed"
+    for template_id in box.stack.templates.values():
+        [latest] = box.ec2.describe_launch_template_versions(
+            LaunchTemplateId=template_id, Versions=["$Latest"]
+        )["LaunchTemplateVersions"]
+        assert change.bundle_after in base64.b64decode(latest["LaunchTemplateData"]["UserData"]).decode()
+    start = time.monotonic()
+    box.configure(checkout, change)
+    FIGURES["role change: site.yml on the running controller s"] = time.monotonic() - start
+
+    assert ROLE_CHANGE_MARK in box.sh(head, f"cat {facts}")  # the change took effect
+    assert started_at(box, head) == started_before  # never stopped nor started
+    assert user_data(box.ec2, head) == user_data_before
+    assert state_of(box, head) == "running"
+    assert slurm(box, "systemctl show -p MainPID --value slurmctld").strip() == slurmctld_before
+    assert "is UP" in slurm(box, "scontrol ping")
 
 
 def test_b_a_job_resumes_a_powered_down_node_which_boots_joins_and_runs_it(box: Any) -> None:
     box.hypervisor.settings.hold_nodes.add(HELD_NODE)
-    HELD.update(job=submit(box, "hostname", f"--requeue -w {HELD_NODE}"), since=time.monotonic())
+    HELD.update(job=submit(box, "hostname", "--requeue", partitions=HELD_POOL), since=time.monotonic())
     job = submit(box, f"hostname; while [ ! -e {B_RELEASE} ]; do sleep 2; done", "-w spot-0")
     B_JOB["job"] = job
     start = time.monotonic()
@@ -201,13 +274,15 @@ def test_b_the_pool_image_is_taken_from_the_joined_node(box: Any) -> None:
     start = time.monotonic()
     IMAGES["spot"] = box.bake(instance["InstanceId"], "spot")
     FIGURES["image bake s"] = time.monotonic() - start
+    # e's pool (the same instance type and roles) too: the held node's boot after ResumeTimeout is from it.
+    box.use_image(HELD_POOL, IMAGES["spot"])
     box.sh(instance["InstanceId"], f"touch {B_RELEASE}")
     assert wait_ended(box, B_JOB["job"]) == "COMPLETED", explain(box, B_JOB["job"])
 
 
 def test_j_started_a_bad_image_on_the_next_pool(box: Any) -> None:
     """Not checked here: spot2's launch template boots an image on which every bootstrap fails, and a
-    job waits for spot2; its boots fail while c, f and e run (j is judged after e)."""
+    job waits for spot2; its boots fail while c and f run (j is judged after f)."""
     BAD["image"] = box.bad_image(IMAGES["spot"], "bad")
     box.use_image("spot2", BAD["image"])
     BAD.update(job=submit(box, "hostname", "--requeue", partitions="spot2"), since=time.monotonic())
@@ -222,7 +297,7 @@ def test_e_held_a_node_whose_boot_never_finishes(box: Any) -> None:
 
 def test_c_a_spot_notice_requeues_the_job_which_completes_on_a_replacement(box: Any) -> None:
     launch_stray(box)  # f's stray lives out its grace while c runs
-    # Pinned: the held node is requeued and boots again during c, and must not take c's job.
+    # Pinned to the node b's job left up (the image was taken from it): it starts at once.
     job = submit(box, f"python3 -c {shlex.quote(TRAINER)}; echo trainer exited $?", "--requeue -w spot-0")
     wait_for(
         f"job {job} running",
@@ -318,35 +393,14 @@ def launch_stray(box: Any) -> None:
 def test_f_a_stray_instance_is_terminated_by_the_reconciler(box: Any) -> None:
     stray, since = STRAY["instance"], STRAY["since"]
     wait_for(f"stray {stray} terminated", lambda: terminated(box, stray), 240 - (time.monotonic() - since))
-    FIGURES["stray instance -> terminated s"] = time.monotonic() - since
+    # As the hypervisor saw it end (f is checked after c, which takes longer than the reconciler).
+    ended = wait_for(f"the hypervisor saw {stray} end", lambda: box.hypervisor.ended.get(stray), 30)
+    FIGURES["stray instance -> terminated s"] = ended - since
     removed = STRAY["removed"]
     wait_for(f"removed pool's {removed} terminated", lambda: terminated(box, removed), 60)
     log = controller_log(box)
     assert f"reconcile: terminating {stray} (spot-7): is named for a node Slurm does not know" in log
     assert f"reconcile: terminating {removed} (removed-0): is named for a node Slurm does not know" in log
-
-
-def test_e_a_node_that_never_boots_comes_back_to_power_saving(box: Any) -> None:
-    instance_id, node, job = HELD["instance"], HELD["node"], HELD["job"]
-    wait_for(
-        f"{instance_id} terminated after ResumeTimeout",
-        lambda: all(i["InstanceId"] != instance_id for i in live(box)) or None,
-        box.resume_timeout_s + 180 - (time.monotonic() - HELD["since"]),
-    )
-    FIGURES["held boot -> terminated s"] = time.monotonic() - HELD["since"]
-    # Requeued, not failed. The requeued job is eligible again cred_expire later and resumes the node anew
-    # (its next boot is not held), so by now it may be running or even done there: any of those counts,
-    # with a restart recorded (scontrol keeps an ended job for MinJobAge, 300 s).
-    state = slurm(box, f"squeue -h -j {job} -o %T").strip() or job_state(box, job)
-    restarts = re.search(r"Restarts=(\d+)", slurm(box, f"scontrol show job {job}"))
-    assert state in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETED"), explain(box, job)
-    assert restarts is not None and int(restarts.group(1)) >= 1, explain(box, job)
-    slurm(box, f"scancel {job}", check=False)
-    # A node that was resuming again boots (its next boot is not held), idles, then powers down.
-    back = 120 if state == "PENDING" else box.resume_timeout_s + 180
-    wait_for(
-        f"{node} back in power saving", lambda: node_states(box)[node] == "idle~" or None, back, every_s=1
-    )
 
 
 def test_j_repeated_boot_failures_put_the_pool_in_protected_mode(box: Any) -> None:
@@ -393,17 +447,17 @@ def test_d_a_two_node_job_on_capacity_for_one_launches_nothing_and_runs_on_the_n
     are asked for in one RunInstances with MinCount 2, which EC2 refuses whole; no instance idles
     waiting for the other. The capacity cool-down (60 s in the box) holds the one pool, then the job
     runs on the next attempt."""
-    wait_for(  # both names must be launched by this job: none still up from c
-        "every node powered down", lambda: all(s == "idle~" for s in node_states(box).values()) or None, 300
-    )
+    wait_powered_down(box, but=HELD_NODE)  # both names must be launched by this job: none still up from c
     launches = box.faults.count("RunInstances")
-    before = {i["InstanceId"] for i in box.instances()}
+    before = {i["InstanceId"] for i in box.instances(gpuplat_pool="spot")}
     box.faults.limit_capacity(1)
     job = submit(box, "srun hostname", "-N 2")
     wait_for("the failed launch", lambda: box.faults.count("RunInstances") > launches or None, 180)
     failed_at = time.monotonic()
     time.sleep(5)  # a best-effort resume would have its one instance by now
-    assert {i["InstanceId"] for i in box.instances()} == before, "an instance launched for part of the job"
+    assert {i["InstanceId"] for i in box.instances(gpuplat_pool="spot")} == before, (
+        "an instance launched for part of the job"
+    )
     box.faults.limit_capacity(None)
     assert "resume: pool spot: run_instances for spot-0,spot-1 failed" in controller_log(box)
     assert wait_ended(box, job) == "COMPLETED", explain(box, job)
@@ -470,15 +524,6 @@ def a_job_user_gets_no_credentials_and_no_munge_key(box: Any, instance_id: str) 
     )
 
 
-def test_g_idle_nodes_are_suspended_and_their_instances_terminated(box: Any) -> None:
-    start = time.monotonic()
-    wait_for(
-        "every node powered down", lambda: all(s == "idle~" for s in node_states(box).values()) or None, 300
-    )
-    wait_for("no live training instance", lambda: not live(box, gpuplat_role="train") or None, 180)
-    FIGURES["last job ended -> instances terminated s"] = time.monotonic() - start
-
-
 def test_k_a_capacity_error_on_one_pool_and_the_job_runs_on_the_teams_next_pool(box: Any) -> None:
     """A job of both of the team's partitions (`-p spot,spot2`: Slurm tries them in that order) gets a
     capacity error on spot: the pool's cool-down sets its powered-down names DOWN, the job is requeued
@@ -486,9 +531,7 @@ def test_k_a_capacity_error_on_one_pool_and_the_job_runs_on_the_teams_next_pool(
     SuspendProgram holds it as slurmctld powers it down, so the requeued job never takes it again
     (on the code before, it was idle~ after SuspendTimeout and the job cycled on it, PoolHeld, for
     minutes until a reconcile round held it)."""
-    wait_for(
-        "every node powered down", lambda: all(s == "idle~" for s in node_states(box).values()) or None, 300
-    )
+    wait_powered_down(box, but=HELD_NODE)
     spot = box.stack.templates["spot"]
     before = {i["InstanceId"] for i in box.instances(gpuplat_pool="spot")}
     log_before = controller_log(box)
@@ -520,6 +563,43 @@ def test_k_a_capacity_error_on_one_pool_and_the_job_runs_on_the_teams_next_pool(
     assert "pool spot: InsufficientInstanceCapacity: capacity cool-down" in log
     assert "(PoolHeld)" not in log, log
     assert {i["InstanceId"] for i in box.instances(gpuplat_pool="spot")} == before
+
+
+def test_e_a_node_that_never_boots_comes_back_to_power_saving(box: Any) -> None:
+    """Checked after k: the held boot's ResumeTimeout ran out while the other scenarios worked on spot and
+    spot2. When its instance was terminated is the hypervisor's note, taken as it happened."""
+    instance_id, node, job = HELD["instance"], HELD["node"], HELD["job"]
+    wait_for(
+        f"{instance_id} terminated after ResumeTimeout",
+        lambda: terminated(box, instance_id),
+        box.resume_timeout_s + 180 - (time.monotonic() - HELD["since"]),
+    )
+    wait_for(f"the hypervisor saw {instance_id} end", lambda: instance_id in box.hypervisor.ended or None, 30)
+    FIGURES["held boot -> terminated s"] = box.hypervisor.ended[instance_id] - HELD["since"]
+    assert FIGURES["held boot -> terminated s"] >= box.resume_timeout_s
+    # Requeued, not failed. The requeued job is eligible again cred_expire later and resumes the node anew
+    # (its next boot is not held, from the pool image), so by now it may be running or done there: any of
+    # those counts, with a restart recorded (scontrol keeps an ended job for MinJobAge, 300 s; after that,
+    # sacct -D lists each attempt of a requeued job).
+    # (squeue and scontrol refuse a job id slurmctld has purged.)
+    state = slurm(box, f"squeue -h -j {job} -o %T", check=False).strip() or job_state(box, job)
+    assert state in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETED"), explain(box, job)
+    restarts = re.search(r"Restarts=(\d+)", slurm(box, f"scontrol show job {job}", check=False))
+    attempts = slurm(box, f"sacct -D -nXP -j {job} -o State").split()
+    assert (restarts is not None and int(restarts.group(1)) >= 1) or len(attempts) >= 2, explain(box, job)
+    slurm(box, f"scancel {job}", check=False)
+    # A node that was resuming again boots (its next boot is not held), idles, then powers down.
+    back = 120 if state == "PENDING" else box.resume_timeout_s + 180
+    wait_for(
+        f"{node} back in power saving", lambda: node_states(box)[node] == "idle~" or None, back, every_s=1
+    )
+
+
+def test_g_idle_nodes_are_suspended_and_their_instances_terminated(box: Any) -> None:
+    start = time.monotonic()
+    wait_powered_down(box)
+    wait_for("no live training instance", lambda: not live(box, gpuplat_role="train") or None, 180)
+    FIGURES["last job ended -> instances terminated s"] = time.monotonic() - start
 
 
 def test_h_teardown_leaves_no_instance_of_the_stack(box: Any) -> None:
