@@ -113,7 +113,9 @@ def main() -> int:
         local = str(stack_with_training_nodes(None, Path(tmp), arguments.prefix))
         run("down", "--stack-file", local)
         logs = arguments.keep_logs
-        _, cold = show("cold up (local)", run("up", "--stack-file", local, keep_log=logs and logs / "cold.log"))
+        _, cold = show(
+            "cold up (local)", run("up", "--stack-file", local, keep_log=logs and logs / "cold.log")
+        )
         show("warm up (no changes, skipped)", run("up", "--stack-file", local))
         _, again = show(
             "up --reconfigure (no changes)",
