@@ -22,6 +22,7 @@ import copy
 import os
 import re
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -30,6 +31,7 @@ from pathlib import Path
 
 import yaml
 
+from infra.nodes.playbook_run import state_dir
 from infra.spec.load import CONFIG_KEY, stack_file
 
 GPUPLAT = str(Path(sys.executable).parent / "gpuplat")
@@ -50,21 +52,25 @@ def cpu_of_children() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run(*args: str) -> Outcome:
+def run(*args: str, keep_log: Path | None = None) -> Outcome:
     load, cpu_before = os.getloadavg()[0], cpu_of_children()
     result = subprocess.run([GPUPLAT, *args], capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise SystemExit(f"gpuplat {' '.join(args)} failed:\n{result.stderr[-3000:]}")
+    if keep_log is not None:
+        stack = yaml.safe_load(Path(args[-1]).read_text())["config"][CONFIG_KEY]["name"]
+        keep_log.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(state_dir(stack) / "logs" / "site.log", keep_log)
     changes = CHANGES.search(result.stderr)
     phases = {m["name"]: float(m["seconds"]) for m in PHASE.finditer(result.stderr)}
     return Outcome(phases, int(changes["changes"]) if changes else -1, cpu_of_children() - cpu_before, load)
 
 
-def stack_with_training_nodes(count: int | None, directory: Path) -> Path:
-    """A copy of the local stack named bench-<count> (bench-local: unchanged pools)."""
+def stack_with_training_nodes(count: int | None, directory: Path, prefix: str = "bench") -> Path:
+    """A copy of the local stack named <prefix>-<count> (<prefix>-local: unchanged pools)."""
     document = yaml.safe_load(stack_file("local").read_text())
     platform = copy.deepcopy(document["config"][CONFIG_KEY])
-    platform["name"] = f"bench-{count or 'local'}"
+    platform["name"] = f"{prefix}-{count or 'local'}"
     if count is not None:
         # Elastic like the local stack's pool (power saving: every name in slurm.conf), `count` running.
         train = next(p for p in platform["pools"] if p["role"] == "train")
@@ -97,18 +103,27 @@ def show(label: str, outcome: Outcome) -> tuple[float, float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--sizes", default="2,4,8", help="training node counts to time")
-    sizes = [int(s) for s in parser.parse_args().sizes.split(",")]
+    parser.add_argument("--sizes", default="2,4,8", help="training node counts to time ('' for none)")
+    parser.add_argument("--prefix", default="bench", help="stack names: <prefix>-local, <prefix>-<count>")
+    parser.add_argument("--keep-logs", type=Path, help="copy each run's site.log into this directory")
+    arguments = parser.parse_args()
+    sizes = [int(s) for s in arguments.sizes.split(",") if s]
     by_size: dict[int, tuple[float, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        local = str(stack_with_training_nodes(None, Path(tmp)))
+        local = str(stack_with_training_nodes(None, Path(tmp), arguments.prefix))
         run("down", "--stack-file", local)
-        _, cold = show("cold up (local)", run("up", "--stack-file", local))
+        logs = arguments.keep_logs
+        _, cold = show(
+            "cold up (local)", run("up", "--stack-file", local, keep_log=logs and logs / "cold.log")
+        )
         show("warm up (no changes, skipped)", run("up", "--stack-file", local))
-        _, again = show("up --reconfigure (no changes)", run("up", "--reconfigure", "--stack-file", local))
+        _, again = show(
+            "up --reconfigure (no changes)",
+            run("up", "--reconfigure", "--stack-file", local, keep_log=logs and logs / "reconfigure.log"),
+        )
         run("down", "--stack-file", local)
         for count in sizes:
-            path = str(stack_with_training_nodes(count, Path(tmp)))
+            path = str(stack_with_training_nodes(count, Path(tmp), arguments.prefix))
             by_size[count] = show(f"cold up, {count} training nodes", run("up", "--stack-file", path))
             run("down", "--stack-file", path)
     print(f"cold configure: {cold:.0f} s (goal <= 240)")

@@ -20,7 +20,7 @@ from infra.nodes.role_templates import role_defaults, role_vars
 from infra.platform.resolve import ResolvedPlatform, ResolvedPool
 from infra.platform.serving_layout import startup_budget_s
 from infra.scheduling.slurm import slurm_vars
-from infra.training.job_env import COMPANION_PACKAGES, training_vars, wheelhouse
+from infra.training.job_env import COMPANION_PACKAGES, LOCAL_ENVIRONMENT_ARCHIVES, training_vars, wheelhouse
 
 TAG_STACK = "gpuplat:stack"
 TAG_POOL = "gpuplat:pool"
@@ -284,6 +284,7 @@ def local_vars() -> dict[str, Any]:
     return {
         "inference_server_pip_cert": LOCAL_NODE_CA_BUNDLE,
         "model_registry_pip_cert": LOCAL_NODE_CA_BUNDLE,
+        "python_requirements_archive_dir": LOCAL_ENVIRONMENT_ARCHIVES,
         **LOCAL_POWER_PROGRAMS,
     }
 

@@ -11,6 +11,9 @@ from infra.platform.resolve import ResolvedPlatform
 
 # The local platform's nodes find the host's wheels here (infra/backends/local/wheelhouse.py mounts them).
 LOCAL_WHEELHOUSE = "/opt/gpuplat/wheels"
+# ... and keep the Python environments installed from those wheels here (roles/python_requirements's
+# archives; infra/backends/local/host_caches.py mounts the host's directory, writable).
+LOCAL_ENVIRONMENT_ARCHIVES = "/var/cache/gpuplat/environments"
 # node_exporter's textfile collector directory (roles/node_exporter's default), where jobs write.
 JOB_METRICS_DIR = "/var/lib/prometheus/node-exporter"
 # Installed beside torch: torch.distributed.checkpoint gathers its plan through numpy.

@@ -210,27 +210,135 @@ def test_pip_runs_only_where_the_check_found_something_missing(tasks_file: str, 
     tasks = flatten(yaml.safe_load((ROOT / "roles" / tasks_file).read_text()))
     names = [task.get("name") for task in tasks]
     install = tasks[names.index(pip_task)]
-    check_task = tasks[names.index(pip_task) - 1]
-    assert check_task.get("ansible.builtin.import_role", {}).get("name") == "python_requirements"
+    # The check, and the restore from an archive where the role has one (it checks again), before pip.
+    checks = [
+        task
+        for task in tasks[: names.index(pip_task)]
+        if task.get("ansible.builtin.import_role", {}).get("name") == "python_requirements"
+    ]
+    assert checks and "tasks_from" not in checks[0]["ansible.builtin.import_role"]
     assert install.get("when") == "python_requirements_check.rc != 0"
 
     # The check looks at what pip would install, where: the same interpreter, the same requirement list
     # (one variable, so that a day-2 change of either reaches both), --no-deps on both or neither.
-    checked = check_task["vars"]
-    assert (checked["python_requirements_python"], checked["python_requirements_packages"]) == pip_reads(
-        install
-    )[:2]
-    no_deps = pip_reads(install)[2]
-    assert checked.get("python_requirements_follow_dependencies", True) is not no_deps
+    role = tasks_file.split("/")[0]
+    python, requirements, no_deps = pip_reads(install, role)
+    for check_task in checks:
+        checked = check_task["vars"]
+        assert (checked["python_requirements_python"], checked["python_requirements_packages"]) == (
+            python,
+            requirements,
+        )
+        assert checked.get("python_requirements_follow_dependencies", True) is not no_deps
 
 
-def pip_reads(install: dict) -> tuple[str, str, bool]:
+def pip_reads(install: dict, role: str) -> tuple[str, str, bool]:
     """The interpreter, the requirements (as a template) and whether --no-deps, of a pip task of a role."""
     if "ansible.builtin.pip" in install:
         pip = install["ansible.builtin.pip"]
         return f"{pip['virtualenv']}/bin/python", pip["name"], "--no-deps" in pip.get("extra_args", "")
     argv = install["ansible.builtin.command"]["argv"]
+    named = re.fullmatch(r"\{\{ (\w+) \}\}", argv.strip())
+    if named:  # the command line kept in one of the role's variables
+        argv = yaml.safe_load((ROOT / "roles" / role / "vars" / "main.yml").read_text())[named[1]]
     python = re.match(r"\{\{ \[(\w+) ~ '/bin/python', '-m', 'pip', 'install'", argv)
     requirements = re.search(r"\+ (\w+) \}\}$", argv.strip())
     assert python and requirements, argv
     return f"{{{{ {python[1]} }}}}/bin/python", f"{{{{ {requirements[1]} }}}}", "--no-deps" in argv
+
+
+def archive_run(tmp_path: Path, wheel: bytes) -> tuple[str, list[Path]]:
+    """One converge of an environment on this host with roles/python_requirements's archive around the
+    install, as roles/training_env runs it: check, restore, install where still not met, archive. The
+    install writes a fresh token; returns the environment's token and the archives kept."""
+    pytest.importorskip("ansible")
+    from infra.nodes.playbook_run import ansible_playbook_binary
+
+    environment, archives, wheels = tmp_path / "env", tmp_path / "archives", tmp_path / "wheels"
+    archives.mkdir(exist_ok=True)
+    wheels.mkdir(exist_ok=True)
+    (wheels / "gpuplat_demo-1.0-py3-none-any.whl").write_bytes(wheel)
+    site = environment / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    metadata_file = site / "gpuplat_demo-1.0.dist-info" / "METADATA"
+    install = " && ".join(
+        [
+            f"{sys.executable} -m venv --without-pip --system-site-packages {environment}",
+            f"mkdir -p {metadata_file.parent}",
+            f"printf 'Metadata-Version: 2.1\\nName: gpuplat-demo\\nVersion: 1.0\\n' > {metadata_file}",
+            f"{sys.executable} -c 'import uuid; print(uuid.uuid4())' > {environment}/token",
+            f"chmod 0751 {environment}/token",
+        ]
+    )
+    role_vars = {
+        "python_requirements_python": f"{environment}/bin/python",
+        "python_requirements_packages": ["gpuplat-demo==1.0"],
+        "python_requirements_environment": str(environment),
+        "python_requirements_install": ["install", "gpuplat-demo==1.0"],
+        "python_requirements_wheelhouse": str(wheels),
+        "python_requirements_archive_dir": str(archives),
+    }
+    tasks = [
+        {"name": "Check", "ansible.builtin.include_role": {"name": "python_requirements"}, "vars": role_vars},
+        {
+            "name": "Restore",
+            "ansible.builtin.include_role": {"name": "python_requirements", "tasks_from": "restore.yml"},
+            "vars": role_vars,
+        },
+        {
+            "name": "Install",
+            "ansible.builtin.shell": install,
+            "when": "python_requirements_check.rc != 0",
+            "register": "installed",
+        },
+        {
+            "name": "Archive",
+            "ansible.builtin.include_role": {"name": "python_requirements", "tasks_from": "archive.yml"},
+            "vars": role_vars | {"python_requirements_installed": "{{ installed is changed }}"},
+        },
+    ]
+    play = [
+        {
+            "name": "archive",
+            "hosts": "localhost",
+            "gather_facts": True,
+            "gather_subset": ["min"],
+            "tasks": tasks,
+        }
+    ]
+    playbook = tmp_path / "play.yml"
+    playbook.write_text(yaml.safe_dump(play, sort_keys=False))
+    command = [ansible_playbook_binary(), "-i", "localhost,", "-c", "local", str(playbook)]
+    command += ["-e", f"ansible_python_interpreter={sys.executable}"]
+    result = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "PATH": "/usr/bin:/bin"},
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:]
+    return (environment / "token").read_text(), sorted(archives.iterdir())
+
+
+def test_an_environment_archived_after_its_install_is_restored_instead_of_installed_again(
+    tmp_path: Path,
+) -> None:
+    first, archives = archive_run(tmp_path, b"wheel 1")
+    assert len(archives) == 1 and archives[0].name.startswith("env-")
+    # The machine is gone (a cold up): the environment comes back from the archive, as it was, no install.
+    subprocess.run(["rm", "-rf", str(tmp_path / "env")], check=True)
+    again, kept = archive_run(tmp_path, b"wheel 1")
+    assert (again, kept) == (first, archives)
+    assert (tmp_path / "env" / "token").stat().st_mode & 0o777 == 0o751
+    # Met already: neither restored nor installed.
+    assert archive_run(tmp_path, b"wheel 1") == (first, archives)
+
+
+def test_an_archive_of_other_inputs_is_never_restored(tmp_path: Path) -> None:
+    first, archives = archive_run(tmp_path, b"wheel 1")
+    subprocess.run(["rm", "-rf", str(tmp_path / "env")], check=True)
+    # Another wheel under the same name: installed anew, and its archive replaces the old one.
+    second, kept = archive_run(tmp_path, b"wheel 2")
+    assert second != first
+    assert len(kept) == 1 and kept != archives

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra.backends.local.host_caches import environment_archives_dir
 from infra.backends.local.node_image import NODE_IMAGES, NodeImage, node_images, remove_stack_images
 from infra.backends.local.wheelhouse import ensure_wheelhouse
 from infra.errors import EnvironmentProblem, GpuPlatError
@@ -17,7 +18,7 @@ from infra.nodes.addresses import local_node_addresses, registry_address, stack_
 from infra.nodes.inventory import LOCAL_NODE_CA_BUNDLE, container_name
 from infra.nodes.podman import exists, inspect, podman, wait_systemd
 from infra.platform.resolve import ResolvedPlatform
-from infra.training.job_env import LOCAL_WHEELHOUSE
+from infra.training.job_env import LOCAL_ENVIRONMENT_ARCHIVES, LOCAL_WHEELHOUSE
 
 BASE_IMAGE = "localhost/gpuplat-base:bookworm"
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -127,7 +128,15 @@ class LocalCluster:
         # /dev/shm as the training nodes' fstab line sizes it on a machine that boots (podman's is 64 MiB).
         shm_mib = host_memory_mib() * self.platform.spec.training.shm_percent // 100
         wheels = ensure_wheelhouse(self.platform)
-        wheel_mount = ["--volume", f"{wheels}:{LOCAL_WHEELHOUSE}:ro"] if wheels else []
+        # The environments installed from the wheels are archived beside them, by the node that installs.
+        wheel_mount = (
+            [
+                "--volume", f"{wheels}:{LOCAL_WHEELHOUSE}:ro",
+                "--volume", f"{environment_archives_dir(self.platform.name)}:{LOCAL_ENVIRONMENT_ARCHIVES}",
+            ]
+            if wheels
+            else []
+        )  # fmt: skip
         for node in nodes:
             info = inspect("container", node.container)
             if info is None:

@@ -11,9 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from infra.backends.local.host_caches import wheelhouse_dir
 from infra.errors import EnvironmentProblem
 from infra.nodes.inventory import training_env_packages
-from infra.nodes.playbook_run import state_dir
 from infra.nodes.role_templates import role_defaults
 from infra.platform.resolve import ResolvedPlatform
 
@@ -42,7 +42,7 @@ def ensure_wheelhouse(platform: ResolvedPlatform) -> Path | None:
     requirements = wheel_requirements(platform)
     if not requirements:
         return None
-    directory = state_dir(platform.name) / "wheels"
+    directory = wheelhouse_dir(platform.name)
     key = hashlib.sha256("\n".join(sorted(requirements)).encode()).hexdigest()[:16]
     marker = directory / f".complete-{key}-py{NODE_PYTHON}"
     if marker.is_file():

@@ -9,12 +9,13 @@ from typing import Annotated
 import typer
 
 from infra.backends.local.cluster import LocalCluster
+from infra.backends.local.host_caches import purge as purge_host_caches
 from infra.backends.local.scale import forget_sizes, scale_pool, with_running_sizes
 from infra.backends.local.status import PlatformStatus, collect_status
 from infra.cli import output
 from infra.cli.progress import ProgressPrinter
 from infra.cli.stack_options import JsonFlag, StackFile, StackName, platform_from_options
-from infra.errors import ExitCode, GpuPlatError
+from infra.errors import ExitCode, GpuPlatError, SpecError
 from infra.lifecycle import cloud_stack
 from infra.lifecycle.bringup import CloudApproval, PhaseTiming
 from infra.lifecycle.bringup import up as bring_up
@@ -46,6 +47,14 @@ def render_status(status: PlatformStatus) -> None:
 
 
 YesFlag = Annotated[bool, typer.Option("--yes", "-y", help="cloud stacks: go on without asking for approval")]
+PurgeFlag = Annotated[
+    bool,
+    typer.Option(
+        "--purge",
+        help="local stacks: also remove what `down` keeps for the next `up` (the nodes' wheels and the "
+        "Python environments archived from them)",
+    ),
+]
 
 
 def _ask() -> cloud_stack.Ask | None:
@@ -92,16 +101,27 @@ def up(
         render_status(result.status)
 
 
-def down(stack: StackName = None, stack_file: StackFile = None, yes: YesFlag = False) -> None:
+def down(
+    stack: StackName = None, stack_file: StackFile = None, yes: YesFlag = False, purge: PurgeFlag = False
+) -> None:
     """Take the platform down: the local platform's containers, network and volume, or every resource of
     a cloud stack (`pulumi destroy`, after approval or --yes); on an aws Slurm stack the instances Slurm
     launched are terminated first, until none is left."""
     platform = platform_from_options(stack, stack_file)
     err = output.stderr()
+    if purge and platform.spec.backend != "local":
+        raise SpecError(
+            f"gpuplat down --purge: stack {platform.name} has backend {platform.spec.backend}; --purge "
+            "removes what a local stack keeps on this host between `down` and `up`, and only local stacks "
+            "keep any. "
+            "Run `gpuplat down` without it."
+        )
     if platform.spec.backend == "local":
         cluster = LocalCluster(with_running_sizes(platform))
         removed = cluster.destroy()
         forget_sizes(cluster.platform)
+        if purge:
+            removed += purge_host_caches(platform.name)
         err.print(f"removed {len(removed)}: {', '.join(removed) if removed else 'nothing was there'}")
         return
     deployed = cloud_stack.open_stack(platform, "`gpuplat down`", create=False)
