@@ -313,3 +313,26 @@ def test_the_batches_of_a_job_go_to_the_zone_of_its_first() -> None:
     first, second = (request["LaunchTemplateConfigs"][0]["Overrides"] for _call, request in client.requests)
     assert {o["SubnetId"] for o in first} == {"subnet-a", "subnet-b"}
     assert second == [{"InstanceType": kind, "SubnetId": "subnet-b"} for kind in TYPES]
+
+
+class OneZoneFleetEc2(CountingEc2):
+    """An instant fleet answers the subnet its instances went to (CreateFleetInstance.SubnetId, botocore
+    1.44.18's EC2 model), also where the overrides name none and the template's interfaces do."""
+
+    def create_fleet(self, **request: Any) -> dict[str, Any]:
+        self.requests.append(("create_fleet", request))
+        count = request["TargetCapacitySpecification"]["TotalTargetCapacity"]
+        return {"Instances": [{"InstanceIds": self.ids(count), "SubnetId": "subnet-template"}], "Errors": []}
+
+
+def test_the_later_batches_of_a_one_zone_pool_keep_its_alternate_types() -> None:
+    """One zone (the template's subnet, overrides of instance type only): the later batches are pinned
+    to that zone already, and keep every instance type. Before, the pin filtered out every override
+    (none names the subnet EC2 answered), so the later batches asked for the template's type only."""
+    client = OneZoneFleetEc2()
+    pool = Pool("train", "lt-1", None, (), tuple(TYPES))
+    names = [f"train-{i}" for i in range(LAUNCH_BATCH_MAX + 1)]
+    launched, code = Ec2Nodes(client, "stack").launch(pool, names, all_or_nothing=True)
+    assert (len(launched), code) == (len(names), None)
+    first, second = (request["LaunchTemplateConfigs"][0]["Overrides"] for _call, request in client.requests)
+    assert first == second == [{"InstanceType": kind} for kind in TYPES]

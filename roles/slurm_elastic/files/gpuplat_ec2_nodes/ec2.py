@@ -295,7 +295,7 @@ class Ec2Nodes:
         overrides = [
             {**({"InstanceType": kind} if kind else {}), **({"SubnetId": where} if where else {})}
             for kind, where in pool.launch_choices
-            if subnet is None or where == subnet
+            if subnet is None or where in (None, subnet)  # None: the template's one subnet
         ]
         options = {
             "AllocationStrategy": FLEET_ALLOCATION[pool.capacity],
