@@ -497,6 +497,8 @@ def test_the_resume_program_may_launch_a_pool_through_an_instant_fleet(fleet_sta
     assert call == "CreateFleet"
     verdicts = fleet_allowed(controller, request, template_tags, stack_vpc(controller))
     assert all(verdicts.values()), {r: v for r, v in verdicts.items() if not v}
+    # FleetOfStackTaggedInstances asks for the stack tag on the fleet too: an untagged one is refused
+    assert {"fleet", "instance"} <= set(verdicts), sorted(verdicts)
     # what the template itself names stays under RunInstances' statements
     request_tags = {t["Key"]: t["Value"] for t in request["TagSpecifications"][0]["Tags"]}
     verdicts = run_instances_allowed(controller, TEMPLATE, template_tags, request_tags, spot=False)
