@@ -34,6 +34,7 @@ from gpuplat_ec2_nodes.settings import Pool
 from infra.nodes.munge import MUNGE_GROUPS, munge_roles
 from infra.plan.record import Recording, record
 from infra.platform.resolve import ResolvedPlatform, load_platform
+from tests.pulumi.test_aws_fleet_template import fleet_stack_file
 
 managed_policies = pytest.importorskip("moto.iam.aws_managed_policies")
 
@@ -474,17 +475,7 @@ def fleet_allowed(
 @pytest.fixture(scope="module")
 def fleet_stack(tmp_path_factory: pytest.TempPathFactory) -> Recording:
     """aws-prod with the train pool on p5e or p5en in either zone (no EFA: it does not span zones)."""
-    document = yaml.safe_load((ROOT / "stacks" / "Pulumi.aws-prod.yaml").read_text())
-    [key] = [k for k in document["config"] if k.endswith(":platform")]
-    platform = document["config"][key]
-    platform["fabric"] = {"kind": "none", "placement": "spread"}
-    train = next(p for p in platform["pools"] if p["name"] == "train")
-    train.update(
-        instance_type="p5e.48xlarge", alternate_instance_types=["p5en.48xlarge"], zones=platform["zones"]
-    )
-    path = tmp_path_factory.mktemp("fleet") / "Pulumi.aws-prod.yaml"
-    path.write_text(yaml.safe_dump(document, sort_keys=False))
-    return record(load_platform(path))
+    return record(load_platform(fleet_stack_file(tmp_path_factory.mktemp("fleet"))))
 
 
 def test_the_resume_program_may_launch_a_pool_through_an_instant_fleet(fleet_stack: Recording) -> None:
@@ -506,6 +497,8 @@ def test_the_resume_program_may_launch_a_pool_through_an_instant_fleet(fleet_sta
     assert call == "CreateFleet"
     verdicts = fleet_allowed(controller, request, template_tags, stack_vpc(controller))
     assert all(verdicts.values()), {r: v for r, v in verdicts.items() if not v}
+    # FleetOfStackTaggedInstances asks for the stack tag on the fleet too: an untagged one is refused
+    assert {"fleet", "instance"} <= set(verdicts), sorted(verdicts)
     # what the template itself names stays under RunInstances' statements
     request_tags = {t["Key"]: t["Value"] for t in request["TagSpecifications"][0]["Tags"]}
     verdicts = run_instances_allowed(controller, TEMPLATE, template_tags, request_tags, spot=False)

@@ -12,6 +12,8 @@ parts run against botocore's Stubber, which checks every request against the rea
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -22,11 +24,11 @@ import pytest
 from botocore.stub import Stubber
 from gpuplat_ec2_nodes import ec2 as program_ec2
 from gpuplat_ec2_nodes.ec2 import LAUNCH_BATCH_MAX, Ec2Nodes
-from gpuplat_ec2_nodes.exit_codes import EXIT_FAILED, EXIT_OK
+from gpuplat_ec2_nodes.exit_codes import EXIT_FAILED, EXIT_OK, UsageError
 from gpuplat_ec2_nodes.holds import hold_reason, read_holds
 from gpuplat_ec2_nodes.resume import resume
 from gpuplat_ec2_nodes.resume_file import ResumeJob
-from gpuplat_ec2_nodes.settings import Pool, Settings, parse_pool
+from gpuplat_ec2_nodes.settings import Pool, Settings, load_settings, parse_pool
 from gpuplat_ec2_nodes.slurm import Slurm
 
 from tests.roles import test_ec2_nodes as harness
@@ -313,3 +315,59 @@ def test_the_batches_of_a_job_go_to_the_zone_of_its_first() -> None:
     first, second = (request["LaunchTemplateConfigs"][0]["Overrides"] for _call, request in client.requests)
     assert {o["SubnetId"] for o in first} == {"subnet-a", "subnet-b"}
     assert second == [{"InstanceType": kind, "SubnetId": "subnet-b"} for kind in TYPES]
+
+
+class OneZoneFleetEc2(CountingEc2):
+    """An instant fleet answers the subnet its instances went to (CreateFleetInstance.SubnetId, botocore
+    1.44.18's EC2 model), also where the overrides name none and the template's interfaces do."""
+
+    def create_fleet(self, **request: Any) -> dict[str, Any]:
+        self.requests.append(("create_fleet", request))
+        count = request["TargetCapacitySpecification"]["TotalTargetCapacity"]
+        return {"Instances": [{"InstanceIds": self.ids(count), "SubnetId": "subnet-template"}], "Errors": []}
+
+
+def test_the_later_batches_of_a_one_zone_pool_keep_its_alternate_types() -> None:
+    """One zone (the template's subnet, overrides of instance type only): the later batches are pinned
+    to that zone already, and keep every instance type. Before, the pin filtered out every override
+    (none names the subnet EC2 answered), so the later batches asked for the template's type only."""
+    client = OneZoneFleetEc2()
+    pool = Pool("train", "lt-1", None, (), tuple(TYPES))
+    names = [f"train-{i}" for i in range(LAUNCH_BATCH_MAX + 1)]
+    launched, code = Ec2Nodes(client, "stack").launch(pool, names, all_or_nothing=True)
+    assert (len(launched), code) == (len(names), None)
+    first, second = (request["LaunchTemplateConfigs"][0]["Overrides"] for _call, request in client.requests)
+    assert first == second == [{"InstanceType": kind} for kind in TYPES]
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"capacity": "reserved"}, "pool train: capacity must be one of on-demand, spot, not 'reserved'"),
+        ({"instance_types": "p5e.48xlarge"}, "pool train: instance_types must be a list of names"),
+        ({"subnet_ids": ["subnet-a", ""]}, "pool train: subnet_ids must be a list of names"),
+        ({"instance_types": TYPES + TYPES[:1]}, "pool train: instance_types lists a name twice"),
+    ],
+    ids=["capacity", "not-a-list", "empty-name", "twice"],
+)
+def test_a_malformed_pool_choice_is_a_usage_error_naming_the_pool_and_key(
+    tmp_path: Path, entry: dict[str, Any], message: str
+) -> None:
+    """The config file's pool keys (bootstrap.py writes them): one clear message, exit 2 (UsageError),
+    never a fleet request over a wrong list."""
+    config = tmp_path / "ec2-nodes.json"
+    pool = {"launch_template_id": "lt-1", "subnet_id": None, "static_nodes": [], **entry}
+    config.write_text(json.dumps({"stack": "s", "region": REGION, "pools": {"train": pool}}))
+    with pytest.raises(UsageError, match=re.escape(message)):
+        load_settings(config)
+
+
+def test_a_pool_of_one_subnet_gives_it_to_every_override() -> None:
+    """A pool whose config names its subnet (subnet_id) beside alternate types: each override carries
+    it, as RunInstances would."""
+    pool = Pool("train", "lt-1", "subnet-own", (), tuple(TYPES))
+    request = Ec2Nodes(CountingEc2(), "stack").fleet_request(pool, 2, all_or_nothing=True)
+    assert request["LaunchTemplateConfigs"][0]["Overrides"] == [
+        {"InstanceType": kind, "SubnetId": "subnet-own"} for kind in TYPES
+    ]
+    assert {spec["ResourceType"] for spec in request["TagSpecifications"]} == {"instance", "fleet"}

@@ -97,8 +97,8 @@ def elastic_pool_settings(
 ) -> dict[str, Any]:
     """The Slurm resume program's view of the training pools: launch template, static node names and,
     where a pool has several, the instance types (its own first) and subnets it may launch on
-    (roles/slurm_elastic/files/gpuplat_ec2_nodes/settings.py, Pool). The template's own network
-    settings name the first zone's subnet."""
+    (roles/slurm_elastic/files/gpuplat_ec2_nodes/settings.py, Pool). With several zones the template's
+    network interfaces name no subnet (node_pool.slurm_pool_template): the overrides give it."""
     settings: dict[str, Any] = {}
     for name, template_id in sorted(template_ids.items()):
         pool = platform.pool(name)

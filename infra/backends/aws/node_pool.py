@@ -3,8 +3,8 @@
 - Training pools are launched by Slurm (power saving, as AWS ParallelCluster does): the resume program
   on the controller calls RunInstances on the pool's launch template for the node names pending jobs
   need (an instant CreateFleet with instance type and subnet overrides where the pool has alternate
-  instance types or zones; the template's interfaces name the first zone's subnet, which the overrides
-  replace, as ParallelCluster's templates do: aws-parallelcluster v3.11.0,
+  instance types or zones; with several zones the template's interfaces name no subnet, the overrides
+  do, as ParallelCluster's CreateFleet templates: aws-parallelcluster v3.11.0,
   cli/src/pcluster/templates/queues_stack.py:161), and terminates them after the pool's idle time.
   So a training pool is a launch template and a placement group, no Auto Scaling group: an ASG would
   replace and scale nodes Slurm does not know. The template carries everything a launch needs: the
@@ -170,18 +170,22 @@ def base_template(args: GpuNodePoolArgs) -> dict[str, Any]:
 
 
 def slurm_pool_template(args: GpuNodePoolArgs, placement_group: pulumi.Input[str] | None) -> dict[str, Any]:
-    """A training pool's template: complete enough for RunInstances with no other parameter."""
+    """A training pool's template: complete enough for RunInstances with no other parameter (several
+    zones: with the subnet of a fleet override)."""
     pool = args.pool
     sizes = {TAG_MIN_NODES: str(pool.min_nodes), TAG_MAX_NODES: str(pool.max_nodes)}
     template = base_template(replace(args, tags={**args.tags, **sizes}))
-    subnet = args.subnet_ids[0]
+    # Several zones: the instant fleet's overrides name each launch's subnet, and the interfaces none,
+    # as ParallelCluster's CreateFleet templates (aws-parallelcluster v3.11.0,
+    # cli/src/pcluster/templates/queues_stack.py:161, a subnet only for a SlurmComputeResource, the
+    # RunInstances one; aws/aws-parallelcluster#4521).
+    subnet = args.subnet_ids[0] if len(args.subnet_ids) == 1 else None
     if args.efa:
         template["network_interfaces"] = efa_interfaces(args.node_type, [args.security_group_id], subnet)
     else:
-        template["network_interfaces"] = [
-            {"device_index": 0, "subnet_id": subnet, "security_groups": [args.security_group_id],
-             "delete_on_termination": "true"}
-        ]  # fmt: skip
+        interface = {"device_index": 0, "security_groups": [args.security_group_id],
+                     "delete_on_termination": "true"}  # fmt: skip
+        template["network_interfaces"] = [{**interface, "subnet_id": subnet} if subnet else interface]
     if placement_group is not None:
         template["placement"] = {"group_name": placement_group}
     # Its boot script powers a node off when the bootstrap fails (bootstrap.py): gone, not stopped.

@@ -283,9 +283,11 @@ class Ec2Nodes:
           job loses its progress since the last checkpoint on each interruption), on-demand
           lowest-price (EC2's default; the alternates are the same GPU shape, infra/spec);
         - `subnet`: only that subnet's overrides (a job's later batches, in the zone of its first);
-        - the template as RunInstances uses it, its interfaces' subnet and a spot pool's market options
-          included: ParallelCluster's templates carry both and launch through CreateFleet alike
-          (aws-parallelcluster v3.11.0, cli/src/pcluster/templates/queues_stack.py:161, :218);
+        - the pool's template, a spot pool's market options included (aws-parallelcluster v3.11.0,
+          cli/src/pcluster/templates/queues_stack.py:218, in the templates its CreateFleet launches
+          from too); with several subnets its interfaces name none and the overrides do, as
+          ParallelCluster's CreateFleet templates (queues_stack.py:161 names a subnet only for the
+          RunInstances compute resources; aws/aws-parallelcluster#4521; infra/backends/aws/node_pool.py);
         - tags on the instances and on the fleet at launch: "If the fleet type is instant, specify a
           resource type of fleet to tag the fleet, instance to tag the instances at launch"
           (CreateFleetRequest.TagSpecifications); the controllers' IAM policy asks for them.
@@ -293,7 +295,7 @@ class Ec2Nodes:
         overrides = [
             {**({"InstanceType": kind} if kind else {}), **({"SubnetId": where} if where else {})}
             for kind, where in pool.launch_choices
-            if subnet is None or where == subnet
+            if subnet is None or where in (None, subnet)  # None: the template's one subnet
         ]
         options = {
             "AllocationStrategy": FLEET_ALLOCATION[pool.capacity],
