@@ -22,7 +22,7 @@ from pathlib import Path
 
 import infra
 from infra.serving.analysis import Guard, RulesRead
-from infra.serving.guard_service import initial_state
+from infra.serving.guard_service import initial_state, lock_heir
 from infra.serving.release import (
     CANARY_BACKEND,
     CANARY_PORT,
@@ -87,7 +87,7 @@ def unit_name(model: str) -> str:
 
 def detach_guard(release: Release, model: str, candidate: str, share: int, duration_s: float | None) -> str:
     """Hand the analysis `deploy` began (release.canary_start) to the service on the gateway's node and
-    start it; the unit's name. The caller holds the release lock: the service takes it once it is let go."""
+    start it; the unit's name. The caller holds the release lock and hands it to the service."""
     gateways = release.layout.gateways
     if len(gateways) != 1:
         raise ServeRefused(
@@ -140,6 +140,9 @@ def detach_guard(release: Release, model: str, candidate: str, share: int, durat
     )
     release.nodes.exec(gateway, "python3", BUNDLE, "init", model, json.dumps(state))
     release.record(model, "analysing", f"the detached guard carries it ({unit} on {gateway})", share)
+    # The lock passes to the service without ever being free: a promote started as this command exits
+    # meets it (a guard that never starts leaves it to its lease).
+    release.hand_over(model, lock_heir(model))
     release.nodes.exec(gateway, "systemctl", "daemon-reload")
     release.nodes.exec(gateway, "systemctl", "enable", unit)
     release.nodes.exec(gateway, "systemctl", "restart", unit)

@@ -42,6 +42,12 @@ TAKE_LOCK_S = 3 * LEASE_S
 """how long a starting guard waits for the release lock (its starter holds it until it exits)"""
 
 
+def lock_heir(model: str) -> str:
+    """The name the release lock is held under between `deploy --detach` handing it over and the guard
+    taking it (it names no pid: nobody takes it over as gone, only once its lease ended)."""
+    return f"handed over to the detached guard of {model}"
+
+
 def state_path(model: str, folder: str = STATE_DIR) -> str:
     return f"{folder}/guard/{model}.json"
 
@@ -192,7 +198,7 @@ class DetachedGuard:
         waited_until = self.clock() + TAKE_LOCK_S
         while True:
             try:
-                lock.take()
+                lock.take(handed_by=lock_heir(self.model))
                 break
             except LockRefused as refused:
                 if self.clock() > waited_until:

@@ -21,7 +21,7 @@ from infra.serving.analysis import ROLLBACK, Guard, RulesRead
 from infra.serving.counts import Counts, Reading
 from infra.serving.detach import bundle
 from infra.serving.guard_service import DONE, DetachedGuard, initial_state, record_path, state_path
-from infra.serving.lock import LockRefused, ReleaseLock
+from infra.serving.lock import LockLost, LockRefused, ReleaseLock
 from infra.spec.models import Canary
 
 MODEL = "embedder"
@@ -283,6 +283,52 @@ def test_the_guard_waits_for_the_lock_its_starter_holds_and_a_second_release_mee
     guard.run()
     assert waits[:2] == [2, 2] and seen == ["refused"]
     assert guard.state["verdict"]["action"] == ROLLBACK
+
+
+def test_the_lock_handed_to_the_guard_is_never_free_in_between_and_the_guard_takes_it_at_once(
+    tmp_path: Path,
+) -> None:
+    """`deploy --detach` hands its lock to the service and exits before the service runs: a promote started
+    in that window is refused (before the hand-over, the lock was free from the deploy's exit to the
+    guard's next try, two seconds later), and the guard takes the lock without waiting."""
+    rules = Canary(min_requests=10, interval_s=30, intervals=2)
+    node = Node(share=20, canary_fails=True)
+    clock = Clock(node)
+    started(tmp_path, node, clock, rules)
+    deploy = ReleaseLock(node, "head-0", MODEL, "deploy embedder@2", lambda _: None)
+    deploy.take()
+    deploy.hand_over(guard_service.lock_heir(MODEL))
+    deploy.release()  # the deploy command exits: the lock stays, held for the guard
+    promote = ReleaseLock(node, "head-0", MODEL, "promote", lambda _: None)
+    with pytest.raises(LockRefused, match="handed over to the detached guard of embedder"):
+        promote.take()
+    waits: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        clock.sleep(seconds)
+
+    guard = DetachedGuard(MODEL, str(tmp_path), node, clock, sleep)  # type: ignore[arg-type]
+    guard.run()
+    assert 2 not in waits and guard.state["verdict"]["action"] == ROLLBACK
+    promote.take()  # the guard, ended, let it go
+    # Only a lock held under the heir's name is taken at once: the promote's own is not.
+    with pytest.raises(LockRefused, match="by pid"):
+        ReleaseLock(node, "head-0", MODEL, "the detached guard", lambda _: None).take(
+            handed_by=guard_service.lock_heir(MODEL)
+        )
+    promote.release()
+
+
+def test_a_lock_no_longer_its_holders_is_not_handed_over(tmp_path: Path) -> None:
+    node = Node(share=20, canary_fails=False)
+    deploy = ReleaseLock(node, "head-0", MODEL, "deploy embedder@2", lambda _: None)
+    deploy.take()
+    (tmp_path / "locks" / f"{MODEL}.lock" / "owner").write_text("promote by pid 1 on elsewhere")
+    with pytest.raises(LockLost, match="could not be handed over: lost: promote by pid 1"):
+        deploy.hand_over(guard_service.lock_heir(MODEL))
+    deploy.release()
+    assert (tmp_path / "locks" / f"{MODEL}.lock" / "owner").read_text() == "promote by pid 1 on elsewhere"
 
 
 def test_the_guard_carries_the_steps_below_100_and_stops_at_a_manual_gate(tmp_path: Path) -> None:
