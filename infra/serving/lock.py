@@ -3,7 +3,7 @@
 The lock is a directory under LOCK_DIR (tmpfs: a restart of that node frees every lock) holding its owner's
 description and the second, on the node's own clock, its lease ends. It is made whole elsewhere and renamed
 into place (rename(2) onto a non-empty directory fails: of two takers at once one gets it, and no lock is
-ever seen without its owner and expiry). The holder renews the lease every third of its length while it
+ever seen without its owner and expiry). The holder renews the lease every sixth of its length while it
 runs; a lock whose lease ended (its holder killed on another host: a CI runner gone) or whose holder was a
 process of this host that is gone is taken over, never one whose holder still renews it. The node's clock
 decides every expiry, so hosts whose clocks differ agree on it.
@@ -216,14 +216,22 @@ class ReleaseLock:
         self._renewer.start()
 
     def _renew(self) -> None:
-        """Every third of the lease; a renewal that failed (the node slow or out of reach, the mutex busy) is
-        tried again a second later, so that one slow answer does not use up the lease's margin."""
-        pause = self.lease_s / 3
+        """Every sixth of the lease; a renewal that failed (the node slow or out of reach, the mutex busy) is
+        tried again a second later, so that one slow answer does not use up the lease's margin.
+
+        Each renewal may take up to a third of the lease (20 s), or what is left of the margin if less: a
+        renewal confirmed late is as good as one confirmed at once (the lease counts from when it was sent).
+        Giving up after a quarter (15 s) lost locks on a loaded machine, where `podman exec` alone took
+        longer: every try was cut off before it answered, and the holder stopped half-way. A renewal that
+        hangs for good still leaves time for another before the margin ends (one at a sixth, one at a half).
+        """
+        every = self.lease_s / 6
+        pause = every
         while not self._stop.wait(pause) and self.held():
-            sent, pause = time.monotonic(), self.lease_s / 3
+            sent, pause = time.monotonic(), every
+            margin = self._confirmed + self.lease_s * 5 / 6 - sent
             try:
-                # A renewal that hangs gives up within a quarter of the lease, leaving time for another.
-                answer = self._run(RENEW, timeout=self.lease_s / 4)
+                answer = self._run(RENEW, timeout=max(1.0, min(self.lease_s / 3, margin)))
             except (GpuPlatError, subprocess.SubprocessError, OSError) as error:
                 answer = f"not renewed: {error}"
             if answer == "renewed":
