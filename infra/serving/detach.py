@@ -85,9 +85,9 @@ def unit_name(model: str) -> str:
     return f"{SERVICE}@{model}.service"
 
 
-def detach_guard(release: Release, model: str, candidate: str, share: int, duration_s: float | None) -> str:
-    """Hand the analysis `deploy` began (release.canary_start) to the service on the gateway's node and
-    start it; the unit's name. The caller holds the release lock and hands it to the service."""
+def check_detachable(release: Release) -> None:
+    """Refuse --detach where the service could not carry the release: before `deploy` touches anything,
+    not after the canary has its share and no guard."""
     gateways = release.layout.gateways
     if len(gateways) != 1:
         raise ServeRefused(
@@ -95,6 +95,13 @@ def detach_guard(release: Release, model: str, candidate: str, share: int, durat
             "service on the gateway's node, which sets the share on its own gateway only; run the guard in "
             "the command (without --detach) on a stack with several gateways"
         )
+
+
+def detach_guard(release: Release, model: str, candidate: str, share: int, duration_s: float | None) -> str:
+    """Hand the analysis `deploy` began (release.canary_start) to the service on the gateway's node and
+    start it; the unit's name. The caller holds the release lock and hands it to the service."""
+    check_detachable(release)
+    gateways = release.layout.gateways
     if release.canary_start is None:
         raise ServeRefused("--detach needs a canary that this deploy started (--canary PERCENT)")
     gateway, rules = gateways[0], release.rules

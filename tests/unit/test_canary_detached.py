@@ -6,16 +6,19 @@ bare Python."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from infra.errors import GpuPlatError
+from infra.cli.commands import serve as serve_command
+from infra.errors import ExitCode, GpuPlatError
 from infra.serving import guard_service, guard_state, lock
 from infra.serving.analysis import ROLLBACK, Guard, RulesRead
 from infra.serving.counts import Counts, Reading
@@ -387,3 +390,30 @@ def test_detach_without_a_canary_is_refused_with_exit_2() -> None:
     run = run_cli("serve", "deploy", "embedder@2", "--detach")
     assert run.code == 2 and "--detach hands a canary's guard to the gateway's node" in run.err, run.err
     assert "Traceback" not in run.err
+
+
+def test_detach_on_a_stack_with_two_gateways_is_refused_before_the_canary_gets_a_share(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Refused after `deploy` had given the canary its share, the command left a canary with no guard."""
+    touched: list[str] = []
+
+    class TwoGateways:
+        layout = SimpleNamespace(gateways=["gateway-0", "gateway-1"])
+        platform = SimpleNamespace(name="two")
+        registry = SimpleNamespace(resolve=lambda reference: touched.append("resolve"))
+
+        def exclusive(self, model: str, what: str) -> Any:
+            touched.append("lock")
+            return contextlib.nullcontext()
+
+        def deploy(self, reference: str, canary: int | None) -> None:
+            touched.append("deploy")
+
+    from tests.unit.test_hostile_input import run_cli
+
+    monkeypatch.setattr(serve_command, "_release", lambda *_: TwoGateways())
+    run = run_cli("serve", "deploy", "embedder@2", "--canary", "20", "--detach")
+    assert run.code == ExitCode.POLICY_VIOLATION, run.err
+    assert "has 2 gateways: --detach hands the guard" in run.err, run.err
+    assert touched == []
