@@ -242,6 +242,16 @@ class DetachedGuard:
         except (GpuPlatError, ValueError, KeyError) as error:
             reason = error.message if isinstance(error, GpuPlatError) else f"{type(error).__name__}: {error}"
             say(f"look failed: {reason}")
+            if now - guard.started_s >= state["duration_s"]:
+                # Looks that fail for good (the gateway's program gone) must not hold the lock for ever:
+                # `serve rollback` and `promote` would meet it.
+                self.finish(
+                    Verdict(
+                        CONTINUE,
+                        f"no verdict within {state['duration_s']:.0f} s: the last look failed: {reason}",
+                    ),
+                    _decide(self.model),
+                )
             return
         state.update(guard=guard.to_json(), looks=state["looks"] + 1, verdict=vars(verdict))
         state["last_look"] = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now))

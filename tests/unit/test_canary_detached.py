@@ -417,3 +417,31 @@ def test_detach_on_a_stack_with_two_gateways_is_refused_before_the_canary_gets_a
     assert run.code == ExitCode.POLICY_VIOLATION, run.err
     assert "has 2 gateways: --detach hands the guard" in run.err, run.err
     assert touched == []
+
+
+def test_a_guard_whose_looks_all_fail_ends_at_its_duration_and_lets_the_lock_go(tmp_path: Path) -> None:
+    """Its gateway's program failing at every look (removed, or HAProxy's socket gone): the guard went on
+    looking, and holding the release lock, for ever, so `serve rollback` met the lock."""
+    rules = Canary(min_requests=10, interval_s=30, intervals=2)
+    node = Node(share=20, canary_fails=True)
+    clock = Clock(node)
+    started(tmp_path, node, clock, rules, duration_s=60)
+    answers = node.exec
+
+    def failing(name: str, *command: str, timeout: float = 120) -> str:
+        if command[0] == "python3" and command[1].endswith("gpuplat_gateway_canary.py"):
+            raise GpuPlatError("python3 on this node exited 2: No such file or directory")
+        return answers(name, *command, timeout=timeout)
+
+    node.exec = failing  # type: ignore[method-assign]
+
+    def sleep(seconds: float) -> None:
+        assert clock.now < 1_000_000 + 600, "the guard still looks 10 minutes past its 60 s"
+        clock.sleep(seconds)
+
+    guard = DetachedGuard(MODEL, str(tmp_path), node, clock, sleep)  # type: ignore[arg-type]
+    guard.run()
+    assert guard.state["phase"] == DONE and "the last look failed" in guard.state["verdict"]["reason"]
+    promote = ReleaseLock(node, "head-0", MODEL, "rollback", lambda _: None)
+    promote.take()
+    promote.release()
