@@ -35,7 +35,14 @@ from infra.serving.release import (
 )
 
 BUNDLE_DIR = "/usr/local/lib/gpuplat-serve"
-BUNDLE = f"{BUNDLE_DIR}/guard.pyz"
+
+
+def bundle_path(model: str) -> str:
+    """Each model's guard its own bundle: a later `--detach` of another model, by a newer CLI, must not
+    replace the code a running guard restarts with (its state was written for its own bundle)."""
+    return f"{BUNDLE_DIR}/guard@{model}.pyz"
+
+
 SERVICE = "gpuplat-serve-guard"
 BUNDLED = (
     "__init__.py",
@@ -60,7 +67,7 @@ After=network-online.target haproxy.service
 
 [Service]
 Type=simple
-ExecStart=/usr/bin/python3 {BUNDLE} %i
+ExecStart=/usr/bin/python3 {bundle_path("%i")} %i
 Restart=on-failure
 RestartSec=5
 
@@ -135,7 +142,7 @@ def detach_guard(release: Release, model: str, candidate: str, share: int, durat
     )
     encoded = base64.b64encode(bundle()).decode()
     unit = unit_name(model)
-    release.nodes.exec(gateway, "sh", "-c", WRITE, "sh", BUNDLE, encoded)
+    release.nodes.exec(gateway, "sh", "-c", WRITE, "sh", bundle_path(model), encoded)
     release.nodes.exec(
         gateway,
         "sh",
@@ -145,7 +152,7 @@ def detach_guard(release: Release, model: str, candidate: str, share: int, durat
         f"/etc/systemd/system/{SERVICE}@.service",
         base64.b64encode(UNIT.encode()).decode(),
     )
-    release.nodes.exec(gateway, "python3", BUNDLE, "init", model, json.dumps(state))
+    release.nodes.exec(gateway, "python3", bundle_path(model), "init", model, json.dumps(state))
     release.record(model, "analysing", f"the detached guard carries it ({unit} on {gateway})", share)
     # The lock passes to the service without ever being free: a promote started as this command exits
     # meets it (a guard that never starts leaves it to its lease).

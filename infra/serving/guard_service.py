@@ -1,7 +1,7 @@
 """The detached guard: a canary's analysis carried on by a systemd service on the gateway's node, after the
 command that started it (`gpuplat serve deploy ... --canary P --detach`) ended.
 
-It runs `python3 /usr/local/lib/gpuplat-serve/guard.pyz MODEL` as gpuplat-serve-guard@MODEL.service (the
+It runs `python3 /usr/local/lib/gpuplat-serve/guard@MODEL.pyz MODEL` as gpuplat-serve-guard@MODEL.service (the
 bundle holds the package's own modules, infra/serving/detach.py), with the node's Python and nothing else.
 What it reaches, and only that: its own gateway (the share and the counters, through the gateway's programs
 and local admin socket) and the model servers' /metrics over the network the gateway already routes to. It

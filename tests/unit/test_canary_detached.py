@@ -22,9 +22,10 @@ from infra.errors import ExitCode, GpuPlatError
 from infra.serving import guard_service, guard_state, lock
 from infra.serving.analysis import ROLLBACK, Guard, RulesRead
 from infra.serving.counts import Counts, Reading
-from infra.serving.detach import bundle
+from infra.serving.detach import UNIT, bundle, bundle_path, detach_guard, unit_name
 from infra.serving.guard_service import DONE, DetachedGuard, initial_state, record_path, state_path
 from infra.serving.lock import LockLost, LockRefused, ReleaseLock
+from infra.serving.release import ServingLayout
 from infra.spec.models import Canary
 
 MODEL = "embedder"
@@ -445,3 +446,51 @@ def test_a_guard_whose_looks_all_fail_ends_at_its_duration_and_lets_the_lock_go(
     promote = ReleaseLock(node, "head-0", MODEL, "rollback", lambda _: None)
     promote.take()
     promote.release()
+
+
+class DetachingRelease:
+    """What `detach_guard` reads of a Release on a one-gateway stack, the node's commands recorded."""
+
+    def __init__(self) -> None:
+        self.layout = ServingLayout(("head-0",), ("infer-0",), {"infer-0": "10.0.0.5"}, "cpu", 600)
+        self.platform = SimpleNamespace(name="local")
+        self.rules = Canary()
+        self.canary_start = (0.0, Counts(0, 0), Counts(0, 0))
+        self.steps: list[str] = []
+        self.nodes = SimpleNamespace(exec=self.exec)
+
+    def exec(self, node: str, *command: str, timeout: float = 120) -> str:
+        self.steps.append(" ".join(command[:6]) if command[0] != "sh" else f"write {command[4]}")
+        return ""
+
+    def latency_histogram_name(self) -> str:
+        return "h"
+
+    def stable_replicas(self, node: str) -> list[int]:
+        return [0]
+
+    def record(self, *_: Any) -> None:
+        pass
+
+    def hand_over(self, model: str, to: str) -> None:
+        self.steps.append(f"hand over to {to}")
+
+
+def test_each_detached_guard_restarts_with_its_own_bundle_and_gets_the_lock_before_it_starts() -> None:
+    """The bundle was one file per node: a detach of model B by a newer CLI replaced the code model A's
+    running guard restarts with, reading a state written for the older one."""
+    first, second = DetachingRelease(), DetachingRelease()
+    detach_guard(first, "embedder", "embedder@2", 20, 60)  # type: ignore[arg-type]
+    detach_guard(second, "ranker", "ranker@7", 20, 60)  # type: ignore[arg-type]
+    for release, model in ((first, "embedder"), (second, "ranker")):
+        execs = [line for line in UNIT.splitlines() if line.startswith("ExecStart=")]
+        assert execs == [f"ExecStart=/usr/bin/python3 {bundle_path('%i')} %i"]
+        started_with = execs[0].replace("%i", model).split()[1]
+        assert (
+            f"write {started_with}" in release.steps
+            and f"python3 {started_with} init {model}" in " | ".join(release.steps)
+        )
+        assert release.steps.index(f"hand over to {guard_service.lock_heir(model)}") < release.steps.index(
+            f"systemctl restart {unit_name(model)}"
+        )
+    assert bundle_path("embedder") != bundle_path("ranker")
