@@ -87,11 +87,16 @@ class DetachedGuard:
         self.model, self.folder = model, folder
         self.nodes = nodes or LocalNodes()
         self.clock, self.sleep = clock, sleep
-        found = read_whole(state_path(model, folder))
+        self.state = self._read_state()
+
+    def _read_state(self) -> dict[str, Any]:
+        found = read_whole(state_path(self.model, self.folder))
         if found is None:
-            raise GpuPlatError(f"no detached guard of '{model}': {state_path(model, folder)} does not exist")
-        self.state: dict[str, Any] = found
-        self.rules = RulesRead(**self.state["rules"])
+            raise GpuPlatError(
+                f"no detached guard of '{self.model}': {state_path(self.model, self.folder)} does not exist"
+            )
+        self.rules = RulesRead(**found["rules"])
+        return found
 
     # What it reaches
 
@@ -206,6 +211,10 @@ class DetachedGuard:
                 say(f"waiting for the release lock: {refused.message}")
                 self.sleep(2)
         try:
+            # Read again under the lock: while this process waited for it, a `deploy --detach` of the model
+            # may have written a new release's state (its guard's restart comes after), which a save of the
+            # state read before would overwrite.
+            self.state = self._read_state()
             while self.state["phase"] != DONE:
                 if not lock.held():
                     raise GpuPlatError(

@@ -494,3 +494,25 @@ def test_each_detached_guard_restarts_with_its_own_bundle_and_gets_the_lock_befo
             f"systemctl restart {unit_name(model)}"
         )
     assert bundle_path("embedder") != bundle_path("ranker")
+
+
+def test_a_guard_that_waited_for_the_lock_carries_the_state_written_meanwhile(tmp_path: Path) -> None:
+    """A guard restarting (Restart=on-failure) while a new `deploy --detach` of its model held the lock read
+    the old release's state, took the lock the deploy handed over, and saved that state over the new one
+    before its restart came."""
+    rules = Canary(min_requests=10, interval_s=30, intervals=2)
+    node = Node(share=20, canary_fails=True)
+    clock = Clock(node)
+    started(tmp_path, node, clock, rules)
+    deploy = ReleaseLock(node, "head-0", MODEL, "deploy embedder@3", lambda _: None)
+    deploy.take()
+    restarted = guard_of(tmp_path, node, clock)  # the old release's state
+    state = guard_state.read_whole(state_path(MODEL, str(tmp_path)))
+    assert state is not None
+    state.update(candidate=f"{MODEL}@3", phase=DONE, verdict={"action": "gated", "reason": "new"})
+    guard_state.write_whole(state_path(MODEL, str(tmp_path)), state)  # the new deploy's `init`
+    deploy.hand_over(guard_service.lock_heir(MODEL))
+    deploy.release()
+    restarted.run()
+    found = guard_state.read_whole(state_path(MODEL, str(tmp_path)))
+    assert found is not None and found["candidate"] == f"{MODEL}@3" and found["looks"] == 0
