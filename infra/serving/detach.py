@@ -21,6 +21,7 @@ import zipfile
 from pathlib import Path
 
 import infra
+from infra.errors import GpuPlatError
 from infra.serving.analysis import Guard, RulesRead
 from infra.serving.guard_service import initial_state, lock_heir
 from infra.serving.release import (
@@ -123,41 +124,52 @@ def detach_guard(release: Release, model: str, candidate: str, share: int, durat
         for node in release.layout.servers
     }
     steps = [(number, step.model_dump()) for number, step in steps_ahead(rules.steps, share, False)]
-    state = initial_state(
-        model=model,
-        candidate=candidate,
-        rules=RulesRead.of(rules),
-        guard=Guard(rules, 0.0, stable, canary),
-        started_ago_s=time.monotonic() - started,
-        share=share,
-        steps=steps,
-        steps_in_all=len(rules.steps),
-        gateway=gateway,
-        gateway_programs=GATEWAY_PROGRAMS,
-        backends={"stable": STABLE_BACKEND, "canary": CANARY_BACKEND},
-        servers=servers,
-        histogram=histogram,
-        look_s=look_s,
-        duration_s=duration_s or rules.initial_delay_s + rules.analysis_s + look_s,
-    )
-    encoded = base64.b64encode(bundle()).decode()
     unit = unit_name(model)
-    release.nodes.exec(gateway, "sh", "-c", WRITE, "sh", bundle_path(model), encoded)
-    release.nodes.exec(
-        gateway,
-        "sh",
-        "-c",
-        WRITE,
-        "sh",
-        f"/etc/systemd/system/{SERVICE}@.service",
-        base64.b64encode(UNIT.encode()).decode(),
-    )
-    release.nodes.exec(gateway, "python3", bundle_path(model), "init", model, json.dumps(state))
-    release.record(model, "analysing", f"the detached guard carries it ({unit} on {gateway})", share)
-    # The lock passes to the service without ever being free: a promote started as this command exits
-    # meets it (a guard that never starts leaves it to its lease).
-    release.hand_over(model, lock_heir(model))
-    release.nodes.exec(gateway, "systemctl", "daemon-reload")
-    release.nodes.exec(gateway, "systemctl", "enable", unit)
-    release.nodes.exec(gateway, "systemctl", "restart", unit)
+    try:
+        release.nodes.exec(
+            gateway, "sh", "-c", WRITE, "sh", bundle_path(model), base64.b64encode(bundle()).decode()
+        )
+        release.nodes.exec(
+            gateway,
+            "sh",
+            "-c",
+            WRITE,
+            "sh",
+            f"/etc/systemd/system/{SERVICE}@.service",
+            base64.b64encode(UNIT.encode()).decode(),
+        )
+        # The state last, just before `init` reads the node's clock: the start, given as seconds ago, is
+        # not moved later by the time the copies took.
+        state = initial_state(
+            model=model,
+            candidate=candidate,
+            rules=RulesRead.of(rules),
+            guard=Guard(rules, 0.0, stable, canary),
+            started_ago_s=time.monotonic() - started,
+            share=share,
+            steps=steps,
+            steps_in_all=len(rules.steps),
+            gateway=gateway,
+            gateway_programs=GATEWAY_PROGRAMS,
+            backends={"stable": STABLE_BACKEND, "canary": CANARY_BACKEND},
+            servers=servers,
+            histogram=histogram,
+            look_s=look_s,
+            duration_s=duration_s or rules.initial_delay_s + rules.analysis_s + look_s,
+        )
+        release.nodes.exec(gateway, "python3", bundle_path(model), "init", model, json.dumps(state))
+        release.record(model, "analysing", f"the detached guard carries it ({unit} on {gateway})", share)
+        # The lock passes to the service without ever being free: a promote started as this command exits
+        # meets it (a guard that never starts leaves it to its lease).
+        release.hand_over(model, lock_heir(model))
+        release.nodes.exec(gateway, "systemctl", "daemon-reload")
+        release.nodes.exec(gateway, "systemctl", "enable", unit)
+        release.nodes.exec(gateway, "systemctl", "restart", unit)
+    except GpuPlatError as error:
+        raise GpuPlatError(
+            f"{error.message}. The detached guard of '{model}' did not start: its canary has {share} % of "
+            f"the requests and nothing watches it. `gpuplat serve guard {model}` watches it from here, "
+            f"`gpuplat serve rollback {model}` takes it out (within a minute: the lock's lease)",
+            exit_code=error.exit_code,
+        ) from None
     return unit

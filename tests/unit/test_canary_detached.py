@@ -19,7 +19,7 @@ import pytest
 
 from infra.cli.commands import serve as serve_command
 from infra.errors import ExitCode, GpuPlatError
-from infra.serving import guard_service, guard_state, lock
+from infra.serving import detach, guard_service, guard_state, lock
 from infra.serving.analysis import ROLLBACK, Guard, RulesRead
 from infra.serving.counts import Counts, Reading
 from infra.serving.detach import UNIT, bundle, bundle_path, detach_guard, unit_name
@@ -516,3 +516,47 @@ def test_a_guard_that_waited_for_the_lock_carries_the_state_written_meanwhile(tm
     restarted.run()
     found = guard_state.read_whole(state_path(MODEL, str(tmp_path)))
     assert found is not None and found["candidate"] == f"{MODEL}@3" and found["looks"] == 0
+
+
+def test_a_guard_that_could_not_be_started_says_the_canary_is_unwatched() -> None:
+    """The node's `init` failing (no python3 there): the error said only that, and the canary kept its
+    share with nothing watching it."""
+    release = DetachingRelease()
+    plain = release.exec
+
+    def no_python(node: str, *command: str, timeout: float = 120) -> str:
+        if command[0] == "python3":
+            raise GpuPlatError("python3 on head-0 exited 127: not found", exit_code=ExitCode.NO_VERDICT)
+        return plain(node, *command, timeout=timeout)
+
+    release.nodes = SimpleNamespace(exec=no_python)
+    with pytest.raises(
+        GpuPlatError, match=r"exited 127: not found\. The detached guard of 'embedder' did not"
+    ) as error:
+        detach_guard(release, "embedder", "embedder@2", 20, 60)  # type: ignore[arg-type]
+    assert "its canary has 20 % of the requests and nothing watches it" in error.value.message
+    assert error.value.exit_code == ExitCode.NO_VERDICT
+
+
+def test_the_start_handed_to_the_node_counts_the_time_the_copies_took(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The canary got its share at 0 s on the CLI's clock; copying the bundle and the unit took 20 s on a
+    loaded machine. The state said "started 0 s ago" to a node reading it 20 s later: the guard's analysis
+    (its initial delay, its --guard-s) began 20 s after the canary had."""
+    now = [0.0]
+    monkeypatch.setattr(detach.time, "monotonic", lambda: now[0])
+    release = DetachingRelease()
+    inits: list[dict[str, Any]] = []
+    plain = release.exec
+
+    def slow_copies(node: str, *command: str, timeout: float = 120) -> str:
+        if command[0] == "sh":
+            now[0] += 10
+        if "init" in command:
+            inits.append(json.loads(command[-1]))
+        return plain(node, *command, timeout=timeout)
+
+    release.nodes = SimpleNamespace(exec=slow_copies)
+    detach_guard(release, "embedder", "embedder@2", 20, 60)  # type: ignore[arg-type]
+    assert inits[0]["guard"]["started_s"] == -20
