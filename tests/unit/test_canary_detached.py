@@ -20,7 +20,7 @@ import pytest
 from infra.cli.commands import serve as serve_command
 from infra.errors import ExitCode, GpuPlatError
 from infra.serving import detach, guard_service, guard_state, lock
-from infra.serving.analysis import ROLLBACK, Guard, RulesRead
+from infra.serving.analysis import PROMOTE_READY, ROLLBACK, Guard, RulesRead
 from infra.serving.counts import Counts, Reading
 from infra.serving.detach import UNIT, bundle, bundle_path, detach_guard, unit_name
 from infra.serving.guard_service import DONE, DetachedGuard, initial_state, record_path, state_path
@@ -560,3 +560,67 @@ def test_the_start_handed_to_the_node_counts_the_time_the_copies_took(
     release.nodes = SimpleNamespace(exec=slow_copies)
     detach_guard(release, "embedder", "embedder@2", 20, 60)  # type: ignore[arg-type]
     assert inits[0]["guard"]["started_s"] == -20
+
+
+def test_a_canary_taken_out_by_another_command_ends_the_guard_without_a_rollback(tmp_path: Path) -> None:
+    rules = Canary(min_requests=10, interval_s=30, intervals=2)
+    node = Node(share=20, canary_fails=True)
+    clock = Clock(node)
+    started(tmp_path, node, clock, rules)
+    node.share = 0  # `serve rollback` (after `systemctl stop`) took it out
+    guard = guard_of(tmp_path, node, clock)
+    guard.run()
+    assert guard.state["verdict"]["action"] == "gone" and node.shares == []
+
+
+def test_the_guard_stops_at_the_100_step_and_leaves_the_promotion_to_the_operator(tmp_path: Path) -> None:
+    rules = Canary.model_validate(
+        {"min_requests": 4, "interval_s": 10, "intervals": 2, "steps": [{"percent": 5}, {"percent": 100}]}
+    )
+    node = Node(share=5, canary_fails=False)
+    node.latency = True
+    clock = Clock(node)
+    started(tmp_path, node, clock, rules)
+    guard = guard_of(tmp_path, node, clock)
+    guard.run()
+    assert node.shares == [] and guard.state["verdict"]["action"] == PROMOTE_READY
+    assert "step 2 of 2 (100 %) is the promotion" in guard.state["verdict"]["reason"]
+
+
+def test_no_verdict_within_its_duration_ends_the_guard_and_leaves_the_canary(tmp_path: Path) -> None:
+    rules = Canary(min_requests=10_000, interval_s=30, intervals=4)
+    node = Node(share=20, canary_fails=False)
+    clock = Clock(node)
+    started(tmp_path, node, clock, rules, duration_s=40)
+    guard = guard_of(tmp_path, node, clock)
+    guard.run()
+    assert (
+        guard.state["verdict"]["action"] == "continue"
+        and "no verdict within 40 s" in (guard.state["verdict"]["reason"])
+    )
+    assert clock.now - 1_000_000 < 60 and guard.state["looks"] == 8 and node.shares == []
+
+
+def test_the_start_given_as_seconds_ago_is_placed_on_the_nodes_clock(tmp_path: Path) -> None:
+    rules = Canary(min_requests=10, interval_s=30, intervals=2)
+    node = Node(share=20, canary_fails=False)
+    clock = Clock(node)
+    state = initial_state(
+        model=MODEL,
+        candidate=f"{MODEL}@2",
+        rules=RulesRead.of(rules),
+        guard=Guard(rules, 0.0, *_counts(node)),
+        started_ago_s=30,
+        share=20,
+        steps=[],
+        steps_in_all=0,
+        gateway="head-0",
+        gateway_programs="/usr/local/lib/gpuplat",
+        backends={"stable": STABLE, "canary": CANARY},
+        servers={},
+        histogram="h",
+        look_s=5,
+        duration_s=60,
+    )
+    guard_service.init(MODEL, json.dumps(state), str(tmp_path), clock)
+    assert guard_of(tmp_path, node, clock).state["guard"]["started_s"] == clock.now - 30
