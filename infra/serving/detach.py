@@ -21,8 +21,9 @@ import zipfile
 from pathlib import Path
 
 import infra
+from infra.errors import GpuPlatError
 from infra.serving.analysis import Guard, RulesRead
-from infra.serving.guard_service import initial_state
+from infra.serving.guard_service import initial_state, lock_heir
 from infra.serving.release import (
     CANARY_BACKEND,
     CANARY_PORT,
@@ -35,7 +36,14 @@ from infra.serving.release import (
 )
 
 BUNDLE_DIR = "/usr/local/lib/gpuplat-serve"
-BUNDLE = f"{BUNDLE_DIR}/guard.pyz"
+
+
+def bundle_path(model: str) -> str:
+    """Each model's guard its own bundle: a later `--detach` of another model, by a newer CLI, must not
+    replace the code a running guard restarts with (its state was written for its own bundle)."""
+    return f"{BUNDLE_DIR}/guard@{model}.pyz"
+
+
 SERVICE = "gpuplat-serve-guard"
 BUNDLED = (
     "__init__.py",
@@ -60,7 +68,7 @@ After=network-online.target haproxy.service
 
 [Service]
 Type=simple
-ExecStart=/usr/bin/python3 {BUNDLE} %i
+ExecStart=/usr/bin/python3 {bundle_path("%i")} %i
 Restart=on-failure
 RestartSec=5
 
@@ -85,9 +93,9 @@ def unit_name(model: str) -> str:
     return f"{SERVICE}@{model}.service"
 
 
-def detach_guard(release: Release, model: str, candidate: str, share: int, duration_s: float | None) -> str:
-    """Hand the analysis `deploy` began (release.canary_start) to the service on the gateway's node and
-    start it; the unit's name. The caller holds the release lock: the service takes it once it is let go."""
+def check_detachable(release: Release) -> None:
+    """Refuse --detach where the service could not carry the release: before `deploy` touches anything,
+    not after the canary has its share and no guard."""
     gateways = release.layout.gateways
     if len(gateways) != 1:
         raise ServeRefused(
@@ -95,6 +103,13 @@ def detach_guard(release: Release, model: str, candidate: str, share: int, durat
             "service on the gateway's node, which sets the share on its own gateway only; run the guard in "
             "the command (without --detach) on a stack with several gateways"
         )
+
+
+def detach_guard(release: Release, model: str, candidate: str, share: int, duration_s: float | None) -> str:
+    """Hand the analysis `deploy` began (release.canary_start) to the service on the gateway's node and
+    start it; the unit's name. The caller holds the release lock and hands it to the service."""
+    check_detachable(release)
+    gateways = release.layout.gateways
     if release.canary_start is None:
         raise ServeRefused("--detach needs a canary that this deploy started (--canary PERCENT)")
     gateway, rules = gateways[0], release.rules
@@ -109,38 +124,52 @@ def detach_guard(release: Release, model: str, candidate: str, share: int, durat
         for node in release.layout.servers
     }
     steps = [(number, step.model_dump()) for number, step in steps_ahead(rules.steps, share, False)]
-    state = initial_state(
-        model=model,
-        candidate=candidate,
-        rules=RulesRead.of(rules),
-        guard=Guard(rules, 0.0, stable, canary),
-        started_ago_s=time.monotonic() - started,
-        share=share,
-        steps=steps,
-        steps_in_all=len(rules.steps),
-        gateway=gateway,
-        gateway_programs=GATEWAY_PROGRAMS,
-        backends={"stable": STABLE_BACKEND, "canary": CANARY_BACKEND},
-        servers=servers,
-        histogram=histogram,
-        look_s=look_s,
-        duration_s=duration_s or rules.initial_delay_s + rules.analysis_s + look_s,
-    )
-    encoded = base64.b64encode(bundle()).decode()
     unit = unit_name(model)
-    release.nodes.exec(gateway, "sh", "-c", WRITE, "sh", BUNDLE, encoded)
-    release.nodes.exec(
-        gateway,
-        "sh",
-        "-c",
-        WRITE,
-        "sh",
-        f"/etc/systemd/system/{SERVICE}@.service",
-        base64.b64encode(UNIT.encode()).decode(),
-    )
-    release.nodes.exec(gateway, "python3", BUNDLE, "init", model, json.dumps(state))
-    release.record(model, "analysing", f"the detached guard carries it ({unit} on {gateway})", share)
-    release.nodes.exec(gateway, "systemctl", "daemon-reload")
-    release.nodes.exec(gateway, "systemctl", "enable", unit)
-    release.nodes.exec(gateway, "systemctl", "restart", unit)
+    try:
+        release.nodes.exec(
+            gateway, "sh", "-c", WRITE, "sh", bundle_path(model), base64.b64encode(bundle()).decode()
+        )
+        release.nodes.exec(
+            gateway,
+            "sh",
+            "-c",
+            WRITE,
+            "sh",
+            f"/etc/systemd/system/{SERVICE}@.service",
+            base64.b64encode(UNIT.encode()).decode(),
+        )
+        # The state last, just before `init` reads the node's clock: the start, given as seconds ago, is
+        # not moved later by the time the copies took.
+        state = initial_state(
+            model=model,
+            candidate=candidate,
+            rules=RulesRead.of(rules),
+            guard=Guard(rules, 0.0, stable, canary),
+            started_ago_s=time.monotonic() - started,
+            share=share,
+            steps=steps,
+            steps_in_all=len(rules.steps),
+            gateway=gateway,
+            gateway_programs=GATEWAY_PROGRAMS,
+            backends={"stable": STABLE_BACKEND, "canary": CANARY_BACKEND},
+            servers=servers,
+            histogram=histogram,
+            look_s=look_s,
+            duration_s=duration_s or rules.initial_delay_s + rules.analysis_s + look_s,
+        )
+        release.nodes.exec(gateway, "python3", bundle_path(model), "init", model, json.dumps(state))
+        release.record(model, "analysing", f"the detached guard carries it ({unit} on {gateway})", share)
+        # The lock passes to the service without ever being free: a promote started as this command exits
+        # meets it (a guard that never starts leaves it to its lease).
+        release.hand_over(model, lock_heir(model))
+        release.nodes.exec(gateway, "systemctl", "daemon-reload")
+        release.nodes.exec(gateway, "systemctl", "enable", unit)
+        release.nodes.exec(gateway, "systemctl", "restart", unit)
+    except GpuPlatError as error:
+        raise GpuPlatError(
+            f"{error.message}. The detached guard of '{model}' did not start: its canary has {share} % of "
+            f"the requests and nothing watches it. `gpuplat serve guard {model}` watches it from here, "
+            f"`gpuplat serve rollback {model}` takes it out (within a minute: the lock's lease)",
+            exit_code=error.exit_code,
+        ) from None
     return unit

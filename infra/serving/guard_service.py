@@ -1,7 +1,7 @@
 """The detached guard: a canary's analysis carried on by a systemd service on the gateway's node, after the
 command that started it (`gpuplat serve deploy ... --canary P --detach`) ended.
 
-It runs `python3 /usr/local/lib/gpuplat-serve/guard.pyz MODEL` as gpuplat-serve-guard@MODEL.service (the
+It runs `python3 /usr/local/lib/gpuplat-serve/guard@MODEL.pyz MODEL` as gpuplat-serve-guard@MODEL.service (the
 bundle holds the package's own modules, infra/serving/detach.py), with the node's Python and nothing else.
 What it reaches, and only that: its own gateway (the share and the counters, through the gateway's programs
 and local admin socket) and the model servers' /metrics over the network the gateway already routes to. It
@@ -40,6 +40,12 @@ RUNNING, DONE = "running", "done"
 GATED, ROLLING_BACK = "gated", "rolling back"
 TAKE_LOCK_S = 3 * LEASE_S
 """how long a starting guard waits for the release lock (its starter holds it until it exits)"""
+
+
+def lock_heir(model: str) -> str:
+    """The name the release lock is held under between `deploy --detach` handing it over and the guard
+    taking it (it names no pid: nobody takes it over as gone, only once its lease ended)."""
+    return f"handed over to the detached guard of {model}"
 
 
 def state_path(model: str, folder: str = STATE_DIR) -> str:
@@ -81,11 +87,16 @@ class DetachedGuard:
         self.model, self.folder = model, folder
         self.nodes = nodes or LocalNodes()
         self.clock, self.sleep = clock, sleep
-        found = read_whole(state_path(model, folder))
+        self.state = self._read_state()
+
+    def _read_state(self) -> dict[str, Any]:
+        found = read_whole(state_path(self.model, self.folder))
         if found is None:
-            raise GpuPlatError(f"no detached guard of '{model}': {state_path(model, folder)} does not exist")
-        self.state: dict[str, Any] = found
-        self.rules = RulesRead(**self.state["rules"])
+            raise GpuPlatError(
+                f"no detached guard of '{self.model}': {state_path(self.model, self.folder)} does not exist"
+            )
+        self.rules = RulesRead(**found["rules"])
+        return found
 
     # What it reaches
 
@@ -192,7 +203,7 @@ class DetachedGuard:
         waited_until = self.clock() + TAKE_LOCK_S
         while True:
             try:
-                lock.take()
+                lock.take(handed_by=lock_heir(self.model))
                 break
             except LockRefused as refused:
                 if self.clock() > waited_until:
@@ -200,6 +211,10 @@ class DetachedGuard:
                 say(f"waiting for the release lock: {refused.message}")
                 self.sleep(2)
         try:
+            # Read again under the lock: while this process waited for it, a `deploy --detach` of the model
+            # may have written a new release's state (its guard's restart comes after), which a save of the
+            # state read before would overwrite.
+            self.state = self._read_state()
             while self.state["phase"] != DONE:
                 if not lock.held():
                     raise GpuPlatError(
@@ -236,6 +251,16 @@ class DetachedGuard:
         except (GpuPlatError, ValueError, KeyError) as error:
             reason = error.message if isinstance(error, GpuPlatError) else f"{type(error).__name__}: {error}"
             say(f"look failed: {reason}")
+            if now - guard.started_s >= state["duration_s"]:
+                # Looks that fail for good (the gateway's program gone) must not hold the lock for ever:
+                # `serve rollback` and `promote` would meet it.
+                self.finish(
+                    Verdict(
+                        CONTINUE,
+                        f"no verdict within {state['duration_s']:.0f} s: the last look failed: {reason}",
+                    ),
+                    _decide(self.model),
+                )
             return
         state.update(guard=guard.to_json(), looks=state["looks"] + 1, verdict=vars(verdict))
         state["last_look"] = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now))

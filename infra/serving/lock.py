@@ -3,7 +3,7 @@
 The lock is a directory under LOCK_DIR (tmpfs: a restart of that node frees every lock) holding its owner's
 description and the second, on the node's own clock, its lease ends. It is made whole elsewhere and renamed
 into place (rename(2) onto a non-empty directory fails: of two takers at once one gets it, and no lock is
-ever seen without its owner and expiry). The holder renews the lease every third of its length while it
+ever seen without its owner and expiry). The holder renews the lease every sixth of its length while it
 runs; a lock whose lease ended (its holder killed on another host: a CI runner gone) or whose holder was a
 process of this host that is gone is taken over, never one whose holder still renews it. The node's clock
 decides every expiry, so hosts whose clocks differ agree on it.
@@ -56,13 +56,15 @@ exec 9>>"$1/.$2.mutex"
 flock -w 5 9 || { printf 'busy: '; cat "$lock/owner" 2>/dev/null; echo; exit 0; }
 [ -d "$lock" ] || { printf 'lost: '; echo; exit 0; }
 """
-# Extra arguments: the owner seen, the way it may be taken ("gone": its holder's process is gone; "expired":
-# only if its lease ended, checked again inside the mutex).
+# Extra arguments: the owner seen, the way it may be taken ("gone": its holder's process is gone; "handed":
+# its holder handed it to this taker by name (ReleaseLock.hand_over); "expired": only if its lease ended,
+# checked again inside the mutex).
 TAKE_OVER = (
     _MUTEX
     + """now=$(date +%s)
 expires=$(cat "$lock/expires" 2>/dev/null); case $expires in ''|*[!0-9]*) expires=0;; esac
-if [ "$(cat "$lock/owner" 2>/dev/null)" = "$5" ] && { [ "$6" = gone ] || [ "$now" -gt "$expires" ]; }; then
+if [ "$(cat "$lock/owner" 2>/dev/null)" = "$5" ] \\
+  && { [ "$6" = gone ] || [ "$6" = handed ] || [ "$now" -gt "$expires" ]; }; then
   printf '%s' "$3" > "$lock/owner.$$" && mv "$lock/owner.$$" "$lock/owner" \\
     && echo $(( now + $4 )) > "$lock/expires.$$" && mv "$lock/expires.$$" "$lock/expires" \\
     && echo taken && exit 0
@@ -78,6 +80,16 @@ RENEW = (
 else
   printf 'lost: '; cat "$lock/owner" 2>/dev/null; echo
 fi"""
+)
+# Extra argument: the owner it is handed to, whose lease starts now.
+HAND_OVER = (
+    _MUTEX
+    + """if [ "$(cat "$lock/owner" 2>/dev/null)" = "$3" ]; then
+  printf '%s' "$5" > "$lock/owner.$$" && mv "$lock/owner.$$" "$lock/owner" \\
+    && echo $(( $(date +%s) + $4 )) > "$lock/expires.$$" && mv "$lock/expires.$$" "$lock/expires" \\
+    && echo handed && exit 0
+fi
+printf 'lost: '; cat "$lock/owner" 2>/dev/null; echo"""
 )
 RELEASE = (
     _MUTEX
@@ -154,6 +166,7 @@ class ReleaseLock:
         self._confirmed = time.monotonic()
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
+        self._handed = False
 
     def _run(self, script: str, *extra: str, timeout: float = 120) -> str:
         arguments = ("lock", LOCK_DIR, self.model, self.owner, str(self.lease_s), *extra)
@@ -169,17 +182,24 @@ class ReleaseLock:
             )
         return not self.lost.is_set()
 
-    def take(self) -> None:
+    def take(self, handed_by: str | None = None) -> None:
+        """Take the lock; one held under the name `handed_by` (a holder's `hand_over`) is taken at once."""
         sent = time.monotonic()
         answer = self._run(TAKE)
         if answer != "taken":
             left, _, holder = answer.removeprefix("held ").partition(": ")
-            way = "gone" if gone(holder) else "expired" if _seconds(left) < 0 else None
+            way = (
+                "handed"
+                if handed_by is not None and holder == handed_by
+                else "gone"
+                if gone(holder)
+                else "expired"
+                if _seconds(left) < 0
+                else None
+            )
             if way is not None:
-                why = (
-                    "a process that is gone"
-                    if way == "gone"
-                    else f"a holder whose lease ended {-_seconds(left)} s ago"
+                why = {"gone": "a process that is gone", "handed": "its holder, who handed it over"}.get(
+                    way, f"a holder whose lease ended {-_seconds(left)} s ago"
                 )
                 self.say(f"taking over the release lock of '{self.model}' from {why} ({holder})")
                 answer = self._run(TAKE_OVER, holder, way)
@@ -196,14 +216,22 @@ class ReleaseLock:
         self._renewer.start()
 
     def _renew(self) -> None:
-        """Every third of the lease; a renewal that failed (the node slow or out of reach, the mutex busy) is
-        tried again a second later, so that one slow answer does not use up the lease's margin."""
-        pause = self.lease_s / 3
+        """Every sixth of the lease; a renewal that failed (the node slow or out of reach, the mutex busy) is
+        tried again a second later, so that one slow answer does not use up the lease's margin.
+
+        Each renewal may take up to a third of the lease (20 s), or what is left of the margin if less: a
+        renewal confirmed late is as good as one confirmed at once (the lease counts from when it was sent).
+        Giving up after a quarter (15 s) lost locks on a loaded machine, where `podman exec` alone took
+        longer: every try was cut off before it answered, and the holder stopped half-way. A renewal that
+        hangs for good still leaves time for another before the margin ends (one at a sixth, one at a half).
+        """
+        every = self.lease_s / 6
+        pause = every
         while not self._stop.wait(pause) and self.held():
-            sent, pause = time.monotonic(), self.lease_s / 3
+            sent, pause = time.monotonic(), every
+            margin = self._confirmed + self.lease_s * 5 / 6 - sent
             try:
-                # A renewal that hangs gives up within a quarter of the lease, leaving time for another.
-                answer = self._run(RENEW, timeout=self.lease_s / 4)
+                answer = self._run(RENEW, timeout=max(1.0, min(self.lease_s / 3, margin)))
             except (GpuPlatError, subprocess.SubprocessError, OSError) as error:
                 answer = f"not renewed: {error}"
             if answer == "renewed":
@@ -219,12 +247,28 @@ class ReleaseLock:
                 self.say(f"the release lock of '{self.model}' was not renewed: {answer}")
                 pause = min(1.0, self.lease_s / 10)
 
+    def hand_over(self, to: str) -> None:
+        """Give the lock to a process that takes it with `take(handed_by=to)`: from now on it is held under
+        the name `to`, with a whole lease, and never free in between (a promote that came between this
+        command's release and the taker's take would get it). This command stops renewing it and leaves it
+        in place; a taker that never comes finds it taken over once that lease ends."""
+        self._stop.set()
+        if self._renewer is not None:
+            self._renewer.join()
+        answer = self._run(HAND_OVER, to)
+        if answer != "handed":
+            self.lost.set()
+            raise LockLost(f"the release lock of '{self.model}' could not be handed over: {answer}")
+        self._handed = True
+
     def release(self) -> None:
         """Stop renewing and remove the lock, only if it is still this command's (the script checks the
         owner on the node: a lock taken over since the last renewal is left to its new holder)."""
         self._stop.set()
         if self._renewer is not None:
             self._renewer.join()
+        if self._handed:
+            return
         if not self.lost.is_set():
             self._run(RELEASE)
             return

@@ -233,6 +233,12 @@ class Release:
             held.pop(model, None)
             lock.release()
 
+    def hand_over(self, model: str, to: str) -> None:
+        """Give `model`'s release lock, which `exclusive` holds, to the process that takes it under the name
+        `to` (ReleaseLock.hand_over): it stays held until that one has it."""
+        self._fence("handing the release lock over")
+        self.__dict__["_held"][model].hand_over(to)
+
     def lock_lost(self, model: str) -> bool:
         """Whether this command held `model`'s release lock and lost it (its lease ended unrenewed)."""
         lock = self.__dict__.get("_held", {}).get(model)

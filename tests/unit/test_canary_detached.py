@@ -6,22 +6,26 @@ bare Python."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from infra.errors import GpuPlatError
-from infra.serving import guard_service, guard_state, lock
-from infra.serving.analysis import ROLLBACK, Guard, RulesRead
+from infra.cli.commands import serve as serve_command
+from infra.errors import ExitCode, GpuPlatError
+from infra.serving import detach, guard_service, guard_state, lock
+from infra.serving.analysis import PROMOTE_READY, ROLLBACK, Guard, RulesRead
 from infra.serving.counts import Counts, Reading
-from infra.serving.detach import bundle
+from infra.serving.detach import UNIT, bundle, bundle_path, detach_guard, unit_name
 from infra.serving.guard_service import DONE, DetachedGuard, initial_state, record_path, state_path
-from infra.serving.lock import LockRefused, ReleaseLock
+from infra.serving.lock import LockLost, LockRefused, ReleaseLock
+from infra.serving.release import ServingLayout
 from infra.spec.models import Canary
 
 MODEL = "embedder"
@@ -285,6 +289,52 @@ def test_the_guard_waits_for_the_lock_its_starter_holds_and_a_second_release_mee
     assert guard.state["verdict"]["action"] == ROLLBACK
 
 
+def test_the_lock_handed_to_the_guard_is_never_free_in_between_and_the_guard_takes_it_at_once(
+    tmp_path: Path,
+) -> None:
+    """`deploy --detach` hands its lock to the service and exits before the service runs: a promote started
+    in that window is refused (before the hand-over, the lock was free from the deploy's exit to the
+    guard's next try, two seconds later), and the guard takes the lock without waiting."""
+    rules = Canary(min_requests=10, interval_s=30, intervals=2)
+    node = Node(share=20, canary_fails=True)
+    clock = Clock(node)
+    started(tmp_path, node, clock, rules)
+    deploy = ReleaseLock(node, "head-0", MODEL, "deploy embedder@2", lambda _: None)
+    deploy.take()
+    deploy.hand_over(guard_service.lock_heir(MODEL))
+    deploy.release()  # the deploy command exits: the lock stays, held for the guard
+    promote = ReleaseLock(node, "head-0", MODEL, "promote", lambda _: None)
+    with pytest.raises(LockRefused, match="handed over to the detached guard of embedder"):
+        promote.take()
+    waits: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        clock.sleep(seconds)
+
+    guard = DetachedGuard(MODEL, str(tmp_path), node, clock, sleep)  # type: ignore[arg-type]
+    guard.run()
+    assert 2 not in waits and guard.state["verdict"]["action"] == ROLLBACK
+    promote.take()  # the guard, ended, let it go
+    # Only a lock held under the heir's name is taken at once: the promote's own is not.
+    with pytest.raises(LockRefused, match="by pid"):
+        ReleaseLock(node, "head-0", MODEL, "the detached guard", lambda _: None).take(
+            handed_by=guard_service.lock_heir(MODEL)
+        )
+    promote.release()
+
+
+def test_a_lock_no_longer_its_holders_is_not_handed_over(tmp_path: Path) -> None:
+    node = Node(share=20, canary_fails=False)
+    deploy = ReleaseLock(node, "head-0", MODEL, "deploy embedder@2", lambda _: None)
+    deploy.take()
+    (tmp_path / "locks" / f"{MODEL}.lock" / "owner").write_text("promote by pid 1 on elsewhere")
+    with pytest.raises(LockLost, match="could not be handed over: lost: promote by pid 1"):
+        deploy.hand_over(guard_service.lock_heir(MODEL))
+    deploy.release()
+    assert (tmp_path / "locks" / f"{MODEL}.lock" / "owner").read_text() == "promote by pid 1 on elsewhere"
+
+
 def test_the_guard_carries_the_steps_below_100_and_stops_at_a_manual_gate(tmp_path: Path) -> None:
     """Steps 5, 20 (manual gate) and 100 with a canary as good as the stable version: the guard holds 5 %
     for its analysis, moves its gateway to 20 %, holds that for an analysis of its own, and stops at the
@@ -341,3 +391,236 @@ def test_detach_without_a_canary_is_refused_with_exit_2() -> None:
     run = run_cli("serve", "deploy", "embedder@2", "--detach")
     assert run.code == 2 and "--detach hands a canary's guard to the gateway's node" in run.err, run.err
     assert "Traceback" not in run.err
+
+
+def test_detach_on_a_stack_with_two_gateways_is_refused_before_the_canary_gets_a_share(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Refused after `deploy` had given the canary its share, the command left a canary with no guard."""
+    touched: list[str] = []
+
+    class TwoGateways:
+        layout = SimpleNamespace(gateways=["gateway-0", "gateway-1"])
+        platform = SimpleNamespace(name="two")
+        registry = SimpleNamespace(resolve=lambda reference: touched.append("resolve"))
+
+        def exclusive(self, model: str, what: str) -> Any:
+            touched.append("lock")
+            return contextlib.nullcontext()
+
+        def deploy(self, reference: str, canary: int | None) -> None:
+            touched.append("deploy")
+
+    from tests.unit.test_hostile_input import run_cli
+
+    monkeypatch.setattr(serve_command, "_release", lambda *_: TwoGateways())
+    run = run_cli("serve", "deploy", "embedder@2", "--canary", "20", "--detach")
+    assert run.code == ExitCode.POLICY_VIOLATION, run.err
+    assert "has 2 gateways: --detach hands the guard" in run.err, run.err
+    assert touched == []
+
+
+def test_a_guard_whose_looks_all_fail_ends_at_its_duration_and_lets_the_lock_go(tmp_path: Path) -> None:
+    """Its gateway's program failing at every look (removed, or HAProxy's socket gone): the guard went on
+    looking, and holding the release lock, for ever, so `serve rollback` met the lock."""
+    rules = Canary(min_requests=10, interval_s=30, intervals=2)
+    node = Node(share=20, canary_fails=True)
+    clock = Clock(node)
+    started(tmp_path, node, clock, rules, duration_s=60)
+    answers = node.exec
+
+    def failing(name: str, *command: str, timeout: float = 120) -> str:
+        if command[0] == "python3" and command[1].endswith("gpuplat_gateway_canary.py"):
+            raise GpuPlatError("python3 on this node exited 2: No such file or directory")
+        return answers(name, *command, timeout=timeout)
+
+    node.exec = failing  # type: ignore[method-assign]
+
+    def sleep(seconds: float) -> None:
+        assert clock.now < 1_000_000 + 600, "the guard still looks 10 minutes past its 60 s"
+        clock.sleep(seconds)
+
+    guard = DetachedGuard(MODEL, str(tmp_path), node, clock, sleep)  # type: ignore[arg-type]
+    guard.run()
+    assert guard.state["phase"] == DONE and "the last look failed" in guard.state["verdict"]["reason"]
+    promote = ReleaseLock(node, "head-0", MODEL, "rollback", lambda _: None)
+    promote.take()
+    promote.release()
+
+
+class DetachingRelease:
+    """What `detach_guard` reads of a Release on a one-gateway stack, the node's commands recorded."""
+
+    def __init__(self) -> None:
+        self.layout = ServingLayout(("head-0",), ("infer-0",), {"infer-0": "10.0.0.5"}, "cpu", 600)
+        self.platform = SimpleNamespace(name="local")
+        self.rules = Canary()
+        self.canary_start = (0.0, Counts(0, 0), Counts(0, 0))
+        self.steps: list[str] = []
+        self.nodes = SimpleNamespace(exec=self.exec)
+
+    def exec(self, node: str, *command: str, timeout: float = 120) -> str:
+        self.steps.append(" ".join(command[:6]) if command[0] != "sh" else f"write {command[4]}")
+        return ""
+
+    def latency_histogram_name(self) -> str:
+        return "h"
+
+    def stable_replicas(self, node: str) -> list[int]:
+        return [0]
+
+    def record(self, *_: Any) -> None:
+        pass
+
+    def hand_over(self, model: str, to: str) -> None:
+        self.steps.append(f"hand over to {to}")
+
+
+def test_each_detached_guard_restarts_with_its_own_bundle_and_gets_the_lock_before_it_starts() -> None:
+    """The bundle was one file per node: a detach of model B by a newer CLI replaced the code model A's
+    running guard restarts with, reading a state written for the older one."""
+    first, second = DetachingRelease(), DetachingRelease()
+    detach_guard(first, "embedder", "embedder@2", 20, 60)  # type: ignore[arg-type]
+    detach_guard(second, "ranker", "ranker@7", 20, 60)  # type: ignore[arg-type]
+    for release, model in ((first, "embedder"), (second, "ranker")):
+        execs = [line for line in UNIT.splitlines() if line.startswith("ExecStart=")]
+        assert execs == [f"ExecStart=/usr/bin/python3 {bundle_path('%i')} %i"]
+        started_with = execs[0].replace("%i", model).split()[1]
+        assert (
+            f"write {started_with}" in release.steps
+            and f"python3 {started_with} init {model}" in " | ".join(release.steps)
+        )
+        assert release.steps.index(f"hand over to {guard_service.lock_heir(model)}") < release.steps.index(
+            f"systemctl restart {unit_name(model)}"
+        )
+    assert bundle_path("embedder") != bundle_path("ranker")
+
+
+def test_a_guard_that_waited_for_the_lock_carries_the_state_written_meanwhile(tmp_path: Path) -> None:
+    """A guard restarting (Restart=on-failure) while a new `deploy --detach` of its model held the lock read
+    the old release's state, took the lock the deploy handed over, and saved that state over the new one
+    before its restart came."""
+    rules = Canary(min_requests=10, interval_s=30, intervals=2)
+    node = Node(share=20, canary_fails=True)
+    clock = Clock(node)
+    started(tmp_path, node, clock, rules)
+    deploy = ReleaseLock(node, "head-0", MODEL, "deploy embedder@3", lambda _: None)
+    deploy.take()
+    restarted = guard_of(tmp_path, node, clock)  # the old release's state
+    state = guard_state.read_whole(state_path(MODEL, str(tmp_path)))
+    assert state is not None
+    state.update(candidate=f"{MODEL}@3", phase=DONE, verdict={"action": "gated", "reason": "new"})
+    guard_state.write_whole(state_path(MODEL, str(tmp_path)), state)  # the new deploy's `init`
+    deploy.hand_over(guard_service.lock_heir(MODEL))
+    deploy.release()
+    restarted.run()
+    found = guard_state.read_whole(state_path(MODEL, str(tmp_path)))
+    assert found is not None and found["candidate"] == f"{MODEL}@3" and found["looks"] == 0
+
+
+def test_a_guard_that_could_not_be_started_says_the_canary_is_unwatched() -> None:
+    """The node's `init` failing (no python3 there): the error said only that, and the canary kept its
+    share with nothing watching it."""
+    release = DetachingRelease()
+    plain = release.exec
+
+    def no_python(node: str, *command: str, timeout: float = 120) -> str:
+        if command[0] == "python3":
+            raise GpuPlatError("python3 on head-0 exited 127: not found", exit_code=ExitCode.NO_VERDICT)
+        return plain(node, *command, timeout=timeout)
+
+    release.nodes = SimpleNamespace(exec=no_python)
+    with pytest.raises(
+        GpuPlatError, match=r"exited 127: not found\. The detached guard of 'embedder' did not"
+    ) as error:
+        detach_guard(release, "embedder", "embedder@2", 20, 60)  # type: ignore[arg-type]
+    assert "its canary has 20 % of the requests and nothing watches it" in error.value.message
+    assert error.value.exit_code == ExitCode.NO_VERDICT
+
+
+def test_the_start_handed_to_the_node_counts_the_time_the_copies_took(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The canary got its share at 0 s on the CLI's clock; copying the bundle and the unit took 20 s on a
+    loaded machine. The state said "started 0 s ago" to a node reading it 20 s later: the guard's analysis
+    (its initial delay, its --guard-s) began 20 s after the canary had."""
+    now = [0.0]
+    monkeypatch.setattr(detach.time, "monotonic", lambda: now[0])
+    release = DetachingRelease()
+    inits: list[dict[str, Any]] = []
+    plain = release.exec
+
+    def slow_copies(node: str, *command: str, timeout: float = 120) -> str:
+        if command[0] == "sh":
+            now[0] += 10
+        if "init" in command:
+            inits.append(json.loads(command[-1]))
+        return plain(node, *command, timeout=timeout)
+
+    release.nodes = SimpleNamespace(exec=slow_copies)
+    detach_guard(release, "embedder", "embedder@2", 20, 60)  # type: ignore[arg-type]
+    assert inits[0]["guard"]["started_s"] == -20
+
+
+def test_a_canary_taken_out_by_another_command_ends_the_guard_without_a_rollback(tmp_path: Path) -> None:
+    rules = Canary(min_requests=10, interval_s=30, intervals=2)
+    node = Node(share=20, canary_fails=True)
+    clock = Clock(node)
+    started(tmp_path, node, clock, rules)
+    node.share = 0  # `serve rollback` (after `systemctl stop`) took it out
+    guard = guard_of(tmp_path, node, clock)
+    guard.run()
+    assert guard.state["verdict"]["action"] == "gone" and node.shares == []
+
+
+def test_the_guard_stops_at_the_100_step_and_leaves_the_promotion_to_the_operator(tmp_path: Path) -> None:
+    rules = Canary.model_validate(
+        {"min_requests": 4, "interval_s": 10, "intervals": 2, "steps": [{"percent": 5}, {"percent": 100}]}
+    )
+    node = Node(share=5, canary_fails=False)
+    node.latency = True
+    clock = Clock(node)
+    started(tmp_path, node, clock, rules)
+    guard = guard_of(tmp_path, node, clock)
+    guard.run()
+    assert node.shares == [] and guard.state["verdict"]["action"] == PROMOTE_READY
+    assert "step 2 of 2 (100 %) is the promotion" in guard.state["verdict"]["reason"]
+
+
+def test_no_verdict_within_its_duration_ends_the_guard_and_leaves_the_canary(tmp_path: Path) -> None:
+    rules = Canary(min_requests=10_000, interval_s=30, intervals=4)
+    node = Node(share=20, canary_fails=False)
+    clock = Clock(node)
+    started(tmp_path, node, clock, rules, duration_s=40)
+    guard = guard_of(tmp_path, node, clock)
+    guard.run()
+    assert (
+        guard.state["verdict"]["action"] == "continue"
+        and "no verdict within 40 s" in (guard.state["verdict"]["reason"])
+    )
+    assert clock.now - 1_000_000 < 60 and guard.state["looks"] == 8 and node.shares == []
+
+
+def test_the_start_given_as_seconds_ago_is_placed_on_the_nodes_clock(tmp_path: Path) -> None:
+    rules = Canary(min_requests=10, interval_s=30, intervals=2)
+    node = Node(share=20, canary_fails=False)
+    clock = Clock(node)
+    state = initial_state(
+        model=MODEL,
+        candidate=f"{MODEL}@2",
+        rules=RulesRead.of(rules),
+        guard=Guard(rules, 0.0, *_counts(node)),
+        started_ago_s=30,
+        share=20,
+        steps=[],
+        steps_in_all=0,
+        gateway="head-0",
+        gateway_programs="/usr/local/lib/gpuplat",
+        backends={"stable": STABLE, "canary": CANARY},
+        servers={},
+        histogram="h",
+        look_s=5,
+        duration_s=60,
+    )
+    guard_service.init(MODEL, json.dumps(state), str(tmp_path), clock)
+    assert guard_of(tmp_path, node, clock).state["guard"]["started_s"] == clock.now - 30

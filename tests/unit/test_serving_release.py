@@ -890,6 +890,34 @@ def test_one_renewal_that_hangs_to_its_timeout_does_not_cost_the_lock(tmp_path: 
         assert holder.nodes.renewals >= 2
 
 
+class SlowLockNode(LockNode):
+    """A gateway node on a loaded machine: every renewal answers after `answer_s` (podman exec at load
+    15 took longer than a quarter of the 60 s lease), or times out if it is given less."""
+
+    def __init__(self, folder: Path, answer_s: float) -> None:
+        super().__init__(folder)
+        self.answer_s = answer_s
+
+    def exec(self, node: str, *command: str, timeout: float = 120) -> str:
+        if "renewed" in command[2]:
+            time.sleep(min(self.answer_s, timeout))
+            if timeout < self.answer_s:
+                raise subprocess.TimeoutExpired(list(command), timeout)
+        return super().exec(node, *command, timeout=timeout)
+
+
+def test_renewals_that_answer_slowly_but_within_the_lease_keep_the_lock(tmp_path: Path) -> None:
+    """Each renewal answering after 30 % of the lease (18 s of 60): every one was given up after a quarter
+    of it (15 s) and the holder lost its lock though the node renewed nothing late; they are now waited for
+    while the lease's margin lasts."""
+    holder = locking(tmp_path)
+    holder.lease_s = 6
+    holder.nodes = SlowLockNode(tmp_path, answer_s=1.8)
+    with holder.exclusive("embedder", "promote"):
+        time.sleep(8)
+        assert not holder.lock_lost("embedder")
+
+
 def test_a_renewal_that_finds_the_lock_anothers_stops_the_holder_at_once(tmp_path: Path) -> None:
     """Not only once its own count of the lease runs out: the first renewal that finds another owner ends
     what the holder may do."""

@@ -13,7 +13,7 @@ from infra.cli.commands.models import RegistryUrl, check_name
 from infra.cli.stack_options import JsonFlag, StackFile, StackName, platform_from_options
 from infra.errors import ExitCode, GpuPlatError, SpecError
 from infra.serving.analysis import PROMOTE_READY, ROLLBACK
-from infra.serving.detach import detach_guard
+from infra.serving.detach import check_detachable, detach_guard
 from infra.serving.reach import prometheus_url, stack_nodes
 from infra.serving.registry.locate import open_registry
 from infra.serving.release import (
@@ -106,6 +106,8 @@ def deploy(
     if detach and canary is None:
         raise SpecError("--detach hands a canary's guard to the gateway's node: give --canary PERCENT too")
     release = _release(stack, stack_file_path, url, prometheus)
+    if detach:
+        check_detachable(release)
     # The registry answers for the version before anything on the nodes is touched, the lock included.
     release.registry.resolve(reference)
     with release.exclusive(name, f"deploy {reference}"):
