@@ -38,8 +38,9 @@ class SshSettings:
     names only their address (infra/nodes/inventory.py `_host_vars`): the user, port, key and host key
     checking, each given to ssh as Ansible gives it (ansible-core 2.19.14,
     ansible/plugins/connection/ssh.py `_build_command`, lines 882-925: `-o StrictHostKeyChecking=no` where
-    host_key_checking is false, `-o Port=`, `-o IdentityFile=`, `-o User=`, `-o ConnectTimeout=`). Unset,
-    ssh's own configuration (~/.ssh/config, the agent) decides, for Ansible and for gpuplat alike."""
+    host_key_checking is false (here accept-new, see `options`), `-o Port=`, `-o IdentityFile=`,
+    `-o User=`, `-o ConnectTimeout=`). Unset, ssh's own
+    configuration (~/.ssh/config, the agent) decides, for Ansible and for gpuplat alike."""
 
     user: str | None = None
     port: int | None = None
@@ -81,7 +82,11 @@ class SshSettings:
             ) from None
 
     def options(self) -> list[str]:
-        found = [] if self.host_key_checking else ["-o", "StrictHostKeyChecking=no"]
+        # Where Ansible's setting turns checking off it gives StrictHostKeyChecking=no, which also lets a
+        # host whose key CHANGED be reached (ssh_config(5), OpenSSH 9.2): whoever answers at its address
+        # would take the operator's root commands and forge their answers (a golden set passed, a gateway's
+        # figures). gpuplat accepts a host's first key, as Ansible's first run needs, never a changed one.
+        found = [] if self.host_key_checking else ["-o", "StrictHostKeyChecking=accept-new"]
         if self.port is not None:
             found += ["-o", f"Port={self.port}"]
         if self.private_key_file:

@@ -59,7 +59,7 @@ def ansible_settings(**environment: str) -> SshSettings:
 
 def test_the_project_settings_are_ansibles_and_its_variables_override_them(tmp_path: Path) -> None:
     # The project's ansible.cfg turns host key checking off (as every playbook run has it).
-    assert ansible_settings().options() == ["-o", "StrictHostKeyChecking=no"]
+    assert ansible_settings().options() == ["-o", "StrictHostKeyChecking=accept-new"]
     settings = ansible_settings(
         ANSIBLE_REMOTE_USER="deploy",
         ANSIBLE_REMOTE_PORT="2222",
