@@ -282,3 +282,16 @@ def test_an_onprem_stacks_registry_is_found_where_its_role_binds_it(write_stack:
     assert registry_url(platform, None) == "http://10.40.0.10:5000"  # model_registry_listen_address
     assert static_inventory(platform)["all"]["vars"]["model_registry_listen_address"] == "10.40.0.10"
     assert registry_url(platform, "http://tunnel:5000") == "http://tunnel:5000"
+
+
+def test_an_ipv6_host_address_is_bracketed_in_the_urls_found_for_it(write_stack: Callable[..., Path]) -> None:
+    from infra.serving.registry.locate import registry_url
+
+    def on_ipv6(platform: dict[str, Any]) -> None:
+        onprem_serving(platform)
+        platform["pools"][0]["hosts"][0]["address"] = "fd00:40::10"
+
+    platform = load_platform(write_stack("onprem", on_ipv6))
+    # Bare, `http://fd00:40::10:9090` is a URL urllib cannot read a port from.
+    assert prometheus_url(platform, None) == "http://[fd00:40::10]:9090"
+    assert registry_url(platform, None) == "http://[fd00:40::10]:5000"
