@@ -295,3 +295,22 @@ def test_an_ipv6_host_address_is_bracketed_in_the_urls_found_for_it(write_stack:
     # Bare, `http://fd00:40::10:9090` is a URL urllib cannot read a port from.
     assert prometheus_url(platform, None) == "http://[fd00:40::10]:9090"
     assert registry_url(platform, None) == "http://[fd00:40::10]:5000"
+
+
+def test_a_login_user_that_is_not_root_runs_the_command_through_sudo_that_never_prompts(
+    fake_ssh: Callable[..., Path], tmp_path: Path
+) -> None:
+    fake_ssh()
+    tools = tmp_path / "bin"
+    (tools / "id").write_text("#!/bin/sh\necho 1000\n")
+    # sudo here: its arguments recorded, then what follows `--` run (as a passwordless sudo would).
+    (tools / "sudo").write_text(
+        f'#!/bin/sh\nprintf "%s\\n" "$@" > {tmp_path / "sudo-args"}\n'
+        'while [ "$1" != "--" ]; do shift; done; shift; exec "$@"\n'
+    )
+    for tool in ("id", "sudo"):
+        (tools / tool).chmod(0o755)
+    nodes = SshNodes({"gpu-21": "10.40.2.21"}, ansible_settings(ANSIBLE_REMOTE_USER="deploy"))
+    assert nodes.exec("gpu-21", "printf", "%s", "a b") == "a b"
+    # -n: a sudo that wants a password fails at once instead of waiting for one no one can type.
+    assert (tmp_path / "sudo-args").read_text().splitlines() == ["-n", "--", "printf", "%s", "a b"]

@@ -225,3 +225,26 @@ def test_a_probe_that_fails_stops_the_canary_and_moves_nothing() -> None:
     with pytest.raises(GpuPlatError):
         release.deploy("embedder@2", 20)
     assert steps.done == ["start canary", "probe on infer-0", "stop canary"]
+
+
+def test_every_canary_server_is_asked_and_a_wrong_second_one_refuses(tmp_path: Path, server: int) -> None:
+    right = probe(tmp_path, server, {"cases": [embedding_case("right", VECTOR)]})
+    wrong = probe(tmp_path, server, {"cases": [embedding_case("wrong", VECTOR)]})
+    release, steps = deploying(right)
+    release.layout = ServingLayout(("head-0",), ("infer-0", "infer-1"), {}, "cpu-reference", 1.0)
+    answers = {"infer-0": right, "infer-1": wrong}
+
+    def exec_on(node: str, *command: str, timeout: float = 120) -> str:
+        steps.done.append(f"probe on {node}")
+        return answers[node]
+
+    steps.exec = exec_on  # type: ignore[method-assign]
+    with pytest.raises(ServeRefused, match="wrongly on infer-1"):
+        release.deploy("embedder@2", 20)
+    assert steps.done == ["start canary", "probe on infer-0", "probe on infer-1", "stop canary"]
+
+
+def test_answers_that_do_not_match_the_cases_one_for_one_are_a_miss() -> None:
+    case = embedding_case("right", VECTOR)
+    found = misses(answered([case, case], json.dumps({"data": [{"embedding": VECTOR}]})))
+    assert found is not None and [m.why for m in found] == ["1 answers to 2 cases"]
