@@ -314,3 +314,27 @@ def test_a_login_user_that_is_not_root_runs_the_command_through_sudo_that_never_
     assert nodes.exec("gpu-21", "printf", "%s", "a b") == "a b"
     # -n: a sudo that wants a password fails at once instead of waiting for one no one can type.
     assert (tmp_path / "sudo-args").read_text().splitlines() == ["-n", "--", "printf", "%s", "a b"]
+
+
+def test_every_name_ansible_reads_a_setting_by_counts_the_last_one_set_winning(tmp_path: Path) -> None:
+    """ansible-core 2.19.14's ssh connection: host_key_checking and timeout also as ANSIBLE_SSH_* and in
+    [ssh_connection], the later name or section winning; a bastion in ssh_common_args / ssh_extra_args."""
+    cfg = tmp_path / "ansible.cfg"
+    cfg.write_text(
+        "[defaults]\nhost_key_checking = False\ntimeout = 5\n"
+        "[ssh_connection]\nhost_key_checking = True\ntimeout = 7\nssh_common_args = -o ProxyJump=bastion\n"
+    )
+    from_file = SshSettings.of_ansible({}, cfg)
+    assert (from_file.host_key_checking, from_file.connect_timeout_s) == (True, 7)
+    assert from_file.options()[-2:] == ["-o", "ProxyJump=bastion"]
+    overridden = SshSettings.of_ansible(
+        {
+            "ANSIBLE_HOST_KEY_CHECKING": "False",
+            "ANSIBLE_SSH_HOST_KEY_CHECKING": "True",
+            "ANSIBLE_SSH_TIMEOUT": "3",
+            "ANSIBLE_SSH_EXTRA_ARGS": "-o ServerAliveInterval=5",
+        },
+        cfg,
+    )
+    assert (overridden.host_key_checking, overridden.connect_timeout_s) == (True, 3)
+    assert overridden.options()[-4:] == ["-o", "ProxyJump=bastion", "-o", "ServerAliveInterval=5"]
