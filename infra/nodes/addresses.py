@@ -22,6 +22,16 @@ def local_node_addresses(platform: ResolvedPlatform) -> dict[str, str]:
     return {node: str(subnet.network_address + 10 + index) for index, node in enumerate(names)}
 
 
+def http_url(address: str, port: int) -> str:
+    """http://ADDRESS:PORT, an IPv6 address in brackets (RFC 3986 section 3.2.2: `IP-literal`): a stack
+    file's host address may be one, and bare it would read as a host with a port of its own."""
+    try:
+        bracketed = ipaddress.ip_address(address).version == 6
+    except ValueError:
+        bracketed = False  # a DNS name or an IPv4 address
+    return f"http://[{address}]:{port}" if bracketed else f"http://{address}:{port}"
+
+
 def registry_address(platform: ResolvedPlatform) -> str | None:
     """The registry's URL as nodes reach it: an address, not a name (MLflow's server answers only the
     Host headers of --allowed-hosts, by default localhost and private addresses:
@@ -38,4 +48,4 @@ def registry_address(platform: ResolvedPlatform) -> str | None:
         address = next(h.address for h in pool.spec.hosts if h.name == node)
     else:
         return None
-    return f"http://{address}:{serving.registry.port}"
+    return http_url(address, serving.registry.port)

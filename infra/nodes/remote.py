@@ -38,8 +38,9 @@ class SshSettings:
     names only their address (infra/nodes/inventory.py `_host_vars`): the user, port, key and host key
     checking, each given to ssh as Ansible gives it (ansible-core 2.19.14,
     ansible/plugins/connection/ssh.py `_build_command`, lines 882-925: `-o StrictHostKeyChecking=no` where
-    host_key_checking is false, `-o Port=`, `-o IdentityFile=`, `-o User=`, `-o ConnectTimeout=`). Unset,
-    ssh's own configuration (~/.ssh/config, the agent) decides, for Ansible and for gpuplat alike."""
+    host_key_checking is false (here accept-new, see `options`), `-o Port=`, `-o IdentityFile=`,
+    `-o User=`, `-o ConnectTimeout=`). Unset, ssh's own
+    configuration (~/.ssh/config, the agent) decides, for Ansible and for gpuplat alike."""
 
     user: str | None = None
     port: int | None = None
@@ -49,6 +50,9 @@ class SshSettings:
     ssh_args: tuple[str, ...] = ()
     """ANSIBLE_SSH_ARGS or [ssh_connection] ssh_args, where set (Ansible's own default, a ControlPersist
     master, is not applied: it would leave an ssh process behind each command)"""
+    extra_args: tuple[str, ...] = ()
+    """ssh_common_args, then ssh_extra_args (ANSIBLE_SSH_COMMON_ARGS, ANSIBLE_SSH_EXTRA_ARGS): where a site
+    names its bastion (`-o ProxyJump=...`), after every other option as Ansible adds them"""
 
     @classmethod
     def of_ansible(cls, environ: Mapping[str, str] | None = None, cfg: Any = ANSIBLE_CFG) -> SshSettings:
@@ -58,21 +62,41 @@ class SshSettings:
         parser = configparser.ConfigParser(interpolation=None)
         parser.read(cfg)
 
-        def setting(variable: str, key: str, section: str = "defaults") -> str | None:
-            value = environ.get(variable) or parser.get(section, key, fallback=None)
-            return value.strip() if value and value.strip() else None
+        def setting(
+            variables: tuple[str, ...], key: str, sections: tuple[str, ...] = ("defaults",)
+        ) -> str | None:
+            # As ansible/config/manager.py (ansible-core 2.19.14) reads a plugin option: any of its variables
+            # over the file, and of several names (or sections) the last one set (`_loop_entries`, lines
+            # 521-537; the ini entries, lines 633-650). The names: plugins/connection/ssh.py DOCUMENTATION.
+            found = [environ[v] for v in variables if environ.get(v, "").strip()] or [
+                value for section in sections if (value := parser.get(section, key, fallback=None))
+            ]
+            return found[-1].strip() if found and found[-1].strip() else None
 
-        port = setting("ANSIBLE_REMOTE_PORT", "remote_port")
-        checking = setting("ANSIBLE_HOST_KEY_CHECKING", "host_key_checking")
-        timeout = setting("ANSIBLE_TIMEOUT", "timeout")
+        both = ("defaults", "ssh_connection")
+        port = setting(("ANSIBLE_REMOTE_PORT",), "remote_port")
+        checking = setting(
+            ("ANSIBLE_HOST_KEY_CHECKING", "ANSIBLE_SSH_HOST_KEY_CHECKING"), "host_key_checking", both
+        )
+        timeout = setting(("ANSIBLE_TIMEOUT", "ANSIBLE_SSH_TIMEOUT"), "timeout", both)
+        extra = [
+            setting((variable,), key, ("ssh_connection",)) or ""
+            for variable, key in (
+                ("ANSIBLE_SSH_COMMON_ARGS", "ssh_common_args"),
+                ("ANSIBLE_SSH_EXTRA_ARGS", "ssh_extra_args"),
+            )
+        ]
         try:
             return cls(
-                user=setting("ANSIBLE_REMOTE_USER", "remote_user"),
+                user=setting(("ANSIBLE_REMOTE_USER",), "remote_user"),
                 port=int(port) if port else None,
-                private_key_file=setting("ANSIBLE_PRIVATE_KEY_FILE", "private_key_file"),
+                private_key_file=setting(("ANSIBLE_PRIVATE_KEY_FILE",), "private_key_file"),
                 host_key_checking=checking is None or checking.lower() not in ("false", "no", "0", "off"),
                 connect_timeout_s=int(timeout) if timeout else 10,
-                ssh_args=tuple(shlex.split(setting("ANSIBLE_SSH_ARGS", "ssh_args", "ssh_connection") or "")),
+                ssh_args=tuple(
+                    shlex.split(setting(("ANSIBLE_SSH_ARGS",), "ssh_args", ("ssh_connection",)) or "")
+                ),
+                extra_args=tuple(shlex.split(" ".join(extra))),
             )
         except ValueError as error:
             raise GpuPlatError(
@@ -81,14 +105,18 @@ class SshSettings:
             ) from None
 
     def options(self) -> list[str]:
-        found = [] if self.host_key_checking else ["-o", "StrictHostKeyChecking=no"]
+        # Where Ansible's setting turns checking off it gives StrictHostKeyChecking=no, which also lets a
+        # host whose key CHANGED be reached (ssh_config(5), OpenSSH 9.2): whoever answers at its address
+        # would take the operator's root commands and forge their answers (a golden set passed, a gateway's
+        # figures). gpuplat accepts a host's first key, as Ansible's first run needs, never a changed one.
+        found = [] if self.host_key_checking else ["-o", "StrictHostKeyChecking=accept-new"]
         if self.port is not None:
             found += ["-o", f"Port={self.port}"]
         if self.private_key_file:
             found += ["-o", f"IdentityFile={os.path.expanduser(self.private_key_file)}"]
         if self.user:
             found += ["-o", f"User={self.user}"]
-        return [*self.ssh_args, *found]
+        return [*self.ssh_args, *found, *self.extra_args]
 
     def describe(self) -> str:
         return (

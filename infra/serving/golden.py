@@ -30,6 +30,8 @@ except FileNotFoundError:
     sys.exit(0)
 try:
     asked = [(case["path"], json.dumps(case.get("body", {}))) for case in json.loads(text)["cases"]]
+    if not all(where.startswith("/") for where, _ in asked):
+        raise ValueError("a path not on this server")
 except (ValueError, KeyError, TypeError, AttributeError):
     asked = []  # not a golden set: nothing asked, the comparison says what is wrong with it
 answers = []
@@ -66,6 +68,33 @@ def _first_text(answer: dict[str, Any]) -> str:
     return str(choice["message"]["content"] if "message" in choice else choice["text"])
 
 
+def _finite_numbers(value: Any) -> bool:
+    return all(isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in value)
+
+
+def _case_problem(case: Any) -> str | None:
+    """What makes `case` no golden case (None: it is one): checked before its answer is compared, so a
+    malformed file is one clear miss, never a comparison that passes by accident (NaN compares false)."""
+    if (
+        not isinstance(case, dict)
+        or not isinstance(case.get("path"), str)
+        or not case["path"].startswith("/")
+    ):
+        return "each case must be an object whose `path` starts with /"
+    expect = case.get("expect", {})
+    if not isinstance(expect, dict):
+        return "`expect` must be an object"
+    status = expect.get("status", 200)
+    if not isinstance(status, int) or isinstance(status, bool):
+        return "`expect.status` must be a whole number"
+    embedding = expect.get("embedding", [0.0])
+    if not isinstance(embedding, list) or not embedding or not _finite_numbers(embedding):
+        return "`expect.embedding` must be a non-empty list of finite numbers"
+    if not _finite_numbers([expect.get("min_cosine", DEFAULT_MIN_COSINE)]):
+        return "`expect.min_cosine` must be a finite number"
+    return None
+
+
 def _check(number: int, case: dict[str, Any], status: int, body: str) -> Miss | None:
     expect = case.get("expect", {})
     wanted_status = int(expect.get("status", 200))
@@ -77,6 +106,8 @@ def _check(number: int, case: dict[str, Any], status: int, body: str) -> Miss | 
         answer = json.loads(body)
         if "embedding" in expect:
             got = [float(x) for x in answer["data"][0]["embedding"]]
+            if not _finite_numbers(got):
+                return Miss(number, "an embedding with NaN or infinite values")
             floor = float(expect.get("min_cosine", DEFAULT_MIN_COSINE))
             similarity = cosine(got, [float(x) for x in expect["embedding"]])
             if similarity < floor:
@@ -95,13 +126,23 @@ def _check(number: int, case: dict[str, Any], status: int, body: str) -> Miss | 
 def misses(probe_output: str) -> list[Miss] | None:
     """What PROBE's output says the server answered wrongly (None: the version has no golden set). A golden
     file that is not a list of cases, or answers that do not match it one for one, is a miss of its own."""
-    found = json.loads(probe_output)
+    # Its answer is its last line: a login shell's startup files may print before it.
+    last = (probe_output.strip().splitlines() or [""])[-1]
+    try:
+        found = json.loads(last)
+        if not isinstance(found, dict):
+            raise ValueError("not an object")
+    except ValueError as error:
+        return [Miss(0, f"the probe printed no answer ({error}): {last[:200]!r}")]
     if found.get("absent"):
         return None
     try:
         cases = json.loads(found["golden"])["cases"]
-        if not isinstance(cases, list) or not all(isinstance(c, dict) and "path" in c for c in cases):
+        if not isinstance(cases, list):
             raise ValueError("`cases` must be a list of objects, each with a `path`")
+        problem = next((f"case {n}: {p}" for n, c in enumerate(cases, 1) if (p := _case_problem(c))), None)
+        if problem:
+            raise ValueError(problem)
     except (ValueError, KeyError, TypeError) as error:
         return [Miss(0, f"{GOLDEN_FILE} is not a golden set ({error})")]
     answers = found["answers"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from infra.nodes.addresses import http_url
 from infra.nodes.reach import host_addresses
 from infra.nodes.remote import SshNodes, SshSettings
 from infra.nodes.role_templates import role_defaults
@@ -28,7 +29,7 @@ def prometheus_url(platform: ResolvedPlatform, given: str | None) -> str | None:
         return given
     monitor = platform.controller_pool.node_names()[0]
     if platform.spec.backend == "onprem":
-        return f"http://{host_addresses(platform)[monitor]}:{PROMETHEUS_PORT}"
+        return http_url(host_addresses(platform)[monitor], PROMETHEUS_PORT)
     if platform.spec.backend == "local":
         from infra.backends.local.cluster import LocalCluster
 

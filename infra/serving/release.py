@@ -510,7 +510,14 @@ class Release:
         wrong answer stops the canary before it took any request and refuses the version."""
         path = f"{version.location.rstrip('/')}/{GOLDEN_FILE}"
         for node in self.layout.servers:
-            answer = self.nodes.exec(node, "python3", "-c", GOLDEN_PROBE, path, str(CANARY_PORT), timeout=600)
+            try:
+                answer = self.nodes.exec(
+                    node, "python3", "-c", GOLDEN_PROBE, path, str(CANARY_PORT), timeout=600
+                )
+            except GpuPlatError:
+                # Not asked, not passed: the canary does not stay up untested (its GPUs held) for a next try.
+                self.stop_canary()
+                raise
             found = golden_misses(answer)
             if found is None:
                 self.say(f"{version.reference} has no golden set ({path}): no answer checked before traffic")

@@ -59,7 +59,7 @@ def ansible_settings(**environment: str) -> SshSettings:
 
 def test_the_project_settings_are_ansibles_and_its_variables_override_them(tmp_path: Path) -> None:
     # The project's ansible.cfg turns host key checking off (as every playbook run has it).
-    assert ansible_settings().options() == ["-o", "StrictHostKeyChecking=no"]
+    assert ansible_settings().options() == ["-o", "StrictHostKeyChecking=accept-new"]
     settings = ansible_settings(
         ANSIBLE_REMOTE_USER="deploy",
         ANSIBLE_REMOTE_PORT="2222",
@@ -282,3 +282,59 @@ def test_an_onprem_stacks_registry_is_found_where_its_role_binds_it(write_stack:
     assert registry_url(platform, None) == "http://10.40.0.10:5000"  # model_registry_listen_address
     assert static_inventory(platform)["all"]["vars"]["model_registry_listen_address"] == "10.40.0.10"
     assert registry_url(platform, "http://tunnel:5000") == "http://tunnel:5000"
+
+
+def test_an_ipv6_host_address_is_bracketed_in_the_urls_found_for_it(write_stack: Callable[..., Path]) -> None:
+    from infra.serving.registry.locate import registry_url
+
+    def on_ipv6(platform: dict[str, Any]) -> None:
+        onprem_serving(platform)
+        platform["pools"][0]["hosts"][0]["address"] = "fd00:40::10"
+
+    platform = load_platform(write_stack("onprem", on_ipv6))
+    # Bare, `http://fd00:40::10:9090` is a URL urllib cannot read a port from.
+    assert prometheus_url(platform, None) == "http://[fd00:40::10]:9090"
+    assert registry_url(platform, None) == "http://[fd00:40::10]:5000"
+
+
+def test_a_login_user_that_is_not_root_runs_the_command_through_sudo_that_never_prompts(
+    fake_ssh: Callable[..., Path], tmp_path: Path
+) -> None:
+    fake_ssh()
+    tools = tmp_path / "bin"
+    (tools / "id").write_text("#!/bin/sh\necho 1000\n")
+    # sudo here: its arguments recorded, then what follows `--` run (as a passwordless sudo would).
+    (tools / "sudo").write_text(
+        f'#!/bin/sh\nprintf "%s\\n" "$@" > {tmp_path / "sudo-args"}\n'
+        'while [ "$1" != "--" ]; do shift; done; shift; exec "$@"\n'
+    )
+    for tool in ("id", "sudo"):
+        (tools / tool).chmod(0o755)
+    nodes = SshNodes({"gpu-21": "10.40.2.21"}, ansible_settings(ANSIBLE_REMOTE_USER="deploy"))
+    assert nodes.exec("gpu-21", "printf", "%s", "a b") == "a b"
+    # -n: a sudo that wants a password fails at once instead of waiting for one no one can type.
+    assert (tmp_path / "sudo-args").read_text().splitlines() == ["-n", "--", "printf", "%s", "a b"]
+
+
+def test_every_name_ansible_reads_a_setting_by_counts_the_last_one_set_winning(tmp_path: Path) -> None:
+    """ansible-core 2.19.14's ssh connection: host_key_checking and timeout also as ANSIBLE_SSH_* and in
+    [ssh_connection], the later name or section winning; a bastion in ssh_common_args / ssh_extra_args."""
+    cfg = tmp_path / "ansible.cfg"
+    cfg.write_text(
+        "[defaults]\nhost_key_checking = False\ntimeout = 5\n"
+        "[ssh_connection]\nhost_key_checking = True\ntimeout = 7\nssh_common_args = -o ProxyJump=bastion\n"
+    )
+    from_file = SshSettings.of_ansible({}, cfg)
+    assert (from_file.host_key_checking, from_file.connect_timeout_s) == (True, 7)
+    assert from_file.options()[-2:] == ["-o", "ProxyJump=bastion"]
+    overridden = SshSettings.of_ansible(
+        {
+            "ANSIBLE_HOST_KEY_CHECKING": "False",
+            "ANSIBLE_SSH_HOST_KEY_CHECKING": "True",
+            "ANSIBLE_SSH_TIMEOUT": "3",
+            "ANSIBLE_SSH_EXTRA_ARGS": "-o ServerAliveInterval=5",
+        },
+        cfg,
+    )
+    assert (overridden.host_key_checking, overridden.connect_timeout_s) == (True, 3)
+    assert overridden.options()[-4:] == ["-o", "ProxyJump=bastion", "-o", "ServerAliveInterval=5"]

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from infra.errors import GpuPlatError
 from infra.serving.golden import PROBE, misses
 from infra.serving.registry.mlflow import ModelVersion, to_wire_source
 from infra.serving.release import CHALLENGER, Release, ServeRefused, ServingLayout
@@ -106,7 +107,7 @@ def test_no_golden_file_is_no_golden_set_and_a_broken_one_is_a_miss(tmp_path: Pa
     assert misses(probe(tmp_path, server, None)) is None
     for broken, why in (
         ("{not json", "is not a golden set"),
-        ({"cases": [{"body": {}}]}, "each with a `path`"),
+        ({"cases": [{"body": {}}]}, "case 1: each case must be an object whose `path` starts with /"),
     ):
         found = misses(probe(tmp_path, server, broken))
         assert found is not None and len(found) == 1 and why in found[0].why, found
@@ -163,3 +164,87 @@ def test_deploy_asks_the_golden_set_before_the_canary_takes_a_request(tmp_path: 
         "embedder@2 answered 1 case(s) of its golden set (/shared/models/embedder/2/golden.json) wrongly on "
         "infer-0: case 1: embedding at cosine -1.0000"
     )
+
+
+def answered(cases: list[Any], *bodies: str) -> str:
+    """PROBE's output for `cases`, each answered 200 with its body."""
+    return json.dumps(
+        {"golden": json.dumps({"cases": cases}), "answers": [{"status": 200, "body": b} for b in bodies]}
+    )
+
+
+def test_an_embedding_of_nan_or_infinity_is_a_miss_not_a_pass() -> None:
+    # NaN compares false with any floor: `cosine < floor` let a server answering NaN (which Python's json
+    # writes and reads) pass every embedding case.
+    case = embedding_case("right", VECTOR)
+    for vector in ("[NaN, 0.8, 0.0]", "[Infinity, 0.8, 0.0]"):
+        found = misses(answered([case], '{"data": [{"embedding": ' + vector + "}]}"))
+        assert found is not None and [m.why for m in found] == ["an embedding with NaN or infinite values"]
+
+
+@pytest.mark.parametrize(
+    ("expect", "why"),
+    [
+        ({"status": "200"}, "`expect.status` must be a whole number"),
+        (["text"], "`expect` must be an object"),
+        ({"embedding": VECTOR, "min_cosine": float("nan")}, "`expect.min_cosine` must be a finite number"),
+        ({"embedding": [float("nan"), 0.8, 0.0]}, "`expect.embedding` must be a non-empty list"),
+        ({"embedding": []}, "`expect.embedding` must be a non-empty list"),
+    ],
+)
+def test_a_malformed_expectation_is_one_clear_miss(expect: Any, why: str) -> None:
+    found = misses(
+        answered([{"path": "/v1/embeddings", "expect": expect}], '{"data": [{"embedding": [0, 1, 0]}]}')
+    )
+    assert found is not None and len(found) == 1 and found[0].case == 0 and why in found[0].why, found
+
+
+def test_a_path_off_the_server_is_not_asked(tmp_path: Path, server: int) -> None:
+    golden = {"cases": [{"path": "@127.0.0.1:1/v1/embeddings", "body": {"input": "right"}}]}
+    found = misses(probe(tmp_path, server, golden))
+    assert found is not None and "`path` starts with /" in found[0].why, found
+
+
+def test_what_a_login_shell_prints_before_the_answer_is_passed_over() -> None:
+    case = embedding_case("right", VECTOR)
+    assert (
+        misses("Welcome to infer-0\n" + answered([case], json.dumps({"data": [{"embedding": VECTOR}]}))) == []
+    )
+    found = misses("Welcome to infer-0\n")
+    assert found is not None and found[0].why.startswith("the probe printed no answer")
+
+
+def test_a_probe_that_fails_stops_the_canary_and_moves_nothing() -> None:
+    release, steps = deploying("")
+
+    def unreachable(node: str, *command: str, timeout: float = 120) -> str:
+        steps.done.append(f"probe on {node}")
+        raise GpuPlatError("`python3 -c ...` on infer-0 did not end within 600 s")
+
+    steps.exec = unreachable  # type: ignore[method-assign]
+    with pytest.raises(GpuPlatError):
+        release.deploy("embedder@2", 20)
+    assert steps.done == ["start canary", "probe on infer-0", "stop canary"]
+
+
+def test_every_canary_server_is_asked_and_a_wrong_second_one_refuses(tmp_path: Path, server: int) -> None:
+    right = probe(tmp_path, server, {"cases": [embedding_case("right", VECTOR)]})
+    wrong = probe(tmp_path, server, {"cases": [embedding_case("wrong", VECTOR)]})
+    release, steps = deploying(right)
+    release.layout = ServingLayout(("head-0",), ("infer-0", "infer-1"), {}, "cpu-reference", 1.0)
+    answers = {"infer-0": right, "infer-1": wrong}
+
+    def exec_on(node: str, *command: str, timeout: float = 120) -> str:
+        steps.done.append(f"probe on {node}")
+        return answers[node]
+
+    steps.exec = exec_on  # type: ignore[method-assign]
+    with pytest.raises(ServeRefused, match="wrongly on infer-1"):
+        release.deploy("embedder@2", 20)
+    assert steps.done == ["start canary", "probe on infer-0", "probe on infer-1", "stop canary"]
+
+
+def test_answers_that_do_not_match_the_cases_one_for_one_are_a_miss() -> None:
+    case = embedding_case("right", VECTOR)
+    found = misses(answered([case, case], json.dumps({"data": [{"embedding": VECTOR}]})))
+    assert found is not None and [m.why for m in found] == ["1 answers to 2 cases"]

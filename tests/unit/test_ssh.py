@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ import pytest
 
 from infra.errors import GpuPlatError
 from infra.nodes.reach import node_command, ssm_nodes
+from infra.nodes.remote import SshNodes, SshSettings
 from infra.platform.resolve import ResolvedPlatform, load_platform
 from tests.conftest import moto_image
 from tests.unit.test_cli import gpuplat
@@ -28,8 +31,9 @@ def test_local_and_onprem_nodes() -> None:
     one = gpuplat("ssh", "--stack", "local", "--print", "train-0", "--", "nvidia-smi", "-L")
     assert one.stdout.strip() == "podman exec -i gpuplat-local-train-0 nvidia-smi -L"
     host = gpuplat("ssh", "--stack", "onprem", "--print", "gpu-01", "--", "hostname")
-    # As Ansible reaches it: the project's ansible.cfg turns host key checking off (infra/nodes/remote.py).
-    assert host.stdout.strip() == "ssh -o StrictHostKeyChecking=no -- 10.40.1.11 hostname"
+    # The project's ansible.cfg turns host key checking off: a new host's key is taken, a changed one is not
+    # (infra/nodes/remote.py).
+    assert host.stdout.strip() == "ssh -o StrictHostKeyChecking=accept-new -- 10.40.1.11 hostname"
     # The remote shell gets the arguments as given, not split again at their spaces or run as `;`.
     quoted = gpuplat("ssh", "--stack", "onprem", "--print", "gpu-01", "--", "bash", "-c", "echo a b; ls")
     assert shlex.split(quoted.stdout)[-3:] == ["--", "10.40.1.11", "bash -c 'echo a b; ls'"]
@@ -116,3 +120,22 @@ def test_an_aws_stacks_nodes_are_its_running_instances_named_as_its_inventory_na
     nodes = ssm_nodes(platform, ec2, ssm=object())
     assert nodes.instances == {"head-0": head, scaled: scaled}
     assert node_command(platform, scaled, ["true"], ec2)[6] == scaled
+
+
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the OpenSSH client (openssh-client)")
+def test_host_key_checking_off_in_ansible_cfg_still_refuses_a_changed_host_key(tmp_path: Path) -> None:
+    """ssh's own reading of the options (`ssh -G`): with ansible.cfg's host_key_checking = False a new host's
+    key is accepted, but a changed one is never (`no` would let whoever answers at the address in)."""
+    settings = SshSettings.of_ansible({}, cfg=tmp_path / "none.cfg")
+    assert settings.host_key_checking
+    off = SshSettings(host_key_checking=False)
+    argv = SshNodes({"gpu-01": "10.40.1.11"}, off).argv("gpu-01", ["true"])
+    config = tmp_path / "ssh_config"
+    config.write_text("")
+    read = subprocess.run(
+        ["ssh", "-G", "-F", str(config), *argv[1 : argv.index("--")], "10.40.1.11"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "stricthostkeychecking accept-new" in read.stdout.splitlines()
