@@ -81,6 +81,7 @@ B_JOB: dict[str, str] = {}
 HELD: dict[str, Any] = {}  # e: the held instance, its job, when its job was submitted
 STRAY: dict[str, Any] = {}  # f: the stray instance, when it was launched (at the start of c)
 BAD: dict[str, Any] = {}  # j: the bad image, its job, when its job was submitted
+ROLE_CHANGE: dict[str, str] = {}  # r: the bundle its role change published (b's node boots from it)
 PROTECTED_FAILURE_COUNT = box_substitutes("", 0)["slurm_elastic_protected_failure_count"]
 T = TypeVar("T")
 
@@ -225,6 +226,7 @@ def test_r_a_role_change_reaches_the_running_controller_without_a_stop_and_start
 
     change = box.change_roles(checkout)
     assert change.bundle_after != change.bundle_before
+    ROLE_CHANGE["bundle"] = change.bundle_after
     assert change.restarted == [], f"pulumi up would stop and start {change.restarted}: their inputs changed"
     for template_id in box.stack.templates.values():
         [latest] = box.ec2.describe_launch_template_versions(
@@ -256,6 +258,8 @@ def test_b_a_job_resumes_a_powered_down_node_which_boots_joins_and_runs_it(box: 
     assert node == "spot-0" and tag(instance, "gpuplat:stack") == box.platform.name
     box.wait_boot(instance["InstanceId"], BOOT_DEADLINE_S)
     assert box.sh(instance["InstanceId"], "hostname").strip() == node
+    if ROLE_CHANGE:  # r ran: this node's user data named r's bundle, whose roles wrote the mark
+        assert ROLE_CHANGE_MARK in box.sh(instance["InstanceId"], "cat /etc/gpuplat/node.yml")
     wait_for(
         f"{node} idle or allocated",
         lambda: node_states(box)[node] in ("idle", "mixed", "allocated", "completing") or None,
@@ -585,7 +589,10 @@ def test_e_a_node_that_never_boots_comes_back_to_power_saving(box: Any) -> None:
     state = slurm(box, f"squeue -h -j {job} -o %T", check=False).strip() or job_state(box, job)
     assert state in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETED"), explain(box, job)
     restarts = re.search(r"Restarts=(\d+)", slurm(box, f"scontrol show job {job}", check=False))
-    attempts = slurm(box, f"sacct -D -nXP -j {job} -o State").split()
+    # One line per attempt: a requeue starts a new accounting record of the job id, shown with -D only
+    # (Slurm's sacct.1, field Submit: "If a job is requeued, the submit time is reset ... -D/--duplicates
+    # ... display all duplicate entries for a job"). Lines, not words: "CANCELLED by 0" is one state.
+    attempts = slurm(box, f"sacct -D -nXP -j {job} -o State").splitlines()
     assert (restarts is not None and int(restarts.group(1)) >= 1) or len(attempts) >= 2, explain(box, job)
     slurm(box, f"scancel {job}", check=False)
     # A node that was resuming again boots (its next boot is not held), idles, then powers down.

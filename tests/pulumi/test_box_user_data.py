@@ -21,8 +21,13 @@ TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
 BUCKET = "aws:s3/bucket:Bucket"
 
 
-@pytest.mark.parametrize("key", ["bootstrap/0000000000000000/bundle.zip", "bootstrap/1111111111111111/bundle.zip"])
-def test_the_box_boots_its_nodes_from_the_programs_user_data(key: str, monkeypatch: pytest.MonkeyPatch) -> None:
+DIGESTS = ["bootstrap/0000000000000000/bundle.zip", "bootstrap/1111111111111111/bundle.zip"]
+
+
+@pytest.mark.parametrize("key", DIGESTS)
+def test_the_box_boots_its_nodes_from_the_programs_user_data(
+    key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     platform = load_platform(STACK_FILE)
     monkeypatch.setattr(aws_backend, "bundle_key", lambda _root: key)
     recording = record(platform)
