@@ -13,14 +13,13 @@ import pytest
 import infra.backends.aws as aws_backend
 from infra.plan.record import record
 from infra.platform.resolve import load_platform
+from infra.spec.load import PROJECT_ROOT
 from tests.box.cloud import node_boot_script
-from tests.box.conftest import STACK_FILE
 
 INSTANCE = "aws:ec2/instance:Instance"
 TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
 BUCKET = "aws:s3/bucket:Bucket"
-
-
+STACK_FILE = PROJECT_ROOT / "tests" / "box" / "stack.yaml"
 DIGESTS = ["bootstrap/0000000000000000/bundle.zip", "bootstrap/1111111111111111/bundle.zip"]
 
 
