@@ -282,11 +282,11 @@ class CloudBox:
         """`pulumi up` after the roles changed in `checkout` (the operator's copy of the project), as the
         box plays it: the new bundle under its digest, the group vars naming it, and a new version of
         each training pool's launch template that boots it. A controller whose user data, as the stack
-        declares it (cloud.node_boot_script, the program's; tests/pulumi/test_aws_controller_changes.py
-        holds the program to it), changes with the bundle is stopped and started: the Terraform AWS
-        provider's default for a changed user_data of an aws_instance ("Updates to this field will
-        trigger a stop/start of the EC2 instance by default", resource aws_instance, argument
-        user_data)."""
+        declares it (cloud.node_boot_script: tests/pulumi/test_box_user_data.py holds it to the program's,
+        tests/pulumi/test_aws_controller_changes.py the program to a bundle-free controller's), changes
+        with the bundle is stopped and started: the Terraform AWS provider's default for a changed
+        user_data of an aws_instance ("Updates to this field will trigger a stop/start of the EC2
+        instance by default", resource aws_instance, argument user_data)."""
         s3 = self.client("s3")
         key = bundle_key(checkout)
         s3.put_object(Bucket=self.stack.bucket, Key=key, Body=bundle_zip(checkout))
