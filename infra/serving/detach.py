@@ -20,7 +20,6 @@ import time
 import zipfile
 from pathlib import Path
 
-import infra
 from infra.errors import GpuPlatError
 from infra.serving.analysis import Guard, RulesRead
 from infra.serving.guard_service import initial_state, lock_heir
@@ -80,7 +79,7 @@ WRITE = 'mkdir -p "$(dirname "$1")" && printf %s "$2" | base64 -d > "$1.tmp" && 
 
 def bundle() -> bytes:
     """The zip application of the guard's modules, from this installation of the package."""
-    package = Path(infra.__file__).parent
+    package = Path(__file__).resolve().parents[1]  # infra/, this module being infra/serving/detach.py
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
         for name in BUNDLED:
