@@ -587,3 +587,27 @@ def test_the_gateways_publish_their_backlog_per_serving_instance_of_each_group()
     assert datum["Dimensions"] == [{"Name": "AutoScalingGroupName", "Value": "prod-infer-asg"}]
     # An instance outside any group (a stray) is not capacity of one: nothing to publish for it.
     assert program.backlog_metric_data([instance("10.0.0.9", "")], backlog=5, gateways=1) == []
+
+
+def test_two_saves_of_the_state_at_once_both_land_whole(
+    fake_haproxy: FakeHAProxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The timer's pass and the unit's ExecReload save the state file from two processes: the second one
+    writing while the first renames its copy into place must not take the first's temporary file (the
+    first would then find none to rename, and HAProxy could read a half-written file)."""
+    program = targets_program()
+    api = program.RuntimeApi(fake_haproxy.path)
+    state = tmp_path / "server-state"
+    rename = program.os.replace
+    interleaved: list[str] = []
+
+    def replace_after_the_other_writer(source: Any, target: Any) -> None:
+        if not interleaved:  # the other process saves between this one's write and its rename
+            interleaved.append("other")
+            assert program.save_state(api, state) == 0
+        rename(source, target)
+
+    monkeypatch.setattr(program.os, "replace", replace_after_the_other_writer)
+    assert program.save_state(api, state) == 0 and interleaved == ["other"]
+    assert state.read_text() == api.send("show servers state")
+    assert [path.name for path in tmp_path.iterdir()] == ["server-state"]  # no temporary file left

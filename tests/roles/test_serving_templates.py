@@ -546,6 +546,71 @@ def test_a_spot_interruption_drains_the_node_through_the_agent_check() -> None:
         metadata.stop()
 
 
+def test_the_agent_program_answers_drain_once_a_spot_notice_appears() -> None:
+    """The agent as its unit runs it (main(), --agent-port): its loop watches the instance metadata and
+    its agent check turns from "up" to "drain" once EC2 posts the notice; the functions alone proving
+    it would leave a loop that never looks untested."""
+    import datetime
+    import socket
+    import subprocess
+
+    from tests.box.imds import InstanceMetadata
+
+    instance = {"InstanceId": "i-0infer", "Tags": []}
+    metadata = InstanceMetadata(lambda address: instance, port=0, address="127.0.0.1")
+    replica = ReplicaMetrics()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    endpoint = f"http://127.0.0.1:{metadata.server.server_address[1]}"
+    program = ROLES / "inference_server" / "files" / "gpuplat_scaling_agent.py"
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            str(program),
+            "--dry-run",
+            "--asg",
+            "aws-prod-infer-asg",
+            "--interval",
+            "1",
+            "--metrics-url",
+            replica.url,
+            "--imds-endpoint",
+            endpoint,
+            "--agent-port",
+            str(port),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+    def reply() -> str:
+        try:
+            return agent_check_reply(port)
+        except OSError:
+            return ""
+
+    try:
+        deadline = time.monotonic() + 10
+        while reply() != "up\n" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert reply() == "up\n"
+        time.sleep(1.5)  # a pass of the loop with no notice (404) changes nothing
+        assert reply() == "up\n" and process.poll() is None
+        metadata.interrupt("i-0infer", datetime.datetime.now(datetime.UTC) + datetime.timedelta(minutes=2))
+        deadline = time.monotonic() + 10  # the loop looks every 5 s (EC2's advice)
+        while reply() != "drain\n" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert reply() == "drain\n"
+    finally:
+        process.kill()
+        _, errors = process.communicate(timeout=10)
+        replica.stop()
+        metadata.stop()
+    assert "this instance is leaving: spot terminate at " in errors
+
+
 def test_the_agent_completes_the_hook_the_group_declares() -> None:
     from infra.backends.aws.node_pool import DRAIN_HOOK
 

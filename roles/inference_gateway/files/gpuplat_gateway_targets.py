@@ -67,6 +67,7 @@ import logging
 import os
 import socket
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -504,9 +505,16 @@ def save_state(api: RuntimeApi, path: Path) -> int:
     if not text.startswith("1"):
         raise RuntimeApiError(f"unexpected answer to 'show servers state': {text[:200]!r}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(text)
-    os.replace(partial, path)  # the reloading process never reads a half-written file
+    # A name of its own: the timer's pass and the unit's ExecReload may save at the same time.
+    handle, partial = tempfile.mkstemp(dir=path.parent, prefix=f"{path.name}.", suffix=".partial")
+    try:
+        with os.fdopen(handle, "w") as file:
+            file.write(text)
+        os.chmod(partial, 0o644)
+        os.replace(partial, path)  # the reloading process never reads a half-written file
+    except BaseException:
+        Path(partial).unlink(missing_ok=True)
+        raise
     LOG.info("saved the state of %d server(s) to %s", text.count("\n") - 2, path)
     return 0
 
