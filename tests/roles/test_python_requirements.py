@@ -342,3 +342,28 @@ def test_an_archive_of_other_inputs_is_never_restored(tmp_path: Path) -> None:
     second, kept = archive_run(tmp_path, b"wheel 2")
     assert second != first
     assert len(kept) == 1 and kept != archives
+
+
+def test_an_archive_that_tar_cannot_read_is_dropped_and_the_environment_installed_again(tmp_path: Path) -> None:
+    first, archives = archive_run(tmp_path, b"wheel 1")
+    # The host crashed before the archive reached its disk: its tail is lost.
+    size = archives[0].stat().st_size
+    with archives[0].open("r+b") as damaged:
+        damaged.truncate(size // 2)
+    subprocess.run(["rm", "-rf", str(tmp_path / "env")], check=True)
+    again, kept = archive_run(tmp_path, b"wheel 1")
+    assert again != first and kept == archives
+    assert archives[0].stat().st_size == size
+    assert not (tmp_path / "env.restoring").exists()
+
+
+def test_what_a_cut_short_archive_run_of_this_host_left_goes_with_its_next_archive(tmp_path: Path) -> None:
+    _, archives = archive_run(tmp_path, b"wheel 1")
+    left = [archives[0].with_name(archives[0].name + ".partial-localhost")]
+    other_host = archives[0].with_name(archives[0].name + ".partial-gpuplat-local-ctl-1")
+    for partial in [*left, other_host]:
+        partial.write_bytes(b"half an archive")
+    subprocess.run(["rm", "-rf", str(tmp_path / "env")], check=True)
+    _, kept = archive_run(tmp_path, b"wheel 2")
+    # The new archive, and the partial file of the other host, which may be writing it now.
+    assert len(kept) == 2 and other_host in kept and not left[0].exists()
