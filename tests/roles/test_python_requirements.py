@@ -344,7 +344,9 @@ def test_an_archive_of_other_inputs_is_never_restored(tmp_path: Path) -> None:
     assert len(kept) == 1 and kept != archives
 
 
-def test_an_archive_that_tar_cannot_read_is_dropped_and_the_environment_installed_again(tmp_path: Path) -> None:
+def test_an_archive_that_tar_cannot_read_is_dropped_and_the_environment_installed_again(
+    tmp_path: Path,
+) -> None:
     first, archives = archive_run(tmp_path, b"wheel 1")
     # The host crashed before the archive reached its disk: its tail is lost.
     size = archives[0].stat().st_size
