@@ -247,7 +247,7 @@ def pip_reads(install: dict, role: str) -> tuple[str, str, bool]:
     return f"{{{{ {python[1]} }}}}/bin/python", f"{{{{ {requirements[1]} }}}}", "--no-deps" in argv
 
 
-def archive_run(tmp_path: Path, wheel: bytes) -> tuple[str, list[Path]]:
+def archive_run(tmp_path: Path, wheel: bytes, archive_dir: bool = True) -> tuple[str, list[Path]]:
     """One converge of an environment on this host with roles/python_requirements's archive around the
     install, as roles/training_env runs it: check, restore, install where still not met, archive. The
     install writes a fresh token; returns the environment's token and the archives kept."""
@@ -255,7 +255,8 @@ def archive_run(tmp_path: Path, wheel: bytes) -> tuple[str, list[Path]]:
     from infra.nodes.playbook_run import ansible_playbook_binary
 
     environment, archives, wheels = tmp_path / "env", tmp_path / "archives", tmp_path / "wheels"
-    archives.mkdir(exist_ok=True)
+    if archive_dir:
+        archives.mkdir(exist_ok=True)
     wheels.mkdir(exist_ok=True)
     (wheels / "gpuplat_demo-1.0-py3-none-any.whl").write_bytes(wheel)
     site = environment / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
@@ -318,7 +319,7 @@ def archive_run(tmp_path: Path, wheel: bytes) -> tuple[str, list[Path]]:
         check=False,
     )
     assert result.returncode == 0, result.stdout[-3000:]
-    return (environment / "token").read_text(), sorted(archives.iterdir())
+    return (environment / "token").read_text(), sorted(archives.iterdir()) if archive_dir else []
 
 
 def test_an_environment_archived_after_its_install_is_restored_instead_of_installed_again(
@@ -369,3 +370,11 @@ def test_what_a_cut_short_archive_run_of_this_host_left_goes_with_its_next_archi
     _, kept = archive_run(tmp_path, b"wheel 2")
     # The new archive, and the partial file of the other host, which may be writing it now.
     assert len(kept) == 2 and other_host in kept and not left[0].exists()
+
+
+def test_a_node_without_the_archive_directory_installs_and_archives_nothing(tmp_path: Path) -> None:
+    # A local node made before the archives were mounted: its converge goes on as before them.
+    first, _ = archive_run(tmp_path, b"wheel 1", archive_dir=False)
+    subprocess.run(["rm", "-rf", str(tmp_path / "env")], check=True)
+    again, _ = archive_run(tmp_path, b"wheel 1", archive_dir=False)
+    assert again != first and not (tmp_path / "archives").exists()
