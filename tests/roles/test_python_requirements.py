@@ -378,3 +378,15 @@ def test_a_node_without_the_archive_directory_installs_and_archives_nothing(tmp_
     subprocess.run(["rm", "-rf", str(tmp_path / "env")], check=True)
     again, _ = archive_run(tmp_path, b"wheel 1", archive_dir=False)
     assert again != first and not (tmp_path / "archives").exists()
+
+
+def test_an_archive_that_falls_short_never_replaces_the_environment(tmp_path: Path) -> None:
+    _, archives = archive_run(tmp_path, b"wheel 1")
+    # The host crashed before the archive's blocks reached its disk (zeros under its name, which tar
+    # reads as an empty archive), and the environment lost a package's metadata.
+    archives[0].write_bytes(bytes(10240))
+    (tmp_path / "env" / "kept").write_text("an operator's file")
+    subprocess.run(["rm", "-rf", str(tmp_path / "env" / "lib")], check=True)
+    archive_run(tmp_path, b"wheel 1")
+    assert (tmp_path / "env" / "kept").is_file() and not (tmp_path / "env.restoring").exists()
+    assert archives[0].stat().st_size > 0  # archived anew by the install
