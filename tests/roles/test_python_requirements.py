@@ -247,7 +247,7 @@ def pip_reads(install: dict, role: str) -> tuple[str, str, bool]:
     return f"{{{{ {python[1]} }}}}/bin/python", f"{{{{ {requirements[1]} }}}}", "--no-deps" in argv
 
 
-def archive_run(tmp_path: Path, wheel: bytes) -> tuple[str, list[Path]]:
+def archive_run(tmp_path: Path, wheel: bytes, archive_dir: bool = True) -> tuple[str, list[Path]]:
     """One converge of an environment on this host with roles/python_requirements's archive around the
     install, as roles/training_env runs it: check, restore, install where still not met, archive. The
     install writes a fresh token; returns the environment's token and the archives kept."""
@@ -255,7 +255,8 @@ def archive_run(tmp_path: Path, wheel: bytes) -> tuple[str, list[Path]]:
     from infra.nodes.playbook_run import ansible_playbook_binary
 
     environment, archives, wheels = tmp_path / "env", tmp_path / "archives", tmp_path / "wheels"
-    archives.mkdir(exist_ok=True)
+    if archive_dir:
+        archives.mkdir(exist_ok=True)
     wheels.mkdir(exist_ok=True)
     (wheels / "gpuplat_demo-1.0-py3-none-any.whl").write_bytes(wheel)
     site = environment / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
@@ -318,7 +319,7 @@ def archive_run(tmp_path: Path, wheel: bytes) -> tuple[str, list[Path]]:
         check=False,
     )
     assert result.returncode == 0, result.stdout[-3000:]
-    return (environment / "token").read_text(), sorted(archives.iterdir())
+    return (environment / "token").read_text(), sorted(archives.iterdir()) if archive_dir else []
 
 
 def test_an_environment_archived_after_its_install_is_restored_instead_of_installed_again(
@@ -342,3 +343,50 @@ def test_an_archive_of_other_inputs_is_never_restored(tmp_path: Path) -> None:
     second, kept = archive_run(tmp_path, b"wheel 2")
     assert second != first
     assert len(kept) == 1 and kept != archives
+
+
+def test_an_archive_that_tar_cannot_read_is_dropped_and_the_environment_installed_again(
+    tmp_path: Path,
+) -> None:
+    first, archives = archive_run(tmp_path, b"wheel 1")
+    # The host crashed before the archive reached its disk: its tail is lost.
+    size = archives[0].stat().st_size
+    with archives[0].open("r+b") as damaged:
+        damaged.truncate(size // 2)
+    subprocess.run(["rm", "-rf", str(tmp_path / "env")], check=True)
+    again, kept = archive_run(tmp_path, b"wheel 1")
+    assert again != first and kept == archives
+    assert archives[0].stat().st_size == size
+    assert not (tmp_path / "env.restoring").exists()
+
+
+def test_what_a_cut_short_archive_run_of_this_host_left_goes_with_its_next_archive(tmp_path: Path) -> None:
+    _, archives = archive_run(tmp_path, b"wheel 1")
+    left = [archives[0].with_name(archives[0].name + ".partial-localhost")]
+    other_host = archives[0].with_name(archives[0].name + ".partial-gpuplat-local-ctl-1")
+    for partial in [*left, other_host]:
+        partial.write_bytes(b"half an archive")
+    subprocess.run(["rm", "-rf", str(tmp_path / "env")], check=True)
+    _, kept = archive_run(tmp_path, b"wheel 2")
+    # The new archive, and the partial file of the other host, which may be writing it now.
+    assert len(kept) == 2 and other_host in kept and not left[0].exists()
+
+
+def test_a_node_without_the_archive_directory_installs_and_archives_nothing(tmp_path: Path) -> None:
+    # A local node made before the archives were mounted: its converge goes on as before them.
+    first, _ = archive_run(tmp_path, b"wheel 1", archive_dir=False)
+    subprocess.run(["rm", "-rf", str(tmp_path / "env")], check=True)
+    again, _ = archive_run(tmp_path, b"wheel 1", archive_dir=False)
+    assert again != first and not (tmp_path / "archives").exists()
+
+
+def test_an_archive_that_falls_short_never_replaces_the_environment(tmp_path: Path) -> None:
+    _, archives = archive_run(tmp_path, b"wheel 1")
+    # The host crashed before the archive's blocks reached its disk (zeros under its name, which tar
+    # reads as an empty archive), and the environment lost a package's metadata.
+    archives[0].write_bytes(bytes(10240))
+    (tmp_path / "env" / "kept").write_text("an operator's file")
+    subprocess.run(["rm", "-rf", str(tmp_path / "env" / "lib")], check=True)
+    archive_run(tmp_path, b"wheel 1")
+    assert (tmp_path / "env" / "kept").is_file() and not (tmp_path / "env.restoring").exists()
+    assert archives[0].stat().st_size > 0  # archived anew by the install

@@ -44,7 +44,7 @@ def test_purge_on_a_cloud_stack_is_refused_naming_why(kept: list[Path]) -> None:
     assert all((d / "kept").is_file() for d in kept)
 
 
-def test_every_node_mounts_the_archives_writable_where_the_inventory_says(
+def test_each_node_mounts_its_own_archives_writable_where_the_inventory_says(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shipped_platforms: dict[str, ResolvedPlatform]
 ) -> None:
     monkeypatch.setenv("GPUPLAT_STATE_DIR", str(tmp_path))
@@ -63,7 +63,11 @@ def test_every_node_mounts_the_archives_writable_where_the_inventory_says(
         monkeypatch.setattr(cluster, quiet, lambda *args: False)
     local = with_running_sizes(shipped_platforms["local"])
     LocalCluster(local).ensure({})
-    mount = f"{tmp_path / 'local' / 'environments'}:{LOCAL_ENVIRONMENT_ARCHIVES}"
-    assert len(runs) == 4 and all(mount in run for run in runs)  # no :ro
+    # Each node its own folder (no :ro there): root on one node cannot replace what another unpacks.
+    assert len(runs) == 4
+    for run in runs:
+        node = run[run.index("--hostname") + 1]
+        assert f"{tmp_path / 'local' / 'environments' / node}:{LOCAL_ENVIRONMENT_ARCHIVES}" in run
+        assert sum(LOCAL_ENVIRONMENT_ARCHIVES in arg for arg in run) == 1
     values = inventory_documents(local)["hosts.yml"]["all"]["vars"]
     assert values["python_requirements_archive_dir"] == LOCAL_ENVIRONMENT_ARCHIVES

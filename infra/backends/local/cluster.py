@@ -128,16 +128,18 @@ class LocalCluster:
         # /dev/shm as the training nodes' fstab line sizes it on a machine that boots (podman's is 64 MiB).
         shm_mib = host_memory_mib() * self.platform.spec.training.shm_percent // 100
         wheels = ensure_wheelhouse(self.platform)
-        # The environments installed from the wheels are archived beside them, by the node that installs.
-        wheel_mount = (
-            [
-                "--volume", f"{wheels}:{LOCAL_WHEELHOUSE}:ro",
-                "--volume", f"{environment_archives_dir(self.platform.name)}:{LOCAL_ENVIRONMENT_ARCHIVES}",
-            ]
-            if wheels
-            else []
-        )  # fmt: skip
         for node in nodes:
+            # The environments installed from the wheels are archived by the node that installs, each
+            # node in a folder of its own.
+            wheel_mount = (
+                [
+                    "--volume", f"{wheels}:{LOCAL_WHEELHOUSE}:ro",
+                    "--volume",
+                    f"{environment_archives_dir(self.platform.name, node.name)}:{LOCAL_ENVIRONMENT_ARCHIVES}",
+                ]
+                if wheels
+                else []
+            )  # fmt: skip
             info = inspect("container", node.container)
             if info is None:
                 podman(

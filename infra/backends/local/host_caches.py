@@ -16,9 +16,11 @@ def wheelhouse_dir(stack: str) -> Path:
     return state_dir(stack) / "wheels"
 
 
-def environment_archives_dir(stack: str) -> Path:
-    """The archives' directory (made when missing), mounted writable into every node."""
-    directory = state_dir(stack) / "environments"
+def environment_archives_dir(stack: str, node: str) -> Path:
+    """A node's archives' directory (made when missing), mounted writable into that node alone: root on one
+    node (a training node a job escaped on) must not replace the archive that another node unpacks and runs
+    as root (the registry's MLflow on the gateway's node)."""
+    directory = state_dir(stack) / "environments" / node
     directory.mkdir(parents=True, exist_ok=True)
     return directory
 
