@@ -134,11 +134,28 @@ def test_requirements_are_read_with_pips_own_packaging_not_the_environments(site
     assert check(site, "gpuplat-app==1.2") == (0, "met")
 
 
+def run_play(folder: Path, play: list[dict], *options: str, **environment: str) -> None:
+    """Run `play` on this host as the project's ansible.cfg has it, with this interpreter; it must pass."""
+    from infra.nodes.playbook_run import ansible_playbook_binary
+
+    playbook = folder / "play.yml"
+    playbook.write_text(yaml.safe_dump(play, sort_keys=False))
+    command = [ansible_playbook_binary(), "-i", "localhost,", "-c", "local", *options, str(playbook)]
+    command += ["-e", f"ansible_python_interpreter={sys.executable}"]
+    result = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "PATH": "/usr/bin:/bin", **environment},
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:]
+
+
 def test_the_role_tells_on_a_real_interpreter_and_a_missing_one(tmp_path: Path) -> None:
     """Run by ansible-playbook on this host against this interpreter's own environment."""
     pytest.importorskip("ansible")
-    from infra.nodes.playbook_run import ansible_playbook_binary
-
     installed = f"pyyaml=={metadata.version('pyyaml')}"
     cases = [(sys.executable, installed, 0), (sys.executable, "pyyaml==0.0.1", 1)]
     cases.append((str(tmp_path / "absent" / "bin" / "python"), installed, None))
@@ -172,24 +189,8 @@ def test_the_role_tells_on_a_real_interpreter_and_a_missing_one(tmp_path: Path) 
         expected = "python_requirements_check.rc == 0" if rc == 0 else "python_requirements_check.rc != 0"
         tasks.append({"name": "Assert", "ansible.builtin.assert": {"that": [expected]}})
     play = [{"name": "python_requirements", "hosts": "localhost", "gather_facts": False, "tasks": tasks}]
-    playbook = tmp_path / "play.yml"
-    playbook.write_text(yaml.safe_dump(play, sort_keys=False))
     # --check: the check runs in check mode too (a plan's dry run decides on it like a converge does).
-    command = [ansible_playbook_binary(), "-i", "localhost,", "-c", "local", "--check", str(playbook)]
-    command += ["-e", f"ansible_python_interpreter={sys.executable}"]
-    result = subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env={
-            "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-            "PATH": "/usr/bin:/bin",
-            "PYTHONPATH": str(planted),
-        },
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout[-3000:]
+    run_play(tmp_path, play, "--check", PYTHONPATH=str(planted))
 
 
 @pytest.mark.parametrize(
@@ -252,8 +253,6 @@ def archive_run(tmp_path: Path, wheel: bytes, archive_dir: bool = True) -> tuple
     install, as roles/training_env runs it: check, restore, install where still not met, archive. The
     install writes a fresh token; returns the environment's token and the archives kept."""
     pytest.importorskip("ansible")
-    from infra.nodes.playbook_run import ansible_playbook_binary
-
     environment, archives, wheels = tmp_path / "env", tmp_path / "archives", tmp_path / "wheels"
     if archive_dir:
         archives.mkdir(exist_ok=True)
@@ -306,19 +305,7 @@ def archive_run(tmp_path: Path, wheel: bytes, archive_dir: bool = True) -> tuple
             "tasks": tasks,
         }
     ]
-    playbook = tmp_path / "play.yml"
-    playbook.write_text(yaml.safe_dump(play, sort_keys=False))
-    command = [ansible_playbook_binary(), "-i", "localhost,", "-c", "local", str(playbook)]
-    command += ["-e", f"ansible_python_interpreter={sys.executable}"]
-    result = subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env={"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "PATH": "/usr/bin:/bin"},
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout[-3000:]
+    run_play(tmp_path, play)
     return (environment / "token").read_text(), sorted(archives.iterdir()) if archive_dir else []
 
 

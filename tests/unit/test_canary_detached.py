@@ -124,6 +124,16 @@ def started(folder: Path, node: Node, clock: Clock, rules: Canary, duration_s: f
     guard_service.init(MODEL, json.dumps(state), str(folder), clock)
 
 
+def started_by_a_locked_deploy(folder: Path) -> tuple[Node, Clock, ReleaseLock]:
+    """A failing canary started as `deploy --detach` leaves it, its deploy still holding the release lock."""
+    node = Node(share=20, canary_fails=True)
+    clock = Clock(node)
+    started(folder, node, clock, Canary(min_requests=10, interval_s=30, intervals=2))
+    deploy = ReleaseLock(node, "head-0", MODEL, "deploy embedder@2", lambda _: None)
+    deploy.take()
+    return node, clock, deploy
+
+
 def _counts(node: Node) -> tuple[Reading, Reading]:
     """The counters as the CLI reads them: by gateway (its node's name), as the guard reads its own."""
     return (
@@ -258,12 +268,7 @@ def test_a_restarted_guard_keeps_the_evidence_a_fresh_one_would_lose(tmp_path: P
 
 
 def test_the_guard_waits_for_the_lock_its_starter_holds_and_a_second_release_meets_it(tmp_path: Path) -> None:
-    rules = Canary(min_requests=10, interval_s=30, intervals=2)
-    node = Node(share=20, canary_fails=True)
-    clock = Clock(node)
-    started(tmp_path, node, clock, rules)
-    deploy = ReleaseLock(node, "head-0", MODEL, "deploy embedder@2", lambda _: None)
-    deploy.take()
+    node, clock, deploy = started_by_a_locked_deploy(tmp_path)
     waits: list[float] = []
 
     def sleep(seconds: float) -> None:
@@ -295,12 +300,7 @@ def test_the_lock_handed_to_the_guard_is_never_free_in_between_and_the_guard_tak
     """`deploy --detach` hands its lock to the service and exits before the service runs: a promote started
     in that window is refused (before the hand-over, the lock was free from the deploy's exit to the
     guard's next try, two seconds later), and the guard takes the lock without waiting."""
-    rules = Canary(min_requests=10, interval_s=30, intervals=2)
-    node = Node(share=20, canary_fails=True)
-    clock = Clock(node)
-    started(tmp_path, node, clock, rules)
-    deploy = ReleaseLock(node, "head-0", MODEL, "deploy embedder@2", lambda _: None)
-    deploy.take()
+    node, clock, deploy = started_by_a_locked_deploy(tmp_path)
     deploy.hand_over(guard_service.lock_heir(MODEL))
     deploy.release()  # the deploy command exits: the lock stays, held for the guard
     promote = ReleaseLock(node, "head-0", MODEL, "promote", lambda _: None)
