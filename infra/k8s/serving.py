@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import math
 import shlex
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
@@ -35,9 +36,10 @@ from infra.k8s.objects import (
     tolerations,
 )
 from infra.k8s.operators import PROMETHEUS_URL
+from infra.k8s.serving_versions import ServedVersion, ServingRelease
 from infra.k8s.tenancy import shared_volume_objects
 from infra.k8s.training import POD_INTERFACE, SHARED_CLAIM, nccl_environment
-from infra.nodes.role_templates import ROLES_DIR, render_role_template, role_defaults
+from infra.nodes.role_templates import ROLES_DIR, render_role_template, role_defaults, role_vars
 from infra.platform.resolve import ResolvedPlatform, ResolvedPool
 from infra.platform.serving_layout import ServingLayout, startup_budget_s
 from infra.spec.load import CONFIG_KEY
@@ -49,6 +51,8 @@ MODEL_ENV = "GPUPLAT_MODEL"
 # One DNS record per ready replica's API pod, for the gateway. Not named like the workload: a
 # LeaderWorkerSet creates a headless Service of its own name for all pods of its groups.
 MODEL_SERVER_REPLICAS = "model-server-replicas"
+# The registered version a model-server pod runs (ServedVersion.slug), where `gpuplat serve` put it there.
+LABEL_MODEL_VERSION = "gpuplat/model-version"
 GATEWAY = "gateway"
 GATEWAY_CONFIG = "gateway-haproxy"
 MODEL_SERVER_PORT = 8000
@@ -102,9 +106,45 @@ PULUMI_TIMEOUT_ANNOTATION = "pulumi.com/timeoutSeconds"
 SCRAPE = "prometheus.io/scrape"
 # The backend of the inference_gateway role's haproxy.cfg.j2 (`backend inference`).
 GATEWAY_BACKEND = "inference"
+# The backend of a canary version's pods (the role's vars/main.yml names it for every platform).
+CANARY_BACKEND = str(role_vars("inference_gateway")["__inference_gateway_canary_backend"])
 
 
-def serving_objects(platform: ResolvedPlatform, facts: ClusterFacts) -> list[Manifest]:
+@dataclass(frozen=True)
+class _Track:
+    """One version's model servers: its workload, the headless Service listing its API pods, their labels."""
+
+    workload: str
+    service: str
+    labels: dict[str, str]
+    model: Any
+    replicas: int | None
+    """None: the ScaledObject owns the count (the stable version's)."""
+
+
+def _stack_model_track(serving: Serving, facts: ClusterFacts) -> _Track:
+    """The stack's own `serving.model`, before any `gpuplat serve` release."""
+    model = serving.model if facts.model_uri is None else facts.model_uri
+    return _Track(MODEL_SERVER, MODEL_SERVER_REPLICAS, _selector(MODEL_SERVER), model, None)
+
+
+def version_track_names(version: ServedVersion) -> tuple[str, str]:
+    """The workload and the headless Service of a registered version's model servers."""
+    workload = f"{MODEL_SERVER}-{version.slug}"
+    return workload, f"{workload}-replicas"
+
+
+def _version_track(version: ServedVersion, replicas: int | None) -> _Track:
+    workload, service = version_track_names(version)
+    labels = {**_selector(MODEL_SERVER), LABEL_MODEL_VERSION: version.slug}
+    return _Track(workload, service, labels, version.model, replicas)
+
+
+def serving_objects(
+    platform: ResolvedPlatform, facts: ClusterFacts, release: ServingRelease | None = None
+) -> list[Manifest]:
+    """The serving section's objects: the stack's `serving.model`, or, with `release`, a workload and a
+    headless Service per version it names, the gateways sending the canary its share of the requests."""
     serving = platform.spec.serving
     if serving is None:
         return []
@@ -114,15 +154,30 @@ def serving_objects(platform: ResolvedPlatform, facts: ClusterFacts) -> list[Man
         raise ValueError(f"{platform.name}: resolve() gives every platform with serving its layout")
     namespace = serving_namespace(platform)
     gateways = _gateway_count(platform)
-    config = _gateway_config(platform, serving, namespace, gateways)
+    if release is None:
+        stable, others = _stack_model_track(serving, facts), []
+    else:
+        stable = _version_track(release.stable, None)
+        others = [
+            _version_track(v, n)
+            for v, n in (
+                (release.canary, release.canary_replicas),
+                (release.retiring, release.retiring_replicas),
+            )
+            if v is not None
+        ]
+    canary = others[0] if release is not None and release.canary is not None else None
+    share = release.canary_percent if release is not None else 0
+    config = _gateway_config(platform, serving, namespace, gateways, stable, canary, share)
+    tracks = [stable, *others]
     return [
         k8s_object("v1", "Namespace", namespace),
         *shared_volume_objects(platform, facts.shared_volume, namespace, read_only=True),
         k8s_object("v1", "ServiceAccount", MODEL_SERVER_ACCOUNT, namespace),
-        _model_server(platform, serving, layout, namespace, version, facts),
-        _model_server_service(layout, namespace),
+        *(_model_server(platform, serving, layout, namespace, version, facts, t) for t in tracks),
+        *(_model_server_service(layout, namespace, t) for t in tracks),
         _disruption_budget(serving, layout, namespace),
-        _scaled_object(serving, layout, namespace),
+        _scaled_object(serving, layout, namespace, stable),
         k8s_object("v1", "ConfigMap", GATEWAY_CONFIG, namespace, data={"haproxy.cfg": config}),
         _gateway(platform, namespace, gateways, config),
         _gateway_service(namespace),
@@ -161,11 +216,11 @@ def _selector(component: str) -> dict[str, str]:
     return {LABEL_COMPONENT: component}
 
 
-def _api_pods(layout: ServingLayout) -> dict[str, str]:
-    """The pods that serve the OpenAI API: every model-server pod, or each group's leader."""
+def _api_pods(layout: ServingLayout, track: _Track) -> dict[str, str]:
+    """The pods that serve the OpenAI API: every model-server pod of the track, or each group's leader."""
     if layout.nodes == 1:
-        return _selector(MODEL_SERVER)
-    return {**_selector(MODEL_SERVER), LWS_WORKER_INDEX_LABEL: "0"}
+        return dict(track.labels)
+    return {**track.labels, LWS_WORKER_INDEX_LABEL: "0"}
 
 
 def _vllm_args(serving: Serving, layout: ServingLayout) -> list[str]:
@@ -300,6 +355,7 @@ def _model_server_pod(
     layout: ServingLayout,
     container: dict[str, Any],
     identity: bool,
+    labels: dict[str, str],
 ) -> dict[str, Any]:
     pool = platform.pool(serving.pool)
     _, memory_gib = _requested_share(pool, layout)
@@ -326,7 +382,7 @@ def _model_server_pod(
     pool_tolerations = tolerations(pool)
     if pool_tolerations:
         spec["tolerations"] = pool_tolerations
-    return {"metadata": {"labels": _selector(MODEL_SERVER), "annotations": annotations}, "spec": spec}
+    return {"metadata": {"labels": dict(labels), "annotations": annotations}, "spec": spec}
 
 
 def _model_server(
@@ -336,12 +392,14 @@ def _model_server(
     namespace: str,
     version: str,
     facts: ClusterFacts,
+    track: _Track,
 ) -> Manifest:
-    """A Deployment of single-node replicas, or a LeaderWorkerSet of multi-node groups. Neither has a
-    replica count: the ScaledObject owns it."""
+    """A Deployment of single-node replicas, or a LeaderWorkerSet of multi-node groups. The stable
+    version's has no replica count (the ScaledObject owns it); a canary's or a retiring version's has."""
     wait_s = startup_budget_s(serving, layout, platform.pool(serving.pool).node_type) + NODE_AND_IMAGE_S
     annotations = {PULUMI_TIMEOUT_ANNOTATION: str(wait_s)}
-    model = serving.model if facts.model_uri is None else facts.model_uri
+    model = track.model
+    replicas = {} if track.replicas is None else {"replicas": track.replicas}
     if layout.nodes == 1:
         server = _model_server_container(
             platform,
@@ -356,16 +414,19 @@ def _model_server(
         return k8s_object(
             "apps/v1",
             "Deployment",
-            MODEL_SERVER,
+            track.workload,
             namespace,
-            labels=_selector(MODEL_SERVER),
+            labels=track.labels,
             annotations=annotations,
             spec={
-                "selector": {"matchLabels": _selector(MODEL_SERVER)},
+                **replicas,
+                "selector": {"matchLabels": dict(track.labels)},
                 # A new replica loads before an old one leaves: capacity never drops during a rollout.
                 "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
                 "progressDeadlineSeconds": wait_s,
-                "template": _model_server_pod(platform, serving, layout, server, facts.pod_identity),
+                "template": _model_server_pod(
+                    platform, serving, layout, server, facts.pod_identity, track.labels
+                ),
             },
         )
     # The leader starts the group's Ray cluster, waits for every worker, then serves over all of them
@@ -393,36 +454,41 @@ def _model_server(
     return k8s_object(
         LWS_API,
         "LeaderWorkerSet",
-        MODEL_SERVER,
+        track.workload,
         namespace,
-        labels=_selector(MODEL_SERVER),
+        labels=track.labels,
         annotations=annotations,
         spec={
+            **replicas,
             # Workers start with their leader: the leader is ready only once they have joined.
             "startupPolicy": "LeaderCreated",
             "leaderWorkerTemplate": {
                 "size": layout.nodes,
                 # A pod lost anywhere breaks the pipeline: the whole group restarts.
                 "restartPolicy": "RecreateGroupOnPodRestart",
-                "leaderTemplate": _model_server_pod(platform, serving, layout, leader, facts.pod_identity),
-                "workerTemplate": _model_server_pod(platform, serving, layout, worker, facts.pod_identity),
+                "leaderTemplate": _model_server_pod(
+                    platform, serving, layout, leader, facts.pod_identity, track.labels
+                ),
+                "workerTemplate": _model_server_pod(
+                    platform, serving, layout, worker, facts.pod_identity, track.labels
+                ),
             },
         },
     )
 
 
-def _model_server_service(layout: ServingLayout, namespace: str) -> Manifest:
+def _model_server_service(layout: ServingLayout, namespace: str, track: _Track) -> Manifest:
     """Headless: one record per ready API pod, so that the gateway holds one server (with its own
     maxconn) per replica rather than one address balanced behind its back."""
     return k8s_object(
         "v1",
         "Service",
-        MODEL_SERVER_REPLICAS,
+        track.service,
         namespace,
-        labels=_selector(MODEL_SERVER),
+        labels=track.labels,
         spec={
             "clusterIP": "None",
-            "selector": _api_pods(layout),
+            "selector": _api_pods(layout, track),
             "ports": [{"name": "http", "port": MODEL_SERVER_PORT, "targetPort": "http", "protocol": "TCP"}],
         },
     )
@@ -464,7 +530,7 @@ def _trigger(name: str, query: str, threshold: float, metric_type: str) -> dict[
     }
 
 
-def _scaled_object(serving: Serving, layout: ServingLayout, namespace: str) -> Manifest:
+def _scaled_object(serving: Serving, layout: ServingLayout, namespace: str, stable: _Track) -> Manifest:
     """Replicas between the spec's bounds. The HPA KEDA drives takes the most replicas any trigger asks:
     - waiting: requests waiting inside vLLM per replica (AverageValue): above a quarter of a batch the
       replicas' KV cache is full;
@@ -480,9 +546,9 @@ def _scaled_object(serving: Serving, layout: ServingLayout, namespace: str) -> M
         f"[{LATENCY_WINDOW}]))) > 0) or vector(0)"
     )
     target = (
-        {"apiVersion": "apps/v1", "kind": "Deployment", "name": MODEL_SERVER}
+        {"apiVersion": "apps/v1", "kind": "Deployment", "name": stable.workload}
         if layout.nodes == 1
-        else {"apiVersion": LWS_API, "kind": "LeaderWorkerSet", "name": MODEL_SERVER}
+        else {"apiVersion": LWS_API, "kind": "LeaderWorkerSet", "name": stable.workload}
     )
     return k8s_object(
         KEDA_API,
@@ -532,7 +598,26 @@ def _gateway_count(platform: ResolvedPlatform) -> int:
     return 2 if platform.gateway_pool.spec.min_nodes >= 2 else 1
 
 
-def _gateway_config(platform: ResolvedPlatform, serving: Serving, namespace: str, gateways: int) -> str:
+def _service_dns(track: _Track, namespace: str) -> str:
+    return f"{track.service}.{namespace}.svc.{CLUSTER_DOMAIN}"
+
+
+def _gateway_config(
+    platform: ResolvedPlatform,
+    serving: Serving,
+    namespace: str,
+    gateways: int,
+    stable: _Track,
+    canary: _Track | None,
+    canary_percent: int,
+) -> str:
+    dns: dict[str, Any] = {"name": _service_dns(stable, namespace), "slots": serving.max_replicas}
+    if canary is not None:
+        dns["canary"] = {
+            "name": _service_dns(canary, namespace),
+            "slots": serving.max_replicas,
+            "percent": canary_percent,
+        }
     return render_role_template(
         "inference_gateway",
         "haproxy.cfg.j2",
@@ -545,14 +630,12 @@ def _gateway_config(platform: ResolvedPlatform, serving: Serving, namespace: str
             "inference_gateway_port": GATEWAY_PORT,
             "inference_gateway_metrics_port": GATEWAY_METRICS_PORT,
             "inference_gateway_server_port": MODEL_SERVER_PORT,
-            "inference_gateway_server_dns": {
-                "name": f"{MODEL_SERVER_REPLICAS}.{namespace}.svc.{CLUSTER_DOMAIN}",
-                "slots": serving.max_replicas,
-            },
+            "inference_gateway_server_dns": dns,
             "inference_gateway_log_target": "stdout format raw",
             "gpuplat_stack": platform.name,
             "__inference_gateway_admin_socket": f"{HAPROXY_RUN_DIR}/admin.sock",
             "__inference_gateway_slot_prefix": "replica-",
+            "__inference_gateway_canary_backend": CANARY_BACKEND,
         },
     )
 

@@ -1,0 +1,61 @@
+"""What a release puts on a Kueue platform's model servers: which registered versions run, how many
+replicas each, and the share of the requests the gateways draw for the canary."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+# Kubernetes object names of the model servers are DNS-1123 labels (at most 63 characters) built as
+# model-server-<slug>-replicas for the Service, so a slug may take 63 - len("model-server-") -
+# len("-replicas") = 41 characters.
+_SLUG_MAX = 41
+_NOT_IN_LABEL = re.compile(r"[^a-z0-9-]+")
+
+
+@dataclass(frozen=True)
+class ServedVersion:
+    """A registered version as the model servers run it."""
+
+    reference: str
+    """NAME@VERSION, as the registry names it."""
+    model: str
+    """Its files: a path on the shared filesystem or an object-store URI."""
+
+    @property
+    def slug(self) -> str:
+        """The version in object names and labels: lower case, [a-z0-9-], `@` as `-v`; a longer one cut
+        and told apart by a hash of the whole reference."""
+        name, _, version = self.reference.partition("@")
+        slug = _NOT_IN_LABEL.sub("-", f"{name}-v{version}".lower()).strip("-")
+        if len(slug) <= _SLUG_MAX:
+            return slug
+        digest = hashlib.sha256(self.reference.encode()).hexdigest()[:8]
+        return f"{slug[: _SLUG_MAX - 9].rstrip('-')}-{digest}"
+
+
+@dataclass(frozen=True)
+class ServingRelease:
+    """The versions on the model servers at one moment of a release."""
+
+    stable: ServedVersion
+    canary: ServedVersion | None = None
+    canary_percent: int = 0
+    """The share of the requests each gateway sends the canary (0-99)."""
+    canary_replicas: int = 1
+    retiring: ServedVersion | None = None
+    """The stable version before a promotion: its replicas keep running, with no request sent to them,
+    until the new stable version's replicas are ready and the gateways no longer name it."""
+    retiring_replicas: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.canary_percent <= 99:
+            raise ValueError(f"canary share {self.canary_percent} %: 0 to 99")
+        if self.canary is None and self.canary_percent:
+            raise ValueError("a canary share without a canary version")
+        if self.canary is not None and self.canary_replicas < 1:
+            raise ValueError("a canary version runs at least one replica")
+        slugs = [v.slug for v in (self.stable, self.canary, self.retiring) if v is not None]
+        if len(set(slugs)) != len(slugs):
+            raise ValueError(f"one version in two roles: {', '.join(slugs)}")
