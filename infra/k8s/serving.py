@@ -157,7 +157,7 @@ def serving_objects(
     if release is None:
         stable, others = _stack_model_track(serving, facts), []
     else:
-        stable = _version_track(release.stable, None)
+        stable = _version_track(release.stable, release.stable_replicas)
         others = [
             _version_track(v, n)
             for v, n in (

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 
 # Kubernetes object names of the model servers are DNS-1123 labels (at most 63 characters) built as
 # model-server-<slug>-replicas for the Service, so a slug may take 63 - len("model-server-") -
@@ -40,6 +40,10 @@ class ServingRelease:
     """The versions on the model servers at one moment of a release."""
 
     stable: ServedVersion
+    _: KW_ONLY
+    stable_replicas: int | None = None
+    """None: the ScaledObject owns the count; a promotion sets the count the old stable version had, so
+    that the new one starts its life as stable with the capacity the old one had."""
     canary: ServedVersion | None = None
     canary_percent: int = 0
     """The share of the requests each gateway sends the canary (0-99)."""

@@ -51,7 +51,7 @@ def config(found: list[Manifest]) -> str:
 
 
 def test_each_version_runs_its_own_deployment_and_headless_service(aws: ResolvedPlatform) -> None:
-    found = objects(aws, ServingRelease(V1, V2, canary_percent=20, canary_replicas=2))
+    found = objects(aws, ServingRelease(V1, canary=V2, canary_percent=20, canary_replicas=2))
     stable = named(found, "Deployment", "model-server-llama-v1")
     canary = named(found, "Deployment", "model-server-llama-v2")
     assert "replicas" not in stable["spec"]  # KEDA's
@@ -72,7 +72,7 @@ def test_each_version_runs_its_own_deployment_and_headless_service(aws: Resolved
 
 
 def test_the_gateways_draw_the_canarys_share_and_resolve_each_versions_pods(aws: ResolvedPlatform) -> None:
-    text = config(objects(aws, ServingRelease(V1, V2, canary_percent=20)))
+    text = config(objects(aws, ServingRelease(V1, canary=V2, canary_percent=20)))
     assert "    use_backend inference_canary if { rand(100) lt 20 }\n" in text
     templates = re.findall(
         r"^backend (\S+)$|^\s+server-template (\S+) 1-(\d+) (\S+):8000 ", text, re.MULTILINE
@@ -86,7 +86,7 @@ def test_the_gateways_draw_the_canarys_share_and_resolve_each_versions_pods(aws:
 
 
 def test_a_canary_at_share_0_keeps_its_backend_but_draws_no_request(aws: ResolvedPlatform) -> None:
-    text = config(objects(aws, ServingRelease(V1, V2, canary_percent=0)))
+    text = config(objects(aws, ServingRelease(V1, canary=V2, canary_percent=0)))
     assert "backend inference_canary\n" in text
     assert "use_backend" not in text
     alone = config(objects(aws, ServingRelease(V1)))
@@ -102,7 +102,7 @@ def test_a_retiring_version_keeps_its_pods_but_no_gateway_names_it(aws: Resolved
 
 
 def test_multi_node_versions_are_leader_worker_sets_of_their_own(onprem: ResolvedPlatform) -> None:
-    found = objects(onprem, ServingRelease(V1, V2, canary_percent=5))
+    found = objects(onprem, ServingRelease(V1, canary=V2, canary_percent=5))
     canary = named(found, "LeaderWorkerSet", "model-server-llama-v2")
     assert canary["spec"]["replicas"] == 1
     service = named(found, "Service", "model-server-llama-v2-replicas")
@@ -119,7 +119,7 @@ def test_every_release_object_is_accepted_by_the_api_server_schemas(
 ) -> None:
     platform: ResolvedPlatform = request.getfixturevalue(stack)
     assert platform.spec.kubernetes is not None
-    release = ServingRelease(V1, V2, canary_percent=20, retiring=ServedVersion("llama@0", "/m/0"))
+    release = ServingRelease(V1, canary=V2, canary_percent=20, retiring=ServedVersion("llama@0", "/m/0"))
     for manifest in objects(platform, release):
         assert_accepted(manifest, platform.spec.kubernetes.version)
 
@@ -132,7 +132,7 @@ def test_haproxy_accepts_the_gateway_configuration_of_a_release(
     aws: ResolvedPlatform, share: int, tmp_path: Path
 ) -> None:
     path = tmp_path / "haproxy.cfg"
-    path.write_text(config(objects(aws, ServingRelease(V1, V2, canary_percent=share))))
+    path.write_text(config(objects(aws, ServingRelease(V1, canary=V2, canary_percent=share))))
     checked = subprocess.run(
         [str(HAPROXY), "-c", "-f", str(path)], capture_output=True, text=True, check=False
     )
@@ -158,10 +158,10 @@ def test_long_references_that_share_a_prefix_keep_apart() -> None:
 @pytest.mark.parametrize(
     ("release", "message"),
     [
-        (lambda: ServingRelease(V1, V2, canary_percent=100), "0 to 99"),
+        (lambda: ServingRelease(V1, canary=V2, canary_percent=100), "0 to 99"),
         (lambda: ServingRelease(V1, canary_percent=5), "without a canary"),
-        (lambda: ServingRelease(V1, V1), "one version in two roles"),
-        (lambda: ServingRelease(V1, V2, canary_replicas=0), "at least one replica"),
+        (lambda: ServingRelease(V1, canary=V1), "one version in two roles"),
+        (lambda: ServingRelease(V1, canary=V2, canary_replicas=0), "at least one replica"),
     ],
 )
 def test_impossible_releases_are_refused(release: object, message: str) -> None:

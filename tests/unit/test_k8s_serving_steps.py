@@ -1,0 +1,145 @@
+"""The steps of a release on the Kueue platform, played against the objects they apply: no request is
+drawn for a workload before it is ready, a promotion never sends every request to fewer replicas than the
+stable version had, and a workload is deleted only after every gateway runs a configuration that draws
+no request for it."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from infra.k8s.serving import serving_objects, version_track_names
+from infra.k8s.serving_steps import (
+    ReleaseRefused,
+    ReleaseStep,
+    deploy_canary,
+    finish_promotion,
+    promote,
+    rollback,
+)
+from infra.k8s.serving_versions import ServedVersion, ServingRelease
+from infra.platform.resolve import ResolvedPlatform, load_platform
+from infra.spec.load import stack_file
+from tests.conftest import fsx_facts
+
+V1 = ServedVersion("embedder@1", "s3://models/embedder/1")
+V2 = ServedVersion("embedder@2", "s3://models/embedder/2")
+STABLE_REPLICAS = 4
+
+
+@pytest.fixture(scope="module")
+def aws() -> ResolvedPlatform:
+    return load_platform(stack_file("aws-k8s"))
+
+
+def shares(platform: ResolvedPlatform, release: ServingRelease) -> dict[str, int]:
+    """Workload -> the share of the requests the gateways' configuration sends it (read from haproxy.cfg)."""
+    [config] = [
+        o["data"]["haproxy.cfg"]
+        for o in serving_objects(platform, fsx_facts(), release)
+        if o["kind"] == "ConfigMap"
+    ]
+    drawn = re.search(r"use_backend inference_canary if \{ rand\(100\) lt (\d+) \}", config)
+    canary = int(drawn.group(1)) if drawn else 0
+    found: dict[str, int] = {}
+    for backend, service in re.findall(
+        r"^backend (\S+)\n(?:.*\n)*?\s+server-template \S+ 1-\d+ ([a-z0-9-]+)\.serving\.svc",
+        config,
+        re.MULTILINE,
+    ):
+        found[service.removesuffix("-replicas")] = canary if backend == "inference_canary" else 100 - canary
+    return found
+
+
+def workloads(platform: ResolvedPlatform, release: ServingRelease) -> dict[str, int | None]:
+    return {
+        o["metadata"]["name"]: o["spec"].get("replicas")
+        for o in serving_objects(platform, fsx_facts(), release)
+        if o["kind"] == "Deployment" and o["metadata"]["name"] != "gateway"
+    }
+
+
+def play(platform: ResolvedPlatform, start: ServingRelease, steps: list[ReleaseStep]) -> dict[str, int]:
+    """Apply each step as the driver does and check what the cluster would hold; returns the ready replicas
+    at the end. A workload is ready only once a step waited for it."""
+    stable, _ = version_track_names(start.stable)
+    ready = {stable: STABLE_REPLICAS}
+    if start.canary is not None:
+        ready[version_track_names(start.canary)[0]] = start.canary_replicas
+    drawn_by_running_gateways = {w for w, share in shares(platform, start).items() if share}
+    for step in steps:
+        served = shares(platform, step.release)
+        for workload, share in served.items():
+            assert share == 0 or ready.get(workload, 0) >= 1, f"{step.says}: {workload} drawn before ready"
+            if share == 100:
+                assert ready[workload] >= STABLE_REPLICAS, f"{step.says}: every request on {ready[workload]}"
+        present = workloads(platform, step.release)
+        for workload in step.removes:
+            assert workload not in present and workload not in served, step.says
+            assert workload not in drawn_by_running_gateways, f"{step.says}: a gateway still draws {workload}"
+            ready.pop(workload, None)
+        # Until the gateways rolled, pods of the previous configuration still run beside the new ones.
+        drawing = {w for w, share in served.items() if share}
+        drawn_by_running_gateways = drawing if step.gateways_rolled else drawn_by_running_gateways | drawing
+        if step.ready is not None:
+            workload, count = step.ready
+            assert present[workload] == count, step.says
+            ready[workload] = count
+    return ready
+
+
+def test_a_canary_is_ready_before_its_share_is_drawn(aws: ResolvedPlatform) -> None:
+    steps = deploy_canary(ServingRelease(V1), V2, 20)
+    assert [s.release.canary_percent for s in steps] == [0, 20]
+    assert steps[0].ready == ("model-server-embedder-v2", 1)
+    play(aws, ServingRelease(V1), steps)
+
+
+def test_promote_grows_the_canary_before_it_takes_every_request_then_removes_the_old(
+    aws: ResolvedPlatform,
+) -> None:
+    current = ServingRelease(V1, canary=V2, canary_percent=20)
+    steps = promote(current, STABLE_REPLICAS)
+    ready = play(aws, current, steps)
+    assert ready == {"model-server-embedder-v2": STABLE_REPLICAS}
+    assert steps[-1].removes == ("model-server-embedder-v1", "model-server-embedder-v1-replicas")
+    # The canary keeps its share while it grows; the old stable version keeps its replicas after the switch.
+    assert steps[0].release.canary_percent == 20
+    assert workloads(aws, steps[1].release)["model-server-embedder-v1"] == STABLE_REPLICAS
+    final = steps[-1].release
+    assert final.stable == V2 and final.canary is None and final.stable_replicas == STABLE_REPLICAS
+
+
+def test_rollback_draws_nothing_for_the_canary_before_removing_it(aws: ResolvedPlatform) -> None:
+    current = ServingRelease(V1, canary=V2, canary_percent=20)
+    steps = rollback(current)
+    assert steps[0].gateways_rolled and shares(aws, steps[0].release)["model-server-embedder-v2"] == 0
+    assert play(aws, current, steps) == {"model-server-embedder-v1": STABLE_REPLICAS}
+    assert steps[-1].release == ServingRelease(V1)
+
+
+def test_a_promotion_cut_short_after_the_switch_is_finished(aws: ResolvedPlatform) -> None:
+    cut = promote(ServingRelease(V1, canary=V2, canary_percent=20), STABLE_REPLICAS)[1].release
+    [step] = finish_promotion(cut)
+    assert step.removes == ("model-server-embedder-v1", "model-server-embedder-v1-replicas")
+    assert "model-server-embedder-v1" not in workloads(aws, step.release)
+
+
+@pytest.mark.parametrize(
+    ("steps", "message"),
+    [
+        (
+            lambda: deploy_canary(ServingRelease(V1, canary=V2), ServedVersion("embedder@3", "/m"), 5),
+            "in canary",
+        ),
+        (lambda: deploy_canary(ServingRelease(V1), V1, 5), "stable version already"),
+        (lambda: deploy_canary(ServingRelease(V2, retiring=V1, retiring_replicas=2), V1, 5), "did not end"),
+        (lambda: promote(ServingRelease(V1), 2), "no canary to promote"),
+        (lambda: rollback(ServingRelease(V1)), "no canary to roll back"),
+        (lambda: finish_promotion(ServingRelease(V1)), "no promotion to finish"),
+    ],
+)
+def test_steps_that_do_not_follow_from_the_release_are_refused(steps: object, message: str) -> None:
+    with pytest.raises(ReleaseRefused, match=message):
+        steps()  # type: ignore[operator]
