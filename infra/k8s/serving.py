@@ -640,6 +640,21 @@ def _gateway_config(
     )
 
 
+# The haproxy.cfg.j2 template's `timeout http-keep-alive`: how long an idle keep-alive connection stays open.
+GATEWAY_KEEP_ALIVE_S = 10
+
+
+def _gateway_stop_s(platform: ResolvedPlatform) -> int:
+    """How long a gateway pod may take to stop: the image stops HAProxy with SIGUSR1, its graceful stop
+    (docker-library/haproxy 3.2/Dockerfile, STOPSIGNAL SIGUSR1; containerd's CRI sends the image's stop
+    signal: internal/cri/server/container_stop.go, stopContainer), which ends once its requests in flight
+    are answered. A request may wait in the queue, then run, and an idle keep-alive connection closes after
+    its timeout; a rollout of the gateways (a canary's share changed) then cuts no request."""
+    serving = platform.spec.serving
+    assert serving is not None
+    return math.ceil(serving.queue_timeout_s + serving.gateway_timeout_s) + GATEWAY_KEEP_ALIVE_S
+
+
 def _gateway(platform: ResolvedPlatform, namespace: str, gateways: int, config: str) -> Manifest:
     pool = platform.gateway_pool
     container = {
@@ -665,6 +680,7 @@ def _gateway(platform: ResolvedPlatform, namespace: str, gateways: int, config: 
     spec: dict[str, Any] = {
         "nodeSelector": {LABEL_POOL: pool.name},
         "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": _gateway_stop_s(platform),
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": HAPROXY_UID,

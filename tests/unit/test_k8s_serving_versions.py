@@ -167,3 +167,14 @@ def test_long_references_that_share_a_prefix_keep_apart() -> None:
 def test_impossible_releases_are_refused(release: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         release()  # type: ignore[operator]
+
+
+def test_a_gateway_pod_stopping_for_a_new_share_answers_what_it_took_first(aws: ResolvedPlatform) -> None:
+    """A share changed rolls the gateways; the image stops HAProxy gracefully (SIGUSR1), and the pod must
+    be given the time a request may take in the queue and at the server, and an idle keep-alive."""
+    serving = aws.spec.serving
+    assert serving is not None
+    found = objects(aws, ServingRelease(V1, canary=V2, canary_percent=20))
+    grace = named(found, "Deployment", "gateway")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    [keep_alive] = re.findall(r"timeout http-keep-alive (\d+)s", config(found))
+    assert grace >= serving.queue_timeout_s + serving.gateway_timeout_s + int(keep_alive)
