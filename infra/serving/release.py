@@ -122,7 +122,15 @@ def serving_layout(platform: ResolvedPlatform) -> ServingLayout:
     serving = platform.spec.serving
     if serving is None:
         raise SpecError(f"stack '{platform.name}' serves no model: add a serving section to its stack file")
-    if platform.spec.backend not in ("local", "onprem") or platform.spec.scheduler.kind == "kueue":
+    if platform.spec.scheduler.kind == "kueue":
+        raise SpecError(
+            f"stack '{platform.name}' runs on Kubernetes (kueue): `gpuplat serve` does not reach a cluster's "
+            "API yet. The objects of a release are built (a Deployment and a headless Service per version, "
+            "the gateways drawing the canary's share: infra/k8s/serving_steps.py) but nothing applies them; "
+            "serve a version by setting serving.model to its path and running `gpuplat up` (docs/serving.md, "
+            "On Kubernetes)"
+        )
+    if platform.spec.backend not in ("local", "onprem"):
         raise SpecError(
             f"stack '{platform.name}' is on {platform.spec.backend} ({platform.spec.scheduler.kind}): "
             "`gpuplat serve` drives the gateways' canary backend, which roles/inference_gateway sets up on "

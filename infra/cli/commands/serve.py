@@ -25,6 +25,7 @@ from infra.serving.release import (
     PROMOTED,
     STABLE_BACKEND,
     Release,
+    serving_layout,
 )
 
 serve = typer.Typer(
@@ -55,6 +56,8 @@ def _release(
     stack: str | None, stack_file_path: Path | None, url: str | None, prometheus: str | None = None
 ) -> Release:
     platform = platform_from_options(stack, stack_file_path)
+    # A stack serve cannot drive is refused before the registry is asked for: a registry would not help.
+    serving_layout(platform)
     registry = open_registry(platform, url)
 
     def say(line: str) -> None:
