@@ -105,3 +105,45 @@ class GatewayFigures:
             errors={name: int(b["errors"]) for name, b in backends.items()},
             servers_up={name: int(b["servers_up"]) for name, b in backends.items()},
         )
+
+
+# HAProxy's Prometheus exporter, the `show stat` fields the gateway program reads (its ERROR_FIELDS, stot,
+# act) by the exporter's names (haproxy addons/promex/README, "Backend metrics", at v3.2.0: the Kubernetes
+# gateway image is 3.2; Debian's 2.6 names them alike): requests, failed answers and servers up per backend.
+EXPORTER_REQUESTS = "haproxy_backend_sessions_total"
+EXPORTER_RESPONSES = "haproxy_backend_http_responses_total"
+EXPORTER_FAILED_CODES = ("4xx", "5xx")
+EXPORTER_ABORTS = ("haproxy_backend_client_aborts_total", "haproxy_backend_server_aborts_total")
+EXPORTER_SERVERS_UP = "haproxy_backend_active_servers"
+
+
+def exporter_figures(text: str, backends: tuple[str, ...], canary_percent: int) -> GatewayFigures:
+    """A gateway's figures from its exporter's /metrics (a Kubernetes gateway pod's port 8404), as the
+    gateway program's `show` gives them from `show stat`: requests since it started, failed answers (4xx,
+    5xx and aborted, at most one per request), servers up, for each of `backends`."""
+    requests = dict.fromkeys(backends, 0)
+    failed = dict.fromkeys(backends, 0)
+    up = dict.fromkeys(backends, 0)
+    for line in text.splitlines():
+        sample = _SAMPLE.match(line.strip())
+        if sample is None:
+            continue
+        labels = sample_labels(sample["labels"] or "")
+        backend, name = labels.get("proxy", ""), sample["name"]
+        if backend not in requests:
+            continue
+        # Only these counters and gauge are read: other samples may be NaN (an average with no sample).
+        if name == EXPORTER_REQUESTS:
+            requests[backend] += int(float(sample["value"]))
+        elif name in EXPORTER_ABORTS or (
+            name == EXPORTER_RESPONSES and labels.get("code") in EXPORTER_FAILED_CODES
+        ):
+            failed[backend] += int(float(sample["value"]))
+        elif name == EXPORTER_SERVERS_UP:
+            up[backend] += int(float(sample["value"]))
+    return GatewayFigures(
+        canary_percent=canary_percent,
+        requests=requests,
+        errors={b: min(requests[b], failed[b]) for b in backends},
+        servers_up=up,
+    )
