@@ -140,6 +140,22 @@ def _version_track(version: ServedVersion, replicas: int | None) -> _Track:
     return _Track(workload, service, labels, version.model, replicas)
 
 
+def _tracks(
+    serving: Serving, facts: ClusterFacts, release: ServingRelease | None
+) -> tuple[_Track, _Track | None, list[_Track]]:
+    """The stable track (the gateways' `inference` backend, KEDA's target), the canary's, and the tracks
+    that run named by no gateway."""
+    own = _stack_model_track(serving, facts)
+    if release is None:
+        return own, None, []
+    versioned = _version_track(release.stable, release.stable_replicas)
+    canary = None if release.canary is None else _version_track(release.canary, release.canary_replicas)
+    idle = [] if release.retiring is None else [_version_track(release.retiring, release.retiring_replicas)]
+    if release.stack_model == "serving":
+        return own, canary, [versioned, *idle]
+    return versioned, canary, idle + ([own] if release.stack_model == "retiring" else [])
+
+
 def serving_objects(
     platform: ResolvedPlatform, facts: ClusterFacts, release: ServingRelease | None = None
 ) -> list[Manifest]:
@@ -154,22 +170,10 @@ def serving_objects(
         raise ValueError(f"{platform.name}: resolve() gives every platform with serving its layout")
     namespace = serving_namespace(platform)
     gateways = _gateway_count(platform)
-    if release is None:
-        stable, others = _stack_model_track(serving, facts), []
-    else:
-        stable = _version_track(release.stable, release.stable_replicas)
-        others = [
-            _version_track(v, n)
-            for v, n in (
-                (release.canary, release.canary_replicas),
-                (release.retiring, release.retiring_replicas),
-            )
-            if v is not None
-        ]
-    canary = others[0] if release is not None and release.canary is not None else None
+    stable, canary, others = _tracks(serving, facts, release)
     share = release.canary_percent if release is not None else 0
     config = _gateway_config(platform, serving, namespace, gateways, stable, canary, share)
-    tracks = [stable, *others]
+    tracks = [stable, *([canary] if canary else []), *others]
     return [
         k8s_object("v1", "Namespace", namespace),
         *shared_volume_objects(platform, facts.shared_volume, namespace, read_only=True),

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from infra.k8s.serving import version_track_names
+from infra.k8s.serving import MODEL_SERVER, MODEL_SERVER_REPLICAS, version_track_names
 from infra.k8s.serving_versions import ServedVersion, ServingRelease
 
 
@@ -43,7 +43,46 @@ def _removed(version: ServedVersion) -> tuple[str, ...]:
     return version_track_names(version)
 
 
+def take_over(stack_model: str, version: ServedVersion, replicas: int) -> list[ReleaseStep]:
+    """The first release on a stack that `gpuplat up` serves `serving.model` on (`stack_model`, its files):
+    `version`, those files as registered, starts beside the stack's own model servers with as many
+    replicas, takes every request once ready, and the stack's own objects go once no gateway draws for
+    them. Only the same files: until the switch, the stack's own Service (its selector takes every
+    model-server pod, and a Service's selector matches on labels that are there, never on one missing)
+    sends the stack's share of the requests to the new pods too."""
+    if version.model != stack_model:
+        raise ReleaseRefused(
+            f"{version.reference} is {version.model}, not the stack's own model {stack_model}: register "
+            "serving.model's files and deploy that version first, then a canary of this one"
+        )
+    workload, _ = version_track_names(version)
+    count = max(replicas, 1)
+    return [
+        ReleaseStep(
+            f"starting {version.reference} beside the stack's own model servers",
+            ServingRelease(version, stable_replicas=count, stack_model="serving"),
+            (workload, count),
+        ),
+        ReleaseStep(
+            f"{version.reference} serves every request; the stack's own model servers keep running until "
+            "every gateway runs without them",
+            ServingRelease(version, stable_replicas=count, stack_model="retiring"),
+            gateways_rolled=True,
+        ),
+        ReleaseStep(
+            "the stack's own model servers stopped",
+            ServingRelease(version, stable_replicas=count),
+            removes=(MODEL_SERVER, MODEL_SERVER_REPLICAS),
+        ),
+    ]
+
+
 def deploy_canary(current: ServingRelease, version: ServedVersion, percent: int) -> list[ReleaseStep]:
+    if current.stack_model != "gone":
+        raise ReleaseRefused(
+            f"the stack's own model servers still run beside {current.stable.reference}: finish taking "
+            "over from them first"
+        )
     if current.canary is not None:
         raise ReleaseRefused(
             f"{current.canary.reference} is already in canary: promote it or roll it back before "
@@ -102,16 +141,25 @@ def promote(current: ServingRelease, stable_replicas: int) -> list[ReleaseStep]:
 
 
 def finish_promotion(current: ServingRelease) -> list[ReleaseStep]:
-    """A promotion cut short after the gateways switched: the old stable version still runs."""
-    if current.retiring is None:
-        raise ReleaseRefused("no promotion to finish")
-    return [
-        ReleaseStep(
-            f"{current.retiring.reference} stopped",
-            replace(current, retiring=None, retiring_replicas=0),
-            removes=_removed(current.retiring),
-        )
-    ]
+    """A promotion (or a take-over) cut short after the gateways switched: the old stable version (or the
+    stack's own model servers) still runs."""
+    if current.retiring is not None:
+        return [
+            ReleaseStep(
+                f"{current.retiring.reference} stopped",
+                replace(current, retiring=None, retiring_replicas=0),
+                removes=_removed(current.retiring),
+            )
+        ]
+    if current.stack_model == "retiring":
+        return [
+            ReleaseStep(
+                "the stack's own model servers stopped",
+                replace(current, stack_model="gone"),
+                removes=(MODEL_SERVER, MODEL_SERVER_REPLICAS),
+            )
+        ]
+    raise ReleaseRefused("no promotion to finish")
 
 
 def rollback(current: ServingRelease) -> list[ReleaseStep]:

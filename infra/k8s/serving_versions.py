@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import KW_ONLY, dataclass
+from typing import Literal
 
 # Kubernetes object names of the model servers are DNS-1123 labels (at most 63 characters) built as
 # model-server-<slug>-replicas for the Service, so a slug may take 63 - len("model-server-") -
@@ -52,8 +53,14 @@ class ServingRelease:
     """The stable version before a promotion: its replicas keep running, with no request sent to them,
     until the new stable version's replicas are ready and the gateways no longer name it."""
     retiring_replicas: int = 0
+    stack_model: Literal["gone", "serving", "retiring"] = "gone"
+    """The objects of the stack's own `serving.model` (`gpuplat up`'s model-server): during a first release
+    they keep serving while the release's stable version starts beside them ("serving": the gateways and
+    KEDA still name them), then run named by no gateway ("retiring") until they are removed."""
 
     def __post_init__(self) -> None:
+        if self.stack_model == "serving" and (self.canary is not None or self.retiring is not None):
+            raise ValueError("the stack's own model is stable: no canary or retiring version beside it")
         if not 0 <= self.canary_percent <= 99:
             raise ValueError(f"canary share {self.canary_percent} %: 0 to 99")
         if self.canary is None and self.canary_percent:

@@ -17,6 +17,7 @@ from infra.k8s.serving_steps import (
     finish_promotion,
     promote,
     rollback,
+    take_over,
 )
 from infra.k8s.serving_versions import ServedVersion, ServingRelease
 from infra.platform.resolve import ResolvedPlatform, load_platform
@@ -33,7 +34,7 @@ def aws() -> ResolvedPlatform:
     return load_platform(stack_file("aws-k8s"))
 
 
-def shares(platform: ResolvedPlatform, release: ServingRelease) -> dict[str, int]:
+def shares(platform: ResolvedPlatform, release: ServingRelease | None) -> dict[str, int]:
     """Workload -> the share of the requests the gateways' configuration sends it (read from haproxy.cfg)."""
     [config] = [
         o["data"]["haproxy.cfg"]
@@ -52,7 +53,7 @@ def shares(platform: ResolvedPlatform, release: ServingRelease) -> dict[str, int
     return found
 
 
-def workloads(platform: ResolvedPlatform, release: ServingRelease) -> dict[str, int | None]:
+def workloads(platform: ResolvedPlatform, release: ServingRelease | None) -> dict[str, int | None]:
     return {
         o["metadata"]["name"]: o["spec"].get("replicas")
         for o in serving_objects(platform, fsx_facts(), release)
@@ -60,12 +61,14 @@ def workloads(platform: ResolvedPlatform, release: ServingRelease) -> dict[str, 
     }
 
 
-def play(platform: ResolvedPlatform, start: ServingRelease, steps: list[ReleaseStep]) -> dict[str, int]:
+def play(
+    platform: ResolvedPlatform, start: ServingRelease | None, steps: list[ReleaseStep]
+) -> dict[str, int]:
     """Apply each step as the driver does and check what the cluster would hold; returns the ready replicas
-    at the end. A workload is ready only once a step waited for it."""
-    stable, _ = version_track_names(start.stable)
+    at the end. A workload is ready only once a step waited for it. `start` None: the stack's own model."""
+    stable = "model-server" if start is None else version_track_names(start.stable)[0]
     ready = {stable: STABLE_REPLICAS}
-    if start.canary is not None:
+    if start is not None and start.canary is not None:
         ready[version_track_names(start.canary)[0]] = start.canary_replicas
     drawn_by_running_gateways = {w for w, share in shares(platform, start).items() if share}
     for step in steps:
@@ -126,6 +129,33 @@ def test_a_promotion_cut_short_after_the_switch_is_finished(aws: ResolvedPlatfor
     assert "model-server-embedder-v1" not in workloads(aws, step.release)
 
 
+def test_a_first_release_takes_over_from_the_stacks_own_model_servers(aws: ResolvedPlatform) -> None:
+    serving = aws.spec.serving
+    assert serving is not None
+    own = ServedVersion("llama@1", serving.model)
+    steps = take_over(serving.model, own, STABLE_REPLICAS)
+    assert play(aws, None, steps) == {"model-server-llama-v1": STABLE_REPLICAS}
+    assert steps[-1].removes == ("model-server", "model-server-replicas")
+    targets = [
+        next(o for o in serving_objects(aws, fsx_facts(), s.release) if o["kind"] == "ScaledObject")["spec"][
+            "scaleTargetRef"
+        ]["name"]
+        for s in steps
+    ]
+    assert targets == ["model-server", "model-server-llama-v1", "model-server-llama-v1"]
+    assert steps[-1].release == ServingRelease(own, stable_replicas=STABLE_REPLICAS)
+    [finish] = finish_promotion(steps[1].release)
+    assert finish.removes == ("model-server", "model-server-replicas")
+
+
+def test_a_take_over_serves_only_the_stacks_own_files(aws: ResolvedPlatform) -> None:
+    """Until the switch the stack's own Service also lists the new pods: they must serve the same model."""
+    serving = aws.spec.serving
+    assert serving is not None
+    with pytest.raises(ReleaseRefused, match="not the stack's own model"):
+        take_over(serving.model, V2, STABLE_REPLICAS)
+
+
 @pytest.mark.parametrize(
     ("steps", "message"),
     [
@@ -138,6 +168,8 @@ def test_a_promotion_cut_short_after_the_switch_is_finished(aws: ResolvedPlatfor
         (lambda: promote(ServingRelease(V1), 2), "no canary to promote"),
         (lambda: rollback(ServingRelease(V1)), "no canary to roll back"),
         (lambda: finish_promotion(ServingRelease(V1)), "no promotion to finish"),
+        (lambda: deploy_canary(ServingRelease(V1, stack_model="serving"), V2, 5), "finish taking over"),
+        (lambda: deploy_canary(ServingRelease(V1, stack_model="retiring"), V2, 5), "finish taking over"),
     ],
 )
 def test_steps_that_do_not_follow_from_the_release_are_refused(steps: object, message: str) -> None:

@@ -119,9 +119,23 @@ def test_every_release_object_is_accepted_by_the_api_server_schemas(
 ) -> None:
     platform: ResolvedPlatform = request.getfixturevalue(stack)
     assert platform.spec.kubernetes is not None
-    release = ServingRelease(V1, canary=V2, canary_percent=20, retiring=ServedVersion("llama@0", "/m/0"))
-    for manifest in objects(platform, release):
-        assert_accepted(manifest, platform.spec.kubernetes.version)
+    for release in (
+        ServingRelease(V1, canary=V2, canary_percent=20, retiring=ServedVersion("llama@0", "/m/0")),
+        ServingRelease(V1, stable_replicas=3, stack_model="serving"),
+        ServingRelease(V1, canary=V2, stack_model="retiring"),
+    ):
+        for manifest in objects(platform, release):
+            assert_accepted(manifest, platform.spec.kubernetes.version)
+
+
+def test_while_a_first_release_takes_over_the_stacks_own_objects_run_beside_it(aws: ResolvedPlatform) -> None:
+    starting = objects(aws, ServingRelease(V1, stable_replicas=3, stack_model="serving"))
+    assert "replicas" not in named(starting, "Deployment", "model-server")["spec"]
+    assert named(starting, "Deployment", "model-server-llama-v1")["spec"]["replicas"] == 3
+    assert "model-server-replicas.serving.svc" in config(starting) and "llama-v1" not in config(starting)
+    retiring = objects(aws, ServingRelease(V1, stable_replicas=3, stack_model="retiring"))
+    assert named(retiring, "Service", "model-server-replicas")
+    assert "model-server-replicas" not in config(retiring) and "llama-v1-replicas" in config(retiring)
 
 
 @pytest.mark.skipif(
@@ -162,6 +176,7 @@ def test_long_references_that_share_a_prefix_keep_apart() -> None:
         (lambda: ServingRelease(V1, canary_percent=5), "without a canary"),
         (lambda: ServingRelease(V1, canary=V1), "one version in two roles"),
         (lambda: ServingRelease(V1, canary=V2, canary_replicas=0), "at least one replica"),
+        (lambda: ServingRelease(V1, canary=V2, stack_model="serving"), "no canary or retiring"),
     ],
 )
 def test_impossible_releases_are_refused(release: object, message: str) -> None:
