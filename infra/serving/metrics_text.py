@@ -132,15 +132,17 @@ def exporter_figures(text: str, backends: tuple[str, ...], canary_percent: int) 
         backend, name = labels.get("proxy", ""), sample["name"]
         if backend not in requests:
             continue
-        # Only these counters and gauge are read: other samples may be NaN (an average with no sample).
         if name == EXPORTER_REQUESTS:
-            requests[backend] += int(float(sample["value"]))
+            into = requests
         elif name in EXPORTER_ABORTS or (
             name == EXPORTER_RESPONSES and labels.get("code") in EXPORTER_FAILED_CODES
         ):
-            failed[backend] += int(float(sample["value"]))
+            into = failed
         elif name == EXPORTER_SERVERS_UP:
-            up[backend] += int(float(sample["value"]))
+            into = up
+        else:
+            continue  # never read: other samples may be NaN (an average with nothing to average)
+        into[backend] += int(float(sample["value"]))
     return GatewayFigures(
         canary_percent=canary_percent,
         requests=requests,
