@@ -22,14 +22,14 @@ import os
 import shlex
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from infra.errors import ExitCode, GpuPlatError, SpecError
 from infra.nodes.inventory import container_name
-from infra.nodes.reach import host_addresses
+from infra.nodes.reach import RunningInstance, host_addresses
 from infra.nodes.role_templates import role_defaults, role_vars
 from infra.platform.resolve import ResolvedPlatform
 from infra.serving.analysis import CONTINUE, PROMOTE_READY, ROLLBACK, Guard, Verdict
@@ -48,6 +48,7 @@ from infra.serving.metrics_text import (
 )
 from infra.serving.prometheus import instant
 from infra.serving.registry.mlflow import MlflowRegistry, ModelVersion, RegistryError
+from infra.serving.version_record import VersionRecord
 from infra.spec.models import Canary, CanaryStep
 
 CHAMPION, CHALLENGER, PREVIOUS = "champion", "challenger", "previous"
@@ -66,9 +67,12 @@ REPLICA_PORT, CANARY_PORT = (
     int(_SERVER["inference_server_canary_port"]),
 )
 GATEWAY_PROGRAMS = str(_GATEWAY["__inference_gateway_targets_dir"])
+TARGETS_UNIT = str(_GATEWAY["__inference_gateway_targets_unit"])
 STABLE_BACKEND, CANARY_BACKEND = "inference", str(_GATEWAY["__inference_gateway_canary_backend"])
 # The Prometheus jobs that scrape the stable replicas and the canary slots (roles/monitoring).
 JOB_OF_BACKEND = {STABLE_BACKEND: "inference_server", CANARY_BACKEND: "inference_canary"}
+VERSION_MARK = "# gpuplat serve: "
+"""a version file's first line: this, then the version it names"""
 UNSAFE_IN_PATH = set(" \t\n\"'\\$`")
 LOOK_TRIES = 3
 """looks in a row the guard may fail to read the counters (or add them) before it gives up, exit 5"""
@@ -118,27 +122,34 @@ class ServingLayout:
     own time limit for a request (serving.gateway_timeout_s) and a margin"""
 
 
-def serving_layout(platform: ResolvedPlatform) -> ServingLayout:
+def serving_layout(
+    platform: ResolvedPlatform, instances: Sequence[RunningInstance] | None = None
+) -> ServingLayout:
+    """The nodes a release touches: on an AWS stack the running `instances` of its serving and gateway pools
+    (infra/nodes/reach.py stack_instances: an Auto Scaling group's instances come and go), elsewhere the
+    stack file's nodes."""
     serving = platform.spec.serving
     if serving is None:
         raise SpecError(f"stack '{platform.name}' serves no model: add a serving section to its stack file")
-    if platform.spec.backend not in ("local", "onprem") or platform.spec.scheduler.kind == "kueue":
+    if platform.spec.scheduler.kind == "kueue":
         raise SpecError(
             f"stack '{platform.name}' is on {platform.spec.backend} ({platform.spec.scheduler.kind}): "
             "`gpuplat serve` drives the gateways' canary backend, which roles/inference_gateway sets up on "
-            "local and on-premises Slurm stacks only (on aws its backend's slots follow the Auto Scaling "
-            "group; on Kubernetes the Service's pods); there serve a version by setting serving.model to its "
-            "path and running `gpuplat up`"
+            "Slurm stacks (local, on-premises, aws); on Kubernetes the Service's pods serve, so there serve "
+            "a version by setting serving.model to its path and running `gpuplat up`"
         )
     pool = platform.pool(serving.pool)
     layout = platform.serving_layout
-    servers = tuple(pool.running_node_names())
-    gateways = tuple(platform.gateway_pool.running_node_names())
-    # The address each gateway's haproxy.cfg names the server by: its ansible_host in the inventory.
-    if platform.spec.backend == "onprem":
-        addresses = {node: host_addresses(platform)[node] for node in servers}
+    if platform.spec.backend == "aws":
+        servers, gateways, addresses = _running_layout(platform, pool.name, instances)
     else:
-        addresses = {node: container_name(platform.name, node) for node in servers}
+        servers = tuple(pool.running_node_names())
+        gateways = tuple(platform.gateway_pool.running_node_names())
+        # The address each gateway's haproxy.cfg names the server by: its ansible_host in the inventory.
+        if platform.spec.backend == "onprem":
+            addresses = {node: host_addresses(platform)[node] for node in servers}
+        else:
+            addresses = {node: container_name(platform.name, node) for node in servers}
     if (
         serving.engine == "vllm"
         and layout is not None
@@ -159,6 +170,26 @@ def serving_layout(platform: ResolvedPlatform) -> ServingLayout:
     )
 
 
+def _running_layout(
+    platform: ResolvedPlatform, serving_pool: str, instances: Sequence[RunningInstance] | None
+) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, str]]:
+    """An AWS stack's model-server and gateway nodes: its running instances of each pool, the servers by the
+    private address the gateways' slots route to (gpuplat_gateway_targets.py)."""
+    gateway_pool = platform.gateway_pool.name
+    if instances is None:
+        raise SpecError(f"stack '{platform.name}' is on aws: its serving nodes are its running instances")
+    servers = tuple(i.node for i in instances if i.pool == serving_pool and i.address)
+    gateways = tuple(i.node for i in instances if i.pool == gateway_pool)
+    if not servers or not gateways:
+        missing = f"pool '{serving_pool}'" if not servers else f"gateway pool '{gateway_pool}'"
+        raise ServeRefused(
+            f"stack '{platform.name}' has no running instance of its {missing} (tagged gpuplat:stack "
+            f"{platform.name}, gpuplat:pool, state running, with a private address): `gpuplat up` it, or "
+            "wait for the Auto Scaling group's instances to start, then serve"
+        )
+    return servers, gateways, {i.node: i.address for i in instances if i.node in servers}
+
+
 def version_environment(version: ModelVersion, engine: str) -> str:
     """The version file of a replica that serves `version` (systemd EnvironmentFile syntax)."""
     location = version.location
@@ -171,8 +202,8 @@ def version_environment(version: ModelVersion, engine: str) -> str:
         raise ServeRefused(f"{version.reference}'s path '{location}' holds a space, quote or $: rename it")
     if engine == "cpu-reference":
         value = f"--model-zip {location.rstrip('/')}/model.zip --model-version {version.reference}"
-        return f'# gpuplat serve: {version.reference}\nGPUPLAT_MODEL_ARGS="{value}"\n'
-    return f"# gpuplat serve: {version.reference}\nGPUPLAT_MODEL_PATH={location}\n"
+        return f'{VERSION_MARK}{version.reference}\nGPUPLAT_MODEL_ARGS="{value}"\n'
+    return f"{VERSION_MARK}{version.reference}\nGPUPLAT_MODEL_PATH={location}\n"
 
 
 @dataclass(frozen=True)
@@ -199,13 +230,17 @@ class Release:
         nodes: Nodes,
         say: Callable[[str], None] = lambda _: None,
         prometheus_url: str | None = None,
+        instances: Sequence[RunningInstance] | None = None,
+        version_record: VersionRecord | None = None,
     ) -> None:
         self.platform = platform
         self.registry = registry
         self.nodes = nodes
         self.say = say
         self.prometheus_url = prometheus_url
-        self.layout = serving_layout(platform)
+        self.layout = serving_layout(platform, instances)
+        self.version_record = version_record
+        """an AWS stack's record of the stable version, which instances booted later serve (None elsewhere)"""
         serving = platform.spec.serving
         assert serving is not None
         self.rules = serving.canary or Canary()
@@ -297,6 +332,17 @@ class Release:
             if "not found" in error.message or "RESOURCE_DOES_NOT_EXIST" in error.message:
                 return None
             raise
+
+    def booted_version(self) -> str | None:
+        """What an instance the serving pool starts now serves: the version its stack's record names, "" the
+        stack's own model; None where instances do not come and go (local, on-premises)."""
+        if self.version_record is None:
+            return None
+        text = self.version_record.read()
+        if not text:
+            return ""
+        first = text.splitlines()[0]
+        return first.removeprefix(VERSION_MARK) if first.startswith(VERSION_MARK) else f"?: {first[:80]}"
 
     def gateway_figures(self, gateway: str) -> GatewayFigures:
         answer = self.nodes.exec(gateway, "python3", f"{GATEWAY_PROGRAMS}/gpuplat_gateway_canary.py", "show")
@@ -490,9 +536,20 @@ class Release:
             self.nodes.exec(node, "systemctl", "restart", f"{UNIT}@{CANARY_SLOT}.service")
         for node in self.layout.servers:
             self._wait_healthy(node, CANARY_PORT)
+        self._fill_slots()
+        for node in self.layout.servers:
             # The last canary's stop left its server drained on the gateways.
             self._on_gateways("ready", CANARY_BACKEND, self._canary_target(node))
         self._wait_canary_up()
+
+    def _fill_slots(self) -> None:
+        """On aws the gateways' slots follow the instances (gpuplat_gateway_targets.py, on a timer): a canary
+        slot leaves maintenance once its canary answers, here at once (one pass of the unit on each gateway)
+        rather than at the timer's next pass. Elsewhere the servers are fixed lines of haproxy.cfg."""
+        if self.platform.spec.backend != "aws":
+            return
+        for gateway in self.layout.gateways:
+            self.nodes.exec(gateway, "systemctl", "start", f"{TARGETS_UNIT}.service", timeout=120)
 
     def _wait_canary_up(self) -> None:
         wanted = len(self.layout.servers)
@@ -554,8 +611,12 @@ class Release:
         take every request while it restarts (no other server could). With `only_off`, the replicas whose
         version file already names `version` stay as they are (taken out of drain where a promote cut short
         left one drained)."""
-        wanted = "" if version is None else version_environment(version, self.layout.engine).strip()
+        environment = None if version is None else version_environment(version, self.layout.engine)
+        wanted = (environment or "").strip()
         replicas = {node: self.stable_replicas(node) for node in self.layout.servers}
+        if self.version_record is not None:
+            self._fence("writing the stack's version record")
+            self.version_record.write(environment)
         drained = only_off and self.figures().servers_up.get(STABLE_BACKEND, 0) < sum(
             map(len, replicas.values())
         )

@@ -23,7 +23,7 @@ from infra.errors import GpuPlatError, SpecError
 from infra.nodes.inventory import static_inventory
 from infra.nodes.remote import SSM_SHELL_DOCUMENT, SshNodes, SshSettings, SsmNodes
 from infra.platform.resolve import ResolvedPlatform, load_platform
-from infra.serving.reach import prometheus_url, stack_nodes
+from infra.serving.reach import prometheus_url, stack_reach
 from infra.serving.release import METRICS_READ, STATE_WRITE, serving_layout
 from tests.unit.test_cli import cli_env
 
@@ -140,7 +140,7 @@ def test_an_onprem_stack_is_served_over_ssh_at_the_addresses_its_gateways_use(
     hosts = static_inventory(platform)["all"]["children"]["pool_infer"]["hosts"]
     assert layout.addresses == {node: hosts[node]["ansible_host"] for node in layout.servers}
     assert layout.addresses == {"gpu-21": "10.40.2.21"}
-    nodes = stack_nodes(platform)
+    nodes = stack_reach(platform).nodes
     assert isinstance(nodes, SshNodes) and nodes.addresses["head-01"] == "10.40.0.10"
     assert prometheus_url(platform, None) == "http://10.40.0.10:9090"
     assert prometheus_url(platform, "http://p:9090") == "http://p:9090"

@@ -14,7 +14,7 @@ from infra.cli.stack_options import JsonFlag, StackFile, StackName, platform_fro
 from infra.errors import ExitCode, GpuPlatError, SpecError
 from infra.serving.analysis import PROMOTE_READY, ROLLBACK
 from infra.serving.detach import check_detachable, detach_guard
-from infra.serving.reach import prometheus_url, stack_nodes
+from infra.serving.reach import prometheus_url, stack_reach
 from infra.serving.registry.locate import open_registry
 from infra.serving.release import (
     CANARY_BACKEND,
@@ -60,7 +60,16 @@ def _release(
     def say(line: str) -> None:
         output.stderr().print(escape(line))
 
-    return Release(platform, registry, stack_nodes(platform), say, prometheus_url(platform, prometheus))
+    reach = stack_reach(platform)
+    return Release(
+        platform,
+        registry,
+        reach.nodes,
+        say,
+        prometheus_url(platform, prometheus),
+        instances=reach.instances,
+        version_record=reach.version_record,
+    )
 
 
 @serve.command()
