@@ -120,6 +120,9 @@ class ServingLayout:
     drain_s: float = 60.0
     """how long a server's requests in flight may take to end on a gateway before it stops: the gateway's
     own time limit for a request (serving.gateway_timeout_s) and a margin"""
+    slots_follow_instances: bool = False
+    """aws: the gateways' slots are filled from the running instances (gpuplat_gateway_targets.py), not
+    fixed lines of haproxy.cfg"""
 
 
 def serving_layout(
@@ -167,6 +170,7 @@ def serving_layout(
         engine=serving.engine,
         health_timeout_s=600.0,
         drain_s=serving.gateway_timeout_s + 10,
+        slots_follow_instances=platform.spec.backend == "aws",
     )
 
 
@@ -222,6 +226,8 @@ class Release:
 
     lease_s = LEASE_S
     """the release lock's lease (infra/serving/lock.py)"""
+    version_record: VersionRecord | None = None
+    """an AWS stack's record of the stable version, which instances booted later serve (None elsewhere)"""
 
     def __init__(
         self,
@@ -240,7 +246,6 @@ class Release:
         self.prometheus_url = prometheus_url
         self.layout = serving_layout(platform, instances)
         self.version_record = version_record
-        """an AWS stack's record of the stable version, which instances booted later serve (None elsewhere)"""
         serving = platform.spec.serving
         assert serving is not None
         self.rules = serving.canary or Canary()
@@ -346,7 +351,14 @@ class Release:
 
     def gateway_figures(self, gateway: str) -> GatewayFigures:
         answer = self.nodes.exec(gateway, "python3", f"{GATEWAY_PROGRAMS}/gpuplat_gateway_canary.py", "show")
-        return GatewayFigures.from_show(json.loads(answer))
+        try:
+            return GatewayFigures.from_show(json.loads(answer))
+        except (ValueError, KeyError, TypeError) as error:
+            raise GpuPlatError(
+                f"{gateway}'s gateway answered `gpuplat_gateway_canary.py show` with something else than "
+                f"its figures ({type(error).__name__}: {error}; {answer[:120]!r}): `gpuplat up` installs "
+                "the program"
+            ) from None
 
     def figures(self) -> GatewayFigures:
         """Every gateway's figures: requests and errors summed, the servers up on every gateway (the least
@@ -546,7 +558,7 @@ class Release:
         """On aws the gateways' slots follow the instances (gpuplat_gateway_targets.py, on a timer): a canary
         slot leaves maintenance once its canary answers, here at once (one pass of the unit on each gateway)
         rather than at the timer's next pass. Elsewhere the servers are fixed lines of haproxy.cfg."""
-        if self.platform.spec.backend != "aws":
+        if not self.layout.slots_follow_instances:
             return
         for gateway in self.layout.gateways:
             self.nodes.exec(gateway, "systemctl", "start", f"{TARGETS_UNIT}.service", timeout=120)

@@ -213,9 +213,9 @@ def test_serve_refuses_a_stack_it_cannot_drive(write_stack: Callable[..., Path])
     with pytest.raises(SpecError, match="serves no model"):
         serving_layout(load_platform(write_stack("local", no_serving)))
     with pytest.raises(
-        SpecError, match=r"is on aws \(slurm\): `gpuplat serve` drives the gateways' canary backend"
+        SpecError, match=r"is on aws \(kueue\): `gpuplat serve` drives the gateways' canary backend"
     ):
-        serving_layout(load_platform(write_stack("aws-prod", lambda _: None)))
+        serving_layout(load_platform(write_stack("aws-k8s", lambda _: None)))
 
 
 def test_the_local_stack_serves_from_its_infer_node_behind_its_head_node(
