@@ -255,6 +255,11 @@ def status(
         for r in release.replicas_serving()
     ]
     record = release.recorded(model)
+    try:
+        booted = release.booted_version()
+    except GpuPlatError as error:
+        booted = None
+        output.stderr().print(escape(f"no version record: {error.message}"))
     if json_output:
         output.print_json(
             {
@@ -263,6 +268,7 @@ def status(
                 "previous": previous.reference if previous else None,
                 "replicas": replicas,
                 "release": record,
+                "booted": booted,
             }
         )
         return
@@ -308,6 +314,10 @@ def status(
             [[r["node"], r["slot"], str(r["port"]), str(r["serves"])] for r in replicas],
         )
     )
+    if booted is not None:
+        output.stdout().print(
+            escape(f"an instance the serving pool starts now serves: {booted or 'serving.model (no record)'}")
+        )
 
 
 def _served(answering: bool, version: str | None) -> str:
