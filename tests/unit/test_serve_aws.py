@@ -265,3 +265,15 @@ def test_serving_layout_on_aws_needs_the_running_instances(
         serving_layout(shipped_platforms["aws-prod"])
     with pytest.raises(ServeRefused, match="no running instance of its pool 'infer'"):
         serving_layout(shipped_platforms["aws-prod"], [])
+
+
+def test_a_canary_started_on_aws_gets_its_slots_at_once_on_every_gateway() -> None:
+    """The slots follow the instances on a timer; `deploy` runs one pass of the targets unit on each gateway
+    once the canaries answer, before taking them out of drain, instead of waiting up to a timer's period."""
+    nodes = RecordingNodes(replicas=1, share=0)
+    release = release_on(nodes, VersionRecord(STACK, object()), {})
+    release.start_canary(embedder(3))
+    for gateway in ("gw-0", "gw-1"):
+        [filled] = _at(nodes, gateway, "systemctl start gpuplat-gateway-targets.service")
+        assert filled < _at(nodes, gateway, "--backend inference_canary ready", "10.0.3.7:8100")[0]
+    assert _at(nodes, "infer-0", "systemctl restart", "@canary.service")[0] < filled
