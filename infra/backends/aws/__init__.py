@@ -55,6 +55,7 @@ from infra.backends.aws.tags import base_tags, pool_tags
 from infra.backends.base import common_outputs
 from infra.nodes.inventory import aws_ec2_config, platform_vars
 from infra.nodes.munge import munge_roles, runs_munge
+from infra.nodes.role_templates import role_defaults
 from infra.platform import zones
 from infra.platform.boot_time import expected_boot_s
 from infra.platform.resolve import ResolvedPlatform, ResolvedPool, image_parameter
@@ -98,6 +99,10 @@ def _network(platform: ResolvedPlatform, tags: dict[str, str]) -> GpuNetwork:
             gateway_port=spec.aws.gateway_port,
             model_server_port=spec.aws.model_server_port,
             tags=tags,
+            model_server_replicas=platform.serving_layout.replicas if platform.serving_layout else 1,
+            canary_port=int(role_defaults("inference_server")["inference_server_canary_port"])
+            if spec.serving is not None
+            else None,
         ),
     )
 
