@@ -73,6 +73,15 @@ STABLE_BACKEND, CANARY_BACKEND = "inference", str(_GATEWAY["__inference_gateway_
 JOB_OF_BACKEND = {STABLE_BACKEND: "inference_server", CANARY_BACKEND: "inference_canary"}
 VERSION_MARK = "# gpuplat serve: "
 """a version file's first line: this, then the version it names"""
+SOURCE_MARK = "# gpuplat source: "
+"""an object-store version's file, second line: this, its URI, a space, where the node keeps its copy (the
+boot of an aws inference node reads the same line: infra/backends/aws/node_join.py)"""
+VERSIONS_DIR = f"{_SERVER['inference_server_model_dir']}/versions"
+"""where a node keeps its copies of object-store versions"""
+# The role's AWS CLI (roles/inference_server engine-vllm.yml installs it into its venv where the model is
+# in the object store) and the copy, as the role copies the stack's own model.
+AWS_CLI = f"{_SERVER['inference_server_install_dir']}/venv/bin/aws"
+FETCH = '"$1" s3 sync --only-show-errors "$2" "$3"'
 UNSAFE_IN_PATH = set(" \t\n\"'\\$`")
 LOOK_TRIES = 3
 """looks in a row the guard may fail to read the counters (or add them) before it gives up, exit 5"""
@@ -123,6 +132,8 @@ class ServingLayout:
     slots_follow_instances: bool = False
     """aws: the gateways' slots are filled from the running instances (gpuplat_gateway_targets.py), not
     fixed lines of haproxy.cfg"""
+    versions_from_object_store: bool = False
+    """aws: the model servers mount no shared filesystem; each copies a version from the object store"""
 
 
 def serving_layout(
@@ -171,6 +182,7 @@ def serving_layout(
         health_timeout_s=600.0,
         drain_s=serving.gateway_timeout_s + 10,
         slots_follow_instances=platform.spec.backend == "aws",
+        versions_from_object_store=platform.spec.backend == "aws",
     )
 
 
@@ -194,20 +206,45 @@ def _running_layout(
     return servers, gateways, {i.node: i.address for i in instances if i.node in servers}
 
 
-def version_environment(version: ModelVersion, engine: str) -> str:
-    """The version file of a replica that serves `version` (systemd EnvironmentFile syntax)."""
+def version_environment(version: ModelVersion, engine: str, object_store: bool = False) -> str:
+    """The version file of a replica that serves `version` (systemd EnvironmentFile syntax). With
+    `object_store` (aws: the model servers mount no shared filesystem) the version is in the object store
+    and each node copies it to its own disk first (`version_source`, the file's second line)."""
     location = version.location
-    if not location.startswith("/"):
+    source = None
+    if object_store:
+        if not location.startswith("s3://"):
+            raise ServeRefused(
+                f"{version.reference} is at {location}: on aws the model servers mount no shared filesystem "
+                "and copy a version from the object store; register it from the stack's models bucket "
+                "(`gpuplat models register NAME s3://<models bucket>/...`)"
+            )
+        source, location = location.rstrip("/"), f"{VERSIONS_DIR}/{version.name}/{version.version}"
+    elif not location.startswith("/"):
         raise ServeRefused(
             f"{version.reference} is at {location}: model servers read a version from the shared filesystem; "
             "copy it there and register that path (`gpuplat models register NAME /shared/...`)"
         )
-    if UNSAFE_IN_PATH & set(location):
-        raise ServeRefused(f"{version.reference}'s path '{location}' holds a space, quote or $: rename it")
+    if UNSAFE_IN_PATH & set(source or location):
+        raise ServeRefused(
+            f"{version.reference}'s path '{source or location}' holds a space, quote or $: rename it"
+        )
+    head = VERSION_MARK + version.reference + "\n"
+    if source is not None:
+        head += f"{SOURCE_MARK}{source} {location}\n"
     if engine == "cpu-reference":
         value = f"--model-zip {location.rstrip('/')}/model.zip --model-version {version.reference}"
-        return f'{VERSION_MARK}{version.reference}\nGPUPLAT_MODEL_ARGS="{value}"\n'
-    return f"{VERSION_MARK}{version.reference}\nGPUPLAT_MODEL_PATH={location}\n"
+        return f'{head}GPUPLAT_MODEL_ARGS="{value}"\n'
+    return f"{head}GPUPLAT_MODEL_PATH={location}\n"
+
+
+def version_source(environment: str) -> tuple[str, str] | None:
+    """An object-store version's source and the node's copy of it (its file's SOURCE_MARK line), or None."""
+    for line in environment.splitlines():
+        if line.startswith(SOURCE_MARK):
+            source, _, local = line.removeprefix(SOURCE_MARK).partition(" ")
+            return source, local
+    return None
 
 
 @dataclass(frozen=True)
@@ -491,7 +528,16 @@ class Release:
         if version is None:
             self.nodes.exec(node, "rm", "-f", path)
             return
-        text = version_environment(version, self.layout.engine)
+        text = version_environment(version, self.layout.engine, self.layout.versions_from_object_store)
+        source = version_source(text)
+        if source is not None:  # a no-op where this node has the copy already (another slot's)
+            try:
+                self.nodes.exec(node, "sh", "-c", FETCH, "fetch", AWS_CLI, *source, timeout=3600)
+            except GpuPlatError as error:
+                raise GpuPlatError(
+                    f"{node} could not copy {version.reference} from {source[0]} ({error.message}): the "
+                    "inference nodes' role reads the stack's models bucket only; nothing was restarted on it"
+                ) from None
         script = 'printf %s "$1" > "$2.tmp" && mv "$2.tmp" "$2"'
         self.nodes.exec(node, "sh", "-c", script, "sh", text, path)
 
@@ -577,7 +623,10 @@ class Release:
     def probe_golden(self, version: ModelVersion) -> None:
         """Ask each canary server `version`'s golden set (infra/serving/golden.py) while its share is 0: a
         wrong answer stops the canary before it took any request and refuses the version."""
-        path = f"{version.location.rstrip('/')}/{GOLDEN_FILE}"
+        source = version_source(
+            version_environment(version, self.layout.engine, self.layout.versions_from_object_store)
+        )
+        path = f"{(source[1] if source else version.location).rstrip('/')}/{GOLDEN_FILE}"
         for node in self.layout.servers:
             try:
                 answer = self.nodes.exec(
@@ -623,7 +672,11 @@ class Release:
         take every request while it restarts (no other server could). With `only_off`, the replicas whose
         version file already names `version` stay as they are (taken out of drain where a promote cut short
         left one drained)."""
-        environment = None if version is None else version_environment(version, self.layout.engine)
+        environment = (
+            None
+            if version is None
+            else version_environment(version, self.layout.engine, self.layout.versions_from_object_store)
+        )
         wanted = (environment or "").strip()
         replicas = {node: self.stable_replicas(node) for node in self.layout.servers}
         if self.version_record is not None:
@@ -674,9 +727,8 @@ class Release:
         )
         if refusal is not None:
             raise ServeRefused(refusal)
-        version_environment(
-            candidate, self.layout.engine
-        )  # refuses a path servers cannot read, before any change
+        # Refuses a location the servers cannot read, before any change.
+        version_environment(candidate, self.layout.engine, self.layout.versions_from_object_store)
         self.say(f"starting {candidate.reference} in the canary slot of {', '.join(self.layout.servers)}")
         self.start_canary(candidate)
         self.probe_golden(candidate)

@@ -121,8 +121,27 @@ def test_an_aws_stack_without_a_running_model_server_is_refused_in_one_paragraph
     assert run.clean and "Traceback" not in run.err
 
 
+MODELS_BUCKET = "aws-serve-models"
+
+
 def embedder(number: int) -> ModelVersion:
-    return ModelVersion("embedder", number, to_wire_source(f"/shared/models/embedder/{number}"), "READY")
+    """A version registered from the stack's models bucket (on aws the model servers copy it from there)."""
+    return ModelVersion("embedder", number, f"s3://{MODELS_BUCKET}/embedder/{number}", "READY")
+
+
+@pytest.fixture
+def copies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where the nodes keep their copies of object-store versions: under the test's directory."""
+    folder = tmp_path / "versions"
+    monkeypatch.setattr("infra.serving.release.VERSIONS_DIR", str(folder))
+    return folder
+
+
+def upload(s3: Any, number: int) -> None:
+    """embedder@NUMBER in the models bucket: a model folder of two files."""
+    s3.create_bucket(Bucket=MODELS_BUCKET)
+    for name, body in (("config.json", b"{}"), ("weights/model.safetensors", b"weights")):
+        s3.put_object(Bucket=MODELS_BUCKET, Key=f"embedder/{number}/{name}", Body=body)
 
 
 def release_on(nodes: RecordingNodes, record: VersionRecord, aliases: dict[str, ModelVersion]) -> Release:
@@ -132,7 +151,13 @@ def release_on(nodes: RecordingNodes, record: VersionRecord, aliases: dict[str, 
     release.rules = Canary()
     release.say = lambda line: None
     release.layout = ServingLayout(
-        ("gw-0", "gw-1"), ("infer-0",), {"infer-0": "10.0.3.7"}, "vllm", 1.0, slots_follow_instances=True
+        ("gw-0", "gw-1"),
+        ("infer-0",),
+        {"infer-0": "10.0.3.7"},
+        "vllm",
+        1.0,
+        slots_follow_instances=True,
+        versions_from_object_store=True,
     )
     release.version_record = record
     release.aliased = lambda model, alias: aliases.get(alias)  # type: ignore[method-assign]
@@ -161,62 +186,99 @@ class OrderedRecord(VersionRecord):
         super().write(environment)
 
 
-def boot(ssm: Any, directory: Path, replicas: int) -> dict[str, str]:
+def boot(ssm: Any, directory: Path, replicas: int, s3: Any = None) -> dict[str, str]:
     """An inference instance the group starts now: the version files its boot writes before Ansible runs."""
     settings = JoinSettings(
         stack=STACK, region="us-east-1", bucket="b", bundle_key="k", group_vars_key="g", munge_parameter="",
         node_name="", name_wait_s=1, fetch_wait_s=1, work=directory / "work",
         serving_parameter=serving_version_parameter(STACK), serving_replicas=replicas, serving_dir=directory,
     )  # fmt: skip
-    serve_recorded_version(settings, ssm)
+    serve_recorded_version(settings, ssm, s3)
     return {path.name: path.read_text() for path in sorted(directory.glob("version-*.env"))}
 
 
 def test_an_instance_started_after_a_promote_serves_the_promoted_version(
-    aws_url: str, tmp_path: Path
+    aws_url: str, tmp_path: Path, copies: Path
 ) -> None:
     """The record is written before the first replica restarts (an instance booted while they roll serves
-    the version they roll to) and holds the very file the promote wrote on the running replicas; a new
-    instance's boot writes it for each of its replicas."""
-    ssm = client("ssm", aws_url)
+    the version they roll to) and holds the very file the promote wrote on the running replicas; each
+    running node copied the version from the models bucket before its replicas took it, and a new
+    instance's boot copies it the same way and writes the file for each of its replicas."""
+    ssm, s3 = client("ssm", aws_url), client("s3", aws_url)
+    upload(s3, 3)
     nodes = RecordingNodes(replicas=2, share=20)
     record = OrderedRecord(ssm, nodes)
     aliases = {"champion": embedder(2), "challenger": embedder(3)}
-    assert boot(ssm, tmp_path / "before", 2) == {}  # no record: the stack's own model, no version file
+    assert boot(ssm, tmp_path / "before", 2, s3) == {}  # no record: the stack's own model, no version file
     release_on(nodes, record, aliases).promote("embedder")
-    promoted = version_environment(embedder(3), "vllm")
+    promoted = version_environment(embedder(3), "vllm", object_store=True)
+    local = f"{copies}/embedder/3"
+    assert promoted.splitlines()[1:] == [
+        f"# gpuplat source: s3://{MODELS_BUCKET}/embedder/3 {local}",
+        f"GPUPLAT_MODEL_PATH={local}",
+    ]
     [written] = _at(nodes, "record", "write")
-    assert written < _at(nodes, "infer-0", "systemctl restart")[0]
-    assert nodes.done[written][1][1] == promoted
+    first_restart = _at(nodes, "infer-0", "systemctl restart")[0]
+    assert written < first_restart and nodes.done[written][1][1] == promoted
+    # Each running node copies the version (the role's AWS CLI) before a replica of it restarts on it.
+    copied = _at(nodes, "infer-0", "s3 sync", f"s3://{MODELS_BUCKET}/embedder/3", local)
+    assert copied and copied[0] < first_restart
     # What the promote wrote on the running replicas, and what the new instance writes for its own.
     on_replicas = {c[-2] for n, c in nodes.done if n == "infer-0" and c[-1].endswith("version-0.env")}
     assert on_replicas == {promoted}
-    assert boot(ssm, tmp_path / "after", 2) == {"version-0.env": promoted, "version-1.env": promoted}
+    assert boot(ssm, tmp_path / "after", 2, s3) == {"version-0.env": promoted, "version-1.env": promoted}
+    assert (copies / "embedder/3/config.json").read_text() == "{}"
+    assert (copies / "embedder/3/weights/model.safetensors").read_bytes() == b"weights"
     assert Release.booted_version(release_on(nodes, record, aliases)) == "embedder@3"
 
 
-def test_a_rollback_of_a_promote_cut_short_records_the_champion_again(aws_url: str, tmp_path: Path) -> None:
+def test_a_rollback_of_a_promote_cut_short_records_the_champion_again(
+    aws_url: str, tmp_path: Path, copies: Path
+) -> None:
     """A promote killed mid-roll left the record on the candidate (written first); the rollback that puts
     every replica back on the champion puts the record back too, before any replica restarts."""
-    ssm = client("ssm", aws_url)
+    ssm, s3 = client("ssm", aws_url), client("s3", aws_url)
+    upload(s3, 2)
     nodes = CutShortNodes()
     record = OrderedRecord(ssm, nodes)
-    record.write(version_environment(embedder(3), "vllm"))
+    record.write(version_environment(embedder(3), "vllm", object_store=True))
     aliases = {"champion": embedder(2), "challenger": embedder(3)}
     release_on(nodes, record, aliases).rollback("embedder")
-    champion = version_environment(embedder(2), "vllm")
+    champion = version_environment(embedder(2), "vllm", object_store=True)
     assert ssm.get_parameter(Name=record.name)["Parameter"]["Value"] == champion
-    assert boot(ssm, tmp_path, 1) == {"version-0.env": champion}
+    written = _at(nodes, "record", "write")[-1]  # the rollback's (the first: the promote cut short)
+    assert written < _at(nodes, "infer-0", "systemctl restart")[0]
+    assert boot(ssm, tmp_path, 1, s3) == {"version-0.env": champion}
 
 
 def test_a_rollback_to_the_stacks_own_model_removes_the_record(aws_url: str, tmp_path: Path) -> None:
     ssm = client("ssm", aws_url)
     nodes = RecordingNodes(replicas=1, share=0)
     record = OrderedRecord(ssm, nodes)
-    record.write(version_environment(embedder(3), "vllm"))
+    record.write(version_environment(embedder(3), "vllm", object_store=True))
     release_on(nodes, record, {"challenger": embedder(3)}).rollback("embedder")
     assert record.read() is None and boot(ssm, tmp_path, 1) == {}
     record.write(None)  # again: nothing to delete is no error
+
+
+def test_on_aws_a_version_on_the_shared_filesystem_is_refused_before_any_change() -> None:
+    """The AWS inference nodes mount no shared filesystem: a version registered at a path is refused,
+    saying where to register it from."""
+    shared = ModelVersion("embedder", 3, to_wire_source("/shared/models/embedder/3"), "READY")
+    with pytest.raises(ServeRefused, match=r"on aws the model servers mount no shared filesystem"):
+        version_environment(shared, "vllm", object_store=True)
+    # A key of the bucket that would land outside the node's copy is refused at boot, not written.
+    from infra.backends.aws.node_join import BootError, copy_version
+
+    class Listing:
+        def get_paginator(self, name: str) -> Listing:
+            return self
+
+        def paginate(self, **_: Any) -> list[dict[str, Any]]:
+            return [{"Contents": [{"Key": "embedder/3/../../etc/cron.d/x"}]}]
+
+    with pytest.raises(BootError, match="would land outside"):
+        copy_version(Listing(), "s3://b/embedder/3", Path("/nonexistent/copy"))
 
 
 def test_a_record_that_cannot_be_written_stops_before_any_replica_and_says_what_is_needed() -> None:
