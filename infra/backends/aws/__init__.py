@@ -250,7 +250,20 @@ class AwsBackend:
             if p.node_type.gpu_count and spec.aws.bake_images and not spec.aws.image_id
         }
         image_builds = (
-            ImageBuildIdentity(f"{platform.name}-image-build", bootstrap_bucket.arn, munge_key.arn, tags)
+            ImageBuildIdentity(
+                f"{platform.name}-image-build",
+                bootstrap_bucket.arn,
+                munge_key.arn,
+                tags,
+                serving_record_arn=munge_key.arn.apply(
+                    lambda arn: (
+                        f"{arn.rsplit(':parameter/', 1)[0]}:parameter"
+                        f"{serving_version_parameter(platform.name)}"
+                    )
+                )
+                if spec.serving is not None
+                else None,
+            )
             if baked
             else None
         )
