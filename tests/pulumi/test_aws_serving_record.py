@@ -9,7 +9,7 @@ roles have no reason to read it. The operator's credentials write it (outside th
 
 from __future__ import annotations
 
-from infra.backends.aws.bootstrap import munge_parameter, serving_version_parameter
+from infra.backends.aws.bootstrap import serving_version_parameter
 from infra.backends.aws.iam import serving_version_statements
 from infra.plan.record import Recording
 from infra.platform.resolve import ResolvedPlatform
@@ -43,9 +43,8 @@ def test_only_the_inference_role_reads_the_record_and_no_node_role_writes_it(
         assert not any(allowed(statements[role], a, RECORD, {}) for a in WRITES), role
     # The image build's role (the SSM core policy too) reads none of it; its ARN as the mocks name the
     # stack's parameters (test_aws_munge_key.recorded_key).
-    mocked = recorded_key(recording).replace(
-        munge_parameter("aws-prod"), serving_version_parameter("aws-prod")
-    )
+    prefix = recorded_key(recording).rsplit(":parameter/", 1)[0]
+    mocked = f"{prefix}:parameter{serving_version_parameter('aws-prod')}"
     build = effective_statements(recording, "aws-prod-image-build")
     assert not any(allowed(build, a, mocked, {}) for a in READS + WRITES)
     # Another stack's record is none of this stack's business either way.

@@ -205,9 +205,8 @@ class ImageBuildIdentity(pulumi.ComponentResource):
         inline_policy(f"{name}-bundle", role, bootstrap_bucket_arn, bootstrap_statements, child)
         # The build runs no munged, and its instance's SSM core policy would read the key.
         inline_policy(f"{name}-no-munge-key", role, munge_parameter_arn, munge_key_denied_statements, child)
-        if (
-            serving_record_arn is not None
-        ):  # nor read the serving version record (iam.serving_version_statements)
+        # Nor the serving version record (iam.serving_version_statements).
+        if serving_record_arn is not None:
             inline_policy(f"{name}-no-serving-record", role, serving_record_arn, _no_serving_record, child)
         self.profile = aws.iam.InstanceProfile(f"{name}-profile", role=role.name, tags=tags, opts=child)
         lifecycle = aws.iam.Role(
