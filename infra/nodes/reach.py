@@ -12,10 +12,11 @@ import json
 import shlex
 import shutil
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from infra.errors import EnvironmentProblem, ExitCode, GpuPlatError, SpecError
-from infra.nodes.inventory import TAG_NODE, TAG_STACK, container_name
+from infra.nodes.inventory import TAG_NODE, TAG_POOL, TAG_STACK, container_name
 from infra.nodes.remote import SshSettings, SsmNodes, ssh_argv
 from infra.platform.resolve import ResolvedPlatform
 
@@ -40,19 +41,44 @@ def host_addresses(platform: ResolvedPlatform) -> dict[str, str]:
     return {h.name: h.address for pool in platform.pools for h in pool.spec.hosts}
 
 
-def running_instances(platform: ResolvedPlatform, ec2: Any) -> dict[str, str]:
+@dataclass(frozen=True)
+class RunningInstance:
+    """A running instance of an AWS stack, as its Ansible inventory and its gateways know it."""
+
+    node: str
+    """its name in the inventory: the gpuplat:node tag, else the instance id"""
+    instance_id: str
+    address: str
+    """its private IPv4 address (what the gateways' slots and Ansible's ansible_host name), "" for none yet"""
+    pool: str
+    """its gpuplat:pool tag ("" for none)"""
+
+
+def stack_instances(platform: ResolvedPlatform, ec2: Any) -> list[RunningInstance]:
     """The stack's running instances (by its gpuplat:stack tag), named as its Ansible inventory names them:
     by their gpuplat:node tag, else their instance id (inventory.aws_ec2_config `hostnames`)."""
     filters = [
         {"Name": f"tag:{TAG_STACK}", "Values": [platform.name]},
         {"Name": "instance-state-name", "Values": ["running"]},
     ]
-    by_node: dict[str, str] = {}
+    found: list[RunningInstance] = []
     for page in ec2.get_paginator("describe_instances").paginate(Filters=filters):
         for instance in (i for r in page["Reservations"] for i in r["Instances"]):
             tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
-            by_node[tags.get(TAG_NODE, instance["InstanceId"])] = instance["InstanceId"]
-    return by_node
+            found.append(
+                RunningInstance(
+                    node=tags.get(TAG_NODE, instance["InstanceId"]),
+                    instance_id=instance["InstanceId"],
+                    address=instance.get("PrivateIpAddress", ""),
+                    pool=tags.get(TAG_POOL, ""),
+                )
+            )
+    return sorted(found, key=lambda instance: instance.node)
+
+
+def running_instances(platform: ResolvedPlatform, ec2: Any) -> dict[str, str]:
+    """The stack's running instances: node name -> instance id (`stack_instances`)."""
+    return {instance.node: instance.instance_id for instance in stack_instances(platform, ec2)}
 
 
 def running_instance(platform: ResolvedPlatform, node: str, ec2: Any) -> str:
@@ -68,13 +94,14 @@ def running_instance(platform: ResolvedPlatform, node: str, ec2: Any) -> str:
     return by_node[node]
 
 
-def ssm_nodes(platform: ResolvedPlatform, ec2: Any = None, ssm: Any = None) -> SsmNodes:
-    """The running nodes of an AWS stack, reached through SSM Run Command (infra/nodes/remote.py)."""
-    import boto3
+def ssm_nodes(platform: ResolvedPlatform, instances: list[RunningInstance], ssm: Any = None) -> SsmNodes:
+    """The running nodes of an AWS stack (`stack_instances`), reached through SSM Run Command
+    (infra/nodes/remote.py)."""
+    if ssm is None:
+        import boto3
 
-    region = str(platform.spec.region)
-    ec2 = ec2 or boto3.client("ec2", region_name=region)
-    return SsmNodes(running_instances(platform, ec2), ssm or boto3.client("ssm", region_name=region))
+        ssm = boto3.client("ssm", region_name=str(platform.spec.region))
+    return SsmNodes({instance.node: instance.instance_id for instance in instances}, ssm)
 
 
 def node_command(platform: ResolvedPlatform, node: str, command: Sequence[str], ec2: Any = None) -> list[str]:

@@ -299,6 +299,12 @@ class SsmNodes:
 
     @staticmethod
     def unpack(node: str, packed: str) -> str:
+        if not packed.strip():
+            # The packing script prints a gzip stream even for no output (20 bytes at least): none at all
+            # means the command's output was lost on its way (moto's SSM, for one, runs nothing).
+            raise GpuPlatError(
+                f"{node}'s answer through SSM is empty: its packed output never is, so it was lost"
+            )
         if len(packed) >= SSM_STDOUT_LIMIT:
             raise GpuPlatError(
                 f"{node}'s answer through SSM is longer than the {SSM_STDOUT_LIMIT} characters SSM returns "

@@ -2,29 +2,70 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from infra.nodes.addresses import http_url
-from infra.nodes.reach import host_addresses
+from infra.nodes.reach import RunningInstance, host_addresses, ssm_nodes, stack_instances
 from infra.nodes.remote import SshNodes, SshSettings
 from infra.nodes.role_templates import role_defaults
 from infra.platform.resolve import ResolvedPlatform
 from infra.serving.release import Nodes
+from infra.serving.version_record import VersionRecord
 
 PROMETHEUS_PORT = int(role_defaults("monitoring")["monitoring_prometheus_port"])
 
 
-def stack_nodes(platform: ResolvedPlatform) -> Nodes:
-    """The local platform's containers (podman exec), or an on-premises stack's hosts over ssh at the
-    addresses its stack file lists, with the user, key and port Ansible would use."""
+@dataclass(frozen=True)
+class StackReach:
+    """What a release of the stack works through (`Release`'s arguments besides the registry)."""
+
+    nodes: Nodes
+    instances: list[RunningInstance] | None = None
+    """an AWS stack's running instances (its serving and gateway nodes among them); None elsewhere"""
+    version_record: VersionRecord | None = None
+    """an AWS stack's record of the stable version, for instances its serving pool starts later"""
+
+
+def stack_reach(platform: ResolvedPlatform, ec2: Any = None, ssm: Any = None) -> StackReach:
+    """The local platform's containers (podman exec); an on-premises stack's hosts over ssh at the addresses
+    its stack file lists, with the user, key and port Ansible would use; an AWS stack's running instances
+    through SSM Run Command, as Ansible's aws_ssm connection reaches them, and its version record."""
     if platform.spec.backend == "onprem":
-        return SshNodes(host_addresses(platform), SshSettings.of_ansible())
+        return StackReach(SshNodes(host_addresses(platform), SshSettings.of_ansible()))
+    if platform.spec.backend == "aws":
+        import boto3
+
+        region = str(platform.spec.region)
+        ec2 = ec2 or boto3.client("ec2", region_name=region)
+        ssm = ssm or boto3.client("ssm", region_name=region)
+        instances = _listed(platform, ec2)
+        return StackReach(ssm_nodes(platform, instances, ssm), instances, VersionRecord(platform.name, ssm))
     from infra.backends.local.cluster import LocalCluster
 
-    return LocalCluster(platform)
+    return StackReach(LocalCluster(platform))
+
+
+def _listed(platform: ResolvedPlatform, ec2: Any) -> list[RunningInstance]:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from infra.errors import GpuPlatError
+
+    try:
+        return stack_instances(platform, ec2)
+    except (BotoCoreError, ClientError) as error:
+        raise GpuPlatError(
+            f"cannot list the running instances of stack {platform.name} ({error}): `gpuplat serve` finds an "
+            "AWS stack's nodes by its gpuplat:stack tag, as Ansible's inventory does; your credentials need "
+            "ec2:DescribeInstances in its region"
+        ) from None
 
 
 def prometheus_url(platform: ResolvedPlatform, given: str | None) -> str | None:
     """The stack's Prometheus (roles/monitoring, on the controller pool's first node, on every interface):
-    given, found on the local platform, or at an on-premises controller's listed address."""
+    given, found on the local platform, or at an on-premises controller's listed address. On aws none is
+    found (the controllers have private addresses only): the analysis reads the model servers' own
+    histograms through SSM instead, and `serve status` shows no p95 unless one is given."""
     if given:
         return given
     monitor = platform.controller_pool.node_names()[0]

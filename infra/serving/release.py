@@ -22,14 +22,14 @@ import os
 import shlex
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from infra.errors import ExitCode, GpuPlatError, SpecError
 from infra.nodes.inventory import container_name
-from infra.nodes.reach import host_addresses
+from infra.nodes.reach import RunningInstance, host_addresses
 from infra.nodes.role_templates import role_defaults, role_vars
 from infra.platform.resolve import ResolvedPlatform
 from infra.serving.analysis import CONTINUE, PROMOTE_READY, ROLLBACK, Guard, Verdict
@@ -48,7 +48,8 @@ from infra.serving.metrics_text import (
 )
 from infra.serving.prometheus import instant
 from infra.serving.registry.mlflow import MlflowRegistry, ModelVersion, RegistryError
-from infra.spec.models import Canary, CanaryStep
+from infra.serving.version_record import VersionRecord
+from infra.spec.models import Canary, CanaryStep, Serving
 
 CHAMPION, CHALLENGER, PREVIOUS = "champion", "challenger", "previous"
 PROMOTED, GATED = "promoted", "gated"
@@ -66,9 +67,21 @@ REPLICA_PORT, CANARY_PORT = (
     int(_SERVER["inference_server_canary_port"]),
 )
 GATEWAY_PROGRAMS = str(_GATEWAY["__inference_gateway_targets_dir"])
+TARGETS_UNIT = str(_GATEWAY["__inference_gateway_targets_unit"])
 STABLE_BACKEND, CANARY_BACKEND = "inference", str(_GATEWAY["__inference_gateway_canary_backend"])
 # The Prometheus jobs that scrape the stable replicas and the canary slots (roles/monitoring).
 JOB_OF_BACKEND = {STABLE_BACKEND: "inference_server", CANARY_BACKEND: "inference_canary"}
+VERSION_MARK = "# gpuplat serve: "
+"""a version file's first line: this, then the version it names"""
+SOURCE_MARK = "# gpuplat source: "
+"""an object-store version's file, second line: this, its URI, a space, where the node keeps its copy (the
+boot of an aws inference node reads the same line: infra/backends/aws/node_join.py)"""
+VERSIONS_DIR = f"{_SERVER['inference_server_model_dir']}/versions"
+"""where a node keeps its copies of object-store versions"""
+# The role's AWS CLI (roles/inference_server engine-vllm.yml installs it into its venv where the model is
+# in the object store) and the copy, as the role copies the stack's own model.
+AWS_CLI = f"{_SERVER['inference_server_install_dir']}/venv/bin/aws"
+FETCH = '"$1" s3 sync --only-show-errors "$2" "$3"'
 UNSAFE_IN_PATH = set(" \t\n\"'\\$`")
 LOOK_TRIES = 3
 """looks in a row the guard may fail to read the counters (or add them) before it gives up, exit 5"""
@@ -116,9 +129,16 @@ class ServingLayout:
     drain_s: float = 60.0
     """how long a server's requests in flight may take to end on a gateway before it stops: the gateway's
     own time limit for a request (serving.gateway_timeout_s) and a margin"""
+    slots_follow_instances: bool = False
+    """aws: the gateways' slots are filled from the running instances (gpuplat_gateway_targets.py), not
+    fixed lines of haproxy.cfg"""
+    versions_from_object_store: bool = False
+    """aws: the model servers mount no shared filesystem; each copies a version from the object store"""
 
 
-def serving_layout(platform: ResolvedPlatform) -> ServingLayout:
+def servable(platform: ResolvedPlatform) -> Serving:
+    """The stack's serving section, or one paragraph saying why `gpuplat serve` cannot drive the stack
+    (asked before the registry is: a registry would not help)."""
     serving = platform.spec.serving
     if serving is None:
         raise SpecError(f"stack '{platform.name}' serves no model: add a serving section to its stack file")
@@ -130,23 +150,28 @@ def serving_layout(platform: ResolvedPlatform) -> ServingLayout:
             "serve a version by setting serving.model to its path and running `gpuplat up` (docs/serving.md, "
             "On Kubernetes)"
         )
-    if platform.spec.backend not in ("local", "onprem"):
-        raise SpecError(
-            f"stack '{platform.name}' is on {platform.spec.backend} ({platform.spec.scheduler.kind}): "
-            "`gpuplat serve` drives the gateways' canary backend, which roles/inference_gateway sets up on "
-            "local and on-premises Slurm stacks only (on aws its backend's slots follow the Auto Scaling "
-            "group; on Kubernetes the Service's pods); there serve a version by setting serving.model to its "
-            "path and running `gpuplat up`"
-        )
+    return serving
+
+
+def serving_layout(
+    platform: ResolvedPlatform, instances: Sequence[RunningInstance] | None = None
+) -> ServingLayout:
+    """The nodes a release touches: on an AWS stack the running `instances` of its serving and gateway pools
+    (infra/nodes/reach.py stack_instances: an Auto Scaling group's instances come and go), elsewhere the
+    stack file's nodes."""
+    serving = servable(platform)
     pool = platform.pool(serving.pool)
     layout = platform.serving_layout
-    servers = tuple(pool.running_node_names())
-    gateways = tuple(platform.gateway_pool.running_node_names())
-    # The address each gateway's haproxy.cfg names the server by: its ansible_host in the inventory.
-    if platform.spec.backend == "onprem":
-        addresses = {node: host_addresses(platform)[node] for node in servers}
+    if platform.spec.backend == "aws":
+        servers, gateways, addresses = _running_layout(platform, pool.name, instances)
     else:
-        addresses = {node: container_name(platform.name, node) for node in servers}
+        servers = tuple(pool.running_node_names())
+        gateways = tuple(platform.gateway_pool.running_node_names())
+        # The address each gateway's haproxy.cfg names the server by: its ansible_host in the inventory.
+        if platform.spec.backend == "onprem":
+            addresses = {node: host_addresses(platform)[node] for node in servers}
+        else:
+            addresses = {node: container_name(platform.name, node) for node in servers}
     if (
         serving.engine == "vllm"
         and layout is not None
@@ -164,23 +189,70 @@ def serving_layout(platform: ResolvedPlatform) -> ServingLayout:
         engine=serving.engine,
         health_timeout_s=600.0,
         drain_s=serving.gateway_timeout_s + 10,
+        slots_follow_instances=platform.spec.backend == "aws",
+        versions_from_object_store=platform.spec.backend == "aws",
     )
 
 
-def version_environment(version: ModelVersion, engine: str) -> str:
-    """The version file of a replica that serves `version` (systemd EnvironmentFile syntax)."""
+def _running_layout(
+    platform: ResolvedPlatform, serving_pool: str, instances: Sequence[RunningInstance] | None
+) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, str]]:
+    """An AWS stack's model-server and gateway nodes: its running instances of each pool, the servers by the
+    private address the gateways' slots route to (gpuplat_gateway_targets.py)."""
+    gateway_pool = platform.gateway_pool.name
+    if instances is None:
+        raise SpecError(f"stack '{platform.name}' is on aws: its serving nodes are its running instances")
+    servers = tuple(i.node for i in instances if i.pool == serving_pool and i.address)
+    gateways = tuple(i.node for i in instances if i.pool == gateway_pool)
+    if not servers or not gateways:
+        missing = f"pool '{serving_pool}'" if not servers else f"gateway pool '{gateway_pool}'"
+        raise ServeRefused(
+            f"stack '{platform.name}' has no running instance of its {missing} (tagged gpuplat:stack "
+            f"{platform.name}, gpuplat:pool, state running, with a private address): `gpuplat up` it, or "
+            "wait for the Auto Scaling group's instances to start, then serve"
+        )
+    return servers, gateways, {i.node: i.address for i in instances if i.node in servers}
+
+
+def version_environment(version: ModelVersion, engine: str, object_store: bool = False) -> str:
+    """The version file of a replica that serves `version` (systemd EnvironmentFile syntax). With
+    `object_store` (aws: the model servers mount no shared filesystem) the version is in the object store
+    and each node copies it to its own disk first (`version_source`, the file's second line)."""
     location = version.location
-    if not location.startswith("/"):
+    source = None
+    if object_store:
+        if not location.startswith("s3://"):
+            raise ServeRefused(
+                f"{version.reference} is at {location}: on aws the model servers mount no shared filesystem "
+                "and copy a version from the object store; register it from the stack's models bucket "
+                "(`gpuplat models register NAME s3://<models bucket>/...`)"
+            )
+        source, location = location.rstrip("/"), f"{VERSIONS_DIR}/{version.name}/{version.version}"
+    elif not location.startswith("/"):
         raise ServeRefused(
             f"{version.reference} is at {location}: model servers read a version from the shared filesystem; "
             "copy it there and register that path (`gpuplat models register NAME /shared/...`)"
         )
-    if UNSAFE_IN_PATH & set(location):
-        raise ServeRefused(f"{version.reference}'s path '{location}' holds a space, quote or $: rename it")
+    if UNSAFE_IN_PATH & set(source or location):
+        raise ServeRefused(
+            f"{version.reference}'s path '{source or location}' holds a space, quote or $: rename it"
+        )
+    head = VERSION_MARK + version.reference + "\n"
+    if source is not None:
+        head += f"{SOURCE_MARK}{source} {location}\n"
     if engine == "cpu-reference":
         value = f"--model-zip {location.rstrip('/')}/model.zip --model-version {version.reference}"
-        return f'# gpuplat serve: {version.reference}\nGPUPLAT_MODEL_ARGS="{value}"\n'
-    return f"# gpuplat serve: {version.reference}\nGPUPLAT_MODEL_PATH={location}\n"
+        return f'{head}GPUPLAT_MODEL_ARGS="{value}"\n'
+    return f"{head}GPUPLAT_MODEL_PATH={location}\n"
+
+
+def version_source(environment: str) -> tuple[str, str] | None:
+    """An object-store version's source and the node's copy of it (its file's SOURCE_MARK line), or None."""
+    for line in environment.splitlines():
+        if line.startswith(SOURCE_MARK):
+            source, _, local = line.removeprefix(SOURCE_MARK).partition(" ")
+            return source, local
+    return None
 
 
 @dataclass(frozen=True)
@@ -199,6 +271,8 @@ class Release:
 
     lease_s = LEASE_S
     """the release lock's lease (infra/serving/lock.py)"""
+    version_record: VersionRecord | None = None
+    """an AWS stack's record of the stable version, which instances booted later serve (None elsewhere)"""
 
     def __init__(
         self,
@@ -207,13 +281,16 @@ class Release:
         nodes: Nodes,
         say: Callable[[str], None] = lambda _: None,
         prometheus_url: str | None = None,
+        instances: Sequence[RunningInstance] | None = None,
+        version_record: VersionRecord | None = None,
     ) -> None:
         self.platform = platform
         self.registry = registry
         self.nodes = nodes
         self.say = say
         self.prometheus_url = prometheus_url
-        self.layout = serving_layout(platform)
+        self.layout = serving_layout(platform, instances)
+        self.version_record = version_record
         serving = platform.spec.serving
         assert serving is not None
         self.rules = serving.canary or Canary()
@@ -306,9 +383,27 @@ class Release:
                 return None
             raise
 
+    def booted_version(self) -> str | None:
+        """What an instance the serving pool starts now serves: the version its stack's record names, "" the
+        stack's own model; None where instances do not come and go (local, on-premises)."""
+        if self.version_record is None:
+            return None
+        text = self.version_record.read()
+        if not text:
+            return ""
+        first = text.splitlines()[0]
+        return first.removeprefix(VERSION_MARK) if first.startswith(VERSION_MARK) else f"?: {first[:80]}"
+
     def gateway_figures(self, gateway: str) -> GatewayFigures:
         answer = self.nodes.exec(gateway, "python3", f"{GATEWAY_PROGRAMS}/gpuplat_gateway_canary.py", "show")
-        return GatewayFigures.from_show(json.loads(answer))
+        try:
+            return GatewayFigures.from_show(json.loads(answer))
+        except (ValueError, KeyError, TypeError) as error:
+            raise GpuPlatError(
+                f"{gateway}'s gateway answered `gpuplat_gateway_canary.py show` with something else than "
+                f"its figures ({type(error).__name__}: {error}; {answer[:120]!r}): `gpuplat up` installs "
+                "the program"
+            ) from None
 
     def figures(self) -> GatewayFigures:
         """Every gateway's figures: requests and errors summed, the servers up on every gateway (the least
@@ -441,7 +536,16 @@ class Release:
         if version is None:
             self.nodes.exec(node, "rm", "-f", path)
             return
-        text = version_environment(version, self.layout.engine)
+        text = version_environment(version, self.layout.engine, self.layout.versions_from_object_store)
+        source = version_source(text)
+        if source is not None:  # a no-op where this node has the copy already (another slot's)
+            try:
+                self.nodes.exec(node, "sh", "-c", FETCH, "fetch", AWS_CLI, *source, timeout=3600)
+            except GpuPlatError as error:
+                raise GpuPlatError(
+                    f"{node} could not copy {version.reference} from {source[0]} ({error.message}): the "
+                    "inference nodes' role reads the stack's models bucket only; nothing was restarted on it"
+                ) from None
         script = 'printf %s "$1" > "$2.tmp" && mv "$2.tmp" "$2"'
         self.nodes.exec(node, "sh", "-c", script, "sh", text, path)
 
@@ -498,9 +602,20 @@ class Release:
             self.nodes.exec(node, "systemctl", "restart", f"{UNIT}@{CANARY_SLOT}.service")
         for node in self.layout.servers:
             self._wait_healthy(node, CANARY_PORT)
+        self._fill_slots()
+        for node in self.layout.servers:
             # The last canary's stop left its server drained on the gateways.
             self._on_gateways("ready", CANARY_BACKEND, self._canary_target(node))
         self._wait_canary_up()
+
+    def _fill_slots(self) -> None:
+        """On aws the gateways' slots follow the instances (gpuplat_gateway_targets.py, on a timer): a canary
+        slot leaves maintenance once its canary answers, here at once (one pass of the unit on each gateway)
+        rather than at the timer's next pass. Elsewhere the servers are fixed lines of haproxy.cfg."""
+        if not self.layout.slots_follow_instances:
+            return
+        for gateway in self.layout.gateways:
+            self.nodes.exec(gateway, "systemctl", "start", f"{TARGETS_UNIT}.service", timeout=120)
 
     def _wait_canary_up(self) -> None:
         wanted = len(self.layout.servers)
@@ -516,7 +631,10 @@ class Release:
     def probe_golden(self, version: ModelVersion) -> None:
         """Ask each canary server `version`'s golden set (infra/serving/golden.py) while its share is 0: a
         wrong answer stops the canary before it took any request and refuses the version."""
-        path = f"{version.location.rstrip('/')}/{GOLDEN_FILE}"
+        source = version_source(
+            version_environment(version, self.layout.engine, self.layout.versions_from_object_store)
+        )
+        path = f"{(source[1] if source else version.location).rstrip('/')}/{GOLDEN_FILE}"
         for node in self.layout.servers:
             try:
                 answer = self.nodes.exec(
@@ -562,8 +680,16 @@ class Release:
         take every request while it restarts (no other server could). With `only_off`, the replicas whose
         version file already names `version` stay as they are (taken out of drain where a promote cut short
         left one drained)."""
-        wanted = "" if version is None else version_environment(version, self.layout.engine).strip()
+        environment = (
+            None
+            if version is None
+            else version_environment(version, self.layout.engine, self.layout.versions_from_object_store)
+        )
+        wanted = (environment or "").strip()
         replicas = {node: self.stable_replicas(node) for node in self.layout.servers}
+        if self.version_record is not None:
+            self._fence("writing the stack's version record")
+            self.version_record.write(environment)
         drained = only_off and self.figures().servers_up.get(STABLE_BACKEND, 0) < sum(
             map(len, replicas.values())
         )
@@ -609,9 +735,8 @@ class Release:
         )
         if refusal is not None:
             raise ServeRefused(refusal)
-        version_environment(
-            candidate, self.layout.engine
-        )  # refuses a path servers cannot read, before any change
+        # Refuses a location the servers cannot read, before any change.
+        version_environment(candidate, self.layout.engine, self.layout.versions_from_object_store)
         self.say(f"starting {candidate.reference} in the canary slot of {', '.join(self.layout.servers)}")
         self.start_canary(candidate)
         self.probe_golden(candidate)

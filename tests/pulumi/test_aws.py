@@ -17,6 +17,7 @@ from infra.platform.boot_time import expected_boot_s
 from infra.platform.resolve import ResolvedPlatform, load_platform
 from infra.platform.serving_layout import startup_budget_s
 from infra.platform.storage import aggregate_gbps
+from infra.spec.load import stack_file
 
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
 ASG = "aws:autoscaling/group:Group"
@@ -87,6 +88,11 @@ def test_inference_accepts_only_the_gateway_group(aws_prod: Recording) -> None:
     ]
     assert {r["referencedSecurityGroupId"] for r in rules} == {"aws-prod-service-sg-id"}
     assert 8000 in {r["fromPort"] for r in rules}
+    # Every replica's port (8000 + i), and the canary slot `gpuplat serve deploy --canary` starts.
+    replicas = load_platform(stack_file("aws-prod")).serving_layout
+    assert replicas is not None
+    assert (8000, 8000 + replicas.replicas - 1) in {(r["fromPort"], r["toPort"]) for r in rules}
+    assert (8100, 8100) in {(r["fromPort"], r["toPort"]) for r in rules}
     # The gateways' agent check of each node's scaling agent (a Spot interruption drains it).
     assert NODE_AGENT_PORT in {r["fromPort"] for r in rules}
 

@@ -38,6 +38,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import load_script
 from tests.roles.test_serving_discovery import REGION, STACK, targets_program
 from tests.roles.test_serving_templates import ROLES, cluster, render, role_vars, scaling_agent
 
@@ -54,6 +55,12 @@ HOST_PROGRAMS = {"/usr/sbin/haproxy": str(HAPROXY), "/usr/bin/python3": sys.exec
 pytestmark = pytest.mark.skipif(
     HAPROXY is None, reason="no haproxy binary: scripts/setup-host.sh installs Debian's package"
 )
+
+
+def canary_program() -> ModuleType:
+    """roles/inference_gateway/files/gpuplat_gateway_canary.py (it imports the targets program's client)."""
+    targets_program()
+    return load_script(ROLES / "inference_gateway" / "files" / "gpuplat_gateway_canary.py")
 
 
 def free_port() -> int:
@@ -205,6 +212,7 @@ class Gateway:
     dropin: dict[str, list[str]] = field(init=False)
     master: subprocess.Popen[bytes] | None = None
     replicas: list[ModelServer] = field(default_factory=list)
+    canary_port: int = field(default_factory=lambda: free_port())
 
     def __post_init__(self) -> None:
         variables = role_vars(
@@ -219,6 +227,7 @@ class Gateway:
                 "inference_gateway_bind_address": "127.0.0.1",
                 "inference_gateway_metrics_port": free_port(),
                 "inference_gateway_server_port": self.server_port,
+                "inference_gateway_canary_port": self.canary_port,
                 "inference_gateway_agent_port": self.agent_port,
                 "inference_gateway_health_interval_s": 1,
                 "inference_gateway_timeout_s": 20,
@@ -230,7 +239,11 @@ class Gateway:
             __inference_gateway_admin_socket=str(self.directory / "admin.sock"),
             __inference_gateway_state_file=str(self.directory / "state" / "server-state"),
             __inference_gateway_targets_dir=str(ROLES / "inference_gateway" / "files"),
+            __inference_gateway_version_map=str(self.directory / "versions.map"),
         )
+        # As the role creates it before the configuration (every draw to the stable backend).
+        canary = canary_program()
+        canary.write_map(Path(variables["__inference_gateway_version_map"]), canary.version_map(0))
         self.variables = variables
         config = render(TEMPLATES / "haproxy.cfg.j2", {**variables, "__inference_gateway_backends": []})
         # The host's own settings: no privilege drop (the test may run as any user), no daemon (the

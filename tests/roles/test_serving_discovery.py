@@ -167,9 +167,12 @@ def test_aws_gateway_has_disabled_slots_the_targets_program_fills() -> None:
     config = haproxy("aws", max_servers=6, infer_hosts=False)
     # Named by host, so that HAProxy 2.6 restores their addresses from the state file (init-addr last);
     # 127.0.0.1 and disabled only where there is no state (test_gateway_reload.py runs it).
+    # The canary backend: one slot per instance the pool may have (6 slots / 2 replicas per instance), at the
+    # instance's canary port, filled the same way (test_gateway_aws_canary.py).
     assert servers(config) == [
         f"slot-{i} slot-{i}.gpuplat.invalid:8000 init-addr last,127.0.0.1 disabled" for i in range(1, 7)
-    ]
+    ] + [f"canary-{i} canary-{i}.gpuplat.invalid:8100 init-addr last,127.0.0.1 disabled" for i in range(1, 4)]
+    assert "use_backend %[rand(100),map_int(/etc/haproxy/gpuplat-versions.map,inference)]" in config
     assert "stats socket /run/haproxy/admin.sock mode 660 level admin expose-fd listeners" in config
     for backend in ("aws", "local"):
         assert "load-server-state-from-file global" in haproxy(backend), backend
@@ -485,6 +488,10 @@ def test_the_units_run_the_program_with_the_inventory_values() -> None:
     config = render(HAPROXY, {**variables, "__inference_gateway_backends": []})
     assert f"stats socket {args.socket} " in config
     assert servers(config)[0].startswith(f"{args.slot_prefix}1 ")
+    # The canary backend's slots: the backend, prefix and port the configuration gives them.
+    assert (args.canary_backend, args.canary_port) == ("inference_canary", 8100)
+    assert f"backend {args.canary_backend}\n" in config
+    assert f"    server {args.canary_slot_prefix}1 {args.canary_slot_prefix}1.gpuplat.invalid:8100 " in config
     timer = render(templates / "gpuplat-gateway-targets.timer.j2", variables)
     assert "OnUnitActiveSec=15s" in timer and "OnActiveSec=" in timer
     # It saves the state where HAProxy loads it from, in a directory systemd creates under /run.

@@ -17,6 +17,7 @@ from infra.backends.aws.bootstrap import (
     bundle_digest,
     bundle_key,
     node_inventory,
+    serving_replicas,
 )
 from infra.platform.resolve import ResolvedPlatform
 from infra.spec.defaults import os_release
@@ -34,7 +35,50 @@ def _script(platform: ResolvedPlatform, pool: str, node_name: str = "") -> str:
         inventory=node_inventory(platform, platform.pool(pool)),
         os_release=os_release(platform.spec),
         node_name=node_name,
+        serving_replicas=serving_replicas(platform, platform.pool(pool)),
     ).render()
+
+
+def test_the_serving_pools_nodes_boot_on_the_recorded_version(
+    shipped_platforms: dict[str, ResolvedPlatform],
+) -> None:
+    """The serving pool's boot names the stack's version record and its replicas (node_join writes the
+    record's version file for each before Ansible starts them); other pools read nothing of it."""
+    platform = shipped_platforms["aws-prod"]
+    settings = {
+        pool: dict(
+            line.split("=", 1)
+            for line in _script(platform, pool).splitlines()
+            if line.startswith("GPUPLAT_SERVING")
+        )
+        for pool in ("infer", "train")
+    }
+    assert settings["infer"] == {
+        "GPUPLAT_SERVING_PARAMETER": "/gpuplat/aws-prod/serving/version",
+        "GPUPLAT_SERVING_REPLICAS": "1",
+        "GPUPLAT_SERVING_DIR": "/etc/gpuplat-inference",
+    }
+    assert (
+        settings["train"]["GPUPLAT_SERVING_PARAMETER"] == "''"
+        and settings["train"]["GPUPLAT_SERVING_REPLICAS"] == "0"
+    )
+    joined = node_join.JoinSettings.from_environment(
+        {
+            **{
+                key: "x"
+                for key in ("GPUPLAT_STACK", "GPUPLAT_REGION", "GPUPLAT_BUCKET", "GPUPLAT_BUNDLE_KEY")
+            },
+            **{key: "x" for key in ("GPUPLAT_GROUP_VARS_KEY", "GPUPLAT_MUNGE_PARAMETER", "GPUPLAT_WORK")},
+            "GPUPLAT_NAME_WAIT_S": "1",
+            "GPUPLAT_FETCH_WAIT_S": "1",
+            **settings["infer"],
+        }
+    )
+    assert (joined.serving_parameter, joined.serving_replicas, str(joined.serving_dir)) == (
+        "/gpuplat/aws-prod/serving/version",
+        1,
+        "/etc/gpuplat-inference",
+    )
 
 
 def test_boot_script_is_valid_bash(shipped_platforms: dict[str, ResolvedPlatform]) -> None:

@@ -212,10 +212,6 @@ def test_serve_refuses_a_stack_it_cannot_drive(write_stack: Callable[..., Path])
 
     with pytest.raises(SpecError, match="serves no model"):
         serving_layout(load_platform(write_stack("local", no_serving)))
-    with pytest.raises(
-        SpecError, match=r"is on aws \(slurm\): `gpuplat serve` drives the gateways' canary backend"
-    ):
-        serving_layout(load_platform(write_stack("aws-prod", lambda _: None)))
     for kubernetes in ("aws-k8s", "onprem-k8s"):
         with pytest.raises(SpecError, match=r"runs on Kubernetes \(kueue\): `gpuplat serve` does not reach"):
             serving_layout(load_platform(write_stack(kubernetes, lambda _: None)))

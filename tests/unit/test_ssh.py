@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from infra.errors import GpuPlatError
-from infra.nodes.reach import node_command, ssm_nodes
+from infra.nodes.reach import node_command, ssm_nodes, stack_instances
 from infra.nodes.remote import SshNodes, SshSettings
 from infra.platform.resolve import ResolvedPlatform, load_platform
 from tests.conftest import moto_image
@@ -117,8 +117,13 @@ def test_an_aws_stacks_nodes_are_its_running_instances_named_as_its_inventory_na
     head = _launch(ec2, {"gpuplat:stack": "aws-reach", "gpuplat:node": "head-0"})
     scaled = _launch(ec2, {"gpuplat:stack": "aws-reach", "gpuplat:pool": "infer"})
     _launch(ec2, {"gpuplat:stack": "aws-reach-2", "gpuplat:node": "head-0"})
-    nodes = ssm_nodes(platform, ec2, ssm=object())
+    instances = stack_instances(platform, ec2)
+    nodes = ssm_nodes(platform, instances, ssm=object())
     assert nodes.instances == {"head-0": head, scaled: scaled}
+    # The serving pool's instance by its pool tag, at the private address the gateways' slots name.
+    assert [(i.node, i.pool, i.address.startswith("10.")) for i in instances if i.node == scaled] == [
+        (scaled, "infer", True)
+    ]
     assert node_command(platform, scaled, ["true"], ec2)[6] == scaled
 
 

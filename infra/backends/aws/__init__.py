@@ -5,6 +5,7 @@ With scheduler.kind kueue the pools are an EKS cluster's node groups instead (in
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import math
 import secrets
@@ -22,6 +23,8 @@ from infra.backends.aws.bootstrap import (
     munge_parameter,
     node_group_vars,
     node_inventory,
+    serving_replicas,
+    serving_version_parameter,
 )
 from infra.backends.aws.controller_nodes import ControllerNodes, ControllerNodesArgs, controller_addresses
 from infra.backends.aws.gateway import GatewayEndpoint, GatewayEndpointArgs
@@ -35,6 +38,7 @@ from infra.backends.aws.iam import (
     munge_key_denied_statements,
     munge_key_statements,
     policy_document,
+    serving_version_statements,
 )
 from infra.backends.aws.network import GpuNetwork, NetworkArgs
 from infra.backends.aws.node_image import ImageBuildIdentity, ImageBuildScript, NodeImage, NodeImageArgs
@@ -51,6 +55,7 @@ from infra.backends.aws.tags import base_tags, pool_tags
 from infra.backends.base import common_outputs
 from infra.nodes.inventory import aws_ec2_config, platform_vars
 from infra.nodes.munge import munge_roles, runs_munge
+from infra.nodes.role_templates import role_defaults
 from infra.platform import zones
 from infra.platform.boot_time import expected_boot_s
 from infra.platform.resolve import ResolvedPlatform, ResolvedPool, image_parameter
@@ -59,6 +64,14 @@ from infra.spec.defaults import os_release
 from infra.spec.load import PROJECT_ROOT
 
 _REPOSITORY_PURPOSES = ("datasets", "checkpoints")
+
+
+def _version_record_policy(stack: str, role: str, scope: AccountScope) -> list[dict[str, Any]]:
+    """A node role's statements on the stack's serving version record: the inference role reads it."""
+    record = scope.ssm_parameter(serving_version_parameter(stack))
+    return serving_version_statements(record, reader=role == "infer")
+
+
 BOOTSTRAP_BUCKET = "bootstrap"
 # The aws_ssm connection plugin moves files through a bucket with presigned URLs (the operator's
 # credentials sign them; nodes need no S3 permission for it). Nothing there outlives a day.
@@ -86,6 +99,10 @@ def _network(platform: ResolvedPlatform, tags: dict[str, str]) -> GpuNetwork:
             gateway_port=spec.aws.gateway_port,
             model_server_port=spec.aws.model_server_port,
             tags=tags,
+            model_server_replicas=platform.serving_layout.replicas if platform.serving_layout else 1,
+            canary_port=int(role_defaults("inference_server")["inference_server_canary_port"])
+            if spec.serving is not None
+            else None,
         ),
     )
 
@@ -221,6 +238,7 @@ class AwsBackend:
                     os_release=os_release(spec),
                     node_name=node_name,
                     fetch_munge_key=runs_munge(platform, pool),
+                    serving_replicas=serving_replicas(platform, pool),
                     power_off_on_failure=pool.role == "train",
                 ).render()
             )
@@ -232,7 +250,20 @@ class AwsBackend:
             if p.node_type.gpu_count and spec.aws.bake_images and not spec.aws.image_id
         }
         image_builds = (
-            ImageBuildIdentity(f"{platform.name}-image-build", bootstrap_bucket.arn, munge_key.arn, tags)
+            ImageBuildIdentity(
+                f"{platform.name}-image-build",
+                bootstrap_bucket.arn,
+                munge_key.arn,
+                tags,
+                serving_record_arn=munge_key.arn.apply(
+                    lambda arn: (
+                        f"{arn.rsplit(':parameter/', 1)[0]}:parameter"
+                        f"{serving_version_parameter(platform.name)}"
+                    )
+                )
+                if spec.serving is not None
+                else None,
+            )
             if baked
             else None
         )
@@ -480,6 +511,8 @@ class AwsBackend:
                 parts.append(munge_key.arn.apply(munge_key_denied_statements))
             if role == "infer":
                 parts.append(pulumi.Output.from_input(inference_node_statements(platform.name)))
+            if platform.spec.serving is not None:
+                parts.append(scope.apply(functools.partial(_version_record_policy, platform.name, role)))
             if role == controller_role and "train" in identities:
                 parts.append(
                     pulumi.Output.all(identities["train"].role.arn, scope, vpc_arn).apply(

@@ -46,6 +46,7 @@ from infra.backends.aws.node_join import BUNDLE_KEY_VAR
 from infra.data.node_ansible_choice import node_ansible
 from infra.nodes.ansible_content import content_files
 from infra.nodes.inventory import platform_vars, pool_group, pool_vars, role_group_members
+from infra.nodes.role_templates import role_defaults
 from infra.platform import zones
 from infra.platform.resolve import ResolvedPlatform, ResolvedPool
 
@@ -60,10 +61,28 @@ NODE_BOTO3 = "boto3>=1.34,<2"
 # instance with user data input").
 USER_DATA_MAX_BYTES = 16 * 1024
 _JOIN_PROGRAM = Path(__file__).with_name("node_join.py")
+# Where the model servers' version files live (roles/inference_server; infra/serving/release.py writes them).
+SERVING_CONFIG_DIR = str(role_defaults("inference_server")["inference_server_config_dir"])
 
 
 def munge_parameter(stack: str) -> str:
     return f"/gpuplat/{stack}/munge-key"
+
+
+def serving_version_parameter(stack: str) -> str:
+    """The version record of an AWS stack's model servers (infra/serving/version_record.py): the version
+    file a promote wrote to every stable replica, which an inference instance booted later writes for its
+    own replicas before they start (node_join.py)."""
+    return f"/gpuplat/{stack}/serving/version"
+
+
+def serving_replicas(platform: ResolvedPlatform, pool: ResolvedPool) -> int:
+    """The stable replicas each node of `pool` serves, which its boot gives the stack's recorded version
+    (0: the pool serves no model)."""
+    serving, layout = platform.spec.serving, platform.serving_layout
+    if serving is None or serving.pool != pool.name:
+        return 0
+    return layout.replicas if layout is not None else 1
 
 
 def bundle_files(root: Path) -> dict[str, Path]:
@@ -177,6 +196,8 @@ class BootScript:
     fetch_munge_key: bool = True
     # A training node powers off when its bootstrap fails (the module docstring).
     power_off_on_failure: bool = False
+    # The serving pool's nodes: the stable replicas that take the stack's recorded version at boot.
+    serving_replicas: int = 0
 
     def render(self) -> str:
         inventory = yaml.safe_dump(self.inventory, sort_keys=False)
@@ -195,6 +216,11 @@ class BootScript:
             "GPUPLAT_FETCH_WAIT_S": str(FETCH_WAIT_S),
             "GPUPLAT_WORK": WORK_DIR,
             "GPUPLAT_POWER_OFF_ON_FAILURE": "1" if self.power_off_on_failure else "",
+            "GPUPLAT_SERVING_PARAMETER": (
+                serving_version_parameter(self.stack) if self.serving_replicas else ""
+            ),
+            "GPUPLAT_SERVING_REPLICAS": str(self.serving_replicas),
+            "GPUPLAT_SERVING_DIR": SERVING_CONFIG_DIR,
             "BOOT_PACKAGES": node.venv_package,
             "NODE_PIP_REQUIREMENTS": f"{node.requirement} {NODE_BOTO3}",
         }

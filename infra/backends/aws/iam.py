@@ -202,6 +202,12 @@ class AccountScope:
         owner = self.account if account is None else account
         return f"arn:{self.partition}:ec2:{self.region}:{owner}:{resource}"
 
+    def ssm_parameter(self, name: str) -> str:
+        """A parameter's ARN: a name of a hierarchy (leading /) follows `parameter` without a second slash
+        (Service Authorization Reference, AWS Systems Manager: arn:${Partition}:ssm:${Region}:${Account}:
+        parameter/${ParameterNameWithoutLeadingSlash})."""
+        return f"arn:{self.partition}:ssm:{self.region}:{self.account}:parameter/{name.lstrip('/')}"
+
 
 def cluster_manager_statements(
     stack: str,
@@ -334,6 +340,29 @@ def inference_node_statements(stack: str) -> list[dict[str, Any]]:
             "Condition": own_groups,
         }
     ]
+
+
+# Every call that changes a parameter or its metadata (Service Authorization Reference, AWS Systems Manager,
+# actions on the `parameter` resource type that write or tag).
+_PARAMETER_WRITES = [
+    "ssm:PutParameter", "ssm:DeleteParameter", "ssm:DeleteParameters", "ssm:LabelParameterVersion",
+    "ssm:UnlabelParameterVersion", "ssm:AddTagsToResource", "ssm:RemoveTagsFromResource",
+]  # fmt: skip
+
+
+def serving_version_statements(record_arn: str, reader: bool) -> list[dict[str, Any]]:
+    """The stack's serving version record (infra/serving/version_record.py): the inference nodes read it at
+    boot (`reader`); no node role writes it (a compromised model server would otherwise choose what every
+    instance started later serves), and every other node role is denied a read, whatever
+    AmazonSSMManagedInstanceCore allows (ssm:GetParameter on "*", see _PARAMETER_READS). The operator's own
+    credentials write it."""
+    read = {"Action": _PARAMETER_READS, "Resource": [record_arn]}
+    return [
+        {"Sid": "ServingVersionRead" if reader else "NoServingVersionRead",
+         "Effect": "Allow" if reader else "Deny", **read},
+        {"Sid": "NoServingVersionWrite", "Effect": "Deny", "Action": _PARAMETER_WRITES,
+         "Resource": [record_arn]},
+    ]  # fmt: skip
 
 
 def policy_document(statements: list[dict[str, Any]]) -> str:

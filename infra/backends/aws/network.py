@@ -32,6 +32,10 @@ class NetworkArgs:
     gateway_port: int
     model_server_port: int
     tags: dict[str, str]
+    model_server_replicas: int = 1
+    """replicas per inference node: replica i listens on model_server_port + i (the gateways reach each)"""
+    canary_port: int | None = None
+    """each inference node's canary slot (`gpuplat serve deploy --canary`), which the gateways route to"""
 
 
 class GpuNetwork(pulumi.ComponentResource):
@@ -179,9 +183,12 @@ class GpuNetwork(pulumi.ComponentResource):
             (args.gateway_port, args.gateway_port),
             args.cidr,
         )
-        ingress(
-            "infer-from-gateway", "infer", "service", "tcp", (args.model_server_port, args.model_server_port)
-        )
+        last_replica = args.model_server_port + max(args.model_server_replicas, 1) - 1
+        ingress("infer-from-gateway", "infer", "service", "tcp", (args.model_server_port, last_replica))
+        if args.canary_port is not None:
+            ingress(
+                "infer-canary-from-gateway", "infer", "service", "tcp", (args.canary_port, args.canary_port)
+            )
         ingress("infer-agent-from-gateway", "infer", "service", "tcp", (NODE_AGENT_PORT, NODE_AGENT_PORT))
         for port in METRICS_PORTS:
             ingress(f"infer-metrics-{port}", "infer", "service", "tcp", (port, port))

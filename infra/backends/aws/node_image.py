@@ -32,6 +32,7 @@ from infra.backends.aws.iam import (
     inline_policy,
     munge_key_denied_statements,
     service_trust_policy,
+    serving_version_statements,
 )
 from infra.backends.aws.yaml_text import safe_dump
 from infra.data.node_ansible_choice import node_ansible
@@ -191,6 +192,7 @@ class ImageBuildIdentity(pulumi.ComponentResource):
         munge_parameter_arn: pulumi.Input[str],
         tags: dict[str, str],
         opts: pulumi.ResourceOptions | None = None,
+        serving_record_arn: pulumi.Input[str] | None = None,
     ) -> None:
         super().__init__("gpu-platform:aws:ImageBuildIdentity", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
@@ -203,6 +205,9 @@ class ImageBuildIdentity(pulumi.ComponentResource):
         inline_policy(f"{name}-bundle", role, bootstrap_bucket_arn, bootstrap_statements, child)
         # The build runs no munged, and its instance's SSM core policy would read the key.
         inline_policy(f"{name}-no-munge-key", role, munge_parameter_arn, munge_key_denied_statements, child)
+        # Nor the serving version record (iam.serving_version_statements).
+        if serving_record_arn is not None:
+            inline_policy(f"{name}-no-serving-record", role, serving_record_arn, _no_serving_record, child)
         self.profile = aws.iam.InstanceProfile(f"{name}-profile", role=role.name, tags=tags, opts=child)
         lifecycle = aws.iam.Role(
             f"{name}-lifecycle-role",
@@ -366,3 +371,7 @@ class NodeImage(pulumi.ComponentResource):
 def _first_ami(resources: Any) -> str:
     """The AMI of the build's output resources (Image Builder distributes to the build's own region)."""
     return str(resources[0].amis[0].image)
+
+
+def _no_serving_record(record_arn: str) -> list[dict[str, Any]]:
+    return serving_version_statements(record_arn, reader=False)

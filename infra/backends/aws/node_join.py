@@ -24,7 +24,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 IMDS_URL = "http://169.254.169.254"
 MUNGE_KEY_FILE = Path("/etc/gpuplat/munge.key")
@@ -56,6 +56,10 @@ class JoinSettings:
     name_wait_s: float
     fetch_wait_s: float
     work: Path
+    serving_parameter: str = ""
+    """the stack's serving version record (an SSM parameter); empty: the node serves no model"""
+    serving_replicas: int = 0
+    serving_dir: Path = Path("/etc/gpuplat-inference")
 
     @classmethod
     def from_environment(cls, env: dict[str, str]) -> JoinSettings:
@@ -71,6 +75,9 @@ class JoinSettings:
                 name_wait_s=float(env["GPUPLAT_NAME_WAIT_S"]),
                 fetch_wait_s=float(env["GPUPLAT_FETCH_WAIT_S"]),
                 work=Path(env["GPUPLAT_WORK"]),
+                serving_parameter=env.get("GPUPLAT_SERVING_PARAMETER", ""),
+                serving_replicas=int(env.get("GPUPLAT_SERVING_REPLICAS") or 0),
+                serving_dir=Path(env.get("GPUPLAT_SERVING_DIR") or "/etc/gpuplat-inference"),
             )
         except (KeyError, ValueError) as err:
             raise BootError(f"boot settings incomplete: {err}") from err
@@ -192,6 +199,8 @@ def fetch(
     settings.work.mkdir(parents=True, exist_ok=True)
     (settings.work / "all.json").write_bytes(group_vars)
     (settings.work / "bundle.zip").write_bytes(bundle)
+    if settings.serving_parameter:
+        serve_recorded_version(settings, ssm, s3)
     if not settings.munge_parameter:  # a node that runs no munged may not read the key
         return
     key = until(settings.fetch_wait_s, f"SSM parameter {settings.munge_parameter}", munge_key, sleep)
@@ -199,6 +208,58 @@ def fetch(
     descriptor = os.open(munge_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o400)
     with os.fdopen(descriptor, "wb") as handle:
         handle.write(key)
+
+
+# An object-store version's line in its version file: the URI, a space, the node's copy (infra/serving/
+# release.py SOURCE_MARK and version_environment write it; this program runs alone on the node).
+SOURCE_MARK = "# gpuplat source: "
+
+
+def copy_version(s3: Any, source: str, local: Path) -> None:
+    """Every object under `source` (s3://bucket/prefix) into `local`, as `aws s3 sync` copies them."""
+    bucket, _, prefix = source.removeprefix("s3://").partition("/")
+    prefix = prefix.rstrip("/") + "/"
+    root = local.resolve()
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for item in page.get("Contents", []):
+            relative = str(item["Key"])[len(prefix) :]
+            target = (root / relative).resolve()
+            if not relative or relative.endswith("/"):
+                continue
+            if not target.is_relative_to(root):
+                raise BootError(f"{source}: object {item['Key']} would land outside {root}")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            s3.download_file(bucket, item["Key"], str(target))
+
+
+def serve_recorded_version(settings: JoinSettings, ssm: Any, s3: Any = None) -> None:
+    """The version the stack's stable replicas serve (infra/serving/version_record.py): copied from the
+    object store to this node's disk where it lives there, then its version file written for each of this
+    node's replicas before Ansible starts them, as `gpuplat serve` wrote it on the nodes running at the last
+    promote. No record: the stack's own model (no file). A record that cannot be read, or a version that
+    cannot be copied, fails the boot: a node must not serve another version than its peers."""
+    try:
+        text = str(ssm.get_parameter(Name=settings.serving_parameter)["Parameter"]["Value"])
+    except Exception as err:
+        if _missing(err):
+            return
+        raise BootError(f"cannot read the version record {settings.serving_parameter}: {err}") from err
+    for line in text.splitlines():
+        if line.startswith(SOURCE_MARK):
+            source, _, local = line.removeprefix(SOURCE_MARK).partition(" ")
+            try:
+                copy_version(s3, source, Path(local))
+            except BootError:
+                raise
+            except Exception as err:
+                raise BootError(f"cannot copy the recorded version from {source}: {err}") from err
+    settings.serving_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+    for replica in range(settings.serving_replicas):
+        path = settings.serving_dir / f"version-{replica}.env"
+        partial = path.with_name(f".{path.name}.partial")
+        partial.write_text(text)
+        partial.chmod(0o644)
+        partial.replace(path)
 
 
 def main(env: dict[str, str] | None = None) -> int:

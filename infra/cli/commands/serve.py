@@ -14,7 +14,7 @@ from infra.cli.stack_options import JsonFlag, StackFile, StackName, platform_fro
 from infra.errors import ExitCode, GpuPlatError, SpecError
 from infra.serving.analysis import PROMOTE_READY, ROLLBACK
 from infra.serving.detach import check_detachable, detach_guard
-from infra.serving.reach import prometheus_url, stack_nodes
+from infra.serving.reach import prometheus_url, stack_reach
 from infra.serving.registry.locate import open_registry
 from infra.serving.release import (
     CANARY_BACKEND,
@@ -25,7 +25,7 @@ from infra.serving.release import (
     PROMOTED,
     STABLE_BACKEND,
     Release,
-    serving_layout,
+    servable,
 )
 
 serve = typer.Typer(
@@ -57,13 +57,22 @@ def _release(
 ) -> Release:
     platform = platform_from_options(stack, stack_file_path)
     # A stack serve cannot drive is refused before the registry is asked for: a registry would not help.
-    serving_layout(platform)
+    servable(platform)
     registry = open_registry(platform, url)
 
     def say(line: str) -> None:
         output.stderr().print(escape(line))
 
-    return Release(platform, registry, stack_nodes(platform), say, prometheus_url(platform, prometheus))
+    reach = stack_reach(platform)
+    return Release(
+        platform,
+        registry,
+        reach.nodes,
+        say,
+        prometheus_url(platform, prometheus),
+        instances=reach.instances,
+        version_record=reach.version_record,
+    )
 
 
 @serve.command()
@@ -249,6 +258,11 @@ def status(
         for r in release.replicas_serving()
     ]
     record = release.recorded(model)
+    try:
+        booted = release.booted_version()
+    except GpuPlatError as error:
+        booted = None
+        output.stderr().print(escape(f"no version record: {error.message}"))
     if json_output:
         output.print_json(
             {
@@ -257,6 +271,7 @@ def status(
                 "previous": previous.reference if previous else None,
                 "replicas": replicas,
                 "release": record,
+                "booted": booted,
             }
         )
         return
@@ -302,6 +317,10 @@ def status(
             [[r["node"], r["slot"], str(r["port"]), str(r["serves"])] for r in replicas],
         )
     )
+    if booted is not None:
+        output.stdout().print(
+            escape(f"an instance the serving pool starts now serves: {booted or 'serving.model (no record)'}")
+        )
 
 
 def _served(answering: bool, version: str | None) -> str:

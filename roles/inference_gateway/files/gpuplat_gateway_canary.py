@@ -104,11 +104,11 @@ def share(api: RuntimeApi, map_file: Path, percent: int) -> dict[str, Any]:
         answer = api.send(f"set map {map_file} {draw} {backend}").strip()
         if answer:
             raise RuntimeApiError(f"HAProxy refused 'set map {map_file} {draw} {backend}': {answer}")
-    _write_map(map_file, wanted)
+    write_map(map_file, wanted)
     return show(api, map_file)
 
 
-def _write_map(map_file: Path, entries: dict[int, str]) -> None:
+def write_map(map_file: Path, entries: dict[int, str]) -> None:
     text = "".join(f"{draw} {backend}\n" for draw, backend in sorted(entries.items()))
     handle, temporary = tempfile.mkstemp(dir=map_file.parent, prefix=f".{map_file.name}.")
     with os.fdopen(handle, "w") as out:

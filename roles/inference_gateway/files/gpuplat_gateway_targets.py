@@ -26,7 +26,10 @@ on the gateway:
   5. instances the Auto Scaling group is terminating (lifecycle state Terminating:Wait, held there by
      the group's termination hook) are drained, not cut: `set server ... state drain` keeps their
      requests in flight running and sends them no new one;
-  6. with --state-file, once it changed a slot (or where the file is missing) it saves the servers'
+  6. with --canary-backend, the canary backend's slots the same way, one per instance at its canary
+     port (--canary-port): a slot leaves maintenance once the canary there answers /health, so only
+     the instances where `gpuplat serve deploy` started a canary take the canary's share;
+  7. with --state-file, once it changed a slot (or where the file is missing) it saves the servers'
      state there, the file haproxy.cfg's server-state-file names: a HAProxy that starts again, even
      after a crash, finds the slots' last addresses and states in it (haproxy.cfg.j2, init-addr last).
 
@@ -239,6 +242,17 @@ def parse_servers_state(text: str, backend: str, prefix: str) -> list[Slot]:
 
 
 @dataclass(frozen=True)
+class CanarySlots:
+    """The canary backend's slots: one per instance, at the instance's canary port (`gpuplat serve`
+    starts a canary there on the instances of a release; elsewhere nothing answers and the slot stays in
+    maintenance)."""
+
+    backend: str
+    prefix: str
+    port: int
+
+
+@dataclass(frozen=True)
 class Plan:
     commands: list[str]
     unplaced: list[Target]
@@ -432,8 +446,10 @@ def sync(
     state_file: Path | None = None,
     dry_run: bool = False,
     echo: Callable[[str], None] = print,
+    canary: CanarySlots | None = None,
 ) -> Plan:
-    """One pass: list the instances, read the slots, send what differs. Returns what it planned."""
+    """One pass: list the instances, read the slots (the canary backend's too, with `canary`), send what
+    differs. Returns what it planned."""
     instances = running_instances(ec2, stack, role, pools)
     addresses = sorted({instance.address for instance in instances.values()}, key=_address_key)
     leaving = terminating_addresses(autoscaling, instances) if autoscaling and instances else set()
@@ -442,20 +458,29 @@ def sync(
     if not slots:
         raise RuntimeApiError(f"backend {backend} has no server slot named {prefix}*")
     result = plan(slots, wanted, backend, leaving, healthy)
-    for command in result.commands:
+    canary_result = Plan([], [], [])
+    if canary is not None:
+        canary_slots = api.slots(canary.backend, canary.prefix)
+        if not canary_slots:
+            raise RuntimeApiError(f"backend {canary.backend} has no server slot named {canary.prefix}*")
+        # One canary slot per instance; it stays in maintenance while no canary answers there.
+        canary_wanted = wanted_targets(addresses, canary.port, 1)
+        canary_result = plan(canary_slots, canary_wanted, canary.backend, leaving, healthy)
+    for command in result.commands + canary_result.commands:
         if dry_run:
             echo(command)
         else:
             LOG.info("%s", command)
             api.apply(command)
-    if state_file is not None and not dry_run and (result.commands or not state_file.exists()):
+    changed = result.commands + canary_result.commands
+    if state_file is not None and not dry_run and (changed or not state_file.exists()):
         save_state(api, state_file)
     LOG.info(
         "%d instance(s), %d target(s), %d slot(s), %d command(s)",
         len(addresses),
         len(wanted),
         len(slots),
-        len(result.commands),
+        len(changed),
     )
     if cloudwatch is not None:
         serving = [i for i in instances.values() if i.address not in leaving]
@@ -469,6 +494,13 @@ def sync(
             "waiting for the health of %s: in maintenance until it answers",
             ", ".join(f"{a}:{p}" for a, p in result.unhealthy),
         )
+    if canary_result.unplaced:
+        LOG.error(
+            "%d instance(s) without a canary slot: the infer pool outgrew the %d slots of %s",
+            len(canary_result.unplaced),
+            len(canary_slots),
+            canary.backend if canary else "",
+        )
     if result.unplaced:
         LOG.error(
             "%d target(s) without a slot (%s): the infer pool outgrew the %d slots of the gateway "
@@ -477,7 +509,7 @@ def sync(
             ", ".join(f"{a}:{p}" for a, p in result.unplaced),
             len(slots),
         )
-    return result
+    return Plan(changed, result.unplaced + canary_result.unplaced, result.unhealthy)
 
 
 def aws_clients(region: str, endpoint_url: str | None) -> tuple[Any, Any, Any]:
@@ -600,6 +632,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--state-file", type=Path, default=None, help="save the servers' state here after a change"
     )
     sync_parser.add_argument("--dry-run", action="store_true", help="print the commands, send none")
+    sync_parser.add_argument("--canary-backend", default=None, help="also fill this backend's canary slots")
+    sync_parser.add_argument("--canary-slot-prefix", default="canary-")
+    sync_parser.add_argument("--canary-port", type=int, default=None, help="each instance's canary port")
     save_parser = commands.add_parser("save-state", help="save the servers' state for the next process")
     save_parser.add_argument("file", type=Path)
     for name, what in (("drain", "drain the servers at HOST:PORT"), ("ready", "take them out of drain")):
@@ -609,6 +644,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.command == "sync" and args.replicas < 1:
         parser.error("--replicas must be at least 1")
+    if args.command == "sync" and (args.canary_backend is None) != (args.canary_port is None):
+        parser.error("--canary-backend and --canary-port go together")
     return args
 
 
@@ -633,6 +670,11 @@ def run_sync(args: argparse.Namespace, api: RuntimeApi) -> int:
             healthy=http_health(args.health_path),
             state_file=args.state_file,
             dry_run=args.dry_run,
+            canary=(
+                None
+                if args.canary_backend is None
+                else CanarySlots(args.canary_backend, args.canary_slot_prefix, args.canary_port)
+            ),
         )
     except (BotoCoreError, ClientError) as exc:  # raised before any command: HAProxy unchanged
         LOG.error("listing the instances failed, HAProxy left as it is: %s", exc)
