@@ -250,7 +250,8 @@ class DetachedGuard:
             # may have written a new release's state (its guard's restart comes after), which a save of the
             # state read before would overwrite.
             self.state = self._read_state()
-            while self.state["phase"] != DONE and not self.stopping:
+            # A rollback begun is finished even when stopping: one command, and the canary is out.
+            while self.state["phase"] != DONE and (not self.stopping or self.state["phase"] == ROLLING_BACK):
                 if not lock.held():
                     raise GpuPlatError(
                         f"the detached guard of '{self.model}' lost its release lock: it stops"

@@ -842,3 +842,18 @@ def test_a_guard_failing_at_every_start_is_not_restarted_for_ever() -> None:
         f"{detach.FLUSH_STARTS} {unit}",
         f"systemctl restart {unit}",
     ]
+
+
+def test_a_guard_stopped_with_a_rollback_begun_finishes_it_first(tmp_path: Path) -> None:
+    rules = Canary(min_requests=10, interval_s=30, intervals=2)
+    node = Node(share=20, canary_fails=True)
+    clock = Clock(node)
+    started(tmp_path, node, clock, rules)
+    state = guard_state.read_whole(state_path(MODEL, str(tmp_path)))
+    assert state is not None
+    state.update(phase=guard_service.ROLLING_BACK, verdict={"action": ROLLBACK, "reason": "errors"})
+    guard_state.write_whole(state_path(MODEL, str(tmp_path)), state)  # saved before a kill, then a stop
+    guard = guard_of(tmp_path, node, clock)
+    guard.stop()
+    guard.run()
+    assert node.shares == [0] and guard.state["phase"] == DONE
