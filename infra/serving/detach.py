@@ -22,7 +22,7 @@ from pathlib import Path
 
 from infra.errors import GpuPlatError
 from infra.serving.analysis import Guard, RulesRead
-from infra.serving.guard_service import initial_state, lock_heir
+from infra.serving.guard_service import SERVICE, initial_state, lock_heir, unit_name
 from infra.serving.release import (
     CANARY_BACKEND,
     CANARY_PORT,
@@ -43,7 +43,6 @@ def bundle_path(model: str) -> str:
     return f"{BUNDLE_DIR}/guard@{model}.pyz"
 
 
-SERVICE = "gpuplat-serve-guard"
 BUNDLED = (
     "__init__.py",
     "errors/__init__.py",
@@ -61,19 +60,35 @@ MAIN = "import sys\nfrom infra.serving.guard_service import main\nsys.exit(main(
 # and resumes; one that ended (exit 0) stays ended, and so does a later start (its state says so).
 # systemd.service(5), Restart=: on-failure restarts on an unclean exit code or signal, never after a stop or
 # restart systemd itself was asked for (freedesktop.org/software/systemd/man/systemd.service.html#Restart=).
+# A guard that fails at every start stops being started after the fifth start within half an hour: units
+# "started more than burst times within an interval time span are not permitted to start any more", and this
+# applies to the restarts Restart= makes (systemd.unit(5) of systemd 252, Debian 12's, StartLimitIntervalSec=,
+# StartLimitBurst=, in [Unit]). The manager's default, 5 starts in 10 s (systemd-system.conf(5),
+# DefaultStartLimitIntervalSec=), never stopped a guard restarted every 5 s. `deploy --detach` flushes the
+# count (FLUSH_STARTS) before it starts a new release's guard.
+# KillMode=mixed: a stop sends SIGTERM to the guard alone (its handler ends the look under way, saves its
+# state and frees the release lock), not to the gateway program it may be running; what is left after the
+# guard exited, or after TimeoutStopSec, gets SIGKILL (systemd.kill(5) of systemd 252, KillMode=).
 UNIT = f"""[Unit]
 Description=gpuplat serve: the detached canary guard of %i
 After=network-online.target haproxy.service
+StartLimitIntervalSec=30min
+StartLimitBurst=5
 
 [Service]
 Type=simple
 ExecStart=/usr/bin/python3 {bundle_path("%i")} %i
 Restart=on-failure
 RestartSec=5
+KillMode=mixed
 
 [Install]
 WantedBy=multi-user.target
 """
+# A guard's start count flushed (systemctl reset-failed) before a release starts it; a unit that is not loaded
+# has no count ("Unit ... not loaded": systemd drops the count when it unloads a unit, systemd.unit(5),
+# StartLimitIntervalSec=), and only a failed unit that could not be reset is an error.
+FLUSH_STARTS = 'systemctl reset-failed "$1" 2>/dev/null || ! systemctl is-failed --quiet "$1"'
 WRITE = 'mkdir -p "$(dirname "$1")" && printf %s "$2" | base64 -d > "$1.tmp" && mv "$1.tmp" "$1"'
 
 
@@ -86,10 +101,6 @@ def bundle() -> bytes:
             archive.write(package / name, f"infra/{name}")
         archive.writestr("__main__.py", MAIN)
     return buffer.getvalue()
-
-
-def unit_name(model: str) -> str:
-    return f"{SERVICE}@{model}.service"
 
 
 def check_detachable(release: Release) -> None:
@@ -163,6 +174,7 @@ def detach_guard(release: Release, model: str, candidate: str, share: int, durat
         release.hand_over(model, lock_heir(model))
         release.nodes.exec(gateway, "systemctl", "daemon-reload")
         release.nodes.exec(gateway, "systemctl", "enable", unit)
+        release.nodes.exec(gateway, "sh", "-c", FLUSH_STARTS, "sh", unit)
         release.nodes.exec(gateway, "systemctl", "restart", unit)
     except GpuPlatError as error:
         raise GpuPlatError(

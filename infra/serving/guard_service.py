@@ -21,6 +21,7 @@ release record (STATE_DIR/MODEL.json, what `serve status` shows) says each time 
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -38,6 +39,12 @@ from infra.serving.metrics_text import METRICS_READ, GatewayFigures, parse_metri
 STATE_DIR = "/var/lib/gpuplat-serve"
 RUNNING, DONE = "running", "done"
 GATED, ROLLING_BACK = "gated", "rolling back"
+STOPPED = "stopped"
+"""the record's phase while a guard stopped before its verdict (SIGTERM: `systemctl stop`, a shutdown)"""
+SERVICE = "gpuplat-serve-guard"
+PAUSE_SLICE_S = 0.5
+"""a stopped guard's wait ends within this (the signal handler only sets a flag: it runs between bytecodes
+of the main thread, which may hold any lock then)"""
 TAKE_LOCK_S = 3 * LEASE_S
 """how long a starting guard waits for the release lock (its starter holds it until it exits)"""
 
@@ -46,6 +53,10 @@ def lock_heir(model: str) -> str:
     """The name the release lock is held under between `deploy --detach` handing it over and the guard
     taking it (it names no pid: nobody takes it over as gone, only once its lease ended)."""
     return f"handed over to the detached guard of {model}"
+
+
+def unit_name(model: str) -> str:
+    return f"{SERVICE}@{model}.service"
 
 
 def state_path(model: str, folder: str = STATE_DIR) -> str:
@@ -82,12 +93,24 @@ class DetachedGuard:
         folder: str = STATE_DIR,
         nodes: LocalNodes | None = None,
         clock: Callable[[], float] = time.time,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], None] | None = None,
     ) -> None:
         self.model, self.folder = model, folder
         self.nodes = nodes or LocalNodes()
-        self.clock, self.sleep = clock, sleep
+        self.clock, self.sleep = clock, sleep or self._pause
+        self.stopping = False
         self.state = self._read_state()
+
+    def stop(self) -> None:
+        """SIGTERM's handler: the look under way ends, then the guard saves its state and lets the lock go
+        (a stop left the lock to its lease: a minute in which `serve rollback` and `promote` met it)."""
+        self.stopping = True
+
+    def _pause(self, seconds: float) -> None:
+        """time.sleep in slices: a signal handler that returns resumes a sleep where it was (PEP 475)."""
+        deadline = time.monotonic() + seconds
+        while not self.stopping and (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(left, PAUSE_SLICE_S))
 
     def _read_state(self) -> dict[str, Any]:
         found = read_whole(state_path(self.model, self.folder))
@@ -167,11 +190,19 @@ class DetachedGuard:
         state = self.state
         verdict = state.get("verdict") or {"action": CONTINUE, "reason": "no look yet"}
         phase = {ROLLBACK: "rolled back"}.get(verdict["action"], verdict["action"])
-        if state["phase"] == RUNNING:
+        guard_phase = state["phase"]
+        if guard_phase == RUNNING:
             phase = "analysing"
         detail = f"{self.step_label()}: {verdict['reason']}"
         if state.get("remains"):
             detail += f". Left to the operator: {state['remains']}"
+        if self.stopping and guard_phase != DONE:
+            phase = guard_phase = STOPPED
+            detail += (
+                f". The detached guard was stopped before its verdict and nothing watches the canary: "
+                f"`systemctl start {unit_name(self.model)}` on this node resumes it from its state, "
+                f"`gpuplat serve rollback {self.model}` takes the canary out"
+            )
         return {
             "phase": phase,
             "detail": detail,
@@ -180,7 +211,7 @@ class DetachedGuard:
             "at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self.clock())),
             "by": f"the detached guard (gpuplat-serve-guard@{self.model} on {socket.gethostname()})",
             "guard": {
-                "state": state["phase"],
+                "state": guard_phase,
                 "step": self.step_label(),
                 "verdict": verdict,
                 "looks": state["looks"],
@@ -198,6 +229,7 @@ class DetachedGuard:
     def run(self) -> None:
         if self.state["phase"] == DONE:
             say(f"the release of '{self.model}' ended before: {self.state['verdict']['reason']}")
+            self.disable()
             return
         lock = ReleaseLock(self.nodes, self.state["gateway"], self.model, "the detached guard", say)
         waited_until = self.clock() + TAKE_LOCK_S
@@ -210,19 +242,38 @@ class DetachedGuard:
                     raise
                 say(f"waiting for the release lock: {refused.message}")
                 self.sleep(2)
+                if self.stopping:
+                    say(f"stopped while waiting for the release lock of '{self.model}'")
+                    return
         try:
             # Read again under the lock: while this process waited for it, a `deploy --detach` of the model
             # may have written a new release's state (its guard's restart comes after), which a save of the
             # state read before would overwrite.
             self.state = self._read_state()
-            while self.state["phase"] != DONE:
+            # A rollback begun is finished even when stopping: one command, and the canary is out.
+            while self.state["phase"] != DONE and (not self.stopping or self.state["phase"] == ROLLING_BACK):
                 if not lock.held():
                     raise GpuPlatError(
                         f"the detached guard of '{self.model}' lost its release lock: it stops"
                     )
                 self.look()
+            if self.stopping and self.state["phase"] != DONE:
+                self.save()  # the record says it stopped; the state, whole, is what a start resumes from
+                say(
+                    f"stopped: the release of '{self.model}' resumes from its state at the guard's next start"
+                )
         finally:
             lock.release()
+        if self.state["phase"] == DONE:
+            self.disable()
+
+    def disable(self) -> None:
+        """A guard whose release ended is not started again at the node's next boot (it would only find its
+        state done and exit)."""
+        try:
+            self.nodes.exec(self.state["gateway"], "systemctl", "disable", unit_name(self.model), timeout=30)
+        except GpuPlatError as error:
+            say(f"{unit_name(self.model)} stays enabled: {error.message}")
 
     def look(self) -> None:
         """One step of the release: a rollback begun finished, a step begun, or one look at the analysis."""
@@ -239,6 +290,8 @@ class DetachedGuard:
             self.begin_step()
             return
         self.sleep(state["look_s"])
+        if self.stopping:
+            return
         now = self.clock()
         guard = Guard.from_json(self.rules, state["guard"])
         try:
@@ -382,6 +435,16 @@ def init(model: str, text: str, folder: str = STATE_DIR, clock: Callable[[], flo
     write_whole(state_path(model, folder), state)
 
 
+def serve_until_stopped(guard: DetachedGuard) -> None:
+    """Run the guard with SIGTERM asking it to stop (systemd's stop signal: the unit's KillMode=mixed sends
+    it to this process alone); the handler before is back once it returns."""
+    previous = signal.signal(signal.SIGTERM, lambda number, frame: guard.stop())
+    try:
+        guard.run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(arguments: list[str] | None = None) -> int:
     """`guard.pyz MODEL` runs the guard; `guard.pyz init MODEL STATE` writes its starting state."""
     arguments = sys.argv[1:] if arguments is None else arguments
@@ -392,7 +455,7 @@ def main(arguments: list[str] | None = None) -> int:
         if len(arguments) != 1:
             say("usage: guard.pyz MODEL | guard.pyz init MODEL STATE_JSON")
             return 2
-        DetachedGuard(arguments[0]).run()
+        serve_until_stopped(DetachedGuard(arguments[0]))
     except GpuPlatError as error:
         say(error.message)
         return 1

@@ -11,7 +11,6 @@ set); elsewhere they skip, saying so.
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import subprocess
@@ -24,21 +23,18 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.serving.load import HEAD, INFER, MODEL, VERSION_HEADER, Answer, keeping_alive, node, wait_for
 from tests.unit.test_hostile_input import CliRun, run_cli
 
 GATEWAY = "http://127.0.0.1:18080/v1/embeddings"
 REGISTRY = "http://127.0.0.1:15000"
 PROMETHEUS = "http://127.0.0.1:19090"
 REPLICA_0_METRICS = "http://127.0.0.1:18000/metrics"
-HEAD, INFER = "gpuplat-molecule-head-0", "gpuplat-molecule-infer-0"
-MODEL = "sentence-transformers/all-MiniLM-L6-v2"
-VERSION_HEADER = "X-Gpuplat-Model-Version"
 REQUESTS, SHARE = 300, 20
 # Three standard deviations of the canary's count among 300 draws at 20 %: sqrt(300 x 0.2 x 0.8) = 6.9.
 TOLERANCE = 3 * (REQUESTS * 0.2 * 0.8) ** 0.5 / REQUESTS
@@ -51,14 +47,6 @@ pytestmark = pytest.mark.skipif(
     not os.environ.get("GPUPLAT_SERVING_SCENARIO"),
     reason="needs the converged serving scenario: scripts/test-serving.sh runs these",
 )
-
-
-@dataclass(frozen=True)
-class Answer:
-    sent: float
-    at: float
-    status: int
-    version: str
 
 
 def ask(text: str = "a canary release") -> Answer:
@@ -76,14 +64,6 @@ def versions_answering(count: int) -> Counter[str]:
     answers = [ask() for _ in range(count)]
     assert {a.status for a in answers} == {200}, Counter(a.status for a in answers)
     return Counter(a.version for a in answers)
-
-
-def node(container: str, *command: str) -> str:
-    done = subprocess.run(
-        ["podman", "exec", container, *command], capture_output=True, text=True, check=False
-    )
-    assert done.returncode == 0, (command, done.stderr)
-    return done.stdout
 
 
 def molecule_stack(directory: Path, max_latency_ratio: float) -> Path:
@@ -448,22 +428,14 @@ def guard_state(model: str) -> dict[str, Any]:
     return found
 
 
-def wait_for(what: str, check: Any, timeout_s: float) -> float:
-    """Seconds until `check()` holds (polled every half second); fails past `timeout_s`."""
-    started = time.monotonic()
-    while not check():
-        assert time.monotonic() - started < timeout_s, f"{what}: not within {timeout_s} s"
-        time.sleep(0.5)
-    return time.monotonic() - started
-
-
 def test_a_detached_guard_carries_the_canary_after_the_cli_exits_resumes_after_a_restart_and_rolls_it_back(
     stack: Path, model: str, first_stable: str
 ) -> None:
     """`deploy --canary --detach` returns once the canary has its share; the service on the gateway's node
-    (gpuplat-serve-guard@MODEL) carries the analysis, holds the release lock (a promote meets it), keeps its
-    evidence across a restart of itself, and when the canary fails takes its share to 0 at once: no request
-    fails but the canary's own, none after the rollback."""
+    (gpuplat-serve-guard@MODEL) carries the analysis, holds the release lock (a promote meets it), lets it go
+    at once when systemd stops it, keeps its evidence across the stop and start, and when the canary fails
+    takes its share to 0 at once: no request fails but the canary's own, none after the rollback; its unit
+    is disabled once the release ended."""
     unit = f"gpuplat-serve-guard@{model}.service"
     started = time.monotonic()
     deployed = serve(stack, "deploy", f"{model}@2", "--canary", str(SHARE), "--guard-s", "600", "--detach")
@@ -478,7 +450,13 @@ def test_a_detached_guard_carries_the_canary_after_the_cli_exits_resumes_after_a
             before = guard_state(model)
             status = json.loads(serve(stack, "status", model, "--json").out)["release"]
             assert status["phase"] == "analysing" and status["guard"]["state"] == "running", status
-            node(HEAD, "systemctl", "restart", unit)
+            # systemd's stop: SIGTERM to the guard alone, whose handler saves its state, frees the release
+            # lock at once (not at its lease's end, a minute later) and says in the record that it stopped.
+            node(HEAD, "systemctl", "stop", unit)
+            node(HEAD, "test", "!", "-e", f"/run/gpuplat-serve/{model}.lock")
+            stopped = json.loads(node(HEAD, "cat", f"/var/lib/gpuplat-serve/{model}.json"))
+            assert stopped["phase"] == "stopped" and f"systemctl start {unit}" in stopped["detail"], stopped
+            node(HEAD, "systemctl", "start", unit)
             wait_for(
                 "a look after the restart", lambda: guard_state(model)["looks"] > before["looks"] + 1, 60
             )
@@ -521,6 +499,10 @@ def test_a_detached_guard_carries_the_canary_after_the_cli_exits_resumes_after_a
     assert active.stdout.strip() == "inactive", (
         active.stdout
     )  # it ended (exit 0: systemd does not restart it)
+    enabled = subprocess.run(
+        ["podman", "exec", HEAD, "systemctl", "is-enabled", unit], capture_output=True, text=True, check=False
+    )
+    assert enabled.stdout.strip() == "disabled", enabled.stdout  # a boot of the node does not start it again
 
 
 def test_a_slower_canary_is_rolled_back_by_the_guard_for_its_latency(
@@ -619,43 +601,6 @@ def test_promote_then_rollback_returns_to_the_previous_version(
     assert status["release"]["phase"] == "rolled back", status["release"]
     again = cli(stack, "serve", "rollback", model)
     assert again.code == 1 and "no canary and no previous version" in again.err, again.err
-
-
-@contextmanager
-def keeping_alive(answers: list[Answer], failures: list[str], clients: int) -> Iterator[None]:
-    """`clients` clients sending requests through the gateway one after another, each on a connection it
-    keeps open as long as the gateway does (a new one only after an answer that says `Connection: close`).
-    Anything but a complete answer (a reset, a connection closed under a request) is a failure."""
-    stop = threading.Event()
-    body = json.dumps({"model": MODEL, "input": "a canary release"}).encode()
-
-    def client() -> None:
-        connection = http.client.HTTPConnection("127.0.0.1", 18080, timeout=30)
-        while not stop.is_set():
-            sent = time.monotonic()
-            try:
-                connection.request("POST", "/v1/embeddings", body, {"Content-Type": "application/json"})
-                reply = connection.getresponse()
-                reply.read()
-            except (OSError, http.client.HTTPException) as failure:
-                failures.append(f"{time.monotonic() - sent:.2f} s: {failure!r}")
-                connection.close()
-                continue
-            answers.append(
-                Answer(sent, time.monotonic(), reply.status, reply.getheader(VERSION_HEADER) or "-")
-            )
-            if reply.will_close:
-                connection.close()
-
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    for thread in threads:
-        thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join()
 
 
 @contextmanager

@@ -9,8 +9,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -45,6 +48,7 @@ class Node:
         self.share, self.canary_fails = share, canary_fails
         self.counts = {STABLE: [0, 0], CANARY: [0, 0]}
         self.shares: list[int] = []
+        self.systemctl: list[tuple[str, ...]] = []
         self.latency = False
 
     def metrics(self) -> str:
@@ -79,6 +83,9 @@ class Node:
             return json.dumps({"canary_percent": self.share, "backends": backends})
         if command[:2] == ("python3", "-c"):
             return self.metrics() if self.latency else ""  # none: the analysis judges the errors alone
+        if command[0] == "systemctl":
+            self.systemctl.append(command[1:])
+            return ""
         return guard_service.LocalNodes().exec(node, *command, timeout=timeout)
 
 
@@ -460,7 +467,10 @@ class DetachingRelease:
         self.nodes = SimpleNamespace(exec=self.exec)
 
     def exec(self, node: str, *command: str, timeout: float = 120) -> str:
-        self.steps.append(" ".join(command[:6]) if command[0] != "sh" else f"write {command[4]}")
+        if command[0] != "sh":
+            self.steps.append(" ".join(command[:6]))
+        else:
+            self.steps.append(f"{'write' if command[2] == detach.WRITE else command[2]} {command[4]}")
         return ""
 
     def latency_histogram_name(self) -> str:
@@ -624,3 +634,226 @@ def test_the_start_given_as_seconds_ago_is_placed_on_the_nodes_clock(tmp_path: P
     )
     guard_service.init(MODEL, json.dumps(state), str(tmp_path), clock)
     assert guard_of(tmp_path, node, clock).state["guard"]["started_s"] == clock.now - 30
+
+
+def test_a_stopped_guard_lets_the_lock_go_at_once_saves_its_state_and_resumes_when_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM (`systemctl stop`, a shutdown) in the middle of the analysis: the default action killed the
+    guard where it stood, and its release lock stayed for its lease (60 s) in which `serve rollback` and
+    `promote` met it. Now the look under way ends, the state is saved, the lock is free at once, the record
+    says nobody watches the canary, and a start resumes with the evidence."""
+    rules = Canary(min_requests=10_000, interval_s=30, intervals=4)
+    node = Node(share=20, canary_fails=False)
+    clock = Clock(node)
+    started(tmp_path, node, clock, rules)
+    waits: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        if len(waits) == 3:  # in the wait before the third look
+            os.kill(os.getpid(), signal.SIGTERM)
+        clock.sleep(seconds)
+
+    def killed(number: int, frame: Any) -> None:
+        raise Killed  # SIGTERM's default action, where the guard installs no handler of its own
+
+    previous = signal.signal(signal.SIGTERM, killed)
+    try:
+        guard = DetachedGuard(MODEL, str(tmp_path), node, clock, sleep)  # type: ignore[arg-type]
+        guard_service.serve_until_stopped(guard)
+        assert signal.getsignal(signal.SIGTERM) is killed  # its handler is the guard's only while it runs
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    saved = guard_state.read_whole(state_path(MODEL, str(tmp_path)))
+    assert saved is not None and saved["phase"] == guard_service.RUNNING and saved["looks"] == 2, saved
+    record = guard_state.read_whole(record_path(MODEL, str(tmp_path)))
+    assert record is not None and record["phase"] == "stopped" and record["guard"]["state"] == "stopped"
+    assert (
+        "nothing watches the canary: `systemctl start gpuplat-serve-guard@embedder.service`"
+        in (record["detail"])
+    )
+    promote = ReleaseLock(node, "head-0", MODEL, "promote", lambda _: None)
+    promote.take()  # free at once, not after the lease
+    promote.release()
+    assert node.systemctl == [] and node.shares == []  # still enabled: a boot resumes it
+    evidence = saved["guard"]["canary"]["total"]["requests"]
+
+    resumed = guard_of(tmp_path, node, clock)
+    resumed.look()
+    assert resumed.state["looks"] == 3
+    assert resumed.state["guard"]["canary"]["total"]["requests"] > evidence > 0
+    assert guard_state.read_whole(record_path(MODEL, str(tmp_path)))["phase"] == "analysing"  # type: ignore[index]
+
+
+def test_a_guard_stopped_while_it_waits_for_the_lock_ends_without_it(tmp_path: Path) -> None:
+    node, clock, deploy = started_by_a_locked_deploy(tmp_path)
+
+    def stopped(seconds: float) -> None:
+        guard.stop()  # SIGTERM in its first wait
+        clock.sleep(seconds)
+
+    guard = DetachedGuard(MODEL, str(tmp_path), node, clock, stopped)  # type: ignore[arg-type]
+    guard.run()
+    assert guard.state["looks"] == 0 and node.shares == [] and node.systemctl == []
+    with pytest.raises(LockRefused, match="deploy embedder@2"):  # the deploy's lock, untouched
+        ReleaseLock(node, "head-0", MODEL, "promote", lambda _: None).take()
+    deploy.release()
+
+
+def test_a_guard_whose_release_ended_disables_its_unit_even_after_a_kill_in_between(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The unit stayed enabled after its verdict: every boot of the node started a guard that found its
+    state done. Disabled once the release ends; killed between its last save and the disable, the guard
+    disables it when it starts again."""
+    node, clock, deploy = started_by_a_locked_deploy(tmp_path)
+    deploy.release()
+    guard = guard_of(tmp_path, node, clock)
+    monkeypatch.setattr(DetachedGuard, "disable", lambda self: (_ for _ in ()).throw(Killed()))
+    with pytest.raises(Killed):
+        guard.run()
+    assert guard.state["phase"] == DONE and node.systemctl == []
+    monkeypatch.undo()
+    guard_of(tmp_path, node, clock).run()  # started again at boot: its state says done
+    assert node.systemctl == [("disable", "gpuplat-serve-guard@embedder.service")]
+
+
+def test_an_inconclusive_analysis_ends_the_guard_at_once_and_leaves_the_decision(tmp_path: Path) -> None:
+    """Too few canary requests in an interval (min_requests 10000): the analysis says inconclusive after its
+    first two intervals, and the guard ends there (lock free, unit disabled, the canary's share kept), not at
+    its duration, 400 s later, with "no verdict"."""
+    rules = Canary(min_requests=10_000, interval_s=10, intervals=4)
+    node = Node(share=20, canary_fails=False)
+    clock = Clock(node)
+    started(tmp_path, node, clock, rules, duration_s=400)
+    guard = guard_of(tmp_path, node, clock)
+    guard.run()
+    verdict = guard.state["verdict"]
+    assert (
+        verdict["action"] == "inconclusive" and "could not be judged in 2 of 2 intervals" in verdict["reason"]
+    )
+    assert guard.state["phase"] == DONE and guard.state["remains"] == guard_service._decide(MODEL)
+    assert clock.now - 1_000_000 == 20 and guard.state["looks"] == 4
+    assert node.shares == [] and node.systemctl == [("disable", "gpuplat-serve-guard@embedder.service")]
+    record = guard_state.read_whole(record_path(MODEL, str(tmp_path)))
+    assert record is not None and record["phase"] == "inconclusive" and record["canary_percent"] == 20
+    ReleaseLock(node, "head-0", MODEL, "promote", lambda _: None).take()
+
+
+def test_a_guard_that_lost_its_lock_stops_before_its_next_look(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The guard's process stopped past its lease (SIGSTOP, a node frozen) between two looks: by its own
+    clock no renewal was confirmed within the lease, so another command may hold the lock now. It stops
+    before looking again: no share set, no verdict acted on."""
+    node = Node(share=20, canary_fails=False)
+    clock = Clock(node)
+    started(tmp_path, node, clock, Canary(min_requests=10_000, interval_s=30, intervals=2))
+    frozen = [0.0]
+    monkeypatch.setattr(
+        lock, "time", SimpleNamespace(monotonic=lambda: time.monotonic() + frozen[0], strftime=time.strftime)
+    )
+    guard = guard_of(tmp_path, node, clock)
+    real_look = guard.look
+
+    def look() -> None:
+        real_look()
+        frozen[0] = lock.LEASE_S  # the process stood still for a lease after its first look
+
+    guard.look = look  # type: ignore[method-assign]
+    with pytest.raises(
+        GpuPlatError, match="the detached guard of 'embedder' lost its release lock: it stops"
+    ):
+        guard.run()
+    assert guard.state["looks"] == 1 and node.shares == [] and guard.state["phase"] == guard_service.RUNNING
+    assert guard.state["verdict"]["action"] == "continue"  # looks more would end it inconclusive
+
+
+def test_a_steps_baseline_is_read_before_its_share_is_set(tmp_path: Path) -> None:
+    """Requests go on flowing while the gateway takes the next step's share: those answered at the new
+    share after the command (the canary's first ones there) belong to that step's evidence. Read after the
+    share was set, the baseline swallowed them."""
+    rules = Canary.model_validate(
+        {
+            "min_requests": 4,
+            "interval_s": 10,
+            "intervals": 2,
+            "steps": [{"percent": 5}, {"percent": 20, "manual_gate": True}, {"percent": 100}],
+        }
+    )
+
+    class Busy(Node):
+        """Fifty requests answered at each new share while the share command returns."""
+
+        before_share: tuple[int, int] = (0, 0)
+
+        def exec(self, node: str, *command: str, timeout: float = 120) -> str:
+            answer = super().exec(node, *command, timeout=timeout)
+            if command[0] == "python3" and command[1:3] and command[2] == "share":
+                self.before_share = (self.counts[CANARY][0], self.counts[CANARY][1])
+                self.traffic(50)
+            return answer
+
+    node = Busy(share=5, canary_fails=False)
+    node.latency = True
+    clock = Clock(node)
+    started(tmp_path, node, clock, rules)
+    guard = guard_of(tmp_path, node, clock)
+    guard.run()
+    assert node.shares == [20] and guard.state["verdict"]["action"] == "gated"
+    since_step = node.counts[CANARY][0] - node.before_share[0]
+    assert guard.state["guard"]["canary"]["total"]["requests"] == since_step, (
+        guard.state["guard"],
+        since_step,
+    )
+
+
+def unit_seconds(text: str) -> float:
+    """A systemd time span as the unit writes them (systemd.time(5): "30min", "5", "10s")."""
+    number, unit = re.fullmatch(r"(\d+)(min|s|)", text).groups()  # type: ignore[union-attr]
+    return float(number) * (60 if unit == "min" else 1)
+
+
+def test_a_guard_failing_at_every_start_is_not_restarted_for_ever() -> None:
+    """Restart=on-failure every 5 s under the manager's default start limit (5 starts in 10 s,
+    systemd-system.conf(5) of systemd 252) never hit it: a guard failing at each start ran every 5 s for
+    ever. The unit's own limit, in [Unit] where systemd 252 reads it, stops such a loop; `deploy --detach`
+    flushes the count before it starts a new release's guard; a stop signals the guard alone."""
+    sections: dict[str, dict[str, str]] = {}
+    for line in UNIT.splitlines():
+        if line.startswith("["):
+            section = sections.setdefault(line.strip("[]"), {})
+        elif "=" in line:
+            key, _, value = line.partition("=")
+            section[key] = value
+    unit, service = sections["Unit"], sections["Service"]
+    assert "StartLimitBurst" not in service and "StartLimitIntervalSec" not in service
+    burst, interval = int(unit["StartLimitBurst"]), unit_seconds(unit["StartLimitIntervalSec"])
+    every = unit_seconds(service["RestartSec"])
+    assert service["Restart"] == "on-failure" and interval / every > burst  # a crash loop hits the limit
+    assert interval >= 3 * guard_service.TAKE_LOCK_S  # as does one that fails after waiting for the lock
+    assert service["KillMode"] == "mixed"
+    release = DetachingRelease()
+    detach_guard(release, "embedder", "embedder@2", 20, 60)  # type: ignore[arg-type]
+    unit = unit_name("embedder")
+    assert release.steps[-3:] == [
+        f"systemctl enable {unit}",
+        f"{detach.FLUSH_STARTS} {unit}",
+        f"systemctl restart {unit}",
+    ]
+
+
+def test_a_guard_stopped_with_a_rollback_begun_finishes_it_first(tmp_path: Path) -> None:
+    rules = Canary(min_requests=10, interval_s=30, intervals=2)
+    node = Node(share=20, canary_fails=True)
+    clock = Clock(node)
+    started(tmp_path, node, clock, rules)
+    state = guard_state.read_whole(state_path(MODEL, str(tmp_path)))
+    assert state is not None
+    state.update(phase=guard_service.ROLLING_BACK, verdict={"action": ROLLBACK, "reason": "errors"})
+    guard_state.write_whole(state_path(MODEL, str(tmp_path)), state)  # saved before a kill, then a stop
+    guard = guard_of(tmp_path, node, clock)
+    guard.stop()
+    guard.run()
+    assert node.shares == [0] and guard.state["phase"] == DONE
