@@ -15,7 +15,7 @@ NODE_PROGRAMS := roles/slurm_elastic/files/gpuplat_ec2_nodes roles/inference_gat
 	roles/gpu_validation/files/gpuplat_node_check.py roles/gpu_validation/files/gpuplat_checkpoint_probe.py \
 	roles/slurm_compute/files/gpuplat_dataset_cache.py roles/python_requirements/files/requirements_met.py
 
-.PHONY: venv host image images up down status plan test test-fast test-unit test-roles test-scheduler test-serving test-integration test-box lint mutation clean
+.PHONY: venv host image images up down status plan test test-fast test-unit test-processes test-roles test-scheduler test-serving test-integration test-box lint mutation clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -73,14 +73,22 @@ host:
 		&& test -x /usr/sbin/haproxy; \
 		then echo "host packages present"; else scripts/setup-host.sh; fi
 
-## test-unit: fast tests (spec, data, sizing, policy rules, CLI, Pulumi program under mocks, role contracts)
+## test-unit: fast tests (spec, data, sizing, policy rules, CLI, Pulumi program under mocks, role contracts),
+## less those marked `processes` (test-processes runs them)
 test-unit: venv
-	time $(BIN)/pytest -q -n auto tests/unit tests/pulumi tests/roles
+	time $(BIN)/pytest -q -n auto -m "not processes" tests/unit tests/pulumi tests/roles
 
-## test-fast: the inner loop, no containers: lint, then the unit tests less the few that start a container
+## test-processes: the tests of tests/unit, tests/pulumi and tests/roles that run a real program for seconds of
+## CPU or more: the model registry's MLflow servers (SQLite and PostgreSQL) with the role's task files,
+## train.py as a process and under torchrun, the python_requirements role's installing converges, the
+## training environment's converges, the plan-comment script over every stack in a checkout
+test-processes: venv
+	time $(BIN)/pytest -q -n auto -m processes tests/unit tests/pulumi tests/roles
+
+## test-fast: the inner loop, no containers: lint, then the unit tier less the few that start a container
 test-fast: venv
 	time $(MAKE) --no-print-directory lint
-	time $(BIN)/pytest -q -n auto -m "not containers" tests/unit tests/pulumi tests/roles
+	time $(BIN)/pytest -q -n auto -m "not containers and not processes" tests/unit tests/pulumi tests/roles
 
 ## test-roles: ansible-lint and the Molecule scenarios of the node roles (podman)
 test-roles: venv host
@@ -119,8 +127,8 @@ images: image
 ## test: everything CI runs. The venv and the Debian 12 image are made side by side (pip and debootstrap
 ## both wait on the network much of the time), then four streams run side by side (scripts/test-streams.sh),
 ## each printed when it ends with when it started and ended: test-box and test-integration (the two
-## longest; both wait on Slurm's timers much of the time), test-roles then lint and test-unit (which fill
-## the CPU those two leave idle late in the run), and test-scheduler then test-serving. (test-serving as a
+## longest; both wait on Slurm's timers much of the time), test-roles then lint, test-unit and test-processes
+## (which fill the CPU those two leave idle late in the run), and test-scheduler then test-serving. (test-serving as a
 ## fifth stream from the start slowed the integration tier's first `up`, the longest stream's busiest
 ## part, by four minutes: 27.7 minutes in all against 24.7.)
 ## The Debian 13 image is built inside the streams that need it (test-scheduler and test-roles, one
@@ -128,7 +136,7 @@ images: image
 test:
 	@$(PYTHON) benchmarks/cpu_speed.py start
 	$(MAKE) --no-print-directory -j2 venv image
-	GPUPLAT_ROLES_LINTED=1 scripts/test-streams.sh test-box test-integration 'test-roles lint test-unit' \
+	GPUPLAT_ROLES_LINTED=1 scripts/test-streams.sh test-box test-integration 'test-roles lint test-unit test-processes' \
 		'test-scheduler test-serving'
 	@$(PYTHON) benchmarks/cpu_speed.py end
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make test's four streams, side by side, each a chain of make targets run one after the other:
 #
-#   scripts/test-streams.sh 'test-box' 'test-integration' 'test-roles lint test-unit' 'test-scheduler test-serving'
+#   scripts/test-streams.sh 'test-box' 'test-integration' 'test-roles lint test-unit test-processes' 'test-scheduler test-serving'
 #
 # Each stream is its own make (no shared jobserver: a token a child takes and never gives back cannot
 # hold the others up), starts at once, writes build/test-streams/<first target>.log, and is printed

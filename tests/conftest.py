@@ -3,6 +3,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import sys
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -86,6 +87,15 @@ def load_script(path: Path) -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def empty_moto_account(endpoint: str) -> None:
+    """Every resource of every moto backend of this process gone (moto's POST /moto-api/reset: moto 5.2.6
+    moto/moto_api/_internal/urls.py line 13, responses.py reset_response). moto's backends are one per
+    process, whichever server asks them: instances a test of another module left running on the same
+    xdist worker are otherwise found by a test that lists a stack's instances."""
+    reset = urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST")
+    urllib.request.urlopen(reset, timeout=10).close()
 
 
 def moto_image(ec2: Any) -> str:

@@ -309,6 +309,7 @@ def archive_run(tmp_path: Path, wheel: bytes, archive_dir: bool = True) -> tuple
     return (environment / "token").read_text(), sorted(archives.iterdir()) if archive_dir else []
 
 
+@pytest.mark.processes  # converges of their own, ansible-playbook each (make test-processes)
 def test_an_environment_archived_after_its_install_is_restored_instead_of_installed_again(
     tmp_path: Path,
 ) -> None:
@@ -323,6 +324,7 @@ def test_an_environment_archived_after_its_install_is_restored_instead_of_instal
     assert archive_run(tmp_path, b"wheel 1") == (first, archives)
 
 
+@pytest.mark.processes  # converges of their own, ansible-playbook each (make test-processes)
 def test_an_archive_of_other_inputs_is_never_restored(tmp_path: Path) -> None:
     first, archives = archive_run(tmp_path, b"wheel 1")
     subprocess.run(["rm", "-rf", str(tmp_path / "env")], check=True)
@@ -332,6 +334,7 @@ def test_an_archive_of_other_inputs_is_never_restored(tmp_path: Path) -> None:
     assert len(kept) == 1 and kept != archives
 
 
+@pytest.mark.processes  # converges of their own, ansible-playbook each (make test-processes)
 def test_an_archive_that_tar_cannot_read_is_dropped_and_the_environment_installed_again(
     tmp_path: Path,
 ) -> None:
@@ -347,6 +350,7 @@ def test_an_archive_that_tar_cannot_read_is_dropped_and_the_environment_installe
     assert not (tmp_path / "env.restoring").exists()
 
 
+@pytest.mark.processes  # converges of their own, ansible-playbook each (make test-processes)
 def test_what_a_cut_short_archive_run_of_this_host_left_goes_with_its_next_archive(tmp_path: Path) -> None:
     _, archives = archive_run(tmp_path, b"wheel 1")
     left = [archives[0].with_name(archives[0].name + ".partial-localhost")]
@@ -359,6 +363,7 @@ def test_what_a_cut_short_archive_run_of_this_host_left_goes_with_its_next_archi
     assert len(kept) == 2 and other_host in kept and not left[0].exists()
 
 
+@pytest.mark.processes  # converges of their own, ansible-playbook each (make test-processes)
 def test_a_node_without_the_archive_directory_installs_and_archives_nothing(tmp_path: Path) -> None:
     # A local node made before the archives were mounted: its converge goes on as before them.
     first, _ = archive_run(tmp_path, b"wheel 1", archive_dir=False)
@@ -367,6 +372,7 @@ def test_a_node_without_the_archive_directory_installs_and_archives_nothing(tmp_
     assert again != first and not (tmp_path / "archives").exists()
 
 
+@pytest.mark.processes  # converges of their own, ansible-playbook each (make test-processes)
 def test_an_archive_that_falls_short_never_replaces_the_environment(tmp_path: Path) -> None:
     _, archives = archive_run(tmp_path, b"wheel 1")
     # The host crashed before the archive's blocks reached its disk (zeros under its name, which tar

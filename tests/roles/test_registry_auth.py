@@ -25,9 +25,10 @@ import pytest
 from infra.serving.registry.mlflow import Credential, MlflowRegistry, RegistryError
 from tests.roles.registry_server import RegistryServer, render_template, start_postgresql, start_registry
 
-# Processes of their own (the server, ansible-playbook, MLflow's client) for minutes: run first, and in one
-# xdist worker (tests/long_first.py), where the module's servers are started once, not once per worker.
-pytestmark = [pytest.mark.long, pytest.mark.xdist_group("registry")]
+# Processes of their own (the server, ansible-playbook, MLflow's client) for minutes: the processes tier
+# (make test-processes), first, and in one xdist worker (tests/long_first.py), where the module's servers
+# are started once, not once per worker.
+pytestmark = [pytest.mark.processes, pytest.mark.long, pytest.mark.xdist_group("registry")]
 
 # alice (research) and bob (product) share `embedder` as the local stack does; carol (a third team) does not.
 USERS = ["alice", "bob", "carol"]

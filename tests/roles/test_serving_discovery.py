@@ -17,7 +17,6 @@ import socketserver
 import sys
 import tempfile
 import threading
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -25,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import empty_moto_account
 from tests.roles.test_serving_templates import (
     INFER_HOST,
     ROLES,
@@ -335,12 +335,11 @@ def ec2_endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
     # moto's backends live in this process: start from, and leave, an empty account.
-    reset = urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST")
-    urllib.request.urlopen(reset, timeout=10).close()
+    empty_moto_account(endpoint)
     try:
         yield endpoint
     finally:
-        urllib.request.urlopen(reset, timeout=10).close()
+        empty_moto_account(endpoint)
         server.stop()
 
 

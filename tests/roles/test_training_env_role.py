@@ -51,6 +51,7 @@ def _pip_runs(environment: Path) -> bool:
     return subprocess.run(probe, capture_output=True, check=False).returncode == 0
 
 
+@pytest.mark.processes
 @pytest.mark.long
 def test_an_environment_left_without_pip_is_made_again_and_a_whole_one_is_left_alone(tmp_path: Path) -> None:
     environment = tmp_path / "shared" / "envs" / "torch"

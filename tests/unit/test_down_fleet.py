@@ -16,7 +16,7 @@ import pytest
 from infra.cli.commands import lifecycle
 from infra.errors import GpuPlatError
 from infra.lifecycle import cloud_stack, fleet
-from tests.conftest import moto_image
+from tests.conftest import empty_moto_account, moto_image
 
 boto3 = pytest.importorskip("boto3")
 moto_server = pytest.importorskip("moto.server")
@@ -32,7 +32,10 @@ def moto_url() -> Iterator[str]:
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
+    url = f"http://{host}:{port}"
+    empty_moto_account(url)
+    yield url
+    empty_moto_account(url)  # its tests launch in the shipped stacks' names, as other modules' tests do
     server.stop()
 
 

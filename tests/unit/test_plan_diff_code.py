@@ -20,7 +20,7 @@ from tests.unit.test_cli import gpuplat_process
 
 _CONTROLLER = Path("infra/backends/aws/controller_nodes.py")
 
-pytestmark = pytest.mark.long  # each plans a base revision in a checkout of its own
+pytestmark = [pytest.mark.processes, pytest.mark.long]  # each plans a base revision in a checkout of its own
 
 
 def _git(repository: Path, *args: str) -> str:

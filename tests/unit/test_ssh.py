@@ -18,7 +18,7 @@ from infra.errors import GpuPlatError
 from infra.nodes.reach import node_command, ssm_nodes, stack_instances
 from infra.nodes.remote import SshNodes, SshSettings
 from infra.platform.resolve import ResolvedPlatform, load_platform
-from tests.conftest import moto_image
+from tests.conftest import empty_moto_account, moto_image
 from tests.unit.test_cli import gpuplat
 
 boto3 = pytest.importorskip("boto3")
@@ -47,6 +47,7 @@ def ec2(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Any]:
     server.start()
     host, port = server.get_host_and_port()
     url = f"http://{host}:{port}"
+    empty_moto_account(url)  # the stacks' names are the shipped ones, which other modules launch in too
     for key, value in {"AWS_ACCESS_KEY_ID": "t", "AWS_SECRET_ACCESS_KEY": "t"}.items():
         monkeypatch.setenv(key, value)
     tools = tmp_path / "bin"  # the AWS CLI and the plugin present (never run here)
@@ -56,6 +57,7 @@ def ec2(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Any]:
         (tools / tool).chmod(0o755)
     monkeypatch.setattr("infra.nodes.reach.shutil.which", lambda name: str(tools / name))
     yield boto3.client("ec2", region_name="us-east-1", endpoint_url=url)
+    empty_moto_account(url)
     server.stop()
 
 

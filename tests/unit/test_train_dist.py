@@ -35,6 +35,8 @@ EXIT_FILE = "GPUPLAT_TRAIN_EXIT_FILE"
 needs_torchrun = pytest.mark.skipif(
     not TORCHRUN.exists(), reason="torchrun is not installed (pip install -e '.[dev]')"
 )
+# train.py run for real, each process importing torch: the processes tier (make test-processes).
+processes = pytest.mark.processes
 
 
 def _module() -> ModuleType:
@@ -188,6 +190,7 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     return directory, digest.group(1)
 
 
+@processes
 def test_checkpoints_of_a_run_with_other_arguments_are_refused(finished_run: tuple[Path, str]) -> None:
     train = _module()
     directory, _ = finished_run
@@ -199,6 +202,7 @@ def test_checkpoints_of_a_run_with_other_arguments_are_refused(finished_run: tup
     assert _files(directory) == before
 
 
+@processes
 @pytest.mark.parametrize("steps", ["30", "10"])
 def test_a_finished_run_reports_and_never_rewrites_its_checkpoints(
     finished_run: tuple[Path, str], steps: str
@@ -216,6 +220,7 @@ def test_a_finished_run_reports_and_never_rewrites_its_checkpoints(
     assert _files(directory) == before
 
 
+@processes
 def test_an_unreadable_checkpoint_is_set_aside_for_the_one_before(
     finished_run: tuple[Path, str], tmp_path: Path
 ) -> None:
@@ -233,6 +238,7 @@ def test_an_unreadable_checkpoint_is_set_aside_for_the_one_before(
     assert len(list(directory.glob("step-00000030.unreadable-*"))) == 1
 
 
+@processes
 @pytest.mark.parametrize(
     ("mount_options", "reason"),
     [("ro", "cannot write to .*: Read-only file system"), ("size=1m", r"has 1 MiB free; .* need about")],
@@ -559,6 +565,7 @@ def _sigterm_at(process: subprocess.Popen[str], step_pattern: str) -> str:
     return log
 
 
+@processes
 @needs_torchrun
 @pytest.mark.long
 def test_a_save_longer_than_torchruns_shutdown_timeout_is_killed(tmp_path: Path) -> None:
@@ -585,6 +592,7 @@ def test_a_save_longer_than_torchruns_shutdown_timeout_is_killed(tmp_path: Path)
     assert _module().newest_complete(tmp_path / "job") is None and not exit_file.exists()
 
 
+@processes
 @needs_torchrun
 @pytest.mark.long
 def test_a_sigterm_saves_the_step_and_the_resumed_run_ends_bit_identical(tmp_path: Path) -> None:
