@@ -29,6 +29,16 @@ def has_slurm_fleet(platform: ResolvedPlatform) -> bool:
     return platform.spec.backend == "aws" and platform.spec.scheduler.kind == "slurm"
 
 
+def configure_limit(platform: ResolvedPlatform) -> list[str] | None:
+    """The hosts `gpuplat up`'s configure phase runs site.yml on: on an aws Slurm stack every running
+    instance but Slurm's training nodes (the inventory's slurm_compute). Configured again under a
+    running job (slurmd, drivers, the node software restarted), a job would fail; a node boots its
+    pool's bundle instead, and one of an older bundle is drained out after its jobs by the controllers
+    (roles/slurm_elastic/files/gpuplat_ec2_nodes/outdated.py: ParallelCluster's QueueUpdateStrategy
+    DRAIN). None: every host."""
+    return ["all", "!slurm_compute"] if has_slurm_fleet(platform) else None
+
+
 class _ToLines(logging.Handler):
     def __init__(self, on_line: Line) -> None:
         super().__init__(logging.INFO)

@@ -23,7 +23,7 @@ from infra.backends.aws.bootstrap import GROUP_VARS_KEY, WORK_DIR, bundle_key, b
 from infra.backends.aws.node_join import BUNDLE_KEY_VAR
 from infra.backends.local.node_image import seal_and_commit
 from infra.data.load import catalog
-from infra.lifecycle.fleet import destroy_with_fleet
+from infra.lifecycle.fleet import configure_limit, destroy_with_fleet
 from infra.nodes import playbook_run
 from infra.nodes.inventory import (
     STACK_OUTPUT_GROUP_VARS,
@@ -318,9 +318,10 @@ class CloudBox:
     def configure(self, checkout: Path, change: RoleChange) -> PlaybookRun:
         """`gpuplat up`'s configure phase on a cloud stack (infra/lifecycle/bringup.py up_cloud): the
         inventory from the stack's outputs (stack_inventory_documents), then playbooks/site.yml of the
-        operator's checkout through it. The box's substitutes in the aws_ec2 inventory config, as in
-        RunCommand: the emulator's endpoint and credentials, and the instance's container reached with
-        podman instead of an SSM session (moto records Session Manager calls but opens no session)."""
+        operator's checkout through it, on every host but Slurm's training nodes (configure_limit). The
+        box's substitutes in the aws_ec2 inventory config, as in RunCommand: the emulator's endpoint and
+        credentials, and the instance's container reached with podman instead of an SSM session (moto
+        records Session Manager calls but opens no session)."""
         config = aws_ec2_config(self.platform, self.stack.bucket)
         config |= {
             "endpoint_url": self.moto.url,
@@ -337,7 +338,13 @@ class CloudBox:
         inventory = self.workdir / "inventory"
         write_inventory(stack_inventory_documents(self.platform, outputs), inventory)
         with mock.patch.object(playbook_run, "PROJECT_ROOT", checkout):
-            return run_playbook("site.yml", inventory, self.workdir / "logs", timeout=900)
+            return run_playbook(
+                "site.yml",
+                inventory,
+                self.workdir / "logs",
+                timeout=900,
+                limit=configure_limit(self.platform),
+            )
 
     def down(
         self, on_line: Callable[[str], None], before_destroy: Callable[[], None]

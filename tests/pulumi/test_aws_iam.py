@@ -604,6 +604,7 @@ def test_no_launch_from_a_template_the_fleets_stop_tagged(
         assert fleet_allowed(statements, request, template_tags, stack_vpc(statements))["launch-template"]
         assert not fleet_allowed(statements, request, stopped, stack_vpc(statements))["launch-template"]
     assert allowed(statements, "ec2:DescribeTags", "*", {})
+    assert allowed(statements, "ec2:DescribeLaunchTemplateVersions", "*", {})  # reconcile: outdated nodes
     context = tag_context(template_tags, "ResourceTag")
     for action in ("ec2:CreateTags", "ec2:DeleteTags"):
         assert not allowed(statements, action, TEMPLATE, context), f"{action} on a template"

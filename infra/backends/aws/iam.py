@@ -258,9 +258,12 @@ def cluster_manager_statements(
         {"Sid": "DiscoverInstances", "Effect": "Allow",
          "Action": ["ec2:DescribeInstances", "ec2:DescribeInstanceStatus",
                     "autoscaling:DescribeAutoScalingInstances"], "Resource": "*"},
-        # The resume program reads the fleet's stop from the templates' tags (Ec2Nodes.stopped_templates);
-        # DescribeTags takes no resource ARN (the reference lists no resource type for it).
-        {"Sid": "ReadFleetStop", "Effect": "Allow", "Action": ["ec2:DescribeTags"], "Resource": "*"},
+        # The resume program reads the fleet's stop from the templates' tags (Ec2Nodes.stopped_templates),
+        # reconcile which template version each node runs (gpuplat_ec2_nodes/outdated.py). Neither action
+        # takes a resource ARN (the reference lists no resource type for them: list_amazonec2.html at
+        # c0d416c, lines 33004 and 31418).
+        {"Sid": "ReadFleetStopAndPoolDefinitions", "Effect": "Allow",
+         "Action": ["ec2:DescribeTags", "ec2:DescribeLaunchTemplateVersions"], "Resource": "*"},
         {"Sid": "LaunchFromStackTrainingTemplates", "Effect": "Allow", "Action": ["ec2:RunInstances"],
          "Resource": [templates],
          "Condition": {"StringEquals": {f"aws:ResourceTag/{TAG_STACK}": stack,

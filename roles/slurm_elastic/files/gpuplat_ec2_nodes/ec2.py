@@ -214,6 +214,19 @@ class Ec2Nodes:
                 stopped.update(str(tag["ResourceId"]) for tag in page["Tags"])
         return stopped
 
+    def template_user_data(self, template_id: str, versions: Sequence[str]) -> tuple[str, dict[str, str]]:
+        """The launch template's latest version number and the user data of it and of `versions`."""
+        response = self.client.describe_launch_template_versions(
+            LaunchTemplateId=template_id, Versions=[*versions, "$Latest"]
+        )
+        by_version: dict[str, str] = {}
+        latest = 0
+        for entry in response["LaunchTemplateVersions"]:
+            number = int(entry["VersionNumber"])
+            by_version[str(number)] = str(entry.get("LaunchTemplateData", {}).get("UserData", ""))
+            latest = max(latest, number)
+        return str(latest), by_version
+
     def launch(
         self, pool: Pool, names: Sequence[str], all_or_nothing: bool = False
     ) -> tuple[dict[str, dict[str, Any]], str | None]:
