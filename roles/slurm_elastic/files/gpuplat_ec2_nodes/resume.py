@@ -82,14 +82,16 @@ def resume(
 
 
 def fleet_stopped(settings: Settings, ec2: Ec2Nodes, pools: list[str]) -> dict[str, str]:
-    """The pools whose launch template carries the fleet's stop (ec2.py TAG_FLEET), with the reason; every
-    pool when EC2 cannot say (a launch during a teardown would outlive it and bill)."""
+    """The pools whose launch template carries the fleet's stop (ec2.py TAG_FLEET), with the reason. When
+    EC2 cannot say, none: resume launches, as it does when it cannot look up earlier instances, and IAM
+    refuses a launch from a stopped template whatever this program reads (infra/backends/aws/iam.py
+    NOT_STOPPED)."""
     templates = {settings.pools[pool].launch_template_id: pool for pool in pools}
     try:
         stopped = ec2.stopped_templates(sorted(templates))
     except ErrorTypes as err:
-        LOG.error("resume: cannot read whether the fleet is stopped: %s", err)
-        return dict.fromkeys(pools, f"gpuplat fleet state unknown ({error_code(err)})")
+        LOG.error("resume: cannot read whether the fleet is stopped (%s); launching", error_code(err))
+        return {}
     return {
         templates[template]: REASON_FLEET_STOPPED for template in sorted(stopped) if template in templates
     }
