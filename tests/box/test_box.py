@@ -28,7 +28,10 @@ i  a job user on a training node gets no IMDS token (so no instance credentials 
    BACK_IN_SERVICE_BOUND_S
 g  idle nodes are suspended and their instances terminated
 k  a capacity error on the spot pool for a job of both partitions: the job runs on spot2
-h  teardown leaves no instance of the stack
+h  `gpuplat down`'s own path with a node launched, slurmctld and reconcile running and jobs pending: the
+   fleet stopped (its launch templates tagged), torn down and waited for, the controllers' resumes
+   refused during and after it, then the box's destroy; no instance of the stack left in any state but
+   terminated, each ended by the program whose log says so
 
 They run in the order a r b (and the image) c f j d i k e g h; `-k` may pick a subset that keeps a
 first and, for e, j and f, their starting steps. e waits out ResumeTimeout, the longest timer (600 s),
