@@ -23,6 +23,7 @@ from infra.backends.local.scale import running_sizes, with_running_sizes
 from infra.backends.local.status import PlatformStatus, collect_status, parse_sinfo
 from infra.errors import GpuPlatError
 from infra.lifecycle import cloud_stack
+from infra.lifecycle.fleet import configure_limit
 from infra.nodes.ansible_content import digest_content
 from infra.nodes.inventory import (
     has_ansible_nodes,
@@ -283,6 +284,7 @@ def up_cloud(
             "site.yml",
             inventory_dir(platform.name),
             state_dir(platform.name) / "logs",
+            limit=configure_limit(platform),
             on_progress=on_progress,
         )
         result.changes += run.changed

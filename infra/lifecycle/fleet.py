@@ -1,6 +1,7 @@
 """`gpuplat down` on an aws Slurm stack: the training instances Slurm launched are no Pulumi resources,
-so they are terminated first, until none is left in any state but terminated, and only then is the
-stack destroyed (ParallelCluster deletes its compute fleet before the cluster's stack).
+so the fleet is stopped (the controllers launch nothing more), its instances are terminated until none
+is left in any state but terminated, and only then is the stack destroyed (ParallelCluster stops and
+deletes its compute fleet before the cluster's stack).
 
 The work is the node program's own teardown (roles/slurm_elastic/files/gpuplat_ec2_nodes/teardown.py,
 the instances found by the stack's tags alone), run here with the operator's AWS credentials.
@@ -29,6 +30,16 @@ def has_slurm_fleet(platform: ResolvedPlatform) -> bool:
     return platform.spec.backend == "aws" and platform.spec.scheduler.kind == "slurm"
 
 
+def configure_limit(platform: ResolvedPlatform) -> list[str] | None:
+    """The hosts `gpuplat up`'s configure phase runs site.yml on: on an aws Slurm stack every running
+    instance but Slurm's training nodes (the inventory's slurm_compute). Configured again under a
+    running job (slurmd, drivers, the node software restarted), a job would fail; a node boots its
+    pool's bundle instead, and one of an older bundle is drained out after its jobs by the controllers
+    (roles/slurm_elastic/files/gpuplat_ec2_nodes/outdated.py: ParallelCluster's QueueUpdateStrategy
+    DRAIN). None: every host."""
+    return ["all", "!slurm_compute"] if has_slurm_fleet(platform) else None
+
+
 class _ToLines(logging.Handler):
     def __init__(self, on_line: Line) -> None:
         super().__init__(logging.INFO)
@@ -44,7 +55,7 @@ def teardown_fleet(platform: ResolvedPlatform, on_line: Line) -> None:
     timeout_s = FLEET_TIMEOUT_S
     if str(NODE_PROGRAM_DIR) not in sys.path:
         sys.path.append(str(NODE_PROGRAM_DIR))
-    from gpuplat_ec2_nodes.ec2 import NOT_TERMINATED_STATES, ErrorTypes, ec2_nodes
+    from gpuplat_ec2_nodes.ec2 import FLEET_STOPPED, NOT_TERMINATED_STATES, TAG_FLEET, ErrorTypes, ec2_nodes
     from gpuplat_ec2_nodes.logs import LOG
     from gpuplat_ec2_nodes.settings import Settings
     from gpuplat_ec2_nodes.teardown import teardown
@@ -70,11 +81,12 @@ def teardown_fleet(platform: ResolvedPlatform, on_line: Line) -> None:
         LOG.removeHandler(handler)
     if status != 0:
         raise GpuPlatError(
-            f"stack {platform.name}: instances Slurm launched are still there after {timeout_s:.0f} s "
-            "(listed above), so nothing was destroyed: `pulumi destroy` would stop on the subnets and "
-            "security groups they hold while they keep billing. Find why they do not terminate "
-            "(termination protection, an IAM denial, an unreachable EC2 endpoint), then run "
-            "`gpuplat down` again."
+            f"stack {platform.name}: the fleet's teardown did not finish (the lines above: its launch "
+            f"templates could not be tagged {TAG_FLEET}={FLEET_STOPPED}, so the controllers could launch "
+            f"again, or instances Slurm launched are still there after {timeout_s:.0f} s), so nothing was "
+            "destroyed: `pulumi destroy` would stop on the subnets and security groups they hold while "
+            "they keep billing. Find why (termination protection, an IAM denial of ec2:CreateTags or "
+            "ec2:TerminateInstances, an unreachable EC2 endpoint), then run `gpuplat down` again."
         )
 
 

@@ -10,8 +10,8 @@ import ipaddress
 import json
 import os
 import subprocess
-import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from infra.backends.aws.bootstrap import GROUP_VARS_KEY, WORK_DIR, bundle_key, b
 from infra.backends.aws.node_join import BUNDLE_KEY_VAR
 from infra.backends.local.node_image import seal_and_commit
 from infra.data.load import catalog
+from infra.lifecycle.fleet import configure_limit, destroy_with_fleet
 from infra.nodes import playbook_run
 from infra.nodes.inventory import (
     STACK_OUTPUT_GROUP_VARS,
@@ -34,7 +35,6 @@ from infra.nodes.inventory import (
 from infra.nodes.playbook_run import PlaybookRun, run_playbook
 from infra.nodes.podman import podman
 from infra.platform.resolve import ResolvedPlatform
-from infra.spec.load import PROJECT_ROOT
 from tests.box.cloud import BoxStack, declare, node_boot_script, user_data, zone_subnet
 from tests.box.emulator import CREDENTIALS, FaultProxy, Faults, MotoServer
 from tests.box.hypervisor import LABEL, Hypervisor, HypervisorSettings, remove_all
@@ -45,8 +45,6 @@ SHARED_VOLUME = "gpuplat-box-fsx"
 PIP_CACHE_VOLUME = "gpuplat-box-pip-cache"
 ANCHOR = "gpuplat-box-anchor"
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
-# Where the controllers' program, the package gpuplat_ec2_nodes, lies (run from outside as `python -m`).
-EC2_NODES_PACKAGE_PARENT = PROJECT_ROOT / "roles" / "slurm_elastic" / "files"
 BAKED_IMAGES = "localhost/gpuplat-box-image"
 
 
@@ -320,9 +318,10 @@ class CloudBox:
     def configure(self, checkout: Path, change: RoleChange) -> PlaybookRun:
         """`gpuplat up`'s configure phase on a cloud stack (infra/lifecycle/bringup.py up_cloud): the
         inventory from the stack's outputs (stack_inventory_documents), then playbooks/site.yml of the
-        operator's checkout through it. The box's substitutes in the aws_ec2 inventory config, as in
-        RunCommand: the emulator's endpoint and credentials, and the instance's container reached with
-        podman instead of an SSM session (moto records Session Manager calls but opens no session)."""
+        operator's checkout through it, on every host but Slurm's training nodes (configure_limit). The
+        box's substitutes in the aws_ec2 inventory config, as in RunCommand: the emulator's endpoint and
+        credentials, and the instance's container reached with podman instead of an SSM session (moto
+        records Session Manager calls but opens no session)."""
         config = aws_ec2_config(self.platform, self.stack.bucket)
         config |= {
             "endpoint_url": self.moto.url,
@@ -339,23 +338,41 @@ class CloudBox:
         inventory = self.workdir / "inventory"
         write_inventory(stack_inventory_documents(self.platform, outputs), inventory)
         with mock.patch.object(playbook_run, "PROJECT_ROOT", checkout):
-            return run_playbook("site.yml", inventory, self.workdir / "logs", timeout=900)
+            return run_playbook(
+                "site.yml",
+                inventory,
+                self.workdir / "logs",
+                timeout=900,
+                limit=configure_limit(self.platform),
+            )
 
-    def teardown(self) -> subprocess.CompletedProcess[str]:
-        """What an operator runs before `pulumi destroy`: the controllers' own program, from outside."""
-        config = self.workdir / "ec2-nodes.json"
-        pools = {
-            name: {"launch_template_id": template, "subnet_id": None, "static_nodes": []}
-            for name, template in self.stack.templates.items()
+    def down(
+        self, on_line: Callable[[str], None], before_destroy: Callable[[], None]
+    ) -> tuple[str, list[str]]:
+        """`gpuplat down` on the box's stack: the CLI's own path (infra/lifecycle/fleet.py
+        destroy_with_fleet, run with the operator's credentials against the box's EC2), with the box's
+        `pulumi destroy` (there is no Pulumi CLI here): the controllers, Pulumi resources, terminated and
+        the training launch templates deleted. Returns the destroy's result and the controllers it
+        terminated; `on_line` gets the fleet's lines as the CLI prints them, `before_destroy` runs as the
+        destroy begins."""
+        destroyed: list[str] = []
+
+        def destroy() -> str:
+            before_destroy()
+            destroyed.extend(self.stack.controllers.values())
+            self.ec2.terminate_instances(InstanceIds=destroyed)
+            for template in self.stack.templates.values():
+                self.ec2.delete_launch_template(LaunchTemplateId=template)
+            return "destroyed"
+
+        operator = {
+            **CREDENTIALS,
+            "AWS_ENDPOINT_URL": self.moto.url,
+            "AWS_DEFAULT_REGION": str(self.platform.spec.region),
         }
-        region = str(self.platform.spec.region)
-        config.write_text(json.dumps({"stack": self.platform.name, "region": region, "pools": pools}))
-        env = {**os.environ, **CREDENTIALS, "PYTHONPATH": str(EC2_NODES_PACKAGE_PARENT)}
-        return subprocess.run(
-            [sys.executable, "-m", "gpuplat_ec2_nodes", "--config", str(config),
-             "--endpoint-url", self.moto.url, "teardown", "--timeout-seconds", "120"],
-            capture_output=True, text=True, timeout=300, env=env, check=False,
-        )  # fmt: skip
+        with mock.patch.dict(os.environ, operator):
+            result = destroy_with_fleet(self.platform, destroy, on_line)
+        return result, destroyed
 
     def stop(self) -> None:
         for part in ("hypervisor", "imds", "proxy", "moto"):

@@ -141,6 +141,14 @@ def declare(
         created = ec2.create_launch_template(
             LaunchTemplateName=f"{platform.name}-{pool.name}",
             LaunchTemplateData=launch_template_data(template),
+            # The template's own tags, as Pulumi gives them (the resource's `tags`): what the controllers'
+            # IAM policy and the fleet's stop (`gpuplat down`) find the stack's training templates by.
+            TagSpecifications=[
+                {
+                    "ResourceType": "launch-template",
+                    "Tags": [{"Key": k, "Value": v} for k, v in args.tags.items()],
+                }
+            ],
         )
         templates[pool.name] = created["LaunchTemplate"]["LaunchTemplateId"]
 

@@ -28,7 +28,10 @@ i  a job user on a training node gets no IMDS token (so no instance credentials 
    BACK_IN_SERVICE_BOUND_S
 g  idle nodes are suspended and their instances terminated
 k  a capacity error on the spot pool for a job of both partitions: the job runs on spot2
-h  teardown leaves no instance of the stack
+h  `gpuplat down`'s own path with a node launched, slurmctld and reconcile running and jobs pending: the
+   fleet stopped (its launch templates tagged), torn down and waited for, the controllers' resumes
+   refused during and after it, then the box's destroy; no instance of the stack left in any state but
+   terminated, each ended by the program whose log says so
 
 They run in the order a r b (and the image) c f j d i k e g h; `-k` may pick a subset that keeps a
 first and, for e, j and f, their starting steps. e waits out ResumeTimeout, the longest timer (600 s),
@@ -142,6 +145,11 @@ def wait_powered_down(box: Any, but: str = "", timeout_s: float = 300) -> None:
         lambda: all(s == "idle~" for n, s in node_states(box).items() if n != but) or None,
         timeout_s,
     )
+
+
+# Every state of an instance but terminated: stopped and stopping ones are still there (their volumes,
+# addresses and network interfaces), shutting-down ones are on their way.
+NOT_TERMINATED = ("pending", "running", "shutting-down", "stopping", "stopped")
 
 
 def live(box: Any, **tags: str) -> list[dict[str, Any]]:
@@ -625,17 +633,66 @@ def test_g_idle_nodes_are_suspended_and_their_instances_terminated(box: Any) -> 
     FIGURES["last job ended -> instances terminated s"] = time.monotonic() - start
 
 
-def test_h_teardown_leaves_no_instance_of_the_stack(box: Any) -> None:
-    submit(box, "sleep 600", partitions="spot,spot2")
+# h: after the teardown, the controllers' next try at the pending jobs' names: a requeue (reconcile's round,
+# 20 s), cred_expire + 1 (31 s) or SuspendTimeout (30 s), the resume itself, with room for a loaded machine.
+RELAUNCH_TRY_BOUND_S = 150
+FLEET_STOPPED_REFUSAL = "is held (gpuplat fleet stopped"
+
+
+def test_h_gpuplat_down_stops_the_fleet_tears_it_down_then_destroys_leaving_nothing(box: Any) -> None:
+    """`gpuplat down`'s own path (infra/lifecycle/fleet.py destroy_with_fleet) with live Slurm-launched
+    instances, slurmctld and reconcile running on the controller and jobs pending: the fleet is stopped
+    (its launch templates tagged, which the resume program reads), torn down and waited for, and only
+    then destroyed. A job submitted once the fleet is stopped makes slurmctld resume its node at once,
+    and the job whose instance the teardown took is requeued and resumed again after it: the resume
+    program refuses both, during the teardown and after it, so no instance comes back. At the end no
+    instance of the stack is left in any state but terminated (stopped or stopping would be), each
+    ended by the program whose log says so: the teardown the fleet's, the destroy the controllers."""
+    stack = box.platform.name
+    submit(box, "sleep 600", "--requeue", partitions="spot")
     wait_for("a training instance", lambda: live(box, gpuplat_role="train") or None, 120)
-    slurm(box, "systemctl stop slurmctld")  # the controllers go first: nothing launches during teardown
+    ever = {i["InstanceId"] for i in box.instances(gpuplat_stack=stack)}
+    up = {i["InstanceId"] for i in box.instances(*NOT_TERMINATED, gpuplat_stack=stack)}
+    lines: list[str] = []
+    during: dict[str, str] = {}
+
+    def refused_once_more(what: str, timeout_s: float) -> None:
+        refusals = controller_log(box).count(FLEET_STOPPED_REFUSAL)
+        wait_for(what, lambda: controller_log(box).count(FLEET_STOPPED_REFUSAL) > refusals or None, timeout_s)
+
+    def on_line(line: str) -> None:
+        lines.append(line)
+        if line.startswith("teardown: fleet of stack") and not during:
+            # Stopped, nothing terminated yet: a job for a powered-down pool, which slurmctld resumes
+            # at once; the teardown goes on once the controller's resume program refused to launch.
+            refusals = controller_log(box).count(FLEET_STOPPED_REFUSAL)
+            during["job"] = submit(box, "hostname", partitions="spot2")
+            wait_for(
+                "the resume refused during the teardown",
+                lambda: controller_log(box).count(FLEET_STOPPED_REFUSAL) > refusals or None,
+                120,
+            )
+
+    def before_destroy() -> None:
+        """The teardown is over and the controllers still run: nothing of the fleet is left, and the
+        controllers' next try at the pending jobs is refused too."""
+        assert not box.instances(*NOT_TERMINATED, gpuplat_role="train")
+        assert {state_of(box, i) for i in box.stack.controllers.values()} == {"running"}
+        refused_once_more("the resume refused after the teardown", RELAUNCH_TRY_BOUND_S)
+        assert not box.instances(*NOT_TERMINATED, gpuplat_role="train")
+
     start = time.monotonic()
-    program = box.teardown()
-    FIGURES["teardown -> nothing left s"] = time.monotonic() - start
-    assert program.returncode == 0, program.stdout + program.stderr
-    assert not box.instances(
-        "pending", "running", "shutting-down", "stopping", "stopped", gpuplat_role="train"
-    )
-    box.ec2.terminate_instances(InstanceIds=list(box.stack.controllers.values()))  # pulumi destroy's part
-    assert not box.instances("pending", "running", "stopping", "stopped", gpuplat_stack=box.platform.name)
+    result, destroyed = box.down(on_line, before_destroy)
+    FIGURES["gpuplat down -> nothing left s"] = time.monotonic() - start
+    assert result == "destroyed"
+    assert during, f"the fleet was never stopped: {lines}"
+    left = box.instances(*NOT_TERMINATED, gpuplat_stack=stack)
+    assert not left, [(i["InstanceId"], i["State"]["Name"]) for i in left]
+    assert {i["InstanceId"] for i in box.instances(gpuplat_stack=stack)} == ever, "launched during `down`"
+    # Which program ended what: the teardown's lines name the fleet's instances, the destroy the rest.
+    by_teardown = {
+        i for i in up if any(line.startswith("teardown: terminating") and i in line for line in lines)
+    }
+    assert by_teardown == up - set(destroyed), lines
+    assert set(destroyed) == set(box.stack.controllers.values()) <= up
     print("\nbox figures: " + ", ".join(f"{k} {v:.0f}" for k, v in FIGURES.items()))

@@ -14,7 +14,9 @@ on a controller would try:
 IAM semantics modelled (IAM User Guide, "Policy evaluation logic" and "IAM JSON policy elements:
 Condition operators"): a request is allowed when a statement allows it and none denies it;
 RunInstances is authorized per resource it touches, each needing an allow; a condition key absent
-from the request context fails every operator except ForAllValues (true on an empty set).
+from the request context fails every operator except ForAllValues (true on an empty set) and the negated
+StringNotEquals (true: "If the policy condition requires that the key is not matched ... and the right
+key is not present, the condition is true").
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ def _condition_holds(operator: str, key: str, wanted: list[str], context: Contex
     if operator.startswith("ForAllValues:"):
         base = operator.split(":", 1)[1]
         return all(_condition_holds(base, key, wanted, {key: item}) for item in _values(present or []))
+    if operator == "StringNotEquals":
+        return present is None or not any(g in wanted for g in _values(present))
     if present is None:
         return False
     given = _values(present)
@@ -458,11 +462,19 @@ def fleet_allowed(
     for override in config["Overrides"]:
         subnet = arn(f"subnet/{override['SubnetId']}")
         verdicts[subnet] = allowed(statements, "ec2:CreateFleet", subnet, {"ec2:Vpc": vpc})
+    types = [override["InstanceType"] for override in config["Overrides"] if "InstanceType" in override]
     for spec in request["TagSpecifications"]:
         tags = {t["Key"]: t["Value"] for t in spec["Tags"]}
         resource = arn(f"{spec['ResourceType']}/*")
-        verdicts[spec["ResourceType"]] = allowed(
-            statements, "ec2:CreateFleet", resource, tag_context(tags, "RequestTag")
+        context = tag_context(tags, "RequestTag")
+        # an instance of each type the overrides name (its ec2:InstanceType)
+        contexts = (
+            [{**context, "ec2:InstanceType": t} for t in types or [""]]
+            if spec["ResourceType"] == "instance"
+            else [context]
+        )
+        verdicts[spec["ResourceType"]] = all(
+            allowed(statements, "ec2:CreateFleet", resource, one) for one in contexts
         )
         verdicts[f"tag {spec['ResourceType']} at launch"] = allowed(
             statements, "ec2:CreateTags", resource, {"ec2:CreateAction": "CreateFleet"}
@@ -538,6 +550,64 @@ def test_no_fleet_outside_the_stack_vpc_from_another_template_or_with_its_own_im
     }
     verdicts = fleet_allowed(controller, request, template_tags, vpc, named_in_the_request)
     assert not any(verdicts[kind] for kind in named_in_the_request), verdicts
+
+
+SUBNETS = ("subnet-0a", "subnet-0b")
+
+
+def test_a_fleet_launches_only_the_types_its_pool_declares(fleet_stack: Recording) -> None:
+    """ec2:InstanceType on CreateFleet's instances: the train pool's own type and its alternate, under
+    the pool's tag; before, any type (a p4d, a u7in) was allowed from the stack's templates."""
+    controller = effective_statements(fleet_stack, "aws-prod-service")
+    template_tags = dict(fleet_stack.named("aws-prod-train-lt").inputs["tags"])
+    vpc = stack_vpc(controller)
+    pool = Pool("train", "lt-0123456789abcdef0", None, (), ("p5e.48xlarge", "p5en.48xlarge"), SUBNETS)
+    request = Ec2Nodes(FleetClient(), "aws-prod").fleet_request(pool, 2, all_or_nothing=True)
+    assert fleet_allowed(controller, request, template_tags, vpc)["instance"]
+    for other in ("p4d.24xlarge", "p5.48xlarge"):
+        [config] = request["LaunchTemplateConfigs"]
+        overrides = [*config["Overrides"], {**config["Overrides"][0], "InstanceType": other}]
+        widened = {**request, "LaunchTemplateConfigs": [{**config, "Overrides": overrides}]}
+        assert not fleet_allowed(controller, widened, template_tags, vpc)["instance"], other
+    other_pool = Ec2Nodes(FleetClient(), "aws-prod").fleet_request(
+        Pool("infer", "lt-0123456789abcdef0", None, (), ("p5e.48xlarge", "p5en.48xlarge"), SUBNETS), 2
+    )
+    assert not fleet_allowed(controller, other_pool, template_tags, vpc)["instance"], (
+        "a pool not launched by fleet"
+    )
+
+
+@pytest.mark.parametrize("stack", ["aws-prod", "fleet"])
+def test_no_launch_from_a_template_the_fleets_stop_tagged(
+    stack: str, aws_prod: tuple[ResolvedPlatform, Recording], fleet_stack: Recording
+) -> None:
+    """`gpuplat down` tags the templates gpuplat:fleet=stopped before the teardown: from then on IAM
+    refuses the controllers' launches, whatever runs on them; they may read the tag (DescribeTags), not
+    set or remove it."""
+    recording = aws_prod[1] if stack == "aws-prod" else fleet_stack
+    statements = effective_statements(recording, "aws-prod-service")
+    template_tags = dict(recording.named("aws-prod-train-lt").inputs["tags"])
+    stopped = {**template_tags, "gpuplat:fleet": "stopped"}
+    request_tags = {"gpuplat:stack": "aws-prod", "gpuplat:pool": "train", "gpuplat:role": "train"}
+    verdicts = run_instances_allowed(statements, TEMPLATE, template_tags, request_tags, spot=True)
+    assert all(verdicts.values()), verdicts
+    assert not run_instances_allowed(statements, TEMPLATE, stopped, request_tags, spot=True)[
+        "launch-template"
+    ]
+    other_value = {**template_tags, "gpuplat:fleet": "running"}
+    assert run_instances_allowed(statements, TEMPLATE, other_value, request_tags, spot=True)[
+        "launch-template"
+    ]
+    if stack == "fleet":
+        pool = Pool("train", "lt-0123456789abcdef0", None, (), ("p5e.48xlarge", "p5en.48xlarge"), SUBNETS)
+        request = Ec2Nodes(FleetClient(), "aws-prod").fleet_request(pool, 2, all_or_nothing=True)
+        assert fleet_allowed(statements, request, template_tags, stack_vpc(statements))["launch-template"]
+        assert not fleet_allowed(statements, request, stopped, stack_vpc(statements))["launch-template"]
+    assert allowed(statements, "ec2:DescribeTags", "*", {})
+    assert allowed(statements, "ec2:DescribeLaunchTemplateVersions", "*", {})  # reconcile: outdated nodes
+    context = tag_context(template_tags, "ResourceTag")
+    for action in ("ec2:CreateTags", "ec2:DeleteTags"):
+        assert not allowed(statements, action, TEMPLATE, context), f"{action} on a template"
 
 
 def test_a_stack_without_fleet_pools_grants_no_create_fleet(controller: list[Mapping[str, Any]]) -> None:

@@ -57,6 +57,7 @@ def program_outputs(platform: ResolvedPlatform) -> dict[str, Any]:
 class StandIn:
     platforms: dict[str, ResolvedPlatform] = field(default_factory=dict)
     playbooks: list[str] = field(default_factory=list)
+    limits: list[list[str] | None] = field(default_factory=list)
     calls: list[str] = field(default_factory=list)
     change_summary: dict[str, int] = field(default_factory=lambda: {"create": 212, "same": 0})
     config_files: list[str] = field(default_factory=list)
@@ -98,6 +99,7 @@ def stand_in(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> StandIn:
         # Cloud and existing hosts are not this machine's containers: never Mitogen's setns into them.
         assert not options.get("containers"), playbook
         state.playbooks.append(playbook)
+        state.limits.append(options.get("limit"))
         return PlaybookRun(playbook, 0, [], log_dir / "site.log")
 
     def validate(platform: ResolvedPlatform, options: Any) -> Any:
@@ -133,6 +135,8 @@ def test_up_writes_the_inventory_with_the_stack_outputs(
     assert lines == ["+ aws:ec2/vpc:Vpc aws-prod-vpc create", "Resources: + 212 created"]
     assert result.phases[0].summary == "212 to create"
     assert stand_in.playbooks == ["site.yml"]
+    # Slurm's training nodes are not configured again under their jobs (outdated.py drains them instead)
+    assert stand_in.limits == [["all", "!slurm_compute"]]
     inventory = tmp_path / platform.name / "inventory"
     all_vars = yaml.safe_load((inventory / "group_vars" / "all.yml").read_text())
     assert all_vars["shared_fs_source"] == f"{FSX_DNS}@tcp:/{FSX_MOUNT}"

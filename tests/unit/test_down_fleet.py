@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from botocore.exceptions import ClientError
 
 from infra.cli.commands import lifecycle
 from infra.errors import GpuPlatError
@@ -168,3 +169,25 @@ def test_without_credentials_down_says_so_at_once_and_destroys_nothing(
     assert destroyed == []
     assert "cannot list the instances Slurm launched" in raised.value.message
     assert "AWS credentials" in raised.value.message
+
+
+def test_a_fleet_that_cannot_be_stopped_is_not_torn_down_nor_destroyed(
+    ec2: Any, destroyed: list[list[str]], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without the stop the controllers would launch again during the teardown: nothing is terminated."""
+    from gpuplat_ec2_nodes.ec2 import Ec2Nodes
+
+    def denied(self: Any) -> list[str]:
+        raise ClientError({"Error": {"Code": "UnauthorizedOperation", "Message": "no"}}, "CreateTags")
+
+    monkeypatch.setattr(Ec2Nodes, "stop_fleet", denied)
+    running = launch(ec2, STACK, "train", "train")
+    try:
+        with pytest.raises(GpuPlatError) as raised:
+            lifecycle.down(stack=STACK, yes=True)
+        assert destroyed == []
+        assert state(ec2, running) == "running"
+    finally:
+        ec2.terminate_instances(InstanceIds=[running])
+    assert "could not be tagged gpuplat:fleet=stopped" in raised.value.message
+    assert "teardown: cannot stop the fleet" in capsys.readouterr().err

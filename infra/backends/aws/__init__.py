@@ -497,7 +497,11 @@ class AwsBackend:
             aws.get_partition_output().partition, aws.get_caller_identity_output().account_id
         ).apply(lambda parts: AccountScope(parts[0], str(platform.spec.region), parts[1]))
         spot = any(p.spec.capacity == "spot" for p in platform.pools_with_role("train"))
-        fleet = any(launched_through_fleet(platform, p) for p in platform.pools_with_role("train"))
+        fleet_pools = {
+            p.name: [p.node_type.name, *p.spec.alternate_instance_types]
+            for p in platform.pools_with_role("train")
+            if launched_through_fleet(platform, p)
+        }
         controller_role = platform.controller_pool.role
         roles = sorted({p.role for p in platform.pools})
         identities: dict[str, NodeIdentity] = {}
@@ -517,7 +521,12 @@ class AwsBackend:
                 parts.append(
                     pulumi.Output.all(identities["train"].role.arn, scope, vpc_arn).apply(
                         lambda values: cluster_manager_statements(
-                            platform.name, [values[0]], values[1], values[2], spot=spot, fleet=fleet
+                            platform.name,
+                            [values[0]],
+                            values[1],
+                            values[2],
+                            spot=spot,
+                            fleet_pools=fleet_pools,
                         )
                     )
                 )

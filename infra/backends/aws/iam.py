@@ -9,14 +9,14 @@ condition on termination holds (see `cluster_manager_statements`).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
 import pulumi_aws as aws
 
-from infra.nodes.inventory import TAG_NODE, TAG_ROLE, TAG_STACK
+from infra.nodes.inventory import TAG_NODE, TAG_POOL, TAG_ROLE, TAG_STACK
 
 MANAGED_POLICIES = (
     "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore",
@@ -188,6 +188,16 @@ _TAGGED_AT_LAUNCH = ("instance", "volume", "network-interface", "spot-instances-
 # gpuplat_ec2_nodes/ec2.py, Ec2Nodes.tag_node): its node name and its Name. Nothing else, on existing
 # instances: never gpuplat:stack, which the termination condition trusts.
 NODE_TAG_KEYS = (TAG_NODE, "Name")
+# The fleet's stop: `gpuplat down` tags the stack's training templates so before it terminates the fleet
+# (roles/slurm_elastic/files/gpuplat_ec2_nodes/ec2.py TAG_FLEET, teardown.py), and no launch from a
+# template so tagged is allowed, whatever the program on a controller does. A template without the tag
+# passes: "If the policy condition requires that the key is not matched, such as StringNotLike or
+# ArnNotLike, and the right key is not present, the condition is true" (IAM User Guide, "IAM JSON policy
+# elements: Condition operators", https://docs.aws.amazon.com/IAM/latest/UserGuide/
+# reference_policies_elements_condition_operators.html). Nothing here may tag a template.
+TAG_FLEET = "gpuplat:fleet"
+FLEET_STOPPED = "stopped"
+NOT_STOPPED = {"StringNotEquals": {f"aws:ResourceTag/{TAG_FLEET}": FLEET_STOPPED}}
 
 
 @dataclass(frozen=True)
@@ -215,7 +225,7 @@ def cluster_manager_statements(
     scope: AccountScope,
     vpc_arn: str,
     spot: bool = False,
-    fleet: bool = False,
+    fleet_pools: Mapping[str, Sequence[str]] | None = None,
 ) -> list[dict[str, Any]]:
     """The controllers: launch, name and terminate training nodes (Slurm power saving), find inference
     nodes (gateway and Prometheus discovery) and, with a spot training pool, let EC2 create the spot
@@ -247,16 +257,23 @@ def cluster_manager_statements(
     own_nodes = {f"aws:ResourceTag/{TAG_STACK}": stack, f"aws:ResourceTag/{TAG_ROLE}": "train"}
     # CreateTags' ec2:CreateAction: the launch that creates and tags (the reference lists the key for
     # every resource type of CreateTags); an instant fleet tags the fleet too.
+    fleet = bool(fleet_pools)
     launch_actions = ["RunInstances", "CreateFleet"] if fleet else "RunInstances"
     tagged_at_launch = _TAGGED_AT_LAUNCH + (("fleet",) if fleet else ())
     statements: list[dict[str, Any]] = [
         {"Sid": "DiscoverInstances", "Effect": "Allow",
          "Action": ["ec2:DescribeInstances", "ec2:DescribeInstanceStatus",
                     "autoscaling:DescribeAutoScalingInstances"], "Resource": "*"},
+        # The resume program reads the fleet's stop from the templates' tags (Ec2Nodes.stopped_templates),
+        # reconcile which template version each node runs (gpuplat_ec2_nodes/outdated.py). Neither action
+        # takes a resource ARN (the reference lists no resource type for them: list_amazonec2.html at
+        # c0d416c, lines 33004 and 31418).
+        {"Sid": "ReadFleetStopAndPoolDefinitions", "Effect": "Allow",
+         "Action": ["ec2:DescribeTags", "ec2:DescribeLaunchTemplateVersions"], "Resource": "*"},
         {"Sid": "LaunchFromStackTrainingTemplates", "Effect": "Allow", "Action": ["ec2:RunInstances"],
          "Resource": [templates],
          "Condition": {"StringEquals": {f"aws:ResourceTag/{TAG_STACK}": stack,
-                                        f"aws:ResourceTag/{TAG_ROLE}": "train"}}},
+                                        f"aws:ResourceTag/{TAG_ROLE}": "train"}, **NOT_STOPPED}},
         {"Sid": "LaunchInTheStackVpc", "Effect": "Allow", "Action": ["ec2:RunInstances"],
          "Resource": sorted(scope.ec2(f"{kind}/*") for kind in _LAUNCH_NETWORK),
          "Condition": {"ArnEquals": {"ec2:Vpc": vpc_arn}}},
@@ -283,8 +300,8 @@ def cluster_manager_statements(
          "Resource": sorted(train_role_arns),
          "Condition": {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}},
     ]  # fmt: skip
-    if fleet:
-        statements += fleet_statements(stack, scope, vpc_arn)
+    if fleet_pools:
+        statements += fleet_statements(stack, scope, vpc_arn, fleet_pools)
     if spot:
         statements.append(
             {"Sid": "CreateSpotServiceLinkedRole", "Effect": "Allow",
@@ -296,7 +313,9 @@ def cluster_manager_statements(
     return statements
 
 
-def fleet_statements(stack: str, scope: AccountScope, vpc_arn: str) -> list[dict[str, Any]]:
+def fleet_statements(
+    stack: str, scope: AccountScope, vpc_arn: str, pool_types: Mapping[str, Sequence[str]]
+) -> list[dict[str, Any]]:
     """CreateFleet (type instant) for pools with several instance types or zones
     (roles/slurm_elastic/files/gpuplat_ec2_nodes/ec2.py, Ec2Nodes.fleet_request), per the Service
     Authorization Reference's EC2 table ("Actions, resources, and condition keys for Amazon EC2", as
@@ -311,19 +330,34 @@ def fleet_statements(stack: str, scope: AccountScope, vpc_arn: str) -> list[dict
     subnets of the stack's VPC (the overrides), and the fleet and instances tagged with this stack at
     launch. An override of the image, volumes or placement group is not allowed. An instant fleet needs
     no EC2 Fleet service-linked role (EC2 User Guide, "EC2 Fleet prerequisites": "An instant EC2 Fleet
-    does not require this role")."""
-    return [
+    does not require this role").
+
+    The instances of each pool only of the types the pool declares (its own and its alternates): the
+    reference lists ec2:InstanceType ("Filters access by the type of instance") for CreateFleet's
+    instance* (list_amazonec2.html at c0d416c, line 6758), and the resume program tags each instance with
+    its pool at launch (aws:RequestTag/gpuplat:pool, Ec2Nodes.launch_tags). IAM cannot tie the type to
+    the template named in the same request, so a pool's statement holds its pool tag, not its template."""
+    statements: list[dict[str, Any]] = [
         {"Sid": "FleetFromStackTrainingTemplates", "Effect": "Allow", "Action": ["ec2:CreateFleet"],
          "Resource": [scope.ec2("launch-template/*")],
          "Condition": {"StringEquals": {f"aws:ResourceTag/{TAG_STACK}": stack,
-                                        f"aws:ResourceTag/{TAG_ROLE}": "train"}}},
+                                        f"aws:ResourceTag/{TAG_ROLE}": "train"}, **NOT_STOPPED}},
         {"Sid": "FleetInTheStackVpc", "Effect": "Allow", "Action": ["ec2:CreateFleet"],
          "Resource": [scope.ec2("subnet/*")],
          "Condition": {"ArnEquals": {"ec2:Vpc": vpc_arn}}},
-        {"Sid": "FleetOfStackTaggedInstances", "Effect": "Allow", "Action": ["ec2:CreateFleet"],
-         "Resource": [scope.ec2("fleet/*"), scope.ec2("instance/*")],
+        {"Sid": "FleetTaggedWithTheStack", "Effect": "Allow", "Action": ["ec2:CreateFleet"],
+         "Resource": [scope.ec2("fleet/*")],
          "Condition": {"StringEquals": {f"aws:RequestTag/{TAG_STACK}": stack}}},
     ]  # fmt: skip
+    for index, (pool, types) in enumerate(sorted(pool_types.items())):
+        statements.append(
+            {"Sid": f"FleetInstancesOfPool{index}", "Effect": "Allow", "Action": ["ec2:CreateFleet"],
+             "Resource": [scope.ec2("instance/*")],
+             "Condition": {"StringEquals": {f"aws:RequestTag/{TAG_STACK}": stack,
+                                            f"aws:RequestTag/{TAG_POOL}": pool,
+                                            "ec2:InstanceType": sorted(set(types))}}}
+        )  # fmt: skip
+    return statements
 
 
 def inference_node_statements(stack: str) -> list[dict[str, Any]]:

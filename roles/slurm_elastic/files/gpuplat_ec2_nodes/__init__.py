@@ -44,7 +44,10 @@ on the controller, from systemd timers:
                         behind it (terminated or stopped from outside: at once, not after
                         SlurmdTimeout). A node whose instance has an EC2 scheduled event
                         (instance-reboot, system-reboot, system-maintenance, instance-retirement,
-                        instance-stop) is drained, so it is replaced once its jobs end. Every
+                        instance-stop) is drained, so it is replaced once its jobs end. A node
+                        in service on an older launch template version whose user data (the
+                        bundle) is not the latest's is set POWER_DOWN_ASAP: its jobs finish, the
+                        next launch boots the new definition (outdated.py). Every
                         decision is logged; a failed termination is tried again next round. An
                         orphan is gone within grace + timer interval.
                         Then the pools' holds: a pool's boot-failure count starts again when one of its
@@ -53,8 +56,10 @@ on the controller, from systemd timers:
 
 by an operator (before ``pulumi destroy``: Slurm-launched instances are not Pulumi resources):
 
-  teardown              terminate every fleet instance of the stack (every state but terminated, any
-                        pool) and wait (--timeout-seconds) until none is left; the ones left are listed.
+  teardown              stop the fleet (the stack's training launch templates tagged
+                        gpuplat:fleet=stopped: resume launches nothing from them), then terminate every
+                        fleet instance of the stack (every state but terminated, any pool) and wait
+                        (--timeout-seconds) until none is left; the ones left are listed.
                         `gpuplat down` runs it before `pulumi destroy`.
   pools                 each pool's hold and boot-failure count, as JSON.
   unprotect POOL        end the pool's protected mode (and its count); its held names are released.
@@ -143,7 +148,7 @@ Exit codes:
   3  a node name belongs to no configured pool (the other names were handled)
 
 The package: a module per command (resume.py: resume and resume-fail; suspend.py, keep_static.py,
-reconcile.py and replacement.py, teardown.py, spot_watch.py), the pools' holds (holds.py: pools,
+reconcile.py, replacement.py and outdated.py, teardown.py, spot_watch.py), the pools' holds (holds.py: pools,
 unprotect), the EC2 and Slurm sides they share (ec2.py, slurm.py), the configuration (settings.py), hostlists
 (hostlist.py), state files (state.py), and the command line (cli.py, run as ``python3 -m
 gpuplat_ec2_nodes``). roles/slurm_elastic installs it in /usr/local/lib/gpuplat and, as the command

@@ -25,6 +25,13 @@ TAG_ROLE = "gpuplat:role"
 # (infra/backends/aws/tags.py pool_tags) and the resume program asks for it at launch. The stack's
 # controllers and inference nodes carry other roles.
 FLEET_ROLE = "train"
+# The fleet's stop (gpuplat down, teardown.py): a tag on the stack's training launch templates that the
+# resume program reads before it launches, and on which the controllers' IAM policy denies every launch
+# (infra/backends/aws/iam.py, cluster_manager_statements). The controllers may not remove it (they tag
+# instances only). ParallelCluster's counterpart is the compute fleet status STOP_REQUESTED/STOPPED,
+# under which its resume launches nothing.
+TAG_FLEET = "gpuplat:fleet"
+FLEET_STOPPED = "stopped"
 LIVE_STATES = ("pending", "running")
 TERMINABLE_STATES = ("pending", "running", "stopping", "stopped")
 NOT_TERMINATED_STATES = (*TERMINABLE_STATES, "shutting-down")
@@ -169,6 +176,56 @@ class Ec2Nodes:
             {"Name": "instance-state-name", "Values": list(states)},
         ]
         return self.describe(filters)
+
+    def fleet_templates(self) -> list[str]:
+        """The stack's training launch templates (tagged gpuplat:stack and gpuplat:role train by
+        `pulumi up`), configured pools or not."""
+        paginator = self.client.get_paginator("describe_launch_templates")
+        filters = [
+            {"Name": f"tag:{TAG_STACK}", "Values": [self.stack]},
+            {"Name": f"tag:{TAG_ROLE}", "Values": [FLEET_ROLE]},
+        ]
+        return [
+            str(template["LaunchTemplateId"])
+            for page in paginator.paginate(Filters=filters)
+            for template in page["LaunchTemplates"]
+        ]
+
+    def stop_fleet(self) -> list[str]:
+        """Tag every training launch template of the stack stopped; the templates tagged."""
+        templates = self.fleet_templates()
+        if templates:
+            self.client.create_tags(Resources=templates, Tags=[{"Key": TAG_FLEET, "Value": FLEET_STOPPED}])
+        return templates
+
+    def stopped_templates(self, template_ids: Sequence[str]) -> set[str]:
+        """Which of the launch templates carry the fleet's stop. DescribeTags, not
+        DescribeLaunchTemplates: both answer a template's tags on EC2, but the emulator the tests run
+        (moto 5.2.6) shows in DescribeLaunchTemplates only the tags given at its creation."""
+        stopped: set[str] = set()
+        paginator = self.client.get_paginator("describe_tags")
+        for batch in chunks(template_ids, FILTER_VALUES_MAX):
+            filters = [
+                {"Name": "resource-id", "Values": batch},
+                {"Name": "key", "Values": [TAG_FLEET]},
+                {"Name": "value", "Values": [FLEET_STOPPED]},
+            ]
+            for page in paginator.paginate(Filters=filters):
+                stopped.update(str(tag["ResourceId"]) for tag in page["Tags"])
+        return stopped
+
+    def template_user_data(self, template_id: str, versions: Sequence[str]) -> tuple[str, dict[str, str]]:
+        """The launch template's latest version number and the user data of it and of `versions`."""
+        response = self.client.describe_launch_template_versions(
+            LaunchTemplateId=template_id, Versions=[*versions, "$Latest"]
+        )
+        by_version: dict[str, str] = {}
+        latest = 0
+        for entry in response["LaunchTemplateVersions"]:
+            number = int(entry["VersionNumber"])
+            by_version[str(number)] = str(entry.get("LaunchTemplateData", {}).get("UserData", ""))
+            latest = max(latest, number)
+        return str(latest), by_version
 
     def launch(
         self, pool: Pool, names: Sequence[str], all_or_nothing: bool = False

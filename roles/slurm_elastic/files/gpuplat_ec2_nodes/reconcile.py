@@ -1,5 +1,6 @@
 """reconcile (a systemd timer on the controller): the pools' instances that no node owns terminated,
-unhealthy nodes replaced and nodes with an EC2 scheduled event drained (replacement.py)."""
+unhealthy nodes replaced and nodes with an EC2 scheduled event drained (replacement.py), nodes of an
+older definition of their pool drained out after their jobs (outdated.py)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from .ec2 import (
 from .exit_codes import EXIT_FAILED, EXIT_OK
 from .holds import apply_holds, hold_reason, note_nodes_up, read_holds, record_boot_failures
 from .logs import LOG
+from .outdated import drain_outdated, outdated_instances
 from .replacement import (
     boot_failures,
     drain_for_events,
@@ -67,6 +69,8 @@ def reconcile(settings: Settings, ec2: Ec2Nodes, slurm: Slurm, now: float | None
         record_boot_failures(settings, refused, now)
     rest = [i for i in instances if tag_value(i, TAG_NODE) not in replaced]
     drained = events is not None and drain_for_events(slurm, nodes, rest, events)
+    outdated = outdated_instances(settings, ec2, rest)
+    updated = outdated is not None and drain_outdated(slurm, nodes, rest, outdated)
     noted = note_nodes_up(settings, nodes, now)
     held = apply_holds(settings, slurm, nodes, now)
     report_unconfigured(settings, instances)
@@ -84,7 +88,7 @@ def reconcile(settings: Settings, ec2: Ec2Nodes, slurm: Slurm, now: float | None
         reason = hold_reason(holds, pool, now)
         if reason:
             LOG.warning("reconcile: pool %s is held: %s", pool, reason)
-    ok = saved and replace_ok and drained and noted and held and terminated
+    ok = saved and replace_ok and drained and updated and noted and held and terminated
     return EXIT_OK if ok else EXIT_FAILED
 
 

@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
-from .ec2 import ADDRESS_WAIT_S, TERMINABLE_STATES, Ec2Nodes, ErrorTypes, describe_label, terminate_named
+from .ec2 import (
+    ADDRESS_WAIT_S,
+    TERMINABLE_STATES,
+    Ec2Nodes,
+    ErrorTypes,
+    describe_label,
+    error_code,
+    terminate_named,
+)
 from .exit_codes import EXIT_FAILED, EXIT_OK
 from .holds import (
     CAPACITY_ERROR_CODES,
@@ -22,6 +31,7 @@ from .settings import Settings, group_by_pool, report_unknown
 from .slurm import Slurm
 
 REASON_RESUME_FAIL = "gpuplat resume-fail: no registration within ResumeTimeout"
+REASON_FLEET_STOPPED = "gpuplat fleet stopped: gpuplat down is tearing the stack down"
 
 
 def resume(
@@ -32,7 +42,8 @@ def resume(
     now: float | None = None,
     jobs: list[ResumeJob] | None = None,
 ) -> int:
-    """Launch a new instance for every name; names of a held pool get none (holds.py). The names of
+    """Launch a new instance for every name; names of a held pool get none (holds.py), nor those of a
+    stopped fleet (`gpuplat down`: fleet_stopped). The names of
     each job of the resume file (resume_file.py) are launched all or nothing: a job that cannot have
     all its nodes gets none, rather than idle nodes that wait for the rest until SuspendTime.
 
@@ -48,11 +59,12 @@ def resume(
     now = time.time() if now is None else now
     ok = terminate_earlier(ec2, known)
     holds = read_holds(settings)
+    stopped = fleet_stopped(settings, ec2, list(groups))
     started: dict[str, dict[str, Any]] = {}
     failed: dict[str, str] = {}
     cooled = False
     for job_id, by_pool in launch_units(groups, jobs or []):
-        launched, missing, codes = launch_unit(settings, ec2, holds, by_pool, job_id, now)
+        launched, missing, codes = launch_unit(settings, ec2, holds, by_pool, job_id, now, stopped)
         started.update(launched)
         failed.update(missing)
         for pool_name, code in codes.items():
@@ -67,6 +79,22 @@ def resume(
     return report_unknown(unknown, settings.pools, "resume") or (
         EXIT_OK if ok and not failed else EXIT_FAILED
     )
+
+
+def fleet_stopped(settings: Settings, ec2: Ec2Nodes, pools: list[str]) -> dict[str, str]:
+    """The pools whose launch template carries the fleet's stop (ec2.py TAG_FLEET), with the reason. When
+    EC2 cannot say, none: resume launches, as it does when it cannot look up earlier instances, and IAM
+    refuses a launch from a stopped template whatever this program reads (infra/backends/aws/iam.py
+    NOT_STOPPED)."""
+    templates = {settings.pools[pool].launch_template_id: pool for pool in pools}
+    try:
+        stopped = ec2.stopped_templates(sorted(templates))
+    except ErrorTypes as err:
+        LOG.error("resume: cannot read whether the fleet is stopped (%s); launching", error_code(err))
+        return {}
+    return {
+        templates[template]: REASON_FLEET_STOPPED for template in sorted(stopped) if template in templates
+    }
 
 
 def launch_units(
@@ -98,6 +126,7 @@ def launch_unit(
     by_pool: dict[str, list[str]],
     job_id: str | None,
     now: float,
+    stopped: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, dict[str, Any]], dict[str, str], dict[str, str]]:
     """Launch the names of one unit; the instances by name, the error code of each name without one,
     and each pool's launch error. A job's unit is all or nothing: RunInstances with MinCount as many as
@@ -106,7 +135,7 @@ def launch_unit(
     failed: dict[str, str] = {}
     codes: dict[str, str] = {}
     for pool_name, pool_names in by_pool.items():
-        held = hold_reason(holds, pool_name, now)
+        held = (stopped or {}).get(pool_name) or hold_reason(holds, pool_name, now)
         if held:
             LOG.warning(
                 "resume: pool %s is held (%s): no launch for %s", pool_name, held, ",".join(pool_names)

@@ -6,7 +6,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .ec2 import NOT_TERMINATED_STATES, TERMINABLE_STATES, Ec2Nodes, ErrorTypes, describe_label
+from .ec2 import (
+    FLEET_STOPPED,
+    NOT_TERMINATED_STATES,
+    TAG_FLEET,
+    TERMINABLE_STATES,
+    Ec2Nodes,
+    ErrorTypes,
+    describe_label,
+)
 from .exit_codes import EXIT_FAILED, EXIT_OK
 from .logs import LOG
 from .settings import Settings
@@ -20,8 +28,20 @@ def teardown(
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> int:
-    """Terminate every instance Slurm launched for the stack (configured pools or not); wait until none
-    is left in any state but terminated (bounded)."""
+    """Stop the fleet (its launch templates tagged, ec2.py TAG_FLEET: the controllers launch nothing
+    more), then terminate every instance Slurm launched for the stack (configured pools or not) and wait
+    until none is left in any state but terminated (bounded). Without the stop, a controller still
+    running resumes a pending job's nodes again while they are terminated, or once they are gone."""
+    try:
+        stopped = ec2.stop_fleet()
+    except ErrorTypes as err:
+        LOG.error("teardown: cannot stop the fleet (tag its launch templates %s=%s): %s", TAG_FLEET,
+                  FLEET_STOPPED, err)  # fmt: skip
+        return EXIT_FAILED
+    LOG.warning(
+        "teardown: fleet of stack %s stopped (%s=%s on %s): the controllers launch nothing more",
+        settings.stack, TAG_FLEET, FLEET_STOPPED, ", ".join(stopped) or "no launch template",
+    )  # fmt: skip
     LOG.warning("teardown: terminating every instance Slurm launched for stack %s", settings.stack)
     deadline = clock() + timeout_s
     while True:
