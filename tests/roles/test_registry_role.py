@@ -246,7 +246,9 @@ def test_the_registrys_install_byte_compiles_what_it_installs(tmp_path: Path) ->
         wheel.writestr("gpuplat_demo/__init__.py", "ANSWER = 42\n")
         info = "gpuplat_demo-1.0.dist-info"
         wheel.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: gpuplat-demo\nVersion: 1.0\n")
-        wheel.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        wheel.writestr(
+            f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        )
         wheel.writestr(f"{info}/RECORD", "")
     pip_args = role_variables({"model_registry_wheelhouse": str(wheels)})["__model_registry_pip_args"]
     installed = subprocess.run(
