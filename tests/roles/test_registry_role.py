@@ -7,7 +7,10 @@ registry the user names. The server's behaviour with these settings: tests/roles
 from __future__ import annotations
 
 import ipaddress
+import shlex
 import subprocess
+import sys
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -231,3 +234,28 @@ def test_a_converge_to_postgresql_refuses_to_leave_an_earlier_sqlite_registry_be
     assert refused.returncode != 0 and "nothing copies them there" in refused.stdout, refused.stdout[-2000:]
     kept = preflight("sqlite")
     assert kept.returncode == 0, kept.stdout[-2000:]
+
+
+def test_the_registrys_install_byte_compiles_what_it_installs(tmp_path: Path) -> None:
+    """pip with the role's own arguments writes the compiled files beside the sources, so that the
+    environment's archive (roles/python_requirements) carries them: the server's user cannot write the
+    venv, and without them every start of the server compiled all it imports again."""
+    wheels, target = tmp_path / "wheels", tmp_path / "site"
+    wheels.mkdir()
+    with zipfile.ZipFile(wheels / "gpuplat_demo-1.0-py3-none-any.whl", "w") as wheel:
+        wheel.writestr("gpuplat_demo/__init__.py", "ANSWER = 42\n")
+        info = "gpuplat_demo-1.0.dist-info"
+        wheel.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: gpuplat-demo\nVersion: 1.0\n")
+        wheel.writestr(
+            f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        )
+        wheel.writestr(f"{info}/RECORD", "")
+    pip_args = role_variables({"model_registry_wheelhouse": str(wheels)})["__model_registry_pip_args"]
+    installed = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+         "--target", str(target), *shlex.split(pip_args), "gpuplat-demo==1.0"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    assert (target / "gpuplat_demo" / "__init__.py").is_file()
+    assert list((target / "gpuplat_demo" / "__pycache__").glob("__init__.*.pyc")), pip_args
