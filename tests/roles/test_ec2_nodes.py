@@ -791,6 +791,8 @@ class FakeImds(ThreadingHTTPServer):
         self.notice = json.dumps(NOTICE).encode()  # the body of an instance-action answered 200
         self.requests: list[str] = []
         self.credential_delays: list[float] = []  # seconds before each answer with credentials
+        self.stalled: set[str] = set()  # request methods answered only once `released` is set
+        self.released = threading.Event()
 
     @property
     def url(self) -> str:
@@ -802,6 +804,7 @@ class ImdsHandler(BaseHTTPRequestHandler):
 
     def do_PUT(self) -> None:
         self.server.requests.append(self.requestline.rsplit(" ", 1)[0])  # as sent: self.path folds "//"
+        self.stall()
         ttl = self.headers.get("X-aws-ec2-metadata-token-ttl-seconds", "")
         if self.path != "/latest/api/token" or not (ttl.isdigit() and 1 <= int(ttl) <= 21600):
             self.reply(400, b"")  # IMDS's answer to a TTL missing or outside 1 to 21600 s
@@ -810,6 +813,7 @@ class ImdsHandler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         self.server.requests.append(self.requestline.rsplit(" ", 1)[0])
+        self.stall()
         if self.headers.get("X-aws-ec2-metadata-token") != self.server.token:
             self.reply(401, b"")
         elif self.path == f"{CREDENTIALS_PATH}/":
@@ -823,6 +827,11 @@ class ImdsHandler(BaseHTTPRequestHandler):
         else:
             status = self.server.responses.pop(0) if self.server.responses else 404
             self.reply(status, self.server.notice if status == 200 else b"")
+
+    def stall(self) -> None:
+        """An IMDS that takes the connection and does not answer (until the test releases it)."""
+        if self.command in self.server.stalled:
+            self.server.released.wait(timeout=60)
 
     def reply(self, status: int, body: bytes) -> None:
         self.send_response(status)
@@ -840,6 +849,7 @@ def imds() -> Iterator[FakeImds]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield server
+    server.released.set()
     server.shutdown()
     server.server_close()
 
