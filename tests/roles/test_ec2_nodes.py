@@ -979,7 +979,7 @@ def test_spot_notice_terms_the_steps_powers_down_then_requeues_the_jobs_that_end
 
 
 def test_a_spot_notice_terms_what_the_batch_script_started_but_not_the_batch_shell(
-    imds: FakeImds, slurm: SlurmRecorder
+    imds: FakeImds, slurm: SlurmRecorder, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A torchrun run in the batch script (not under srun) is in no job step: `scancel --signal`
     never reaches it. spot-watch signals every process `scontrol listpids` lists in the batch step but
@@ -1000,10 +1000,15 @@ def test_a_spot_notice_terms_what_the_batch_script_started_but_not_the_batch_she
     def sleep(_: float) -> None:
         signalled_at.append(trainer.wait(timeout=10))
 
+    caplog.set_level("INFO", logger=LOG.name)
     try:
         watch = SpotWatch("train-spot-1", imds.url, grace_s=90.0, interval_s=5.0)
         assert spot_watch(watch, Slurm(slurm.scontrol), sleep=sleep) == EXIT_OK
         assert signalled_at == [-15], "TERM within the grace, not at its end"
+        assert (
+            f"spot-watch: train-spot-1: SIGTERM to 2 processes of the batch steps of jobs 101: "
+            f"{trainer.pid} {gone.pid}"
+        ) in [r.getMessage() for r in caplog.records], "each process listed, by its pid"
         assert shell.poll() is None and other_job.poll() is None
         assert extern.poll() is None and step_helper.poll() is None, "other steps: scancel's"
     finally:
