@@ -161,6 +161,35 @@ def test_suspend_holds_by_the_other_controllers_hold_too(
     assert scontrol_updates(slurm) == [["nodename=train-1", "state=down", f"reason={COOLDOWN_REASON}"]]
 
 
+def test_suspend_judges_a_hold_at_the_time_it_is_given(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+) -> None:
+    """A cool-down recorded now is over at a time past its end: suspend given that time holds nothing."""
+    settings = settings_for(tmp_path, cloud, slurm)
+    recorded = time.time()
+    assert record_capacity_error(settings, "train", "InsufficientInstanceCapacity", recorded)
+    over = recorded + settings.insufficient_capacity_timeout_s + 60
+    ec2 = harness.ec2_nodes(cloud, slurm)
+    assert suspend(settings, ec2, Slurm(slurm.scontrol), ["train-1"], now=over) == EXIT_OK
+    assert scontrol_updates(slurm) == [], "the cool-down is over at the time given"
+
+
+def test_suspend_fails_when_an_instance_cannot_be_terminated_though_nothing_is_held(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+) -> None:
+    """SuspendProgram's failure is what Slurm and the operator see of an instance left running: a
+    termination refused fails suspend even where no hold had to be set."""
+    protected = cloud.launch("train-1")
+    cloud.protect(protected)
+    try:
+        settings = settings_for(tmp_path, cloud, slurm)
+        ec2 = harness.ec2_nodes(cloud, slurm)
+        assert suspend(settings, ec2, Slurm(slurm.scontrol), ["train-1"], now=T0) == EXIT_FAILED
+        assert cloud.state(protected) == "running" and scontrol_updates(slurm) == []
+    finally:
+        cloud.protect(protected, False)
+
+
 def test_a_release_that_came_while_the_name_powered_down_is_done_again_by_reconcile(
     tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
 ) -> None:
