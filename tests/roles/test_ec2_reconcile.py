@@ -222,7 +222,7 @@ def test_reconcile_terminates_nothing_without_slurms_node_list(
     slurm.fail("scontrol")
     result = run_in_process(write_config(tmp_path, cloud, slurm, NO_GRACE), cloud, "reconcile")
     assert result.returncode == EXIT_FAILED
-    assert "without Slurm's node list nothing is terminated" in result.stderr
+    assert " ERROR reconcile: without Slurm's node list nothing is terminated\n" in result.stderr
     assert cloud.state(instance) == "running"
 
 
@@ -235,7 +235,7 @@ def test_a_failed_termination_is_tried_again_next_round(
     slurm.nodes(show_node("train-1", "IDLE+CLOUD"))
     first = run_in_process(config, cloud, "reconcile")
     assert first.returncode == EXIT_FAILED
-    assert f"{protected} is still there; trying again next round" in first.stderr
+    assert f" ERROR reconcile: {protected} is still there; trying again next round\n" in first.stderr
     assert cloud.state(plain) == "terminated", "one instance that cannot go does not hold back the others"
     cloud.protect(protected, False)
     second = run_in_process(config, cloud, "reconcile")
