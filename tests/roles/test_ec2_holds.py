@@ -19,6 +19,7 @@ from gpuplat_ec2_nodes.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from gpuplat_ec2_nodes.holds import (
     REASON_HOLD_OVER,
     pools_report,
+    read_holds,
     record_boot_failures,
     record_capacity_error,
     unprotect,
@@ -252,7 +253,10 @@ def test_ten_boot_failures_in_a_row_put_the_pool_in_protected_mode(
     assert json.loads(pools_report(settings))["train"] == {
         "hold": None, "boot_failures": 9, "protected_failure_count": 10
     }  # fmt: skip
+    before = time.time()
     fail_boots(settings, cloud, slurm, ["train-7", "train-spot-1"])
+    entered = read_holds(settings)["protected"]["train"]
+    assert entered["failures"] == 10 and before <= entered["since"] <= time.time(), "dated when it began"
     report = json.loads(pools_report(settings))
     protected = "gpuplat protected mode: 10 boot failures in a row; gpuplat-ec2-nodes unprotect train"
     assert report["train"]["hold"] == protected
