@@ -191,6 +191,21 @@ def test_suspend_fails_when_an_instance_cannot_be_terminated_though_nothing_is_h
         cloud.protect(protected, False)
 
 
+def test_each_reconcile_round_says_which_pools_are_held_and_why(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = settings_for(tmp_path, cloud, slurm)
+    assert record_capacity_error(settings, "train-spot", "InsufficientInstanceCapacity", T0)
+    held = json.loads(pools_report(settings, now=T0 + 1))["train-spot"]["hold"]
+    slurm.nodes(show_node("train-1", "IDLE+CLOUD"))
+    caplog.set_level("INFO", logger=harness.LOG.name)
+    assert reconcile(settings, harness.ec2_nodes(cloud, slurm), Slurm(slurm.scontrol), now=T0 + 1) == EXIT_OK
+    warnings = [
+        r.getMessage() for r in caplog.records if r.module == "reconcile" and r.levelname == "WARNING"
+    ]
+    assert warnings == [f"reconcile: pool train-spot is held: {held}"]
+
+
 def test_a_release_that_came_while_the_name_powered_down_is_done_again_by_reconcile(
     tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
 ) -> None:
