@@ -6,19 +6,31 @@ mutant the suite let through (`make mutation`, docs/developing.md#mutation-score
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from gpuplat_ec2_nodes import spot_watch as spot_watch_module
 from gpuplat_ec2_nodes.exit_codes import EXIT_FAILED, EXIT_UNKNOWN_NODE
 from gpuplat_ec2_nodes.resume import resume_fail
 from gpuplat_ec2_nodes.slurm import Slurm
-from gpuplat_ec2_nodes.spot_watch import SpotWatch, handle_spot_notice
+from gpuplat_ec2_nodes.spot_watch import SpotWatch, handle_spot_notice, spot_watch
 
 from tests.roles import test_ec2_nodes as harness
-from tests.roles.test_ec2_nodes import NOTICE, SPOT_REASON, Cloud, SlurmRecorder, ec2_nodes, settings_for
+from tests.roles.test_ec2_nodes import (
+    NOTICE,
+    SPOT_REASON,
+    Cloud,
+    FakeImds,
+    SlurmRecorder,
+    StopWatching,
+    ec2_nodes,
+    settings_for,
+)
 
-moto_cloud, cloud, slurm = harness.moto_cloud, harness.cloud, harness.slurm
+moto_cloud, cloud, slurm, imds = harness.moto_cloud, harness.cloud, harness.slurm, harness.imds
 
 # What spot-watch asks of Slurm for its node whatever else failed: powered down, the notice as the reason.
 POWER_DOWN_AFTER_THE_GRACE = [
@@ -93,3 +105,43 @@ def test_resume_fail_says_what_it_does_and_names_the_names_of_no_pool_as_its_own
     assert any(
         line.startswith("resume-fail: infer-0 belong to no configured pool (pools: ") for line in lines
     ), lines
+
+
+@pytest.mark.parametrize("stalled", ["PUT", "GET"])
+def test_an_imds_that_does_not_answer_is_given_up_on_after_the_timeout_and_polled_again(
+    imds: FakeImds,
+    slurm: SlurmRecorder,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    stalled: str,
+) -> None:
+    """A metadata service that takes the token request (PUT) or the notice's (GET) and never answers is
+    unreachable once the timeout has passed: spot-watch logs it and polls again, rather than waiting on
+    that request for ever and missing the notice."""
+    monkeypatch.setattr(spot_watch_module, "IMDS_TIMEOUT_S", 0.2)
+    imds.stalled = {stalled}
+    sleeps: list[float] = []
+    ended: list[BaseException] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        raise StopWatching
+
+    def watch() -> None:
+        try:
+            spot_watch(
+                SpotWatch("train-spot-1", imds.url, grace_s=1.0, interval_s=5.0), Slurm(slurm.scontrol), sleep
+            )
+        except StopWatching as stopped:
+            ended.append(stopped)
+
+    watching = threading.Thread(target=watch, daemon=True)
+    started = time.monotonic()
+    watching.start()
+    watching.join(timeout=10)
+    waited = time.monotonic() - started
+    imds.released.set()  # a watch still waiting gets its answer and ends
+    watching.join(timeout=10)
+    assert waited < 10 and ended and sleeps == [5.0], f"spot-watch still waited on IMDS after {waited:.0f} s"
+    assert "spot-watch: instance metadata unreachable: " in caplog.text
+    assert slurm.calls() == []

@@ -64,11 +64,16 @@ def test_reconcile_logs_why_an_unconfigured_pools_instance_goes(
     tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
 ) -> None:
     removed = cloud.launch("gpu-old-0", "gpu-old")
+    renamed = cloud.launch("cpu-old-0", "cpu-old")
     slurm.nodes(show_node("train-1", "IDLE+CLOUD"))
     result = run_in_process(write_config(tmp_path, cloud, slurm, {"orphan_grace_s": 0}), cloud, "reconcile")
     assert result.returncode == 0, result.stderr
-    assert "instances of pools gpu-old, which are not configured (pools: train,train-spot)" in result.stderr
+    assert (
+        " WARNING reconcile: instances of pools cpu-old,gpu-old, which are not configured "
+        "(pools: train,train-spot): terminated once Slurm no longer knows their nodes\n"
+    ) in result.stderr
     assert f"terminating {removed} (gpu-old-0): is named for a node Slurm does not know" in result.stderr
+    assert f"terminating {renamed} (cpu-old-0): is named for a node Slurm does not know" in result.stderr
 
 
 def launched_at(cloud: Cloud, instance_id: str) -> float:

@@ -19,6 +19,7 @@ from gpuplat_ec2_nodes.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from gpuplat_ec2_nodes.holds import (
     REASON_HOLD_OVER,
     pools_report,
+    read_holds,
     record_boot_failures,
     record_capacity_error,
     unprotect,
@@ -161,6 +162,50 @@ def test_suspend_holds_by_the_other_controllers_hold_too(
     assert scontrol_updates(slurm) == [["nodename=train-1", "state=down", f"reason={COOLDOWN_REASON}"]]
 
 
+def test_suspend_judges_a_hold_at_the_time_it_is_given(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+) -> None:
+    """A cool-down recorded now is over at a time past its end: suspend given that time holds nothing."""
+    settings = settings_for(tmp_path, cloud, slurm)
+    recorded = time.time()
+    assert record_capacity_error(settings, "train", "InsufficientInstanceCapacity", recorded)
+    over = recorded + settings.insufficient_capacity_timeout_s + 60
+    ec2 = harness.ec2_nodes(cloud, slurm)
+    assert suspend(settings, ec2, Slurm(slurm.scontrol), ["train-1"], now=over) == EXIT_OK
+    assert scontrol_updates(slurm) == [], "the cool-down is over at the time given"
+
+
+def test_suspend_fails_when_an_instance_cannot_be_terminated_though_nothing_is_held(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+) -> None:
+    """SuspendProgram's failure is what Slurm and the operator see of an instance left running: a
+    termination refused fails suspend even where no hold had to be set."""
+    protected = cloud.launch("train-1")
+    cloud.protect(protected)
+    try:
+        settings = settings_for(tmp_path, cloud, slurm)
+        ec2 = harness.ec2_nodes(cloud, slurm)
+        assert suspend(settings, ec2, Slurm(slurm.scontrol), ["train-1"], now=T0) == EXIT_FAILED
+        assert cloud.state(protected) == "running" and scontrol_updates(slurm) == []
+    finally:
+        cloud.protect(protected, False)
+
+
+def test_each_reconcile_round_says_which_pools_are_held_and_why(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = settings_for(tmp_path, cloud, slurm)
+    assert record_capacity_error(settings, "train-spot", "InsufficientInstanceCapacity", T0)
+    held = json.loads(pools_report(settings, now=T0 + 1))["train-spot"]["hold"]
+    slurm.nodes(show_node("train-1", "IDLE+CLOUD"))
+    caplog.set_level("INFO", logger=harness.LOG.name)
+    assert reconcile(settings, harness.ec2_nodes(cloud, slurm), Slurm(slurm.scontrol), now=T0 + 1) == EXIT_OK
+    warnings = [
+        r.getMessage() for r in caplog.records if r.module == "reconcile" and r.levelname == "WARNING"
+    ]
+    assert warnings == [f"reconcile: pool train-spot is held: {held}"]
+
+
 def test_a_release_that_came_while_the_name_powered_down_is_done_again_by_reconcile(
     tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
 ) -> None:
@@ -223,7 +268,10 @@ def test_ten_boot_failures_in_a_row_put_the_pool_in_protected_mode(
     assert json.loads(pools_report(settings))["train"] == {
         "hold": None, "boot_failures": 9, "protected_failure_count": 10
     }  # fmt: skip
+    before = time.time()
     fail_boots(settings, cloud, slurm, ["train-7", "train-spot-1"])
+    entered = read_holds(settings)["protected"]["train"]
+    assert entered["failures"] == 10 and before <= entered["since"] <= time.time(), "dated when it began"
     report = json.loads(pools_report(settings))
     protected = "gpuplat protected mode: 10 boot failures in a row; gpuplat-ec2-nodes unprotect train"
     assert report["train"]["hold"] == protected

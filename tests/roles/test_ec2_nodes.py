@@ -791,6 +791,8 @@ class FakeImds(ThreadingHTTPServer):
         self.notice = json.dumps(NOTICE).encode()  # the body of an instance-action answered 200
         self.requests: list[str] = []
         self.credential_delays: list[float] = []  # seconds before each answer with credentials
+        self.stalled: set[str] = set()  # request methods answered only once `released` is set
+        self.released = threading.Event()
 
     @property
     def url(self) -> str:
@@ -802,6 +804,7 @@ class ImdsHandler(BaseHTTPRequestHandler):
 
     def do_PUT(self) -> None:
         self.server.requests.append(self.requestline.rsplit(" ", 1)[0])  # as sent: self.path folds "//"
+        self.stall()
         ttl = self.headers.get("X-aws-ec2-metadata-token-ttl-seconds", "")
         if self.path != "/latest/api/token" or not (ttl.isdigit() and 1 <= int(ttl) <= 21600):
             self.reply(400, b"")  # IMDS's answer to a TTL missing or outside 1 to 21600 s
@@ -810,6 +813,7 @@ class ImdsHandler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         self.server.requests.append(self.requestline.rsplit(" ", 1)[0])
+        self.stall()
         if self.headers.get("X-aws-ec2-metadata-token") != self.server.token:
             self.reply(401, b"")
         elif self.path == f"{CREDENTIALS_PATH}/":
@@ -823,6 +827,11 @@ class ImdsHandler(BaseHTTPRequestHandler):
         else:
             status = self.server.responses.pop(0) if self.server.responses else 404
             self.reply(status, self.server.notice if status == 200 else b"")
+
+    def stall(self) -> None:
+        """An IMDS that takes the connection and does not answer (until the test releases it)."""
+        if self.command in self.server.stalled:
+            self.server.released.wait(timeout=60)
 
     def reply(self, status: int, body: bytes) -> None:
         self.send_response(status)
@@ -840,6 +849,7 @@ def imds() -> Iterator[FakeImds]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield server
+    server.released.set()
     server.shutdown()
     server.server_close()
 
@@ -969,7 +979,7 @@ def test_spot_notice_terms_the_steps_powers_down_then_requeues_the_jobs_that_end
 
 
 def test_a_spot_notice_terms_what_the_batch_script_started_but_not_the_batch_shell(
-    imds: FakeImds, slurm: SlurmRecorder
+    imds: FakeImds, slurm: SlurmRecorder, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A torchrun run in the batch script (not under srun) is in no job step: `scancel --signal`
     never reaches it. spot-watch signals every process `scontrol listpids` lists in the batch step but
@@ -990,10 +1000,15 @@ def test_a_spot_notice_terms_what_the_batch_script_started_but_not_the_batch_she
     def sleep(_: float) -> None:
         signalled_at.append(trainer.wait(timeout=10))
 
+    caplog.set_level("INFO", logger=LOG.name)
     try:
         watch = SpotWatch("train-spot-1", imds.url, grace_s=90.0, interval_s=5.0)
         assert spot_watch(watch, Slurm(slurm.scontrol), sleep=sleep) == EXIT_OK
         assert signalled_at == [-15], "TERM within the grace, not at its end"
+        assert (
+            f"spot-watch: train-spot-1: SIGTERM to 2 processes of the batch steps of jobs 101: "
+            f"{trainer.pid} {gone.pid}"
+        ) in [r.getMessage() for r in caplog.records], "each process listed, by its pid"
         assert shell.poll() is None and other_job.poll() is None
         assert extern.poll() is None and step_helper.poll() is None, "other steps: scancel's"
     finally:

@@ -222,7 +222,7 @@ def test_reconcile_terminates_nothing_without_slurms_node_list(
     slurm.fail("scontrol")
     result = run_in_process(write_config(tmp_path, cloud, slurm, NO_GRACE), cloud, "reconcile")
     assert result.returncode == EXIT_FAILED
-    assert "without Slurm's node list nothing is terminated" in result.stderr
+    assert " ERROR reconcile: without Slurm's node list nothing is terminated\n" in result.stderr
     assert cloud.state(instance) == "running"
 
 
@@ -235,7 +235,7 @@ def test_a_failed_termination_is_tried_again_next_round(
     slurm.nodes(show_node("train-1", "IDLE+CLOUD"))
     first = run_in_process(config, cloud, "reconcile")
     assert first.returncode == EXIT_FAILED
-    assert f"{protected} is still there; trying again next round" in first.stderr
+    assert f" ERROR reconcile: {protected} is still there; trying again next round\n" in first.stderr
     assert cloud.state(plain) == "terminated", "one instance that cannot go does not hold back the others"
     cloud.protect(protected, False)
     second = run_in_process(config, cloud, "reconcile")
@@ -362,3 +362,24 @@ def test_a_node_keeps_its_instance_at_node_addr_over_a_newer_one_else_the_newest
     kept_newest = find_orphans([newer, newest, at_addr], {"train-2": moved}, {}, now, 300.0)
     assert [o.instance_id for o in kept_newest] == ["i-new", "i-at"]
     assert reconcile_log(caplog) == ["reconcile: train-2 has 3 instances; keeping i-newest is the newest"]
+
+
+def test_reconcile_without_ec2s_instance_list_fails_and_says_for_which_stack(
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    """EC2 is read first: without its list nothing is judged, Slurm is not asked, and the error names the
+    stack and EC2's answer."""
+
+    class Unlisted(Ec2Nodes):
+        def fleet_instances(self, states: Any) -> list[dict[str, Any]]:
+            error = {"Error": {"Code": "RequestLimitExceeded", "Message": "Request limit exceeded."}}
+            raise harness.ClientError(error, "DescribeInstances")
+
+    client = harness.boto3.client("ec2", region_name=harness.REGION, endpoint_url=cloud.url)
+    ec2 = Unlisted(harness.RecordingEc2(client, slurm), cloud.stack)
+    status = reconcile(settings_for(tmp_path, cloud, slurm), ec2, Slurm(slurm.scontrol))
+    assert status == EXIT_FAILED and slurm.calls() == []
+    assert [r.getMessage() for r in caplog.records if r.module == "reconcile"] == [
+        f"reconcile: cannot list the instances of stack {cloud.stack}: An error occurred "
+        "(RequestLimitExceeded) when calling the DescribeInstances operation: Request limit exceeded."
+    ]

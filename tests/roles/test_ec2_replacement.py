@@ -7,13 +7,14 @@ Same harness as test_ec2_reconcile.py: moto in server mode, recorder scontrol an
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from gpuplat_ec2_nodes.ec2 import Ec2Nodes
 from gpuplat_ec2_nodes.exit_codes import EXIT_OK
-from gpuplat_ec2_nodes.holds import pools_report
+from gpuplat_ec2_nodes.holds import pools_report, read_holds
 from gpuplat_ec2_nodes.reconcile import reconcile
 from gpuplat_ec2_nodes.slurm import Slurm
 
@@ -277,7 +278,8 @@ def test_a_node_whose_instance_ended_during_boot_is_a_boot_failure_replaced_at_o
         show_node("train-spot-3", "IDLE+CLOUD+POWERING_UP"),
     )
     settings = settings_for(tmp_path, cloud, slurm, protected_failure_count=1, orphan_grace_s=3600.0)
-    assert reconcile(settings, ec2_nodes(cloud, slurm), Slurm(slurm.scontrol)) == EXIT_OK
+    now = time.time()
+    assert reconcile(settings, ec2_nodes(cloud, slurm), Slurm(slurm.scontrol), now=now) == EXIT_OK
     downs = power_downs(slurm)
     assert list(downs) == ["train-spot-1"]
     assert downs["train-spot-1"].startswith(
@@ -287,6 +289,7 @@ def test_a_node_whose_instance_ended_during_boot_is_a_boot_failure_replaced_at_o
     report = json.loads(pools_report(settings))
     assert report["train-spot"]["boot_failures"] == 1
     assert str(report["train-spot"]["hold"]).startswith("gpuplat protected mode")
+    assert read_holds(settings)["protected"] == {"train-spot": {"since": now, "failures": 1}}, "dated"
 
 
 def test_a_node_whose_new_instance_is_not_found_by_its_name_yet_is_not_a_boot_failure(

@@ -807,15 +807,15 @@ def test_the_holder_prints_the_copy_keeps_it_until_eof_and_ignores_the_jobs_sign
 def test_the_holder_stages_again_when_the_copy_goes_before_it_is_held(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A copy withdrawn between its stage and the holder's lock is staged again; after five such losses the
-    holder gives up with one line."""
+    """A copy withdrawn between its stage and the holder's lock is staged again, with the check the caller
+    asked for each time; after five such losses the holder gives up with one line."""
     cache = load_script_quietly()
     config = cache.load_config(_setup(tmp_path))
-    staged: list[str] = []
+    staged: list[tuple[str, str]] = []
     stage, hold = cache.stage, cache.hold
 
     def counted(config: object, name: str, check: str) -> Path:
-        staged.append(name)
+        staged.append((name, check))
         return Path(stage(config, name, check))
 
     saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
@@ -827,8 +827,8 @@ def test_the_holder_stages_again_when_the_copy_goes_before_it_is_held(
         # stage itself holds the copy it hands back (hold_current): only the holder's own hold is lost
         monkeypatch.setattr(cache, "hold", lambda path: None if len(staged) == 1 else hold(path))
         with contextlib.redirect_stderr(io.StringIO()):
-            assert cache.hold_for_caller(config, "corpus", "size") == 0
-        assert len(staged) == 2 and sys.stdout.getvalue().startswith(cache.HELD_MARK)
+            assert cache.hold_for_caller(config, "corpus", "full") == 0
+        assert staged == [("corpus", "full")] * 2 and sys.stdout.getvalue().startswith(cache.HELD_MARK)
         monkeypatch.setattr(cache, "hold", lambda path: None)
         with (
             contextlib.redirect_stderr(io.StringIO()),
