@@ -110,8 +110,11 @@ def deploy_canary(current: ServingRelease, version: ServedVersion, percent: int)
 
 
 def promote(current: ServingRelease, stable_replicas: int) -> list[ReleaseStep]:
-    """`stable_replicas`: the stable version's replicas now (what its workload runs)."""
+    """`stable_replicas`: the stable version's replicas now (what its workload runs). A promotion (or a
+    take-over) cut short after the switch is finished: deploy_canary tells the user to promote again."""
     canary = current.canary
+    if canary is None and (current.retiring is not None or current.stack_model == "retiring"):
+        return finish_promotion(current)
     if canary is None:
         raise ReleaseRefused(f"no canary to promote: {current.stable.reference} serves every request")
     replicas = max(stable_replicas, 1)

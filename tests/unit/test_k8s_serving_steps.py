@@ -129,6 +129,38 @@ def test_a_promotion_cut_short_after_the_switch_is_finished(aws: ResolvedPlatfor
     assert "model-server-embedder-v1" not in workloads(aws, step.release)
 
 
+def test_promote_again_after_a_cut_promotion_finishes_it_as_a_new_deploy_says() -> None:
+    """A kill after the switch: `deploy` refuses, telling the user to run promote again; that must finish."""
+    cut = promote(ServingRelease(V1, canary=V2, canary_percent=20), STABLE_REPLICAS)[1].release
+    with pytest.raises(ReleaseRefused, match="serve promote` again"):
+        deploy_canary(cut, ServedVersion("embedder@3", "/m/3"), 5)
+    assert promote(cut, STABLE_REPLICAS) == finish_promotion(cut)
+    taking_over = ServingRelease(V1, stable_replicas=STABLE_REPLICAS, stack_model="retiring")
+    assert promote(taking_over, STABLE_REPLICAS) == finish_promotion(taking_over)
+
+
+@pytest.mark.parametrize(("stable", "canary"), [(1, 1), (0, 1), (2, 5)])
+def test_promote_never_shrinks_below_one_replica_or_below_the_canarys_own(
+    aws: ResolvedPlatform, stable: int, canary: int
+) -> None:
+    """A stable version on one replica (or none left by KEDA), a canary already larger than the stable one:
+    the promoted version runs at least one replica, and never fewer than the canary had."""
+    current = ServingRelease(V1, canary=V2, canary_percent=20, canary_replicas=canary)
+    steps = promote(current, stable)
+    grown = max(stable, canary, 1)
+    assert steps[0].ready == ("model-server-embedder-v2", grown)
+    assert steps[1].release.retiring_replicas == max(stable, 1)
+    assert steps[-1].release == ServingRelease(V2, stable_replicas=grown)
+    assert workloads(aws, steps[1].release)["model-server-embedder-v1"] == max(stable, 1)
+
+
+def test_a_take_over_from_a_stack_at_zero_replicas_starts_one(aws: ResolvedPlatform) -> None:
+    serving = aws.spec.serving
+    assert serving is not None
+    steps = take_over(serving.model, ServedVersion("llama@1", serving.model), 0)
+    assert steps[0].ready == ("model-server-llama-v1", 1)
+
+
 def test_a_first_release_takes_over_from_the_stacks_own_model_servers(aws: ResolvedPlatform) -> None:
     serving = aws.spec.serving
     assert serving is not None

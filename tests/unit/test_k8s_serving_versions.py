@@ -164,6 +164,29 @@ def test_a_versions_object_names_are_dns_labels(reference: str) -> None:
     assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", service), service
 
 
+@pytest.mark.parametrize("reference", ["embedder@1", "a" * 80 + "@3", "Team_Model.v2@17"])
+def test_a_multi_node_versions_group_statefulsets_can_create_pods(reference: str) -> None:
+    """LeaderWorkerSet model-server-<slug> runs a StatefulSet model-server-<slug>-<group> per group; the
+    StatefulSet controller labels its pods with that name, `-` and a hash of up to 10 characters, a label
+    value of at most 63 characters (kubernetes/kubernetes#64023): checked for 999 groups."""
+    slug = ServedVersion(reference, "/m").slug
+    assert len(f"model-server-{slug}-998-{'h' * 10}") <= 63, slug
+
+
+@pytest.mark.parametrize(
+    "references",
+    [("Embedder@1", "embedder@1"), ("team_model@2", "team-model@2", "team.model@2")],
+)
+def test_registered_models_whose_names_differ_only_in_case_or_punctuation_keep_apart(
+    references: tuple[str, ...],
+) -> None:
+    """The registry's model names are case-sensitive and may hold `_` and `.`: each is another model."""
+    slugs = {ServedVersion(reference, "/m").slug for reference in references}
+    assert len(slugs) == len(references), slugs
+    # A canary of one beside the other is no "one version in two roles".
+    ServingRelease(ServedVersion(references[0], "/m/a"), canary=ServedVersion(references[1], "/m/b"))
+
+
 def test_long_references_that_share_a_prefix_keep_apart() -> None:
     first, second = (ServedVersion("m" * 60 + f"@{n}", "/m").slug for n in (1, 2))
     assert first != second
