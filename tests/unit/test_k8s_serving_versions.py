@@ -213,6 +213,12 @@ def test_a_gateway_pod_stopping_for_a_new_share_answers_what_it_took_first(aws: 
     serving = aws.spec.serving
     assert serving is not None
     found = objects(aws, ServingRelease(V1, canary=V2, canary_percent=20))
-    grace = named(found, "Deployment", "gateway")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    pod = named(found, "Deployment", "gateway")["spec"]["template"]["spec"]
     [keep_alive] = re.findall(r"timeout http-keep-alive (\d+)s", config(found))
-    assert grace >= serving.queue_timeout_s + serving.gateway_timeout_s + int(keep_alive)
+    # The Service's endpoints drop a stopping pod while it stops, each node's kube-proxy later: the pod
+    # keeps listening a while before HAProxy unbinds, and that wait counts against the grace period.
+    [container] = pod["containers"]
+    sleep, seconds = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert sleep == "sleep" and int(seconds) >= 1
+    in_flight = serving.queue_timeout_s + serving.gateway_timeout_s + int(keep_alive)
+    assert pod["terminationGracePeriodSeconds"] >= int(seconds) + in_flight
