@@ -159,6 +159,8 @@ def test_haproxy_accepts_the_gateway_configuration_of_a_release(
 )
 def test_a_versions_object_names_are_dns_labels(reference: str) -> None:
     slug = ServedVersion(reference, "/m").slug
+    # The slug alone is the gpuplat/model-version label's value: alphanumeric at both ends.
+    assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", slug), slug
     service = f"model-server-{slug}-replicas"
     assert len(service) <= 63
     assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", service), service
