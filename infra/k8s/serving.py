@@ -134,10 +134,13 @@ def version_track_names(version: ServedVersion) -> tuple[str, str]:
     return workload, f"{workload}-replicas"
 
 
-def _version_track(version: ServedVersion, replicas: int | None) -> _Track:
+def _version_track(version: ServedVersion, replicas: int | None, own: _Track, serving: Serving) -> _Track:
     workload, service = version_track_names(version)
     labels = {**_selector(MODEL_SERVER), LABEL_MODEL_VERSION: version.slug}
-    return _Track(workload, service, labels, version.model, replicas)
+    # The stack's own files (what a take-over registers) are read where the stack's own servers read them:
+    # on EKS `s3://<purpose>/...` names the purpose's bucket, whose generated name only facts.model_uri has.
+    model = own.model if version.model == serving.model else version.model
+    return _Track(workload, service, labels, model, replicas)
 
 
 def _tracks(
@@ -148,9 +151,17 @@ def _tracks(
     own = _stack_model_track(serving, facts)
     if release is None:
         return own, None, []
-    versioned = _version_track(release.stable, release.stable_replicas)
-    canary = None if release.canary is None else _version_track(release.canary, release.canary_replicas)
-    idle = [] if release.retiring is None else [_version_track(release.retiring, release.retiring_replicas)]
+    versioned = _version_track(release.stable, release.stable_replicas, own, serving)
+    canary = (
+        None
+        if release.canary is None
+        else _version_track(release.canary, release.canary_replicas, own, serving)
+    )
+    idle = (
+        []
+        if release.retiring is None
+        else [_version_track(release.retiring, release.retiring_replicas, own, serving)]
+    )
     if release.stack_model == "serving":
         return own, canary, [versioned, *idle]
     return versioned, canary, idle + ([own] if release.stack_model == "retiring" else [])

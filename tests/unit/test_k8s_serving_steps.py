@@ -6,6 +6,7 @@ no request for it."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -178,6 +179,21 @@ def test_a_first_release_takes_over_from_the_stacks_own_model_servers(aws: Resol
     assert steps[-1].release == ServingRelease(own, stable_replicas=STABLE_REPLICAS)
     [finish] = finish_promotion(steps[1].release)
     assert finish.removes == ("model-server", "model-server-replicas")
+
+
+def test_a_take_over_on_eks_reads_the_stacks_own_files_from_the_stacks_bucket(aws: ResolvedPlatform) -> None:
+    """`s3://models/...` names the stack's bucket of purpose `models`, whose generated name the facts carry:
+    the registered version of those files must read them there, as the stack's own servers do."""
+    serving = aws.spec.serving
+    assert serving is not None
+    real = serving.model.replace("s3://models/", "s3://aws-k8s-models-0a1b2c/")
+    facts = replace(fsx_facts(), model_uri=real)
+    own = ServedVersion("llama@1", serving.model)
+    for step in take_over(serving.model, own, STABLE_REPLICAS):
+        for o in serving_objects(aws, facts, step.release):
+            if o["kind"] == "Deployment" and o["metadata"]["name"].startswith("model-server"):
+                [container] = o["spec"]["template"]["spec"]["containers"]
+                assert {"name": "GPUPLAT_MODEL", "value": real} in container["env"], o["metadata"]["name"]
 
 
 def test_a_take_over_serves_only_the_stacks_own_files(aws: ResolvedPlatform) -> None:
