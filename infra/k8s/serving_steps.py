@@ -83,6 +83,21 @@ def deploy_canary(current: ServingRelease, version: ServedVersion, percent: int)
             f"the stack's own model servers still run beside {current.stable.reference}: finish taking "
             "over from them first"
         )
+    if current.canary is not None and current.canary == version:
+        # The same deploy again (the first cut short while its canary started) or a new share for it.
+        workload, _ = version_track_names(version)
+        return [
+            ReleaseStep(
+                f"{version.reference} ready beside {current.stable.reference}",
+                current,
+                (workload, current.canary_replicas),
+            ),
+            ReleaseStep(
+                f"{version.reference} takes {percent} % of the requests",
+                replace(current, canary_percent=percent),
+                gateways_rolled=True,
+            ),
+        ]
     if current.canary is not None:
         raise ReleaseRefused(
             f"{current.canary.reference} is already in canary: promote it or roll it back before "

@@ -97,7 +97,24 @@ def test_a_canary_is_ready_before_its_share_is_drawn(aws: ResolvedPlatform) -> N
     steps = deploy_canary(ServingRelease(V1), V2, 20)
     assert [s.release.canary_percent for s in steps] == [0, 20]
     assert steps[0].ready == ("model-server-embedder-v2", 1)
+    # The analysis that follows must see the share on every gateway, not on the new pods only.
+    assert steps[-1].gateways_rolled
     play(aws, ServingRelease(V1), steps)
+
+
+def test_the_same_deploy_again_after_a_kill_goes_on_where_it_stopped(aws: ResolvedPlatform) -> None:
+    """Killed while the canary started (share 0): the same command again waits for it, then draws its share;
+    a new share for the same canary likewise. Another version is still refused."""
+    cut = deploy_canary(ServingRelease(V1), V2, 20)[0].release
+    again = deploy_canary(cut, V2, 20)
+    assert again[0].ready == ("model-server-embedder-v2", 1)
+    assert play(aws, cut, again)["model-server-embedder-v2"] == 1
+    assert again[-1].release == ServingRelease(V1, canary=V2, canary_percent=20)
+    wider = deploy_canary(again[-1].release, V2, 50)
+    assert wider[-1].release.canary_percent == 50 and wider[-1].gateways_rolled
+    play(aws, again[-1].release, wider)
+    with pytest.raises(ReleaseRefused, match="already in canary"):
+        deploy_canary(cut, ServedVersion("embedder@2", "/elsewhere"), 20)
 
 
 def test_promote_grows_the_canary_before_it_takes_every_request_then_removes_the_old(
