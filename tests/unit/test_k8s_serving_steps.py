@@ -6,6 +6,7 @@ no request for it."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -240,3 +241,22 @@ def test_a_take_over_serves_only_the_stacks_own_files(aws: ResolvedPlatform) -> 
 def test_steps_that_do_not_follow_from_the_release_are_refused(steps: object, message: str) -> None:
     with pytest.raises(ReleaseRefused, match=message):
         steps()  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(
+    ("start", "command"),
+    [
+        (ServingRelease(V1), lambda r: deploy_canary(r, V2, 20)),
+        (ServingRelease(V1, canary=V2, canary_percent=20), lambda r: promote(r, STABLE_REPLICAS)),
+        (ServingRelease(V1, canary=V2, canary_percent=20), rollback),
+    ],
+)
+def test_a_kill_after_any_step_then_the_same_command_again_ends_where_an_unbroken_run_ends(
+    aws: ResolvedPlatform, start: ServingRelease, command: Callable[[ServingRelease], list[ReleaseStep]]
+) -> None:
+    unbroken = command(start)
+    for killed_after in range(len(unbroken) - 1):
+        where = unbroken[killed_after].release
+        again = command(where)
+        assert again[-1].release == unbroken[-1].release, unbroken[killed_after].says
+        play(aws, where, again)
