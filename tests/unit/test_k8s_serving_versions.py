@@ -166,7 +166,7 @@ def test_a_versions_object_names_are_dns_labels(reference: str) -> None:
     assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", service), service
 
 
-@pytest.mark.parametrize("reference", ["embedder@1", "a" * 80 + "@3", "Team_Model.v2@17"])
+@pytest.mark.parametrize("reference", ["embedder@1", "m" * 38 + "@1", "a" * 80 + "@3", "Team_Model.v2@17"])
 def test_a_multi_node_versions_group_statefulsets_can_create_pods(reference: str) -> None:
     """LeaderWorkerSet model-server-<slug> runs a StatefulSet model-server-<slug>-<group> per group; the
     StatefulSet controller labels its pods with that name, `-` and a hash of up to 10 characters, a label
