@@ -134,10 +134,13 @@ def version_track_names(version: ServedVersion) -> tuple[str, str]:
     return workload, f"{workload}-replicas"
 
 
-def _version_track(version: ServedVersion, replicas: int | None) -> _Track:
+def _version_track(version: ServedVersion, replicas: int | None, own: _Track, serving: Serving) -> _Track:
     workload, service = version_track_names(version)
     labels = {**_selector(MODEL_SERVER), LABEL_MODEL_VERSION: version.slug}
-    return _Track(workload, service, labels, version.model, replicas)
+    # The stack's own files (what a take-over registers) are read where the stack's own servers read them:
+    # on EKS `s3://<purpose>/...` names the purpose's bucket, whose generated name only facts.model_uri has.
+    model = own.model if version.model == serving.model else version.model
+    return _Track(workload, service, labels, model, replicas)
 
 
 def _tracks(
@@ -148,9 +151,17 @@ def _tracks(
     own = _stack_model_track(serving, facts)
     if release is None:
         return own, None, []
-    versioned = _version_track(release.stable, release.stable_replicas)
-    canary = None if release.canary is None else _version_track(release.canary, release.canary_replicas)
-    idle = [] if release.retiring is None else [_version_track(release.retiring, release.retiring_replicas)]
+    versioned = _version_track(release.stable, release.stable_replicas, own, serving)
+    canary = (
+        None
+        if release.canary is None
+        else _version_track(release.canary, release.canary_replicas, own, serving)
+    )
+    idle = (
+        []
+        if release.retiring is None
+        else [_version_track(release.retiring, release.retiring_replicas, own, serving)]
+    )
     if release.stack_model == "serving":
         return own, canary, [versioned, *idle]
     return versioned, canary, idle + ([own] if release.stack_model == "retiring" else [])
@@ -646,17 +657,25 @@ def _gateway_config(
 
 # The haproxy.cfg.j2 template's `timeout http-keep-alive`: how long an idle keep-alive connection stays open.
 GATEWAY_KEEP_ALIVE_S = 10
+# How long a stopping gateway pod keeps listening before HAProxy's graceful stop. The control plane takes
+# a stopping pod out of the Service's EndpointSlices at the same time as the kubelet stops it (Kubernetes
+# docs, concepts/workloads/pods/pod-lifecycle.md, "Termination of Pods"), and every node's kube-proxy
+# follows later; HAProxy's graceful stop first unbinds its listening ports (HAProxy management.txt,
+# "Stopping and restarting HAProxy"), so a connection still sent to the pod meanwhile would be refused.
+GATEWAY_ENDPOINTS_SETTLE_S = 5
 
 
 def _gateway_stop_s(platform: ResolvedPlatform) -> int:
-    """How long a gateway pod may take to stop: the image stops HAProxy with SIGUSR1, its graceful stop
-    (docker-library/haproxy 3.2/Dockerfile, STOPSIGNAL SIGUSR1; containerd's CRI sends the image's stop
-    signal: internal/cri/server/container_stop.go, stopContainer), which ends once its requests in flight
-    are answered. A request may wait in the queue, then run, and an idle keep-alive connection closes after
-    its timeout; a rollout of the gateways (a canary's share changed) then cuts no request."""
+    """How long a gateway pod may take to stop: its preStop wait for the endpoints to settle, then the
+    image stops HAProxy with SIGUSR1, its graceful stop (docker-library/haproxy 3.2/Dockerfile, STOPSIGNAL
+    SIGUSR1; containerd's CRI sends the image's stop signal: internal/cri/server/container_stop.go,
+    stopContainer), which ends once its requests in flight are answered. A request may wait in the queue,
+    then run, and an idle keep-alive connection closes after its timeout; a rollout of the gateways (a
+    canary's share changed) then cuts no request. The grace period counts the preStop hook's time too."""
     serving = platform.spec.serving
     assert serving is not None
-    return math.ceil(serving.queue_timeout_s + serving.gateway_timeout_s) + GATEWAY_KEEP_ALIVE_S
+    in_flight_s = math.ceil(serving.queue_timeout_s + serving.gateway_timeout_s) + GATEWAY_KEEP_ALIVE_S
+    return GATEWAY_ENDPOINTS_SETTLE_S + in_flight_s
 
 
 def _gateway(platform: ResolvedPlatform, namespace: str, gateways: int, config: str) -> Manifest:
@@ -670,6 +689,8 @@ def _gateway(platform: ResolvedPlatform, namespace: str, gateways: int, config: 
         ],
         "readinessProbe": {"httpGet": {"path": "/metrics", "port": "metrics"}, "periodSeconds": 5},
         "livenessProbe": {"tcpSocket": {"port": "http"}, "periodSeconds": 10, "failureThreshold": 3},
+        # The image is Debian's (trixie-slim): /bin/sleep is there.
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(GATEWAY_ENDPOINTS_SETTLE_S)]}}},
         "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}},
         "securityContext": {
             "allowPrivilegeEscalation": False,

@@ -83,6 +83,21 @@ def deploy_canary(current: ServingRelease, version: ServedVersion, percent: int)
             f"the stack's own model servers still run beside {current.stable.reference}: finish taking "
             "over from them first"
         )
+    if current.canary is not None and current.canary == version:
+        # The same deploy again (the first cut short while its canary started) or a new share for it.
+        workload, _ = version_track_names(version)
+        return [
+            ReleaseStep(
+                f"{version.reference} ready beside {current.stable.reference}",
+                current,
+                (workload, current.canary_replicas),
+            ),
+            ReleaseStep(
+                f"{version.reference} takes {percent} % of the requests",
+                replace(current, canary_percent=percent),
+                gateways_rolled=True,
+            ),
+        ]
     if current.canary is not None:
         raise ReleaseRefused(
             f"{current.canary.reference} is already in canary: promote it or roll it back before "
@@ -110,8 +125,11 @@ def deploy_canary(current: ServingRelease, version: ServedVersion, percent: int)
 
 
 def promote(current: ServingRelease, stable_replicas: int) -> list[ReleaseStep]:
-    """`stable_replicas`: the stable version's replicas now (what its workload runs)."""
+    """`stable_replicas`: the stable version's replicas now (what its workload runs). A promotion (or a
+    take-over) cut short after the switch is finished: deploy_canary tells the user to promote again."""
     canary = current.canary
+    if canary is None and (current.retiring is not None or current.stack_model == "retiring"):
+        return finish_promotion(current)
     if canary is None:
         raise ReleaseRefused(f"no canary to promote: {current.stable.reference} serves every request")
     replicas = max(stable_replicas, 1)

@@ -8,10 +8,13 @@ import re
 from dataclasses import KW_ONLY, dataclass
 from typing import Literal
 
-# Kubernetes object names of the model servers are DNS-1123 labels (at most 63 characters) built as
-# model-server-<slug>-replicas for the Service, so a slug may take 63 - len("model-server-") -
-# len("-replicas") = 41 characters.
-_SLUG_MAX = 41
+# The tightest name a slug goes into: a multi-node version's LeaderWorkerSet, model-server-<slug>, makes a
+# StatefulSet per group named after its leader pod, model-server-<slug>-<group> (lws site/content/en/docs/
+# concepts/_index.md, the example's pods), and the StatefulSet controller labels each pod
+# controller-revision-hash: <StatefulSet name>-<hash of up to 10 characters>, a label value of at most 63
+# characters, with no truncation: a longer name creates no pod (kubernetes/kubernetes#64023, open). With
+# up to 999 groups: 63 - len("model-server-") - len("-999") - len("-") - 10 = 35 characters.
+_SLUG_MAX = 35
 _NOT_IN_LABEL = re.compile(r"[^a-z0-9-]+")
 
 
@@ -26,11 +29,13 @@ class ServedVersion:
 
     @property
     def slug(self) -> str:
-        """The version in object names and labels: lower case, [a-z0-9-], `@` as `-v`; a longer one cut
-        and told apart by a hash of the whole reference."""
+        """The version in object names and labels: `@` as `-v`; a reference that is not already lower case
+        [a-z0-9-] (the registry's names are case-sensitive: `Embedder`, `embedder` and `em_bedder` are three
+        models) or is too long is cut to those characters and told apart by a hash of the whole reference."""
         name, _, version = self.reference.partition("@")
-        slug = _NOT_IN_LABEL.sub("-", f"{name}-v{version}".lower()).strip("-")
-        if len(slug) <= _SLUG_MAX:
+        plain = f"{name}-v{version}"
+        slug = _NOT_IN_LABEL.sub("-", plain.lower()).strip("-")
+        if slug == plain and len(slug) <= _SLUG_MAX:
             return slug
         digest = hashlib.sha256(self.reference.encode()).hexdigest()[:8]
         return f"{slug[: _SLUG_MAX - 9].rstrip('-')}-{digest}"

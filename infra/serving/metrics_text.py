@@ -120,10 +120,12 @@ EXPORTER_SERVERS_UP = "haproxy_backend_active_servers"
 def exporter_figures(text: str, backends: tuple[str, ...], canary_percent: int) -> GatewayFigures:
     """A gateway's figures from its exporter's /metrics (a Kubernetes gateway pod's port 8404), as the
     gateway program's `show` gives them from `show stat`: requests since it started, failed answers (4xx,
-    5xx and aborted, at most one per request), servers up, for each of `backends`."""
+    5xx and aborted, at most one per request), servers up, for each of `backends`. A backend with no
+    request count in the answer, or a count that is no count (NaN, negative), is a ValueError."""
     requests = dict.fromkeys(backends, 0)
     failed = dict.fromkeys(backends, 0)
     up = dict.fromkeys(backends, 0)
+    counted: set[str] = set()
     for line in text.splitlines():
         sample = _SAMPLE.match(line.strip())
         if sample is None:
@@ -134,6 +136,7 @@ def exporter_figures(text: str, backends: tuple[str, ...], canary_percent: int) 
             continue
         if name == EXPORTER_REQUESTS:
             into = requests
+            counted.add(backend)
         elif name in EXPORTER_ABORTS or (
             name == EXPORTER_RESPONSES and labels.get("code") in EXPORTER_FAILED_CODES
         ):
@@ -142,7 +145,17 @@ def exporter_figures(text: str, backends: tuple[str, ...], canary_percent: int) 
             into = up
         else:
             continue  # never read: other samples may be NaN (an average with nothing to average)
-        into[backend] += int(float(sample["value"]))
+        value = float(sample["value"])
+        if not value >= 0 or value == float("inf"):
+            raise ValueError(f"the gateway's exporter gives {name} of backend {backend} as {sample['value']}")
+        into[backend] += int(value)
+    missing = [backend for backend in backends if backend not in counted]
+    if missing:
+        # No count is not a count of 0: a backend the exporter did not list would read as no request.
+        raise ValueError(
+            f"the gateway's exporter gives no {EXPORTER_REQUESTS} for backend {', '.join(missing)}: its "
+            "configuration has no such backend, or the answer was cut short"
+        )
     return GatewayFigures(
         canary_percent=canary_percent,
         requests=requests,

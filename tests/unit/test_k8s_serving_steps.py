@@ -6,6 +6,8 @@ no request for it."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 
@@ -96,7 +98,24 @@ def test_a_canary_is_ready_before_its_share_is_drawn(aws: ResolvedPlatform) -> N
     steps = deploy_canary(ServingRelease(V1), V2, 20)
     assert [s.release.canary_percent for s in steps] == [0, 20]
     assert steps[0].ready == ("model-server-embedder-v2", 1)
+    # The analysis that follows must see the share on every gateway, not on the new pods only.
+    assert steps[-1].gateways_rolled
     play(aws, ServingRelease(V1), steps)
+
+
+def test_the_same_deploy_again_after_a_kill_goes_on_where_it_stopped(aws: ResolvedPlatform) -> None:
+    """Killed while the canary started (share 0): the same command again waits for it, then draws its share;
+    a new share for the same canary likewise. Another version is still refused."""
+    cut = deploy_canary(ServingRelease(V1), V2, 20)[0].release
+    again = deploy_canary(cut, V2, 20)
+    assert again[0].ready == ("model-server-embedder-v2", 1)
+    assert play(aws, cut, again)["model-server-embedder-v2"] == 1
+    assert again[-1].release == ServingRelease(V1, canary=V2, canary_percent=20)
+    wider = deploy_canary(again[-1].release, V2, 50)
+    assert wider[-1].release.canary_percent == 50 and wider[-1].gateways_rolled
+    play(aws, again[-1].release, wider)
+    with pytest.raises(ReleaseRefused, match="already in canary"):
+        deploy_canary(cut, ServedVersion("embedder@2", "/elsewhere"), 20)
 
 
 def test_promote_grows_the_canary_before_it_takes_every_request_then_removes_the_old(
@@ -129,6 +148,38 @@ def test_a_promotion_cut_short_after_the_switch_is_finished(aws: ResolvedPlatfor
     assert "model-server-embedder-v1" not in workloads(aws, step.release)
 
 
+def test_promote_again_after_a_cut_promotion_finishes_it_as_a_new_deploy_says() -> None:
+    """A kill after the switch: `deploy` refuses, telling the user to run promote again; that must finish."""
+    cut = promote(ServingRelease(V1, canary=V2, canary_percent=20), STABLE_REPLICAS)[1].release
+    with pytest.raises(ReleaseRefused, match="serve promote` again"):
+        deploy_canary(cut, ServedVersion("embedder@3", "/m/3"), 5)
+    assert promote(cut, STABLE_REPLICAS) == finish_promotion(cut)
+    taking_over = ServingRelease(V1, stable_replicas=STABLE_REPLICAS, stack_model="retiring")
+    assert promote(taking_over, STABLE_REPLICAS) == finish_promotion(taking_over)
+
+
+@pytest.mark.parametrize(("stable", "canary"), [(1, 1), (0, 1), (2, 5)])
+def test_promote_never_shrinks_below_one_replica_or_below_the_canarys_own(
+    aws: ResolvedPlatform, stable: int, canary: int
+) -> None:
+    """A stable version on one replica (or none left by KEDA), a canary already larger than the stable one:
+    the promoted version runs at least one replica, and never fewer than the canary had."""
+    current = ServingRelease(V1, canary=V2, canary_percent=20, canary_replicas=canary)
+    steps = promote(current, stable)
+    grown = max(stable, canary, 1)
+    assert steps[0].ready == ("model-server-embedder-v2", grown)
+    assert steps[1].release.retiring_replicas == max(stable, 1)
+    assert steps[-1].release == ServingRelease(V2, stable_replicas=grown)
+    assert workloads(aws, steps[1].release)["model-server-embedder-v1"] == max(stable, 1)
+
+
+def test_a_take_over_from_a_stack_at_zero_replicas_starts_one(aws: ResolvedPlatform) -> None:
+    serving = aws.spec.serving
+    assert serving is not None
+    steps = take_over(serving.model, ServedVersion("llama@1", serving.model), 0)
+    assert steps[0].ready == ("model-server-llama-v1", 1)
+
+
 def test_a_first_release_takes_over_from_the_stacks_own_model_servers(aws: ResolvedPlatform) -> None:
     serving = aws.spec.serving
     assert serving is not None
@@ -146,6 +197,21 @@ def test_a_first_release_takes_over_from_the_stacks_own_model_servers(aws: Resol
     assert steps[-1].release == ServingRelease(own, stable_replicas=STABLE_REPLICAS)
     [finish] = finish_promotion(steps[1].release)
     assert finish.removes == ("model-server", "model-server-replicas")
+
+
+def test_a_take_over_on_eks_reads_the_stacks_own_files_from_the_stacks_bucket(aws: ResolvedPlatform) -> None:
+    """`s3://models/...` names the stack's bucket of purpose `models`, whose generated name the facts carry:
+    the registered version of those files must read them there, as the stack's own servers do."""
+    serving = aws.spec.serving
+    assert serving is not None
+    real = serving.model.replace("s3://models/", "s3://aws-k8s-models-0a1b2c/")
+    facts = replace(fsx_facts(), model_uri=real)
+    own = ServedVersion("llama@1", serving.model)
+    for step in take_over(serving.model, own, STABLE_REPLICAS):
+        for o in serving_objects(aws, facts, step.release):
+            if o["kind"] == "Deployment" and o["metadata"]["name"].startswith("model-server"):
+                [container] = o["spec"]["template"]["spec"]["containers"]
+                assert {"name": "GPUPLAT_MODEL", "value": real} in container["env"], o["metadata"]["name"]
 
 
 def test_a_take_over_serves_only_the_stacks_own_files(aws: ResolvedPlatform) -> None:
@@ -175,3 +241,22 @@ def test_a_take_over_serves_only_the_stacks_own_files(aws: ResolvedPlatform) -> 
 def test_steps_that_do_not_follow_from_the_release_are_refused(steps: object, message: str) -> None:
     with pytest.raises(ReleaseRefused, match=message):
         steps()  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(
+    ("start", "command"),
+    [
+        (ServingRelease(V1), lambda r: deploy_canary(r, V2, 20)),
+        (ServingRelease(V1, canary=V2, canary_percent=20), lambda r: promote(r, STABLE_REPLICAS)),
+        (ServingRelease(V1, canary=V2, canary_percent=20), rollback),
+    ],
+)
+def test_a_kill_after_any_step_then_the_same_command_again_ends_where_an_unbroken_run_ends(
+    aws: ResolvedPlatform, start: ServingRelease, command: Callable[[ServingRelease], list[ReleaseStep]]
+) -> None:
+    unbroken = command(start)
+    for killed_after in range(len(unbroken) - 1):
+        where = unbroken[killed_after].release
+        again = command(where)
+        assert again[-1].release == unbroken[-1].release, unbroken[killed_after].says
+        play(aws, where, again)

@@ -159,9 +159,34 @@ def test_haproxy_accepts_the_gateway_configuration_of_a_release(
 )
 def test_a_versions_object_names_are_dns_labels(reference: str) -> None:
     slug = ServedVersion(reference, "/m").slug
+    # The slug alone is the gpuplat/model-version label's value: alphanumeric at both ends.
+    assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", slug), slug
     service = f"model-server-{slug}-replicas"
     assert len(service) <= 63
     assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", service), service
+
+
+@pytest.mark.parametrize("reference", ["embedder@1", "m" * 38 + "@1", "a" * 80 + "@3", "Team_Model.v2@17"])
+def test_a_multi_node_versions_group_statefulsets_can_create_pods(reference: str) -> None:
+    """LeaderWorkerSet model-server-<slug> runs a StatefulSet model-server-<slug>-<group> per group; the
+    StatefulSet controller labels its pods with that name, `-` and a hash of up to 10 characters, a label
+    value of at most 63 characters (kubernetes/kubernetes#64023): checked for 999 groups."""
+    slug = ServedVersion(reference, "/m").slug
+    assert len(f"model-server-{slug}-998-{'h' * 10}") <= 63, slug
+
+
+@pytest.mark.parametrize(
+    "references",
+    [("Embedder@1", "embedder@1"), ("team_model@2", "team-model@2", "team.model@2")],
+)
+def test_registered_models_whose_names_differ_only_in_case_or_punctuation_keep_apart(
+    references: tuple[str, ...],
+) -> None:
+    """The registry's model names are case-sensitive and may hold `_` and `.`: each is another model."""
+    slugs = {ServedVersion(reference, "/m").slug for reference in references}
+    assert len(slugs) == len(references), slugs
+    # A canary of one beside the other is no "one version in two roles".
+    ServingRelease(ServedVersion(references[0], "/m/a"), canary=ServedVersion(references[1], "/m/b"))
 
 
 def test_long_references_that_share_a_prefix_keep_apart() -> None:
@@ -190,6 +215,12 @@ def test_a_gateway_pod_stopping_for_a_new_share_answers_what_it_took_first(aws: 
     serving = aws.spec.serving
     assert serving is not None
     found = objects(aws, ServingRelease(V1, canary=V2, canary_percent=20))
-    grace = named(found, "Deployment", "gateway")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    pod = named(found, "Deployment", "gateway")["spec"]["template"]["spec"]
     [keep_alive] = re.findall(r"timeout http-keep-alive (\d+)s", config(found))
-    assert grace >= serving.queue_timeout_s + serving.gateway_timeout_s + int(keep_alive)
+    # The Service's endpoints drop a stopping pod while it stops, each node's kube-proxy later: the pod
+    # keeps listening a while before HAProxy unbinds, and that wait counts against the grace period.
+    [container] = pod["containers"]
+    sleep, seconds = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert sleep == "sleep" and int(seconds) >= 1
+    in_flight = serving.queue_timeout_s + serving.gateway_timeout_s + int(keep_alive)
+    assert pod["terminationGracePeriodSeconds"] >= int(seconds) + in_flight
