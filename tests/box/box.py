@@ -21,7 +21,9 @@ import boto3
 
 from infra.backends.aws.bootstrap import GROUP_VARS_KEY, WORK_DIR, bundle_key, bundle_zip
 from infra.backends.aws.node_join import BUNDLE_KEY_VAR
+from infra.backends.local.host_caches import environment_archives_dir
 from infra.backends.local.node_image import seal_and_commit
+from infra.backends.local.wheelhouse import ensure_wheelhouse
 from infra.data.load import catalog
 from infra.lifecycle.fleet import configure_limit, destroy_with_fleet
 from infra.nodes import playbook_run
@@ -35,6 +37,7 @@ from infra.nodes.inventory import (
 from infra.nodes.playbook_run import PlaybookRun, run_playbook
 from infra.nodes.podman import podman
 from infra.platform.resolve import ResolvedPlatform
+from infra.training.job_env import LOCAL_ENVIRONMENT_ARCHIVES
 from tests.box.cloud import BoxStack, declare, node_boot_script, user_data, zone_subnet
 from tests.box.emulator import CREDENTIALS, FaultProxy, Faults, MotoServer
 from tests.box.hypervisor import LABEL, Hypervisor, HypervisorSettings, remove_all
@@ -46,6 +49,8 @@ PIP_CACHE_VOLUME = "gpuplat-box-pip-cache"
 ANCHOR = "gpuplat-box-anchor"
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 BAKED_IMAGES = "localhost/gpuplat-box-image"
+# Where the controllers find the archives of the environments they installed (the host's, per stack).
+ENVIRONMENT_ARCHIVES = LOCAL_ENVIRONMENT_ARCHIVES
 
 
 def box_substitutes(endpoint: str, resume_timeout_s: int) -> dict[str, Any]:
@@ -82,6 +87,11 @@ def box_substitutes(endpoint: str, resume_timeout_s: int) -> dict[str, Any]:
         "slurm_elastic_insufficient_capacity_timeout_s": 60,
         # j: protected mode after two boot failures in a row (10 on AWS), so the box pays two failed boots.
         "slurm_elastic_protected_failure_count": 2,
+        # The box's shared filesystem lives as long as the box, where FSx keeps the training environment
+        # across controllers: the first controller restores it from the archive an earlier box's install
+        # left (roles/python_requirements, restore.yml), as the local platform's nodes do, and pip runs
+        # only where none is kept for the same wheels.
+        "python_requirements_archive_dir": ENVIRONMENT_ARCHIVES,
     }
 
 
@@ -186,12 +196,24 @@ class CloudBox:
                 ],
                 environment={"AWS_ENDPOINT_URL": self.proxy.url},
                 gpus=gpus_of,
+                pool_volumes={self.platform.controller_pool.name: self.controller_volumes()},
             ),
             self.workdir / "hypervisor.log",
         )
         self.stack: BoxStack = declare(
             self.client, self.platform, image_id, box_substitutes(self.proxy.url, self.resume_timeout_s)
         )
+
+    def controller_volumes(self) -> list[str]:
+        """What the first controller installs the training environment from (roles/training_env): the
+        stack's wheels (training.wheelhouse, downloaded once on the host) and the host's archives of the
+        environments installed from them, writable by the controllers alone."""
+        wheelhouse = self.platform.spec.training.wheelhouse
+        host_wheels = ensure_wheelhouse(self.platform)
+        if wheelhouse is None or host_wheels is None:
+            return []
+        archives = environment_archives_dir(self.platform.name, self.platform.controller_pool.name)
+        return [f"{host_wheels}:{wheelhouse}:ro", f"{archives}:{ENVIRONMENT_ARCHIVES}"]
 
     def client(self, service: str) -> Any:
         return self.session.client(service, endpoint_url=self.moto.url)

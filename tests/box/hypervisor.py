@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.backends.local.cluster import simulate_gpus
+from infra.nodes.inventory import TAG_POOL
 from infra.nodes.podman import podman, wait_systemd
 from tests.box.cloud import user_data
 
@@ -44,6 +45,8 @@ class HypervisorSettings:
     # Node names whose next instance boots its OS but never runs its user data (once per name; the
     # name is the gpuplat:node tag the resume program puts on the instance it launched).
     hold_nodes: set[str] = field(default_factory=set)
+    # pool -> the --volume arguments its instances get besides `volumes` (by their gpuplat:pool tag).
+    pool_volumes: dict[str, list[str]] = field(default_factory=dict)
 
 
 class Hypervisor:
@@ -147,7 +150,9 @@ class Hypervisor:
     def _boot(self, machine: Machine, instance: dict[str, Any]) -> None:
         try:
             image = self.settings.images[instance["ImageId"]]
-            volumes = [arg for volume in self.settings.volumes for arg in ("--volume", volume)]
+            pool = next((t["Value"] for t in instance.get("Tags", []) if t["Key"] == TAG_POOL), "")
+            mounted = [*self.settings.volumes, *self.settings.pool_volumes.get(pool, [])]
+            volumes = [arg for volume in mounted for arg in ("--volume", volume)]
             hostname = "ip-" + machine.address.replace(".", "-")
             podman(
                 "run", "--detach", "--name", machine.container, "--hostname", hostname,

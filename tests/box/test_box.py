@@ -9,9 +9,10 @@ r  day 2: a role change (a new bundle digest) reaches the running controller thr
 b  a job for a powered-down pool: slurmctld runs the real resume program, an instance boots, takes its
    name, joins, and the job runs; then the pool's image is taken from that node (image_seal.sh), so
    the later launches boot it and only configure themselves
-c  a spot notice while a trainer runs in the batch step of a requeueable job (as torchrun in the script,
-   not under srun): it gets SIGTERM within the grace and checkpoints; the job is requeued (never
-   FAILED) and resumes from the checkpoint on a replacement instance
+c  a spot notice while torchrun, started by a requeueable job's batch script (not under srun), trains
+   examples/train_dist on CPU from the training environment the controller installed: its workers get
+   SIGTERM within the grace and write a DCP checkpoint; the job is requeued (never FAILED) and resumes
+   from that checkpoint on a replacement instance
 d  a two-node job on capacity for one: nothing is launched (all or nothing), the names return to power
    saving, the job runs on the next attempt
 e  a node that never finishes booting (past ResumeTimeout) comes back to power saving, not DOWN
@@ -53,6 +54,7 @@ import shlex
 import shutil
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
@@ -107,10 +109,13 @@ def slurm(box: Any, command: str, check: bool = True) -> str:
 def submit(box: Any, script: str, options: str = "", partitions: str = "spot") -> str:
     """A job of team user alice on the spot partition (its QoS is spot; spot2 takes it too), one GPU per
     node, run in the checkpoint directory on the shared filesystem (where its output lands)."""
-    command = (
-        f"sbatch --parsable -p {partitions} --qos=spot --gres=gpu:1 --chdir={CHECKPOINTS} {options}"
-        f" --wrap {shlex.quote(script)}"
-    )
+    return submit_file(box, f"--wrap {shlex.quote(script)}", options, partitions)
+
+
+def submit_file(box: Any, batch: str, options: str = "", partitions: str = "spot") -> str:
+    """submit's job from `batch`: a batch script's path, or sbatch's --wrap and its command."""
+    command = f"sbatch --parsable -p {partitions} --qos=spot --gres=gpu:1 --chdir={CHECKPOINTS} {options}"
+    command += f" {batch}"
     return slurm(box, f"su alice -c {shlex.quote(command)}").strip()
 
 
@@ -309,8 +314,12 @@ def test_e_held_a_node_whose_boot_never_finishes(box: Any) -> None:
 
 def test_c_a_spot_notice_requeues_the_job_which_completes_on_a_replacement(box: Any) -> None:
     launch_stray(box)  # f's stray lives out its grace while c runs
+    head = box.container_of(box.stack.controllers["head-0"])
+    slurm(box, f"mkdir -p {C_JOB_DIR}")
+    for source in (C_JOB_SCRIPT, C_TRAIN_SCRIPT):
+        podman("cp", str(source), f"{head}:{C_JOB_DIR}/{source.name}")
     # Pinned to the node b's job left up (the image was taken from it): it starts at once.
-    job = submit(box, f"python3 -c {shlex.quote(TRAINER)}; echo trainer exited $?", "--requeue -w spot-0")
+    job = submit_file(box, f"{C_JOB_DIR}/{C_JOB_SCRIPT.name}", "-w spot-0")
     wait_for(
         f"job {job} running",
         lambda: "RUNNING" in slurm(box, f"squeue -h -j {job} -o %T", False) or None,
@@ -318,16 +327,33 @@ def test_c_a_spot_notice_requeues_the_job_which_completes_on_a_replacement(box: 
     )
     node = slurm(box, f"squeue -h -j {job} -o %N").strip()
     first = live(box, gpuplat_node=node)[0]["InstanceId"]
+    output = f"{CHECKPOINTS}/slurm-{job}.out"
     wait_for(
-        "the trainer training", lambda: "training" in slurm(box, f"cat {CHECKPOINTS}/slurm-{job}.out"), 60
+        "torchrun's workers training",
+        lambda: re.search(r"^step \d+ loss", slurm(box, f"cat {output}", check=False), re.MULTILINE),
+        180,
     )
     box.imds.interrupt(first, datetime.datetime.now(datetime.UTC) + datetime.timedelta(minutes=2))
     noticed, noticed_at = time.monotonic(), time.time()
-    # The trainer runs in the batch step, as torchrun started by the script does (not under srun): the
-    # notice's SIGTERM reaches it within the grace, not at its end, when the node is powered down.
-    written = wait_for("the checkpoint", lambda: slurm(box, f"cat {C_CHECKPOINT}", check=False).strip(), 120)
-    FIGURES["spot notice -> checkpoint written s"] = float(written.split()[1]) - noticed_at
+    # torchrun runs in the batch step (not under srun): the notice's SIGTERM reaches it and its workers
+    # within the grace, not at its end, when the node is powered down. The job saves on no timer, so its
+    # first complete checkpoint is the one the workers write on that SIGTERM.
+    checkpoints = f"{CHECKPOINTS}/box-c-{job}"
+    complete = (
+        f"cd {checkpoints} && for d in step-*; do"
+        " [ ! -e $d/COMPLETE ] || echo $d $(date -r $d/COMPLETE +%s.%N); done"
+    )
+    written = wait_for(
+        "the checkpoint written on SIGTERM", lambda: slurm(box, complete, check=False).split(), 120
+    )
+    saved, completed_at = written[0], float(written[1])
+    FIGURES["spot notice -> checkpoint written s"] = completed_at - noticed_at
     assert FIGURES["spot notice -> checkpoint written s"] < SPOT_GRACE_S
+    step = int(saved.removeprefix("step-"))
+    assert step > 0, written
+    # DCP's checkpoint: its metadata and a part from each of the two ranks.
+    parts = slurm(box, f"test -s {checkpoints}/{saved}/.metadata && ls -A {checkpoints}/{saved}").split()
+    assert {".metadata", "COMPLETE", "__0_0.distcp", "__1_0.distcp"} <= set(parts), parts
     wait_for(
         f"job {job} requeued",
         lambda: slurm(box, f"squeue -h -j {job} -o %T", False).strip() == "PENDING" or None,
@@ -350,35 +376,19 @@ def test_c_a_spot_notice_requeues_the_job_which_completes_on_a_replacement(box: 
     assert wait_ended(box, job) == "COMPLETED", explain(box, job)
     restarts = slurm(box, f"scontrol -o show job {job}").split("Restarts=")[1].split()[0]
     assert int(restarts) >= 1, explain(box, job)  # requeued once, then completed: never FAILED
-    step = written.split()[0]
-    assert f"resumed from step {step}" in slurm(box, f"cat {CHECKPOINTS}/slurm-{job}.out"), explain(box, job)
-    replacement = live(box, gpuplat_node=slurm(box, f"sacct -nXP -j {job} -o NodeList").strip())
-    assert replacement and replacement[0]["InstanceId"] != first
+    log = slurm(box, f"cat {output}")
+    assert f"SIGTERM: checkpoint at step {step}; exiting to be requeued" in log, log
+    assert re.search(rf"^done step=\d+ .*resumed_from={step} ", log, re.MULTILINE), log
+    ran_on = live(box, gpuplat_node=slurm(box, f"sacct -nXP -j {job} -o NodeList").strip())
+    assert ran_on and ran_on[0]["InstanceId"] != first
 
 
-C_CHECKPOINT = f"{CHECKPOINTS}/box-c-checkpoint"
 SPOT_GRACE_S = box_substitutes("", 0)["slurm_elastic_spot_grace_s"]
-# c's job: a stand-in for torchrun in the batch step (the box has no torch: tests/box/stack.yaml). It
-# counts steps; on SIGTERM it writes its step and the time, then exits 0, as a checkpointing trainer
-# does; started again with a checkpoint, it resumes from it and ends.
-TRAINER = f"""
-import os, signal, sys, time
-path = {C_CHECKPOINT!r}
-if os.path.exists(path):
-    print("resumed from step", open(path).read().split()[0], flush=True)
-    sys.exit(0)
-step = 0
-def checkpoint(*_):
-    with open(path + ".tmp", "w") as out:
-        out.write(f"{{step}} {{time.time()}}")
-    os.rename(path + ".tmp", path)
-    sys.exit(0)
-signal.signal(signal.SIGTERM, checkpoint)
-print("training", flush=True)
-while True:
-    step += 1
-    time.sleep(0.5)
-"""
+# c's job: torchrun in the batch step of an sbatch script, training the project's example on CPU, and the
+# example, copied to the shared filesystem (the job finds train.py beside its script).
+C_JOB_SCRIPT = Path(__file__).with_name("torchrun_in_batch_step.sbatch")
+C_TRAIN_SCRIPT = PROJECT_ROOT / "examples" / "train_dist" / "train.py"
+C_JOB_DIR = f"{CHECKPOINTS}/box-c"
 
 
 def launch_stray(box: Any) -> None:
