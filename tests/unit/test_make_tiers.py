@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -16,26 +17,33 @@ from tests.conftest import ROOT
 MAKEFILE = ROOT / "Makefile"
 TIERS = ("test-unit", "test-processes", "test-fast")
 
-# One test for each combination of the marks the tiers select by.
-MARKED = """
-import pytest
+# The marks pyproject.toml registers (its `[tool.pytest.ini_options] markers`): a tier's `-m` may name any.
+REGISTERED = [
+    entry.split(":")[0].split("(")[0]
+    for entry in tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["pytest"][
+        "ini_options"
+    ]["markers"]
+]
 
-def test_plain():
-    pass
 
-@pytest.mark.processes
-def test_processes():
-    pass
+def marked_tests() -> str:
+    """A test module with a plain test, one test for each registered mark, and one for each mark together
+    with `processes`: a tier that leaves out any of them (`-m "not processes and not long"`) is seen."""
+    tests = ["import pytest", "", "def test_plain():", "    pass"]
+    combinations = {tuple(sorted({mark, extra})) for mark in REGISTERED for extra in (mark, "processes")}
+    for marks in sorted(combinations):
+        tests += ["", *(f"@pytest.mark.{m}" for m in marks), f"def test_{'_and_'.join(marks)}():", "    pass"]
+    return "\n".join(tests) + "\n"
 
-@pytest.mark.containers
-def test_containers():
-    pass
 
-@pytest.mark.processes
-@pytest.mark.containers
-def test_processes_and_containers():
-    pass
-"""
+def marks_of(test: str) -> set[str]:
+    """The marks of a test of marked_tests(), from its name."""
+    return set(test.removeprefix("test_").split("_and_")) - {"plain"}
+
+
+# The words a tier's pytest command may hold besides its `-m` and its paths: any other (`-k`, `--ignore`,
+# a second `-m`, `|| true`) changes what runs or whether a failure counts, which this guard cannot judge.
+OPTIONS = {"-q", "-n", "auto"}
 
 
 def recipes(makefile: Path = MAKEFILE) -> dict[str, list[str]]:
@@ -57,10 +65,19 @@ def recipes(makefile: Path = MAKEFILE) -> dict[str, list[str]]:
 
 
 def pytest_arguments(target: str) -> list[str]:
-    """The arguments of the pytest a target's recipe runs (the one recipe line that runs $(BIN)/pytest)."""
+    """The arguments of the pytest a target's recipe runs (the one recipe line that runs $(BIN)/pytest),
+    which must be `time $(BIN)/pytest`, options of OPTIONS, one `-m` and the paths last: make's `-` (errors
+    ignored) before the line, or anything after the paths, fails here."""
     [command] = [line for line in recipes()[target] if "$(BIN)/pytest" in line]
     words = shlex.split(command)
-    return words[words.index("$(BIN)/pytest") + 1 :]
+    assert words[: words.index("$(BIN)/pytest")] == ["time"], command
+    arguments = words[words.index("$(BIN)/pytest") + 1 :]
+    options = [word for word in arguments if not word.startswith("tests/")]
+    paths = arguments[len(options) :]
+    unmodelled = [word for word in options if word not in OPTIONS]
+    assert not unmodelled or unmodelled == ["-m", unmodelled[-1]], f"{target}: {command}"
+    assert paths and all(word.startswith("tests/") for word in paths), f"{target}: {command}"
+    return arguments
 
 
 def selection(arguments: list[str]) -> tuple[str | None, list[str]]:
@@ -72,8 +89,8 @@ def selection(arguments: list[str]) -> tuple[str | None, list[str]]:
 
 def selected(pytester: pytest.Pytester, expression: str | None) -> set[str]:
     """The tests of MARKED that pytest runs under `-m expression`."""
-    pytester.makepyfile(test_marked=MARKED)
-    marks = ["-p", "no:cacheprovider", "-o", "markers=processes\ncontainers"]
+    pytester.makepyfile(test_marked=marked_tests())
+    marks = ["-p", "no:cacheprovider", "-o", "markers=" + "\n".join(REGISTERED)]
     result = pytester.runpytest_inprocess(*marks, *(["-m", expression] if expression else []), "-q")
     return {report.nodeid.split("::")[1] for report in result.reprec.getreports("pytest_runtest_logreport")}
 
@@ -87,15 +104,18 @@ def test_the_unit_and_processes_tiers_split_the_same_tests_with_none_left_out_or
     every = selected(pytester, None)
     in_unit, in_processes = selected(pytester, unit), selected(pytester, processes)
     assert in_unit | in_processes == every and not in_unit & in_processes, (in_unit, in_processes)
-    assert in_processes == {"test_processes", "test_processes_and_containers"}
+    assert in_processes == {test for test in every if "processes" in marks_of(test)}, in_processes
 
 
 def test_the_fast_tier_runs_part_of_the_unit_tier_and_no_container(pytester: pytest.Pytester) -> None:
     fast, fast_paths = selection(pytest_arguments("test-fast"))
     unit, unit_paths = selection(pytest_arguments("test-unit"))
     assert fast_paths == unit_paths
-    assert selected(pytester, fast) == {"test_plain"}
-    assert selected(pytester, fast) <= selected(pytester, unit)
+    every = selected(pytester, None)
+    # the unit tier less the tests that start containers (those marked `containers`, alone or with another)
+    in_fast = selected(pytester, fast)
+    assert in_fast == {test for test in selected(pytester, unit) if "containers" not in marks_of(test)}
+    assert in_fast < every
 
 
 def test_make_test_runs_both_tiers() -> None:
