@@ -265,6 +265,9 @@ class Release:
     """the release lock's lease (infra/serving/lock.py)"""
     version_record: VersionRecord | None = None
     """an AWS stack's record of the stable version, which instances booted later serve (None elsewhere)"""
+    relist: Callable[[], Sequence[RunningInstance]] | None = None
+    """an AWS stack's running instances listed again (and made reachable): a roll takes every instance
+    running once the record is written, not only those of the command's start (None elsewhere)"""
 
     def __init__(
         self,
@@ -275,6 +278,7 @@ class Release:
         prometheus_url: str | None = None,
         instances: Sequence[RunningInstance] | None = None,
         version_record: VersionRecord | None = None,
+        relist: Callable[[], Sequence[RunningInstance]] | None = None,
     ) -> None:
         self.platform = platform
         self.registry = registry
@@ -283,6 +287,7 @@ class Release:
         self.prometheus_url = prometheus_url
         self.layout = serving_layout(platform, instances)
         self.version_record = version_record
+        self.relist = relist
         serving = platform.spec.serving
         assert serving is not None
         self.rules = serving.canary or Canary()
@@ -678,10 +683,15 @@ class Release:
             else version_environment(version, self.layout.engine, self.layout.versions_from_object_store)
         )
         wanted = (environment or "").strip()
-        replicas = {node: self.stable_replicas(node) for node in self.layout.servers}
         if self.version_record is not None:
             self._fence("writing the stack's version record")
             self.version_record.write(environment)
+        if self.relist is not None:
+            # The Auto Scaling group may have started instances since this command listed them (a guard
+            # carries a release through steps for many minutes): each booted on the record of its boot, so
+            # every instance running now is rolled; one started from here on boots on the record just written.
+            self.layout = serving_layout(self.platform, self.relist())
+        replicas = {node: self.stable_replicas(node) for node in self.layout.servers}
         drained = only_off and self.figures().servers_up.get(STABLE_BACKEND, 0) < sum(
             map(len, replicas.values())
         )

@@ -97,7 +97,7 @@ def test_inference_accepts_only_the_gateway_group(aws_prod: Recording) -> None:
     assert NODE_AGENT_PORT in {r["fromPort"] for r in rules}
 
 
-def test_the_gateways_reach_every_replica_of_a_node_that_serves_several(write_stack: Callable[..., Path]) -> None:
+def test_the_gateways_reach_every_replica_of_a_node_serving_several(write_stack: Callable[..., Path]) -> None:
     """A node of four GPUs serves four replicas (ports 8000..8003): the gateways reach each, not only the
     first (aws-prod's nodes serve one, where the range is a single port and proves nothing)."""
 

@@ -339,3 +339,55 @@ def test_a_canary_started_on_aws_gets_its_slots_at_once_on_every_gateway() -> No
         [filled] = _at(nodes, gateway, "systemctl start gpuplat-gateway-targets.service")
         assert filled < _at(nodes, gateway, "--backend inference_canary ready", "10.0.3.7:8100")[0]
     assert _at(nodes, "infer-0", "systemctl restart", "@canary.service")[0] < filled
+
+
+def test_an_instance_started_during_a_release_is_rolled_by_its_promote(aws_url: str, aws_stack: Path) -> None:
+    """A guard carries a release through its steps for many minutes; an instance the Auto Scaling group
+    starts meanwhile boots on the record of that moment (the champion). The promote lists the instances
+    again once it wrote the record: the new one's replicas are rolled with the others, and the SSM nodes
+    reach it (without that it kept the champion for good, while the record named the candidate)."""
+    platform = load_platform(aws_stack)
+    ec2, ssm = client("ec2", aws_url), client("ssm", aws_url)
+    stack = {"gpuplat:stack": platform.name}
+    launch(ec2, **stack, **{"gpuplat:node": "head-0", "gpuplat:pool": "head"})
+    first, _ = launch(ec2, **stack, **{"gpuplat:pool": "infer"})
+    reach = stack_reach(platform, ec2, ssm)
+    nodes = RecordingNodes(replicas=1, share=20)
+    release = release_on(
+        nodes, VersionRecord(platform.name, ssm), {"champion": embedder(2), "challenger": embedder(3)}
+    )
+    release.platform = platform
+    release.layout = serving_layout(platform, reach.instances)
+    release.relist = reach.relist
+    assert release.layout.servers == (first,)
+    joined, _ = launch(ec2, **stack, **{"gpuplat:pool": "infer"})  # a scale-out while the canary is judged
+    release.promote("embedder")
+    assert _at(nodes, joined, "systemctl restart") and _at(nodes, first, "systemctl restart")
+    assert isinstance(reach.nodes, SsmNodes) and {first, joined} <= set(reach.nodes.instances)
+
+
+def test_the_boot_fetch_of_an_inference_node_writes_the_recorded_version(
+    aws_url: str, tmp_path: Path, copies: Path
+) -> None:
+    """node_join.fetch, as an instance's boot runs it (boto3's default clients): after the bundle, the
+    record's version is copied and its file written for each replica, before Ansible runs."""
+    from infra.backends.aws import node_join
+
+    ssm, s3 = client("ssm", aws_url), client("s3", aws_url)
+    upload(s3, 3)
+    s3.create_bucket(Bucket="boot")
+    s3.put_object(Bucket="boot", Key="g", Body=b"{}")
+    s3.put_object(Bucket="boot", Key="k", Body=b"bundle")
+    promoted = version_environment(embedder(3), "vllm", object_store=True)
+    VersionRecord(STACK, ssm).write(promoted)
+    settings = JoinSettings(
+        stack=STACK, region="us-east-1", bucket="boot", bundle_key="k", group_vars_key="g",
+        munge_parameter="", node_name="", name_wait_s=1, fetch_wait_s=1, work=tmp_path / "work",
+        serving_parameter=serving_version_parameter(STACK), serving_replicas=2, serving_dir=tmp_path / "etc",
+    )  # fmt: skip
+    node_join.fetch(settings, sleep=lambda _: None)
+    assert {p.name: p.read_text() for p in (tmp_path / "etc").glob("version-*.env")} == {
+        "version-0.env": promoted,
+        "version-1.env": promoted,
+    }
+    assert (copies / "embedder/3/config.json").read_text() == "{}"
