@@ -81,7 +81,8 @@ VERSIONS_DIR = f"{_SERVER['inference_server_model_dir']}/versions"
 # The role's AWS CLI (roles/inference_server engine-vllm.yml installs it into its venv where the model is
 # in the object store) and the copy, as the role copies the stack's own model.
 AWS_CLI = f"{_SERVER['inference_server_install_dir']}/venv/bin/aws"
-FETCH = '"$1" s3 sync --only-show-errors "$2" "$3"'
+# A version gone from the bucket copies nothing and `aws s3 sync` still exits 0: an empty copy is a failure.
+FETCH = '"$1" s3 sync --only-show-errors "$2" "$3" && [ -n "$(ls -A "$3" 2>/dev/null)" ]'
 UNSAFE_IN_PATH = set(" \t\n\"'\\$`")
 LOOK_TRIES = 3
 """looks in a row the guard may fail to read the counters (or add them) before it gives up, exit 5"""

@@ -391,3 +391,42 @@ def test_the_boot_fetch_of_an_inference_node_writes_the_recorded_version(
         "version-1.env": promoted,
     }
     assert (copies / "embedder/3/config.json").read_text() == "{}"
+
+
+def test_a_boot_whose_recorded_version_is_gone_from_the_bucket_fails(
+    aws_url: str, tmp_path: Path, copies: Path
+) -> None:
+    """The record names a version whose objects were deleted (a bucket's lifecycle rule, a clean-up): the
+    boot fails rather than start replicas on an empty folder. A version at the bucket's top is copied whole,
+    as `aws s3 sync s3://BUCKET DIR` copies it on the running nodes."""
+    from infra.backends.aws.node_join import BootError, copy_version
+
+    ssm, s3 = client("ssm", aws_url), client("s3", aws_url)
+    upload(s3, 3)
+    VersionRecord(STACK, ssm).write(version_environment(embedder(4), "vllm", object_store=True))
+    with pytest.raises(BootError, match="holds no object"):
+        boot(ssm, tmp_path / "etc", 1, s3)
+    assert not (tmp_path / "etc").exists()
+    copy_version(s3, f"s3://{MODELS_BUCKET}", tmp_path / "whole")
+    assert (tmp_path / "whole/embedder/3/config.json").read_text() == "{}"
+
+
+def test_a_running_nodes_copy_of_a_version_gone_from_the_bucket_fails(tmp_path: Path) -> None:
+    """The running nodes' copy (release.FETCH, through `sh -c`): `aws s3 sync` of a prefix with no object
+    exits 0 having copied nothing; the copy fails then, before any replica restarts on an empty folder."""
+    import subprocess
+
+    from infra.serving.release import FETCH
+
+    def fetch(sync: str, local: Path) -> int:
+        cli = tmp_path / "aws"
+        cli.write_text(f"#!/bin/sh\n{sync}\n")
+        cli.chmod(0o755)
+        return subprocess.run(
+            ["sh", "-c", FETCH, "fetch", str(cli), "s3://b/embedder/4", str(local)]
+        ).returncode
+
+    assert fetch("exit 0", tmp_path / "gone") != 0
+    # The CLI's arguments: s3 sync --only-show-errors SRC DST.
+    assert fetch('mkdir -p "$5" && echo {} > "$5/config.json"', tmp_path / "there") == 0
+    assert fetch("exit 1", tmp_path / "there") != 0
