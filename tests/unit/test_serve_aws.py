@@ -99,7 +99,7 @@ def test_an_aws_stack_is_served_on_its_running_instances_through_ssm(aws_url: st
     layout = serving_layout(platform, reach.instances)
     assert layout.gateways == ("head-0", "head-1")
     assert sorted(layout.servers) == sorted(servers) and layout.addresses == servers
-    assert layout.slots_follow_instances
+    assert layout.slots_follow_instances and layout.versions_from_object_store
     assert isinstance(reach.nodes, SsmNodes) and set(layout.servers) < set(reach.nodes.instances)
     assert (
         reach.version_record is not None
@@ -256,8 +256,10 @@ def test_a_rollback_to_the_stacks_own_model_removes_the_record(aws_url: str, tmp
     nodes = RecordingNodes(replicas=1, share=0)
     record = OrderedRecord(ssm, nodes)
     record.write(version_environment(embedder(3), "vllm", object_store=True))
-    release_on(nodes, record, {"challenger": embedder(3)}).rollback("embedder")
+    release = release_on(nodes, record, {"challenger": embedder(3)})
+    release.rollback("embedder")
     assert record.read() is None and boot(ssm, tmp_path, 1) == {}
+    assert release.booted_version() == ""  # `serve status`: a new instance serves the stack's own model
     record.write(None)  # again: nothing to delete is no error
 
 
@@ -430,3 +432,19 @@ def test_a_running_nodes_copy_of_a_version_gone_from_the_bucket_fails(tmp_path: 
     # The CLI's arguments: s3 sync --only-show-errors SRC DST.
     assert fetch('mkdir -p "$5" && echo {} > "$5/config.json"', tmp_path / "there") == 0
     assert fetch("exit 1", tmp_path / "there") != 0
+
+
+def test_the_golden_set_is_read_from_the_nodes_copy_of_an_object_store_version(copies: Path) -> None:
+    """On aws the probe reads the version's golden set from each node's copy, not at its s3:// location (a
+    path no node's python can open)."""
+    from infra.serving.release import GOLDEN_FILE
+
+    class NoGoldenSet(RecordingNodes):
+        def exec(self, node: str, *command: str, timeout: float = 120) -> str:
+            answer = super().exec(node, *command, timeout=timeout)
+            return '{"absent": true}' if command[:2] == ("python3", "-c") else answer
+
+    nodes = NoGoldenSet(replicas=1, share=0)
+    release_on(nodes, VersionRecord(STACK, None), {}).probe_golden(embedder(3))
+    [probe] = [c for n, c in nodes.done if n == "infer-0" and c[:2] == ("python3", "-c")]
+    assert probe[3] == f"{copies}/embedder/3/{GOLDEN_FILE}"
