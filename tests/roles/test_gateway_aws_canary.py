@@ -65,21 +65,29 @@ def test_the_aws_gateway_gives_the_canary_its_share_through_a_reload_and_a_resta
         gateway.start()
         api = program.RuntimeApi(gateway.admin_socket)
         assert canary_slots(gateway) and not any(up for _, up in canary_slots(gateway).values())
-        # One pass, as the timer's unit runs it (the canary's own slots, probed before they take traffic).
-        program.sync(
-            FakeEc2(MODEL_SERVERS),
-            api,
-            stack=STACK,
-            role="infer",
-            pools=[],
-            base_port=gateway.server_port,
-            replicas=1,
-            backend="inference",
-            prefix="slot-",
-            healthy=program.http_health("/health"),
-            state_file=gateway.directory / "state" / "server-state",
-            canary=program.CanarySlots("inference_canary", "canary-", gateway.canary_port),
-        )
+        probe = program.http_health("/health")
+
+        def one_pass(canary_answers: bool) -> None:
+            """A pass as the timer runs it (the canary slots too, probed before they take traffic)."""
+            program.sync(
+                FakeEc2(MODEL_SERVERS),
+                api,
+                stack=STACK,
+                role="infer",
+                pools=[],
+                base_port=gateway.server_port,
+                replicas=1,
+                backend="inference",
+                prefix="slot-",
+                healthy=lambda target: (canary_answers or target[1] != gateway.canary_port) and probe(target),
+                state_file=gateway.directory / "state" / "server-state",
+                canary=program.CanarySlots("inference_canary", "canary-", gateway.canary_port),
+            )
+
+        # The timer's passes before `deploy` started the canary, then deploy's own: it changes only the
+        # canary's slot, and the restart below finds that change in the state file too.
+        one_pass(canary_answers=False)
+        one_pass(canary_answers=True)
         wait_for(lambda: len(serving(program, gateway)) == 2, "both stable slots up")
         wait_for(
             lambda: [address for address, up in canary_slots(gateway).values() if up] == [MODEL_SERVERS[1]],
