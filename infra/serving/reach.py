@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,8 @@ class StackReach:
     """an AWS stack's running instances (its serving and gateway nodes among them); None elsewhere"""
     version_record: VersionRecord | None = None
     """an AWS stack's record of the stable version, for instances its serving pool starts later"""
+    relist: Callable[[], list[RunningInstance]] | None = None
+    """an AWS stack's running instances listed again, `nodes` then reaching each (None elsewhere)"""
 
 
 def stack_reach(platform: ResolvedPlatform, ec2: Any = None, ssm: Any = None) -> StackReach:
@@ -40,7 +43,14 @@ def stack_reach(platform: ResolvedPlatform, ec2: Any = None, ssm: Any = None) ->
         ec2 = ec2 or boto3.client("ec2", region_name=region)
         ssm = ssm or boto3.client("ssm", region_name=region)
         instances = _listed(platform, ec2)
-        return StackReach(ssm_nodes(platform, instances, ssm), instances, VersionRecord(platform.name, ssm))
+        nodes = ssm_nodes(platform, instances, ssm)
+
+        def relist() -> list[RunningInstance]:
+            fresh = _listed(platform, ec2)
+            nodes.instances = {instance.node: instance.instance_id for instance in fresh}
+            return fresh
+
+        return StackReach(nodes, instances, VersionRecord(platform.name, ssm), relist)
     from infra.backends.local.cluster import LocalCluster
 
     return StackReach(LocalCluster(platform))

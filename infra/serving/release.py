@@ -81,7 +81,8 @@ VERSIONS_DIR = f"{_SERVER['inference_server_model_dir']}/versions"
 # The role's AWS CLI (roles/inference_server engine-vllm.yml installs it into its venv where the model is
 # in the object store) and the copy, as the role copies the stack's own model.
 AWS_CLI = f"{_SERVER['inference_server_install_dir']}/venv/bin/aws"
-FETCH = '"$1" s3 sync --only-show-errors "$2" "$3"'
+# A version gone from the bucket copies nothing and `aws s3 sync` still exits 0: an empty copy is a failure.
+FETCH = '"$1" s3 sync --only-show-errors "$2" "$3" && [ -n "$(ls -A "$3" 2>/dev/null)" ]'
 UNSAFE_IN_PATH = set(" \t\n\"'\\$`")
 LOOK_TRIES = 3
 """looks in a row the guard may fail to read the counters (or add them) before it gives up, exit 5"""
@@ -273,6 +274,9 @@ class Release:
     """the release lock's lease (infra/serving/lock.py)"""
     version_record: VersionRecord | None = None
     """an AWS stack's record of the stable version, which instances booted later serve (None elsewhere)"""
+    relist: Callable[[], Sequence[RunningInstance]] | None = None
+    """an AWS stack's running instances listed again (and made reachable): a roll takes every instance
+    running once the record is written, not only those of the command's start (None elsewhere)"""
 
     def __init__(
         self,
@@ -283,6 +287,7 @@ class Release:
         prometheus_url: str | None = None,
         instances: Sequence[RunningInstance] | None = None,
         version_record: VersionRecord | None = None,
+        relist: Callable[[], Sequence[RunningInstance]] | None = None,
     ) -> None:
         self.platform = platform
         self.registry = registry
@@ -291,6 +296,7 @@ class Release:
         self.prometheus_url = prometheus_url
         self.layout = serving_layout(platform, instances)
         self.version_record = version_record
+        self.relist = relist
         serving = platform.spec.serving
         assert serving is not None
         self.rules = serving.canary or Canary()
@@ -686,10 +692,15 @@ class Release:
             else version_environment(version, self.layout.engine, self.layout.versions_from_object_store)
         )
         wanted = (environment or "").strip()
-        replicas = {node: self.stable_replicas(node) for node in self.layout.servers}
         if self.version_record is not None:
             self._fence("writing the stack's version record")
             self.version_record.write(environment)
+        if self.relist is not None:
+            # The Auto Scaling group may have started instances since this command listed them (a guard
+            # carries a release through steps for many minutes): each booted on the record of its boot, so
+            # every instance running now is rolled; one started from here on boots on the record just written.
+            self.layout = serving_layout(self.platform, self.relist())
+        replicas = {node: self.stable_replicas(node) for node in self.layout.servers}
         drained = only_off and self.figures().servers_up.get(STABLE_BACKEND, 0) < sum(
             map(len, replicas.values())
         )

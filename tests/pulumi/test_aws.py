@@ -97,6 +97,25 @@ def test_inference_accepts_only_the_gateway_group(aws_prod: Recording) -> None:
     assert NODE_AGENT_PORT in {r["fromPort"] for r in rules}
 
 
+def test_the_gateways_reach_every_replica_of_a_node_serving_several(write_stack: Callable[..., Path]) -> None:
+    """A node of four GPUs serves four replicas (ports 8000..8003): the gateways reach each, not only the
+    first (aws-prod's nodes serve one, where the range is a single port and proves nothing)."""
+
+    def four_gpus(platform: dict[str, Any]) -> None:
+        infer = next(pool for pool in platform["pools"] if pool["name"] == "infer")
+        infer["instance_type"] = "g6e.12xlarge"  # 4 L40S GPUs
+
+    platform = load_platform(write_stack("aws-prod", four_gpus, name="aws-prod"))
+    assert platform.serving_layout is not None and platform.serving_layout.replicas == 4
+    rules = [
+        (r.inputs["fromPort"], r.inputs["toPort"])
+        for r in record(platform).of_type(INGRESS)
+        if r.inputs["securityGroupId"] == "aws-prod-infer-sg-id"
+    ]
+    assert (8000, 8003) in rules
+    assert (8100, 8100) in rules
+
+
 def test_imdsv2_and_encrypted_root_volumes(aws_prod: Recording) -> None:
     for template in aws_prod.of_type(LT):
         assert template.inputs["metadataOptions"]["httpTokens"] == "required"

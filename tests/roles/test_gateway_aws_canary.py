@@ -3,7 +3,7 @@ for aws, its canary backend's slots filled by the targets program from the runni
 instance's canary port, in service only where a canary answers), the share set by the canary program, kept
 through a reload and a restart under load.
 
-Two instances on loopback (127.0.0.1 and 127.0.0.2) run a stable replica each; only the first runs a canary
+Two instances on loopback (127.0.0.1 and 127.0.0.2) run a stable replica each; only the second runs a canary
 (as on the instances `gpuplat serve deploy` started one on). The targets program runs once, with the health
 probe it runs on the gateway; whatever HAProxy serves after the reload and the restart it found in its state
 file and version map. Not modelled: EC2 (a fixed listing), the agent check (no agent answers: HAProxy does
@@ -57,36 +57,47 @@ def answered(gateway: Gateway, canary: ModelServer) -> tuple[int, int]:
 
 def test_the_aws_gateway_gives_the_canary_its_share_through_a_reload_and_a_restart(gateway: Gateway) -> None:
     program, versions = targets_program(), canary_program()
-    canary = ModelServer(MODEL_SERVERS[0], gateway.canary_port)
+    # The second instance runs the canary: the first's address (127.0.0.1) is also the slots' placeholder
+    # (init-addr last,127.0.0.1), which a slot that lost its address would fall back to unnoticed.
+    canary = ModelServer(MODEL_SERVERS[1], gateway.canary_port)
     load = None
     try:
         gateway.start()
         api = program.RuntimeApi(gateway.admin_socket)
         assert canary_slots(gateway) and not any(up for _, up in canary_slots(gateway).values())
-        # One pass, as the timer's unit runs it (the canary's own slots, probed before they take traffic).
-        program.sync(
-            FakeEc2(MODEL_SERVERS),
-            api,
-            stack=STACK,
-            role="infer",
-            pools=[],
-            base_port=gateway.server_port,
-            replicas=1,
-            backend="inference",
-            prefix="slot-",
-            healthy=program.http_health("/health"),
-            state_file=gateway.directory / "state" / "server-state",
-            canary=program.CanarySlots("inference_canary", "canary-", gateway.canary_port),
-        )
+        probe = program.http_health("/health")
+
+        def one_pass(canary_answers: bool) -> None:
+            """A pass as the timer runs it (the canary slots too, probed before they take traffic)."""
+            program.sync(
+                FakeEc2(MODEL_SERVERS),
+                api,
+                stack=STACK,
+                role="infer",
+                pools=[],
+                base_port=gateway.server_port,
+                replicas=1,
+                backend="inference",
+                prefix="slot-",
+                healthy=lambda target: (canary_answers or target[1] != gateway.canary_port) and probe(target),
+                state_file=gateway.directory / "state" / "server-state",
+                canary=program.CanarySlots("inference_canary", "canary-", gateway.canary_port),
+            )
+
+        # The timer's passes before `deploy` started the canary, then deploy's own: it changes only the
+        # canary's slot, and the restart below finds that change in the state file too.
+        one_pass(canary_answers=False)
+        one_pass(canary_answers=True)
         wait_for(lambda: len(serving(program, gateway)) == 2, "both stable slots up")
         wait_for(
-            lambda: [address for address, up in canary_slots(gateway).values() if up] == [MODEL_SERVERS[0]],
+            lambda: [address for address, up in canary_slots(gateway).values() if up] == [MODEL_SERVERS[1]],
             "the canary slot of the instance that runs a canary up",
         )
         # The other instance's canary slot has its address, in maintenance: nothing answers there (HAProxy
         # would count a slot out of maintenance up before its first check).
-        idle = [s for s in api.slots("inference_canary", "canary-") if s.address == MODEL_SERVERS[1]]
-        assert len(idle) == 1 and idle[0].in_maintenance
+        # (Its address, 127.0.0.1, is the placeholder's too: every slot but the canary's is in maintenance.)
+        idle = [s for s in api.slots("inference_canary", "canary-") if s.address != MODEL_SERVERS[1]]
+        assert idle and all(slot.in_maintenance for slot in idle)
 
         map_file = gateway.directory / "versions.map"
         shown = versions.share(api, map_file, SHARE)
@@ -101,7 +112,7 @@ def test_the_aws_gateway_gives_the_canary_its_share_through_a_reload_and_a_resta
         gateway.stop()
         gateway.start()
         # The new process: the canary slot and the share from the state file and the map, no pass since.
-        assert [address for address, up in canary_slots(gateway).values() if up] == [MODEL_SERVERS[0]]
+        assert [address for address, up in canary_slots(gateway).values() if up] == [MODEL_SERVERS[1]]
         time.sleep(2.0)
         load.stop()
         after_restart = answered(gateway, canary)

@@ -99,7 +99,7 @@ def test_an_aws_stack_is_served_on_its_running_instances_through_ssm(aws_url: st
     layout = serving_layout(platform, reach.instances)
     assert layout.gateways == ("head-0", "head-1")
     assert sorted(layout.servers) == sorted(servers) and layout.addresses == servers
-    assert layout.slots_follow_instances
+    assert layout.slots_follow_instances and layout.versions_from_object_store
     assert isinstance(reach.nodes, SsmNodes) and set(layout.servers) < set(reach.nodes.instances)
     assert (
         reach.version_record is not None
@@ -256,8 +256,10 @@ def test_a_rollback_to_the_stacks_own_model_removes_the_record(aws_url: str, tmp
     nodes = RecordingNodes(replicas=1, share=0)
     record = OrderedRecord(ssm, nodes)
     record.write(version_environment(embedder(3), "vllm", object_store=True))
-    release_on(nodes, record, {"challenger": embedder(3)}).rollback("embedder")
+    release = release_on(nodes, record, {"challenger": embedder(3)})
+    release.rollback("embedder")
     assert record.read() is None and boot(ssm, tmp_path, 1) == {}
+    assert release.booted_version() == ""  # `serve status`: a new instance serves the stack's own model
     record.write(None)  # again: nothing to delete is no error
 
 
@@ -339,3 +341,110 @@ def test_a_canary_started_on_aws_gets_its_slots_at_once_on_every_gateway() -> No
         [filled] = _at(nodes, gateway, "systemctl start gpuplat-gateway-targets.service")
         assert filled < _at(nodes, gateway, "--backend inference_canary ready", "10.0.3.7:8100")[0]
     assert _at(nodes, "infer-0", "systemctl restart", "@canary.service")[0] < filled
+
+
+def test_an_instance_started_during_a_release_is_rolled_by_its_promote(aws_url: str, aws_stack: Path) -> None:
+    """A guard carries a release through its steps for many minutes; an instance the Auto Scaling group
+    starts meanwhile boots on the record of that moment (the champion). The promote lists the instances
+    again once it wrote the record: the new one's replicas are rolled with the others, and the SSM nodes
+    reach it (without that it kept the champion for good, while the record named the candidate)."""
+    platform = load_platform(aws_stack)
+    ec2, ssm = client("ec2", aws_url), client("ssm", aws_url)
+    stack = {"gpuplat:stack": platform.name}
+    launch(ec2, **stack, **{"gpuplat:node": "head-0", "gpuplat:pool": "head"})
+    first, _ = launch(ec2, **stack, **{"gpuplat:pool": "infer"})
+    reach = stack_reach(platform, ec2, ssm)
+    nodes = RecordingNodes(replicas=1, share=20)
+    release = release_on(
+        nodes, VersionRecord(platform.name, ssm), {"champion": embedder(2), "challenger": embedder(3)}
+    )
+    release.platform = platform
+    release.layout = serving_layout(platform, reach.instances)
+    release.relist = reach.relist
+    assert release.layout.servers == (first,)
+    joined, _ = launch(ec2, **stack, **{"gpuplat:pool": "infer"})  # a scale-out while the canary is judged
+    release.promote("embedder")
+    assert _at(nodes, joined, "systemctl restart") and _at(nodes, first, "systemctl restart")
+    assert isinstance(reach.nodes, SsmNodes) and {first, joined} <= set(reach.nodes.instances)
+
+
+def test_the_boot_fetch_of_an_inference_node_writes_the_recorded_version(
+    aws_url: str, tmp_path: Path, copies: Path
+) -> None:
+    """node_join.fetch, as an instance's boot runs it (boto3's default clients): after the bundle, the
+    record's version is copied and its file written for each replica, before Ansible runs."""
+    from infra.backends.aws import node_join
+
+    ssm, s3 = client("ssm", aws_url), client("s3", aws_url)
+    upload(s3, 3)
+    s3.create_bucket(Bucket="boot")
+    s3.put_object(Bucket="boot", Key="g", Body=b"{}")
+    s3.put_object(Bucket="boot", Key="k", Body=b"bundle")
+    promoted = version_environment(embedder(3), "vllm", object_store=True)
+    VersionRecord(STACK, ssm).write(promoted)
+    settings = JoinSettings(
+        stack=STACK, region="us-east-1", bucket="boot", bundle_key="k", group_vars_key="g",
+        munge_parameter="", node_name="", name_wait_s=1, fetch_wait_s=1, work=tmp_path / "work",
+        serving_parameter=serving_version_parameter(STACK), serving_replicas=2, serving_dir=tmp_path / "etc",
+    )  # fmt: skip
+    node_join.fetch(settings, sleep=lambda _: None)
+    assert {p.name: p.read_text() for p in (tmp_path / "etc").glob("version-*.env")} == {
+        "version-0.env": promoted,
+        "version-1.env": promoted,
+    }
+    assert (copies / "embedder/3/config.json").read_text() == "{}"
+
+
+def test_a_boot_whose_recorded_version_is_gone_from_the_bucket_fails(
+    aws_url: str, tmp_path: Path, copies: Path
+) -> None:
+    """The record names a version whose objects were deleted (a bucket's lifecycle rule, a clean-up): the
+    boot fails rather than start replicas on an empty folder. A version at the bucket's top is copied whole,
+    as `aws s3 sync s3://BUCKET DIR` copies it on the running nodes."""
+    from infra.backends.aws.node_join import BootError, copy_version
+
+    ssm, s3 = client("ssm", aws_url), client("s3", aws_url)
+    upload(s3, 3)
+    VersionRecord(STACK, ssm).write(version_environment(embedder(4), "vllm", object_store=True))
+    with pytest.raises(BootError, match="holds no object"):
+        boot(ssm, tmp_path / "etc", 1, s3)
+    assert not (tmp_path / "etc").exists()
+    copy_version(s3, f"s3://{MODELS_BUCKET}", tmp_path / "whole")
+    assert (tmp_path / "whole/embedder/3/config.json").read_text() == "{}"
+
+
+def test_a_running_nodes_copy_of_a_version_gone_from_the_bucket_fails(tmp_path: Path) -> None:
+    """The running nodes' copy (release.FETCH, through `sh -c`): `aws s3 sync` of a prefix with no object
+    exits 0 having copied nothing; the copy fails then, before any replica restarts on an empty folder."""
+    import subprocess
+
+    from infra.serving.release import FETCH
+
+    def fetch(sync: str, local: Path) -> int:
+        cli = tmp_path / "aws"
+        cli.write_text(f"#!/bin/sh\n{sync}\n")
+        cli.chmod(0o755)
+        return subprocess.run(
+            ["sh", "-c", FETCH, "fetch", str(cli), "s3://b/embedder/4", str(local)]
+        ).returncode
+
+    assert fetch("exit 0", tmp_path / "gone") != 0
+    # The CLI's arguments: s3 sync --only-show-errors SRC DST.
+    assert fetch('mkdir -p "$5" && echo {} > "$5/config.json"', tmp_path / "there") == 0
+    assert fetch("exit 1", tmp_path / "there") != 0
+
+
+def test_the_golden_set_is_read_from_the_nodes_copy_of_an_object_store_version(copies: Path) -> None:
+    """On aws the probe reads the version's golden set from each node's copy, not at its s3:// location (a
+    path no node's python can open)."""
+    from infra.serving.release import GOLDEN_FILE
+
+    class NoGoldenSet(RecordingNodes):
+        def exec(self, node: str, *command: str, timeout: float = 120) -> str:
+            answer = super().exec(node, *command, timeout=timeout)
+            return '{"absent": true}' if command[:2] == ("python3", "-c") else answer
+
+    nodes = NoGoldenSet(replicas=1, share=0)
+    release_on(nodes, VersionRecord(STACK, None), {}).probe_golden(embedder(3))
+    [probe] = [c for n, c in nodes.done if n == "infer-0" and c[:2] == ("python3", "-c")]
+    assert probe[3] == f"{copies}/embedder/3/{GOLDEN_FILE}"

@@ -218,8 +218,9 @@ SOURCE_MARK = "# gpuplat source: "
 def copy_version(s3: Any, source: str, local: Path) -> None:
     """Every object under `source` (s3://bucket/prefix) into `local`, as `aws s3 sync` copies them."""
     bucket, _, prefix = source.removeprefix("s3://").partition("/")
-    prefix = prefix.rstrip("/") + "/"
+    prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
     root = local.resolve()
+    copied = 0
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for item in page.get("Contents", []):
             relative = str(item["Key"])[len(prefix) :]
@@ -230,6 +231,11 @@ def copy_version(s3: Any, source: str, local: Path) -> None:
                 raise BootError(f"{source}: object {item['Key']} would land outside {root}")
             target.parent.mkdir(parents=True, exist_ok=True)
             s3.download_file(bucket, item["Key"], str(target))
+            copied += 1
+    if (
+        not copied
+    ):  # a version deleted from the bucket: replicas started on an empty folder would never answer
+        raise BootError(f"{source} holds no object: the recorded version is gone from the bucket")
 
 
 def serve_recorded_version(settings: JoinSettings, ssm: Any, s3: Any = None) -> None:

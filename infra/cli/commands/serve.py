@@ -72,6 +72,7 @@ def _release(
         prometheus_url(platform, prometheus),
         instances=reach.instances,
         version_record=reach.version_record,
+        relist=reach.relist,
     )
 
 
