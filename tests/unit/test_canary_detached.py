@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -857,3 +858,36 @@ def test_a_guard_stopped_with_a_rollback_begun_finishes_it_first(tmp_path: Path)
     guard.stop()
     guard.run()
     assert node.shares == [0] and guard.state["phase"] == DONE
+
+
+def test_a_stop_ends_the_guards_own_wait_between_looks_at_once(tmp_path: Path) -> None:
+    """The guard's own wait (no sleep given) between looks, SIGTERM half a second into a 60 s one: Python
+    resumes a sleep whose signal handler returned (PEP 475), so one time.sleep of the whole wait held a stop
+    for up to a look (systemd's TimeoutStopSec, 90 s by default, then SIGKILL, the lock left to its lease).
+    It ends within a slice of the signal."""
+    node = Node(share=20, canary_fails=False)
+    clock = Clock(node)
+    started(tmp_path, node, clock, Canary(min_requests=10_000, interval_s=30, intervals=4))
+    state = guard_state.read_whole(state_path(MODEL, str(tmp_path)))
+    assert state is not None
+    state["look_s"] = 60.0
+    guard_state.write_whole(state_path(MODEL, str(tmp_path)), state)
+
+    def killed(number: int, frame: Any) -> None:
+        raise Killed  # the signal's default action, should it come outside the guard's run
+
+    previous = signal.signal(signal.SIGTERM, killed)
+    stop = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))
+    began = time.monotonic()
+    try:
+        guard = DetachedGuard(MODEL, str(tmp_path), node, clock)  # type: ignore[arg-type]
+        stop.start()
+        guard_service.serve_until_stopped(guard)
+    finally:
+        stop.cancel()
+        signal.signal(signal.SIGTERM, previous)
+    assert time.monotonic() - began < 0.5 + guard_service.PAUSE_SLICE_S + 5  # not the look's 60 s
+    assert guard.state["looks"] == 0 and node.shares == []
+    record = guard_state.read_whole(record_path(MODEL, str(tmp_path)))
+    assert record is not None and record["phase"] == "stopped"
+    ReleaseLock(node, "head-0", MODEL, "promote", lambda _: None).take()  # free at once
