@@ -845,6 +845,45 @@ def test_a_guard_failing_at_every_start_is_not_restarted_for_ever() -> None:
     ]
 
 
+# systemctl as Debian 12's systemd 252 answered on the serving scenario's node (2026-12-06): reset-failed of
+# a unit that is not loaded exits 1 ("Unit ... not loaded"), is-failed exits 0 only for a failed unit.
+FAKE_SYSTEMCTL = """#!/bin/sh
+echo "$*" >> "$SYSTEMCTL_LOG"
+case "$1" in
+  reset-failed) [ "$#" -eq 2 ] && [ "$2" != "$NOT_LOADED" ] && [ "$2" != "$STUCK" ] && exit 0; exit 1;;
+  is-failed) [ "$3" = "$STUCK" ] && exit 0; exit 1;;
+esac
+exit 1
+"""
+
+
+@pytest.mark.parametrize(
+    ("unit_state", "flushed"), [("loaded", True), ("not loaded", True), ("failed, not reset", False)]
+)
+def test_the_start_count_flushed_is_the_guards_own(tmp_path: Path, unit_state: str, flushed: bool) -> None:
+    """`deploy --detach` flushes its guard's start count, and no other unit's: `systemctl reset-failed` with
+    no unit resets every failed unit of the node (another model's guard stopped by its own start limit
+    among them). A unit not loaded has no count to flush; one that stays failed is an error."""
+    (tmp_path / "systemctl").write_text(FAKE_SYSTEMCTL)
+    (tmp_path / "systemctl").chmod(0o755)
+    unit = unit_name("embedder")
+    log = tmp_path / "log"
+    done = subprocess.run(
+        ["sh", "-c", detach.FLUSH_STARTS, "sh", unit],
+        env={
+            **os.environ,
+            "PATH": f"{tmp_path}:{os.environ['PATH']}",
+            "SYSTEMCTL_LOG": str(log),
+            "NOT_LOADED": unit if unit_state == "not loaded" else "",
+            "STUCK": unit if unit_state.startswith("failed") else "",
+        },
+        capture_output=True,
+        check=False,
+    )
+    assert (done.returncode == 0) is flushed, done
+    assert all(line.split()[-1] == unit for line in log.read_text().splitlines()), log.read_text()
+
+
 def test_a_guard_stopped_with_a_rollback_begun_finishes_it_first(tmp_path: Path) -> None:
     rules = Canary(min_requests=10, interval_s=30, intervals=2)
     node = Node(share=20, canary_fails=True)
