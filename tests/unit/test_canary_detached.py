@@ -897,6 +897,9 @@ def test_a_guard_stopped_with_a_rollback_begun_finishes_it_first(tmp_path: Path)
     guard.stop()
     guard.run()
     assert node.shares == [0] and guard.state["phase"] == DONE
+    record = guard_state.read_whole(record_path(MODEL, str(tmp_path)))
+    assert record is not None and record["phase"] == "rolled back", record  # not "stopped": it ended
+    assert "nothing watches" not in record["detail"] and record["guard"]["state"] == DONE
 
 
 def test_a_stop_ends_the_guards_own_wait_between_looks_at_once(tmp_path: Path) -> None:
