@@ -933,3 +933,53 @@ def test_a_stop_ends_the_guards_own_wait_between_looks_at_once(tmp_path: Path) -
     record = guard_state.read_whole(record_path(MODEL, str(tmp_path)))
     assert record is not None and record["phase"] == "stopped"
     ReleaseLock(node, "head-0", MODEL, "promote", lambda _: None).take()  # free at once
+
+
+def test_a_guard_whose_disable_fails_still_ends_cleanly(tmp_path: Path) -> None:
+    """`systemctl disable` failing after the verdict (the bus busy, a unit file gone) is said, not raised: an
+    exit 1 there would have Restart=on-failure start the guard again and again (each start finding its
+    release ended and failing the same way) until the start limit."""
+    node, clock, deploy = started_by_a_locked_deploy(tmp_path)
+    deploy.release()
+
+    class Refusing(Node):
+        def exec(self, name: str, *command: str, timeout: float = 120) -> str:
+            if command[:2] == ("systemctl", "disable"):
+                raise GpuPlatError("systemctl on this node exited 1: Failed to disable unit")
+            return super().exec(name, *command, timeout=timeout)
+
+    refusing = Refusing(share=20, canary_fails=True)
+    refusing.counts, refusing.shares = node.counts, node.shares
+    guard = DetachedGuard(MODEL, str(tmp_path), refusing, clock, clock.sleep)  # type: ignore[arg-type]
+    guard.run()
+    assert guard.state["phase"] == DONE and refusing.shares == [0]
+    DetachedGuard(MODEL, str(tmp_path), refusing, clock, clock.sleep).run()  # type: ignore[arg-type]
+    ReleaseLock(node, "head-0", MODEL, "promote", lambda _: None).take()
+
+
+def test_a_stopped_guard_saves_before_it_lets_the_lock_go(tmp_path: Path) -> None:
+    """The stopped guard's last save (the state and the record saying it stopped) is made under the lock: a
+    save after it let go could overwrite the record of a promote or rollback that took the lock meanwhile."""
+    node = Node(share=20, canary_fails=False)
+    clock = Clock(node)
+    started(tmp_path, node, clock, Canary(min_requests=10_000, interval_s=30, intervals=4))
+    guard = guard_of(tmp_path, node, clock)
+    real_save = guard.save
+    held_at_save: list[bool] = []
+
+    def save() -> None:
+        try:
+            ReleaseLock(node, "head-0", MODEL, "promote", lambda _: None).take()
+        except LockRefused:
+            held_at_save.append(True)
+        else:
+            held_at_save.append(False)
+        real_save()
+
+    def sleep(seconds: float) -> None:
+        guard.stop()
+        clock.sleep(seconds)
+
+    guard.save, guard.sleep = save, sleep  # type: ignore[method-assign]
+    guard.run()
+    assert held_at_save and all(held_at_save), held_at_save
