@@ -929,7 +929,7 @@ def test_a_stop_ends_the_guards_own_wait_between_looks_at_once(tmp_path: Path) -
     finally:
         stop.cancel()
         signal.signal(signal.SIGTERM, previous)
-    assert time.monotonic() - began < 0.5 + guard_service.PAUSE_SLICE_S + 5  # not the look's 60 s
+    assert time.monotonic() - began < 10  # not the look's 60 s
     assert guard.state["looks"] == 0 and node.shares == []
     record = guard_state.read_whole(record_path(MODEL, str(tmp_path)))
     assert record is not None and record["phase"] == "stopped"
