@@ -10,7 +10,8 @@ under that name, its configuration, pid file and master socket its own, beside t
 (haproxy.service, untouched). The targets program fills two slots with infer-0's two replicas once
 (`sync` with its health probe and its save of the state file; an EC2 that lists infer-0 as the pool's one
 running instance, the only thing not real here), then never runs again: whatever the gateway serves after
-`systemctl reload` and `systemctl restart`, it found in the state file.
+`systemctl reload` and `systemctl restart`, it found in the state file, and the file the program saved is
+removed before each, so that it is the one the drop-in's ExecReload and ExecStop saved.
 
 Load: clients on keep-alive connections and clients sending `Connection: close`, from this host to the
 service node's address on the scenario's network, all the time, counted as the promote test counts them
@@ -199,10 +200,14 @@ def test_the_aws_slots_survive_a_reload_and_a_restart_under_load_with_no_failed_
         time.sleep(1.5)
         reloaded_at = time.monotonic()
         before = workers()
+        # Each time the file the targets program saved is removed first: what the new process finds is
+        # what the unit's drop-in saved (ExecReload, then ExecStop), not the program's save of the fill.
+        node(HEAD, "rm", STATE_FILE)
         node(HEAD, "systemctl", "reload", UNIT)
         wait_for("the reloaded worker", lambda: workers() - before, 10, poll_s=0.2)
         reloaded = serving()
         time.sleep(1.5)
+        node(HEAD, "rm", STATE_FILE)
         restarted_at = time.monotonic()
         node(HEAD, "systemctl", "restart", UNIT)
         restarted_s = time.monotonic() - restarted_at

@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -832,7 +833,8 @@ def test_a_guard_failing_at_every_start_is_not_restarted_for_ever() -> None:
     burst, interval = int(unit["StartLimitBurst"]), unit_seconds(unit["StartLimitIntervalSec"])
     every = unit_seconds(service["RestartSec"])
     assert service["Restart"] == "on-failure" and interval / every > burst  # a crash loop hits the limit
-    assert interval >= 3 * guard_service.TAKE_LOCK_S  # as does one that fails after waiting for the lock
+    # as does one that fails after waiting its whole time for the lock: more than `burst` such starts fit
+    assert interval / (guard_service.TAKE_LOCK_S + every) > burst
     assert service["KillMode"] == "mixed"
     release = DetachingRelease()
     detach_guard(release, "embedder", "embedder@2", 20, 60)  # type: ignore[arg-type]
@@ -842,6 +844,45 @@ def test_a_guard_failing_at_every_start_is_not_restarted_for_ever() -> None:
         f"{detach.FLUSH_STARTS} {unit}",
         f"systemctl restart {unit}",
     ]
+
+
+# systemctl as Debian 12's systemd 252 answered on the serving scenario's node (2026-12-06): reset-failed of
+# a unit that is not loaded exits 1 ("Unit ... not loaded"), is-failed exits 0 only for a failed unit.
+FAKE_SYSTEMCTL = """#!/bin/sh
+echo "$*" >> "$SYSTEMCTL_LOG"
+case "$1" in
+  reset-failed) [ "$#" -eq 2 ] && [ "$2" != "$NOT_LOADED" ] && [ "$2" != "$STUCK" ] && exit 0; exit 1;;
+  is-failed) [ "$3" = "$STUCK" ] && exit 0; exit 1;;
+esac
+exit 1
+"""
+
+
+@pytest.mark.parametrize(
+    ("unit_state", "flushed"), [("loaded", True), ("not loaded", True), ("failed, not reset", False)]
+)
+def test_the_start_count_flushed_is_the_guards_own(tmp_path: Path, unit_state: str, flushed: bool) -> None:
+    """`deploy --detach` flushes its guard's start count, and no other unit's: `systemctl reset-failed` with
+    no unit resets every failed unit of the node (another model's guard stopped by its own start limit
+    among them). A unit not loaded has no count to flush; one that stays failed is an error."""
+    (tmp_path / "systemctl").write_text(FAKE_SYSTEMCTL)
+    (tmp_path / "systemctl").chmod(0o755)
+    unit = unit_name("embedder")
+    log = tmp_path / "log"
+    done = subprocess.run(
+        ["sh", "-c", detach.FLUSH_STARTS, "sh", unit],
+        env={
+            **os.environ,
+            "PATH": f"{tmp_path}:{os.environ['PATH']}",
+            "SYSTEMCTL_LOG": str(log),
+            "NOT_LOADED": unit if unit_state == "not loaded" else "",
+            "STUCK": unit if unit_state.startswith("failed") else "",
+        },
+        capture_output=True,
+        check=False,
+    )
+    assert (done.returncode == 0) is flushed, done
+    assert all(line.split()[-1] == unit for line in log.read_text().splitlines()), log.read_text()
 
 
 def test_a_guard_stopped_with_a_rollback_begun_finishes_it_first(tmp_path: Path) -> None:
@@ -857,3 +898,89 @@ def test_a_guard_stopped_with_a_rollback_begun_finishes_it_first(tmp_path: Path)
     guard.stop()
     guard.run()
     assert node.shares == [0] and guard.state["phase"] == DONE
+    record = guard_state.read_whole(record_path(MODEL, str(tmp_path)))
+    assert record is not None and record["phase"] == "rolled back", record  # not "stopped": it ended
+    assert "nothing watches" not in record["detail"] and record["guard"]["state"] == DONE
+
+
+def test_a_stop_ends_the_guards_own_wait_between_looks_at_once(tmp_path: Path) -> None:
+    """The guard's own wait (no sleep given) between looks, SIGTERM half a second into a 60 s one: Python
+    resumes a sleep whose signal handler returned (PEP 475), so one time.sleep of the whole wait held a stop
+    for up to a look (systemd's TimeoutStopSec, 90 s by default, then SIGKILL, the lock left to its lease).
+    It ends within a slice of the signal."""
+    node = Node(share=20, canary_fails=False)
+    clock = Clock(node)
+    started(tmp_path, node, clock, Canary(min_requests=10_000, interval_s=30, intervals=4))
+    state = guard_state.read_whole(state_path(MODEL, str(tmp_path)))
+    assert state is not None
+    state["look_s"] = 60.0
+    guard_state.write_whole(state_path(MODEL, str(tmp_path)), state)
+
+    def killed(number: int, frame: Any) -> None:
+        raise Killed  # the signal's default action, should it come outside the guard's run
+
+    previous = signal.signal(signal.SIGTERM, killed)
+    stop = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))
+    began = time.monotonic()
+    try:
+        guard = DetachedGuard(MODEL, str(tmp_path), node, clock)  # type: ignore[arg-type]
+        stop.start()
+        guard_service.serve_until_stopped(guard)
+    finally:
+        stop.cancel()
+        signal.signal(signal.SIGTERM, previous)
+    assert time.monotonic() - began < 10  # not the look's 60 s
+    assert guard.state["looks"] == 0 and node.shares == []
+    record = guard_state.read_whole(record_path(MODEL, str(tmp_path)))
+    assert record is not None and record["phase"] == "stopped"
+    ReleaseLock(node, "head-0", MODEL, "promote", lambda _: None).take()  # free at once
+
+
+def test_a_guard_whose_disable_fails_still_ends_cleanly(tmp_path: Path) -> None:
+    """`systemctl disable` failing after the verdict (the bus busy, a unit file gone) is said, not raised: an
+    exit 1 there would have Restart=on-failure start the guard again and again (each start finding its
+    release ended and failing the same way) until the start limit."""
+    node, clock, deploy = started_by_a_locked_deploy(tmp_path)
+    deploy.release()
+
+    class Refusing(Node):
+        def exec(self, name: str, *command: str, timeout: float = 120) -> str:
+            if command[:2] == ("systemctl", "disable"):
+                raise GpuPlatError("systemctl on this node exited 1: Failed to disable unit")
+            return super().exec(name, *command, timeout=timeout)
+
+    refusing = Refusing(share=20, canary_fails=True)
+    refusing.counts, refusing.shares = node.counts, node.shares
+    guard = DetachedGuard(MODEL, str(tmp_path), refusing, clock, clock.sleep)  # type: ignore[arg-type]
+    guard.run()
+    assert guard.state["phase"] == DONE and refusing.shares == [0]
+    DetachedGuard(MODEL, str(tmp_path), refusing, clock, clock.sleep).run()  # type: ignore[arg-type]
+    ReleaseLock(node, "head-0", MODEL, "promote", lambda _: None).take()
+
+
+def test_a_stopped_guard_saves_before_it_lets_the_lock_go(tmp_path: Path) -> None:
+    """The stopped guard's last save (the state and the record saying it stopped) is made under the lock: a
+    save after it let go could overwrite the record of a promote or rollback that took the lock meanwhile."""
+    node = Node(share=20, canary_fails=False)
+    clock = Clock(node)
+    started(tmp_path, node, clock, Canary(min_requests=10_000, interval_s=30, intervals=4))
+    guard = guard_of(tmp_path, node, clock)
+    real_save = guard.save
+    held_at_save: list[bool] = []
+
+    def save() -> None:
+        try:
+            ReleaseLock(node, "head-0", MODEL, "promote", lambda _: None).take()
+        except LockRefused:
+            held_at_save.append(True)
+        else:
+            held_at_save.append(False)
+        real_save()
+
+    def sleep(seconds: float) -> None:
+        guard.stop()
+        clock.sleep(seconds)
+
+    guard.save, guard.sleep = save, sleep  # type: ignore[method-assign]
+    guard.run()
+    assert held_at_save and all(held_at_save), held_at_save
