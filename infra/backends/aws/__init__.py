@@ -22,6 +22,7 @@ from infra.backends.aws.bootstrap import (
     munge_parameter,
     node_group_vars,
     node_inventory,
+    settings_digest,
 )
 from infra.backends.aws.controller_nodes import ControllerNodes, ControllerNodesArgs, controller_addresses
 from infra.backends.aws.gateway import GatewayEndpoint, GatewayEndpointArgs
@@ -222,6 +223,7 @@ class AwsBackend:
                     node_name=node_name,
                     fetch_munge_key=runs_munge(platform, pool),
                     power_off_on_failure=pool.role == "train",
+                    settings_digest=settings_digest(platform) if pool.role == "train" else "",
                 ).render()
             )
             return script
