@@ -72,6 +72,7 @@ def test_a_role_change_drains_the_running_nodes_after_their_jobs_and_the_next_la
     # an operator's drain (replacement.py replaces it once drained) and a node still booting (drained
     # once in service, a later round): neither is set POWER_DOWN_ASAP now
     drained, booting = own.launch("train-5"), own.launch("train-6")
+    own.launch("gone-0", pool="gone")  # a removed pool's, of the same template: reconcile's orphan
     new_version(cloud, template_id, UserData=boot_script("bundles/bbbb.zip"))
     slurm.nodes(
         show_node("train-0", "ALLOCATED+CLOUD", addr=cloud.describe(busy)["PrivateIpAddress"]),
