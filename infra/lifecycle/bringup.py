@@ -22,8 +22,7 @@ from infra.backends.local.node_image import available, bake
 from infra.backends.local.scale import running_sizes, with_running_sizes
 from infra.backends.local.status import PlatformStatus, collect_status, parse_sinfo
 from infra.errors import GpuPlatError
-from infra.lifecycle import cloud_stack
-from infra.lifecycle.fleet import configure_limit
+from infra.lifecycle import cloud_stack, fleet
 from infra.nodes.ansible_content import digest_content
 from infra.nodes.inventory import (
     has_ansible_nodes,
@@ -267,7 +266,8 @@ def up_cloud(
             )
         outputs.update(cloud_stack.apply(stack, approval.on_line))
         result.changes += changes[0].changing
-        return f"{changes[0].changing} resource change(s); {len(outputs)} stack outputs"
+        started = fleet.start_fleet(platform)
+        return f"{changes[0].changing} resource change(s); {len(outputs)} stack outputs; {started}"
 
     phases.run("preview", preview, "pulumi preview --diff against what is deployed")
     phases.run("pulumi up", machines)
@@ -284,7 +284,7 @@ def up_cloud(
             "site.yml",
             inventory_dir(platform.name),
             state_dir(platform.name) / "logs",
-            limit=configure_limit(platform),
+            limit=fleet.configure_limit(platform),
             on_progress=on_progress,
         )
         result.changes += run.changed

@@ -49,12 +49,40 @@ class _ToLines(logging.Handler):
         self.on_line(record.getMessage())
 
 
+def _node_program() -> None:
+    """The node program's package importable (it is shipped to the controllers, not installed here)."""
+    if str(NODE_PROGRAM_DIR) not in sys.path:
+        sys.path.append(str(NODE_PROGRAM_DIR))
+
+
+def start_fleet(platform: ResolvedPlatform) -> str:
+    """`gpuplat up` on an aws Slurm stack, once `pulumi up` is done: the fleet's stop removed from the
+    stack's training launch templates. A `gpuplat down` that failed or was interrupted after it stopped
+    the fleet leaves the tag, which `pulumi up` keeps (the tag is not in the program, and Pulumi diffs
+    against its state), so the controllers would never launch a node again (resume.py fleet_stopped,
+    and IAM's NOT_STOPPED). A GpuPlatError when EC2 refuses."""
+    if not has_slurm_fleet(platform):
+        return "no Slurm fleet"
+    _node_program()
+    from gpuplat_ec2_nodes.ec2 import FLEET_STOPPED, TAG_FLEET, ErrorTypes, ec2_nodes
+
+    try:
+        templates = ec2_nodes(platform.spec.region or "", None, platform.name).start_fleet()
+    except ErrorTypes as err:
+        raise GpuPlatError(
+            f"stack {platform.name}: the stack is up, but the tag {TAG_FLEET}={FLEET_STOPPED} (left by a "
+            f"`gpuplat down` that did not finish) could not be removed from its training launch templates "
+            f"({err}), so Slurm may launch no training node. Give this shell AWS credentials that may "
+            "ec2:DeleteTags on the stack's launch templates, then run `gpuplat up` again."
+        ) from err
+    return f"fleet started ({TAG_FLEET}={FLEET_STOPPED} removed from {len(templates)} launch template(s))"
+
+
 def teardown_fleet(platform: ResolvedPlatform, on_line: Line) -> None:
     """Terminate every instance Slurm launched for the stack and wait until none is left (FLEET_TIMEOUT_S);
     a GpuPlatError naming what to do when some are still there (they are listed through on_line)."""
     timeout_s = FLEET_TIMEOUT_S
-    if str(NODE_PROGRAM_DIR) not in sys.path:
-        sys.path.append(str(NODE_PROGRAM_DIR))
+    _node_program()
     from gpuplat_ec2_nodes.ec2 import FLEET_STOPPED, NOT_TERMINATED_STATES, TAG_FLEET, ErrorTypes, ec2_nodes
     from gpuplat_ec2_nodes.logs import LOG
     from gpuplat_ec2_nodes.settings import Settings

@@ -15,6 +15,13 @@ CONTENT_FILES = ("ansible.cfg",)
 _NOT_CONTENT = frozenset({"__pycache__", ".pytest_cache"})
 
 
+def _not_content(part: str) -> bool:
+    """Caches and hidden files that tools leave (mypy's, ruff's, an editor's swap file): none is tracked
+    under playbooks/ or roles/, and each would change the bundle digest, so every training node in
+    service would be drained for a new definition (gpuplat_ec2_nodes/outdated.py)."""
+    return part in _NOT_CONTENT or part.startswith(".")
+
+
 def content_files(root: Path) -> list[Path]:
     files = [root / name for name in CONTENT_FILES if (root / name).is_file()]
     return sorted(
@@ -23,7 +30,7 @@ def content_files(root: Path) -> list[Path]:
             path
             for directory in CONTENT_DIRECTORIES
             for path in (root / directory).rglob("*")
-            if path.is_file() and not _NOT_CONTENT & set(path.relative_to(root).parts)
+            if path.is_file() and not any(_not_content(part) for part in path.relative_to(root).parts)
         ]
     )
 

@@ -28,6 +28,7 @@ from infra.backends.aws.bootstrap import (
     munge_parameter,
     node_group_vars,
     node_inventory,
+    settings_digest,
 )
 from infra.backends.aws.controller_nodes import controller_addresses
 from infra.backends.aws.node_pool import GpuNodePoolArgs, metadata_options, slurm_pool_template
@@ -195,6 +196,7 @@ def node_boot_script(platform: ResolvedPlatform, bucket: str, key: str, pool: st
         node_name=node,
         fetch_munge_key=runs_munge(platform, resolved),
         power_off_on_failure=resolved.role == "train",
+        settings_digest=settings_digest(platform) if resolved.role == "train" else "",
     ).render()
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from infra.backends.aws.bootstrap import settings_digest
 from infra.backends.aws.naming import stack_bucket_uri
 from infra.backends.aws.network import NODE_AGENT_PORT
 from infra.plan.record import Recording, record
@@ -372,6 +373,23 @@ def test_a_training_node_whose_boot_fails_is_terminated_not_kept(aws_prod: Recor
     assert "GPUPLAT_POWER_OFF_ON_FAILURE=''" in base64.b64decode(infer["userData"]).decode()
     head = base64.b64decode(aws_prod.named("aws-prod-head-head-0").inputs["userDataBase64"]).decode()
     assert "GPUPLAT_POWER_OFF_ON_FAILURE=''" in head
+
+
+def test_training_templates_change_with_the_stacks_values_and_controllers_do_not(
+    aws_prod: Recording, shipped_platforms: dict[str, ResolvedPlatform]
+) -> None:
+    """The training templates' user data names the digest of the stack's values (bootstrap.py
+    settings_digest), so a changed value is a new template version whose nodes are drained after their
+    jobs (gpuplat_ec2_nodes/outdated.py); a controller's user data never changes with it (a stop/start)."""
+    digest = f"GPUPLAT_SETTINGS_DIGEST={settings_digest(shipped_platforms['aws-prod'])}\n"
+    for pool in ("train", "train-spot"):
+        assert digest in base64.b64decode(aws_prod.named(f"aws-prod-{pool}-lt").inputs["userData"]).decode()
+    assert (
+        "GPUPLAT_SETTINGS_DIGEST"
+        not in base64.b64decode(aws_prod.named("aws-prod-infer-lt").inputs["userData"]).decode()
+    )
+    head = base64.b64decode(aws_prod.named("aws-prod-head-head-0").inputs["userDataBase64"]).decode()
+    assert "GPUPLAT_SETTINGS_DIGEST" not in head
 
 
 def test_only_controllers_launch_and_terminate_nodes(aws_prod: Recording) -> None:

@@ -90,8 +90,10 @@ def test_teardown_stops_the_fleet_first_and_a_resume_then_launches_nothing(
 def test_a_pool_whose_template_is_not_stopped_launches(
     tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
 ) -> None:
-    """The stop is read per template: another stack's stop holds nothing of this one."""
+    """The stop is read per template: another stack's stop holds nothing of this one; nor does another
+    value of the tag (IAM refuses only `stopped`, iam.py NOT_STOPPED)."""
     train = template(cloud, "train", cloud.stack)
+    cloud.ec2.create_tags(Resources=[train], Tags=[{"Key": "gpuplat:fleet", "Value": "running"}])
     other = template(cloud, "train", f"{cloud.stack}-other")
     cloud.ec2.create_tags(Resources=[other], Tags=[{"Key": "gpuplat:fleet", "Value": "stopped"}])
     settings = on_templates(settings_for(tmp_path, cloud, slurm), train=train, gone=other)

@@ -69,6 +69,10 @@ def test_a_role_change_drains_the_running_nodes_after_their_jobs_and_the_next_la
     template_id = pool_template(cloud, "bundles/aaaa.zip")
     own = replace(cloud, launch_template_id=template_id)
     busy, idle, leaving = own.launch("train-0"), own.launch("train-1"), own.launch("train-2")
+    # an operator's drain (replacement.py replaces it once drained) and a node still booting (drained
+    # once in service, a later round): neither is set POWER_DOWN_ASAP now
+    drained, booting = own.launch("train-5"), own.launch("train-6")
+    own.launch("gone-0", pool="gone")  # a removed pool's, of the same template: reconcile's orphan
     new_version(cloud, template_id, UserData=boot_script("bundles/bbbb.zip"))
     slurm.nodes(
         show_node("train-0", "ALLOCATED+CLOUD", addr=cloud.describe(busy)["PrivateIpAddress"]),
@@ -76,6 +80,8 @@ def test_a_role_change_drains_the_running_nodes_after_their_jobs_and_the_next_la
         show_node(
             "train-2", "ALLOCATED+DRAIN+POWER_DOWN+CLOUD", addr=cloud.describe(leaving)["PrivateIpAddress"]
         ),
+        show_node("train-5", "ALLOCATED+DRAIN+CLOUD", addr=cloud.describe(drained)["PrivateIpAddress"]),
+        show_node("train-6", "IDLE+CLOUD+POWERING_UP", addr=cloud.describe(booting)["PrivateIpAddress"]),
     )
     settings = on_template(tmp_path, cloud, slurm, template_id)
     ec2 = harness.ec2_nodes(cloud, slurm)
@@ -88,7 +94,7 @@ def test_a_role_change_drains_the_running_nodes_after_their_jobs_and_the_next_la
         ["nodename=train-1", "state=power_down_asap", reason],
     ]
     # nothing terminated nor requeued: the jobs finish where they run
-    assert {cloud.state(i) for i in (busy, idle, leaving)} == {"running"}
+    assert {cloud.state(i) for i in (busy, idle, leaving, drained, booting)} == {"running"}
 
     slurm.record.unlink()
     assert resume(settings, ec2, Slurm(slurm.scontrol), ["train-3"]) == EXIT_OK

@@ -26,6 +26,15 @@ def test_caches_left_by_a_run_are_not_content(tmp_path: Path) -> None:
     cache = root / "playbooks" / "connection_plugins" / "__pycache__"
     cache.mkdir()
     (cache / "gpuplat_podman.cpython-311.pyc").write_bytes(b"\x00")
+    # mypy's and ruff's caches, an editor's swap file: before, each was bundle content, a new bundle
+    # digest, and every training node in service was drained for it
+    for left in (
+        "roles/r/.mypy_cache/3.11/x.json",
+        "playbooks/.ruff_cache/CACHEDIR.TAG",
+        "roles/r/tasks/.main.yml.swp",
+    ):
+        (root / left).parent.mkdir(parents=True, exist_ok=True)
+        (root / left).write_text("x")
     assert content_files(root) == before
     # ansible.cfg rides along: the bundle's playbooks find the roles and plugins through it.
     assert [p.name for p in before] == ["ansible.cfg", "gpuplat_podman.py", "site.yml", "main.yml"]

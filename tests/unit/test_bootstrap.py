@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,8 +19,9 @@ from infra.backends.aws.bootstrap import (
     bundle_key,
     node_inventory,
     serving_replicas,
+    settings_digest,
 )
-from infra.platform.resolve import ResolvedPlatform
+from infra.platform.resolve import ResolvedPlatform, load_platform
 from infra.spec.defaults import os_release
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -293,3 +295,26 @@ def test_a_failed_bootstrap_powers_off_where_asked(
     assert (tmp_path / "powered-off").exists() == powered_off
     assert ("gpuplat bootstrap failed (exit 1)" in ran.stdout) == (step == "false" and power_off == "1")
     assert ("powering off" in ran.stdout) == powered_off
+
+
+def test_a_change_of_the_stacks_values_is_a_change_of_the_training_nodes_user_data() -> None:
+    """The values reach a booting node through the group vars, not the bundle: before, a changed Slurm
+    setting or driver left the training templates' user data as it was, so the nodes in service were
+    neither configured again (`gpuplat up` leaves them out) nor drained (outdated.py compares user
+    data) and kept taking jobs on the old values until they idled out."""
+    stack = ROOT / "stacks" / "Pulumi.aws-prod.yaml"
+    platform = load_platform(stack)
+    changed = load_platform(stack, ["scheduler.scale_down_idle_s=1234"])
+    assert settings_digest(load_platform(stack)) == settings_digest(platform)
+    assert settings_digest(changed) != settings_digest(platform)
+
+    def training(of: ResolvedPlatform) -> str:
+        base = BootScript(
+            stack=of.name, region="us-east-1", bucket="b", bundle_key=bundle_key(ROOT),
+            inventory=node_inventory(of, of.pool("train")), os_release=os_release(of.spec),
+        )  # fmt: skip
+        return replace(base, settings_digest=settings_digest(of)).render()
+
+    assert training(changed) != training(platform)
+    assert f"GPUPLAT_SETTINGS_DIGEST={settings_digest(platform)}\n" in training(platform)
+    assert "GPUPLAT_SETTINGS_DIGEST" not in _script(platform, "head", node_name="head-0")

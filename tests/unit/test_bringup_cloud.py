@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from infra.errors import ExitCode, GpuPlatError, SpecError
-from infra.lifecycle import bringup, cloud_stack
+from infra.lifecycle import bringup, cloud_stack, fleet
 from infra.lifecycle.bringup import CloudApproval
 from infra.nodes.inventory import aws_ec2_config, platform_vars
 from infra.nodes.playbook_run import PlaybookRun
@@ -108,6 +108,12 @@ def stand_in(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> StandIn:
     monkeypatch.setattr(cloud_stack.shutil, "which", lambda name: f"/usr/bin/{name}")
     monkeypatch.setattr(automation, "create_or_select_stack", create_or_select_stack)
     monkeypatch.setattr(bringup, "run_playbook", run_playbook)
+
+    def start_fleet(platform: ResolvedPlatform) -> str:
+        state.calls.append("start fleet")
+        return "fleet started"
+
+    monkeypatch.setattr(fleet, "start_fleet", start_fleet)
     monkeypatch.setenv("GPUPLAT_STATE_DIR", str(tmp_path))
     monkeypatch.setattr("infra.validate.run.validate", validate)
     return state
@@ -131,7 +137,8 @@ def test_up_writes_the_inventory_with_the_stack_outputs(
     result = up(platform, lines, yes=True)
 
     assert [p.name for p in result.phases] == ["preview", "pulumi up", "inventory", "configure", "validate"]
-    assert stand_in.calls == ["preview diff=True", "up"]
+    # a `gpuplat down` that did not finish left the fleet stopped: `up` starts it again after pulumi up
+    assert stand_in.calls == ["preview diff=True", "up", "start fleet"]
     assert lines == ["+ aws:ec2/vpc:Vpc aws-prod-vpc create", "Resources: + 212 created"]
     assert result.phases[0].summary == "212 to create"
     assert stand_in.playbooks == ["site.yml"]
@@ -171,7 +178,7 @@ def test_a_declined_preview_applies_nothing_and_an_accepted_one_applies(
     assert stand_in.calls == ["preview diff=True"]
     assert questions == ["pulumi up on stack aws-prod: 212 to create. Go on?"]
     up(platform, [], ask=lambda question: True)
-    assert stand_in.calls[-2:] == ["preview diff=True", "up"]
+    assert stand_in.calls[-3:] == ["preview diff=True", "up", "start fleet"]
 
 
 def test_a_preview_without_changes_asks_nothing(
@@ -182,7 +189,8 @@ def test_a_preview_without_changes_asks_nothing(
     stand_in.platforms[platform.name] = platform
     stand_in.change_summary = {"same": 212}
     result = up(platform, [], ask=None)
-    assert stand_in.calls == ["preview diff=True", "up"]
+    # a stack already up still gets its fleet started (a failed `down` changed no Pulumi resource)
+    assert stand_in.calls == ["preview diff=True", "up", "start fleet"]
     assert result.phases[0].summary == "no changes; 212 unchanged"
 
 

@@ -15,6 +15,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from infra.cli.commands import lifecycle
+from infra.cli.stack_options import platform_from_options
 from infra.errors import GpuPlatError
 from infra.lifecycle import cloud_stack, fleet
 from tests.conftest import empty_moto_account, moto_image
@@ -191,3 +192,52 @@ def test_a_fleet_that_cannot_be_stopped_is_not_torn_down_nor_destroyed(
         ec2.terminate_instances(InstanceIds=[running])
     assert "could not be tagged gpuplat:fleet=stopped" in raised.value.message
     assert "teardown: cannot stop the fleet" in capsys.readouterr().err
+
+
+def training_template(ec2: Any, stack: str) -> str:
+    tags = [{"Key": "gpuplat:stack", "Value": stack}, {"Key": "gpuplat:role", "Value": "train"}]
+    created = ec2.create_launch_template(
+        LaunchTemplateName=f"{stack}-train-{len(ec2.describe_launch_templates()['LaunchTemplates'])}",
+        LaunchTemplateData={"ImageId": moto_image(ec2)},
+        TagSpecifications=[{"ResourceType": "launch-template", "Tags": tags}],
+    )
+    return str(created["LaunchTemplate"]["LaunchTemplateId"])
+
+
+def fleet_tag(ec2: Any, template_id: str) -> str | None:
+    filters = [{"Name": "resource-id", "Values": [template_id]}, {"Name": "key", "Values": ["gpuplat:fleet"]}]
+    tags = ec2.describe_tags(Filters=filters)["Tags"]
+    return str(tags[0]["Value"]) if tags else None
+
+
+def test_up_starts_a_fleet_a_failed_down_left_stopped(
+    ec2: Any, destroyed: list[list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Day 2 after a `down` that stopped the fleet and then failed (an instance that would not terminate):
+    the templates stay tagged stopped, which `pulumi up` keeps; `gpuplat up` removes the tag, of this
+    stack's training templates only, so the stack brought back launches again."""
+    from gpuplat_ec2_nodes import teardown as teardown_module
+
+    own, other = training_template(ec2, STACK), training_template(ec2, f"{STACK}-other")
+    ec2.create_tags(Resources=[other], Tags=[{"Key": "gpuplat:fleet", "Value": "stopped"}])
+    monkeypatch.setattr(teardown_module, "teardown_round", lambda ec2_nodes: None)  # never empty
+    monkeypatch.setattr(fleet, "FLEET_TIMEOUT_S", 0.2)
+    with pytest.raises(GpuPlatError):
+        lifecycle.down(stack=STACK, yes=True)
+    assert destroyed == [] and fleet_tag(ec2, own) == "stopped"
+
+    platform = platform_from_options(STACK, None)
+    assert "removed from" in fleet.start_fleet(platform)
+    assert fleet_tag(ec2, own) is None
+    assert fleet_tag(ec2, other) == "stopped", "another stack's stop"
+    assert fleet.start_fleet(platform)  # a second `up`: nothing to remove, no error
+
+
+def test_up_says_when_the_fleet_cannot_be_started(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing answers at the endpoint: one paragraph saying the stack is up but may launch nothing."""
+    unreachable = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_MAX_ATTEMPTS": "1"}
+    for key, value in {**unreachable, "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x"}.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(GpuPlatError) as raised:
+        fleet.start_fleet(platform_from_options(STACK, None))
+    assert "could not be removed" in raised.value.message

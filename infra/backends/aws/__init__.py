@@ -25,6 +25,7 @@ from infra.backends.aws.bootstrap import (
     node_inventory,
     serving_replicas,
     serving_version_parameter,
+    settings_digest,
 )
 from infra.backends.aws.controller_nodes import ControllerNodes, ControllerNodesArgs, controller_addresses
 from infra.backends.aws.gateway import GatewayEndpoint, GatewayEndpointArgs
@@ -240,6 +241,7 @@ class AwsBackend:
                     fetch_munge_key=runs_munge(platform, pool),
                     serving_replicas=serving_replicas(platform, pool),
                     power_off_on_failure=pool.role == "train",
+                    settings_digest=settings_digest(platform) if pool.role == "train" else "",
                 ).render()
             )
             return script

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import shlex
 import zipfile
 from collections.abc import Mapping
@@ -162,6 +163,13 @@ def node_group_vars(
     }
 
 
+def settings_digest(platform: ResolvedPlatform) -> str:
+    """A digest of the stack's resolved values a node is configured with (platform_vars: what the
+    group vars carry besides the stack's outputs)."""
+    values = json.dumps(platform_vars(platform), sort_keys=True, default=str)
+    return hashlib.sha256(values.encode()).hexdigest()[:16]
+
+
 def bundle_key(root: Path) -> str:
     return f"bootstrap/{bundle_digest(root)}/bundle.zip"
 
@@ -198,6 +206,13 @@ class BootScript:
     power_off_on_failure: bool = False
     # The serving pool's nodes: the stable replicas that take the stack's recorded version at boot.
     serving_replicas: int = 0
+    # Training nodes: settings_digest(platform), so that a change of the stack's values (a driver
+    # branch, NCCL, Slurm's settings), which reaches a booting node through the group vars and not
+    # through the bundle, is a new launch template version whose user data differs, and the controllers
+    # drain the nodes of the old one after their jobs (gpuplat_ec2_nodes/outdated.py); `gpuplat up`
+    # never configures them under a job. Empty (no line) for the others: controllers' user data must
+    # not change (the stop/start above).
+    settings_digest: str = ""
 
     def render(self) -> str:
         inventory = yaml.safe_dump(self.inventory, sort_keys=False)
@@ -221,6 +236,7 @@ class BootScript:
             ),
             "GPUPLAT_SERVING_REPLICAS": str(self.serving_replicas),
             "GPUPLAT_SERVING_DIR": SERVING_CONFIG_DIR,
+            **({"GPUPLAT_SETTINGS_DIGEST": self.settings_digest} if self.settings_digest else {}),
             "BOOT_PACKAGES": node.venv_package,
             "NODE_PIP_REQUIREMENTS": f"{node.requirement} {NODE_BOTO3}",
         }

@@ -198,6 +198,16 @@ class Ec2Nodes:
             self.client.create_tags(Resources=templates, Tags=[{"Key": TAG_FLEET, "Value": FLEET_STOPPED}])
         return templates
 
+    def start_fleet(self) -> list[str]:
+        """Remove the fleet's stop from every training launch template of the stack (`gpuplat up`: a
+        `down` that failed or was cut short after stop_fleet leaves it, and a stack brought back up
+        would launch nothing); the templates. DeleteTags with the value removes the tag only where it
+        has that value (EC2 API Reference, DeleteTags, "Tag.N")."""
+        templates = self.fleet_templates()
+        if templates:
+            self.client.delete_tags(Resources=templates, Tags=[{"Key": TAG_FLEET, "Value": FLEET_STOPPED}])
+        return templates
+
     def stopped_templates(self, template_ids: Sequence[str]) -> set[str]:
         """Which of the launch templates carry the fleet's stop. DescribeTags, not
         DescribeLaunchTemplates: both answer a template's tags on EC2, but the emulator the tests run

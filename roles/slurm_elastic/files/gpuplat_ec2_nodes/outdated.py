@@ -1,7 +1,9 @@
 """Nodes that run an older definition of their pool, drained out after their jobs (reconcile's part).
 
-`pulumi up` of a role change (a new bundle digest) gives each training pool's launch template a new
-version whose user data names the new bundle (infra/backends/aws/bootstrap.py); the resume program
+`pulumi up` of a role change (a new bundle digest) or of the stack's values (a driver, Slurm's
+settings: the digest of the values the group vars carry, bootstrap.py settings_digest) gives each
+training pool's launch template a new version whose user data names the new bundle and digest
+(infra/backends/aws/bootstrap.py); the resume program
 launches `$Latest`, so a node launched after it boots the new bundle. A node already in service keeps
 the bundle it booted: it is never configured again under a running job (`gpuplat up`'s configure phase
 leaves Slurm's instances out, infra/nodes/inventory.py aws_ec2_config). Its name is set
