@@ -253,7 +253,9 @@ def test_the_registrys_install_byte_compiles_what_it_installs(tmp_path: Path) ->
         )
         wheel.writestr(f"{info}/RECORD", "")
     # The install task's own arguments and environment, rendered with the role's variables (a setting in
-    # either that stops the compile, --no-compile or PIP_NO_COMPILE, fails here); the host's PIP_* left out.
+    # either that stops the compile fails here: --no-compile, or PIP_NO_COMPILE=0 (pip reads a store_false
+    # option's variable as a boolean for its dest, so =1 compiles: pip 23.0.1,
+    # src/pip/_internal/cli/parser.py:227-229)); the host's own PIP_* left out.
     install = task("install.yml", "Install MLflow into the virtual environment")
     variables = role_variables({"model_registry_wheelhouse": str(wheels)})
     jinja = jinja2.Environment(undefined=jinja2.StrictUndefined)
