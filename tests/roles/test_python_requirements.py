@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
 from importlib import metadata
 from pathlib import Path
 
@@ -269,6 +270,9 @@ def archive_run(tmp_path: Path, wheel: bytes, archive_dir: bool = True) -> tuple
             f"{sys.executable} -m venv --without-pip --system-site-packages {environment}",
             f"mkdir -p {metadata_file.parent}",
             f"printf 'Metadata-Version: 2.1\\nName: gpuplat-demo\\nVersion: 1.0\\n' > {metadata_file}",
+            # A module and its byte-code, as pip's install compiles what it installs.
+            f"echo 'ANSWER = 42' > {site}/gpuplat_demo.py",
+            f"{environment}/bin/python -m py_compile {site}/gpuplat_demo.py",
             f"{sys.executable} -c 'import uuid; print(uuid.uuid4())' > {environment}/token",
             f"chmod 0751 {environment}/token",
         ]
@@ -326,6 +330,25 @@ def test_an_environment_archived_after_its_install_is_restored_instead_of_instal
     assert (tmp_path / "env" / "token").stat().st_mode & 0o777 == 0o751
     # Met already: neither restored nor installed.
     assert archive_run(tmp_path, b"wheel 1") == (first, archives)
+
+
+@pytest.mark.processes  # converges of their own, ansible-playbook each (make test-processes)
+def test_a_restored_environment_keeps_its_byte_code_valid(tmp_path: Path) -> None:
+    """The compiled files come back still matching their sources (the .pyc records its source's mtime,
+    which tar's extract restores): a service's user, who cannot write the environment, loads them rather
+    than compiling every module it imports at each start."""
+    first, _ = archive_run(tmp_path, b"wheel 1")
+    subprocess.run(["rm", "-rf", str(tmp_path / "env")], check=True)
+    time.sleep(1.1)  # the restore's own second differs from the install's
+    assert archive_run(tmp_path, b"wheel 1")[0] == first  # restored, not installed again
+    imported = subprocess.run(
+        [str(tmp_path / "env" / "bin" / "python"), "-I", "-B", "-v", "-c", "import gpuplat_demo"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    # CPython's import tells whether the .pyc it found matches its source (-v), or is stale.
+    assert re.search(r"gpuplat_demo\.cpython-\d+\.pyc matches .*gpuplat_demo\.py", imported.stderr), (
+        imported.stderr[-2000:]
+    )
 
 
 @pytest.mark.processes  # converges of their own, ansible-playbook each (make test-processes)

@@ -7,6 +7,7 @@ registry the user names. The server's behaviour with these settings: tests/roles
 from __future__ import annotations
 
 import ipaddress
+import os
 import shlex
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import jinja2
 import pytest
 import yaml
 
@@ -250,12 +252,24 @@ def test_the_registrys_install_byte_compiles_what_it_installs(tmp_path: Path) ->
             f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
         )
         wheel.writestr(f"{info}/RECORD", "")
-    pip_args = role_variables({"model_registry_wheelhouse": str(wheels)})["__model_registry_pip_args"]
+    # The install task's own arguments and environment, rendered with the role's variables (a setting in
+    # either that stops the compile fails here: --no-compile, or PIP_NO_COMPILE=0 (pip reads a store_false
+    # option's variable as a boolean for its dest, so =1 compiles: pip 23.0.1,
+    # src/pip/_internal/cli/parser.py:227-229)); the host's own PIP_* left out.
+    install = task("install.yml", "Install MLflow into the virtual environment")
+    variables = role_variables({"model_registry_wheelhouse": str(wheels)})
+    jinja = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    pip_args = jinja.from_string(install["ansible.builtin.pip"]["extra_args"]).render(**variables)
+    environment = install.get("environment", {})
+    if isinstance(environment, str):  # one variable's dict
+        environment = yaml.safe_load(jinja.from_string(environment).render(**variables)) or {}
+    pip_env = {key: jinja.from_string(str(value)).render(**variables) for key, value in environment.items()}
+    host_env = {key: value for key, value in os.environ.items() if not key.startswith("PIP_")}
     installed = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
          "--target", str(target), *shlex.split(pip_args), "gpuplat-demo==1.0"],
-        capture_output=True, text=True, timeout=120, check=False,
+        capture_output=True, text=True, timeout=120, check=False, env={**host_env, **pip_env},
     )  # fmt: skip
     assert installed.returncode == 0, installed.stderr[-2000:]
     assert (target / "gpuplat_demo" / "__init__.py").is_file()
-    assert list((target / "gpuplat_demo" / "__pycache__").glob("__init__.*.pyc")), pip_args
+    assert list((target / "gpuplat_demo" / "__pycache__").glob("__init__.*.pyc")), (pip_args, pip_env)
