@@ -5,6 +5,7 @@ environment under build/ (installed once by pip, from pip's own configuration)."
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shlex
 import shutil
@@ -37,6 +38,16 @@ def server_venv() -> Path:
     marker = VENV / ".complete"
     if marker.is_file():
         return VENV
+    # xdist's workers may each reach here first on a clean checkout: one builds, the others wait for it.
+    VENV.parent.mkdir(parents=True, exist_ok=True)
+    with open(VENV.parent / f"{VENV.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not marker.is_file():
+            _build(python, marker)
+    return VENV
+
+
+def _build(python: Path, marker: Path) -> None:
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True, timeout=300)
     subprocess.run(
         [
@@ -54,7 +65,6 @@ def server_venv() -> Path:
         timeout=1800,
     )
     marker.write_text(RELEASE + "\n", encoding="utf-8")
-    return VENV
 
 
 def free_port() -> int:
