@@ -24,7 +24,7 @@ from infra.serving.registry.mlflow import ModelVersion, to_wire_source
 from infra.serving.release import Release, ServeRefused, ServingLayout, serving_layout, version_environment
 from infra.serving.version_record import VersionRecord
 from infra.spec.models import Canary
-from tests.conftest import moto_image
+from tests.conftest import launch_tagged as launch
 from tests.unit.test_hostile_input import run_cli
 from tests.unit.test_serving_release import CutShortNodes, RecordingNodes, _at
 
@@ -53,19 +53,6 @@ def aws_url(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 
 def client(service: str, url: str) -> Any:
     return boto3.client(service, region_name="us-east-1", endpoint_url=url)
-
-
-def launch(ec2: Any, **tags: str) -> tuple[str, str]:
-    """A running instance with these tags: its id and private address."""
-    specification = {"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}
-    [instance] = ec2.run_instances(
-        ImageId=moto_image(ec2),
-        InstanceType="m5.large",
-        MinCount=1,
-        MaxCount=1,
-        TagSpecifications=[specification],
-    )["Instances"]
-    return str(instance["InstanceId"]), str(instance["PrivateIpAddress"])
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from infra.errors import GpuPlatError
 from infra.nodes.reach import node_command, ssm_nodes, stack_instances
 from infra.nodes.remote import SshNodes, SshSettings
 from infra.platform.resolve import ResolvedPlatform, load_platform
-from tests.conftest import empty_moto_account, moto_image
+from tests.conftest import empty_moto_account, launch_tagged
 from tests.unit.test_cli import gpuplat
 
 boto3 = pytest.importorskip("boto3")
@@ -61,25 +61,13 @@ def ec2(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Any]:
     server.stop()
 
 
-def _launch(ec2: Any, tags: dict[str, str]) -> str:
-    specification = {"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}
-    [instance] = ec2.run_instances(
-        ImageId=moto_image(ec2),
-        InstanceType="m5.large",
-        MinCount=1,
-        MaxCount=1,
-        TagSpecifications=[specification],
-    )["Instances"]
-    return str(instance["InstanceId"])
-
-
 def test_an_aws_node_is_an_ssm_session_to_its_running_instance(
     ec2: Any, shipped_platforms: dict[str, ResolvedPlatform]
 ) -> None:
     platform = shipped_platforms["aws-prod"]
-    ours = _launch(ec2, {"gpuplat:stack": "aws-prod", "gpuplat:node": "head-0"})
-    _launch(ec2, {"gpuplat:stack": "aws-prod-2", "gpuplat:node": "head-0"})  # another stack's head-0
-    stopped = _launch(ec2, {"gpuplat:stack": "aws-prod", "gpuplat:node": "train-3"})
+    ours = launch_tagged(ec2, **{"gpuplat:stack": "aws-prod", "gpuplat:node": "head-0"})[0]
+    launch_tagged(ec2, **{"gpuplat:stack": "aws-prod-2", "gpuplat:node": "head-0"})  # another stack's head-0
+    stopped = launch_tagged(ec2, **{"gpuplat:stack": "aws-prod", "gpuplat:node": "train-3"})[0]
     ec2.stop_instances(InstanceIds=[stopped])
     assert node_command(platform, "head-0", [], ec2) == [
         "aws", "ssm", "start-session", "--region", "us-east-1", "--target", ours,
@@ -116,9 +104,9 @@ def test_an_aws_stacks_nodes_are_its_running_instances_named_as_its_inventory_na
         platform["name"] = "aws-reach"
 
     platform = load_platform(write_stack("aws-prod", renamed, name="aws-reach"))
-    head = _launch(ec2, {"gpuplat:stack": "aws-reach", "gpuplat:node": "head-0"})
-    scaled = _launch(ec2, {"gpuplat:stack": "aws-reach", "gpuplat:pool": "infer"})
-    _launch(ec2, {"gpuplat:stack": "aws-reach-2", "gpuplat:node": "head-0"})
+    head = launch_tagged(ec2, **{"gpuplat:stack": "aws-reach", "gpuplat:node": "head-0"})[0]
+    scaled = launch_tagged(ec2, **{"gpuplat:stack": "aws-reach", "gpuplat:pool": "infer"})[0]
+    launch_tagged(ec2, **{"gpuplat:stack": "aws-reach-2", "gpuplat:node": "head-0"})
     instances = stack_instances(platform, ec2)
     nodes = ssm_nodes(platform, instances, ssm=object())
     assert nodes.instances == {"head-0": head, scaled: scaled}
