@@ -1,0 +1,611 @@
+"""Plays the steps of a release (infra/k8s/serving_steps.py) against a cluster's API: each step's objects
+by server-side apply, then what the step names waited for, then the workloads it removes deleted; the
+release itself kept in a ConfigMap, and one release at a time per model under a Lease.
+
+Kubernetes facts relied on (kubernetes/website content/en/docs/reference/using-api/server-side-apply.md
+and api-concepts.md, kubernetes/kubernetes at v1.34, the stacks' version):
+- An apply is a PATCH with the content type `application/apply-patch+yaml` (JSON is valid YAML) and a
+  fieldManager; `force=true` takes the fields another manager owns ("Using Server-Side Apply in a
+  controller": always force on objects you own and manage). The gateways' ConfigMap and every workload
+  are gpuplat's, and a retiring version's `spec.replicas` (KEDA's while it was stable) must change hands.
+- "Transferring ownership": a field dropped from an apply that no other manager owns is reset to its
+  default (a Deployment's replicas to 1); a private manager applying only that field first keeps it
+  until the autoscaler writes it. That is how the stable workload's count goes back to KEDA.
+- An update (PUT) that carries a stale metadata.resourceVersion is answered 409 Conflict; a create of a
+  name that exists is answered 409 AlreadyExists. The Lease is taken only through those two.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from functools import partial
+from typing import Any
+
+from kubernetes.client import ApiClient
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
+
+from infra.k8s.facts import ClusterFacts
+from infra.k8s.objects import serving_namespace
+from infra.k8s.serving import GATEWAY, LABEL_MODEL_VERSION, MODEL_ENV, MODEL_SERVER, serving_objects
+from infra.k8s.serving_steps import ReleaseStep
+from infra.k8s.serving_versions import ServedVersion, ServingRelease
+from infra.platform.resolve import ResolvedPlatform
+
+FIELD_MANAGER = "gpuplat-serve"
+# The private manager of "Transferring ownership": it owns only the stable workload's spec.replicas, and
+# the API server drops it by itself once KEDA's HorizontalPodAutoscaler writes the field.
+HANDOVER_MANAGER = "gpuplat-serve-handover-to-keda"
+APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
+LEASE_API = "coordination.k8s.io/v1"
+LEASE_DURATION_S = 60
+RELEASE_RECORD_KEY = "release"
+POLL_S = 2.0
+
+# apiVersion, kind -> (plural, namespaced): the kinds serving_objects gives, the release record and the lock.
+_RESOURCES: dict[str, tuple[str, bool]] = {
+    "Namespace": ("namespaces", False),
+    "PersistentVolume": ("persistentvolumes", False),
+    "PersistentVolumeClaim": ("persistentvolumeclaims", True),
+    "ServiceAccount": ("serviceaccounts", True),
+    "Deployment": ("deployments", True),
+    "LeaderWorkerSet": ("leaderworkersets", True),
+    "Service": ("services", True),
+    "PodDisruptionBudget": ("poddisruptionbudgets", True),
+    "ScaledObject": ("scaledobjects", True),
+    "ConfigMap": ("configmaps", True),
+    "NetworkPolicy": ("networkpolicies", True),
+    "Lease": ("leases", True),
+    "Pod": ("pods", True),
+}
+_VERBS = {"GET": "get", "PATCH": "patch", "POST": "create", "PUT": "update", "DELETE": "delete"}
+
+
+class ClusterError(Exception):
+    """One paragraph for the user: the API could not be reached, refused, or a wait ran out."""
+
+
+class ReleaseLocked(ClusterError):
+    def __init__(self, model: str, holder: str, until: datetime | None) -> None:
+        when = f" until {until.isoformat(timespec='seconds')} unless renewed" if until else ""
+        super().__init__(
+            f"the release of {model} is held by {holder}{when} (Lease gpuplat-release-{model}): wait for it "
+            "to end, or, if that command is gone, for the Lease to expire"
+        )
+        self.holder = holder
+
+
+@dataclass(frozen=True)
+class ObjectRef:
+    api_version: str
+    kind: str
+    name: str
+    namespace: str | None = None
+
+    @classmethod
+    def of(cls, manifest: Mapping[str, Any]) -> ObjectRef:
+        meta = manifest["metadata"]
+        return cls(manifest["apiVersion"], manifest["kind"], meta["name"], meta.get("namespace"))
+
+    @property
+    def resource(self) -> str:
+        group = self.api_version.rpartition("/")[0]
+        plural = _RESOURCES[self.kind][0]
+        return f"{plural}.{group}" if group else plural
+
+    def path(self, *, collection: bool = False) -> str:
+        group, _, version = self.api_version.rpartition("/")
+        plural, namespaced = _RESOURCES[self.kind]
+        base = f"/apis/{group}/{version}" if group else f"/api/{version}"
+        scope = f"/namespaces/{self.namespace}" if namespaced else ""
+        return f"{base}{scope}/{plural}" + ("" if collection else f"/{self.name}")
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.namespace + '/' if self.namespace else ''}{self.name}"
+
+
+class ClusterApi:
+    """The few calls a release makes, through the official client's ApiClient (its configuration: a
+    kubeconfig or the in-cluster account), each failure turned into one paragraph."""
+
+    def __init__(self, client: ApiClient) -> None:
+        self.client = client
+
+    @property
+    def server(self) -> str:
+        return str(self.client.configuration.host)
+
+    def _call(
+        self,
+        verb: str,
+        path: str,
+        ref: ObjectRef,
+        *,
+        query: list[tuple[str, str]] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        try:
+            answer = self.client.call_api(
+                path,
+                verb,
+                query_params=query or [],
+                header_params={"Content-Type": content_type, "Accept": "application/json"},
+                body=body,
+                response_types_map={200: "object", 201: "object", 202: "object"},
+                auth_settings=["BearerToken"],
+                _return_http_data_only=True,
+            )
+        except ApiException as error:
+            raise _refused(error, verb, ref, self.server) from None
+        except (HTTPError, OSError) as error:
+            raise ClusterError(
+                f"the Kubernetes API at {self.server} cannot be reached ({type(error).__name__}: {error}). "
+                "Check the kubeconfig gpuplat read (KUBECONFIG, else ~/.kube/config; `aws eks "
+                "update-kubeconfig` on an EKS stack) and that this machine has a route to the API server"
+            ) from None
+        return answer if isinstance(answer, dict) else {}
+
+    def apply(self, manifest: Mapping[str, Any], *, manager: str = FIELD_MANAGER, force: bool = True) -> None:
+        ref = ObjectRef.of(manifest)
+        query = [("fieldManager", manager)] + ([("force", "true")] if force else [])
+        self._call(
+            "PATCH", ref.path(), ref, query=query, body=dict(manifest), content_type=APPLY_CONTENT_TYPE
+        )
+
+    def get(self, ref: ObjectRef) -> dict[str, Any] | None:
+        try:
+            return self._call("GET", ref.path(), ref)
+        except _NotFound:
+            return None
+
+    def list(self, ref: ObjectRef, label_selector: str) -> list[dict[str, Any]]:
+        answer = self._call("GET", ref.path(collection=True), ref, query=[("labelSelector", label_selector)])
+        items = answer.get("items") or []
+        return [item for item in items if isinstance(item, dict)]
+
+    def create(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
+        ref = ObjectRef.of(manifest)
+        return self._call(
+            "POST",
+            ref.path(collection=True),
+            ref,
+            query=[("fieldManager", FIELD_MANAGER)],
+            body=dict(manifest),
+        )
+
+    def update(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
+        """A PUT: the manifest carries the resourceVersion it was read at; a stale one is a 409."""
+        ref = ObjectRef.of(manifest)
+        return self._call(
+            "PUT", ref.path(), ref, query=[("fieldManager", FIELD_MANAGER)], body=dict(manifest)
+        )
+
+    def delete(self, ref: ObjectRef) -> bool:
+        """False when it was gone already (a second run after a kill)."""
+        try:
+            self._call("DELETE", ref.path(), ref, body={"propagationPolicy": "Background"})
+        except _NotFound:
+            return False
+        return True
+
+
+class _NotFound(ClusterError):
+    pass
+
+
+class _Conflict(ClusterError):
+    pass
+
+
+def _refused(error: ApiException, verb: str, ref: ObjectRef, server: str) -> ClusterError:
+    said = ""
+    try:
+        said = str(json.loads(error.body or "{}").get("message") or "")
+    except (ValueError, AttributeError):
+        said = str(error.body or "")
+    said = said or str(error.reason or "")
+    if error.status == 404:
+        return _NotFound(f"{ref} not found at {server}: {said}")
+    if error.status == 409:
+        return _Conflict(f"{ref}: {said}")
+    if error.status in (401, 403):
+        return ClusterError(
+            f"the Kubernetes API at {server} refused to {_VERBS.get(verb, verb.lower())} {ref.resource} "
+            f"({ref}): HTTP {error.status}, {said}. The identity in the kubeconfig needs that verb on that "
+            "resource in the serving namespace (docs/serving.md, On Kubernetes)"
+        )
+    return ClusterError(
+        f"the Kubernetes API at {server} answered HTTP {error.status} to {verb} {ref}: {said}"
+    )
+
+
+# ------------------------------------------------------------------------------------------- the lock
+
+
+def _micro_time(moment: datetime) -> str:
+    # MicroTime: RFC 3339 with microseconds (apimachinery pkg/apis/meta/v1/micro_time.go, RFC3339Micro).
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _parse_time(text: Any) -> datetime | None:
+    if not isinstance(text, str) or not text:
+        return None
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def lease_name(model: str) -> str:
+    return f"gpuplat-release-{ServedVersion(f'{model}@0', '').slug.removesuffix('-v0')}"
+
+
+def default_holder() -> str:
+    return f"{os.environ.get('USER', 'someone')}@{socket.gethostname()} pid {os.getpid()}"
+
+
+@dataclass
+class ReleaseLock:
+    """One release at a time per model: a coordination.k8s.io/v1 Lease whose holder renews it while the
+    release runs. Taken by a create, or by an update guarded by the resourceVersion of an expired (or
+    released) Lease it read: of two commands that race, the API server answers the second 409."""
+
+    api: ClusterApi
+    namespace: str
+    model: str
+    holder: str
+    duration_s: int = LEASE_DURATION_S
+    now: Callable[[], datetime] = lambda: datetime.now(UTC)
+    _resource_version: str | None = None
+    _renewed: datetime | None = None
+
+    @property
+    def ref(self) -> ObjectRef:
+        return ObjectRef(LEASE_API, "Lease", lease_name(self.model), self.namespace)
+
+    def _manifest(self, acquired: datetime, transitions: int) -> dict[str, Any]:
+        now = self.now()
+        return {
+            "apiVersion": LEASE_API,
+            "kind": "Lease",
+            "metadata": {"name": self.ref.name, "namespace": self.namespace},
+            "spec": {
+                "holderIdentity": self.holder,
+                "leaseDurationSeconds": self.duration_s,
+                "acquireTime": _micro_time(acquired),
+                "renewTime": _micro_time(now),
+                "leaseTransitions": transitions,
+            },
+        }
+
+    def _held_by_another(self, live: Mapping[str, Any]) -> tuple[str, datetime] | None:
+        spec = live.get("spec") or {}
+        holder = spec.get("holderIdentity")
+        renewed = _parse_time(spec.get("renewTime"))
+        if not holder or holder == self.holder or renewed is None:
+            return None
+        until = renewed + timedelta(seconds=int(spec.get("leaseDurationSeconds") or 0))
+        return (str(holder), until) if until > self.now() else None
+
+    def _refuse_from_live(self) -> ReleaseLocked:
+        live = self.api.get(self.ref) or {}
+        spec = live.get("spec") or {}
+        held = self._held_by_another(live)
+        holder = held[0] if held else str(spec.get("holderIdentity") or "another command")
+        return ReleaseLocked(self.model, holder, held[1] if held else None)
+
+    def acquire(self) -> None:
+        live = self.api.get(self.ref)
+        now = self.now()
+        try:
+            if live is None:
+                answer = self.api.create(self._manifest(now, 0))
+            else:
+                held = self._held_by_another(live)
+                if held is not None:
+                    raise ReleaseLocked(self.model, *held)
+                spec = live.get("spec") or {}
+                taken_over = spec.get("holderIdentity") != self.holder
+                manifest = self._manifest(now, int(spec.get("leaseTransitions") or 0) + int(taken_over))
+                manifest["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"]
+                answer = self.api.update(manifest)
+        except _Conflict:
+            raise self._refuse_from_live() from None
+        self._resource_version = answer["metadata"]["resourceVersion"]
+        self._renewed = now
+
+    def renew(self, *, force: bool = False) -> None:
+        """Renews at a third of the duration (or at once with `force`); a Lease another command took
+        meanwhile (this one stalled past the duration) ends the release here."""
+        if self._resource_version is None:
+            raise ClusterError(f"the release lock of {self.model} is not held")
+        now = self.now()
+        if (
+            not force
+            and self._renewed is not None
+            and now - self._renewed < timedelta(seconds=self.duration_s / 3)
+        ):
+            return
+        live = self.api.get(self.ref)
+        if live is None or (live.get("spec") or {}).get("holderIdentity") != self.holder:
+            raise (
+                self._refuse_from_live()
+                if live
+                else ClusterError(f"the release lock of {self.model} is gone")
+            )
+        acquired = _parse_time((live.get("spec") or {}).get("acquireTime")) or now
+        manifest = self._manifest(acquired, int((live.get("spec") or {}).get("leaseTransitions") or 0))
+        manifest["metadata"]["resourceVersion"] = self._resource_version
+        try:
+            answer = self.api.update(manifest)
+        except _Conflict:
+            raise self._refuse_from_live() from None
+        self._resource_version = answer["metadata"]["resourceVersion"]
+        self._renewed = now
+
+    def release(self) -> None:
+        """Lets the Lease go at once (holder cleared), guarded as a renewal is."""
+        if self._resource_version is None:
+            return
+        live = self.api.get(self.ref)
+        if live is not None and (live.get("spec") or {}).get("holderIdentity") == self.holder:
+            manifest = {
+                "apiVersion": LEASE_API,
+                "kind": "Lease",
+                "metadata": {
+                    "name": self.ref.name,
+                    "namespace": self.namespace,
+                    "resourceVersion": self._resource_version,
+                },
+                "spec": {"leaseDurationSeconds": self.duration_s},
+            }
+            with contextlib.suppress(_Conflict):  # taken by another meanwhile: nothing of ours to let go
+                self.api.update(manifest)
+        self._resource_version = None
+
+
+# --------------------------------------------------------------------------------- the release record
+
+
+def record_name(model: str) -> str:
+    return lease_name(model)
+
+
+def _version(data: Any) -> ServedVersion | None:
+    return ServedVersion(data["reference"], data["model"]) if isinstance(data, dict) else None
+
+
+def release_to_json(release: ServingRelease) -> str:
+    return json.dumps(asdict(release), sort_keys=True)
+
+
+def release_from_json(text: str) -> ServingRelease:
+    data = json.loads(text)
+    stable = _version(data["stable"])
+    if stable is None:
+        raise ValueError("a release without a stable version")
+    return ServingRelease(
+        stable,
+        stable_replicas=data.get("stable_replicas"),
+        canary=_version(data.get("canary")),
+        canary_percent=int(data.get("canary_percent") or 0),
+        canary_replicas=int(data.get("canary_replicas") or 1),
+        retiring=_version(data.get("retiring")),
+        retiring_replicas=int(data.get("retiring_replicas") or 0),
+        stack_model=data.get("stack_model") or "gone",
+    )
+
+
+def record_manifest(namespace: str, model: str, release: ServingRelease) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": record_name(model),
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/managed-by": FIELD_MANAGER},
+        },
+        "data": {RELEASE_RECORD_KEY: release_to_json(release)},
+    }
+
+
+# ------------------------------------------------------------------------------------------ the waits
+
+
+def rollout_done(workload: Mapping[str, Any], replicas: int) -> str | None:
+    """None once `replicas` of the workload run its latest spec and are available (ready for a
+    LeaderWorkerSet's groups) and no older one is left; else what is still awaited. A Deployment as
+    `kubectl rollout status` judges it (kubernetes/kubectl at v1.34, pkg/polymorphichelpers/
+    rollout_status.go, DeploymentStatusViewer); a LeaderWorkerSet by its status fields (lws v0.10.0
+    CRD: observedGeneration, replicas, updatedReplicas, readyReplicas, each counting groups)."""
+    meta, status = workload.get("metadata") or {}, workload.get("status") or {}
+    if int(meta.get("generation") or 0) > int(status.get("observedGeneration") or 0):
+        return "its latest spec is not observed yet"
+    updated = int(status.get("updatedReplicas") or 0)
+    total = int(status.get("replicas") or 0)
+    ready_key = "readyReplicas" if workload.get("kind") == "LeaderWorkerSet" else "availableReplicas"
+    ready = int(status.get(ready_key) or 0)
+    if updated < replicas:
+        return f"{updated} of {replicas} replicas updated"
+    if total > updated:
+        return f"{total - updated} old replicas pending termination"
+    if ready < replicas:
+        state = "ready" if ready_key == "readyReplicas" else "available"
+        return f"{ready} of {replicas} updated replicas {state}"
+    return None
+
+
+@dataclass
+class Clock:
+    monotonic: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+
+
+# ----------------------------------------------------------------------------------------- the driver
+
+
+@dataclass
+class ReleaseDriver:
+    """Plays a list of ReleaseSteps of one model on one stack's cluster, under its lock."""
+
+    api: ClusterApi
+    platform: ResolvedPlatform
+    facts: ClusterFacts
+    model: str
+    lock: ReleaseLock
+    timeout_s: float = 1800.0
+    clock: Clock = field(default_factory=Clock)
+    say: Callable[[str], None] = lambda _: None
+
+    @property
+    def namespace(self) -> str:
+        return serving_namespace(self.platform)
+
+    @property
+    def workload_kind(self) -> tuple[str, str]:
+        layout = self.platform.serving_layout
+        if layout is not None and layout.nodes > 1:
+            return "leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"
+        return "apps/v1", "Deployment"
+
+    def workload_ref(self, name: str) -> ObjectRef:
+        return ObjectRef(*self.workload_kind, name, self.namespace)
+
+    def current(self) -> ServingRelease | None:
+        """The release the record holds; None before the first (the stack's own model serves)."""
+        live = self.api.get(ObjectRef("v1", "ConfigMap", record_name(self.model), self.namespace))
+        text = ((live or {}).get("data") or {}).get(RELEASE_RECORD_KEY)
+        return release_from_json(text) if text else None
+
+    def _apply_release(self, release: ServingRelease) -> None:
+        for manifest in serving_objects(self.platform, self.facts, release):
+            self.api.apply(manifest)
+
+    def _record(self, release: ServingRelease) -> None:
+        self.api.apply(record_manifest(self.namespace, self.model, release))
+
+    def play(self, steps: list[ReleaseStep]) -> ServingRelease | None:
+        released: ServingRelease | None = None
+        for step in steps:
+            self.lock.renew()
+            self.say(step.says)
+            self._apply_release(step.release)
+            if step.ready is not None:
+                workload, replicas = step.ready
+                self._wait(
+                    f"{workload} ({self.workload_kind[1]})", partial(self._workload_waits, workload, replicas)
+                )
+            if step.gateways_rolled:
+                self._wait(f"the gateways ({GATEWAY} Deployment)", self._gateways_wait)
+            for name in step.removes:
+                kind = ("v1", "Service") if name.endswith("-replicas") else self.workload_kind
+                self.api.delete(ObjectRef(*kind, name, self.namespace))
+            self._record(step.release)
+            released = step.release
+        if released is not None and _ends_a_promotion(released):
+            released = self.hand_replicas_to_keda(released)
+        return released
+
+    def hand_replicas_to_keda(self, release: ServingRelease) -> ServingRelease:
+        """The stable workload's spec.replicas from gpuplat-serve to KEDA's HorizontalPodAutoscaler without
+        a moment at the default of 1: a private manager applies the count alone, then the release's
+        objects are applied without it (server-side-apply.md, "Transferring ownership")."""
+        workload = self.workload_ref(_stable_workload(release))
+        only_replicas = {
+            "apiVersion": workload.api_version,
+            "kind": workload.kind,
+            "metadata": {"name": workload.name, "namespace": self.namespace},
+            "spec": {"replicas": release.stable_replicas},
+        }
+        # A conflict: the autoscaler wrote the count already and owns it (the page's "do nothing").
+        with contextlib.suppress(_Conflict):
+            self.api.apply(only_replicas, manager=HANDOVER_MANAGER, force=False)
+        handed = replace(release, stable_replicas=None)
+        self._apply_release(handed)
+        self._record(handed)
+        return handed
+
+    def _workload_waits(self, name: str, replicas: int) -> str | None:
+        live = self.api.get(self.workload_ref(name))
+        return "not created yet" if live is None else rollout_done(live, replicas)
+
+    def _gateways_wait(self) -> str | None:
+        live = self.api.get(ObjectRef("apps/v1", "Deployment", GATEWAY, self.namespace))
+        if live is None:
+            return "not created yet"
+        awaited = rollout_done(live, int((live.get("spec") or {}).get("replicas") or 1))
+        if awaited is not None:
+            return awaited
+        # A Deployment's status.replicas counts no terminating pod (DeploymentStatus in the API reference:
+        # "non-terminated pods"), yet a gateway pod draws for its old share until it ends.
+        labels = ((live.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+        selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+        pods = self.api.list(ObjectRef("v1", "Pod", "", self.namespace), selector)
+        ending = [p["metadata"]["name"] for p in pods if (p.get("metadata") or {}).get("deletionTimestamp")]
+        return (
+            f"{len(ending)} terminating gateway pods still answer ({', '.join(ending)})" if ending else None
+        )
+
+    def _wait(self, what: str, awaited: Callable[[], str | None]) -> None:
+        deadline = self.clock.monotonic() + self.timeout_s
+        while True:
+            left = awaited()
+            if left is None:
+                return
+            if self.clock.monotonic() >= deadline:
+                raise ClusterError(
+                    f"{what} did not finish its rollout within {self.timeout_s:.0f} s: {left}. The release "
+                    "stopped there (its record says which step ran last); look at the pods "
+                    f"(`kubectl -n {self.namespace} get pods`), then run the same command again to go on, "
+                    "or `gpuplat serve rollback`"
+                )
+            self.lock.renew()
+            self.clock.sleep(POLL_S)
+
+
+def _stable_workload(release: ServingRelease) -> str:
+    return f"{MODEL_SERVER}-{release.stable.slug}"
+
+
+def _ends_a_promotion(release: ServingRelease) -> bool:
+    return (
+        release.stable_replicas is not None
+        and release.canary is None
+        and release.retiring is None
+        and release.stack_model == "gone"
+    )
+
+
+# ------------------------------------------------------------------------------------------- status
+
+
+@dataclass(frozen=True)
+class RunningReplica:
+    pod: str
+    version: str
+    image: str
+    model: str
+    ready: bool
+
+
+def running_replicas(api: ClusterApi, namespace: str) -> Iterator[RunningReplica]:
+    """What each model-server pod actually runs: its version label, its image and the model it reads."""
+    for pod in api.list(ObjectRef("v1", "Pod", "", namespace), f"app.kubernetes.io/component={MODEL_SERVER}"):
+        meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+        containers = spec.get("containers") or [{}]
+        first = containers[0]
+        env = {e.get("name"): e.get("value") for e in first.get("env") or []}
+        conditions = (pod.get("status") or {}).get("conditions") or []
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+        yield RunningReplica(
+            str(meta.get("name")),
+            str((meta.get("labels") or {}).get(LABEL_MODEL_VERSION, "(the stack's own model)")),
+            str(first.get("image", "")),
+            str(env.get(MODEL_ENV, "")),
+            ready and not meta.get("deletionTimestamp"),
+        )
