@@ -33,7 +33,7 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
 from infra.k8s.facts import ClusterFacts
-from infra.k8s.objects import serving_namespace
+from infra.k8s.objects import LABEL_COMPONENT, serving_namespace
 from infra.k8s.serving import GATEWAY, LABEL_MODEL_VERSION, MODEL_ENV, MODEL_SERVER, serving_objects
 from infra.k8s.serving_steps import ReleaseStep
 from infra.k8s.serving_versions import ServedVersion, ServingRelease
@@ -595,7 +595,7 @@ class RunningReplica:
 
 def running_replicas(api: ClusterApi, namespace: str) -> Iterator[RunningReplica]:
     """What each model-server pod actually runs: its version label, its image and the model it reads."""
-    for pod in api.list(ObjectRef("v1", "Pod", "", namespace), f"app.kubernetes.io/component={MODEL_SERVER}"):
+    for pod in api.list(ObjectRef("v1", "Pod", "", namespace), f"{LABEL_COMPONENT}={MODEL_SERVER}"):
         meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
         containers = spec.get("containers") or [{}]
         first = containers[0]

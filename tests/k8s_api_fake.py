@@ -1,0 +1,236 @@
+"""A Kubernetes API server as the official client's transport sees it: put in place of the urllib3 pool
+manager under `kubernetes.client.rest.RESTClientObject`, so that everything above it (the ApiClient's
+paths, query strings, headers, JSON encoding, its exceptions per status) is the real client's.
+
+What it models, and only that: objects stored by path with a resourceVersion (a new one per write) and a
+generation (a new one when the spec changes); server-side apply (PATCH, `application/apply-patch+yaml`)
+merging the body into the stored object, creating it where there is none; create (409 AlreadyExists),
+update (409 Conflict on a stale resourceVersion), delete (404 when gone); Status bodies on failure as the
+API server writes them (apimachinery pkg/apis/meta/v1 types.go, Status). Every object applied, created or
+updated, and every object answered, is checked against the real schema of the stacks' Kubernetes version
+(tests/k8s_schemas.py). Not modelled: field ownership (which manager owns what: a test asks for a
+conflict where it needs one), admission, watches, and the controllers (a test's `controller` moves the
+workloads' status as they would)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+from kubernetes.client import ApiClient, Configuration
+
+from tests.k8s_schemas import assert_accepted
+
+HOST = "https://api.cluster.example:6443"
+# MicroTime as the API server writes it (apimachinery pkg/apis/meta/v1/micro_time.go, RFC3339Micro).
+MICRO_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
+
+
+@dataclass(frozen=True)
+class Request:
+    verb: str
+    path: str
+    query: dict[str, str]
+    content_type: str
+    body: Any
+
+
+class Response:
+    """What RESTResponse reads of a urllib3 response."""
+
+    def __init__(self, status: int, body: Any, reason: str = "") -> None:
+        self.status = status
+        self.reason = reason
+        self.data = json.dumps(body).encode()
+        self.headers = {"Content-Type": "application/json"}
+
+    def getheaders(self) -> dict[str, str]:
+        return self.headers
+
+    def getheader(self, name: str, default: str | None = None) -> str | None:
+        return self.headers.get(name, default)
+
+
+def status(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+
+
+def _merge(live: Any, applied: Any) -> Any:
+    if isinstance(live, dict) and isinstance(applied, dict):
+        merged = dict(live)
+        for key, value in applied.items():
+            merged[key] = _merge(live.get(key), value)
+        return merged
+    return applied
+
+
+@dataclass
+class FakeCluster:
+    objects: dict[str, dict[str, Any]] = field(default_factory=dict)
+    requests: list[Request] = field(default_factory=list)
+    refuse: dict[tuple[str, str], tuple[int, str]] = field(default_factory=dict)
+    """(verb, path) -> (status, message) answered instead."""
+    before: Callable[[Request, FakeCluster], None] | None = None
+    """Runs before each request is answered: another client's writes, a controller's progress."""
+    unreachable: Exception | None = None
+    _version: int = 100
+
+    def client(self) -> ApiClient:
+        configuration = Configuration()
+        configuration.host = HOST
+        configuration.api_key = {"authorization": "Bearer test-token"}
+        api_client = ApiClient(configuration)
+        api_client.rest_client.pool_manager = self
+        return api_client
+
+    def next_version(self) -> str:
+        self._version += 1
+        return str(self._version)
+
+    def store(self, path: str, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Keeps `manifest` at `path` with a new resourceVersion, as another writer would."""
+        previous = self.objects.get(path)
+        stored: dict[str, Any] = json.loads(json.dumps(manifest))
+        meta = stored.setdefault("metadata", {})
+        meta["resourceVersion"] = self.next_version()
+        meta.setdefault("uid", f"uid-{meta['name']}")
+        meta.setdefault("creationTimestamp", "2026-12-06T20:00:00Z")
+        generation = int((previous or {}).get("metadata", {}).get("generation") or 0)
+        changed = previous is None or previous.get("spec") != stored.get("spec")
+        meta["generation"] = generation + 1 if changed else generation
+        self.objects[path] = stored
+        return stored
+
+    def applied(self, path_end: str = "") -> list[Request]:
+        return [r for r in self.requests if r.verb == "PATCH" and r.path.endswith(path_end)]
+
+    def request(self, method: str, url: str, **kwargs: Any) -> Response:
+        if self.unreachable is not None:
+            raise self.unreachable
+        parts = urlsplit(url)
+        assert f"{parts.scheme}://{parts.netloc}" == HOST
+        headers = kwargs.get("headers") or {}
+        assert headers.get("authorization") == "Bearer test-token", headers
+        query = dict(parse_qsl(parts.query))
+        if method == "GET" and kwargs.get("fields"):
+            query.update(dict(kwargs["fields"]))
+        raw = kwargs.get("body")
+        body = json.loads(raw) if raw else None
+        request = Request(method, parts.path, query, headers.get("Content-Type", ""), body)
+        self.requests.append(request)
+        if self.before is not None:
+            self.before(request, self)
+        if (method, parts.path) in self.refuse:
+            code, message = self.refuse[(method, parts.path)]
+            reason = {403: "Forbidden", 404: "NotFound", 409: "Conflict"}.get(code, "InternalError")
+            return Response(code, status(code, reason, message), reason)
+        answer = getattr(self, f"_{method.lower()}")(request)
+        if isinstance(answer, dict) and answer.get("kind") not in ("Status", None):
+            for item in answer.get("items", [answer]):
+                assert_accepted(item)
+        return answer if isinstance(answer, Response) else Response(200, answer)
+
+    def _name(self, path: str) -> str:
+        return path.rsplit("/", 1)[1]
+
+    def _get(self, request: Request) -> Response | dict[str, Any]:
+        if request.path in self.objects:
+            return self.objects[request.path]
+        prefix = request.path + "/"
+        wanted = dict(p.split("=", 1) for p in request.query.get("labelSelector", "").split(",") if p)
+        items = [
+            obj
+            for path, obj in self.objects.items()
+            if path.startswith(prefix)
+            and "/" not in path[len(prefix) :]
+            and all(obj["metadata"].get("labels", {}).get(k) == v for k, v in wanted.items())
+        ]
+        if items or request.path.endswith("/pods"):
+            return {"kind": "List", "apiVersion": "v1", "metadata": {}, "items": items}
+        return Response(404, status(404, "NotFound", f'"{self._name(request.path)}" not found'), "Not Found")
+
+    def _patch(self, request: Request) -> dict[str, Any]:
+        assert request.content_type == "application/apply-patch+yaml", request
+        assert request.query.get("fieldManager"), request
+        body = request.body
+        assert body["metadata"]["name"] == self._name(request.path)
+        live = self.objects.get(request.path)
+        merged = _merge(live, body) if live else body
+        if live is not None:
+            merged["metadata"] = {
+                **merged["metadata"],
+                "resourceVersion": live["metadata"]["resourceVersion"],
+            }
+        assert_accepted({k: v for k, v in merged.items() if k != "status"})
+        return self.store(request.path, merged)
+
+    def _check_times(self, body: dict[str, Any]) -> None:
+        if body.get("kind") == "Lease":
+            for key in ("acquireTime", "renewTime"):
+                value = body["spec"].get(key)
+                assert value is None or MICRO_TIME.match(value), f"Lease {key} {value!r} is no MicroTime"
+
+    def _post(self, request: Request) -> Response | dict[str, Any]:
+        body = request.body
+        self._check_times(body)
+        assert "resourceVersion" not in body["metadata"], "a create carries no resourceVersion"
+        assert_accepted(body)
+        path = f"{request.path}/{body['metadata']['name']}"
+        if path in self.objects:
+            message = f'leases.coordination.k8s.io "{body["metadata"]["name"]}" already exists'
+            return Response(409, status(409, "AlreadyExists", message), "Conflict")
+        return Response(201, self.store(path, body))
+
+    def _put(self, request: Request) -> Response | dict[str, Any]:
+        body = request.body
+        self._check_times(body)
+        assert_accepted(body)
+        live = self.objects.get(request.path)
+        if live is None:
+            return Response(
+                404, status(404, "NotFound", f'"{self._name(request.path)}" not found'), "Not Found"
+            )
+        if body["metadata"].get("resourceVersion") != live["metadata"]["resourceVersion"]:
+            message = (
+                f'Operation cannot be fulfilled on leases.coordination.k8s.io "{self._name(request.path)}": '
+                "the object has been modified; please apply your changes to the latest version and try again"
+            )
+            return Response(409, status(409, "Conflict", message), "Conflict")
+        return self.store(request.path, body)
+
+    def _delete(self, request: Request) -> Response | dict[str, Any]:
+        if self.objects.pop(request.path, None) is None:
+            return Response(
+                404, status(404, "NotFound", f'"{self._name(request.path)}" not found'), "Not Found"
+            )
+        return status(200, "", "") | {"status": "Success"}
+
+
+def rolls_out(request: Request, cluster: FakeCluster) -> None:
+    """The workload controllers, done at once: each Deployment or LeaderWorkerSet read has every replica
+    of its latest spec updated and available (ready)."""
+    if request.verb != "GET":
+        return
+    obj = cluster.objects.get(request.path)
+    if obj is None or obj["kind"] not in ("Deployment", "LeaderWorkerSet"):
+        return
+    replicas = obj["spec"].get("replicas", 1)
+    obj["status"] = {
+        "observedGeneration": obj["metadata"]["generation"],
+        "replicas": replicas,
+        "updatedReplicas": replicas,
+        "readyReplicas": replicas,
+        **({"availableReplicas": replicas} if obj["kind"] == "Deployment" else {}),
+    }
