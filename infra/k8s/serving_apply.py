@@ -32,9 +32,17 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
+from infra.errors import GpuPlatError
 from infra.k8s.facts import ClusterFacts
 from infra.k8s.objects import LABEL_COMPONENT, serving_namespace
-from infra.k8s.serving import GATEWAY, LABEL_MODEL_VERSION, MODEL_ENV, MODEL_SERVER, serving_objects
+from infra.k8s.serving import (
+    GATEWAY,
+    LABEL_MODEL_VERSION,
+    LWS_API,
+    MODEL_ENV,
+    MODEL_SERVER,
+    serving_objects,
+)
 from infra.k8s.serving_steps import ReleaseStep
 from infra.k8s.serving_versions import ServedVersion, ServingRelease
 from infra.platform.resolve import ResolvedPlatform
@@ -46,7 +54,12 @@ HANDOVER_MANAGER = "gpuplat-serve-handover-to-keda"
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
 LEASE_API = "coordination.k8s.io/v1"
 LEASE_DURATION_S = 60
+# The release record: one per stack (its gateways and KEDA's target are one), in the serving namespace.
+RELEASE_RECORD = "gpuplat-serve-release"
 RELEASE_RECORD_KEY = "release"
+MODEL_URI_KEY = "model-uri"
+# What `gpuplat up` owns and no step changes: a release applies none of them (nor needs the right to).
+_NOT_A_RELEASES = frozenset({"Namespace", "PersistentVolume", "PersistentVolumeClaim", "ServiceAccount"})
 POLL_S = 2.0
 
 # apiVersion, kind -> (plural, namespaced): the kinds serving_objects gives, the release record and the lock.
@@ -68,7 +81,7 @@ _RESOURCES: dict[str, tuple[str, bool]] = {
 _VERBS = {"GET": "get", "PATCH": "patch", "POST": "create", "PUT": "update", "DELETE": "delete"}
 
 
-class ClusterError(Exception):
+class ClusterError(GpuPlatError):
     """One paragraph for the user: the API could not be reached, refused, or a wait ran out."""
 
 
@@ -372,10 +385,6 @@ class ReleaseLock:
 # --------------------------------------------------------------------------------- the release record
 
 
-def record_name(model: str) -> str:
-    return lease_name(model)
-
-
 def _version(data: Any) -> ServedVersion | None:
     return ServedVersion(data["reference"], data["model"]) if isinstance(data, dict) else None
 
@@ -401,17 +410,31 @@ def release_from_json(text: str) -> ServingRelease:
     )
 
 
-def record_manifest(namespace: str, model: str, release: ServingRelease) -> dict[str, Any]:
+def record_manifest(namespace: str, release: ServingRelease, model_uri: str | None) -> dict[str, Any]:
+    """`model_uri`: where the stack's own files are read (facts.model_uri: on EKS the purpose's generated
+    bucket name in place), kept so that every later step renders the stable version as the first did."""
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {
-            "name": record_name(model),
+            "name": RELEASE_RECORD,
             "namespace": namespace,
             "labels": {"app.kubernetes.io/managed-by": FIELD_MANAGER},
         },
-        "data": {RELEASE_RECORD_KEY: release_to_json(release)},
+        "data": {
+            RELEASE_RECORD_KEY: release_to_json(release),
+            **({MODEL_URI_KEY: model_uri} if model_uri else {}),
+        },
     }
+
+
+def read_record(api: ClusterApi, namespace: str) -> tuple[ServingRelease | None, str | None]:
+    """The release the record holds (None before the first: the stack's own model serves) and the URI of
+    the stack's own files it keeps."""
+    live = api.get(ObjectRef("v1", "ConfigMap", RELEASE_RECORD, namespace))
+    data = (live or {}).get("data") or {}
+    text = data.get(RELEASE_RECORD_KEY)
+    return (release_from_json(text) if text else None), data.get(MODEL_URI_KEY)
 
 
 # ------------------------------------------------------------------------------------------ the waits
@@ -438,6 +461,15 @@ def rollout_done(workload: Mapping[str, Any], replicas: int) -> str | None:
         state = "ready" if ready_key == "readyReplicas" else "available"
         return f"{ready} of {replicas} updated replicas {state}"
     return None
+
+
+def workload_kind(platform: ResolvedPlatform) -> tuple[str, str]:
+    """The apiVersion and kind of each version's model servers: a LeaderWorkerSet where a replica spans
+    nodes (infra/k8s/serving.py _model_server)."""
+    layout = platform.serving_layout
+    if layout is not None and layout.nodes > 1:
+        return LWS_API, "LeaderWorkerSet"
+    return "apps/v1", "Deployment"
 
 
 @dataclass
@@ -468,26 +500,22 @@ class ReleaseDriver:
 
     @property
     def workload_kind(self) -> tuple[str, str]:
-        layout = self.platform.serving_layout
-        if layout is not None and layout.nodes > 1:
-            return "leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"
-        return "apps/v1", "Deployment"
+        return workload_kind(self.platform)
 
     def workload_ref(self, name: str) -> ObjectRef:
         return ObjectRef(*self.workload_kind, name, self.namespace)
 
     def current(self) -> ServingRelease | None:
-        """The release the record holds; None before the first (the stack's own model serves)."""
-        live = self.api.get(ObjectRef("v1", "ConfigMap", record_name(self.model), self.namespace))
-        text = ((live or {}).get("data") or {}).get(RELEASE_RECORD_KEY)
-        return release_from_json(text) if text else None
+        return read_record(self.api, self.namespace)[0]
 
     def _apply_release(self, release: ServingRelease) -> None:
         for manifest in serving_objects(self.platform, self.facts, release):
-            self.api.apply(manifest)
+            if manifest["kind"] not in _NOT_A_RELEASES:
+                self.api.apply(manifest)
 
     def _record(self, release: ServingRelease) -> None:
-        self.api.apply(record_manifest(self.namespace, self.model, release))
+        uri = self.facts.model_uri if isinstance(self.facts.model_uri, str) else None
+        self.api.apply(record_manifest(self.namespace, release, uri))
 
     def play(self, steps: list[ReleaseStep]) -> ServingRelease | None:
         released: ServingRelease | None = None

@@ -139,18 +139,11 @@ class ServingLayout:
 
 def servable(platform: ResolvedPlatform) -> Serving:
     """The stack's serving section, or one paragraph saying why `gpuplat serve` cannot drive the stack
-    (asked before the registry is: a registry would not help)."""
+    (asked before the registry is: a registry would not help). A Kueue stack is driven through its
+    cluster's API (infra/serving/on_kubernetes.py), not through the nodes this module reaches."""
     serving = platform.spec.serving
     if serving is None:
         raise SpecError(f"stack '{platform.name}' serves no model: add a serving section to its stack file")
-    if platform.spec.scheduler.kind == "kueue":
-        raise SpecError(
-            f"stack '{platform.name}' runs on Kubernetes (kueue): `gpuplat serve` does not reach a cluster's "
-            "API yet. The objects of a release are built (a Deployment and a headless Service per version, "
-            "the gateways drawing the canary's share: infra/k8s/serving_steps.py) but nothing applies them; "
-            "serve a version by setting serving.model to its path and running `gpuplat up` (docs/serving.md, "
-            "On Kubernetes)"
-        )
     return serving
 
 
@@ -161,6 +154,12 @@ def serving_layout(
     (infra/nodes/reach.py stack_instances: an Auto Scaling group's instances come and go), elsewhere the
     stack file's nodes."""
     serving = servable(platform)
+    if platform.spec.scheduler.kind == "kueue":
+        raise SpecError(
+            f"stack '{platform.name}' runs on Kubernetes (kueue): its model servers are the cluster's pods, "
+            "which `gpuplat serve` drives through the cluster's API (infra/serving/on_kubernetes.py), not "
+            "through nodes"
+        )
     pool = platform.pool(serving.pool)
     layout = platform.serving_layout
     if platform.spec.backend == "aws":

@@ -12,8 +12,11 @@ from infra.cli import output
 from infra.cli.commands.models import RegistryUrl, check_name
 from infra.cli.stack_options import JsonFlag, StackFile, StackName, platform_from_options
 from infra.errors import ExitCode, GpuPlatError, SpecError
+from infra.k8s.serving_versions import ServedVersion
+from infra.platform.resolve import ResolvedPlatform
 from infra.serving.analysis import PROMOTE_READY, ROLLBACK
 from infra.serving.detach import check_detachable, detach_guard
+from infra.serving.on_kubernetes import KubernetesServing, connect, kubernetes_registry, on_kubernetes
 from infra.serving.reach import prometheus_url, stack_reach
 from infra.serving.registry.locate import open_registry
 from infra.serving.release import (
@@ -52,16 +55,25 @@ PrometheusUrl = Annotated[
 ]
 
 
-def _release(
-    stack: str | None, stack_file_path: Path | None, url: str | None, prometheus: str | None = None
-) -> Release:
+def _say(line: str) -> None:
+    output.stderr().print(escape(line))
+
+
+def _platform(stack: str | None, stack_file_path: Path | None) -> ResolvedPlatform:
     platform = platform_from_options(stack, stack_file_path)
     # A stack serve cannot drive is refused before the registry is asked for: a registry would not help.
     servable(platform)
-    registry = open_registry(platform, url)
+    return platform
 
-    def say(line: str) -> None:
-        output.stderr().print(escape(line))
+
+def _on_kubernetes(platform: ResolvedPlatform) -> KubernetesServing | None:
+    """A Kueue stack's release, through its cluster's API (docs/serving.md, On Kubernetes)."""
+    return KubernetesServing(platform, connect(platform), _say) if on_kubernetes(platform) else None
+
+
+def _release(platform: ResolvedPlatform, url: str | None, prometheus: str | None = None) -> Release:
+    registry = open_registry(platform, url)
+    say = _say
 
     reach = stack_reach(platform)
     return Release(
@@ -118,7 +130,11 @@ def deploy(
     check_name(name)
     if detach and canary is None:
         raise SpecError("--detach hands a canary's guard to the gateway's node: give --canary PERCENT too")
-    release = _release(stack, stack_file_path, url, prometheus)
+    platform = _platform(stack, stack_file_path)
+    if on_kubernetes(platform):
+        _deploy_on_kubernetes(platform, reference, canary, guard_s, detach, url)
+        return
+    release = _release(platform, url, prometheus)
     if detach:
         check_detachable(release)
     # The registry answers for the version before anything on the nodes is touched, the lock included.
@@ -140,6 +156,34 @@ def deploy(
             return
         if guard_s > 0:
             _guard(release, version.name, guard_s)
+
+
+def _deploy_on_kubernetes(
+    platform: ResolvedPlatform,
+    reference: str,
+    canary: int | None,
+    guard_s: float,
+    detach: bool,
+    url: str | None,
+) -> None:
+    if guard_s > 0 or detach:
+        raise SpecError(
+            f"stack '{platform.name}' runs on Kubernetes, where the canary's analysis (each gateway pod's "
+            "metrics port) and the detached guard are not built: deploy --canary without --guard-s and "
+            "--detach, then promote or roll back (docs/serving.md, On Kubernetes)"
+        )
+    # The registry answers for the version before the cluster is asked for anything, the lock included.
+    version = kubernetes_registry(platform, url).resolve(reference)
+    served = ServedVersion(version.reference, version.location)
+    kubernetes = _on_kubernetes(platform)
+    assert kubernetes is not None
+    release = kubernetes.deploy(served, canary)
+    if release.canary is not None:
+        output.stdout().print(
+            escape(f"{release.canary.reference} is in canary with {release.canary_percent} % of the requests")
+        )
+    else:
+        output.stdout().print(escape(f"{release.stable.reference} serves every request"))
 
 
 @serve.command()
@@ -169,7 +213,13 @@ def guard(
     promoted, or held at a manual gate; 1 rolled back; 5 no verdict (inconclusive, or --guard-s ended before
     the analysis)."""
     check_name(model)
-    release = _release(stack, stack_file_path, url, prometheus)
+    platform = _platform(stack, stack_file_path)
+    if on_kubernetes(platform):
+        raise SpecError(
+            f"stack '{platform.name}' runs on Kubernetes, where the canary's analysis is not built (it would "
+            "read each gateway pod's metrics port): promote or roll back the canary yourself"
+        )
+    release = _release(platform, url, prometheus)
     with release.exclusive(model, "guard"):
         _guard(release, model, duration_s, past_gate)
 
@@ -194,7 +244,13 @@ def promote(
 ) -> None:
     """Make NAME's canary the stable version on every replica."""
     check_name(model)
-    release = _release(stack, stack_file_path, url)
+    platform = _platform(stack, stack_file_path)
+    kubernetes = _on_kubernetes(platform)
+    if kubernetes is not None:
+        stable = kubernetes.promote(model).stable
+        output.stdout().print(escape(f"{stable.reference} serves every request"))
+        return
+    release = _release(platform, url)
     with release.exclusive(model, "promote"):
         version = release.promote(model)
     output.stdout().print(escape(f"{version.reference} serves every request"))
@@ -206,7 +262,13 @@ def rollback(
 ) -> None:
     """Take NAME's canary out; with no canary, put the previous stable version back."""
     check_name(model)
-    release = _release(stack, stack_file_path, url)
+    platform = _platform(stack, stack_file_path)
+    kubernetes = _on_kubernetes(platform)
+    if kubernetes is not None:
+        stable = kubernetes.rollback(model).stable
+        output.stdout().print(escape(f"{stable.reference} serves every request"))
+        return
+    release = _release(platform, url)
     with release.exclusive(model, "rollback"):
         serving = release.rollback(model)
     what = serving.reference if serving else "the stack's own model (serving.model)"
@@ -225,7 +287,12 @@ def status(
     """NAME's stable and canary versions: share, requests and failed answers (4xx, 5xx, aborted) at the
     gateways (summed, each since it started), p95 latency over serving.canary.interval_s."""
     check_name(model)
-    release = _release(stack, stack_file_path, url, prometheus)
+    platform = _platform(stack, stack_file_path)
+    kubernetes = _on_kubernetes(platform)
+    if kubernetes is not None:
+        _status_on_kubernetes(kubernetes, model, json_output)
+        return
+    release = _release(platform, url, prometheus)
     figures = release.figures()
     try:
         p95 = release.latency_p95(release.rules.interval_s)
@@ -322,6 +389,28 @@ def status(
         output.stdout().print(
             escape(f"an instance the serving pool starts now serves: {booted or 'serving.model (no record)'}")
         )
+
+
+def _status_on_kubernetes(kubernetes: KubernetesServing, model: str, json_output: bool) -> None:
+    shown = kubernetes.status().as_json(model)
+    if json_output:
+        output.print_json(shown)
+        return
+    canary = f", canary {shown['canary']} at {shown['canary_percent']} %" if shown["canary"] else ""
+    retiring = f", {shown['retiring']} retiring" if shown["retiring"] else ""
+    output.stdout().print(
+        escape(f"serving {model} on {kubernetes.platform.name}: stable {shown['stable']}{canary}{retiring}")
+    )
+    output.stdout().print(
+        output.table(
+            "what each model-server pod runs",
+            ["pod", "version", "image", "model", "ready"],
+            [
+                [r["pod"], r["version"], r["image"], r["model"], "yes" if r["ready"] else "no"]
+                for r in shown["replicas"]
+            ],
+        )
+    )
 
 
 def _served(answering: bool, version: str | None) -> str:

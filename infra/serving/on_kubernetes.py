@@ -1,0 +1,224 @@
+"""`gpuplat serve` on a Kueue stack: the release's steps (infra/k8s/serving_steps.py) played through the
+cluster's API (infra/k8s/serving_apply.py), under the model's Lease."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes.config import ConfigException, new_client_from_config
+
+from infra.errors import ExitCode, GpuPlatError, SpecError
+from infra.k8s.facts import ClusterFacts, SharedVolume, host_path_facts
+from infra.k8s.objects import serving_namespace
+from infra.k8s.serving import MODEL_ENV, MODEL_SERVER, version_track_names
+from infra.k8s.serving_apply import (
+    ClusterApi,
+    ClusterError,
+    ObjectRef,
+    ReleaseDriver,
+    ReleaseLock,
+    RunningReplica,
+    default_holder,
+    read_record,
+    running_replicas,
+    workload_kind,
+)
+from infra.k8s.serving_steps import ReleaseRefused, ReleaseStep, deploy_canary, promote, rollback, take_over
+from infra.k8s.serving_versions import ServedVersion, ServingRelease
+from infra.platform.resolve import ResolvedPlatform
+from infra.serving.registry.locate import operator_credential
+from infra.serving.registry.mlflow import MlflowRegistry
+
+
+def on_kubernetes(platform: ResolvedPlatform) -> bool:
+    return platform.spec.scheduler.kind == "kueue"
+
+
+def connect(platform: ResolvedPlatform) -> ClusterApi:
+    """The cluster's API as the stack reaches it: kubernetes.kubeconfig and .context from the stack file,
+    else $KUBECONFIG, else ~/.kube/config and its current context (the official client's own search,
+    kubernetes/config/kube_config.py KUBE_CONFIG_DEFAULT_LOCATION)."""
+    k8s = platform.spec.kubernetes
+    # Read here, not left to the client: it reads $KUBECONFIG once, when kubernetes.config is imported
+    # (kube_config.py, KUBE_CONFIG_DEFAULT_LOCATION at module level). A list of files is merged as kubectl
+    # does (KubeConfigMerger).
+    config_file = (k8s.kubeconfig if k8s is not None else None) or os.environ.get("KUBECONFIG") or None
+    context = k8s.context if k8s is not None else None
+    try:
+        # persist_config off: a refreshed token is never written back into the user's kubeconfig.
+        return ClusterApi(
+            new_client_from_config(config_file=config_file, context=context, persist_config=False)
+        )
+    except (ConfigException, OSError, TypeError, ValueError) as error:
+        where = config_file or "$KUBECONFIG, else ~/.kube/config"
+        raise ClusterError(
+            f"stack '{platform.name}': no usable kubeconfig at {where} ({error}). On an EKS stack write one "
+            "with `aws eks update-kubeconfig --name <cluster>` (or `pulumi stack output kubeconfig "
+            "--show-secrets`); on an existing cluster set kubernetes.kubeconfig and kubernetes.context in "
+            "the stack file"
+        ) from None
+
+
+@dataclass(frozen=True)
+class KubernetesStatus:
+    release: ServingRelease | None
+    replicas: list[RunningReplica]
+
+    def as_json(self, model: str) -> dict[str, Any]:
+        release = self.release
+        return {
+            "model": model,
+            "stable": release.stable.reference if release else "serving.model",
+            "canary": release.canary.reference if release and release.canary else None,
+            "canary_percent": release.canary_percent if release else 0,
+            "retiring": release.retiring.reference if release and release.retiring else None,
+            "replicas": [
+                {"pod": r.pod, "version": r.version, "image": r.image, "model": r.model, "ready": r.ready}
+                for r in self.replicas
+            ],
+        }
+
+
+@dataclass
+class KubernetesServing:
+    platform: ResolvedPlatform
+    api: ClusterApi
+    say: Callable[[str], None] = lambda _: None
+    timeout_s: float = 1800.0
+
+    @property
+    def namespace(self) -> str:
+        return serving_namespace(self.platform)
+
+    def _stack_model(self) -> str:
+        serving = self.platform.spec.serving
+        if serving is None:
+            raise SpecError(
+                f"stack '{self.platform.name}' serves no model: add a serving section to its stack file"
+            )
+        return serving.model
+
+    def _driver(self, model: str, lock: ReleaseLock, facts: ClusterFacts) -> ReleaseDriver:
+        return ReleaseDriver(self.api, self.platform, facts, model, lock, self.timeout_s, say=self.say)
+
+    def _facts(self, recorded_uri: str | None) -> ClusterFacts:
+        """What serving_objects needs of the cluster. An existing cluster's nodes mount the shared filesystem
+        (host_path_facts). On EKS the release applies no PersistentVolume (gpuplat up's) and reads where the
+        stack's own files are (facts.model_uri) from its record, else from the stack's own model servers."""
+        if self.platform.spec.backend != "aws":
+            return host_path_facts(self.platform)
+        uri = recorded_uri or self._stack_servers_model()
+        fs = self.platform.spec.storage.parallel_fs
+        # The FSx attributes go only into the PersistentVolume, which `gpuplat up` applied and no release
+        # step applies (serving_apply skips it): the pods mount its claim by name.
+        not_applied = dict.fromkeys(("file_system_id", "dns_name", "mount_name"), "")
+        return ClusterFacts(
+            SharedVolume("fsx-csi", fs.mount_path, fs.capacity_tib, not_applied),
+            region=self.platform.spec.region,
+            model_uri=uri,
+            pod_identity=True,
+        )
+
+    def _workload(self, name: str) -> dict[str, Any] | None:
+        return self.api.get(ObjectRef(*workload_kind(self.platform), name, self.namespace))
+
+    def _stack_servers_model(self) -> str:
+        live = self._workload(MODEL_SERVER)
+        template = ((live or {}).get("spec") or {}).get("template") or {}
+        if "leaderWorkerTemplate" in ((live or {}).get("spec") or {}):
+            template = live["spec"]["leaderWorkerTemplate"]["leaderTemplate"]  # type: ignore[index]
+        for container in (template.get("spec") or {}).get("containers") or []:
+            for env in container.get("env") or []:
+                if env.get("name") == MODEL_ENV and env.get("value"):
+                    return str(env["value"])
+        raise ClusterError(
+            f"stack '{self.platform.name}': neither a release record nor the stack's own model servers "
+            f"({MODEL_SERVER} in namespace {self.namespace}) say where the stack's model is read: run "
+            "`gpuplat up` first"
+        )
+
+    def _replicas_of(self, name: str) -> int:
+        live = self._workload(name) or {}
+        spec, status = live.get("spec") or {}, live.get("status") or {}
+        return int(spec.get("replicas") or status.get("replicas") or 1)
+
+    @contextmanager
+    def _release(self, model: str) -> Iterator[tuple[ServingRelease | None, ReleaseDriver]]:
+        lock = ReleaseLock(self.api, self.namespace, model, default_holder())
+        lock.acquire()
+        try:
+            current, uri = read_record(self.api, self.namespace)
+            if current is not None and current.stable.reference.partition("@")[0] != model:
+                raise SpecError(
+                    f"stack '{self.platform.name}' serves {current.stable.reference}: its model servers and "
+                    f"gateways serve one model, not {model}"
+                )
+            yield current, self._driver(model, lock, self._facts(uri))
+        finally:
+            lock.release()
+
+    def _play(self, driver: ReleaseDriver, steps: Callable[[], list[ReleaseStep]]) -> ServingRelease:
+        try:
+            planned = steps()
+        except ReleaseRefused as refused:
+            raise GpuPlatError(str(refused), exit_code=ExitCode.BAD_INPUT) from None
+        ended = driver.play(planned)
+        if ended is None:
+            raise GpuPlatError("no step to take")
+        return ended
+
+    def deploy(self, version: ServedVersion, canary: int | None) -> ServingRelease:
+        model = version.reference.partition("@")[0]
+        with self._release(model) as (current, driver):
+            if current is None:
+                if canary is not None:
+                    raise SpecError(
+                        f"the stack's own model servers serve {self._stack_model()}: the first release takes "
+                        f"over from them with those files registered (deploy NAME@VERSION without --canary), "
+                        f"then a canary of {version.reference}"
+                    )
+                replicas = self._replicas_of(MODEL_SERVER)
+                return self._play(driver, lambda: take_over(self._stack_model(), version, replicas))
+            if canary is None:
+                raise SpecError(
+                    f"{current.stable.reference} serves: on Kubernetes a version takes over through a canary "
+                    f"(deploy {version.reference} --canary PERCENT, then `gpuplat serve promote {model}`)"
+                )
+            return self._play(driver, lambda: deploy_canary(current, version, canary))
+
+    def promote(self, model: str) -> ServingRelease:
+        with self._release(model) as (current, driver):
+            if current is None:
+                raise SpecError(f"no release of {model} on stack '{self.platform.name}': nothing to promote")
+            stable_workload, _ = version_track_names(current.stable)
+            replicas = self._replicas_of(stable_workload)
+            return self._play(driver, lambda: promote(current, replicas))
+
+    def rollback(self, model: str) -> ServingRelease:
+        with self._release(model) as (current, driver):
+            if current is None:
+                raise SpecError(
+                    f"no release of {model} on stack '{self.platform.name}': nothing to roll back"
+                )
+            return self._play(driver, lambda: rollback(current))
+
+    def status(self) -> KubernetesStatus:
+        current, _ = read_record(self.api, self.namespace)
+        return KubernetesStatus(current, list(running_replicas(self.api, self.namespace)))
+
+
+def kubernetes_registry(platform: ResolvedPlatform, url: str | None) -> MlflowRegistry:
+    """The registry a Kueue stack's versions come from: the platform deploys none on Kubernetes yet
+    (infra/spec/cross_checks.py refuses serving.registry there), so one the operator runs, by its URL."""
+    if not url:
+        raise SpecError(
+            f"stack '{platform.name}' runs on Kubernetes, where the platform deploys no model registry yet: "
+            "give the MLflow registry the version is registered in with --registry-url or "
+            "GPUPLAT_REGISTRY_URL (its source an s3:// URI the model servers read, or a path on the shared "
+            "filesystem)"
+        )
+    return MlflowRegistry(url, credential=operator_credential(platform, url))

@@ -1,0 +1,219 @@
+"""`gpuplat serve` on a Kueue stack, through the CLI, against the client's own transport
+(tests/k8s_api_fake.py): what it shows, what it changes, and one paragraph with a non-zero exit where the
+cluster cannot be reached, refuses, or another command holds the release."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.k8s.serving import serving_objects, version_track_names
+from infra.k8s.serving_apply import (
+    RELEASE_RECORD,
+    ClusterApi,
+    ClusterError,
+    ReleaseLock,
+    read_record,
+    record_manifest,
+)
+from infra.k8s.serving_versions import ServedVersion, ServingRelease
+from infra.platform.resolve import load_platform
+from infra.serving.on_kubernetes import connect
+from infra.serving.registry.mlflow import ModelVersion
+from infra.spec.load import stack_file
+from tests.conftest import fsx_facts
+from tests.k8s_api_fake import HOST, FakeCluster, rolls_out
+from tests.unit.test_hostile_input import refused, run_cli
+
+V1 = ServedVersion("embedder@1", "s3://models/embedder/1")
+V2 = ServedVersion("embedder@2", "s3://models/embedder/2")
+NS = "serving"
+CONFIGMAPS = f"/api/v1/namespaces/{NS}/configmaps"
+
+
+@pytest.fixture
+def cluster(monkeypatch: pytest.MonkeyPatch) -> FakeCluster:
+    fake = FakeCluster(before=rolls_out)
+    monkeypatch.setattr("infra.cli.commands.serve.connect", lambda _platform: ClusterApi(fake.client()))
+    return fake
+
+
+def recorded(cluster: FakeCluster, release: ServingRelease) -> None:
+    cluster.store(
+        f"{CONFIGMAPS}/{RELEASE_RECORD}", record_manifest(NS, release, "s3://aws-k8s-models-1a2b/embedder")
+    )
+
+
+def pod(name: str, version: ServedVersion, ready: bool) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "labels": {"gpuplat/component": "model-server", "gpuplat/model-version": version.slug},
+        },
+        "spec": {
+            "containers": [
+                {
+                    "name": "vllm",
+                    "image": "docker.io/vllm/vllm-openai:v0.11.0",
+                    "env": [{"name": "GPUPLAT_MODEL", "value": version.model}],
+                }
+            ]
+        },
+        "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+    }
+
+
+def test_status_shows_the_release_and_what_each_pod_runs(cluster: FakeCluster) -> None:
+    recorded(cluster, ServingRelease(V1, canary=V2, canary_percent=20))
+    for name, version, ready in (("v1-a", V1, True), ("v2-a", V2, False)):
+        cluster.objects[f"/api/v1/namespaces/{NS}/pods/{name}"] = pod(name, version, ready)
+    run = run_cli("serve", "status", "embedder", "--stack", "aws-k8s", "--json")
+    assert run.code == 0, run.err
+    shown = json.loads(run.out)
+    assert (
+        shown["stable"] == "embedder@1" and shown["canary"] == "embedder@2" and shown["canary_percent"] == 20
+    )
+    assert [(r["pod"], r["version"], r["model"], r["ready"]) for r in shown["replicas"]] == [
+        ("v1-a", "embedder-v1", V1.model, True),
+        ("v2-a", "embedder-v2", V2.model, False),
+    ]
+    assert {r.verb for r in cluster.requests} == {"GET"}
+
+
+def running(cluster: FakeCluster, release: ServingRelease, stable_replicas: int) -> None:
+    """The cluster as a release left it, KEDA having scaled the stable version to `stable_replicas`."""
+    recorded(cluster, release)
+    platform = load_platform(stack_file("aws-k8s"))
+    for manifest in serving_objects(platform, fsx_facts(), release):
+        if manifest["kind"] == "Deployment":
+            path = f"/apis/apps/v1/namespaces/{NS}/deployments/{manifest['metadata']['name']}"
+            manifest["spec"].setdefault("replicas", stable_replicas)
+            cluster.store(path, manifest)
+
+
+def test_promote_plays_the_steps_and_leaves_the_lock_free(cluster: FakeCluster) -> None:
+    running(cluster, ServingRelease(V1, canary=V2, canary_percent=20), 4)
+    run = run_cli("serve", "promote", "embedder", "--stack", "aws-k8s")
+    assert run.code == 0, run.err
+    assert "embedder@2 serves every request" in run.out
+    assert "embedder@2 grows to 4 replicas at its 20 %" in run.err
+    api = ClusterApi(cluster.client())
+    assert read_record(api, NS) == (ServingRelease(V2), "s3://aws-k8s-models-1a2b/embedder")
+    lease = cluster.objects[f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/gpuplat-release-embedder"]
+    assert "holderIdentity" not in lease["spec"]
+    assert not any(
+        r.body and r.body.get("kind") in ("Namespace", "PersistentVolume") for r in cluster.applied()
+    )
+
+
+def test_a_second_promote_meets_the_lease_and_names_its_holder(cluster: FakeCluster) -> None:
+    recorded(cluster, ServingRelease(V1, canary=V2, canary_percent=20))
+    ReleaseLock(ClusterApi(cluster.client()), NS, "embedder", "ci@runner pid 7").acquire()
+    run = run_cli("serve", "promote", "embedder", "--stack", "aws-k8s")
+    assert run.code == 4 and run.clean, run.err
+    assert "held by ci@runner pid 7" in run.err
+    assert not cluster.applied()
+
+
+def test_a_refusal_of_the_api_is_one_paragraph_naming_verb_and_resource(cluster: FakeCluster) -> None:
+    recorded(cluster, ServingRelease(V1, canary=V2, canary_percent=20))
+    path = f"/apis/apps/v1/namespaces/{NS}/deployments/{version_track_names(V2)[0]}"
+    cluster.refuse[("PATCH", path)] = (403, 'User "ci" cannot patch resource "deployments"')
+    run = run_cli("serve", "rollback", "embedder", "--stack", "aws-k8s")
+    assert run.code == 4 and run.clean, run.err
+    assert "refused to patch deployments.apps" in run.err
+
+
+def test_deploy_resolves_the_version_in_the_registry_given_then_starts_its_canary(
+    cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[str] = []
+
+    class Registry:
+        def resolve(self, reference: str) -> ModelVersion:
+            asked.append(reference)
+            return ModelVersion("embedder", 2, V2.model, "READY")
+
+    monkeypatch.setattr("infra.cli.commands.serve.kubernetes_registry", lambda _p, url: Registry())
+    recorded(cluster, ServingRelease(V1))
+    run = run_cli(
+        "serve", "deploy", "embedder@2", "--canary", "20", "--stack", "aws-k8s", "--registry-url", "http://r"
+    )
+    assert run.code == 0, run.err
+    assert asked == ["embedder@2"] and "embedder@2 is in canary with 20 % of the requests" in run.out
+    release, _ = read_record(ClusterApi(cluster.client()), NS)
+    assert release == ServingRelease(V1, canary=V2, canary_percent=20)
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        ((), "--registry-url"),
+        (("--registry-url", "http://r", "--guard-s", "60"), "canary's analysis"),
+        (("--registry-url", "http://r", "--guard-s", "60", "--detach"), "detached guard"),
+    ],
+)
+def test_deploy_refuses_what_is_not_built_before_asking_anyone(
+    cluster: FakeCluster, extra: tuple[str, ...], says: str
+) -> None:
+    refused(run_cli("serve", "deploy", "embedder@2", "--canary", "20", "--stack", "aws-k8s", *extra), says)
+    assert not cluster.requests
+
+
+def test_guard_is_refused_on_kubernetes(cluster: FakeCluster) -> None:
+    refused(run_cli("serve", "guard", "embedder", "--stack", "onprem-k8s"), "analysis is not built")
+
+
+def test_the_kubeconfig_is_read_from_the_environment_when_the_command_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": HOST}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    platform = load_platform(stack_file("aws-k8s"))
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    assert connect(platform).server == HOST
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
+    with pytest.raises(ClusterError, match=r"no usable kubeconfig at .*missing.*aws eks update-kubeconfig"):
+        connect(platform)
+
+
+def test_an_unreachable_api_ends_the_command_with_one_paragraph(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                # A port nothing listens on, on this machine: refused at once.
+                "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:9"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    started = datetime.now(UTC)
+    run = run_cli("serve", "status", "embedder", "--stack", "aws-k8s", env={"KUBECONFIG": str(kubeconfig)})
+    assert run.code == 4 and run.clean, run.err
+    assert "the Kubernetes API at http://127.0.0.1:9 cannot be reached" in run.err
+    assert datetime.now(UTC) - started < timedelta(seconds=60)
