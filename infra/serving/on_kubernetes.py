@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -159,7 +159,10 @@ class KubernetesServing:
                 )
             yield current, self._driver(model, lock, self._facts(uri))
         finally:
-            lock.release()
+            # An API that stopped answering must not hide why the release stopped: the Lease then ends
+            # by itself after its duration.
+            with suppress(ClusterError):
+                lock.release()
 
     def _play(self, driver: ReleaseDriver, steps: Callable[[], list[ReleaseStep]]) -> ServingRelease:
         try:

@@ -26,13 +26,14 @@ from infra.serving.on_kubernetes import connect
 from infra.serving.registry.mlflow import ModelVersion
 from infra.spec.load import stack_file
 from tests.conftest import fsx_facts
-from tests.k8s_api_fake import HOST, FakeCluster, rolls_out
+from tests.k8s_api_fake import HOST, FakeCluster, Request, rolls_out
 from tests.unit.test_hostile_input import refused, run_cli
 
 V1 = ServedVersion("embedder@1", "s3://models/embedder/1")
 V2 = ServedVersion("embedder@2", "s3://models/embedder/2")
 NS = "serving"
 CONFIGMAPS = f"/api/v1/namespaces/{NS}/configmaps"
+LEASE = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/gpuplat-release-embedder"
 
 
 @pytest.fixture
@@ -106,7 +107,7 @@ def test_promote_plays_the_steps_and_leaves_the_lock_free(cluster: FakeCluster) 
     assert "embedder@2 grows to 4 replicas at its 20 %" in run.err
     api = ClusterApi(cluster.client())
     assert read_record(api, NS) == (ServingRelease(V2), "s3://aws-k8s-models-1a2b/embedder")
-    lease = cluster.objects[f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/gpuplat-release-embedder"]
+    lease = cluster.objects[LEASE]
     assert "holderIdentity" not in lease["spec"]
     assert not any(
         r.body and r.body.get("kind") in ("Namespace", "PersistentVolume") for r in cluster.applied()
@@ -126,9 +127,17 @@ def test_a_refusal_of_the_api_is_one_paragraph_naming_verb_and_resource(cluster:
     recorded(cluster, ServingRelease(V1, canary=V2, canary_percent=20))
     path = f"/apis/apps/v1/namespaces/{NS}/deployments/{version_track_names(V2)[0]}"
     cluster.refuse[("PATCH", path)] = (403, 'User "ci" cannot patch resource "deployments"')
+
+    def lease_refused_after_the_patch(request: Request, fake: FakeCluster) -> None:
+        if request.verb == "PATCH" and request.path == path:
+            fake.refuse[("PUT", LEASE)] = (503, "etcdserver: request timed out")
+        rolls_out(request, fake)
+
+    cluster.before = lease_refused_after_the_patch
     run = run_cli("serve", "rollback", "embedder", "--stack", "aws-k8s")
     assert run.code == 4 and run.clean, run.err
-    assert "refused to patch deployments.apps" in run.err
+    assert "refused to patch deployments.apps" in run.err and "etcdserver" not in run.err
+    assert ("PUT", LEASE) in [(r.verb, r.path) for r in cluster.requests], "the lock's release was not tried"
 
 
 def test_deploy_resolves_the_version_in_the_registry_given_then_starts_its_canary(
