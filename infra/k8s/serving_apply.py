@@ -443,12 +443,23 @@ def read_record(api: ClusterApi, namespace: str) -> tuple[ServingRelease | None,
 def rollout_done(workload: Mapping[str, Any], replicas: int) -> str | None:
     """None once `replicas` of the workload run its latest spec and are available (ready for a
     LeaderWorkerSet's groups) and no older one is left; else what is still awaited. A Deployment as
-    `kubectl rollout status` judges it (kubernetes/kubectl at v1.34, pkg/polymorphichelpers/
-    rollout_status.go, DeploymentStatusViewer); a LeaderWorkerSet by its status fields (lws v0.10.0
-    CRD: observedGeneration, replicas, updatedReplicas, readyReplicas, each counting groups)."""
+    `kubectl rollout status` judges it (kubernetes/kubectl pkg/polymorphichelpers/rollout_status.go,
+    DeploymentStatusViewer.Status), a progress deadline exceeded included (a ClusterError at once, not a
+    wait to the end); a LeaderWorkerSet by its status fields (lws v0.10.0 CRD: observedGeneration,
+    replicas, updatedReplicas, readyReplicas, each counting groups)."""
     meta, status = workload.get("metadata") or {}, workload.get("status") or {}
     if int(meta.get("generation") or 0) > int(status.get("observedGeneration") or 0):
         return "its latest spec is not observed yet"
+    for condition in status.get("conditions") or []:
+        # The Deployment controller's reason when spec.progressDeadlineSeconds passed without progress
+        # (kubernetes/kubernetes pkg/controller/deployment/util/deployment_util.go, TimedOutReason).
+        if condition.get("type") == "Progressing" and condition.get("reason") == "ProgressDeadlineExceeded":
+            raise ClusterError(
+                f"{workload.get('kind')} {meta.get('namespace', '')}/{meta.get('name', '')} exceeded its "
+                f"progress deadline: {condition.get('message', '')}. The release stopped there (its record "
+                "says which step ran last); look at its pods, then run the same command again or `gpuplat "
+                "serve rollback`"
+            )
     updated = int(status.get("updatedReplicas") or 0)
     total = int(status.get("replicas") or 0)
     ready_key = "readyReplicas" if workload.get("kind") == "LeaderWorkerSet" else "availableReplicas"

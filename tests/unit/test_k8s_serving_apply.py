@@ -241,6 +241,39 @@ def _workload(kind: str, generation: int, **status: int) -> dict[str, Any]:
     return workload
 
 
+def test_a_deployment_past_its_progress_deadline_ends_the_wait_at_once(aws: ResolvedPlatform) -> None:
+    cluster = FakeCluster()
+    canary_path = f"{DEPLOYMENTS}/{version_track_names(V2)[0]}"
+
+    def stuck(request: Request, fake: FakeCluster) -> None:
+        if request.verb == "GET" and request.path == canary_path:
+            obj = fake.objects[canary_path]
+            message = 'ReplicaSet "model-server-embedder-v2-5d9f" has timed out progressing.'
+            obj["status"] = {
+                "observedGeneration": obj["metadata"]["generation"],
+                "replicas": 1,
+                "updatedReplicas": 1,
+                "conditions": [
+                    {
+                        "type": "Progressing",
+                        "status": "False",
+                        "reason": "ProgressDeadlineExceeded",
+                        "message": message,
+                    }
+                ],
+            }
+        else:
+            rolls_out(request, fake)
+
+    cluster.before = stuck
+    driven = driver(cluster, aws)
+    with pytest.raises(
+        ClusterError, match=r"Deployment serving/model-server-embedder-v2 exceeded its progress "
+    ):
+        driven.play(deploy_canary(ServingRelease(V1), V2, 20))
+    assert driven.clock.monotonic() == 0, "it waited for a rollout the controller gave up on"
+
+
 @pytest.mark.parametrize(
     ("workload", "awaited"),
     [
