@@ -580,8 +580,9 @@ class ReleaseDriver:
         awaited = rollout_done(live, int((live.get("spec") or {}).get("replicas") or 1))
         if awaited is not None:
             return awaited
-        # A Deployment's status.replicas counts no terminating pod (DeploymentStatus in the API reference:
-        # "non-terminated pods"), yet a gateway pod draws for its old share until it ends.
+        # A Deployment's status.replicas counts no terminating pod ("Total number of non-terminating pods",
+        # DeploymentStatus in the 1.34 OpenAPI; its terminatingReplicas is alpha there, behind
+        # DeploymentReplicaSetTerminatingReplicas), yet a gateway pod draws for its old share until it ends.
         labels = ((live.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
         selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
         pods = self.api.list(ObjectRef("v1", "Pod", "", self.namespace), selector)
