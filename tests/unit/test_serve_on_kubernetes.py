@@ -5,6 +5,7 @@ cluster cannot be reached, refuses, or another command holds the release."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -226,3 +227,41 @@ def test_an_unreachable_api_ends_the_command_with_one_paragraph(
     assert run.code == 4 and run.clean, run.err
     assert "the Kubernetes API at http://127.0.0.1:9 cannot be reached" in run.err
     assert datetime.now(UTC) - started < timedelta(seconds=60)
+
+
+def test_the_first_deploy_takes_over_from_the_stacks_own_servers_reading_their_files_where_they_do(
+    cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EKS: the stack's own model servers read `serving.model` from the purpose's generated bucket; the
+    take-over's version (those files, registered) is read there too, and the record keeps where."""
+    platform = load_platform(stack_file("aws-k8s"))
+    stack_model = str(platform.spec.serving.model)  # type: ignore[union-attr]
+    bucket_uri = stack_model.replace("s3://models/", "s3://aws-k8s-models-1a2b/")
+    facts = replace(fsx_facts(), model_uri=bucket_uri)
+    for manifest in serving_objects(platform, facts):
+        if manifest["kind"] == "Deployment":
+            manifest["spec"].setdefault("replicas", 3)
+            cluster.store(
+                f"/apis/apps/v1/namespaces/{NS}/deployments/{manifest['metadata']['name']}", manifest
+            )
+
+    class Registry:
+        def resolve(self, reference: str) -> ModelVersion:
+            return ModelVersion("llama", 1, stack_model, "READY")
+
+    monkeypatch.setattr("infra.cli.commands.serve.kubernetes_registry", lambda _p, url: Registry())
+    refused(
+        run_cli(
+            "serve", "deploy", "llama@1", "--canary", "20", "--stack", "aws-k8s", "--registry-url", "http://r"
+        ),
+        "takes over from them",
+    )
+    run = run_cli("serve", "deploy", "llama@1", "--stack", "aws-k8s", "--registry-url", "http://r")
+    assert run.code == 0, run.err
+    release, uri = read_record(ClusterApi(cluster.client()), NS)
+    assert release == ServingRelease(ServedVersion("llama@1", stack_model)) and uri == bucket_uri
+    new = cluster.objects[f"/apis/apps/v1/namespaces/{NS}/deployments/model-server-llama-v1"]
+    env = {e["name"]: e.get("value") for e in new["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["GPUPLAT_MODEL"] == bucket_uri
+    assert "replicas" not in [r for r in cluster.applied("model-server-llama-v1")][-1].body["spec"]
+    assert f"/apis/apps/v1/namespaces/{NS}/deployments/model-server" not in cluster.objects
