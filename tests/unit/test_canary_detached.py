@@ -422,7 +422,8 @@ def test_detach_on_a_stack_with_two_gateways_is_refused_before_the_canary_gets_a
     from tests.unit.test_hostile_input import run_cli
 
     monkeypatch.setattr(serve_command, "_release", lambda *_: TwoGateways())
-    run = run_cli("serve", "deploy", "embedder@2", "--canary", "20", "--detach")
+    # The stack is loaded (offline) before _release: a Kueue stack goes another way.
+    run = run_cli("serve", "deploy", "embedder@2", "--canary", "20", "--detach", "--stack", "local")
     assert run.code == ExitCode.POLICY_VIOLATION, run.err
     assert "has 2 gateways: --detach hands the guard" in run.err, run.err
     assert touched == []

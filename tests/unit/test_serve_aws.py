@@ -298,14 +298,14 @@ def test_a_boot_that_cannot_read_the_record_fails_rather_than_serve_another_vers
         boot(ssm, tmp_path, 1)
 
 
-def test_kubernetes_stacks_are_still_refused_saying_why(
+def test_kubernetes_stacks_have_no_node_layout_their_release_goes_through_the_api(
     shipped_platforms: dict[str, ResolvedPlatform],
 ) -> None:
     for stack in ("aws-k8s", "onprem-k8s"):
         platform = shipped_platforms[stack]
         if platform.spec.serving is None:
             continue
-        with pytest.raises(GpuPlatError, match="does not reach a cluster's API"):
+        with pytest.raises(GpuPlatError, match="drives through the cluster's API"):
             serving_layout(platform)
 
 
