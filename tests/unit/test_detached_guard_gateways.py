@@ -1,0 +1,246 @@
+"""The detached guard on a stack with several gateways (infra/serving/guard_peers.py, guard_follower.py): the
+guard on the first gateway sets the canary's share on every gateway through the followers and counts every
+gateway's requests; a step one gateway does not take is set back everywhere and tried again, never left
+half-applied; a rollback takes the share to 0 on every gateway it reaches and names the ones it could not.
+
+The followers here are the real Follower, its report handed to the guard's board in this process (the HTTP
+between them is tested on its own below, on the loopback); each gateway a Node of test_canary_detached.py.
+Not modelled: the network between two gateway nodes (a partition shows here as a follower that stops
+reporting), systemd starting the units."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from infra.errors import GpuPlatError
+from infra.serving import detach, guard_service, guard_state
+from infra.serving.analysis import Guard, RulesRead
+from infra.serving.counts import Counts, Reading
+from infra.serving.detach import detach_guard
+from infra.serving.guard_follower import Follower, follower_unit
+from infra.serving.guard_peers import Board, ask_leader, serve_board
+from infra.serving.guard_service import DONE, DetachedGuard, initial_state, record_path, unit_name
+from infra.serving.release import ServeRefused, ServingLayout
+from infra.spec.models import Canary
+from tests.unit.test_canary_detached import CANARY, MODEL, STABLE, DetachingRelease, Node
+
+LEADER, FOLLOWER = "gateway-0", "gateway-1"
+
+
+class Stack:
+    """Two gateways, each with its own clients (10 requests a second each), the guard on the first and a
+    follower on the second; every sleep of the guard is time in which both gateways' requests flow and the
+    follower reports once."""
+
+    def __init__(self, folder: Path, rules: Canary, share: int, canary_fails_on: tuple[str, ...]) -> None:
+        self.gateways = {name: Node(share, name in canary_fails_on) for name in (LEADER, FOLLOWER)}
+        for node in self.gateways.values():
+            node.latency = True
+        self.now = 1_000_000.0
+        self.folders = {name: folder / name for name in self.gateways}
+        self.follower_answers = True
+        baseline = Guard(rules, 0.0, *self.counts())
+        state = initial_state(
+            model=MODEL,
+            candidate=f"{MODEL}@2",
+            rules=RulesRead.of(rules),
+            guard=baseline,
+            started_ago_s=0,
+            share=share,
+            steps=[(n, s.model_dump()) for n, s in enumerate(rules.steps, 1)],
+            steps_in_all=len(rules.steps),
+            gateway=LEADER,
+            gateway_programs="/usr/local/lib/gpuplat",
+            backends={"stable": STABLE, "canary": CANARY},
+            servers={"infer-0": {"stable": [8000], "canary": 8100}},
+            histogram="h",
+            look_s=5,
+            duration_s=400,
+            addresses={LEADER: "127.0.0.1", FOLLOWER: "127.0.0.1"},
+            peer_port=0,
+        )
+        for name in self.gateways:
+            guard_service.init(
+                MODEL, json.dumps({**state, "gateway": name}), str(self.folders[name]), self.clock
+            )
+        self.guard = DetachedGuard(
+            MODEL, str(self.folders[LEADER]), self.gateways[LEADER], self.clock, self.sleep
+        )  # type: ignore[arg-type]
+        self.follower = Follower(
+            MODEL, str(self.folders[FOLLOWER]), self.gateways[FOLLOWER], self.ask, lambda _: None
+        )  # type: ignore[arg-type]
+
+    def clock(self) -> float:
+        return self.now
+
+    def counts(self) -> tuple[Reading, Reading]:
+        return tuple(  # type: ignore[return-value]
+            Reading.of_gateways(
+                {name: Counts(*node.counts[backend]) for name, node in self.gateways.items()}, None
+            )
+            for backend in (STABLE, CANARY)
+        )
+
+    def ask(self, url: str, gateway: str, figures: dict[str, Any]) -> dict[str, Any]:
+        if not self.follower_answers or self.guard.board is None:
+            raise OSError("connection refused")
+        assert url.endswith(f":0/{MODEL}")
+        return self.guard.board.report(gateway, figures)
+
+    def sleep(self, seconds: float) -> None:
+        assert self.now < 1_000_000 + 2000, "the guard never ends"
+        self.now += seconds
+        for node in self.gateways.values():
+            node.traffic(int(10 * seconds))
+        if self.follower_answers:
+            self.follower.once()
+
+
+def stepped(*percents: int) -> Canary:
+    return Canary.model_validate(
+        {"min_requests": 4, "interval_s": 10, "intervals": 2, "steps": [{"percent": p} for p in percents]}
+    )
+
+
+def test_the_guard_carries_every_gateway_through_the_steps_and_counts_every_gateways_requests(
+    tmp_path: Path,
+) -> None:
+    """The guard set the share on its own gateway only: the second gateway kept 5 % while the first went to
+    20 and 50, and its requests were not in the analysis."""
+    stack = Stack(tmp_path, stepped(5, 20, 50), 5, ())
+    stack.guard.run()
+    assert stack.gateways[LEADER].shares == [20, 50] == stack.gateways[FOLLOWER].shares
+    assert stack.guard.state["phase"] == DONE and stack.guard.state["verdict"]["action"] == "promote-ready"
+    counted = stack.guard.state["guard"]["canary"]["gateways"]
+    assert set(counted) == {LEADER, FOLLOWER}, counted
+    # The follower heard the release ended, keeps a copy of the evidence naming itself, and stops.
+    copy = guard_state.read_whole(guard_service.state_path(MODEL, str(stack.folders[FOLLOWER])))
+    assert copy is not None and copy["phase"] == DONE and copy["gateway"] == FOLLOWER
+    assert copy["guard"] == stack.guard.state["guard"]
+    stack.follower.run()  # ends at once: the guard's answer says the release ended
+    assert ("disable", follower_unit(MODEL)) in stack.gateways[FOLLOWER].systemctl
+
+
+def test_a_canary_failing_on_the_second_gateway_only_is_rolled_back_on_both(tmp_path: Path) -> None:
+    stack = Stack(tmp_path, Canary(min_requests=10, interval_s=30, intervals=2), 20, (FOLLOWER,))
+    stack.guard.run()
+    assert stack.guard.state["verdict"]["action"] == "rollback", stack.guard.state["verdict"]
+    assert stack.gateways[LEADER].share == 0 == stack.gateways[FOLLOWER].share
+    assert stack.guard.state["gateways_not_set"] == []
+
+
+def test_a_step_one_gateway_does_not_take_is_set_back_everywhere_then_ends_at_the_last_share_all_had(
+    tmp_path: Path,
+) -> None:
+    """As Argo Rollouts, a traffic router's error neither advances the step nor aborts the release; unlike
+    it, no gateway is left at the new share while another has the old one."""
+    stack = Stack(tmp_path, stepped(5, 20, 50), 5, ())
+    refusing = stack.gateways[FOLLOWER]
+    answers = refusing.exec
+
+    def no_share(node: str, *command: str, timeout: float = 120) -> str:
+        if command[-2:-1] == ("share",):
+            raise GpuPlatError("python3 on this node exited 1: HAProxy's runtime API: connection refused")
+        return answers(node, *command, timeout=timeout)
+
+    refusing.exec = no_share  # type: ignore[method-assign]
+    stack.guard.run()
+    state = stack.guard.state
+    assert stack.gateways[LEADER].shares == [20, 5] * guard_service.STEP_TRIES
+    assert stack.gateways[LEADER].share == 5 == refusing.share
+    assert state["phase"] == DONE and state["gateways_not_set"] == [FOLLOWER]
+    assert "could not be set on gateway-1 in 3 tries" in state["verdict"]["reason"]
+    record = guard_state.read_whole(record_path(MODEL, str(stack.folders[LEADER])))
+    assert record is not None and "the canary keeps 5 %" in record["detail"], record
+
+
+def test_a_rollback_sets_0_on_every_gateway_it_reaches_and_names_the_one_it_could_not(tmp_path: Path) -> None:
+    stack = Stack(tmp_path, Canary(min_requests=10, interval_s=30, intervals=2), 20, (LEADER,))
+    ahead = stack.guard.look
+
+    def look() -> None:
+        if stack.guard.state["looks"] >= 1:
+            stack.follower_answers = False  # the second gateway's node is cut off
+        ahead()
+
+    stack.guard.look = look  # type: ignore[method-assign]
+    stack.guard.run()
+    state = stack.guard.state
+    assert state["verdict"]["action"] == "rollback" and stack.gateways[LEADER].share == 0
+    assert stack.gateways[FOLLOWER].share == 20 and state["gateways_not_set"] == [FOLLOWER]
+    record = guard_state.read_whole(record_path(MODEL, str(stack.folders[LEADER])))
+    assert record is not None and record["guard"]["gateways_not_set"] == [FOLLOWER]
+    assert "could not be set to 0 on gateway-1" in record["detail"], record
+
+
+def test_a_follower_whose_guard_does_not_answer_keeps_its_share(tmp_path: Path) -> None:
+    stack = Stack(tmp_path, stepped(5, 20), 5, ())
+    stack.follower.step()  # the guard has not started: no board
+    assert stack.gateways[FOLLOWER].shares == [] and stack.gateways[FOLLOWER].share == 5
+
+
+def test_the_guards_board_answers_only_its_followers_at_their_addresses() -> None:
+    board = Board(20, {"phase": "running"})
+    server = serve_board(board, MODEL, {FOLLOWER: "127.0.0.1", "gateway-2": "127.0.0.2"}, port=0)
+    try:
+        port = server.server_address[1]
+        url = f"http://127.0.0.1:{port}/{MODEL}"
+        answer = ask_leader(url, FOLLOWER, {"canary_percent": 5})
+        assert answer == {"share": 20, "state": {"phase": "running"}}
+        assert board.fresh(FOLLOWER, 0) == {"canary_percent": 5}
+        for gateway, where in (
+            ("gateway-2", url),
+            ("someone", url),
+            (FOLLOWER, url.replace(MODEL, "ranker")),
+        ):
+            with pytest.raises(OSError, match="not a follower of this guard"):
+                ask_leader(where, gateway, {"canary_percent": 100})
+        assert board.fresh("gateway-2", 0) is None and board.fresh("someone", 0) is None
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class TwoGatewayRelease(DetachingRelease):
+    def __init__(self, addresses: dict[str, str]) -> None:
+        super().__init__()
+        self.layout = ServingLayout(
+            (LEADER, FOLLOWER), ("infer-0",), {"infer-0": "10.0.0.5", **addresses}, "cpu", 600
+        )
+        self.inits: dict[str, dict[str, Any]] = {}
+        self.nodes = SimpleNamespace(exec=self.on)
+
+    def on(self, node: str, *command: str, timeout: float = 120) -> str:
+        if command[2:3] == ("init",):
+            self.inits[node] = json.loads(command[4])
+        self.steps.append(f"{node}: {' '.join(command[:3])}")
+        return ""
+
+
+def test_detach_on_two_gateways_starts_the_guard_on_the_first_and_a_follower_on_the_other() -> None:
+    release = TwoGatewayRelease({LEADER: "10.0.0.1", FOLLOWER: "10.0.0.2"})
+    detach_guard(release, MODEL, f"{MODEL}@2", 20, 60)  # type: ignore[arg-type]
+    assert {node: state["gateway"] for node, state in release.inits.items()} == {
+        LEADER: LEADER,
+        FOLLOWER: FOLLOWER,
+    }
+    assert all(state["leader"] == LEADER for state in release.inits.values())
+    assert release.inits[LEADER]["addresses"] == {LEADER: "10.0.0.1", FOLLOWER: "10.0.0.2"}
+    restarts = [step for step in release.steps if "systemctl restart" in step]
+    assert restarts == [
+        f"{FOLLOWER}: systemctl restart {follower_unit(MODEL)}",
+        f"{LEADER}: systemctl restart {unit_name(MODEL)}",
+    ], restarts
+    assert "follow %i" in detach.FOLLOWER_UNIT and "follow" not in detach.UNIT
+
+
+def test_detach_on_two_gateways_without_an_address_is_refused_before_anything_runs() -> None:
+    release = TwoGatewayRelease({LEADER: "10.0.0.1"})
+    with pytest.raises(ServeRefused, match="no address for gateway-1"):
+        detach_guard(release, MODEL, f"{MODEL}@2", 20, 60)  # type: ignore[arg-type]
+    assert release.steps == []
