@@ -68,23 +68,25 @@ class Stack:
             guard_service.init(
                 MODEL, json.dumps({**state, "gateway": name}), str(self.folders[name]), self.clock
             )
-        self.guard = DetachedGuard(
-            MODEL, str(self.folders[LEADER]), self.gateways[LEADER], self.clock, self.sleep
-        )  # type: ignore[arg-type]
-        self.follower = Follower(
-            MODEL, str(self.folders[FOLLOWER]), self.gateways[FOLLOWER], self.ask, lambda _: None
-        )  # type: ignore[arg-type]
+        leader, follower = self.gateways[LEADER], self.gateways[FOLLOWER]
+        self.guard = DetachedGuard(MODEL, str(self.folders[LEADER]), leader, self.clock, self.sleep)  # type: ignore[arg-type]
+        self.follower = Follower(MODEL, str(self.folders[FOLLOWER]), follower, self.ask, lambda _: None)  # type: ignore[arg-type]
 
     def clock(self) -> float:
         return self.now
 
     def counts(self) -> tuple[Reading, Reading]:
-        return tuple(  # type: ignore[return-value]
+        stable, canary = (
             Reading.of_gateways(
-                {name: Counts(*node.counts[backend]) for name, node in self.gateways.items()}, None
+                {
+                    name: Counts(node.counts[backend][0], node.counts[backend][1])
+                    for name, node in self.gateways.items()
+                },
+                None,
             )
             for backend in (STABLE, CANARY)
         )
+        return stable, canary
 
     def ask(self, url: str, gateway: str, figures: dict[str, Any]) -> dict[str, Any]:
         if not self.follower_answers or self.guard.board is None:
