@@ -298,7 +298,9 @@ class DetachedGuard:
             # state read before would overwrite.
             self.state = self._read_state()
             if self.followers():
-                self.board = Board(self.state["share"], self.state, self.clock)
+                # What its own gateway has now, not the state's share: a canary taken out while this guard
+                # was stopped (`serve rollback`) must not get its share back on the followers.
+                self.board = Board(self.share(), self.state, self.clock)
                 server = serve_board(self.board, self.model, self.followers(), self.state["peer_port"])
                 server_of.append(server)
             # A rollback begun is finished even when stopping: one command, and the canary is out.

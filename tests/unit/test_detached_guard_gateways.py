@@ -246,3 +246,17 @@ def test_detach_on_two_gateways_without_an_address_is_refused_before_anything_ru
     with pytest.raises(ServeRefused, match="no address for gateway-1"):
         detach_guard(release, MODEL, f"{MODEL}@2", 20, 60)  # type: ignore[arg-type]
     assert release.steps == []
+
+
+def test_a_guard_resumed_after_its_canary_was_taken_out_gives_the_followers_no_share_back(
+    tmp_path: Path,
+) -> None:
+    """Its board published the state's share at start: a guard stopped, its canary taken to 0 everywhere by
+    `serve rollback`, then started again (the node's boot) gave the canary 20 % again on every follower
+    before its first look found its own gateway at 0."""
+    stack = Stack(tmp_path, Canary(min_requests=10, interval_s=30, intervals=2), 20, ())
+    for node in stack.gateways.values():
+        node.share = 0  # `gpuplat serve rollback` on every gateway while the guard was stopped
+    stack.guard.run()
+    assert stack.guard.state["verdict"]["action"] == "gone"
+    assert stack.gateways[FOLLOWER].share == 0 and stack.gateways[FOLLOWER].shares == []
