@@ -23,7 +23,8 @@ from pathlib import Path
 from infra.errors import GpuPlatError
 from infra.serving.analysis import Guard, RulesRead
 from infra.serving.guard_follower import FOLLOWER, follower_unit
-from infra.serving.guard_service import SERVICE, initial_state, lock_heir, unit_name
+from infra.serving.guard_peers import PEER_PORT
+from infra.serving.guard_service import SERVICE, STATE_DIR, initial_state, lock_heir, unit_name
 from infra.serving.release import (
     CANARY_BACKEND,
     CANARY_PORT,
@@ -125,6 +126,29 @@ def check_detachable(release: Release) -> None:
         )
 
 
+# The ports the guards of other models, leading a release that has not ended on this node, answer their
+# followers on (their state's peer_port): each guard its own port, as each its own bundle.
+PORTS_TAKEN = """import glob, json, sys
+for path in glob.glob(sys.argv[1] + "/guard/*.json"):
+    try:
+        with open(path) as opened:
+            state = json.load(opened)
+    except (OSError, ValueError):
+        continue
+    leads = state.get("gateway") == state.get("leader") and state.get("addresses")
+    if leads and state.get("model") != sys.argv[2] and state.get("phase") != "done":
+        print(state.get("peer_port"))
+"""
+
+
+def peer_port(release: Release, gateway: str, model: str) -> int:
+    """The port the guard of `model` answers its followers on: the first from PEER_PORT that no other model's
+    running guard on `gateway` has."""
+    answer = release.nodes.exec(gateway, "python3", "-c", PORTS_TAKEN, STATE_DIR, model)
+    taken = {int(line) for line in answer.split() if line.isdigit()}
+    return next(port for port in range(PEER_PORT, PEER_PORT + len(taken) + 1) if port not in taken)
+
+
 def _install(release: Release, node: str, model: str, service: str, unit_text: str) -> None:
     """The bundle and the unit's template on `node`."""
     for path, content in (
@@ -163,6 +187,7 @@ def detach_guard(release: Release, model: str, candidate: str, share: int, durat
     unit = unit_name(model)
     addresses = {node: release.layout.addresses[node] for node in gateways} if len(gateways) > 1 else {}
     try:
+        port = peer_port(release, gateway, model) if addresses else PEER_PORT
         for node in gateways:
             _install(
                 release, node, model, *((SERVICE, UNIT) if node == gateway else (FOLLOWER, FOLLOWER_UNIT))
@@ -180,6 +205,7 @@ def detach_guard(release: Release, model: str, candidate: str, share: int, durat
             steps_in_all=len(rules.steps),
             gateway=gateway,
             addresses=addresses,
+            peer_port=port,
             gateway_programs=GATEWAY_PROGRAMS,
             backends={"stable": STABLE_BACKEND, "canary": CANARY_BACKEND},
             servers=servers,

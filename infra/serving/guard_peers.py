@@ -28,6 +28,8 @@ from typing import Any
 from urllib import error as url_error
 from urllib import request as url_request
 
+from infra.errors import GpuPlatError
+
 PEER_PORT = 8406
 """the leader's port for its followers (the gateway's metrics are on 8404, its requests on 8080)"""
 REPORT_EVERY_S = 2.0
@@ -113,7 +115,13 @@ def serve_board(
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("", port), Answer)
+    try:
+        server = ThreadingHTTPServer(("", port), Answer)
+    except OSError as error:
+        raise GpuPlatError(
+            f"the guard of '{model}' cannot answer its followers on port {port} of this node ({error}): "
+            "another program holds it; free it and start the guard again"
+        ) from None
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="guard-board", daemon=True).start()
     return server

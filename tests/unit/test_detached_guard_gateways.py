@@ -260,3 +260,37 @@ def test_a_guard_resumed_after_its_canary_was_taken_out_gives_the_followers_no_s
     stack.guard.run()
     assert stack.guard.state["verdict"]["action"] == "gone"
     assert stack.gateways[FOLLOWER].share == 0 and stack.gateways[FOLLOWER].shares == []
+
+
+def test_each_models_guard_on_a_node_answers_its_followers_on_a_port_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every guard bound port 8406: the second model's guard leading on the same node could not bind it and
+    failed at every start, its canary unwatched. (The script runs for real, on this machine's python3.)"""
+    folder = tmp_path / "state"
+    monkeypatch.setattr(detach, "STATE_DIR", str(folder))
+    release = SimpleNamespace(nodes=guard_service.LocalNodes())
+
+    def other(model: str, phase: str, gateway: str, port: int) -> None:
+        state = {"model": model, "phase": phase, "gateway": gateway, "leader": LEADER, "peer_port": port}
+        guard_state.write_whole(
+            guard_service.state_path(model, str(folder)), {**state, "addresses": {"a": "b"}}
+        )
+
+    assert detach.peer_port(release, LEADER, MODEL) == 8406  # type: ignore[arg-type]
+    other("ranker", "running", LEADER, 8406)
+    other("reranker", "running", LEADER, 8407)
+    other("old", DONE, LEADER, 8408)  # ended: its port is free again
+    other("follows", "running", FOLLOWER, 8409)  # a follower on this node binds nothing
+    other(MODEL, "running", LEADER, 8410)  # this model's own earlier release: this one replaces it
+    assert detach.peer_port(release, LEADER, MODEL) == 8408  # type: ignore[arg-type]
+
+
+def test_a_guard_whose_port_is_taken_says_which_and_why() -> None:
+    holder = serve_board(Board(0, {}), "ranker", {}, port=0)
+    try:
+        with pytest.raises(GpuPlatError, match=f"port {holder.server_address[1]} of this node"):
+            serve_board(Board(0, {}), MODEL, {}, port=holder.server_address[1])
+    finally:
+        holder.shutdown()
+        holder.server_close()
