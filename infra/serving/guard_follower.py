@@ -50,6 +50,7 @@ class Follower:
         self.program = f"{found['gateway_programs']}/gpuplat_gateway_canary.py"
         self.url = f"http://{found['addresses'][self.leader]}:{found['peer_port']}/{model}"
         self.stopping = False
+        self.copy: dict[str, Any] = found
 
     def _gateway(self, *arguments: str) -> str:
         return self.nodes.exec(self.gateway, "python3", self.program, *arguments, timeout=30)
@@ -71,7 +72,10 @@ class Follower:
         state = answer.get("state")
         if not isinstance(state, dict):
             return False
-        write_whole(state_path(self.model, self.folder), {**state, "gateway": self.gateway})
+        copy = {**state, "gateway": self.gateway}
+        if copy != self.copy:  # written (and flushed to the disk) when it changed, not at every report
+            write_whole(state_path(self.model, self.folder), copy)
+            self.copy = copy
         return state.get("phase") == DONE
 
     def once(self) -> bool:

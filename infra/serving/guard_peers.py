@@ -38,6 +38,11 @@ FRESH_S = 15.0
 CONFIRM_S = 20.0
 """how long the leader waits for every follower to report a new share applied"""
 ANSWER_LIMIT = 1 << 20
+READ_TIMEOUT_S = 10.0
+"""a connection that sends no whole request within this is closed (the training nodes of an AWS stack reach
+the gateways' every port: a connection left open must not hold a thread for ever); socketserver's
+StreamRequestHandler sets its `timeout` on the connection (docs.python.org/3.11/library/socketserver.html,
+StreamRequestHandler.timeout via BaseRequestHandler.setup)"""
 
 
 @dataclass
@@ -94,6 +99,8 @@ def serve_board(
     allowed = {gateway: resolved(address) for gateway, address in followers.items()}
 
     class Answer(BaseHTTPRequestHandler):
+        timeout = READ_TIMEOUT_S
+
         def do_POST(self) -> None:
             try:
                 length = int(self.headers.get("Content-Length", "0"))

@@ -11,6 +11,7 @@ reporting), systemd starting the units."""
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 
 from infra.errors import GpuPlatError
-from infra.serving import detach, guard_service, guard_state
+from infra.serving import detach, guard_follower, guard_peers, guard_service, guard_state
 from infra.serving.analysis import Guard, RulesRead
 from infra.serving.counts import Counts, Reading
 from infra.serving.detach import detach_guard
@@ -294,3 +295,31 @@ def test_a_guard_whose_port_is_taken_says_which_and_why() -> None:
     finally:
         holder.shutdown()
         holder.server_close()
+
+
+def test_a_connection_to_the_guards_board_that_sends_nothing_is_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without a read timeout each silent connection (anyone on an AWS stack's training nodes reaches the
+    gateways' every port) held one of the board's threads for ever."""
+    monkeypatch.setattr(guard_peers, "READ_TIMEOUT_S", 0.5)
+    server = serve_board(Board(0, {}), MODEL, {}, port=0)
+    try:
+        with socket.create_connection(("127.0.0.1", server.server_address[1]), timeout=5) as silent:
+            silent.settimeout(5)
+            assert silent.recv(1) == b""  # closed by the board, not still waiting after 5 s
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_follower_writes_its_copy_of_the_state_when_it_changed_not_at_every_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stack = Stack(tmp_path, stepped(5, 20), 5, ())
+    stack.guard.run()
+    writes: list[str] = []
+    monkeypatch.setattr(guard_follower, "write_whole", lambda path, data: writes.append(path))
+    for _ in range(3):
+        stack.follower.once()  # the same answer each time: the release's end
+    assert writes == []
