@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from infra.errors import GpuPlatError
-from infra.serving import detach, guard_follower, guard_peers, guard_service, guard_state
+from infra.serving import detach, guard_follower, guard_peers, guard_service, guard_state, lock
 from infra.serving.analysis import Guard, RulesRead
 from infra.serving.counts import Counts, Reading
 from infra.serving.detach import detach_guard
@@ -31,6 +31,12 @@ from infra.spec.models import Canary
 from tests.unit.test_canary_detached import CANARY, MODEL, STABLE, DetachingRelease, Node
 
 LEADER, FOLLOWER = "gateway-0", "gateway-1"
+
+
+@pytest.fixture(autouse=True)
+def lock_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The release locks the guards take, in the test's own folder (not the machine's /run/gpuplat-serve)."""
+    monkeypatch.setattr(lock, "LOCK_DIR", str(tmp_path / "locks"))
 
 
 class Stack:
