@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -329,3 +331,71 @@ def test_a_follower_writes_its_copy_of_the_state_when_it_changed_not_at_every_re
     for _ in range(3):
         stack.follower.once()  # the same answer each time: the release's end
     assert writes == []
+
+
+def test_over_http_a_canary_failing_behind_the_follower_is_rolled_back_on_both_gateways(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The guard and a follower as the units run them (real time, the guard's board on the loopback, the
+    follower's reports over HTTP every 50 ms): the canary fails only behind the second gateway, so the guard
+    sees the errors only through the reports, rolls back, and the follower takes the share to 0 and ends."""
+    monkeypatch.setattr(guard_service, "REPORT_EVERY_S", 0.05)
+    monkeypatch.setattr(guard_follower, "REPORT_EVERY_S", 0.05)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    rules = Canary(min_requests=10, interval_s=30, intervals=2)
+    leader, follower = Node(20, canary_fails=False), Node(20, canary_fails=True)
+    stable, canary = (
+        Reading.of_gateways({name: Counts(0, 0) for name in (LEADER, FOLLOWER)}, None) for _ in range(2)
+    )
+    state = initial_state(
+        model=MODEL,
+        candidate=f"{MODEL}@2",
+        rules=RulesRead.of(rules),
+        guard=Guard(rules, 0.0, stable, canary),
+        started_ago_s=0,
+        share=20,
+        steps=[],
+        steps_in_all=0,
+        gateway=LEADER,
+        gateway_programs="/usr/local/lib/gpuplat",
+        backends={"stable": STABLE, "canary": CANARY},
+        servers={},
+        histogram="h",
+        look_s=0.2,
+        duration_s=60,
+        addresses={LEADER: "127.0.0.1", FOLLOWER: "127.0.0.1"},
+        peer_port=port,
+    )
+    for name in (LEADER, FOLLOWER):
+        guard_service.init(MODEL, json.dumps({**state, "gateway": name}), str(tmp_path / name))
+    flowing = threading.Event()
+    flowing.set()
+
+    def clients() -> None:
+        while flowing.is_set():
+            leader.traffic(10)
+            follower.traffic(10)
+            time.sleep(0.02)
+
+    following = Follower(MODEL, str(tmp_path / FOLLOWER), follower)  # type: ignore[arg-type]
+    threads = [
+        threading.Thread(target=clients, daemon=True),
+        threading.Thread(target=following.run, daemon=True),
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        guard = DetachedGuard(MODEL, str(tmp_path / LEADER), leader)  # type: ignore[arg-type]
+        guard.run()
+        threads[1].join(timeout=20)
+    finally:
+        following.stopping = True
+        flowing.clear()
+    assert guard.state["verdict"]["action"] == "rollback", guard.state["verdict"]
+    assert set(guard.state["guard"]["canary"]["gateways"]) == {LEADER, FOLLOWER}
+    assert leader.share == 0 == follower.share and guard.state["gateways_not_set"] == []
+    assert not threads[1].is_alive() and ("disable", follower_unit(MODEL)) in follower.systemctl
+    copy = guard_state.read_whole(guard_service.state_path(MODEL, str(tmp_path / FOLLOWER)))
+    assert copy is not None and copy["phase"] == DONE and copy["gateway"] == FOLLOWER
