@@ -22,7 +22,9 @@ from pathlib import Path
 
 from infra.errors import GpuPlatError
 from infra.serving.analysis import Guard, RulesRead
-from infra.serving.guard_service import SERVICE, initial_state, lock_heir, unit_name
+from infra.serving.guard_follower import FOLLOWER, follower_unit
+from infra.serving.guard_peers import PEER_PORT
+from infra.serving.guard_service import SERVICE, STATE_DIR, initial_state, lock_heir, unit_name
 from infra.serving.release import (
     CANARY_BACKEND,
     CANARY_PORT,
@@ -54,8 +56,10 @@ BUNDLED = (
     "serving/metrics_text.py",
     "serving/guard_state.py",
     "serving/guard_service.py",
+    "serving/guard_peers.py",
+    "serving/guard_follower.py",
 )
-MAIN = "import sys\nfrom infra.serving.guard_service import main\nsys.exit(main())\n"
+MAIN = "import sys\nfrom infra.serving.guard_follower import main\nsys.exit(main())\n"
 # Restart=on-failure: a guard that failed (its gateway's program did not answer, the lock lost) starts again
 # and resumes; one that ended (exit 0) stays ended, and so does a later start (its state says so).
 # systemd.service(5), Restart=: on-failure restarts on an unclean exit code or signal, never after a stop or
@@ -69,15 +73,15 @@ MAIN = "import sys\nfrom infra.serving.guard_service import main\nsys.exit(main(
 # KillMode=mixed: a stop sends SIGTERM to the guard alone (its handler ends the look under way, saves its
 # state and frees the release lock), not to the gateway program it may be running; what is left after the
 # guard exited, or after TimeoutStopSec, gets SIGKILL (systemd.kill(5) of systemd 252, KillMode=).
-UNIT = f"""[Unit]
-Description=gpuplat serve: the detached canary guard of %i
+_UNIT = """[Unit]
+Description=gpuplat serve: {what} of %i
 After=network-online.target haproxy.service
 StartLimitIntervalSec=30min
 StartLimitBurst=5
 
 [Service]
 Type=simple
-ExecStart=/usr/bin/python3 {bundle_path("%i")} %i
+ExecStart=/usr/bin/python3 {bundle} {arguments}%i
 Restart=on-failure
 RestartSec=5
 KillMode=mixed
@@ -85,6 +89,11 @@ KillMode=mixed
 [Install]
 WantedBy=multi-user.target
 """
+UNIT = _UNIT.format(what="the detached canary guard", bundle=bundle_path("%i"), arguments="")
+# The same on every other gateway of the stack, as the guard's follower (infra/serving/guard_follower.py).
+FOLLOWER_UNIT = _UNIT.format(
+    what="a follower of the detached canary guard", bundle=bundle_path("%i"), arguments="follow "
+)
 # A guard's start count flushed (systemctl reset-failed) before a release starts it; a unit that is not loaded
 # has no count ("Unit ... not loaded": systemd drops the count when it unloads a unit, systemd.unit(5),
 # StartLimitIntervalSec=), and only a failed unit that could not be reset is an error.
@@ -105,14 +114,55 @@ def bundle() -> bytes:
 
 def check_detachable(release: Release) -> None:
     """Refuse --detach where the service could not carry the release: before `deploy` touches anything,
-    not after the canary has its share and no guard."""
+    not after the canary has its share and no guard. On several gateways the followers reach the first
+    gateway at its address: each gateway needs one."""
     gateways = release.layout.gateways
-    if len(gateways) != 1:
+    missing = [gateway for gateway in gateways if not release.layout.addresses.get(gateway)]
+    if len(gateways) > 1 and missing:
         raise ServeRefused(
-            f"stack '{release.platform.name}' has {len(gateways)} gateways: --detach hands the guard to a "
-            "service on the gateway's node, which sets the share on its own gateway only; run the guard in "
-            "the command (without --detach) on a stack with several gateways"
+            f"stack '{release.platform.name}' has {len(gateways)} gateways and no address for "
+            f"{', '.join(missing)}: --detach runs the guard on {gateways[0]} and a follower on each other "
+            "gateway, which reaches it at its address; give each gateway host its address in the stack file"
         )
+
+
+# The ports the guards of other models, leading a release that has not ended on this node, answer their
+# followers on (their state's peer_port): each guard its own port, as each its own bundle.
+PORTS_TAKEN = """import glob, json, sys
+for path in glob.glob(sys.argv[1] + "/guard/*.json"):
+    try:
+        with open(path) as opened:
+            state = json.load(opened)
+    except (OSError, ValueError):
+        continue
+    leads = state.get("gateway") == state.get("leader") and state.get("addresses")
+    if leads and state.get("model") != sys.argv[2] and state.get("phase") != "done":
+        print(state.get("peer_port"))
+"""
+
+
+def peer_port(release: Release, gateway: str, model: str) -> int:
+    """The port the guard of `model` answers its followers on: the first from PEER_PORT that no other model's
+    running guard on `gateway` has."""
+    answer = release.nodes.exec(gateway, "python3", "-c", PORTS_TAKEN, STATE_DIR, model)
+    taken = {int(line) for line in answer.split() if line.isdigit()}
+    return next(port for port in range(PEER_PORT, PEER_PORT + len(taken) + 1) if port not in taken)
+
+
+def _install(release: Release, node: str, model: str, service: str, unit_text: str) -> None:
+    """The bundle and the unit's template on `node`."""
+    for path, content in (
+        (bundle_path(model), bundle()),
+        (f"/etc/systemd/system/{service}@.service", unit_text.encode()),
+    ):
+        release.nodes.exec(node, "sh", "-c", WRITE, "sh", path, base64.b64encode(content).decode())
+
+
+def _start(release: Release, node: str, unit: str) -> None:
+    release.nodes.exec(node, "systemctl", "daemon-reload")
+    release.nodes.exec(node, "systemctl", "enable", unit)
+    release.nodes.exec(node, "sh", "-c", FLUSH_STARTS, "sh", unit)
+    release.nodes.exec(node, "systemctl", "restart", unit)
 
 
 def detach_guard(release: Release, model: str, candidate: str, share: int, duration_s: float | None) -> str:
@@ -135,19 +185,13 @@ def detach_guard(release: Release, model: str, candidate: str, share: int, durat
     }
     steps = [(number, step.model_dump()) for number, step in steps_ahead(rules.steps, share, False)]
     unit = unit_name(model)
+    addresses = {node: release.layout.addresses[node] for node in gateways} if len(gateways) > 1 else {}
     try:
-        release.nodes.exec(
-            gateway, "sh", "-c", WRITE, "sh", bundle_path(model), base64.b64encode(bundle()).decode()
-        )
-        release.nodes.exec(
-            gateway,
-            "sh",
-            "-c",
-            WRITE,
-            "sh",
-            f"/etc/systemd/system/{SERVICE}@.service",
-            base64.b64encode(UNIT.encode()).decode(),
-        )
+        port = peer_port(release, gateway, model) if addresses else PEER_PORT
+        for node in gateways:
+            _install(
+                release, node, model, *((SERVICE, UNIT) if node == gateway else (FOLLOWER, FOLLOWER_UNIT))
+            )
         # The state last, just before `init` reads the node's clock: the start, given as seconds ago, is
         # not moved later by the time the copies took.
         state = initial_state(
@@ -160,6 +204,8 @@ def detach_guard(release: Release, model: str, candidate: str, share: int, durat
             steps=steps,
             steps_in_all=len(rules.steps),
             gateway=gateway,
+            addresses=addresses,
+            peer_port=port,
             gateway_programs=GATEWAY_PROGRAMS,
             backends={"stable": STABLE_BACKEND, "canary": CANARY_BACKEND},
             servers=servers,
@@ -167,15 +213,16 @@ def detach_guard(release: Release, model: str, candidate: str, share: int, durat
             look_s=look_s,
             duration_s=duration_s or rules.initial_delay_s + rules.analysis_s + look_s,
         )
-        release.nodes.exec(gateway, "python3", bundle_path(model), "init", model, json.dumps(state))
+        for node in gateways:
+            own = json.dumps({**state, "gateway": node})
+            release.nodes.exec(node, "python3", bundle_path(model), "init", model, own)
         release.record(model, "analysing", f"the detached guard carries it ({unit} on {gateway})", share)
         # The lock passes to the service without ever being free: a promote started as this command exits
         # meets it (a guard that never starts leaves it to its lease).
         release.hand_over(model, lock_heir(model))
-        release.nodes.exec(gateway, "systemctl", "daemon-reload")
-        release.nodes.exec(gateway, "systemctl", "enable", unit)
-        release.nodes.exec(gateway, "sh", "-c", FLUSH_STARTS, "sh", unit)
-        release.nodes.exec(gateway, "systemctl", "restart", unit)
+        # The followers first: each keeps its gateway's share until the guard answers.
+        for node in (*gateways[1:], gateway):
+            _start(release, node, follower_unit(model) if node != gateway else unit)
     except GpuPlatError as error:
         raise GpuPlatError(
             f"{error.message}. The detached guard of '{model}' did not start: its canary has {share} % of "

@@ -27,11 +27,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 from infra.errors import GpuPlatError
 from infra.serving.analysis import CONTINUE, INCONCLUSIVE, PROMOTE_READY, ROLLBACK, Guard, RulesRead, Verdict
 from infra.serving.counts import Counts, Reading
+from infra.serving.guard_peers import CONFIRM_S, PEER_PORT, REPORT_EVERY_S, Board, serve_board
 from infra.serving.guard_state import read_whole, write_whole
 from infra.serving.lock import LEASE_S, LockRefused, ReleaseLock
 from infra.serving.metrics_text import METRICS_READ, GatewayFigures, parse_metrics
@@ -45,6 +47,8 @@ SERVICE = "gpuplat-serve-guard"
 PAUSE_SLICE_S = 0.5
 """a stopped guard's wait ends within this (the signal handler only sets a flag: it runs between bytecodes
 of the main thread, which may hold any lock then)"""
+STEP_TRIES = 3
+"""tries of a step whose share some gateway did not take, before the guard ends"""
 TAKE_LOCK_S = 3 * LEASE_S
 """how long a starting guard waits for the release lock (its starter holds it until it exits)"""
 
@@ -99,6 +103,7 @@ class DetachedGuard:
         self.nodes = nodes or LocalNodes()
         self.clock, self.sleep = clock, sleep or self._pause
         self.stopping = False
+        self.board: Board | None = None
         self.state = self._read_state()
 
     def stop(self) -> None:
@@ -130,13 +135,52 @@ class DetachedGuard:
     def share(self) -> int:
         return GatewayFigures.from_show(json.loads(self._gateway_program("show"))).canary_percent
 
-    def set_share(self, percent: int) -> None:
-        self._gateway_program("share", str(percent))
+    def followers(self) -> dict[str, str]:
+        """The stack's other gateways (name -> address), each running a follower (guard_peers.py)."""
+        addresses: dict[str, str] = self.state.get("addresses") or {}
+        return {name: address for name, address in addresses.items() if name != self.state["gateway"]}
+
+    def set_everywhere(self, percent: int) -> list[str]:
+        """The share on this gateway, then published to the followers and waited for until each reports it
+        applied (CONFIRM_S at most); the gateways where it is not set."""
+        unset = []
+        try:
+            self._gateway_program("share", str(percent))
+        except GpuPlatError as error:
+            say(f"the share {percent} % not set on {self.state['gateway']}: {error.message}")
+            unset.append(self.state["gateway"])
+        if self.board is None:
+            return unset
+        asked = self.clock()
+        self.board.publish(percent, self.state)
+        waiting = list(self.followers())
+        while waiting and self.clock() - asked < CONFIRM_S and not self.stopping:
+            self.sleep(REPORT_EVERY_S)
+            waiting = [gateway for gateway in waiting if not self.board.applied(gateway, percent, asked)]
+        if waiting:
+            say(
+                f"the share {percent} % not reported applied by {', '.join(waiting)} within {CONFIRM_S:.0f} s"
+            )
+        return unset + waiting
+
+    def gateway_counts(self) -> dict[str, GatewayFigures]:
+        """Every gateway's figures this look: its own, and each follower's last report since the previous
+        look (one that has not reported is left out of this look and counted at its next)."""
+        found = {self.state["gateway"]: GatewayFigures.from_show(json.loads(self._gateway_program("show")))}
+        if self.board is not None:
+            since = self.clock() - max(2 * self.state["look_s"], 3 * REPORT_EVERY_S)
+            for gateway in self.followers():
+                figures = self.board.fresh(gateway, since)
+                if figures is None:
+                    say(f"no report from the gateway {gateway} this look: left out of it")
+                else:
+                    found[gateway] = GatewayFigures.from_show(figures)
+        return found
 
     def readings(self) -> tuple[Reading, Reading]:
-        """Its gateway's counters and every model server's latency histograms (by address:port, as the CLI
+        """Every gateway's counters and every model server's latency histograms (by address:port, as the CLI
         names them: the evidence the CLI began is carried on)."""
-        figures = GatewayFigures.from_show(json.loads(self._gateway_program("show")))
+        by_gateway = self.gateway_counts()
         backends, servers = self.state["backends"], self.state["servers"]
         found: dict[str, dict[str, Any]] = {"stable": {}, "canary": {}}
         for address, ports in servers.items():
@@ -160,9 +204,8 @@ class DetachedGuard:
         stable, canary = (
             Reading.of_gateways(
                 {
-                    self.state["gateway"]: Counts(
-                        figures.requests[backends[role]], figures.errors[backends[role]]
-                    )
+                    gateway: Counts(figures.requests[backends[role]], figures.errors[backends[role]])
+                    for gateway, figures in by_gateway.items()
                 },
                 found[role] or None,
             )
@@ -177,6 +220,8 @@ class DetachedGuard:
         behind, the evidence whole."""
         write_whole(state_path(self.model, self.folder), self.state)
         write_whole(record_path(self.model, self.folder), self.record())
+        if self.board is not None:
+            self.board.publish(self.board.share, self.state)  # the followers' copy
 
     def step_label(self) -> str:
         steps = self.state["steps"]
@@ -217,6 +262,7 @@ class DetachedGuard:
                 "looks": state["looks"],
                 "last_look": state.get("last_look"),
                 "remains": state.get("remains"),
+                "gateways_not_set": state.get("gateways_not_set") or [],
             },
         }
 
@@ -245,11 +291,18 @@ class DetachedGuard:
                 if self.stopping:
                     say(f"stopped while waiting for the release lock of '{self.model}'")
                     return
+        server_of: list[ThreadingHTTPServer] = []
         try:
             # Read again under the lock: while this process waited for it, a `deploy --detach` of the model
             # may have written a new release's state (its guard's restart comes after), which a save of the
             # state read before would overwrite.
             self.state = self._read_state()
+            if self.followers():
+                # What its own gateway has now, not the state's share: a canary taken out while this guard
+                # was stopped (`serve rollback`) must not get its share back on the followers.
+                self.board = Board(self.share(), self.state, self.clock)
+                server = serve_board(self.board, self.model, self.followers(), self.state["peer_port"])
+                server_of.append(server)
             # A rollback begun is finished even when stopping: one command, and the canary is out.
             while self.state["phase"] != DONE and (not self.stopping or self.state["phase"] == ROLLING_BACK):
                 if not lock.held():
@@ -262,10 +315,26 @@ class DetachedGuard:
                 say(
                     f"stopped: the release of '{self.model}' resumes from its state at the guard's next start"
                 )
+            if self.state["phase"] == DONE and self.board is not None:
+                self.followers_told()
         finally:
+            for server in server_of:
+                server.shutdown()
+                server.server_close()
             lock.release()
         if self.state["phase"] == DONE:
             self.disable()
+
+    def followers_told(self) -> None:
+        """Wait (CONFIRM_S at most) until every follower has had the release's end, so that it stops too."""
+        assert self.board is not None
+        ended = self.clock()
+        waiting = list(self.followers())
+        while waiting and self.clock() - ended < CONFIRM_S and not self.stopping:
+            self.sleep(REPORT_EVERY_S)
+            waiting = [gateway for gateway in waiting if self.board.fresh(gateway, ended) is None]
+        if waiting:
+            say(f"{', '.join(waiting)} did not hear that the release ended: stop its follower there")
 
     def disable(self) -> None:
         """A guard whose release ended is not started again at the node's next boot (it would only find its
@@ -279,12 +348,19 @@ class DetachedGuard:
         """One step of the release: a rollback begun finished, a step begun, or one look at the analysis."""
         state = self.state
         if state["phase"] == ROLLING_BACK:
-            self.set_share(0)
-            self.finish(
-                Verdict(**state["verdict"]),
+            unset = self.set_everywhere(0)
+            state.update(share=0, gateways_not_set=unset)
+            remains = (
                 f"the canary has no share; `gpuplat serve rollback {self.model}` stops its slot on the model "
-                "servers and takes the registry's challenger alias away",
+                "servers and takes the registry's challenger alias away"
             )
+            if unset:
+                remains = (
+                    f"the canary's share could not be set to 0 on {', '.join(unset)} (it keeps its share "
+                    f"there); `gpuplat serve rollback {self.model}` sets it on every gateway, stops its slot "
+                    "on the model servers and takes the registry's challenger alias away"
+                )
+            self.finish(Verdict(**state["verdict"]), remains)
             return
         if state["guard"] is None:
             self.begin_step()
@@ -347,13 +423,42 @@ class DetachedGuard:
             return
         if step is not None and step["percent"] != state["share"]:
             baseline = self.readings()
-            self.set_share(step["percent"])
-            state["share"] = step["percent"]
+            unset = self.set_everywhere(step["percent"])
+            if unset:
+                self.step_not_set(step["percent"], unset)
+                return
+            state.update(share=step["percent"], step_tries=0, gateways_not_set=[])
             say(f"{self.step_label()}: the canary takes {step['percent']} % of the requests")
             state["guard"] = Guard(self.rules, self.clock(), *baseline).to_json()
         else:
             state["guard"] = Guard(self.rules, self.clock(), *self.readings()).to_json()
         self.save()
+
+    def step_not_set(self, percent: int, unset: list[str]) -> None:
+        """A step whose share could not be set on every gateway: the last share every gateway had is set again
+        everywhere (no gateway is left at the new one), and the step is tried again at the next look; at the
+        third try in a row the guard ends, the canary at that share (as Argo Rollouts, which neither advances
+        nor aborts on a traffic router's error: docs/serving.md, The detached guard)."""
+        state = self.state
+        back = self.set_everywhere(state["share"])
+        tries = state.get("step_tries", 0) + 1
+        state.update(step_tries=tries, gateways_not_set=sorted(set(unset) | set(back)))
+        say(
+            f"{self.step_label()}: {percent} % not set on {', '.join(unset)}; "
+            f"every gateway back at {state['share']} %"
+        )
+        if tries < STEP_TRIES:
+            self.save()
+            self.sleep(state["look_s"])
+            return
+        kept = f"the canary keeps {state['share']} %"
+        if back:
+            kept += f" (not set back on {', '.join(back)}, which may give it {percent} %)"
+        self.finish(
+            Verdict(CONTINUE, f"{self.step_label()} could not be set on {', '.join(unset)} in {tries} tries"),
+            f"{kept}: `gpuplat serve rollback {self.model}` or `gpuplat serve guard {self.model}` once every "
+            "gateway answers",
+        )
 
     def step_passed(self, verdict: Verdict) -> None:
         state = self.state
@@ -395,10 +500,13 @@ def initial_state(
     histogram: str,
     look_s: float,
     duration_s: float,
+    addresses: dict[str, str] | None = None,
+    peer_port: int = PEER_PORT,
 ) -> dict[str, Any]:
     """The state a detached guard starts from (`init` writes it on the node): the analysis the CLI began,
     its start given as seconds ago (the node's clock, not the CLI's, counts from there), and the steps ahead
-    (number, step)."""
+    (number, step). `addresses`: every gateway's, on a stack with several (the first, `gateway`, the guard's;
+    each other one a follower's, guard_follower.py)."""
     guard_state = guard.to_json()
     guard_state["started_s"] = -started_ago_s
     return {
@@ -414,6 +522,9 @@ def initial_state(
         "steps_in_all": steps_in_all,
         "step": 0,
         "gateway": gateway,
+        "leader": gateway,
+        "addresses": addresses or {},
+        "peer_port": peer_port,
         "gateway_programs": gateway_programs,
         "backends": backends,
         "servers": servers,

@@ -124,7 +124,8 @@ class ServingLayout:
     gateways: tuple[str, ...]
     servers: tuple[str, ...]
     addresses: dict[str, str]
-    """node -> the address the gateways know it by"""
+    """node -> the address the other nodes reach it by: a model server's is the one the gateways know it by,
+    a gateway's the one the detached guard's followers reach it at (infra/serving/guard_peers.py)"""
     engine: str
     health_timeout_s: float
     drain_s: float = 60.0
@@ -169,9 +170,9 @@ def serving_layout(
         gateways = tuple(platform.gateway_pool.running_node_names())
         # The address each gateway's haproxy.cfg names the server by: its ansible_host in the inventory.
         if platform.spec.backend == "onprem":
-            addresses = {node: host_addresses(platform)[node] for node in servers}
+            addresses = {node: host_addresses(platform)[node] for node in (*servers, *gateways)}
         else:
-            addresses = {node: container_name(platform.name, node) for node in servers}
+            addresses = {node: container_name(platform.name, node) for node in (*servers, *gateways)}
     if (
         serving.engine == "vllm"
         and layout is not None
@@ -211,7 +212,8 @@ def _running_layout(
             f"{platform.name}, gpuplat:pool, state running, with a private address): `gpuplat up` it, or "
             "wait for the Auto Scaling group's instances to start, then serve"
         )
-    return servers, gateways, {i.node: i.address for i in instances if i.node in servers}
+    reached = {*servers, *gateways}
+    return servers, gateways, {i.node: i.address for i in instances if i.node in reached and i.address}
 
 
 def version_environment(version: ModelVersion, engine: str, object_store: bool = False) -> str:

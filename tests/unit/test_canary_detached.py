@@ -401,14 +401,15 @@ def test_detach_without_a_canary_is_refused_with_exit_2() -> None:
     assert "Traceback" not in run.err
 
 
-def test_detach_on_a_stack_with_two_gateways_is_refused_before_the_canary_gets_a_share(
+def test_detach_on_two_gateways_one_without_an_address_is_refused_before_the_canary_gets_a_share(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Refused after `deploy` had given the canary its share, the command left a canary with no guard."""
+    """Refused after `deploy` had given the canary its share, the command left a canary with no guard. (Two
+    gateways were refused outright before the guard's followers: test_detached_guard_gateways.py.)"""
     touched: list[str] = []
 
     class TwoGateways:
-        layout = SimpleNamespace(gateways=["gateway-0", "gateway-1"])
+        layout = SimpleNamespace(gateways=["gateway-0", "gateway-1"], addresses={"gateway-0": "10.0.0.1"})
         platform = SimpleNamespace(name="two")
         registry = SimpleNamespace(resolve=lambda reference: touched.append("resolve"))
 
@@ -425,7 +426,9 @@ def test_detach_on_a_stack_with_two_gateways_is_refused_before_the_canary_gets_a
     # The stack is loaded (offline) before _release: a Kueue stack goes another way.
     run = run_cli("serve", "deploy", "embedder@2", "--canary", "20", "--detach", "--stack", "local")
     assert run.code == ExitCode.POLICY_VIOLATION, run.err
-    assert "has 2 gateways: --detach hands the guard" in run.err, run.err
+    assert "has 2 gateways and no address for gateway-1: --detach runs the guard on gateway-0" in run.err, (
+        run.err
+    )
     assert touched == []
 
 

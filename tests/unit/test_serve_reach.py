@@ -138,8 +138,11 @@ def test_an_onprem_stack_is_served_over_ssh_at_the_addresses_its_gateways_use(
     # The gateway role names each server by its inventory host's ansible_host
     # (roles/inference_gateway/tasks/preflight.yml): the drains and readies must name the same address.
     hosts = static_inventory(platform)["all"]["children"]["pool_infer"]["hosts"]
-    assert layout.addresses == {node: hosts[node]["ansible_host"] for node in layout.servers}
-    assert layout.addresses == {"gpu-21": "10.40.2.21"}
+    assert {node: layout.addresses[node] for node in layout.servers} == {
+        node: hosts[node]["ansible_host"] for node in layout.servers
+    }
+    # The gateway by its own address too: the detached guard's followers on other gateways reach it there.
+    assert layout.addresses == {"gpu-21": "10.40.2.21", "head-01": "10.40.0.10"}
     nodes = stack_reach(platform).nodes
     assert isinstance(nodes, SshNodes) and nodes.addresses["head-01"] == "10.40.0.10"
     assert prometheus_url(platform, None) == "http://10.40.0.10:9090"

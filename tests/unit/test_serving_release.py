@@ -222,7 +222,7 @@ def test_the_local_stack_serves_from_its_infer_node_behind_its_head_node(
 ) -> None:
     layout = serving_layout(shipped_platforms["local"])
     assert (layout.gateways, layout.servers) == (("head-0",), ("infer-0",))
-    assert layout.addresses == {"infer-0": "gpuplat-local-infer-0"}
+    assert layout.addresses == {"infer-0": "gpuplat-local-infer-0", "head-0": "gpuplat-local-head-0"}
 
 
 def test_a_canary_needs_a_gpu_the_stable_replicas_leave_free(write_stack: Callable[..., Path]) -> None:

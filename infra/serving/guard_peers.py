@@ -1,0 +1,148 @@
+"""The detached guard on a stack with several gateways: the guard runs on the first gateway (the leader) and
+publishes the canary's share; every other gateway runs a follower that applies it to its own gateway and
+reports its counters back.
+
+Who reaches what (the least new reach a share on every gateway needs): each follower asks the leader, every
+REPORT_EVERY_S, over HTTP on PEER_PORT of the leader's address (the network the gateways share), sending its
+own gateway's figures (`gpuplat_gateway_canary.py show`) and getting back the share to apply and the guard's
+state. The leader answers only a follower named in its state and only from that follower's address: nobody
+else reads the state or adds counters to the analysis. No node reaches another's admin socket, shell or
+programs: a compromised leader can set the canary's share on the other gateways (0 to 100 % to a version the
+operator deployed) and nothing more; a compromised follower can misreport its own counters (it routes its
+own requests already). Plain HTTP, as the model servers' /metrics the analysis reads: someone who can forge
+the leader's address on that network can forge those as well.
+
+Standard library only: the bundle runs on the gateway node's Python.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib import error as url_error
+from urllib import request as url_request
+
+from infra.errors import GpuPlatError
+
+PEER_PORT = 8406
+"""the leader's port for its followers (the gateway's metrics are on 8404, its requests on 8080)"""
+REPORT_EVERY_S = 2.0
+FRESH_S = 15.0
+"""a follower's report older than this is left out of a look (counted at its next)"""
+CONFIRM_S = 20.0
+"""how long the leader waits for every follower to report a new share applied"""
+ANSWER_LIMIT = 1 << 20
+READ_TIMEOUT_S = 10.0
+"""a connection that sends no whole request within this is closed (the training nodes of an AWS stack reach
+the gateways' every port: a connection left open must not hold a thread for ever); socketserver's
+StreamRequestHandler sets its `timeout` on the connection (docs.python.org/3.11/library/socketserver.html,
+StreamRequestHandler.timeout via BaseRequestHandler.setup)"""
+
+
+@dataclass
+class Report:
+    at: float
+    """the leader's clock when the report came"""
+    figures: dict[str, Any]
+    """the follower gateway's `show`"""
+
+
+@dataclass
+class Board:
+    """What the leader publishes (the share to apply, its state) and what its followers reported last."""
+
+    share: int
+    state: dict[str, Any]
+    clock: Callable[[], float] = time.time
+    reports: dict[str, Report] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def publish(self, share: int, state: dict[str, Any]) -> None:
+        with self.lock:
+            self.share, self.state = share, json.loads(json.dumps(state))
+
+    def report(self, gateway: str, figures: dict[str, Any]) -> dict[str, Any]:
+        """A follower's report; the answer it applies."""
+        with self.lock:
+            self.reports[gateway] = Report(self.clock(), figures)
+            return {"share": self.share, "state": self.state}
+
+    def fresh(self, gateway: str, since: float) -> dict[str, Any] | None:
+        """The follower's last figures, if they came after `since` (None: none since)."""
+        with self.lock:
+            found = self.reports.get(gateway)
+        return found.figures if found is not None and found.at >= since else None
+
+    def applied(self, gateway: str, share: int, since: float) -> bool:
+        figures = self.fresh(gateway, since)
+        return figures is not None and int(figures.get("canary_percent", -1)) == share
+
+
+def resolved(address: str) -> str:
+    """The address a name stands for (a container's name on the local platform), else the name as given."""
+    try:
+        return socket.gethostbyname(address)
+    except OSError:
+        return address
+
+
+def serve_board(
+    board: Board, model: str, followers: dict[str, str], port: int = PEER_PORT
+) -> ThreadingHTTPServer:
+    """The leader's answer to its followers (`followers`: gateway -> address), in a thread of its own."""
+    allowed = {gateway: resolved(address) for gateway, address in followers.items()}
+
+    class Answer(BaseHTTPRequestHandler):
+        timeout = READ_TIMEOUT_S
+
+        def do_POST(self) -> None:
+            try:
+                length = int(self.headers.get("Content-Length", "0"))
+                body = json.loads(self.rfile.read(min(length, ANSWER_LIMIT)))
+                gateway, figures = str(body["gateway"]), dict(body["figures"])
+            except (ValueError, KeyError, TypeError):
+                self.send_error(400, "a follower's report is JSON with gateway and figures")
+                return
+            if self.path != f"/{model}" or allowed.get(gateway) != self.client_address[0]:
+                self.send_error(403, "not a follower of this guard")
+                return
+            encoded = json.dumps(board.report(gateway, figures)).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(encoded)))
+            self.end_headers()
+            self.wfile.write(encoded)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    try:
+        server = ThreadingHTTPServer(("", port), Answer)
+    except OSError as error:
+        raise GpuPlatError(
+            f"the guard of '{model}' cannot answer its followers on port {port} of this node ({error}): "
+            "another program holds it; free it and start the guard again"
+        ) from None
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="guard-board", daemon=True).start()
+    return server
+
+
+def ask_leader(url: str, gateway: str, figures: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
+    """One report to the leader; its answer (OSError or ValueError: no answer)."""
+    body = json.dumps({"gateway": gateway, "figures": figures}).encode()
+    sent = url_request.Request(url, body, {"Content-Type": "application/json"}, method="POST")
+    try:
+        with url_request.urlopen(sent, timeout=timeout) as answer:
+            found = json.loads(answer.read(ANSWER_LIMIT * 8))
+    except url_error.URLError as error:
+        raise OSError(str(error.reason)) from None
+    if not isinstance(found, dict) or not isinstance(found.get("share"), int):
+        raise ValueError("the leader's answer holds no share")
+    return found
