@@ -32,6 +32,7 @@ from infra.nodes.inventory import container_name
 from infra.nodes.reach import RunningInstance, host_addresses
 from infra.nodes.role_templates import role_defaults, role_vars
 from infra.platform.resolve import ResolvedPlatform
+from infra.platform.serving_layout import CanaryGpus
 from infra.serving.analysis import CONTINUE, PROMOTE_READY, ROLLBACK, Guard, Verdict
 from infra.serving.canary import gate
 from infra.serving.counts import Counts, Histogram, Reading, Series
@@ -76,6 +77,11 @@ VERSION_MARK = "# gpuplat serve: "
 SOURCE_MARK = "# gpuplat source: "
 """an object-store version's file, second line: this, its URI, a space, where the node keeps its copy (the
 boot of an aws inference node reads the same line: infra/backends/aws/node_join.py)"""
+BORROW_MARK = "# gpuplat borrows replica: "
+"""a borrowing canary's version file: this line names the stable replica whose GPUs it runs on (which the
+canary's stop gives back): the record outlives the command that borrowed it"""
+KEEP = "keep"
+"""`stop_canary`: a borrowed replica returns on the version its own file names"""
 VERSIONS_DIR = f"{_SERVER['inference_server_model_dir']}/versions"
 """where a node keeps its copies of object-store versions"""
 # The role's AWS CLI (roles/inference_server engine-vllm.yml installs it into its venv where the model is
@@ -135,6 +141,10 @@ class ServingLayout:
     fixed lines of haproxy.cfg"""
     versions_from_object_store: bool = False
     """aws: the model servers mount no shared filesystem; each copies a version from the object store"""
+    canary_gpus: CanaryGpus = "beside"
+    """where the canary runs (infra/platform/serving_layout.py): beside the replicas on every node (no GPU),
+    on every node's spare GPU group (the role's replica-canary.env names it), or on one stable replica's
+    GPUs it borrows on one node"""
 
 
 def servable(platform: ResolvedPlatform) -> Serving:
@@ -173,16 +183,6 @@ def serving_layout(
             addresses = {node: host_addresses(platform)[node] for node in servers}
         else:
             addresses = {node: container_name(platform.name, node) for node in servers}
-    if (
-        serving.engine == "vllm"
-        and layout is not None
-        and layout.replicas * layout.tensor_parallel >= (pool.gpus_per_node)
-    ):
-        raise ServeRefused(
-            f"pool '{pool.name}' has no GPU left for a canary: its {layout.replicas} replica(s) of "
-            f"{layout.tensor_parallel} GPU(s) take all {pool.gpus_per_node} GPUs of each node. Serve fewer "
-            "replicas per node (serving.max_replicas) or give the pool a node type with more GPUs"
-        )
     return ServingLayout(
         gateways=gateways,
         servers=servers,
@@ -192,6 +192,7 @@ def serving_layout(
         drain_s=serving.gateway_timeout_s + 10,
         slots_follow_instances=platform.spec.backend == "aws",
         versions_from_object_store=platform.spec.backend == "aws",
+        canary_gpus=layout.canary if layout is not None else "beside",
     )
 
 
@@ -535,8 +536,15 @@ class Release:
 
     # Steps on the nodes
 
-    def _write_version(self, node: str, slot: str, version: ModelVersion | None) -> None:
-        """The slot's version file (None: none, the stack's own model)."""
+    def _write_version(
+        self,
+        node: str,
+        slot: str,
+        version: ModelVersion | None,
+        borrowed: tuple[str, int, str] | None = None,
+    ) -> None:
+        """The slot's version file (None: none, the stack's own model); a canary's on `borrowed` (node,
+        replica, its GPUs) names the replica and runs on its GPUs."""
         self._fence(f"writing the version of slot {slot} on {node}")
         path = f"{CONFIG_DIR}/version-{slot}.env"
         if version is None:
@@ -552,6 +560,8 @@ class Release:
                     f"{node} could not copy {version.reference} from {source[0]} ({error.message}): the "
                     "inference nodes' role reads the stack's models bucket only; nothing was restarted on it"
                 ) from None
+        if borrowed is not None:
+            text += f"{BORROW_MARK}{borrowed[1]}\nCUDA_VISIBLE_DEVICES={borrowed[2]}\n"
         script = 'printf %s "$1" > "$2.tmp" && mv "$2.tmp" "$2"'
         self.nodes.exec(node, "sh", "-c", script, "sh", text, path)
 
@@ -603,16 +613,95 @@ class Release:
         return f"{self.layout.addresses[node]}:{CANARY_PORT}"
 
     def start_canary(self, version: ModelVersion) -> None:
+        """The canary slot on `version`: on every node (beside the replicas, or on each node's spare GPUs),
+        or on one node on the GPUs of a stable replica it borrows (`_borrow`)."""
+        borrowed = self._borrow() if self.layout.canary_gpus == "borrow" else None
+        nodes = self.layout.servers if borrowed is None else (borrowed[0],)
+        try:
+            for node in nodes:
+                self._write_version(node, CANARY_SLOT, version, borrowed)
+                self.nodes.exec(node, "systemctl", "restart", f"{UNIT}@{CANARY_SLOT}.service")
+            for node in nodes:
+                self._wait_healthy(node, CANARY_PORT)
+            self._fill_slots()
+            for node in nodes:
+                # The last canary's stop left its server drained on the gateways.
+                self._on_gateways("ready", CANARY_BACKEND, self._canary_target(node))
+            self._wait_canary_up(len(nodes))
+        except GpuPlatError:
+            if borrowed is not None:  # the replica's GPUs go back to it, on its own version
+                self.say(
+                    f"the canary did not come up: replica {borrowed[1]} on {borrowed[0]} takes its GPUs back"
+                )
+                self.stop_canary()
+            raise
+
+    def borrowed_replicas(self) -> dict[str, int]:
+        """node -> the stable replica whose GPUs its canary runs on (the canary's version file says so)."""
+        found: dict[str, int] = {}
+        if self.layout.canary_gpus != "borrow":
+            return found
         for node in self.layout.servers:
-            self._write_version(node, CANARY_SLOT, version)
-            self.nodes.exec(node, "systemctl", "restart", f"{UNIT}@{CANARY_SLOT}.service")
-        for node in self.layout.servers:
-            self._wait_healthy(node, CANARY_PORT)
-        self._fill_slots()
-        for node in self.layout.servers:
-            # The last canary's stop left its server drained on the gateways.
-            self._on_gateways("ready", CANARY_BACKEND, self._canary_target(node))
-        self._wait_canary_up()
+            for line in self._version_file(node, CANARY_SLOT).splitlines():
+                if line.startswith(BORROW_MARK) and line.removeprefix(BORROW_MARK).isdigit():
+                    found[node] = int(line.removeprefix(BORROW_MARK))
+        return found
+
+    def _borrow(self) -> tuple[str, int, str]:
+        """Take one stable replica out of service for the canary, as a rolling update with maxSurge 0 does:
+        the last replica of the last node (the one a promote rolls last), drained on every gateway (its
+        requests in flight answered), stopped and masked until the canary gives its GPUs back (a converge
+        must not start it on GPUs the canary holds). Its node, number and CUDA_VISIBLE_DEVICES. A canary
+        that borrows already (a deploy after a golden set refused, a rollback's) keeps its replica."""
+        for node, replica in self.borrowed_replicas().items():
+            return node, replica, self._replica_devices(node, replica)
+        node = self.layout.servers[-1]
+        replica = self.stable_replicas(node)[-1]
+        up = self.figures().servers_up.get(STABLE_BACKEND, 0)
+        if up < 2:
+            raise ServeRefused(
+                f"the canary borrows the GPUs of a stable replica (serving.canary.gpus borrow), but the "
+                f"gateways count {up} stable server(s) up: borrowing replica {replica} on {node} would leave "
+                "the stable version none. Wait for the pool's replicas to come up (`gpuplat serve status`), "
+                "or give the pool more nodes"
+            )
+        devices = self._replica_devices(node, replica)
+        self.say(
+            f"the canary borrows replica {replica} on {node} (GPUs {devices}): drained on every gateway, "
+            "then stopped while the canary runs"
+        )
+        self._on_gateways("drain", STABLE_BACKEND, f"{self.layout.addresses[node]}:{REPLICA_PORT + replica}")
+        self._fence(f"stopping replica {replica} on {node} for the canary")
+        self.nodes.exec(node, "systemctl", "stop", f"{UNIT}@{replica}.service")
+        # Until the next boot (--runtime); unmask takes no --runtime (systemd 239 NEWS: "systemctl
+        # disable/unmask/preset/preset-all cannot be used with --runtime") and removes this mask.
+        self.nodes.exec(node, "systemctl", "mask", "--runtime", f"{UNIT}@{replica}.service")
+        return node, replica, devices
+
+    def _replica_devices(self, node: str, replica: int) -> str:
+        """The replica's CUDA_VISIBLE_DEVICES, as the role wrote them (replica-<i>.env)."""
+        path = f"{CONFIG_DIR}/replica-{replica}.env"
+        text = self.nodes.exec(node, "sh", "-c", 'cat "$1"', "sh", path)
+        for line in text.splitlines():
+            if line.startswith("CUDA_VISIBLE_DEVICES="):
+                return line.partition("=")[2].strip()
+        raise GpuPlatError(
+            f"{node}'s {path} names no CUDA_VISIBLE_DEVICES: the canary cannot take replica {replica}'s "
+            "GPUs. `gpuplat up` writes each vLLM replica's GPUs there"
+        )
+
+    def _give_back(self, node: str, replica: int, version: ModelVersion | str | None) -> None:
+        """The borrowed replica started again on its GPUs (on `version`, or KEEP: its own file's) and put
+        back in service on every gateway once they count it up."""
+        if version != KEEP:
+            assert not isinstance(version, str)
+            self._write_version(node, str(replica), version)
+        self._fence(f"starting replica {replica} on {node} again")
+        self.nodes.exec(node, "systemctl", "unmask", f"{UNIT}@{replica}.service")
+        self.nodes.exec(node, "systemctl", "start", f"{UNIT}@{replica}.service")
+        self._wait_healthy(node, REPLICA_PORT + replica)
+        self._on_gateways("ready", STABLE_BACKEND, f"{self.layout.addresses[node]}:{REPLICA_PORT + replica}")
+        self.say(f"replica {replica} on {node} has its GPUs back and serves again")
 
     def _fill_slots(self) -> None:
         """On aws the gateways' slots follow the instances (gpuplat_gateway_targets.py, on a timer): a canary
@@ -623,8 +712,7 @@ class Release:
         for gateway in self.layout.gateways:
             self.nodes.exec(gateway, "systemctl", "start", f"{TARGETS_UNIT}.service", timeout=120)
 
-    def _wait_canary_up(self) -> None:
-        wanted = len(self.layout.servers)
+    def _wait_canary_up(self, wanted: int) -> None:
         deadline = time.monotonic() + 120
         while self.figures().servers_up.get(CANARY_BACKEND, 0) < wanted:
             if time.monotonic() > deadline:
@@ -665,13 +753,18 @@ class Release:
         servers = ", ".join(self.layout.servers)
         self.say(f"{version.reference} answered its golden set as expected on {servers}")
 
-    def stop_canary(self) -> None:
+    def stop_canary(self, returning: ModelVersion | str | None = KEEP) -> None:
         """Share 0, then each canary server drained on every gateway (its requests in flight answered)
-        before it stops: nothing it was answering is cut."""
+        before it stops: nothing it was answering is cut. A replica the canary borrowed gets its GPUs back
+        and starts again, on `returning` (None: the stack's own model; KEEP: its own file's version), and
+        only then is the canary's version file, the record of the loan, removed."""
         self.set_share(0)
+        borrowed = self.borrowed_replicas()
         for node in self.layout.servers:
             self._on_gateways("drain", CANARY_BACKEND, self._canary_target(node))
             self.nodes.exec(node, "systemctl", "stop", f"{UNIT}@{CANARY_SLOT}.service")
+            if node in borrowed:
+                self._give_back(node, borrowed[node], returning)
             self.nodes.exec(node, "rm", "-f", f"{CONFIG_DIR}/version-{CANARY_SLOT}.env")
 
     def stable_replicas(self, node: str) -> list[int]:
@@ -700,7 +793,12 @@ class Release:
             # carries a release through steps for many minutes): each booted on the record of its boot, so
             # every instance running now is rolled; one started from here on boots on the record just written.
             self.layout = serving_layout(self.platform, self.relist())
-        replicas = {node: self.stable_replicas(node) for node in self.layout.servers}
+        # A replica the canary borrowed is the canary's until `stop_canary` gives it back, on its version.
+        lent = self.borrowed_replicas()
+        replicas = {
+            node: [replica for replica in self.stable_replicas(node) if lent.get(node) != replica]
+            for node in self.layout.servers
+        }
         drained = only_off and self.figures().servers_up.get(STABLE_BACKEND, 0) < sum(
             map(len, replicas.values())
         )
@@ -775,7 +873,9 @@ class Release:
             else f"the stable replicas restart on {candidate.reference} one at a time"
         )
         self.roll_stable(candidate, share)
-        self.stop_canary()
+        # A replica the canary borrowed is the last the roll reaches: it starts on the candidate once the
+        # canary stopped.
+        self.stop_canary(candidate)
         self._fence("moving the registry's aliases")
         if stable is not None:
             self.registry.set_alias(model, PREVIOUS, stable.version)
@@ -793,8 +893,9 @@ class Release:
             # A promote cut short (killed, a replica that did not come up) left some stable replicas on the
             # candidate: they go back to the champion, the canary at share 0 first.
             self.set_share(0)
-            self.roll_stable(self.aliased(model, CHAMPION), 0, only_off=True)
-            self.stop_canary()
+            champion = self.aliased(model, CHAMPION)
+            self.roll_stable(champion, 0, only_off=True)
+            self.stop_canary(champion)
             self._fence("moving the registry's aliases")
             self.registry.delete_alias(model, CHALLENGER)
             self.say(
@@ -809,7 +910,7 @@ class Release:
         self._fence("moving the registry's aliases")
         self.registry.set_alias(model, CHALLENGER, previous.version)
         self.roll_stable(previous, 0)
-        self.stop_canary()
+        self.stop_canary(previous)
         self._fence("moving the registry's aliases")
         self.registry.set_alias(model, CHAMPION, previous.version)
         self.registry.delete_alias(model, CHALLENGER)

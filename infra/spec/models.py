@@ -675,6 +675,15 @@ class Canary(_Model):
             "refused (here for share_percent, at `serve deploy` for --canary)"
         ),
     )
+    gpus: Literal["borrow", "spare"] = Field(
+        "borrow",
+        description=(
+            "where a vLLM canary on GPU nodes runs (Slurm stacks): borrow, on the GPUs of one stable replica "
+            "of one node, drained and stopped while the canary runs (capacity one replica less during a "
+            "release; the pool needs at least 2 replicas at its smallest); spare, on a GPU group each node "
+            "keeps free for it (one replica per node less, always; a node needs at least 2 GPU groups)"
+        ),
+    )
 
     @property
     def analysis_s(self) -> int:
