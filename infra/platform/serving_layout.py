@@ -169,13 +169,13 @@ def serving_layout(
     path: str,
     multi_node: bool = False,
     pool_nodes: int = 1,
-    pool_min_nodes: int = 1,
+    pool_min_nodes: int | None = None,
 ) -> tuple[ServingLayout | None, list[Problem]]:
     """The replica layout of one node of the serving pool, or the problems (path: the spec's serving).
 
     multi_node: a replica may span several nodes of the pool (pool_nodes: its most nodes) where it does
     not fit one (Kubernetes). pool_min_nodes: the pool's fewest nodes, which a canary that borrows a
-    replica's GPUs must leave a stable replica on."""
+    replica's GPUs must leave a stable replica on (None: the replicas alone, no canary's GPUs placed)."""
     gpus = node_type.gpu_count
     if serving.engine != "vllm" or simulated or gpus == 0:
         return ServingLayout(tensor_parallel=1, replicas=1, devices=("",), gib_per_gpu=None), []
@@ -223,7 +223,7 @@ def serving_layout(
     layout = ServingLayout(
         tensor_parallel=tp, replicas=len(groups), devices=groups, gib_per_gpu=replica_gib_per_gpu(serving, tp)
     )
-    if multi_node:  # Kubernetes: a canary is a workload of its own, its pods placed by the scheduler
+    if multi_node or pool_min_nodes is None:  # Kubernetes: a canary's pods are placed by the scheduler
         return layout, []
     return _with_canary(serving, layout, node_type, pool_min_nodes, path)
 
