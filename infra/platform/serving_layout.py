@@ -223,6 +223,15 @@ def serving_layout(
     layout = ServingLayout(
         tensor_parallel=tp, replicas=len(groups), devices=groups, gib_per_gpu=replica_gib_per_gpu(serving, tp)
     )
+    if multi_node and "gpus" in serving.canary.model_fields_set:
+        return None, [
+            (
+                f"{path}.canary.gpus",
+                "on Kubernetes a canary is a workload of its own whose pods the scheduler places on free "
+                "GPUs (infra/k8s/serving_versions.py); serving.canary.gpus places a Slurm stack's canary: "
+                "drop it",
+            )
+        ]
     if multi_node or pool_min_nodes is None:  # Kubernetes: a canary's pods are placed by the scheduler
         return layout, []
     return _with_canary(serving, layout, node_type, pool_min_nodes, path)

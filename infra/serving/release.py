@@ -636,6 +636,12 @@ class Release:
                 self.stop_canary()
             raise
 
+    def canary_nodes(self) -> tuple[str, ...]:
+        """The nodes whose canary slot runs the canary: every server, or the one whose replica it borrows."""
+        if self.layout.canary_gpus != "borrow":
+            return self.layout.servers
+        return tuple(self.borrowed_replicas())
+
     def borrowed_replicas(self) -> dict[str, int]:
         """node -> the stable replica whose GPUs its canary runs on (the canary's version file says so)."""
         found: dict[str, int] = {}
@@ -729,7 +735,8 @@ class Release:
             version_environment(version, self.layout.engine, self.layout.versions_from_object_store)
         )
         path = f"{(source[1] if source else version.location).rstrip('/')}/{GOLDEN_FILE}"
-        for node in self.layout.servers:
+        canaries = self.canary_nodes()
+        for node in canaries:
             try:
                 answer = self.nodes.exec(
                     node, "python3", "-c", GOLDEN_PROBE, path, str(CANARY_PORT), timeout=600
@@ -750,8 +757,7 @@ class Release:
                     f"on {node}: {wrong}. Its canary is stopped and took no request; fix the version or its "
                     f"{GOLDEN_FILE}"
                 )
-        servers = ", ".join(self.layout.servers)
-        self.say(f"{version.reference} answered its golden set as expected on {servers}")
+        self.say(f"{version.reference} answered its golden set as expected on {', '.join(canaries)}")
 
     def stop_canary(self, returning: ModelVersion | str | None = KEEP) -> None:
         """Share 0, then each canary server drained on every gateway (its requests in flight answered)
@@ -846,7 +852,10 @@ class Release:
             raise ServeRefused(refusal)
         # Refuses a location the servers cannot read, before any change.
         version_environment(candidate, self.layout.engine, self.layout.versions_from_object_store)
-        self.say(f"starting {candidate.reference} in the canary slot of {', '.join(self.layout.servers)}")
+        where = "one node, on a stable replica's GPUs" if self.layout.canary_gpus == "borrow" else None
+        self.say(
+            f"starting {candidate.reference} in the canary slot of {where or ', '.join(self.layout.servers)}"
+        )
         self.start_canary(candidate)
         self.probe_golden(candidate)
         self._fence("moving the registry's aliases")

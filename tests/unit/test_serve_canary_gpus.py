@@ -156,6 +156,8 @@ class GpuNodes:
             elif words[1] == "unmask":
                 self.masked.discard(unit)
             return ""
+        if words[:2] == ["python3", "-c"] and words[-1] == "8100":  # the golden probe: no golden set
+            return json.dumps({"absent": True})
         if words[-1] == "show" or "share" in words:
             if "share" in words:
                 self.share = int(words[-1])
@@ -297,3 +299,22 @@ def test_borrowing_the_last_stable_server_up_is_refused_before_any_change() -> N
     with pytest.raises(ServeRefused, match=r"count 1 stable server\(s\) up: borrowing replica 1 on infer-1"):
         release.start_canary(embedder(3))
     assert not [c for _, c in nodes.done if c[0] == "systemctl" or "drain" in c]
+
+
+def test_the_golden_set_is_asked_of_the_borrowing_canary_alone() -> None:
+    """The other node runs no canary: asking its canary slot would fail the deploy of a good version."""
+    nodes = GpuNodes()
+    release = borrowing(nodes, {"champion": embedder(2)})
+    release.start_canary(embedder(3))
+    nodes.done.clear()
+    release.probe_golden(embedder(3))  # no golden set: said, and passed
+    asked = {n for n, c in nodes.done if c[:2] == ("python3", "-c")}
+    assert asked == {"infer-1"}
+
+
+def test_serving_canary_gpus_on_a_kubernetes_stack_is_refused(write_stack: Callable[..., Path]) -> None:
+    def edit(platform: dict[str, Any]) -> None:
+        platform["serving"]["canary"] = {"gpus": "spare"}
+
+    with pytest.raises(SpecError, match=r"on Kubernetes a canary is a workload of its own"):
+        load_platform(write_stack("aws-k8s", edit))
