@@ -266,6 +266,8 @@ class ReplicaServing:
     answering: bool
     version: str | None
     """the registered version its server names, "" the stack's own model, None: it names none"""
+    lent: bool = False
+    """a stable replica stopped while a canary runs on its GPUs (serving.canary.gpus borrow)"""
 
 
 class Release:
@@ -471,6 +473,7 @@ class Release:
         """What each replica (and canary slot) of each node serves now, as its own server says: the version
         its /metrics names, "" for the stack's own model, None where it does not answer or names none."""
         found: list[ReplicaServing] = []
+        lent = {node: str(replica) for node, replica in self.borrowed_replicas().items()}
         for node in self.layout.servers:
             slots = {str(replica): REPLICA_PORT + replica for replica in self._replicas(node)}
             slots[CANARY_SLOT] = CANARY_PORT
@@ -479,7 +482,7 @@ class Release:
             )
             versions, up = served_versions(answer), answering_ports(answer)
             found += [
-                ReplicaServing(node, slot, port, port in up, versions.get(port))
+                ReplicaServing(node, slot, port, port in up, versions.get(port), lent.get(node) == slot)
                 for slot, port in slots.items()
             ]
         return found

@@ -156,7 +156,7 @@ class GpuNodes:
             elif words[1] == "unmask":
                 self.masked.discard(unit)
             return ""
-        if words[:2] == ["python3", "-c"] and words[-1] == "8100":  # the golden probe: no golden set
+        if words[:2] == ["python3", "-c"] and len(words) == 5:  # the golden probe (path, port): no golden set
             return json.dumps({"absent": True})
         if words[-1] == "show" or "share" in words:
             if "share" in words:
@@ -318,3 +318,11 @@ def test_serving_canary_gpus_on_a_kubernetes_stack_is_refused(write_stack: Calla
 
     with pytest.raises(SpecError, match=r"on Kubernetes a canary is a workload of its own"):
         load_platform(write_stack("aws-k8s", edit))
+
+
+def test_status_says_which_replica_lent_its_gpus_to_the_canary() -> None:
+    nodes = GpuNodes()
+    release = borrowing(nodes, {"champion": embedder(2)})
+    release.start_canary(embedder(3))
+    lent = [(r.node, r.slot) for r in release.replicas_serving() if r.lent]
+    assert lent == [("infer-1", "1")]
