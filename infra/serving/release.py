@@ -449,25 +449,50 @@ class Release:
             role_vars("monitoring")["__monitoring_engine_metrics"][self.layout.engine]["ttft_histogram"]
         )
 
+    def itl_histogram_names(self) -> tuple[str, ...]:
+        """The engine's inter-token latency histogram, by each name it may have, the preferred first (none for
+        the CPU reference server; roles/monitoring's vars list them). vLLM's v1 engine named it
+        vllm:time_per_output_token_seconds (vllm/v1/metrics/loggers.py, `histogram_time_per_output_token`,
+        observed per `time_per_output_tokens_iter`, at vllm-project/vllm commit 005a810b, a 0.10 release);
+        the 0.11 series' loggers.py adds vllm:inter_token_latency_seconds over the same buckets and marks
+        the old name "DEPRECATED: Use vllm:inter_token_latency_seconds instead". The first name a server
+        has is read, never both (the same observations twice)."""
+        names = role_vars("monitoring")["__monitoring_engine_metrics"][self.layout.engine]["itl_histogram"]
+        return tuple(name for name in str(names).split("|") if name)
+
     def latency_histograms(self) -> dict[str, Series | None]:
-        """Each version's latency histograms, cumulative, by model server (node:port), read from the servers'
-        own /metrics at this instant: the time to the first token (for the CPU reference server the whole
-        answer, its only token). Both versions at the same instant, as the gateway's counters are: a
-        Prometheus scrape of each at its own phase would compare windows that differ by up to a scrape
-        interval, load bursts in one and not the other. Each server on its own, so that a restart or a
-        missed read of one is told from the others (counts.SinceStart). None where no server answered."""
-        histogram = self.latency_histogram_name()
+        """`histograms`' time to the first token alone."""
+        return self.histograms()[0]
+
+    def histograms(self) -> tuple[dict[str, Series | None], dict[str, Series | None]]:
+        """Each version's latency and inter-token latency histograms, cumulative, by model server
+        (node:port), read from the servers' own /metrics at this instant: the time to the first token (for
+        the CPU reference server the whole answer, its only token), and the gaps between an answer's tokens
+        (an LLM engine's). Both versions at the same instant, as the gateway's counters are: a Prometheus
+        scrape of each at its own phase would compare windows that differ by up to a scrape interval, load
+        bursts in one and not the other. Each server on its own, so that a restart or a missed read of one
+        is told from the others (counts.SinceStart). None where no server answered."""
+        histogram, itl_names = self.latency_histogram_name(), self.itl_histogram_names()
         found: dict[str, dict[str, Histogram]] = {backend: {} for backend in JOB_OF_BACKEND}
+        gaps: dict[str, dict[str, Histogram]] = {backend: {} for backend in JOB_OF_BACKEND}
         for node in self.layout.servers:
             ports = {REPLICA_PORT + replica: STABLE_BACKEND for replica in self._replicas(node)}
             ports[CANARY_PORT] = CANARY_BACKEND
             answer = self.nodes.exec(
                 node, "python3", "-c", METRICS_READ, "127.0.0.1", *map(str, ports), timeout=30
             )
+            server = self.layout.addresses.get(node, node)
             for port, read in parse_metrics(answer, histogram).items():
                 if port in ports:
-                    found[ports[port]][f"{self.layout.addresses.get(node, node)}:{port}"] = read
-        return {backend: series or None for backend, series in found.items()}
+                    found[ports[port]][f"{server}:{port}"] = read
+            for name in itl_names:
+                for port, read in parse_metrics(answer, name).items():
+                    if port in ports:
+                        gaps[ports[port]].setdefault(f"{server}:{port}", read)
+        return (
+            {backend: series or None for backend, series in found.items()},
+            {backend: series or None for backend, series in gaps.items()},
+        )
 
     def replicas_serving(self) -> list[ReplicaServing]:
         """What each replica (and canary slot) of each node serves now, as its own server says: the version
@@ -509,7 +534,8 @@ class Release:
             raise GpuPlatError("no gateway answered: " + "; ".join(failures))
         for failure in failures:
             self.say(f"left out of this look: {failure}")
-        histograms = self.latency_histograms() if latency else dict.fromkeys(JOB_OF_BACKEND)
+        none: dict[str, Series | None] = dict.fromkeys(JOB_OF_BACKEND)
+        histograms, gaps = self.histograms() if latency else (none, none)
         stable, canary = (
             Reading.of_gateways(
                 {
@@ -517,6 +543,7 @@ class Release:
                     for gateway, figures in by_gateway.items()
                 },
                 histograms[backend],
+                gaps[backend],
             )
             for backend in (STABLE_BACKEND, CANARY_BACKEND)
         )
