@@ -583,7 +583,7 @@ class Canary(_Model):
             "canary mean latency allowed, as a multiple of the stable version's (from the histogram's _sum "
             "and _count); a significantly slower rank (Mann-Whitney) fails an interval only beyond it. The "
             "latency is the time to the first token (for vLLM; the whole answer for the CPU reference "
-            "server, whose first token is the whole answer)"
+            "server, whose first token is the whole answer), and for vLLM the inter-token latency too"
         ),
     )
     max_slow_share_increase: float = Field(

@@ -179,7 +179,7 @@ def test_eight_gpu_node_never_serves_on_gpu0_alone() -> None:
 
 
 def canary_env(engine: str, canary_gpus: str) -> dict[str, str]:
-    """The canary slot's env file (replica-canary.env) as roles/inference_server/tasks/service.yml writes it."""
+    """The canary slot's env file (replica-canary.env) as the role's tasks/service.yml writes it."""
     tasks = yaml.safe_load((ROLES / "inference_server" / "tasks" / "service.yml").read_text())
     task = next(t for t in tasks if t.get("name", "").startswith("Write the canary slot's port"))
     variables = {
