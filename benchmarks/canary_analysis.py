@@ -6,7 +6,10 @@ share, serving.canary.share_percent), Bernoulli errors, lognormal latencies; the
 every look of the guard (every 5 s), and so the model servers' latency histograms (the real bucket
 boundaries; Release.latency_histograms reads each server's /metrics at the look, both versions at the same
 instant). Load bursts are shared: in the "bursts" cases both versions' latencies are 3 x for 20 s, twice, at
-random times; in the "cold start" case the canary's first 20 s are 3 x slower. The analysis is the real one,
+random times; in the "cold start" case the canary's first 20 s are 3 x slower. An LLM's answers also have
+token gaps (vLLM's inter-token latency histogram, the analysis' second latency test): each answer 64 tokens,
+its gaps lognormal around a median of its own (so one slow answer gives many slow gaps), all recorded in the
+second it arrived. The analysis is the real one,
 fed through its Guard, with the spec's defaults; "fixed intervals" is the same analysis with the sequential
 tests switched off. Each verdict's exit code is what `gpuplat serve guard` exits with on it
 (infra/cli/commands/serve.py _guard).
@@ -64,7 +67,27 @@ TTFT_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
     80.0, 160.0, 640.0, 2560.0, math.inf,
 )  # fmt: skip
+# vllm:inter_token_latency_seconds (vllm/v1/metrics/loggers.py, histogram_inter_token_latency), and +Inf.
+ITL_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+    math.inf,
+)  # fmt: skip
 LOOK_S = 5.0
+
+
+@dataclass(frozen=True)
+class TokenGaps:
+    """An LLM answer's gaps between tokens: `tokens` per answer, each answer's median lognormal around
+    `median_s` (sigma `answer_sigma`), each gap lognormal around its answer's (sigma `gap_sigma`)."""
+
+    median_s: float = 0.040
+    answer_sigma: float = 0.3
+    gap_sigma: float = 0.3
+    tokens: int = 64
+    bounds: tuple[float, ...] = ITL_BUCKETS
+
+
+LLM_GAPS = TokenGaps()
 
 
 @dataclass(frozen=True)
@@ -100,6 +123,10 @@ class Case:
     """the canary 3 x slower for its first this many seconds"""
     initial_delay_s: int = 0
     """serving.canary.initial_delay_s"""
+    gaps: TokenGaps | None = None
+    """an LLM's token gaps (None: an answer in one piece)"""
+    gap_slowdown: float = 1.0
+    """the canary's token gaps' multiple (its time to the first token: `slowdown`)"""
 
 
 @dataclass
@@ -110,10 +137,32 @@ class Version:
     errors: np.ndarray
     buckets: np.ndarray
     sums: np.ndarray
+    gap_buckets: np.ndarray | None = None
+    gap_sums: np.ndarray | None = None
+    gap_bounds: tuple[float, ...] = ()
 
     def at(self, second: int, bounds: tuple[float, ...]) -> Counts:
         latency = Histogram(bounds, tuple(int(c) for c in self.buckets[second]), float(self.sums[second]))
-        return Counts(int(self.requests[second]), int(self.errors[second]), latency)
+        itl = None
+        if self.gap_buckets is not None and self.gap_sums is not None:
+            itl = Histogram(
+                self.gap_bounds,
+                tuple(int(c) for c in self.gap_buckets[second]),
+                float(self.gap_sums[second]),
+            )
+        return Counts(int(self.requests[second]), int(self.errors[second]), latency, itl)
+
+
+def _per_second(
+    rng_values: np.ndarray, seconds_of: np.ndarray, bounds: tuple[float, ...], seconds: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Cumulative bucket counts and sums per second of `rng_values` observed at `seconds_of`."""
+    bucket = np.searchsorted(np.array(bounds), rng_values, side="left")  # le: at most the bound
+    per_second = np.zeros((seconds + 1, len(bounds)), dtype=np.int64)
+    np.add.at(per_second, (seconds_of, bucket), 1)
+    sums = np.zeros(seconds + 1)
+    np.add.at(sums, seconds_of, rng_values)
+    return np.cumsum(per_second, axis=0), np.cumsum(sums)
 
 
 def simulate(
@@ -123,20 +172,29 @@ def simulate(
     latency: Latency,
     slowdown: np.ndarray,
     seconds: int,
+    gaps: TokenGaps | None = None,
+    gap_slowdown: np.ndarray | None = None,
 ) -> Version:
-    """`slowdown`: each second's latency multiple."""
+    """`slowdown`: each second's latency multiple; `gap_slowdown`: its token gaps' (with `gaps`)."""
     requests = rng.poisson(rate, seconds + 1)
     requests[0] = 0
     errors = rng.binomial(requests, error_rate)
     total = int(requests.sum())
     seconds_of = np.repeat(np.arange(seconds + 1), requests)
     values = latency.median_s * slowdown[seconds_of] * np.exp(latency.sigma * rng.standard_normal(total))
-    bucket = np.searchsorted(np.array(latency.bounds), values, side="left")  # le: at most the bound
-    per_second = np.zeros((seconds + 1, len(latency.bounds)), dtype=np.int64)
-    np.add.at(per_second, (seconds_of, bucket), 1)
-    sums = np.zeros(seconds + 1)
-    np.add.at(sums, seconds_of, values)
-    return Version(np.cumsum(requests), np.cumsum(errors), np.cumsum(per_second, axis=0), np.cumsum(sums))
+    buckets, sums = _per_second(values, seconds_of, latency.bounds, seconds)
+    version = Version(np.cumsum(requests), np.cumsum(errors), buckets, sums)
+    if gaps is not None and gap_slowdown is not None:
+        answer = (
+            gaps.median_s * gap_slowdown[seconds_of] * np.exp(gaps.answer_sigma * rng.standard_normal(total))
+        )
+        each = np.repeat(answer, gaps.tokens - 1)
+        gap_values = each * np.exp(gaps.gap_sigma * rng.standard_normal(each.size))
+        version.gap_buckets, version.gap_sums = _per_second(
+            gap_values, np.repeat(seconds_of, gaps.tokens - 1), gaps.bounds, seconds
+        )
+        version.gap_bounds = gaps.bounds
+    return version
 
 
 def run_once(rng: np.random.Generator, case: Case, rules: Canary) -> tuple[str, float]:
@@ -150,8 +208,14 @@ def run_once(rng: np.random.Generator, case: Case, rules: Canary) -> tuple[str, 
         load[start : start + 20] = 3.0
     slower = load * case.slowdown
     slower[: case.cold_start_s + 1] *= 3.0
-    stable = simulate(rng, case.rate * (1 - share), case.stable_errors, case.latency, load, seconds)
-    canary = simulate(rng, case.rate * share, case.canary_errors, case.latency, slower, seconds)
+    slower_gaps = load * case.gap_slowdown
+    slower_gaps[: case.cold_start_s + 1] *= 3.0
+    stable = simulate(
+        rng, case.rate * (1 - share), case.stable_errors, case.latency, load, seconds, case.gaps, load
+    )
+    canary = simulate(
+        rng, case.rate * share, case.canary_errors, case.latency, slower, seconds, case.gaps, slower_gaps
+    )
     bounds = case.latency.bounds
     guard = Guard(rules, 0.0, stable.at(0, bounds), canary.at(0, bounds))
     now = 0.0
@@ -236,7 +300,14 @@ def cases() -> list[Case]:
     ]
     found += [
         Case(
-            "identical LLM (TTFT), 2 req/s, 1% errors", 2, 0.01, 0.01, LLM_TTFT, 1.0, expected=PROMOTE_READY
+            "identical LLM (TTFT + ITL), 2 req/s, 1% errors",
+            2,
+            0.01,
+            0.01,
+            LLM_TTFT,
+            1.0,
+            expected=PROMOTE_READY,
+            gaps=LLM_GAPS,
         ),
         Case(
             "identical, 50 req/s, 1% errors, shared bursts",
@@ -249,7 +320,7 @@ def cases() -> list[Case]:
             bursts=2,
         ),
         Case(
-            "identical LLM (TTFT), 10 req/s, shared bursts",
+            "identical LLM (TTFT + ITL), 10 req/s, shared bursts",
             10,
             0.01,
             0.01,
@@ -257,6 +328,7 @@ def cases() -> list[Case]:
             1.0,
             expected=PROMOTE_READY,
             bursts=2,
+            gaps=LLM_GAPS,
         ),
         Case("1.1x slower (within 1.2), 50 req/s", 50, 0.0, 0.0, EMBEDDER, 1.1, expected=PROMOTE_READY),
         Case(
@@ -290,7 +362,31 @@ def cases() -> list[Case]:
             initial_delay_s=30,
         ),
         Case("1.5x slower, 10 req/s, no errors", 10, 0.0, 0.0, EMBEDDER, 1.5, expected=ROLLBACK),
-        Case("1.5x slower TTFT (LLM), 10 req/s", 10, 0.0, 0.0, LLM_TTFT, 1.5, expected=ROLLBACK),
+        Case(
+            "1.5x slower TTFT (LLM), 10 req/s", 10, 0.0, 0.0, LLM_TTFT, 1.5, expected=ROLLBACK, gaps=LLM_GAPS
+        ),
+        Case(
+            "1.5x slower ITL, same TTFT (LLM), 10 req/s",
+            10,
+            0.0,
+            0.0,
+            LLM_TTFT,
+            1.0,
+            expected=ROLLBACK,
+            gaps=LLM_GAPS,
+            gap_slowdown=1.5,
+        ),
+        Case(
+            "1.1x slower ITL (within 1.2), LLM, 10 req/s",
+            10,
+            0.0,
+            0.0,
+            LLM_TTFT,
+            1.0,
+            expected=PROMOTE_READY,
+            gaps=LLM_GAPS,
+            gap_slowdown=1.1,
+        ),
         Case("failing every request, 1 req/s", 1, 0.0, 1.0, EMBEDDER, 1.0, expected=ROLLBACK, deadline_s=60),
         Case(
             "failing every request, 1 req/s, 2% base",

@@ -156,6 +156,7 @@ def platform_vars(platform: ResolvedPlatform) -> dict[str, Any]:
                 "inference_tensor_parallel_size": layout.tensor_parallel if layout else 1,
                 "inference_replicas_per_node": layout.replicas if layout else 1,
                 "inference_replica_gpus": list(layout.devices) if layout else [""],
+                "inference_canary_gpus": layout.canary_devices if layout else "",
                 "inference_gateway_instances": platform.gateway_pool.spec.max_nodes,
                 "inference_gateway_max_servers": (
                     platform.pool(serving.pool).spec.max_nodes * (layout.replicas if layout else 1)

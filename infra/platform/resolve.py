@@ -267,6 +267,7 @@ def resolve(spec: PlatformSpec, source: Path) -> ResolvedPlatform:
                 path=f"{CONFIG_KEY}.serving",
                 multi_node=spec.scheduler.kind == "kueue",
                 pool_nodes=serving_pool.spec.max_nodes,
+                pool_min_nodes=serving_pool.spec.min_nodes,
             )
             problems += layout_problems
     if problems or software is None:

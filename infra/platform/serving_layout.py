@@ -26,7 +26,8 @@ multi-GPU"). The Slurm roles run one node per replica and keep refusing such a m
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Literal
 
 from infra.data.models import GIB, NodeType
 from infra.spec.models import Serving
@@ -45,6 +46,7 @@ ENGINE_START_S = 600
 MIN_STARTUP_BUDGET_S = 20 * 60
 
 Problem = tuple[str, str]
+CanaryGpus = Literal["beside", "spare", "borrow"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,12 @@ class ServingLayout:
     nodes: int = 1
     """Nodes one replica spans; above 1 the replica is pipeline parallel over them, tensor parallel over
     every GPU of each node (replicas and devices then describe each node of the group)."""
+    canary: CanaryGpus = "beside"
+    """Where a canary release runs on each node (Slurm stacks, `gpuplat serve`): beside the replicas (no GPU:
+    the CPU engine, simulated GPUs), on the GPU group the node keeps spare for it, or on the GPUs of one
+    stable replica it borrows (serving.canary.gpus)."""
+    canary_devices: str = ""
+    """CUDA_VISIBLE_DEVICES of the canary's spare GPU group ("" unless canary is spare)."""
 
     @property
     def pipeline_parallel(self) -> int:
@@ -161,11 +169,13 @@ def serving_layout(
     path: str,
     multi_node: bool = False,
     pool_nodes: int = 1,
+    pool_min_nodes: int | None = None,
 ) -> tuple[ServingLayout | None, list[Problem]]:
     """The replica layout of one node of the serving pool, or the problems (path: the spec's serving).
 
     multi_node: a replica may span several nodes of the pool (pool_nodes: its most nodes) where it does
-    not fit one."""
+    not fit one (Kubernetes). pool_min_nodes: the pool's fewest nodes, which a canary that borrows a
+    replica's GPUs must leave a stable replica on (None: the replicas alone, no canary's GPUs placed)."""
     gpus = node_type.gpu_count
     if serving.engine != "vllm" or simulated or gpus == 0:
         return ServingLayout(tensor_parallel=1, replicas=1, devices=("",), gib_per_gpu=None), []
@@ -209,8 +219,72 @@ def serving_layout(
                 )
             ]
         tp = fitting[0]
-    replicas = gpus // tp
-    devices = tuple(",".join(str(g) for g in range(i * tp, (i + 1) * tp)) for i in range(replicas))
-    return ServingLayout(
-        tensor_parallel=tp, replicas=replicas, devices=devices, gib_per_gpu=replica_gib_per_gpu(serving, tp)
-    ), []
+    groups = tuple(",".join(str(g) for g in range(i * tp, (i + 1) * tp)) for i in range(gpus // tp))
+    layout = ServingLayout(
+        tensor_parallel=tp, replicas=len(groups), devices=groups, gib_per_gpu=replica_gib_per_gpu(serving, tp)
+    )
+    if multi_node and "gpus" in serving.canary.model_fields_set:
+        return None, [
+            (
+                f"{path}.canary.gpus",
+                "on Kubernetes a canary is a workload of its own whose pods the scheduler places on free "
+                "GPUs (infra/k8s/serving_versions.py); serving.canary.gpus places a Slurm stack's canary: "
+                "drop it",
+            )
+        ]
+    if multi_node or pool_min_nodes is None:  # Kubernetes: a canary's pods are placed by the scheduler
+        return layout, []
+    return _with_canary(serving, layout, node_type, pool_min_nodes, path)
+
+
+def _with_canary(
+    serving: Serving, layout: ServingLayout, node_type: NodeType, pool_min_nodes: int, path: str
+) -> tuple[ServingLayout | None, list[Problem]]:
+    """Where a canary release's GPUs come from on a Slurm stack (serving.canary.gpus): a GPU group each node
+    keeps spare (one replica fewer per node), or one stable replica's GPUs borrowed on one node while the
+    canary runs (one replica fewer in the pool during a release). Refused where the choice leaves the
+    stable version no replica."""
+    groups, tp = layout.replicas, layout.tensor_parallel
+    where = f"{path}.canary.gpus"
+    if serving.canary.gpus == "spare":
+        if groups < 2:
+            return None, [
+                (
+                    where,
+                    f"spare keeps one GPU group of each node free for the canary, but a {node_type.name} "
+                    f"node has {groups} group of {tp} GPU(s) (tensor parallel {tp} of its "
+                    f"{node_type.gpu_count}), "
+                    "none left for a stable replica: "
+                    + _other_choice(groups, pool_min_nodes, "borrow", serving.pool),
+                )
+            ]
+        return replace(
+            layout,
+            replicas=groups - 1,
+            devices=layout.devices[:-1],
+            canary="spare",
+            canary_devices=layout.devices[-1],
+        ), []
+    if groups * pool_min_nodes < 2:
+        return None, [
+            (
+                where,
+                f"borrow runs the canary on the GPUs of one stable replica, but pool {serving.pool!r} runs "
+                f"{groups * pool_min_nodes} replica(s) at its smallest ({pool_min_nodes} node(s) of "
+                f"{groups}): none would be left for the stable version while the canary runs; "
+                + _other_choice(groups, pool_min_nodes, "spare", serving.pool),
+            )
+        ]
+    return replace(layout, canary="borrow"), []
+
+
+def _other_choice(groups: int, pool_min_nodes: int, other: str, pool: str) -> str:
+    """What to change where one choice of serving.canary.gpus does not fit: the other, where it fits."""
+    if other == "spare" and groups >= 2:
+        return "set serving.canary.gpus to spare (each node keeps one of its GPU groups for the canary)"
+    if other == "borrow" and groups * pool_min_nodes >= 2:
+        return "set serving.canary.gpus to borrow (the canary takes one stable replica's GPUs meanwhile)"
+    return (
+        f"neither choice fits: give pool {pool!r} at least 2 nodes at its smallest (min, count or hosts), or "
+        "a smaller tensor_parallel so that a node holds 2 replicas"
+    )

@@ -98,7 +98,8 @@ class RulesRead:
 
 PROMOTE_READY, CONTINUE, ROLLBACK, INCONCLUSIVE = "promote-ready", "continue", "rollback", "inconclusive"
 PASSED, FAILED = "passed", "failed"
-ERRORS, LATENCY = "errors", "latency"
+ERRORS, LATENCY, ITL = "errors", "latency", "inter-token latency"
+_OBSERVATIONS = {LATENCY: "latencies", ITL: "inter-token latencies"}
 
 
 @dataclass(frozen=True)
@@ -158,32 +159,50 @@ def error_bound(stable: Counts, rules: Canary, alpha: float) -> float:
 
 
 def measure_latency(stable: Counts, canary: Counts, rules: Canary) -> Measurement:
-    fast, slow = stable.latency, canary.latency
+    return _measure_slower(LATENCY, stable.latency, canary.latency, rules)
+
+
+def measure_itl(stable: Counts, canary: Counts, rules: Canary) -> Measurement | None:
+    """The inter-token latency, an LLM engine's second latency (vLLM's histogram of the gaps between an
+    answer's tokens): the same test as the time to the first token, on its own histogram. None where
+    neither version recorded a gap in the interval (the CPU reference server answers in one piece, an
+    embedding model served by vLLM streams no tokens, answers of one token have no gap)."""
+    if not (stable.itl and stable.itl.count) and not (canary.itl and canary.itl.count):
+        return None
+    return _measure_slower(ITL, stable.itl, canary.itl, rules)
+
+
+def _measure_slower(
+    metric: str, fast: Histogram | None, slow: Histogram | None, rules: Canary
+) -> Measurement:
+    """`metric` of one interval: failed only if the canary is slower by rank (one-sided Mann-Whitney on the
+    bucket counts) and its mean (_sum / _count) more than max_latency_ratio x the stable's."""
     if slow is None or slow.count < rules.interval_min_requests:
         seen = 0 if slow is None else slow.count
         return Measurement(
-            LATENCY,
+            metric,
             INCONCLUSIVE,
-            f"{seen} canary latencies recorded, fewer than {rules.interval_min_requests}",
+            f"{seen} canary {_OBSERVATIONS[metric]} recorded, fewer than {rules.interval_min_requests}",
         )
     if fast is None or not fast.count or not fast.sum_s:
-        return Measurement(LATENCY, INCONCLUSIVE, "no stable latencies recorded")
+        return Measurement(metric, INCONCLUSIVE, f"no stable {_OBSERVATIONS[metric]} recorded")
     if fast.count < rules.interval_min_requests:
-        return Measurement(LATENCY, INCONCLUSIVE, _too_few_stable(fast.count, "latencies recorded", rules))
+        what = f"{_OBSERVATIONS[metric]} recorded"
+        return Measurement(metric, INCONCLUSIVE, _too_few_stable(fast.count, what, rules))
     if fast.bounds != slow.bounds:
         return Measurement(
-            LATENCY,
+            metric,
             INCONCLUSIVE,
-            f"the versions' latency histograms have different buckets (stable {list(fast.bounds)}, canary "
+            f"the versions' {metric} histograms have different buckets (stable {list(fast.bounds)}, canary "
             f"{list(slow.bounds)}): they cannot be compared; serve both with the same engine version",
         )
     p = slower_p(slow.counts, fast.counts)
     ratio = (slow.mean_s or 0.0) / (fast.mean_s or math.inf)
     outcome = FAILED if p < rules.alpha and ratio > rules.max_latency_ratio else PASSED
     return Measurement(
-        LATENCY,
+        metric,
         outcome,
-        f"canary mean latency {1000 * (slow.mean_s or 0):.0f} ms is {ratio:.2f} x the stable version's "
+        f"canary mean {metric} {1000 * (slow.mean_s or 0):.0f} ms is {ratio:.2f} x the stable version's "
         f"{1000 * (fast.mean_s or 0):.0f} ms (max_latency_ratio {rules.max_latency_ratio:g}); slower by "
         f"rank: p = {p:.2g}, alpha {rules.alpha:g}",
     )
@@ -245,7 +264,12 @@ def sequential_latency(stable: Counts, canary: Counts, rules: Canary) -> Verdict
     )
 
 
-MEASURES = (measure_errors, measure_latency)
+MEASURES = (measure_errors, measure_latency, measure_itl)
+"""Each interval's tests; one that answers None has nothing to judge on this engine (no inter-token latency
+on the CPU reference server). The inter-token latency has no sequential test: its observations are an
+answer's token gaps, many per request and alike within one (a slow request gives many slow gaps), while the
+sequential test's bound holds for independent observations. Its interval test fails only where the mean
+ratio passes max_latency_ratio too, which an identical canary's many gaps do not reach by chance."""
 SEQUENTIAL = (sequential_errors, sequential_latency)
 
 
@@ -325,7 +349,8 @@ class Analysis:
         number = self.intervals_done + 1
         for measure in MEASURES:
             measurement = measure(stable.minus(stable_then), canary.minus(canary_then), rules)
-            self.results[measurement.metric].append(measurement)
+            if measurement is not None:
+                self.results.setdefault(measurement.metric, []).append(measurement)
         for metric, measured in self.results.items():
             failed = [m for m in measured if m.outcome == FAILED]
             if len(failed) > rules.failure_limit:

@@ -1,5 +1,6 @@
 """What one version answered, as counters record it: the gateways' requests and error answers, and the
-model servers' latency histogram (Prometheus bucket counts and _sum). Readings are cumulative since a
+model servers' latency histograms (Prometheus bucket counts and _sum): the time to the first token, and
+for an LLM engine the inter-token latency. Readings are cumulative since a
 process started; the analysis works on differences since the canary started.
 """
 
@@ -68,39 +69,50 @@ class Histogram:
 
 @dataclass(frozen=True)
 class Counts:
-    """One version's requests, 5xx answers and latency histogram (None: no series seen)."""
+    """One version's requests, 5xx answers, latency histogram and inter-token latency histogram (None: no
+    series seen; an engine that streams no tokens has no inter-token latency)."""
 
     requests: int = 0
     errors: int = 0
     latency: Histogram | None = None
+    itl: Histogram | None = None
 
     @property
     def error_rate(self) -> float:
         return self.errors / self.requests if self.requests else 0.0
 
     def to_json(self) -> dict[str, Any]:
-        latency = None if self.latency is None else self.latency.to_json()
-        return {"requests": self.requests, "errors": self.errors, "latency": latency}
+        found: dict[str, Any] = {"requests": self.requests, "errors": self.errors}
+        for name in ("latency", "itl"):
+            histogram: Histogram | None = getattr(self, name)
+            found[name] = None if histogram is None else histogram.to_json()
+        return found
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Counts:
-        latency = data.get("latency")
+        latency, itl = data.get("latency"), data.get("itl")
         return cls(
             int(data["requests"]),
             int(data["errors"]),
             None if latency is None else Histogram.from_json(latency),
+            None if itl is None else Histogram.from_json(itl),
         )
 
     def plus(self, other: Counts) -> Counts:
         return Counts(
-            self.requests + other.requests, self.errors + other.errors, _add(self.latency, other.latency)
+            self.requests + other.requests,
+            self.errors + other.errors,
+            _add(self.latency, other.latency),
+            _add(self.itl, other.itl),
         )
 
     def minus(self, earlier: Counts) -> Counts:
-        latency = self.latency
-        if latency is not None and earlier.latency is not None:
-            latency = latency.minus(earlier.latency)
-        return Counts(self.requests - earlier.requests, self.errors - earlier.errors, latency)
+        return Counts(
+            self.requests - earlier.requests,
+            self.errors - earlier.errors,
+            _minus(self.latency, earlier.latency),
+            _minus(self.itl, earlier.itl),
+        )
 
     def increase(self, earlier: Counts) -> Counts:
         """What was answered between two readings. A counter that went down restarted (an HAProxy reload, a
@@ -108,17 +120,27 @@ class Counts:
         requests, errors = self.requests - earlier.requests, self.errors - earlier.errors
         if requests < 0 or errors < 0:
             requests, errors = self.requests, self.errors
-        latency = self.latency
-        if latency is not None and earlier.latency is not None:
-            step = latency.minus(earlier.latency)
-            latency = latency if min(step.counts) < 0 else step
-        return Counts(requests, errors, latency)
+        return Counts(
+            requests, errors, _increase(self.latency, earlier.latency), _increase(self.itl, earlier.itl)
+        )
 
 
 def _add(a: Histogram | None, b: Histogram | None) -> Histogram | None:
     if a is None or b is None:
         return a or b
     return a.plus(b)
+
+
+def _minus(now: Histogram | None, earlier: Histogram | None) -> Histogram | None:
+    return now if now is None or earlier is None else now.minus(earlier)
+
+
+def _increase(now: Histogram | None, earlier: Histogram | None) -> Histogram | None:
+    """A histogram's observations between two readings; all of `now` where a bucket went down (restarted)."""
+    if now is None or earlier is None:
+        return now
+    step = now.minus(earlier)
+    return now if min(step.counts) < 0 else step
 
 
 Series = Mapping[str, Histogram]
@@ -128,21 +150,25 @@ Series = Mapping[str, Histogram]
 @dataclass(frozen=True)
 class Reading:
     """One version's counters as read: the gateways' requests and errors (their sums), each gateway's own
-    (None: the sums are one gateway's), and each of its model servers' latency histogram (None: none read
-    this time)."""
+    (None: the sums are one gateway's), and each of its model servers' latency and inter-token latency
+    histograms (None: none read this time)."""
 
     requests: int = 0
     errors: int = 0
     latency: Series | None = None
     gateways: Mapping[str, Counts] | None = None
+    itl: Series | None = None
 
     @classmethod
-    def of_gateways(cls, gateways: Mapping[str, Counts], latency: Series | None) -> Reading:
+    def of_gateways(
+        cls, gateways: Mapping[str, Counts], latency: Series | None, itl: Series | None = None
+    ) -> Reading:
         return cls(
             sum(c.requests for c in gateways.values()),
             sum(c.errors for c in gateways.values()),
             latency,
             gateways,
+            itl,
         )
 
     def by_gateway(self) -> dict[str, Counts]:
@@ -152,10 +178,15 @@ class Reading:
 
     @classmethod
     def of(cls, counts: Counts | Reading) -> Reading:
-        """A reading; Counts' one histogram as one series."""
+        """A reading; each of Counts' histograms as one series."""
         if isinstance(counts, Reading):
             return counts
-        return cls(counts.requests, counts.errors, None if counts.latency is None else {"": counts.latency})
+        return cls(
+            counts.requests,
+            counts.errors,
+            None if counts.latency is None else {"": counts.latency},
+            itl=None if counts.itl is None else {"": counts.itl},
+        )
 
 
 class SinceStart:
@@ -170,6 +201,7 @@ class SinceStart:
         first = Reading.of(first)
         self._gateways = first.by_gateway()
         self._series: dict[str, Histogram] = dict(first.latency or {})
+        self._itl_series: dict[str, Histogram] = dict(first.itl or {})
         self.total = Counts()
 
     def to_json(self) -> dict[str, Any]:
@@ -178,6 +210,7 @@ class SinceStart:
         return {
             "gateways": {name: counts.to_json() for name, counts in self._gateways.items()},
             "series": {name: histogram.to_json() for name, histogram in self._series.items()},
+            "itl_series": {name: histogram.to_json() for name, histogram in self._itl_series.items()},
             "total": self.total.to_json(),
         }
 
@@ -186,6 +219,7 @@ class SinceStart:
         since = cls(Counts())
         since._gateways = {name: Counts.from_json(c) for name, c in data["gateways"].items()}
         since._series = {name: Histogram.from_json(h) for name, h in data["series"].items()}
+        since._itl_series = {name: Histogram.from_json(h) for name, h in data.get("itl_series", {}).items()}
         since.total = Counts.from_json(data["total"])
         return since
 
@@ -202,17 +236,27 @@ class SinceStart:
                 # A gateway counts a failed answer under each of its status and its abort (a 5xx cut off is
                 # both): between two readings never more failures than answers.
                 requests, errors = requests + step.requests, errors + min(step.errors, step.requests)
-        latency: Histogram | None = None
-        series = dict(self._series)
-        for name, histogram in (reading.latency or {}).items():
-            last = series.get(name)
-            series[name] = histogram
-            if last is None:
-                continue
-            if histogram.bounds != last.bounds:  # restarted with other buckets: counts from zero
-                latency = _add(latency, histogram)
-                continue
-            latency = _add(latency, Counts(0, 0, histogram).increase(Counts(0, 0, last)).latency)
-        total = self.total.plus(Counts(requests, errors, latency))
-        self._gateways, self._series, self.total = gateways, series, total
+        latency, series = _series_increase(self._series, reading.latency)
+        itl, itl_series = _series_increase(self._itl_series, reading.itl)
+        total = self.total.plus(Counts(requests, errors, latency, itl))
+        self._gateways, self._series, self._itl_series, self.total = gateways, series, itl_series, total
         return total
+
+
+def _series_increase(
+    last_seen: dict[str, Histogram], read: Series | None
+) -> tuple[Histogram | None, dict[str, Histogram]]:
+    """The observations of every series since its last reading (one first seen counts from then; one that
+    restarted, from zero), and the series as last seen now."""
+    increase: Histogram | None = None
+    series = dict(last_seen)
+    for name, histogram in (read or {}).items():
+        last = series.get(name)
+        series[name] = histogram
+        if last is None:
+            continue
+        if histogram.bounds != last.bounds:  # restarted with other buckets: counts from zero
+            increase = _add(increase, histogram)
+            continue
+        increase = _add(increase, _increase(histogram, last))
+    return increase, series

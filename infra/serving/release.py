@@ -32,6 +32,7 @@ from infra.nodes.inventory import container_name
 from infra.nodes.reach import RunningInstance, host_addresses
 from infra.nodes.role_templates import role_defaults, role_vars
 from infra.platform.resolve import ResolvedPlatform
+from infra.platform.serving_layout import CanaryGpus
 from infra.serving.analysis import CONTINUE, PROMOTE_READY, ROLLBACK, Guard, Verdict
 from infra.serving.canary import gate
 from infra.serving.counts import Counts, Histogram, Reading, Series
@@ -76,6 +77,11 @@ VERSION_MARK = "# gpuplat serve: "
 SOURCE_MARK = "# gpuplat source: "
 """an object-store version's file, second line: this, its URI, a space, where the node keeps its copy (the
 boot of an aws inference node reads the same line: infra/backends/aws/node_join.py)"""
+BORROW_MARK = "# gpuplat borrows replica: "
+"""a borrowing canary's version file: this line names the stable replica whose GPUs it runs on (which the
+canary's stop gives back): the record outlives the command that borrowed it"""
+KEEP = "keep"
+"""`stop_canary`: a borrowed replica returns on the version its own file names"""
 VERSIONS_DIR = f"{_SERVER['inference_server_model_dir']}/versions"
 """where a node keeps its copies of object-store versions"""
 # The role's AWS CLI (roles/inference_server engine-vllm.yml installs it into its venv where the model is
@@ -136,6 +142,10 @@ class ServingLayout:
     fixed lines of haproxy.cfg"""
     versions_from_object_store: bool = False
     """aws: the model servers mount no shared filesystem; each copies a version from the object store"""
+    canary_gpus: CanaryGpus = "beside"
+    """where the canary runs (infra/platform/serving_layout.py): beside the replicas on every node (no GPU),
+    on every node's spare GPU group (the role's replica-canary.env names it), or on one stable replica's
+    GPUs it borrows on one node"""
 
 
 def servable(platform: ResolvedPlatform) -> Serving:
@@ -173,16 +183,6 @@ def serving_layout(
             addresses = {node: host_addresses(platform)[node] for node in (*servers, *gateways)}
         else:
             addresses = {node: container_name(platform.name, node) for node in (*servers, *gateways)}
-    if (
-        serving.engine == "vllm"
-        and layout is not None
-        and layout.replicas * layout.tensor_parallel >= (pool.gpus_per_node)
-    ):
-        raise ServeRefused(
-            f"pool '{pool.name}' has no GPU left for a canary: its {layout.replicas} replica(s) of "
-            f"{layout.tensor_parallel} GPU(s) take all {pool.gpus_per_node} GPUs of each node. Serve fewer "
-            "replicas per node (serving.max_replicas) or give the pool a node type with more GPUs"
-        )
     return ServingLayout(
         gateways=gateways,
         servers=servers,
@@ -192,6 +192,7 @@ def serving_layout(
         drain_s=serving.gateway_timeout_s + 10,
         slots_follow_instances=platform.spec.backend == "aws",
         versions_from_object_store=platform.spec.backend == "aws",
+        canary_gpus=layout.canary if layout is not None else "beside",
     )
 
 
@@ -266,6 +267,8 @@ class ReplicaServing:
     answering: bool
     version: str | None
     """the registered version its server names, "" the stack's own model, None: it names none"""
+    lent: bool = False
+    """a stable replica stopped while a canary runs on its GPUs (serving.canary.gpus borrow)"""
 
 
 class Release:
@@ -447,30 +450,56 @@ class Release:
             role_vars("monitoring")["__monitoring_engine_metrics"][self.layout.engine]["ttft_histogram"]
         )
 
+    def itl_histogram_names(self) -> tuple[str, ...]:
+        """The engine's inter-token latency histogram, by each name it may have, the preferred first (none for
+        the CPU reference server; roles/monitoring's vars list them). vLLM's v1 engine named it
+        vllm:time_per_output_token_seconds (vllm/v1/metrics/loggers.py, `histogram_time_per_output_token`,
+        observed per `time_per_output_tokens_iter`, at vllm-project/vllm commit 005a810b, a 0.10 release);
+        the 0.11 series' loggers.py adds vllm:inter_token_latency_seconds over the same buckets and marks
+        the old name "DEPRECATED: Use vllm:inter_token_latency_seconds instead". The first name a server
+        has is read, never both (the same observations twice)."""
+        names = role_vars("monitoring")["__monitoring_engine_metrics"][self.layout.engine]["itl_histogram"]
+        return tuple(name for name in str(names).split("|") if name)
+
     def latency_histograms(self) -> dict[str, Series | None]:
-        """Each version's latency histograms, cumulative, by model server (node:port), read from the servers'
-        own /metrics at this instant: the time to the first token (for the CPU reference server the whole
-        answer, its only token). Both versions at the same instant, as the gateway's counters are: a
-        Prometheus scrape of each at its own phase would compare windows that differ by up to a scrape
-        interval, load bursts in one and not the other. Each server on its own, so that a restart or a
-        missed read of one is told from the others (counts.SinceStart). None where no server answered."""
-        histogram = self.latency_histogram_name()
+        """`histograms`' time to the first token alone."""
+        return self.histograms()[0]
+
+    def histograms(self) -> tuple[dict[str, Series | None], dict[str, Series | None]]:
+        """Each version's latency and inter-token latency histograms, cumulative, by model server
+        (node:port), read from the servers' own /metrics at this instant: the time to the first token (for
+        the CPU reference server the whole answer, its only token), and the gaps between an answer's tokens
+        (an LLM engine's). Both versions at the same instant, as the gateway's counters are: a Prometheus
+        scrape of each at its own phase would compare windows that differ by up to a scrape interval, load
+        bursts in one and not the other. Each server on its own, so that a restart or a missed read of one
+        is told from the others (counts.SinceStart). None where no server answered."""
+        histogram, itl_names = self.latency_histogram_name(), self.itl_histogram_names()
         found: dict[str, dict[str, Histogram]] = {backend: {} for backend in JOB_OF_BACKEND}
+        gaps: dict[str, dict[str, Histogram]] = {backend: {} for backend in JOB_OF_BACKEND}
         for node in self.layout.servers:
             ports = {REPLICA_PORT + replica: STABLE_BACKEND for replica in self._replicas(node)}
             ports[CANARY_PORT] = CANARY_BACKEND
             answer = self.nodes.exec(
                 node, "python3", "-c", METRICS_READ, "127.0.0.1", *map(str, ports), timeout=30
             )
+            server = self.layout.addresses.get(node, node)
             for port, read in parse_metrics(answer, histogram).items():
                 if port in ports:
-                    found[ports[port]][f"{self.layout.addresses.get(node, node)}:{port}"] = read
-        return {backend: series or None for backend, series in found.items()}
+                    found[ports[port]][f"{server}:{port}"] = read
+            for name in itl_names:
+                for port, read in parse_metrics(answer, name).items():
+                    if port in ports:
+                        gaps[ports[port]].setdefault(f"{server}:{port}", read)
+        return (
+            {backend: series or None for backend, series in found.items()},
+            {backend: series or None for backend, series in gaps.items()},
+        )
 
     def replicas_serving(self) -> list[ReplicaServing]:
         """What each replica (and canary slot) of each node serves now, as its own server says: the version
         its /metrics names, "" for the stack's own model, None where it does not answer or names none."""
         found: list[ReplicaServing] = []
+        lent = {node: str(replica) for node, replica in self.borrowed_replicas().items()}
         for node in self.layout.servers:
             slots = {str(replica): REPLICA_PORT + replica for replica in self._replicas(node)}
             slots[CANARY_SLOT] = CANARY_PORT
@@ -479,7 +508,7 @@ class Release:
             )
             versions, up = served_versions(answer), answering_ports(answer)
             found += [
-                ReplicaServing(node, slot, port, port in up, versions.get(port))
+                ReplicaServing(node, slot, port, port in up, versions.get(port), lent.get(node) == slot)
                 for slot, port in slots.items()
             ]
         return found
@@ -506,7 +535,8 @@ class Release:
             raise GpuPlatError("no gateway answered: " + "; ".join(failures))
         for failure in failures:
             self.say(f"left out of this look: {failure}")
-        histograms = self.latency_histograms() if latency else dict.fromkeys(JOB_OF_BACKEND)
+        none: dict[str, Series | None] = dict.fromkeys(JOB_OF_BACKEND)
+        histograms, gaps = self.histograms() if latency else (none, none)
         stable, canary = (
             Reading.of_gateways(
                 {
@@ -514,6 +544,7 @@ class Release:
                     for gateway, figures in by_gateway.items()
                 },
                 histograms[backend],
+                gaps[backend],
             )
             for backend in (STABLE_BACKEND, CANARY_BACKEND)
         )
@@ -536,8 +567,15 @@ class Release:
 
     # Steps on the nodes
 
-    def _write_version(self, node: str, slot: str, version: ModelVersion | None) -> None:
-        """The slot's version file (None: none, the stack's own model)."""
+    def _write_version(
+        self,
+        node: str,
+        slot: str,
+        version: ModelVersion | None,
+        borrowed: tuple[str, int, str] | None = None,
+    ) -> None:
+        """The slot's version file (None: none, the stack's own model); a canary's on `borrowed` (node,
+        replica, its GPUs) names the replica and runs on its GPUs."""
         self._fence(f"writing the version of slot {slot} on {node}")
         path = f"{CONFIG_DIR}/version-{slot}.env"
         if version is None:
@@ -553,6 +591,8 @@ class Release:
                     f"{node} could not copy {version.reference} from {source[0]} ({error.message}): the "
                     "inference nodes' role reads the stack's models bucket only; nothing was restarted on it"
                 ) from None
+        if borrowed is not None:
+            text += f"{BORROW_MARK}{borrowed[1]}\nCUDA_VISIBLE_DEVICES={borrowed[2]}\n"
         script = 'printf %s "$1" > "$2.tmp" && mv "$2.tmp" "$2"'
         self.nodes.exec(node, "sh", "-c", script, "sh", text, path)
 
@@ -604,16 +644,101 @@ class Release:
         return f"{self.layout.addresses[node]}:{CANARY_PORT}"
 
     def start_canary(self, version: ModelVersion) -> None:
+        """The canary slot on `version`: on every node (beside the replicas, or on each node's spare GPUs),
+        or on one node on the GPUs of a stable replica it borrows (`_borrow`)."""
+        borrowed = self._borrow() if self.layout.canary_gpus == "borrow" else None
+        nodes = self.layout.servers if borrowed is None else (borrowed[0],)
+        try:
+            for node in nodes:
+                self._write_version(node, CANARY_SLOT, version, borrowed)
+                self.nodes.exec(node, "systemctl", "restart", f"{UNIT}@{CANARY_SLOT}.service")
+            for node in nodes:
+                self._wait_healthy(node, CANARY_PORT)
+            self._fill_slots()
+            for node in nodes:
+                # The last canary's stop left its server drained on the gateways.
+                self._on_gateways("ready", CANARY_BACKEND, self._canary_target(node))
+            self._wait_canary_up(len(nodes))
+        except GpuPlatError:
+            if borrowed is not None:  # the replica's GPUs go back to it, on its own version
+                self.say(
+                    f"the canary did not come up: replica {borrowed[1]} on {borrowed[0]} takes its GPUs back"
+                )
+                self.stop_canary()
+            raise
+
+    def canary_nodes(self) -> tuple[str, ...]:
+        """The nodes whose canary slot runs the canary: every server, or the one whose replica it borrows."""
+        if self.layout.canary_gpus != "borrow":
+            return self.layout.servers
+        return tuple(self.borrowed_replicas())
+
+    def borrowed_replicas(self) -> dict[str, int]:
+        """node -> the stable replica whose GPUs its canary runs on (the canary's version file says so)."""
+        found: dict[str, int] = {}
+        if self.layout.canary_gpus != "borrow":
+            return found
         for node in self.layout.servers:
-            self._write_version(node, CANARY_SLOT, version)
-            self.nodes.exec(node, "systemctl", "restart", f"{UNIT}@{CANARY_SLOT}.service")
-        for node in self.layout.servers:
-            self._wait_healthy(node, CANARY_PORT)
-        self._fill_slots()
-        for node in self.layout.servers:
-            # The last canary's stop left its server drained on the gateways.
-            self._on_gateways("ready", CANARY_BACKEND, self._canary_target(node))
-        self._wait_canary_up()
+            for line in self._version_file(node, CANARY_SLOT).splitlines():
+                if line.startswith(BORROW_MARK) and line.removeprefix(BORROW_MARK).isdigit():
+                    found[node] = int(line.removeprefix(BORROW_MARK))
+        return found
+
+    def _borrow(self) -> tuple[str, int, str]:
+        """Take one stable replica out of service for the canary, as a rolling update with maxSurge 0 does:
+        the last replica of the last node (the one a promote rolls last), drained on every gateway (its
+        requests in flight answered), stopped and masked until the canary gives its GPUs back (a converge
+        must not start it on GPUs the canary holds). Its node, number and CUDA_VISIBLE_DEVICES. A canary
+        that borrows already (a deploy after a golden set refused, a rollback's) keeps its replica."""
+        for node, replica in self.borrowed_replicas().items():
+            return node, replica, self._replica_devices(node, replica)
+        node = self.layout.servers[-1]
+        replica = self.stable_replicas(node)[-1]
+        up = self.figures().servers_up.get(STABLE_BACKEND, 0)
+        if up < 2:
+            raise ServeRefused(
+                f"the canary borrows the GPUs of a stable replica (serving.canary.gpus borrow), but the "
+                f"gateways count {up} stable server(s) up: borrowing replica {replica} on {node} would leave "
+                "the stable version none. Wait for the pool's replicas to come up (`gpuplat serve status`), "
+                "or give the pool more nodes"
+            )
+        devices = self._replica_devices(node, replica)
+        self.say(
+            f"the canary borrows replica {replica} on {node} (GPUs {devices}): drained on every gateway, "
+            "then stopped while the canary runs"
+        )
+        self._on_gateways("drain", STABLE_BACKEND, f"{self.layout.addresses[node]}:{REPLICA_PORT + replica}")
+        self._fence(f"stopping replica {replica} on {node} for the canary")
+        self.nodes.exec(node, "systemctl", "stop", f"{UNIT}@{replica}.service")
+        # Until the next boot (--runtime); unmask takes no --runtime (systemd 239 NEWS: "systemctl
+        # disable/unmask/preset/preset-all cannot be used with --runtime") and removes this mask.
+        self.nodes.exec(node, "systemctl", "mask", "--runtime", f"{UNIT}@{replica}.service")
+        return node, replica, devices
+
+    def _replica_devices(self, node: str, replica: int) -> str:
+        """The replica's CUDA_VISIBLE_DEVICES, as the role wrote them (replica-<i>.env)."""
+        path = f"{CONFIG_DIR}/replica-{replica}.env"
+        text = self.nodes.exec(node, "sh", "-c", 'cat "$1"', "sh", path)
+        for line in text.splitlines():
+            if line.startswith("CUDA_VISIBLE_DEVICES="):
+                return line.partition("=")[2].strip()
+        raise GpuPlatError(
+            f"{node}'s {path} names no CUDA_VISIBLE_DEVICES: the canary cannot take replica {replica}'s "
+            "GPUs. `gpuplat up` writes each vLLM replica's GPUs there"
+        )
+
+    def _give_back(self, node: str, replica: int, version: ModelVersion | str | None) -> None:
+        """The borrowed replica started again on its GPUs (on `version`, or KEEP: its own file's) and put
+        back in service on every gateway once they count it up."""
+        if version != KEEP:
+            assert not isinstance(version, str)
+            self._write_version(node, str(replica), version)
+        self._fence(f"starting replica {replica} on {node} again")
+        self.nodes.exec(node, "systemctl", "unmask", f"{UNIT}@{replica}.service")
+        self.nodes.exec(node, "systemctl", "start", f"{UNIT}@{replica}.service")
+        self._wait_healthy(node, REPLICA_PORT + replica)
+        self._on_gateways("ready", STABLE_BACKEND, f"{self.layout.addresses[node]}:{REPLICA_PORT + replica}")
+        self.say(f"replica {replica} on {node} has its GPUs back and serves again")
 
     def _fill_slots(self) -> None:
         """On aws the gateways' slots follow the instances (gpuplat_gateway_targets.py, on a timer): a canary
@@ -624,8 +749,7 @@ class Release:
         for gateway in self.layout.gateways:
             self.nodes.exec(gateway, "systemctl", "start", f"{TARGETS_UNIT}.service", timeout=120)
 
-    def _wait_canary_up(self) -> None:
-        wanted = len(self.layout.servers)
+    def _wait_canary_up(self, wanted: int) -> None:
         deadline = time.monotonic() + 120
         while self.figures().servers_up.get(CANARY_BACKEND, 0) < wanted:
             if time.monotonic() > deadline:
@@ -642,7 +766,8 @@ class Release:
             version_environment(version, self.layout.engine, self.layout.versions_from_object_store)
         )
         path = f"{(source[1] if source else version.location).rstrip('/')}/{GOLDEN_FILE}"
-        for node in self.layout.servers:
+        canaries = self.canary_nodes()
+        for node in canaries:
             try:
                 answer = self.nodes.exec(
                     node, "python3", "-c", GOLDEN_PROBE, path, str(CANARY_PORT), timeout=600
@@ -663,16 +788,20 @@ class Release:
                     f"on {node}: {wrong}. Its canary is stopped and took no request; fix the version or its "
                     f"{GOLDEN_FILE}"
                 )
-        servers = ", ".join(self.layout.servers)
-        self.say(f"{version.reference} answered its golden set as expected on {servers}")
+        self.say(f"{version.reference} answered its golden set as expected on {', '.join(canaries)}")
 
-    def stop_canary(self) -> None:
+    def stop_canary(self, returning: ModelVersion | str | None = KEEP) -> None:
         """Share 0, then each canary server drained on every gateway (its requests in flight answered)
-        before it stops: nothing it was answering is cut."""
+        before it stops: nothing it was answering is cut. A replica the canary borrowed gets its GPUs back
+        and starts again, on `returning` (None: the stack's own model; KEEP: its own file's version), and
+        only then is the canary's version file, the record of the loan, removed."""
         self.set_share(0)
+        borrowed = self.borrowed_replicas()
         for node in self.layout.servers:
             self._on_gateways("drain", CANARY_BACKEND, self._canary_target(node))
             self.nodes.exec(node, "systemctl", "stop", f"{UNIT}@{CANARY_SLOT}.service")
+            if node in borrowed:
+                self._give_back(node, borrowed[node], returning)
             self.nodes.exec(node, "rm", "-f", f"{CONFIG_DIR}/version-{CANARY_SLOT}.env")
 
     def stable_replicas(self, node: str) -> list[int]:
@@ -701,7 +830,12 @@ class Release:
             # carries a release through steps for many minutes): each booted on the record of its boot, so
             # every instance running now is rolled; one started from here on boots on the record just written.
             self.layout = serving_layout(self.platform, self.relist())
-        replicas = {node: self.stable_replicas(node) for node in self.layout.servers}
+        # A replica the canary borrowed is the canary's until `stop_canary` gives it back, on its version.
+        lent = self.borrowed_replicas()
+        replicas = {
+            node: [replica for replica in self.stable_replicas(node) if lent.get(node) != replica]
+            for node in self.layout.servers
+        }
         drained = only_off and self.figures().servers_up.get(STABLE_BACKEND, 0) < sum(
             map(len, replicas.values())
         )
@@ -749,7 +883,10 @@ class Release:
             raise ServeRefused(refusal)
         # Refuses a location the servers cannot read, before any change.
         version_environment(candidate, self.layout.engine, self.layout.versions_from_object_store)
-        self.say(f"starting {candidate.reference} in the canary slot of {', '.join(self.layout.servers)}")
+        where = "one node, on a stable replica's GPUs" if self.layout.canary_gpus == "borrow" else None
+        self.say(
+            f"starting {candidate.reference} in the canary slot of {where or ', '.join(self.layout.servers)}"
+        )
         self.start_canary(candidate)
         self.probe_golden(candidate)
         self._fence("moving the registry's aliases")
@@ -776,7 +913,9 @@ class Release:
             else f"the stable replicas restart on {candidate.reference} one at a time"
         )
         self.roll_stable(candidate, share)
-        self.stop_canary()
+        # A replica the canary borrowed is the last the roll reaches: it starts on the candidate once the
+        # canary stopped.
+        self.stop_canary(candidate)
         self._fence("moving the registry's aliases")
         if stable is not None:
             self.registry.set_alias(model, PREVIOUS, stable.version)
@@ -794,8 +933,9 @@ class Release:
             # A promote cut short (killed, a replica that did not come up) left some stable replicas on the
             # candidate: they go back to the champion, the canary at share 0 first.
             self.set_share(0)
-            self.roll_stable(self.aliased(model, CHAMPION), 0, only_off=True)
-            self.stop_canary()
+            champion = self.aliased(model, CHAMPION)
+            self.roll_stable(champion, 0, only_off=True)
+            self.stop_canary(champion)
             self._fence("moving the registry's aliases")
             self.registry.delete_alias(model, CHALLENGER)
             self.say(
@@ -810,7 +950,7 @@ class Release:
         self._fence("moving the registry's aliases")
         self.registry.set_alias(model, CHALLENGER, previous.version)
         self.roll_stable(previous, 0)
-        self.stop_canary()
+        self.stop_canary(previous)
         self._fence("moving the registry's aliases")
         self.registry.set_alias(model, CHAMPION, previous.version)
         self.registry.delete_alias(model, CHALLENGER)

@@ -583,7 +583,7 @@ class Canary(_Model):
             "canary mean latency allowed, as a multiple of the stable version's (from the histogram's _sum "
             "and _count); a significantly slower rank (Mann-Whitney) fails an interval only beyond it. The "
             "latency is the time to the first token (for vLLM; the whole answer for the CPU reference "
-            "server, whose first token is the whole answer)"
+            "server, whose first token is the whole answer), and for vLLM the inter-token latency too"
         ),
     )
     max_slow_share_increase: float = Field(
@@ -673,6 +673,15 @@ class Canary(_Model):
         description=(
             "requests per second the gateway serves; with it a setting the canary's share cannot meet is "
             "refused (here for share_percent, at `serve deploy` for --canary)"
+        ),
+    )
+    gpus: Literal["borrow", "spare"] = Field(
+        "borrow",
+        description=(
+            "where a vLLM canary on GPU nodes runs (Slurm stacks): borrow, on the GPUs of one stable replica "
+            "of one node, drained and stopped while the canary runs (capacity one replica less during a "
+            "release; the pool needs at least 2 replicas at its smallest); spare, on a GPU group each node "
+            "keeps free for it (one replica per node less, always; a node needs at least 2 GPU groups)"
         ),
     )
 

@@ -178,6 +178,29 @@ def test_eight_gpu_node_never_serves_on_gpu0_alone() -> None:
     assert seen == [str(g) for g in range(8)]
 
 
+def canary_env(engine: str, canary_gpus: str) -> dict[str, str]:
+    """The canary slot's env file (replica-canary.env) as the role's tasks/service.yml writes it."""
+    tasks = yaml.safe_load((ROLES / "inference_server" / "tasks" / "service.yml").read_text())
+    task = next(t for t in tasks if t.get("name", "").startswith("Write the canary slot's port"))
+    variables = {
+        **defaults("inference_server"),
+        "inventory_hostname": INFER_HOST,
+        "inference_engine": engine,
+        "inference_canary_gpus": canary_gpus,
+    }
+    text = environment().from_string(task["ansible.builtin.copy"]["content"]).render(**variables)
+    return dict(line.split("=", 1) for line in text.splitlines() if line and not line.startswith("#"))
+
+
+def test_a_spare_canary_starts_on_the_gpu_group_its_node_keeps_and_nowhere_else() -> None:
+    """Issue 48 item 7: the canary's env file had only its port, so a vLLM canary started on GPU 0 beside
+    replica 0. With serving.canary.gpus spare it names the node's spare group; where the canary borrows a
+    replica's GPUs `gpuplat serve` writes them into its version file, and the CPU engine uses none."""
+    assert canary_env("vllm", "6,7") == {"GPUPLAT_INFERENCE_PORT": "8100", "CUDA_VISIBLE_DEVICES": "6,7"}
+    assert canary_env("vllm", "") == {"GPUPLAT_INFERENCE_PORT": "8100"}
+    assert canary_env("cpu-reference", "") == {"GPUPLAT_INFERENCE_PORT": "8100"}
+
+
 def test_no_role_pins_a_vllm_version_of_its_own() -> None:
     for role in ("inference_server", "inference_gateway", "monitoring"):
         assert not [k for k in defaults(role) if "vllm_version" in k], role

@@ -63,11 +63,37 @@ def aws_stack(write_stack: Callable[..., Path], request: pytest.FixtureRequest) 
     def renamed(platform: dict[str, Any]) -> None:
         platform["name"] = name
         platform["serving"]["registry"] = {}
-        # The CPU reference server: a vLLM canary needs a GPU of its own beside the replicas, which take every
-        # GPU of an AWS node (release.serving_layout refuses it, saying so).
+        # The CPU reference server, as the serving scenario runs (the shipped stack's vLLM: below).
         platform["serving"]["engine"] = "cpu-reference"
 
     return write_stack("aws-prod", renamed, name=name)
+
+
+@pytest.mark.parametrize("command", [("status", "embedder"), ("rollback", "embedder")])
+def test_a_vllm_stack_on_aws_is_served_status_and_rollback_needing_no_free_gpu(
+    aws_url: str, write_stack: Callable[..., Path], command: tuple[str, ...]
+) -> None:
+    """The shipped aws-prod stack serves vLLM on g6e.xlarge (one GPU, one replica per node): `serve` refused
+    it before any command ("no GPU left for a canary"), status and rollback included. Now its canary
+    borrows a replica's GPUs and every command goes on to the stack's nodes (moto's SSM runs no agent: its
+    answer is empty, exit 4)."""
+    name = f"{STACK}-vllm-{command[0]}"
+
+    def with_registry(platform: dict[str, Any]) -> None:
+        platform["name"] = name
+        platform["serving"]["registry"] = {}
+
+    stack = write_stack("aws-prod", with_registry, name=name)
+    platform = load_platform(stack)
+    ec2 = client("ec2", aws_url)
+    launch(ec2, **{"gpuplat:stack": name, "gpuplat:node": "head-0", "gpuplat:pool": "head"})
+    for _ in range(2):
+        launch(ec2, **{"gpuplat:stack": name, "gpuplat:pool": "infer"})
+    reach = stack_reach(platform, ec2, client("ssm", aws_url))
+    assert serving_layout(platform, reach.instances).canary_gpus == "borrow"
+    run = run_cli("serve", *command, "--stack-file", str(stack), "--registry-url", "http://127.0.0.1:9")
+    assert "no GPU left" not in run.err and "Traceback" not in run.err, run.err
+    assert run.code == 4 and "head-0's answer through SSM is empty" in run.err, (run.code, run.err)
 
 
 def test_an_aws_stack_is_served_on_its_running_instances_through_ssm(aws_url: str, aws_stack: Path) -> None:

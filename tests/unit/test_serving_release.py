@@ -225,14 +225,6 @@ def test_the_local_stack_serves_from_its_infer_node_behind_its_head_node(
     assert layout.addresses == {"infer-0": "gpuplat-local-infer-0", "head-0": "gpuplat-local-head-0"}
 
 
-def test_a_canary_needs_a_gpu_the_stable_replicas_leave_free(write_stack: Callable[..., Path]) -> None:
-    def vllm(platform: dict[str, Any]) -> None:
-        platform["serving"].update(engine="vllm", model="/shared/models/llama-3.1-8b")
-
-    with pytest.raises(ServeRefused, match="pool 'infer' has no GPU left for a canary"):
-        serving_layout(load_platform(write_stack("local", vllm)))
-
-
 def test_serve_refuses_a_model_name_before_reaching_the_registry(write_stack: Callable[..., Path]) -> None:
     def with_registry(platform: dict[str, Any]) -> None:
         platform["serving"]["registry"] = {}

@@ -321,7 +321,7 @@ def status(
             "node": r.node,
             "slot": r.slot,
             "port": r.port,
-            "serves": _served(r.answering, r.version),
+            "serves": "its GPUs lent to the canary" if r.lent else _served(r.answering, r.version),
         }
         for r in release.replicas_serving()
     ]
