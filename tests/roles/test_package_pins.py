@@ -94,6 +94,20 @@ def test_not_met_names_the_package_and_why(fake_dpkg: dict[str, str], spec: str,
     assert said.endswith(why)
 
 
+def test_against_this_hosts_own_dpkg() -> None:
+    """The real dpkg-query's answer read right (the format, the status letters): this host's python3 is
+    installed at its version, and at no other."""
+    environment = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    found = subprocess.run(
+        ["dpkg-query", "-W", "-f", "${Version}", "python3"], capture_output=True, text=True, check=True
+    )
+    version = found.stdout.strip()
+    assert check(environment, "python3", f"python3={version}") == (0, "met")
+    assert check(environment, f"python3={version.split('.')[0]}.*") == (0, "met")
+    assert check(environment, "python3=0.0.1-*") == (1, f"python3=0.0.1-*: {version} installed")
+    assert check(environment, "gpuplat-no-such-package") == (1, "gpuplat-no-such-package: not installed")
+
+
 def test_not_met_without_dpkg_query(tmp_path: Path) -> None:
     rc, said = check({"PATH": str(tmp_path)}, "bash")
     assert rc == 1
