@@ -167,6 +167,9 @@ def platform_vars(platform: ResolvedPlatform) -> dict[str, Any]:
             values |= registry_vars(platform)
             if spec.backend == "local" and wheelhouse(platform) is not None:
                 values["model_registry_wheelhouse"] = wheelhouse(platform)
+        if spec.backend == "local" and cpu_engine_packages(platform):
+            # The engine's and the model's wheels are in the host's wheelhouse (wheel_requirements).
+            values["inference_server_wheelhouse"] = wheelhouse(platform)
         if layout is not None:
             # Ansible waits for /health as long as a replica may take to load (the Kubernetes layer's
             # startup probe allows the same).
@@ -214,14 +217,18 @@ def training_env_packages(platform: ResolvedPlatform) -> list[str]:
     release, and where the stack serves a CPU reference model, that model's package and what reads it (a
     job fine-tunes the served model from the same files the server loads)."""
     mlflow = role_defaults("model_registry")["model_registry_mlflow_version"]
-    packages = [*COMPANION_PACKAGES, f"mlflow-skinny=={mlflow}"]
+    return [*COMPANION_PACKAGES, f"mlflow-skinny=={mlflow}", *cpu_engine_packages(platform)]
+
+
+def cpu_engine_packages(platform: ResolvedPlatform) -> list[str]:
+    """Where the stack serves a CPU reference model the role knows: the model's package and what reads it
+    (roles/inference_server, engine cpu-reference); else none."""
     serving = platform.spec.serving
-    if serving is not None and serving.engine == "cpu-reference":
-        server = role_defaults("inference_server")
-        model = server["inference_server_cpu_models"].get(serving.model)
-        if model is not None:
-            packages += [model["package"], *server["inference_server_cpu_packages"]]
-    return packages
+    if serving is None or serving.engine != "cpu-reference":
+        return []
+    server = role_defaults("inference_server")
+    model = server["inference_server_cpu_models"].get(serving.model)
+    return [] if model is None else [model["package"], *server["inference_server_cpu_packages"]]
 
 
 def role_group_members(platform: ResolvedPlatform) -> dict[str, list[str]]:

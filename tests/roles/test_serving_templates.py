@@ -133,7 +133,8 @@ def test_prometheus_scrapes_each_canary_slot_as_a_job_of_its_own() -> None:
 
 def role_vars(role: str, variables: dict[str, Any]) -> dict[str, Any]:
     """defaults + vars/main.yml of a role, the vars rendered once against the inventory."""
-    merged = {**defaults(role), **variables}
+    # The facts the vars read (the interpreter that makes a virtual environment), as Debian 12 has them.
+    merged = {"ansible_facts": {"python": {"executable": "/usr/bin/python3"}}, **defaults(role), **variables}
     for name, value in yaml.safe_load((ROLES / role / "vars" / "main.yml").read_text()).items():
         if isinstance(value, str):
             value = environment().from_string(value).render(**merged).strip()

@@ -1,8 +1,8 @@
 """The wheels of the local platform's nodes: downloaded once on the host into the stack's state directory
-and mounted read-only into every node, where roles/training_env (torch and its companions) and
-roles/model_registry (MLflow's server) install them offline. pip's own configuration decides where they
-come from (on the test machines, a find-links directory that holds the CPU build of torch; a plain index
-would give the CUDA build)."""
+and mounted read-only into every node, where roles/training_env (torch and its companions),
+roles/model_registry (MLflow's server) and roles/inference_server (the CPU reference engine and its model)
+install them offline. pip's own configuration decides where they come from (on the test machines, a
+find-links directory that holds the CPU build of torch; a plain index would give the CUDA build)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from infra.backends.local.host_caches import wheelhouse_dir
 from infra.errors import EnvironmentProblem
-from infra.nodes.inventory import training_env_packages
+from infra.nodes.inventory import cpu_engine_packages, training_env_packages
 from infra.nodes.role_templates import role_defaults
 from infra.platform.resolve import ResolvedPlatform
 
@@ -23,11 +23,13 @@ NODE_PYTHON = "3.11"
 
 def wheel_requirements(platform: ResolvedPlatform) -> list[str]:
     """What the nodes install from the wheelhouse: the training environment where the stack has one, the
-    registry's server where it runs one."""
+    registry's server where it runs one, the CPU reference engine and its model where it serves one (each
+    requirement once: the training environment holds the engine's packages too)."""
     requirements: list[str] = []
     version = platform.spec.training.torch_version
     if version is not None:
         requirements += [f"torch=={version}", *training_env_packages(platform)]
+    requirements += [r for r in cpu_engine_packages(platform) if r not in requirements]
     serving = platform.spec.serving
     if serving is not None and serving.registry is not None:
         # With its basic-auth app's extra (roles/model_registry, __model_registry_requirements).
