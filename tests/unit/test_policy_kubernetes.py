@@ -1,0 +1,219 @@
+"""The Kubernetes rules on hand-made objects (infra/policy/rules/kubernetes.py): a queue's reach against its
+team's cap, the pools a pod's selector and required affinity name, what binds the admission guard, and
+objects whose parts are not what the rules expect. Each test failed on a mutant of the rules the
+policy-rules session let through (`make mutation`, docs/developing.md#mutation-score)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from infra.k8s.objects import LABEL_POOL, LABEL_ROLE, TEAM_GPU_RESOURCE
+from infra.platform.resolve import ResolvedPlatform
+from infra.policy.rules import PolicyContext
+from infra.policy.rules.kubernetes import check_kubernetes_isolation, check_kubernetes_quotas
+from infra.policy.view import ResourceIndex, ResourceView
+
+KUEUE = "kubernetes:kueue.x-k8s.io/v1beta2"
+GPU = "nvidia.com/gpu"
+
+
+def k8s(kind: str, name: str, spec: Any, namespace: str = "", api: str = KUEUE) -> ResourceView:
+    metadata = {"name": name, **({"namespace": namespace} if namespace else {})}
+    return ResourceView(
+        f"{api}:{kind}", name, {"kind": kind, "metadata": metadata, "spec": spec}, urn=f"urn:{name}"
+    )
+
+
+def flavor(name: str, pool: str) -> ResourceView:
+    return k8s("ResourceFlavor", name, {"nodeLabels": {LABEL_POOL: pool}})
+
+
+def quota(flavor_name: str, nominal: float, limit: float | None, resource: str = GPU) -> dict[str, Any]:
+    entry: dict[str, Any] = {"name": resource, "nominalQuota": nominal}
+    if limit is not None:
+        entry["borrowingLimit"] = limit
+    return {"name": flavor_name, "resources": [entry]}
+
+
+def queue(name: str, *groups: list[dict[str, Any]]) -> ResourceView:
+    return k8s("ClusterQueue", name, {"resourceGroups": [{"flavors": flavors} for flavors in groups]})
+
+
+def quota_findings(platform: ResolvedPlatform, *objects: ResourceView) -> list[str]:
+    index = ResourceIndex([flavor("train", "train"), flavor("train-spot", "train-spot"), *objects])
+    return [f.message for f in check_kubernetes_quotas(index, PolicyContext(platform))]
+
+
+def test_a_queues_limit_over_every_flavor_is_its_nominal_plus_borrowing_limit(
+    shipped_platforms: dict[str, ResolvedPlatform],
+) -> None:
+    """research (cap 48) reaches 64 GPUs over its two flavors; its quota-only group holds it to nominal +
+    borrowing limit of the team resource: 40 + 8 is within the cap, 40 + 10 is not."""
+    aws = shipped_platforms["aws-k8s"]
+    flavors = [quota("train", 32, 0), quota("train-spot", 32, 0)]
+    held = queue("research", flavors, [quota("team", 40, 8, TEAM_GPU_RESOURCE)])
+    assert quota_findings(aws, held) == []
+    over = queue("research", flavors, [quota("team", 40, 10, TEAM_GPU_RESOURCE)])
+    assert quota_findings(aws, over) == [
+        "ClusterQueue research may hold 50 GPUs over its flavors (train 32, train-spot 32: nominal + "
+        "borrowing limit), above team 'research''s gpu_quota of 48; Kueue caps each flavor on its own, so "
+        f"the cap must be split across them or held by a quota-only {TEAM_GPU_RESOURCE} resource group"
+    ]
+
+
+def test_a_queue_without_a_team_or_with_a_flavor_that_may_borrow_everything_is_not_summed(
+    shipped_platforms: dict[str, ResolvedPlatform],
+) -> None:
+    """A queue of no team has no cap to stay within, and one flavor without a borrowing limit is its own
+    finding, not a sum; the queue after them is still judged."""
+    aws = shipped_platforms["aws-k8s"]
+    shared = queue("shared", [quota("train", 4, 8)])
+    unbounded = queue("eval", [quota("train", 4, None)])
+    over = queue("product", [quota("train", 20, 6)])
+    assert quota_findings(aws, shared, unbounded, over) == [
+        "ClusterQueue eval sets no borrowingLimit on flavor 'train': it may borrow every idle GPU of the "
+        "cohort, past its team's cap",
+        "ClusterQueue product may hold 26 GPUs over its flavors (train 26: nominal + borrowing limit), "
+        "above team 'product''s gpu_quota of 24; Kueue caps each flavor on its own, so the cap must be split "
+        f"across them or held by a quota-only {TEAM_GPU_RESOURCE} resource group",
+    ]
+
+
+def test_resource_groups_and_flavors_that_are_no_mappings_are_passed_over(
+    shipped_platforms: dict[str, ResolvedPlatform],
+) -> None:
+    """A malformed entry beside good ones (a preview's unknown, a hand-written object): no crash, the good
+    entries still count."""
+    aws = shipped_platforms["aws-k8s"]
+    spec = {
+        "resourceGroups": [
+            "unknown",
+            {"flavors": ["unknown", quota("train", 30, 0)]},
+            {"flavors": ["unknown", quota("team", 20, 10, TEAM_GPU_RESOURCE)]},
+        ]
+    }
+    messages = quota_findings(aws, k8s("ClusterQueue", "product", spec))
+    assert [m.split(" over its flavors")[0] for m in messages] == ["ClusterQueue product may hold 30 GPUs"]
+
+
+def isolation_findings(platform: ResolvedPlatform, *objects: ResourceView) -> list[str]:
+    return [
+        f.message for f in check_kubernetes_isolation(ResourceIndex(list(objects)), PolicyContext(platform))
+    ]
+
+
+def job(pod: dict[str, Any]) -> ResourceView:
+    spec = {"template": {"spec": {"containers": [{"name": "main", "image": "trainer"}], **pod}}}
+    return k8s("Job", "trainer", spec, namespace="team-eval", api="kubernetes:batch/v1")
+
+
+GUARD = (
+    k8s("ValidatingAdmissionPolicy", "guard", {}, api="kubernetes:admissionregistration.k8s.io/v1"),
+    k8s(
+        "ValidatingAdmissionPolicyBinding",
+        "guard-binding",
+        {"policyName": "guard", "validationActions": ["Deny"]},
+        api="kubernetes:admissionregistration.k8s.io/v1",
+    ),
+)
+
+
+def selected(platform: ResolvedPlatform, pod: dict[str, Any]) -> list[str]:
+    """The inference pools a team's job is told it selects (outside the serving namespace)."""
+    prefix = "Job team-eval/trainer selects inference pool(s) "
+    return [
+        m[len(prefix) :].split(" outside")[0]
+        for m in isolation_findings(platform, job(pod), *GUARD)
+        if m.startswith(prefix)
+    ]
+
+
+def expression(key: str, operator: str, *values: str) -> dict[str, Any]:
+    return {"key": key, "operator": operator, "values": list(values)}
+
+
+def affinity(*terms: Any) -> dict[str, Any]:
+    return {
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": list(terms)}
+            }
+        }
+    }
+
+
+def test_a_pod_selects_the_pools_its_selector_names_by_pool_and_by_role_together(
+    shipped_platforms: dict[str, ResolvedPlatform],
+) -> None:
+    aws = shipped_platforms["aws-k8s"]
+    assert selected(aws, {"nodeSelector": {LABEL_POOL: "infer", LABEL_ROLE: "train"}}) == ["infer"]
+    assert selected(aws, {"nodeSelector": {LABEL_POOL: "train", LABEL_ROLE: "infer"}}) == ["infer"]
+
+
+def test_required_affinity_adds_every_in_expression_after_others_of_a_term(
+    shipped_platforms: dict[str, ResolvedPlatform],
+) -> None:
+    """A NotIn expression and a malformed one before the In that names the inference pool do not end the
+    term; an In by role after one by pool adds to it."""
+    aws = shipped_platforms["aws-k8s"]
+    term = {
+        "matchExpressions": [
+            expression(LABEL_POOL, "NotIn", "train"),
+            "unknown",
+            expression(LABEL_POOL, "In", "infer"),
+        ]
+    }
+    assert selected(aws, affinity(term)) == ["infer"]
+    by_pool_then_role = {
+        "matchExpressions": [expression(LABEL_POOL, "In", "infer"), expression(LABEL_ROLE, "In", "train")]
+    }
+    assert selected(aws, affinity(by_pool_then_role)) == ["infer"]
+
+
+def test_affinity_parts_that_are_no_mappings_select_nothing(
+    shipped_platforms: dict[str, ResolvedPlatform],
+) -> None:
+    aws = shipped_platforms["aws-k8s"]
+    assert selected(
+        aws, affinity("unknown", {"matchExpressions": [expression(LABEL_POOL, "In", "infer")]})
+    ) == ["infer"]
+    not_a_mapping = {
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": ["unknown"]}}
+    }
+    assert selected(aws, not_a_mapping) == []
+
+
+def test_only_a_deny_binding_of_a_validating_admission_policy_guards_the_team_namespaces(
+    shipped_platforms: dict[str, ResolvedPlatform],
+) -> None:
+    """The binding must be a ValidatingAdmissionPolicyBinding and name a ValidatingAdmissionPolicy: an
+    object of another kind with the same name or the same spec guards nothing."""
+    aws = shipped_platforms["aws-k8s"]
+    unguarded = (
+        "no ValidatingAdmissionPolicy with a Deny binding guards the team namespaces: isolation would rest "
+        "on every job author getting tolerations and selectors right"
+    )
+    assert unguarded not in isolation_findings(aws, *GUARD)
+    policy, binding = GUARD
+    namesake = k8s("ConfigMap", "guard", {}, namespace="team-eval", api="kubernetes:core/v1")
+    assert unguarded in isolation_findings(aws, namesake, binding)
+    lookalike = k8s(
+        "ConfigMap", "guard-binding", binding.props["spec"], namespace="team-eval", api="kubernetes:core/v1"
+    )
+    assert unguarded in isolation_findings(aws, policy, lookalike)
+
+
+def test_an_object_without_metadata_is_judged_by_its_spec(
+    shipped_platforms: dict[str, ResolvedPlatform],
+) -> None:
+    """A queue whose metadata is unknown (a preview) has no team to be held to, but its flavors are still
+    checked."""
+    anonymous = ResourceView(
+        f"{KUEUE}:ClusterQueue",
+        "anonymous",
+        {"kind": "ClusterQueue", "spec": {"resourceGroups": [{"flavors": [quota("h200", 8, 0)]}]}},
+    )
+    assert quota_findings(shipped_platforms["aws-k8s"], anonymous) == [
+        "ClusterQueue anonymous names flavor 'h200', which is no ResourceFlavor of a pool of the stack "
+        "(flavors: train, train-spot)"
+    ]
