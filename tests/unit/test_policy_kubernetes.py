@@ -5,6 +5,7 @@ policy-rules session let through (`make mutation`, docs/developing.md#mutation-s
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from infra.k8s.objects import LABEL_POOL, LABEL_ROLE, TEAM_GPU_RESOURCE
@@ -217,3 +218,59 @@ def test_an_object_without_metadata_is_judged_by_its_spec(
         "ClusterQueue anonymous names flavor 'h200', which is no ResourceFlavor of a pool of the stack "
         "(flavors: train, train-spot)"
     ]
+
+
+def server(*pods: dict[str, Any], namespace: str = "serving") -> ResourceView:
+    """A LeaderWorkerSet-like object holding each pod spec in its own template."""
+    templates = [
+        {"template": {"spec": {"containers": [{"name": "vllm", "image": "vllm"}], **p}}} for p in pods
+    ]
+    return k8s(
+        "LeaderWorkerSet", "server", {"templates": templates}, namespace=namespace, api="kubernetes:apps/v1"
+    )
+
+
+def test_every_pod_of_an_object_is_judged_and_each_finding_lists_all_it_names(
+    shipped_platforms: dict[str, ResolvedPlatform],
+) -> None:
+    """A second inference pool (infer-b) so that the lists have two entries; a team object's first pod is
+    not its last, and a model server's findings list every pool and taint."""
+    aws = shipped_platforms["aws-k8s"]
+    infer = next(p for p in aws.pools if p.name == "infer")
+    second = replace(infer, spec=infer.spec.model_copy(update={"name": "infer-b"}))
+    platform = replace(aws, pools=(*aws.pools, second))
+    every = {"operator": "Exists"}
+    inference = {"key": "gpuplat/inference", "operator": "Exists"}
+    team = server(
+        {},
+        {"tolerations": [inference, every]},
+        {"nodeSelector": {LABEL_ROLE: "infer"}},
+        namespace="team-eval",
+    )
+    gpu = {"containers": [{"name": "vllm", "resources": {"limits": {GPU: 1}}}]}
+    training = [
+        {"key": "gpuplat/training", "operator": "Exists"},
+        {"key": "gpuplat/spot", "operator": "Exists"},
+    ]
+    model = server({**gpu, "nodeSelector": {LABEL_ROLE: "train"}, "tolerations": training})
+    assert isolation_findings(platform, team, model, *GUARD) == [
+        "LeaderWorkerSet team-eval/server tolerates the inference taint (every taint, gpuplat/inference): "
+        "training and inference never share nodes",
+        "LeaderWorkerSet team-eval/server selects inference pool(s) infer, infer-b outside the serving "
+        "namespace 'serving'",
+        "LeaderWorkerSet serving/server requests GPUs but does not run on the inference pool only (selects "
+        "train, train-spot; inference pools: infer, infer-b)",
+        "LeaderWorkerSet serving/server tolerates training pools' taints (gpuplat/spot, gpuplat/training): "
+        "model servers stay off training nodes",
+    ]
+
+
+def test_a_training_pool_tainted_no_execute_alone_keeps_unadmitted_pods_off(
+    shipped_platforms: dict[str, ResolvedPlatform],
+) -> None:
+    aws = shipped_platforms["aws-k8s"]
+    pools = []
+    for pool in aws.pools:
+        taints = [t.model_copy(update={"effect": "NoExecute"}) for t in pool.spec.taints]
+        pools.append(replace(pool, spec=pool.spec.model_copy(update={"taints": taints})))
+    assert isolation_findings(replace(aws, pools=tuple(pools)), *GUARD) == []
