@@ -11,7 +11,11 @@ from typing import Any
 from infra.k8s.objects import LABEL_POOL, LABEL_ROLE, TEAM_GPU_RESOURCE
 from infra.platform.resolve import ResolvedPlatform
 from infra.policy.rules import PolicyContext
-from infra.policy.rules.kubernetes import check_kubernetes_isolation, check_kubernetes_quotas
+from infra.policy.rules.kubernetes import (
+    check_kubernetes_isolation,
+    check_kubernetes_quotas,
+    check_spot_flavors,
+)
 from infra.policy.view import ResourceIndex, ResourceView
 
 KUEUE = "kubernetes:kueue.x-k8s.io/v1beta2"
@@ -274,3 +278,38 @@ def test_a_training_pool_tainted_no_execute_alone_keeps_unadmitted_pods_off(
         taints = [t.model_copy(update={"effect": "NoExecute"}) for t in pool.spec.taints]
         pools.append(replace(pool, spec=pool.spec.model_copy(update={"taints": taints})))
     assert isolation_findings(replace(aws, pools=tuple(pools)), *GUARD) == []
+
+
+def test_only_resource_flavors_are_judged_as_flavors_and_each_lists_every_taint_it_tolerates(
+    shipped_platforms: dict[str, ResolvedPlatform],
+) -> None:
+    aws = shipped_platforms["aws-k8s"]
+    lookalike = k8s("ConfigMap", "labels", {"nodeLabels": {LABEL_POOL: "infer"}}, namespace="serving")
+    tolerations = [{"key": "gpuplat/inference", "operator": "Exists"}, {"operator": "Exists"}]
+    wide = k8s("ResourceFlavor", "wide", {"nodeLabels": {LABEL_POOL: "train"}, "tolerations": tolerations})
+    assert isolation_findings(aws, lookalike, wide, *GUARD) == [
+        "ResourceFlavor wide lets queued training work onto inference nodes (tolerates every taint, "
+        "gpuplat/inference)"
+    ]
+
+
+def spot_findings(platform: ResolvedPlatform | None, *objects: ResourceView) -> list[str]:
+    flavors = [flavor("train", "train"), flavor("train-b", "train"), flavor("train-spot", "train-spot")]
+    index = ResourceIndex([*flavors, *objects])
+    return [f.message for f in check_spot_flavors(index, PolicyContext(platform))]
+
+
+def test_a_cluster_queue_naming_spot_before_on_demand_is_told_which_spot_flavor_comes_first(
+    shipped_platforms: dict[str, ResolvedPlatform],
+) -> None:
+    """The order of a queue's flavors is the order Kueue tries them in; a Cohort's is not, and a stack
+    without a platform has nothing to judge by."""
+    aws = shipped_platforms["aws-k8s"]
+    flavors = [quota("train", 8, 0), quota("train-spot", 8, 0), quota("train-b", 8, 0)]
+    assert spot_findings(aws, queue("research", flavors)) == [
+        "ClusterQueue research tries spot flavor 'train-spot' before on-demand flavor(s) train-b: spot only "
+        "takes what on-demand cannot"
+    ]
+    cohort = k8s("Cohort", "all", {"resourceGroups": [{"flavors": flavors}]})
+    assert spot_findings(aws, cohort) == []
+    assert spot_findings(None, queue("research", flavors)) == []
