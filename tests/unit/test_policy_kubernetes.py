@@ -294,7 +294,8 @@ def test_only_resource_flavors_are_judged_as_flavors_and_each_lists_every_taint_
 
 
 def spot_findings(platform: ResolvedPlatform | None, *objects: ResourceView) -> list[str]:
-    flavors = [flavor("train", "train"), flavor("train-b", "train"), flavor("train-spot", "train-spot")]
+    on_demand = [flavor(name, "train") for name in ("train", "train-b", "train-c")]
+    flavors = [*on_demand, flavor("train-spot", "train-spot")]
     index = ResourceIndex([*flavors, *objects])
     return [f.message for f in check_spot_flavors(index, PolicyContext(platform))]
 
@@ -305,10 +306,15 @@ def test_a_cluster_queue_naming_spot_before_on_demand_is_told_which_spot_flavor_
     """The order of a queue's flavors is the order Kueue tries them in; a Cohort's is not, and a stack
     without a platform has nothing to judge by."""
     aws = shipped_platforms["aws-k8s"]
-    flavors = [quota("train", 8, 0), quota("train-spot", 8, 0), quota("train-b", 8, 0)]
+    flavors = [
+        quota("train", 8, 0),
+        quota("train-spot", 8, 0),
+        quota("train-b", 8, 0),
+        quota("train-c", 8, 0),
+    ]
     assert spot_findings(aws, queue("research", flavors)) == [
-        "ClusterQueue research tries spot flavor 'train-spot' before on-demand flavor(s) train-b: spot only "
-        "takes what on-demand cannot"
+        "ClusterQueue research tries spot flavor 'train-spot' before on-demand flavor(s) train-b, "
+        "train-c: spot only takes what on-demand cannot"
     ]
     cohort = k8s("Cohort", "all", {"resourceGroups": [{"flavors": flavors}]})
     assert spot_findings(aws, cohort) == []
