@@ -161,12 +161,8 @@ SESSIONS = [
             "tests/pulumi/test_eks.py::test_node_groups_read_eks_node_groups",
             "tests/pulumi/test_eks.py::test_the_shipped_stack_passes_every_rule",
             "tests/pulumi/test_eks.py::test_eks_node_groups_read_from_labels_templates_or_components",
-            "tests/unit/test_policy_config.py",
-            "tests/unit/test_policy_rule_shapes.py",
-            "tests/unit/test_policy_spot_pools.py",
-            "tests/unit/test_policy_not_applicable.py",
-            "tests/unit/test_policy_evaluate.py",
-            "tests/unit/test_policy_isolation.py",
+            # Every unit test file of the rules (as for the EC2 node program below): the CLI's included.
+            *sorted(test.relative_to(ROOT).as_posix() for test in ROOT.glob("tests/unit/test_policy_*.py")),
         ],
     ),
     Session(
