@@ -319,3 +319,19 @@ def test_a_cluster_queue_naming_spot_before_on_demand_is_told_which_spot_flavor_
     cohort = k8s("Cohort", "all", {"resourceGroups": [{"flavors": flavors}]})
     assert spot_findings(aws, cohort) == []
     assert spot_findings(None, queue("research", flavors)) == []
+
+
+def test_a_flavor_of_no_pool_of_the_stack_or_no_flavor_at_all_is_named(
+    shipped_platforms: dict[str, ResolvedPlatform],
+) -> None:
+    aws = shipped_platforms["aws-k8s"]
+    research = queue("research", [quota("old", 8, 0)])
+    assert quota_findings(aws, flavor("old", "gone"), research) == [
+        "ClusterQueue research names flavor 'old', which is no ResourceFlavor of a pool of the stack "
+        "(flavors: old, train, train-spot)"
+    ]
+    alone = [f.message for f in check_kubernetes_quotas(ResourceIndex([research]), PolicyContext(aws))]
+    assert alone == [
+        "ClusterQueue research names flavor 'old', which is no ResourceFlavor of a pool of the stack "
+        "(flavors: none)"
+    ]
