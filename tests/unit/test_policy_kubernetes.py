@@ -335,3 +335,19 @@ def test_a_flavor_of_no_pool_of_the_stack_or_no_flavor_at_all_is_named(
         "ClusterQueue research names flavor 'old', which is no ResourceFlavor of a pool of the stack "
         "(flavors: none)"
     ]
+
+
+def test_a_flavor_of_no_pool_does_not_end_the_checks_of_the_flavors_after_it(
+    shipped_platforms: dict[str, ResolvedPlatform],
+) -> None:
+    """The unknown flavor 'a-old' sorts before 'train', whose nominal quotas (40) exceed its pool's 32 GPUs
+    and whose borrowing limit is missing."""
+    aws = shipped_platforms["aws-k8s"]
+    research = queue("research", [quota("a-old", 8, 0), quota("train", 40, None)])
+    assert [m.split(",")[0] for m in quota_findings(aws, research)] == [
+        "ClusterQueue research names flavor 'a-old'",
+        "ClusterQueue research sets no borrowingLimit on flavor 'train': it may borrow every idle GPU of the "
+        "cohort",
+        "the nominal quotas of flavor 'train' add up to 40 GPUs but pool 'train' has 32 (ClusterQueue "
+        "research: 40): Kueue would guarantee GPUs that do not exist",
+    ]
