@@ -27,3 +27,12 @@ def test_the_groups_declaring_more_nodes_than_the_stack_are_named_per_pool(
         " (a, b declare 8 nodes for pool 'train', which the stack sizes at 4; c declares 10 nodes for pool "
         "'train-spot', which the stack sizes at 4)"
     )
+
+
+def test_a_group_known_by_its_pools_component_only_counts_for_its_pool(
+    shipped_platforms: dict[str, ResolvedPlatform],
+) -> None:
+    aws = shipped_platforms["aws-prod"]
+    group = ResourceView(ASG, "d", {"maxSize": 40}, urn="urn:d", parent="urn:component::aws-prod-train")
+    (finding,) = check_budget_gpus(ResourceIndex([group]), PolicyContext(aws))
+    assert finding.message.endswith(" (d declares 40 nodes for pool 'train', which the stack sizes at 4)")
