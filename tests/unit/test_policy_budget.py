@@ -5,9 +5,13 @@ the policy-rules session let through (`make mutation`, docs/developing.md#mutati
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
+import pytest
+
 from infra.platform.resolve import ResolvedPlatform
-from infra.policy.rules import PolicyContext
-from infra.policy.rules.budget import check_budget_gpus
+from infra.policy.rules import Finding, PolicyContext
+from infra.policy.rules.budget import check_budget_cost, check_budget_gpus
 from infra.policy.rules.resource_types import ASG
 from infra.policy.view import TAG_POOL, TAG_ROLE, ResourceIndex, ResourceView
 
@@ -29,10 +33,12 @@ def test_the_groups_declaring_more_nodes_than_the_stack_are_named_per_pool(
     )
 
 
+@pytest.mark.parametrize("check", [check_budget_gpus, check_budget_cost])
 def test_a_group_known_by_its_pools_component_only_counts_for_its_pool(
-    shipped_platforms: dict[str, ResolvedPlatform],
+    shipped_platforms: dict[str, ResolvedPlatform], check: Callable[..., Iterator[Finding]]
 ) -> None:
+    """For the GPUs and for the hourly cost: 40 nodes of the training pool are over both budgets."""
     aws = shipped_platforms["aws-prod"]
     group = ResourceView(ASG, "d", {"maxSize": 40}, urn="urn:d", parent="urn:component::aws-prod-train")
-    (finding,) = check_budget_gpus(ResourceIndex([group]), PolicyContext(aws))
+    (finding,) = check(ResourceIndex([group]), PolicyContext(aws))
     assert finding.message.endswith(" (d declares 40 nodes for pool 'train', which the stack sizes at 4)")
