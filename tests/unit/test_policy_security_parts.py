@@ -6,19 +6,22 @@ docs/developing.md#mutation-score)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from infra.policy.rules import PolicyContext
-from infra.policy.rules.resource_types import IAM_ROLE, IAM_ROLE_POLICY, SSM_PARAMETER
+from infra.policy.rules.resource_types import BUCKET_PAB, BUCKETS, IAM_ROLE, IAM_ROLE_POLICY, SSM_PARAMETER
 from infra.policy.rules.security import (
     _instance_arn,
     _names_parameter,
     _policy_role,
     _retags_stack,
     check_required_tags,
+    check_s3_public_access,
 )
 from infra.policy.settings import PolicyConfig
-from infra.policy.view import TAG_ROLE, ResourceIndex, ResourceView
+from infra.policy.view import TAG_ROLE, UNKNOWN, ResourceIndex, ResourceView
 
 
 @pytest.mark.parametrize(
@@ -74,4 +77,25 @@ def test_a_blank_required_tag_given_by_tags_all_is_missing() -> None:
     resource = ResourceView(SSM_PARAMETER, "p", {"tagsAll": {"owner": ""}}, urn="urn:p")
     assert list(check_required_tags(resource, PolicyContext(None, config))) == [
         "missing tag owner: cost reports and owners are found through them"
+    ]
+
+
+def public_access(*pab: dict[str, Any]) -> list[str]:
+    bucket = ResourceView(BUCKETS[0], "data", {}, urn="urn:data", ids=frozenset({"data"}))
+    blocks = [
+        ResourceView(BUCKET_PAB, f"pab-{i}", {"bucket": "data", **p}, urn=f"urn:pab-{i}")
+        for i, p in enumerate(pab)
+    ]
+    return [f.message for f in check_s3_public_access(ResourceIndex([bucket, *blocks]), PolicyContext(None))]
+
+
+def test_a_bucket_is_told_which_public_access_flags_are_off_or_that_it_has_no_block() -> None:
+    """Flags a preview does not know yet are not called off."""
+    assert public_access() == [
+        "bucket 'data' has no public access block: one wrong ACL or policy publishes training data"
+    ]
+    known = {"blockPublicPolicy": True, "restrictPublicBuckets": UNKNOWN}
+    assert public_access(known) == [
+        "bucket 'data' has blockPublicAcls, ignorePublicAcls off: one wrong ACL or policy publishes training "
+        "data"
     ]
