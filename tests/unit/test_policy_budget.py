@@ -6,6 +6,7 @@ the policy-rules session let through (`make mutation`, docs/developing.md#mutati
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import pytest
 
@@ -42,3 +43,18 @@ def test_a_group_known_by_its_pools_component_only_counts_for_its_pool(
     group = ResourceView(ASG, "d", {"maxSize": 40}, urn="urn:d", parent="urn:component::aws-prod-train")
     (finding,) = check(ResourceIndex([group]), PolicyContext(aws))
     assert finding.message.endswith(" (d declares 40 nodes for pool 'train', which the stack sizes at 4)")
+
+
+def with_hourly_budget(platform: ResolvedPlatform, usd: float) -> ResolvedPlatform:
+    budget = platform.spec.budget.model_copy(update={"max_hourly_usd": usd})
+    return replace(platform, spec=platform.spec.model_copy(update={"budget": budget}))
+
+
+def test_a_stack_costing_exactly_its_hourly_budget_passes(
+    shipped_platforms: dict[str, ResolvedPlatform],
+) -> None:
+    aws = shipped_platforms["aws-prod"]
+    (finding,) = check_budget_cost(ResourceIndex([]), PolicyContext(with_hourly_budget(aws, 0)))
+    cost = float(finding.message.split("costs $")[1].split(" ")[0].replace(",", ""))
+    assert not list(check_budget_cost(ResourceIndex([]), PolicyContext(with_hourly_budget(aws, cost))))
+    assert list(check_budget_cost(ResourceIndex([]), PolicyContext(with_hourly_budget(aws, cost - 0.01))))
