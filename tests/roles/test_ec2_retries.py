@@ -113,7 +113,7 @@ def test_the_box_proxy_refuses_one_templates_capacity_and_applies_its_shutdown_b
     armed, url = faults
     client = harness.boto3.client("ec2", region_name=REGION, endpoint_url=url)
     other = client.create_launch_template(
-        LaunchTemplateName="terminate-on-shutdown",
+        LaunchTemplateName=f"{cloud.stack}-terminate-on-shutdown"[:120],
         LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceInitiatedShutdownBehavior": "terminate"},
     )["LaunchTemplate"]["LaunchTemplateId"]
     armed.refuse_capacity(cloud.launch_template_id)
