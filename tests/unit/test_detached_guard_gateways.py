@@ -195,22 +195,26 @@ def test_a_follower_whose_guard_does_not_answer_keeps_its_share(tmp_path: Path) 
     assert stack.gateways[FOLLOWER].shares == [] and stack.gateways[FOLLOWER].share == 5
 
 
+SHOWN = {"canary_percent": 5, "backends": {STABLE: {"requests": 3, "errors": 0, "servers_up": 1}}}
+"""a gateway's `show`"""
+
+
 def test_the_guards_board_answers_only_its_followers_at_their_addresses() -> None:
     board = Board(20, {"phase": "running"})
     server = serve_board(board, MODEL, {FOLLOWER: "127.0.0.1", "gateway-2": "127.0.0.2"}, port=0)
     try:
         port = server.server_address[1]
         url = f"http://127.0.0.1:{port}/{MODEL}"
-        answer = ask_leader(url, FOLLOWER, {"canary_percent": 5})
+        answer = ask_leader(url, FOLLOWER, SHOWN)
         assert answer == {"share": 20, "state": {"phase": "running"}}
-        assert board.fresh(FOLLOWER, 0) == {"canary_percent": 5}
+        assert board.fresh(FOLLOWER, 0) == SHOWN
         for gateway, where in (
             ("gateway-2", url),
             ("someone", url),
             (FOLLOWER, url.replace(MODEL, "ranker")),
         ):
             with pytest.raises(OSError, match="not a follower of this guard"):
-                ask_leader(where, gateway, {"canary_percent": 100})
+                ask_leader(where, gateway, {**SHOWN, "canary_percent": 100})
         assert board.fresh("gateway-2", 0) is None and board.fresh("someone", 0) is None
     finally:
         server.shutdown()
@@ -399,3 +403,89 @@ def test_over_http_a_canary_failing_behind_the_follower_is_rolled_back_on_both_g
     assert not threads[1].is_alive() and ("disable", follower_unit(MODEL)) in follower.systemctl
     copy = guard_state.read_whole(guard_service.state_path(MODEL, str(tmp_path / FOLLOWER)))
     assert copy is not None and copy["phase"] == DONE and copy["gateway"] == FOLLOWER
+
+
+def test_a_follower_report_the_guard_cannot_read_is_refused_and_the_other_gateways_are_still_judged(
+    tmp_path: Path,
+) -> None:
+    """A follower's figures without the canary's backend (a gateway on an older haproxy.cfg, or a compromised
+    follower) were taken: every look then failed reading them, and a canary failing every request behind the
+    first gateway was never rolled back ("no verdict" once its time was up)."""
+    stack = Stack(tmp_path, Canary(min_requests=10, interval_s=30, intervals=2), 20, (LEADER,))
+    odd = stack.gateways[FOLLOWER]
+    answers = odd.exec
+
+    def without_canary(node: str, *command: str, timeout: float = 120) -> str:
+        found = answers(node, *command, timeout=timeout)
+        if command[-1:] == ("show",):
+            figures = json.loads(found)
+            del figures["backends"][CANARY]
+            return json.dumps(figures)
+        return found
+
+    odd.exec = without_canary  # type: ignore[method-assign]
+    stack.guard.run()
+    state = stack.guard.state
+    assert state["verdict"]["action"] == "rollback", state["verdict"]
+    assert stack.gateways[LEADER].share == 0 and state["gateways_not_set"] == [FOLLOWER]
+    assert FOLLOWER not in state["guard"]["canary"]["gateways"] or state["guard"]["canary"]["gateways"][
+        FOLLOWER
+    ] == {"requests": 0, "errors": 0, "latency": None}
+
+
+@pytest.mark.parametrize(
+    "figures",
+    [
+        {"canary_percent": "x", "backends": {}},
+        {
+            "canary_percent": 120,
+            "backends": {
+                STABLE: {"requests": 5, "errors": 0, "servers_up": 1},
+                CANARY: {"requests": 1, "errors": 0, "servers_up": 1},
+            },
+        },
+        {"canary_percent": 20, "backends": {STABLE: {"requests": 1, "errors": 0, "servers_up": 1}}},
+        {
+            "canary_percent": 20,
+            "backends": {
+                STABLE: {"requests": 5, "errors": 0, "servers_up": 1},
+                CANARY: {"requests": -1_000_000, "errors": 0, "servers_up": 1},
+            },
+        },
+        {"canary_percent": 20},
+    ],
+)
+def test_the_board_refuses_figures_it_cannot_count(figures: dict[str, Any]) -> None:
+    """A report of `canary_percent: "x"` was taken and raised in the guard's check that a share was applied
+    (out of its loop: the guard died at every start); a negative count went into the sums since the start."""
+    board = Board(20, {"backends": {"stable": STABLE, "canary": CANARY}})
+    with pytest.raises(ValueError, match="figures"):
+        board.report(FOLLOWER, figures)
+    assert board.fresh(FOLLOWER, 0) is None and not board.applied(FOLLOWER, 20, 0)
+
+
+def test_the_board_closes_a_connection_from_an_address_that_is_no_followers_before_reading_it() -> None:
+    """The board read each request before looking at its sender: anyone reaching the port (an AWS stack's
+    training nodes) held a thread per connection for up to 10 s per byte, and a `Content-Length: -1` body
+    was read to its end, however long, into the gateway node's memory."""
+    server = serve_board(Board(0, {}), MODEL, {FOLLOWER: "127.0.0.2"}, port=0)
+    try:
+        with socket.create_connection(("127.0.0.1", server.server_address[1]), timeout=5) as stranger:
+            stranger.settimeout(2)
+            stranger.sendall(b"POST /m HTTP/1.1\r\nContent-Length: -1\r\n\r\n" + b"x" * 65536)
+            assert stranger.recv(1) == b""  # closed at once, nothing answered
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_follower_request_with_a_length_that_is_no_length_is_answered_400_at_once() -> None:
+    server = serve_board(Board(0, {}), MODEL, {FOLLOWER: "127.0.0.1"}, port=0)
+    try:
+        with socket.create_connection(("127.0.0.1", server.server_address[1]), timeout=5) as follower:
+            follower.settimeout(2)
+            follower.sendall(f"POST /{MODEL} HTTP/1.1\r\nContent-Length: -1\r\n\r\n{{".encode())
+            assert follower.recv(12).startswith(b"HTTP/1.0 400")
+    finally:
+        server.shutdown()
+        server.server_close()
