@@ -103,6 +103,8 @@ class DetachedGuard:
         self.nodes = nodes or LocalNodes()
         self.clock, self.sleep = clock, sleep or self._pause
         self.stopping = False
+        self.finishing = False
+        """a rollback under way: a stop does not cut its waits short (it is finished even when stopping)"""
         self.board: Board | None = None
         self.state = self._read_state()
 
@@ -114,7 +116,7 @@ class DetachedGuard:
     def _pause(self, seconds: float) -> None:
         """time.sleep in slices: a signal handler that returns resumes a sleep where it was (PEP 475)."""
         deadline = time.monotonic() + seconds
-        while not self.stopping and (left := deadline - time.monotonic()) > 0:
+        while (not self.stopping or self.finishing) and (left := deadline - time.monotonic()) > 0:
             time.sleep(min(left, PAUSE_SLICE_S))
 
     def _read_state(self) -> dict[str, Any]:
@@ -154,7 +156,7 @@ class DetachedGuard:
         asked = self.clock()
         self.board.publish(percent, self.state)
         waiting = list(self.followers())
-        while waiting and self.clock() - asked < CONFIRM_S and not self.stopping:
+        while waiting and self.clock() - asked < CONFIRM_S and (not self.stopping or self.finishing):
             self.sleep(REPORT_EVERY_S)
             waiting = [gateway for gateway in waiting if not self.board.applied(gateway, percent, asked)]
         if waiting:
@@ -348,6 +350,7 @@ class DetachedGuard:
         """One step of the release: a rollback begun finished, a step begun, or one look at the analysis."""
         state = self.state
         if state["phase"] == ROLLING_BACK:
+            self.finishing = True
             unset = self.set_everywhere(0)
             state.update(share=0, gateways_not_set=unset)
             remains = (

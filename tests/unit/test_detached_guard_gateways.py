@@ -489,3 +489,33 @@ def test_a_follower_request_with_a_length_that_is_no_length_is_answered_400_at_o
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_rollback_under_way_when_the_guard_is_stopped_still_waits_for_the_followers(tmp_path: Path) -> None:
+    """ "A rollback begun is finished even when stopping", but its wait for the followers ended at the stop
+    (`systemctl stop`, the node's shutdown): the guard ended the release with the canary's share still on
+    every other gateway, and its followers heard nothing more."""
+    stack = Stack(tmp_path, Canary(min_requests=10, interval_s=30, intervals=2), 20, (LEADER,))
+    ahead = stack.guard.set_everywhere
+
+    def stopped_then(percent: int) -> list[str]:
+        stack.guard.stop()  # SIGTERM as the rollback begins
+        return ahead(percent)
+
+    stack.guard.set_everywhere = stopped_then  # type: ignore[method-assign]
+    stack.guard.run()
+    state = stack.guard.state
+    assert state["verdict"]["action"] == "rollback", state["verdict"]
+    assert stack.gateways[LEADER].share == 0 == stack.gateways[FOLLOWER].share
+    assert state["gateways_not_set"] == []
+
+
+def test_a_stopped_guards_wait_for_its_followers_in_a_rollback_sleeps(tmp_path: Path) -> None:
+    """The wait's sleep (time.sleep in slices) returned at once once stopped: a busy loop for 20 s."""
+    stack = Stack(tmp_path, Canary(min_requests=10, interval_s=30, intervals=2), 20, ())
+    guard = DetachedGuard(MODEL, str(stack.folders[LEADER]), stack.gateways[LEADER], stack.clock)  # type: ignore[arg-type]
+    guard.stop()
+    guard.finishing = True
+    began = time.monotonic()
+    guard.sleep(0.3)
+    assert time.monotonic() - began >= 0.25
