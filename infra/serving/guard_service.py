@@ -357,13 +357,7 @@ class DetachedGuard:
                 f"the canary has no share; `gpuplat serve rollback {self.model}` stops its slot on the model "
                 "servers and takes the registry's challenger alias away"
             )
-            if unset:
-                remains = (
-                    f"the canary's share could not be set to 0 on {', '.join(unset)} (it keeps its share "
-                    f"there); `gpuplat serve rollback {self.model}` sets it on every gateway, stops its slot "
-                    "on the model servers and takes the registry's challenger alias away"
-                )
-            self.finish(Verdict(**state["verdict"]), remains)
+            self.finish(Verdict(**state["verdict"]), _not_set_remains(self.model, unset) or remains)
             return
         if state["guard"] is None:
             self.begin_step()
@@ -375,8 +369,12 @@ class DetachedGuard:
         guard = Guard.from_json(self.rules, state["guard"])
         try:
             if self.share() == 0:
+                # Out on this gateway: out on every other one too, before the followers hear the end.
+                self.finishing = True
+                state.update(share=0, gateways_not_set=self.set_everywhere(0) if self.board else [])
                 self.finish(
-                    Verdict("gone", "the canary has no share any more (taken out by another command)"), ""
+                    Verdict("gone", "the canary has no share any more (taken out by another command)"),
+                    _not_set_remains(self.model, state["gateways_not_set"]),
                 )
                 return
             verdict = guard.look(now, *self.readings())
@@ -539,6 +537,17 @@ def initial_state(
         "remains": None,
         "last_look": None,
     }
+
+
+def _not_set_remains(model: str, unset: list[str]) -> str:
+    """What is left to the operator when gateways did not report the canary's share 0 ("" where none)."""
+    if not unset:
+        return ""
+    return (
+        f"the canary's share could not be set to 0 on {', '.join(unset)} (it keeps its share there); "
+        f"`gpuplat serve rollback {model}` sets it on every gateway, stops its slot on the model servers and "
+        "takes the registry's challenger alias away"
+    )
 
 
 def init(model: str, text: str, folder: str = STATE_DIR, clock: Callable[[], float] = time.time) -> None:

@@ -519,3 +519,22 @@ def test_a_stopped_guards_wait_for_its_followers_in_a_rollback_sleeps(tmp_path: 
     began = time.monotonic()
     guard.sleep(0.3)
     assert time.monotonic() - began >= 0.25
+
+
+def test_a_canary_taken_out_on_the_guards_gateway_alone_is_taken_out_on_every_gateway(tmp_path: Path) -> None:
+    """The guard ended its release ("gone") when its own gateway had the canary at 0 (the gateway program run
+    by hand there, HAProxy started without its state file), leaving the canary its share on the other
+    gateways, whose followers heard that the release ended and stopped: the canary served there unwatched."""
+    stack = Stack(tmp_path, Canary(min_requests=10, interval_s=30, intervals=2), 20, ())
+    ahead = stack.guard.look
+
+    def look() -> None:
+        if stack.guard.state["looks"] == 1:
+            stack.gateways[LEADER].share = 0
+        ahead()
+
+    stack.guard.look = look  # type: ignore[method-assign]
+    stack.guard.run()
+    state = stack.guard.state
+    assert state["verdict"]["action"] == "gone", state["verdict"]
+    assert stack.gateways[FOLLOWER].share == 0 and state["gateways_not_set"] == []
