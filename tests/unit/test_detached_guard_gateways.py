@@ -234,7 +234,7 @@ class TwoGatewayRelease(DetachingRelease):
         if command[2:3] == ("init",):
             self.inits[node] = json.loads(command[4])
         self.steps.append(f"{node}: {' '.join(command[:3])}")
-        return ""
+        return "8406\n" if command[:2] == ("python3", "-c") else ""
 
 
 def test_detach_on_two_gateways_starts_the_guard_on_the_first_and_a_follower_on_the_other() -> None:
@@ -538,3 +538,19 @@ def test_a_canary_taken_out_on_the_guards_gateway_alone_is_taken_out_on_every_ga
     state = stack.guard.state
     assert state["verdict"]["action"] == "gone", state["verdict"]
     assert stack.gateways[FOLLOWER].share == 0 and state["gateways_not_set"] == []
+
+
+def test_two_models_detached_at_once_on_one_node_get_two_ports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each `deploy --detach` chose its port from the states on the node, and wrote its own a few commands
+    later: two models deployed at once both chose 8406, and the second guard could not bind it at any start.
+    A port chosen is held (PORT_HELD_S) until that state names it. (The script runs on this machine.)"""
+    monkeypatch.setattr(detach, "STATE_DIR", str(tmp_path / "state"))
+    release = SimpleNamespace(nodes=guard_service.LocalNodes())
+    first = detach.peer_port(release, LEADER, "ranker")  # type: ignore[arg-type]
+    second = detach.peer_port(release, LEADER, MODEL)  # type: ignore[arg-type]
+    assert (first, second) == (8406, 8407)
+    assert detach.peer_port(release, LEADER, MODEL) == 8407  # its own choice again, not a third port
+    monkeypatch.setattr(detach, "PORT_HELD_S", 0)  # held no longer: free again
+    assert detach.peer_port(release, LEADER, MODEL) == 8406
