@@ -9,8 +9,9 @@ state. The leader answers only a follower named in its state and only from that 
 else reads the state or adds counters to the analysis. No node reaches another's admin socket, shell or
 programs: a compromised leader can set the canary's share on the other gateways (0 to 100 % to a version the
 operator deployed) and nothing more; a compromised follower can misreport its own counters (it routes its
-own requests already). Plain HTTP, as the model servers' /metrics the analysis reads: someone who can forge
-the leader's address on that network can forge those as well.
+own requests already), and sway the verdict with them (they are summed with the others'). Plain HTTP, as
+the model servers' /metrics the analysis reads: someone who can forge the leader's address on that network
+can forge those as well.
 
 Standard library only: the bundle runs on the gateway node's Python.
 """
@@ -34,8 +35,6 @@ from infra.serving.metrics_text import GatewayFigures
 PEER_PORT = 8406
 """the leader's port for its followers (the gateway's metrics are on 8404, its requests on 8080)"""
 REPORT_EVERY_S = 2.0
-FRESH_S = 15.0
-"""a follower's report older than this is left out of a look (counted at its next)"""
 CONFIRM_S = 20.0
 """how long the leader waits for every follower to report a new share applied"""
 ANSWER_LIMIT = 1 << 20
