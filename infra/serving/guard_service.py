@@ -275,6 +275,15 @@ class DetachedGuard:
     # Its work
 
     def run(self) -> None:
+        if self.state.get("leader", self.state["gateway"]) != self.state["gateway"]:
+            # A guard unit left enabled here by an earlier release, on a node a later one made a follower:
+            # its state is the follower's copy, and the release's guard runs on the leader.
+            say(
+                f"this gateway follows the guard of '{self.model}' on {self.state['leader']}: "
+                "nothing to run here"
+            )
+            self.disable()
+            return
         if self.state["phase"] == DONE:
             say(f"the release of '{self.model}' ended before: {self.state['verdict']['reason']}")
             self.disable()

@@ -554,3 +554,34 @@ def test_two_models_detached_at_once_on_one_node_get_two_ports(
     assert detach.peer_port(release, LEADER, MODEL) == 8407  # its own choice again, not a third port
     monkeypatch.setattr(detach, "PORT_HELD_S", 0)  # held no longer: free again
     assert detach.peer_port(release, LEADER, MODEL) == 8406
+
+
+def test_a_guard_unit_left_enabled_on_a_node_that_now_follows_does_not_lead_a_second_release(
+    tmp_path: Path,
+) -> None:
+    """A guard stopped on a gateway (enabled: its next boot resumes it) that a later `deploy --detach` made a
+    follower (another gateway first in the inventory) read the follower's state at that boot and ran as a
+    second guard: its own release lock, its own analysis, its own share on that gateway, against the
+    follower's."""
+    stack = Stack(tmp_path, Canary(min_requests=10, interval_s=30, intervals=2), 20, (FOLLOWER,))
+    node = stack.gateways[FOLLOWER]
+    second = DetachedGuard(MODEL, str(stack.folders[FOLLOWER]), node, stack.clock, stack.sleep)  # type: ignore[arg-type]
+    second.run()
+    assert node.shares == [] and second.board is None
+    assert ("disable", unit_name(MODEL)) in node.systemctl
+    copy = guard_state.read_whole(guard_service.state_path(MODEL, str(stack.folders[FOLLOWER])))
+    assert copy is not None and copy["phase"] != DONE  # the follower's copy is left as it was
+
+
+def test_a_follower_unit_left_enabled_on_the_node_that_now_leads_stops(tmp_path: Path) -> None:
+    """The other way round: a follower on the leader's node asked its own node's guard, for ever."""
+    stack = Stack(tmp_path, Canary(min_requests=10, interval_s=30, intervals=2), 20, ())
+    node = stack.gateways[LEADER]
+    naps: list[float] = []
+
+    def nap(seconds: float) -> None:
+        naps.append(seconds)
+        assert len(naps) < 5, "the follower on the leader's node never stops"
+
+    Follower(MODEL, str(stack.folders[LEADER]), node, stack.ask, nap).run()  # type: ignore[arg-type]
+    assert node.shares == [] and ("disable", follower_unit(MODEL)) in node.systemctl
