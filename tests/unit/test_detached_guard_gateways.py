@@ -585,3 +585,16 @@ def test_a_follower_unit_left_enabled_on_the_node_that_now_leads_stops(tmp_path:
 
     Follower(MODEL, str(stack.folders[LEADER]), node, stack.ask, nap).run()  # type: ignore[arg-type]
     assert node.shares == [] and ("disable", follower_unit(MODEL)) in node.systemctl
+
+
+def test_a_report_from_before_a_share_was_published_does_not_say_it_applied() -> None:
+    """The guard's waits (a share applied, the release's end heard) count only reports that came at or after
+    they began: an earlier one showing the same share says nothing of the answer the follower had since."""
+    now = [100.0]
+    board = Board(5, {}, lambda: now[0])
+    board.report(FOLLOWER, SHOWN)  # 5 %, at 100
+    assert board.fresh(FOLLOWER, 100.0) == SHOWN and board.applied(FOLLOWER, 5, 100.0)
+    assert board.fresh(FOLLOWER, 100.5) is None and not board.applied(FOLLOWER, 5, 100.5)
+    now[0] = 101.0
+    board.report(FOLLOWER, SHOWN)
+    assert board.applied(FOLLOWER, 5, 100.5)
