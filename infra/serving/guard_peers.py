@@ -153,7 +153,8 @@ def serve_board(
     class FollowersOnly(ThreadingHTTPServer):
         def verify_request(self, request: Any, client_address: Any) -> bool:
             """A connection from an address that is no follower's is closed before a thread or a byte is
-            spent on it (socketserver.BaseServer._handle_request_noblock calls this first)."""
+            spent on it (BaseServer._handle_request_noblock calls this first: CPython 3.11,
+            Lib/socketserver.py)."""
             return bool(client_address[0] in allowed.values())
 
     try:
