@@ -434,6 +434,11 @@ class DetachedGuard:
         if step is not None and step["percent"] != state["share"]:
             baseline = self.readings()
             unset = self.set_everywhere(step["percent"])
+            if unset and self.stopping:
+                # The stop cut the wait short, no gateway refused: back to the last share every gateway had,
+                # and the step is begun again at the next start (not a try spent).
+                self.set_everywhere(state["share"])
+                return
             if unset:
                 self.step_not_set(step["percent"], unset)
                 return

@@ -598,3 +598,29 @@ def test_a_report_from_before_a_share_was_published_does_not_say_it_applied() ->
     now[0] = 101.0
     board.report(FOLLOWER, SHOWN)
     assert board.applied(FOLLOWER, 5, 100.5)
+
+
+def test_a_stop_during_a_steps_wait_is_not_a_failed_try_of_the_step(tmp_path: Path) -> None:
+    """A stop (`systemctl stop`, a reboot) while the guard waited for the followers to take a step cut the
+    wait short; the step then counted as not set on the followers (named in the record as gateways not set),
+    one of its three tries spent: three such stops ended a release no gateway had refused."""
+    stack = Stack(tmp_path, stepped(5, 20, 50), 5, ())
+    guard, ahead, calls = stack.guard, stack.guard.set_everywhere, [0]
+
+    def stopped_at_the_second_step(percent: int) -> list[str]:
+        calls[0] += 1
+        if calls[0] == 2:
+            guard.stop()
+        return ahead(percent)
+
+    guard.set_everywhere = stopped_at_the_second_step  # type: ignore[method-assign]
+    guard.run()
+    assert guard.state.get("step_tries", 0) == 0 and guard.state.get("gateways_not_set") == []
+    assert stack.gateways[LEADER].share == 20 == guard.state["share"]
+    resumed = DetachedGuard(
+        MODEL, str(stack.folders[LEADER]), stack.gateways[LEADER], stack.clock, stack.sleep
+    )  # type: ignore[arg-type]
+    stack.guard = resumed
+    resumed.run()
+    assert resumed.state["verdict"]["action"] == "promote-ready"
+    assert stack.gateways[LEADER].share == 50 == stack.gateways[FOLLOWER].share
