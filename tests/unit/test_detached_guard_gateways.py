@@ -315,7 +315,7 @@ def test_a_connection_to_the_guards_board_that_sends_nothing_is_closed(
     """Without a read timeout each silent connection (anyone on an AWS stack's training nodes reaches the
     gateways' every port) held one of the board's threads for ever."""
     monkeypatch.setattr(guard_peers, "READ_TIMEOUT_S", 0.5)
-    server = serve_board(Board(0, {}), MODEL, {}, port=0)
+    server = serve_board(Board(0, {}), MODEL, {FOLLOWER: "127.0.0.1"}, port=0)  # from a follower's address
     try:
         with socket.create_connection(("127.0.0.1", server.server_address[1]), timeout=5) as silent:
             silent.settimeout(5)
