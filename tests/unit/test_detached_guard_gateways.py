@@ -10,6 +10,7 @@ reporting), systemd starting the units."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import socket
 import threading
@@ -624,3 +625,20 @@ def test_a_stop_during_a_steps_wait_is_not_a_failed_try_of_the_step(tmp_path: Pa
     resumed.run()
     assert resumed.state["verdict"]["action"] == "promote-ready"
     assert stack.gateways[LEADER].share == 50 == stack.gateways[FOLLOWER].share
+
+
+def test_a_port_is_chosen_under_the_nodes_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The choice waits for another `deploy --detach` choosing on the same node (the lock held here)."""
+    monkeypatch.setattr(detach, "STATE_DIR", str(tmp_path / "state"))
+    (tmp_path / "state" / "guard").mkdir(parents=True)
+    release = SimpleNamespace(nodes=guard_service.LocalNodes())
+    chosen: list[int] = []
+    with open(tmp_path / "state" / "guard" / ".ports.lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        choosing = threading.Thread(target=lambda: chosen.append(detach.peer_port(release, LEADER, MODEL)))  # type: ignore[arg-type]
+        choosing.start()
+        choosing.join(timeout=1.0)
+        assert choosing.is_alive() and chosen == []
+        fcntl.flock(held, fcntl.LOCK_UN)
+    choosing.join(timeout=30)
+    assert chosen == [8406]
