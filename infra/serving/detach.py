@@ -126,27 +126,50 @@ def check_detachable(release: Release) -> None:
         )
 
 
-# The ports the guards of other models, leading a release that has not ended on this node, answer their
-# followers on (their state's peer_port): each guard its own port, as each its own bundle.
-PORTS_TAKEN = """import glob, json, sys
-for path in glob.glob(sys.argv[1] + "/guard/*.json"):
-    try:
-        with open(path) as opened:
-            state = json.load(opened)
-    except (OSError, ValueError):
-        continue
-    leads = state.get("gateway") == state.get("leader") and state.get("addresses")
-    if leads and state.get("model") != sys.argv[2] and state.get("phase") != "done":
-        print(state.get("peer_port"))
+# The port the guard of a model answers its followers on: the first from PEER_PORT that no other model's
+# guard, leading a release that has not ended on this node, has (its state's peer_port), nor another `deploy
+# --detach` chose within PORT_HELD_S and has not written its state yet. Chosen and held under a lock on the
+# node: two models deployed at once read the states before either wrote its own, both chose 8406, and the
+# second guard failed at every start, its canary unwatched.
+PORT_CHOSEN = """import fcntl, glob, json, os, sys, time
+folder, model, first, held_s = sys.argv[1] + "/guard", sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+os.makedirs(folder, exist_ok=True)
+with open(folder + "/.ports.lock", "a") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    taken = set()
+    for path in glob.glob(folder + "/*.json"):
+        try:
+            with open(path) as opened:
+                state = json.load(opened)
+        except (OSError, ValueError):
+            continue
+        leads = state.get("gateway") == state.get("leader") and state.get("addresses")
+        if leads and state.get("model") != model and state.get("phase") != "done":
+            taken.add(state.get("peer_port"))
+    for path in glob.glob(folder + "/*.port"):
+        try:
+            if path != folder + "/" + model + ".port" and time.time() - os.path.getmtime(path) < held_s:
+                with open(path) as opened:
+                    taken.add(int(opened.read()))
+        except (OSError, ValueError):
+            continue
+    port = next(port for port in range(first, first + len(taken) + 1) if port not in taken)
+    with open(folder + "/" + model + ".port", "w") as chosen:
+        chosen.write(str(port))
+    print(port)
 """
+PORT_HELD_S = 600
+"""how long a port chosen by a `deploy --detach` is held for its state (written a few commands later)"""
 
 
 def peer_port(release: Release, gateway: str, model: str) -> int:
-    """The port the guard of `model` answers its followers on: the first from PEER_PORT that no other model's
-    running guard on `gateway` has."""
-    answer = release.nodes.exec(gateway, "python3", "-c", PORTS_TAKEN, STATE_DIR, model)
-    taken = {int(line) for line in answer.split() if line.isdigit()}
-    return next(port for port in range(PEER_PORT, PEER_PORT + len(taken) + 1) if port not in taken)
+    """The port the guard of `model` answers its followers on (PORT_CHOSEN)."""
+    answer = release.nodes.exec(
+        gateway, "python3", "-c", PORT_CHOSEN, STATE_DIR, model, str(PEER_PORT), str(PORT_HELD_S)
+    )
+    if not answer.strip().isdigit():
+        raise GpuPlatError(f"the guard's port on {gateway}: the node answered {answer.strip()[-200:]!r}")
+    return int(answer)
 
 
 def _install(release: Release, node: str, model: str, service: str, unit_text: str) -> None:

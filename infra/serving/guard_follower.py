@@ -89,6 +89,11 @@ class Follower:
             return False
 
     def run(self) -> None:
+        if self.gateway == self.leader:
+            # A follower unit left enabled here by an earlier release, on the node a later one made leader.
+            say(f"this gateway leads the release of '{self.model}': no follower here")
+            self.nodes.exec(self.gateway, "systemctl", "disable", follower_unit(self.model), timeout=30)
+            return
         while not self.stopping:
             if self.once():
                 say(f"the release of '{self.model}' ended: this follower stops")

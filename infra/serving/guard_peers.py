@@ -9,8 +9,9 @@ state. The leader answers only a follower named in its state and only from that 
 else reads the state or adds counters to the analysis. No node reaches another's admin socket, shell or
 programs: a compromised leader can set the canary's share on the other gateways (0 to 100 % to a version the
 operator deployed) and nothing more; a compromised follower can misreport its own counters (it routes its
-own requests already). Plain HTTP, as the model servers' /metrics the analysis reads: someone who can forge
-the leader's address on that network can forge those as well.
+own requests already), and sway the verdict with them (they are summed with the others'). Plain HTTP, as
+the model servers' /metrics the analysis reads: someone who can forge the leader's address on that network
+can forge those as well.
 
 Standard library only: the bundle runs on the gateway node's Python.
 """
@@ -29,12 +30,11 @@ from urllib import error as url_error
 from urllib import request as url_request
 
 from infra.errors import GpuPlatError
+from infra.serving.metrics_text import GatewayFigures
 
 PEER_PORT = 8406
 """the leader's port for its followers (the gateway's metrics are on 8404, its requests on 8080)"""
 REPORT_EVERY_S = 2.0
-FRESH_S = 15.0
-"""a follower's report older than this is left out of a look (counted at its next)"""
 CONFIRM_S = 20.0
 """how long the leader waits for every follower to report a new share applied"""
 ANSWER_LIMIT = 1 << 20
@@ -68,7 +68,10 @@ class Board:
             self.share, self.state = share, json.loads(json.dumps(state))
 
     def report(self, gateway: str, figures: dict[str, Any]) -> dict[str, Any]:
-        """A follower's report; the answer it applies."""
+        """A follower's report; the answer it applies. Figures the guard cannot count are a ValueError and
+        are not kept: one follower's unreadable report would fail every look (a canary failing behind the
+        other gateways never rolled back) or the check that a share was applied."""
+        countable(figures, self.state.get("backends") or {})
         with self.lock:
             self.reports[gateway] = Report(self.clock(), figures)
             return {"share": self.share, "state": self.state}
@@ -82,6 +85,25 @@ class Board:
     def applied(self, gateway: str, share: int, since: float) -> bool:
         figures = self.fresh(gateway, since)
         return figures is not None and int(figures.get("canary_percent", -1)) == share
+
+
+def countable(figures: dict[str, Any], backends: dict[str, str]) -> GatewayFigures:
+    """A gateway's `show` as the guard counts it: a share from 0 to 100, counts that are counts (not
+    negative), and every backend the release names."""
+    try:
+        found = GatewayFigures.from_show(figures)
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise ValueError(
+            f"a gateway's figures the guard cannot read ({type(error).__name__}: {error})"
+        ) from None
+    missing = sorted(set(backends.values()) - set(found.requests))
+    counts = (*found.requests.values(), *found.errors.values(), *found.servers_up.values())
+    if not 0 <= found.canary_percent <= 100 or min(counts, default=0) < 0 or missing:
+        raise ValueError(
+            f"a gateway's figures the guard cannot count: share {found.canary_percent} %, a negative count "
+            f"or no backend {', '.join(missing) or '-'}"
+        )
+    return found
 
 
 def resolved(address: str) -> str:
@@ -103,8 +125,10 @@ def serve_board(
 
         def do_POST(self) -> None:
             try:
-                length = int(self.headers.get("Content-Length", "0"))
-                body = json.loads(self.rfile.read(min(length, ANSWER_LIMIT)))
+                length = int(self.headers.get("Content-Length", ""))
+                if not 0 <= length <= ANSWER_LIMIT:  # read(-1) reads to the end, however far
+                    raise ValueError(length)
+                body = json.loads(self.rfile.read(length))
                 gateway, figures = str(body["gateway"]), dict(body["figures"])
             except (ValueError, KeyError, TypeError):
                 self.send_error(400, "a follower's report is JSON with gateway and figures")
@@ -112,7 +136,11 @@ def serve_board(
             if self.path != f"/{model}" or allowed.get(gateway) != self.client_address[0]:
                 self.send_error(403, "not a follower of this guard")
                 return
-            encoded = json.dumps(board.report(gateway, figures)).encode()
+            try:
+                encoded = json.dumps(board.report(gateway, figures)).encode()
+            except ValueError as error:
+                self.send_error(400, str(error))
+                return
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(encoded)))
@@ -122,8 +150,15 @@ def serve_board(
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
+    class FollowersOnly(ThreadingHTTPServer):
+        def verify_request(self, request: Any, client_address: Any) -> bool:
+            """A connection from an address that is no follower's is closed before a thread or a byte is
+            spent on it (BaseServer._handle_request_noblock calls this first: CPython 3.11,
+            Lib/socketserver.py)."""
+            return bool(client_address[0] in allowed.values())
+
     try:
-        server = ThreadingHTTPServer(("", port), Answer)
+        server = FollowersOnly(("", port), Answer)
     except OSError as error:
         raise GpuPlatError(
             f"the guard of '{model}' cannot answer its followers on port {port} of this node ({error}): "

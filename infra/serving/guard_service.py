@@ -103,6 +103,8 @@ class DetachedGuard:
         self.nodes = nodes or LocalNodes()
         self.clock, self.sleep = clock, sleep or self._pause
         self.stopping = False
+        self.finishing = False
+        """a rollback under way: a stop does not cut its waits short (it is finished even when stopping)"""
         self.board: Board | None = None
         self.state = self._read_state()
 
@@ -114,7 +116,7 @@ class DetachedGuard:
     def _pause(self, seconds: float) -> None:
         """time.sleep in slices: a signal handler that returns resumes a sleep where it was (PEP 475)."""
         deadline = time.monotonic() + seconds
-        while not self.stopping and (left := deadline - time.monotonic()) > 0:
+        while (not self.stopping or self.finishing) and (left := deadline - time.monotonic()) > 0:
             time.sleep(min(left, PAUSE_SLICE_S))
 
     def _read_state(self) -> dict[str, Any]:
@@ -154,7 +156,7 @@ class DetachedGuard:
         asked = self.clock()
         self.board.publish(percent, self.state)
         waiting = list(self.followers())
-        while waiting and self.clock() - asked < CONFIRM_S and not self.stopping:
+        while waiting and self.clock() - asked < CONFIRM_S and (not self.stopping or self.finishing):
             self.sleep(REPORT_EVERY_S)
             waiting = [gateway for gateway in waiting if not self.board.applied(gateway, percent, asked)]
         if waiting:
@@ -273,6 +275,15 @@ class DetachedGuard:
     # Its work
 
     def run(self) -> None:
+        if self.state.get("leader", self.state["gateway"]) != self.state["gateway"]:
+            # A guard unit left enabled here by an earlier release, on a node a later one made a follower:
+            # its state is the follower's copy, and the release's guard runs on the leader.
+            say(
+                f"this gateway follows the guard of '{self.model}' on {self.state['leader']}: "
+                "nothing to run here"
+            )
+            self.disable()
+            return
         if self.state["phase"] == DONE:
             say(f"the release of '{self.model}' ended before: {self.state['verdict']['reason']}")
             self.disable()
@@ -348,19 +359,14 @@ class DetachedGuard:
         """One step of the release: a rollback begun finished, a step begun, or one look at the analysis."""
         state = self.state
         if state["phase"] == ROLLING_BACK:
+            self.finishing = True
             unset = self.set_everywhere(0)
             state.update(share=0, gateways_not_set=unset)
             remains = (
                 f"the canary has no share; `gpuplat serve rollback {self.model}` stops its slot on the model "
                 "servers and takes the registry's challenger alias away"
             )
-            if unset:
-                remains = (
-                    f"the canary's share could not be set to 0 on {', '.join(unset)} (it keeps its share "
-                    f"there); `gpuplat serve rollback {self.model}` sets it on every gateway, stops its slot "
-                    "on the model servers and takes the registry's challenger alias away"
-                )
-            self.finish(Verdict(**state["verdict"]), remains)
+            self.finish(Verdict(**state["verdict"]), _not_set_remains(self.model, unset) or remains)
             return
         if state["guard"] is None:
             self.begin_step()
@@ -372,8 +378,12 @@ class DetachedGuard:
         guard = Guard.from_json(self.rules, state["guard"])
         try:
             if self.share() == 0:
+                # Out on this gateway: out on every other one too, before the followers hear the end.
+                self.finishing = True
+                state.update(share=0, gateways_not_set=self.set_everywhere(0) if self.board else [])
                 self.finish(
-                    Verdict("gone", "the canary has no share any more (taken out by another command)"), ""
+                    Verdict("gone", "the canary has no share any more (taken out by another command)"),
+                    _not_set_remains(self.model, state["gateways_not_set"]),
                 )
                 return
             verdict = guard.look(now, *self.readings())
@@ -424,6 +434,11 @@ class DetachedGuard:
         if step is not None and step["percent"] != state["share"]:
             baseline = self.readings()
             unset = self.set_everywhere(step["percent"])
+            if unset and self.stopping:
+                # The stop cut the wait short, no gateway refused: back to the last share every gateway had,
+                # and the step is begun again at the next start (not a try spent).
+                self.set_everywhere(state["share"])
+                return
             if unset:
                 self.step_not_set(step["percent"], unset)
                 return
@@ -536,6 +551,17 @@ def initial_state(
         "remains": None,
         "last_look": None,
     }
+
+
+def _not_set_remains(model: str, unset: list[str]) -> str:
+    """What is left to the operator when gateways did not report the canary's share 0 ("" where none)."""
+    if not unset:
+        return ""
+    return (
+        f"the canary's share could not be set to 0 on {', '.join(unset)} (it keeps its share there); "
+        f"`gpuplat serve rollback {model}` sets it on every gateway, stops its slot on the model servers and "
+        "takes the registry's challenger alias away"
+    )
 
 
 def init(model: str, text: str, folder: str = STATE_DIR, clock: Callable[[], float] = time.time) -> None:

@@ -10,6 +10,7 @@ reporting), systemd starting the units."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import socket
 import threading
@@ -195,22 +196,26 @@ def test_a_follower_whose_guard_does_not_answer_keeps_its_share(tmp_path: Path) 
     assert stack.gateways[FOLLOWER].shares == [] and stack.gateways[FOLLOWER].share == 5
 
 
+SHOWN = {"canary_percent": 5, "backends": {STABLE: {"requests": 3, "errors": 0, "servers_up": 1}}}
+"""a gateway's `show`"""
+
+
 def test_the_guards_board_answers_only_its_followers_at_their_addresses() -> None:
     board = Board(20, {"phase": "running"})
     server = serve_board(board, MODEL, {FOLLOWER: "127.0.0.1", "gateway-2": "127.0.0.2"}, port=0)
     try:
         port = server.server_address[1]
         url = f"http://127.0.0.1:{port}/{MODEL}"
-        answer = ask_leader(url, FOLLOWER, {"canary_percent": 5})
+        answer = ask_leader(url, FOLLOWER, SHOWN)
         assert answer == {"share": 20, "state": {"phase": "running"}}
-        assert board.fresh(FOLLOWER, 0) == {"canary_percent": 5}
+        assert board.fresh(FOLLOWER, 0) == SHOWN
         for gateway, where in (
             ("gateway-2", url),
             ("someone", url),
             (FOLLOWER, url.replace(MODEL, "ranker")),
         ):
             with pytest.raises(OSError, match="not a follower of this guard"):
-                ask_leader(where, gateway, {"canary_percent": 100})
+                ask_leader(where, gateway, {**SHOWN, "canary_percent": 100})
         assert board.fresh("gateway-2", 0) is None and board.fresh("someone", 0) is None
     finally:
         server.shutdown()
@@ -230,7 +235,7 @@ class TwoGatewayRelease(DetachingRelease):
         if command[2:3] == ("init",):
             self.inits[node] = json.loads(command[4])
         self.steps.append(f"{node}: {' '.join(command[:3])}")
-        return ""
+        return "8406\n" if command[:2] == ("python3", "-c") else ""
 
 
 def test_detach_on_two_gateways_starts_the_guard_on_the_first_and_a_follower_on_the_other() -> None:
@@ -311,7 +316,7 @@ def test_a_connection_to_the_guards_board_that_sends_nothing_is_closed(
     """Without a read timeout each silent connection (anyone on an AWS stack's training nodes reaches the
     gateways' every port) held one of the board's threads for ever."""
     monkeypatch.setattr(guard_peers, "READ_TIMEOUT_S", 0.5)
-    server = serve_board(Board(0, {}), MODEL, {}, port=0)
+    server = serve_board(Board(0, {}), MODEL, {FOLLOWER: "127.0.0.1"}, port=0)  # from a follower's address
     try:
         with socket.create_connection(("127.0.0.1", server.server_address[1]), timeout=5) as silent:
             silent.settimeout(5)
@@ -399,3 +404,241 @@ def test_over_http_a_canary_failing_behind_the_follower_is_rolled_back_on_both_g
     assert not threads[1].is_alive() and ("disable", follower_unit(MODEL)) in follower.systemctl
     copy = guard_state.read_whole(guard_service.state_path(MODEL, str(tmp_path / FOLLOWER)))
     assert copy is not None and copy["phase"] == DONE and copy["gateway"] == FOLLOWER
+
+
+def test_a_follower_report_the_guard_cannot_read_is_refused_and_the_other_gateways_are_still_judged(
+    tmp_path: Path,
+) -> None:
+    """A follower's figures without the canary's backend (a gateway on an older haproxy.cfg, or a compromised
+    follower) were taken: every look then failed reading them, and a canary failing every request behind the
+    first gateway was never rolled back ("no verdict" once its time was up)."""
+    stack = Stack(tmp_path, Canary(min_requests=10, interval_s=30, intervals=2), 20, (LEADER,))
+    odd = stack.gateways[FOLLOWER]
+    answers = odd.exec
+
+    def without_canary(node: str, *command: str, timeout: float = 120) -> str:
+        found = answers(node, *command, timeout=timeout)
+        if command[-1:] == ("show",):
+            figures = json.loads(found)
+            del figures["backends"][CANARY]
+            return json.dumps(figures)
+        return found
+
+    odd.exec = without_canary  # type: ignore[method-assign]
+    stack.guard.run()
+    state = stack.guard.state
+    assert state["verdict"]["action"] == "rollback", state["verdict"]
+    assert stack.gateways[LEADER].share == 0 and state["gateways_not_set"] == [FOLLOWER]
+    assert FOLLOWER not in state["guard"]["canary"]["gateways"] or state["guard"]["canary"]["gateways"][
+        FOLLOWER
+    ] == {"requests": 0, "errors": 0, "latency": None}
+
+
+@pytest.mark.parametrize(
+    "figures",
+    [
+        {"canary_percent": "x", "backends": {}},
+        {
+            "canary_percent": 120,
+            "backends": {
+                STABLE: {"requests": 5, "errors": 0, "servers_up": 1},
+                CANARY: {"requests": 1, "errors": 0, "servers_up": 1},
+            },
+        },
+        {"canary_percent": 20, "backends": {STABLE: {"requests": 1, "errors": 0, "servers_up": 1}}},
+        {
+            "canary_percent": 20,
+            "backends": {
+                STABLE: {"requests": 5, "errors": 0, "servers_up": 1},
+                CANARY: {"requests": -1_000_000, "errors": 0, "servers_up": 1},
+            },
+        },
+        {"canary_percent": 20},
+    ],
+)
+def test_the_board_refuses_figures_it_cannot_count(figures: dict[str, Any]) -> None:
+    """A report of `canary_percent: "x"` was taken and raised in the guard's check that a share was applied
+    (out of its loop: the guard died at every start); a negative count went into the sums since the start."""
+    board = Board(20, {"backends": {"stable": STABLE, "canary": CANARY}})
+    with pytest.raises(ValueError, match="figures"):
+        board.report(FOLLOWER, figures)
+    assert board.fresh(FOLLOWER, 0) is None and not board.applied(FOLLOWER, 20, 0)
+
+
+def test_the_board_closes_a_connection_from_an_address_that_is_no_followers_before_reading_it() -> None:
+    """The board read each request before looking at its sender: anyone reaching the port (an AWS stack's
+    training nodes) held a thread per connection for up to 10 s per byte, and a `Content-Length: -1` body
+    was read to its end, however long, into the gateway node's memory."""
+    server = serve_board(Board(0, {}), MODEL, {FOLLOWER: "127.0.0.2"}, port=0)
+    try:
+        with socket.create_connection(("127.0.0.1", server.server_address[1]), timeout=5) as stranger:
+            stranger.settimeout(2)
+            stranger.sendall(b"POST /m HTTP/1.1\r\nContent-Length: -1\r\n\r\n" + b"x" * 65536)
+            assert stranger.recv(1) == b""  # closed at once, nothing answered
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_follower_request_with_a_length_that_is_no_length_is_answered_400_at_once() -> None:
+    server = serve_board(Board(0, {}), MODEL, {FOLLOWER: "127.0.0.1"}, port=0)
+    try:
+        with socket.create_connection(("127.0.0.1", server.server_address[1]), timeout=5) as follower:
+            follower.settimeout(2)
+            follower.sendall(f"POST /{MODEL} HTTP/1.1\r\nContent-Length: -1\r\n\r\n{{".encode())
+            assert follower.recv(12).startswith(b"HTTP/1.0 400")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_rollback_under_way_when_the_guard_is_stopped_still_waits_for_the_followers(tmp_path: Path) -> None:
+    """ "A rollback begun is finished even when stopping", but its wait for the followers ended at the stop
+    (`systemctl stop`, the node's shutdown): the guard ended the release with the canary's share still on
+    every other gateway, and its followers heard nothing more."""
+    stack = Stack(tmp_path, Canary(min_requests=10, interval_s=30, intervals=2), 20, (LEADER,))
+    ahead = stack.guard.set_everywhere
+
+    def stopped_then(percent: int) -> list[str]:
+        stack.guard.stop()  # SIGTERM as the rollback begins
+        return ahead(percent)
+
+    stack.guard.set_everywhere = stopped_then  # type: ignore[method-assign]
+    stack.guard.run()
+    state = stack.guard.state
+    assert state["verdict"]["action"] == "rollback", state["verdict"]
+    assert stack.gateways[LEADER].share == 0 == stack.gateways[FOLLOWER].share
+    assert state["gateways_not_set"] == []
+
+
+def test_a_stopped_guards_wait_for_its_followers_in_a_rollback_sleeps(tmp_path: Path) -> None:
+    """The wait's sleep (time.sleep in slices) returned at once once stopped: a busy loop for 20 s."""
+    stack = Stack(tmp_path, Canary(min_requests=10, interval_s=30, intervals=2), 20, ())
+    guard = DetachedGuard(MODEL, str(stack.folders[LEADER]), stack.gateways[LEADER], stack.clock)  # type: ignore[arg-type]
+    guard.stop()
+    guard.finishing = True
+    began = time.monotonic()
+    guard.sleep(0.3)
+    assert time.monotonic() - began >= 0.25
+
+
+def test_a_canary_taken_out_on_the_guards_gateway_alone_is_taken_out_on_every_gateway(tmp_path: Path) -> None:
+    """The guard ended its release ("gone") when its own gateway had the canary at 0 (the gateway program run
+    by hand there, HAProxy started without its state file), leaving the canary its share on the other
+    gateways, whose followers heard that the release ended and stopped: the canary served there unwatched."""
+    stack = Stack(tmp_path, Canary(min_requests=10, interval_s=30, intervals=2), 20, ())
+    ahead = stack.guard.look
+
+    def look() -> None:
+        if stack.guard.state["looks"] == 1:
+            stack.gateways[LEADER].share = 0
+        ahead()
+
+    stack.guard.look = look  # type: ignore[method-assign]
+    stack.guard.run()
+    state = stack.guard.state
+    assert state["verdict"]["action"] == "gone", state["verdict"]
+    assert stack.gateways[FOLLOWER].share == 0 and state["gateways_not_set"] == []
+
+
+def test_two_models_detached_at_once_on_one_node_get_two_ports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each `deploy --detach` chose its port from the states on the node, and wrote its own a few commands
+    later: two models deployed at once both chose 8406, and the second guard could not bind it at any start.
+    A port chosen is held (PORT_HELD_S) until that state names it. (The script runs on this machine.)"""
+    monkeypatch.setattr(detach, "STATE_DIR", str(tmp_path / "state"))
+    release = SimpleNamespace(nodes=guard_service.LocalNodes())
+    first = detach.peer_port(release, LEADER, "ranker")  # type: ignore[arg-type]
+    second = detach.peer_port(release, LEADER, MODEL)  # type: ignore[arg-type]
+    assert (first, second) == (8406, 8407)
+    assert detach.peer_port(release, LEADER, MODEL) == 8407  # its own choice again, not a third port
+    monkeypatch.setattr(detach, "PORT_HELD_S", 0)  # held no longer: free again
+    assert detach.peer_port(release, LEADER, MODEL) == 8406
+
+
+def test_a_guard_unit_left_enabled_on_a_node_that_now_follows_does_not_lead_a_second_release(
+    tmp_path: Path,
+) -> None:
+    """A guard stopped on a gateway (enabled: its next boot resumes it) that a later `deploy --detach` made a
+    follower (another gateway first in the inventory) read the follower's state at that boot and ran as a
+    second guard: its own release lock, its own analysis, its own share on that gateway, against the
+    follower's."""
+    stack = Stack(tmp_path, Canary(min_requests=10, interval_s=30, intervals=2), 20, (FOLLOWER,))
+    node = stack.gateways[FOLLOWER]
+    second = DetachedGuard(MODEL, str(stack.folders[FOLLOWER]), node, stack.clock, stack.sleep)  # type: ignore[arg-type]
+    second.run()
+    assert node.shares == [] and second.board is None
+    assert ("disable", unit_name(MODEL)) in node.systemctl
+    copy = guard_state.read_whole(guard_service.state_path(MODEL, str(stack.folders[FOLLOWER])))
+    assert copy is not None and copy["phase"] != DONE  # the follower's copy is left as it was
+
+
+def test_a_follower_unit_left_enabled_on_the_node_that_now_leads_stops(tmp_path: Path) -> None:
+    """The other way round: a follower on the leader's node asked its own node's guard, for ever."""
+    stack = Stack(tmp_path, Canary(min_requests=10, interval_s=30, intervals=2), 20, ())
+    node = stack.gateways[LEADER]
+    naps: list[float] = []
+
+    def nap(seconds: float) -> None:
+        naps.append(seconds)
+        assert len(naps) < 5, "the follower on the leader's node never stops"
+
+    Follower(MODEL, str(stack.folders[LEADER]), node, stack.ask, nap).run()  # type: ignore[arg-type]
+    assert node.shares == [] and ("disable", follower_unit(MODEL)) in node.systemctl
+
+
+def test_a_report_from_before_a_share_was_published_does_not_say_it_applied() -> None:
+    """The guard's waits (a share applied, the release's end heard) count only reports that came at or after
+    they began: an earlier one showing the same share says nothing of the answer the follower had since."""
+    now = [100.0]
+    board = Board(5, {}, lambda: now[0])
+    board.report(FOLLOWER, SHOWN)  # 5 %, at 100
+    assert board.fresh(FOLLOWER, 100.0) == SHOWN and board.applied(FOLLOWER, 5, 100.0)
+    assert board.fresh(FOLLOWER, 100.5) is None and not board.applied(FOLLOWER, 5, 100.5)
+    now[0] = 101.0
+    board.report(FOLLOWER, SHOWN)
+    assert board.applied(FOLLOWER, 5, 100.5)
+
+
+def test_a_stop_during_a_steps_wait_is_not_a_failed_try_of_the_step(tmp_path: Path) -> None:
+    """A stop (`systemctl stop`, a reboot) while the guard waited for the followers to take a step cut the
+    wait short; the step then counted as not set on the followers (named in the record as gateways not set),
+    one of its three tries spent: three such stops ended a release no gateway had refused."""
+    stack = Stack(tmp_path, stepped(5, 20, 50), 5, ())
+    guard, ahead, calls = stack.guard, stack.guard.set_everywhere, [0]
+
+    def stopped_at_the_second_step(percent: int) -> list[str]:
+        calls[0] += 1
+        if calls[0] == 2:
+            guard.stop()
+        return ahead(percent)
+
+    guard.set_everywhere = stopped_at_the_second_step  # type: ignore[method-assign]
+    guard.run()
+    assert guard.state.get("step_tries", 0) == 0 and guard.state.get("gateways_not_set") == []
+    assert stack.gateways[LEADER].share == 20 == guard.state["share"]
+    resumed = DetachedGuard(
+        MODEL, str(stack.folders[LEADER]), stack.gateways[LEADER], stack.clock, stack.sleep
+    )  # type: ignore[arg-type]
+    stack.guard = resumed
+    resumed.run()
+    assert resumed.state["verdict"]["action"] == "promote-ready"
+    assert stack.gateways[LEADER].share == 50 == stack.gateways[FOLLOWER].share
+
+
+def test_a_port_is_chosen_under_the_nodes_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The choice waits for another `deploy --detach` choosing on the same node (the lock held here)."""
+    monkeypatch.setattr(detach, "STATE_DIR", str(tmp_path / "state"))
+    (tmp_path / "state" / "guard").mkdir(parents=True)
+    release = SimpleNamespace(nodes=guard_service.LocalNodes())
+    chosen: list[int] = []
+    with open(tmp_path / "state" / "guard" / ".ports.lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        choosing = threading.Thread(target=lambda: chosen.append(detach.peer_port(release, LEADER, MODEL)))  # type: ignore[arg-type]
+        choosing.start()
+        choosing.join(timeout=1.0)
+        assert choosing.is_alive() and chosen == []
+        fcntl.flock(held, fcntl.LOCK_UN)
+    choosing.join(timeout=30)
+    assert chosen == [8406]
