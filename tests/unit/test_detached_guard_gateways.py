@@ -431,7 +431,7 @@ def test_a_follower_report_the_guard_cannot_read_is_refused_and_the_other_gatewa
     assert stack.gateways[LEADER].share == 0 and state["gateways_not_set"] == [FOLLOWER]
     assert FOLLOWER not in state["guard"]["canary"]["gateways"] or state["guard"]["canary"]["gateways"][
         FOLLOWER
-    ] == {"requests": 0, "errors": 0, "latency": None}
+    ] == {"requests": 0, "errors": 0, "latency": None, "itl": None}
 
 
 @pytest.mark.parametrize(
