@@ -233,6 +233,7 @@ def borrowing(nodes: GpuNodes, aliases: dict[str, ModelVersion]) -> Release:
     def healthy(node: str, port: int) -> None:
         slot = "canary" if port == 8100 else str(port - 8000)
         assert (node, slot) in nodes.running, f"{node} {slot} waited for while stopped"
+        nodes.done.append((node, ("/health", str(port))))
 
     release._wait_healthy = healthy  # type: ignore[method-assign]
     release.aliased = lambda model, alias: aliases.get(alias)  # type: ignore[method-assign]
@@ -282,8 +283,9 @@ def test_a_rollback_stops_the_borrowing_canary_then_gives_the_replica_back_on_th
     canary_stop = nodes.at("infer-1", "systemctl stop", "@canary.service")[0]
     start = nodes.at("infer-1", "systemctl restart", f"{UNIT}@1.service")[0]
     assert share_zero < canary_drained < canary_stop < nodes.at("infer-1", "systemctl unmask")[0] < start
+    healthy = nodes.at("infer-1", "/health 8001")[0]
     for gateway in GATEWAYS:
-        assert nodes.at(gateway, "--backend inference ready", "c-infer-1:8001")[0] > start
+        assert nodes.at(gateway, "--backend inference ready", "c-infer-1:8001")[0] > healthy > start
     assert nodes.files[("infer-1", "version-1.env")].startswith("# gpuplat serve: embedder@2")
     assert ("infer-1", "version-canary.env") not in nodes.files
     assert nodes.up("inference") == 4 and nodes.up("inference_canary") == 0 and not nodes.masked
@@ -446,7 +448,12 @@ def test_the_replica_given_back_serves_the_version_its_file_names_where_it_runs_
     release = _in_canary(nodes, aliases)
     if cut == "reboot":
         nodes.reboot("infer-1")
+        nodes.drained.discard("inference:c-infer-1:8001")  # and a gateway's reload put it back in service
+        before = len(nodes.done)
         borrowing(nodes, aliases).promote("embedder")
+        restart = nodes.at("infer-1", "systemctl restart", f"{UNIT}@1.service")[-1]
+        for gateway in GATEWAYS:  # its requests in flight answered before the restart
+            assert before < nodes.at(gateway, "--backend inference drain", "c-infer-1:8001")[-1] < restart
         wanted = "# gpuplat serve: embedder@3"
     else:
         twin, twin_aliases = GpuNodes(), {"champion": embedder(2)}
