@@ -683,8 +683,9 @@ class Release:
             return found
         for node in self.layout.servers:
             for line in self._version_file(node, CANARY_SLOT).splitlines():
-                if line.startswith(BORROW_MARK) and line.removeprefix(BORROW_MARK).isdigit():
-                    found[node] = int(line.removeprefix(BORROW_MARK))
+                number = line.removeprefix(BORROW_MARK).strip()  # an editor's trailing blank or CR
+                if line.startswith(BORROW_MARK) and number.isdigit():
+                    found[node] = int(number)
         return found
 
     def _lender(self) -> tuple[str, int, str]:

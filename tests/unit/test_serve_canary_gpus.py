@@ -478,3 +478,17 @@ def test_the_replica_given_back_serves_the_version_its_file_names_where_it_runs_
             assert nodes.files[(node, f"version-{replica}.env")].startswith(wanted)
             assert nodes.serving[(node, replica)] == wanted, (node, replica)
     assert nodes.up("inference") == 4 and not nodes.masked
+
+
+def test_a_loan_record_an_editor_left_trailing_blanks_or_a_carriage_return_on_is_still_read() -> None:
+    """An operator who opened the canary's version file (a Windows editor's CRLF, a trailing space) must
+    not hide the loan: a rollback would remove the record and leave the replica stopped and masked until
+    the next boot. Before: the line's number had to be digits to its end."""
+    nodes = GpuNodes()
+    aliases = {"champion": embedder(2)}
+    borrowing(nodes, aliases).start_canary(embedder(3))
+    path = ("infer-1", "version-canary.env")
+    nodes.files[path] = nodes.files[path].replace("replica: 1\n", "replica: 1 \r\n")
+    aliases["challenger"] = embedder(3)
+    borrowing(nodes, aliases).rollback("embedder")
+    assert nodes.up("inference") == 4 and not nodes.masked
