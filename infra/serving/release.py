@@ -646,11 +646,15 @@ class Release:
     def start_canary(self, version: ModelVersion) -> None:
         """The canary slot on `version`: on every node (beside the replicas, or on each node's spare GPUs),
         or on one node on the GPUs of a stable replica it borrows (`_borrow`)."""
-        borrowed = self._borrow() if self.layout.canary_gpus == "borrow" else None
+        borrowed = self._lender() if self.layout.canary_gpus == "borrow" else None
         nodes = self.layout.servers if borrowed is None else (borrowed[0],)
         try:
+            if borrowed is not None:
+                self._borrow(version, borrowed)
+            else:
+                for node in nodes:
+                    self._write_version(node, CANARY_SLOT, version)
             for node in nodes:
-                self._write_version(node, CANARY_SLOT, version, borrowed)
                 self.nodes.exec(node, "systemctl", "restart", f"{UNIT}@{CANARY_SLOT}.service")
             for node in nodes:
                 self._wait_healthy(node, CANARY_PORT)
@@ -680,16 +684,16 @@ class Release:
             return found
         for node in self.layout.servers:
             for line in self._version_file(node, CANARY_SLOT).splitlines():
-                if line.startswith(BORROW_MARK) and line.removeprefix(BORROW_MARK).isdigit():
-                    found[node] = int(line.removeprefix(BORROW_MARK))
+                number = line.removeprefix(BORROW_MARK).strip()  # an editor's trailing blank or CR
+                if line.startswith(BORROW_MARK) and number.isdigit():
+                    found[node] = int(number)
         return found
 
-    def _borrow(self) -> tuple[str, int, str]:
-        """Take one stable replica out of service for the canary, as a rolling update with maxSurge 0 does:
-        the last replica of the last node (the one a promote rolls last), drained on every gateway (its
-        requests in flight answered), stopped and masked until the canary gives its GPUs back (a converge
-        must not start it on GPUs the canary holds). Its node, number and CUDA_VISIBLE_DEVICES. A canary
-        that borrows already (a deploy after a golden set refused, a rollback's) keeps its replica."""
+    def _lender(self) -> tuple[str, int, str]:
+        """The stable replica a borrowing canary takes, before any change: the one a loan's record names
+        already (a deploy after a golden set refused, a rollback's, a command killed mid-way), else the last
+        replica of the last node (the one a promote rolls last), refused where the gateways count fewer
+        than 2 stable servers up. Its node, number and CUDA_VISIBLE_DEVICES."""
         for node, replica in self.borrowed_replicas().items():
             return node, replica, self._replica_devices(node, replica)
         node = self.layout.servers[-1]
@@ -702,18 +706,29 @@ class Release:
                 "the stable version none. Wait for the pool's replicas to come up (`gpuplat serve status`), "
                 "or give the pool more nodes"
             )
-        devices = self._replica_devices(node, replica)
+        return node, replica, self._replica_devices(node, replica)
+
+    def _borrow(self, version: ModelVersion, borrowed: tuple[str, int, str]) -> None:
+        """Take the `borrowed` replica (node, number, GPUs) out of service for the canary on `version`, as a
+        rolling update with maxSurge 0 does. The loan's record (the canary's version file) first: a command
+        killed at any later step leaves it named, for `status` to show and the next deploy or rollback to
+        finish. Then the replica drained on every gateway (its requests in flight answered), masked until
+        the canary gives its GPUs back (a converge must not start it on GPUs the canary holds) and stopped,
+        each step again where a record named the loan already: a reboot since then lifted the runtime
+        mask and started the replica on its GPUs."""
+        node, replica, devices = borrowed
+        self._write_version(node, CANARY_SLOT, version, borrowed)
         self.say(
             f"the canary borrows replica {replica} on {node} (GPUs {devices}): drained on every gateway, "
             "then stopped while the canary runs"
         )
         self._on_gateways("drain", STABLE_BACKEND, f"{self.layout.addresses[node]}:{REPLICA_PORT + replica}")
         self._fence(f"stopping replica {replica} on {node} for the canary")
-        self.nodes.exec(node, "systemctl", "stop", f"{UNIT}@{replica}.service")
         # Until the next boot (--runtime); unmask takes no --runtime (systemd 239 NEWS: "systemctl
-        # disable/unmask/preset/preset-all cannot be used with --runtime") and removes this mask.
+        # disable/unmask/preset/preset-all cannot be used with --runtime") and removes this mask. Masked
+        # before the stop, so that nothing starts it in between.
         self.nodes.exec(node, "systemctl", "mask", "--runtime", f"{UNIT}@{replica}.service")
-        return node, replica, devices
+        self.nodes.exec(node, "systemctl", "stop", f"{UNIT}@{replica}.service")
 
     def _replica_devices(self, node: str, replica: int) -> str:
         """The replica's CUDA_VISIBLE_DEVICES, as the role wrote them (replica-<i>.env)."""
@@ -733,11 +748,16 @@ class Release:
         if version != KEEP:
             assert not isinstance(version, str)
             self._write_version(node, str(replica), version)
+        target = f"{self.layout.addresses[node]}:{REPLICA_PORT + replica}"
+        # Restarted, not started: a replica found running (its node rebooted, which lifted the runtime mask;
+        # a give-back killed after its start) would keep what it serves on `systemctl start`. Drained first
+        # where a gateway's reload put it back in service meanwhile.
+        self._on_gateways("drain", STABLE_BACKEND, target)
         self._fence(f"starting replica {replica} on {node} again")
         self.nodes.exec(node, "systemctl", "unmask", f"{UNIT}@{replica}.service")
-        self.nodes.exec(node, "systemctl", "start", f"{UNIT}@{replica}.service")
+        self.nodes.exec(node, "systemctl", "restart", f"{UNIT}@{replica}.service")
         self._wait_healthy(node, REPLICA_PORT + replica)
-        self._on_gateways("ready", STABLE_BACKEND, f"{self.layout.addresses[node]}:{REPLICA_PORT + replica}")
+        self._on_gateways("ready", STABLE_BACKEND, target)
         self.say(f"replica {replica} on {node} has its GPUs back and serves again")
 
     def _fill_slots(self) -> None:

@@ -61,15 +61,15 @@ def error_rate_p(canary_errors: int, canary_requests: int, p0: float) -> float:
     return binomial_sf(canary_errors, canary_requests, min(1.0, p0))
 
 
-def mann_whitney_u(canary: Sequence[int], stable: Sequence[int]) -> tuple[float, float]:
+def mann_whitney_u(canary: Sequence[float], stable: Sequence[float]) -> tuple[float, float]:
     """U of the canary against the stable (bucket counts over the same boundaries, fastest first: a tie
     counts one half) and its variance under "same distribution", corrected for ties."""
     if len(canary) != len(stable):
         raise ValueError(f"histograms over different buckets ({len(canary)} and {len(stable)})")
     n1, n2 = sum(canary), sum(stable)
-    below = 0
+    below = 0.0
     u = 0.0
-    ties = 0
+    ties = 0.0
     for c, s in zip(canary, stable, strict=True):
         u += c * (below + s / 2)
         below += s
@@ -82,7 +82,7 @@ def mann_whitney_u(canary: Sequence[int], stable: Sequence[int]) -> tuple[float,
     return u, variance
 
 
-def slower_p(canary: Sequence[int], stable: Sequence[int]) -> float:
+def slower_p(canary: Sequence[float], stable: Sequence[float]) -> float:
     """One-sided p-value of "the canary is not slower than the stable" (normal approximation of U)."""
     u, variance = mann_whitney_u(canary, stable)
     if variance <= 0.0:

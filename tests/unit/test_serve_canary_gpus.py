@@ -98,37 +98,73 @@ def test_spare_on_one_group_per_node_points_at_borrow_where_the_pool_has_two_nod
     assert load_platform(write_stack("aws-prod", lambda _: None)).serving_layout.canary == "borrow"  # type: ignore[union-attr]
 
 
+class Killed(BaseException):
+    """SIGKILL of the command between two of its steps (no handler of the command runs)."""
+
+
 class GpuNodes:
     """Two gateways and two 2-replica vLLM nodes (replica i on GPU i), as systemd and HAProxy would hold
     them: each unit running or not (a masked unit refuses to start), each gateway's drained servers, the
     files under /etc/gpuplat-inference. Every command is recorded in order."""
 
-    def __init__(self, share: int = 0) -> None:
+    def __init__(self, share: int = 0, servers: tuple[str, ...] = SERVERS) -> None:
         self.share = share
+        self.servers = servers
         self.done: list[tuple[str, tuple[str, ...]]] = []
         self.files: dict[tuple[str, str], str] = {}
         self.running: set[tuple[str, str]] = set()
         self.masked: set[tuple[str, str]] = set()
         self.drained: set[str] = set()
-        for node in SERVERS:
+        self.serving: dict[tuple[str, str], str] = {}
+        """what each running unit serves: its version file's first line when it (re)started"""
+        self.kill_before: int | None = None
+        """the command (counted from 0) before which the command driving these nodes is killed"""
+        for node in servers:
             for replica in (0, 1):
                 self.files[(node, f"replica-{replica}.env")] = (
                     f"GPUPLAT_INFERENCE_PORT={8000 + replica}\nCUDA_VISIBLE_DEVICES={replica}\n"
                 )
                 self.files[(node, f"version-{replica}.env")] = version_environment(embedder(2), "vllm")
-                self.running.add((node, str(replica)))
+                self._start(node, str(replica))
             self.files[(node, "replica-canary.env")] = "GPUPLAT_INFERENCE_PORT=8100\n"
+
+    def gpus(self, node: str, slot: str) -> set[str]:
+        """The unit's CUDA_VISIBLE_DEVICES as systemd gives it: its version file's over its replica file's."""
+        found = ""
+        for name in (f"replica-{slot}.env", f"version-{slot}.env"):
+            for line in self.files.get((node, name), "").splitlines():
+                if line.startswith("CUDA_VISIBLE_DEVICES="):
+                    found = line.partition("=")[2]
+        return set(found.split(",")) - {""}
+
+    def _start(self, node: str, slot: str) -> None:
+        """A vLLM server takes gpu_memory_fraction of each of its GPUs: one beside another fails to start."""
+        for other_node, other in self.running:
+            if other_node == node and other != slot and self.gpus(node, other) & self.gpus(node, slot):
+                raise GpuPlatError(f"{node} {slot}: CUDA out of memory (GPUs held by {other})")
+        self.running.add((node, slot))
+        self.serving[(node, slot)] = self.files.get((node, f"version-{slot}.env"), "").partition("\n")[0]
+
+    def reboot(self, node: str) -> None:
+        """The node restarts: runtime masks are gone, the enabled replicas start (the canary slot is not
+        enabled: `gpuplat serve` starts it), the gateways keep their state."""
+        self.masked = {unit for unit in self.masked if unit[0] != node}
+        self.running = {unit for unit in self.running if unit[0] != node}
+        for replica in ("0", "1"):
+            self._start(node, replica)
 
     def up(self, backend: str) -> int:
         slots = ["canary"] if backend == "inference_canary" else ["0", "1"]
         return sum(
             (node, slot) in self.running
             and f"{backend}:c-{node}:{8100 if slot == 'canary' else 8000 + int(slot)}" not in self.drained
-            for node in SERVERS
+            for node in self.servers
             for slot in slots
         )
 
     def exec(self, node: str, *command: str, timeout: float = 120) -> str:
+        if self.kill_before is not None and len(self.done) >= self.kill_before:
+            raise Killed(f"killed before {node}: {' '.join(command)[:80]}")
         self.done.append((node, command))
         words = list(command)
         if words[0] == "ls":
@@ -148,7 +184,9 @@ class GpuNodes:
             if words[1] in ("start", "restart"):
                 if unit in self.masked:
                     raise GpuPlatError(f"Failed to start {words[-1]}: Unit {words[-1]} is masked.")
-                self.running.add(unit)
+                if words[1] == "restart" or unit not in self.running:  # start: a no-op on a running unit
+                    self.running.discard(unit)
+                    self._start(node, slot)
             elif words[1] == "stop":
                 self.running.discard(unit)
             elif words[1] == "mask":
@@ -184,12 +222,18 @@ def borrowing(nodes: GpuNodes, aliases: dict[str, ModelVersion]) -> Release:
     release.nodes = nodes
     release.say = lambda line: None
     release.layout = ServingLayout(
-        GATEWAYS, SERVERS, {node: f"c-{node}" for node in SERVERS}, "vllm", 1.0, canary_gpus="borrow"
+        GATEWAYS,
+        nodes.servers,
+        {node: f"c-{node}" for node in nodes.servers},
+        "vllm",
+        1.0,
+        canary_gpus="borrow",
     )
 
     def healthy(node: str, port: int) -> None:
         slot = "canary" if port == 8100 else str(port - 8000)
         assert (node, slot) in nodes.running, f"{node} {slot} waited for while stopped"
+        nodes.done.append((node, ("/health", str(port))))
 
     release._wait_healthy = healthy  # type: ignore[method-assign]
     release.aliased = lambda model, alias: aliases.get(alias)  # type: ignore[method-assign]
@@ -237,15 +281,17 @@ def test_a_rollback_stops_the_borrowing_canary_then_gives_the_replica_back_on_th
     share_zero = nodes.at("gw-0", "share 0")[0]
     canary_drained = nodes.at("gw-1", "--backend inference_canary drain", "c-infer-1:8100")[0]
     canary_stop = nodes.at("infer-1", "systemctl stop", "@canary.service")[0]
-    start = nodes.at("infer-1", "systemctl start", f"{UNIT}@1.service")[0]
+    start = nodes.at("infer-1", "systemctl restart", f"{UNIT}@1.service")[0]
     assert share_zero < canary_drained < canary_stop < nodes.at("infer-1", "systemctl unmask")[0] < start
+    healthy = nodes.at("infer-1", "/health 8001")[0]
     for gateway in GATEWAYS:
-        assert nodes.at(gateway, "--backend inference ready", "c-infer-1:8001")[0] > start
+        assert nodes.at(gateway, "--backend inference ready", "c-infer-1:8001")[0] > healthy > start
     assert nodes.files[("infer-1", "version-1.env")].startswith("# gpuplat serve: embedder@2")
     assert ("infer-1", "version-canary.env") not in nodes.files
     assert nodes.up("inference") == 4 and nodes.up("inference_canary") == 0 and not nodes.masked
     # Only the borrowed replica restarted: the others kept serving the champion.
-    assert not [c for _, c in nodes.done if c[:2] == ("systemctl", "restart")]
+    restarted = [(n, c[-1]) for n, c in nodes.done if c[:2] == ("systemctl", "restart")]
+    assert restarted == [("infer-1", f"{UNIT}@1.service")]
 
 
 def test_a_promote_rolls_the_other_replicas_then_hands_the_canarys_gpus_back_on_the_new_version() -> None:
@@ -326,3 +372,123 @@ def test_status_says_which_replica_lent_its_gpus_to_the_canary() -> None:
     release.start_canary(embedder(3))
     lent = [(r.node, r.slot) for r in release.replicas_serving() if r.lent]
     assert lent == [("infer-1", "1")]
+
+
+def _steps_of_a_borrow(servers: tuple[str, ...]) -> int:
+    """How many commands a borrowing canary's start sends (each a step a kill may come before)."""
+    nodes = GpuNodes(servers=servers)
+    borrowing(nodes, {"champion": embedder(2)}).start_canary(embedder(3))
+    return len(nodes.done)
+
+
+@pytest.mark.parametrize("servers", [SERVERS, ("infer-1",)], ids=["2 nodes", "1 node of 2 replicas"])
+def test_a_deploy_killed_at_any_step_of_a_borrow_leaves_a_record_and_the_next_deploy_and_rollback_finish_it(
+    servers: tuple[str, ...],
+) -> None:
+    """SIGKILL before each command of a borrowing canary's start. Whatever the kill left (the replica
+    drained, stopped or masked), the canary's version file names the loan, so `status` shows it and the
+    next deploy takes the same replica again (the pool's other replica alone up does not refuse it), runs
+    the canary on its GPUs alone, and a rollback gives it back. Before: the loan was recorded only after
+    the replica was drained, stopped and masked; a kill in between left it out of service until the
+    node's next boot, unseen by `status` and `rollback`, and where the pool had 2 replicas every later
+    deploy was refused (1 stable server up)."""
+    for kill in range(_steps_of_a_borrow(servers)):
+        nodes = GpuNodes(servers=servers)
+        aliases = {"champion": embedder(2)}
+        nodes.kill_before = kill
+        with pytest.raises(Killed):
+            borrowing(nodes, aliases).start_canary(embedder(3))
+        nodes.kill_before = None
+        release = borrowing(nodes, aliases)
+        lent = ("infer-1", "1")
+        out = lent not in nodes.running or lent in nodes.masked or "inference:c-infer-1:8001" in nodes.drained
+        assert not out or release.borrowed_replicas() == {"infer-1": 1}, f"kill before command {kill}"
+        release.start_canary(embedder(3))  # the deploy again
+        assert ("infer-1", "1") not in nodes.running and ("infer-1", "1") in nodes.masked, kill
+        assert nodes.gpus("infer-1", "canary") == {"1"} and ("infer-1", "canary") in nodes.running, kill
+        aliases["challenger"] = embedder(3)
+        release.rollback("embedder")
+        assert nodes.up("inference") == 2 * len(servers) and not nodes.masked, f"kill before command {kill}"
+        assert ("infer-1", "version-canary.env") not in nodes.files
+
+
+def test_a_node_rebooted_while_its_replica_is_lent_never_runs_the_canary_beside_it() -> None:
+    """The runtime mask is gone after a reboot and the enabled replica starts on its GPUs again (the
+    canary slot does not start at boot). A deploy that finds the loan's record takes the replica out
+    again before the canary starts on its GPUs. Before: it reused the record as it was and started the
+    canary on GPUs the replica held (vLLM: out of memory), failing the deploy."""
+    nodes = GpuNodes()
+    aliases = {"champion": embedder(2)}
+    borrowing(nodes, aliases).start_canary(embedder(3))
+    nodes.reboot("infer-1")
+    assert ("infer-1", "1") in nodes.running and ("infer-1", "canary") not in nodes.running
+    release = borrowing(nodes, aliases)
+    release.start_canary(embedder(4))  # a deploy of the next version: the record names the loan
+    assert ("infer-1", "1") not in nodes.running and ("infer-1", "1") in nodes.masked
+    assert nodes.serving[("infer-1", "canary")] == "# gpuplat serve: embedder@4"
+
+
+def _in_canary(nodes: GpuNodes, aliases: dict[str, ModelVersion]) -> Release:
+    """embedder@3 in canary at 20 % on replica 1 of infer-1's GPUs, champion embedder@2."""
+    release = borrowing(nodes, aliases)
+    release.start_canary(embedder(3))
+    aliases["challenger"] = embedder(3)
+    release.set_share(20)
+    return release
+
+
+@pytest.mark.parametrize("cut", ["reboot", "killed promote"])
+def test_the_replica_given_back_serves_the_version_its_file_names_where_it_runs_already(cut: str) -> None:
+    """A replica found running when the canary gives its GPUs back (its node rebooted; a promote killed
+    after it restarted the replica on the new version but before the loan's record was removed) is
+    restarted on the version the give-back writes, not left on what it ran: `systemctl start` of a running
+    unit does nothing. Before: a promote after the reboot reported every replica on the new version while
+    the lent one served the old; a rollback after the killed promote left it on the rolled-back version."""
+    nodes, aliases = GpuNodes(), {"champion": embedder(2)}
+    release = _in_canary(nodes, aliases)
+    if cut == "reboot":
+        nodes.reboot("infer-1")
+        nodes.drained.discard("inference:c-infer-1:8001")  # and a gateway's reload put it back in service
+        before = len(nodes.done)
+        borrowing(nodes, aliases).promote("embedder")
+        restart = nodes.at("infer-1", "systemctl restart", f"{UNIT}@1.service")[-1]
+        for gateway in GATEWAYS:  # its requests in flight answered before the restart
+            assert before < nodes.at(gateway, "--backend inference drain", "c-infer-1:8001")[-1] < restart
+        wanted = "# gpuplat serve: embedder@3"
+    else:
+        twin, twin_aliases = GpuNodes(), {"champion": embedder(2)}
+        twin_release = _in_canary(twin, twin_aliases)
+        before = len(twin.done)
+        twin_release.promote("embedder")
+        record_removed = next(
+            i
+            for i, (node, command) in enumerate(twin.done)
+            if i >= before and node == "infer-1" and command[:2] == ("rm", "-f") and "canary" in command[-1]
+        )
+        nodes.kill_before = record_removed
+        with pytest.raises(Killed):
+            release.promote("embedder")
+        nodes.kill_before = None
+        assert nodes.serving[("infer-1", "1")] == "# gpuplat serve: embedder@3"
+        assert borrowing(nodes, aliases).borrowed_replicas() == {"infer-1": 1}
+        borrowing(nodes, aliases).rollback("embedder")
+        wanted = "# gpuplat serve: embedder@2"
+    for node in SERVERS:
+        for replica in ("0", "1"):
+            assert nodes.files[(node, f"version-{replica}.env")].startswith(wanted)
+            assert nodes.serving[(node, replica)] == wanted, (node, replica)
+    assert nodes.up("inference") == 4 and not nodes.masked
+
+
+def test_a_loan_record_an_editor_left_trailing_blanks_or_a_carriage_return_on_is_still_read() -> None:
+    """An operator who opened the canary's version file (a Windows editor's CRLF, a trailing space) must
+    not hide the loan: a rollback would remove the record and leave the replica stopped and masked until
+    the next boot. Before: the line's number had to be digits to its end."""
+    nodes = GpuNodes()
+    aliases = {"champion": embedder(2)}
+    borrowing(nodes, aliases).start_canary(embedder(3))
+    path = ("infer-1", "version-canary.env")
+    nodes.files[path] = nodes.files[path].replace("replica: 1\n", "replica: 1 \r\n")
+    aliases["challenger"] = embedder(3)
+    borrowing(nodes, aliases).rollback("embedder")
+    assert nodes.up("inference") == 4 and not nodes.masked
