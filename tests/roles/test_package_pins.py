@@ -226,3 +226,23 @@ def test_every_package_task_runs_apt_only_when_its_packages_are_not_met(
     assert as_list(task.get("when"))[-1:] == [GUARD], f"{path}: {task['name']!r} runs whatever the check says"
     assert as_list(check.get("when")) == as_list(task.get("when"))[:-1], f"{path}: conditions differ"
     assert as_list(check.get("tags")) == as_list(task.get("tags")), f"{path}: tags differ"
+
+
+@pytest.mark.parametrize(
+    ("path", "tasks", "index"),
+    package_tasks(),
+    ids=lambda v: str(v) if isinstance(v, (str, int)) else "tasks",
+)
+def test_every_package_task_refreshes_a_stale_index_itself(
+    path: str, tasks: list[dict[str, Any]], index: int
+) -> None:
+    """Before the check, the first apt task of a converge (node_exporter's, first on every host in
+    site.yml, cache_valid_time 3600) refreshed an index older than an hour for every install after it; that
+    task is now skipped where its package is installed, so a pin raised on day 2 (the driver, NCCL) would be
+    looked up in an index as old as the node's last install and not be found. Each guarded task therefore
+    refreshes an index older than an hour itself, at no cost when it is skipped (apt.py at v2.19.14,
+    l.1395-1444: cache_valid_time sets update_cache and updates when the index is older)."""
+    arguments = installs(tasks[index])
+    assert arguments is not None
+    refreshes = arguments.get("update_cache") is True or arguments.get("cache_valid_time") not in (None, "", 0)
+    assert refreshes, f"{path}: {tasks[index]['name']!r} installs from whatever index an earlier task left"
