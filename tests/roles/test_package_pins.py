@@ -244,5 +244,9 @@ def test_every_package_task_refreshes_a_stale_index_itself(
     l.1395-1444: cache_valid_time sets update_cache and updates when the index is older)."""
     arguments = installs(tasks[index])
     assert arguments is not None
-    refreshes = arguments.get("update_cache") is True or arguments.get("cache_valid_time") not in (None, "", 0)
+    refreshes = arguments.get("update_cache") is True or arguments.get("cache_valid_time") not in (
+        None,
+        "",
+        0,
+    )
     assert refreshes, f"{path}: {tasks[index]['name']!r} installs from whatever index an earlier task left"
