@@ -51,6 +51,14 @@ def test_no_wheelhouse_for_the_engine_off_the_local_platform(
     for name, platform in shipped_platforms.items():
         if platform.spec.backend != "local":
             assert "inference_server_wheelhouse" not in platform_vars(platform), name
+    # The shipped cloud and on-premises stacks serve vLLM: the same question with the CPU engine.
+    for name in ("aws-prod", "onprem"):
+        serving_cpu = load_platform(
+            stack_file(name),
+            ["serving.engine=cpu-reference", "serving.model=sentence-transformers/all-MiniLM-L6-v2"],
+        )
+        assert cpu_engine_packages(serving_cpu), name
+        assert "inference_server_wheelhouse" not in platform_vars(serving_cpu), name
 
 
 def _pip_source(**overrides: Any) -> str:
@@ -82,6 +90,15 @@ def test_the_engine_environment_is_restored_and_archived_around_both_installs() 
         t for t in tasks if (t.get("ansible.builtin.import_role") or {}).get("tasks_from") == "restore.yml"
     )
     assert restore["vars"]["python_requirements_wheelhouse"] == "{{ inference_server_wheelhouse }}"
+    # The archive is named by the model too: another model's environment is never restored for this one.
+    assert (
+        "inference_server_cpu_models[inference_model].package"
+        in restore["vars"]["python_requirements_install"]
+    )
+    # A restored environment restarts the replicas running from the one it replaced.
+    after = tasks[tasks.index(restore) + 1]
+    assert after.get("notify") == "inference_server restart"
+    assert after.get("changed_when") == "python_requirements_restored is changed"
     for task in tasks:
         if "ansible.builtin.pip" in task:
             assert "__inference_server_cpu_pip_source" in task["ansible.builtin.pip"]["extra_args"]
