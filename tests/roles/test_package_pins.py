@@ -28,6 +28,7 @@ DPKG = {
     "munge": ("rc ", ""),  # removed, its configuration files left
     "slurmd": ("iU ", "22.05.8-4"),  # unpacked, not configured
     "slurmctld": ("iiR", "22.05.8-4"),  # installed, reinstallation required
+    "libnccl2": ("hi ", "2.27.3-1+cuda12.9"),  # roles/nccl's pin: a wildcard inside the version
 }
 
 
@@ -72,6 +73,7 @@ def test_met_when_every_package_is_installed_at_its_pin(fake_dpkg: dict[str, str
     assert check(fake_dpkg, "bash") == (0, "met")
     assert check(fake_dpkg, "bash=5.2.15-*", "nvidia-driver-cuda=570.195.03-*") == (0, "met")
     assert check(fake_dpkg, "datacenter-gpu-manager=1:3.3.9*") == (0, "met")
+    assert check(fake_dpkg, "libnccl2=2.27.3-*+cuda12.9") == (0, "met")  # fnmatch, not a prefix
 
 
 @pytest.mark.parametrize(
@@ -80,6 +82,8 @@ def test_met_when_every_package_is_installed_at_its_pin(fake_dpkg: dict[str, str
         ("libcuda1=570.195.03-*", "libcuda1=570.195.03-*: 580.95.05-1 installed"),  # drift: apt downgrades
         ("bash=5.3*", "bash=5.3*: 5.2.15-2+b8 installed"),  # an upgrade to the pin
         ("datacenter-gpu-manager=3.3.9*", "3.3.9*: 1:3.3.9 installed"),  # the epoch is part of the version
+        ("libnccl2=2.27.3-*+cuda12.8", "2.27.3-1+cuda12.9 installed"),  # another CUDA build of the release
+        ("libnccl2=2.27.3-1+cuda12", "2.27.3-1+cuda12.9 installed"),  # the whole version, not a prefix
         ("nfs-common", "nfs-common: not installed"),  # unknown to dpkg
         ("munge", "munge: not installed"),  # configuration files only
         ("slurmd", "slurmd: not installed"),  # half installed
@@ -226,3 +230,31 @@ def test_every_package_task_runs_apt_only_when_its_packages_are_not_met(
     assert as_list(task.get("when"))[-1:] == [GUARD], f"{path}: {task['name']!r} runs whatever the check says"
     assert as_list(check.get("when")) == as_list(task.get("when"))[:-1], f"{path}: conditions differ"
     assert as_list(check.get("tags")) == as_list(task.get("tags")), f"{path}: tags differ"
+    for where in ("become", "become_user", "delegate_to", "run_once"):  # the same host, as the same user
+        assert check.get(where) == task.get(where), (
+            f"{path}: {task['name']!r}: {where} differs from its check's"
+        )
+
+
+@pytest.mark.parametrize(
+    ("path", "tasks", "index"),
+    package_tasks(),
+    ids=lambda v: str(v) if isinstance(v, (str, int)) else "tasks",
+)
+def test_every_package_task_refreshes_a_stale_index_itself(
+    path: str, tasks: list[dict[str, Any]], index: int
+) -> None:
+    """Before the check, the first apt task of a converge (node_exporter's, first on every host in
+    site.yml, cache_valid_time 3600) refreshed an index older than an hour for every install after it; that
+    task is now skipped where its package is installed, so a pin raised on day 2 (the driver, NCCL) would be
+    looked up in an index as old as the node's last install and not be found. Each guarded task therefore
+    refreshes an index older than an hour itself, at no cost when it is skipped (apt.py at v2.19.14,
+    l.1395-1444: cache_valid_time sets update_cache and updates when the index is older)."""
+    arguments = installs(tasks[index])
+    assert arguments is not None
+    refreshes = arguments.get("update_cache") is True or arguments.get("cache_valid_time") not in (
+        None,
+        "",
+        0,
+    )
+    assert refreshes, f"{path}: {tasks[index]['name']!r} installs from whatever index an earlier task left"

