@@ -42,6 +42,7 @@ from infra.k8s.serving import (
     MODEL_ENV,
     MODEL_SERVER,
     serving_objects,
+    version_track_names,
 )
 from infra.k8s.serving_steps import ReleaseStep
 from infra.k8s.serving_versions import ServedVersion, ServingRelease
@@ -520,9 +521,48 @@ class ReleaseDriver:
         return read_record(self.api, self.namespace)[0]
 
     def _apply_release(self, release: ServingRelease) -> None:
-        for manifest in serving_objects(self.platform, self.facts, release):
+        for manifest in serving_objects(self.platform, self.facts, self._keeping_keda_counts(release)):
             if manifest["kind"] not in _NOT_A_RELEASES:
                 self.api.apply(manifest)
+
+    def _live_count(self, name: str) -> tuple[dict[str, Any] | None, int | None]:
+        live = self.api.get(self.workload_ref(name))
+        count = ((live or {}).get("spec") or {}).get("replicas")
+        return live, count if isinstance(count, int) else None
+
+    def _keeping_keda_counts(self, release: ServingRelease) -> ServingRelease:
+        """The counts KEDA set are never lowered, nor dropped to the default, by a step:
+        - a fixed count for the stable workload (while a promotion ends, the ScaledObject already targets
+          it) or the retiring one (KEDA's until this step) is at least what the workload runs now, so KEDA
+          growing it under load since the release was planned is not undone (a forced apply of a lower
+          count would take the field and stop pods; server-side-apply.md, "Conflicts");
+        - where the stable workload's count is KEDA's and gpuplat-serve still applies one (a promotion cut
+          short, then rolled back; a hand-over cut short), the count goes to KEDA through the private
+          manager first: a field dropped from an apply that no other manager owns is reset to its default,
+          1 ("Field management"; "Transferring ownership")."""
+        if release.stack_model == "serving":  # KEDA's target is the stack's own workload, no count of ours
+            return release
+        if release.retiring is not None:
+            _, retiring_now = self._live_count(_workload_name(release.retiring))
+            if retiring_now is not None and retiring_now > release.retiring_replicas:
+                release = replace(release, retiring_replicas=retiring_now)
+        stable = _workload_name(release.stable)
+        live, stable_now = self._live_count(stable)
+        if live is None or stable_now is None:
+            return release
+        if release.stable_replicas is not None:
+            return replace(release, stable_replicas=max(release.stable_replicas, stable_now))
+        if _applies_the_count(live, FIELD_MANAGER):
+            only_replicas = {
+                "apiVersion": live["apiVersion"],
+                "kind": live["kind"],
+                "metadata": {"name": stable, "namespace": self.namespace},
+                "spec": {"replicas": stable_now},
+            }
+            # A conflict: the autoscaler wrote the count meanwhile and owns it (the page's "do nothing").
+            with contextlib.suppress(_Conflict):
+                self.api.apply(only_replicas, manager=HANDOVER_MANAGER, force=False)
+        return release
 
     def _record(self, release: ServingRelease) -> None:
         uri = self.facts.model_uri if isinstance(self.facts.model_uri, str) else None
@@ -552,22 +592,19 @@ class ReleaseDriver:
 
     def hand_replicas_to_keda(self, release: ServingRelease) -> ServingRelease:
         """The stable workload's spec.replicas from gpuplat-serve to KEDA's HorizontalPodAutoscaler without
-        a moment at the default of 1: a private manager applies the count alone, then the release's
-        objects are applied without it (server-side-apply.md, "Transferring ownership")."""
-        workload = self.workload_ref(_stable_workload(release))
-        only_replicas = {
-            "apiVersion": workload.api_version,
-            "kind": workload.kind,
-            "metadata": {"name": workload.name, "namespace": self.namespace},
-            "spec": {"replicas": release.stable_replicas},
-        }
-        # A conflict: the autoscaler wrote the count already and owns it (the page's "do nothing").
-        with contextlib.suppress(_Conflict):
-            self.api.apply(only_replicas, manager=HANDOVER_MANAGER, force=False)
+        a moment at the default of 1 (_keeping_keda_counts: a private manager applies the count alone, then
+        the release's objects are applied without it), then recorded."""
         handed = replace(release, stable_replicas=None)
         self._apply_release(handed)
         self._record(handed)
         return handed
+
+    def resume(self, current: ServingRelease | None) -> ServingRelease | None:
+        """A command killed between a promotion's last step and the hand-over left the count with
+        gpuplat-serve, and the record says so: the next command hands it over before it plans."""
+        if current is not None and _ends_a_promotion(current):
+            return self.hand_replicas_to_keda(current)
+        return current
 
     def _workload_waits(self, name: str, replicas: int) -> str | None:
         live = self.api.get(self.workload_ref(name))
@@ -608,8 +645,18 @@ class ReleaseDriver:
             self.clock.sleep(POLL_S)
 
 
-def _stable_workload(release: ServingRelease) -> str:
-    return f"{MODEL_SERVER}-{release.stable.slug}"
+def _workload_name(version: ServedVersion) -> str:
+    return version_track_names(version)[0]
+
+
+def _applies_the_count(live: Mapping[str, Any], manager: str) -> bool:
+    """Whether `manager`'s applies own the workload's spec.replicas (metadata.managedFields, FieldsV1:
+    server-side-apply.md, "Field management")."""
+    for entry in (live.get("metadata") or {}).get("managedFields") or []:
+        owned = (entry.get("fieldsV1") or {}).get("f:spec") or {}
+        if entry.get("manager") == manager and entry.get("operation") == "Apply" and "f:replicas" in owned:
+            return True
+    return False
 
 
 def _ends_a_promotion(release: ServingRelease) -> bool:

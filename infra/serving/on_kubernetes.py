@@ -157,7 +157,8 @@ class KubernetesServing:
                     f"stack '{self.platform.name}' serves {current.stable.reference}: its model servers and "
                     f"gateways serve one model, not {model}"
                 )
-            yield current, self._driver(model, lock, self._facts(uri))
+            driver = self._driver(model, lock, self._facts(uri))
+            yield driver.resume(current), driver
         finally:
             # An API that stopped answering must not hide why the release stopped: the Lease then ends
             # by itself after its duration.

@@ -472,3 +472,99 @@ def test_status_reads_what_each_pod_runs() -> None:
         ("c", "(the stack's own model)", "/shared/models/embedder", True),
     ]
     assert cluster.requests[-1].query == {"labelSelector": "gpuplat/component=model-server"}
+
+
+# ------------------------------------------------- KEDA's count through a release (field ownership)
+
+
+def _replicas_owners(cluster: FakeCluster, path: str) -> set[str]:
+    return {
+        entry["manager"]
+        for entry in cluster.objects[path]["metadata"].get("managedFields", [])
+        if "f:replicas" in entry["fieldsV1"].get("f:spec", {})
+    }
+
+
+V1_PATH = f"{DEPLOYMENTS}/{version_track_names(V1)[0]}"
+V2_PATH = f"{DEPLOYMENTS}/{version_track_names(V2)[0]}"
+
+
+def _in_canary_keda_at(cluster: FakeCluster, aws: ResolvedPlatform, replicas: int) -> ServingRelease:
+    driver(cluster, aws).play(deploy_canary(ServingRelease(V1), V2, 20))
+    cluster.scale(V1_PATH, replicas)
+    return ServingRelease(V1, canary=V2, canary_percent=20)
+
+
+def test_promote_leaves_the_count_to_keda_alone_at_the_old_stable_count(aws: ResolvedPlatform) -> None:
+    """With field ownership modelled: the new stable workload keeps 4 replicas and gpuplat-serve owns its
+    count no more (had it dropped the field without the private manager, the server would reset it to 1)."""
+    cluster = FakeCluster(before=rolls_out)
+    canary = _in_canary_keda_at(cluster, aws, 4)
+    driver(cluster, aws).play(promote(canary, 4))
+    assert cluster.objects[V2_PATH]["spec"]["replicas"] == 4
+    assert FIELD_MANAGER not in _replicas_owners(cluster, V2_PATH)
+    cluster.scale(V2_PATH, 7)  # KEDA's first write: the private manager owns nothing after it
+    assert _replicas_owners(cluster, V2_PATH) == {"kube-controller-manager"}
+
+
+def test_a_promote_cut_short_at_the_switch_then_rolled_back_keeps_the_old_stable_count(
+    aws: ResolvedPlatform,
+) -> None:
+    """KEDA grows the old stable version to 5 while the canary grows; promote's second step fixes that
+    version's count at the 4 it read (taking the field from KEDA), then stops (the gateways' rollout runs
+    out of time); the record still says canary. The rollback that follows gives that version every request
+    again: its count must not fall to the default of 1 because gpuplat-serve, its only owner then, dropped
+    the field; it goes back to KEDA."""
+    cluster = FakeCluster(before=rolls_out)
+    canary = _in_canary_keda_at(cluster, aws, 4)
+    switched = {"at": False}
+
+    def gateways_stall_after_the_switch(request: Request, fake: FakeCluster) -> None:
+        if request.verb == "PATCH" and request.path == V2_PATH and request.body["spec"].get("replicas") == 4:
+            fake.scale(V1_PATH, 5)
+        if request.verb == "PATCH" and request.path == V1_PATH and "replicas" in request.body["spec"]:
+            switched["at"] = True
+        if switched["at"] and request.path.endswith("/deployments/gateway"):
+            return
+        rolls_out(request, fake)
+
+    cluster.before = gateways_stall_after_the_switch
+    driven = driver(cluster, aws, timeout_s=30)
+    with pytest.raises(ClusterError, match="did not finish its rollout"):
+        driven.play(promote(canary, 4))
+    assert driven.current() == promote(canary, 4)[0].release
+
+    cluster.before = rolls_out
+    counts: list[int] = []
+
+    def watch_v1(request: Request, fake: FakeCluster) -> None:
+        rolls_out(request, fake)
+        if V1_PATH in fake.objects:
+            counts.append(fake.objects[V1_PATH]["spec"]["replicas"])
+
+    cluster.before = watch_v1
+    driven = driver(cluster, aws)
+    driven.play(rollback(driven.current()))  # type: ignore[arg-type]
+    counts.append(cluster.objects[V1_PATH]["spec"]["replicas"])
+    assert min(counts) >= 4, f"the stable version's count went {counts}"
+    assert FIELD_MANAGER not in _replicas_owners(cluster, V1_PATH)
+
+
+def test_keda_growing_the_new_stable_version_during_the_switch_is_not_undone(aws: ResolvedPlatform) -> None:
+    """Once the ScaledObject targets the new stable workload, KEDA may grow it under load while the
+    gateways roll; the promotion's later steps must not force it back to the count it planned with."""
+    cluster = FakeCluster(before=rolls_out)
+    canary = _in_canary_keda_at(cluster, aws, 4)
+
+    def keda_grows_during_the_gateways_rollout(request: Request, fake: FakeCluster) -> None:
+        if request.verb == "GET" and request.path.endswith("/pods") and V2_PATH in fake.objects:
+            so = fake.objects.get(f"/apis/keda.sh/v1alpha1/namespaces/{NS}/scaledobjects/model-server")
+            targets_v2 = so is not None and so["spec"]["scaleTargetRef"]["name"] == version_track_names(V2)[0]
+            if targets_v2 and fake.objects[V2_PATH]["spec"]["replicas"] < 6:
+                fake.scale(V2_PATH, 6)
+        rolls_out(request, fake)
+
+    cluster.before = keda_grows_during_the_gateways_rollout
+    driver(cluster, aws).play(promote(canary, 4))
+    assert cluster.objects[V2_PATH]["spec"]["replicas"] == 6
+    assert FIELD_MANAGER not in _replicas_owners(cluster, V2_PATH)

@@ -265,3 +265,36 @@ def test_the_first_deploy_takes_over_from_the_stacks_own_servers_reading_their_f
     assert env["GPUPLAT_MODEL"] == bucket_uri
     assert "replicas" not in [r for r in cluster.applied("model-server-llama-v1")][-1].body["spec"]
     assert f"/apis/apps/v1/namespaces/{NS}/deployments/model-server" not in cluster.objects
+
+
+def test_a_handover_cut_short_by_a_kill_is_finished_by_the_next_command(
+    cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed after promote recorded its last step, before the hand-over: the record keeps the stable
+    count and gpuplat-serve applies it. The next deploy hands it to KEDA first (its count kept), so that the
+    canary's steps do not force the stable workload back to that count while KEDA scales it."""
+    promoted = ServingRelease(V2, stable_replicas=4)
+    recorded(cluster, promoted)
+    api = ClusterApi(cluster.client())
+    for manifest in serving_objects(load_platform(stack_file("aws-k8s")), fsx_facts(), promoted):
+        if manifest["kind"] not in ("Namespace", "PersistentVolume", "PersistentVolumeClaim"):
+            api.apply(manifest)
+    v2_path = f"/apis/apps/v1/namespaces/{NS}/deployments/{version_track_names(V2)[0]}"
+    v3 = ServedVersion("embedder@3", "s3://models/embedder/3")
+
+    class Registry:
+        def resolve(self, reference: str) -> ModelVersion:
+            return ModelVersion("embedder", 3, v3.model, "READY")
+
+    monkeypatch.setattr("infra.cli.commands.serve.kubernetes_registry", lambda _p, url: Registry())
+    run = run_cli(
+        "serve", "deploy", "embedder@3", "--canary", "10", "--stack", "aws-k8s", "--registry-url", "http://r"
+    )
+    assert run.code == 0, run.err
+    release, _ = read_record(api, NS)
+    assert release == ServingRelease(V2, canary=v3, canary_percent=10)
+    v2 = cluster.objects[v2_path]
+    assert v2["spec"]["replicas"] == 4
+    entries = v2["metadata"]["managedFields"]
+    owners = {e["manager"] for e in entries if "f:replicas" in e["fieldsV1"].get("f:spec", {})}
+    assert owners == {"gpuplat-serve-handover-to-keda"}
