@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import socket
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -260,7 +261,10 @@ def lease_name(model: str) -> str:
 
 
 def default_holder() -> str:
-    return f"{os.environ.get('USER', 'someone')}@{socket.gethostname()} pid {os.getpid()}"
+    """Who holds the Lease, for a person to read, and unique: two commands in containers on one host can
+    share user, host name (--network host) and pid (each its own PID namespace), and a Lease whose holder
+    reads as this command's is taken as its own."""
+    return f"{os.environ.get('USER', 'someone')}@{socket.gethostname()} pid {os.getpid()} {secrets.token_hex(4)}"
 
 
 @dataclass

@@ -24,6 +24,7 @@ from infra.k8s.serving_apply import (
     ReleaseDriver,
     ReleaseLock,
     ReleaseLocked,
+    default_holder,
     release_from_json,
     release_to_json,
     rollout_done,
@@ -568,3 +569,15 @@ def test_keda_growing_the_new_stable_version_during_the_switch_is_not_undone(aws
     driver(cluster, aws).play(promote(canary, 4))
     assert cluster.objects[V2_PATH]["spec"]["replicas"] == 6
     assert FIELD_MANAGER not in _replicas_owners(cluster, V2_PATH)
+
+
+def test_two_commands_alike_in_user_host_and_pid_do_not_share_the_lock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two CI jobs in containers on one host (the host's name with --network host, each its own PID
+    namespace) are `root@runner pid 7` both: the second must still meet the first's Lease."""
+    monkeypatch.setenv("USER", "root")
+    monkeypatch.setattr("socket.gethostname", lambda: "runner")
+    monkeypatch.setattr("os.getpid", lambda: 7)
+    cluster = FakeCluster()
+    lock(cluster, default_holder()).acquire()
+    with pytest.raises(ReleaseLocked, match=r"held by root@runner pid 7"):
+        lock(cluster, default_holder(), NOW + timedelta(seconds=5)).acquire()
