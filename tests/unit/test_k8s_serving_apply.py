@@ -284,6 +284,10 @@ def test_a_deployment_past_its_progress_deadline_ends_the_wait_at_once(aws: Reso
             "2 of 4 replicas updated",
         ),
         (
+            _workload("Deployment", 3, replicas=4, updatedReplicas=3, availableReplicas=4),
+            "3 of 4 replicas updated",
+        ),
+        (
             _workload("Deployment", 3, replicas=5, updatedReplicas=4, availableReplicas=4),
             "1 old replicas pending",
         ),
@@ -534,6 +538,7 @@ def test_a_promote_cut_short_at_the_switch_then_rolled_back_keeps_the_old_stable
     with pytest.raises(ClusterError, match="did not finish its rollout"):
         driven.play(promote(canary, 4))
     assert driven.current() == promote(canary, 4)[0].release
+    assert cluster.objects[V1_PATH]["spec"]["replicas"] == 5, "the switch lowered KEDA's count"
 
     cluster.before = rolls_out
     counts: list[int] = []
@@ -581,3 +586,35 @@ def test_two_commands_alike_in_user_host_and_pid_do_not_share_the_lock(monkeypat
     lock(cluster, default_holder()).acquire()
     with pytest.raises(ReleaseLocked, match=r"held by root@runner pid 7"):
         lock(cluster, default_holder(), NOW + timedelta(seconds=5)).acquire()
+
+
+def test_a_long_wait_renews_the_lease_so_that_another_command_meets_it(aws: ResolvedPlatform) -> None:
+    """The canary takes 150 s to be ready; at 100 s (past the 60 s duration) another command must still
+    find the Lease held: the wait renews it at a third of the duration."""
+    cluster = FakeCluster()
+    clock = FakeClock()
+    api = ClusterApi(cluster.client())
+    held = ReleaseLock(api, NS, "embedder", "ci@runner pid 1", now=lambda: NOW + timedelta(seconds=clock.t))
+    held.acquire()
+    tries: list[str] = []
+
+    def slow_canary_and_another_command(request: Request, fake: FakeCluster) -> None:
+        if clock.t >= 100 and not tries:
+            tries.append("trying")
+            try:
+                lock(fake, "ops@laptop pid 2", NOW + timedelta(seconds=clock.t)).acquire()
+                tries.append("taken")
+            except ReleaseLocked:
+                tries.append("refused")
+        if request.verb == "GET" and request.path == V2_PATH and clock.t < 150:
+            obj = fake.objects[V2_PATH]
+            obj["status"] = {"observedGeneration": obj["metadata"]["generation"], "replicas": 1}
+            return
+        rolls_out(request, fake)
+
+    cluster.before = slow_canary_and_another_command
+    ReleaseDriver(api, aws, fsx_facts(), "embedder", held, 600, clock).play(
+        deploy_canary(ServingRelease(V1), V2, 20)
+    )
+    assert tries == ["trying", "refused"]
+    assert cluster.objects[LEASE]["spec"]["holderIdentity"] == "ci@runner pid 1"

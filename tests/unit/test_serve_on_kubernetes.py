@@ -298,3 +298,13 @@ def test_a_handover_cut_short_by_a_kill_is_finished_by_the_next_command(
     entries = v2["metadata"]["managedFields"]
     owners = {e["manager"] for e in entries if "f:replicas" in e["fieldsV1"].get("f:spec", {})}
     assert owners == {"gpuplat-serve-handover-to-keda"}
+
+
+def test_a_release_of_another_model_on_the_stack_is_refused_before_any_change(cluster: FakeCluster) -> None:
+    """One model per stack (one record, one set of gateways): a promote of another model's name is refused
+    with exit 2, its Lease let go, nothing applied."""
+    recorded(cluster, ServingRelease(V1, canary=V2, canary_percent=20))
+    refused(run_cli("serve", "promote", "reranker", "--stack", "aws-k8s"), "serves embedder@1")
+    assert not cluster.applied() and not [r for r in cluster.requests if r.verb == "DELETE"]
+    lease = cluster.objects[f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/gpuplat-release-reranker"]
+    assert "holderIdentity" not in lease["spec"]
