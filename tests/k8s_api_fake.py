@@ -24,6 +24,8 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
+from email.utils import format_datetime
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
@@ -52,7 +54,7 @@ class Response:
         self.status = status
         self.reason = reason
         self.data = json.dumps(body).encode()
-        self.headers = {"Content-Type": "application/json"}
+        self.headers: dict[str, str] = {"Content-Type": "application/json"}
 
     def getheaders(self) -> dict[str, str]:
         return self.headers
@@ -134,6 +136,8 @@ class FakeCluster:
     before: Callable[[Request, FakeCluster], None] | None = None
     """Runs before each request is answered: another client's writes, a controller's progress."""
     unreachable: Exception | None = None
+    server_now: Callable[[], datetime] | None = None
+    """The API server's clock, sent in each answer's Date header (as Go's net/http server does)."""
     owners: dict[str, dict[tuple[str, str], set[Leaf]]] = field(default_factory=dict)
     """path -> (manager, "Apply" or "Update") -> the leaf fields it owns."""
     _version: int = 100
@@ -234,7 +238,10 @@ class FakeCluster:
         if isinstance(answer, dict) and answer.get("kind") not in ("Status", None):
             for item in answer.get("items", [answer]):
                 assert_accepted(item)
-        return answer if isinstance(answer, Response) else Response(200, answer)
+        response = answer if isinstance(answer, Response) else Response(200, answer)
+        if self.server_now is not None:
+            response.headers["Date"] = format_datetime(self.server_now(), usegmt=True)
+        return response
 
     def _name(self, path: str) -> str:
         return path.rsplit("/", 1)[1]

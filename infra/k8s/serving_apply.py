@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from email.utils import parsedate_to_datetime
 from functools import partial
 from typing import Any
 
@@ -132,6 +133,25 @@ class ClusterApi:
 
     def __init__(self, client: ApiClient) -> None:
         self.client = client
+        self._server_clock: tuple[datetime, float] | None = None
+
+    def server_now(self) -> datetime:
+        """The API server's time: the Date header of its last answer (Go's net/http server writes one on
+        every response it has none for: src/net/http/server.go, chunkWriter.writeHeader; an HTTP-date,
+        RFC 9110 5.6.7, to the second) plus the time passed here since. A Lease's renewTime
+        is written and judged by that clock, so that commands whose own clocks disagree (a laptop minutes
+        off) agree on when it expires; this machine's clock before any answer came."""
+        if self._server_clock is None:
+            return datetime.now(UTC)
+        said, at = self._server_clock
+        return said + timedelta(seconds=time.monotonic() - at)
+
+    def _note_server_clock(self) -> None:
+        response = getattr(self.client, "last_response", None)
+        date = response.getheader("Date") if response is not None else None
+        with contextlib.suppress(TypeError, ValueError):
+            if date:
+                self._server_clock = (parsedate_to_datetime(date).astimezone(UTC), time.monotonic())
 
     @property
     def server(self) -> str:
@@ -166,6 +186,9 @@ class ClusterApi:
                 "Check the kubeconfig gpuplat read (KUBECONFIG, else ~/.kube/config; `aws eks "
                 "update-kubeconfig` on an EKS stack) and that this machine has a route to the API server"
             ) from None
+        # Only an answer sets last_response (kubernetes/client/api_client.py __call_api): a refusal's Date is
+        # not kept, and the one before it must not be taken as now.
+        self._note_server_clock()
         return answer if isinstance(answer, dict) else {}
 
     def apply(self, manifest: Mapping[str, Any], *, manager: str = FIELD_MANAGER, force: bool = True) -> None:
@@ -264,7 +287,8 @@ def default_holder() -> str:
     """Who holds the Lease, for a person to read, and unique: two commands in containers on one host can
     share user, host name (--network host) and pid (each its own PID namespace), and a Lease whose holder
     reads as this command's is taken as its own."""
-    return f"{os.environ.get('USER', 'someone')}@{socket.gethostname()} pid {os.getpid()} {secrets.token_hex(4)}"
+    user = os.environ.get("USER", "someone")
+    return f"{user}@{socket.gethostname()} pid {os.getpid()} {secrets.token_hex(4)}"
 
 
 @dataclass

@@ -148,7 +148,7 @@ class KubernetesServing:
 
     @contextmanager
     def _release(self, model: str) -> Iterator[tuple[ServingRelease | None, ReleaseDriver]]:
-        lock = ReleaseLock(self.api, self.namespace, model, default_holder())
+        lock = ReleaseLock(self.api, self.namespace, model, default_holder(), now=self.api.server_now)
         lock.acquire()
         try:
             current, uri = read_record(self.api, self.namespace)

@@ -576,7 +576,9 @@ def test_keda_growing_the_new_stable_version_during_the_switch_is_not_undone(aws
     assert FIELD_MANAGER not in _replicas_owners(cluster, V2_PATH)
 
 
-def test_two_commands_alike_in_user_host_and_pid_do_not_share_the_lock(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_two_commands_alike_in_user_host_and_pid_do_not_share_the_lock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Two CI jobs in containers on one host (the host's name with --network host, each its own PID
     namespace) are `root@runner pid 7` both: the second must still meet the first's Lease."""
     monkeypatch.setenv("USER", "root")

@@ -308,3 +308,28 @@ def test_a_release_of_another_model_on_the_stack_is_refused_before_any_change(cl
     assert not cluster.applied() and not [r for r in cluster.requests if r.verb == "DELETE"]
     lease = cluster.objects[f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/gpuplat-release-reranker"]
     assert "holderIdentity" not in lease["spec"]
+
+
+def test_a_cli_whose_clock_runs_ahead_still_meets_a_live_lease(
+    cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Lease is judged by the API server's clock (its Date header), not the command's: a laptop two
+    minutes fast would otherwise read a Lease renewed 10 s ago as expired and take it: two releases at
+    once."""
+    server = datetime(2026, 12, 6, 20, 0, tzinfo=UTC)
+    cluster.server_now = lambda: server
+    recorded(cluster, ServingRelease(V1, canary=V2, canary_percent=20))
+    renewed = server - timedelta(seconds=10)
+    holder = ReleaseLock(ClusterApi(cluster.client()), NS, "embedder", "ci@runner pid 7", now=lambda: renewed)
+    holder.acquire()
+
+    class FastClock(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> datetime:  # type: ignore[override]
+            return server + timedelta(seconds=120)
+
+    monkeypatch.setattr("infra.k8s.serving_apply.datetime", FastClock)
+    run = run_cli("serve", "promote", "embedder", "--stack", "aws-k8s")
+    assert run.code == 4 and run.clean, run.err
+    assert "held by ci@runner pid 7 until 2026-12-06T20:00:50+00:00" in run.err
+    assert not cluster.applied()
