@@ -118,6 +118,24 @@ def _fields_v1(paths: set[Leaf]) -> dict[str, Any]:
     return tree
 
 
+def _refused_change(live: dict[str, Any] | None, applied: dict[str, Any]) -> Response | None:
+    """What the API server refuses of an apply to an existing object: a resourceVersion in the body is a
+    precondition (409 when stale: server-side-apply.md, "Using Server-Side Apply in a controller"), and a
+    workload's spec.selector is immutable (422: apps/v1 validation, ValidateDeploymentUpdate)."""
+    if live is None:
+        return None
+    name = applied["metadata"]["name"]
+    version = applied["metadata"].get("resourceVersion")
+    if version is not None and version != live["metadata"]["resourceVersion"]:
+        message = f'Operation cannot be fulfilled on "{name}": the object has been modified'
+        return Response(409, status(409, "Conflict", message), "Conflict")
+    selector = (applied.get("spec") or {}).get("selector")
+    if live.get("kind") == "Deployment" and selector is not None and selector != live["spec"].get("selector"):
+        message = f'Deployment.apps "{name}" is invalid: spec.selector: Invalid value: field is immutable'
+        return Response(422, status(422, "Invalid", message), "Unprocessable Entity")
+    return None
+
+
 def _merge(live: Any, applied: Any) -> Any:
     if isinstance(live, dict) and isinstance(applied, dict):
         merged = dict(live)
@@ -270,6 +288,9 @@ class FakeCluster:
         assert body["metadata"]["name"] == self._name(request.path)
         assert "managedFields" not in body["metadata"], "an apply cannot set managedFields"
         live = self.objects.get(request.path)
+        refused = _refused_change(live, body)
+        if refused is not None:
+            return refused
         applied = leaves(body)
         entries = self.owners.setdefault(request.path, {})
         current = leaves(live) if live else {}
@@ -329,6 +350,12 @@ class FakeCluster:
             return Response(
                 404, status(404, "NotFound", f'"{self._name(request.path)}" not found'), "Not Found"
             )
+        if not body["metadata"].get("resourceVersion"):
+            # A Lease's strategy allows no unconditional update: 422, not 409 (apiserver pkg/registry/
+            # generic/registry/store.go, Update: "must be specified for an update").
+            message = f'leases.coordination.k8s.io "{self._name(request.path)}" is invalid: '
+            message += "metadata.resourceVersion: Invalid value: 0x0: must be specified for an update"
+            return Response(422, status(422, "Invalid", message), "Unprocessable Entity")
         if body["metadata"].get("resourceVersion") != live["metadata"]["resourceVersion"]:
             message = (
                 f'Operation cannot be fulfilled on leases.coordination.k8s.io "{self._name(request.path)}": '

@@ -620,3 +620,38 @@ def test_a_long_wait_renews_the_lease_so_that_another_command_meets_it(aws: Reso
     )
     assert tries == ["trying", "refused"]
     assert cluster.objects[LEASE]["spec"]["holderIdentity"] == "ci@runner pid 1"
+
+
+def test_the_fake_refuses_what_the_api_server_refuses() -> None:
+    """The fake's own fidelity: a test that passes against it must not hang on a change a cluster refuses."""
+    cluster = FakeCluster()
+    api = ClusterApi(cluster.client())
+    deployment: dict[str, Any] = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "d", "namespace": NS},
+        "spec": {
+            "selector": {"matchLabels": {"app": "d"}},
+            "template": {
+                "metadata": {"labels": {"app": "d", "v": "1"}},
+                "spec": {"containers": [{"name": "c", "image": "i"}]},
+            },
+        },
+    }
+    api.apply(deployment)
+    assert cluster.objects[f"{DEPLOYMENTS}/d"]["spec"]["replicas"] == 1  # the default
+    moved = {**deployment, "spec": {**deployment["spec"], "selector": {"matchLabels": {"v": "1"}}}}
+    with pytest.raises(ClusterError, match=r"HTTP 422.*field is immutable"):
+        api.apply(moved)
+    stale = {**deployment, "metadata": {**deployment["metadata"], "resourceVersion": "1"}}
+    with pytest.raises(ClusterError, match="has been modified"):
+        api.apply(stale)
+    lock(cluster, "ci@runner pid 1").acquire()
+    unguarded = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": LEASE.rsplit("/")[-1], "namespace": NS},
+        "spec": {},
+    }
+    with pytest.raises(ClusterError, match=r"HTTP 422.*must be specified for an update"):
+        api.update(unguarded)
