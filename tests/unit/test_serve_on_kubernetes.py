@@ -8,7 +8,7 @@ import json
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -333,3 +333,41 @@ def test_a_cli_whose_clock_runs_ahead_still_meets_a_live_lease(
     assert run.code == 4 and run.clean, run.err
     assert "held by ci@runner pid 7 until 2026-12-06T20:00:50+00:00" in run.err
     assert not cluster.applied()
+
+
+@pytest.mark.parametrize("stopped_at", ["serving", "retiring"])
+def test_a_take_over_stopped_after_its_first_step_is_finished_by_the_same_deploy_again(
+    cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch, stopped_at: Literal["serving", "retiring"]
+) -> None:
+    """Killed (or out of time) while the gateways rolled: the record says the version runs beside the
+    stack's own servers (or they retire). The same deploy again finishes the take-over; another version is
+    refused saying so. Before, every command refused: deploy wanted a canary, promote and rollback none."""
+    platform = load_platform(stack_file("aws-k8s"))
+    stack_model = str(platform.spec.serving.model)  # type: ignore[union-attr]
+    version = ServedVersion("llama@1", stack_model)
+    beside = ServingRelease(version, stable_replicas=3, stack_model=stopped_at)
+    recorded(cluster, beside)
+    api = ClusterApi(cluster.client())
+    for manifest in serving_objects(platform, replace(fsx_facts(), model_uri=stack_model), beside):
+        if manifest["kind"] not in ("Namespace", "PersistentVolume", "PersistentVolumeClaim"):
+            api.apply(manifest)
+
+    class Registry:
+        def resolve(self, reference: str) -> ModelVersion:
+            return ModelVersion("llama", int(reference.partition("@")[2]), stack_model, "READY")
+
+    monkeypatch.setattr("infra.cli.commands.serve.kubernetes_registry", lambda _p, url: Registry())
+    refused(
+        run_cli("serve", "deploy", "llama@2", "--stack", "aws-k8s", "--registry-url", "http://r"),
+        "take-over by llama@1 from the stack's own model servers did not end: deploy llama@1 again",
+    )
+    run = run_cli("serve", "deploy", "llama@1", "--stack", "aws-k8s", "--registry-url", "http://r")
+    assert run.code == 0, run.err
+    assert read_record(api, NS)[0] == ServingRelease(version)
+    assert f"/apis/apps/v1/namespaces/{NS}/deployments/model-server" not in cluster.objects
+    assert (
+        cluster.objects[f"/apis/apps/v1/namespaces/{NS}/deployments/model-server-llama-v1"]["spec"][
+            "replicas"
+        ]
+        == 3
+    )
