@@ -598,9 +598,15 @@ class ReleaseDriver:
 
     def play(self, steps: list[ReleaseStep]) -> ServingRelease | None:
         released: ServingRelease | None = None
+        recorded = self.current() if steps else None
         for step in steps:
             self.lock.renew()
             self.say(step.says)
+            if _versions(step.release) - _versions(recorded):
+                # A step that starts a version is recorded before its workload exists: stopped in its wait
+                # (a canary that never gets ready) or killed, the record still names every workload running,
+                # so that a rollback finds the canary, and the same command again goes on.
+                self._record(step.release)
             self._apply_release(step.release)
             if step.ready is not None:
                 workload, replicas = step.ready
@@ -613,7 +619,7 @@ class ReleaseDriver:
                 kind = ("v1", "Service") if name.endswith("-replicas") else self.workload_kind
                 self.api.delete(ObjectRef(*kind, name, self.namespace))
             self._record(step.release)
-            released = step.release
+            released = recorded = step.release
         if released is not None and _ends_a_promotion(released):
             released = self.hand_replicas_to_keda(released)
         return released
@@ -671,6 +677,12 @@ class ReleaseDriver:
                 )
             self.lock.renew()
             self.clock.sleep(POLL_S)
+
+
+def _versions(release: ServingRelease | None) -> set[ServedVersion]:
+    if release is None:
+        return set()
+    return {v for v in (release.stable, release.canary, release.retiring) if v is not None}
 
 
 def _workload_name(version: ServedVersion) -> str:

@@ -655,3 +655,19 @@ def test_the_fake_refuses_what_the_api_server_refuses() -> None:
     }
     with pytest.raises(ClusterError, match=r"HTTP 422.*must be specified for an update"):
         api.update(unguarded)
+
+
+def test_a_canary_that_never_starts_can_be_rolled_back_as_the_error_says(aws: ResolvedPlatform) -> None:
+    """deploy --canary stops in its first step (the canary never ready: a bad image) and says to run
+    `gpuplat serve rollback`: the record must name the canary whose workload now exists, so that the
+    rollback removes it rather than answer "no canary" and leave it holding its GPU."""
+    cluster = FakeCluster()  # no controller: the canary never becomes ready
+    with pytest.raises(ClusterError, match="did not finish its rollout.*gpuplat serve rollback"):
+        driver(cluster, aws, timeout_s=30).play(deploy_canary(ServingRelease(V1), V2, 20))
+    assert V2_PATH in cluster.objects
+    cluster.before = rolls_out
+    driven = driver(cluster, aws)
+    current = driven.current()
+    assert current is not None and current.canary == V2 and current.canary_percent == 0
+    driven.play(rollback(current))
+    assert V2_PATH not in cluster.objects and driven.current() == ServingRelease(V1)
