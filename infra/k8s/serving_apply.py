@@ -146,9 +146,8 @@ class ClusterApi:
         said, at = self._server_clock
         return said + timedelta(seconds=time.monotonic() - at)
 
-    def _note_server_clock(self) -> None:
-        response = getattr(self.client, "last_response", None)
-        date = response.getheader("Date") if response is not None else None
+    def _note_server_clock(self, headers: Mapping[str, str] | None) -> None:
+        date = next((v for k, v in (headers or {}).items() if k.lower() == "date"), None)
         with contextlib.suppress(TypeError, ValueError):
             if date:
                 self._server_clock = (parsedate_to_datetime(date).astimezone(UTC), time.monotonic())
@@ -179,6 +178,9 @@ class ClusterApi:
                 _return_http_data_only=True,
             )
         except ApiException as error:
+            # A refusal's headers come with it (kubernetes/client/exceptions.py, ApiException.headers): the
+            # first acquire of a Lease reads a 404 before it writes the Lease's times.
+            self._note_server_clock(error.headers)
             raise _refused(error, verb, ref, self.server) from None
         except (HTTPError, OSError) as error:
             raise ClusterError(
@@ -186,9 +188,10 @@ class ClusterApi:
                 "Check the kubeconfig gpuplat read (KUBECONFIG, else ~/.kube/config; `aws eks "
                 "update-kubeconfig` on an EKS stack) and that this machine has a route to the API server"
             ) from None
-        # Only an answer sets last_response (kubernetes/client/api_client.py __call_api): a refusal's Date is
-        # not kept, and the one before it must not be taken as now.
-        self._note_server_clock()
+        # An answer's headers: the client keeps its last answer (kubernetes/client/api_client.py __call_api,
+        # last_response), not a refusal.
+        response = getattr(self.client, "last_response", None)
+        self._note_server_clock(response.getheaders() if response is not None else None)
         return answer if isinstance(answer, dict) else {}
 
     def apply(self, manifest: Mapping[str, Any], *, manager: str = FIELD_MANAGER, force: bool = True) -> None:

@@ -671,3 +671,24 @@ def test_a_canary_that_never_starts_can_be_rolled_back_as_the_error_says(aws: Re
     assert current is not None and current.canary == V2 and current.canary_percent == 0
     driven.play(rollback(current))
     assert V2_PATH not in cluster.objects and driven.current() == ServingRelease(V1)
+
+
+def test_a_lease_created_by_a_cli_whose_clock_lags_is_still_live_by_the_servers_clock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first command creates the Lease after a GET answered 404: its times come from the server's clock
+    too (the Date of that refusal), not from its own two minutes behind, which others would read as a
+    Lease already expired."""
+    cluster = FakeCluster(server_now=lambda: NOW)
+
+    class SlowClock(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> datetime:  # type: ignore[override]
+            return NOW - timedelta(seconds=120)
+
+    monkeypatch.setattr("infra.k8s.serving_apply.datetime", SlowClock)
+    api = ClusterApi(cluster.client())
+    ReleaseLock(api, NS, "embedder", "laggard pid 1", now=api.server_now).acquire()
+    assert cluster.objects[LEASE]["spec"]["renewTime"].startswith("2026-12-06T20:00:0")
+    with pytest.raises(ReleaseLocked, match="held by laggard pid 1"):
+        lock(cluster, "ops@laptop pid 2", NOW + timedelta(seconds=10)).acquire()
