@@ -662,7 +662,7 @@ def test_a_canary_that_never_starts_can_be_rolled_back_as_the_error_says(aws: Re
     `gpuplat serve rollback`: the record must name the canary whose workload now exists, so that the
     rollback removes it rather than answer "no canary" and leave it holding its GPU."""
     cluster = FakeCluster()  # no controller: the canary never becomes ready
-    with pytest.raises(ClusterError, match="did not finish its rollout.*gpuplat serve rollback"):
+    with pytest.raises(ClusterError, match=r"did not finish its rollout.*gpuplat serve rollback"):
         driver(cluster, aws, timeout_s=30).play(deploy_canary(ServingRelease(V1), V2, 20))
     assert V2_PATH in cluster.objects
     cluster.before = rolls_out
