@@ -8,9 +8,15 @@ merging the body into the stored object, creating it where there is none; create
 update (409 Conflict on a stale resourceVersion), delete (404 when gone); Status bodies on failure as the
 API server writes them (apimachinery pkg/apis/meta/v1 types.go, Status). Every object applied, created or
 updated, and every object answered, is checked against the real schema of the stacks' Kubernetes version
-(tests/k8s_schemas.py). Not modelled: field ownership (which manager owns what: a test asks for a
-conflict where it needs one), admission, watches, and the controllers (a test's `controller` moves the
-workloads' status as they would)."""
+(tests/k8s_schemas.py). Field ownership as server-side-apply.md describes it (kubernetes/website
+content/en/docs/reference/using-api/server-side-apply.md, "Field management", "Conflicts", "Operations in
+scope for field management"), at the granularity of leaf fields with every list atomic (the real server
+merges a list of type map by its keys): an apply that changes a field another manager owns is a 409 unless
+forced (forced, the others lose it); two managers applying one value share it; a field a manager applied
+before and dropped now, owned by no other manager, is removed from the object, a workload's spec.replicas
+reset to its default of 1; an update (`scale`, a controller's write) that changes a field takes it from
+every other manager; metadata.managedFields as the server writes it (FieldsV1). Not modelled: admission,
+watches, and the controllers (a test's `before` moves the workloads' status as they would)."""
 
 from __future__ import annotations
 
@@ -18,6 +24,8 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
+from email.utils import format_datetime
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
@@ -46,7 +54,7 @@ class Response:
         self.status = status
         self.reason = reason
         self.data = json.dumps(body).encode()
-        self.headers = {"Content-Type": "application/json"}
+        self.headers: dict[str, str] = {"Content-Type": "application/json"}
 
     def getheaders(self) -> dict[str, str]:
         return self.headers
@@ -67,6 +75,67 @@ def status(code: int, reason: str, message: str) -> dict[str, Any]:
     }
 
 
+Leaf = tuple[str, ...]
+# What no manager owns: the object's identity and what the server writes itself.
+_UNOWNED = {("apiVersion",), ("kind",), ("metadata", "name"), ("metadata", "namespace")}
+_SERVER_WRITES = ("status", "managedFields", "resourceVersion", "generation", "uid", "creationTimestamp")
+# Defaults the API server gives a field nobody set (a Deployment's and a LeaderWorkerSet's spec.replicas: 1).
+_DEFAULTS = {("Deployment", ("spec", "replicas")): 1, ("LeaderWorkerSet", ("spec", "replicas")): 1}
+
+
+def leaves(obj: Any, prefix: Leaf = ()) -> dict[Leaf, Any]:
+    """Each leaf field of `obj` and its value; a list is one leaf (atomic)."""
+    if not isinstance(obj, dict) or not obj:
+        return {} if not prefix or prefix in _UNOWNED else {prefix: obj}
+    found: dict[Leaf, Any] = {}
+    for key, value in obj.items():
+        path = (*prefix, key)
+        if path in _UNOWNED or (key in _SERVER_WRITES and len(path) <= 2):
+            continue
+        found.update(leaves(value, path))
+    return found
+
+
+def _remove(obj: dict[str, Any], path: Leaf) -> None:
+    parents = [obj]
+    for key in path[:-1]:
+        child = parents[-1].get(key)
+        if not isinstance(child, dict):
+            return
+        parents.append(child)
+    parents[-1].pop(path[-1], None)
+    for parent, key in zip(reversed(parents[:-1]), reversed(path[:-1]), strict=True):
+        if parent.get(key) == {}:
+            parent.pop(key)
+
+
+def _fields_v1(paths: set[Leaf]) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for path in paths:
+        node = tree
+        for key in path:
+            node = node.setdefault(f"f:{key}", {})
+    return tree
+
+
+def _refused_change(live: dict[str, Any] | None, applied: dict[str, Any]) -> Response | None:
+    """What the API server refuses of an apply to an existing object: a resourceVersion in the body is a
+    precondition (409 when stale: server-side-apply.md, "Using Server-Side Apply in a controller"), and a
+    workload's spec.selector is immutable (422: apps/v1 validation, ValidateDeploymentUpdate)."""
+    if live is None:
+        return None
+    name = applied["metadata"]["name"]
+    version = applied["metadata"].get("resourceVersion")
+    if version is not None and version != live["metadata"]["resourceVersion"]:
+        message = f'Operation cannot be fulfilled on "{name}": the object has been modified'
+        return Response(409, status(409, "Conflict", message), "Conflict")
+    selector = (applied.get("spec") or {}).get("selector")
+    if live.get("kind") == "Deployment" and selector is not None and selector != live["spec"].get("selector"):
+        message = f'Deployment.apps "{name}" is invalid: spec.selector: Invalid value: field is immutable'
+        return Response(422, status(422, "Invalid", message), "Unprocessable Entity")
+    return None
+
+
 def _merge(live: Any, applied: Any) -> Any:
     if isinstance(live, dict) and isinstance(applied, dict):
         merged = dict(live)
@@ -85,6 +154,10 @@ class FakeCluster:
     before: Callable[[Request, FakeCluster], None] | None = None
     """Runs before each request is answered: another client's writes, a controller's progress."""
     unreachable: Exception | None = None
+    server_now: Callable[[], datetime] | None = None
+    """The API server's clock, sent in each answer's Date header (as Go's net/http server does)."""
+    owners: dict[str, dict[tuple[str, str], set[Leaf]]] = field(default_factory=dict)
+    """path -> (manager, "Apply" or "Update") -> the leaf fields it owns."""
     _version: int = 100
 
     def client(self) -> ApiClient:
@@ -110,8 +183,51 @@ class FakeCluster:
         generation = int((previous or {}).get("metadata", {}).get("generation") or 0)
         changed = previous is None or previous.get("spec") != stored.get("spec")
         meta["generation"] = generation + 1 if changed else generation
+        for (kind, at), default in _DEFAULTS.items():
+            if stored.get("kind") == kind and at[0] in stored:
+                stored[at[0]].setdefault(at[1], default)
+        entries = self.owners.get(path, {})
+        meta["managedFields"] = [
+            {
+                "manager": manager,
+                "operation": operation,
+                "apiVersion": stored["apiVersion"],
+                "time": "2026-12-06T20:00:00Z",
+                "fieldsType": "FieldsV1",
+                "fieldsV1": _fields_v1(paths),
+            }
+            for (manager, operation), paths in entries.items()
+            if paths
+        ]
+        if not meta["managedFields"]:
+            del meta["managedFields"]
         self.objects[path] = stored
         return stored
+
+    def _take(self, path: str, manager: str, operation: str, taken: set[Leaf]) -> None:
+        """`manager` owns `taken` now, alone."""
+        entries = self.owners.setdefault(path, {})
+        for paths in entries.values():
+            paths -= taken
+        entries.setdefault((manager, operation), set()).update(taken)
+
+    def update_fields(self, path: str, manager: str, changes: dict[Leaf, Any]) -> dict[str, Any]:
+        """An update (not an apply) by `manager`, as a controller writes (the HorizontalPodAutoscaler through
+        the scale subresource): it never conflicts, and the fields whose value it changes become its own."""
+        live = json.loads(json.dumps(self.objects[path]))
+        current = leaves(live)
+        changed = {leaf for leaf, value in changes.items() if current.get(leaf) != value}
+        for leaf, value in changes.items():
+            node = live
+            for key in leaf[:-1]:
+                node = node.setdefault(key, {})
+            node[leaf[-1]] = value
+        self._take(path, manager, "Update", changed)
+        return self.store(path, live)
+
+    def scale(self, path: str, replicas: int, manager: str = "kube-controller-manager") -> None:
+        """KEDA's HorizontalPodAutoscaler sets a workload's count (the scale subresource, an update)."""
+        self.update_fields(path, manager, {("spec", "replicas"): replicas})
 
     def applied(self, path_end: str = "") -> list[Request]:
         return [r for r in self.requests if r.verb == "PATCH" and r.path.endswith(path_end)]
@@ -140,7 +256,10 @@ class FakeCluster:
         if isinstance(answer, dict) and answer.get("kind") not in ("Status", None):
             for item in answer.get("items", [answer]):
                 assert_accepted(item)
-        return answer if isinstance(answer, Response) else Response(200, answer)
+        response = answer if isinstance(answer, Response) else Response(200, answer)
+        if self.server_now is not None:
+            response.headers["Date"] = format_datetime(self.server_now(), usegmt=True)
+        return response
 
     def _name(self, path: str) -> str:
         return path.rsplit("/", 1)[1]
@@ -161,18 +280,46 @@ class FakeCluster:
             return {"kind": "List", "apiVersion": "v1", "metadata": {}, "items": items}
         return Response(404, status(404, "NotFound", f'"{self._name(request.path)}" not found'), "Not Found")
 
-    def _patch(self, request: Request) -> dict[str, Any]:
+    def _patch(self, request: Request) -> Response | dict[str, Any]:
         assert request.content_type == "application/apply-patch+yaml", request
-        assert request.query.get("fieldManager"), request
+        manager = request.query.get("fieldManager")
+        assert manager, request
         body = request.body
         assert body["metadata"]["name"] == self._name(request.path)
+        assert "managedFields" not in body["metadata"], "an apply cannot set managedFields"
         live = self.objects.get(request.path)
+        refused = _refused_change(live, body)
+        if refused is not None:
+            return refused
+        applied = leaves(body)
+        entries = self.owners.setdefault(request.path, {})
+        current = leaves(live) if live else {}
+        conflicts = sorted(
+            (other, leaf)
+            for (other, _), paths in entries.items()
+            if other != manager
+            for leaf in paths & set(applied)
+            if current.get(leaf) != applied[leaf]
+        )
+        if conflicts and request.query.get("force") != "true":
+            said = ", ".join(f'conflict with "{m}": .{".".join(leaf)}' for m, leaf in conflicts)
+            message = f"Apply failed with {len(conflicts)} conflict(s): {said}"
+            return Response(409, status(409, "Conflict", message), "Conflict")
         merged = _merge(live, body) if live else body
+        before = entries.get((manager, "Apply"), set())
+        for leaf in before - set(applied):
+            if not any(leaf in paths for key, paths in entries.items() if key != (manager, "Apply")):
+                _remove(merged, leaf)
+        for other_key, paths in entries.items():
+            if other_key[0] != manager:
+                paths -= {leaf for _, leaf in conflicts}
+        entries[(manager, "Apply")] = set(applied)
         if live is not None:
             merged["metadata"] = {
                 **merged["metadata"],
                 "resourceVersion": live["metadata"]["resourceVersion"],
             }
+        merged["metadata"].pop("managedFields", None)
         assert_accepted({k: v for k, v in merged.items() if k != "status"})
         return self.store(request.path, merged)
 
@@ -191,6 +338,7 @@ class FakeCluster:
         if path in self.objects:
             message = f'leases.coordination.k8s.io "{body["metadata"]["name"]}" already exists'
             return Response(409, status(409, "AlreadyExists", message), "Conflict")
+        self.owners[path] = {(request.query.get("fieldManager", "unknown"), "Update"): set(leaves(body))}
         return Response(201, self.store(path, body))
 
     def _put(self, request: Request) -> Response | dict[str, Any]:
@@ -202,15 +350,26 @@ class FakeCluster:
             return Response(
                 404, status(404, "NotFound", f'"{self._name(request.path)}" not found'), "Not Found"
             )
+        if not body["metadata"].get("resourceVersion"):
+            # A Lease's strategy allows no unconditional update: 422, not 409 (apiserver pkg/registry/
+            # generic/registry/store.go, Update: "must be specified for an update").
+            message = f'leases.coordination.k8s.io "{self._name(request.path)}" is invalid: '
+            message += "metadata.resourceVersion: Invalid value: 0x0: must be specified for an update"
+            return Response(422, status(422, "Invalid", message), "Unprocessable Entity")
         if body["metadata"].get("resourceVersion") != live["metadata"]["resourceVersion"]:
             message = (
                 f'Operation cannot be fulfilled on leases.coordination.k8s.io "{self._name(request.path)}": '
                 "the object has been modified; please apply your changes to the latest version and try again"
             )
             return Response(409, status(409, "Conflict", message), "Conflict")
+        self.owners[request.path] = {
+            (request.query.get("fieldManager", "unknown"), "Update"): set(leaves(body))
+        }
+        body["metadata"].pop("managedFields", None)
         return self.store(request.path, body)
 
     def _delete(self, request: Request) -> Response | dict[str, Any]:
+        self.owners.pop(request.path, None)
         if self.objects.pop(request.path, None) is None:
             return Response(
                 404, status(404, "NotFound", f'"{self._name(request.path)}" not found'), "Not Found"

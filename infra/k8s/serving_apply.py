@@ -20,11 +20,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import socket
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from email.utils import parsedate_to_datetime
 from functools import partial
 from typing import Any
 
@@ -42,6 +44,7 @@ from infra.k8s.serving import (
     MODEL_ENV,
     MODEL_SERVER,
     serving_objects,
+    version_track_names,
 )
 from infra.k8s.serving_steps import ReleaseStep
 from infra.k8s.serving_versions import ServedVersion, ServingRelease
@@ -130,6 +133,24 @@ class ClusterApi:
 
     def __init__(self, client: ApiClient) -> None:
         self.client = client
+        self._server_clock: tuple[datetime, float] | None = None
+
+    def server_now(self) -> datetime:
+        """The API server's time: the Date header of its last answer (Go's net/http server writes one on
+        every response it has none for: src/net/http/server.go, chunkWriter.writeHeader; an HTTP-date,
+        RFC 9110 5.6.7, to the second) plus the time passed here since. A Lease's renewTime
+        is written and judged by that clock, so that commands whose own clocks disagree (a laptop minutes
+        off) agree on when it expires; this machine's clock before any answer came."""
+        if self._server_clock is None:
+            return datetime.now(UTC)
+        said, at = self._server_clock
+        return said + timedelta(seconds=time.monotonic() - at)
+
+    def _note_server_clock(self, headers: Mapping[str, str] | None) -> None:
+        date = next((v for k, v in (headers or {}).items() if k.lower() == "date"), None)
+        with contextlib.suppress(TypeError, ValueError):
+            if date:
+                self._server_clock = (parsedate_to_datetime(date).astimezone(UTC), time.monotonic())
 
     @property
     def server(self) -> str:
@@ -157,6 +178,9 @@ class ClusterApi:
                 _return_http_data_only=True,
             )
         except ApiException as error:
+            # A refusal's headers come with it (kubernetes/client/exceptions.py, ApiException.headers): the
+            # first acquire of a Lease reads a 404 before it writes the Lease's times.
+            self._note_server_clock(error.headers)
             raise _refused(error, verb, ref, self.server) from None
         except (HTTPError, OSError) as error:
             raise ClusterError(
@@ -164,6 +188,10 @@ class ClusterApi:
                 "Check the kubeconfig gpuplat read (KUBECONFIG, else ~/.kube/config; `aws eks "
                 "update-kubeconfig` on an EKS stack) and that this machine has a route to the API server"
             ) from None
+        # An answer's headers: the client keeps its last answer (kubernetes/client/api_client.py __call_api,
+        # last_response), not a refusal.
+        response = getattr(self.client, "last_response", None)
+        self._note_server_clock(response.getheaders() if response is not None else None)
         return answer if isinstance(answer, dict) else {}
 
     def apply(self, manifest: Mapping[str, Any], *, manager: str = FIELD_MANAGER, force: bool = True) -> None:
@@ -259,7 +287,11 @@ def lease_name(model: str) -> str:
 
 
 def default_holder() -> str:
-    return f"{os.environ.get('USER', 'someone')}@{socket.gethostname()} pid {os.getpid()}"
+    """Who holds the Lease, for a person to read, and unique: two commands in containers on one host can
+    share user, host name (--network host) and pid (each its own PID namespace), and a Lease whose holder
+    reads as this command's is taken as its own."""
+    user = os.environ.get("USER", "someone")
+    return f"{user}@{socket.gethostname()} pid {os.getpid()} {secrets.token_hex(4)}"
 
 
 @dataclass
@@ -520,9 +552,48 @@ class ReleaseDriver:
         return read_record(self.api, self.namespace)[0]
 
     def _apply_release(self, release: ServingRelease) -> None:
-        for manifest in serving_objects(self.platform, self.facts, release):
+        for manifest in serving_objects(self.platform, self.facts, self._keeping_keda_counts(release)):
             if manifest["kind"] not in _NOT_A_RELEASES:
                 self.api.apply(manifest)
+
+    def _live_count(self, name: str) -> tuple[dict[str, Any] | None, int | None]:
+        live = self.api.get(self.workload_ref(name))
+        count = ((live or {}).get("spec") or {}).get("replicas")
+        return live, count if isinstance(count, int) else None
+
+    def _keeping_keda_counts(self, release: ServingRelease) -> ServingRelease:
+        """The counts KEDA set are never lowered, nor dropped to the default, by a step:
+        - a fixed count for the stable workload (while a promotion ends, the ScaledObject already targets
+          it) or the retiring one (KEDA's until this step) is at least what the workload runs now, so KEDA
+          growing it under load since the release was planned is not undone (a forced apply of a lower
+          count would take the field and stop pods; server-side-apply.md, "Conflicts");
+        - where the stable workload's count is KEDA's and gpuplat-serve still applies one (a promotion cut
+          short, then rolled back; a hand-over cut short), the count goes to KEDA through the private
+          manager first: a field dropped from an apply that no other manager owns is reset to its default,
+          1 ("Field management"; "Transferring ownership")."""
+        if release.stack_model == "serving":  # KEDA's target is the stack's own workload, no count of ours
+            return release
+        if release.retiring is not None:
+            _, retiring_now = self._live_count(_workload_name(release.retiring))
+            if retiring_now is not None and retiring_now > release.retiring_replicas:
+                release = replace(release, retiring_replicas=retiring_now)
+        stable = _workload_name(release.stable)
+        live, stable_now = self._live_count(stable)
+        if live is None or stable_now is None:
+            return release
+        if release.stable_replicas is not None:
+            return replace(release, stable_replicas=max(release.stable_replicas, stable_now))
+        if _applies_the_count(live, FIELD_MANAGER):
+            only_replicas = {
+                "apiVersion": live["apiVersion"],
+                "kind": live["kind"],
+                "metadata": {"name": stable, "namespace": self.namespace},
+                "spec": {"replicas": stable_now},
+            }
+            # A conflict: the autoscaler wrote the count meanwhile and owns it (the page's "do nothing").
+            with contextlib.suppress(_Conflict):
+                self.api.apply(only_replicas, manager=HANDOVER_MANAGER, force=False)
+        return release
 
     def _record(self, release: ServingRelease) -> None:
         uri = self.facts.model_uri if isinstance(self.facts.model_uri, str) else None
@@ -530,9 +601,15 @@ class ReleaseDriver:
 
     def play(self, steps: list[ReleaseStep]) -> ServingRelease | None:
         released: ServingRelease | None = None
+        recorded = self.current() if steps else None
         for step in steps:
             self.lock.renew()
             self.say(step.says)
+            if _versions(step.release) - _versions(recorded):
+                # A step that starts a version is recorded before its workload exists: stopped in its wait
+                # (a canary that never gets ready) or killed, the record still names every workload running,
+                # so that a rollback finds the canary, and the same command again goes on.
+                self._record(step.release)
             self._apply_release(step.release)
             if step.ready is not None:
                 workload, replicas = step.ready
@@ -545,29 +622,26 @@ class ReleaseDriver:
                 kind = ("v1", "Service") if name.endswith("-replicas") else self.workload_kind
                 self.api.delete(ObjectRef(*kind, name, self.namespace))
             self._record(step.release)
-            released = step.release
+            released = recorded = step.release
         if released is not None and _ends_a_promotion(released):
             released = self.hand_replicas_to_keda(released)
         return released
 
     def hand_replicas_to_keda(self, release: ServingRelease) -> ServingRelease:
         """The stable workload's spec.replicas from gpuplat-serve to KEDA's HorizontalPodAutoscaler without
-        a moment at the default of 1: a private manager applies the count alone, then the release's
-        objects are applied without it (server-side-apply.md, "Transferring ownership")."""
-        workload = self.workload_ref(_stable_workload(release))
-        only_replicas = {
-            "apiVersion": workload.api_version,
-            "kind": workload.kind,
-            "metadata": {"name": workload.name, "namespace": self.namespace},
-            "spec": {"replicas": release.stable_replicas},
-        }
-        # A conflict: the autoscaler wrote the count already and owns it (the page's "do nothing").
-        with contextlib.suppress(_Conflict):
-            self.api.apply(only_replicas, manager=HANDOVER_MANAGER, force=False)
+        a moment at the default of 1 (_keeping_keda_counts: a private manager applies the count alone, then
+        the release's objects are applied without it), then recorded."""
         handed = replace(release, stable_replicas=None)
         self._apply_release(handed)
         self._record(handed)
         return handed
+
+    def resume(self, current: ServingRelease | None) -> ServingRelease | None:
+        """A command killed between a promotion's last step and the hand-over left the count with
+        gpuplat-serve, and the record says so: the next command hands it over before it plans."""
+        if current is not None and _ends_a_promotion(current):
+            return self.hand_replicas_to_keda(current)
+        return current
 
     def _workload_waits(self, name: str, replicas: int) -> str | None:
         live = self.api.get(self.workload_ref(name))
@@ -608,8 +682,24 @@ class ReleaseDriver:
             self.clock.sleep(POLL_S)
 
 
-def _stable_workload(release: ServingRelease) -> str:
-    return f"{MODEL_SERVER}-{release.stable.slug}"
+def _versions(release: ServingRelease | None) -> set[ServedVersion]:
+    if release is None:
+        return set()
+    return {v for v in (release.stable, release.canary, release.retiring) if v is not None}
+
+
+def _workload_name(version: ServedVersion) -> str:
+    return version_track_names(version)[0]
+
+
+def _applies_the_count(live: Mapping[str, Any], manager: str) -> bool:
+    """Whether `manager`'s applies own the workload's spec.replicas (metadata.managedFields, FieldsV1:
+    server-side-apply.md, "Field management")."""
+    for entry in (live.get("metadata") or {}).get("managedFields") or []:
+        owned = (entry.get("fieldsV1") or {}).get("f:spec") or {}
+        if entry.get("manager") == manager and entry.get("operation") == "Apply" and "f:replicas" in owned:
+            return True
+    return False
 
 
 def _ends_a_promotion(release: ServingRelease) -> bool:

@@ -27,7 +27,15 @@ from infra.k8s.serving_apply import (
     running_replicas,
     workload_kind,
 )
-from infra.k8s.serving_steps import ReleaseRefused, ReleaseStep, deploy_canary, promote, rollback, take_over
+from infra.k8s.serving_steps import (
+    ReleaseRefused,
+    ReleaseStep,
+    deploy_canary,
+    finish_promotion,
+    promote,
+    rollback,
+    take_over,
+)
 from infra.k8s.serving_versions import ServedVersion, ServingRelease
 from infra.platform.resolve import ResolvedPlatform
 from infra.serving.registry.locate import operator_credential
@@ -148,7 +156,7 @@ class KubernetesServing:
 
     @contextmanager
     def _release(self, model: str) -> Iterator[tuple[ServingRelease | None, ReleaseDriver]]:
-        lock = ReleaseLock(self.api, self.namespace, model, default_holder())
+        lock = ReleaseLock(self.api, self.namespace, model, default_holder(), now=self.api.server_now)
         lock.acquire()
         try:
             current, uri = read_record(self.api, self.namespace)
@@ -157,7 +165,8 @@ class KubernetesServing:
                     f"stack '{self.platform.name}' serves {current.stable.reference}: its model servers and "
                     f"gateways serve one model, not {model}"
                 )
-            yield current, self._driver(model, lock, self._facts(uri))
+            driver = self._driver(model, lock, self._facts(uri))
+            yield driver.resume(current), driver
         finally:
             # An API that stopped answering must not hide why the release stopped: the Lease then ends
             # by itself after its duration.
@@ -186,12 +195,26 @@ class KubernetesServing:
                     )
                 replicas = self._replicas_of(MODEL_SERVER)
                 return self._play(driver, lambda: take_over(self._stack_model(), version, replicas))
+            if canary is None and current.stack_model != "gone":
+                return self._play(driver, lambda: self._finish_take_over(current, version))
             if canary is None:
                 raise SpecError(
                     f"{current.stable.reference} serves: on Kubernetes a version takes over through a canary "
                     f"(deploy {version.reference} --canary PERCENT, then `gpuplat serve promote {model}`)"
                 )
             return self._play(driver, lambda: deploy_canary(current, version, canary))
+
+    def _finish_take_over(self, current: ServingRelease, version: ServedVersion) -> list[ReleaseStep]:
+        """A take-over stopped after its first step (killed, or out of time while the gateways rolled): the
+        same deploy again plays it from the start (each step's objects applied again are no change)."""
+        if version.reference != current.stable.reference:
+            raise ReleaseRefused(
+                f"the take-over by {current.stable.reference} from the stack's own model servers did not "
+                f"end: deploy {current.stable.reference} again to finish it"
+            )
+        if current.stack_model == "retiring":
+            return finish_promotion(current)
+        return take_over(self._stack_model(), current.stable, current.stable_replicas or 1)
 
     def promote(self, model: str) -> ServingRelease:
         with self._release(model) as (current, driver):

@@ -24,6 +24,7 @@ from infra.k8s.serving_apply import (
     ReleaseDriver,
     ReleaseLock,
     ReleaseLocked,
+    default_holder,
     release_from_json,
     release_to_json,
     rollout_done,
@@ -283,6 +284,10 @@ def test_a_deployment_past_its_progress_deadline_ends_the_wait_at_once(aws: Reso
             "2 of 4 replicas updated",
         ),
         (
+            _workload("Deployment", 3, replicas=4, updatedReplicas=3, availableReplicas=4),
+            "3 of 4 replicas updated",
+        ),
+        (
             _workload("Deployment", 3, replicas=5, updatedReplicas=4, availableReplicas=4),
             "1 old replicas pending",
         ),
@@ -472,3 +477,218 @@ def test_status_reads_what_each_pod_runs() -> None:
         ("c", "(the stack's own model)", "/shared/models/embedder", True),
     ]
     assert cluster.requests[-1].query == {"labelSelector": "gpuplat/component=model-server"}
+
+
+# ------------------------------------------------- KEDA's count through a release (field ownership)
+
+
+def _replicas_owners(cluster: FakeCluster, path: str) -> set[str]:
+    return {
+        entry["manager"]
+        for entry in cluster.objects[path]["metadata"].get("managedFields", [])
+        if "f:replicas" in entry["fieldsV1"].get("f:spec", {})
+    }
+
+
+V1_PATH = f"{DEPLOYMENTS}/{version_track_names(V1)[0]}"
+V2_PATH = f"{DEPLOYMENTS}/{version_track_names(V2)[0]}"
+
+
+def _in_canary_keda_at(cluster: FakeCluster, aws: ResolvedPlatform, replicas: int) -> ServingRelease:
+    driver(cluster, aws).play(deploy_canary(ServingRelease(V1), V2, 20))
+    cluster.scale(V1_PATH, replicas)
+    return ServingRelease(V1, canary=V2, canary_percent=20)
+
+
+def test_promote_leaves_the_count_to_keda_alone_at_the_old_stable_count(aws: ResolvedPlatform) -> None:
+    """With field ownership modelled: the new stable workload keeps 4 replicas and gpuplat-serve owns its
+    count no more (had it dropped the field without the private manager, the server would reset it to 1)."""
+    cluster = FakeCluster(before=rolls_out)
+    canary = _in_canary_keda_at(cluster, aws, 4)
+    driver(cluster, aws).play(promote(canary, 4))
+    assert cluster.objects[V2_PATH]["spec"]["replicas"] == 4
+    assert FIELD_MANAGER not in _replicas_owners(cluster, V2_PATH)
+    cluster.scale(V2_PATH, 7)  # KEDA's first write: the private manager owns nothing after it
+    assert _replicas_owners(cluster, V2_PATH) == {"kube-controller-manager"}
+
+
+def test_a_promote_cut_short_at_the_switch_then_rolled_back_keeps_the_old_stable_count(
+    aws: ResolvedPlatform,
+) -> None:
+    """KEDA grows the old stable version to 5 while the canary grows; promote's second step fixes that
+    version's count at the 4 it read (taking the field from KEDA), then stops (the gateways' rollout runs
+    out of time); the record still says canary. The rollback that follows gives that version every request
+    again: its count must not fall to the default of 1 because gpuplat-serve, its only owner then, dropped
+    the field; it goes back to KEDA."""
+    cluster = FakeCluster(before=rolls_out)
+    canary = _in_canary_keda_at(cluster, aws, 4)
+    switched = {"at": False}
+
+    def gateways_stall_after_the_switch(request: Request, fake: FakeCluster) -> None:
+        if request.verb == "PATCH" and request.path == V2_PATH and request.body["spec"].get("replicas") == 4:
+            fake.scale(V1_PATH, 5)
+        if request.verb == "PATCH" and request.path == V1_PATH and "replicas" in request.body["spec"]:
+            switched["at"] = True
+        if switched["at"] and request.path.endswith("/deployments/gateway"):
+            return
+        rolls_out(request, fake)
+
+    cluster.before = gateways_stall_after_the_switch
+    driven = driver(cluster, aws, timeout_s=30)
+    with pytest.raises(ClusterError, match="did not finish its rollout"):
+        driven.play(promote(canary, 4))
+    assert driven.current() == promote(canary, 4)[0].release
+    assert cluster.objects[V1_PATH]["spec"]["replicas"] == 5, "the switch lowered KEDA's count"
+
+    cluster.before = rolls_out
+    counts: list[int] = []
+
+    def watch_v1(request: Request, fake: FakeCluster) -> None:
+        rolls_out(request, fake)
+        if V1_PATH in fake.objects:
+            counts.append(fake.objects[V1_PATH]["spec"]["replicas"])
+
+    cluster.before = watch_v1
+    driven = driver(cluster, aws)
+    driven.play(rollback(driven.current()))  # type: ignore[arg-type]
+    counts.append(cluster.objects[V1_PATH]["spec"]["replicas"])
+    assert min(counts) >= 4, f"the stable version's count went {counts}"
+    assert FIELD_MANAGER not in _replicas_owners(cluster, V1_PATH)
+
+
+def test_keda_growing_the_new_stable_version_during_the_switch_is_not_undone(aws: ResolvedPlatform) -> None:
+    """Once the ScaledObject targets the new stable workload, KEDA may grow it under load while the
+    gateways roll; the promotion's later steps must not force it back to the count it planned with."""
+    cluster = FakeCluster(before=rolls_out)
+    canary = _in_canary_keda_at(cluster, aws, 4)
+
+    def keda_grows_during_the_gateways_rollout(request: Request, fake: FakeCluster) -> None:
+        if request.verb == "GET" and request.path.endswith("/pods") and V2_PATH in fake.objects:
+            so = fake.objects.get(f"/apis/keda.sh/v1alpha1/namespaces/{NS}/scaledobjects/model-server")
+            targets_v2 = so is not None and so["spec"]["scaleTargetRef"]["name"] == version_track_names(V2)[0]
+            if targets_v2 and fake.objects[V2_PATH]["spec"]["replicas"] < 6:
+                fake.scale(V2_PATH, 6)
+        rolls_out(request, fake)
+
+    cluster.before = keda_grows_during_the_gateways_rollout
+    driver(cluster, aws).play(promote(canary, 4))
+    assert cluster.objects[V2_PATH]["spec"]["replicas"] == 6
+    assert FIELD_MANAGER not in _replicas_owners(cluster, V2_PATH)
+
+
+def test_two_commands_alike_in_user_host_and_pid_do_not_share_the_lock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two CI jobs in containers on one host (the host's name with --network host, each its own PID
+    namespace) are `root@runner pid 7` both: the second must still meet the first's Lease."""
+    monkeypatch.setenv("USER", "root")
+    monkeypatch.setattr("socket.gethostname", lambda: "runner")
+    monkeypatch.setattr("os.getpid", lambda: 7)
+    cluster = FakeCluster()
+    lock(cluster, default_holder()).acquire()
+    with pytest.raises(ReleaseLocked, match=r"held by root@runner pid 7"):
+        lock(cluster, default_holder(), NOW + timedelta(seconds=5)).acquire()
+
+
+def test_a_long_wait_renews_the_lease_so_that_another_command_meets_it(aws: ResolvedPlatform) -> None:
+    """The canary takes 150 s to be ready; at 100 s (past the 60 s duration) another command must still
+    find the Lease held: the wait renews it at a third of the duration."""
+    cluster = FakeCluster()
+    clock = FakeClock()
+    api = ClusterApi(cluster.client())
+    held = ReleaseLock(api, NS, "embedder", "ci@runner pid 1", now=lambda: NOW + timedelta(seconds=clock.t))
+    held.acquire()
+    tries: list[str] = []
+
+    def slow_canary_and_another_command(request: Request, fake: FakeCluster) -> None:
+        if clock.t >= 100 and not tries:
+            tries.append("trying")
+            try:
+                lock(fake, "ops@laptop pid 2", NOW + timedelta(seconds=clock.t)).acquire()
+                tries.append("taken")
+            except ReleaseLocked:
+                tries.append("refused")
+        if request.verb == "GET" and request.path == V2_PATH and clock.t < 150:
+            obj = fake.objects[V2_PATH]
+            obj["status"] = {"observedGeneration": obj["metadata"]["generation"], "replicas": 1}
+            return
+        rolls_out(request, fake)
+
+    cluster.before = slow_canary_and_another_command
+    ReleaseDriver(api, aws, fsx_facts(), "embedder", held, 600, clock).play(
+        deploy_canary(ServingRelease(V1), V2, 20)
+    )
+    assert tries == ["trying", "refused"]
+    assert cluster.objects[LEASE]["spec"]["holderIdentity"] == "ci@runner pid 1"
+
+
+def test_the_fake_refuses_what_the_api_server_refuses() -> None:
+    """The fake's own fidelity: a test that passes against it must not hang on a change a cluster refuses."""
+    cluster = FakeCluster()
+    api = ClusterApi(cluster.client())
+    deployment: dict[str, Any] = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "d", "namespace": NS},
+        "spec": {
+            "selector": {"matchLabels": {"app": "d"}},
+            "template": {
+                "metadata": {"labels": {"app": "d", "v": "1"}},
+                "spec": {"containers": [{"name": "c", "image": "i"}]},
+            },
+        },
+    }
+    api.apply(deployment)
+    assert cluster.objects[f"{DEPLOYMENTS}/d"]["spec"]["replicas"] == 1  # the default
+    moved = {**deployment, "spec": {**deployment["spec"], "selector": {"matchLabels": {"v": "1"}}}}
+    with pytest.raises(ClusterError, match=r"HTTP 422.*field is immutable"):
+        api.apply(moved)
+    stale = {**deployment, "metadata": {**deployment["metadata"], "resourceVersion": "1"}}
+    with pytest.raises(ClusterError, match="has been modified"):
+        api.apply(stale)
+    lock(cluster, "ci@runner pid 1").acquire()
+    unguarded = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": LEASE.rsplit("/")[-1], "namespace": NS},
+        "spec": {},
+    }
+    with pytest.raises(ClusterError, match=r"HTTP 422.*must be specified for an update"):
+        api.update(unguarded)
+
+
+def test_a_canary_that_never_starts_can_be_rolled_back_as_the_error_says(aws: ResolvedPlatform) -> None:
+    """deploy --canary stops in its first step (the canary never ready: a bad image) and says to run
+    `gpuplat serve rollback`: the record must name the canary whose workload now exists, so that the
+    rollback removes it rather than answer "no canary" and leave it holding its GPU."""
+    cluster = FakeCluster()  # no controller: the canary never becomes ready
+    with pytest.raises(ClusterError, match=r"did not finish its rollout.*gpuplat serve rollback"):
+        driver(cluster, aws, timeout_s=30).play(deploy_canary(ServingRelease(V1), V2, 20))
+    assert V2_PATH in cluster.objects
+    cluster.before = rolls_out
+    driven = driver(cluster, aws)
+    current = driven.current()
+    assert current is not None and current.canary == V2 and current.canary_percent == 0
+    driven.play(rollback(current))
+    assert V2_PATH not in cluster.objects and driven.current() == ServingRelease(V1)
+
+
+def test_a_lease_created_by_a_cli_whose_clock_lags_is_still_live_by_the_servers_clock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first command creates the Lease after a GET answered 404: its times come from the server's clock
+    too (the Date of that refusal), not from its own two minutes behind, which others would read as a
+    Lease already expired."""
+    cluster = FakeCluster(server_now=lambda: NOW)
+
+    class SlowClock(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> datetime:  # type: ignore[override]
+            return NOW - timedelta(seconds=120)
+
+    monkeypatch.setattr("infra.k8s.serving_apply.datetime", SlowClock)
+    api = ClusterApi(cluster.client())
+    ReleaseLock(api, NS, "embedder", "laggard pid 1", now=api.server_now).acquire()
+    assert cluster.objects[LEASE]["spec"]["renewTime"].startswith("2026-12-06T20:00:0")
+    with pytest.raises(ReleaseLocked, match="held by laggard pid 1"):
+        lock(cluster, "ops@laptop pid 2", NOW + timedelta(seconds=10)).acquire()

@@ -8,7 +8,7 @@ import json
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -265,3 +265,111 @@ def test_the_first_deploy_takes_over_from_the_stacks_own_servers_reading_their_f
     assert env["GPUPLAT_MODEL"] == bucket_uri
     assert "replicas" not in [r for r in cluster.applied("model-server-llama-v1")][-1].body["spec"]
     assert f"/apis/apps/v1/namespaces/{NS}/deployments/model-server" not in cluster.objects
+
+
+def test_a_handover_cut_short_by_a_kill_is_finished_by_the_next_command(
+    cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed after promote recorded its last step, before the hand-over: the record keeps the stable
+    count and gpuplat-serve applies it. The next deploy hands it to KEDA first (its count kept), so that the
+    canary's steps do not force the stable workload back to that count while KEDA scales it."""
+    promoted = ServingRelease(V2, stable_replicas=4)
+    recorded(cluster, promoted)
+    api = ClusterApi(cluster.client())
+    for manifest in serving_objects(load_platform(stack_file("aws-k8s")), fsx_facts(), promoted):
+        if manifest["kind"] not in ("Namespace", "PersistentVolume", "PersistentVolumeClaim"):
+            api.apply(manifest)
+    v2_path = f"/apis/apps/v1/namespaces/{NS}/deployments/{version_track_names(V2)[0]}"
+    v3 = ServedVersion("embedder@3", "s3://models/embedder/3")
+
+    class Registry:
+        def resolve(self, reference: str) -> ModelVersion:
+            return ModelVersion("embedder", 3, v3.model, "READY")
+
+    monkeypatch.setattr("infra.cli.commands.serve.kubernetes_registry", lambda _p, url: Registry())
+    run = run_cli(
+        "serve", "deploy", "embedder@3", "--canary", "10", "--stack", "aws-k8s", "--registry-url", "http://r"
+    )
+    assert run.code == 0, run.err
+    release, _ = read_record(api, NS)
+    assert release == ServingRelease(V2, canary=v3, canary_percent=10)
+    v2 = cluster.objects[v2_path]
+    assert v2["spec"]["replicas"] == 4
+    entries = v2["metadata"]["managedFields"]
+    owners = {e["manager"] for e in entries if "f:replicas" in e["fieldsV1"].get("f:spec", {})}
+    assert owners == {"gpuplat-serve-handover-to-keda"}
+
+
+def test_a_release_of_another_model_on_the_stack_is_refused_before_any_change(cluster: FakeCluster) -> None:
+    """One model per stack (one record, one set of gateways): a promote of another model's name is refused
+    with exit 2, its Lease let go, nothing applied."""
+    recorded(cluster, ServingRelease(V1, canary=V2, canary_percent=20))
+    refused(run_cli("serve", "promote", "reranker", "--stack", "aws-k8s"), "serves embedder@1")
+    assert not cluster.applied() and not [r for r in cluster.requests if r.verb == "DELETE"]
+    lease = cluster.objects[f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/gpuplat-release-reranker"]
+    assert "holderIdentity" not in lease["spec"]
+
+
+def test_a_cli_whose_clock_runs_ahead_still_meets_a_live_lease(
+    cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Lease is judged by the API server's clock (its Date header), not the command's: a laptop two
+    minutes fast would otherwise read a Lease renewed 10 s ago as expired and take it: two releases at
+    once."""
+    server = datetime(2026, 12, 6, 20, 0, tzinfo=UTC)
+    cluster.server_now = lambda: server
+    recorded(cluster, ServingRelease(V1, canary=V2, canary_percent=20))
+    renewed = server - timedelta(seconds=10)
+    holder = ReleaseLock(ClusterApi(cluster.client()), NS, "embedder", "ci@runner pid 7", now=lambda: renewed)
+    holder.acquire()
+
+    class FastClock(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> datetime:  # type: ignore[override]
+            return server + timedelta(seconds=120)
+
+    monkeypatch.setattr("infra.k8s.serving_apply.datetime", FastClock)
+    run = run_cli("serve", "promote", "embedder", "--stack", "aws-k8s")
+    assert run.code == 4 and run.clean, run.err
+    assert "held by ci@runner pid 7 until 2026-12-06T20:00:50+00:00" in run.err
+    assert not cluster.applied()
+
+
+@pytest.mark.parametrize("stopped_at", ["serving", "retiring"])
+def test_a_take_over_stopped_after_its_first_step_is_finished_by_the_same_deploy_again(
+    cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch, stopped_at: Literal["serving", "retiring"]
+) -> None:
+    """Killed (or out of time) while the gateways rolled: the record says the version runs beside the
+    stack's own servers (or they retire). The same deploy again finishes the take-over; another version is
+    refused saying so. Before, every command refused: deploy wanted a canary, promote and rollback none."""
+    platform = load_platform(stack_file("aws-k8s"))
+    stack_model = str(platform.spec.serving.model)  # type: ignore[union-attr]
+    version = ServedVersion("llama@1", stack_model)
+    beside = ServingRelease(version, stable_replicas=3, stack_model=stopped_at)
+    recorded(cluster, beside)
+    api = ClusterApi(cluster.client())
+    for manifest in serving_objects(platform, replace(fsx_facts(), model_uri=stack_model), beside):
+        if manifest["kind"] not in ("Namespace", "PersistentVolume", "PersistentVolumeClaim"):
+            api.apply(manifest)
+
+    class Registry:
+        def resolve(self, reference: str) -> ModelVersion:
+            return ModelVersion("llama", int(reference.partition("@")[2]), stack_model, "READY")
+
+    monkeypatch.setattr("infra.cli.commands.serve.kubernetes_registry", lambda _p, url: Registry())
+    refused(
+        run_cli("serve", "deploy", "llama@2", "--stack", "aws-k8s", "--registry-url", "http://r"),
+        "take-over by llama@1 from the stack's own model servers did not end: deploy llama@1 again",
+    )
+    run = run_cli("serve", "deploy", "llama@1", "--stack", "aws-k8s", "--registry-url", "http://r")
+    assert run.code == 0, run.err
+    if stopped_at == "retiring":  # the gateways already switched: not sent back to the stack's own servers
+        assert run.err.strip() == "the stack's own model servers stopped", run.err
+    assert read_record(api, NS)[0] == ServingRelease(version)
+    assert f"/apis/apps/v1/namespaces/{NS}/deployments/model-server" not in cluster.objects
+    assert (
+        cluster.objects[f"/apis/apps/v1/namespaces/{NS}/deployments/model-server-llama-v1"]["spec"][
+            "replicas"
+        ]
+        == 3
+    )
