@@ -34,16 +34,16 @@ h  `gpuplat down`'s own path with a node launched, slurmctld and reconcile runni
    refused during and after it, then the box's destroy; no instance of the stack left in any state but
    terminated, each ended by the program whose log says so
 
-They run in the order a e_started r b (and the image) j_started e_held c f j d_started i d k e g h;
+They run in the order a e_started r b (and the image) j_started e_held c f j k d_started i d e g h;
 `-k` may pick a subset that keeps a first and, for e, j, f and d, their starting steps. e waits out
-ResumeTimeout, the longest timer (600 s), on a pool of its own (spot3) while r, b, c, f, j, d, i and k do
+ResumeTimeout, the longest timer (600 s), on a pool of its own (spot3) while r, b, c, f, j, k, d and i do
 their work on the controller, spot and spot2: its job is submitted as soon as a passed, e_held finds
-the held instance, the hypervisor notes when it is terminated, and its end is checked after k, by when
+the held instance, the hypervisor notes when it is terminated, and its end is checked after d, by when
 its job has been requeued and its name has come back. f's stray is launched when c starts and outlives
 the reconciler's grace while c runs. j's job is submitted once the image is taken and its boots fail
 on spot2 meanwhile; its outcome is checked after f. d's job is refused when d starts; i runs on spot2
-while spot's capacity cool-down holds it, and d is judged after i. d and k wait for spot and spot2
-only to be powered down; g, after e, for every node.
+while spot's capacity cool-down holds it, and d is judged after i. k waits for spot and spot2 to be
+powered down, d for spot (after k's cool-down); g, after e, for every node.
 """
 
 from __future__ import annotations
@@ -148,11 +148,16 @@ def node_states(box: Any) -> dict[str, str]:
     return dict(zip(words[0::2], words[1::2], strict=True))
 
 
-def wait_powered_down(box: Any, but: str = "", timeout_s: float = 300) -> None:
-    """Every node in power saving (`idle~`), but `but` (the held pool's node while e runs)."""
+def wait_powered_down(box: Any, but: str = "", timeout_s: float = 300, pool: str = "") -> None:
+    """Every node (of `pool`, where given) in power saving (`idle~`), but `but` (the held pool's node
+    while e runs)."""
+
+    def wanted(node: str) -> bool:
+        return node != but and (not pool or node.rsplit("-", 1)[0] == pool)
+
     wait_for(
-        "every node powered down" + (f" but {but}" if but else ""),
-        lambda: all(s == "idle~" for n, s in node_states(box).items() if n != but) or None,
+        f"every node{f' of {pool}' if pool else ''} powered down" + (f" but {but}" if but else ""),
+        lambda: all(s == "idle~" for n, s in node_states(box).items() if wanted(n)) or None,
         timeout_s,
     )
 
@@ -215,7 +220,7 @@ def test_a_controllers_boot_from_user_data_alone(box: Any) -> None:
 def test_e_started_a_job_for_the_held_pool(box: Any) -> None:
     """Not checked here: a job for spot3, whose node's next boot the hypervisor holds (its user data never
     runs). Its ResumeTimeout starts now, as soon as the controller serves, and runs out while r, b, c, f,
-    j and d work (e is judged after k)."""
+    j, k and d work (e is judged after d)."""
     box.hypervisor.settings.hold_nodes.add(HELD_NODE)
     HELD.update(job=submit(box, "hostname", "--requeue", partitions=HELD_POOL), since=time.monotonic())
 
@@ -487,12 +492,56 @@ def test_j_repeated_boot_failures_put_the_pool_in_protected_mode(box: Any) -> No
     wait_for("spot2-0 back in power saving", lambda: node_states(box)["spot2-0"] == "idle~" or None, 180)
 
 
+def test_k_a_capacity_error_on_one_pool_and_the_job_runs_on_the_teams_next_pool(box: Any) -> None:
+    """A job of both of the team's partitions (`-p spot,spot2`: Slurm tries them in that order) gets a
+    capacity error on spot: the pool's cool-down sets its powered-down names DOWN, the job is requeued
+    and starts on spot2 (ParallelCluster's ICE handling, clustermgtd.py:1277). The failed name too:
+    SuspendProgram holds it as slurmctld powers it down, so the requeued job never takes it again
+    (on the code before, it was idle~ after SuspendTimeout and the job cycled on it, PoolHeld, for
+    minutes until a reconcile round held it)."""
+    wait_powered_down(box, but=HELD_NODE)
+    spot = box.stack.templates["spot"]
+    before = {i["InstanceId"] for i in box.instances(gpuplat_pool="spot")}
+    log_before = controller_log(box)
+    box.faults.refuse_capacity(spot)
+    try:
+        job = submit(box, "sleep 5", "--requeue", partitions="spot,spot2")
+        # The refusal on spot by the resume program's line, not any RunInstances (spot3's, for e, may come).
+        refusal = "resume: pool spot: run_instances for "
+        wait_for("the refused launch", lambda: refusal in controller_log(box)[len(log_before) :] or None, 180)
+        refused = time.monotonic()
+        # RUNNING, or already done: the job runs 5 s, which a poll through podman under load can miss
+        # (the box once waited out BOOT_DEADLINE_S for a job that had completed). Not sacct's RUNNING:
+        # sacct says so while the job's nodes still boot (CONFIGURING).
+        wait_for(
+            f"job {job} running",
+            lambda: (
+                slurm(box, f"squeue -h -j {job} -o %T", False).strip() == "RUNNING"
+                or job_state(box, job) == "COMPLETED"
+                or None
+            ),
+            BOOT_DEADLINE_S,
+            every_s=1,
+        )
+        FIGURES["capacity error -> job running on the next pool s"] = time.monotonic() - refused
+        assert wait_ended(box, job) == "COMPLETED", explain(box, job)
+        assert slurm(box, f"sacct -nXP -j {job} -o NodeList").strip() == "spot2-0", explain(box, job)
+    finally:
+        box.faults.refuse_capacity(spot, False)
+    log = controller_log(box)[len(log_before) :]
+    assert "pool spot: InsufficientInstanceCapacity: capacity cool-down" in log
+    assert "(PoolHeld)" not in log, log
+    assert {i["InstanceId"] for i in box.instances(gpuplat_pool="spot")} == before
+
+
 def test_d_started_a_two_node_job_on_capacity_for_one_launches_nothing(box: Any) -> None:
     """All or nothing per job (SLURM_RESUME_FILE): with capacity for one instance, the job's two names
     are asked for in one RunInstances with MinCount 2, which EC2 refuses whole; no instance idles
     waiting for the other. The capacity cool-down (60 s in the box) then holds spot, and i runs on
     spot2 meanwhile; that the job runs on the next attempt is checked after i."""
-    wait_powered_down(box, but=HELD_NODE)  # both names must be launched by this job: none still up from c
+    # Both names must be launched by this job: none still up from c, none held by k's cool-down (its
+    # names are DOWN until it is over). spot2 is not this job's partition: k's node may still be up.
+    wait_powered_down(box, pool="spot")
     # This job's refusal, by the resume program's line: not any RunInstances, since spot3's node may be
     # launched meanwhile (e's requeued job, once its ResumeTimeout is over), and take the one instance.
     refusal = "resume: pool spot: run_instances for spot-0,spot-1 failed"
@@ -521,8 +570,8 @@ BACK_IN_SERVICE_BOUND_S = 300
 def test_i_an_instance_terminated_from_outside_requeues_its_job_and_the_name_comes_back(box: Any) -> None:
     """Terminated from outside (the console, a reclaim without notice): Slurm alone would wait for
     slurmd to stop answering, then SlurmdTimeout; reconcile sees a node in service without a live
-    instance and replaces it in its next round (ParallelCluster's is_backing_instance_valid). On spot2,
-    while d's job waits out spot's capacity cool-down."""
+    instance and replaces it in its next round (ParallelCluster's is_backing_instance_valid). On spot2
+    (k's node, where it is still up), while d's job waits out spot's capacity cool-down."""
     marker = f"{CHECKPOINTS}/box-i-first-run"
     script = f"if [ -e {marker} ]; then echo again; else touch {marker}; sleep 900; fi"
     job = submit(box, script, "--requeue", partitions="spot2")
@@ -581,50 +630,8 @@ def test_d_a_two_node_job_on_capacity_for_one_launches_nothing_and_runs_on_the_n
     assert "InsufficientInstanceCapacity" in controller_log(box)
 
 
-def test_k_a_capacity_error_on_one_pool_and_the_job_runs_on_the_teams_next_pool(box: Any) -> None:
-    """A job of both of the team's partitions (`-p spot,spot2`: Slurm tries them in that order) gets a
-    capacity error on spot: the pool's cool-down sets its powered-down names DOWN, the job is requeued
-    and starts on spot2 (ParallelCluster's ICE handling, clustermgtd.py:1277). The failed name too:
-    SuspendProgram holds it as slurmctld powers it down, so the requeued job never takes it again
-    (on the code before, it was idle~ after SuspendTimeout and the job cycled on it, PoolHeld, for
-    minutes until a reconcile round held it)."""
-    wait_powered_down(box, but=HELD_NODE)
-    spot = box.stack.templates["spot"]
-    before = {i["InstanceId"] for i in box.instances(gpuplat_pool="spot")}
-    log_before = controller_log(box)
-    box.faults.refuse_capacity(spot)
-    try:
-        job = submit(box, "sleep 5", "--requeue", partitions="spot,spot2")
-        # The refusal on spot by the resume program's line, not any RunInstances (spot3's, for e, may come).
-        refusal = "resume: pool spot: run_instances for "
-        wait_for("the refused launch", lambda: refusal in controller_log(box)[len(log_before) :] or None, 180)
-        refused = time.monotonic()
-        # RUNNING, or already done: the job runs 5 s, which a poll through podman under load can miss
-        # (the box once waited out BOOT_DEADLINE_S for a job that had completed). Not sacct's RUNNING:
-        # sacct says so while the job's nodes still boot (CONFIGURING).
-        wait_for(
-            f"job {job} running",
-            lambda: (
-                slurm(box, f"squeue -h -j {job} -o %T", False).strip() == "RUNNING"
-                or job_state(box, job) == "COMPLETED"
-                or None
-            ),
-            BOOT_DEADLINE_S,
-            every_s=1,
-        )
-        FIGURES["capacity error -> job running on the next pool s"] = time.monotonic() - refused
-        assert wait_ended(box, job) == "COMPLETED", explain(box, job)
-        assert slurm(box, f"sacct -nXP -j {job} -o NodeList").strip() == "spot2-0", explain(box, job)
-    finally:
-        box.faults.refuse_capacity(spot, False)
-    log = controller_log(box)[len(log_before) :]
-    assert "pool spot: InsufficientInstanceCapacity: capacity cool-down" in log
-    assert "(PoolHeld)" not in log, log
-    assert {i["InstanceId"] for i in box.instances(gpuplat_pool="spot")} == before
-
-
 def test_e_a_node_that_never_boots_comes_back_to_power_saving(box: Any) -> None:
-    """Checked after k: the held boot's ResumeTimeout ran out while the other scenarios worked on spot and
+    """Checked after d: the held boot's ResumeTimeout ran out while the other scenarios worked on spot and
     spot2. When its instance was terminated is the hypervisor's note, taken as it happened."""
     instance_id, node, job = HELD["instance"], HELD["node"], HELD["job"]
     bound = box.resume_timeout_s + 180
@@ -635,7 +642,7 @@ def test_e_a_node_that_never_boots_comes_back_to_power_saving(box: Any) -> None:
     )
     wait_for(f"the hypervisor saw {instance_id} end", lambda: instance_id in box.hypervisor.ended or None, 30)
     FIGURES["held boot -> terminated s"] = box.hypervisor.ended[instance_id] - HELD["since"]
-    # Within the bound by the hypervisor's note: the wait above, begun after k, passes whenever the end came.
+    # Within the bound by the hypervisor's note: the wait above, begun after d, passes whenever the end came.
     assert box.resume_timeout_s <= FIGURES["held boot -> terminated s"] <= bound
     # Requeued, not failed. The requeued job is eligible again cred_expire later and resumes the node anew
     # (its next boot is not held, from the pool image), so by now it may be running or done there: any of
