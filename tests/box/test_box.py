@@ -34,16 +34,16 @@ h  `gpuplat down`'s own path with a node launched, slurmctld and reconcile runni
    refused during and after it, then the box's destroy; no instance of the stack left in any state but
    terminated, each ended by the program whose log says so
 
-They run in the order a e_started r b (and the image) j_started e_held c f j k d_started i d e g h;
-`-k` may pick a subset that keeps a first and, for e, j, f and d, their starting steps. e waits out
-ResumeTimeout, the longest timer (600 s), on a pool of its own (spot3) while r, b, c, f, j, k, d and i do
-their work on the controller, spot and spot2: its job is submitted as soon as a passed, e_held finds
-the held instance, the hypervisor notes when it is terminated, and its end is checked after d, by when
-its job has been requeued and its name has come back. f's stray is launched when c starts and outlives
-the reconciler's grace while c runs. j's job is submitted once the image is taken and its boots fail
-on spot2 meanwhile; its outcome is checked after f. d's job is refused when d starts; i runs on spot2
-while spot's capacity cool-down holds it, and d is judged after i. k waits for spot and spot2 to be
-powered down, d for spot (after k's cool-down); g, after e, for every node.
+They run in the order a e_started r b (and the image) j_started e_held c f j k d i e g h; `-k` may pick
+a subset that keeps a first and, for e, j and f, their starting steps. e waits out ResumeTimeout, the
+longest timer (600 s), on a pool of its own (spot3) while r, b, c, f, j, k, d and i do their work on the
+controller, spot and spot2: its job is submitted as soon as a passed, e_held finds the held instance,
+the hypervisor notes when it is terminated, and its end is checked after i, by when its job has been
+requeued and its name has come back. f's stray is launched when c starts and outlives the reconciler's
+grace while c runs. j's job is submitted once the image is taken and its boots fail on spot2
+meanwhile; its outcome is checked after f. k waits for spot and spot2 to be powered down, d for spot
+alone (after k's cool-down; k's node on spot2 may still be up); i runs on one of d's nodes; g, after e,
+for every node.
 """
 
 from __future__ import annotations
@@ -89,7 +89,6 @@ B_JOB: dict[str, str] = {}
 HELD: dict[str, Any] = {}  # e: the held instance, its job, when its job was submitted
 STRAY: dict[str, Any] = {}  # f: the stray instance, when it was launched (at the start of c)
 BAD: dict[str, Any] = {}  # j: the bad image, its job, when its job was submitted
-TWO_NODES: dict[str, Any] = {}  # d: its job, when its launch was refused
 ROLE_CHANGE: dict[str, str] = {}  # r: the bundle its role change published (b's node boots from it)
 PROTECTED_FAILURE_COUNT = box_substitutes("", 0)["slurm_elastic_protected_failure_count"]
 RECONCILE_INTERVAL_S = box_substitutes("", 0)["slurm_elastic_reconcile_interval_s"]
@@ -220,7 +219,7 @@ def test_a_controllers_boot_from_user_data_alone(box: Any) -> None:
 def test_e_started_a_job_for_the_held_pool(box: Any) -> None:
     """Not checked here: a job for spot3, whose node's next boot the hypervisor holds (its user data never
     runs). Its ResumeTimeout starts now, as soon as the controller serves, and runs out while r, b, c, f,
-    j, k and d work (e is judged after d)."""
+    j, k, d and i work (e is judged after i)."""
     box.hypervisor.settings.hold_nodes.add(HELD_NODE)
     HELD.update(job=submit(box, "hostname", "--requeue", partitions=HELD_POOL), since=time.monotonic())
 
@@ -534,11 +533,11 @@ def test_k_a_capacity_error_on_one_pool_and_the_job_runs_on_the_teams_next_pool(
     assert {i["InstanceId"] for i in box.instances(gpuplat_pool="spot")} == before
 
 
-def test_d_started_a_two_node_job_on_capacity_for_one_launches_nothing(box: Any) -> None:
+def test_d_a_two_node_job_on_capacity_for_one_launches_nothing_and_runs_on_the_next_attempt(box: Any) -> None:
     """All or nothing per job (SLURM_RESUME_FILE): with capacity for one instance, the job's two names
     are asked for in one RunInstances with MinCount 2, which EC2 refuses whole; no instance idles
-    waiting for the other. The capacity cool-down (60 s in the box) then holds spot, and i runs on
-    spot2 meanwhile; that the job runs on the next attempt is checked after i."""
+    waiting for the other. The capacity cool-down (60 s in the box) holds the one pool, then the job
+    runs on the next attempt."""
     # Both names must be launched by this job: none still up from c, none held by k's cool-down (its
     # names are DOWN until it is over). spot2 is not this job's partition: k's node may still be up.
     wait_powered_down(box, pool="spot")
@@ -548,16 +547,17 @@ def test_d_started_a_two_node_job_on_capacity_for_one_launches_nothing(box: Any)
     refusals = controller_log(box).count(refusal)
     before = {i["InstanceId"] for i in box.instances(gpuplat_pool="spot")}
     box.faults.limit_capacity(1)
-    try:
-        job = submit(box, "srun hostname", "-N 2")
-        wait_for("the failed launch", lambda: controller_log(box).count(refusal) > refusals or None, 180)
-        TWO_NODES.update(job=job, failed_at=time.monotonic())
-        time.sleep(5)  # a best-effort resume would have its one instance by now
-        assert {i["InstanceId"] for i in box.instances(gpuplat_pool="spot")} == before, (
-            "an instance launched for part of the job"
-        )
-    finally:
-        box.faults.limit_capacity(None)
+    job = submit(box, "srun hostname", "-N 2")
+    wait_for("the failed launch", lambda: controller_log(box).count(refusal) > refusals or None, 180)
+    failed_at = time.monotonic()
+    time.sleep(5)  # a best-effort resume would have its one instance by now
+    assert {i["InstanceId"] for i in box.instances(gpuplat_pool="spot")} == before, (
+        "an instance launched for part of the job"
+    )
+    box.faults.limit_capacity(None)
+    assert wait_ended(box, job) == "COMPLETED", explain(box, job)
+    FIGURES["capacity error -> job done on the next attempt s"] = time.monotonic() - failed_at
+    assert "InsufficientInstanceCapacity" in controller_log(box)
 
 
 # i: reconcile's round (slurm_elastic_reconcile_interval_s, 20 s in the box) and the round's own time.
@@ -570,11 +570,9 @@ BACK_IN_SERVICE_BOUND_S = 300
 def test_i_an_instance_terminated_from_outside_requeues_its_job_and_the_name_comes_back(box: Any) -> None:
     """Terminated from outside (the console, a reclaim without notice): Slurm alone would wait for
     slurmd to stop answering, then SlurmdTimeout; reconcile sees a node in service without a live
-    instance and replaces it in its next round (ParallelCluster's is_backing_instance_valid). On spot2
-    (k's node, where it is still up), while d's job waits out spot's capacity cool-down."""
+    instance and replaces it in its next round (ParallelCluster's is_backing_instance_valid)."""
     marker = f"{CHECKPOINTS}/box-i-first-run"
-    script = f"if [ -e {marker} ]; then echo again; else touch {marker}; sleep 900; fi"
-    job = submit(box, script, "--requeue", partitions="spot2")
+    job = submit(box, f"if [ -e {marker} ]; then echo again; else touch {marker}; sleep 900; fi", "--requeue")
     # squeue's RUNNING, not CONFIGURING (sacct says RUNNING for both): the node has booted and is in
     # service. An instance gone while its node is still powering up is resume-fail's, at ResumeTimeout.
     wait_for(
@@ -621,17 +619,8 @@ def a_job_user_gets_no_credentials_and_no_munge_key(box: Any, instance_id: str) 
     )
 
 
-def test_d_a_two_node_job_on_capacity_for_one_launches_nothing_and_runs_on_the_next_attempt(box: Any) -> None:
-    """d_started's job, once the capacity cool-down is over (while i ran on spot2): it runs on the next
-    attempt, both names launched together."""
-    job = TWO_NODES["job"]
-    assert wait_ended(box, job) == "COMPLETED", explain(box, job)
-    FIGURES["capacity error -> job done on the next attempt s"] = time.monotonic() - TWO_NODES["failed_at"]
-    assert "InsufficientInstanceCapacity" in controller_log(box)
-
-
 def test_e_a_node_that_never_boots_comes_back_to_power_saving(box: Any) -> None:
-    """Checked after d: the held boot's ResumeTimeout ran out while the other scenarios worked on spot and
+    """Checked after i: the held boot's ResumeTimeout ran out while the other scenarios worked on spot and
     spot2. When its instance was terminated is the hypervisor's note, taken as it happened."""
     instance_id, node, job = HELD["instance"], HELD["node"], HELD["job"]
     bound = box.resume_timeout_s + 180
@@ -642,7 +631,7 @@ def test_e_a_node_that_never_boots_comes_back_to_power_saving(box: Any) -> None:
     )
     wait_for(f"the hypervisor saw {instance_id} end", lambda: instance_id in box.hypervisor.ended or None, 30)
     FIGURES["held boot -> terminated s"] = box.hypervisor.ended[instance_id] - HELD["since"]
-    # Within the bound by the hypervisor's note: the wait above, begun after d, passes whenever the end came.
+    # Within the bound by the hypervisor's note: the wait above, begun after i, passes whenever the end came.
     assert box.resume_timeout_s <= FIGURES["held boot -> terminated s"] <= bound
     # Requeued, not failed. The requeued job is eligible again cred_expire later and resumes the node anew
     # (its next boot is not held, from the pool image), so by now it may be running or done there: any of
