@@ -583,6 +583,9 @@ def test_i_an_instance_terminated_from_outside_requeues_its_job_and_the_name_com
     node = slurm(box, f"squeue -h -j {job} -o %N").strip()
     [instance] = live(box, gpuplat_node=node)
     a_job_user_gets_no_credentials_and_no_munge_key(box, instance["InstanceId"])
+    # RUNNING is the allocation, not the batch script: under load (13) slurmd had not started it when the
+    # instance went, so the requeued attempt found no marker and slept its 900 s. Its first run's marker.
+    wait_for(f"job {job}'s script started", lambda: slurm(box, f"test -e {marker} && echo yes", False), 60)
     box.ec2.terminate_instances(InstanceIds=[instance["InstanceId"]])
     gone = time.monotonic()
 
