@@ -76,7 +76,20 @@ def box_substitutes(endpoint: str, resume_timeout_s: int) -> dict[str, Any]:
         "monitoring_ec2_endpoint": endpoint,
         # Timers sized for a test.
         "slurm_common_resume_timeout": resume_timeout_s,
-        "slurm_common_suspend_timeout": 30,
+        # SuspendTime: idle seconds before slurmctld powers a node down (600 on AWS; the stack's
+        # scheduler.scale_down_idle_s, which a stack may not set below 60). Slurm 22.05 has no minimum:
+        # power_save.c _do_power_work suspends a node idle since before now - suspend_time, looked at
+        # every power_save_interval (10 s). The box's scenarios wait for it before their capacity errors
+        # (d, k) and at the end (g).
+        "slurm_suspend_time": 30,
+        # SuspendTimeout: the suspend program terminates the instance, and the box removes its container
+        # within the hypervisor's poll (2 s); the name may be resumed again once it is over (power_save.c:
+        # POWERING_DOWN until power_save_req_time + suspend_timeout).
+        "slurm_common_suspend_timeout": 15,
+        # A requeued job (c, i, k, e) and a name back in power saving (d) are noticed by the next
+        # scheduling pass: Slurm's main loop every sched_interval (60 s) and backfill every bf_interval
+        # (30 s) by default (slurm.conf(5), Slurm 22.05). The box passes as often as the local platform.
+        "slurm_common_scheduler_parameters": ["bf_interval=5", "sched_interval=10"],
         # A requeued job waits cred_expire before it may start again (120 s on AWS).
         "slurm_common_cred_expire": 30,
         "slurm_elastic_spot_grace_s": 20,

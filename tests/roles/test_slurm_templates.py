@@ -518,6 +518,22 @@ def test_configless_slurmd_gets_the_controllers_as_conf_servers() -> None:
         assert templar.template(trust_as_template("{{ __slurm_compute_node_name }}")) == name
 
 
+def test_the_boxs_slurm_timers_are_its_own_and_an_aws_stack_keeps_the_defaults() -> None:
+    """The box's group vars (tests/box/box.py box_substitutes) shorten Slurm's power-saving timers and
+    pass the scheduler as often as the local platform, which is where most of the box tier's time goes;
+    an aws stack keeps SuspendTime 600 (scheduler.scale_down_idle_s), SuspendTimeout 300 and Slurm's own
+    scheduling intervals."""
+    from tests.box.box import box_substitutes
+
+    box_values = stack_values(ROOT / "tests" / "box" / "stack.yaml")
+    box = settings(render_aws("slurm.conf.j2", box_values, **box_substitutes("http://box", 600)))
+    assert box["SchedulerParameters"] == "bf_interval=5,sched_interval=10"
+    assert (box["SuspendTime"], box["SuspendTimeout"], box["ResumeTimeout"]) == ("30", "15", "600")
+    aws = settings(render_aws("slurm.conf.j2"))
+    assert "SchedulerParameters" not in aws
+    assert (aws["SuspendTime"], aws["SuspendTimeout"]) == ("600", "300")
+
+
 def _fixed_train_pool(platform: dict[str, Any]) -> None:
     train = next(p for p in platform["pools"] if p["name"] == "train")
     train.pop("min"), train.pop("max")
