@@ -42,8 +42,8 @@ the hypervisor notes when it is terminated, and its end is checked after i, by w
 requeued and its name has come back. f's stray is launched when c starts and outlives the reconciler's
 grace while c runs. j's job is submitted once the image is taken and its boots fail on spot2
 meanwhile; its outcome is checked after f. k waits for spot and spot2 to be powered down, d for spot
-alone (after k's cool-down; k's node on spot2 may still be up); i runs on one of d's nodes; g, after e,
-for every node.
+alone (after k's cool-down; k's node on spot2 may still be up); i runs on spot-0, one of d's nodes,
+and its requeued job on spot-0 again; g, after e, for every node.
 """
 
 from __future__ import annotations
@@ -560,6 +560,8 @@ def test_d_a_two_node_job_on_capacity_for_one_launches_nothing_and_runs_on_the_n
     assert "InsufficientInstanceCapacity" in controller_log(box)
 
 
+# i: the name whose instance is terminated from outside (one of d's two, both up after d).
+I_NODE = "spot-0"
 # i: reconcile's round (slurm_elastic_reconcile_interval_s, 20 s in the box) and the round's own time.
 REQUEUE_BOUND_S = 60
 # i: the requeued job's credential wait (cred_expire 30 s + 1), a resume and a boot from the pool image
@@ -572,7 +574,10 @@ def test_i_an_instance_terminated_from_outside_requeues_its_job_and_the_name_com
     slurmd to stop answering, then SlurmdTimeout; reconcile sees a node in service without a live
     instance and replaces it in its next round (ParallelCluster's is_backing_instance_valid)."""
     marker = f"{CHECKPOINTS}/box-i-first-run"
-    job = submit(box, f"if [ -e {marker} ]; then echo again; else touch {marker}; sleep 900; fi", "--requeue")
+    # On spot-0 (d left both of spot's names up), so that the requeued attempt must have the same name
+    # back: unpinned, it once ran on spot-1, d's other node, and the name's return went unchecked.
+    script = f"if [ -e {marker} ]; then echo again; else touch {marker}; sleep 900; fi"
+    job = submit(box, script, f"--requeue -w {I_NODE}")
     # squeue's RUNNING, not CONFIGURING (sacct says RUNNING for both): the node has booted and is in
     # service. An instance gone while its node is still powering up is resume-fail's, at ResumeTimeout.
     wait_for(
@@ -598,7 +603,8 @@ def test_i_an_instance_terminated_from_outside_requeues_its_job_and_the_name_com
     assert f"reconcile: replacing {node}: gpuplat reconcile: replaced" in controller_log(box)
     assert wait_ended(box, job, BACK_IN_SERVICE_BOUND_S) == "COMPLETED", explain(box, job)
     FIGURES["instance terminated from outside -> job done on a new instance s"] = time.monotonic() - gone
-    again = live(box, gpuplat_node=slurm(box, f"sacct -nXP -j {job} -o NodeList").strip())
+    assert slurm(box, f"sacct -nXP -j {job} -o NodeList").strip() == node == I_NODE, explain(box, job)
+    again = live(box, gpuplat_node=node)
     assert again and again[0]["InstanceId"] != instance["InstanceId"]
 
 
