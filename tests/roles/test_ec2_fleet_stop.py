@@ -124,4 +124,7 @@ def test_a_resume_that_cannot_read_the_fleets_stop_launches_and_says_so(
     ec2 = Ec2Nodes(NoTagsEc2(client, slurm), cloud.stack)
     assert resume(settings, ec2, Slurm(slurm.scontrol), ["train-1"]) == EXIT_OK
     assert sorted(cloud.node_instances("running")) == ["train-1"]
-    assert "cannot read whether the fleet is stopped (RequestLimitExceeded); launching" in caplog.text
+    # the whole line, as the operator reads it in the controller's log
+    assert "resume: cannot read whether the fleet is stopped (RequestLimitExceeded); launching" in (
+        caplog.messages
+    )
