@@ -97,7 +97,7 @@ def test_a_capacity_error_holds_the_pools_idle_names_down_for_the_cool_down(
 
 
 def test_a_held_pool_launches_nothing_until_the_cool_down_is_over(
-    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
+    tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder, caplog: pytest.LogCaptureFixture
 ) -> None:
     settings = settings_for(tmp_path, cloud, slurm)
     slurm.nodes(*POOL_AFTER_ICE)
@@ -106,8 +106,11 @@ def test_a_held_pool_launches_nothing_until_the_cool_down_is_over(
     slurm.record.unlink()
 
     ec2 = harness.ec2_nodes(cloud, slurm)
+    caplog.clear()
     assert resume(settings, ec2, Slurm(slurm.scontrol), ["train-5"], now=T0 + 599) == EXIT_FAILED
     assert ["ec2", "run_instances", ""] not in slurm.calls()
+    # the log says which pool is held, why, and which names get no instance
+    assert f"resume: pool train is held ({COOLDOWN_REASON}): no launch for train-5" in caplog.messages
     assert scontrol_updates(slurm) == [
         ["nodename=train-5", "state=power_down_force", "reason=gpuplat resume failed: PoolHeld"]
     ]
