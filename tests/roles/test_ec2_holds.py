@@ -107,12 +107,13 @@ def test_a_held_pool_launches_nothing_until_the_cool_down_is_over(
 
     ec2 = harness.ec2_nodes(cloud, slurm)
     caplog.clear()
-    assert resume(settings, ec2, Slurm(slurm.scontrol), ["train-5"], now=T0 + 599) == EXIT_FAILED
+    assert resume(settings, ec2, Slurm(slurm.scontrol), ["train-2", "train-5"], now=T0 + 599) == EXIT_FAILED
     assert ["ec2", "run_instances", ""] not in slurm.calls()
     # the log says which pool is held, why, and which names get no instance
-    assert f"resume: pool train is held ({COOLDOWN_REASON}): no launch for train-5" in caplog.messages
+    held = f"resume: pool train is held ({COOLDOWN_REASON}): no launch for train-2,train-5"
+    assert held in caplog.messages
     assert scontrol_updates(slurm) == [
-        ["nodename=train-5", "state=power_down_force", "reason=gpuplat resume failed: PoolHeld"]
+        ["nodename=train-2,train-5", "state=power_down_force", "reason=gpuplat resume failed: PoolHeld"]
     ]
     assert resume(settings, ec2, Slurm(slurm.scontrol), ["train-spot-2"], now=T0 + 599) == EXIT_OK, (
         "other pools launch"
