@@ -137,15 +137,20 @@ def test_a_job_across_pools_launches_nothing_when_one_of_them_is_held(
     tmp_path: Path, cloud: Cloud, slurm: SlurmRecorder
 ) -> None:
     """A held pool (capacity cool-down, protected mode) fails the job's names there before any other
-    pool is asked: no instance started only to be terminated, whichever pool comes first."""
-    for held, order in (("train-spot", ("train-1", "train-spot-1")), ("train", ("train-spot-1", "train-1"))):
+    pool is asked: no instance started only to be terminated, whichever pool comes first; every name of
+    the job, the held pool's and the others', is powered down, so that the job requeues."""
+    order = ("train-1", "train-spot-1")  # the job's pools in this order: train, then train-spot
+    for held in ("train-spot", "train"):
         nodes, client = limited(cloud, slurm, capacity=5)
         settings = settings_for(tmp_path / held, cloud, slurm, insufficient_capacity_timeout_s=600)
         assert record_capacity_error(settings, held, ICE, time.time())
+        if slurm.record.exists():
+            slurm.record.unlink()
         job = ResumeJob("7", order)
         assert resume(settings, nodes, Slurm(slurm.scontrol), list(order), jobs=[job]) == EXIT_FAILED
         assert client.requests == [], held
         assert live(cloud) == []
+        assert power_downs(slurm) == dict.fromkeys(order, "reason=gpuplat resume failed: PoolHeld"), held
 
 
 def test_the_resume_file_as_slurm_writes_it(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
