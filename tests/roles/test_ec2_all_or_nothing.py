@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from gpuplat_ec2_nodes.holds import record_capacity_error
 from gpuplat_ec2_nodes.logs import LOG
 from gpuplat_ec2_nodes.resume import resume
 from gpuplat_ec2_nodes.resume_file import ResumeJob, read_resume_file
+from gpuplat_ec2_nodes.settings import parse_pool
 from gpuplat_ec2_nodes.slurm import Slurm
 
 from tests.roles import test_ec2_nodes as harness
@@ -139,10 +141,12 @@ def test_a_job_across_pools_launches_nothing_when_one_of_them_is_held(
     """A held pool (capacity cool-down, protected mode) fails the job's names there before any other
     pool is asked: no instance started only to be terminated, whichever pool comes first; every name of
     the job, the held pool's and the others', is powered down, so that the job requeues."""
-    order = ("train-1", "train-spot-1")  # the job's pools in this order: train, then train-spot
+    order = ("train-1", "train-spot-1", "train-big-1")  # the job's pools in this order
     for held in ("train-spot", "train"):
         nodes, client = limited(cloud, slurm, capacity=5)
         settings = settings_for(tmp_path / held, cloud, slurm, insufficient_capacity_timeout_s=600)
+        big = parse_pool("train-big", {"launch_template_id": cloud.launch_template_id, "subnet_id": None})
+        settings = replace(settings, pools={**settings.pools, "train-big": big})
         assert record_capacity_error(settings, held, ICE, time.time())
         if slurm.record.exists():
             slurm.record.unlink()
