@@ -5,14 +5,18 @@ docs/developing.md#mutation-score)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
+import pytest
+
 from infra.platform.resolve import ResolvedPlatform
-from infra.policy.rules import PolicyContext
-from infra.policy.rules.isolation import check_inference_taint, check_shared_resources
+from infra.policy.rules import PolicyContext, isolation
+from infra.policy.rules.isolation import check_inference_taint, check_partitions, check_shared_resources
 from infra.policy.rules.resource_types import ASG, LAUNCH_TEMPLATE, PLACEMENT_GROUP, SECURITY_GROUP
 from infra.policy.settings import PolicyConfig
 from infra.policy.view import ResourceIndex, ResourceView
+from infra.scheduling.slurm import Partition
 
 TAG_ROLE = "gpuplat:role"
 
@@ -114,5 +118,76 @@ def test_each_inference_pool_needs_the_taint_or_the_configured_label_and_is_told
             "pool infer-2",
             "inference pool 'infer-2' has no NoSchedule or NoExecute taint and not the label serving=yes: "
             "nothing keeps training jobs off its nodes",
+        )
+    ]
+
+
+def _partition(name: str, pool: str, nodes: list[str]) -> Partition:
+    return Partition(name, pool, nodes, 8, "h100", 1, "OFF", False, False, ["normal"])
+
+
+def _layout(
+    platform: ResolvedPlatform, made: list[Partition]
+) -> Callable[[ResolvedPlatform], list[Partition]]:
+    """The Slurm layout's partitions, replaced by `made` for the platform the rule was given."""
+
+    def partitions(of: ResolvedPlatform) -> list[Partition]:
+        assert of is platform
+        return made
+
+    return partitions
+
+
+def test_a_partition_built_from_a_pool_that_does_not_train_and_its_serving_nodes_are_each_a_finding(
+    shipped_platforms: dict[str, ResolvedPlatform], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """isolation-partitions on partitions the Slurm layout never builds today (it makes one per training
+    pool, infra/scheduling/slurm.py partitions), as a changed layout or a hand-edited program could: a
+    partition of the inference pool is refused for its pool and for its nodes, which serve inference (its
+    hosts' names and addresses both); a partition of no pool of the stack is judged by its node list alone;
+    one of a training pool whose nodes are its own passes."""
+    onprem = shipped_platforms["onprem"]
+    made = [
+        _partition("serving", "infer", []),
+        _partition("stray", "gone", ["gpu-21", "10.40.2.21", "gpu-01"]),
+        _partition("train", "train", ["gpu-01", "gpu-02"]),
+    ]
+    monkeypatch.setattr(isolation, "partitions", _layout(onprem, made))
+    found = list(check_partitions(ResourceIndex([]), PolicyContext(onprem)))
+    assert [(f.resource, f.message) for f in found] == [
+        (
+            "partition serving",
+            "Slurm partition 'serving' is built from infer pool 'infer'; partitions hold training nodes only",
+        ),
+        (
+            "partition serving",
+            "Slurm partition 'serving' includes 10.40.2.21, which also serve inference pool infer: training "
+            "jobs would land on serving nodes",
+        ),
+        (
+            "partition stray",
+            "Slurm partition 'stray' includes 10.40.2.21, gpu-21, which also serve inference pool infer: "
+            "training jobs would land on serving nodes",
+        ),
+    ]
+
+
+def test_a_partition_over_two_inference_pools_names_both(
+    shipped_platforms: dict[str, ResolvedPlatform], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nodes of two inference pools in one partition: each node once, sorted, and both pools, sorted; an
+    inference pool's node names count as well as its hosts (cloud pools have no hosts)."""
+    aws = shipped_platforms["aws-prod"]
+    infer = aws.pool("infer")
+    second = replace(infer, spec=infer.spec.model_copy(update={"name": "chat"}))
+    platform = replace(aws, pools=(*aws.pools, second))
+    made = [_partition("mixed", "train", ["infer-1", "chat-0", "train-0", "infer-1"])]
+    monkeypatch.setattr(isolation, "partitions", _layout(platform, made))
+    found = list(check_partitions(ResourceIndex([]), PolicyContext(platform)))
+    assert [(f.resource, f.message) for f in found] == [
+        (
+            "partition mixed",
+            "Slurm partition 'mixed' includes chat-0, infer-1, which also serve inference pool chat, infer: "
+            "training jobs would land on serving nodes",
         )
     ]
