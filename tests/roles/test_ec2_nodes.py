@@ -18,6 +18,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -430,7 +431,14 @@ def test_resume_again_launches_new_instances_and_terminates_the_earlier_ones(
     assert sorted(live) == ["train-0", "train-1", "train-2"]
     assert not {i["InstanceId"] for i in live.values()} & set(first.values())
     assert {i: cloud.state(i) for i in first.values()} == dict.fromkeys(first.values(), "terminated")
-    assert "train-0 still has" in again.stderr and "launching a new one" in again.stderr
+    # each name's earlier instances are named in the log: the ID, the node and the state it was in
+    [earlier] = [line for line in again.stderr.splitlines() if "train-0 still has" in line]
+    assert re.search(
+        rf"resume: train-0 still has {first['train-0']} \(train-0, (pending|running)\) from before this "
+        r"resume; terminating it and launching a new one \(Slurm ignores a registration from before the "
+        r"resume request\)$",
+        earlier,
+    ), earlier
     addresses = [call for call in slurm.calls() if any(arg.startswith("nodeaddr=") for arg in call)]
     assert len(addresses) == 5, "each resume tells Slurm the address of every node it was given"
 
