@@ -400,6 +400,8 @@ def test_the_cache_stays_under_its_cap_by_evicting_the_least_recently_used_copy_
     gamma = _main(config, "stage", "gamma")
     assert gamma.returncode == 0 and "evicted beta v1" in gamma.stderr, gamma.stderr
     assert alpha.exists() and not beta.exists() and "beta\tv1\t-" in _main(config, "list").stdout
+    # the evicted copy's files are gone, not only renamed away: the cap is kept on the disk
+    assert not list((tmp_path / "cache" / "beta" / "v1").glob(".trash-*"))
 
     # Every other copy held by a running job: the stage is refused, whole, before copying anything.
     readers = [_hold(alpha), _hold(Path(gamma.stdout.strip()))]
