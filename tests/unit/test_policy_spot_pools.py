@@ -8,8 +8,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import pytest
+
 from infra.platform.resolve import ResolvedPlatform
-from infra.policy.rules import PolicyContext
+from infra.policy.rules import PolicyContext, spot
 from infra.policy.rules.resource_types import ASG, LUSTRE
 from infra.policy.rules.spot import (
     check_inference_base_capacity,
@@ -180,3 +182,27 @@ def test_spot_training_on_aws_needs_a_persistent_fsx_for_lustre(
         ),
     ]
     assert problems(ResourceView(LUSTRE, "kept", {"deploymentType": "PERSISTENT_2"})) == []
+
+
+def test_a_spot_training_pool_without_a_partition_is_named_by_its_pool(
+    shipped_platforms: dict[str, ResolvedPlatform], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A spot training pool the Slurm layout gives no partition (it makes one per training pool today,
+    infra/scheduling/slurm.py partitions; a changed layout might not): its jobs cannot be requeued, and the
+    finding names the pool, as no partition has a name."""
+    aws = shipped_platforms["aws-prod"]
+
+    def no_partitions(platform: ResolvedPlatform) -> list[object]:
+        assert platform is aws
+        return []
+
+    monkeypatch.setattr(spot, "partitions", no_partitions)
+    found = list(check_spot_training_recovery(NO_RESOURCES, PolicyContext(aws)))
+    # (an empty program has no FSx for Lustre either: that finding is another test's)
+    assert [(f.resource, f.message) for f in found if "preempt mode" in f.message] == [
+        (
+            "partition train-spot",
+            "spot training pool 'train-spot' has preempt mode no partition: jobs on reclaimed nodes are "
+            "cancelled instead of requeued and resumed from their checkpoint",
+        )
+    ]
