@@ -424,6 +424,7 @@ def test_resume_again_launches_new_instances_and_terminates_the_earlier_ones(
     config = write_config(tmp_path, cloud, slurm)
     assert run_in_process(config, cloud, "resume", "train-[0-1]").returncode == 0
     first = {tags_of(i)["gpuplat:node"]: i["InstanceId"] for i in cloud.instances()}
+    extra = cloud.launch("train-0")  # a second instance of train-0 (as a resume that crashed leaves it)
 
     again = run_in_process(config, cloud, "resume", "train-[0-2]")
     assert again.returncode == 0, again.stderr
@@ -433,12 +434,19 @@ def test_resume_again_launches_new_instances_and_terminates_the_earlier_ones(
     assert {i: cloud.state(i) for i in first.values()} == dict.fromkeys(first.values(), "terminated")
     # each name's earlier instances are named in the log: the ID, the node and the state it was in
     [earlier] = [line for line in again.stderr.splitlines() if "train-0 still has" in line]
-    assert re.search(
-        rf"resume: train-0 still has {first['train-0']} \(train-0, (pending|running)\) from before this "
-        r"resume; terminating it and launching a new one \(Slurm ignores a registration from before the "
-        r"resume request\)$",
+    found = re.search(
+        r"resume: train-0 still has (.*) from before this resume; terminating it and launching a new one "
+        r"\(Slurm ignores a registration from before the resume request\)$",
         earlier,
-    ), earlier
+    )
+    assert found, earlier
+    labels = [
+        f"{instance} (train-0, {state})"
+        for instance in (first["train-0"], extra)
+        for state in re.findall(rf"{instance} \(train-0, (pending|running)\)", earlier)
+    ]
+    assert found.group(1) in (",".join(labels), ",".join(reversed(labels))), earlier
+    assert cloud.state(extra) == "terminated"
     addresses = [call for call in slurm.calls() if any(arg.startswith("nodeaddr=") for arg in call)]
     assert len(addresses) == 5, "each resume tells Slurm the address of every node it was given"
 
