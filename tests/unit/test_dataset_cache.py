@@ -737,6 +737,9 @@ def test_a_user_not_the_owner_runs_the_program_again_as_the_owner_through_sudo(
     # Root runs it directly (it drops to the owner itself), never through sudo.
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     assert cache.owner_command(config, ["stage", "corpus"])[0][:2] == [sys.executable, program]
+    # so also where the cache's owner is another user (the suite's caches are root's own)
+    monkeypatch.setattr(cache, "cache_owner", lambda config: (owner + 4242, owner + 4242))
+    assert cache.owner_command(config, ["stage", "corpus"])[0][:2] == [sys.executable, program]
 
 
 # --- run and its holder, in this process (what `make mutation` sees them do) ------------------------------
