@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -492,3 +493,40 @@ def test_a_loan_record_an_editor_left_trailing_blanks_or_a_carriage_return_on_is
     aliases["challenger"] = embedder(3)
     borrowing(nodes, aliases).rollback("embedder")
     assert nodes.up("inference") == 4 and not nodes.masked
+
+
+def _switched_to_spare(nodes: GpuNodes, aliases: dict[str, ModelVersion]) -> Release:
+    """The stack file edited from borrow to spare while a borrowing canary runs (the role refuses to apply
+    that layout until the loan ends: tests/roles/test_replica_loan.py): `gpuplat serve` reads the new file."""
+    release = borrowing(nodes, aliases)
+    release.layout = replace(release.layout, canary_gpus="spare")
+    return release
+
+
+def test_a_rollback_gives_the_lent_replica_back_after_the_stack_switched_to_spare() -> None:
+    """The refusal of the switch says `gpuplat serve rollback`: it must end the loan under the new stack
+    file. Before: the loan was read only where the stack said borrow; the rollback removed the record and
+    left the replica masked and stopped until the node's next boot."""
+    nodes, aliases = GpuNodes(), {"champion": embedder(2)}
+    _in_canary(nodes, aliases)
+    release = _switched_to_spare(nodes, aliases)
+    assert release.borrowed_replicas() == {"infer-1": 1}
+    release.rollback("embedder")
+    assert ("infer-1", "1") in nodes.running and not nodes.masked and nodes.up("inference") == 4
+    assert nodes.serving[("infer-1", "1")] == "# gpuplat serve: embedder@2"
+    assert ("infer-1", "version-canary.env") not in nodes.files
+
+
+def test_a_canary_on_every_node_is_refused_while_a_loan_is_recorded() -> None:
+    """A deploy under the spare stack file while the borrow's record stands (its golden set refused, a
+    command killed): before, it wrote a canary version file on every node over the record (the replica left
+    masked and stopped, nothing left to give it back) and started canaries beside the replicas."""
+    nodes, aliases = GpuNodes(), {"champion": embedder(2)}
+    borrowing(nodes, aliases).start_canary(embedder(3))
+    files = dict(nodes.files)
+    nodes.done.clear()
+    with pytest.raises(ServeRefused) as refused:
+        _switched_to_spare(nodes, aliases).start_canary(embedder(4))
+    text = refused.value.message
+    assert "replica 1 on infer-1 is lent to a canary" in text and "`gpuplat serve rollback embedder`" in text
+    assert nodes.files == files and not [c for _, c in nodes.done if c[0] != "sh"]  # read, nothing written
