@@ -742,8 +742,8 @@ class Release:
         )
         self._on_gateways("drain", STABLE_BACKEND, f"{self.layout.addresses[node]}:{REPLICA_PORT + replica}")
         self._fence(f"stopping replica {replica} on {node} for the canary")
-        # Until the next boot (--runtime); unmask takes no --runtime (systemd 239 NEWS: "systemctl
-        # disable/unmask/preset/preset-all cannot be used with --runtime") and removes this mask. Masked
+        # Until the next boot (--runtime: a symlink to /dev/null in /run/systemd/system), which only
+        # `unmask --runtime` removes (`_give_back`). Masked
         # before the stop, so that nothing starts it in between.
         self.nodes.exec(node, "systemctl", "mask", "--runtime", f"{UNIT}@{replica}.service")
         self.nodes.exec(node, "systemctl", "stop", f"{UNIT}@{replica}.service")
@@ -772,7 +772,12 @@ class Release:
         # where a gateway's reload put it back in service meanwhile.
         self._on_gateways("drain", STABLE_BACKEND, target)
         self._fence(f"starting replica {replica} on {node} again")
-        self.nodes.exec(node, "systemctl", "unmask", f"{UNIT}@{replica}.service")
+        # --runtime: a plain unmask removes masks in /etc only and leaves this one (the replica then fails
+        # to start: "Unit ... is masked", measured on Debian 12's systemd 252). systemd 239 alone refused
+        # `unmask --runtime` and removed both; systemd 240 restored it (systemd/systemd pull request
+        # 10892, reverting 4910b35, "A `systemctl --runtime unmask` should undo a `systemctl --runtime
+        # mask` action"). Debian 12 ships systemd 252, Debian 13 257.
+        self.nodes.exec(node, "systemctl", "unmask", "--runtime", f"{UNIT}@{replica}.service")
         self.nodes.exec(node, "systemctl", "restart", f"{UNIT}@{replica}.service")
         self._wait_healthy(node, REPLICA_PORT + replica)
         self._on_gateways("ready", STABLE_BACKEND, target)

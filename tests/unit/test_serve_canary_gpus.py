@@ -192,7 +192,8 @@ class GpuNodes:
                 self.running.discard(unit)
             elif words[1] == "mask":
                 self.masked.add(unit)
-            elif words[1] == "unmask":
+            elif words[1] == "unmask" and "--runtime" in words:
+                # A plain unmask removes masks in /etc only: the runtime mask stays (systemd 240 and later).
                 self.masked.discard(unit)
             return ""
         if words[:2] == ["python3", "-c"] and len(words) == 5:  # the golden probe (path, port): no golden set
