@@ -699,12 +699,17 @@ class Release:
         is recorded: one made while the stack said borrow would be overwritten (its record gone, the replica
         left masked and stopped) and the canary started on GPUs the stack now gives a replica."""
         for node, replica in self.borrowed_replicas().items():
+            record = self._version_file(node, CANARY_SLOT).partition("\n")[0]
+            lender = (
+                record.removeprefix(VERSION_MARK).partition("@")[0] if record.startswith(VERSION_MARK) else ""
+            )
             raise ServeRefused(
                 f"replica {replica} on {node} is lent to a canary started while the stack said "
                 f"serving.canary.gpus borrow (its record: {CONFIG_DIR}/version-{CANARY_SLOT}.env), and the "
-                f"stack now runs the canary on every node: `gpuplat serve rollback {version.name}` gives the "
-                "replica back first (it reads the loan whatever the stack says), then `gpuplat up` applies "
-                "the new layout and `deploy` starts the canary on it. Nothing was changed"
+                "stack now runs the canary on every node: "
+                f"`gpuplat serve rollback {lender or version.name}` gives the replica back first (it reads "
+                "the loan whatever the stack says), then `gpuplat up` applies the new layout and `deploy` "
+                "starts the canary on it. Nothing was changed"
             )
 
     def _lender(self) -> tuple[str, int, str]:
@@ -986,6 +991,26 @@ class Release:
             )
             self.record(model, ROLLED_BACK, f"{candidate.reference} taken out: {reason}")
             return self.aliased(model, CHAMPION)
+        lent = {
+            node: replica
+            for node, replica in self.borrowed_replicas().items()
+            if self._version_file(node, CANARY_SLOT).startswith(f"{VERSION_MARK}{model}@")
+        }
+        if lent:
+            # A deploy killed after its borrow but before the challenger alias moved (the golden probe, the
+            # wait for the gateways' checks) left the loan's record and no alias: the rollback ends that
+            # canary and gives the replica back, whatever serving.canary.gpus says now (the refusals of a
+            # deploy and of the role's converge during a loan send the operator here). The stable replicas
+            # were not rolled (no promote without the alias): they stay on the champion.
+            champion = self.aliased(model, CHAMPION)
+            self.set_share(0)
+            self.stop_canary(champion)
+            where = ", ".join(f"replica {replica} on {node}" for node, replica in lent.items())
+            self.say(
+                f"the canary of a deploy cut short is stopped and {where} serves the stable version again"
+            )
+            self.record(model, ROLLED_BACK, f"the canary of a deploy cut short taken out: {reason}")
+            return champion
         previous = self.aliased(model, PREVIOUS)
         if previous is None:
             raise ServeRefused(f"'{model}' has no canary and no {PREVIOUS} version to roll back to")
