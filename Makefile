@@ -11,7 +11,7 @@ unexport PYTHONDONTWRITEBYTECODE
 # Python programs the roles install on nodes (stdlib + distro boto3), linted like infra/ (a directory: a package).
 NODE_PROGRAMS := roles/slurm_elastic/files/gpuplat_ec2_nodes roles/inference_gateway/files/gpuplat_gateway_targets.py \
 	roles/inference_gateway/files/gpuplat_gateway_canary.py \
-	roles/inference_server/files/gpuplat_scaling_agent.py \
+	roles/inference_server/files/gpuplat_scaling_agent.py roles/inference_server/files/gpuplat_replica_loan.py \
 	roles/gpu_validation/files/gpuplat_node_check.py roles/gpu_validation/files/gpuplat_checkpoint_probe.py \
 	roles/slurm_compute/files/gpuplat_dataset_cache.py roles/python_requirements/files/requirements_met.py
 

@@ -10,8 +10,9 @@
 # against the converged scenario: the model registry through `gpuplat models`, and `gpuplat serve`
 # (two registered versions, the canary's measured share, a failing canary rolled back by the guard,
 # a canary slower by its architecture (24 encoder layers instead of 6) rolled back by the guard for
-# its latency, promote, rollback to the previous version), and the gateway role's aws slot configuration
-# run as a second gateway on the service node, reloaded and restarted by systemd under load.
+# its latency, promote, rollback to the previous version), the gateway role's aws slot configuration
+# run as a second gateway on the service node, reloaded and restarted by systemd under load, and the roles
+# converged again while a canary borrows a replica (left alone; fewer replicas refused, then retired).
 #
 #   scripts/test-serving.sh
 #

@@ -61,6 +61,7 @@ ROLLED_BACK = "rolled back"
 CANARY_SLOT = "canary"
 # Where the roles put things (their defaults and vars: one source).
 _SERVER, _GATEWAY = role_defaults("inference_server"), role_vars("inference_gateway")
+_SERVER_VARS = role_vars("inference_server")
 UNIT = str(_SERVER["inference_server_service"])
 CONFIG_DIR = str(_SERVER["inference_server_config_dir"])
 REPLICA_PORT, CANARY_PORT = (
@@ -72,14 +73,15 @@ TARGETS_UNIT = str(_GATEWAY["__inference_gateway_targets_unit"])
 STABLE_BACKEND, CANARY_BACKEND = "inference", str(_GATEWAY["__inference_gateway_canary_backend"])
 # The Prometheus jobs that scrape the stable replicas and the canary slots (roles/monitoring).
 JOB_OF_BACKEND = {STABLE_BACKEND: "inference_server", CANARY_BACKEND: "inference_canary"}
-VERSION_MARK = "# gpuplat serve: "
+VERSION_MARK = str(_SERVER_VARS["__inference_server_version_mark"])
 """a version file's first line: this, then the version it names"""
 SOURCE_MARK = "# gpuplat source: "
 """an object-store version's file, second line: this, its URI, a space, where the node keeps its copy (the
 boot of an aws inference node reads the same line: infra/backends/aws/node_join.py)"""
-BORROW_MARK = "# gpuplat borrows replica: "
+BORROW_MARK = str(_SERVER_VARS["__inference_server_loan_mark"])
 """a borrowing canary's version file: this line names the stable replica whose GPUs it runs on (which the
-canary's stop gives back): the record outlives the command that borrowed it"""
+canary's stop gives back): the record outlives the command that borrowed it, and the role's converge leaves
+that replica alone while it stands (roles/inference_server tasks/loan.yml)"""
 KEEP = "keep"
 """`stop_canary`: a borrowed replica returns on the version its own file names"""
 VERSIONS_DIR = f"{_SERVER['inference_server_model_dir']}/versions"
@@ -646,6 +648,8 @@ class Release:
     def start_canary(self, version: ModelVersion) -> None:
         """The canary slot on `version`: on every node (beside the replicas, or on each node's spare GPUs),
         or on one node on the GPUs of a stable replica it borrows (`_borrow`)."""
+        if self.layout.canary_gpus != "borrow":
+            self._no_loan(version)
         borrowed = self._lender() if self.layout.canary_gpus == "borrow" else None
         nodes = self.layout.servers if borrowed is None else (borrowed[0],)
         try:
@@ -678,16 +682,35 @@ class Release:
         return tuple(self.borrowed_replicas())
 
     def borrowed_replicas(self) -> dict[str, int]:
-        """node -> the stable replica whose GPUs its canary runs on (the canary's version file says so)."""
+        """node -> the stable replica whose GPUs its canary runs on (the canary's version file says so).
+        Read whatever serving.canary.gpus says now: a stack switched from borrow to spare during a release
+        still has its loan to end (`stop_canary` gives the replica back; the role refuses the switch until
+        then)."""
         found: dict[str, int] = {}
-        if self.layout.canary_gpus != "borrow":
-            return found
         for node in self.layout.servers:
             for line in self._version_file(node, CANARY_SLOT).splitlines():
                 number = line.removeprefix(BORROW_MARK).strip()  # an editor's trailing blank or CR
                 if line.startswith(BORROW_MARK) and number.isdigit():
                     found[node] = int(number)
         return found
+
+    def _no_loan(self, version: ModelVersion) -> None:
+        """A canary that runs on every node (serving.canary.gpus spare, or beside) starts only where no loan
+        is recorded: one made while the stack said borrow would be overwritten (its record gone, the replica
+        left masked and stopped) and the canary started on GPUs the stack now gives a replica."""
+        for node, replica in self.borrowed_replicas().items():
+            record = self._version_file(node, CANARY_SLOT).partition("\n")[0]
+            lender = (
+                record.removeprefix(VERSION_MARK).partition("@")[0] if record.startswith(VERSION_MARK) else ""
+            )
+            raise ServeRefused(
+                f"replica {replica} on {node} is lent to a canary started while the stack said "
+                f"serving.canary.gpus borrow (its record: {CONFIG_DIR}/version-{CANARY_SLOT}.env), and the "
+                "stack now runs the canary on every node: "
+                f"`gpuplat serve rollback {lender or version.name}` gives the replica back first (it reads "
+                "the loan whatever the stack says), then `gpuplat up` applies the new layout and `deploy` "
+                "starts the canary on it. Nothing was changed"
+            )
 
     def _lender(self) -> tuple[str, int, str]:
         """The stable replica a borrowing canary takes, before any change: the one a loan's record names
@@ -724,8 +747,8 @@ class Release:
         )
         self._on_gateways("drain", STABLE_BACKEND, f"{self.layout.addresses[node]}:{REPLICA_PORT + replica}")
         self._fence(f"stopping replica {replica} on {node} for the canary")
-        # Until the next boot (--runtime); unmask takes no --runtime (systemd 239 NEWS: "systemctl
-        # disable/unmask/preset/preset-all cannot be used with --runtime") and removes this mask. Masked
+        # Until the next boot (--runtime: a symlink to /dev/null in /run/systemd/system), which only
+        # `unmask --runtime` removes (`_give_back`). Masked
         # before the stop, so that nothing starts it in between.
         self.nodes.exec(node, "systemctl", "mask", "--runtime", f"{UNIT}@{replica}.service")
         self.nodes.exec(node, "systemctl", "stop", f"{UNIT}@{replica}.service")
@@ -754,7 +777,12 @@ class Release:
         # where a gateway's reload put it back in service meanwhile.
         self._on_gateways("drain", STABLE_BACKEND, target)
         self._fence(f"starting replica {replica} on {node} again")
-        self.nodes.exec(node, "systemctl", "unmask", f"{UNIT}@{replica}.service")
+        # --runtime: a plain unmask removes masks in /etc only and leaves this one (the replica then fails
+        # to start: "Unit ... is masked", measured on Debian 12's systemd 252). systemd 239 alone refused
+        # `unmask --runtime` and removed both; systemd 240 restored it (systemd/systemd pull request
+        # 10892, reverting 4910b35, "A `systemctl --runtime unmask` should undo a `systemctl --runtime
+        # mask` action"). Debian 12 ships systemd 252, Debian 13 257.
+        self.nodes.exec(node, "systemctl", "unmask", "--runtime", f"{UNIT}@{replica}.service")
         self.nodes.exec(node, "systemctl", "restart", f"{UNIT}@{replica}.service")
         self._wait_healthy(node, REPLICA_PORT + replica)
         self._on_gateways("ready", STABLE_BACKEND, target)
@@ -963,6 +991,26 @@ class Release:
             )
             self.record(model, ROLLED_BACK, f"{candidate.reference} taken out: {reason}")
             return self.aliased(model, CHAMPION)
+        lent = {
+            node: replica
+            for node, replica in self.borrowed_replicas().items()
+            if self._version_file(node, CANARY_SLOT).startswith(f"{VERSION_MARK}{model}@")
+        }
+        if lent:
+            # A deploy killed after its borrow but before the challenger alias moved (the golden probe, the
+            # wait for the gateways' checks) left the loan's record and no alias: the rollback ends that
+            # canary and gives the replica back, whatever serving.canary.gpus says now (the refusals of a
+            # deploy and of the role's converge during a loan send the operator here). The stable replicas
+            # were not rolled (no promote without the alias): they stay on the champion.
+            champion = self.aliased(model, CHAMPION)
+            self.set_share(0)
+            self.stop_canary(champion)
+            where = ", ".join(f"replica {replica} on {node}" for node, replica in lent.items())
+            self.say(
+                f"the canary of a deploy cut short is stopped and {where} serves the stable version again"
+            )
+            self.record(model, ROLLED_BACK, f"the canary of a deploy cut short taken out: {reason}")
+            return champion
         previous = self.aliased(model, PREVIOUS)
         if previous is None:
             raise ServeRefused(f"'{model}' has no canary and no {PREVIOUS} version to roll back to")

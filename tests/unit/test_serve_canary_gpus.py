@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -191,7 +192,8 @@ class GpuNodes:
                 self.running.discard(unit)
             elif words[1] == "mask":
                 self.masked.add(unit)
-            elif words[1] == "unmask":
+            elif words[1] == "unmask" and "--runtime" in words:
+                # A plain unmask removes masks in /etc only: the runtime mask stays (systemd 240 and later).
                 self.masked.discard(unit)
             return ""
         if words[:2] == ["python3", "-c"] and len(words) == 5:  # the golden probe (path, port): no golden set
@@ -492,3 +494,83 @@ def test_a_loan_record_an_editor_left_trailing_blanks_or_a_carriage_return_on_is
     aliases["challenger"] = embedder(3)
     borrowing(nodes, aliases).rollback("embedder")
     assert nodes.up("inference") == 4 and not nodes.masked
+
+
+def _switched_to_spare(nodes: GpuNodes, aliases: dict[str, ModelVersion]) -> Release:
+    """The stack file edited from borrow to spare while a borrowing canary runs (the role refuses to apply
+    that layout until the loan ends: tests/roles/test_replica_loan.py): `gpuplat serve` reads the new file."""
+    release = borrowing(nodes, aliases)
+    release.layout = replace(release.layout, canary_gpus="spare")
+    return release
+
+
+def test_a_rollback_gives_the_lent_replica_back_after_the_stack_switched_to_spare() -> None:
+    """The refusal of the switch says `gpuplat serve rollback`: it must end the loan under the new stack
+    file. Before: the loan was read only where the stack said borrow; the rollback removed the record and
+    left the replica masked and stopped until the node's next boot."""
+    nodes, aliases = GpuNodes(), {"champion": embedder(2)}
+    _in_canary(nodes, aliases)
+    release = _switched_to_spare(nodes, aliases)
+    assert release.borrowed_replicas() == {"infer-1": 1}
+    release.rollback("embedder")
+    assert ("infer-1", "1") in nodes.running and not nodes.masked and nodes.up("inference") == 4
+    assert nodes.serving[("infer-1", "1")] == "# gpuplat serve: embedder@2"
+    assert ("infer-1", "version-canary.env") not in nodes.files
+
+
+def test_a_canary_on_every_node_is_refused_while_a_loan_is_recorded() -> None:
+    """A deploy under the spare stack file while the borrow's record stands (its golden set refused, a
+    command killed): before, it wrote a canary version file on every node over the record (the replica left
+    masked and stopped, nothing left to give it back) and started canaries beside the replicas."""
+    nodes, aliases = GpuNodes(), {"champion": embedder(2)}
+    borrowing(nodes, aliases).start_canary(embedder(3))
+    files = dict(nodes.files)
+    nodes.done.clear()
+    with pytest.raises(ServeRefused) as refused:
+        _switched_to_spare(nodes, aliases).start_canary(embedder(4))
+    text = refused.value.message
+    assert "replica 1 on infer-1 is lent to a canary" in text and "`gpuplat serve rollback embedder`" in text
+    assert nodes.files == files and not [c for _, c in nodes.done if c[0] != "sh"]  # read, nothing written
+
+
+@pytest.mark.parametrize("switched", [False, True], ids=["borrow", "switched to spare"])
+def test_a_rollback_ends_a_loan_a_deploy_killed_before_its_alias_left(switched: bool) -> None:
+    """A deploy killed after the borrow but before the registry's challenger alias moved (during the golden
+    probe, the wait for the gateways' checks: minutes) leaves the loan's record and no canary alias. The
+    refusal of a deploy under the spare stack file, and the role's refusal of the new layout, both say
+    `gpuplat serve rollback`: it ends the loan, the stable version as it was. Before: the rollback took the
+    no-canary path, refused 'no canary and no previous version' (and, with a previous version, rolled every
+    stable replica back to it, or under spare refused again with the same advice): the loan stood."""
+    nodes, aliases = GpuNodes(), {"champion": embedder(2)}
+    borrowing(nodes, aliases).start_canary(embedder(3))  # killed here: no challenger alias
+    release = _switched_to_spare(nodes, aliases) if switched else borrowing(nodes, aliases)
+    assert release.rollback("embedder") == embedder(2)
+    assert ("infer-1", "1") in nodes.running and not nodes.masked and nodes.up("inference") == 4
+    assert ("infer-1", "version-canary.env") not in nodes.files and ("infer-1", "canary") not in nodes.running
+    assert {nodes.serving[(node, r)] for node in SERVERS for r in "01"} == {"# gpuplat serve: embedder@2"}
+    assert aliases == {"champion": embedder(2)}
+
+
+def test_a_rollback_after_a_killed_deploy_does_not_roll_the_stable_back_to_the_previous_version() -> None:
+    nodes, aliases = GpuNodes(), {"champion": embedder(2), "previous": embedder(1)}
+    borrowing(nodes, aliases).start_canary(embedder(3))
+    borrowing(nodes, aliases).rollback("embedder")
+    assert {nodes.serving[(node, r)] for node in SERVERS for r in "01"} == {"# gpuplat serve: embedder@2"}
+    assert aliases["champion"] == embedder(2) and not nodes.masked
+
+
+def test_a_rollback_of_another_model_leaves_a_loan_a_killed_deploy_left() -> None:
+    nodes, aliases = GpuNodes(), {"champion": embedder(2)}
+    borrowing(nodes, aliases).start_canary(embedder(3))
+    with pytest.raises(ServeRefused):
+        borrowing(nodes, aliases).rollback("reranker")
+    assert ("infer-1", "1") in nodes.masked and ("infer-1", "version-canary.env") in nodes.files
+
+
+def test_the_refusal_of_a_canary_on_every_node_names_the_model_whose_canary_holds_the_loan() -> None:
+    nodes, aliases = GpuNodes(), {"champion": embedder(2)}
+    borrowing(nodes, aliases).start_canary(embedder(3))
+    other = ModelVersion("reranker", 1, to_wire_source("/shared/models/reranker/1"), "READY")
+    with pytest.raises(ServeRefused) as refused:
+        _switched_to_spare(nodes, aliases).start_canary(other)
+    assert "`gpuplat serve rollback embedder`" in refused.value.message, refused.value.message

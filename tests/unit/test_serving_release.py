@@ -465,6 +465,8 @@ def test_status_says_what_each_replica_serves_as_its_own_server_says() -> None:
         def exec(self, node: str, *command: str, timeout: float = 120) -> str:
             if command[0] == "ls":
                 return "replica-0.env replica-1.env"
+            if command[:2] == ("sh", "-c"):  # the canary's version file, where a loan would be recorded
+                return ""
             assert command[3:] == ("127.0.0.1", "8000", "8001", "8100")
             return answer
 

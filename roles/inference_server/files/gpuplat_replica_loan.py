@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""What a converge of the model-server role may do with a node's replicas, given what `gpuplat serve` holds
+there (roles/inference_server tasks/service.yml runs it before any change; stdlib only, read-only).
+
+`gpuplat serve` (infra/serving/release.py) writes the canary slot's version file, version-canary.env. A
+canary that borrows a stable replica's GPUs (serving.canary.gpus borrow) records the loan in it: a line
+`<mark>N` naming replica N, and the replica's CUDA_VISIBLE_DEVICES, which the canary runs on; the replica is
+drained on the gateways, masked until the next boot and stopped. A canary on the node's spare GPU group
+(spare) runs on the group replica-canary.env names. Until `gpuplat serve rollback` or `promote` ends the
+release, the role must neither start the lent replica (on the canary's GPUs) nor give any replica GPUs the
+canary runs on.
+
+    gpuplat_replica_loan.py --config-dir DIR --version-mark MARK --loan-mark MARK --node NAME \\
+        --replicas R --replica-gpus JSON --canary-gpus GROUP
+
+(the marks: the role's __inference_server_version_mark and __inference_server_loan_mark, which
+release.py reads too)
+
+answers one JSON object: `lent`, the replicas the role leaves alone (the loan's); `retire`, the replicas the
+node has (replica-N.env) that the layout no longer gives it (N >= R), which the role drains and stops; and
+`problem`, a paragraph for the operator where the layout asked for would take GPUs the canary holds (a
+switch to spare, fewer replicas, other GPU groups), "" where there is none. Exit 0 (also with a problem:
+the role refuses with its text), 2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPLICA_FILE = re.compile(r"^replica-(\d+)\.env$")
+
+
+@dataclass(frozen=True)
+class Held:
+    """What the node's canary holds: its version, the replica it borrows (None: none), its GPUs."""
+
+    version: str
+    lent: int | None
+    gpus: frozenset[str]
+
+
+def devices(text: str) -> frozenset[str]:
+    """The GPU indexes of an EnvironmentFile's last CUDA_VISIBLE_DEVICES line (as systemd reads it)."""
+    found = ""
+    for line in text.splitlines():
+        if line.startswith("CUDA_VISIBLE_DEVICES="):
+            found = line.partition("=")[2]
+    return frozenset(g.strip() for g in found.split(",") if g.strip())
+
+
+@dataclass(frozen=True)
+class Marks:
+    version: str
+    """a version file's line naming its version: this, then the version"""
+    loan: str
+    """a borrowing canary's version file's line naming the replica it borrows: this, then its number"""
+
+
+def held(config_dir: Path, marks: Marks) -> Held | None:
+    """What the canary holds on this node, from its version file (None: no canary release here)."""
+    record = config_dir / "version-canary.env"
+    if not record.is_file():
+        return None
+    text = record.read_text()
+    version, lent = "?", None
+    for line in text.splitlines():
+        if line.startswith(marks.version):
+            version = line.removeprefix(marks.version).strip()
+        number = line.removeprefix(
+            marks.loan
+        ).strip()  # an editor's trailing blank or CR, as release.py reads it
+        if line.startswith(marks.loan) and number.isdigit():
+            lent = int(number)
+    if lent is not None:
+        return Held(version, lent, devices(text))
+    spare = config_dir / "replica-canary.env"
+    return Held(version, None, devices(spare.read_text()) if spare.is_file() else frozenset())
+
+
+def replicas_present(config_dir: Path) -> list[int]:
+    """The replicas the role configured on this node (replica-N.env)."""
+    if not config_dir.is_dir():
+        return []
+    found = (REPLICA_FILE.match(path.name) for path in config_dir.iterdir())
+    return sorted(int(match.group(1)) for match in found if match)
+
+
+def problem(node: str, canary: Held, replicas: int, replica_gpus: list[str], canary_gpus: str) -> str:
+    """Why the layout asked for cannot be applied while the canary holds what it holds ("": it can)."""
+    model = canary.version.partition("@")[0]
+    reasons = []
+    if canary.lent is not None and canary_gpus:
+        reasons.append(
+            f"the layout keeps GPU group {canary_gpus} spare for the canary (serving.canary.gpus spare), but "
+            f"the running canary borrows replica {canary.lent}"
+        )
+    elif canary.lent is not None and canary.lent >= replicas:
+        reasons.append(f"the layout gives the node {replicas} replica(s), so none numbered {canary.lent}")
+    for number, group in enumerate(replica_gpus[:replicas]):
+        taken = devices(f"CUDA_VISIBLE_DEVICES={group}") & canary.gpus
+        if number != canary.lent and taken:
+            reasons.append(
+                f"replica {number} would start on GPU(s) {','.join(sorted(taken))}, which the canary runs on"
+            )
+    if not reasons:
+        return ""
+    where = (
+        f"on replica {canary.lent}'s GPUs ({','.join(sorted(canary.gpus)) or 'none'}), lent to it"
+        if canary.lent is not None
+        else f"on the node's spare GPU group ({','.join(sorted(canary.gpus)) or 'none'})"
+    )
+    return (
+        f"{node} runs the canary {canary.version} of a release `gpuplat serve` has not ended, {where} "
+        f"(its record: version-canary.env); this converge would change the node's replicas under it: "
+        f"{'; '.join(reasons)}. Nothing was changed on {node}. End the release first: `gpuplat serve "
+        f"rollback {model}` (or `gpuplat serve promote {model}`) gives the GPUs back, then run `gpuplat up` "
+        "again."
+    )
+
+
+def plan(
+    config_dir: Path, marks: Marks, node: str, replicas: int, replica_gpus: list[str], canary_gpus: str
+) -> dict[str, object]:
+    canary = held(config_dir, marks)
+    lent = [] if canary is None or canary.lent is None else [canary.lent]
+    return {
+        "lent": lent,
+        "retire": [n for n in replicas_present(config_dir) if n >= replicas and n not in lent],
+        "problem": "" if canary is None else problem(node, canary, replicas, replica_gpus, canary_gpus),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
+    parser.add_argument("--config-dir", type=Path, required=True)
+    parser.add_argument("--version-mark", required=True, help="a version file's line naming its version")
+    parser.add_argument("--loan-mark", required=True, help="the loan's line in the canary's version file")
+    parser.add_argument("--node", required=True)
+    parser.add_argument("--replicas", type=int, required=True)
+    parser.add_argument(
+        "--replica-gpus", required=True, help="JSON list: each replica's CUDA_VISIBLE_DEVICES"
+    )
+    parser.add_argument("--canary-gpus", default="", help="the spare GPU group ('' where none)")
+    arguments = parser.parse_args(argv)
+    try:
+        groups = json.loads(arguments.replica_gpus)
+    except ValueError:
+        groups = None
+    if not isinstance(groups, list):
+        parser.error(f"--replica-gpus is a JSON list of each replica's GPUs, not {arguments.replica_gpus!r}")
+    marks = Marks(arguments.version_mark, arguments.loan_mark)
+    answer = plan(
+        arguments.config_dir,
+        marks,
+        arguments.node,
+        arguments.replicas,
+        [str(group) for group in groups],
+        arguments.canary_gpus,
+    )
+    print(json.dumps(answer))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
