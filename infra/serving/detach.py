@@ -22,6 +22,7 @@ from pathlib import Path
 
 from infra.errors import GpuPlatError
 from infra.serving.analysis import Guard, RulesRead
+from infra.serving.carry import steps_ahead
 from infra.serving.guard_follower import FOLLOWER, follower_unit
 from infra.serving.guard_peers import PEER_PORT
 from infra.serving.guard_service import SERVICE, STATE_DIR, initial_state, lock_heir, unit_name
@@ -33,7 +34,6 @@ from infra.serving.release import (
     STABLE_BACKEND,
     Release,
     ServeRefused,
-    steps_ahead,
 )
 
 BUNDLE_DIR = "/usr/local/lib/gpuplat-serve"

@@ -18,12 +18,11 @@ import pytest
 from infra.errors import ExitCode, GpuPlatError, SpecError
 from infra.platform.resolve import load_platform
 from infra.serving.analysis import CONTINUE, INCONCLUSIVE, PROMOTE_READY, ROLLBACK, Verdict
+from infra.serving.carry import GATED, PROMOTED
 from infra.serving.counts import Counts, Histogram, SinceStart
 from infra.serving.lock import LOCK_DIR, RENEW, TAKE_OVER, LockLost, LockRefused, ReleaseLock, here
 from infra.serving.registry.mlflow import ModelVersion, to_wire_source
 from infra.serving.release import (
-    GATED,
-    PROMOTED,
     STATE_DIR,
     Release,
     ReplicaServing,

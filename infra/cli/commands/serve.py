@@ -15,6 +15,7 @@ from infra.errors import ExitCode, GpuPlatError, SpecError
 from infra.k8s.serving_versions import ServedVersion
 from infra.platform.resolve import ResolvedPlatform
 from infra.serving.analysis import PROMOTE_READY, ROLLBACK
+from infra.serving.carry import GATED, PROMOTED
 from infra.serving.detach import check_detachable, detach_guard
 from infra.serving.on_kubernetes import KubernetesServing, connect, kubernetes_registry, on_kubernetes
 from infra.serving.reach import prometheus_url, stack_reach
@@ -23,9 +24,7 @@ from infra.serving.release import (
     CANARY_BACKEND,
     CHALLENGER,
     CHAMPION,
-    GATED,
     PREVIOUS,
-    PROMOTED,
     STABLE_BACKEND,
     Release,
     servable,

@@ -1,0 +1,182 @@
+"""A canary carried by a command in the foreground (`serve deploy --guard-s`, `serve guard`): its analysis
+(infra/serving/analysis.py Guard) fed with the counters every few seconds, rolled back on a rollback
+verdict, or carried through serving.canary.steps. One loop for every backend: what differs (where the
+counters are read, how a share is set, promoted, rolled back and recorded) is the `Carried` it drives: the
+nodes' Release (infra/serving/release.py) or a Kueue stack's cluster (infra/serving/on_kubernetes.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from infra.errors import ExitCode, GpuPlatError
+from infra.serving.analysis import CONTINUE, PROMOTE_READY, ROLLBACK, Guard, Verdict
+from infra.serving.counts import Counts, Reading
+from infra.spec.models import Canary, CanaryStep
+
+PROMOTED, GATED = "promoted", "gated"
+"""a stepped release's ends besides the analysis' verdicts: its last step (100 %) promoted the canary; a step
+with a manual gate passed, the release held there"""
+ROLLED_BACK = "rolled back"
+"""the record's phase once a rollback (the guard's or an operator's) took the canary out"""
+LOOK_TRIES = 3
+"""looks in a row the guard may fail to read the counters (or add them) before it gives up, exit 5"""
+
+
+class Promoted(Protocol):
+    @property
+    def reference(self) -> str: ...
+
+
+class Carried(Protocol):
+    """A backend's release as the guard drives it."""
+
+    @property
+    def rules(self) -> Canary: ...
+    @property
+    def lease_s(self) -> float: ...
+
+    canary_start: tuple[float, Counts | Reading, Counts | Reading] | None
+    """when the canary's share last moved, and the counters just before (None: count from the first look)"""
+
+    def say(self, line: str) -> None: ...
+    def has_canary(self, model: str) -> bool: ...
+    def share(self) -> int: ...
+    def counters(self) -> tuple[Reading, Reading]: ...
+    def set_share(self, percent: int) -> None: ...
+    def promote(self, model: str) -> Promoted: ...
+    def rollback(self, model: str, reason: str = "asked for") -> object: ...
+    def record(self, model: str, phase: str, detail: str, percent: int | None = None) -> None: ...
+    def lock_lost(self, model: str) -> bool: ...
+
+
+def steps_ahead(steps: list[CanaryStep], share: int, past_gate: bool) -> list[tuple[int, CanaryStep]]:
+    """The steps (numbered from 1) a release at `share` goes through: from the first at or above it (above
+    it with `past_gate`: the gate the last step held at opened)."""
+    return [
+        (number, step)
+        for number, step in enumerate(steps, 1)
+        if step.percent > share or (step.percent == share and not past_gate)
+    ]
+
+
+def _phase(verdict: Verdict) -> str:
+    """The release record's phase after a verdict: the verdict, or ROLLED_BACK once it rolled back."""
+    return ROLLED_BACK if verdict.action == ROLLBACK else verdict.action
+
+
+def guard(
+    release: Carried,
+    model: str,
+    duration_s: float | None = None,
+    look_s: float = 5.0,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    past_gate: bool = False,
+) -> Verdict:
+    """The canary's analysis (`analyse`), or with serving.canary.steps the release through its steps:
+    from the first step at or above the canary's share (above it with `past_gate`: an operator opens the
+    gate the last step held at), each step's share set and held for one analysis of its own (counts from
+    just before the share moved); a step at 100 % promotes. Any verdict but promote-ready ends it; so
+    does a passed step with a manual gate (GATED), the share left at that step."""
+    steps = release.rules.steps
+    if steps and not release.has_canary(model):
+        return Verdict("gone", f"'{model}' has no canary: `gpuplat serve deploy NAME@VERSION --canary P` one")
+    share = release.share() if steps else 0
+    ahead = steps_ahead(steps, share, past_gate)
+    if not ahead:
+        release.record(model, "analysing", "the canary's analysis", share or None)
+        verdict = analyse(release, model, duration_s, look_s, sleep, clock)
+        release.record(model, _phase(verdict), verdict.reason, None if verdict.action == ROLLBACK else share)
+        return verdict
+    verdict = Verdict(CONTINUE, "no step analysed")
+    for number, step in ahead:
+        label = f"step {number} of {len(steps)} ({step.percent} %)"
+        if step.percent == 100:
+            release.record(model, "promoting", label, share)
+            version = release.promote(model)
+            verdict = Verdict(PROMOTED, f"{len(steps) - 1} step(s) passed: {version.reference} promoted")
+            release.record(model, PROMOTED, verdict.reason, 100)
+            return verdict
+        if step.percent != share:
+            release.canary_start = (clock(), *release.counters())
+            release.set_share(step.percent)
+            share = step.percent
+            release.say(f"{label}: the canary takes {step.percent} % of the requests")
+        release.record(model, "analysing", label, share)
+        verdict = analyse(release, model, duration_s, look_s, sleep, clock)
+        release.canary_start = None
+        if verdict.action != PROMOTE_READY:
+            release.record(
+                model,
+                _phase(verdict),
+                f"{label}: {verdict.reason}",
+                None if verdict.action == ROLLBACK else share,
+            )
+            return verdict
+        release.say(f"{label} passed: {verdict.reason}")
+        if step.manual_gate and number < len(steps):
+            release.record(model, GATED, f"{label} passed; its manual gate holds the release", share)
+            return Verdict(
+                GATED,
+                f"{label} passed and its manual gate holds the release at {step.percent} %: `gpuplat "
+                f"serve guard {model} --past-gate` goes on to step {number + 1} "
+                f"({steps[number].percent} %), `gpuplat serve rollback {model}` takes the canary out",
+            )
+    release.record(model, verdict.action, verdict.reason, share)
+    return verdict
+
+
+def analyse(
+    release: Carried,
+    model: str,
+    duration_s: float | None = None,
+    look_s: float = 5.0,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> Verdict:
+    """Analyse the running canary (infra/serving/analysis.py) on counts since its share last moved (this
+    command's `deploy` or step), or since this call's first look, every `look_s`, until a verdict or
+    `duration_s` (default: the whole analysis and one look more) ends it; roll it back on 'rollback'.
+    Ending without a verdict returns 'continue'."""
+    rules = release.rules
+    if duration_s is None:
+        duration_s = rules.initial_delay_s + rules.analysis_s + look_s
+    started, *first = release.canary_start or (clock(), *release.counters())
+    watch = Guard(rules, started, *first)
+    verdict = Verdict(CONTINUE, "no look yet")
+    failed = 0
+    while clock() - started < duration_s:
+        sleep(look_s)
+        if release.lock_lost(model):
+            raise GpuPlatError(
+                f"the guard of '{model}' lost its release lock (not renewed within its "
+                f"{release.lease_s:.0f} s lease, or found another command's): it stopped, leaving the "
+                f"release to whichever command holds it now (`gpuplat serve status {model}`)",
+                exit_code=ExitCode.NO_VERDICT,
+            )
+        try:
+            if not release.has_canary(model):
+                return Verdict("gone", f"'{model}' has no canary any more")
+            verdict = watch.look(clock(), *release.counters())
+        except (GpuPlatError, ValueError, KeyError) as error:
+            failed += 1
+            reason = error.message if isinstance(error, GpuPlatError) else f"{type(error).__name__}: {error}"
+            if failed >= LOOK_TRIES:
+                raise GpuPlatError(
+                    f"the guard could not look at '{model}''s canary {failed} times in a row ({reason}): "
+                    "it stopped, and the canary keeps its share unwatched. Fix what the message names, "
+                    f"then `gpuplat serve guard {model}` again (it counts from its own first look), or "
+                    f"`gpuplat serve rollback {model}`",
+                    exit_code=ExitCode.NO_VERDICT,
+                ) from None
+            release.say(f"look failed ({failed} of {LOOK_TRIES} in a row allowed): {reason}")
+            continue
+        failed = 0
+        if verdict.action == ROLLBACK:
+            release.rollback(model, verdict.reason)
+        if verdict.action != CONTINUE:
+            return verdict
+    return verdict
