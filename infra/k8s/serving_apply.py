@@ -64,6 +64,7 @@ MODEL_URI_KEY = "model-uri"
 # What `gpuplat up` owns and no step changes: a release applies none of them (nor needs the right to).
 _NOT_A_RELEASES = frozenset({"Namespace", "PersistentVolume", "PersistentVolumeClaim", "ServiceAccount"})
 POLL_S = 2.0
+PROXY_TIMEOUT_S = 15.0
 
 # apiVersion, kind -> (plural, namespaced): the kinds serving_objects gives, the release record and the lock.
 _RESOURCES: dict[str, tuple[str, bool]] = {
@@ -166,33 +167,71 @@ class ClusterApi:
         body: Any = None,
         content_type: str = "application/json",
     ) -> dict[str, Any]:
+        answer = self._answer(verb, path, ref, query=query, body=body, content_type=content_type)
+        # An answer's headers: the client keeps its last answer (kubernetes/client/api_client.py __call_api,
+        # last_response), not a refusal.
+        response = getattr(self.client, "last_response", None)
+        self._note_server_clock(response.getheaders() if response is not None else None)
+        return answer if isinstance(answer, dict) else {}
+
+    def _answer(
+        self,
+        verb: str,
+        path: str,
+        ref: ObjectRef,
+        *,
+        query: list[tuple[str, str]] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        subresource: str = "",
+    ) -> Any:
+        """The client's answer: a JSON object, or (a subresource: a pod's proxied answer) its urllib3
+        response unread (api_client.py __call_api returns it as is with _preload_content=False)."""
+        raw = bool(subresource)
         try:
-            answer = self.client.call_api(
+            return self.client.call_api(
                 path,
                 verb,
                 query_params=query or [],
-                header_params={"Content-Type": content_type, "Accept": "application/json"},
+                header_params={
+                    "Content-Type": content_type,
+                    # The proxied server reads Accept: Prometheus' text format, not OpenMetrics nor JSON.
+                    "Accept": "text/plain" if raw else "application/json",
+                },
                 body=body,
-                response_types_map={200: "object", 201: "object", 202: "object"},
+                response_types_map={} if raw else {200: "object", 201: "object", 202: "object"},
                 auth_settings=["BearerToken"],
                 _return_http_data_only=True,
+                _preload_content=not raw,
+                # A proxied server that hangs must not hold the guard past its look (and the Lease's renewal).
+                _request_timeout=PROXY_TIMEOUT_S if raw else None,
             )
         except ApiException as error:
             # A refusal's headers come with it (kubernetes/client/exceptions.py, ApiException.headers): the
             # first acquire of a Lease reads a 404 before it writes the Lease's times.
             self._note_server_clock(error.headers)
-            raise _refused(error, verb, ref, self.server) from None
+            raise _refused(error, verb, ref, self.server, subresource) from None
         except (HTTPError, OSError) as error:
             raise ClusterError(
                 f"the Kubernetes API at {self.server} cannot be reached ({type(error).__name__}: {error}). "
                 "Check the kubeconfig gpuplat read (KUBECONFIG, else ~/.kube/config; `aws eks "
                 "update-kubeconfig` on an EKS stack) and that this machine has a route to the API server"
             ) from None
-        # An answer's headers: the client keeps its last answer (kubernetes/client/api_client.py __call_api,
-        # last_response), not a refusal.
-        response = getattr(self.client, "last_response", None)
-        self._note_server_clock(response.getheaders() if response is not None else None)
-        return answer if isinstance(answer, dict) else {}
+
+    def pod_text(self, namespace: str, pod: str, port: int, path: str) -> str:
+        """What a pod's server answers at `path` on `port`, through the API server's proxy (GET
+        /api/v1/namespaces/NS/pods/NAME:PORT/proxy/PATH, the `proxy` subresource of pods): this machine needs
+        a route to the API server only. The API server authorizes it as verb `get` on `pods/proxy`: the verb
+        of a path that is not a special verb's (`/api/v1/proxy/...`, `/watch/...`) is the HTTP method's, and
+        the part after the name is the subresource (kubernetes/kubernetes staging/src/k8s.io/apiserver/pkg/
+        endpoints/request/requestinfo.go at v1.34.0, NewRequestInfo: specialVerbs "proxy", "watch";
+        Parts[2] the subresource)."""
+        ref = ObjectRef("v1", "Pod", pod, namespace)
+        proxied = f"{ObjectRef('v1', 'Pod', f'{pod}:{port}', namespace).path()}/proxy/{path.lstrip('/')}"
+        response = self._answer("GET", proxied, ref, subresource="proxy")
+        self._note_server_clock(response.getheaders())
+        data = response.data
+        return data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data or "")
 
     def apply(self, manifest: Mapping[str, Any], *, manager: str = FIELD_MANAGER, force: bool = True) -> None:
         ref = ObjectRef.of(manifest)
@@ -246,7 +285,9 @@ class _Conflict(ClusterError):
     pass
 
 
-def _refused(error: ApiException, verb: str, ref: ObjectRef, server: str) -> ClusterError:
+def _refused(
+    error: ApiException, verb: str, ref: ObjectRef, server: str, subresource: str = ""
+) -> ClusterError:
     said = ""
     try:
         said = str(json.loads(error.body or "{}").get("message") or "")
@@ -259,7 +300,8 @@ def _refused(error: ApiException, verb: str, ref: ObjectRef, server: str) -> Clu
         return _Conflict(f"{ref}: {said}")
     if error.status in (401, 403):
         return ClusterError(
-            f"the Kubernetes API at {server} refused to {_VERBS.get(verb, verb.lower())} {ref.resource} "
+            f"the Kubernetes API at {server} refused to {_VERBS.get(verb, verb.lower())} "
+            f"{ref.resource}{'/' + subresource if subresource else ''} "
             f"({ref}): HTTP {error.status}, {said}. The identity in the kubeconfig needs that verb on that "
             "resource in the serving namespace (docs/serving.md, On Kubernetes)"
         )

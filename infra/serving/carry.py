@@ -87,9 +87,12 @@ def guard(
     share = release.share() if steps else 0
     ahead = steps_ahead(steps, share, past_gate)
     if not ahead:
+        # Without steps the share was not read (None: the record names none, rather than a false 0 %).
         release.record(model, "analysing", "the canary's analysis", share or None)
         verdict = analyse(release, model, duration_s, look_s, sleep, clock)
-        release.record(model, _phase(verdict), verdict.reason, None if verdict.action == ROLLBACK else share)
+        release.record(
+            model, _phase(verdict), verdict.reason, None if verdict.action == ROLLBACK else share or None
+        )
         return verdict
     verdict = Verdict(CONTINUE, "no step analysed")
     for number, step in ahead:

@@ -38,6 +38,7 @@ from infra.serving.analysis import Verdict
 from infra.serving.canary import gate
 from infra.serving.carry import PROMOTED, ROLLED_BACK
 from infra.serving.counts import Counts, Histogram, Reading, Series
+from infra.serving.engine_metrics import itl_histograms, latency_histogram
 from infra.serving.golden import GOLDEN_FILE
 from infra.serving.golden import PROBE as GOLDEN_PROBE
 from infra.serving.golden import misses as golden_misses
@@ -425,21 +426,10 @@ class Release:
         return {backend: by_job.get(job) for backend, job in JOB_OF_BACKEND.items()}
 
     def latency_histogram_name(self) -> str:
-        """The engine's histogram the analysis judges latency on (roles/monitoring's vars)."""
-        return str(
-            role_vars("monitoring")["__monitoring_engine_metrics"][self.layout.engine]["ttft_histogram"]
-        )
+        return latency_histogram(self.layout.engine)
 
     def itl_histogram_names(self) -> tuple[str, ...]:
-        """The engine's inter-token latency histogram, by each name it may have, the preferred first (none for
-        the CPU reference server; roles/monitoring's vars list them). vLLM's v1 engine named it
-        vllm:time_per_output_token_seconds (vllm/v1/metrics/loggers.py, `histogram_time_per_output_token`,
-        observed per `time_per_output_tokens_iter`, at vllm-project/vllm commit 005a810b, a 0.10 release);
-        the 0.11 series' loggers.py adds vllm:inter_token_latency_seconds over the same buckets and marks
-        the old name "DEPRECATED: Use vllm:inter_token_latency_seconds instead". The first name a server
-        has is read, never both (the same observations twice)."""
-        names = role_vars("monitoring")["__monitoring_engine_metrics"][self.layout.engine]["itl_histogram"]
-        return tuple(name for name in str(names).split("|") if name)
+        return itl_histograms(self.layout.engine)
 
     def latency_histograms(self) -> dict[str, Series | None]:
         """`histograms`' time to the first token alone."""

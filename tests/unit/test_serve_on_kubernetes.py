@@ -166,8 +166,7 @@ def test_deploy_resolves_the_version_in_the_registry_given_then_starts_its_canar
     ("extra", "says"),
     [
         ((), "--registry-url"),
-        (("--registry-url", "http://r", "--guard-s", "60"), "canary's analysis"),
-        (("--registry-url", "http://r", "--guard-s", "60", "--detach"), "detached guard"),
+        (("--registry-url", "http://r", "--guard-s", "60", "--detach"), "guard that outlives the command"),
     ],
 )
 def test_deploy_refuses_what_is_not_built_before_asking_anyone(
@@ -175,10 +174,6 @@ def test_deploy_refuses_what_is_not_built_before_asking_anyone(
 ) -> None:
     refused(run_cli("serve", "deploy", "embedder@2", "--canary", "20", "--stack", "aws-k8s", *extra), says)
     assert not cluster.requests
-
-
-def test_guard_is_refused_on_kubernetes(cluster: FakeCluster) -> None:
-    refused(run_cli("serve", "guard", "embedder", "--stack", "onprem-k8s"), "analysis is not built")
 
 
 def test_the_kubeconfig_is_read_from_the_environment_when_the_command_runs(

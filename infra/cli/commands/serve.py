@@ -14,7 +14,7 @@ from infra.cli.stack_options import JsonFlag, StackFile, StackName, platform_fro
 from infra.errors import ExitCode, GpuPlatError, SpecError
 from infra.k8s.serving_versions import ServedVersion
 from infra.platform.resolve import ResolvedPlatform
-from infra.serving.analysis import PROMOTE_READY, ROLLBACK
+from infra.serving.analysis import PROMOTE_READY, ROLLBACK, Verdict
 from infra.serving.carry import GATED, PROMOTED
 from infra.serving.detach import check_detachable, detach_guard
 from infra.serving.on_kubernetes import KubernetesServing, connect, kubernetes_registry, on_kubernetes
@@ -165,17 +165,20 @@ def _deploy_on_kubernetes(
     detach: bool,
     url: str | None,
 ) -> None:
-    if guard_s > 0 or detach:
+    if detach:
         raise SpecError(
-            f"stack '{platform.name}' runs on Kubernetes, where the canary's analysis (each gateway pod's "
-            "metrics port) and the detached guard are not built: deploy --canary without --guard-s and "
-            "--detach, then promote or roll back (docs/serving.md, On Kubernetes)"
+            f"stack '{platform.name}' runs on Kubernetes, where the guard that outlives the command (a Job "
+            "in the cluster) is not built: deploy --canary with --guard-s to guard it in the foreground "
+            "(docs/serving.md, On Kubernetes)"
         )
     # The registry answers for the version before the cluster is asked for anything, the lock included.
     version = kubernetes_registry(platform, url).resolve(reference)
     served = ServedVersion(version.reference, version.location)
     kubernetes = _on_kubernetes(platform)
     assert kubernetes is not None
+    if canary is not None and guard_s > 0:
+        _report(kubernetes.deploy_and_guard(served, canary, guard_s))
+        return
     release = kubernetes.deploy(served, canary)
     if release.canary is not None:
         output.stdout().print(
@@ -213,18 +216,21 @@ def guard(
     the analysis)."""
     check_name(model)
     platform = _platform(stack, stack_file_path)
-    if on_kubernetes(platform):
-        raise SpecError(
-            f"stack '{platform.name}' runs on Kubernetes, where the canary's analysis is not built (it would "
-            "read each gateway pod's metrics port): promote or roll back the canary yourself"
-        )
+    kubernetes = _on_kubernetes(platform)
+    if kubernetes is not None:
+        _report(kubernetes.guard(model, duration_s, past_gate))
+        return
     release = _release(platform, url, prometheus)
     with release.exclusive(model, "guard"):
         _guard(release, model, duration_s, past_gate)
 
 
 def _guard(release: Release, model: str, duration_s: float | None, past_gate: bool = False) -> None:
-    verdict = release.guard(model, duration_s, past_gate=past_gate)
+    _report(release.guard(model, duration_s, past_gate=past_gate))
+
+
+def _report(verdict: Verdict) -> None:
+    """A guard's verdict, and its exit: 0 promote-ready, promoted or gated; 1 rolled back; 5 none."""
     if verdict.action in (PROMOTED, GATED):
         output.stdout().print(escape(f"{verdict.action}: {verdict.reason}"))
         return
@@ -400,6 +406,15 @@ def _status_on_kubernetes(kubernetes: KubernetesServing, model: str, json_output
     output.stdout().print(
         escape(f"serving {model} on {kubernetes.platform.name}: stable {shown['stable']}{canary}{retiring}")
     )
+    record = shown["guard"]
+    if record is not None:
+        at_share = "" if record.get("canary_percent") is None else f" at {record['canary_percent']} %"
+        output.stdout().print(
+            escape(
+                f"guard: {record.get('phase')}{at_share}: {record.get('detail')} "
+                f"({record.get('at')}, {record.get('by')})"
+            )
+        )
     output.stdout().print(
         output.table(
             "what each model-server pod runs",
