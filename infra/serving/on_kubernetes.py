@@ -400,9 +400,10 @@ class ClusterCarried:
             ) from None
 
     def lock_lost(self, model: str) -> bool:
-        """Renews the Lease when due: False while it is this command's, True once another holds it."""
+        """The Lease read and renewed at every look (a GET and a PUT each `LOOK_S`): False while it is this
+        command's, True once another holds it, so that a guard stalled past it stops at its next look."""
         try:
-            self.driver.lock.renew()
+            self.driver.lock.renew(force=True)
         except ReleaseLocked:
             return True
         return False

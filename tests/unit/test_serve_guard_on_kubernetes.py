@@ -373,3 +373,28 @@ def test_no_gateway_pod_answering_is_a_failed_look_and_three_stop_the_guard(
         )
     with pytest.raises(GpuPlatError, match="refused to get pods/proxy"):
         serving(load_platform(stepped_stack(tmp_path)), cluster, clock, []).guard("embedder", None)
+
+
+def test_a_guard_whose_lease_another_took_stops_at_its_next_look(
+    tmp_path: Path, cluster: FakeCluster, clock: Clock
+) -> None:
+    """An identical canary (no change due): the guard reads the Lease at every look and stops at the first
+    after another took it, instead of watching on to the end of its analysis."""
+    in_canary(cluster, Traffic(clock))
+    platform = load_platform(stepped_stack(tmp_path))
+    taken_at: list[int] = []
+
+    def take_the_lease(request: Request, fake: FakeCluster) -> None:
+        rolls_out(request, fake)
+        if "/proxy/" in request.path and not taken_at:
+            taken_at.append(len(fake.requests))
+            lease = json.loads(json.dumps(fake.objects[LEASE]))
+            lease["spec"]["holderIdentity"] = "ci@runner pid 9"
+            fake.store(LEASE, lease)
+
+    cluster.before = take_the_lease
+    with pytest.raises(GpuPlatError, match="lost its release lock") as stopped:
+        serving(platform, cluster, clock, []).guard("embedder", None)
+    assert stopped.value.exit_code == 5
+    read_after = [r for r in cluster.requests[taken_at[0] :] if "/proxy/" in r.path]
+    assert len(read_after) <= 2 + 2, read_after  # the look under way: two gateway and two model-server pods
