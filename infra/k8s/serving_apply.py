@@ -233,10 +233,13 @@ class ClusterApi:
         data = response.data
         return data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data or "")
 
-    def apply(self, manifest: Mapping[str, Any], *, manager: str = FIELD_MANAGER, force: bool = True) -> None:
+    def apply(
+        self, manifest: Mapping[str, Any], *, manager: str = FIELD_MANAGER, force: bool = True
+    ) -> dict[str, Any]:
+        """The object as applied (the server's answer: its new resourceVersion)."""
         ref = ObjectRef.of(manifest)
         query = [("fieldManager", manager)] + ([("force", "true")] if force else [])
-        self._call(
+        return self._call(
             "PATCH", ref.path(), ref, query=query, body=dict(manifest), content_type=APPLY_CONTENT_TYPE
         )
 
@@ -505,7 +508,10 @@ def record_manifest(namespace: str, release: ServingRelease, model_uri: str | No
 def read_record(api: ClusterApi, namespace: str) -> tuple[ServingRelease | None, str | None]:
     """The release the record holds (None before the first: the stack's own model serves) and the URI of
     the stack's own files it keeps."""
-    live = api.get(ObjectRef("v1", "ConfigMap", RELEASE_RECORD, namespace))
+    return record_of(api.get(ObjectRef("v1", "ConfigMap", RELEASE_RECORD, namespace)))
+
+
+def record_of(live: Mapping[str, Any] | None) -> tuple[ServingRelease | None, str | None]:
     data = (live or {}).get("data") or {}
     text = data.get(RELEASE_RECORD_KEY)
     return (release_from_json(text) if text else None), data.get(MODEL_URI_KEY)
@@ -578,6 +584,9 @@ class ReleaseDriver:
     timeout_s: float = 1800.0
     clock: Clock = field(default_factory=Clock)
     say: Callable[[str], None] = lambda _: None
+    record_version: str | None = None
+    """the release record's resourceVersion as this command last read or wrote it: its next write is
+    guarded by it (None: no record read yet)"""
 
     @property
     def namespace(self) -> str:
@@ -591,7 +600,9 @@ class ReleaseDriver:
         return ObjectRef(*self.workload_kind, name, self.namespace)
 
     def current(self) -> ServingRelease | None:
-        return read_record(self.api, self.namespace)[0]
+        live = self.api.get(ObjectRef("v1", "ConfigMap", RELEASE_RECORD, self.namespace))
+        self.record_version = (live or {}).get("metadata", {}).get("resourceVersion")
+        return record_of(live)[0]
 
     def _apply_release(self, release: ServingRelease) -> None:
         for manifest in serving_objects(self.platform, self.facts, self._keeping_keda_counts(release)):
@@ -638,8 +649,25 @@ class ReleaseDriver:
         return release
 
     def _record(self, release: ServingRelease) -> None:
+        """The record applied with the resourceVersion this command last read or wrote: an apply whose
+        body carries a resourceVersion is refused 409 Conflict where the object changed since
+        (server-side-apply.md, "Using Server-Side Apply in a controller"). A command stalled past its
+        Lease, whose successor recorded its own release meanwhile, stops there instead of writing its stale
+        release over the new holder's."""
         uri = self.facts.model_uri if isinstance(self.facts.model_uri, str) else None
-        self.api.apply(record_manifest(self.namespace, release, uri))
+        manifest = record_manifest(self.namespace, release, uri)
+        if self.record_version is not None:
+            manifest["metadata"]["resourceVersion"] = self.record_version
+        try:
+            answer = self.api.apply(manifest)
+        except _Conflict:
+            raise ClusterError(
+                f"the release record (ConfigMap {self.namespace}/{RELEASE_RECORD}) changed since this "
+                f"command read it: another command carries the release of {self.model} now (this one was "
+                "stalled past its Lease). It stopped without writing its step; `gpuplat serve status "
+                f"{self.model}` shows where the release stands"
+            ) from None
+        self.record_version = (answer.get("metadata") or {}).get("resourceVersion")
 
     def play(self, steps: list[ReleaseStep]) -> ServingRelease | None:
         released: ServingRelease | None = None

@@ -189,6 +189,8 @@ class KubernetesServing:
                     f"gateways serve one model, not {model}"
                 )
             driver = self._driver(model, lock, self._facts(uri))
+            # Read again by the driver: the resourceVersion it reads guards this command's writes of it.
+            current = driver.current()
             yield driver.resume(current), driver
         finally:
             # An API that stopped answering must not hide why the release stopped: the Lease then ends
