@@ -31,6 +31,12 @@ from infra.k8s.serving_versions import ServingRelease
 from infra.serving.counts import Counts, Histogram, Reading
 from infra.serving.metrics_text import exporter_figures, parse_metrics
 
+UNREACHED = (
+    ". The API server could not dial the pods: the proxy connects from the API server's own address, which "
+    "the serving namespace's NetworkPolicies (the metrics port admits only the monitoring namespace) do not "
+    "admit where the network plugin enforces them: admit the control plane's addresses (an ipBlock) to "
+    f"ports {GATEWAY_METRICS_PORT} and {MODEL_SERVER_PORT}, or guard the canary from inside the cluster"
+)
 METRICS_PATH = "metrics"
 """the exporter's and the model servers' path (the pods' prometheus.io/path annotation)"""
 
@@ -84,9 +90,11 @@ def pod_readings(
         for backend, counts in gateways.items():
             counts[_name(pod)] = Counts(figures.requests[backend], figures.errors[backend])
     if not gateways[GATEWAY_BACKEND]:
+        unreached = any("error trying to reach service" in failure for failure in failures)
         raise GpuPlatError(
             f"no gateway pod in namespace {namespace} answered on its metrics port {GATEWAY_METRICS_PORT}"
             + (": " + "; ".join(failures) if failures else " (none is running)")
+            + (UNREACHED if unreached else "")
         )
     for failure in failures:
         say(f"left out of this look: gateway pod {failure}")

@@ -398,3 +398,15 @@ def test_a_guard_whose_lease_another_took_stops_at_its_next_look(
     assert stopped.value.exit_code == 5
     read_after = [r for r in cluster.requests[taken_at[0] :] if "/proxy/" in r.path]
     assert len(read_after) <= 2 + 2, read_after  # the look under way: two gateway and two model-server pods
+
+
+def test_gateway_pods_the_api_server_cannot_dial_name_the_network_policy(
+    tmp_path: Path, cluster: FakeCluster, clock: Clock
+) -> None:
+    """The proxy dials the pod from the API server's address: a pod it cannot reach (no answer on the port,
+    as a NetworkPolicy refusing the API server looks) is a failed look naming the policy and what to admit."""
+    in_canary(cluster, Traffic(clock))
+    cluster.pod_answers = {key: answer for key, answer in cluster.pod_answers.items() if key[1] != 8404}
+    with pytest.raises(GpuPlatError, match="error trying to reach service") as stopped:
+        serving(load_platform(stepped_stack(tmp_path)), cluster, clock, []).guard("embedder", None)
+    assert "NetworkPolicies" in stopped.value.message and "ports 8404 and 8000" in stopped.value.message
