@@ -357,6 +357,9 @@ class ClusterCarried:
         if canary is None:
             raise ClusterError(f"no canary of {self.driver.model} any more: its share cannot move")
         self.serving._play(self.driver, lambda: deploy_canary(current, canary, percent))
+        # The share rolled the gateway pods, whose counters start again under new names, and the rollout
+        # took its time: the step's analysis counts from its first look after it, not from before.
+        self.canary_start = None
 
     def promote(self, model: str) -> ServedVersion:
         self._still_held("promoting the canary")

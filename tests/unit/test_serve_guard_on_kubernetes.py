@@ -410,3 +410,33 @@ def test_gateway_pods_the_api_server_cannot_dial_name_the_network_policy(
     with pytest.raises(GpuPlatError, match="error trying to reach service") as stopped:
         serving(load_platform(stepped_stack(tmp_path)), cluster, clock, []).guard("embedder", None)
     assert "NetworkPolicies" in stopped.value.message and "ports 8404 and 8000" in stopped.value.message
+
+
+def test_a_step_whose_gateways_roll_for_a_minute_is_analysed_from_its_first_look_after(
+    tmp_path: Path, cluster: FakeCluster, clock: Clock
+) -> None:
+    """A new share rolls the gateway pods: new pods (new names, counters from 0) answer once the rollout,
+    here a minute, is done. The step's analysis counts from its first look after it; counted from before
+    the share moved, its first intervals would close at once on the minute of the rollout, with no
+    requests counted in them, and end inconclusive."""
+    traffic = Traffic(clock)
+    in_canary(cluster, traffic, percent=10)
+    rolled: list[int] = []
+
+    def roll_the_gateways(request: Request, fake: FakeCluster) -> None:
+        rolls_out(request, fake)
+        if request.verb == "PATCH" and request.path.endswith("/deployments/gateway") and not rolled:
+            rolled.append(1)
+            clock.sleep(60)
+            for old in GATEWAYS:
+                del fake.objects[f"/api/v1/namespaces/{NS}/pods/{old}"]
+                new = f"{old}-2"
+                fake.objects[f"/api/v1/namespaces/{NS}/pods/{new}"] = pod(new, "gateway")
+                traffic.restarted[new] = clock.now
+                fake.pod_answers[(new, 8404)] = partial(traffic.exporter, new)
+
+    cluster.before = roll_the_gateways
+    steps = [{"percent": 5}, {"percent": 30}]
+    platform = load_platform(stepped_stack(tmp_path, steps=steps, inconclusive_limit=0))
+    verdict = serving(platform, cluster, clock, []).guard("embedder", None)
+    assert rolled and verdict.action == PROMOTE_READY, verdict
