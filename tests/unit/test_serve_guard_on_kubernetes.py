@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -326,6 +327,21 @@ def test_a_promote_while_the_guard_runs_meets_its_lease(
     assert met and "is held by" in met[0], met
 
 
+def lease_taken_at_the_first_read(taken_at: list[int]) -> Callable[[Request, FakeCluster], None]:
+    """Another command takes the Lease as the guard first reads a pod (noting how many requests came
+    before in `taken_at`)."""
+
+    def take_the_lease(request: Request, fake: FakeCluster) -> None:
+        rolls_out(request, fake)
+        if "/proxy/" in request.path and not taken_at:
+            taken_at.append(len(fake.requests))
+            lease = json.loads(json.dumps(fake.objects[LEASE]))
+            lease["spec"]["holderIdentity"] = "ci@runner pid 9"
+            fake.store(LEASE, lease)
+
+    return take_the_lease
+
+
 def test_a_guard_whose_lease_another_took_stops_with_exit_5_and_changes_nothing(
     tmp_path: Path, cluster: FakeCluster, clock: Clock
 ) -> None:
@@ -335,17 +351,7 @@ def test_a_guard_whose_lease_another_took_stops_with_exit_5_and_changes_nothing(
     # The Lease is judged by the API server's clock (each answer's Date header): it moves with the test's.
     cluster.server_now = lambda: datetime(2026, 12, 7, tzinfo=UTC) + timedelta(seconds=clock.now)
     platform = load_platform(stepped_stack(tmp_path))
-    taken: list[bool] = []
-
-    def take_the_lease(request: Request, fake: FakeCluster) -> None:
-        rolls_out(request, fake)
-        if "/proxy/" in request.path and not taken:
-            taken.append(True)
-            lease = json.loads(json.dumps(fake.objects[LEASE]))
-            lease["spec"]["holderIdentity"] = "ci@runner pid 9"
-            fake.store(LEASE, lease)
-
-    cluster.before = take_the_lease
+    cluster.before = lease_taken_at_the_first_read([])
     with pytest.raises(GpuPlatError, match="lost its release lock") as stopped:
         serving(platform, cluster, clock, []).guard("embedder", None)
     assert stopped.value.exit_code == 5
@@ -383,16 +389,7 @@ def test_a_guard_whose_lease_another_took_stops_at_its_next_look(
     in_canary(cluster, Traffic(clock))
     platform = load_platform(stepped_stack(tmp_path))
     taken_at: list[int] = []
-
-    def take_the_lease(request: Request, fake: FakeCluster) -> None:
-        rolls_out(request, fake)
-        if "/proxy/" in request.path and not taken_at:
-            taken_at.append(len(fake.requests))
-            lease = json.loads(json.dumps(fake.objects[LEASE]))
-            lease["spec"]["holderIdentity"] = "ci@runner pid 9"
-            fake.store(LEASE, lease)
-
-    cluster.before = take_the_lease
+    cluster.before = lease_taken_at_the_first_read(taken_at)
     with pytest.raises(GpuPlatError, match="lost its release lock") as stopped:
         serving(platform, cluster, clock, []).guard("embedder", None)
     assert stopped.value.exit_code == 5

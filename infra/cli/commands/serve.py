@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -367,13 +367,7 @@ def status(
         output.table(title, ["role", "version", "share", "requests", "errors", "servers up", "p95"], table)
     )
     if record is not None:
-        at_share = "" if record.get("canary_percent") is None else f" at {record['canary_percent']} %"
-        output.stdout().print(
-            escape(
-                f"release: {record.get('phase')}{at_share}: {record.get('detail')} "
-                f"({record.get('at')}, {record.get('by')})"
-            )
-        )
+        output.stdout().print(escape(_record_line("release", record)))
         guard_record = record.get("guard")
         if isinstance(guard_record, dict):
             output.stdout().print(
@@ -406,15 +400,8 @@ def _status_on_kubernetes(kubernetes: KubernetesServing, model: str, json_output
     output.stdout().print(
         escape(f"serving {model} on {kubernetes.platform.name}: stable {shown['stable']}{canary}{retiring}")
     )
-    record = shown["guard"]
-    if record is not None:
-        at_share = "" if record.get("canary_percent") is None else f" at {record['canary_percent']} %"
-        output.stdout().print(
-            escape(
-                f"guard: {record.get('phase')}{at_share}: {record.get('detail')} "
-                f"({record.get('at')}, {record.get('by')})"
-            )
-        )
+    if shown["guard"] is not None:
+        output.stdout().print(escape(_record_line("guard", shown["guard"])))
     output.stdout().print(
         output.table(
             "what each model-server pod runs",
@@ -424,6 +411,15 @@ def _status_on_kubernetes(kubernetes: KubernetesServing, model: str, json_output
                 for r in shown["replicas"]
             ],
         )
+    )
+
+
+def _record_line(label: str, record: dict[str, Any]) -> str:
+    """A release's (or a guard's) record as one line: its phase, the share, what it said, when and by whom."""
+    at_share = "" if record.get("canary_percent") is None else f" at {record['canary_percent']} %"
+    return (
+        f"{label}: {record.get('phase')}{at_share}: {record.get('detail')} "
+        f"({record.get('at')}, {record.get('by')})"
     )
 
 
