@@ -19,9 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import secrets
-import socket
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -34,9 +31,16 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from infra.errors import GpuPlatError
+from infra.k8s.api_refs import ClusterError as ClusterError
+from infra.k8s.api_refs import Conflict as _Conflict
+from infra.k8s.api_refs import NotFound as _NotFound
+from infra.k8s.api_refs import ObjectRef as ObjectRef
 from infra.k8s.facts import ClusterFacts
 from infra.k8s.objects import LABEL_COMPONENT, serving_namespace
+from infra.k8s.release_lock import LEASE_DURATION_S as LEASE_DURATION_S
+from infra.k8s.release_lock import ReleaseLock as ReleaseLock
+from infra.k8s.release_lock import ReleaseLocked as ReleaseLocked
+from infra.k8s.release_lock import default_holder as default_holder
 from infra.k8s.serving import (
     GATEWAY,
     LABEL_MODEL_VERSION,
@@ -55,8 +59,6 @@ FIELD_MANAGER = "gpuplat-serve"
 # the API server drops it by itself once KEDA's HorizontalPodAutoscaler writes the field.
 HANDOVER_MANAGER = "gpuplat-serve-handover-to-keda"
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
-LEASE_API = "coordination.k8s.io/v1"
-LEASE_DURATION_S = 60
 # The release record: one per stack (its gateways and KEDA's target are one), in the serving namespace.
 RELEASE_RECORD = "gpuplat-serve-release"
 RELEASE_RECORD_KEY = "release"
@@ -66,66 +68,7 @@ _NOT_A_RELEASES = frozenset({"Namespace", "PersistentVolume", "PersistentVolumeC
 POLL_S = 2.0
 PROXY_TIMEOUT_S = 15.0
 
-# apiVersion, kind -> (plural, namespaced): the kinds serving_objects gives, the release record and the lock.
-_RESOURCES: dict[str, tuple[str, bool]] = {
-    "Namespace": ("namespaces", False),
-    "PersistentVolume": ("persistentvolumes", False),
-    "PersistentVolumeClaim": ("persistentvolumeclaims", True),
-    "ServiceAccount": ("serviceaccounts", True),
-    "Deployment": ("deployments", True),
-    "LeaderWorkerSet": ("leaderworkersets", True),
-    "Service": ("services", True),
-    "PodDisruptionBudget": ("poddisruptionbudgets", True),
-    "ScaledObject": ("scaledobjects", True),
-    "ConfigMap": ("configmaps", True),
-    "NetworkPolicy": ("networkpolicies", True),
-    "Lease": ("leases", True),
-    "Pod": ("pods", True),
-}
 _VERBS = {"GET": "get", "PATCH": "patch", "POST": "create", "PUT": "update", "DELETE": "delete"}
-
-
-class ClusterError(GpuPlatError):
-    """One paragraph for the user: the API could not be reached, refused, or a wait ran out."""
-
-
-class ReleaseLocked(ClusterError):
-    def __init__(self, model: str, holder: str, until: datetime | None) -> None:
-        when = f" until {until.isoformat(timespec='seconds')} unless renewed" if until else ""
-        super().__init__(
-            f"the release of {model} is held by {holder}{when} (Lease gpuplat-release-{model}): wait for it "
-            "to end, or, if that command is gone, for the Lease to expire"
-        )
-        self.holder = holder
-
-
-@dataclass(frozen=True)
-class ObjectRef:
-    api_version: str
-    kind: str
-    name: str
-    namespace: str | None = None
-
-    @classmethod
-    def of(cls, manifest: Mapping[str, Any]) -> ObjectRef:
-        meta = manifest["metadata"]
-        return cls(manifest["apiVersion"], manifest["kind"], meta["name"], meta.get("namespace"))
-
-    @property
-    def resource(self) -> str:
-        group = self.api_version.rpartition("/")[0]
-        plural = _RESOURCES[self.kind][0]
-        return f"{plural}.{group}" if group else plural
-
-    def path(self, *, collection: bool = False) -> str:
-        group, _, version = self.api_version.rpartition("/")
-        plural, namespaced = _RESOURCES[self.kind]
-        base = f"/apis/{group}/{version}" if group else f"/api/{version}"
-        scope = f"/namespaces/{self.namespace}" if namespaced else ""
-        return f"{base}{scope}/{plural}" + ("" if collection else f"/{self.name}")
-
-    def __str__(self) -> str:
-        return f"{self.kind} {self.namespace + '/' if self.namespace else ''}{self.name}"
 
 
 class ClusterApi:
@@ -280,14 +223,6 @@ class ClusterApi:
         return True
 
 
-class _NotFound(ClusterError):
-    pass
-
-
-class _Conflict(ClusterError):
-    pass
-
-
 def _refused(
     error: ApiException, verb: str, ref: ObjectRef, server: str, subresource: str = ""
 ) -> ClusterError:
@@ -311,155 +246,6 @@ def _refused(
     return ClusterError(
         f"the Kubernetes API at {server} answered HTTP {error.status} to {verb} {ref}: {said}"
     )
-
-
-# ------------------------------------------------------------------------------------------- the lock
-
-
-def _micro_time(moment: datetime) -> str:
-    # MicroTime: RFC 3339 with microseconds (apimachinery pkg/apis/meta/v1/micro_time.go, RFC3339Micro).
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _parse_time(text: Any) -> datetime | None:
-    if not isinstance(text, str) or not text:
-        return None
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
-
-
-def lease_name(model: str) -> str:
-    return f"gpuplat-release-{ServedVersion(f'{model}@0', '').slug.removesuffix('-v0')}"
-
-
-def default_holder() -> str:
-    """Who holds the Lease, for a person to read, and unique: two commands in containers on one host can
-    share user, host name (--network host) and pid (each its own PID namespace), and a Lease whose holder
-    reads as this command's is taken as its own."""
-    user = os.environ.get("USER", "someone")
-    return f"{user}@{socket.gethostname()} pid {os.getpid()} {secrets.token_hex(4)}"
-
-
-@dataclass
-class ReleaseLock:
-    """One release at a time per model: a coordination.k8s.io/v1 Lease whose holder renews it while the
-    release runs. Taken by a create, or by an update guarded by the resourceVersion of an expired (or
-    released) Lease it read: of two commands that race, the API server answers the second 409."""
-
-    api: ClusterApi
-    namespace: str
-    model: str
-    holder: str
-    duration_s: int = LEASE_DURATION_S
-    now: Callable[[], datetime] = lambda: datetime.now(UTC)
-    _resource_version: str | None = None
-    _renewed: datetime | None = None
-
-    @property
-    def ref(self) -> ObjectRef:
-        return ObjectRef(LEASE_API, "Lease", lease_name(self.model), self.namespace)
-
-    def _manifest(self, acquired: datetime, transitions: int) -> dict[str, Any]:
-        now = self.now()
-        return {
-            "apiVersion": LEASE_API,
-            "kind": "Lease",
-            "metadata": {"name": self.ref.name, "namespace": self.namespace},
-            "spec": {
-                "holderIdentity": self.holder,
-                "leaseDurationSeconds": self.duration_s,
-                "acquireTime": _micro_time(acquired),
-                "renewTime": _micro_time(now),
-                "leaseTransitions": transitions,
-            },
-        }
-
-    def _held_by_another(self, live: Mapping[str, Any]) -> tuple[str, datetime] | None:
-        spec = live.get("spec") or {}
-        holder = spec.get("holderIdentity")
-        renewed = _parse_time(spec.get("renewTime"))
-        if not holder or holder == self.holder or renewed is None:
-            return None
-        until = renewed + timedelta(seconds=int(spec.get("leaseDurationSeconds") or 0))
-        return (str(holder), until) if until > self.now() else None
-
-    def _refuse_from_live(self) -> ReleaseLocked:
-        live = self.api.get(self.ref) or {}
-        spec = live.get("spec") or {}
-        held = self._held_by_another(live)
-        holder = held[0] if held else str(spec.get("holderIdentity") or "another command")
-        return ReleaseLocked(self.model, holder, held[1] if held else None)
-
-    def acquire(self) -> None:
-        live = self.api.get(self.ref)
-        now = self.now()
-        try:
-            if live is None:
-                answer = self.api.create(self._manifest(now, 0))
-            else:
-                held = self._held_by_another(live)
-                if held is not None:
-                    raise ReleaseLocked(self.model, *held)
-                spec = live.get("spec") or {}
-                taken_over = spec.get("holderIdentity") != self.holder
-                manifest = self._manifest(now, int(spec.get("leaseTransitions") or 0) + int(taken_over))
-                manifest["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"]
-                answer = self.api.update(manifest)
-        except _Conflict:
-            raise self._refuse_from_live() from None
-        self._resource_version = answer["metadata"]["resourceVersion"]
-        self._renewed = now
-
-    def renew(self, *, force: bool = False) -> None:
-        """Renews at a third of the duration (or at once with `force`); a Lease another command took
-        meanwhile (this one stalled past the duration) ends the release here."""
-        if self._resource_version is None:
-            raise ClusterError(f"the release lock of {self.model} is not held")
-        now = self.now()
-        if (
-            not force
-            and self._renewed is not None
-            and now - self._renewed < timedelta(seconds=self.duration_s / 3)
-        ):
-            return
-        live = self.api.get(self.ref)
-        if live is None or (live.get("spec") or {}).get("holderIdentity") != self.holder:
-            raise (
-                self._refuse_from_live()
-                if live
-                else ClusterError(f"the release lock of {self.model} is gone")
-            )
-        acquired = _parse_time((live.get("spec") or {}).get("acquireTime")) or now
-        manifest = self._manifest(acquired, int((live.get("spec") or {}).get("leaseTransitions") or 0))
-        manifest["metadata"]["resourceVersion"] = self._resource_version
-        try:
-            answer = self.api.update(manifest)
-        except _Conflict:
-            raise self._refuse_from_live() from None
-        self._resource_version = answer["metadata"]["resourceVersion"]
-        self._renewed = now
-
-    def release(self) -> None:
-        """Lets the Lease go at once (holder cleared), guarded as a renewal is."""
-        if self._resource_version is None:
-            return
-        live = self.api.get(self.ref)
-        if live is not None and (live.get("spec") or {}).get("holderIdentity") == self.holder:
-            manifest = {
-                "apiVersion": LEASE_API,
-                "kind": "Lease",
-                "metadata": {
-                    "name": self.ref.name,
-                    "namespace": self.namespace,
-                    "resourceVersion": self._resource_version,
-                },
-                "spec": {"leaseDurationSeconds": self.duration_s},
-            }
-            with contextlib.suppress(_Conflict):  # taken by another meanwhile: nothing of ours to let go
-                self.api.update(manifest)
-        self._resource_version = None
-
-
-# --------------------------------------------------------------------------------- the release record
 
 
 def _version(data: Any) -> ServedVersion | None:
