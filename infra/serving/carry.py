@@ -2,19 +2,21 @@
 (infra/serving/analysis.py Guard) fed with the counters every few seconds, rolled back on a rollback
 verdict, or carried through serving.canary.steps. One loop for every backend: what differs (where the
 counters are read, how a share is set, promoted, rolled back and recorded) is the `Carried` it drives: the
-nodes' Release (infra/serving/release.py) or a Kueue stack's cluster (infra/serving/on_kubernetes.py).
+nodes' Release (infra/serving/release.py), a Kueue stack's cluster from the operator's machine
+(infra/serving/on_kubernetes.py) or from the guard Job inside it (infra/serving/guard_job.py). The standard
+library only, as the Job's zip application carries it: the settings it reads are any object with the
+analysis' fields and `steps` (the spec's serving.canary, or the values the CLI wrote for the Job).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import Protocol, TypeVar, runtime_checkable
 
 from infra.errors import ExitCode, GpuPlatError
-from infra.serving.analysis import CONTINUE, PROMOTE_READY, ROLLBACK, Guard, Verdict
+from infra.serving.analysis import CONTINUE, PROMOTE_READY, ROLLBACK, Canary, Guard, Verdict
 from infra.serving.counts import Counts, Reading
-from infra.spec.models import Canary, CanaryStep
 
 PROMOTED, GATED = "promoted", "gated"
 """a stepped release's ends besides the analysis' verdicts: its last step (100 %) promoted the canary; a step
@@ -23,6 +25,22 @@ ROLLED_BACK = "rolled back"
 """the record's phase once a rollback (the guard's or an operator's) took the canary out"""
 LOOK_TRIES = 3
 """looks in a row the guard may fail to read the counters (or add them) before it gives up, exit 5"""
+
+
+class Step(Protocol):
+    """One of serving.canary.steps (infra/spec/models.py CanaryStep) as the loop reads it."""
+
+    @property
+    def percent(self) -> int: ...
+    @property
+    def manual_gate(self) -> bool: ...
+
+
+class Rules(Canary, Protocol):
+    """serving.canary as the loop reads it: the analysis' settings and the steps."""
+
+    @property
+    def steps(self) -> Sequence[Step]: ...
 
 
 class Promoted(Protocol):
@@ -34,7 +52,7 @@ class Carried(Protocol):
     """A backend's release as the guard drives it."""
 
     @property
-    def rules(self) -> Canary: ...
+    def rules(self) -> Rules: ...
     @property
     def lease_s(self) -> float: ...
 
@@ -52,7 +70,24 @@ class Carried(Protocol):
     def lock_lost(self, model: str) -> bool: ...
 
 
-def steps_ahead(steps: list[CanaryStep], share: int, past_gate: bool) -> list[tuple[int, CanaryStep]]:
+S = TypeVar("S", bound=Step)
+
+
+@runtime_checkable
+class Keeping(Protocol):
+    """A Carried that keeps the analysis' evidence where a restart of the process finds it (the guard Job:
+    a pod restarted mid-release resumes its counts instead of starting over)."""
+
+    def saved_watch(self) -> Guard | None:
+        """The analysis of the share the canary has now, as last kept; None: start one."""
+        ...
+
+    def keep(self, watch: Guard, verdict: Verdict) -> None:
+        """After each look: the analysis and its verdict so far, kept whole."""
+        ...
+
+
+def steps_ahead(steps: Sequence[S], share: int, past_gate: bool) -> list[tuple[int, S]]:
     """The steps (numbered from 1) a release at `share` goes through: from the first at or above it (above
     it with `past_gate`: the gate the last step held at opened)."""
     return [
@@ -147,8 +182,13 @@ def analyse(
     rules = release.rules
     if duration_s is None:
         duration_s = rules.initial_delay_s + rules.analysis_s + look_s
-    started, *first = release.canary_start or (clock(), *release.counters())
-    watch = Guard(rules, started, *first)
+    keeping = release if isinstance(release, Keeping) else None
+    saved = keeping.saved_watch() if keeping is not None else None
+    if saved is not None:
+        watch, started = saved, saved.started_s
+    else:
+        started, *first = release.canary_start or (clock(), *release.counters())
+        watch = Guard(rules, started, *first)
     verdict = Verdict(CONTINUE, "no look yet")
     failed = 0
     while clock() - started < duration_s:
@@ -178,6 +218,8 @@ def analyse(
             release.say(f"look failed ({failed} of {LOOK_TRIES} in a row allowed): {reason}")
             continue
         failed = 0
+        if keeping is not None:
+            keeping.keep(watch, verdict)
         if verdict.action == ROLLBACK:
             release.rollback(model, verdict.reason)
         if verdict.action != CONTINUE:
