@@ -41,6 +41,8 @@ from infra.k8s.release_lock import LEASE_DURATION_S as LEASE_DURATION_S
 from infra.k8s.release_lock import ReleaseLock as ReleaseLock
 from infra.k8s.release_lock import ReleaseLocked as ReleaseLocked
 from infra.k8s.release_lock import default_holder as default_holder
+from infra.k8s.rollout import gateways_wait
+from infra.k8s.rollout import rollout_done as rollout_done
 from infra.k8s.serving import (
     GATEWAY,
     LABEL_MODEL_VERSION,
@@ -306,40 +308,6 @@ def record_of(live: Mapping[str, Any] | None) -> tuple[ServingRelease | None, st
 # ------------------------------------------------------------------------------------------ the waits
 
 
-def rollout_done(workload: Mapping[str, Any], replicas: int) -> str | None:
-    """None once `replicas` of the workload run its latest spec and are available (ready for a
-    LeaderWorkerSet's groups) and no older one is left; else what is still awaited. A Deployment as
-    `kubectl rollout status` judges it (kubernetes/kubectl pkg/polymorphichelpers/rollout_status.go,
-    DeploymentStatusViewer.Status), a progress deadline exceeded included (a ClusterError at once, not a
-    wait to the end); a LeaderWorkerSet by its status fields (lws v0.10.0 CRD: observedGeneration,
-    replicas, updatedReplicas, readyReplicas, each counting groups)."""
-    meta, status = workload.get("metadata") or {}, workload.get("status") or {}
-    if int(meta.get("generation") or 0) > int(status.get("observedGeneration") or 0):
-        return "its latest spec is not observed yet"
-    for condition in status.get("conditions") or []:
-        # The Deployment controller's reason when spec.progressDeadlineSeconds passed without progress
-        # (kubernetes/kubernetes pkg/controller/deployment/util/deployment_util.go, TimedOutReason).
-        if condition.get("type") == "Progressing" and condition.get("reason") == "ProgressDeadlineExceeded":
-            raise ClusterError(
-                f"{workload.get('kind')} {meta.get('namespace', '')}/{meta.get('name', '')} exceeded its "
-                f"progress deadline: {condition.get('message', '')}. The release stopped there (its record "
-                "says which step ran last); look at its pods, then run the same command again or `gpuplat "
-                "serve rollback`"
-            )
-    updated = int(status.get("updatedReplicas") or 0)
-    total = int(status.get("replicas") or 0)
-    ready_key = "readyReplicas" if workload.get("kind") == "LeaderWorkerSet" else "availableReplicas"
-    ready = int(status.get(ready_key) or 0)
-    if updated < replicas:
-        return f"{updated} of {replicas} replicas updated"
-    if total > updated:
-        return f"{total - updated} old replicas pending termination"
-    if ready < replicas:
-        state = "ready" if ready_key == "readyReplicas" else "available"
-        return f"{ready} of {replicas} updated replicas {state}"
-    return None
-
-
 def workload_kind(platform: ResolvedPlatform) -> tuple[str, str]:
     """The apiVersion and kind of each version's model servers: a LeaderWorkerSet where a replica spans
     nodes (infra/k8s/serving.py _model_server)."""
@@ -504,22 +472,7 @@ class ReleaseDriver:
         return "not created yet" if live is None else rollout_done(live, replicas)
 
     def _gateways_wait(self) -> str | None:
-        live = self.api.get(ObjectRef("apps/v1", "Deployment", GATEWAY, self.namespace))
-        if live is None:
-            return "not created yet"
-        awaited = rollout_done(live, int((live.get("spec") or {}).get("replicas") or 1))
-        if awaited is not None:
-            return awaited
-        # A Deployment's status.replicas counts no terminating pod ("Total number of non-terminating pods",
-        # DeploymentStatus in the 1.34 OpenAPI; its terminatingReplicas is alpha there, behind
-        # DeploymentReplicaSetTerminatingReplicas), yet a gateway pod draws for its old share until it ends.
-        labels = ((live.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
-        selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
-        pods = self.api.list(ObjectRef("v1", "Pod", "", self.namespace), selector)
-        ending = [p["metadata"]["name"] for p in pods if (p.get("metadata") or {}).get("deletionTimestamp")]
-        return (
-            f"{len(ending)} terminating gateway pods still answer ({', '.join(ending)})" if ending else None
-        )
+        return gateways_wait(self.api, self.namespace, GATEWAY)
 
     def _wait(self, what: str, awaited: Callable[[], str | None]) -> None:
         deadline = self.clock.monotonic() + self.timeout_s
