@@ -111,7 +111,7 @@ class KubeHttp:
         try:
             found = json.loads(text) if text else {}
         except ValueError:
-            raise ClusterError(f"the Kubernetes API at {self.base} answered {verb} {ref} not in JSON") from None
+            raise ClusterError(f"the API at {self.base} answered {verb} {ref} not in JSON") from None
         return found if isinstance(found, dict) else {}
 
     def get(self, ref: ObjectRef) -> dict[str, Any] | None:
