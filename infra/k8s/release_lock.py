@@ -160,6 +160,21 @@ class ReleaseLock:
         self._resource_version = answer["metadata"]["resourceVersion"]
         self._renewed = now
 
+    def hand_to(self, holder: str) -> None:
+        """The Lease given to `holder` (the guard Job this command starts) in one update guarded as a
+        renewal is: never free in between, so that no other command takes the release as this one exits."""
+        self.renew(force=True)
+        live = self.api.get(self.ref) or {}
+        spec = live.get("spec") or {}
+        manifest = self._manifest(self.now(), int(spec.get("leaseTransitions") or 0) + 1)
+        manifest["spec"]["holderIdentity"] = holder
+        manifest["metadata"]["resourceVersion"] = self._resource_version
+        try:
+            self.api.update(manifest)
+        except Conflict:
+            raise self._refuse_from_live() from None
+        self._resource_version = None
+
     def release(self) -> None:
         """Lets the Lease go at once (holder cleared), guarded as a renewal is."""
         if self._resource_version is None:

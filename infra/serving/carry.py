@@ -191,7 +191,11 @@ def analyse(
         watch = Guard(rules, started, *first)
     verdict = Verdict(CONTINUE, "no look yet")
     failed = 0
-    while clock() - started < duration_s:
+    # Resumed (a restarted guard Job's pod), the evidence is judged at least once more, even where the
+    # analysis' time ran out while no guard looked.
+    resumed = saved is not None
+    while resumed or clock() - started < duration_s:
+        resumed = False
         sleep(look_s)
         if release.lock_lost(model):
             raise GpuPlatError(
