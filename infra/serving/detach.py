@@ -101,14 +101,15 @@ FLUSH_STARTS = 'systemctl reset-failed "$1" 2>/dev/null || ! systemctl is-failed
 WRITE = 'mkdir -p "$(dirname "$1")" && printf %s "$2" | base64 -d > "$1.tmp" && mv "$1.tmp" "$1"'
 
 
-def bundle() -> bytes:
-    """The zip application of the guard's modules, from this installation of the package."""
+def bundle(modules: tuple[str, ...] = BUNDLED, main: str = MAIN) -> bytes:
+    """The zip application of the guard's modules (the guard Job's: infra/serving/guard_job_objects.py),
+    from this installation of the package."""
     package = Path(__file__).resolve().parents[1]  # infra/, this module being infra/serving/detach.py
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        for name in BUNDLED:
+        for name in modules:
             archive.write(package / name, f"infra/{name}")
-        archive.writestr("__main__.py", MAIN)
+        archive.writestr("__main__.py", main)
     return buffer.getvalue()
 
 

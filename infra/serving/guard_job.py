@@ -51,6 +51,14 @@ RELEASE_RECORD, RELEASE_RECORD_KEY = "gpuplat-serve-release", "release"
 ENDED = ("promote-ready", "rollback", "rolled back", "inconclusive", "gated", "promoted", "gone", "stopped")
 """the record's phases after which a restarted pod has nothing left to do"""
 POLL_S = 2.0
+SUPERSEDED_EXIT = 10
+"""the exit code of a guard another command or guard took the release from (its Lease, its records): the
+Job's pod failure policy fails the Job on it rather than starting the pod again (as on a plan it cannot
+read, exit 2); any other failure is retried up to the Job's backoffLimit"""
+
+
+class Superseded(GpuPlatError):
+    """Another command or guard carries the release now."""
 
 
 @dataclass(frozen=True)
@@ -183,11 +191,10 @@ class JobCarried:
         try:
             answer = self.api.update(manifest)
         except Conflict:
-            raise GpuPlatError(
+            raise Superseded(
                 f"the guard's record (ConfigMap {self.namespace}/{GUARD_RECORD}) was written by another "
                 f"since this guard last wrote it: another command or guard carries the release of "
-                f"{self.plan.model} now. This guard stopped (`gpuplat serve status {self.plan.model}`)",
-                exit_code=ExitCode.FAILED,
+                f"{self.plan.model} now. This guard stopped (`gpuplat serve status {self.plan.model}`)"
             ) from None
         self.state_version = answer["metadata"]["resourceVersion"]
 
@@ -232,10 +239,9 @@ class JobCarried:
             try:
                 self.api.apply(manifest)
             except Conflict:
-                raise GpuPlatError(
+                raise Superseded(
                     f"the release record of {self.plan.model} changed since this guard read it: another "
-                    "command carries the release now. This guard stopped",
-                    exit_code=ExitCode.FAILED,
+                    "command carries the release now. This guard stopped"
                 ) from None
         deadline = self.now_s() + self.plan.rollout_s
         while (left := gateways_wait(self.api, self.namespace, self.plan.gateway)) is not None:
@@ -331,6 +337,8 @@ def run(api: KubeHttp, plan: JobPlan, **options: Any) -> int:
         )
     except GpuPlatError as error:
         carried.say(error.message)
+        if isinstance(error, ReleaseLocked | Superseded):
+            return SUPERSEDED_EXIT
         return int(error.exit_code)
     carried.say(f"{verdict.action}: {verdict.reason}")
     # Let go at once, so that the operator's `promote` or `rollback` need not wait for it to expire.

@@ -21,12 +21,11 @@ from typing import Any
 
 import pytest
 
-from infra.errors import ExitCode
 from infra.k8s.release_lock import ReleaseLock, ReleaseLocked
 from infra.k8s.serving_apply import ClusterApi, read_record
 from infra.k8s.serving_versions import ServingRelease
 from infra.platform.resolve import load_platform
-from infra.serving.guard_job import EVIDENCE_KEY, FIELD_MANAGER, GUARD_RECORD, JobPlan, run
+from infra.serving.guard_job import EVIDENCE_KEY, FIELD_MANAGER, GUARD_RECORD, SUPERSEDED_EXIT, JobPlan, run
 from infra.serving.guard_job_plan import job_plan
 from infra.serving.kube_http import KubeHttp
 from infra.serving.on_kubernetes import read_guard_record
@@ -286,7 +285,7 @@ def test_a_job_whose_lease_another_command_took_stops_without_a_change(
     api = ClusterApi(cluster.client())
     ReleaseLock(api, NS, "embedder", "ops@laptop pid 9 cd34", now=api.server_now).acquire()
     said: list[str] = []
-    assert run(job_api(bridge, tmp_path), plan, sleep=clock.sleep, say=said.append) == ExitCode.FAILED
+    assert run(job_api(bridge, tmp_path), plan, sleep=clock.sleep, say=said.append) == SUPERSEDED_EXIT
     assert "ops@laptop" in said[-1], said
     assert not cluster.applied() and read_record(api, NS)[0] == ServingRelease(
         V1, canary=V2, canary_percent=20
