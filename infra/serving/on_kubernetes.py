@@ -49,6 +49,7 @@ from infra.serving import carry
 from infra.serving.analysis import Verdict
 from infra.serving.counts import Counts, Reading
 from infra.serving.engine_metrics import itl_histograms, latency_histogram
+from infra.serving.guard_job_start import start_guard_job
 from infra.serving.pod_readings import pod_readings
 from infra.serving.registry.locate import operator_credential
 from infra.serving.registry.mlflow import MlflowRegistry
@@ -297,6 +298,26 @@ class KubernetesServing:
                     f"`gpuplat serve deploy {model}@VERSION --canary PERCENT` starts one"
                 )
             return self._guard(driver, model, duration_s, past_gate)
+
+    # The guard Job (infra/serving/guard_job_start.py): the release carried on inside the cluster
+
+    def deploy_and_detach(self, version: ServedVersion, canary: int, duration_s: float | None) -> str:
+        """`deploy` of a canary, then its guard Job started and the Lease handed to it; the Job's name."""
+        model = version.reference.partition("@")[0]
+        with self._release(model) as (current, driver):
+            deployed = self._deploy(current, driver, version, canary)
+            self.say(f"{version.reference} is in canary with {deployed.canary_percent} % of the requests")
+            return start_guard_job(driver, deployed, duration_s=duration_s)
+
+    def detach_guard(self, model: str, duration_s: float | None, past_gate: bool = False) -> str:
+        """The running canary's guard Job started (`serve guard --detach`); the Job's name."""
+        with self._release(model) as (current, driver):
+            if current is None or current.canary is None:
+                raise SpecError(
+                    f"no canary of {model} on stack '{self.platform.name}': `gpuplat serve deploy "
+                    f"{model}@VERSION --canary PERCENT --detach` starts one with its guard"
+                )
+            return start_guard_job(driver, current, past_gate=past_gate, duration_s=duration_s)
 
     def _guard(self, driver: ReleaseDriver, model: str, duration_s: float | None, past_gate: bool) -> Verdict:
         carried = ClusterCarried(self, driver)

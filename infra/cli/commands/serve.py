@@ -165,17 +165,14 @@ def _deploy_on_kubernetes(
     detach: bool,
     url: str | None,
 ) -> None:
-    if detach:
-        raise SpecError(
-            f"stack '{platform.name}' runs on Kubernetes, where the guard that outlives the command (a Job "
-            "in the cluster) is not built: deploy --canary with --guard-s to guard it in the foreground "
-            "(docs/serving.md, On Kubernetes)"
-        )
     # The registry answers for the version before the cluster is asked for anything, the lock included.
     version = kubernetes_registry(platform, url).resolve(reference)
     served = ServedVersion(version.reference, version.location)
     kubernetes = _on_kubernetes(platform)
     assert kubernetes is not None
+    if canary is not None and detach:
+        _detached(kubernetes.deploy_and_detach(served, canary, guard_s or None), reference)
+        return
     if canary is not None and guard_s > 0:
         _report(kubernetes.deploy_and_guard(served, canary, guard_s))
         return
@@ -209,6 +206,13 @@ def guard(
             "--past-gate", help="serving.canary.steps: open the manual gate the release is held at, go on"
         ),
     ] = False,
+    detach: Annotated[
+        bool,
+        typer.Option(
+            "--detach",
+            help="on a Kueue stack: hand the guard to a Job in the cluster and return (`serve status`)",
+        ),
+    ] = False,
 ) -> None:
     """Analyse NAME's canary against the stable version (serving.canary), or carry it through
     serving.canary.steps (each held for an analysis; a step at 100 % promotes): exit 0 promote-ready,
@@ -217,12 +221,30 @@ def guard(
     check_name(model)
     platform = _platform(stack, stack_file_path)
     kubernetes = _on_kubernetes(platform)
+    if kubernetes is not None and detach:
+        _detached(kubernetes.detach_guard(model, duration_s, past_gate), model)
+        return
     if kubernetes is not None:
         _report(kubernetes.guard(model, duration_s, past_gate))
         return
+    if detach:
+        raise SpecError(
+            f"stack '{platform.name}' runs on nodes: `gpuplat serve deploy NAME@VERSION --canary P --detach` "
+            "starts the guard service on the gateway's node with the canary"
+        )
     release = _release(platform, url, prometheus)
     with release.exclusive(model, "guard"):
         _guard(release, model, duration_s, past_gate)
+
+
+def _detached(job: str, what: str) -> None:
+    model = what.partition("@")[0]
+    output.stdout().print(
+        escape(
+            f"the guard of {model} runs on as the Job {job} in the cluster, holding the release's Lease: "
+            f"`gpuplat serve status {model}` shows where it stands"
+        )
+    )
 
 
 def _guard(release: Release, model: str, duration_s: float | None, past_gate: bool = False) -> None:
