@@ -51,6 +51,7 @@ BUNDLED = (
     "serving/__init__.py",
     "serving/analysis.py",
     "serving/counts.py",
+    "serving/load.py",
     "serving/statistics.py",
     "serving/lock.py",
     "serving/metrics_text.py",

@@ -39,6 +39,7 @@ from infra.serving.counts import Counts, Histogram, Reading, Series
 from infra.serving.golden import GOLDEN_FILE
 from infra.serving.golden import PROBE as GOLDEN_PROBE
 from infra.serving.golden import misses as golden_misses
+from infra.serving.load import describe, equal_load_percent, load_ratio
 from infra.serving.lock import LEASE_S, LockLost, ReleaseLock
 from infra.serving.metrics_text import (
     METRICS_READ,
@@ -106,6 +107,33 @@ def steps_ahead(steps: list[CanaryStep], share: int, past_gate: bool) -> list[tu
         for number, step in enumerate(steps, 1)
         if step.percent > share or (step.percent == share and not past_gate)
     ]
+
+
+EQUAL_LOAD_STEP = 0
+"""The number of the step `with_equal_load_step` adds (the stack's steps are numbered from 1)."""
+
+
+def with_equal_load_step(
+    ahead: list[tuple[int, CanaryStep]], share: int, equal: int | None
+) -> list[tuple[int, CanaryStep]]:
+    """A release's steps ahead (numbered, rising) with an analysis at `equal`, the share that loads both
+    versions' servers alike, before the first step above it (first of all where the canary's `share` is
+    already above it; last where no step reaches it): the only analysis whose latency test both catches a
+    slower canary and clears an identical one. Unchanged where a step ahead is at `equal`, or there is no
+    such share (None). Without steps (`ahead` empty) the release is one analysis at `share` (none at 0):
+    the equal-load one comes first, then the share goes back to `share` for its own (its errors, and its
+    latency where the canary is not busier)."""
+    if (
+        equal is None
+        or any(step.percent == equal for _, step in ahead)
+        or (not ahead and share in (0, equal))
+    ):
+        return ahead
+    added = (EQUAL_LOAD_STEP, CanaryStep(percent=equal))
+    if not ahead:
+        return [added, (EQUAL_LOAD_STEP, CanaryStep(percent=share))]
+    at = next((index for index, (_, step) in enumerate(ahead) if step.percent > equal), len(ahead))
+    return [*ahead[:at], added, *ahead[at:]]
 
 
 def _phase(verdict: Verdict) -> str:
@@ -998,16 +1026,31 @@ class Release:
             return Verdict(
                 "gone", f"'{model}' has no canary: `gpuplat serve deploy NAME@VERSION --canary P` one"
             )
-        share = self.figures().canary_percent if steps else 0
-        ahead = steps_ahead(steps, share, past_gate)
+        figures = self.figures()
+        share = figures.canary_percent
+        servers = (figures.servers_up.get(CANARY_BACKEND, 0), figures.servers_up.get(STABLE_BACKEND, 0))
+        equal = equal_load_percent(*servers) if min(servers) >= 1 else None
+        ahead = with_equal_load_step(steps_ahead(steps, share if steps else 0, past_gate), share, equal)
+        if equal is not None and not steps and ahead:
+            self.say(
+                f"{describe(share, *servers)}: the canary's latency is judged at {equal} % first, where its "
+                "servers take a stable server's load, then its share goes back to "
+                f"{share} % for an analysis of its own"
+            )
         if not ahead:
             self.record(model, "analysing", "the canary's analysis", share or None)
-            verdict = self.analyse(model, duration_s, look_s, sleep, clock)
+            verdict = self.analyse(model, duration_s, look_s, sleep, clock, self._load(share, servers))
             self.record(model, _phase(verdict), verdict.reason, None if verdict.action == ROLLBACK else share)
             return verdict
         verdict = Verdict(CONTINUE, "no step analysed")
         for number, step in ahead:
-            label = f"step {number} of {len(steps)} ({step.percent} %)"
+            label = (
+                f"step {number} of {len(steps)} ({step.percent} %)"
+                if number != EQUAL_LOAD_STEP
+                else f"the equal-load analysis ({step.percent} %)"
+                if step.percent == equal
+                else f"the analysis at {step.percent} %"
+            )
             if step.percent == 100:
                 self.record(model, "promoting", label, share)
                 version = self.promote(model)
@@ -1020,7 +1063,7 @@ class Release:
                 share = step.percent
                 self.say(f"{label}: the canary takes {step.percent} % of the requests")
             self.record(model, "analysing", label, share)
-            verdict = self.analyse(model, duration_s, look_s, sleep, clock)
+            verdict = self.analyse(model, duration_s, look_s, sleep, clock, self._load(share, servers))
             self.canary_start = None
             if verdict.action != PROMOTE_READY:
                 self.record(
@@ -1031,7 +1074,7 @@ class Release:
                 )
                 return verdict
             self.say(f"{label} passed: {verdict.reason}")
-            if step.manual_gate and number < len(steps):
+            if step.manual_gate and EQUAL_LOAD_STEP < number < len(steps):
                 self.record(model, GATED, f"{label} passed; its manual gate holds the release", share)
                 return Verdict(
                     GATED,
@@ -1042,6 +1085,12 @@ class Release:
         self.record(model, verdict.action, verdict.reason, share)
         return verdict
 
+    @staticmethod
+    def _load(share: int, servers: tuple[int, int]) -> float:
+        """Each canary server's load over each stable server's at `share` (1 where the gateways count no
+        server of a version up: nothing to weigh)."""
+        return load_ratio(share, *servers) if min(servers) >= 1 and share < 100 else 1.0
+
     def analyse(
         self,
         model: str,
@@ -1049,6 +1098,7 @@ class Release:
         look_s: float = 5.0,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
+        load: float = 1.0,
     ) -> Verdict:
         """Analyse the running canary (infra/serving/analysis.py) on counts since `deploy` gave it its share
         (this command's), or since this call's first look, every `look_s`, until a verdict or `duration_s`
@@ -1057,7 +1107,7 @@ class Release:
         if duration_s is None:
             duration_s = self.rules.initial_delay_s + self.rules.analysis_s + look_s
         started, *first = self.canary_start or (clock(), *self.counters())
-        watch = Guard(self.rules, started, *first)
+        watch = Guard(self.rules, started, *first, load_ratio=load)
         verdict = Verdict(CONTINUE, "no look yet")
         failed = 0
         while clock() - started < duration_s:

@@ -27,6 +27,7 @@ from infra.serving.metrics_text import parse_metrics, sample_labels
 from infra.serving.release import (
     CANARY_BACKEND,
     STABLE_BACKEND,
+    GatewayFigures,
     Release,
     ServingLayout,
 )
@@ -235,6 +236,7 @@ def _guard_reading(script: list[object]) -> tuple[Release, list[str]]:
 
     release.readings = read  # type: ignore[method-assign]
     release.aliased = lambda model, alias: object()  # type: ignore[method-assign,assignment,return-value]
+    release.figures = lambda: GatewayFigures(20, {}, {}, {})  # type: ignore[method-assign]
     release.rollback = lambda model, reason="": None  # type: ignore[method-assign,assignment,return-value]
     release.say = said.append
     return release, said

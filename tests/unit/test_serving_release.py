@@ -25,6 +25,7 @@ from infra.serving.release import (
     GATED,
     PROMOTED,
     STATE_DIR,
+    GatewayFigures,
     Release,
     ReplicaServing,
     ServeRefused,
@@ -96,6 +97,8 @@ def guarded(readings: list[tuple[Counts, Counts]], rules: Canary) -> tuple[Relea
         return last
 
     release.readings = read  # type: ignore[method-assign]
+    # A share, and no server counted up: the guard weighs no load (infra/serving/load.py).
+    release.figures = lambda: GatewayFigures(20, {}, {}, {})  # type: ignore[method-assign]
     release.aliased = lambda model, alias: version("/shared/models/x")  # type: ignore[method-assign]
     release.rollback = lambda model, reason="": done.append(reason)  # type: ignore[method-assign,assignment,func-returns-value]
     release.say = lambda line: None
