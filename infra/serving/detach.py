@@ -25,6 +25,7 @@ from infra.serving.analysis import Guard, RulesRead
 from infra.serving.guard_follower import FOLLOWER, follower_unit
 from infra.serving.guard_peers import PEER_PORT
 from infra.serving.guard_service import SERVICE, STATE_DIR, initial_state, lock_heir, unit_name
+from infra.serving.load import equal_load_percent, load_at
 from infra.serving.release import (
     CANARY_BACKEND,
     CANARY_PORT,
@@ -33,7 +34,9 @@ from infra.serving.release import (
     STABLE_BACKEND,
     Release,
     ServeRefused,
+    servers_up,
     steps_ahead,
+    with_equal_load_step,
 )
 
 BUNDLE_DIR = "/usr/local/lib/gpuplat-serve"
@@ -207,7 +210,11 @@ def detach_guard(release: Release, model: str, candidate: str, share: int, durat
         }
         for node in release.layout.servers
     }
-    steps = [(number, step.model_dump()) for number, step in steps_ahead(rules.steps, share, False)]
+    # The share that loads both versions' servers alike is analysed for latency (infra/serving/load.py).
+    up = servers_up(release.figures())
+    equal = equal_load_percent(*up) if min(up) >= 1 else None
+    ahead = with_equal_load_step(steps_ahead(rules.steps, share, False), share, equal)
+    steps = [(number, step.model_dump()) for number, step in ahead]
     unit = unit_name(model)
     addresses = {node: release.layout.addresses[node] for node in gateways} if len(gateways) > 1 else {}
     try:
@@ -222,11 +229,12 @@ def detach_guard(release: Release, model: str, candidate: str, share: int, durat
             model=model,
             candidate=candidate,
             rules=RulesRead.of(rules),
-            guard=Guard(rules, 0.0, stable, canary),
+            guard=Guard(rules, 0.0, stable, canary, load_ratio=load_at(share, up)),
             started_ago_s=time.monotonic() - started,
             share=share,
             steps=steps,
             steps_in_all=len(rules.steps),
+            load_servers=up,
             gateway=gateway,
             addresses=addresses,
             peer_port=port,

@@ -36,6 +36,14 @@ def load_ratio(percent: int, canary: int, stable: int) -> float:
     return (percent / canary) / ((100 - percent) / stable)
 
 
+def load_at(percent: int, servers: tuple[int, int] | None) -> float:
+    """`load_ratio` at `percent` over `servers` (the canary's and the stable's up), 1 where a version has
+    none counted up (nothing to weigh) or the canary has every request."""
+    if servers is None or min(servers) < 1 or percent >= 100:
+        return 1.0
+    return load_ratio(percent, *servers)
+
+
 def busier(ratio: float) -> bool:
     """Whether a canary server at `ratio` x a stable server's load is too busy to judge its latency by."""
     return ratio > 1 + LOAD_TOLERANCE

@@ -39,7 +39,7 @@ from infra.serving.counts import Counts, Histogram, Reading, Series
 from infra.serving.golden import GOLDEN_FILE
 from infra.serving.golden import PROBE as GOLDEN_PROBE
 from infra.serving.golden import misses as golden_misses
-from infra.serving.load import describe, equal_load_percent, load_ratio
+from infra.serving.load import describe, equal_load_percent, load_at
 from infra.serving.lock import LEASE_S, LockLost, ReleaseLock
 from infra.serving.metrics_text import (
     METRICS_READ,
@@ -134,6 +134,11 @@ def with_equal_load_step(
         return [added, (EQUAL_LOAD_STEP, CanaryStep(percent=share))]
     at = next((index for index, (_, step) in enumerate(ahead) if step.percent > equal), len(ahead))
     return [*ahead[:at], added, *ahead[at:]]
+
+
+def servers_up(figures: GatewayFigures) -> tuple[int, int]:
+    """The canary's servers and the stable's that every gateway counts up: what a share spreads over."""
+    return figures.servers_up.get(CANARY_BACKEND, 0), figures.servers_up.get(STABLE_BACKEND, 0)
 
 
 def _phase(verdict: Verdict) -> str:
@@ -1028,7 +1033,7 @@ class Release:
             )
         figures = self.figures()
         share = figures.canary_percent
-        servers = (figures.servers_up.get(CANARY_BACKEND, 0), figures.servers_up.get(STABLE_BACKEND, 0))
+        servers = servers_up(figures)
         equal = equal_load_percent(*servers) if min(servers) >= 1 else None
         ahead = with_equal_load_step(steps_ahead(steps, share if steps else 0, past_gate), share, equal)
         if equal is not None and not steps and ahead:
@@ -1039,7 +1044,7 @@ class Release:
             )
         if not ahead:
             self.record(model, "analysing", "the canary's analysis", share or None)
-            verdict = self.analyse(model, duration_s, look_s, sleep, clock, self._load(share, servers))
+            verdict = self.analyse(model, duration_s, look_s, sleep, clock, load_at(share, servers))
             self.record(model, _phase(verdict), verdict.reason, None if verdict.action == ROLLBACK else share)
             return verdict
         verdict = Verdict(CONTINUE, "no step analysed")
@@ -1063,7 +1068,7 @@ class Release:
                 share = step.percent
                 self.say(f"{label}: the canary takes {step.percent} % of the requests")
             self.record(model, "analysing", label, share)
-            verdict = self.analyse(model, duration_s, look_s, sleep, clock, self._load(share, servers))
+            verdict = self.analyse(model, duration_s, look_s, sleep, clock, load_at(share, servers))
             self.canary_start = None
             if verdict.action != PROMOTE_READY:
                 self.record(
@@ -1085,12 +1090,6 @@ class Release:
         self.record(model, verdict.action, verdict.reason, share)
         return verdict
 
-    @staticmethod
-    def _load(share: int, servers: tuple[int, int]) -> float:
-        """Each canary server's load over each stable server's at `share` (1 where the gateways count no
-        server of a version up: nothing to weigh)."""
-        return load_ratio(share, *servers) if min(servers) >= 1 and share < 100 else 1.0
-
     def analyse(
         self,
         model: str,
@@ -1106,8 +1105,8 @@ class Release:
         verdict returns 'continue'."""
         if duration_s is None:
             duration_s = self.rules.initial_delay_s + self.rules.analysis_s + look_s
-        started, *first = self.canary_start or (clock(), *self.counters())
-        watch = Guard(self.rules, started, *first, load_ratio=load)
+        started, stable, canary = self.canary_start or (clock(), *self.counters())
+        watch = Guard(self.rules, started, stable, canary, load_ratio=load)
         verdict = Verdict(CONTINUE, "no look yet")
         failed = 0
         while clock() - started < duration_s:

@@ -5,23 +5,29 @@ the guard judges latency at the share that loads both versions' servers alike.""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from infra.serving import detach, guard_service
 from infra.serving.analysis import PROMOTE_READY, ROLLBACK, Analysis, Guard
 from infra.serving.counts import Counts, Histogram
-from infra.serving.load import describe, equal_load_percent, load_ratio
+from infra.serving.detach import detach_guard
+from infra.serving.load import describe, equal_load_percent, load_at, load_ratio
+from infra.serving.metrics_text import GatewayFigures
 from infra.serving.release import (
     CANARY_BACKEND,
     EQUAL_LOAD_STEP,
     PROMOTED,
     STABLE_BACKEND,
-    GatewayFigures,
     Release,
     with_equal_load_step,
 )
 from infra.spec.models import Canary, CanaryStep
+from tests.unit.test_canary_detached import CANARY, STABLE, DetachingRelease, Node, guard_of, started
+from tests.unit.test_canary_detached import Clock as DetachedClock
+from tests.unit.test_canary_detached import lock_folder as lock_folder  # autouse: the lock in tmp_path
 from tests.unit.test_serving_release import BOUNDS, Clock, guarded, version
 
 FAST = (20, 40, 20, 0)
@@ -97,14 +103,15 @@ def _look(stable: tuple[int, ...], canary: tuple[int, ...], look: int, canary_er
 def test_a_busier_identical_canary_passes_on_its_errors_and_is_not_judged_on_latency() -> None:
     rules = Canary.model_validate({"interval_s": 10, "intervals": 2, "min_requests": 10})
     looks = [_look(FAST, SLOW, look) for look in range(0, 60, 5)]
-    busier = Guard(rules, 0.0, *looks[0], load_ratio=1.75)
+    stable, canary = looks[0]
+    busier = Guard(rules, 0.0, stable, canary, load_ratio=1.75)
     verdicts = [busier.look(5.0 * i, *looks[i]) for i in range(1, 6)]
     assert verdicts[-1].action == PROMOTE_READY
     assert "latency not judged: each canary server takes 1.75 x a stable server's load" in verdicts[-1].reason
     alike = Guard(rules, 0.0, *looks[0])  # the same counts at equal load: slower, rolled back
     assert [alike.look(5.0 * i, *looks[i]).action for i in range(1, 6)][-1] == ROLLBACK
     failing = [_look(FAST, SLOW, look, canary_errors=40) for look in range(0, 60, 5)]
-    erring = Guard(rules, 0.0, *failing[0], load_ratio=1.75)
+    erring = Guard(rules, 0.0, failing[0][0], failing[0][1], load_ratio=1.75)
     assert ROLLBACK in [erring.look(5.0 * i, *failing[i]).action for i in range(1, 6)]
 
 
@@ -183,3 +190,67 @@ def test_evidence_too_large_for_a_float_is_a_reason_not_an_overflow_error() -> N
     verdict = guard.look(5.0, Counts(8000, 0), Counts(2000, 2000))
     assert verdict.action == ROLLBACK
     assert "the sequential test's evidence e^" in verdict.reason
+
+
+# The detached guard (infra/serving/detach.py hands the steps and the servers up to guard_service.py)
+
+
+class BusyNode(Node):
+    """A gateway's node whose canary, on 1 server beside 7 stable ones, answers as fast as the stable's
+    where its server takes their load, and in 0.3 s instead of 0.05 s where it takes more: queueing."""
+
+    def __init__(self, share: int) -> None:
+        super().__init__(share=share, canary_fails=False)
+        self.latency = True
+        self.slow = 0
+
+    def traffic(self, requests: int) -> None:
+        before = self.counts[CANARY][0]
+        super().traffic(requests)
+        if load_at(self.share, (1, 7)) > 1.05:
+            self.slow += self.counts[CANARY][0] - before
+
+    def metrics(self) -> str:
+        stable, canary = self.counts[STABLE][0], self.counts[CANARY][0]
+        return "\n".join(
+            [
+                "# port 8000",
+                f'h_bucket{{le="0.1"}} {stable}',
+                f'h_bucket{{le="+Inf"}} {stable}',
+                f"h_sum {0.05 * stable}",
+                "# port 8100",
+                f'h_bucket{{le="0.1"}} {canary - self.slow}',
+                f'h_bucket{{le="+Inf"}} {canary}',
+                f"h_sum {0.05 * (canary - self.slow) + 0.3 * self.slow}",
+            ]
+        )
+
+
+def test_detach_hands_the_guard_the_equal_load_step_and_the_servers_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    release = DetachingRelease()
+    release.figures = lambda: GatewayFigures(20, {}, {}, {CANARY_BACKEND: 1, STABLE_BACKEND: 7})  # type: ignore[method-assign]
+    handed: list[dict[str, Any]] = []
+    monkeypatch.setattr(
+        detach, "initial_state", lambda **state: handed.append(state) or guard_service.initial_state(**state)
+    )
+    detach_guard(release, "embedder", "embedder@2", 20, 60)  # type: ignore[arg-type]
+    (state,) = handed
+    assert [(n, s["percent"]) for n, s in state["steps"]] == [(EQUAL_LOAD_STEP, 13), (EQUAL_LOAD_STEP, 20)]
+    assert state["load_servers"] == (1, 7) and state["guard"].analysis.load_ratio == pytest.approx(1.75)
+
+
+def test_the_detached_guard_judges_a_busier_identical_canary_at_equal_load(tmp_path: Path) -> None:
+    """No steps, the canary at 20 % on 1 server beside 7: the detached guard holds 13 % for its latency,
+    then 20 % for its errors, and ends promote-ready (it rolled the canary back for its queue before)."""
+    rules = Canary.model_validate({"min_requests": 4, "interval_s": 10, "intervals": 2})
+    node = BusyNode(share=20)
+    clock = DetachedClock(node)
+    ahead = with_equal_load_step([], 20, equal_load_percent(1, 7))
+    started(tmp_path, node, clock, rules, steps=ahead, load_servers=(1, 7))
+    guard = guard_of(tmp_path, node, clock)
+    guard.run()
+    assert node.shares == [13, 20] and node.slow > 0
+    assert guard.state["verdict"]["action"] == PROMOTE_READY, guard.state["verdict"]
+    assert "latency not judged" in guard.state["verdict"]["reason"]

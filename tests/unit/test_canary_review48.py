@@ -23,11 +23,10 @@ from infra.serving.analysis import (
     sequential_latency,
 )
 from infra.serving.counts import Counts, Histogram, Reading, SinceStart
-from infra.serving.metrics_text import parse_metrics, sample_labels
+from infra.serving.metrics_text import GatewayFigures, parse_metrics, sample_labels
 from infra.serving.release import (
     CANARY_BACKEND,
     STABLE_BACKEND,
-    GatewayFigures,
     Release,
     ServingLayout,
 )

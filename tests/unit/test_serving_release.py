@@ -20,12 +20,12 @@ from infra.platform.resolve import load_platform
 from infra.serving.analysis import CONTINUE, INCONCLUSIVE, PROMOTE_READY, ROLLBACK, Verdict
 from infra.serving.counts import Counts, Histogram, SinceStart
 from infra.serving.lock import LOCK_DIR, RENEW, TAKE_OVER, LockLost, LockRefused, ReleaseLock, here
+from infra.serving.metrics_text import GatewayFigures
 from infra.serving.registry.mlflow import ModelVersion, to_wire_source
 from infra.serving.release import (
     GATED,
     PROMOTED,
     STATE_DIR,
-    GatewayFigures,
     Release,
     ReplicaServing,
     ServeRefused,
