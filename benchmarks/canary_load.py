@@ -107,19 +107,26 @@ def batching(load: float) -> float:
     return (1 + GAP_PER_ANSWER * BATCH_AT_EVEN * load) / (1 + GAP_PER_ANSWER * BATCH_AT_EVEN)
 
 
-def run_once(
-    rng: np.random.Generator,
-    rules: Canary,
-    rate: float,
-    latency: Latency,
-    gaps: TokenGaps | None,
-    layout: Layout,
-    share: float,
-    slowdown: float,
-    utilisation: float,
-    load_aware: bool,
-) -> tuple[str, float]:
+@dataclass(frozen=True)
+class Trial:
+    """What one release is simulated with: its traffic, its servers, the canary's version."""
+
+    latency: Latency
+    gaps: TokenGaps | None
+    rate: float
+    layout: Layout
+    slowdown: float
+    """the canary's latencies over the stable's at equal load"""
+    utilisation: float
+    """rho0"""
+    load_aware: bool
+    """the analysis told each step's load ratio (False: as before 2026-12-07)"""
+
+
+def run_once(rng: np.random.Generator, rules: Canary, trial: Trial, share: float) -> tuple[str, float]:
     """One step's analysis: its verdict and when it came."""
+    latency, gaps, rate, layout = trial.latency, trial.gaps, trial.rate, trial.layout
+    slowdown, utilisation = trial.slowdown, trial.utilisation
     seconds = int(rules.analysis_s + 2 * LOOK_S)
     canary_load, stable_load = server_loads(layout, share)
     ones = np.ones(seconds + 1)
@@ -145,7 +152,9 @@ def run_once(
     )
     bounds = latency.bounds
     ratio = (
-        load_ratio(round(100 * share), layout.canary_servers, layout.stable_servers) if load_aware else 1.0
+        load_ratio(round(100 * share), layout.canary_servers, layout.stable_servers)
+        if trial.load_aware
+        else 1.0
     )
     guard = Guard(rules, 0.0, stable.at(0, bounds), canary.at(0, bounds), load_ratio=ratio)
     now, verdict = 0.0, CONTINUE
@@ -188,23 +197,10 @@ def release_shares(
     return kept, left
 
 
-def run_release(
-    rng: np.random.Generator,
-    rules: Canary,
-    rate: float,
-    latency: Latency,
-    gaps: TokenGaps | None,
-    layout: Layout,
-    shares: list[int],
-    slowdown: float,
-    rho0: float,
-    load_aware: bool,
-) -> tuple[str, int]:
+def run_release(rng: np.random.Generator, rules: Canary, trial: Trial, shares: list[int]) -> tuple[str, int]:
     """The release's verdict (promote-ready once every step passed) and the share it ended at."""
     for percent in shares:
-        verdict, _at = run_once(
-            rng, rules, rate, latency, gaps, layout, percent / 100, slowdown, rho0, load_aware
-        )
+        verdict, _at = run_once(rng, rules, trial, percent / 100)
         if verdict != PROMOTE_READY:
             return verdict, percent
     return PROMOTE_READY, shares[-1] if shares else 0
@@ -270,18 +266,8 @@ def row(
     tally: dict[float, dict[str, int]] = {1.0: {}, 1.5: {}}
     for slowdown, outcomes in tally.items():
         for _ in range(args.runs):
-            verdict, _ended = run_release(
-                rng,
-                rules,
-                rate,
-                latency,
-                gaps,
-                layout,
-                shares,
-                slowdown,
-                args.utilisation,
-                load_aware,
-            )
+            trial = Trial(latency, gaps, rate, layout, slowdown, args.utilisation, load_aware)
+            verdict, _ended = run_release(rng, rules, trial, shares)
             outcomes[verdict] = outcomes.get(verdict, 0) + 1
     same, slow = tally[1.0], tally[1.5]
     rolled, blocked = (
