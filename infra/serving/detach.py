@@ -235,6 +235,7 @@ def detach_guard(release: Release, model: str, candidate: str, share: int, durat
             steps=steps,
             steps_in_all=len(rules.steps),
             load_servers=up,
+            return_share=share if ahead and not rules.steps else None,
             gateway=gateway,
             addresses=addresses,
             peer_port=port,

@@ -494,6 +494,12 @@ class DetachedGuard:
         state = self.state
         step = state["steps"][state["step"]] if state["steps"] else None
         if step is None or state["step"] + 1 >= len(state["steps"]):
+            back = state.get("return_share")
+            if back is not None and back != state["share"] and not self.set_everywhere(back):
+                # Without steps the release ends at the share it was deployed with (the CLI added the
+                # equal-load analysis after it: infra/serving/release.py with_equal_load_step).
+                say(f"both analyses passed: the canary's share goes back to {back} %")
+                state["share"] = back
             self.finish(
                 verdict, f"`gpuplat serve promote {self.model}`, or `gpuplat serve rollback {self.model}`"
             )
@@ -533,13 +539,15 @@ def initial_state(
     addresses: dict[str, str] | None = None,
     peer_port: int = PEER_PORT,
     load_servers: tuple[int, int] | None = None,
+    return_share: int | None = None,
 ) -> dict[str, Any]:
     """The state a detached guard starts from (`init` writes it on the node): the analysis the CLI began,
     its start given as seconds ago (the node's clock, not the CLI's, counts from there), and the steps ahead
     (number, step). `addresses`: every gateway's, on a stack with several (the first, `gateway`, the guard's;
     each other one a follower's, guard_follower.py). `load_servers`: the canary's servers and the stable's up
     when the CLI looked, which each step's analysis weighs the load by (infra/serving/load.py); where the
-    first step is at another share than `share`, `guard` is left for that step's own analysis."""
+    first step is at another share than `share`, `guard` is left for that step's own analysis.
+    `return_share`: the share the release ends at once its last step passed (None: that step's)."""
     guard_state: dict[str, Any] | None = {**guard.to_json(), "started_s": -started_ago_s}
     if steps and steps[0][1]["percent"] != share:
         # The first step moves the share (the equal-load analysis the CLI added, infra/serving/load.py): its
@@ -557,6 +565,7 @@ def initial_state(
         "step_numbers": [number for number, _ in steps],
         "steps_in_all": steps_in_all,
         "load_servers": list(load_servers) if load_servers else None,
+        "return_share": return_share,
         "step": 0,
         "gateway": gateway,
         "leader": gateway,

@@ -117,23 +117,23 @@ def with_equal_load_step(
     ahead: list[tuple[int, CanaryStep]], share: int, equal: int | None
 ) -> list[tuple[int, CanaryStep]]:
     """A release's steps ahead (numbered, rising) with an analysis at `equal`, the share that loads both
-    versions' servers alike, before the first step above it (first of all where the canary's `share` is
-    already above it; last where no step reaches it): the only analysis whose latency test both catches a
-    slower canary and clears an identical one. Unchanged where a step ahead is at `equal`, or there is no
-    such share (None). Without steps (`ahead` empty) the release is one analysis at `share` (none at 0):
-    the equal-load one comes first, then the share goes back to `share` for its own (its errors, and its
-    latency where the canary is not busier)."""
+    versions' servers alike: the only analysis whose latency test both catches a slower canary and clears
+    an identical one. It comes before the first step above it, but after the step the canary is at now
+    (`share`: its analysis goes on from the counts it has), and last where no step reaches it. Unchanged
+    where a step ahead is at `equal`, or there is no such share (None). Without steps (`ahead` empty) the
+    release is one analysis at `share` (none at 0), then the equal-load one; the guard puts the share back
+    to `share` once both passed."""
     if (
         equal is None
         or any(step.percent == equal for _, step in ahead)
         or (not ahead and share in (0, equal))
     ):
         return ahead
-    added = (EQUAL_LOAD_STEP, CanaryStep(percent=equal))
-    if not ahead:
-        return [added, (EQUAL_LOAD_STEP, CanaryStep(percent=share))]
-    at = next((index for index, (_, step) in enumerate(ahead) if step.percent > equal), len(ahead))
-    return [*ahead[:at], added, *ahead[at:]]
+    steps = ahead or [(EQUAL_LOAD_STEP, CanaryStep(percent=share))]
+    at = next((index for index, (_, step) in enumerate(steps) if step.percent > equal), len(steps))
+    if steps[0][1].percent == share:
+        at = max(at, 1)
+    return [*steps[:at], (EQUAL_LOAD_STEP, CanaryStep(percent=equal)), *steps[at:]]
 
 
 def servers_up(figures: GatewayFigures) -> tuple[int, int]:
@@ -1032,15 +1032,15 @@ class Release:
                 "gone", f"'{model}' has no canary: `gpuplat serve deploy NAME@VERSION --canary P` one"
             )
         figures = self.figures()
-        share = figures.canary_percent
+        share = asked = figures.canary_percent
         servers = servers_up(figures)
         equal = equal_load_percent(*servers) if min(servers) >= 1 else None
         ahead = with_equal_load_step(steps_ahead(steps, share if steps else 0, past_gate), share, equal)
         if equal is not None and not steps and ahead:
             self.say(
-                f"{describe(share, *servers)}: the canary's latency is judged at {equal} % first, where its "
-                "servers take a stable server's load, then its share goes back to "
-                f"{share} % for an analysis of its own"
+                f"{describe(share, *servers)}: after its analysis at {share} % the canary's latency is "
+                f"judged at {equal} %, where its servers take a stable server's load; then its share goes "
+                f"back to {share} %"
             )
         if not ahead:
             self.record(model, "analysing", "the canary's analysis", share or None)
@@ -1087,6 +1087,11 @@ class Release:
                     f"serve guard {model} --past-gate` goes on to step {number + 1} "
                     f"({steps[number].percent} %), `gpuplat serve rollback {model}` takes the canary out",
                 )
+        if not steps and share != asked:
+            # Without steps the release ends at the share it was deployed with (with_equal_load_step).
+            self.set_share(asked)
+            self.say(f"both analyses passed: the canary's share goes back to {asked} %")
+            share = asked
         self.record(model, verdict.action, verdict.reason, share)
         return verdict
 

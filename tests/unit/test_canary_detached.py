@@ -28,6 +28,7 @@ from infra.serving.analysis import PROMOTE_READY, ROLLBACK, Guard, RulesRead
 from infra.serving.counts import Counts, Reading
 from infra.serving.detach import UNIT, bundle, bundle_path, detach_guard, unit_name
 from infra.serving.guard_service import DONE, DetachedGuard, initial_state, record_path, state_path
+from infra.serving.load import load_at
 from infra.serving.lock import LockLost, LockRefused, ReleaseLock
 from infra.serving.metrics_text import GatewayFigures
 from infra.serving.release import ServingLayout
@@ -118,10 +119,12 @@ def started(
     duration_s: float = 400,
     steps: list[tuple[int, CanaryStep]] | None = None,
     load_servers: tuple[int, int] | None = None,
+    return_share: int | None = None,
 ) -> None:
     """The state `deploy --detach` hands over: the counters just before the canary got its share (the
     steps ahead: the stack's unless given)."""
-    baseline = Guard(rules, 0.0, *_counts(node))
+    stable, canary = _counts(node)
+    baseline = Guard(rules, 0.0, stable, canary, load_ratio=load_at(node.share, load_servers))
     state = initial_state(
         model=MODEL,
         candidate=f"{MODEL}@2",
@@ -139,6 +142,7 @@ def started(
         look_s=5,
         duration_s=duration_s,
         load_servers=load_servers,
+        return_share=return_share,
     )
     guard_service.init(MODEL, json.dumps(state), str(folder), clock)
 

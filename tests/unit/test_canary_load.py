@@ -80,11 +80,11 @@ def test_the_equal_load_share_is_analysed_before_the_first_step_above_it() -> No
         (3, 50),
         (4, 100),
     ]
-    # A canary already past it goes back to it first; a release whose steps stop below it ends there.
-    assert shares(with_equal_load_step(_steps(20, 100)[0:], 20, 13))[0] == (EQUAL_LOAD_STEP, 13)
+    # A canary already past it goes back to it after the step it is at; steps that stop below it end there.
+    assert shares(with_equal_load_step(_steps(20, 100), 20, 13)) == [(1, 20), (EQUAL_LOAD_STEP, 13), (2, 100)]
     assert shares(with_equal_load_step(_steps(5, 20), 0, 50))[-1] == (EQUAL_LOAD_STEP, 50)
-    # Without steps: the equal-load analysis, then the canary's own share again.
-    assert shares(with_equal_load_step([], 20, 13)) == [(EQUAL_LOAD_STEP, 13), (EQUAL_LOAD_STEP, 20)]
+    # Without steps: the canary's own share's analysis, then the equal-load one.
+    assert shares(with_equal_load_step([], 20, 13)) == [(EQUAL_LOAD_STEP, 20), (EQUAL_LOAD_STEP, 13)]
     # Nothing added where a step is at it, the canary's share is it, no share is, or the canary has none.
     assert shares(with_equal_load_step(_steps(13, 100), 0, 13)) == [(1, 13), (2, 100)]
     assert with_equal_load_step([], 13, 13) == []
@@ -155,13 +155,13 @@ def _release_by_share(
 
 def test_an_identical_canary_busier_than_the_stable_servers_is_judged_at_equal_load() -> None:
     """borrow on 8 replicas at 20 %: the canary's one server takes 1.75 x a stable server's load and reads
-    slower; the guard judges its latency at 12 %, then holds 20 % for its errors: promote-ready."""
+    slower; the guard judges only its errors there, then its latency at 12 %, and puts it back at 20 %."""
     clock = Clock()
     release, done = _release_by_share([], 20, (1, 7), slower=1.0)
     verdict = release.guard("embedder", sleep=clock.sleep, clock=clock)
     assert verdict.action == PROMOTE_READY, verdict.reason
     assert done == ["share 12", "share 20"]
-    assert "latency not judged" in verdict.reason
+    assert "canary mean latency" in verdict.reason and "latency not judged" not in verdict.reason
 
 
 def test_a_slower_canary_idler_than_the_stable_server_is_caught_at_equal_load() -> None:
@@ -239,20 +239,22 @@ def test_detach_hands_the_guard_the_equal_load_step_and_the_servers_up(
     )
     detach_guard(release, "embedder", "embedder@2", 20, 60)  # type: ignore[arg-type]
     (state,) = handed
-    assert [(n, s["percent"]) for n, s in state["steps"]] == [(EQUAL_LOAD_STEP, 12), (EQUAL_LOAD_STEP, 20)]
-    assert state["load_servers"] == (1, 7) and state["guard"].analysis.load_ratio == pytest.approx(1.75)
+    assert [(n, s["percent"]) for n, s in state["steps"]] == [(EQUAL_LOAD_STEP, 20), (EQUAL_LOAD_STEP, 12)]
+    assert state["load_servers"] == (1, 7) and state["return_share"] == 20
+    assert state["guard"].analysis.load_ratio == pytest.approx(1.75)
 
 
 def test_the_detached_guard_judges_a_busier_identical_canary_at_equal_load(tmp_path: Path) -> None:
-    """No steps, the canary at 20 % on 1 server beside 7: the detached guard holds 12 % for its latency,
-    then 20 % for its errors, and ends promote-ready (it rolled the canary back for its queue before)."""
+    """No steps, the canary at 20 % on 1 server beside 7: the detached guard judges its errors at 20 %,
+    its latency at 12 %, puts it back at 20 % and ends promote-ready (it rolled the canary back for its
+    queue before)."""
     rules = Canary.model_validate({"min_requests": 4, "interval_s": 10, "intervals": 2})
     node = BusyNode(share=20)
     clock = DetachedClock(node)
     ahead = with_equal_load_step([], 20, equal_load_percent(1, 7))
-    started(tmp_path, node, clock, rules, steps=ahead, load_servers=(1, 7))
+    started(tmp_path, node, clock, rules, steps=ahead, load_servers=(1, 7), return_share=20)
     guard = guard_of(tmp_path, node, clock)
     guard.run()
     assert node.shares == [12, 20] and node.slow > 0
     assert guard.state["verdict"]["action"] == PROMOTE_READY, guard.state["verdict"]
-    assert "latency not judged" in guard.state["verdict"]["reason"]
+    assert guard.state["share"] == 20
