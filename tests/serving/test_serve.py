@@ -373,8 +373,9 @@ def test_the_canary_gets_its_share_and_keeps_it_across_a_reload(
 
 def at_most_failed(sent: int) -> float:
     """The most of `sent` requests a failing canary may fail while the guard holds its share: the canary's
-    draws, and 3 standard deviations. The guard holds SHARE, or first the share that loads the canary slot
-    as each of infer-0's 2 stable replicas (33 %, infra/serving/load.py) while it judges the latency."""
+    draws, and 3 standard deviations. The guard holds SHARE, then the share that loads the canary slot as
+    each of infer-0's 2 stable replicas (33 %, infra/serving/load.py) while it judges the latency: a canary
+    failing after the guard moved on fails up to that share."""
     held = max(SHARE, equal_load_percent(1, 2) or 0) / 100
     return held * sent + 3 * (sent * held * (1 - held)) ** 0.5
 
