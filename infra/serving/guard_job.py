@@ -97,6 +97,9 @@ class JobPlan:
     duration_s: float | None = None
     past_gate: bool = False
     rollout_s: float = 1800.0
+    servers: tuple[int, int] = (0, 0)
+    """the canary's servers and the stable's up when the CLI looked (carry.Carried.servers_up): the shares
+    the Job may set are rendered beforehand, the equal-load one among them (infra/serving/load.py)"""
 
     def to_json(self) -> dict[str, Any]:
         data = dict(self.__dict__)
@@ -116,6 +119,7 @@ class JobPlan:
                 "rules": JobRules(**rules, steps=steps),
                 "names": PodNames(**data["names"]),
                 "itl": tuple(data["itl"]),
+                "servers": tuple(data.get("servers", (0, 0))),
                 "shares": {int(share): objects for share, objects in data["shares"].items()},
             }
         )
@@ -206,6 +210,10 @@ class JobCarried:
 
     def share(self) -> int:
         return int(self._release().get("canary_percent") or 0)
+
+    def servers_up(self) -> tuple[int, int]:
+        """The plan's: the equal-load share the loop adds must be one the plan has the objects of."""
+        return self.plan.servers
 
     def counters(self) -> tuple[Reading, Reading]:
         pods = ObjectRef("v1", "Pod", "", self.namespace)

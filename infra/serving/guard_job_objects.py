@@ -57,6 +57,7 @@ MODULES = (
     "serving/counts.py",
     "serving/guard_job.py",
     "serving/kube_http.py",
+    "serving/load.py",
     "serving/metrics_text.py",
     "serving/pod_counters.py",
     "serving/statistics.py",

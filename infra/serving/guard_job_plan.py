@@ -1,9 +1,10 @@
 """The guard Job's plan (infra/serving/guard_job.py JobPlan), rendered by the CLI from the stack and the
 release as it stands: what the Job, which carries neither the spec's models nor the templates, needs to
-carry the canary through its steps. Each share it may set (each step below 100 %, and 0 for a rollback)
-comes with the objects that set it: those of the release at that share (infra/k8s/serving.py
-serving_objects) that differ from the release's objects now (the gateways' ConfigMap and Deployment: the
-Deployment's config-sha256 annotation rolls its pods), and the release record at that share.
+carry the canary through its steps. Each share it may set (each step below 100 %, the share that loads
+the canary's servers as the stable's, carry.with_equal_load_step, and 0 for a rollback) comes with the
+objects that set it: those of the release at that share (infra/k8s/serving.py serving_objects) that differ
+from the release's objects now (the gateways' ConfigMap and Deployment: the Deployment's config-sha256
+annotation rolls its pods), and the release record at that share.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from infra.k8s.serving_apply import record_manifest
 from infra.k8s.serving_versions import ServingRelease
 from infra.platform.resolve import ResolvedPlatform
 from infra.serving.analysis import RulesRead
+from infra.serving.carry import equal_load_share
 from infra.serving.engine_metrics import itl_histograms, latency_histogram
 from infra.serving.guard_job import JobPlan, JobRules, StepRead
 from infra.serving.pod_readings import NAMES
@@ -37,7 +39,10 @@ def job_plan(
     past_gate: bool = False,
     duration_s: float | None = None,
     rollout_s: float = 1800.0,
+    servers: tuple[int, int] = (0, 0),
 ) -> JobPlan:
+    """`servers`: the canary's servers and the stable's up (carry.Carried.servers_up), which the equal-load
+    share is worked out from."""
     serving = platform.spec.serving
     if serving is None or current.canary is None:
         raise ValueError("a guard Job carries a canary: the release has none")
@@ -47,7 +52,9 @@ def job_plan(
     namespace = serving_namespace(platform)
     now = _by_name(serving_objects(platform, facts, current))
     shares: dict[int, list[dict[str, Any]]] = {}
-    for percent in sorted({0, current.canary_percent, *(step.percent for step in steps)}):
+    equal = equal_load_share(servers)
+    added = () if equal is None else (equal,)
+    for percent in sorted({0, current.canary_percent, *added, *(step.percent for step in steps)}):
         at = replace(current, canary_percent=percent)
         changed = [
             manifest
@@ -74,6 +81,7 @@ def job_plan(
         past_gate=past_gate,
         duration_s=duration_s,
         rollout_s=rollout_s,
+        servers=servers,
     )
 
 

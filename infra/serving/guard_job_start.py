@@ -16,12 +16,14 @@ import json
 import secrets
 from typing import Any
 
+from infra.errors import GpuPlatError
 from infra.k8s.serving import serving_objects, version_track_names
 from infra.k8s.serving_apply import ClusterError, ObjectRef, ReleaseDriver, workload_kind
 from infra.k8s.serving_versions import ServingRelease
 from infra.serving.guard_job import GUARD_RECORD, GUARD_RECORD_KEY
 from infra.serving.guard_job_objects import ROLLOUT_S, guard_name, guard_objects, owned_by
 from infra.serving.guard_job_plan import job_plan
+from infra.serving.pod_readings import pod_servers_up
 
 
 def stable_pod_spec(driver: ReleaseDriver, current: ServingRelease) -> dict[str, Any]:
@@ -61,6 +63,7 @@ def start_guard_job(
         past_gate=past_gate,
         duration_s=duration_s,
         rollout_s=ROLLOUT_S,
+        servers=_servers_up(driver),
     )
     objects = guard_objects(plan, name, stable_pod_spec(driver, current))
     record = {
@@ -81,6 +84,17 @@ def start_guard_job(
     for manifest in owned:
         driver.api.apply(owned_by(manifest, created))
     return name
+
+
+def _servers_up(driver: ReleaseDriver) -> tuple[int, int]:
+    """The servers up as the gateway pods count them, which the Job weighs each share's load by; none
+    (no load weighed, no equal-load analysis) where this command cannot read the pods: the guard Job,
+    which reads them at their addresses, is what a stack whose pods the API server cannot dial runs."""
+    try:
+        return pod_servers_up(driver.api, driver.namespace, driver.say)
+    except GpuPlatError as error:
+        driver.say(f"the servers up were not read ({error.message}): the guard Job weighs no load")
+        return (0, 0)
 
 
 def _write_record(driver: ReleaseDriver, data: dict[str, str]) -> None:

@@ -50,7 +50,7 @@ from infra.serving.analysis import Verdict
 from infra.serving.counts import Counts, Reading
 from infra.serving.engine_metrics import itl_histograms, latency_histogram
 from infra.serving.guard_job_start import start_guard_job
-from infra.serving.pod_readings import pod_readings
+from infra.serving.pod_readings import pod_readings, pod_servers_up
 from infra.serving.registry.locate import operator_credential
 from infra.serving.registry.mlflow import MlflowRegistry
 from infra.spec.models import Canary
@@ -358,6 +358,10 @@ class ClusterCarried:
 
     def share(self) -> int:
         return self._current().canary_percent
+
+    def servers_up(self) -> tuple[int, int]:
+        """As the gateway pods' exporters count them (HAProxy's active servers of each backend)."""
+        return pod_servers_up(self.serving.api, self.serving.namespace, self.say)
 
     def counters(self) -> tuple[Reading, Reading]:
         serving = self.serving.platform.spec.serving

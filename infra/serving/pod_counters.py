@@ -19,7 +19,7 @@ from typing import Any
 
 from infra.errors import GpuPlatError
 from infra.serving.counts import Counts, Histogram, Reading
-from infra.serving.metrics_text import exporter_figures, parse_metrics
+from infra.serving.metrics_text import GatewayFigures, exporter_figures, parse_metrics
 
 METRICS_PATH = "metrics"
 """the exporter's and the model servers' path (the pods' prometheus.io/path annotation)"""
@@ -83,6 +83,42 @@ class PodCounters:
     read: Callable[[Pod, int], str]
     unreached: Callable[[list[str]], str] = lambda _: ""
 
+    def gateways(
+        self, namespace: str, canary_percent: int, say: Callable[[str], None]
+    ) -> dict[str, GatewayFigures]:
+        """Each running gateway pod's exporter figures (metrics_text.exporter_figures), by the pod's name; a
+        pod that does not answer is said and left out, none answering is a GpuPlatError."""
+        names = self.names
+        backends = (names.stable_backend, names.canary_backend)
+        figures: dict[str, GatewayFigures] = {}
+        failures: list[str] = []
+        for pod in running(self.pods(names.gateway)):
+            try:
+                text = self.read(pod, names.gateway_port)
+                figures[pod_name(pod)] = exporter_figures(text, backends, canary_percent)
+            except (GpuPlatError, OSError, ValueError) as error:
+                failures.append(f"{pod_name(pod)}: {error}")
+        if not figures:
+            raise GpuPlatError(
+                f"no gateway pod in namespace {namespace} answered on its metrics port {names.gateway_port}"
+                + (": " + "; ".join(failures) if failures else " (none is running)")
+                + self.unreached(failures)
+            )
+        for failure in failures:
+            say(f"left out of this look: gateway pod {failure}")
+        return figures
+
+    def servers_up(self, namespace: str, say: Callable[[str], None]) -> tuple[int, int]:
+        """The canary's servers and the stable's up (HAProxy's active servers of each backend), as every
+        gateway pod that answers counts them: the least any counts, as the nodes' gateways are read
+        (infra/serving/release.py Release.figures)."""
+        each = self.gateways(namespace, 0, say).values()
+        names = self.names
+        return (
+            min(f.servers_up[names.canary_backend] for f in each),
+            min(f.servers_up[names.stable_backend] for f in each),
+        )
+
     def readings(
         self,
         namespace: str,
@@ -97,25 +133,14 @@ class PodCounters:
         each model-server pod's `latency` histogram and first `itl` histogram it has."""
         names = self.names
         backends = (names.stable_backend, names.canary_backend)
-        gateways: dict[str, dict[str, Counts]] = {backend: {} for backend in backends}
-        failures: list[str] = []
-        for pod in running(self.pods(names.gateway)):
-            try:
-                text = self.read(pod, names.gateway_port)
-                figures = exporter_figures(text, backends, canary_percent)
-            except (GpuPlatError, OSError, ValueError) as error:
-                failures.append(f"{pod_name(pod)}: {error}")
-                continue
-            for backend, counts in gateways.items():
-                counts[pod_name(pod)] = Counts(figures.requests[backend], figures.errors[backend])
-        if not gateways[names.stable_backend]:
-            raise GpuPlatError(
-                f"no gateway pod in namespace {namespace} answered on its metrics port {names.gateway_port}"
-                + (": " + "; ".join(failures) if failures else " (none is running)")
-                + self.unreached(failures)
-            )
-        for failure in failures:
-            say(f"left out of this look: gateway pod {failure}")
+        each = self.gateways(namespace, canary_percent, say)
+        gateways = {
+            backend: {
+                pod: Counts(figures.requests[backend], figures.errors[backend])
+                for pod, figures in each.items()
+            }
+            for backend in backends
+        }
         histograms: dict[str, dict[str, Histogram]] = {backend: {} for backend in backends}
         gaps: dict[str, dict[str, Histogram]] = {backend: {} for backend in backends}
         for pod in running(self.pods(names.model_server)):

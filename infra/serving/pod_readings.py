@@ -56,17 +56,9 @@ def pod_backend(pod: Mapping[str, Any], release: ServingRelease) -> str | None:
     return backend_of(pod, NAMES, release.stable.slug, release.canary.slug if release.canary else None)
 
 
-def pod_readings(
-    api: ClusterApi,
-    namespace: str,
-    release: ServingRelease,
-    latency: str,
-    itl: tuple[str, ...],
-    say: Callable[[str], None],
-) -> tuple[Reading, Reading]:
-    """The stable's and the canary's counters now (pod_counters.PodCounters), each pod read through the API
-    server's proxy."""
-    looked = PodCounters(
+def _through_proxy(api: ClusterApi, namespace: str) -> PodCounters:
+    """A look at the pods (pod_counters.PodCounters), each pod read through the API server's proxy."""
+    return PodCounters(
         NAMES,
         pods=lambda component: api.list(
             ObjectRef("v1", "Pod", "", namespace), f"{LABEL_COMPONENT}={component}"
@@ -76,5 +68,23 @@ def pod_readings(
             UNREACHED if any("error trying to reach service" in failure for failure in failures) else ""
         ),
     )
+
+
+def pod_readings(
+    api: ClusterApi,
+    namespace: str,
+    release: ServingRelease,
+    latency: str,
+    itl: tuple[str, ...],
+    say: Callable[[str], None],
+) -> tuple[Reading, Reading]:
+    """The stable's and the canary's counters now (pod_counters.PodCounters.readings)."""
+    looked = _through_proxy(api, namespace)
     canary = release.canary.slug if release.canary else None
     return looked.readings(namespace, release.stable.slug, canary, release.canary_percent, latency, itl, say)
+
+
+def pod_servers_up(api: ClusterApi, namespace: str, say: Callable[[str], None]) -> tuple[int, int]:
+    """The canary's servers and the stable's up, as the gateway pods' exporters count them
+    (pod_counters.PodCounters.servers_up)."""
+    return _through_proxy(api, namespace).servers_up(namespace, say)

@@ -94,6 +94,11 @@ STATE_DIR = "/var/lib/gpuplat-serve"
 STATE_WRITE = 'mkdir -p "$1" && printf %s "$3" > "$1/.$2.json" && mv "$1/.$2.json" "$1/$2.json"'
 
 
+def servers_up(figures: GatewayFigures) -> tuple[int, int]:
+    """The canary's servers and the stable's that every gateway counts up: what a share spreads over."""
+    return figures.servers_up.get(CANARY_BACKEND, 0), figures.servers_up.get(STABLE_BACKEND, 0)
+
+
 class ServeRefused(GpuPlatError):
     """A release the stack's rules or state do not allow (a gate missed, no canary to promote)."""
 
@@ -957,6 +962,9 @@ class Release:
     def share(self) -> int:
         return self.figures().canary_percent
 
+    def servers_up(self) -> tuple[int, int]:
+        return servers_up(self.figures())
+
     def guard(
         self,
         model: str,
@@ -976,6 +984,8 @@ class Release:
         look_s: float = 5.0,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
+        load: float = 1.0,
     ) -> Verdict:
-        """carry.analyse: the running canary's analysis until a verdict or `duration_s`."""
-        return carry.analyse(self, model, duration_s, look_s, sleep, clock)
+        """carry.analyse: the running canary's analysis until a verdict or `duration_s`, its latency
+        judged where each canary server takes no more than a stable server's load (`load`, load.load_at)."""
+        return carry.analyse(self, model, duration_s, look_s, sleep, clock, load)

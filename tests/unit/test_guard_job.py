@@ -159,13 +159,15 @@ def release(
     ports those of the test's servers), its guard record written, the Lease handed to the Job's holder."""
     made: list[Pods] = []
 
-    def make(traffic: Traffic) -> tuple[JobPlan, Pods]:
+    def make(traffic: Traffic, servers: tuple[int, int] = (0, 0)) -> tuple[JobPlan, Pods]:
         in_canary(cluster, traffic)
         pods = Pods(cluster, traffic)
         made.append(pods)
         platform = load_platform(stepped_stack(tmp_path))
         current = ServingRelease(V1, canary=V2, canary_percent=20)
-        plan = job_plan(platform, fsx_facts(), current, "s3://aws-k8s-models-1a2b/embedder", JOB)
+        plan = job_plan(
+            platform, fsx_facts(), current, "s3://aws-k8s-models-1a2b/embedder", JOB, servers=servers
+        )
         assert (plan.names.gateway_port, plan.names.server_port) == (8404, 8000)
         names = replace(
             plan.names, gateway_port=pods.ports["gateway"], server_port=pods.ports["model-server"]
@@ -231,6 +233,25 @@ def test_an_identical_canary_is_promote_ready_and_the_token_is_read_again_at_eac
 
     assert run(api, plan, sleep=sleep) == 0
     assert looks > 2
+    client = ClusterApi(cluster.client())
+    assert read_record(client, NS)[0] == ServingRelease(V1, canary=V2, canary_percent=20)
+    record = read_guard_record(client, NS)
+    assert record is not None and record["phase"] == "promote-ready", record
+
+
+def test_the_job_judges_the_canary_at_the_equal_load_share_its_plan_renders(
+    tmp_path: Path, cluster: FakeCluster, bridge: ApiBridge, clock: Clock, release: Any
+) -> None:
+    """1 canary and 7 stable servers up when the CLI looked: the plan renders 12 % (infra/serving/load.py)
+    beside 20 % and 0 %, and the Job analyses 20 %, then 12 %, and puts the share back to 20 %."""
+    plan, _pods = release(Traffic(clock, servers=(1, 7)), servers=(1, 7))
+    assert sorted(plan.shares) == [0, 12, 20]
+    again = JobPlan.from_json(json.loads(json.dumps(plan.to_json())))
+    assert again.servers == (1, 7)
+    said: list[str] = []
+    assert run(job_api(bridge, tmp_path), plan, sleep=clock.sleep, say=said.append) == 0
+    assert "the equal-load analysis (12 %): the canary takes 12 % of the requests" in said, said
+    assert "both analyses passed: the canary's share goes back to 20 %" in said, said
     client = ClusterApi(cluster.client())
     assert read_record(client, NS)[0] == ServingRelease(V1, canary=V2, canary_percent=20)
     record = read_guard_record(client, NS)

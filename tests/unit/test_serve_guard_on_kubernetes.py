@@ -64,6 +64,9 @@ class Traffic:
     since: float = field(init=False)
     restarted: dict[str, float] = field(default_factory=dict)
     """pod -> when its counters started again (a restarted container)"""
+    servers: tuple[int, int] = (0, 0)
+    """the canary's servers and the stable's each gateway pod counts up; none: the guard weighs no load and
+    adds no equal-load analysis (infra/serving/load.py; tested with servers up below)"""
 
     def __post_init__(self) -> None:
         self.since = self.clock.now - 30
@@ -84,9 +87,12 @@ class Traffic:
                 f'haproxy_backend_sessions_total{{proxy="{backend}"}} {requests}',
                 f'haproxy_backend_http_responses_total{{proxy="{backend}",code="2xx"}} {requests - failed}',
                 f'haproxy_backend_http_responses_total{{proxy="{backend}",code="5xx"}} {failed}',
-                f'haproxy_backend_active_servers{{proxy="{backend}"}} 1',
+                f'haproxy_backend_active_servers{{proxy="{backend}"}} {self.up(backend)}',
             ]
         return "\n".join(lines) + "\n"
+
+    def up(self, backend: str) -> int:
+        return self.servers[0] if backend == CANARY_BACKEND else self.servers[1]
 
     def model_server(self, backend: str, pod: str) -> str:
         rate = self.stable_rps if backend == GATEWAY_BACKEND else self.canary_rps
@@ -251,6 +257,33 @@ def test_steps_move_the_share_through_the_gateways_and_the_last_promotes(
     assert 30 in shares and shares[-1] == 100
 
 
+def test_a_canary_on_1_server_beside_7_is_judged_at_the_equal_load_share_then_put_back(
+    tmp_path: Path, cluster: FakeCluster, clock: Clock
+) -> None:
+    """The gateway pods' exporters count 1 canary and 7 stable servers up (serving.canary.gpus borrow on 8
+    replicas): at 20 % each canary server takes 1.75 x a stable one's load, so the guard (carry.guard, as
+    on the nodes) analyses 20 %, then 12 %, the share that loads them alike (infra/serving/load.py), and
+    puts the share back to 20 %."""
+    in_canary(cluster, Traffic(clock, servers=(1, 7)))
+    shares: list[int] = []
+
+    def follow_share(request: Request, fake: FakeCluster) -> None:
+        if request.verb == "PATCH" and request.path.endswith(f"configmaps/{GUARD_RECORD}"):
+            shares.append(json.loads(request.body["data"]["guard"])["canary_percent"])
+        rolls_out(request, fake)
+
+    cluster.before = follow_share
+    said: list[str] = []
+    verdict = serving(load_platform(stepped_stack(tmp_path)), cluster, clock, said).guard("embedder", None)
+    assert verdict.action == PROMOTE_READY, verdict
+    assert any("each of the 1 canary server(s)" in line and "7 stable server(s)" in line for line in said)
+    assert "the equal-load analysis (12 %): the canary takes 12 % of the requests" in said, said
+    assert shares == [20, 12, 20], shares
+    assert read_record(ClusterApi(cluster.client()), NS)[0] == ServingRelease(
+        V1, canary=V2, canary_percent=20
+    )
+
+
 def test_a_manual_gate_holds_the_release_and_past_gate_goes_on(
     tmp_path: Path, cluster: FakeCluster, clock: Clock
 ) -> None:
@@ -277,7 +310,8 @@ def test_too_few_requests_is_inconclusive_and_exits_5_through_the_cli(
     assert run.code == 5 and "Traceback" not in run.err, run.err
     assert f"no verdict to promote on ({INCONCLUSIVE})" in run.err
     run = run_cli("serve", "status", "embedder", "--stack-file", str(path))
-    assert run.code == 0 and "guard: inconclusive: errors could not be judged" in run.out, run.out
+    # The share read without steps too (the equal-load analysis weighs it): the record names it.
+    assert run.code == 0 and "guard: inconclusive at 20 %: errors could not be judged" in run.out, run.out
 
 
 def test_deploy_with_guard_s_starts_the_canary_then_rolls_it_back_exit_1(
