@@ -169,6 +169,7 @@ def guard(
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
     past_gate: bool = False,
+    back_to: int | None = None,
 ) -> Verdict:
     """The canary's analysis (`analyse`), or with serving.canary.steps the release through its steps:
     from the first step at or above the canary's share (above it with `past_gate`: an operator opens the
@@ -176,14 +177,19 @@ def guard(
     just before the share moved); a step at 100 % promotes. Any verdict but promote-ready ends it; so
     does a passed step with a manual gate (GATED), the share left at that step. Where the canary's servers
     do not take a stable server's load at its share, an analysis at the share that loads them alike is
-    added (`with_equal_load_step`); without steps the share goes back once both analyses passed."""
+    added (`with_equal_load_step`); without steps the share goes back once both analyses passed, to
+    `back_to` (None: the share now; a guard Job's pod restarted in the equal-load analysis finds the canary
+    at that share, and goes on with it: the analysis at `back_to` passed before the share moved)."""
     steps = release.rules.steps
     if steps and not release.has_canary(model):
         return Verdict("gone", f"'{model}' has no canary: `gpuplat serve deploy NAME@VERSION --canary P` one")
-    share = asked = release.share()
+    share = release.share()
+    asked = share if back_to is None else back_to
     servers = release.servers_up()
     equal = equal_load_share(servers)
-    ahead = with_equal_load_step(steps_ahead(steps, share if steps else 0, past_gate), share, equal)
+    ahead = with_equal_load_step(steps_ahead(steps, share if steps else 0, past_gate), asked, equal)
+    if not steps and share != asked:
+        ahead = [(number, step) for number, step in ahead if step.percent == share] or ahead
     if equal is not None and not steps and ahead:
         release.say(
             f"{describe(share, *servers)}: after its analysis at {share} % the canary's latency is judged at "

@@ -100,6 +100,9 @@ class JobPlan:
     servers: tuple[int, int] = (0, 0)
     """the canary's servers and the stable's up when the CLI looked (carry.Carried.servers_up): the shares
     the Job may set are rendered beforehand, the equal-load one among them (infra/serving/load.py)"""
+    back_to: int | None = None
+    """the canary's share when the CLI looked, which a release without steps ends at after the equal-load
+    analysis (carry.guard's `back_to`: a pod restarted in that analysis finds another share)"""
 
     def to_json(self) -> dict[str, Any]:
         data = dict(self.__dict__)
@@ -342,6 +345,7 @@ def run(api: KubeHttp, plan: JobPlan, **options: Any) -> int:
             carried.sleep,
             carried.now_s,
             past_gate=plan.past_gate,
+            back_to=plan.back_to,
         )
     except GpuPlatError as error:
         carried.say(error.message)

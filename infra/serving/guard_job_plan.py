@@ -82,6 +82,7 @@ def job_plan(
         duration_s=duration_s,
         rollout_s=rollout_s,
         servers=servers,
+        back_to=current.canary_percent,
     )
 
 

@@ -262,6 +262,32 @@ class Killed(BaseException):
     """The pod killed (SIGKILL, its node lost) while the guard sleeps between two looks."""
 
 
+def test_a_pod_restarted_in_the_equal_load_analysis_resumes_it_and_puts_the_share_back(
+    tmp_path: Path, cluster: FakeCluster, bridge: ApiBridge, clock: Clock, release: Any
+) -> None:
+    """Killed while it analyses 12 % (its analysis at 20 % passed): the new pod finds the canary at 12 %,
+    goes on with that analysis, not again from 20 %, and ends the release at 20 %, the plan's share."""
+    plan, _pods = release(Traffic(clock, servers=(1, 7)), servers=(1, 7))
+    said: list[str] = []
+
+    def killed_in_the_equal_load_analysis(seconds: float) -> None:
+        if any(line.startswith("the equal-load analysis (12 %): the canary takes") for line in said):
+            raise Killed
+        clock.sleep(seconds)
+
+    with pytest.raises(Killed):
+        run(job_api(bridge, tmp_path), plan, sleep=killed_in_the_equal_load_analysis, say=said.append)
+    api = ClusterApi(cluster.client())
+    assert read_record(api, NS)[0] == ServingRelease(V1, canary=V2, canary_percent=12)
+    again: list[str] = []
+    assert run(job_api(bridge, tmp_path), plan, sleep=clock.sleep, say=again.append) == 0
+    assert not any("the canary takes 20 %" in line for line in again), again
+    assert "both analyses passed: the canary's share goes back to 20 %" in again, again
+    assert read_record(api, NS)[0] == ServingRelease(V1, canary=V2, canary_percent=20)
+    record = read_guard_record(api, NS)
+    assert record is not None and record["phase"] == "promote-ready", record
+
+
 def test_a_pod_restarted_mid_release_resumes_the_counts_and_a_promote_meets_the_lease_meanwhile(
     tmp_path: Path, cluster: FakeCluster, bridge: ApiBridge, clock: Clock, release: Any
 ) -> None:
