@@ -55,8 +55,8 @@ from benchmarks.canary_analysis import (
     simulate,
 )
 from infra.serving.analysis import CONTINUE, PROMOTE_READY, ROLLBACK, Guard
+from infra.serving.carry import steps_ahead, with_equal_load_step
 from infra.serving.load import equal_load_percent, load_ratio
-from infra.serving.release import steps_ahead, with_equal_load_step
 from infra.spec.models import Canary, CanaryStep
 
 STEPS = (5, 20, 50)
