@@ -16,7 +16,15 @@ forced (forced, the others lose it); two managers applying one value share it; a
 before and dropped now, owned by no other manager, is removed from the object, a workload's spec.replicas
 reset to its default of 1; an update (`scale`, a controller's write) that changes a field takes it from
 every other manager; metadata.managedFields as the server writes it (FieldsV1). Not modelled: admission,
-watches, and the controllers (a test's `before` moves the workloads' status as they would)."""
+watches, and the controllers (a test's `before` moves the workloads' status as they would).
+
+The pods' proxy subresource (GET /api/v1/namespaces/NS/pods/NAME:PORT/proxy/PATH) answers what the test
+puts in `pod_answers` for that pod and port, as text, where the pod exists and runs with an address; a pod
+that is missing is a 404, one that does not run or has no answer for the port a 503 with the API server's
+words for a pod it cannot dial (apimachinery pkg/util/proxy/transport.go RoundTrip: NewServiceUnavailable
+"error trying to reach service: ..."). Not modelled: the NetworkPolicies between the API server and the pod
+(the proxy dials the pod's address from the API server: a policy that admits only some pods to the port
+refuses it), a pod with no address yet (400 "address not allowed")."""
 
 from __future__ import annotations
 
@@ -34,6 +42,7 @@ from kubernetes.client import ApiClient, Configuration
 from tests.k8s_schemas import assert_accepted
 
 HOST = "https://api.cluster.example:6443"
+_POD_PROXY = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/:]+):(\d+)/proxy/(.*)$")
 # MicroTime as the API server writes it (apimachinery pkg/apis/meta/v1/micro_time.go, RFC3339Micro).
 MICRO_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
 
@@ -48,13 +57,15 @@ class Request:
 
 
 class Response:
-    """What RESTResponse reads of a urllib3 response."""
+    """What RESTResponse reads of a urllib3 response (and the client returns as is, unread, for
+    _preload_content=False)."""
 
-    def __init__(self, status: int, body: Any, reason: str = "") -> None:
+    def __init__(self, status: int, body: Any, reason: str = "", text: str | None = None) -> None:
         self.status = status
         self.reason = reason
-        self.data = json.dumps(body).encode()
-        self.headers: dict[str, str] = {"Content-Type": "application/json"}
+        self.data = json.dumps(body).encode() if text is None else text.encode()
+        content_type = "application/json" if text is None else "text/plain; version=0.0.4; charset=utf-8"
+        self.headers: dict[str, str] = {"Content-Type": content_type}
 
     def getheaders(self) -> dict[str, str]:
         return self.headers
@@ -158,6 +169,8 @@ class FakeCluster:
     """The API server's clock, sent in each answer's Date header (as Go's net/http server does)."""
     owners: dict[str, dict[tuple[str, str], set[Leaf]]] = field(default_factory=dict)
     """path -> (manager, "Apply" or "Update") -> the leaf fields it owns."""
+    pod_answers: dict[tuple[str, int], Callable[[], str]] = field(default_factory=dict)
+    """(pod, port) -> what its server answers now, through the pods/proxy subresource."""
     _version: int = 100
 
     def client(self) -> ApiClient:
@@ -252,7 +265,12 @@ class FakeCluster:
             code, message = self.refuse[(method, parts.path)]
             reason = {403: "Forbidden", 404: "NotFound", 409: "Conflict"}.get(code, "InternalError")
             return Response(code, status(code, reason, message), reason)
-        answer = getattr(self, f"_{method.lower()}")(request)
+        proxied = _POD_PROXY.match(parts.path)
+        answer = (
+            self._proxy(request, *proxied.groups())
+            if proxied
+            else getattr(self, f"_{method.lower()}")(request)
+        )
         if isinstance(answer, dict) and answer.get("kind") not in ("Status", None):
             for item in answer.get("items", [answer]):
                 assert_accepted(item)
@@ -263,6 +281,20 @@ class FakeCluster:
 
     def _name(self, path: str) -> str:
         return path.rsplit("/", 1)[1]
+
+    def _proxy(self, request: Request, namespace: str, pod: str, port: str, _path: str) -> Response:
+        assert request.verb == "GET", request
+        live = self.objects.get(f"/api/v1/namespaces/{namespace}/pods/{pod}")
+        if live is None:
+            return Response(404, status(404, "NotFound", f'pods "{pod}" not found'), "Not Found")
+        answer = self.pod_answers.get((pod, int(port)))
+        running = (live.get("status") or {}).get("phase") == "Running" and (live.get("status") or {}).get(
+            "podIP"
+        )
+        if answer is None or not running:
+            message = f"error trying to reach service: dial tcp 10.0.0.1:{port}: connect: connection refused"
+            return Response(503, status(503, "ServiceUnavailable", message), "Service Unavailable")
+        return Response(200, None, text=answer())
 
     def _get(self, request: Request) -> Response | dict[str, Any]:
         if request.path in self.objects:

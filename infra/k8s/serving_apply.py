@@ -19,9 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import secrets
-import socket
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -34,9 +31,18 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from infra.errors import GpuPlatError
+from infra.k8s.api_refs import ClusterError as ClusterError
+from infra.k8s.api_refs import Conflict as _Conflict
+from infra.k8s.api_refs import NotFound as _NotFound
+from infra.k8s.api_refs import ObjectRef as ObjectRef
 from infra.k8s.facts import ClusterFacts
 from infra.k8s.objects import LABEL_COMPONENT, serving_namespace
+from infra.k8s.release_lock import LEASE_DURATION_S as LEASE_DURATION_S
+from infra.k8s.release_lock import ReleaseLock as ReleaseLock
+from infra.k8s.release_lock import ReleaseLocked as ReleaseLocked
+from infra.k8s.release_lock import default_holder as default_holder
+from infra.k8s.rollout import gateways_wait
+from infra.k8s.rollout import rollout_done as rollout_done
 from infra.k8s.serving import (
     GATEWAY,
     LABEL_MODEL_VERSION,
@@ -55,8 +61,6 @@ FIELD_MANAGER = "gpuplat-serve"
 # the API server drops it by itself once KEDA's HorizontalPodAutoscaler writes the field.
 HANDOVER_MANAGER = "gpuplat-serve-handover-to-keda"
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
-LEASE_API = "coordination.k8s.io/v1"
-LEASE_DURATION_S = 60
 # The release record: one per stack (its gateways and KEDA's target are one), in the serving namespace.
 RELEASE_RECORD = "gpuplat-serve-release"
 RELEASE_RECORD_KEY = "release"
@@ -64,67 +68,9 @@ MODEL_URI_KEY = "model-uri"
 # What `gpuplat up` owns and no step changes: a release applies none of them (nor needs the right to).
 _NOT_A_RELEASES = frozenset({"Namespace", "PersistentVolume", "PersistentVolumeClaim", "ServiceAccount"})
 POLL_S = 2.0
+PROXY_TIMEOUT_S = 15.0
 
-# apiVersion, kind -> (plural, namespaced): the kinds serving_objects gives, the release record and the lock.
-_RESOURCES: dict[str, tuple[str, bool]] = {
-    "Namespace": ("namespaces", False),
-    "PersistentVolume": ("persistentvolumes", False),
-    "PersistentVolumeClaim": ("persistentvolumeclaims", True),
-    "ServiceAccount": ("serviceaccounts", True),
-    "Deployment": ("deployments", True),
-    "LeaderWorkerSet": ("leaderworkersets", True),
-    "Service": ("services", True),
-    "PodDisruptionBudget": ("poddisruptionbudgets", True),
-    "ScaledObject": ("scaledobjects", True),
-    "ConfigMap": ("configmaps", True),
-    "NetworkPolicy": ("networkpolicies", True),
-    "Lease": ("leases", True),
-    "Pod": ("pods", True),
-}
 _VERBS = {"GET": "get", "PATCH": "patch", "POST": "create", "PUT": "update", "DELETE": "delete"}
-
-
-class ClusterError(GpuPlatError):
-    """One paragraph for the user: the API could not be reached, refused, or a wait ran out."""
-
-
-class ReleaseLocked(ClusterError):
-    def __init__(self, model: str, holder: str, until: datetime | None) -> None:
-        when = f" until {until.isoformat(timespec='seconds')} unless renewed" if until else ""
-        super().__init__(
-            f"the release of {model} is held by {holder}{when} (Lease gpuplat-release-{model}): wait for it "
-            "to end, or, if that command is gone, for the Lease to expire"
-        )
-        self.holder = holder
-
-
-@dataclass(frozen=True)
-class ObjectRef:
-    api_version: str
-    kind: str
-    name: str
-    namespace: str | None = None
-
-    @classmethod
-    def of(cls, manifest: Mapping[str, Any]) -> ObjectRef:
-        meta = manifest["metadata"]
-        return cls(manifest["apiVersion"], manifest["kind"], meta["name"], meta.get("namespace"))
-
-    @property
-    def resource(self) -> str:
-        group = self.api_version.rpartition("/")[0]
-        plural = _RESOURCES[self.kind][0]
-        return f"{plural}.{group}" if group else plural
-
-    def path(self, *, collection: bool = False) -> str:
-        group, _, version = self.api_version.rpartition("/")
-        plural, namespaced = _RESOURCES[self.kind]
-        base = f"/apis/{group}/{version}" if group else f"/api/{version}"
-        scope = f"/namespaces/{self.namespace}" if namespaced else ""
-        return f"{base}{scope}/{plural}" + ("" if collection else f"/{self.name}")
-
-    def __str__(self) -> str:
-        return f"{self.kind} {self.namespace + '/' if self.namespace else ''}{self.name}"
 
 
 class ClusterApi:
@@ -166,38 +112,79 @@ class ClusterApi:
         body: Any = None,
         content_type: str = "application/json",
     ) -> dict[str, Any]:
-        try:
-            answer = self.client.call_api(
-                path,
-                verb,
-                query_params=query or [],
-                header_params={"Content-Type": content_type, "Accept": "application/json"},
-                body=body,
-                response_types_map={200: "object", 201: "object", 202: "object"},
-                auth_settings=["BearerToken"],
-                _return_http_data_only=True,
-            )
-        except ApiException as error:
-            # A refusal's headers come with it (kubernetes/client/exceptions.py, ApiException.headers): the
-            # first acquire of a Lease reads a 404 before it writes the Lease's times.
-            self._note_server_clock(error.headers)
-            raise _refused(error, verb, ref, self.server) from None
-        except (HTTPError, OSError) as error:
-            raise ClusterError(
-                f"the Kubernetes API at {self.server} cannot be reached ({type(error).__name__}: {error}). "
-                "Check the kubeconfig gpuplat read (KUBECONFIG, else ~/.kube/config; `aws eks "
-                "update-kubeconfig` on an EKS stack) and that this machine has a route to the API server"
-            ) from None
+        answer = self._answer(verb, path, ref, query=query, body=body, content_type=content_type)
         # An answer's headers: the client keeps its last answer (kubernetes/client/api_client.py __call_api,
         # last_response), not a refusal.
         response = getattr(self.client, "last_response", None)
         self._note_server_clock(response.getheaders() if response is not None else None)
         return answer if isinstance(answer, dict) else {}
 
-    def apply(self, manifest: Mapping[str, Any], *, manager: str = FIELD_MANAGER, force: bool = True) -> None:
+    def _answer(
+        self,
+        verb: str,
+        path: str,
+        ref: ObjectRef,
+        *,
+        query: list[tuple[str, str]] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        subresource: str = "",
+    ) -> Any:
+        """The client's answer: a JSON object, or (a subresource: a pod's proxied answer) its urllib3
+        response unread (api_client.py __call_api returns it as is with _preload_content=False)."""
+        raw = bool(subresource)
+        try:
+            return self.client.call_api(
+                path,
+                verb,
+                query_params=query or [],
+                header_params={
+                    "Content-Type": content_type,
+                    # The proxied server reads Accept: Prometheus' text format, not OpenMetrics nor JSON.
+                    "Accept": "text/plain" if raw else "application/json",
+                },
+                body=body,
+                response_types_map={} if raw else {200: "object", 201: "object", 202: "object"},
+                auth_settings=["BearerToken"],
+                _return_http_data_only=True,
+                _preload_content=not raw,
+                # A proxied server that hangs must not hold the guard past its look (and the Lease's renewal).
+                _request_timeout=PROXY_TIMEOUT_S if raw else None,
+            )
+        except ApiException as error:
+            # A refusal's headers come with it (kubernetes/client/exceptions.py, ApiException.headers): the
+            # first acquire of a Lease reads a 404 before it writes the Lease's times.
+            self._note_server_clock(error.headers)
+            raise _refused(error, verb, ref, self.server, subresource) from None
+        except (HTTPError, OSError) as error:
+            raise ClusterError(
+                f"the Kubernetes API at {self.server} cannot be reached ({type(error).__name__}: {error}). "
+                "Check the kubeconfig gpuplat read (KUBECONFIG, else ~/.kube/config; `aws eks "
+                "update-kubeconfig` on an EKS stack) and that this machine has a route to the API server"
+            ) from None
+
+    def pod_text(self, namespace: str, pod: str, port: int, path: str) -> str:
+        """What a pod's server answers at `path` on `port`, through the API server's proxy (GET
+        /api/v1/namespaces/NS/pods/NAME:PORT/proxy/PATH, the `proxy` subresource of pods): this machine needs
+        a route to the API server only. The API server authorizes it as verb `get` on `pods/proxy`: the verb
+        of a path that is not a special verb's (`/api/v1/proxy/...`, `/watch/...`) is the HTTP method's, and
+        the part after the name is the subresource (kubernetes/kubernetes staging/src/k8s.io/apiserver/pkg/
+        endpoints/request/requestinfo.go at v1.34.0, NewRequestInfo: specialVerbs "proxy", "watch";
+        Parts[2] the subresource)."""
+        ref = ObjectRef("v1", "Pod", pod, namespace)
+        proxied = f"{ObjectRef('v1', 'Pod', f'{pod}:{port}', namespace).path()}/proxy/{path.lstrip('/')}"
+        response = self._answer("GET", proxied, ref, subresource="proxy")
+        self._note_server_clock(response.getheaders())
+        data = response.data
+        return data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data or "")
+
+    def apply(
+        self, manifest: Mapping[str, Any], *, manager: str = FIELD_MANAGER, force: bool = True
+    ) -> dict[str, Any]:
+        """The object as applied (the server's answer: its new resourceVersion)."""
         ref = ObjectRef.of(manifest)
         query = [("fieldManager", manager)] + ([("force", "true")] if force else [])
-        self._call(
+        return self._call(
             "PATCH", ref.path(), ref, query=query, body=dict(manifest), content_type=APPLY_CONTENT_TYPE
         )
 
@@ -238,15 +225,9 @@ class ClusterApi:
         return True
 
 
-class _NotFound(ClusterError):
-    pass
-
-
-class _Conflict(ClusterError):
-    pass
-
-
-def _refused(error: ApiException, verb: str, ref: ObjectRef, server: str) -> ClusterError:
+def _refused(
+    error: ApiException, verb: str, ref: ObjectRef, server: str, subresource: str = ""
+) -> ClusterError:
     said = ""
     try:
         said = str(json.loads(error.body or "{}").get("message") or "")
@@ -259,162 +240,14 @@ def _refused(error: ApiException, verb: str, ref: ObjectRef, server: str) -> Clu
         return _Conflict(f"{ref}: {said}")
     if error.status in (401, 403):
         return ClusterError(
-            f"the Kubernetes API at {server} refused to {_VERBS.get(verb, verb.lower())} {ref.resource} "
+            f"the Kubernetes API at {server} refused to {_VERBS.get(verb, verb.lower())} "
+            f"{ref.resource}{'/' + subresource if subresource else ''} "
             f"({ref}): HTTP {error.status}, {said}. The identity in the kubeconfig needs that verb on that "
             "resource in the serving namespace (docs/serving.md, On Kubernetes)"
         )
     return ClusterError(
         f"the Kubernetes API at {server} answered HTTP {error.status} to {verb} {ref}: {said}"
     )
-
-
-# ------------------------------------------------------------------------------------------- the lock
-
-
-def _micro_time(moment: datetime) -> str:
-    # MicroTime: RFC 3339 with microseconds (apimachinery pkg/apis/meta/v1/micro_time.go, RFC3339Micro).
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _parse_time(text: Any) -> datetime | None:
-    if not isinstance(text, str) or not text:
-        return None
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
-
-
-def lease_name(model: str) -> str:
-    return f"gpuplat-release-{ServedVersion(f'{model}@0', '').slug.removesuffix('-v0')}"
-
-
-def default_holder() -> str:
-    """Who holds the Lease, for a person to read, and unique: two commands in containers on one host can
-    share user, host name (--network host) and pid (each its own PID namespace), and a Lease whose holder
-    reads as this command's is taken as its own."""
-    user = os.environ.get("USER", "someone")
-    return f"{user}@{socket.gethostname()} pid {os.getpid()} {secrets.token_hex(4)}"
-
-
-@dataclass
-class ReleaseLock:
-    """One release at a time per model: a coordination.k8s.io/v1 Lease whose holder renews it while the
-    release runs. Taken by a create, or by an update guarded by the resourceVersion of an expired (or
-    released) Lease it read: of two commands that race, the API server answers the second 409."""
-
-    api: ClusterApi
-    namespace: str
-    model: str
-    holder: str
-    duration_s: int = LEASE_DURATION_S
-    now: Callable[[], datetime] = lambda: datetime.now(UTC)
-    _resource_version: str | None = None
-    _renewed: datetime | None = None
-
-    @property
-    def ref(self) -> ObjectRef:
-        return ObjectRef(LEASE_API, "Lease", lease_name(self.model), self.namespace)
-
-    def _manifest(self, acquired: datetime, transitions: int) -> dict[str, Any]:
-        now = self.now()
-        return {
-            "apiVersion": LEASE_API,
-            "kind": "Lease",
-            "metadata": {"name": self.ref.name, "namespace": self.namespace},
-            "spec": {
-                "holderIdentity": self.holder,
-                "leaseDurationSeconds": self.duration_s,
-                "acquireTime": _micro_time(acquired),
-                "renewTime": _micro_time(now),
-                "leaseTransitions": transitions,
-            },
-        }
-
-    def _held_by_another(self, live: Mapping[str, Any]) -> tuple[str, datetime] | None:
-        spec = live.get("spec") or {}
-        holder = spec.get("holderIdentity")
-        renewed = _parse_time(spec.get("renewTime"))
-        if not holder or holder == self.holder or renewed is None:
-            return None
-        until = renewed + timedelta(seconds=int(spec.get("leaseDurationSeconds") or 0))
-        return (str(holder), until) if until > self.now() else None
-
-    def _refuse_from_live(self) -> ReleaseLocked:
-        live = self.api.get(self.ref) or {}
-        spec = live.get("spec") or {}
-        held = self._held_by_another(live)
-        holder = held[0] if held else str(spec.get("holderIdentity") or "another command")
-        return ReleaseLocked(self.model, holder, held[1] if held else None)
-
-    def acquire(self) -> None:
-        live = self.api.get(self.ref)
-        now = self.now()
-        try:
-            if live is None:
-                answer = self.api.create(self._manifest(now, 0))
-            else:
-                held = self._held_by_another(live)
-                if held is not None:
-                    raise ReleaseLocked(self.model, *held)
-                spec = live.get("spec") or {}
-                taken_over = spec.get("holderIdentity") != self.holder
-                manifest = self._manifest(now, int(spec.get("leaseTransitions") or 0) + int(taken_over))
-                manifest["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"]
-                answer = self.api.update(manifest)
-        except _Conflict:
-            raise self._refuse_from_live() from None
-        self._resource_version = answer["metadata"]["resourceVersion"]
-        self._renewed = now
-
-    def renew(self, *, force: bool = False) -> None:
-        """Renews at a third of the duration (or at once with `force`); a Lease another command took
-        meanwhile (this one stalled past the duration) ends the release here."""
-        if self._resource_version is None:
-            raise ClusterError(f"the release lock of {self.model} is not held")
-        now = self.now()
-        if (
-            not force
-            and self._renewed is not None
-            and now - self._renewed < timedelta(seconds=self.duration_s / 3)
-        ):
-            return
-        live = self.api.get(self.ref)
-        if live is None or (live.get("spec") or {}).get("holderIdentity") != self.holder:
-            raise (
-                self._refuse_from_live()
-                if live
-                else ClusterError(f"the release lock of {self.model} is gone")
-            )
-        acquired = _parse_time((live.get("spec") or {}).get("acquireTime")) or now
-        manifest = self._manifest(acquired, int((live.get("spec") or {}).get("leaseTransitions") or 0))
-        manifest["metadata"]["resourceVersion"] = self._resource_version
-        try:
-            answer = self.api.update(manifest)
-        except _Conflict:
-            raise self._refuse_from_live() from None
-        self._resource_version = answer["metadata"]["resourceVersion"]
-        self._renewed = now
-
-    def release(self) -> None:
-        """Lets the Lease go at once (holder cleared), guarded as a renewal is."""
-        if self._resource_version is None:
-            return
-        live = self.api.get(self.ref)
-        if live is not None and (live.get("spec") or {}).get("holderIdentity") == self.holder:
-            manifest = {
-                "apiVersion": LEASE_API,
-                "kind": "Lease",
-                "metadata": {
-                    "name": self.ref.name,
-                    "namespace": self.namespace,
-                    "resourceVersion": self._resource_version,
-                },
-                "spec": {"leaseDurationSeconds": self.duration_s},
-            }
-            with contextlib.suppress(_Conflict):  # taken by another meanwhile: nothing of ours to let go
-                self.api.update(manifest)
-        self._resource_version = None
-
-
-# --------------------------------------------------------------------------------- the release record
 
 
 def _version(data: Any) -> ServedVersion | None:
@@ -463,47 +296,16 @@ def record_manifest(namespace: str, release: ServingRelease, model_uri: str | No
 def read_record(api: ClusterApi, namespace: str) -> tuple[ServingRelease | None, str | None]:
     """The release the record holds (None before the first: the stack's own model serves) and the URI of
     the stack's own files it keeps."""
-    live = api.get(ObjectRef("v1", "ConfigMap", RELEASE_RECORD, namespace))
+    return record_of(api.get(ObjectRef("v1", "ConfigMap", RELEASE_RECORD, namespace)))
+
+
+def record_of(live: Mapping[str, Any] | None) -> tuple[ServingRelease | None, str | None]:
     data = (live or {}).get("data") or {}
     text = data.get(RELEASE_RECORD_KEY)
     return (release_from_json(text) if text else None), data.get(MODEL_URI_KEY)
 
 
 # ------------------------------------------------------------------------------------------ the waits
-
-
-def rollout_done(workload: Mapping[str, Any], replicas: int) -> str | None:
-    """None once `replicas` of the workload run its latest spec and are available (ready for a
-    LeaderWorkerSet's groups) and no older one is left; else what is still awaited. A Deployment as
-    `kubectl rollout status` judges it (kubernetes/kubectl pkg/polymorphichelpers/rollout_status.go,
-    DeploymentStatusViewer.Status), a progress deadline exceeded included (a ClusterError at once, not a
-    wait to the end); a LeaderWorkerSet by its status fields (lws v0.10.0 CRD: observedGeneration,
-    replicas, updatedReplicas, readyReplicas, each counting groups)."""
-    meta, status = workload.get("metadata") or {}, workload.get("status") or {}
-    if int(meta.get("generation") or 0) > int(status.get("observedGeneration") or 0):
-        return "its latest spec is not observed yet"
-    for condition in status.get("conditions") or []:
-        # The Deployment controller's reason when spec.progressDeadlineSeconds passed without progress
-        # (kubernetes/kubernetes pkg/controller/deployment/util/deployment_util.go, TimedOutReason).
-        if condition.get("type") == "Progressing" and condition.get("reason") == "ProgressDeadlineExceeded":
-            raise ClusterError(
-                f"{workload.get('kind')} {meta.get('namespace', '')}/{meta.get('name', '')} exceeded its "
-                f"progress deadline: {condition.get('message', '')}. The release stopped there (its record "
-                "says which step ran last); look at its pods, then run the same command again or `gpuplat "
-                "serve rollback`"
-            )
-    updated = int(status.get("updatedReplicas") or 0)
-    total = int(status.get("replicas") or 0)
-    ready_key = "readyReplicas" if workload.get("kind") == "LeaderWorkerSet" else "availableReplicas"
-    ready = int(status.get(ready_key) or 0)
-    if updated < replicas:
-        return f"{updated} of {replicas} replicas updated"
-    if total > updated:
-        return f"{total - updated} old replicas pending termination"
-    if ready < replicas:
-        state = "ready" if ready_key == "readyReplicas" else "available"
-        return f"{ready} of {replicas} updated replicas {state}"
-    return None
 
 
 def workload_kind(platform: ResolvedPlatform) -> tuple[str, str]:
@@ -536,6 +338,9 @@ class ReleaseDriver:
     timeout_s: float = 1800.0
     clock: Clock = field(default_factory=Clock)
     say: Callable[[str], None] = lambda _: None
+    record_version: str | None = None
+    """the release record's resourceVersion as this command last read or wrote it: its next write is
+    guarded by it (None: no record read yet)"""
 
     @property
     def namespace(self) -> str:
@@ -549,7 +354,9 @@ class ReleaseDriver:
         return ObjectRef(*self.workload_kind, name, self.namespace)
 
     def current(self) -> ServingRelease | None:
-        return read_record(self.api, self.namespace)[0]
+        live = self.api.get(ObjectRef("v1", "ConfigMap", RELEASE_RECORD, self.namespace))
+        self.record_version = (live or {}).get("metadata", {}).get("resourceVersion")
+        return record_of(live)[0]
 
     def _apply_release(self, release: ServingRelease) -> None:
         for manifest in serving_objects(self.platform, self.facts, self._keeping_keda_counts(release)):
@@ -596,8 +403,25 @@ class ReleaseDriver:
         return release
 
     def _record(self, release: ServingRelease) -> None:
+        """The record applied with the resourceVersion this command last read or wrote: an apply whose
+        body carries a resourceVersion is refused 409 Conflict where the object changed since
+        (server-side-apply.md, "Using Server-Side Apply in a controller"). A command stalled past its
+        Lease, whose successor recorded its own release meanwhile, stops there instead of writing its stale
+        release over the new holder's."""
         uri = self.facts.model_uri if isinstance(self.facts.model_uri, str) else None
-        self.api.apply(record_manifest(self.namespace, release, uri))
+        manifest = record_manifest(self.namespace, release, uri)
+        if self.record_version is not None:
+            manifest["metadata"]["resourceVersion"] = self.record_version
+        try:
+            answer = self.api.apply(manifest)
+        except _Conflict:
+            raise ClusterError(
+                f"the release record (ConfigMap {self.namespace}/{RELEASE_RECORD}) changed since this "
+                f"command read it: another command carries the release of {self.model} now (this one was "
+                "stalled past its Lease). It stopped without writing its step; `gpuplat serve status "
+                f"{self.model}` shows where the release stands"
+            ) from None
+        self.record_version = (answer.get("metadata") or {}).get("resourceVersion")
 
     def play(self, steps: list[ReleaseStep]) -> ServingRelease | None:
         released: ServingRelease | None = None
@@ -648,22 +472,7 @@ class ReleaseDriver:
         return "not created yet" if live is None else rollout_done(live, replicas)
 
     def _gateways_wait(self) -> str | None:
-        live = self.api.get(ObjectRef("apps/v1", "Deployment", GATEWAY, self.namespace))
-        if live is None:
-            return "not created yet"
-        awaited = rollout_done(live, int((live.get("spec") or {}).get("replicas") or 1))
-        if awaited is not None:
-            return awaited
-        # A Deployment's status.replicas counts no terminating pod ("Total number of non-terminating pods",
-        # DeploymentStatus in the 1.34 OpenAPI; its terminatingReplicas is alpha there, behind
-        # DeploymentReplicaSetTerminatingReplicas), yet a gateway pod draws for its old share until it ends.
-        labels = ((live.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
-        selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
-        pods = self.api.list(ObjectRef("v1", "Pod", "", self.namespace), selector)
-        ending = [p["metadata"]["name"] for p in pods if (p.get("metadata") or {}).get("deletionTimestamp")]
-        return (
-            f"{len(ending)} terminating gateway pods still answer ({', '.join(ending)})" if ending else None
-        )
+        return gateways_wait(self.api, self.namespace, GATEWAY)
 
     def _wait(self, what: str, awaited: Callable[[], str | None]) -> None:
         deadline = self.clock.monotonic() + self.timeout_s

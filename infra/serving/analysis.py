@@ -19,6 +19,8 @@ at half the test's alpha; the test itself at the other half), not its observed v
 chance: a test's false rollbacks are at most its alpha.
 After the last interval the canary is promote-ready, or inconclusive with fewer than `min_requests` answered
 or a metric never judged.
+A canary server busier than a stable one (`load_ratio`, infra/serving/load.py) has its latencies judged by
+neither test: its queue, not its version, may make it slower; its errors are judged as ever.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from infra.serving.counts import Counts, Histogram, Reading, SinceStart
+from infra.serving.load import LOAD_TOLERANCE, busier
 from infra.serving.statistics import (
     error_rate_p,
     log_evidence_above,
@@ -229,6 +232,14 @@ def _measure_slower(
     )
 
 
+def _evidence(log_evidence: float) -> str:
+    """The sequential test's evidence as a reason shows it: a number, or e to a power where it is too large
+    for a float (a canary failing thousands of requests: exp of more than about 709 overflows)."""
+    if log_evidence < 700:
+        return f"{math.exp(log_evidence):.3g}"
+    return f"e^{log_evidence:.0f}"
+
+
 def sequential_errors(stable: Counts, canary: Counts, rules: Canary) -> Verdict | None:
     """A rollback as soon as the canary's errors since it started are evidence enough (None: not yet)."""
     evidence = log_evidence_above(
@@ -240,7 +251,7 @@ def sequential_errors(stable: Counts, canary: Counts, rules: Canary) -> Verdict 
         ROLLBACK,
         f"canary error rate {_rate(canary)} since it started is above the stable version's {_rate(stable)} "
         f"plus max_error_rate_increase {rules.max_error_rate_increase:.1%}: the sequential test's evidence "
-        f"{math.exp(evidence):.3g} passed 1/sequential_alpha ({1 / rules.sequential_alpha:g})",
+        f"{_evidence(evidence)} passed 1/sequential_alpha ({1 / rules.sequential_alpha:g})",
     )
 
 
@@ -280,7 +291,7 @@ def sequential_latency(stable: Counts, canary: Counts, rules: Canary) -> Verdict
         f"({canary_slow / slow.count:.0%}) took longer than {fast.bounds[edge]:g} s, the bucket holding "
         f"max_latency_ratio {rules.max_latency_ratio:g} x the stable version's median, against "
         f"{stable_slow / fast.count:.0%} of the stable's {fast.count} plus max_slow_share_increase "
-        f"{margin:.0%}: the sequential test's evidence {math.exp(evidence):.3g} passed 1/sequential_alpha "
+        f"{margin:.0%}: the sequential test's evidence {_evidence(evidence)} passed 1/sequential_alpha "
         f"({1 / rules.sequential_alpha:g})",
     )
 
@@ -301,6 +312,19 @@ class Analysis:
     rules: Canary
     results: dict[str, list[Measurement]] = field(default_factory=lambda: {ERRORS: [], LATENCY: []})
     _at_boundary: tuple[Counts, Counts] = (Counts(), Counts())
+    load_ratio: float = 1.0
+    """each canary server's load over each stable server's at this share (infra/serving/load.py): above
+    1 + LOAD_TOLERANCE the latencies are not judged"""
+
+    @property
+    def judges_latency(self) -> bool:
+        return not busier(self.load_ratio)
+
+    def _unjudged_latency(self) -> str:
+        return (
+            f"latency not judged: each canary server takes {self.load_ratio:.2f} x a stable server's load "
+            f"(more than 1 + {LOAD_TOLERANCE:g}), which alone makes it slower"
+        )
 
     @property
     def intervals_done(self) -> int:
@@ -308,7 +332,7 @@ class Analysis:
 
     def look(self, elapsed_s: float, stable: Counts, canary: Counts) -> Verdict:
         rules = self.rules
-        for sequential in SEQUENTIAL:
+        for sequential in SEQUENTIAL if self.judges_latency else (sequential_errors,):
             early = sequential(stable, canary, rules)
             if early is not None:
                 return early
@@ -334,7 +358,8 @@ class Analysis:
         never = [
             metric
             for metric, measured in self.results.items()
-            if all(m.outcome == INCONCLUSIVE for m in measured)
+            if (measured or metric != LATENCY or self.judges_latency)
+            and all(m.outcome == INCONCLUSIVE for m in measured)
         ]
         if never:
             return Verdict(
@@ -345,7 +370,7 @@ class Analysis:
         return Verdict(
             PROMOTE_READY,
             f"{rules.intervals} intervals passed: canary error rate {_rate(canary)}, stable {_rate(stable)}; "
-            + self.results[LATENCY][-1].detail,
+            + (self.results[LATENCY][-1].detail if self.judges_latency else self._unjudged_latency()),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -353,6 +378,7 @@ class Analysis:
         return {
             "results": {metric: [asdict(m) for m in measured] for metric, measured in self.results.items()},
             "at_boundary": [counts.to_json() for counts in self._at_boundary],
+            "load_ratio": self.load_ratio,
         }
 
     @classmethod
@@ -361,14 +387,14 @@ class Analysis:
         results = {
             metric: [Measurement(**m) for m in measured] for metric, measured in data["results"].items()
         }
-        return cls(rules, results, (stable, canary))
+        return cls(rules, results, (stable, canary), float(data.get("load_ratio", 1.0)))
 
     def _close_interval(self, stable: Counts, canary: Counts) -> Verdict | None:
         rules = self.rules
         stable_then, canary_then = self._at_boundary
         self._at_boundary = (stable, canary)
         number = self.intervals_done + 1
-        for measure in MEASURES:
+        for measure in MEASURES if self.judges_latency else (measure_errors,):
             measurement = measure(stable.minus(stable_then), canary.minus(canary_then), rules)
             if measurement is not None:
                 self.results.setdefault(measurement.metric, []).append(measurement)
@@ -395,9 +421,14 @@ class Guard:
     """An analysis fed with raw readings (cumulative since each process started), from the first one on."""
 
     def __init__(
-        self, rules: Canary, started_s: float, stable: Counts | Reading, canary: Counts | Reading
+        self,
+        rules: Canary,
+        started_s: float,
+        stable: Counts | Reading,
+        canary: Counts | Reading,
+        load_ratio: float = 1.0,
     ) -> None:
-        self.analysis = Analysis(rules)
+        self.analysis = Analysis(rules, load_ratio=load_ratio)
         self.started_s = started_s
         self.stable, self.canary = SinceStart(stable), SinceStart(canary)
 

@@ -22,9 +22,11 @@ from pathlib import Path
 
 from infra.errors import GpuPlatError
 from infra.serving.analysis import Guard, RulesRead
+from infra.serving.carry import equal_load_share, steps_ahead, with_equal_load_step
 from infra.serving.guard_follower import FOLLOWER, follower_unit
 from infra.serving.guard_peers import PEER_PORT
 from infra.serving.guard_service import SERVICE, STATE_DIR, initial_state, lock_heir, unit_name
+from infra.serving.load import load_at
 from infra.serving.release import (
     CANARY_BACKEND,
     CANARY_PORT,
@@ -33,7 +35,7 @@ from infra.serving.release import (
     STABLE_BACKEND,
     Release,
     ServeRefused,
-    steps_ahead,
+    servers_up,
 )
 
 BUNDLE_DIR = "/usr/local/lib/gpuplat-serve"
@@ -51,6 +53,7 @@ BUNDLED = (
     "serving/__init__.py",
     "serving/analysis.py",
     "serving/counts.py",
+    "serving/load.py",
     "serving/statistics.py",
     "serving/lock.py",
     "serving/metrics_text.py",
@@ -101,14 +104,15 @@ FLUSH_STARTS = 'systemctl reset-failed "$1" 2>/dev/null || ! systemctl is-failed
 WRITE = 'mkdir -p "$(dirname "$1")" && printf %s "$2" | base64 -d > "$1.tmp" && mv "$1.tmp" "$1"'
 
 
-def bundle() -> bytes:
-    """The zip application of the guard's modules, from this installation of the package."""
+def bundle(modules: tuple[str, ...] = BUNDLED, main: str = MAIN) -> bytes:
+    """The zip application of the guard's modules (the guard Job's: infra/serving/guard_job_objects.py),
+    from this installation of the package."""
     package = Path(__file__).resolve().parents[1]  # infra/, this module being infra/serving/detach.py
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        for name in BUNDLED:
+        for name in modules:
             archive.write(package / name, f"infra/{name}")
-        archive.writestr("__main__.py", MAIN)
+        archive.writestr("__main__.py", main)
     return buffer.getvalue()
 
 
@@ -206,7 +210,10 @@ def detach_guard(release: Release, model: str, candidate: str, share: int, durat
         }
         for node in release.layout.servers
     }
-    steps = [(number, step.model_dump()) for number, step in steps_ahead(rules.steps, share, False)]
+    # The share that loads both versions' servers alike is analysed for latency (infra/serving/load.py).
+    up = servers_up(release.figures())
+    ahead = with_equal_load_step(steps_ahead(rules.steps, share, False), share, equal_load_share(up))
+    steps = [(number, {"percent": step.percent, "manual_gate": step.manual_gate}) for number, step in ahead]
     unit = unit_name(model)
     addresses = {node: release.layout.addresses[node] for node in gateways} if len(gateways) > 1 else {}
     try:
@@ -221,11 +228,13 @@ def detach_guard(release: Release, model: str, candidate: str, share: int, durat
             model=model,
             candidate=candidate,
             rules=RulesRead.of(rules),
-            guard=Guard(rules, 0.0, stable, canary),
+            guard=Guard(rules, 0.0, stable, canary, load_ratio=load_at(share, up)),
             started_ago_s=time.monotonic() - started,
             share=share,
             steps=steps,
             steps_in_all=len(rules.steps),
+            load_servers=up,
+            return_share=share if ahead and not rules.steps else None,
             gateway=gateway,
             addresses=addresses,
             peer_port=port,

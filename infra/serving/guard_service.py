@@ -35,6 +35,7 @@ from infra.serving.analysis import CONTINUE, INCONCLUSIVE, PROMOTE_READY, ROLLBA
 from infra.serving.counts import Counts, Reading
 from infra.serving.guard_peers import CONFIRM_S, PEER_PORT, REPORT_EVERY_S, Board, serve_board
 from infra.serving.guard_state import read_whole, write_whole
+from infra.serving.load import equal, load_at
 from infra.serving.lock import LEASE_S, LockRefused, ReleaseLock
 from infra.serving.metrics_text import METRICS_READ, GatewayFigures, parse_metrics
 
@@ -231,7 +232,19 @@ class DetachedGuard:
             return "the canary's analysis"
         at = min(self.state["step"], len(steps) - 1)
         number, in_all = self.state["step_numbers"][at], self.state["steps_in_all"]
-        return f"step {number} of {in_all} ({steps[at]['percent']} %)"
+        percent = steps[at]["percent"]
+        if number == 0:  # added by the CLI (infra/serving/carry.py with_equal_load_step)
+            return (
+                f"the equal-load analysis ({percent} %)"
+                if equal(self.load(percent))
+                else f"the analysis at {percent} %"
+            )
+        return f"step {number} of {in_all} ({percent} %)"
+
+    def load(self, percent: int) -> float:
+        """Each canary server's load over each stable server's at `percent` (infra/serving/load.py)."""
+        servers = self.state.get("load_servers")
+        return load_at(percent, (int(servers[0]), int(servers[1])) if servers else None)
 
     def record(self) -> dict[str, Any]:
         state = self.state
@@ -444,9 +457,11 @@ class DetachedGuard:
                 return
             state.update(share=step["percent"], step_tries=0, gateways_not_set=[])
             say(f"{self.step_label()}: the canary takes {step['percent']} % of the requests")
-            state["guard"] = Guard(self.rules, self.clock(), *baseline).to_json()
+            load = self.load(step["percent"])
+            state["guard"] = Guard(self.rules, self.clock(), *baseline, load_ratio=load).to_json()
         else:
-            state["guard"] = Guard(self.rules, self.clock(), *self.readings()).to_json()
+            load = self.load(state["share"])
+            state["guard"] = Guard(self.rules, self.clock(), *self.readings(), load_ratio=load).to_json()
         self.save()
 
     def step_not_set(self, percent: int, unset: list[str]) -> None:
@@ -479,6 +494,12 @@ class DetachedGuard:
         state = self.state
         step = state["steps"][state["step"]] if state["steps"] else None
         if step is None or state["step"] + 1 >= len(state["steps"]):
+            back = state.get("return_share")
+            if back is not None and back != state["share"] and not self.set_everywhere(back):
+                # Without steps the release ends at the share it was deployed with (the CLI added the
+                # equal-load analysis after it: infra/serving/carry.py with_equal_load_step).
+                say(f"both analyses passed: the canary's share goes back to {back} %")
+                state["share"] = back
             self.finish(
                 verdict, f"`gpuplat serve promote {self.model}`, or `gpuplat serve rollback {self.model}`"
             )
@@ -517,13 +538,21 @@ def initial_state(
     duration_s: float,
     addresses: dict[str, str] | None = None,
     peer_port: int = PEER_PORT,
+    load_servers: tuple[int, int] | None = None,
+    return_share: int | None = None,
 ) -> dict[str, Any]:
     """The state a detached guard starts from (`init` writes it on the node): the analysis the CLI began,
     its start given as seconds ago (the node's clock, not the CLI's, counts from there), and the steps ahead
     (number, step). `addresses`: every gateway's, on a stack with several (the first, `gateway`, the guard's;
-    each other one a follower's, guard_follower.py)."""
-    guard_state = guard.to_json()
-    guard_state["started_s"] = -started_ago_s
+    each other one a follower's, guard_follower.py). `load_servers`: the canary's servers and the stable's up
+    when the CLI looked, which each step's analysis weighs the load by (infra/serving/load.py); where the
+    first step is at another share than `share`, `guard` is left for that step's own analysis.
+    `return_share`: the share the release ends at once its last step passed (None: that step's)."""
+    guard_state: dict[str, Any] | None = {**guard.to_json(), "started_s": -started_ago_s}
+    if steps and steps[0][1]["percent"] != share:
+        # The first step moves the share (the equal-load analysis the CLI added, infra/serving/load.py): its
+        # analysis begins when it is set, on counts from then (begin_step).
+        guard_state = None
     return {
         "model": model,
         "candidate": candidate,
@@ -535,6 +564,8 @@ def initial_state(
         "steps": [step for _, step in steps],
         "step_numbers": [number for number, _ in steps],
         "steps_in_all": steps_in_all,
+        "load_servers": list(load_servers) if load_servers else None,
+        "return_share": return_share,
         "step": 0,
         "gateway": gateway,
         "leader": gateway,
@@ -567,7 +598,7 @@ def _not_set_remains(model: str, unset: list[str]) -> str:
 def init(model: str, text: str, folder: str = STATE_DIR, clock: Callable[[], float] = time.time) -> None:
     """Write a starting state (from the CLI) on this node: its start, given relative, on this node's clock."""
     state = json.loads(text)
-    if state.pop("started_relative", False):
+    if state.pop("started_relative", False) and state["guard"] is not None:
         state["guard"]["started_s"] += clock()
     write_whole(state_path(model, folder), state)
 

@@ -1,12 +1,15 @@
 """`gpuplat serve` on a Kueue stack: the release's steps (infra/k8s/serving_steps.py) played through the
-cluster's API (infra/k8s/serving_apply.py), under the model's Lease."""
+cluster's API (infra/k8s/serving_apply.py), under the model's Lease; the canary's analysis in the
+foreground (`deploy --guard-s`, `guard`) is the nodes' loop (infra/serving/carry.py) on the pods' counters
+(infra/serving/pod_readings.py), each share step, rollback and promotion played as the commands play them."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes.config import ConfigException, new_client_from_config
@@ -16,11 +19,15 @@ from infra.k8s.facts import ClusterFacts, SharedVolume, host_path_facts
 from infra.k8s.objects import serving_namespace
 from infra.k8s.serving import MODEL_ENV, MODEL_SERVER, version_track_names
 from infra.k8s.serving_apply import (
+    FIELD_MANAGER,
+    LEASE_DURATION_S,
+    Clock,
     ClusterApi,
     ClusterError,
     ObjectRef,
     ReleaseDriver,
     ReleaseLock,
+    ReleaseLocked,
     RunningReplica,
     default_holder,
     read_record,
@@ -38,8 +45,21 @@ from infra.k8s.serving_steps import (
 )
 from infra.k8s.serving_versions import ServedVersion, ServingRelease
 from infra.platform.resolve import ResolvedPlatform
+from infra.serving import carry
+from infra.serving.analysis import Verdict
+from infra.serving.counts import Counts, Reading
+from infra.serving.engine_metrics import itl_histograms, latency_histogram
+from infra.serving.guard_job_start import start_guard_job
+from infra.serving.pod_readings import pod_readings, pod_servers_up
 from infra.serving.registry.locate import operator_credential
 from infra.serving.registry.mlflow import MlflowRegistry
+from infra.spec.models import Canary
+
+GUARD_RECORD = "gpuplat-serve-guard"
+"""the ConfigMap, beside the release record, that says what the canary's guard did last (`serve status`)"""
+GUARD_RECORD_KEY = "guard"
+LOOK_S = 5.0
+"""how often the guard in the foreground reads the counters"""
 
 
 def on_kubernetes(platform: ResolvedPlatform) -> bool:
@@ -75,6 +95,8 @@ def connect(platform: ResolvedPlatform) -> ClusterApi:
 class KubernetesStatus:
     release: ServingRelease | None
     replicas: list[RunningReplica]
+    guard: dict[str, Any] | None = None
+    """the guard's last record (GUARD_RECORD): its phase, detail, share, when and by whom"""
 
     def as_json(self, model: str) -> dict[str, Any]:
         release = self.release
@@ -88,6 +110,7 @@ class KubernetesStatus:
                 {"pod": r.pod, "version": r.version, "image": r.image, "model": r.model, "ready": r.ready}
                 for r in self.replicas
             ],
+            "guard": self.guard,
         }
 
 
@@ -97,6 +120,7 @@ class KubernetesServing:
     api: ClusterApi
     say: Callable[[str], None] = lambda _: None
     timeout_s: float = 1800.0
+    clock: Clock = field(default_factory=Clock)
 
     @property
     def namespace(self) -> str:
@@ -166,6 +190,8 @@ class KubernetesServing:
                     f"gateways serve one model, not {model}"
                 )
             driver = self._driver(model, lock, self._facts(uri))
+            # Read again by the driver: the resourceVersion it reads guards this command's writes of it.
+            current = driver.current()
             yield driver.resume(current), driver
         finally:
             # An API that stopped answering must not hide why the release stopped: the Lease then ends
@@ -186,23 +212,33 @@ class KubernetesServing:
     def deploy(self, version: ServedVersion, canary: int | None) -> ServingRelease:
         model = version.reference.partition("@")[0]
         with self._release(model) as (current, driver):
-            if current is None:
-                if canary is not None:
-                    raise SpecError(
-                        f"the stack's own model servers serve {self._stack_model()}: the first release takes "
-                        f"over from them with those files registered (deploy NAME@VERSION without --canary), "
-                        f"then a canary of {version.reference}"
-                    )
-                replicas = self._replicas_of(MODEL_SERVER)
-                return self._play(driver, lambda: take_over(self._stack_model(), version, replicas))
-            if canary is None and current.stack_model != "gone":
-                return self._play(driver, lambda: self._finish_take_over(current, version))
-            if canary is None:
+            return self._deploy(current, driver, version, canary)
+
+    def _deploy(
+        self,
+        current: ServingRelease | None,
+        driver: ReleaseDriver,
+        version: ServedVersion,
+        canary: int | None,
+    ) -> ServingRelease:
+        if current is None:
+            if canary is not None:
                 raise SpecError(
-                    f"{current.stable.reference} serves: on Kubernetes a version takes over through a canary "
-                    f"(deploy {version.reference} --canary PERCENT, then `gpuplat serve promote {model}`)"
+                    f"the stack's own model servers serve {self._stack_model()}: the first release takes "
+                    f"over from them with those files registered (deploy NAME@VERSION without --canary), "
+                    f"then a canary of {version.reference}"
                 )
-            return self._play(driver, lambda: deploy_canary(current, version, canary))
+            replicas = self._replicas_of(MODEL_SERVER)
+            return self._play(driver, lambda: take_over(self._stack_model(), version, replicas))
+        if canary is None and current.stack_model != "gone":
+            return self._play(driver, lambda: self._finish_take_over(current, version))
+        if canary is None:
+            raise SpecError(
+                f"{current.stable.reference} serves: on Kubernetes a version takes over through a canary "
+                f"(deploy {version.reference} --canary PERCENT, then `gpuplat serve promote "
+                f"{driver.model}`)"
+            )
+        return self._play(driver, lambda: deploy_canary(current, version, canary))
 
     def _finish_take_over(self, current: ServingRelease, version: ServedVersion) -> list[ReleaseStep]:
         """A take-over stopped after its first step (killed, or out of time while the gateways rolled): the
@@ -234,7 +270,196 @@ class KubernetesServing:
 
     def status(self) -> KubernetesStatus:
         current, _ = read_record(self.api, self.namespace)
-        return KubernetesStatus(current, list(running_replicas(self.api, self.namespace)))
+        return KubernetesStatus(
+            current,
+            list(running_replicas(self.api, self.namespace)),
+            read_guard_record(self.api, self.namespace),
+        )
+
+    # The canary's guard in the foreground
+
+    def deploy_and_guard(self, version: ServedVersion, canary: int, duration_s: float | None) -> Verdict:
+        """`deploy` of a canary, then its guard (`guard`) under the same Lease: no other command comes
+        between the share it was given and the analysis of it."""
+        model = version.reference.partition("@")[0]
+        with self._release(model) as (current, driver):
+            deployed = self._deploy(current, driver, version, canary)
+            self.say(f"{version.reference} is in canary with {deployed.canary_percent} % of the requests")
+            return self._guard(driver, model, duration_s, past_gate=False)
+
+    def guard(self, model: str, duration_s: float | None, past_gate: bool = False) -> Verdict:
+        """The running canary's analysis, or its release through serving.canary.steps (carry.guard), on
+        counts since this command's first look (or since a step moved the share)."""
+        with self._release(model) as (current, driver):
+            if current is None or current.canary is None:
+                stable = current.stable.reference if current else "the stack's own model"
+                raise SpecError(
+                    f"no canary of {model} on stack '{self.platform.name}' ({stable} serves every request): "
+                    f"`gpuplat serve deploy {model}@VERSION --canary PERCENT` starts one"
+                )
+            return self._guard(driver, model, duration_s, past_gate)
+
+    # The guard Job (infra/serving/guard_job_start.py): the release carried on inside the cluster
+
+    def deploy_and_detach(self, version: ServedVersion, canary: int, duration_s: float | None) -> str:
+        """`deploy` of a canary, then its guard Job started and the Lease handed to it; the Job's name."""
+        model = version.reference.partition("@")[0]
+        with self._release(model) as (current, driver):
+            deployed = self._deploy(current, driver, version, canary)
+            self.say(f"{version.reference} is in canary with {deployed.canary_percent} % of the requests")
+            return start_guard_job(driver, deployed, duration_s=duration_s)
+
+    def detach_guard(self, model: str, duration_s: float | None, past_gate: bool = False) -> str:
+        """The running canary's guard Job started (`serve guard --detach`); the Job's name."""
+        with self._release(model) as (current, driver):
+            if current is None or current.canary is None:
+                raise SpecError(
+                    f"no canary of {model} on stack '{self.platform.name}': `gpuplat serve deploy "
+                    f"{model}@VERSION --canary PERCENT --detach` starts one with its guard"
+                )
+            return start_guard_job(driver, current, past_gate=past_gate, duration_s=duration_s)
+
+    def _guard(self, driver: ReleaseDriver, model: str, duration_s: float | None, past_gate: bool) -> Verdict:
+        carried = ClusterCarried(self, driver)
+        return carry.guard(
+            carried, model, duration_s, LOOK_S, self.clock.sleep, self.clock.monotonic, past_gate=past_gate
+        )
+
+
+@dataclass
+class ClusterCarried:
+    """carry.Carried on a Kueue stack: the counters read from the pods, each share, promotion and rollback
+    played as `serve deploy`, `promote` and `rollback` play theirs, under the Lease the command holds."""
+
+    serving: KubernetesServing
+    driver: ReleaseDriver
+    canary_start: tuple[float, Counts | Reading, Counts | Reading] | None = None
+    lease_s: float = LEASE_DURATION_S
+
+    @property
+    def rules(self) -> Canary:
+        serving = self.serving.platform.spec.serving
+        return (serving.canary if serving is not None else None) or Canary()
+
+    def say(self, line: str) -> None:
+        self.serving.say(line)
+
+    def _current(self) -> ServingRelease:
+        current = self.driver.current()
+        if current is None:
+            raise ClusterError(
+                f"the release record ({self.serving.namespace}) is gone: no release of {self.driver.model}"
+            )
+        return current
+
+    def has_canary(self, model: str) -> bool:
+        current = self.driver.current()
+        return current is not None and current.canary is not None
+
+    def share(self) -> int:
+        return self._current().canary_percent
+
+    def servers_up(self) -> tuple[int, int]:
+        """As the gateway pods' exporters count them (HAProxy's active servers of each backend)."""
+        return pod_servers_up(self.serving.api, self.serving.namespace, self.say)
+
+    def counters(self) -> tuple[Reading, Reading]:
+        serving = self.serving.platform.spec.serving
+        engine = serving.engine if serving is not None else "cpu-reference"
+        return pod_readings(
+            self.serving.api,
+            self.serving.namespace,
+            self._current(),
+            latency_histogram(engine),
+            itl_histograms(engine),
+            self.say,
+        )
+
+    def set_share(self, percent: int) -> None:
+        self._still_held(f"moving the canary's share to {percent} %")
+        current = self._current()
+        canary = current.canary
+        if canary is None:
+            raise ClusterError(f"no canary of {self.driver.model} any more: its share cannot move")
+        self.serving._play(self.driver, lambda: deploy_canary(current, canary, percent))
+        # The share rolled the gateway pods, whose counters start again under new names, and the rollout
+        # took its time: the step's analysis counts from its first look after it, not from before.
+        self.canary_start = None
+
+    def promote(self, model: str) -> ServedVersion:
+        self._still_held("promoting the canary")
+        current = self._current()
+        replicas = self.serving._replicas_of(version_track_names(current.stable)[0])
+        return self.serving._play(self.driver, lambda: promote(current, replicas)).stable
+
+    def rollback(self, model: str, reason: str = "asked for") -> ServingRelease:
+        self._still_held(f"rolling the canary back ({reason})")
+        current = self._current()
+        self.say(f"rolling {model}'s canary back: {reason}")
+        return self.serving._play(self.driver, lambda: rollback(current))
+
+    def record(self, model: str, phase: str, detail: str, percent: int | None = None) -> None:
+        """What the guard did last, in GUARD_RECORD (applied whole), by the API server's clock; a record
+        that is not written is said, and the release goes on (only its record is behind)."""
+        self._still_held(f"recording '{phase}'")
+        state = {
+            "model": model,
+            "phase": phase,
+            "detail": detail,
+            "canary_percent": percent,
+            "steps": [step.percent for step in self.rules.steps],
+            "at": self.serving.api.server_now().isoformat(timespec="seconds"),
+            "by": self.driver.lock.holder,
+        }
+        try:
+            self.serving.api.apply(guard_record_manifest(self.serving.namespace, state))
+        except ClusterError as error:
+            self.say(f"the guard's record was not written ({phase}): {error.message}")
+
+    def _still_held(self, before: str) -> None:
+        """Before a change: the Lease read again and renewed, due or not (a command stalled past it, whose
+        own renewal was not due by its clock, must not change what the new holder carries)."""
+        try:
+            self.driver.lock.renew(force=True)
+        except ReleaseLocked as taken:
+            raise GpuPlatError(
+                f"the guard of '{self.driver.model}' lost its release lock ({taken.message}) and stopped "
+                f"before {before}: the command that holds it now carries the release (`gpuplat serve status "
+                f"{self.driver.model}`)",
+                exit_code=ExitCode.NO_VERDICT,
+            ) from None
+
+    def lock_lost(self, model: str) -> bool:
+        """The Lease read and renewed at every look (a GET and a PUT each `LOOK_S`): False while it is this
+        command's, True once another holds it, so that a guard stalled past it stops at its next look."""
+        try:
+            self.driver.lock.renew(force=True)
+        except ReleaseLocked:
+            return True
+        return False
+
+
+def guard_record_manifest(namespace: str, state: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": GUARD_RECORD,
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/managed-by": FIELD_MANAGER},
+        },
+        "data": {GUARD_RECORD_KEY: json.dumps(state)},
+    }
+
+
+def read_guard_record(api: ClusterApi, namespace: str) -> dict[str, Any] | None:
+    live = api.get(ObjectRef("v1", "ConfigMap", GUARD_RECORD, namespace))
+    text = ((live or {}).get("data") or {}).get(GUARD_RECORD_KEY)
+    try:
+        found = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def kubernetes_registry(platform: ResolvedPlatform, url: str | None) -> MlflowRegistry:

@@ -33,9 +33,12 @@ from infra.nodes.reach import RunningInstance, host_addresses
 from infra.nodes.role_templates import role_defaults, role_vars
 from infra.platform.resolve import ResolvedPlatform
 from infra.platform.serving_layout import CanaryGpus
-from infra.serving.analysis import CONTINUE, PROMOTE_READY, ROLLBACK, Guard, Verdict
+from infra.serving import carry
+from infra.serving.analysis import Verdict
 from infra.serving.canary import gate
+from infra.serving.carry import PROMOTED, ROLLED_BACK
 from infra.serving.counts import Counts, Histogram, Reading, Series
+from infra.serving.engine_metrics import itl_histograms, latency_histogram
 from infra.serving.golden import GOLDEN_FILE
 from infra.serving.golden import PROBE as GOLDEN_PROBE
 from infra.serving.golden import misses as golden_misses
@@ -50,14 +53,9 @@ from infra.serving.metrics_text import (
 from infra.serving.prometheus import instant
 from infra.serving.registry.mlflow import MlflowRegistry, ModelVersion, RegistryError
 from infra.serving.version_record import VersionRecord
-from infra.spec.models import Canary, CanaryStep, Serving
+from infra.spec.models import Canary, Serving
 
 CHAMPION, CHALLENGER, PREVIOUS = "champion", "challenger", "previous"
-PROMOTED, GATED = "promoted", "gated"
-"""a stepped release's ends besides the analysis' verdicts: its last step (100 %) promoted the canary; a step
-with a manual gate passed, the release held there"""
-ROLLED_BACK = "rolled back"
-"""the record's phase once a rollback (the guard's or an operator's) took the canary out"""
 CANARY_SLOT = "canary"
 # Where the roles put things (their defaults and vars: one source).
 _SERVER, _GATEWAY = role_defaults("inference_server"), role_vars("inference_gateway")
@@ -92,27 +90,15 @@ AWS_CLI = f"{_SERVER['inference_server_install_dir']}/venv/bin/aws"
 # A version gone from the bucket copies nothing and `aws s3 sync` still exits 0: an empty copy is a failure.
 FETCH = '"$1" s3 sync --only-show-errors "$2" "$3" && [ -n "$(ls -A "$3" 2>/dev/null)" ]'
 UNSAFE_IN_PATH = set(" \t\n\"'\\$`")
-LOOK_TRIES = 3
-"""looks in a row the guard may fail to read the counters (or add them) before it gives up, exit 5"""
 # The guard's record of each model's release on the first gateway's node (persistent: `serve status` reads
 # it after the guard's command ended, or the node restarted), written whole (a temporary file renamed).
 STATE_DIR = "/var/lib/gpuplat-serve"
 STATE_WRITE = 'mkdir -p "$1" && printf %s "$3" > "$1/.$2.json" && mv "$1/.$2.json" "$1/$2.json"'
 
 
-def steps_ahead(steps: list[CanaryStep], share: int, past_gate: bool) -> list[tuple[int, CanaryStep]]:
-    """The steps (numbered from 1) a release at `share` goes through: from the first at or above it (above
-    it with `past_gate`: the gate the last step held at opened)."""
-    return [
-        (number, step)
-        for number, step in enumerate(steps, 1)
-        if step.percent > share or (step.percent == share and not past_gate)
-    ]
-
-
-def _phase(verdict: Verdict) -> str:
-    """The release record's phase after a verdict: the verdict, or ROLLED_BACK once it rolled back."""
-    return ROLLED_BACK if verdict.action == ROLLBACK else verdict.action
+def servers_up(figures: GatewayFigures) -> tuple[int, int]:
+    """The canary's servers and the stable's that every gateway counts up: what a share spreads over."""
+    return figures.servers_up.get(CANARY_BACKEND, 0), figures.servers_up.get(STABLE_BACKEND, 0)
 
 
 class ServeRefused(GpuPlatError):
@@ -447,21 +433,10 @@ class Release:
         return {backend: by_job.get(job) for backend, job in JOB_OF_BACKEND.items()}
 
     def latency_histogram_name(self) -> str:
-        """The engine's histogram the analysis judges latency on (roles/monitoring's vars)."""
-        return str(
-            role_vars("monitoring")["__monitoring_engine_metrics"][self.layout.engine]["ttft_histogram"]
-        )
+        return latency_histogram(self.layout.engine)
 
     def itl_histogram_names(self) -> tuple[str, ...]:
-        """The engine's inter-token latency histogram, by each name it may have, the preferred first (none for
-        the CPU reference server; roles/monitoring's vars list them). vLLM's v1 engine named it
-        vllm:time_per_output_token_seconds (vllm/v1/metrics/loggers.py, `histogram_time_per_output_token`,
-        observed per `time_per_output_tokens_iter`, at vllm-project/vllm commit 005a810b, a 0.10 release);
-        the 0.11 series' loggers.py adds vllm:inter_token_latency_seconds over the same buckets and marks
-        the old name "DEPRECATED: Use vllm:inter_token_latency_seconds instead". The first name a server
-        has is read, never both (the same observations twice)."""
-        names = role_vars("monitoring")["__monitoring_engine_metrics"][self.layout.engine]["itl_histogram"]
-        return tuple(name for name in str(names).split("|") if name)
+        return itl_histograms(self.layout.engine)
 
     def latency_histograms(self) -> dict[str, Series | None]:
         """`histograms`' time to the first token alone."""
@@ -1027,6 +1002,17 @@ class Release:
         self.record(model, ROLLED_BACK, f"{previous.reference} is the stable version again: {reason}")
         return previous
 
+    # The guard in the foreground (infra/serving/carry.py: one loop for every backend)
+
+    def has_canary(self, model: str) -> bool:
+        return self.aliased(model, CHALLENGER) is not None
+
+    def share(self) -> int:
+        return self.figures().canary_percent
+
+    def servers_up(self) -> tuple[int, int]:
+        return servers_up(self.figures())
+
     def guard(
         self,
         model: str,
@@ -1036,59 +1022,8 @@ class Release:
         clock: Callable[[], float] = time.monotonic,
         past_gate: bool = False,
     ) -> Verdict:
-        """The canary's analysis (`analyse`), or with serving.canary.steps the release through its steps:
-        from the first step at or above the canary's share (above it with `past_gate`: an operator opens the
-        gate the last step held at), each step's share set and held for one analysis of its own (counts from
-        just before the share moved); a step at 100 % promotes. Any verdict but promote-ready ends it; so
-        does a passed step with a manual gate (GATED), the share left at that step."""
-        steps = self.rules.steps
-        if steps and self.aliased(model, CHALLENGER) is None:
-            return Verdict(
-                "gone", f"'{model}' has no canary: `gpuplat serve deploy NAME@VERSION --canary P` one"
-            )
-        share = self.figures().canary_percent if steps else 0
-        ahead = steps_ahead(steps, share, past_gate)
-        if not ahead:
-            self.record(model, "analysing", "the canary's analysis", share or None)
-            verdict = self.analyse(model, duration_s, look_s, sleep, clock)
-            self.record(model, _phase(verdict), verdict.reason, None if verdict.action == ROLLBACK else share)
-            return verdict
-        verdict = Verdict(CONTINUE, "no step analysed")
-        for number, step in ahead:
-            label = f"step {number} of {len(steps)} ({step.percent} %)"
-            if step.percent == 100:
-                self.record(model, "promoting", label, share)
-                version = self.promote(model)
-                verdict = Verdict(PROMOTED, f"{len(steps) - 1} step(s) passed: {version.reference} promoted")
-                self.record(model, PROMOTED, verdict.reason, 100)
-                return verdict
-            if step.percent != share:
-                self.canary_start = (clock(), *self.counters())
-                self.set_share(step.percent)
-                share = step.percent
-                self.say(f"{label}: the canary takes {step.percent} % of the requests")
-            self.record(model, "analysing", label, share)
-            verdict = self.analyse(model, duration_s, look_s, sleep, clock)
-            self.canary_start = None
-            if verdict.action != PROMOTE_READY:
-                self.record(
-                    model,
-                    _phase(verdict),
-                    f"{label}: {verdict.reason}",
-                    None if verdict.action == ROLLBACK else share,
-                )
-                return verdict
-            self.say(f"{label} passed: {verdict.reason}")
-            if step.manual_gate and number < len(steps):
-                self.record(model, GATED, f"{label} passed; its manual gate holds the release", share)
-                return Verdict(
-                    GATED,
-                    f"{label} passed and its manual gate holds the release at {step.percent} %: `gpuplat "
-                    f"serve guard {model} --past-gate` goes on to step {number + 1} "
-                    f"({steps[number].percent} %), `gpuplat serve rollback {model}` takes the canary out",
-                )
-        self.record(model, verdict.action, verdict.reason, share)
-        return verdict
+        """carry.guard: the canary's analysis, or the release through serving.canary.steps."""
+        return carry.guard(self, model, duration_s, look_s, sleep, clock, past_gate)
 
     def analyse(
         self,
@@ -1097,48 +1032,8 @@ class Release:
         look_s: float = 5.0,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
+        load: float = 1.0,
     ) -> Verdict:
-        """Analyse the running canary (infra/serving/analysis.py) on counts since `deploy` gave it its share
-        (this command's), or since this call's first look, every `look_s`, until a verdict or `duration_s`
-        (default: the whole analysis and one look more) ends it; roll it back on 'rollback'. Ending without a
-        verdict returns 'continue'."""
-        if duration_s is None:
-            duration_s = self.rules.initial_delay_s + self.rules.analysis_s + look_s
-        started, *first = self.canary_start or (clock(), *self.counters())
-        watch = Guard(self.rules, started, *first)
-        verdict = Verdict(CONTINUE, "no look yet")
-        failed = 0
-        while clock() - started < duration_s:
-            sleep(look_s)
-            if self.lock_lost(model):
-                raise GpuPlatError(
-                    f"the guard of '{model}' lost its release lock (not renewed within its "
-                    f"{self.lease_s:.0f} s lease, or found another command's): it stopped, leaving the "
-                    f"release to whichever command holds it now (`gpuplat serve status {model}`)",
-                    exit_code=ExitCode.NO_VERDICT,
-                )
-            try:
-                if self.aliased(model, CHALLENGER) is None:
-                    return Verdict("gone", f"'{model}' has no canary any more")
-                verdict = watch.look(clock(), *self.counters())
-            except (GpuPlatError, ValueError, KeyError) as error:
-                failed += 1
-                reason = (
-                    error.message if isinstance(error, GpuPlatError) else f"{type(error).__name__}: {error}"
-                )
-                if failed >= LOOK_TRIES:
-                    raise GpuPlatError(
-                        f"the guard could not look at '{model}''s canary {failed} times in a row ({reason}): "
-                        "it stopped, and the canary keeps its share unwatched. Fix what the message names, "
-                        f"then `gpuplat serve guard {model}` again (it counts from its own first look), or "
-                        f"`gpuplat serve rollback {model}`",
-                        exit_code=ExitCode.NO_VERDICT,
-                    ) from None
-                self.say(f"look failed ({failed} of {LOOK_TRIES} in a row allowed): {reason}")
-                continue
-            failed = 0
-            if verdict.action == "rollback":
-                self.rollback(model, verdict.reason)
-            if verdict.action != CONTINUE:
-                return verdict
-        return verdict
+        """carry.analyse: the running canary's analysis until a verdict or `duration_s`, its latency
+        judged where each canary server takes no more than a stable server's load (`load`, load.load_at)."""
+        return carry.analyse(self, model, duration_s, look_s, sleep, clock, load)

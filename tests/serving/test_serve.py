@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from infra.serving.load import equal_load_percent
 from tests.serving.load import HEAD, INFER, MODEL, VERSION_HEADER, Answer, keeping_alive, node, wait_for
 from tests.unit.test_hostile_input import CliRun, run_cli
 
@@ -370,6 +371,15 @@ def test_the_canary_gets_its_share_and_keeps_it_across_a_reload(
     assert versions_answering(20) == {first_stable: 20}
 
 
+def at_most_failed(sent: int) -> float:
+    """The most of `sent` requests a failing canary may fail while the guard holds its share: the canary's
+    draws, and 3 standard deviations. The guard holds SHARE, then the share that loads the canary slot as
+    each of infer-0's 2 stable replicas (33 %, infra/serving/load.py) while it judges the latency: a canary
+    failing after the guard moved on fails up to that share."""
+    held = max(SHARE, equal_load_percent(1, 2) or 0) / 100
+    return held * sent + 3 * (sent * held * (1 - held)) ** 0.5
+
+
 def test_a_failing_canary_is_rolled_back_by_the_guard(stack: Path, model: str, first_stable: str) -> None:
     serve(stack, "deploy", f"{model}@2", "--canary", str(SHARE))
     guard = subprocess.Popen(
@@ -414,9 +424,7 @@ def test_a_failing_canary_is_rolled_back_by_the_guard(stack: Path, model: str, f
     assert seconds <= ROLLBACK_BOUND_S
     during = [a for a in after_fault if a.sent <= rolled_back_at]
     # Only the canary's draws can fail, and none sent after the rollback.
-    assert len(failed) <= SHARE / 100 * len(during) + 3 * (len(during) * 0.2 * 0.8) ** 0.5, Counter(
-        a.status for a in during
-    )
+    assert len(failed) <= at_most_failed(len(during)), Counter(a.status for a in during)
     assert all(a.sent <= rolled_back_at for a in failed), [(a.sent - failed_at, a.status) for a in failed]
     assert canary_percent() == 0
     assert versions_answering(20) == {first_stable: 20}
@@ -490,7 +498,7 @@ def test_a_detached_guard_carries_the_canary_after_the_cli_exits_resumes_after_a
     assert all(failed_at <= a.sent <= rolled_back_at for a in failed), [
         (a.sent - failed_at, a.status) for a in failed
     ]
-    assert len(failed) <= SHARE / 100 * len(during) + 3 * (len(during) * 0.2 * 0.8) ** 0.5
+    assert len(failed) <= at_most_failed(len(during))
     serve(stack, "rollback", model)  # what the guard left: the canary's slot, the challenger alias
     assert versions_answering(20) == {first_stable: 20}
     active = subprocess.run(

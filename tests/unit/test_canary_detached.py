@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -25,10 +26,13 @@ from infra.cli.commands import serve as serve_command
 from infra.errors import ExitCode, GpuPlatError
 from infra.serving import detach, guard_service, guard_state, lock
 from infra.serving.analysis import PROMOTE_READY, ROLLBACK, Guard, RulesRead
+from infra.serving.carry import Step
 from infra.serving.counts import Counts, Reading
 from infra.serving.detach import UNIT, bundle, bundle_path, detach_guard, unit_name
 from infra.serving.guard_service import DONE, DetachedGuard, initial_state, record_path, state_path
+from infra.serving.load import load_at
 from infra.serving.lock import LockLost, LockRefused, ReleaseLock
+from infra.serving.metrics_text import GatewayFigures
 from infra.serving.release import ServingLayout
 from infra.spec.models import Canary
 
@@ -109,9 +113,20 @@ def lock_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(lock, "LOCK_DIR", str(tmp_path / "locks"))
 
 
-def started(folder: Path, node: Node, clock: Clock, rules: Canary, duration_s: float = 400) -> None:
-    """The state `deploy --detach` hands over: the counters just before the canary got its share."""
-    baseline = Guard(rules, 0.0, *_counts(node))
+def started(
+    folder: Path,
+    node: Node,
+    clock: Clock,
+    rules: Canary,
+    duration_s: float = 400,
+    steps: Sequence[tuple[int, Step]] | None = None,
+    load_servers: tuple[int, int] | None = None,
+    return_share: int | None = None,
+) -> None:
+    """The state `deploy --detach` hands over: the counters just before the canary got its share (the
+    steps ahead: the stack's unless given)."""
+    stable, canary = _counts(node)
+    baseline = Guard(rules, 0.0, stable, canary, load_ratio=load_at(node.share, load_servers))
     state = initial_state(
         model=MODEL,
         candidate=f"{MODEL}@2",
@@ -119,7 +134,10 @@ def started(folder: Path, node: Node, clock: Clock, rules: Canary, duration_s: f
         guard=baseline,
         started_ago_s=0,
         share=node.share,
-        steps=[(n, s.model_dump()) for n, s in enumerate(rules.steps, 1)],
+        steps=[
+            (n, {"percent": s.percent, "manual_gate": s.manual_gate})
+            for n, s in (enumerate(rules.steps, 1) if steps is None else steps)
+        ],
         steps_in_all=len(rules.steps),
         gateway="head-0",
         gateway_programs="/usr/local/lib/gpuplat",
@@ -128,6 +146,8 @@ def started(folder: Path, node: Node, clock: Clock, rules: Canary, duration_s: f
         histogram="h",
         look_s=5,
         duration_s=duration_s,
+        load_servers=load_servers,
+        return_share=return_share,
     )
     guard_service.init(MODEL, json.dumps(state), str(folder), clock)
 
@@ -480,6 +500,10 @@ class DetachingRelease:
 
     def latency_histogram_name(self) -> str:
         return "h"
+
+    def figures(self) -> GatewayFigures:
+        """The canary at 20 %; no server counted up: no load to weigh (tests/unit/test_canary_load.py)."""
+        return GatewayFigures(20, {}, {}, {})
 
     def stable_replicas(self, node: str) -> list[int]:
         return [0]

@@ -23,7 +23,7 @@ from infra.serving.analysis import (
     sequential_latency,
 )
 from infra.serving.counts import Counts, Histogram, Reading, SinceStart
-from infra.serving.metrics_text import parse_metrics, sample_labels
+from infra.serving.metrics_text import GatewayFigures, parse_metrics, sample_labels
 from infra.serving.release import (
     CANARY_BACKEND,
     STABLE_BACKEND,
@@ -235,6 +235,7 @@ def _guard_reading(script: list[object]) -> tuple[Release, list[str]]:
 
     release.readings = read  # type: ignore[method-assign]
     release.aliased = lambda model, alias: object()  # type: ignore[method-assign,assignment,return-value]
+    release.figures = lambda: GatewayFigures(20, {}, {}, {})  # type: ignore[method-assign]
     release.rollback = lambda model, reason="": None  # type: ignore[method-assign,assignment,return-value]
     release.say = said.append
     return release, said

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 from infra.serving.analysis import ROLLBACK
+from infra.serving.carry import GATED, PROMOTED
 from infra.serving.counts import Counts, Histogram
-from infra.serving.release import GATED, PROMOTED, GatewayFigures, Release
+from infra.serving.release import GatewayFigures, Release
 from infra.spec.models import Canary, CanaryStep
 from tests.unit.test_canary import BOUNDS
 from tests.unit.test_hostile_input import refused, run_cli, write_variant

@@ -162,23 +162,11 @@ def test_deploy_resolves_the_version_in_the_registry_given_then_starts_its_canar
     assert release == ServingRelease(V1, canary=V2, canary_percent=20)
 
 
-@pytest.mark.parametrize(
-    ("extra", "says"),
-    [
-        ((), "--registry-url"),
-        (("--registry-url", "http://r", "--guard-s", "60"), "canary's analysis"),
-        (("--registry-url", "http://r", "--guard-s", "60", "--detach"), "detached guard"),
-    ],
-)
-def test_deploy_refuses_what_is_not_built_before_asking_anyone(
-    cluster: FakeCluster, extra: tuple[str, ...], says: str
-) -> None:
-    refused(run_cli("serve", "deploy", "embedder@2", "--canary", "20", "--stack", "aws-k8s", *extra), says)
+def test_deploy_refuses_what_is_not_built_before_asking_anyone(cluster: FakeCluster) -> None:
+    refused(
+        run_cli("serve", "deploy", "embedder@2", "--canary", "20", "--stack", "aws-k8s"), "--registry-url"
+    )
     assert not cluster.requests
-
-
-def test_guard_is_refused_on_kubernetes(cluster: FakeCluster) -> None:
-    refused(run_cli("serve", "guard", "embedder", "--stack", "onprem-k8s"), "analysis is not built")
 
 
 def test_the_kubeconfig_is_read_from_the_environment_when_the_command_runs(
@@ -373,3 +361,29 @@ def test_a_take_over_stopped_after_its_first_step_is_finished_by_the_same_deploy
         ]
         == 3
     )
+
+
+def test_a_command_stalled_past_its_lease_does_not_write_over_the_new_holders_record(
+    cluster: FakeCluster,
+) -> None:
+    """Stalled inside a step (its Lease's renewal not due yet by its clock), while another command took the
+    Lease and rolled the canary back: the step's record is applied guarded by the resourceVersion this
+    command read, answered 409, and the command stops with one paragraph, the other's record intact."""
+    running(cluster, ServingRelease(V1, canary=V2, canary_percent=20), 4)
+    canary = f"/apis/apps/v1/namespaces/{NS}/deployments/{version_track_names(V2)[0]}"
+    taken: list[bool] = []
+
+    def another_command_meanwhile(request: Request, fake: FakeCluster) -> None:
+        rolls_out(request, fake)
+        if request.verb == "GET" and request.path == canary and not taken:
+            taken.append(True)
+            lease = json.loads(json.dumps(fake.objects[LEASE]))
+            lease["spec"]["holderIdentity"] = "ci@runner pid 9"
+            fake.store(LEASE, lease)
+            recorded(fake, ServingRelease(V1))
+
+    cluster.before = another_command_meanwhile
+    run = run_cli("serve", "promote", "embedder", "--stack", "aws-k8s")
+    assert run.code == 4 and run.clean, run.err
+    assert "changed since this command read it" in run.err
+    assert read_record(ClusterApi(cluster.client()), NS)[0] == ServingRelease(V1)

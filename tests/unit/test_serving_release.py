@@ -18,12 +18,12 @@ import pytest
 from infra.errors import ExitCode, GpuPlatError, SpecError
 from infra.platform.resolve import load_platform
 from infra.serving.analysis import CONTINUE, INCONCLUSIVE, PROMOTE_READY, ROLLBACK, Verdict
+from infra.serving.carry import GATED, PROMOTED
 from infra.serving.counts import Counts, Histogram, SinceStart
 from infra.serving.lock import LOCK_DIR, RENEW, TAKE_OVER, LockLost, LockRefused, ReleaseLock, here
+from infra.serving.metrics_text import GatewayFigures
 from infra.serving.registry.mlflow import ModelVersion, to_wire_source
 from infra.serving.release import (
-    GATED,
-    PROMOTED,
     STATE_DIR,
     Release,
     ReplicaServing,
@@ -96,6 +96,8 @@ def guarded(readings: list[tuple[Counts, Counts]], rules: Canary) -> tuple[Relea
         return last
 
     release.readings = read  # type: ignore[method-assign]
+    # A share, and no server counted up: the guard weighs no load (infra/serving/load.py).
+    release.figures = lambda: GatewayFigures(20, {}, {}, {})  # type: ignore[method-assign]
     release.aliased = lambda model, alias: version("/shared/models/x")  # type: ignore[method-assign]
     release.rollback = lambda model, reason="": done.append(reason)  # type: ignore[method-assign,assignment,func-returns-value]
     release.say = lambda line: None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -14,7 +14,8 @@ from infra.cli.stack_options import JsonFlag, StackFile, StackName, platform_fro
 from infra.errors import ExitCode, GpuPlatError, SpecError
 from infra.k8s.serving_versions import ServedVersion
 from infra.platform.resolve import ResolvedPlatform
-from infra.serving.analysis import PROMOTE_READY, ROLLBACK
+from infra.serving.analysis import PROMOTE_READY, ROLLBACK, Verdict
+from infra.serving.carry import GATED, PROMOTED
 from infra.serving.detach import check_detachable, detach_guard
 from infra.serving.on_kubernetes import KubernetesServing, connect, kubernetes_registry, on_kubernetes
 from infra.serving.reach import prometheus_url, stack_reach
@@ -23,9 +24,7 @@ from infra.serving.release import (
     CANARY_BACKEND,
     CHALLENGER,
     CHAMPION,
-    GATED,
     PREVIOUS,
-    PROMOTED,
     STABLE_BACKEND,
     Release,
     servable,
@@ -166,17 +165,17 @@ def _deploy_on_kubernetes(
     detach: bool,
     url: str | None,
 ) -> None:
-    if guard_s > 0 or detach:
-        raise SpecError(
-            f"stack '{platform.name}' runs on Kubernetes, where the canary's analysis (each gateway pod's "
-            "metrics port) and the detached guard are not built: deploy --canary without --guard-s and "
-            "--detach, then promote or roll back (docs/serving.md, On Kubernetes)"
-        )
     # The registry answers for the version before the cluster is asked for anything, the lock included.
     version = kubernetes_registry(platform, url).resolve(reference)
     served = ServedVersion(version.reference, version.location)
     kubernetes = _on_kubernetes(platform)
     assert kubernetes is not None
+    if canary is not None and detach:
+        _detached(kubernetes.deploy_and_detach(served, canary, guard_s or None), reference)
+        return
+    if canary is not None and guard_s > 0:
+        _report(kubernetes.deploy_and_guard(served, canary, guard_s))
+        return
     release = kubernetes.deploy(served, canary)
     if release.canary is not None:
         output.stdout().print(
@@ -207,6 +206,13 @@ def guard(
             "--past-gate", help="serving.canary.steps: open the manual gate the release is held at, go on"
         ),
     ] = False,
+    detach: Annotated[
+        bool,
+        typer.Option(
+            "--detach",
+            help="on a Kueue stack: hand the guard to a Job in the cluster and return (`serve status`)",
+        ),
+    ] = False,
 ) -> None:
     """Analyse NAME's canary against the stable version (serving.canary), or carry it through
     serving.canary.steps (each held for an analysis; a step at 100 % promotes): exit 0 promote-ready,
@@ -214,18 +220,39 @@ def guard(
     the analysis)."""
     check_name(model)
     platform = _platform(stack, stack_file_path)
-    if on_kubernetes(platform):
+    kubernetes = _on_kubernetes(platform)
+    if kubernetes is not None and detach:
+        _detached(kubernetes.detach_guard(model, duration_s, past_gate), model)
+        return
+    if kubernetes is not None:
+        _report(kubernetes.guard(model, duration_s, past_gate))
+        return
+    if detach:
         raise SpecError(
-            f"stack '{platform.name}' runs on Kubernetes, where the canary's analysis is not built (it would "
-            "read each gateway pod's metrics port): promote or roll back the canary yourself"
+            f"stack '{platform.name}' runs on nodes: `gpuplat serve deploy NAME@VERSION --canary P --detach` "
+            "starts the guard service on the gateway's node with the canary"
         )
     release = _release(platform, url, prometheus)
     with release.exclusive(model, "guard"):
         _guard(release, model, duration_s, past_gate)
 
 
+def _detached(job: str, what: str) -> None:
+    model = what.partition("@")[0]
+    output.stdout().print(
+        escape(
+            f"the guard of {model} runs on as the Job {job} in the cluster, holding the release's Lease: "
+            f"`gpuplat serve status {model}` shows where it stands"
+        )
+    )
+
+
 def _guard(release: Release, model: str, duration_s: float | None, past_gate: bool = False) -> None:
-    verdict = release.guard(model, duration_s, past_gate=past_gate)
+    _report(release.guard(model, duration_s, past_gate=past_gate))
+
+
+def _report(verdict: Verdict) -> None:
+    """A guard's verdict, and its exit: 0 promote-ready, promoted or gated; 1 rolled back; 5 none."""
     if verdict.action in (PROMOTED, GATED):
         output.stdout().print(escape(f"{verdict.action}: {verdict.reason}"))
         return
@@ -362,13 +389,7 @@ def status(
         output.table(title, ["role", "version", "share", "requests", "errors", "servers up", "p95"], table)
     )
     if record is not None:
-        at_share = "" if record.get("canary_percent") is None else f" at {record['canary_percent']} %"
-        output.stdout().print(
-            escape(
-                f"release: {record.get('phase')}{at_share}: {record.get('detail')} "
-                f"({record.get('at')}, {record.get('by')})"
-            )
-        )
+        output.stdout().print(escape(_record_line("release", record)))
         guard_record = record.get("guard")
         if isinstance(guard_record, dict):
             output.stdout().print(
@@ -401,6 +422,8 @@ def _status_on_kubernetes(kubernetes: KubernetesServing, model: str, json_output
     output.stdout().print(
         escape(f"serving {model} on {kubernetes.platform.name}: stable {shown['stable']}{canary}{retiring}")
     )
+    if shown["guard"] is not None:
+        output.stdout().print(escape(_record_line("guard", shown["guard"])))
     output.stdout().print(
         output.table(
             "what each model-server pod runs",
@@ -410,6 +433,15 @@ def _status_on_kubernetes(kubernetes: KubernetesServing, model: str, json_output
                 for r in shown["replicas"]
             ],
         )
+    )
+
+
+def _record_line(label: str, record: dict[str, Any]) -> str:
+    """A release's (or a guard's) record as one line: its phase, the share, what it said, when and by whom."""
+    at_share = "" if record.get("canary_percent") is None else f" at {record['canary_percent']} %"
+    return (
+        f"{label}: {record.get('phase')}{at_share}: {record.get('detail')} "
+        f"({record.get('at')}, {record.get('by')})"
     )
 
 

@@ -1,0 +1,312 @@
+"""A canary carried by a command in the foreground (`serve deploy --guard-s`, `serve guard`): its analysis
+(infra/serving/analysis.py Guard) fed with the counters every few seconds, rolled back on a rollback
+verdict, or carried through serving.canary.steps. One loop for every backend: what differs (where the
+counters are read, how a share is set, promoted, rolled back and recorded) is the `Carried` it drives: the
+nodes' Release (infra/serving/release.py), a Kueue stack's cluster from the operator's machine
+(infra/serving/on_kubernetes.py) or from the guard Job inside it (infra/serving/guard_job.py). The standard
+library only, as the Job's zip application carries it: the settings it reads are any object with the
+analysis' fields and `steps` (the spec's serving.canary, or the values the CLI wrote for the Job).
+
+Each server's load (infra/serving/load.py): where the canary's share does not load its servers as the
+stable's, the loop adds an analysis at the share that does (`with_equal_load_step`), and judges the
+canary's latency only where its servers are not busier than a stable one; the servers up it weighs the
+load by are the `Carried`'s (`servers_up`), for every backend alike.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeVar, runtime_checkable
+
+from infra.errors import ExitCode, GpuPlatError
+from infra.serving.analysis import CONTINUE, PROMOTE_READY, ROLLBACK, Canary, Guard, Verdict
+from infra.serving.counts import Counts, Reading
+from infra.serving.load import describe, equal_load_percent, load_at
+
+PROMOTED, GATED = "promoted", "gated"
+"""a stepped release's ends besides the analysis' verdicts: its last step (100 %) promoted the canary; a step
+with a manual gate passed, the release held there"""
+ROLLED_BACK = "rolled back"
+"""the record's phase once a rollback (the guard's or an operator's) took the canary out"""
+LOOK_TRIES = 3
+"""looks in a row the guard may fail to read the counters (or add them) before it gives up, exit 5"""
+
+
+class Step(Protocol):
+    """One of serving.canary.steps (infra/spec/models.py CanaryStep) as the loop reads it."""
+
+    @property
+    def percent(self) -> int: ...
+    @property
+    def manual_gate(self) -> bool: ...
+
+
+class Rules(Canary, Protocol):
+    """serving.canary as the loop reads it: the analysis' settings and the steps."""
+
+    @property
+    def steps(self) -> Sequence[Step]: ...
+
+
+class Promoted(Protocol):
+    @property
+    def reference(self) -> str: ...
+
+
+class Carried(Protocol):
+    """A backend's release as the guard drives it."""
+
+    @property
+    def rules(self) -> Rules: ...
+    @property
+    def lease_s(self) -> float: ...
+
+    canary_start: tuple[float, Counts | Reading, Counts | Reading] | None
+    """when the canary's share last moved, and the counters just before (None: count from the first look)"""
+
+    def say(self, line: str) -> None: ...
+    def has_canary(self, model: str) -> bool: ...
+    def share(self) -> int: ...
+    def servers_up(self) -> tuple[int, int]:
+        """The canary's servers and the stable's up, as the gateways count them: what a share spreads
+        over (infra/serving/load.py); (0, 0) where none is counted, and no load is weighed."""
+        ...
+
+    def counters(self) -> tuple[Reading, Reading]: ...
+    def set_share(self, percent: int) -> None: ...
+    def promote(self, model: str) -> Promoted: ...
+    def rollback(self, model: str, reason: str = "asked for") -> object: ...
+    def record(self, model: str, phase: str, detail: str, percent: int | None = None) -> None: ...
+    def lock_lost(self, model: str) -> bool: ...
+
+
+S = TypeVar("S", bound=Step)
+
+
+@runtime_checkable
+class Keeping(Protocol):
+    """A Carried that keeps the analysis' evidence where a restart of the process finds it (the guard Job:
+    a pod restarted mid-release resumes its counts instead of starting over)."""
+
+    def saved_watch(self) -> Guard | None:
+        """The analysis of the share the canary has now, as last kept; None: start one."""
+        ...
+
+    def keep(self, watch: Guard, verdict: Verdict) -> None:
+        """After each look: the analysis and its verdict so far, kept whole."""
+        ...
+
+
+def steps_ahead(steps: Sequence[S], share: int, past_gate: bool) -> list[tuple[int, S]]:
+    """The steps (numbered from 1) a release at `share` goes through: from the first at or above it (above
+    it with `past_gate`: the gate the last step held at opened)."""
+    return [
+        (number, step)
+        for number, step in enumerate(steps, 1)
+        if step.percent > share or (step.percent == share and not past_gate)
+    ]
+
+
+EQUAL_LOAD_STEP = 0
+"""The number of the step `with_equal_load_step` adds (the stack's steps are numbered from 1)."""
+
+
+@dataclass(frozen=True)
+class AddedStep:
+    """A Step the loop adds (EQUAL_LOAD_STEP): an analysis at `percent`, no gate."""
+
+    percent: int
+    manual_gate: bool = False
+
+
+def equal_load_share(servers: tuple[int, int]) -> int | None:
+    """The share that loads the canary's servers as the stable's (load.equal_load_percent) over `servers`
+    (the canary's and the stable's up); None where a version has none counted up, or no share does."""
+    return equal_load_percent(*servers) if min(servers) >= 1 else None
+
+
+def with_equal_load_step(
+    ahead: Sequence[tuple[int, Step]], share: int, equal: int | None
+) -> list[tuple[int, Step]]:
+    """A release's steps ahead (numbered, rising) with an analysis at `equal`, the share that loads both
+    versions' servers alike: the only analysis whose latency test both catches a slower canary and clears
+    an identical one. It comes before the first step above it, but after the step the canary is at now
+    (`share`: its analysis goes on from the counts it has), and last where no step reaches it. Unchanged
+    where a step ahead is at `equal`, or there is no such share (None). Without steps (`ahead` empty) the
+    release is one analysis at `share` (none at 0), then the equal-load one; the guard puts the share back
+    to `share` once both passed."""
+    if (
+        equal is None
+        or any(step.percent == equal for _, step in ahead)
+        or (not ahead and share in (0, equal))
+    ):
+        return list(ahead)
+    steps: list[tuple[int, Step]] = list(ahead) or [(EQUAL_LOAD_STEP, AddedStep(share))]
+    at = next((index for index, (_, step) in enumerate(steps) if step.percent > equal), len(steps))
+    if steps[0][1].percent == share:
+        at = max(at, 1)
+    return [*steps[:at], (EQUAL_LOAD_STEP, AddedStep(equal)), *steps[at:]]
+
+
+def _label(number: int, percent: int, steps_in_all: int, equal: int | None) -> str:
+    if number != EQUAL_LOAD_STEP:
+        return f"step {number} of {steps_in_all} ({percent} %)"
+    return f"the equal-load analysis ({percent} %)" if percent == equal else f"the analysis at {percent} %"
+
+
+def _phase(verdict: Verdict) -> str:
+    """The release record's phase after a verdict: the verdict, or ROLLED_BACK once it rolled back."""
+    return ROLLED_BACK if verdict.action == ROLLBACK else verdict.action
+
+
+def guard(
+    release: Carried,
+    model: str,
+    duration_s: float | None = None,
+    look_s: float = 5.0,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    past_gate: bool = False,
+    back_to: int | None = None,
+) -> Verdict:
+    """The canary's analysis (`analyse`), or with serving.canary.steps the release through its steps:
+    from the first step at or above the canary's share (above it with `past_gate`: an operator opens the
+    gate the last step held at), each step's share set and held for one analysis of its own (counts from
+    just before the share moved); a step at 100 % promotes. Any verdict but promote-ready ends it; so
+    does a passed step with a manual gate (GATED), the share left at that step. Where the canary's servers
+    do not take a stable server's load at its share, an analysis at the share that loads them alike is
+    added (`with_equal_load_step`); without steps the share goes back once both analyses passed, to
+    `back_to` (None: the share now; a guard Job's pod restarted in the equal-load analysis finds the canary
+    at that share, and goes on with it: the analysis at `back_to` passed before the share moved)."""
+    steps = release.rules.steps
+    if steps and not release.has_canary(model):
+        return Verdict("gone", f"'{model}' has no canary: `gpuplat serve deploy NAME@VERSION --canary P` one")
+    share = release.share()
+    asked = share if back_to is None else back_to
+    servers = release.servers_up()
+    equal = equal_load_share(servers)
+    ahead = with_equal_load_step(steps_ahead(steps, share if steps else 0, past_gate), asked, equal)
+    if not steps and share != asked:
+        ahead = [(number, step) for number, step in ahead if step.percent == share] or ahead
+    if equal is not None and not steps and ahead:
+        release.say(
+            f"{describe(share, *servers)}: after its analysis at {share} % the canary's latency is judged at "
+            f"{equal} %, where its servers take a stable server's load; then its share goes back to {share} %"
+        )
+    if not ahead:
+        # No share on the record where the canary has none (0: a false 0 % beside a release's record).
+        release.record(model, "analysing", "the canary's analysis", share or None)
+        verdict = analyse(release, model, duration_s, look_s, sleep, clock, load_at(share, servers))
+        release.record(
+            model, _phase(verdict), verdict.reason, None if verdict.action == ROLLBACK else share or None
+        )
+        return verdict
+    verdict = Verdict(CONTINUE, "no step analysed")
+    for number, step in ahead:
+        label = _label(number, step.percent, len(steps), equal)
+        if step.percent == 100:
+            release.record(model, "promoting", label, share)
+            version = release.promote(model)
+            verdict = Verdict(PROMOTED, f"{len(steps) - 1} step(s) passed: {version.reference} promoted")
+            release.record(model, PROMOTED, verdict.reason, 100)
+            return verdict
+        if step.percent != share:
+            release.canary_start = (clock(), *release.counters())
+            release.set_share(step.percent)
+            share = step.percent
+            release.say(f"{label}: the canary takes {step.percent} % of the requests")
+        release.record(model, "analysing", label, share)
+        verdict = analyse(release, model, duration_s, look_s, sleep, clock, load_at(share, servers))
+        release.canary_start = None
+        if verdict.action != PROMOTE_READY:
+            release.record(
+                model,
+                _phase(verdict),
+                f"{label}: {verdict.reason}",
+                None if verdict.action == ROLLBACK else share,
+            )
+            return verdict
+        release.say(f"{label} passed: {verdict.reason}")
+        if step.manual_gate and EQUAL_LOAD_STEP < number < len(steps):
+            release.record(model, GATED, f"{label} passed; its manual gate holds the release", share)
+            return Verdict(
+                GATED,
+                f"{label} passed and its manual gate holds the release at {step.percent} %: `gpuplat "
+                f"serve guard {model} --past-gate` goes on to step {number + 1} "
+                f"({steps[number].percent} %), `gpuplat serve rollback {model}` takes the canary out",
+            )
+    if not steps and share != asked:
+        # Without steps the release ends at the share it was deployed with (with_equal_load_step).
+        release.set_share(asked)
+        release.say(f"both analyses passed: the canary's share goes back to {asked} %")
+        share = asked
+    release.record(model, verdict.action, verdict.reason, share)
+    return verdict
+
+
+def analyse(
+    release: Carried,
+    model: str,
+    duration_s: float | None = None,
+    look_s: float = 5.0,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    load: float = 1.0,
+) -> Verdict:
+    """Analyse the running canary (infra/serving/analysis.py) on counts since its share last moved (this
+    command's `deploy` or step), or since this call's first look, every `look_s`, until a verdict or
+    `duration_s` (default: the whole analysis and one look more) ends it; roll it back on 'rollback'.
+    Ending without a verdict returns 'continue'. `load`: each canary server's load over each stable
+    server's at this share (load.load_at), above which its latency is not judged."""
+    rules = release.rules
+    if duration_s is None:
+        duration_s = rules.initial_delay_s + rules.analysis_s + look_s
+    keeping = release if isinstance(release, Keeping) else None
+    saved = keeping.saved_watch() if keeping is not None else None
+    if saved is not None:
+        watch, started = saved, saved.started_s
+    else:
+        started, stable, canary = release.canary_start or (clock(), *release.counters())
+        watch = Guard(rules, started, stable, canary, load_ratio=load)
+    verdict = Verdict(CONTINUE, "no look yet")
+    failed = 0
+    # Resumed (a restarted guard Job's pod), the evidence is judged at least once more, even where the
+    # analysis' time ran out while no guard looked.
+    resumed = saved is not None
+    while resumed or clock() - started < duration_s:
+        resumed = False
+        sleep(look_s)
+        if release.lock_lost(model):
+            raise GpuPlatError(
+                f"the guard of '{model}' lost its release lock (not renewed within its "
+                f"{release.lease_s:.0f} s lease, or found another command's): it stopped, leaving the "
+                f"release to whichever command holds it now (`gpuplat serve status {model}`)",
+                exit_code=ExitCode.NO_VERDICT,
+            )
+        try:
+            if not release.has_canary(model):
+                return Verdict("gone", f"'{model}' has no canary any more")
+            verdict = watch.look(clock(), *release.counters())
+        except (GpuPlatError, ValueError, KeyError) as error:
+            failed += 1
+            reason = error.message if isinstance(error, GpuPlatError) else f"{type(error).__name__}: {error}"
+            if failed >= LOOK_TRIES:
+                raise GpuPlatError(
+                    f"the guard could not look at '{model}''s canary {failed} times in a row ({reason}): "
+                    "it stopped, and the canary keeps its share unwatched. Fix what the message names, "
+                    f"then `gpuplat serve guard {model}` again (it counts from its own first look), or "
+                    f"`gpuplat serve rollback {model}`",
+                    exit_code=ExitCode.NO_VERDICT,
+                ) from None
+            release.say(f"look failed ({failed} of {LOOK_TRIES} in a row allowed): {reason}")
+            continue
+        failed = 0
+        if keeping is not None:
+            keeping.keep(watch, verdict)
+        if verdict.action == ROLLBACK:
+            release.rollback(model, verdict.reason)
+        if verdict.action != CONTINUE:
+            return verdict
+    return verdict

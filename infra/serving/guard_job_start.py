@@ -1,0 +1,114 @@
+"""`--detach` on a Kueue stack: the guard Job started by a command that holds the model's Lease
+(infra/serving/on_kubernetes.py), which hands the Lease to the Job and returns.
+
+In order: the guard's record written whole (phase `starting`, naming the Job: an older guard still
+writing it meets a 409 and stops); the Job's ConfigMaps, ServiceAccount, Role, RoleBinding and
+NetworkPolicy applied; the Lease handed to the Job's holder (never free in between: a `promote` as this
+command exits meets the Job); the Job applied; its objects then applied again naming the Job as their owner
+(infra/serving/guard_job_objects.py: they go with it once its TTL has passed). A command stopped between the
+hand-over and the Job leaves a Lease no one renews: it expires after its 60 s and the canary keeps its
+share unguarded (`serve status` shows the record at `starting`).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from typing import Any
+
+from infra.errors import GpuPlatError
+from infra.k8s.serving import serving_objects, version_track_names
+from infra.k8s.serving_apply import ClusterError, ObjectRef, ReleaseDriver, workload_kind
+from infra.k8s.serving_versions import ServingRelease
+from infra.serving.guard_job import GUARD_RECORD, GUARD_RECORD_KEY
+from infra.serving.guard_job_objects import ROLLOUT_S, guard_name, guard_objects, owned_by
+from infra.serving.guard_job_plan import job_plan
+from infra.serving.pod_readings import pod_servers_up
+
+
+def stable_pod_spec(driver: ReleaseDriver, current: ServingRelease) -> dict[str, Any]:
+    """The stable version's pod template spec as rendered: its image and placement are the Job's."""
+    stable = version_track_names(current.stable)[0]
+    kind = workload_kind(driver.platform)[1]
+    for manifest in serving_objects(driver.platform, driver.facts, current):
+        if manifest["kind"] == kind and manifest["metadata"]["name"] == stable:
+            spec = manifest["spec"]
+            template = (
+                spec["leaderWorkerTemplate"]["leaderTemplate"]
+                if "leaderWorkerTemplate" in spec
+                else spec["template"]
+            )
+            return dict(template["spec"])
+    raise ClusterError(f"the stable version's workload {stable} is not among the release's objects")
+
+
+def start_guard_job(
+    driver: ReleaseDriver,
+    current: ServingRelease,
+    *,
+    past_gate: bool = False,
+    duration_s: float | None = None,
+) -> str:
+    """The guard Job of `current`'s canary started under `driver`'s Lease, which it is handed; its name."""
+    name = guard_name(driver.model, secrets.token_hex(3))
+    # Where the stack's own files are read, as the release record keeps it (ReleaseDriver._record).
+    model_uri = driver.facts.model_uri if isinstance(driver.facts.model_uri, str) else None
+    holder = f"job/{name}"
+    plan = job_plan(
+        driver.platform,
+        driver.facts,
+        current,
+        model_uri,
+        holder,
+        past_gate=past_gate,
+        duration_s=duration_s,
+        rollout_s=ROLLOUT_S,
+        servers=_servers_up(driver),
+    )
+    objects = guard_objects(plan, name, stable_pod_spec(driver, current))
+    record = {
+        "model": driver.model,
+        "phase": "starting",
+        "detail": f"the guard Job {name} carries the release",
+        "canary_percent": current.canary_percent,
+        "steps": [step.percent for step in plan.rules.steps],
+        "at": driver.api.server_now().isoformat(timespec="seconds"),
+        "by": holder,
+    }
+    _write_record(driver, {GUARD_RECORD_KEY: json.dumps(record)})
+    *owned, job = objects
+    for manifest in owned:
+        driver.api.apply(manifest)
+    driver.lock.hand_to(holder)
+    created = driver.api.apply(job)
+    for manifest in owned:
+        driver.api.apply(owned_by(manifest, created))
+    return name
+
+
+def _servers_up(driver: ReleaseDriver) -> tuple[int, int]:
+    """The servers up as the gateway pods count them, which the Job weighs each share's load by; none
+    (no load weighed, no equal-load analysis) where this command cannot read the pods: the guard Job,
+    which reads them at their addresses, is what a stack whose pods the API server cannot dial runs."""
+    try:
+        return pod_servers_up(driver.api, driver.namespace, driver.say)
+    except GpuPlatError as error:
+        driver.say(f"the servers up were not read ({error.message}): the guard Job weighs no load")
+        return (0, 0)
+
+
+def _write_record(driver: ReleaseDriver, data: dict[str, str]) -> None:
+    """The guard's record replaced whole (the evidence of an earlier release's guard dropped)."""
+    ref = ObjectRef("v1", "ConfigMap", GUARD_RECORD, driver.namespace)
+    manifest: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": GUARD_RECORD, "namespace": driver.namespace},
+        "data": data,
+    }
+    live = driver.api.get(ref)
+    if live is None:
+        driver.api.create(manifest)
+        return
+    manifest["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"]
+    driver.api.update(manifest)

@@ -1,0 +1,78 @@
+"""Each canary server's load against each stable server's, at a share of the requests.
+
+The gateway sends the canary `percent` of the requests, spread over its `canary` servers, and the rest over
+the stable version's `stable` servers (least connections within each backend), so a canary server takes
+
+    ratio = (percent / canary) / ((100 - percent) / stable)
+
+times a stable server's requests: with serving.canary.gpus borrow on 8 replicas (1 canary, 7 stable) at
+20 %, 0.20 / (0.80 / 7) = 1.75; on 2 replicas 0.25. A server's latency grows with its load (its queue, an
+LLM engine's batch), so a busier canary reads slower than an identical stable server, and an idler one
+faster. The analysis judges latency only where the canary is not busier than `LOAD_TOLERANCE` allows
+(a slower reading then is the version's, not its load's), and a release judges it once at the share that
+gives both versions' servers the same load (`equal_load_percent`) before it is promote-ready.
+"""
+
+from __future__ import annotations
+
+import math
+
+LOAD_TOLERANCE = 0.05
+"""A canary server's load may exceed a stable server's by this share (0.05: 5 %) and its latency still be
+judged: a share is a whole percent, and the one nearest equal load may load the canary a little more (8 %
+beside 12 stable servers, 1.043 x); at a server busy half the time that reads 1.05 x slower in an M/M/1
+queue, against max_latency_ratio's default 1.2 (benchmarks/canary_load.py)."""
+
+
+def load_ratio(percent: int, canary: int, stable: int) -> float:
+    """Each canary server's requests over each stable server's at `percent` (inf: the stable version has
+    no requests or no server; 0: the canary none)."""
+    if canary < 1 or not 0 <= percent <= 100:
+        raise ValueError(
+            f"a share of 0 to 100 % over at least one canary server, not {percent} % over {canary}"
+        )
+    if percent == 100 or stable < 1:
+        return math.inf
+    return (percent / canary) / ((100 - percent) / stable)
+
+
+def load_at(percent: int, servers: tuple[int, int] | None) -> float:
+    """`load_ratio` at `percent` over `servers` (the canary's and the stable's up), 1 where a version has
+    none counted up (nothing to weigh) or the canary has every request."""
+    if servers is None or min(servers) < 1 or percent >= 100:
+        return 1.0
+    return load_ratio(percent, *servers)
+
+
+def busier(ratio: float) -> bool:
+    """Whether a canary server at `ratio` x a stable server's load is too busy to judge its latency by."""
+    return ratio > 1 + LOAD_TOLERANCE
+
+
+def equal(ratio: float) -> bool:
+    """Whether both versions' servers take the same load, within LOAD_TOLERANCE either way."""
+    return 1 / (1 + LOAD_TOLERANCE) <= ratio <= 1 + LOAD_TOLERANCE
+
+
+def equal_load_percent(canary: int, stable: int) -> int | None:
+    """The whole percent, 1 to 99, that loads the canary's servers most nearly as the stable's, `equal`
+    within LOAD_TOLERANCE: the largest at which they are not busier where one is (12 % on 1 canary and 7
+    stable servers, 0.955 x; 13 % would be 1.046 x), for a canary judged at a load a little under the
+    stable's reads no slower for it, else the nearest (None where none is: a pool of more than about 30
+    stable servers per canary server, whose equal share falls between whole percents)."""
+    ratios = {p: load_ratio(p, canary, stable) for p in range(1, 100)}
+    idler = [p for p, ratio in ratios.items() if ratio <= 1 and equal(ratio)]
+    if idler:
+        return max(idler)
+    best = min(ratios, key=lambda p: abs(math.log(ratios[p])))
+    return best if equal(ratios[best]) else None
+
+
+def describe(percent: int, canary: int, stable: int) -> str:
+    """The arithmetic of a share's load ratio, for a verdict's or a refusal's reason."""
+    ratio = load_ratio(percent, canary, stable)
+    return (
+        f"at {percent} % each of the {canary} canary server(s) takes {percent / canary:.3g} % of the "
+        f"requests and each of the {stable} stable server(s) {(100 - percent) / stable:.3g} %: "
+        f"{ratio:.2f} x the load"
+    )

@@ -1,0 +1,339 @@
+"""The guard Job's runner (infra/serving/guard_job.py) carrying a canary inside the cluster: its own
+standard-library client (infra/serving/kube_http.py) over real HTTP on the loopback, to a server that hands
+each request to the API fake (tests/k8s_api_fake.py: objects, applies, Leases, resourceVersions, the
+schemas), and the pods' metrics read at the pods' addresses (each pod its own loopback address, 127.0.0.N,
+a real HTTP server answering the test's traffic). The plan is the CLI's (infra/serving/guard_job_plan.py).
+
+Not modelled: TLS and the cluster CA (the client speaks plain HTTP to the loopback only when given no CA),
+the NetworkPolicy that admits the guard to the pods' ports, the kubelet restarting the pod (a test runs
+the runner again in a new client, as a new pod would)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.k8s.release_lock import ReleaseLock, ReleaseLocked
+from infra.k8s.serving_apply import ClusterApi, read_record
+from infra.k8s.serving_versions import ServingRelease
+from infra.platform.resolve import load_platform
+from infra.serving.guard_job import EVIDENCE_KEY, FIELD_MANAGER, GUARD_RECORD, SUPERSEDED_EXIT, JobPlan, run
+from infra.serving.guard_job_plan import job_plan
+from infra.serving.kube_http import KubeHttp
+from infra.serving.on_kubernetes import read_guard_record
+from tests.conftest import fsx_facts
+from tests.k8s_api_fake import HOST, FakeCluster, rolls_out
+from tests.unit.test_serve_guard_on_kubernetes import (
+    GATEWAYS,
+    Clock,
+    Traffic,
+    in_canary,
+    serving,
+    stepped_stack,
+)
+from tests.unit.test_serve_on_kubernetes import LEASE, NS, V1, V2
+
+JOB = "job/gpuplat-serve-guard-embedder"
+CONFIGMAPS = f"/api/v1/namespaces/{NS}/configmaps"
+
+
+class ApiBridge(HTTPServer):
+    """Real HTTP in, the fake's transport behind: each request as the official client would hand it over.
+    A request whose bearer token is not `token` is answered 401, as the API server answers an expired one."""
+
+    def __init__(self, cluster: FakeCluster) -> None:
+        super().__init__(("127.0.0.1", 0), _Bridged)
+        self.cluster = cluster
+        self.token = "test-token"
+
+
+class _Bridged(BaseHTTPRequestHandler):
+    server: ApiBridge
+
+    def _answer(self) -> None:
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode() or None
+        if self.headers.get("Authorization") != f"Bearer {self.server.token}":
+            self._send(401, b'{"kind":"Status","message":"Unauthorized"}', {})
+            return
+        headers = {"authorization": "Bearer test-token", "Content-Type": self.headers.get("Content-Type")}
+        answer = self.server.cluster.request(self.command, HOST + self.path, body=raw, headers=headers)
+        self._send(answer.status, answer.data, answer.headers)
+
+    def _send(self, status: int, data: bytes, headers: dict[str, str]) -> None:
+        self.send_response_only(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_PATCH = do_PUT = do_POST = do_DELETE = _answer
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+class PodServer(HTTPServer):
+    """One pod's server at its own loopback address: `/metrics` answers `text()`; `asked` counts."""
+
+    def __init__(self, address: tuple[str, int], text: Callable[[], str]) -> None:
+        super().__init__(address, _PodHandler)
+        self.text = text
+        self.asked = 0
+
+
+class _PodHandler(BaseHTTPRequestHandler):
+    server: PodServer
+
+    def do_GET(self) -> None:
+        self.server.asked += 1
+        data = self.server.text().encode() if self.path == "/metrics" else b""
+        self.send_response(200 if data else 404)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+def _serve(server: HTTPServer) -> None:
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def cluster(clock: Clock) -> FakeCluster:
+    return FakeCluster(before=rolls_out, server_now=lambda: datetime.fromtimestamp(clock.now, UTC))
+
+
+@pytest.fixture
+def bridge(cluster: FakeCluster) -> Iterator[ApiBridge]:
+    server = ApiBridge(cluster)
+    _serve(server)
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+class Pods:
+    """Each pod of `in_canary` at its own loopback address, its server on the port the plan names."""
+
+    def __init__(self, cluster: FakeCluster, traffic: Traffic) -> None:
+        self.servers: dict[str, PodServer] = {}
+        self.ports: dict[str, int] = {}
+        answers = {pod: text for (pod, _port), text in cluster.pod_answers.items()}
+        cluster.pod_answers.clear()  # the proxy is not the Job's way: a look through it would fail
+        for index, (pod, text) in enumerate(sorted(answers.items()), 2):
+            address = f"127.0.0.{index}"
+            component = "gateway" if pod in GATEWAYS else "model-server"
+            server = PodServer((address, self.ports.get(component, 0)), text)
+            self.ports[component] = server.server_address[1]
+            self.servers[pod] = server
+            cluster.objects[f"/api/v1/namespaces/{NS}/pods/{pod}"]["status"]["podIP"] = address
+            _serve(server)
+
+    def close(self) -> None:
+        for server in self.servers.values():
+            server.shutdown()
+            server.server_close()
+
+
+@pytest.fixture
+def release(
+    tmp_path: Path, cluster: FakeCluster, bridge: ApiBridge, clock: Clock
+) -> Iterator[Callable[[Traffic], tuple[JobPlan, Pods]]]:
+    """V2 in canary at 20 % on the stack with a 2-interval analysis; the CLI's plan for the Job (the pods'
+    ports those of the test's servers), its guard record written, the Lease handed to the Job's holder."""
+    made: list[Pods] = []
+
+    def make(traffic: Traffic, servers: tuple[int, int] = (0, 0)) -> tuple[JobPlan, Pods]:
+        in_canary(cluster, traffic)
+        pods = Pods(cluster, traffic)
+        made.append(pods)
+        platform = load_platform(stepped_stack(tmp_path))
+        current = ServingRelease(V1, canary=V2, canary_percent=20)
+        plan = job_plan(
+            platform, fsx_facts(), current, "s3://aws-k8s-models-1a2b/embedder", JOB, servers=servers
+        )
+        assert (plan.names.gateway_port, plan.names.server_port) == (8404, 8000)
+        names = replace(
+            plan.names, gateway_port=pods.ports["gateway"], server_port=pods.ports["model-server"]
+        )
+        api = ClusterApi(cluster.client())
+        api.create(
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": GUARD_RECORD, "namespace": NS},
+                "data": {"guard": json.dumps({"model": "embedder", "phase": "starting", "by": JOB})},
+            }
+        )
+        cli = ReleaseLock(api, NS, "embedder", "ci@runner pid 7 ab12", now=api.server_now)
+        cli.acquire()
+        cli.hand_to(JOB)
+        return replace(plan, names=names), pods
+
+    yield make
+    for pods in made:
+        pods.close()
+
+
+def job_api(bridge: ApiBridge, tmp_path: Path) -> KubeHttp:
+    token = tmp_path / "token"
+    token.write_text(bridge.token + "\n")
+    return KubeHttp(f"http://127.0.0.1:{bridge.server_address[1]}", token, None, FIELD_MANAGER)
+
+
+def test_a_canary_failing_every_request_is_rolled_back_by_the_job(
+    tmp_path: Path, cluster: FakeCluster, bridge: ApiBridge, clock: Clock, release: Any
+) -> None:
+    plan, pods = release(Traffic(clock, canary_errors=1.0))
+    said: list[str] = []
+    assert run(job_api(bridge, tmp_path), plan, sleep=clock.sleep, say=said.append) == 0
+    api = ClusterApi(cluster.client())
+    # The gateways take no request to the canary; its workload is the operator's `serve rollback`.
+    assert read_record(api, NS)[0] == ServingRelease(V1, canary=V2, canary_percent=0)
+    record = read_guard_record(api, NS)
+    assert record is not None and record["phase"] == "rolled back" and record["by"] == JOB, record
+    # Read at the pods' addresses, never through the API server's proxy.
+    assert all(server.asked for server in pods.servers.values())
+    assert not [r.path for r in cluster.requests if "/proxy/" in r.path]
+    applied = {r.path.rsplit("/", 1)[1] for r in cluster.applied()}
+    assert applied == {"gateway-haproxy", "gateway", "gpuplat-serve-release"}, applied
+    assert "holderIdentity" not in cluster.objects[LEASE]["spec"]  # let go once the release ended
+
+
+def test_an_identical_canary_is_promote_ready_and_the_token_is_read_again_at_each_call(
+    tmp_path: Path, cluster: FakeCluster, bridge: ApiBridge, clock: Clock, release: Any
+) -> None:
+    plan, _pods = release(Traffic(clock))
+    api = job_api(bridge, tmp_path)
+    looks = 0
+
+    def sleep(seconds: float) -> None:
+        nonlocal looks
+        looks += 1
+        if looks == 2:  # the kubelet rotates the projected token: the old one is refused from now on
+            api.token.write_text("rotated-token")
+            bridge.token = "rotated-token"
+        clock.sleep(seconds)
+
+    assert run(api, plan, sleep=sleep) == 0
+    assert looks > 2
+    client = ClusterApi(cluster.client())
+    assert read_record(client, NS)[0] == ServingRelease(V1, canary=V2, canary_percent=20)
+    record = read_guard_record(client, NS)
+    assert record is not None and record["phase"] == "promote-ready", record
+
+
+def test_the_job_judges_the_canary_at_the_equal_load_share_its_plan_renders(
+    tmp_path: Path, cluster: FakeCluster, bridge: ApiBridge, clock: Clock, release: Any
+) -> None:
+    """1 canary and 7 stable servers up when the CLI looked: the plan renders 12 % (infra/serving/load.py)
+    beside 20 % and 0 %, and the Job analyses 20 %, then 12 %, and puts the share back to 20 %."""
+    plan, _pods = release(Traffic(clock, servers=(1, 7)), servers=(1, 7))
+    assert sorted(plan.shares) == [0, 12, 20]
+    again = JobPlan.from_json(json.loads(json.dumps(plan.to_json())))
+    assert again.servers == (1, 7)
+    said: list[str] = []
+    assert run(job_api(bridge, tmp_path), plan, sleep=clock.sleep, say=said.append) == 0
+    assert "the equal-load analysis (12 %): the canary takes 12 % of the requests" in said, said
+    assert "both analyses passed: the canary's share goes back to 20 %" in said, said
+    client = ClusterApi(cluster.client())
+    assert read_record(client, NS)[0] == ServingRelease(V1, canary=V2, canary_percent=20)
+    record = read_guard_record(client, NS)
+    assert record is not None and record["phase"] == "promote-ready", record
+
+
+class Killed(BaseException):
+    """The pod killed (SIGKILL, its node lost) while the guard sleeps between two looks."""
+
+
+def test_a_pod_restarted_in_the_equal_load_analysis_resumes_it_and_puts_the_share_back(
+    tmp_path: Path, cluster: FakeCluster, bridge: ApiBridge, clock: Clock, release: Any
+) -> None:
+    """Killed while it analyses 12 % (its analysis at 20 % passed): the new pod finds the canary at 12 %,
+    goes on with that analysis, not again from 20 %, and ends the release at 20 %, the plan's share."""
+    plan, _pods = release(Traffic(clock, servers=(1, 7)), servers=(1, 7))
+    said: list[str] = []
+
+    def killed_in_the_equal_load_analysis(seconds: float) -> None:
+        if any(line.startswith("the equal-load analysis (12 %): the canary takes") for line in said):
+            raise Killed
+        clock.sleep(seconds)
+
+    with pytest.raises(Killed):
+        run(job_api(bridge, tmp_path), plan, sleep=killed_in_the_equal_load_analysis, say=said.append)
+    api = ClusterApi(cluster.client())
+    assert read_record(api, NS)[0] == ServingRelease(V1, canary=V2, canary_percent=12)
+    again: list[str] = []
+    assert run(job_api(bridge, tmp_path), plan, sleep=clock.sleep, say=again.append) == 0
+    assert not any("the canary takes 20 %" in line for line in again), again
+    assert "both analyses passed: the canary's share goes back to 20 %" in again, again
+    assert read_record(api, NS)[0] == ServingRelease(V1, canary=V2, canary_percent=20)
+    record = read_guard_record(api, NS)
+    assert record is not None and record["phase"] == "promote-ready", record
+
+
+def test_a_pod_restarted_mid_release_resumes_the_counts_and_a_promote_meets_the_lease_meanwhile(
+    tmp_path: Path, cluster: FakeCluster, bridge: ApiBridge, clock: Clock, release: Any
+) -> None:
+    plan, _pods = release(Traffic(clock))
+    looks = 0
+
+    def killed_at_the_fourth(seconds: float) -> None:
+        nonlocal looks
+        looks += 1
+        if looks == 4:
+            raise Killed
+        clock.sleep(seconds)
+
+    with pytest.raises(Killed):
+        run(job_api(bridge, tmp_path), plan, sleep=killed_at_the_fourth)
+    api = ClusterApi(cluster.client())
+    kept = json.loads(cluster.objects[f"{CONFIGMAPS}/{GUARD_RECORD}"]["data"][EVIDENCE_KEY])
+    assert kept["share"] == 20 and kept["verdict"] == "continue", kept
+    # The Job's Lease outlives its pod: a promote meanwhile is refused, naming the Job.
+    with pytest.raises(ReleaseLocked) as refused:
+        serving(load_platform(stepped_stack(tmp_path)), cluster, clock, []).promote("embedder")
+    assert refused.value.holder == JOB
+    # The new pod, after the analysis' time ran out: a new client, the same plan; it goes on from the
+    # evidence, not from its own first look, and judges it.
+    clock.sleep(10)
+    assert run(job_api(bridge, tmp_path), plan, sleep=clock.sleep) == 0
+    ended = json.loads(cluster.objects[f"{CONFIGMAPS}/{GUARD_RECORD}"]["data"][EVIDENCE_KEY])
+    assert ended["watch"]["started_s"] == kept["watch"]["started_s"], (kept, ended)
+    record = read_guard_record(api, NS)
+    assert record is not None and record["phase"] == "promote-ready", record
+    # A pod started again after the end (its Job retried) finds the release over and changes nothing.
+    before = len(cluster.applied())
+    assert run(job_api(bridge, tmp_path), plan, sleep=clock.sleep) == 0
+    assert len(cluster.applied()) == before
+
+
+def test_a_job_whose_lease_another_command_took_stops_without_a_change(
+    tmp_path: Path, cluster: FakeCluster, bridge: ApiBridge, clock: Clock, release: Any
+) -> None:
+    plan, _pods = release(Traffic(clock, canary_errors=1.0))
+    clock.sleep(120)  # the Job never started: its Lease expired, and an operator's command took it
+    api = ClusterApi(cluster.client())
+    ReleaseLock(api, NS, "embedder", "ops@laptop pid 9 cd34", now=api.server_now).acquire()
+    said: list[str] = []
+    assert run(job_api(bridge, tmp_path), plan, sleep=clock.sleep, say=said.append) == SUPERSEDED_EXIT
+    assert "ops@laptop" in said[-1], said
+    assert not cluster.applied() and read_record(api, NS)[0] == ServingRelease(
+        V1, canary=V2, canary_percent=20
+    )

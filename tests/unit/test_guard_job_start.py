@@ -1,0 +1,151 @@
+"""`serve deploy ... --detach` and `serve guard --detach` on a Kueue stack: the guard Job's objects
+(infra/serving/guard_job_objects.py) applied through the CLI against the API fake, which checks each
+against the Kubernetes 1.34 schema (tests/k8s_schemas.py, strict: an unknown field fails), the Lease
+handed to the Job, `serve status` reading the guard's record, and the zip application the Job runs, run on
+a Python without the CLI's dependencies.
+
+Not modelled: the Job controller and the kubelet (no pod starts: tests/unit/test_guard_job.py runs the
+runner itself), RBAC and NetworkPolicy enforcement, the garbage collector (the ownerReferences are only
+written)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.k8s.serving_apply import ClusterApi
+from infra.k8s.serving_versions import ServingRelease
+from infra.serving.guard_job import GUARD_RECORD, SUPERSEDED_EXIT
+from infra.serving.guard_job_objects import CODE_KEY, PLAN_KEY
+from infra.serving.registry.mlflow import ModelVersion
+from tests.k8s_api_fake import FakeCluster, rolls_out
+from tests.k8s_schemas import assert_accepted
+from tests.unit.test_hostile_input import run_cli
+from tests.unit.test_serve_on_kubernetes import LEASE, NS, V1, V2, running
+
+BATCH = f"/apis/batch/v1/namespaces/{NS}/jobs"
+
+
+@pytest.fixture
+def cluster(monkeypatch: pytest.MonkeyPatch) -> FakeCluster:
+    fake = FakeCluster(before=rolls_out)
+    monkeypatch.setattr("infra.cli.commands.serve.connect", lambda _platform: ClusterApi(fake.client()))
+
+    class Registry:
+        def resolve(self, reference: str) -> ModelVersion:
+            return ModelVersion("embedder", 2, V2.model, "READY")
+
+    monkeypatch.setattr("infra.cli.commands.serve.kubernetes_registry", lambda _p, url: Registry())
+    return fake
+
+
+def _objects(cluster: FakeCluster, kind_path: str) -> list[dict[str, Any]]:
+    return [
+        obj for path, obj in cluster.objects.items() if f"/{kind_path}/gpuplat-serve-guard-embedder-" in path
+    ]
+
+
+def test_deploy_detach_starts_the_guard_job_hands_it_the_lease_and_status_reads_its_record(
+    cluster: FakeCluster,
+) -> None:
+    running(cluster, ServingRelease(V1), 2)
+    run = run_cli(
+        "serve",
+        "deploy",
+        "embedder@2",
+        "--canary",
+        "5",
+        "--detach",
+        "--stack",
+        "aws-k8s",
+        "--registry-url",
+        "r",
+    )
+    assert run.code == 0 and run.clean, run.err
+    (job,) = _objects(cluster, "jobs")
+    name = job["metadata"]["name"]
+    assert f"runs on as the Job {name}" in run.out
+    spec = job["spec"]
+    assert spec["template"]["spec"]["restartPolicy"] == "Never" and "podFailurePolicy" in spec
+    assert spec["podFailurePolicy"]["rules"][0]["onExitCodes"]["values"] == [2, SUPERSEDED_EXIT]
+    assert spec["template"]["spec"]["containers"][0]["image"].startswith("docker.io/vllm/vllm-openai:")
+    # The Lease is the Job's: the CLI let go of nothing in between, and a second command meets it.
+    assert cluster.objects[LEASE]["spec"]["holderIdentity"] == f"job/{name}"
+    again = run_cli("serve", "promote", "embedder", "--stack", "aws-k8s")
+    assert again.code == 4 and f"held by job/{name}" in again.err, again.err
+    # Every object the Job needs, owned by it (gone with it once its TTL passed); each passed the schema.
+    for kind in ("configmaps", "serviceaccounts", "roles", "rolebindings", "networkpolicies"):
+        found = _objects(cluster, kind)
+        assert found, kind
+        for obj in found:
+            assert obj["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"], obj
+            assert_accepted({k: v for k, v in obj.items() if k != "status"})
+    (role,) = _objects(cluster, "roles")
+    assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]} in role["rules"]
+    assert all("resourceNames" in rule for rule in role["rules"] if rule["resources"] != ["pods"])
+    plan = json.loads(cluster.objects[f"/api/v1/namespaces/{NS}/configmaps/{name}-plan"]["data"][PLAN_KEY])
+    assert plan["holder"] == f"job/{name}" and plan["canary"] == "embedder@2"
+    assert sorted(plan["shares"]) == ["0", "5"]
+    status = run_cli("serve", "status", "embedder", "--stack", "aws-k8s")
+    assert status.code == 0 and f"guard: starting at 5 %: the guard Job {name} carries" in status.out, status
+
+
+def test_guard_detach_refuses_without_a_canary_and_replaces_an_earlier_guards_record(
+    cluster: FakeCluster,
+) -> None:
+    running(cluster, ServingRelease(V1), 2)
+    run = run_cli("serve", "guard", "embedder", "--detach", "--stack", "aws-k8s")
+    assert run.code == 2 and run.clean and "no canary of embedder" in run.err, run.err
+    assert not _objects(cluster, "jobs")
+    running(cluster, ServingRelease(V1, canary=V2, canary_percent=20), 2)
+    earlier = {"guard": json.dumps({"phase": "rolled back"}), "evidence": json.dumps({"share": 20})}
+    cluster.store(
+        f"/api/v1/namespaces/{NS}/configmaps/{GUARD_RECORD}",
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": GUARD_RECORD, "namespace": NS},
+            "data": earlier,
+        },
+    )
+    run = run_cli("serve", "guard", "embedder", "--detach", "--past-gate", "--stack", "aws-k8s")
+    assert run.code == 0 and run.clean, run.err
+    record = cluster.objects[f"/api/v1/namespaces/{NS}/configmaps/{GUARD_RECORD}"]["data"]
+    assert set(record) == {"guard"} and json.loads(record["guard"])["phase"] == "starting", record
+    (job,) = _objects(cluster, "jobs")
+    plan = json.loads(
+        cluster.objects[f"/api/v1/namespaces/{NS}/configmaps/{job['metadata']['name']}-plan"]["data"][
+            PLAN_KEY
+        ]
+    )
+    assert plan["past_gate"] is True
+
+
+def test_the_jobs_code_runs_on_a_python_without_the_clis_dependencies(
+    cluster: FakeCluster, tmp_path: Path
+) -> None:
+    """The model-server image's python3 and nothing else: -I -S, no site-packages. Without the cluster's
+    environment it says so in one line and exits 2 (the Job's pod failure policy fails the Job on it)."""
+    running(cluster, ServingRelease(V1, canary=V2, canary_percent=20), 2)
+    assert run_cli("serve", "guard", "embedder", "--detach", "--stack", "aws-k8s").code == 0
+    (job,) = _objects(cluster, "jobs")
+    name = job["metadata"]["name"]
+    code = cluster.objects[f"/api/v1/namespaces/{NS}/configmaps/{name}-code"]["binaryData"][CODE_KEY]
+    plan = cluster.objects[f"/api/v1/namespaces/{NS}/configmaps/{name}-plan"]["data"][PLAN_KEY]
+    (tmp_path / "guard.pyz").write_bytes(base64.b64decode(code))
+    (tmp_path / "plan.json").write_text(plan)
+    ran = subprocess.run(
+        [sys.executable, "-I", "-S", str(tmp_path / "guard.pyz"), "job", str(tmp_path / "plan.json")],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert ran.returncode == 2, (ran.stdout, ran.stderr)
+    assert "KUBERNETES_SERVICE_HOST" in ran.stdout and not ran.stderr, (ran.stdout, ran.stderr)
