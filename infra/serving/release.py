@@ -40,6 +40,7 @@ from infra.serving.golden import GOLDEN_FILE
 from infra.serving.golden import PROBE as GOLDEN_PROBE
 from infra.serving.golden import misses as golden_misses
 from infra.serving.load import describe, equal_load_percent, load_at
+from infra.serving.load import equal as equal_loads
 from infra.serving.lock import LEASE_S, LockLost, ReleaseLock
 from infra.serving.metrics_text import (
     METRICS_READ,
@@ -1039,8 +1040,8 @@ class Release:
         if equal is not None and not steps and ahead:
             self.say(
                 f"{describe(share, *servers)}: after its analysis at {share} % the canary's latency is "
-                f"judged at {equal} %, where its servers take a stable server's load; then its share goes "
-                f"back to {share} %"
+                f"judged at {equal} %, where its servers take {load_at(equal, servers):.2f} x a stable "
+                f"server's load; then its share goes back to {share} %"
             )
         if not ahead:
             self.record(model, "analysing", "the canary's analysis", share or None)
@@ -1053,7 +1054,7 @@ class Release:
                 f"step {number} of {len(steps)} ({step.percent} %)"
                 if number != EQUAL_LOAD_STEP
                 else f"the equal-load analysis ({step.percent} %)"
-                if step.percent == equal
+                if step.percent == equal and equal_loads(load_at(step.percent, servers))
                 else f"the analysis at {step.percent} %"
             )
             if step.percent == 100:
