@@ -25,10 +25,11 @@ from infra.serving.analysis import Guard, RulesRead
 from infra.serving.guard_follower import FOLLOWER, follower_unit
 from infra.serving.guard_peers import PEER_PORT
 from infra.serving.guard_service import SERVICE, STATE_DIR, initial_state, lock_heir, unit_name
-from infra.serving.load import equal_load_percent, load_at
+from infra.serving.load import equal_load_percent, lengthened_interval_s, load_at
 from infra.serving.release import (
     CANARY_BACKEND,
     CANARY_PORT,
+    EQUAL_LOAD_STEP,
     GATEWAY_PROGRAMS,
     REPLICA_PORT,
     STABLE_BACKEND,
@@ -214,7 +215,19 @@ def detach_guard(release: Release, model: str, candidate: str, share: int, durat
     up = servers_up(release.figures())
     equal = equal_load_percent(*up) if min(up) >= 1 else None
     ahead = with_equal_load_step(steps_ahead(rules.steps, share, False), share, equal)
-    steps = [(number, step.model_dump()) for number, step in ahead]
+    least = min((step.percent for step in rules.steps), default=share)
+    steps = [
+        (
+            number,
+            step.model_dump()
+            | (
+                {"interval_s": lengthened_interval_s(rules.interval_s, step.percent, least)}
+                if number == EQUAL_LOAD_STEP and 0 < step.percent < least
+                else {}
+            ),
+        )
+        for number, step in ahead
+    ]
     unit = unit_name(model)
     addresses = {node: release.layout.addresses[node] for node in gateways} if len(gateways) > 1 else {}
     try:

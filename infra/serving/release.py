@@ -39,7 +39,7 @@ from infra.serving.counts import Counts, Histogram, Reading, Series
 from infra.serving.golden import GOLDEN_FILE
 from infra.serving.golden import PROBE as GOLDEN_PROBE
 from infra.serving.golden import misses as golden_misses
-from infra.serving.load import describe, equal_load_percent, load_at
+from infra.serving.load import describe, equal_load_percent, lengthened_interval_s, load_at
 from infra.serving.load import equal as equal_loads
 from infra.serving.lock import LEASE_S, LockLost, ReleaseLock
 from infra.serving.metrics_text import (
@@ -1049,6 +1049,7 @@ class Release:
             self.record(model, _phase(verdict), verdict.reason, None if verdict.action == ROLLBACK else share)
             return verdict
         verdict = Verdict(CONTINUE, "no step analysed")
+        least = min((s.percent for s in steps), default=asked)
         for number, step in ahead:
             label = (
                 f"step {number} of {len(steps)} ({step.percent} %)"
@@ -1069,7 +1070,14 @@ class Release:
                 share = step.percent
                 self.say(f"{label}: the canary takes {step.percent} % of the requests")
             self.record(model, "analysing", label, share)
-            verdict = self.analyse(model, duration_s, look_s, sleep, clock, load_at(share, servers))
+            rules = self.rules
+            if number == EQUAL_LOAD_STEP and step.percent < least:
+                interval_s = lengthened_interval_s(rules.interval_s, step.percent, least)
+                rules = rules.model_copy(update={"interval_s": interval_s})
+                self.say(
+                    f"{label}: intervals of {interval_s} s, for as many canary requests each as at {least} %"
+                )
+            verdict = self.analyse(model, duration_s, look_s, sleep, clock, load_at(share, servers), rules)
             self.canary_start = None
             if verdict.action != PROMOTE_READY:
                 self.record(
@@ -1104,15 +1112,17 @@ class Release:
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
         load: float = 1.0,
+        rules: Canary | None = None,
     ) -> Verdict:
         """Analyse the running canary (infra/serving/analysis.py) on counts since `deploy` gave it its share
         (this command's), or since this call's first look, every `look_s`, until a verdict or `duration_s`
         (default: the whole analysis and one look more) ends it; roll it back on 'rollback'. Ending without a
         verdict returns 'continue'."""
+        rules = rules or self.rules
         if duration_s is None:
-            duration_s = self.rules.initial_delay_s + self.rules.analysis_s + look_s
+            duration_s = rules.initial_delay_s + rules.analysis_s + look_s
         started, stable, canary = self.canary_start or (clock(), *self.counters())
-        watch = Guard(self.rules, started, stable, canary, load_ratio=load)
+        watch = Guard(rules, started, stable, canary, load_ratio=load)
         verdict = Verdict(CONTINUE, "no look yet")
         failed = 0
         while clock() - started < duration_s:

@@ -14,7 +14,14 @@ from infra.serving import detach, guard_service
 from infra.serving.analysis import PROMOTE_READY, ROLLBACK, Analysis, Guard
 from infra.serving.counts import Counts, Histogram
 from infra.serving.detach import detach_guard
-from infra.serving.load import LOAD_TOLERANCE, describe, equal_load_percent, load_at, load_ratio
+from infra.serving.load import (
+    LOAD_TOLERANCE,
+    describe,
+    equal_load_percent,
+    lengthened_interval_s,
+    load_at,
+    load_ratio,
+)
 from infra.serving.metrics_text import GatewayFigures
 from infra.serving.release import (
     CANARY_BACKEND,
@@ -299,3 +306,56 @@ def test_the_detached_guard_judges_a_busier_identical_canary_at_equal_load(tmp_p
     assert node.shares == [12, 20] and node.slow > 0
     assert guard.state["verdict"]["action"] == PROMOTE_READY, guard.state["verdict"]
     assert guard.state["share"] == 20
+
+
+def test_the_added_analysis_below_the_stacks_smallest_share_has_longer_intervals() -> None:
+    """borrow on 16 replicas (1 canary, 15 stable) at 20 %, 2 requests/s: the plan accepted 20 % (24
+    requests per 60 s interval), but the equal-load share, 6 %, answers about 7 of the 10 an interval
+    needs: every release of an identical canary ended inconclusive (100 of 100 simulated). Its intervals are
+    lengthened by 20 / 6, so the canary answers as many requests per interval as at 20 %."""
+    assert lengthened_interval_s(60, 6, 20) == 200
+    assert lengthened_interval_s(60, 12, 5) == 60 and lengthened_interval_s(60, 1, 100) == 3600
+    clock = Clock()
+    release, done = _release_by_share([], 20, (1, 15), slower=1.0)
+    began: list[float] = []
+    analyse = release.analyse
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        began.append(clock.now)
+        return analyse(*args, **kwargs)
+
+    release.analyse = timed  # type: ignore[method-assign]
+    verdict = release.guard("embedder", sleep=clock.sleep, clock=clock)
+    assert verdict.action == PROMOTE_READY, verdict.reason
+    assert done == ["share 6", "share 20"]
+    # rules: 2 intervals of 10 s; at 6 % 2 of 34 s.
+    assert clock.now - began[1] >= 2 * 34
+
+
+def test_the_detached_guard_lengthens_the_added_analysis_below_the_smallest_share(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    release = DetachingRelease()
+    release.figures = lambda: GatewayFigures(20, {}, {}, {CANARY_BACKEND: 1, STABLE_BACKEND: 15})  # type: ignore[method-assign]
+    handed: list[dict[str, Any]] = []
+    monkeypatch.setattr(
+        detach, "initial_state", lambda **state: handed.append(state) or guard_service.initial_state(**state)
+    )
+    detach_guard(release, "embedder", "embedder@2", 20, 60)  # type: ignore[arg-type]
+    (state,) = handed
+    interval_s = release.rules.interval_s
+    assert [s.get("interval_s") for _, s in state["steps"]] == [
+        None,
+        lengthened_interval_s(interval_s, 6, 20),
+    ]
+    rules = Canary.model_validate({"min_requests": 4, "interval_s": 10, "intervals": 2})
+    node = BusyNode(share=20)
+    clock = DetachedClock(node)
+    ahead = with_equal_load_step([], 20, equal_load_percent(1, 15))
+    started(tmp_path, node, clock, rules, steps=ahead, load_servers=(1, 15), return_share=20)
+    guard = guard_of(tmp_path, node, clock)
+    guard.state["steps"][1]["interval_s"] = 34
+    guard.state["step"] = 1
+    assert guard.step_rules().interval_s == 34 and guard.step_rules().analysis_s == 68
+    guard.state["step"] = 0
+    assert guard.step_rules().interval_s == 10
