@@ -159,6 +159,11 @@ def test_a_busier_identical_canary_passes_on_its_errors_and_is_not_judged_on_lat
     assert "latency not judged: each canary server takes 1.75 x a stable server's load" in verdicts[-1].reason
     alike = Guard(rules, 0.0, *looks[0])  # the same counts at equal load: slower, rolled back
     assert [alike.look(5.0 * i, *looks[i]).action for i in range(1, 6)][-1] == ROLLBACK
+    # The boundary: 5 % busier is judged (8 % beside 12 stable servers, 1.043 x), 6 % busier is not.
+    for ratio, judged in ((1.043, True), (1.05, True), (1.06, False), (1.09, False)):
+        guard = Guard(rules, 0.0, stable, canary, load_ratio=ratio)
+        last = [guard.look(5.0 * i, *looks[i]) for i in range(1, 6)][-1]
+        assert (last.action == ROLLBACK) is judged, (ratio, last)
     failing = [_look(FAST, SLOW, look, canary_errors=40) for look in range(0, 60, 5)]
     erring = Guard(rules, 0.0, failing[0][0], failing[0][1], load_ratio=1.75)
     assert ROLLBACK in [erring.look(5.0 * i, *failing[i]).action for i in range(1, 6)]
