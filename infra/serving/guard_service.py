@@ -511,14 +511,23 @@ class DetachedGuard:
         step = state["steps"][state["step"]] if state["steps"] else None
         if step is None or state["step"] + 1 >= len(state["steps"]):
             back = state.get("return_share")
-            if back is not None and back != state["share"] and not self.set_everywhere(back):
+            remains = f"`gpuplat serve promote {self.model}`, or `gpuplat serve rollback {self.model}`"
+            if back is not None and back != state["share"]:
                 # Without steps the release ends at the share it was deployed with (the CLI added the
                 # equal-load analysis after it: infra/serving/release.py with_equal_load_step).
-                say(f"both analyses passed: the canary's share goes back to {back} %")
-                state["share"] = back
-            self.finish(
-                verdict, f"`gpuplat serve promote {self.model}`, or `gpuplat serve rollback {self.model}`"
-            )
+                unset = self.set_everywhere(back)
+                if state["gateway"] not in unset:
+                    state["share"] = back
+                state["gateways_not_set"] = unset
+                if unset:
+                    say(f"both analyses passed; the share {back} % not set on {', '.join(unset)}")
+                    remains = (
+                        f"the canary's share could not be put back to {back} % on {', '.join(unset)} (it may "
+                        f"keep {state['steps'][state['step']]['percent']} % there): " + remains
+                    )
+                else:
+                    say(f"both analyses passed: the canary's share goes back to {back} %")
+            self.finish(verdict, remains)
             return
         if step["manual_gate"]:
             self.finish(

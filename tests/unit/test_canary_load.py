@@ -364,3 +364,25 @@ def test_the_detached_guard_lengthens_the_added_analysis_below_the_smallest_shar
     assert guard.step_rules().interval_s == 34 and guard.step_rules().analysis_s == 68
     guard.state["step"] = 0
     assert guard.step_rules().interval_s == 10
+
+
+def test_the_detached_guard_says_where_the_share_did_not_go_back(tmp_path: Path) -> None:
+    """Without steps, both analyses passed, and putting the share back to 20 % fails on a gateway: the
+    release ended promote-ready saying nothing, its state at 12 % whatever each gateway had. Now the state
+    names the gateways not set and the verdict's next step says what to do."""
+    rules = Canary.model_validate({"min_requests": 4, "interval_s": 10, "intervals": 2})
+    node = BusyNode(share=20)
+    clock = DetachedClock(node)
+    ahead = with_equal_load_step([], 20, equal_load_percent(1, 7))
+    started(tmp_path, node, clock, rules, steps=ahead, load_servers=(1, 7), return_share=20)
+    guard = guard_of(tmp_path, node, clock)
+    setting = guard.set_everywhere
+
+    def failing_back(percent: int) -> list[str]:
+        return ["head-1"] if percent == 20 else setting(percent)
+
+    guard.set_everywhere = failing_back  # type: ignore[method-assign]
+    guard.run()
+    assert guard.state["verdict"]["action"] == PROMOTE_READY, guard.state["verdict"]
+    assert guard.state["gateways_not_set"] == ["head-1"]
+    assert "20 %" in guard.state["remains"] and "head-1" in guard.state["remains"], guard.state
