@@ -386,3 +386,21 @@ def test_the_detached_guard_says_where_the_share_did_not_go_back(tmp_path: Path)
     assert guard.state["verdict"]["action"] == PROMOTE_READY, guard.state["verdict"]
     assert guard.state["gateways_not_set"] == ["head-1"]
     assert "20 %" in guard.state["remains"] and "head-1" in guard.state["remains"], guard.state
+
+
+def test_the_detached_guard_weighs_each_steps_load_at_that_steps_share(tmp_path: Path) -> None:
+    """Steps 5, 20 % on 1 server beside 7, the equal-load analysis (12 %) between them: at 20 % the
+    canary's server takes 1.75 x the load and reads slower; its latency is not judged there, so an
+    identical canary passes (the detached guard through stack steps and the added one, untested before)."""
+    rules = Canary.model_validate(
+        {"min_requests": 4, "interval_s": 10, "intervals": 2, "steps": [{"percent": 5}, {"percent": 20}]}
+    )
+    node = BusyNode(share=5)
+    clock = DetachedClock(node)
+    ahead = with_equal_load_step(_steps(5, 20), 5, equal_load_percent(1, 7))
+    assert [s.percent for _, s in ahead] == [5, 12, 20]
+    started(tmp_path, node, clock, rules, steps=ahead, load_servers=(1, 7))
+    guard = guard_of(tmp_path, node, clock)
+    guard.run()
+    assert node.shares == [12, 20] and node.slow > 0
+    assert guard.state["verdict"]["action"] == PROMOTE_READY, guard.state["verdict"]
