@@ -4,6 +4,7 @@ the guard judges latency at the share that loads both versions' servers alike.""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -404,3 +405,23 @@ def test_the_detached_guard_weighs_each_steps_load_at_that_steps_share(tmp_path:
     guard.run()
     assert node.shares == [12, 20] and node.slow > 0
     assert guard.state["verdict"]["action"] == PROMOTE_READY, guard.state["verdict"]
+
+
+def test_the_detached_guard_moves_to_a_first_step_at_another_share_before_analysing_it(
+    tmp_path: Path,
+) -> None:
+    """The canary deployed at 10 %, steps 20 and 40 % on 1 server beside 7: the equal-load analysis (12 %)
+    is the first step ahead, at another share than the canary's, so the CLI's analysis is not carried on:
+    the guard sets 12 % and analyses from there (a mutant keeping the CLI's analysis survived before)."""
+    rules = Canary.model_validate(
+        {"min_requests": 4, "interval_s": 10, "intervals": 2, "steps": [{"percent": 20}, {"percent": 40}]}
+    )
+    node = BusyNode(share=10)
+    clock = DetachedClock(node)
+    ahead = with_equal_load_step([(1, CanaryStep(percent=20)), (2, CanaryStep(percent=40))], 10, 12)
+    assert [s.percent for _, s in ahead] == [12, 20, 40]
+    started(tmp_path, node, clock, rules, steps=ahead, load_servers=(1, 7))
+    assert json.loads(Path(guard_service.state_path("embedder", str(tmp_path))).read_text())["guard"] is None
+    guard = guard_of(tmp_path, node, clock)
+    guard.run()
+    assert node.shares[:1] == [12], node.shares
