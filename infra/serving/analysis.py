@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
 from infra.serving.counts import Counts, Histogram, Reading, SinceStart
@@ -97,6 +97,10 @@ class RulesRead:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    def with_interval(self, interval_s: int) -> RulesRead:
+        """These settings with intervals of `interval_s` (the analysis' length with them)."""
+        return replace(self, interval_s=interval_s, analysis_s=interval_s * self.intervals)
 
 
 PROMOTE_READY, CONTINUE, ROLLBACK, INCONCLUSIVE = "promote-ready", "continue", "rollback", "inconclusive"

@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar, runtime_checkable
 
 from infra.errors import ExitCode, GpuPlatError
-from infra.serving.analysis import CONTINUE, PROMOTE_READY, ROLLBACK, Canary, Guard, Verdict
+from infra.serving.analysis import CONTINUE, PROMOTE_READY, ROLLBACK, Canary, Guard, RulesRead, Verdict
 from infra.serving.counts import Counts, Reading
-from infra.serving.load import describe, equal_load_percent, load_at
+from infra.serving.load import describe, equal_load_percent, lengthened_interval_s, load_at
+from infra.serving.load import equal as equal_loads
 
 PROMOTED, GATED = "promoted", "gated"
 """a stepped release's ends besides the analysis' verdicts: its last step (100 %) promoted the canary; a step
@@ -90,8 +91,9 @@ class Keeping(Protocol):
     """A Carried that keeps the analysis' evidence where a restart of the process finds it (the guard Job:
     a pod restarted mid-release resumes its counts instead of starting over)."""
 
-    def saved_watch(self) -> Guard | None:
-        """The analysis of the share the canary has now, as last kept; None: start one."""
+    def saved_watch(self, rules: Canary) -> Guard | None:
+        """The analysis of the share the canary has now, as last kept, under `rules` (its step's:
+        `step_rules`); None: start one."""
         ...
 
     def keep(self, watch: Guard, verdict: Verdict) -> None:
@@ -150,10 +152,51 @@ def with_equal_load_step(
     return [*steps[:at], (EQUAL_LOAD_STEP, AddedStep(equal)), *steps[at:]]
 
 
-def _label(number: int, percent: int, steps_in_all: int, equal: int | None) -> str:
+def releases_steps(
+    steps: Sequence[Step], share: int, asked: int, past_gate: bool, equal: int | None
+) -> list[tuple[int, Step]]:
+    """The steps `guard` carries a release at `share` through (`steps_ahead`, `with_equal_load_step`):
+    without steps, where the share is not `asked` (a guard Job's pod restarted in the equal-load
+    analysis), the analysis at the share it has and the share goes back to `asked` after it."""
+    ahead = with_equal_load_step(steps_ahead(steps, share if steps else 0, past_gate), asked, equal)
+    if not steps and share != asked:
+        ahead = [(number, step) for number, step in ahead if step.percent == share] or ahead
+    return ahead
+
+
+def least_share(steps: Sequence[Step], asked: int) -> int:
+    """The smallest share the stack sends the canary: its first step's, or the share it was deployed with
+    (`asked`), which the plan checked against min_requests (infra/spec/models.py traffic_problem)."""
+    return min((step.percent for step in steps), default=asked)
+
+
+def step_rules(rules: Canary, number: int, percent: int, least: int) -> Canary:
+    """The analysis' settings of step `number` at `percent`: the stack's, but for the analysis the loop
+    adds (EQUAL_LOAD_STEP) below `least` (`least_share`), whose intervals are longer by least / percent
+    (load.lengthened_interval_s) so that the canary answers as many requests in each as at `least`."""
+    if number != EQUAL_LOAD_STEP or not 0 < percent < least:
+        return rules
+    return RulesRead.of(rules).with_interval(lengthened_interval_s(rules.interval_s, percent, least))
+
+
+def added_interval_s(rules: Rules, ahead: Sequence[tuple[int, Step]], asked: int) -> int | None:
+    """The lengthened interval of the analysis the loop adds below the stack's smallest share among the
+    steps `ahead` (`releases_steps`), None where it adds none there (`step_rules`)."""
+    least = least_share(rules.steps, asked)
+    lengthened = (step_rules(rules, number, step.percent, least) for number, step in ahead)
+    return next((each.interval_s for each in lengthened if each is not rules), None)
+
+
+def _label(
+    number: int, percent: int, steps_in_all: int, equal_share: int | None, servers: tuple[int, int]
+) -> str:
     if number != EQUAL_LOAD_STEP:
         return f"step {number} of {steps_in_all} ({percent} %)"
-    return f"the equal-load analysis ({percent} %)" if percent == equal else f"the analysis at {percent} %"
+    # Where no share is within the tolerance of equal load (load.equal_load_percent), the added analysis is
+    # at the largest share at which the canary is not busier: not an equal-load one.
+    if percent == equal_share and equal_loads(load_at(percent, servers)):
+        return f"the equal-load analysis ({percent} %)"
+    return f"the analysis at {percent} %"
 
 
 def _phase(verdict: Verdict) -> str:
@@ -186,14 +229,13 @@ def guard(
     share = release.share()
     asked = share if back_to is None else back_to
     servers = release.servers_up()
-    equal = equal_load_share(servers)
-    ahead = with_equal_load_step(steps_ahead(steps, share if steps else 0, past_gate), asked, equal)
-    if not steps and share != asked:
-        ahead = [(number, step) for number, step in ahead if step.percent == share] or ahead
-    if equal is not None and not steps and ahead:
+    equal_share = equal_load_share(servers)
+    ahead = releases_steps(steps, share, asked, past_gate, equal_share)
+    if equal_share is not None and not steps and ahead:
         release.say(
             f"{describe(share, *servers)}: after its analysis at {share} % the canary's latency is judged at "
-            f"{equal} %, where its servers take a stable server's load; then its share goes back to {share} %"
+            f"{equal_share} %, where its servers take {load_at(equal_share, servers):.2f} x a stable "
+            f"server's load; then its share goes back to {share} %"
         )
     if not ahead:
         # No share on the record where the canary has none (0: a false 0 % beside a release's record).
@@ -204,8 +246,9 @@ def guard(
         )
         return verdict
     verdict = Verdict(CONTINUE, "no step analysed")
+    least = least_share(steps, asked)
     for number, step in ahead:
-        label = _label(number, step.percent, len(steps), equal)
+        label = _label(number, step.percent, len(steps), equal_share, servers)
         if step.percent == 100:
             release.record(model, "promoting", label, share)
             version = release.promote(model)
@@ -218,7 +261,13 @@ def guard(
             share = step.percent
             release.say(f"{label}: the canary takes {step.percent} % of the requests")
         release.record(model, "analysing", label, share)
-        verdict = analyse(release, model, duration_s, look_s, sleep, clock, load_at(share, servers))
+        rules = step_rules(release.rules, number, step.percent, least)
+        if rules is not release.rules:
+            release.say(
+                f"{label}: intervals of {rules.interval_s} s, for as many canary requests each as at "
+                f"{least} %"
+            )
+        verdict = analyse(release, model, duration_s, look_s, sleep, clock, load_at(share, servers), rules)
         release.canary_start = None
         if verdict.action != PROMOTE_READY:
             release.record(
@@ -254,17 +303,19 @@ def analyse(
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
     load: float = 1.0,
+    rules: Canary | None = None,
 ) -> Verdict:
     """Analyse the running canary (infra/serving/analysis.py) on counts since its share last moved (this
     command's `deploy` or step), or since this call's first look, every `look_s`, until a verdict or
     `duration_s` (default: the whole analysis and one look more) ends it; roll it back on 'rollback'.
     Ending without a verdict returns 'continue'. `load`: each canary server's load over each stable
-    server's at this share (load.load_at), above which its latency is not judged."""
-    rules = release.rules
+    server's at this share (load.load_at), above which its latency is not judged. `rules`: the analysis'
+    settings (None: the release's; `step_rules`)."""
+    rules = rules or release.rules
     if duration_s is None:
         duration_s = rules.initial_delay_s + rules.analysis_s + look_s
     keeping = release if isinstance(release, Keeping) else None
-    saved = keeping.saved_watch() if keeping is not None else None
+    saved = keeping.saved_watch(rules) if keeping is not None else None
     if saved is not None:
         watch, started = saved, saved.started_s
     else:

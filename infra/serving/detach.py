@@ -19,10 +19,11 @@ import json
 import time
 import zipfile
 from pathlib import Path
+from typing import Any
 
 from infra.errors import GpuPlatError
 from infra.serving.analysis import Guard, RulesRead
-from infra.serving.carry import equal_load_share, steps_ahead, with_equal_load_step
+from infra.serving.carry import equal_load_share, least_share, step_rules, steps_ahead, with_equal_load_step
 from infra.serving.guard_follower import FOLLOWER, follower_unit
 from infra.serving.guard_peers import PEER_PORT
 from infra.serving.guard_service import SERVICE, STATE_DIR, initial_state, lock_heir, unit_name
@@ -213,7 +214,14 @@ def detach_guard(release: Release, model: str, candidate: str, share: int, durat
     # The share that loads both versions' servers alike is analysed for latency (infra/serving/load.py).
     up = servers_up(release.figures())
     ahead = with_equal_load_step(steps_ahead(rules.steps, share, False), share, equal_load_share(up))
-    steps = [(number, {"percent": step.percent, "manual_gate": step.manual_gate}) for number, step in ahead]
+    # The analysis added below the stack's smallest share has longer intervals (carry.step_rules): the
+    # step carries them (guard_service.DetachedGuard.step_rules).
+    least = least_share(rules.steps, share)
+    steps: list[tuple[int, dict[str, Any]]] = []
+    for number, step in ahead:
+        step_at = step_rules(rules, number, step.percent, least)
+        lengthened = {"interval_s": step_at.interval_s} if step_at is not rules else {}
+        steps.append((number, {"percent": step.percent, "manual_gate": step.manual_gate, **lengthened}))
     unit = unit_name(model)
     addresses = {node: release.layout.addresses[node] for node in gateways} if len(gateways) > 1 else {}
     try:

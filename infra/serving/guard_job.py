@@ -39,7 +39,7 @@ from infra.k8s.api_refs import ClusterError, Conflict, ObjectRef
 from infra.k8s.release_lock import LEASE_DURATION_S, ReleaseLock, ReleaseLocked
 from infra.k8s.rollout import gateways_wait
 from infra.serving import carry
-from infra.serving.analysis import Guard, RulesRead, Verdict
+from infra.serving.analysis import Canary, Guard, RulesRead, Verdict
 from infra.serving.counts import Counts, Reading
 from infra.serving.kube_http import KubeHttp, read_pod
 from infra.serving.pod_counters import METRICS_PATH, PodCounters, PodNames
@@ -103,6 +103,9 @@ class JobPlan:
     back_to: int | None = None
     """the canary's share when the CLI looked, which a release without steps ends at after the equal-load
     analysis (carry.guard's `back_to`: a pod restarted in that analysis finds another share)"""
+    added_interval_s: int | None = None
+    """the intervals of the analysis the Job adds below the stack's smallest share (carry.step_rules: longer,
+    for as many canary requests each as there); None where it adds none there"""
 
     def to_json(self) -> dict[str, Any]:
         data = dict(self.__dict__)
@@ -315,11 +318,11 @@ class JobCarried:
 
     # carry.Keeping
 
-    def saved_watch(self) -> Guard | None:
+    def saved_watch(self, rules: Canary) -> Guard | None:
         saved = self.state.get(EVIDENCE_KEY)
         if not isinstance(saved, dict) or saved.get("share") != self.share():
             return None
-        return Guard.from_json(self.rules, saved["watch"])
+        return Guard.from_json(rules, saved["watch"])
 
     def keep(self, watch: Guard, verdict: Verdict) -> None:
         evidence = {"share": self.share(), "watch": watch.to_json(), "verdict": verdict.action}

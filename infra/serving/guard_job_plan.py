@@ -19,7 +19,7 @@ from infra.k8s.serving_apply import record_manifest
 from infra.k8s.serving_versions import ServingRelease
 from infra.platform.resolve import ResolvedPlatform
 from infra.serving.analysis import RulesRead
-from infra.serving.carry import equal_load_share
+from infra.serving.carry import added_interval_s, equal_load_share, releases_steps
 from infra.serving.engine_metrics import itl_histograms, latency_histogram
 from infra.serving.guard_job import JobPlan, JobRules, StepRead
 from infra.serving.pod_readings import NAMES
@@ -65,6 +65,9 @@ def job_plan(
         if unexpected:
             raise ValueError(f"a share of {percent} % changes objects the guard Job may not: {unexpected}")
         shares[percent] = [*changed, record_manifest(namespace, at, model_uri)]
+    job_rules = JobRules(**RulesRead.of(rules).to_json(), steps=steps)
+    share = current.canary_percent
+    ahead = releases_steps(steps, share, share, past_gate, equal)
     return JobPlan(
         model=current.stable.reference.partition("@")[0],
         namespace=namespace,
@@ -72,7 +75,7 @@ def job_plan(
         canary=current.canary.reference,
         stable_slug=current.stable.slug,
         canary_slug=current.canary.slug,
-        rules=JobRules(**RulesRead.of(rules).to_json(), steps=steps),
+        rules=job_rules,
         names=NAMES,
         latency=latency_histogram(serving.engine),
         itl=itl_histograms(serving.engine),
@@ -82,7 +85,8 @@ def job_plan(
         duration_s=duration_s,
         rollout_s=rollout_s,
         servers=servers,
-        back_to=current.canary_percent,
+        back_to=share,
+        added_interval_s=added_interval_s(job_rules, ahead, share),
     )
 
 

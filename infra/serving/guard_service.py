@@ -241,6 +241,15 @@ class DetachedGuard:
             )
         return f"step {number} of {in_all} ({percent} %)"
 
+    def step_rules(self) -> RulesRead:
+        """The rules of this step's analysis: the stack's, with the longer intervals the CLI gave an analysis
+        it added below the stack's smallest share (infra/serving/load.py lengthened_interval_s)."""
+        steps = self.state["steps"]
+        step = steps[min(self.state["step"], len(steps) - 1)] if steps else None
+        if step is None or not step.get("interval_s"):
+            return self.rules
+        return self.rules.with_interval(int(step["interval_s"]))
+
     def load(self, percent: int) -> float:
         """Each canary server's load over each stable server's at `percent` (infra/serving/load.py)."""
         servers = self.state.get("load_servers")
@@ -388,7 +397,9 @@ class DetachedGuard:
         if self.stopping:
             return
         now = self.clock()
-        guard = Guard.from_json(self.rules, state["guard"])
+        rules = self.step_rules()
+        duration_s = state["duration_s"] + rules.analysis_s - self.rules.analysis_s
+        guard = Guard.from_json(rules, state["guard"])
         try:
             if self.share() == 0:
                 # Out on this gateway: out on every other one too, before the followers hear the end.
@@ -403,13 +414,13 @@ class DetachedGuard:
         except (GpuPlatError, ValueError, KeyError) as error:
             reason = error.message if isinstance(error, GpuPlatError) else f"{type(error).__name__}: {error}"
             say(f"look failed: {reason}")
-            if now - guard.started_s >= state["duration_s"]:
+            if now - guard.started_s >= duration_s:
                 # Looks that fail for good (the gateway's program gone) must not hold the lock for ever:
                 # `serve rollback` and `promote` would meet it.
                 self.finish(
                     Verdict(
                         CONTINUE,
-                        f"no verdict within {state['duration_s']:.0f} s: the last look failed: {reason}",
+                        f"no verdict within {duration_s:.0f} s: the last look failed: {reason}",
                     ),
                     _decide(self.model),
                 )
@@ -425,9 +436,9 @@ class DetachedGuard:
             self.step_passed(verdict)
         elif verdict.action == INCONCLUSIVE:
             self.finish(verdict, _decide(self.model))
-        elif now - guard.started_s >= state["duration_s"]:
+        elif now - guard.started_s >= duration_s:
             self.finish(
-                Verdict(CONTINUE, f"no verdict within {state['duration_s']:.0f} s: {verdict.reason}"),
+                Verdict(CONTINUE, f"no verdict within {duration_s:.0f} s: {verdict.reason}"),
                 _decide(self.model),
             )
         else:
@@ -458,10 +469,11 @@ class DetachedGuard:
             state.update(share=step["percent"], step_tries=0, gateways_not_set=[])
             say(f"{self.step_label()}: the canary takes {step['percent']} % of the requests")
             load = self.load(step["percent"])
-            state["guard"] = Guard(self.rules, self.clock(), *baseline, load_ratio=load).to_json()
+            state["guard"] = Guard(self.step_rules(), self.clock(), *baseline, load_ratio=load).to_json()
         else:
             load = self.load(state["share"])
-            state["guard"] = Guard(self.rules, self.clock(), *self.readings(), load_ratio=load).to_json()
+            rules = self.step_rules()
+            state["guard"] = Guard(rules, self.clock(), *self.readings(), load_ratio=load).to_json()
         self.save()
 
     def step_not_set(self, percent: int, unset: list[str]) -> None:
@@ -495,14 +507,23 @@ class DetachedGuard:
         step = state["steps"][state["step"]] if state["steps"] else None
         if step is None or state["step"] + 1 >= len(state["steps"]):
             back = state.get("return_share")
-            if back is not None and back != state["share"] and not self.set_everywhere(back):
+            remains = f"`gpuplat serve promote {self.model}`, or `gpuplat serve rollback {self.model}`"
+            if back is not None and back != state["share"]:
                 # Without steps the release ends at the share it was deployed with (the CLI added the
                 # equal-load analysis after it: infra/serving/carry.py with_equal_load_step).
-                say(f"both analyses passed: the canary's share goes back to {back} %")
-                state["share"] = back
-            self.finish(
-                verdict, f"`gpuplat serve promote {self.model}`, or `gpuplat serve rollback {self.model}`"
-            )
+                unset = self.set_everywhere(back)
+                if state["gateway"] not in unset:
+                    state["share"] = back
+                state["gateways_not_set"] = unset
+                if unset:
+                    say(f"both analyses passed; the share {back} % not set on {', '.join(unset)}")
+                    remains = (
+                        f"the canary's share could not be put back to {back} % on {', '.join(unset)} (it may "
+                        f"keep {state['steps'][state['step']]['percent']} % there): " + remains
+                    )
+                else:
+                    say(f"both analyses passed: the canary's share goes back to {back} %")
+            self.finish(verdict, remains)
             return
         if step["manual_gate"]:
             self.finish(

@@ -1033,7 +1033,8 @@ class Release:
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
         load: float = 1.0,
+        rules: Canary | None = None,
     ) -> Verdict:
         """carry.analyse: the running canary's analysis until a verdict or `duration_s`, its latency
         judged where each canary server takes no more than a stable server's load (`load`, load.load_at)."""
-        return carry.analyse(self, model, duration_s, look_s, sleep, clock, load)
+        return carry.analyse(self, model, duration_s, look_s, sleep, clock, load, rules)

@@ -26,8 +26,10 @@ from infra.k8s.serving_apply import ClusterApi, read_record
 from infra.k8s.serving_versions import ServingRelease
 from infra.platform.resolve import load_platform
 from infra.serving.guard_job import EVIDENCE_KEY, FIELD_MANAGER, GUARD_RECORD, SUPERSEDED_EXIT, JobPlan, run
+from infra.serving.guard_job_objects import deadline_s
 from infra.serving.guard_job_plan import job_plan
 from infra.serving.kube_http import KubeHttp
+from infra.serving.load import lengthened_interval_s
 from infra.serving.on_kubernetes import read_guard_record
 from tests.conftest import fsx_facts
 from tests.k8s_api_fake import HOST, FakeCluster, rolls_out
@@ -248,9 +250,19 @@ def test_the_job_judges_the_canary_at_the_equal_load_share_its_plan_renders(
     assert sorted(plan.shares) == [0, 12, 20]
     again = JobPlan.from_json(json.loads(json.dumps(plan.to_json())))
     assert again.servers == (1, 7)
+    # 12 % is below the stack's smallest share, 20 %: the plan carries the longer intervals the Job's loop
+    # gives that analysis (carry.step_rules), which its deadline counts.
+    interval_s = lengthened_interval_s(plan.rules.interval_s, 12, 20)
+    assert interval_s > plan.rules.interval_s
+    assert plan.added_interval_s == again.added_interval_s == interval_s
+    assert deadline_s(plan) > deadline_s(replace(plan, added_interval_s=None))
     said: list[str] = []
     assert run(job_api(bridge, tmp_path), plan, sleep=clock.sleep, say=said.append) == 0
     assert "the equal-load analysis (12 %): the canary takes 12 % of the requests" in said, said
+    assert (
+        f"the equal-load analysis (12 %): intervals of {interval_s} s, for as many canary requests "
+        "each as at 20 %" in said
+    ), said
     assert "both analyses passed: the canary's share goes back to 20 %" in said, said
     client = ClusterApi(cluster.client())
     assert read_record(client, NS)[0] == ServingRelease(V1, canary=V2, canary_percent=20)
