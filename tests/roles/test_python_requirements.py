@@ -194,6 +194,49 @@ def test_a_memory_others_may_write_is_never_trusted(site: Path, tmp_path: Path) 
     assert check(site, "gpuplat-app==1.2", "--remember") == (2, "--remember needs a directory")
 
 
+def test_an_eggs_metadata_and_an_egg_infos_requires_changed_in_place_are_read_again(
+    site: Path, tmp_path: Path
+) -> None:
+    """importlib.metadata finds a distribution in the EGG-INFO folder of an .egg directory on the path too
+    (Lookup, Lib/importlib/metadata/__init__.py:826-842 of CPython 3.11), and an egg-info's dependencies
+    in its requires.txt (:688): a hand that edits either in place, the mtime set back, is read again."""
+    egg = site / "gpuplat_egg-1.0-py3.11.egg"
+    (egg / "EGG-INFO").mkdir(parents=True)
+    pkg_info = egg / "EGG-INFO" / "PKG-INFO"
+    pkg_info.write_text("Metadata-Version: 1.1\nName: gpuplat-egg\nVersion: 1.0\n")
+    legacy = site / "gpuplat_legacy-1.0.egg-info"
+    legacy.mkdir()
+    (legacy / "PKG-INFO").write_text("Metadata-Version: 1.1\nName: gpuplat-legacy\nVersion: 1.0\n")
+    (legacy / "requires.txt").write_text("gpuplat-lib>=2\n")
+
+    def checked(*arguments: str) -> tuple[int, str]:
+        result = subprocess.run(
+            [sys.executable, str(CHECK), *arguments, "--remember", str(tmp_path / "memory")],
+            capture_output=True, text=True, env={"PYTHONPATH": f"{site}{os.pathsep}{egg}"}, check=False,
+            timeout=60,
+        )  # fmt: skip
+        return result.returncode, result.stdout.strip()
+
+    def edit(path: Path, old: str, new: str) -> None:
+        times = path.stat()
+        time.sleep(0.01)
+        path.write_text(path.read_text().replace(old, new))
+        os.utime(path, ns=(times.st_atime_ns, times.st_mtime_ns))
+
+    assert checked("gpuplat-egg==1.0", "gpuplat-legacy") == (0, "met")
+    assert checked("gpuplat-egg==1.0", "gpuplat-legacy") == (0, REMEMBERED)
+    edit(pkg_info, "Version: 1.0", "Version: 0.9")
+    assert checked("gpuplat-egg==1.0", "gpuplat-legacy") == (
+        1, "gpuplat-egg 0.9 is installed, gpuplat-egg==1.0 is required"
+    )  # fmt: skip
+    edit(pkg_info, "Version: 0.9", "Version: 1.0")
+    assert checked("gpuplat-egg==1.0", "gpuplat-legacy") == (0, "met")
+    edit(legacy / "requires.txt", ">=2", ">=3")
+    assert checked("gpuplat-egg==1.0", "gpuplat-legacy") == (
+        1, "gpuplat-lib 2.1 is installed, gpuplat-lib>=3 is required"
+    )  # fmt: skip
+
+
 def run_play(folder: Path, play: list[dict], *options: str, **environment: str) -> None:
     """Run `play` on this host as the project's ansible.cfg has it, with this interpreter; it must pass."""
     from infra.nodes.playbook_run import ansible_playbook_binary

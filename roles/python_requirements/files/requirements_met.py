@@ -11,9 +11,10 @@ pip-23.0.1 wheel) and resolves the rest from there, so it changes nothing exactl
 
 --remember DIR: keep, in DIR (root's own: used only where no one else can write it), a digest of what a
 check that passed read: the arguments, this check's own code, the interpreter and its path, and the stat
-(inode, size, mtime and ctime) of every directory on the path, every *.dist-info and *.egg-info in them and
-the metadata files inside. A later check whose digest is the same answers "met" without reading the
-metadata again (1,867 requirement lines parsed for torch's and MLflow's environment, about 1 CPU-s).
+(inode, size, mtime and ctime) of every directory on the path, every *.dist-info and *.egg-info in them (and
+an .egg directory's EGG-INFO) and the metadata files inside. A later check whose digest is the same answers
+"met" without reading the metadata again (1,867 requirement lines parsed for torch's and MLflow's
+environment, about 1 CPU-s).
 Anything pip or a hand does to a distribution (installed, removed, upgraded, its METADATA edited: the
 ctime moves even where mtime is set back) changes the digest, and the check reads everything again.
 """
@@ -107,8 +108,11 @@ def digest(arguments: list[str]) -> str:
             names = sorted(os.listdir(entry))
         except OSError:  # not a directory (a zip file: its stat above), or gone
             continue
+        # The folders importlib.metadata reads a distribution from (Lookup, Lib/importlib/metadata/
+        # __init__.py:826-842 of CPython 3.11): *.dist-info and *.egg-info, and an .egg directory's EGG-INFO.
+        egg = os.path.basename(entry).lower().endswith(".egg")
         for name in names:
-            if name.lower().endswith((".dist-info", ".egg-info")):
+            if name.lower().endswith((".dist-info", ".egg-info")) or (egg and name.lower() == "egg-info"):
                 folder = os.path.join(entry, name)
                 listing.append(
                     [
