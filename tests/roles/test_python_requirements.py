@@ -237,6 +237,61 @@ def test_an_eggs_metadata_and_an_egg_infos_requires_changed_in_place_are_read_ag
     )  # fmt: skip
 
 
+def test_a_check_during_which_the_metadata_changed_or_that_failed_leaves_nothing_remembered(
+    site: Path, tmp_path: Path
+) -> None:
+    """The digest saved is of the state the check read: where a distribution changed while it read, it is
+    not saved (the state read and the state digested may differ); a check that failed forgets its digest."""
+    memory = tmp_path / "memory"
+    metadata_file = site / "gpuplat_lib-2.1.dist-info" / "METADATA"
+    # The check's own functions, with one that changes a dependency's metadata (still met) while it reads.
+    during = f"""
+import runpy, sys
+check = runpy.run_path({str(CHECK)!r}, run_name="check")
+unmet = check["unmet"]
+def changing(texts, follow):
+    with open({str(metadata_file)!r}, "a") as f:
+        f.write("Summary: changed while the check read\\n")
+    return unmet(texts, follow)
+check["main"].__globals__["unmet"] = changing
+sys.exit(check["main"](sys.argv[1:]))
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", during, "gpuplat-app==1.2", "--remember", str(memory)],
+        capture_output=True, text=True, env={"PYTHONPATH": str(site)}, check=False, timeout=60,
+    )  # fmt: skip
+    assert (result.returncode, result.stdout.strip()) == (0, "met")
+    assert list(memory.iterdir()) == []
+    assert check(site, "gpuplat-app==1.2", "--remember", str(memory)) == (0, "met")
+    assert len(list(memory.iterdir())) == 1
+    assert check(site, "gpuplat-app==1.3", "--remember", str(memory))[0] == 1
+    assert len(list(memory.iterdir())) == 1  # the other arguments' check: its own file, none kept
+    assert check(site, "gpuplat-app==1.2", "gpuplat-absent", "--remember", str(memory))[0] == 1
+    assert len(list(memory.iterdir())) == 1
+    # The same arguments failing: what they had remembered is forgotten.
+    metadata_file.write_text(metadata_file.read_text().replace("Version: 2.1", "Version: 1.9"))
+    assert check(site, "gpuplat-app==1.2", "--remember", str(memory))[0] == 1
+    assert list(memory.iterdir()) == []
+
+
+def test_another_check_code_is_not_answered_from_the_memory_of_this_one(site: Path, tmp_path: Path) -> None:
+    """The role sends the check's code with -c: a changed check (a function added or changed) reads all."""
+    asked = ("gpuplat-app==1.2", "--remember", str(tmp_path / "memory"))
+
+    def run(code: str) -> tuple[int, str]:
+        result = subprocess.run(
+            [sys.executable, "-c", code, *asked],
+            capture_output=True, text=True, env={"PYTHONPATH": str(site)}, check=False, timeout=60,
+        )  # fmt: skip
+        return result.returncode, result.stdout.strip()
+
+    code = CHECK.read_text()
+    assert run(code) == (0, "met")
+    assert run(code) == (0, REMEMBERED)
+    changed = code.replace("def stat_of(", "def added() -> None:\n    pass\n\n\ndef stat_of(")
+    assert run(changed) == (0, "met")
+
+
 def run_play(folder: Path, play: list[dict], *options: str, **environment: str) -> None:
     """Run `play` on this host as the project's ansible.cfg has it, with this interpreter; it must pass."""
     from infra.nodes.playbook_run import ansible_playbook_binary
