@@ -194,6 +194,32 @@ def test_a_memory_others_may_write_is_never_trusted(site: Path, tmp_path: Path) 
     assert check(site, "gpuplat-app==1.2", "--remember") == (2, "--remember needs a directory")
 
 
+def test_a_memory_below_a_folder_others_may_write_is_never_trusted(
+    site: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Whoever may write a folder above DIR may move DIR away and put a link to a folder of theirs in its
+    place between the check's look at DIR and its read of the digest there: a memory below such a folder
+    (not sticky: there only an entry's owner moves it) is never trusted, and none through a link in one."""
+    outside = tmp_path_factory.mktemp("outside")  # not the site's folder: a link there changes its digest
+    shared = outside / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    asked = ("gpuplat-app==1.2", "--remember", str(shared / "memory"))
+    assert check(site, *asked) == (0, "met")
+    assert check(site, *asked) == (0, "met")
+    # A sticky folder others may write (as /tmp): DIR, the checking user's, stays where it is.
+    shared.chmod(0o1777)
+    assert check(site, *asked) == (0, "met")
+    assert check(site, *asked) == (0, REMEMBERED)
+    # Through a link: the folders of the link's target are what is read, and they are looked at.
+    (outside / "link").symlink_to(shared)
+    linked = ("gpuplat-app==1.2", "--remember", str(outside / "link" / "memory"))
+    assert check(site, *linked) == (0, REMEMBERED)
+    shared.chmod(0o777)
+    assert check(site, *linked) == (0, "met")
+    assert check(site, *linked) == (0, "met")
+
+
 def test_an_eggs_metadata_and_an_egg_infos_requires_changed_in_place_are_read_again(
     site: Path, tmp_path: Path
 ) -> None:

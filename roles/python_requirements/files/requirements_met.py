@@ -9,8 +9,8 @@ in the resolver, get_installed_candidate in pip/_internal/resolution/resolvelib/
 pip-23.0.1 wheel) and resolves the rest from there, so it changes nothing exactly when this check passes.
 --no-deps: check the named requirements only, as `pip install --no-deps` would.
 
---remember DIR: keep, in DIR (root's own: used only where no one else can write it), a digest of what a
-check that passed read: the arguments, this check's own code, the interpreter and its path, and the stat
+--remember DIR: keep, in DIR (root's own: used only where no one else can write or move it), a digest of what
+a check that passed read: the arguments, this check's own code, the interpreter and its path, and the stat
 (inode, size, mtime and ctime) of every directory on the path, every *.dist-info and *.egg-info in them (and
 an .egg directory's EGG-INFO) and the metadata files inside. A later check whose digest is the same answers
 "met" without reading the metadata again (1,867 requirement lines parsed for torch's and MLflow's
@@ -23,6 +23,7 @@ import hashlib
 import json
 import marshal
 import os
+import stat
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -142,14 +143,25 @@ def digest(arguments: list[str]) -> str:
 
 def memory_file(directory: Path, arguments: list[str]) -> Path | None:
     """Where the digest of this environment and these arguments is kept; None where DIR is not root's alone
-    (or whoever runs the check: its owner, not writable by group or others), or cannot be made."""
+    (or whoever runs the check: its owner, not writable by group or others), or cannot be made, or where
+    someone else could move DIR or a folder above it (and put a link to a folder of theirs in its place
+    while the check runs): each folder of its resolved path is root's or the checking user's, and writable
+    by no one else unless sticky (where only an entry's owner, the folder's or root renames or removes it:
+    the restricted deletion flag of POSIX's rename() and unlink(), S_ISVTX in <sys/stat.h>)."""
     try:
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        found = directory.stat()
+        directory = Path(os.path.realpath(directory))
+        found = os.lstat(directory)
+        above = [os.lstat(folder) for folder in directory.parents]
     except OSError:
         return None
-    if found.st_uid != os.geteuid() or found.st_mode & 0o022:
+    if found.st_uid != os.geteuid() or found.st_mode & 0o022 or not stat.S_ISDIR(found.st_mode):
         return None
+    for folder in above:
+        if folder.st_uid not in (0, os.geteuid()) or (
+            folder.st_mode & 0o022 and not folder.st_mode & stat.S_ISVTX
+        ):
+            return None
     name = hashlib.sha256(json.dumps([sys.prefix, sys.executable, arguments]).encode()).hexdigest()[:32]
     return directory / name
 
