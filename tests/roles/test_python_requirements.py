@@ -3,6 +3,7 @@ pip (files/requirements_met.py), and the roles that install into environments ru
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -135,6 +136,188 @@ def test_requirements_are_read_with_pips_own_packaging_not_the_environments(site
     assert check(site, "gpuplat-app==1.2") == (0, "met")
 
 
+REMEMBERED = "met (remembered: nothing the check reads has changed since it passed)"
+
+
+def test_a_check_that_passed_is_remembered_until_what_it_read_changes(site: Path, tmp_path: Path) -> None:
+    memory = tmp_path / "memory"
+    asked = ("gpuplat-app==1.2", "--remember", str(memory))
+    assert check(site, *asked) == (0, "met")
+    assert memory.stat().st_mode & 0o777 == 0o700
+    assert check(site, *asked) == (0, REMEMBERED)
+    # Other requirements, or the same without their dependencies: checked in full, each remembered apart.
+    assert check(site, "gpuplat-lib", "--remember", str(memory)) == (0, "met")
+    assert check(site, "--no-deps", *asked) == (0, "met")
+    assert check(site, *asked) == (0, REMEMBERED)
+
+
+def test_a_dependency_changed_in_place_is_read_again_even_with_its_times_set_back(
+    site: Path, tmp_path: Path
+) -> None:
+    """A hand that edits a dependency's METADATA (the same size) and sets its mtime back: its ctime moved,
+    so the remembered check does not hold and the check reads the metadata again."""
+    asked = ("gpuplat-app==1.2", "--remember", str(tmp_path / "memory"))
+    assert check(site, *asked) == (0, "met")
+    metadata_file = site / "gpuplat_lib-2.1.dist-info" / "METADATA"
+    times = metadata_file.stat()
+    time.sleep(0.01)
+    metadata_file.write_text(metadata_file.read_text().replace("Version: 2.1", "Version: 1.9"))
+    os.utime(metadata_file, ns=(times.st_atime_ns, times.st_mtime_ns))
+    assert check(site, *asked) == (1, "gpuplat-lib 1.9 is installed, gpuplat-lib>=2 is required")
+    # Not met: forgotten, so even the state it was remembered for is read again.
+    metadata_file.write_text(metadata_file.read_text().replace("Version: 1.9", "Version: 2.1"))
+    assert check(site, *asked) == (0, "met")
+
+
+def test_a_dependency_removed_or_a_distribution_added_is_read_again(site: Path, tmp_path: Path) -> None:
+    asked = ("gpuplat-app[full]==1.2", "--remember", str(tmp_path / "memory"))
+    distribution(site, "gpuplat-plugin", "0.1")
+    assert check(site, *asked) == (0, "met")
+    subprocess.run(["rm", "-r", str(site / "gpuplat_plugin-0.1.dist-info")], check=True)
+    assert check(site, *asked) == (1, "gpuplat-plugin is not installed")
+    distribution(site, "gpuplat-plugin", "0.1")
+    assert check(site, *asked) == (0, "met")
+    distribution(site, "gpuplat-other", "1.0")  # pip installed something beside it: read again
+    assert check(site, *asked) == (0, "met")
+
+
+def test_a_memory_others_may_write_is_never_trusted(site: Path, tmp_path: Path) -> None:
+    """A file there could say "met" for any environment: where the directory is not the checking user's
+    alone, every check reads the metadata."""
+    memory = tmp_path / "memory"
+    memory.mkdir(mode=0o700)
+    asked = ("gpuplat-app==1.2", "--remember", str(memory))
+    assert check(site, *asked) == (0, "met")
+    memory.chmod(0o777)
+    assert check(site, *asked) == (0, "met")
+    assert check(site, *asked) == (0, "met")
+    assert check(site, "gpuplat-app==1.2", "--remember") == (2, "--remember needs a directory")
+
+
+def test_a_memory_below_a_folder_others_may_write_is_never_trusted(
+    site: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Whoever may write a folder above DIR may move DIR away and put a link to a folder of theirs in its
+    place between the check's look at DIR and its read of the digest there: a memory below such a folder
+    (not sticky: there only an entry's owner moves it) is never trusted, and none through a link in one."""
+    outside = tmp_path_factory.mktemp("outside")  # not the site's folder: a link there changes its digest
+    shared = outside / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    asked = ("gpuplat-app==1.2", "--remember", str(shared / "memory"))
+    assert check(site, *asked) == (0, "met")
+    assert check(site, *asked) == (0, "met")
+    # A sticky folder others may write (as /tmp): DIR, the checking user's, stays where it is.
+    shared.chmod(0o1777)
+    assert check(site, *asked) == (0, "met")
+    assert check(site, *asked) == (0, REMEMBERED)
+    # Through a link: the folders of the link's target are what is read, and they are looked at.
+    (outside / "link").symlink_to(shared)
+    linked = ("gpuplat-app==1.2", "--remember", str(outside / "link" / "memory"))
+    assert check(site, *linked) == (0, REMEMBERED)
+    shared.chmod(0o777)
+    assert check(site, *linked) == (0, "met")
+    assert check(site, *linked) == (0, "met")
+
+
+def test_an_eggs_metadata_and_an_egg_infos_requires_changed_in_place_are_read_again(
+    site: Path, tmp_path: Path
+) -> None:
+    """importlib.metadata finds a distribution in the EGG-INFO folder of an .egg directory on the path too
+    (Lookup, Lib/importlib/metadata/__init__.py:826-842 of CPython 3.11), and an egg-info's dependencies
+    in its requires.txt (:688): a hand that edits either in place, the mtime set back, is read again."""
+    egg = site / "gpuplat_egg-1.0-py3.11.egg"
+    (egg / "EGG-INFO").mkdir(parents=True)
+    pkg_info = egg / "EGG-INFO" / "PKG-INFO"
+    pkg_info.write_text("Metadata-Version: 1.1\nName: gpuplat-egg\nVersion: 1.0\n")
+    legacy = site / "gpuplat_legacy-1.0.egg-info"
+    legacy.mkdir()
+    (legacy / "PKG-INFO").write_text("Metadata-Version: 1.1\nName: gpuplat-legacy\nVersion: 1.0\n")
+    (legacy / "requires.txt").write_text("gpuplat-lib>=2\n")
+
+    def checked(*arguments: str) -> tuple[int, str]:
+        result = subprocess.run(
+            [sys.executable, str(CHECK), *arguments, "--remember", str(tmp_path / "memory")],
+            capture_output=True, text=True, env={"PYTHONPATH": f"{site}{os.pathsep}{egg}"}, check=False,
+            timeout=60,
+        )  # fmt: skip
+        return result.returncode, result.stdout.strip()
+
+    def edit(path: Path, old: str, new: str) -> None:
+        times = path.stat()
+        time.sleep(0.01)
+        path.write_text(path.read_text().replace(old, new))
+        os.utime(path, ns=(times.st_atime_ns, times.st_mtime_ns))
+
+    assert checked("gpuplat-egg==1.0", "gpuplat-legacy") == (0, "met")
+    assert checked("gpuplat-egg==1.0", "gpuplat-legacy") == (0, REMEMBERED)
+    edit(pkg_info, "Version: 1.0", "Version: 0.9")
+    assert checked("gpuplat-egg==1.0", "gpuplat-legacy") == (
+        1, "gpuplat-egg 0.9 is installed, gpuplat-egg==1.0 is required"
+    )  # fmt: skip
+    edit(pkg_info, "Version: 0.9", "Version: 1.0")
+    assert checked("gpuplat-egg==1.0", "gpuplat-legacy") == (0, "met")
+    edit(legacy / "requires.txt", ">=2", ">=3")
+    assert checked("gpuplat-egg==1.0", "gpuplat-legacy") == (
+        1, "gpuplat-lib 2.1 is installed, gpuplat-lib>=3 is required"
+    )  # fmt: skip
+
+
+def test_a_check_during_which_the_metadata_changed_or_that_failed_leaves_nothing_remembered(
+    site: Path, tmp_path: Path
+) -> None:
+    """The digest saved is of the state the check read: where a distribution changed while it read, it is
+    not saved (the state read and the state digested may differ); a check that failed forgets its digest."""
+    memory = tmp_path / "memory"
+    metadata_file = site / "gpuplat_lib-2.1.dist-info" / "METADATA"
+    # The check's own functions, with one that changes a dependency's metadata (still met) while it reads.
+    during = f"""
+import runpy, sys
+check = runpy.run_path({str(CHECK)!r}, run_name="check")
+unmet = check["unmet"]
+def changing(texts, follow):
+    with open({str(metadata_file)!r}, "a") as f:
+        f.write("Summary: changed while the check read\\n")
+    return unmet(texts, follow)
+check["main"].__globals__["unmet"] = changing
+sys.exit(check["main"](sys.argv[1:]))
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", during, "gpuplat-app==1.2", "--remember", str(memory)],
+        capture_output=True, text=True, env={"PYTHONPATH": str(site)}, check=False, timeout=60,
+    )  # fmt: skip
+    assert (result.returncode, result.stdout.strip()) == (0, "met")
+    assert list(memory.iterdir()) == []
+    assert check(site, "gpuplat-app==1.2", "--remember", str(memory)) == (0, "met")
+    assert len(list(memory.iterdir())) == 1
+    assert check(site, "gpuplat-app==1.3", "--remember", str(memory))[0] == 1
+    assert len(list(memory.iterdir())) == 1  # the other arguments' check: its own file, none kept
+    assert check(site, "gpuplat-app==1.2", "gpuplat-absent", "--remember", str(memory))[0] == 1
+    assert len(list(memory.iterdir())) == 1
+    # The same arguments failing: what they had remembered is forgotten.
+    metadata_file.write_text(metadata_file.read_text().replace("Version: 2.1", "Version: 1.9"))
+    assert check(site, "gpuplat-app==1.2", "--remember", str(memory))[0] == 1
+    assert list(memory.iterdir()) == []
+
+
+def test_another_check_code_is_not_answered_from_the_memory_of_this_one(site: Path, tmp_path: Path) -> None:
+    """The role sends the check's code with -c: a changed check (a function added or changed) reads all."""
+    asked = ("gpuplat-app==1.2", "--remember", str(tmp_path / "memory"))
+
+    def run(code: str) -> tuple[int, str]:
+        result = subprocess.run(
+            [sys.executable, "-c", code, *asked],
+            capture_output=True, text=True, env={"PYTHONPATH": str(site)}, check=False, timeout=60,
+        )  # fmt: skip
+        return result.returncode, result.stdout.strip()
+
+    code = CHECK.read_text()
+    assert run(code) == (0, "met")
+    assert run(code) == (0, REMEMBERED)
+    changed = code.replace("def stat_of(", "def added() -> None:\n    pass\n\n\ndef stat_of(")
+    assert run(changed) == (0, "met")
+
+
 def run_play(folder: Path, play: list[dict], *options: str, **environment: str) -> None:
     """Run `play` on this host as the project's ansible.cfg has it, with this interpreter; it must pass."""
     from infra.nodes.playbook_run import ansible_playbook_binary
@@ -176,7 +359,11 @@ def test_the_role_tells_on_a_real_interpreter_and_a_missing_one(tmp_path: Path) 
     cases.append((str(environment / "bin" / "python"), "gpuplat-app==1.0 --no-deps", 0))
     tasks = []
     for python, requirement, rc in cases:
-        role_vars = {"python_requirements_python": python, "python_requirements_packages": [requirement]}
+        role_vars = {
+            "python_requirements_python": python,
+            "python_requirements_packages": [requirement],
+            "python_requirements_memory_dir": str(tmp_path / "memory"),
+        }
         if requirement.endswith(" --no-deps"):
             role_vars |= {"python_requirements_packages": [requirement.split()[0]]}
             role_vars |= {"python_requirements_follow_dependencies": False}
@@ -238,6 +425,62 @@ def test_pip_runs_only_where_the_check_found_something_missing(tasks_file: str, 
         assert checked.get("python_requirements_follow_dependencies", True) is not no_deps
 
 
+@pytest.mark.parametrize(
+    ("tasks_file", "pip_tasks", "again"),
+    [
+        (
+            "model_registry/tasks/install.yml",
+            ["Install MLflow into the virtual environment"],
+            ["Check MLflow again where its environment was installed or restored"],
+        ),
+        (
+            "training_env/tasks/main.yml",
+            ["Install torch and its companions into the environment"],
+            ["Check again where the environment was installed or restored"],
+        ),
+        (
+            "inference_server/tasks/engine-cpu-reference.yml",
+            [
+                "Install the CPU engine's dependencies into the virtual environment",
+                "Install the model package",
+            ],
+            [
+                "Check the CPU engine's dependencies again where the environment was installed or restored",
+                "Check the model package again where the environment was installed or restored",
+            ],
+        ),
+    ],
+)
+def test_an_environment_installed_or_restored_is_checked_again_as_before_its_install(
+    tasks_file: str, pip_tasks: list[str], again: list[str]
+) -> None:
+    """So that its next converge finds the check remembered: with the same arguments as the check before
+    each install (the memory is per interpreter and arguments), after every install and the restore."""
+    tasks = [
+        t
+        for task in yaml.safe_load((ROOT / "roles" / tasks_file).read_text())
+        for t in [task, *task.get("block", [])]
+    ]
+    names = [task.get("name") for task in tasks]
+    checks = [
+        task["vars"]
+        for task in tasks
+        if task.get("ansible.builtin.import_role", {}) == {"name": "python_requirements"}
+    ]
+    assert len(checks) == len(again)
+    for checked, name in zip(checks, again, strict=True):
+        task = tasks[names.index(name)]
+        assert names.index(name) > max(names.index(pip) for pip in pip_tasks)
+        assert task["ansible.builtin.include_role"] == {"name": "python_requirements"}
+        assert task["vars"] == checked
+        registered = [tasks[names.index(pip)]["register"] for pip in pip_tasks]
+        when = " ".join(task["when"].split())
+        assert when == " or ".join(
+            [f"{r} is changed" for r in registered]
+            + ["python_requirements_restored | default({}) is changed"]
+        )
+
+
 def pip_reads(install: dict, role: str) -> tuple[str, str, bool]:
     """The interpreter, the requirements (as a template) and whether --no-deps, of a pip task of a role."""
     if "ansible.builtin.pip" in install:
@@ -284,6 +527,7 @@ def archive_run(tmp_path: Path, wheel: bytes, archive_dir: bool = True) -> tuple
         "python_requirements_install": ["install", "gpuplat-demo==1.0"],
         "python_requirements_wheelhouse": str(wheels),
         "python_requirements_archive_dir": str(archives),
+        "python_requirements_memory_dir": str(tmp_path / "memory"),
     }
     tasks = [
         {"name": "Check", "ansible.builtin.include_role": {"name": "python_requirements"}, "vars": role_vars},
@@ -302,6 +546,12 @@ def archive_run(tmp_path: Path, wheel: bytes, archive_dir: bool = True) -> tuple
             "name": "Archive",
             "ansible.builtin.include_role": {"name": "python_requirements", "tasks_from": "archive.yml"},
             "vars": role_vars | {"python_requirements_installed": "{{ installed is changed }}"},
+        },
+        {
+            "name": "Check again",
+            "ansible.builtin.include_role": {"name": "python_requirements"},
+            "vars": role_vars,
+            "when": "installed is changed or python_requirements_restored | default({}) is changed",
         },
     ]
     play = [
@@ -328,8 +578,22 @@ def test_an_environment_archived_after_its_install_is_restored_instead_of_instal
     again, kept = archive_run(tmp_path, b"wheel 1")
     assert (again, kept) == (first, archives)
     assert (tmp_path / "env" / "token").stat().st_mode & 0o777 == 0o751
+    # Checked again after the restore, as after the install: remembered for the next converge's check.
+    assert check_remembered(tmp_path)
     # Met already: neither restored nor installed.
     assert archive_run(tmp_path, b"wheel 1") == (first, archives)
+
+
+def check_remembered(tmp_path: Path) -> bool:
+    """Whether the next check of archive_run's environment passes from memory (run as the role runs it:
+    its code given with -c, as compiled there)."""
+    environment = tmp_path / "env" / "bin" / "python"
+    code = CHECK.read_text()
+    result = subprocess.run(
+        [environment, "-I", "-c", code, "gpuplat-demo==1.0", "--remember", str(tmp_path / "memory")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    return (result.returncode, result.stdout.strip()) == (0, REMEMBERED)
 
 
 @pytest.mark.processes  # converges of their own, ansible-playbook each (make test-processes)
