@@ -438,6 +438,11 @@ class ReleaseLock:
         self._resource_version = answer["metadata"]["resourceVersion"]
         self._renewed = now
 
+    def unexpired(self) -> bool:
+        """Whether this command's last acquire or renewal is still within the Lease's duration (by the API
+        server's clock as last heard): no other command can have taken it yet, read or not."""
+        return self._renewed is not None and self.now() - self._renewed < timedelta(seconds=self.duration_s)
+
     def release(self) -> None:
         """Lets the Lease go at once (holder cleared), guarded as a renewal is."""
         if self._resource_version is None:

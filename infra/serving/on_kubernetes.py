@@ -406,11 +406,19 @@ class ClusterCarried:
 
     def lock_lost(self, model: str) -> bool:
         """The Lease read and renewed at every look (a GET and a PUT each `LOOK_S`): False while it is this
-        command's, True once another holds it, so that a guard stalled past it stops at its next look."""
+        command's, True once another holds it, so that a guard stalled past it stops at its next look. A
+        read or renewal the API did not answer (a 429, a 5xx, no route) is no verdict on the Lease: held
+        while its last renewal's duration lasts (the look goes on, its own reads under the three-failed-looks
+        rule), lost after."""
+        lock = self.driver.lock
         try:
-            self.driver.lock.renew(force=True)
+            lock.renew(force=True)
         except ReleaseLocked:
             return True
+        except ClusterError as error:
+            if not lock.unexpired():
+                return True
+            self.say(f"the release lock was not renewed at this look: {error.message}")
         return False
 
 

@@ -437,3 +437,49 @@ def test_a_step_whose_gateways_roll_for_a_minute_is_analysed_from_its_first_look
     platform = load_platform(stepped_stack(tmp_path, steps=steps, inconclusive_limit=0))
     verdict = serving(platform, cluster, clock, []).guard("embedder", None)
     assert rolled and verdict.action == PROMOTE_READY, verdict
+
+
+def lease_read_refused(code: int, from_read: int, reads: int) -> Callable[[Request, FakeCluster], None]:
+    """The API answers `code` to `reads` GETs of the Lease from its `from_read`th (a 429 of the API server's
+    priority and fairness, a 5xx of one restarting), then answers again."""
+    seen: list[int] = []
+
+    def refuse_the_lease(request: Request, fake: FakeCluster) -> None:
+        rolls_out(request, fake)
+        if request.verb == "GET" and request.path == LEASE:
+            seen.append(1)
+            if from_read <= len(seen) < from_read + reads:
+                fake.refuse[("GET", LEASE)] = (code, "the server is currently unable to handle the request")
+            else:
+                fake.refuse.pop(("GET", LEASE), None)
+
+    return refuse_the_lease
+
+
+@pytest.mark.parametrize("code", [429, 500])
+def test_a_lease_read_the_api_does_not_answer_once_is_not_the_end_of_the_guard(
+    tmp_path: Path, cluster: FakeCluster, clock: Clock, code: int
+) -> None:
+    """One look's read of the Lease refused (throttled, or the API server restarting): the Lease renewed a
+    look ago is still this command's for its duration, and the guard goes on to its verdict."""
+    in_canary(cluster, Traffic(clock, canary_errors=1.0))
+    cluster.before = lease_read_refused(code, from_read=3, reads=1)
+    said: list[str] = []
+    verdict = serving(load_platform(stepped_stack(tmp_path)), cluster, clock, said).guard("embedder", None)
+    assert verdict.action == ROLLBACK, verdict
+    assert any("not renewed at this look" in line for line in said), said
+
+
+def test_a_lease_the_api_does_not_answer_for_longer_than_its_duration_is_lost_exit_5(
+    tmp_path: Path, cluster: FakeCluster, clock: Clock
+) -> None:
+    in_canary(cluster, Traffic(clock))
+    cluster.server_now = lambda: datetime(2026, 12, 7, tzinfo=UTC) + timedelta(seconds=clock.now)
+    cluster.before = lease_read_refused(500, from_read=3, reads=10**6)
+    platform = load_platform(stepped_stack(tmp_path, intervals=20))
+    with pytest.raises(GpuPlatError, match="lost its release lock") as stopped:
+        serving(platform, cluster, clock, []).guard("embedder", None)
+    assert stopped.value.exit_code == 5
+    assert read_record(ClusterApi(cluster.client()), NS)[0] == ServingRelease(
+        V1, canary=V2, canary_percent=20
+    )
