@@ -483,3 +483,45 @@ def test_a_lease_the_api_does_not_answer_for_longer_than_its_duration_is_lost_ex
     assert read_record(ClusterApi(cluster.client()), NS)[0] == ServingRelease(
         V1, canary=V2, canary_percent=20
     )
+
+
+def test_the_first_look_after_a_step_failing_is_one_failed_look_not_the_end(
+    tmp_path: Path, cluster: FakeCluster, clock: Clock
+) -> None:
+    """The share moved and the gateways rolled; their pods do not answer the step's first look (a new pod's
+    exporter not up yet, one API answer lost): a failed look of the three allowed, the step analysed from
+    the first look that came."""
+    in_canary(cluster, Traffic(clock), percent=10)
+    rolled_at: list[float] = []
+    refused: list[str] = []
+
+    def first_look_refused(request: Request, fake: FakeCluster) -> None:
+        rolls_out(request, fake)
+        if request.verb == "PATCH" and request.path.endswith("/deployments/gateway"):
+            rolled_at.append(clock.now)
+        for name in GATEWAYS:
+            key = ("GET", f"/api/v1/namespaces/{NS}/pods/{name}:8404/proxy/metrics")
+            if rolled_at and clock.now < rolled_at[0] + 1:
+                refused.append(name)
+                fake.refuse[key] = (503, "error trying to reach service: dial tcp 10.1.0.9:8404: i/o timeout")
+            else:
+                fake.refuse.pop(key, None)
+
+    cluster.before = first_look_refused
+    said: list[str] = []
+    platform = load_platform(stepped_stack(tmp_path, steps=[{"percent": 10}, {"percent": 30}]))
+    verdict = serving(platform, cluster, clock, said).guard("embedder", None)
+    assert refused and verdict.action == PROMOTE_READY, verdict
+    assert any("look failed (1 of 3" in line for line in said), said
+
+
+def test_a_canary_pod_answering_no_metrics_text_fails_its_looks_and_stops_the_guard_exit_5(
+    tmp_path: Path, cluster: FakeCluster, clock: Clock
+) -> None:
+    """A bucket bound that is no number, from the first look on: three failed looks, exit 5, one paragraph
+    (not a ValueError's traceback at the first)."""
+    in_canary(cluster, Traffic(clock))
+    cluster.pod_answers[("v2-a", 8000)] = lambda: f'{TTFT}_bucket{{le="fast"}} 1\n'
+    with pytest.raises(GpuPlatError, match="3 times in a row") as stopped:
+        serving(load_platform(stepped_stack(tmp_path)), cluster, clock, []).guard("embedder", None)
+    assert stopped.value.exit_code == 5 and "ValueError" in stopped.value.message
