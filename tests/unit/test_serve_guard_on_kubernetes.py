@@ -525,3 +525,49 @@ def test_a_canary_pod_answering_no_metrics_text_fails_its_looks_and_stops_the_gu
     with pytest.raises(GpuPlatError, match="3 times in a row") as stopped:
         serving(load_platform(stepped_stack(tmp_path)), cluster, clock, []).guard("embedder", None)
     assert stopped.value.exit_code == 5 and "ValueError" in stopped.value.message
+
+
+def test_pods_no_gateway_sends_to_are_not_counted_for_either_version(
+    tmp_path: Path, cluster: FakeCluster, clock: Clock
+) -> None:
+    """A retiring version's pod (its answers all fast) and a multi-node group's worker (a canary's, all
+    slow) answer /metrics too: counted, the first would make the stable look faster than the canary, the
+    second the canary slower; neither is, and an identical canary stays promote-ready."""
+    in_canary(cluster, Traffic(clock))
+    busy = Traffic(clock, canary_rps=2000.0, canary_shape=(1.0, 0.0, 0.0, 0.0, 0.0, 0.0))
+    slow = Traffic(clock, canary_rps=2000.0, canary_shape=SLOW)
+    worker = pod("v2-a-1", "model-server", V2.slug)
+    worker["metadata"]["labels"]["leaderworkerset.sigs.k8s.io/worker-index"] = "1"
+    for live, answers in ((pod("v0-a", "model-server", "embedder-v0"), busy), (worker, slow)):
+        name = live["metadata"]["name"]
+        cluster.objects[f"/api/v1/namespaces/{NS}/pods/{name}"] = live
+        cluster.pod_answers[(name, 8000)] = partial(answers.model_server, CANARY_BACKEND, name)
+    verdict = serving(load_platform(stepped_stack(tmp_path)), cluster, clock, []).guard("embedder", None)
+    assert verdict.action == PROMOTE_READY, verdict
+
+
+def test_a_lease_taken_between_the_look_and_the_rollback_stops_the_guard_before_it(
+    tmp_path: Path, cluster: FakeCluster, clock: Clock
+) -> None:
+    """The Lease read at the look was this command's; another command takes it while the look reads the
+    pods: the rollback that look calls for reads the Lease again first and stops, changing nothing."""
+    in_canary(cluster, Traffic(clock, canary_errors=1.0))
+    cluster.server_now = lambda: datetime(2026, 12, 7, tzinfo=UTC) + timedelta(seconds=clock.now)
+    proxied: list[str] = []
+
+    def take_the_lease_at_the_second_look(request: Request, fake: FakeCluster) -> None:
+        rolls_out(request, fake)
+        if "/proxy/" in request.path:
+            proxied.append(request.path)
+            if len(proxied) == 8:  # the first look's last read (the first reading had four)
+                lease = json.loads(json.dumps(fake.objects[LEASE]))
+                lease["spec"]["holderIdentity"] = "ci@runner pid 9"
+                fake.store(LEASE, lease)
+
+    cluster.before = take_the_lease_at_the_second_look
+    with pytest.raises(GpuPlatError, match="stopped before rolling the canary back") as stopped:
+        serving(load_platform(stepped_stack(tmp_path)), cluster, clock, []).guard("embedder", None)
+    assert stopped.value.exit_code == 5
+    assert read_record(ClusterApi(cluster.client()), NS)[0] == ServingRelease(
+        V1, canary=V2, canary_percent=20
+    )
