@@ -393,9 +393,12 @@ class ClusterCarried:
 
     def _still_held(self, before: str) -> None:
         """Before a change: the Lease read again and renewed, due or not (a command stalled past it, whose
-        own renewal was not due by its clock, must not change what the new holder carries)."""
+        own renewal was not due by its clock, must not change what the new holder carries). A read the API
+        does not answer (a 429, a 5xx) is no verdict on the Lease: while this command's last renewal is
+        within its duration no other command can hold it, and the change (a due rollback) goes on."""
+        lock = self.driver.lock
         try:
-            self.driver.lock.renew(force=True)
+            lock.renew(force=True)
         except ReleaseLocked as taken:
             raise GpuPlatError(
                 f"the guard of '{self.driver.model}' lost its release lock ({taken.message}) and stopped "
@@ -403,6 +406,18 @@ class ClusterCarried:
                 f"{self.driver.model}`)",
                 exit_code=ExitCode.NO_VERDICT,
             ) from None
+        except ClusterError as error:
+            if not lock.unexpired():
+                raise GpuPlatError(
+                    f"the guard of '{self.driver.model}' could not read its release lock ({error.message}) "
+                    f"past its {lock.duration_s} s lease and stopped before {before}: another command may "
+                    f"carry the release now (`gpuplat serve status {self.driver.model}`)",
+                    exit_code=ExitCode.NO_VERDICT,
+                ) from None
+            self.say(
+                f"the release lock was not read again before {before} ({error.message}); renewed "
+                "within its duration, it is still this command's"
+            )
 
     def lock_lost(self, model: str) -> bool:
         """The Lease read and renewed at every look (a GET and a PUT each `LOOK_S`): False while it is this

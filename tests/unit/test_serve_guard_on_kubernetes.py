@@ -571,3 +571,28 @@ def test_a_lease_taken_between_the_look_and_the_rollback_stops_the_guard_before_
     assert read_record(ClusterApi(cluster.client()), NS)[0] == ServingRelease(
         V1, canary=V2, canary_percent=20
     )
+
+
+def test_a_rollback_whose_lease_read_the_api_throttles_still_rolls_the_canary_back(
+    tmp_path: Path, cluster: FakeCluster, clock: Clock
+) -> None:
+    """The look that calls for a rollback reads the Lease again before it; the API answers that read 429
+    (its priority and fairness throttling): the Lease renewed at this look's start is still this command's
+    for its duration, no other can hold it, and the failing canary is rolled back, not left at its share."""
+    in_canary(cluster, Traffic(clock, canary_errors=1.0))
+    last: list[str] = []
+    throttled: list[int] = []
+
+    def throttle_the_lease_read_after_a_look(request: Request, fake: FakeCluster) -> None:
+        rolls_out(request, fake)
+        fake.refuse.pop(("GET", LEASE), None)
+        if request.verb == "GET" and request.path == LEASE and last and "/proxy/" in last[0]:
+            throttled.append(1)
+            fake.refuse[("GET", LEASE)] = (429, "Too many requests, please try again later.")
+        last[:] = [request.path]
+
+    cluster.before = throttle_the_lease_read_after_a_look
+    said: list[str] = []
+    verdict = serving(load_platform(stepped_stack(tmp_path)), cluster, clock, said).guard("embedder", None)
+    assert throttled and verdict.action == ROLLBACK, verdict
+    assert read_record(ClusterApi(cluster.client()), NS)[0] == ServingRelease(V1)
