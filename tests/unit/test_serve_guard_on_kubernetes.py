@@ -463,6 +463,7 @@ def test_a_lease_read_the_api_does_not_answer_once_is_not_the_end_of_the_guard(
     """One look's read of the Lease refused (throttled, or the API server restarting): the Lease renewed a
     look ago is still this command's for its duration, and the guard goes on to its verdict."""
     in_canary(cluster, Traffic(clock, canary_errors=1.0))
+    cluster.server_now = lambda: datetime(2026, 12, 7, tzinfo=UTC) + timedelta(seconds=clock.now)
     cluster.before = lease_read_refused(code, from_read=3, reads=1)
     said: list[str] = []
     verdict = serving(load_platform(stepped_stack(tmp_path)), cluster, clock, said).guard("embedder", None)
@@ -580,6 +581,7 @@ def test_a_rollback_whose_lease_read_the_api_throttles_still_rolls_the_canary_ba
     (its priority and fairness throttling): the Lease renewed at this look's start is still this command's
     for its duration, no other can hold it, and the failing canary is rolled back, not left at its share."""
     in_canary(cluster, Traffic(clock, canary_errors=1.0))
+    cluster.server_now = lambda: datetime(2026, 12, 7, tzinfo=UTC) + timedelta(seconds=clock.now)
     last: list[str] = []
     throttled: list[int] = []
 
@@ -596,3 +598,30 @@ def test_a_rollback_whose_lease_read_the_api_throttles_still_rolls_the_canary_ba
     verdict = serving(load_platform(stepped_stack(tmp_path)), cluster, clock, said).guard("embedder", None)
     assert throttled and verdict.action == ROLLBACK, verdict
     assert read_record(ClusterApi(cluster.client()), NS)[0] == ServingRelease(V1)
+
+
+def test_a_rollback_whose_lease_is_unread_past_its_duration_stops_before_it_exit_5(
+    tmp_path: Path, cluster: FakeCluster, clock: Clock
+) -> None:
+    """The look that calls for a rollback took longer than the Lease (pods slow to answer), and the API does
+    not answer the Lease's read before the rollback: another command may hold it now, and the guard stops
+    before the change, exit 5, the record as it was."""
+    in_canary(cluster, Traffic(clock, canary_errors=1.0))
+    cluster.server_now = lambda: datetime(2026, 12, 7, tzinfo=UTC) + timedelta(seconds=clock.now)
+    proxied: list[str] = []
+
+    def a_slow_look_then_no_lease(request: Request, fake: FakeCluster) -> None:
+        rolls_out(request, fake)
+        if "/proxy/" in request.path:
+            proxied.append(request.path)
+            if len(proxied) == 8:  # the first look's last read (the first reading had four)
+                clock.sleep(61)
+                fake.refuse[("GET", LEASE)] = (503, "the server is currently unable to handle the request")
+
+    cluster.before = a_slow_look_then_no_lease
+    with pytest.raises(GpuPlatError, match="could not read its release lock") as stopped:
+        serving(load_platform(stepped_stack(tmp_path)), cluster, clock, []).guard("embedder", None)
+    assert stopped.value.exit_code == 5 and "before rolling the canary back" in stopped.value.message
+    assert read_record(ClusterApi(cluster.client()), NS)[0] == ServingRelease(
+        V1, canary=V2, canary_percent=20
+    )
