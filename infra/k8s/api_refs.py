@@ -71,3 +71,15 @@ class ObjectRef:
 
     def __str__(self) -> str:
         return f"{self.kind} {self.namespace + '/' if self.namespace else ''}{self.name}"
+
+
+def refusal(status: int, said: str, verb: str, ref: ObjectRef, server: str, forbidden: str) -> ClusterError:
+    """The error for an API server's refusal with HTTP `status` (`said`: its Status message); `forbidden`:
+    the paragraph for a 401 or 403, which names whose identity lacks the verb."""
+    if status == 404:
+        return NotFound(f"{ref} not found at {server}: {said}")
+    if status == 409:
+        return Conflict(f"{ref}: {said}")
+    if status in (401, 403):
+        return ClusterError(forbidden)
+    return ClusterError(f"the Kubernetes API at {server} answered HTTP {status} to {verb} {ref}: {said}")

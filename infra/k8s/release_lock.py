@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
+from infra.errors import ExitCode, GpuPlatError
 from infra.k8s.api_refs import ClusterError, Conflict, ObjectRef
 from infra.k8s.serving_versions import ServedVersion
 
@@ -160,6 +161,11 @@ class ReleaseLock:
         self._resource_version = answer["metadata"]["resourceVersion"]
         self._renewed = now
 
+    def unexpired(self) -> bool:
+        """Whether this command's last acquire or renewal is still within the Lease's duration (by the API
+        server's clock as last heard): no other command can have taken it yet, read or not."""
+        return self._renewed is not None and self.now() - self._renewed < timedelta(seconds=self.duration_s)
+
     def hand_to(self, holder: str) -> None:
         """The Lease given to `holder` (the guard Job this command starts) in one update guarded as a
         renewal is: never free in between, so that no other command takes the release as this one exits."""
@@ -197,3 +203,47 @@ class ReleaseLock:
 
 
 # --------------------------------------------------------------------------------- the release record
+
+
+def still_held(lock: ReleaseLock, before: str, say: Callable[[str], None]) -> None:
+    """Before a guard's change: the Lease read again and renewed, due or not (a guard stalled past it, whose
+    own renewal was not due by its clock, must not change what the new holder carries). A read the API
+    does not answer (a 429, a 5xx) is no verdict on the Lease: while the guard's last renewal is within its
+    duration no other command can hold it, and the change (a due rollback) goes on."""
+    try:
+        lock.renew(force=True)
+    except ReleaseLocked as taken:
+        raise GpuPlatError(
+            f"the guard of '{lock.model}' lost its release lock ({taken.message}) and stopped before "
+            f"{before}: the command that holds it now carries the release (`gpuplat serve status "
+            f"{lock.model}`)",
+            exit_code=ExitCode.NO_VERDICT,
+        ) from None
+    except ClusterError as error:
+        if not lock.unexpired():
+            raise GpuPlatError(
+                f"the guard of '{lock.model}' could not read its release lock ({error.message}) past its "
+                f"{lock.duration_s} s lease and stopped before {before}: another command may carry the "
+                f"release now (`gpuplat serve status {lock.model}`)",
+                exit_code=ExitCode.NO_VERDICT,
+            ) from None
+        say(
+            f"the release lock was not read again before {before} ({error.message}); renewed within its "
+            "duration, it is still this guard's"
+        )
+
+
+def lost_at_look(lock: ReleaseLock, say: Callable[[str], None]) -> bool:
+    """The Lease read and renewed at a guard's look: False while it is the guard's, True once another holds
+    it, so that a guard stalled past it stops at its next look. A read or renewal the API did not answer (a
+    429, a 5xx, no route) is no verdict on the Lease: held while its last renewal's duration lasts (the
+    look goes on, its own reads under the three-failed-looks rule), lost after."""
+    try:
+        lock.renew(force=True)
+    except ReleaseLocked:
+        return True
+    except ClusterError as error:
+        if not lock.unexpired():
+            return True
+        say(f"the release lock was not renewed at this look: {error.message}")
+    return False

@@ -35,6 +35,7 @@ from infra.k8s.api_refs import ClusterError as ClusterError
 from infra.k8s.api_refs import Conflict as _Conflict
 from infra.k8s.api_refs import NotFound as _NotFound
 from infra.k8s.api_refs import ObjectRef as ObjectRef
+from infra.k8s.api_refs import refusal
 from infra.k8s.facts import ClusterFacts
 from infra.k8s.objects import LABEL_COMPONENT, serving_namespace
 from infra.k8s.release_lock import LEASE_DURATION_S as LEASE_DURATION_S
@@ -234,20 +235,13 @@ def _refused(
     except (ValueError, AttributeError):
         said = str(error.body or "")
     said = said or str(error.reason or "")
-    if error.status == 404:
-        return _NotFound(f"{ref} not found at {server}: {said}")
-    if error.status == 409:
-        return _Conflict(f"{ref}: {said}")
-    if error.status in (401, 403):
-        return ClusterError(
-            f"the Kubernetes API at {server} refused to {_VERBS.get(verb, verb.lower())} "
-            f"{ref.resource}{'/' + subresource if subresource else ''} "
-            f"({ref}): HTTP {error.status}, {said}. The identity in the kubeconfig needs that verb on that "
-            "resource in the serving namespace (docs/serving.md, On Kubernetes)"
-        )
-    return ClusterError(
-        f"the Kubernetes API at {server} answered HTTP {error.status} to {verb} {ref}: {said}"
+    forbidden = (
+        f"the Kubernetes API at {server} refused to {_VERBS.get(verb, verb.lower())} "
+        f"{ref.resource}{'/' + subresource if subresource else ''} "
+        f"({ref}): HTTP {error.status}, {said}. The identity in the kubeconfig needs that verb on that "
+        "resource in the serving namespace (docs/serving.md, On Kubernetes)"
     )
+    return refusal(int(error.status or 0), said, verb, ref, server, forbidden)
 
 
 def _version(data: Any) -> ServedVersion | None:

@@ -256,7 +256,15 @@ def guard(
             release.record(model, PROMOTED, verdict.reason, 100)
             return verdict
         if step.percent != share:
-            release.canary_start = (clock(), *release.counters())
+            try:
+                release.canary_start = (clock(), *release.counters())
+            except (GpuPlatError, ValueError, KeyError) as error:
+                # Nothing moved yet: the step counts from its first look after the share moved instead.
+                release.canary_start = None
+                reason = (
+                    error.message if isinstance(error, GpuPlatError) else f"{type(error).__name__}: {error}"
+                )
+                release.say(f"{label}: the counters were not read before the share moved ({reason})")
             release.set_share(step.percent)
             share = step.percent
             release.say(f"{label}: the canary takes {step.percent} % of the requests")
@@ -314,29 +322,41 @@ def analyse(
     rules = rules or release.rules
     if duration_s is None:
         duration_s = rules.initial_delay_s + rules.analysis_s + look_s
+    # Counting from this call's first look: that first reading is a look too, under the three-failed-looks
+    # rule (a share step's gateways just rolled, an API that did not answer once), the analysis' start and
+    # its end moved to the first reading that came.
+    watch = None if release.canary_start is None else Guard(rules, *release.canary_start, load_ratio=load)
     keeping = release if isinstance(release, Keeping) else None
     saved = keeping.saved_watch(rules) if keeping is not None else None
     if saved is not None:
-        watch, started = saved, saved.started_s
-    else:
-        started, stable, canary = release.canary_start or (clock(), *release.counters())
-        watch = Guard(rules, started, stable, canary, load_ratio=load)
+        watch = saved
+    started = clock() if watch is None else watch.started_s
     verdict = Verdict(CONTINUE, "no look yet")
     failed = 0
+    first = watch is None
     # Resumed (a restarted guard Job's pod), the evidence is judged at least once more, even where the
     # analysis' time ran out while no guard looked.
     resumed = saved is not None
-    while resumed or clock() - started < duration_s:
-        resumed = False
-        sleep(look_s)
-        if release.lock_lost(model):
-            raise GpuPlatError(
-                f"the guard of '{model}' lost its release lock (not renewed within its "
-                f"{release.lease_s:.0f} s lease, or found another command's): it stopped, leaving the "
-                f"release to whichever command holds it now (`gpuplat serve status {model}`)",
-                exit_code=ExitCode.NO_VERDICT,
-            )
+    while first or resumed or clock() - started < duration_s:
+        if not first:
+            sleep(look_s)
+            if release.lock_lost(model):
+                raise GpuPlatError(
+                    f"the guard of '{model}' lost its release lock (not renewed within its "
+                    f"{release.lease_s:.0f} s lease, or found another command's): it stopped, leaving the "
+                    f"release to whichever command holds it now (`gpuplat serve status {model}`)",
+                    exit_code=ExitCode.NO_VERDICT,
+                )
+        first = resumed = False
         try:
+            if watch is None:
+                at = clock()
+                watch = Guard(rules, at, *release.counters(), load_ratio=load)
+                started = at
+                failed = 0
+                if keeping is not None:
+                    keeping.keep(watch, verdict)
+                continue
             if not release.has_canary(model):
                 return Verdict("gone", f"'{model}' has no canary any more")
             verdict = watch.look(clock(), *release.counters())

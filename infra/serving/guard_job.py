@@ -36,7 +36,7 @@ from typing import Any
 
 from infra.errors import ExitCode, GpuPlatError
 from infra.k8s.api_refs import ClusterError, Conflict, ObjectRef
-from infra.k8s.release_lock import LEASE_DURATION_S, ReleaseLock, ReleaseLocked
+from infra.k8s.release_lock import LEASE_DURATION_S, ReleaseLock, ReleaseLocked, lost_at_look, still_held
 from infra.k8s.rollout import gateways_wait
 from infra.serving import carry
 from infra.serving.analysis import Canary, Guard, RulesRead, Verdict
@@ -300,21 +300,10 @@ class JobCarried:
         self._write_state()
 
     def lock_lost(self, model: str) -> bool:
-        try:
-            self.lock.renew(force=True)
-        except ReleaseLocked:
-            return True
-        return False
+        return lost_at_look(self.lock, self.say)
 
     def _still_held(self, before: str) -> None:
-        try:
-            self.lock.renew(force=True)
-        except ReleaseLocked as taken:
-            raise GpuPlatError(
-                f"the guard of '{self.plan.model}' lost its release lock ({taken.message}) and stopped "
-                f"before {before}",
-                exit_code=ExitCode.NO_VERDICT,
-            ) from None
+        still_held(self.lock, before, self.say)
 
     # carry.Keeping
 

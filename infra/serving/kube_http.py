@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-from infra.k8s.api_refs import ClusterError, Conflict, NotFound, ObjectRef
+from infra.k8s.api_refs import ClusterError, NotFound, ObjectRef, refusal
 
 ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
@@ -146,17 +146,12 @@ def _refused(error: urllib.error.HTTPError, verb: str, ref: ObjectRef, server: s
     with contextlib.suppress(ValueError, OSError, AttributeError):
         said = str(json.loads(error.read() or b"{}").get("message") or "")
     said = said or str(error.reason or "")
-    if error.code == 404:
-        return NotFound(f"{ref} not found at {server}: {said}")
-    if error.code == 409:
-        return Conflict(f"{ref}: {said}")
-    if error.code in (401, 403):
-        return ClusterError(
-            f"the Kubernetes API at {server} refused {verb} on {ref.resource} ({ref}): HTTP {error.code}, "
-            f"{said}. The guard's Role (gpuplat-serve-guard-MODEL) grants only what the guard needs: "
-            "docs/serving.md, The guard Job"
-        )
-    return ClusterError(f"the Kubernetes API at {server} answered HTTP {error.code} to {verb} {ref}: {said}")
+    forbidden = (
+        f"the Kubernetes API at {server} refused {verb} on {ref.resource} ({ref}): HTTP {error.code}, "
+        f"{said}. The guard's Role (gpuplat-serve-guard-MODEL-ID) grants only what the guard needs: "
+        "docs/serving.md, The guard Job on Kubernetes"
+    )
+    return refusal(error.code, said, verb, ref, server, forbidden)
 
 
 def read_pod(address: str, port: int, path: str) -> str:

@@ -17,6 +17,7 @@ from kubernetes.config import ConfigException, new_client_from_config
 from infra.errors import ExitCode, GpuPlatError, SpecError
 from infra.k8s.facts import ClusterFacts, SharedVolume, host_path_facts
 from infra.k8s.objects import serving_namespace
+from infra.k8s.release_lock import lost_at_look, still_held
 from infra.k8s.serving import MODEL_ENV, MODEL_SERVER, version_track_names
 from infra.k8s.serving_apply import (
     FIELD_MANAGER,
@@ -27,7 +28,6 @@ from infra.k8s.serving_apply import (
     ObjectRef,
     ReleaseDriver,
     ReleaseLock,
-    ReleaseLocked,
     RunningReplica,
     default_holder,
     read_record,
@@ -417,26 +417,13 @@ class ClusterCarried:
             self.say(f"the guard's record was not written ({phase}): {error.message}")
 
     def _still_held(self, before: str) -> None:
-        """Before a change: the Lease read again and renewed, due or not (a command stalled past it, whose
-        own renewal was not due by its clock, must not change what the new holder carries)."""
-        try:
-            self.driver.lock.renew(force=True)
-        except ReleaseLocked as taken:
-            raise GpuPlatError(
-                f"the guard of '{self.driver.model}' lost its release lock ({taken.message}) and stopped "
-                f"before {before}: the command that holds it now carries the release (`gpuplat serve status "
-                f"{self.driver.model}`)",
-                exit_code=ExitCode.NO_VERDICT,
-            ) from None
+        """Before a change: the Lease read again and renewed (release_lock.still_held)."""
+        still_held(self.driver.lock, before, self.say)
 
     def lock_lost(self, model: str) -> bool:
-        """The Lease read and renewed at every look (a GET and a PUT each `LOOK_S`): False while it is this
-        command's, True once another holds it, so that a guard stalled past it stops at its next look."""
-        try:
-            self.driver.lock.renew(force=True)
-        except ReleaseLocked:
-            return True
-        return False
+        """The Lease read and renewed at every look, a GET and a PUT each `LOOK_S`
+        (release_lock.lost_at_look)."""
+        return lost_at_look(self.driver.lock, self.say)
 
 
 def guard_record_manifest(namespace: str, state: dict[str, Any]) -> dict[str, Any]:

@@ -349,3 +349,16 @@ def test_a_job_whose_lease_another_command_took_stops_without_a_change(
     assert not cluster.applied() and read_record(api, NS)[0] == ServingRelease(
         V1, canary=V2, canary_percent=20
     )
+
+
+def test_a_refused_token_is_one_paragraph_naming_the_call_and_the_guards_role(
+    tmp_path: Path, cluster: FakeCluster, bridge: ApiBridge, clock: Clock, release: Any
+) -> None:
+    plan, _pods = release(Traffic(clock))
+    api = job_api(bridge, tmp_path)
+    bridge.token = "another-token"  # the ServiceAccount deleted and made again: its old tokens are refused
+    said: list[str] = []
+    assert run(api, plan, sleep=clock.sleep, say=said.append) == 4
+    assert said[-1].startswith("the Kubernetes API at http://127.0.0.1:"), said
+    assert "refused GET on leases.coordination.k8s.io" in said[-1] and "HTTP 401" in said[-1], said
+    assert "Traceback" not in "".join(said)

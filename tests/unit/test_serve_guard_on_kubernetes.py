@@ -471,3 +471,191 @@ def test_a_step_whose_gateways_roll_for_a_minute_is_analysed_from_its_first_look
     platform = load_platform(stepped_stack(tmp_path, steps=steps, inconclusive_limit=0))
     verdict = serving(platform, cluster, clock, []).guard("embedder", None)
     assert rolled and verdict.action == PROMOTE_READY, verdict
+
+
+def lease_read_refused(code: int, from_read: int, reads: int) -> Callable[[Request, FakeCluster], None]:
+    """The API answers `code` to `reads` GETs of the Lease from its `from_read`th (a 429 of the API server's
+    priority and fairness, a 5xx of one restarting), then answers again."""
+    seen: list[int] = []
+
+    def refuse_the_lease(request: Request, fake: FakeCluster) -> None:
+        rolls_out(request, fake)
+        if request.verb == "GET" and request.path == LEASE:
+            seen.append(1)
+            if from_read <= len(seen) < from_read + reads:
+                fake.refuse[("GET", LEASE)] = (code, "the server is currently unable to handle the request")
+            else:
+                fake.refuse.pop(("GET", LEASE), None)
+
+    return refuse_the_lease
+
+
+@pytest.mark.parametrize("code", [429, 500])
+def test_a_lease_read_the_api_does_not_answer_once_is_not_the_end_of_the_guard(
+    tmp_path: Path, cluster: FakeCluster, clock: Clock, code: int
+) -> None:
+    """One look's read of the Lease refused (throttled, or the API server restarting): the Lease renewed a
+    look ago is still this command's for its duration, and the guard goes on to its verdict."""
+    in_canary(cluster, Traffic(clock, canary_errors=1.0))
+    cluster.server_now = lambda: datetime(2026, 12, 7, tzinfo=UTC) + timedelta(seconds=clock.now)
+    cluster.before = lease_read_refused(code, from_read=3, reads=1)
+    said: list[str] = []
+    verdict = serving(load_platform(stepped_stack(tmp_path)), cluster, clock, said).guard("embedder", None)
+    assert verdict.action == ROLLBACK, verdict
+    assert any("not renewed at this look" in line for line in said), said
+
+
+def test_a_lease_the_api_does_not_answer_for_longer_than_its_duration_is_lost_exit_5(
+    tmp_path: Path, cluster: FakeCluster, clock: Clock
+) -> None:
+    in_canary(cluster, Traffic(clock))
+    cluster.server_now = lambda: datetime(2026, 12, 7, tzinfo=UTC) + timedelta(seconds=clock.now)
+    cluster.before = lease_read_refused(500, from_read=3, reads=10**6)
+    platform = load_platform(stepped_stack(tmp_path, intervals=20))
+    with pytest.raises(GpuPlatError, match="lost its release lock") as stopped:
+        serving(platform, cluster, clock, []).guard("embedder", None)
+    assert stopped.value.exit_code == 5
+    assert read_record(ClusterApi(cluster.client()), NS)[0] == ServingRelease(
+        V1, canary=V2, canary_percent=20
+    )
+
+
+def test_the_first_look_after_a_step_failing_is_one_failed_look_not_the_end(
+    tmp_path: Path, cluster: FakeCluster, clock: Clock
+) -> None:
+    """The share moved and the gateways rolled; their pods do not answer the step's first look (a new pod's
+    exporter not up yet, one API answer lost): a failed look of the three allowed, the step analysed from
+    the first look that came."""
+    in_canary(cluster, Traffic(clock), percent=10)
+    rolled_at: list[float] = []
+    refused: list[str] = []
+
+    def first_look_refused(request: Request, fake: FakeCluster) -> None:
+        rolls_out(request, fake)
+        if request.verb == "PATCH" and request.path.endswith("/deployments/gateway"):
+            rolled_at.append(clock.now)
+        for name in GATEWAYS:
+            key = ("GET", f"/api/v1/namespaces/{NS}/pods/{name}:8404/proxy/metrics")
+            if rolled_at and clock.now < rolled_at[0] + 1:
+                refused.append(name)
+                fake.refuse[key] = (503, "error trying to reach service: dial tcp 10.1.0.9:8404: i/o timeout")
+            else:
+                fake.refuse.pop(key, None)
+
+    cluster.before = first_look_refused
+    said: list[str] = []
+    platform = load_platform(stepped_stack(tmp_path, steps=[{"percent": 10}, {"percent": 30}]))
+    verdict = serving(platform, cluster, clock, said).guard("embedder", None)
+    assert refused and verdict.action == PROMOTE_READY, verdict
+    assert any("look failed (1 of 3" in line for line in said), said
+
+
+def test_a_canary_pod_answering_no_metrics_text_fails_its_looks_and_stops_the_guard_exit_5(
+    tmp_path: Path, cluster: FakeCluster, clock: Clock
+) -> None:
+    """A bucket bound that is no number, from the first look on: three failed looks, exit 5, one paragraph
+    (not a ValueError's traceback at the first)."""
+    in_canary(cluster, Traffic(clock))
+    cluster.pod_answers[("v2-a", 8000)] = lambda: f'{TTFT}_bucket{{le="fast"}} 1\n'
+    with pytest.raises(GpuPlatError, match="3 times in a row") as stopped:
+        serving(load_platform(stepped_stack(tmp_path)), cluster, clock, []).guard("embedder", None)
+    assert stopped.value.exit_code == 5 and "ValueError" in stopped.value.message
+
+
+def test_pods_no_gateway_sends_to_are_not_counted_for_either_version(
+    tmp_path: Path, cluster: FakeCluster, clock: Clock
+) -> None:
+    """A retiring version's pod (its answers all fast) and a multi-node group's worker (a canary's, all
+    slow) answer /metrics too: counted, the first would make the stable look faster than the canary, the
+    second the canary slower; neither is, and an identical canary stays promote-ready."""
+    in_canary(cluster, Traffic(clock))
+    busy = Traffic(clock, canary_rps=2000.0, canary_shape=(1.0, 0.0, 0.0, 0.0, 0.0, 0.0))
+    slow = Traffic(clock, canary_rps=2000.0, canary_shape=SLOW)
+    worker = pod("v2-a-1", "model-server", V2.slug)
+    worker["metadata"]["labels"]["leaderworkerset.sigs.k8s.io/worker-index"] = "1"
+    for live, answers in ((pod("v0-a", "model-server", "embedder-v0"), busy), (worker, slow)):
+        name = live["metadata"]["name"]
+        cluster.objects[f"/api/v1/namespaces/{NS}/pods/{name}"] = live
+        cluster.pod_answers[(name, 8000)] = partial(answers.model_server, CANARY_BACKEND, name)
+    verdict = serving(load_platform(stepped_stack(tmp_path)), cluster, clock, []).guard("embedder", None)
+    assert verdict.action == PROMOTE_READY, verdict
+
+
+def test_a_lease_taken_between_the_look_and_the_rollback_stops_the_guard_before_it(
+    tmp_path: Path, cluster: FakeCluster, clock: Clock
+) -> None:
+    """The Lease read at the look was this command's; another command takes it while the look reads the
+    pods: the rollback that look calls for reads the Lease again first and stops, changing nothing."""
+    in_canary(cluster, Traffic(clock, canary_errors=1.0))
+    cluster.server_now = lambda: datetime(2026, 12, 7, tzinfo=UTC) + timedelta(seconds=clock.now)
+    proxied: list[str] = []
+
+    def take_the_lease_at_the_second_look(request: Request, fake: FakeCluster) -> None:
+        rolls_out(request, fake)
+        if "/proxy/" in request.path:
+            proxied.append(request.path)
+            if len(proxied) == 8:  # the first look's last read (the first reading had four)
+                lease = json.loads(json.dumps(fake.objects[LEASE]))
+                lease["spec"]["holderIdentity"] = "ci@runner pid 9"
+                fake.store(LEASE, lease)
+
+    cluster.before = take_the_lease_at_the_second_look
+    with pytest.raises(GpuPlatError, match="stopped before rolling the canary back") as stopped:
+        serving(load_platform(stepped_stack(tmp_path)), cluster, clock, []).guard("embedder", None)
+    assert stopped.value.exit_code == 5
+    assert read_record(ClusterApi(cluster.client()), NS)[0] == ServingRelease(
+        V1, canary=V2, canary_percent=20
+    )
+
+
+def test_a_rollback_whose_lease_read_the_api_throttles_still_rolls_the_canary_back(
+    tmp_path: Path, cluster: FakeCluster, clock: Clock
+) -> None:
+    """The look that calls for a rollback reads the Lease again before it; the API answers that read 429
+    (its priority and fairness throttling): the Lease renewed at this look's start is still this command's
+    for its duration, no other can hold it, and the failing canary is rolled back, not left at its share."""
+    in_canary(cluster, Traffic(clock, canary_errors=1.0))
+    cluster.server_now = lambda: datetime(2026, 12, 7, tzinfo=UTC) + timedelta(seconds=clock.now)
+    last: list[str] = []
+    throttled: list[int] = []
+
+    def throttle_the_lease_read_after_a_look(request: Request, fake: FakeCluster) -> None:
+        rolls_out(request, fake)
+        fake.refuse.pop(("GET", LEASE), None)
+        if request.verb == "GET" and request.path == LEASE and last and "/proxy/" in last[0]:
+            throttled.append(1)
+            fake.refuse[("GET", LEASE)] = (429, "Too many requests, please try again later.")
+        last[:] = [request.path]
+
+    cluster.before = throttle_the_lease_read_after_a_look
+    said: list[str] = []
+    verdict = serving(load_platform(stepped_stack(tmp_path)), cluster, clock, said).guard("embedder", None)
+    assert throttled and verdict.action == ROLLBACK, verdict
+    assert read_record(ClusterApi(cluster.client()), NS)[0] == ServingRelease(V1)
+
+
+def test_a_rollback_whose_lease_is_unread_past_its_duration_stops_before_it_exit_5(
+    tmp_path: Path, cluster: FakeCluster, clock: Clock
+) -> None:
+    """The look that calls for a rollback took longer than the Lease (pods slow to answer), and the API does
+    not answer the Lease's read before the rollback: another command may hold it now, and the guard stops
+    before the change, exit 5, the record as it was."""
+    in_canary(cluster, Traffic(clock, canary_errors=1.0))
+    cluster.server_now = lambda: datetime(2026, 12, 7, tzinfo=UTC) + timedelta(seconds=clock.now)
+    proxied: list[str] = []
+
+    def a_slow_look_then_no_lease(request: Request, fake: FakeCluster) -> None:
+        rolls_out(request, fake)
+        if "/proxy/" in request.path:
+            proxied.append(request.path)
+            if len(proxied) == 8:  # the first look's last read (the first reading had four)
+                clock.sleep(61)
+                fake.refuse[("GET", LEASE)] = (503, "the server is currently unable to handle the request")
+
+    cluster.before = a_slow_look_then_no_lease
+    with pytest.raises(GpuPlatError, match="could not read its release lock") as stopped:
+        serving(load_platform(stepped_stack(tmp_path)), cluster, clock, []).guard("embedder", None)
+    assert stopped.value.exit_code == 5 and "before rolling the canary back" in stopped.value.message
+    assert read_record(ClusterApi(cluster.client()), NS)[0] == ServingRelease(
+        V1, canary=V2, canary_percent=20
+    )

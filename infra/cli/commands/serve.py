@@ -114,8 +114,9 @@ def deploy(
         typer.Option(
             "--detach",
             help=(
-                "with --canary: hand the guard to a service on the gateway's node and return at once; it "
-                "carries the release after this command ends (`serve status` shows it)"
+                "with --canary: hand the guard to a service on the gateway's node (a Job in the cluster on "
+                "a Kueue stack) and return at once; it carries the release after this command ends (`serve "
+                "status` shows it)"
             ),
         ),
     ] = False,
