@@ -181,6 +181,24 @@ class ReleaseLock:
             raise self._refuse_from_live() from None
         self._resource_version = None
 
+    def take_back(self, holder: str) -> bool:
+        """The Lease this command handed to `holder` (hand_to) taken back, in one update guarded by the
+        resourceVersion read: where `holder` never started (its Job refused, or never unsuspended). False
+        where another holds it now (nothing of this command's to take back)."""
+        live = self.api.get(self.ref)
+        spec = (live or {}).get("spec") or {}
+        if live is None or spec.get("holderIdentity") != holder:
+            return False
+        manifest = self._manifest(self.now(), int(spec.get("leaseTransitions") or 0) + 1)
+        manifest["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"]
+        try:
+            answer = self.api.update(manifest)
+        except Conflict:
+            return False
+        self._resource_version = answer["metadata"]["resourceVersion"]
+        self._renewed = self.now()
+        return True
+
     def release(self) -> None:
         """Lets the Lease go at once (holder cleared), guarded as a renewal is."""
         if self._resource_version is None:

@@ -2,12 +2,14 @@
 (infra/serving/on_kubernetes.py), which hands the Lease to the Job and returns.
 
 In order: the guard's record written whole (phase `starting`, naming the Job: an older guard still
-writing it meets a 409 and stops); the Job's ConfigMaps, ServiceAccount, Role, RoleBinding and
-NetworkPolicy applied; the Lease handed to the Job's holder (never free in between: a `promote` as this
-command exits meets the Job); the Job applied; its objects then applied again naming the Job as their owner
-(infra/serving/guard_job_objects.py: they go with it once its TTL has passed). A command stopped between the
-hand-over and the Job leaves a Lease no one renews: it expires after its 60 s and the canary keeps its
-share unguarded (`serve status` shows the record at `starting`).
+writing it meets a 409 and stops); the Job applied suspended (`spec.suspend`: no pod yet); its ConfigMaps,
+ServiceAccount, Role, RoleBinding and NetworkPolicy applied naming it as their owner from their first apply
+(infra/serving/guard_job_objects.py: they go with it once its TTL has passed); the Lease handed to the Job's
+holder (never free in between: a `promote` as this command exits meets the Job); the Job unsuspended. Any
+of these refused: the Lease taken back from the Job, the Job and its objects deleted, the record written
+`stopped` with the reason, and the error names what is left and what to run. A command killed between the
+hand-over and the unsuspend leaves a suspended Job that owns its objects and a Lease no one renews (it
+expires after its 60 s); the canary keeps its share unguarded.
 """
 
 from __future__ import annotations
@@ -77,13 +79,67 @@ def start_guard_job(
     }
     _write_record(driver, {GUARD_RECORD_KEY: json.dumps(record)})
     *owned, job = objects
-    for manifest in owned:
-        driver.api.apply(manifest)
-    driver.lock.hand_to(holder)
-    created = driver.api.apply(job)
-    for manifest in owned:
-        driver.api.apply(owned_by(manifest, created))
+    handed = False
+    try:
+        created = driver.api.apply(suspended(job, True))
+        for manifest in owned:
+            driver.api.apply(owned_by(manifest, created))
+        driver.lock.hand_to(holder)
+        handed = True
+        driver.api.apply(suspended(job, False))
+    except ClusterError as error:
+        raise _not_started(driver, current, record, [*owned, job], holder, handed, error) from None
     return name
+
+
+def suspended(job: dict[str, Any], suspend: bool) -> dict[str, Any]:
+    """The Job with `spec.suspend` (batch/v1): applied suspended first, so that its objects are owned by it
+    from their first apply and no pod runs before the Lease is its."""
+    return {**job, "spec": {**job["spec"], "suspend": suspend}}
+
+
+def _not_started(
+    driver: ReleaseDriver,
+    current: ServingRelease,
+    record: dict[str, Any],
+    objects: list[dict[str, Any]],
+    holder: str,
+    handed: bool,
+    error: ClusterError,
+) -> ClusterError:
+    """A guard Job that could not be started undone, each part best effort: the Lease taken back from it
+    (this command's again, released as it exits), the Job and its objects deleted, the guard's record
+    written `stopped` with the reason; the error saying what is left and what to run."""
+    left: list[str] = []
+    if handed:
+        try:
+            if not driver.lock.take_back(holder):
+                left.append(f"the release lock of {driver.model}, which another command holds now")
+        except ClusterError:
+            left.append(f"the release lock of {driver.model}, held by {holder} until it expires (60 s)")
+    for manifest in reversed(objects):
+        ref = ObjectRef.of(manifest)
+        try:
+            driver.api.delete(ref)
+        except ClusterError:
+            left.append(f"{ref.kind} {ref.name}")
+    model = driver.model
+    reason = f"the guard Job {holder.removeprefix('job/')} was not started: {error.message.rstrip('.')}"
+    try:
+        _write_record(
+            driver, {GUARD_RECORD_KEY: json.dumps({**record, "phase": "stopped", "detail": reason})}
+        )
+    except ClusterError:
+        left.append(f"the guard's record {GUARD_RECORD} (it still reads `starting`)")
+    remains = f" Left in namespace {driver.namespace}: {', '.join(left)}." if left else ""
+    canary = (
+        f" The canary {current.canary.reference} keeps its {current.canary_percent} % unguarded: "
+        f"`gpuplat serve rollback {model}` takes it back, `gpuplat serve guard {model} --detach` tries "
+        "the guard Job again."
+        if current.canary is not None
+        else ""
+    )
+    return ClusterError(f"{reason}.{remains}{canary}")
 
 
 def _servers_up(driver: ReleaseDriver) -> tuple[int, int]:

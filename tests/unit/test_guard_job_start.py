@@ -15,6 +15,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -22,9 +23,9 @@ import pytest
 from infra.k8s.serving_apply import ClusterApi
 from infra.k8s.serving_versions import ServingRelease
 from infra.serving.guard_job import GUARD_RECORD, SUPERSEDED_EXIT
-from infra.serving.guard_job_objects import CODE_KEY, PLAN_KEY
+from infra.serving.guard_job_objects import CODE_KEY, PLAN_KEY, guard_name
 from infra.serving.registry.mlflow import ModelVersion
-from tests.k8s_api_fake import FakeCluster, rolls_out
+from tests.k8s_api_fake import FakeCluster, Request, rolls_out
 from tests.k8s_schemas import assert_accepted
 from tests.unit.test_hostile_input import run_cli
 from tests.unit.test_serve_on_kubernetes import LEASE, NS, V1, V2, running
@@ -149,3 +150,57 @@ def test_the_jobs_code_runs_on_a_python_without_the_clis_dependencies(
     )
     assert ran.returncode == 2, (ran.stdout, ran.stderr)
     assert "KUBERNETES_SERVICE_HOST" in ran.stdout and not ran.stderr, (ran.stdout, ran.stderr)
+
+
+@pytest.mark.parametrize("refused_at", ["apply", "unsuspend"])
+def test_a_job_refused_leaves_no_lease_handed_no_unowned_objects_and_a_stopped_record(
+    cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch, refused_at: str
+) -> None:
+    """The Job's first apply (suspended) refused, or its unsuspend after the Lease was handed to it: the
+    Lease is not left to a Job that never runs, its objects are not left unowned, the record says why."""
+    monkeypatch.setattr(
+        "infra.serving.guard_job_start.secrets", SimpleNamespace(token_hex=lambda _n: "abc123")
+    )
+    name = guard_name("embedder", "abc123")
+    job_path = f"{BATCH}/{name}"
+    running(cluster, ServingRelease(V1), 2)
+    patches: list[object] = []
+
+    def refuse_the_job(request: Request, fake: FakeCluster) -> None:
+        rolls_out(request, fake)
+        if request.verb == "PATCH" and request.path == job_path:
+            patches.append(request.body)
+            if refused_at == "apply" or request.body["spec"].get("suspend") is False:
+                fake.refuse[("PATCH", job_path)] = (403, "jobs.batch is forbidden")
+
+    cluster.before = refuse_the_job
+    run = run_cli(
+        "serve",
+        "deploy",
+        "embedder@2",
+        "--canary",
+        "5",
+        "--detach",
+        "--stack",
+        "aws-k8s",
+        "--registry-url",
+        "r",
+    )
+    assert run.code != 0 and run.clean, run.err
+    # One paragraph, after the progress lines: what was not started, why, what to run.
+    paragraph = run.err.strip().split("\nerror: ")[-1]
+    assert "\n" not in paragraph and f"the guard Job {name} was not started" in paragraph, run.err
+    assert "gpuplat serve rollback embedder" in paragraph, run.err
+    assert patches and patches[0]["spec"]["suspend"] is True  # type: ignore[index]
+    lease = cluster.objects[LEASE]["spec"]
+    assert lease.get("holderIdentity") != f"job/{name}", lease
+    record = json.loads(
+        cluster.objects[f"/api/v1/namespaces/{NS}/configmaps/{GUARD_RECORD}"]["data"]["guard"]
+    )
+    assert record["phase"] == "stopped" and "forbidden" in record["detail"], record
+    for kind in ("jobs", "configmaps", "serviceaccounts", "roles", "rolebindings", "networkpolicies"):
+        assert all(obj["metadata"].get("ownerReferences") for obj in _objects(cluster, kind)), kind
+    assert job_path not in cluster.objects
+    # The model is not locked: the next command goes on at once.
+    again = run_cli("serve", "rollback", "embedder", "--stack", "aws-k8s")
+    assert "held by" not in again.err, again.err
