@@ -52,6 +52,8 @@ ENDED = ("promote-ready", "rollback", "rolled back", "inconclusive", "gated", "p
 """the record's phases after which a restarted pod has nothing left to do"""
 POLL_S = 2.0
 SUPERSEDED_EXIT = 10
+INTERRUPTED = "interrupted"
+"""the record's phase once a pod stopped on an error the Job retries (not ended: the next pod resumes)"""
 """the exit code of a guard another command or guard took the release from (its Lease, its records): the
 Job's pod failure policy fails the Job on it rather than starting the pod again (as on a plan it cannot
 read, exit 2); any other failure is retried up to the Job's backoffLimit"""
@@ -343,12 +345,24 @@ def run(api: KubeHttp, plan: JobPlan, **options: Any) -> int:
         carried.say(error.message)
         if isinstance(error, ReleaseLocked | Superseded):
             return SUPERSEDED_EXIT
+        _record_interrupted(carried, plan, error)
         return int(error.exit_code)
     carried.say(f"{verdict.action}: {verdict.reason}")
     # Let go at once, so that the operator's `promote` or `rollback` need not wait for it to expire.
     with contextlib.suppress(ClusterError):
         lock.release()
     return 0
+
+
+def _record_interrupted(carried: JobCarried, plan: JobPlan, error: GpuPlatError) -> None:
+    """Best effort, where this pod read the record and still holds the Lease: the record says why the pod
+    stopped (`serve status` shows it). Not an ended phase: the Job's next pod, if any, resumes."""
+    if carried.state_version is None:
+        return
+    last = carried.state.get(GUARD_RECORD_KEY) or {}
+    detail = f"the guard's pod stopped ({error.message}); the Job starts another up to its backoffLimit"
+    with contextlib.suppress(GpuPlatError):
+        carried.record(plan.model, INTERRUPTED, detail, last.get("canary_percent"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -270,11 +270,11 @@ class KubernetesServing:
 
     def status(self) -> KubernetesStatus:
         current, _ = read_record(self.api, self.namespace)
-        return KubernetesStatus(
-            current,
-            list(running_replicas(self.api, self.namespace)),
-            read_guard_record(self.api, self.namespace),
-        )
+        guard = read_guard_record(self.api, self.namespace)
+        by = str((guard or {}).get("by") or "")
+        if guard is not None and by.startswith("job/"):
+            guard = {**guard, "job_state": guard_job_state(self.api, self.namespace, by.removeprefix("job/"))}
+        return KubernetesStatus(current, list(running_replicas(self.api, self.namespace)), guard)
 
     # The canary's guard in the foreground
 
@@ -437,6 +437,28 @@ def guard_record_manifest(namespace: str, state: dict[str, Any]) -> dict[str, An
         },
         "data": {GUARD_RECORD_KEY: json.dumps(state)},
     }
+
+
+def guard_job_state(api: ClusterApi, namespace: str, name: str) -> str:
+    """What the guard Job the record names is now, which its record cannot say once its pod is gone: failed
+    (the reason of its Failed condition: DeadlineExceeded, BackoffLimitExceeded, PodFailurePolicy), gone
+    (deleted, or removed after its TTL), complete, suspended or running; unread where this identity may not
+    get Jobs."""
+    try:
+        job = api.get(ObjectRef("batch/v1", "Job", name, namespace))
+    except ClusterError as error:
+        return f"unread ({error.message})"
+    if job is None:
+        return "gone"
+    for condition in (job.get("status") or {}).get("conditions") or []:
+        if condition.get("status") != "True":
+            continue
+        if condition.get("type") == "Failed":
+            said = f": {condition['message']}" if condition.get("message") else ""
+            return f"failed ({condition.get('reason') or 'no reason given'}{said})"
+        if condition.get("type") == "Complete":
+            return "complete"
+    return "suspended" if (job.get("spec") or {}).get("suspend") else "running"
 
 
 def read_guard_record(api: ClusterApi, namespace: str) -> dict[str, Any] | None:

@@ -362,3 +362,21 @@ def test_a_refused_token_is_one_paragraph_naming_the_call_and_the_guards_role(
     assert said[-1].startswith("the Kubernetes API at http://127.0.0.1:"), said
     assert "refused GET on leases.coordination.k8s.io" in said[-1] and "HTTP 401" in said[-1], said
     assert "Traceback" not in "".join(said)
+
+
+def test_a_pod_stopped_by_an_error_says_so_in_the_record_and_the_next_pod_resumes(
+    tmp_path: Path, cluster: FakeCluster, bridge: ApiBridge, clock: Clock, release: Any
+) -> None:
+    """An error the Job retries (its rollback's patch refused): the record says why the pod stopped, in a
+    phase that is not an end, so that `serve status` does not show the last look's phase forever."""
+    plan, _pods = release(Traffic(clock, canary_errors=1.0))
+    cluster.refuse[("PATCH", f"{CONFIGMAPS}/gateway-haproxy")] = (403, "configmaps is forbidden")
+    said: list[str] = []
+    assert run(job_api(bridge, tmp_path), plan, sleep=clock.sleep, say=said.append) == 4
+    record = read_guard_record(ClusterApi(cluster.client()), NS)
+    assert record is not None and record["phase"] == "interrupted", record
+    assert "configmaps is forbidden" in record["detail"] and record["canary_percent"] == 20, record
+    del cluster.refuse[("PATCH", f"{CONFIGMAPS}/gateway-haproxy")]
+    assert run(job_api(bridge, tmp_path), plan, sleep=clock.sleep) == 0
+    record = read_guard_record(ClusterApi(cluster.client()), NS)
+    assert record is not None and record["phase"] == "rolled back", record

@@ -204,3 +204,26 @@ def test_a_job_refused_leaves_no_lease_handed_no_unowned_objects_and_a_stopped_r
     # The model is not locked: the next command goes on at once.
     again = run_cli("serve", "rollback", "embedder", "--stack", "aws-k8s")
     assert "held by" not in again.err, again.err
+
+
+def test_status_reads_the_guard_job_the_record_names_failed_or_gone(cluster: FakeCluster) -> None:
+    """The record stays at its last phase when the Job fails or is deleted: `serve status` says so."""
+    running(cluster, ServingRelease(V1, canary=V2, canary_percent=20), 2)
+    assert run_cli("serve", "guard", "embedder", "--detach", "--stack", "aws-k8s").code == 0
+    (job,) = _objects(cluster, "jobs")
+    path = f"{BATCH}/{job['metadata']['name']}"
+    status = run_cli("serve", "status", "embedder", "--stack", "aws-k8s")
+    assert status.code == 0 and "; its Job: running" in status.out, status.out
+    failed = {
+        "type": "Failed",
+        "status": "True",
+        "reason": "DeadlineExceeded",
+        "message": "Job was active longer",
+    }
+    cluster.objects[path]["status"] = {"conditions": [failed]}
+    status = run_cli("serve", "status", "embedder", "--stack", "aws-k8s")
+    assert "guard: starting at 20 %" in status.out, status.out
+    assert "its Job: failed (DeadlineExceeded: Job was active longer)" in status.out, status.out
+    del cluster.objects[path]
+    status = run_cli("serve", "status", "embedder", "--stack", "aws-k8s", "--json")
+    assert status.code == 0 and json.loads(status.out)["guard"]["job_state"] == "gone", status.out

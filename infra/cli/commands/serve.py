@@ -424,7 +424,9 @@ def _status_on_kubernetes(kubernetes: KubernetesServing, model: str, json_output
         escape(f"serving {model} on {kubernetes.platform.name}: stable {shown['stable']}{canary}{retiring}")
     )
     if shown["guard"] is not None:
-        output.stdout().print(escape(_record_line("guard", shown["guard"])))
+        job = shown["guard"].get("job_state")
+        job_line = f"; its Job: {job}" if job else ""
+        output.stdout().print(escape(_record_line("guard", shown["guard"]) + job_line))
     output.stdout().print(
         output.table(
             "what each model-server pod runs",
