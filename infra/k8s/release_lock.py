@@ -223,20 +223,28 @@ class ReleaseLock:
 # --------------------------------------------------------------------------------- the release record
 
 
-def still_held(lock: ReleaseLock, before: str, say: Callable[[str], None]) -> None:
+def still_held(
+    lock: ReleaseLock,
+    before: str,
+    say: Callable[[str], None],
+    taken: Callable[[str], Exception] | None = None,
+) -> None:
     """Before a guard's change: the Lease read again and renewed, due or not (a guard stalled past it, whose
     own renewal was not due by its clock, must not change what the new holder carries). A read the API
     does not answer (a 429, a 5xx) is no verdict on the Lease: while the guard's last renewal is within its
-    duration no other command can hold it, and the change (a due rollback) goes on."""
+    duration no other command can hold it, and the change (a due rollback) goes on. `taken`: the error
+    raised where another holds it now (the guard Job's Superseded, exit 10), given what to say."""
     try:
         lock.renew(force=True)
-    except ReleaseLocked as taken:
-        raise GpuPlatError(
-            f"the guard of '{lock.model}' lost its release lock ({taken.message}) and stopped before "
+    except ReleaseLocked as locked:
+        said = (
+            f"the guard of '{lock.model}' lost its release lock ({locked.message}) and stopped before "
             f"{before}: the command that holds it now carries the release (`gpuplat serve status "
-            f"{lock.model}`)",
-            exit_code=ExitCode.NO_VERDICT,
-        ) from None
+            f"{lock.model}`)"
+        )
+        if taken is not None:
+            raise taken(said) from None
+        raise GpuPlatError(said, exit_code=ExitCode.NO_VERDICT) from None
     except ClusterError as error:
         if not lock.unexpired():
             raise GpuPlatError(
@@ -251,14 +259,22 @@ def still_held(lock: ReleaseLock, before: str, say: Callable[[str], None]) -> No
         )
 
 
-def lost_at_look(lock: ReleaseLock, say: Callable[[str], None]) -> bool:
+def lost_at_look(
+    lock: ReleaseLock, say: Callable[[str], None], taken: Callable[[str], Exception] | None = None
+) -> bool:
     """The Lease read and renewed at a guard's look: False while it is the guard's, True once another holds
     it, so that a guard stalled past it stops at its next look. A read or renewal the API did not answer (a
     429, a 5xx, no route) is no verdict on the Lease: held while its last renewal's duration lasts (the
-    look goes on, its own reads under the three-failed-looks rule), lost after."""
+    look goes on, its own reads under the three-failed-looks rule), lost after. `taken`: the error raised
+    instead of True where another holds it now (the guard Job's Superseded, exit 10)."""
     try:
         lock.renew(force=True)
-    except ReleaseLocked:
+    except ReleaseLocked as locked:
+        if taken is not None:
+            raise taken(
+                f"the guard of '{lock.model}' found its release lock taken at a look ({locked.message}): "
+                f"it stopped, leaving the release to that command (`gpuplat serve status {lock.model}`)"
+            ) from None
         return True
     except ClusterError as error:
         if not lock.unexpired():

@@ -35,6 +35,11 @@ LOOK_TRIES = 3
 """looks in a row the guard may fail to read the counters (or add them) before it gives up, exit 5"""
 
 
+class Stopped(GpuPlatError):
+    """An error that ends the guard at once (another command carries the release now): never counted as a
+    failed look."""
+
+
 class Step(Protocol):
     """One of serving.canary.steps (infra/spec/models.py CanaryStep) as the loop reads it."""
 
@@ -360,6 +365,8 @@ def analyse(
             if not release.has_canary(model):
                 return Verdict("gone", f"'{model}' has no canary any more")
             verdict = watch.look(clock(), *release.counters())
+        except Stopped:
+            raise
         except (GpuPlatError, ValueError, KeyError) as error:
             failed += 1
             reason = error.message if isinstance(error, GpuPlatError) else f"{type(error).__name__}: {error}"

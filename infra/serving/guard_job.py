@@ -59,7 +59,7 @@ Job's pod failure policy fails the Job on it rather than starting the pod again 
 read, exit 2); any other failure is retried up to the Job's backoffLimit"""
 
 
-class Superseded(GpuPlatError):
+class Superseded(carry.Stopped):
     """Another command or guard carries the release now."""
 
 
@@ -302,10 +302,10 @@ class JobCarried:
         self._write_state()
 
     def lock_lost(self, model: str) -> bool:
-        return lost_at_look(self.lock, self.say)
+        return lost_at_look(self.lock, self.say, Superseded)
 
     def _still_held(self, before: str) -> None:
-        still_held(self.lock, before, self.say)
+        still_held(self.lock, before, self.say, Superseded)
 
     # carry.Keeping
 

@@ -380,3 +380,27 @@ def test_a_pod_stopped_by_an_error_says_so_in_the_record_and_the_next_pod_resume
     assert run(job_api(bridge, tmp_path), plan, sleep=clock.sleep) == 0
     record = read_guard_record(ClusterApi(cluster.client()), NS)
     assert record is not None and record["phase"] == "rolled back", record
+
+
+def test_a_lease_taken_at_a_look_ends_the_job_with_the_superseded_exit(
+    tmp_path: Path, cluster: FakeCluster, bridge: ApiBridge, clock: Clock, release: Any
+) -> None:
+    """The pod stalled past its Lease and an operator's command took it: exit 10 (the pod failure policy
+    fails the Job at once, no retry), not 5, and the record is left to that command."""
+    plan, _pods = release(Traffic(clock))
+    api = ClusterApi(cluster.client())
+    looks = 0
+
+    def taken_at_the_second(seconds: float) -> None:
+        nonlocal looks
+        looks += 1
+        clock.sleep(seconds)
+        if looks == 2:
+            clock.sleep(120)
+            ReleaseLock(api, NS, "embedder", "ops@laptop pid 9 cd34", now=api.server_now).acquire()
+
+    said: list[str] = []
+    assert run(job_api(bridge, tmp_path), plan, sleep=taken_at_the_second, say=said.append) == SUPERSEDED_EXIT
+    assert "ops@laptop" in said[-1] and not any("look failed" in line for line in said), said
+    record = read_guard_record(api, NS)
+    assert record is not None and record["phase"] != "interrupted", record
