@@ -35,6 +35,40 @@ def no_unforeseen_crash(
     assert not logs, "the CLI crashed (a gpuplat bug):\n" + logs[0].read_text()[-2000:] if logs else ""
 
 
+class CountedPace:
+    """The retries' clock in tests (infra/k8s/api_retry.py Pace): a wait advances it and is counted, nothing
+    sleeps; the jitter is its middle."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.waits: list[float] = []
+
+    def sleep(self, seconds: float) -> None:
+        self.waits.append(seconds)
+        self.now += seconds
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def draw(self) -> float:
+        return 0.5
+
+
+@pytest.fixture(autouse=True)
+def api_retries_sleep_not(monkeypatch: pytest.MonkeyPatch) -> CountedPace:
+    """Every Kubernetes API client a test makes waits between its retries by a counted clock, not the
+    real one; a test that reads the waits asks for this fixture."""
+    from infra.k8s import api_retry
+
+    counted = CountedPace()
+    monkeypatch.setattr(
+        api_retry,
+        "default_pace",
+        lambda: api_retry.Pace(counted.sleep, counted.monotonic, counted.draw),
+    )
+    return counted
+
+
 def stack_document(name: str) -> dict[str, Any]:
     return yaml.safe_load(stack_file(name).read_text())
 

@@ -44,6 +44,22 @@ class Conflict(ClusterError):
     pass
 
 
+class Unavailable(ClusterError):
+    """A call the API did not carry out, or may not have: a 429 or a 5xx (`status`), or no answer
+    (`status` None: a reset connection, a timeout, a refused connection). `retry_after`: the answer's
+    Retry-After in seconds, where it gave one."""
+
+    def __init__(self, message: str, status: int | None = None, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retry_after = retry_after
+
+    @property
+    def may_have_happened(self) -> bool:
+        """A 429 was refused before any handler ran; a 5xx or a lost answer may have come after the write."""
+        return self.status != 429
+
+
 @dataclass(frozen=True)
 class ObjectRef:
     api_version: str
@@ -73,13 +89,25 @@ class ObjectRef:
         return f"{self.kind} {self.namespace + '/' if self.namespace else ''}{self.name}"
 
 
-def refusal(status: int, said: str, verb: str, ref: ObjectRef, server: str, forbidden: str) -> ClusterError:
+def refusal(
+    status: int,
+    said: str,
+    verb: str,
+    ref: ObjectRef,
+    server: str,
+    forbidden: str,
+    retry_after: float | None = None,
+) -> ClusterError:
     """The error for an API server's refusal with HTTP `status` (`said`: its Status message); `forbidden`:
-    the paragraph for a 401 or 403, which names whose identity lacks the verb."""
+    the paragraph for a 401 or 403, which names whose identity lacks the verb; a 429 or a 5xx is
+    Unavailable (infra/k8s/api_retry.py tries it again), with the answer's Retry-After."""
     if status == 404:
         return NotFound(f"{ref} not found at {server}: {said}")
     if status == 409:
         return Conflict(f"{ref}: {said}")
     if status in (401, 403):
         return ClusterError(forbidden)
-    return ClusterError(f"the Kubernetes API at {server} answered HTTP {status} to {verb} {ref}: {said}")
+    answered = f"the Kubernetes API at {server} answered HTTP {status} to {verb} {ref}: {said}"
+    if status == 429 or status >= 500:
+        return Unavailable(answered, status, retry_after)
+    return ClusterError(answered)

@@ -166,6 +166,13 @@ class ReleaseLock:
         server's clock as last heard): no other command can have taken it yet, read or not."""
         return self._renewed is not None and self.now() - self._renewed < timedelta(seconds=self.duration_s)
 
+    def seconds_left(self) -> float | None:
+        """The seconds before this command's Lease expires unless renewed, by the API server's clock as last
+        heard (what bounds the retries of its calls: infra/k8s/api_retry.py); None while it holds none."""
+        if self._resource_version is None or self._renewed is None:
+            return None
+        return self.duration_s - (self.now() - self._renewed).total_seconds()
+
     def hand_to(self, holder: str) -> None:
         """The Lease given to `holder` (the guard Job this command starts) in one update guarded as a
         renewal is: never free in between, so that no other command takes the release as this one exits."""

@@ -29,13 +29,23 @@ from typing import Any
 
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
-from urllib3.exceptions import HTTPError
+from urllib3.exceptions import (
+    HTTPError,
+    LocationValueError,
+    MaxRetryError,
+    NameResolutionError,
+    NewConnectionError,
+    ProtocolError,
+)
+from urllib3.exceptions import SSLError as Urllib3SSLError
+from urllib3.exceptions import TimeoutError as Urllib3Timeout
 
 from infra.k8s.api_refs import ClusterError as ClusterError
 from infra.k8s.api_refs import Conflict as _Conflict
 from infra.k8s.api_refs import NotFound as _NotFound
 from infra.k8s.api_refs import ObjectRef as ObjectRef
-from infra.k8s.api_refs import refusal
+from infra.k8s.api_refs import Unavailable, refusal
+from infra.k8s.api_retry import Retrier, retry_after_s, unanswered
 from infra.k8s.facts import ClusterFacts
 from infra.k8s.objects import LABEL_COMPONENT, serving_namespace
 from infra.k8s.release_lock import LEASE_DURATION_S as LEASE_DURATION_S
@@ -76,11 +86,13 @@ _VERBS = {"GET": "get", "PATCH": "patch", "POST": "create", "PUT": "update", "DE
 
 class ClusterApi:
     """The few calls a release makes, through the official client's ApiClient (its configuration: a
-    kubeconfig or the in-cluster account), each failure turned into one paragraph."""
+    kubeconfig or the in-cluster account), each under the retry policy of infra/k8s/api_retry.py (`retry`,
+    bounded by the Lease the command holds once it holds one), each failure turned into one paragraph."""
 
-    def __init__(self, client: ApiClient) -> None:
+    def __init__(self, client: ApiClient, retry: Retrier | None = None) -> None:
         self.client = client
         self._server_clock: tuple[datetime, float] | None = None
+        self.retry = retry or Retrier()
 
     def server_now(self) -> datetime:
         """The API server's time: the Date header of its last answer (Go's net/http server writes one on
@@ -104,6 +116,26 @@ class ClusterApi:
         return str(self.client.configuration.host)
 
     def _call(
+        self,
+        verb: str,
+        path: str,
+        ref: ObjectRef,
+        *,
+        query: list[tuple[str, str]] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        """One call under the retry policy; a write's body and its object's read, for a 409 after a try
+        that was not answered (api_retry.Retrier.call)."""
+        write = verb in ("POST", "PUT", "PATCH") and isinstance(body, Mapping)
+        return self.retry.call(
+            f"{verb} {ref}",
+            lambda: self._once(verb, path, ref, query=query, body=body, content_type=content_type),
+            sent=body if write else None,
+            read_back=(lambda: self.get(ref)) if write else None,
+        )
+
+    def _once(
         self,
         verb: str,
         path: str,
@@ -158,11 +190,12 @@ class ClusterApi:
             self._note_server_clock(error.headers)
             raise _refused(error, verb, ref, self.server, subresource) from None
         except (HTTPError, OSError) as error:
-            raise ClusterError(
+            said = (
                 f"the Kubernetes API at {self.server} cannot be reached ({type(error).__name__}: {error}). "
                 "Check the kubeconfig gpuplat read (KUBECONFIG, else ~/.kube/config; `aws eks "
                 "update-kubeconfig` on an EKS stack) and that this machine has a route to the API server"
-            ) from None
+            )
+            raise (Unavailable(said) if _unanswered(error) else ClusterError(said)) from None
 
     def pod_text(self, namespace: str, pod: str, port: int, path: str) -> str:
         """What a pod's server answers at `path` on `port`, through the API server's proxy (GET
@@ -173,6 +206,8 @@ class ClusterApi:
         endpoints/request/requestinfo.go at v1.34.0, NewRequestInfo: specialVerbs "proxy", "watch";
         Parts[2] the subresource)."""
         ref = ObjectRef("v1", "Pod", pod, namespace)
+        # One try: a pod that does not answer is left out of this look, and the look is the guard's to
+        # retry (the next one, LOOK_S later), not the API client's.
         proxied = f"{ObjectRef('v1', 'Pod', f'{pod}:{port}', namespace).path()}/proxy/{path.lstrip('/')}"
         response = self._answer("GET", proxied, ref, subresource="proxy")
         self._note_server_clock(response.getheaders())
@@ -241,7 +276,24 @@ def _refused(
         f"({ref}): HTTP {error.status}, {said}. The identity in the kubeconfig needs that verb on that "
         "resource in the serving namespace (docs/serving.md, On Kubernetes)"
     )
-    return refusal(int(error.status or 0), said, verb, ref, server, forbidden)
+    retry_after = retry_after_s(
+        next((v for k, v in (error.headers or {}).items() if k.lower() == "retry-after"), None)
+    )
+    return refusal(int(error.status or 0), said, verb, ref, server, forbidden, retry_after)
+
+
+def _unanswered(error: BaseException) -> bool:
+    """Whether the official client's transport (urllib3 2.x, its own retries off: infra/serving/
+    on_kubernetes.py connect) failed in a way that may pass on a second try (api_retry.unanswered):
+    a connection reset or cut short (ProtocolError, wrapping the socket's error), refused (NewConnectionError)
+    or timed out; not a TLS failure nor a name that does not resolve."""
+    if isinstance(error, MaxRetryError) and error.reason is not None:
+        error = error.reason
+    if isinstance(error, Urllib3SSLError | NameResolutionError | LocationValueError):
+        return False
+    if isinstance(error, ProtocolError | NewConnectionError | Urllib3Timeout):
+        return True
+    return unanswered(error)
 
 
 def _version(data: Any) -> ServedVersion | None:

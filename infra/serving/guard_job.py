@@ -324,6 +324,8 @@ class JobCarried:
 def run(api: KubeHttp, plan: JobPlan, **options: Any) -> int:
     """The guard's whole life in its pod; the exit code the Job's pod failure policy reads."""
     lock = ReleaseLock(api, plan.namespace, plan.model, plan.holder, now=api.server_now)
+    # No call is retried past the Lease: a guard whose Lease may have passed to another stops (api_retry).
+    api.retry.bound = lock.seconds_left
     carried = JobCarried(api, plan, lock, **options)
     try:
         lock.acquire()

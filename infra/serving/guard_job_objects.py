@@ -48,6 +48,7 @@ MODULES = (
     "errors/__init__.py",
     "k8s/__init__.py",
     "k8s/api_refs.py",
+    "k8s/api_retry.py",
     "k8s/release_lock.py",
     "k8s/rollout.py",
     "k8s/serving_versions.py",

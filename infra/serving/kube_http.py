@@ -12,11 +12,15 @@ reference/access-authn-authz/service-accounts-admin.md, v1.34):
   hour and refreshed at 80 % of that), "the application is responsible for reloading the token when it
   rotates": it is read again for every call;
 - server-side apply is a PATCH with `application/apply-patch+yaml`; JSON is YAML, so the body is JSON.
+
+Every call goes through infra/k8s/api_retry.py, the policy the CLI's calls follow too (429 and 5xx
+answers, and answers that never came, tried again within bounds that never outlast the guard's Lease).
 """
 
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import ssl
@@ -30,7 +34,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-from infra.k8s.api_refs import ClusterError, NotFound, ObjectRef, refusal
+from infra.k8s.api_refs import ClusterError, NotFound, ObjectRef, Unavailable, refusal
+from infra.k8s.api_retry import Retrier, retry_after_s, unanswered
 
 ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
@@ -48,6 +53,8 @@ class KubeHttp:
         self.manager = manager
         self._context = ssl.create_default_context(cafile=str(ca)) if ca is not None else None
         self._server_clock: tuple[datetime, float] | None = None
+        self.retry = Retrier()
+        """the policy every call follows; the guard bounds it by its Lease (retry.bound)"""
 
     @classmethod
     def in_cluster(cls, manager: str) -> KubeHttp:
@@ -82,6 +89,25 @@ class KubeHttp:
         body: Any = None,
         content_type: str = "application/json",
     ) -> dict[str, Any]:
+        """One call under the retry policy; a write's body and its object's read, for a 409 after a try
+        that was not answered (api_retry.Retrier.call)."""
+        write = verb != "GET" and isinstance(body, Mapping)
+        return self.retry.call(
+            f"{verb} {ref}",
+            lambda: self._once(verb, ref, path, query, body, content_type),
+            sent=body if write else None,
+            read_back=(lambda: self.get(ref)) if write else None,
+        )
+
+    def _once(
+        self,
+        verb: str,
+        ref: ObjectRef,
+        path: str,
+        query: Mapping[str, str] | None,
+        body: Any,
+        content_type: str,
+    ) -> dict[str, Any]:
         try:
             token = self.token.read_text().strip()
         except OSError as error:
@@ -104,10 +130,14 @@ class KubeHttp:
         except urllib.error.HTTPError as error:
             self._note_server_clock(error.headers.get("Date"))
             raise _refused(error, verb, ref, self.base) from None
-        except (OSError, ValueError) as error:  # URLError is an OSError; so are timeouts and TLS failures
-            raise ClusterError(
-                f"the Kubernetes API at {self.base} cannot be reached ({type(error).__name__}: {error})"
-            ) from None
+        except (OSError, ValueError, http.client.HTTPException) as error:
+            # URLError is an OSError (its reason the socket's error); so are timeouts and TLS failures. An
+            # answer cut short (IncompleteRead) is an HTTPException only.
+            cause = error.reason if isinstance(error, urllib.error.URLError) else error
+            said = f"the Kubernetes API at {self.base} cannot be reached ({type(error).__name__}: {error})"
+            if isinstance(cause, BaseException) and unanswered(cause):
+                raise Unavailable(f"{said} at {verb} {ref}") from None
+            raise ClusterError(said) from None
         try:
             found = json.loads(text) if text else {}
         except ValueError:
@@ -151,7 +181,8 @@ def _refused(error: urllib.error.HTTPError, verb: str, ref: ObjectRef, server: s
         f"{said}. The guard's Role (gpuplat-serve-guard-MODEL-ID) grants only what the guard needs: "
         "docs/serving.md, The guard Job on Kubernetes"
     )
-    return refusal(error.code, said, verb, ref, server, forbidden)
+    retry_after = retry_after_s(error.headers.get("Retry-After") if error.headers else None)
+    return refusal(error.code, said, verb, ref, server, forbidden, retry_after)
 
 
 def read_pod(address: str, port: int, path: str) -> str:

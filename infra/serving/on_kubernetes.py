@@ -12,6 +12,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
+from kubernetes.client import Configuration
 from kubernetes.config import ConfigException, new_client_from_config
 
 from infra.errors import ExitCode, GpuPlatError, SpecError
@@ -76,10 +77,19 @@ def connect(platform: ResolvedPlatform) -> ClusterApi:
     # does (KubeConfigMerger).
     config_file = (k8s.kubeconfig if k8s is not None else None) or os.environ.get("KUBECONFIG") or None
     context = k8s.context if k8s is not None else None
+    # urllib3's own retries off (the client hands `retries` to its pool: kubernetes/client/rest.py,
+    # RESTClientObject, kubernetes 36.0.3): every call follows infra/k8s/api_retry.py's policy alone.
+    configuration = Configuration()
+    configuration.retries = False
     try:
         # persist_config off: a refreshed token is never written back into the user's kubeconfig.
         return ClusterApi(
-            new_client_from_config(config_file=config_file, context=context, persist_config=False)
+            new_client_from_config(
+                config_file=config_file,
+                context=context,
+                persist_config=False,
+                client_configuration=configuration,
+            )
         )
     except (ConfigException, OSError, TypeError, ValueError) as error:
         where = config_file or "$KUBECONFIG, else ~/.kube/config"
@@ -181,6 +191,8 @@ class KubernetesServing:
     @contextmanager
     def _release(self, model: str) -> Iterator[tuple[ServingRelease | None, ReleaseDriver]]:
         lock = ReleaseLock(self.api, self.namespace, model, default_holder(), now=self.api.server_now)
+        # No call is retried past the Lease this command holds (infra/k8s/api_retry.py).
+        self.api.retry.bound = lock.seconds_left
         lock.acquire()
         try:
             current, uri = read_record(self.api, self.namespace)

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from infra.errors import GpuPlatError
+from infra.k8s.api_retry import ATTEMPTS
 from infra.k8s.serving import CANARY_BACKEND, GATEWAY_BACKEND, version_track_names
 from infra.k8s.serving_apply import Clock as DriverClock
 from infra.k8s.serving_apply import ClusterApi, ReleaseLocked, read_record
@@ -491,18 +492,22 @@ def lease_read_refused(code: int, from_read: int, reads: int) -> Callable[[Reque
 
 
 @pytest.mark.parametrize("code", [429, 500])
-def test_a_lease_read_the_api_does_not_answer_once_is_not_the_end_of_the_guard(
-    tmp_path: Path, cluster: FakeCluster, clock: Clock, code: int
+@pytest.mark.parametrize("reads", [1, ATTEMPTS])
+def test_a_lease_read_the_api_does_not_answer_is_not_the_end_of_the_guard(
+    tmp_path: Path, cluster: FakeCluster, clock: Clock, code: int, reads: int
 ) -> None:
-    """One look's read of the Lease refused (throttled, or the API server restarting): the Lease renewed a
+    """One look's read of the Lease refused (throttled, or the API server restarting): once, it is tried
+    again (infra/k8s/api_retry.py) and the look goes on unaware; every try of the call, the Lease renewed a
     look ago is still this command's for its duration, and the guard goes on to its verdict."""
     in_canary(cluster, Traffic(clock, canary_errors=1.0))
     cluster.server_now = lambda: datetime(2026, 12, 7, tzinfo=UTC) + timedelta(seconds=clock.now)
-    cluster.before = lease_read_refused(code, from_read=3, reads=1)
+    cluster.before = lease_read_refused(code, from_read=3, reads=reads)
     said: list[str] = []
     verdict = serving(load_platform(stepped_stack(tmp_path)), cluster, clock, said).guard("embedder", None)
     assert verdict.action == ROLLBACK, verdict
-    assert any("not renewed at this look" in line for line in said), said
+    unrenewed = [line for line in said if "not renewed at this look" in line]
+    assert len(unrenewed) == (reads == ATTEMPTS), said
+    assert all(" tries in " in line for line in unrenewed), unrenewed
 
 
 def test_a_lease_the_api_does_not_answer_for_longer_than_its_duration_is_lost_exit_5(
