@@ -38,6 +38,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from kubernetes.client import ApiClient, Configuration
+from urllib3.exceptions import ProtocolError
 
 from tests.k8s_schemas import assert_accepted
 
@@ -162,6 +163,10 @@ class FakeCluster:
     requests: list[Request] = field(default_factory=list)
     refuse: dict[tuple[str, str], tuple[int, str]] = field(default_factory=dict)
     """(verb, path) -> (status, message) answered instead."""
+    refuse_headers: dict[str, str] = field(default_factory=dict)
+    """headers sent with every refusal of `refuse` (a 429's Retry-After)"""
+    lose_answer: set[tuple[str, str]] = field(default_factory=set)
+    """(verb, path) carried out once, its answer then lost: the connection reset (each entry used once)"""
     before: Callable[[Request, FakeCluster], None] | None = None
     """Runs before each request is answered: another client's writes, a controller's progress."""
     unreachable: Exception | None = None
@@ -264,17 +269,25 @@ class FakeCluster:
         if (method, parts.path) in self.refuse:
             code, message = self.refuse[(method, parts.path)]
             reason = {403: "Forbidden", 404: "NotFound", 409: "Conflict"}.get(code, "InternalError")
-            return Response(code, status(code, reason, message), reason)
+            refused = Response(code, status(code, reason, message), reason)
+            refused.headers.update(self.refuse_headers)
+            return self._dated(refused)
         proxied = _POD_PROXY.match(parts.path)
         answer = (
             self._proxy(request, *proxied.groups())
             if proxied
             else getattr(self, f"_{method.lower()}")(request)
         )
+        if (method, parts.path) in self.lose_answer:
+            self.lose_answer.discard((method, parts.path))
+            raise lost_connection()
         if isinstance(answer, dict) and answer.get("kind") not in ("Status", None):
             for item in answer.get("items", [answer]):
                 assert_accepted(item)
-        response = answer if isinstance(answer, Response) else Response(200, answer)
+        return self._dated(answer if isinstance(answer, Response) else Response(200, answer))
+
+    def _dated(self, response: Response) -> Response:
+        """Every answer, a refusal too, carries the Date header (Go's net/http server writes one)."""
         if self.server_now is not None:
             response.headers["Date"] = format_datetime(self.server_now(), usegmt=True)
         return response
@@ -407,6 +420,12 @@ class FakeCluster:
                 404, status(404, "NotFound", f'"{self._name(request.path)}" not found'), "Not Found"
             )
         return status(200, "", "") | {"status": "Success"}
+
+
+def lost_connection() -> Exception:
+    """What urllib3 raises where the connection is reset before the answer is read (its ProtocolError
+    "Connection aborted.", wrapping the socket's error), its own retries off."""
+    return ProtocolError("Connection aborted.", ConnectionResetError(104, "Connection reset by peer"))
 
 
 def rolls_out(request: Request, cluster: FakeCluster) -> None:

@@ -184,6 +184,18 @@ class ClusterApi:
                 # A proxied server that hangs must not hold the guard past its look (and the Lease's renewal).
                 _request_timeout=PROXY_TIMEOUT_S if raw else None,
             )
+        except AttributeError as error:
+            # A TLS failure: the client's transport raises an ApiException with no body (kubernetes 36.0.3,
+            # client/rest.py RESTClientObject.request: urllib3's SSLError as status 0), whose decoding then
+            # fails in ApiClient.__call_api (`e.body.decode`). That ApiException is what happened.
+            if not isinstance(error.__context__, ApiException):
+                raise
+            said = " ".join(str(error.__context__.reason or "").split())
+            raise ClusterError(
+                f"the Kubernetes API at {self.server} cannot be reached over TLS ({said}). Check the "
+                "certificate authority the kubeconfig names for the cluster (certificate-authority-data) "
+                "and that the address is the API server's"
+            ) from None
         except ApiException as error:
             # A refusal's headers come with it (kubernetes/client/exceptions.py, ApiException.headers): the
             # first acquire of a Lease reads a 404 before it writes the Lease's times.

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from urllib3.exceptions import ProtocolError
 
 from infra.k8s.release_lock import ReleaseLock, ReleaseLocked
 from infra.k8s.serving_apply import ClusterApi, read_record
@@ -66,7 +67,11 @@ class _Bridged(BaseHTTPRequestHandler):
             self._send(401, b'{"kind":"Status","message":"Unauthorized"}', {})
             return
         headers = {"authorization": "Bearer test-token", "Content-Type": self.headers.get("Content-Type")}
-        answer = self.server.cluster.request(self.command, HOST + self.path, body=raw, headers=headers)
+        try:
+            answer = self.server.cluster.request(self.command, HOST + self.path, body=raw, headers=headers)
+        except ProtocolError:  # the fake's lost answer (lose_answer): the connection closed unanswered
+            self.close_connection = True
+            return
         self._send(answer.status, answer.data, answer.headers)
 
     def _send(self, status: int, data: bytes, headers: dict[str, str]) -> None:
