@@ -7,20 +7,35 @@ ServiceAccount, Role, RoleBinding and NetworkPolicy applied naming it as their o
 (infra/serving/guard_job_objects.py: they go with it once its TTL has passed); the Lease handed to the Job's
 holder (never free in between: a `promote` as this command exits meets the Job); the Job unsuspended. Any
 of these refused: the Lease taken back from the Job, the Job and its objects deleted, the record written
-`stopped` with the reason, and the error names what is left and what to run. A command killed between the
-hand-over and the unsuspend leaves a suspended Job that owns its objects and a Lease no one renews (it
-expires after its 60 s); the canary keeps its share unguarded.
+`stopped` with the reason, and the error names what is left and what to run.
+
+A command killed in between leaves a suspended Job and the record `starting`; the next `serve deploy`,
+`guard`, `promote`, `rollback` or `status` settles it (settle_unstarted) before anything else:
+- the Lease held, unexpired, by the Job (killed after the hand-over): the start is finished, the Job
+  unsuspended. That is the starter's own last step, the same whoever makes it, so a starter that was only
+  slow and makes it too changes nothing; and it is what the operator asked for (`--detach`: a guarded
+  canary), where undoing would leave the canary unguarded. The command then meets the Job's Lease as it
+  meets any running guard Job's;
+- the Lease expired, let go or held by no one (no pod of the Job ever renewed it, or the command was
+  killed before the hand-over and its own Lease expired): the Job never ran and cannot hold the release
+  now; started, it would only meet the next command's Lease. It is deleted (its objects go with it, their
+  ownerReferences name it) and the record written `stopped`;
+- the Lease held, unexpired, by another (a command that is still starting it, or the release's next
+  holder): nothing is done here; that holder settles it, or the next command after its Lease.
 """
 
 from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from infra.errors import GpuPlatError
+from infra.k8s.release_lock import LEASE_API, lease_name, parse_time
 from infra.k8s.serving import serving_objects, version_track_names
-from infra.k8s.serving_apply import ClusterError, ObjectRef, ReleaseDriver, workload_kind
+from infra.k8s.serving_apply import ClusterApi, ClusterError, ObjectRef, ReleaseDriver, workload_kind
 from infra.k8s.serving_versions import ServingRelease
 from infra.serving.guard_job import GUARD_RECORD, GUARD_RECORD_KEY
 from infra.serving.guard_job_objects import ROLLOUT_S, guard_name, guard_objects, owned_by
@@ -156,15 +171,93 @@ def _servers_up(driver: ReleaseDriver) -> tuple[int, int]:
 def _write_record(driver: ReleaseDriver, data: dict[str, str]) -> None:
     """The guard's record replaced whole (the evidence of an earlier release's guard dropped)."""
     ref = ObjectRef("v1", "ConfigMap", GUARD_RECORD, driver.namespace)
-    manifest: dict[str, Any] = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": GUARD_RECORD, "namespace": driver.namespace},
-        "data": data,
-    }
     live = driver.api.get(ref)
     if live is None:
-        driver.api.create(manifest)
+        driver.api.create(_record_manifest(driver.namespace, data))
         return
+    _replace_record(driver.api, live, data)
+
+
+def _record_manifest(namespace: str, data: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": GUARD_RECORD, "namespace": namespace},
+        "data": data,
+    }
+
+
+def _replace_record(api: ClusterApi, live: dict[str, Any], data: dict[str, str]) -> None:
+    """The record replaced whole, guarded by the resourceVersion it was read at (a 409 where another
+    wrote it since)."""
+    manifest = _record_manifest(live["metadata"]["namespace"], data)
     manifest["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"]
-    driver.api.update(manifest)
+    api.update(manifest)
+
+
+def read_guard_record(api: ClusterApi, namespace: str) -> dict[str, Any] | None:
+    return _guard_of(api.get(ObjectRef("v1", "ConfigMap", GUARD_RECORD, namespace)))
+
+
+def _guard_of(live: dict[str, Any] | None) -> dict[str, Any] | None:
+    text = ((live or {}).get("data") or {}).get(GUARD_RECORD_KEY)
+    try:
+        found = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) else None
+
+
+UNSUSPEND_MANAGER = "gpuplat-serve-unsuspend"
+"""the manager that applies only a Job's spec.suspend: the starter's own apply (FIELD_MANAGER) keeps the
+rest of the Job's fields (a partial apply by their manager would drop them: server-side-apply.md,
+"Field management")"""
+
+
+def settle_unstarted(api: ClusterApi, namespace: str, model: str, say: Callable[[str], None]) -> None:
+    """A guard Job of `model` whose start a killed command left half done, finished or undone (this
+    module's docstring says which and why); nothing where the record names no such Job."""
+    live = api.get(ObjectRef("v1", "ConfigMap", GUARD_RECORD, namespace))
+    guard = _guard_of(live) or {}
+    holder = str(guard.get("by") or "")
+    if live is None or guard.get("phase") != "starting" or guard.get("model") != model:
+        return
+    if not holder.startswith("job/"):
+        return
+    name = holder.removeprefix("job/")
+    job_ref = ObjectRef("batch/v1", "Job", name, namespace)
+    job = api.get(job_ref)
+    if job is None or not (job.get("spec") or {}).get("suspend"):
+        return
+    lease = api.get(ObjectRef(LEASE_API, "Lease", lease_name(model), namespace)) or {}
+    spec = lease.get("spec") or {}
+    renewed = parse_time(spec.get("renewTime"))
+    held_by = str(spec.get("holderIdentity") or "")
+    until = renewed + timedelta(seconds=int(spec.get("leaseDurationSeconds") or 0)) if renewed else None
+    unexpired = bool(held_by) and until is not None and until > api.server_now()
+    if unexpired and held_by == holder:
+        api.apply(
+            {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {"suspend": False},
+            },
+            manager=UNSUSPEND_MANAGER,
+        )
+        say(
+            f"the guard Job {name}, handed the release lock by a command stopped before it started the "
+            "Job, was started now: it carries the release"
+        )
+        return
+    if unexpired:
+        return
+    api.delete(job_ref)
+    reason = (
+        f"the guard Job {name} was never started (the command that started it stopped before it "
+        "unsuspended it, and its release lock expired): deleted, with its objects"
+    )
+    _replace_record(
+        api, live, {GUARD_RECORD_KEY: json.dumps({**guard, "phase": "stopped", "detail": reason})}
+    )
+    say(reason)

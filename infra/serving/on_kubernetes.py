@@ -50,7 +50,8 @@ from infra.serving import carry
 from infra.serving.analysis import Verdict
 from infra.serving.counts import Counts, Reading
 from infra.serving.engine_metrics import itl_histograms, latency_histogram
-from infra.serving.guard_job_start import start_guard_job
+from infra.serving.guard_job_start import read_guard_record as read_guard_record
+from infra.serving.guard_job_start import settle_unstarted, start_guard_job
 from infra.serving.pod_readings import pod_readings, pod_servers_up
 from infra.serving.registry.locate import operator_credential
 from infra.serving.registry.mlflow import MlflowRegistry
@@ -193,6 +194,7 @@ class KubernetesServing:
         lock = ReleaseLock(self.api, self.namespace, model, default_holder(), now=self.api.server_now)
         # No call is retried past the Lease this command holds (infra/k8s/api_retry.py).
         self.api.retry.bound = lock.seconds_left
+        settle_unstarted(self.api, self.namespace, model, self.say)
         lock.acquire()
         try:
             current, uri = read_record(self.api, self.namespace)
@@ -283,6 +285,10 @@ class KubernetesServing:
     def status(self) -> KubernetesStatus:
         current, _ = read_record(self.api, self.namespace)
         guard = read_guard_record(self.api, self.namespace)
+        model = str((guard or {}).get("model") or "")
+        if (guard or {}).get("phase") == "starting" and model:
+            settle_unstarted(self.api, self.namespace, model, self.say)
+            guard = read_guard_record(self.api, self.namespace)
         by = str((guard or {}).get("by") or "")
         if guard is not None and by.startswith("job/"):
             guard = {**guard, "job_state": guard_job_state(self.api, self.namespace, by.removeprefix("job/"))}
@@ -471,16 +477,6 @@ def guard_job_state(api: ClusterApi, namespace: str, name: str) -> str:
         if condition.get("type") == "Complete":
             return "complete"
     return "suspended" if (job.get("spec") or {}).get("suspend") else "running"
-
-
-def read_guard_record(api: ClusterApi, namespace: str) -> dict[str, Any] | None:
-    live = api.get(ObjectRef("v1", "ConfigMap", GUARD_RECORD, namespace))
-    text = ((live or {}).get("data") or {}).get(GUARD_RECORD_KEY)
-    try:
-        found = json.loads(text) if text else None
-    except ValueError:
-        return None
-    return found if isinstance(found, dict) else None
 
 
 def kubernetes_registry(platform: ResolvedPlatform, url: str | None) -> MlflowRegistry:

@@ -14,17 +14,21 @@ import base64
 import json
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from infra.k8s.serving_apply import ClusterApi
+from infra.k8s.serving_apply import ClusterApi, read_record
 from infra.k8s.serving_versions import ServingRelease
+from infra.platform.resolve import load_platform
 from infra.serving.guard_job import GUARD_RECORD, SUPERSEDED_EXIT
 from infra.serving.guard_job_objects import CODE_KEY, PLAN_KEY, guard_name
+from infra.serving.on_kubernetes import KubernetesServing
 from infra.serving.registry.mlflow import ModelVersion
+from infra.spec.load import stack_file
 from tests.k8s_api_fake import FakeCluster, Request, rolls_out
 from tests.k8s_schemas import assert_accepted
 from tests.unit.test_hostile_input import run_cli
@@ -227,3 +231,67 @@ def test_status_reads_the_guard_job_the_record_names_failed_or_gone(cluster: Fak
     del cluster.objects[path]
     status = run_cli("serve", "status", "embedder", "--stack", "aws-k8s", "--json")
     assert status.code == 0 and json.loads(status.out)["guard"]["job_state"] == "gone", status.out
+
+
+class Killed(BaseException):
+    """The command killed at that request: no handler of its errors runs (a SIGKILL runs none at all; the
+    `finally` this lets run only lets go of a Lease the command no longer holds)."""
+
+
+def killed_before_the_unsuspend(cluster: FakeCluster, *, before_the_hand_over: bool = False) -> str:
+    """`serve guard --detach` killed as it unsuspends the Job (the Lease handed to it), or as it hands the
+    Lease over (`before_the_hand_over`: the Lease still the command's); the Job's name."""
+    running(cluster, ServingRelease(V1, canary=V2, canary_percent=20), 2)
+
+    def kill(request: Request, fake: FakeCluster) -> None:
+        rolls_out(request, fake)
+        handing = request.verb == "PUT" and request.path == LEASE and before_the_hand_over
+        unsuspending = request.verb == "PATCH" and f"{BATCH}/" in request.path
+        if handing and str(request.body["spec"].get("holderIdentity")).startswith("job/"):
+            raise Killed
+        if unsuspending and request.body["spec"].get("suspend") is False:
+            raise Killed
+
+    cluster.before = kill
+    serving = KubernetesServing(load_platform(stack_file("aws-k8s")), ClusterApi(cluster.client()))
+    with pytest.raises(Killed):
+        serving.detach_guard("embedder", None)
+    cluster.before = rolls_out
+    (job,) = _objects(cluster, "jobs")
+    assert job["spec"]["suspend"] is True
+    return str(job["metadata"]["name"])
+
+
+def test_a_start_killed_after_the_hand_over_is_finished_by_the_next_command(cluster: FakeCluster) -> None:
+    """The Lease is the Job's and unexpired: `serve status` finishes the start (unsuspends the Job, its
+    other fields kept), and a `rollback` then meets the Job's Lease as it meets any running guard's."""
+    name = killed_before_the_unsuspend(cluster)
+    assert cluster.objects[LEASE]["spec"]["holderIdentity"] == f"job/{name}"
+    status = run_cli("serve", "status", "embedder", "--stack", "aws-k8s", "--json")
+    assert status.code == 0 and json.loads(status.out)["guard"]["job_state"] == "running", status.out
+    assert f"the guard Job {name}" in status.err and "was started now" in status.err, status.err
+    job = cluster.objects[f"{BATCH}/{name}"]
+    assert job["spec"]["suspend"] is False and job["spec"]["template"]["spec"]["containers"], job
+    rollback = run_cli("serve", "rollback", "embedder", "--stack", "aws-k8s")
+    assert rollback.code == 4 and rollback.clean and f"held by job/{name}" in rollback.err, rollback.err
+
+
+@pytest.mark.parametrize("before_the_hand_over", [False, True])
+def test_a_start_killed_whose_lease_expired_is_undone_by_the_next_command(
+    cluster: FakeCluster, before_the_hand_over: bool
+) -> None:
+    """The Lease expired (no pod of the Job ever renewed it, or the command's own was never handed): the Job
+    cannot carry the release, and the next `rollback` deletes it, writes the record `stopped`, and goes
+    on with its own release."""
+    now = [datetime(2026, 12, 7, tzinfo=UTC)]
+    cluster.server_now = lambda: now[0]
+    name = killed_before_the_unsuspend(cluster, before_the_hand_over=before_the_hand_over)
+    now[0] += timedelta(seconds=61)
+    rollback = run_cli("serve", "rollback", "embedder", "--stack", "aws-k8s")
+    assert rollback.code == 0 and rollback.clean, rollback.err
+    assert f"{BATCH}/{name}" not in cluster.objects
+    record = json.loads(
+        cluster.objects[f"/api/v1/namespaces/{NS}/configmaps/{GUARD_RECORD}"]["data"]["guard"]
+    )
+    assert record["phase"] == "stopped" and "was never started" in record["detail"], record
+    assert read_record(ClusterApi(cluster.client()), NS)[0] == ServingRelease(V1)
