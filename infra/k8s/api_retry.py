@@ -52,6 +52,7 @@ FIRST_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 8.0
 MAX_RETRY_AFTER_S = 10.0
 LEASE_MARGIN_S = 5.0
+WRITES = ("POST", "PUT", "PATCH")
 NOT_COMPARED = (("metadata", "resourceVersion"), ("metadata", "managedFields"), ("status",))
 
 T = TypeVar("T")
@@ -119,12 +120,14 @@ class Retrier:
         what: str,
         attempt: Callable[[], T],
         *,
-        sent: Mapping[str, Any] | None = None,
+        verb: str = "GET",
+        body: Any = None,
         read_back: Callable[[], T | None] | None = None,
     ) -> T:
         """`attempt` tried until it answers, raises anything but Unavailable, or the policy stops it.
-        `sent` and `read_back`: a write's body and how to read its object, for a 409 after a try that may
-        have gone through."""
+        `verb` and `body`: the request's, a write's (POST, PUT, PATCH) body what a 409 after a try that may
+        have gone through is compared with, in the object `read_back` reads."""
+        sent = body if verb in WRITES and isinstance(body, Mapping) else None
         started = self.pace.monotonic()
         maybe_done = False
         for tried in range(1, self.attempts + 1):

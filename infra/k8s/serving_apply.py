@@ -125,32 +125,18 @@ class ClusterApi:
         body: Any = None,
         content_type: str = "application/json",
     ) -> dict[str, Any]:
-        """One call under the retry policy; a write's body and its object's read, for a 409 after a try
-        that was not answered (api_retry.Retrier.call)."""
-        write = verb in ("POST", "PUT", "PATCH") and isinstance(body, Mapping)
-        return self.retry.call(
-            f"{verb} {ref}",
-            lambda: self._once(verb, path, ref, query=query, body=body, content_type=content_type),
-            sent=body if write else None,
-            read_back=(lambda: self.get(ref)) if write else None,
-        )
+        """One call under the retry policy (api_retry.Retrier.call: a write's object read back for a 409
+        after a try that was not answered)."""
 
-    def _once(
-        self,
-        verb: str,
-        path: str,
-        ref: ObjectRef,
-        *,
-        query: list[tuple[str, str]] | None = None,
-        body: Any = None,
-        content_type: str = "application/json",
-    ) -> dict[str, Any]:
-        answer = self._answer(verb, path, ref, query=query, body=body, content_type=content_type)
-        # An answer's headers: the client keeps its last answer (kubernetes/client/api_client.py __call_api,
-        # last_response), not a refusal.
-        response = getattr(self.client, "last_response", None)
-        self._note_server_clock(response.getheaders() if response is not None else None)
-        return answer if isinstance(answer, dict) else {}
+        def once() -> dict[str, Any]:
+            answer = self._answer(verb, path, ref, query=query, body=body, content_type=content_type)
+            # An answer's headers: the client keeps its last answer (kubernetes/client/api_client.py
+            # __call_api, last_response), not a refusal.
+            response = getattr(self.client, "last_response", None)
+            self._note_server_clock(response.getheaders() if response is not None else None)
+            return answer if isinstance(answer, dict) else {}
+
+        return self.retry.call(f"{verb} {ref}", once, verb=verb, body=body, read_back=lambda: self.get(ref))
 
     def _answer(
         self,

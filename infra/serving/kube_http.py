@@ -89,14 +89,14 @@ class KubeHttp:
         body: Any = None,
         content_type: str = "application/json",
     ) -> dict[str, Any]:
-        """One call under the retry policy; a write's body and its object's read, for a 409 after a try
-        that was not answered (api_retry.Retrier.call)."""
-        write = verb != "GET" and isinstance(body, Mapping)
+        """One call under the retry policy (api_retry.Retrier.call: a write's object read back for a 409
+        after a try that was not answered)."""
         return self.retry.call(
             f"{verb} {ref}",
             lambda: self._once(verb, ref, path, query, body, content_type),
-            sent=body if write else None,
-            read_back=(lambda: self.get(ref)) if write else None,
+            verb=verb,
+            body=body,
+            read_back=lambda: self.get(ref),
         )
 
     def _once(
