@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from urllib3.exceptions import SSLError
 
-from infra.k8s.api_refs import ClusterError, ObjectRef, Unavailable
+from infra.k8s.api_refs import ClusterError, Conflict, ObjectRef, Unavailable
 from infra.k8s.api_retry import LEASE_MARGIN_S, Pace, Retrier
 from infra.k8s.release_lock import ReleaseLock, ReleaseLocked
 from infra.k8s.serving_apply import RELEASE_RECORD, ClusterApi, record_manifest
@@ -151,6 +151,25 @@ def test_a_lease_update_whose_answer_was_lost_is_not_retried_past_a_conflict(ano
         lock.release()
         assert "holderIdentity" not in cluster.objects[LEASE]["spec"]
     assert tried(cluster, "PUT", LEASE) >= 2
+
+
+def test_a_409_after_only_429s_is_the_conflict_it_says() -> None:
+    """A 429 was refused before any handler ran (API Priority and Fairness): the 409 of the next try is
+    another client's object even where it reads as what this one sent, and no read-back is made."""
+    cluster = FakeCluster()
+    other = record_manifest(NS, ServingRelease(V1), None)
+
+    def throttled_while_another_creates(request: Request, fake: FakeCluster) -> None:
+        if request.verb == "POST" and RECORD not in fake.objects:
+            fake.store(RECORD, other)
+            fake.refuse[("POST", CONFIGMAPS)] = (429, THROTTLED)
+        else:
+            fake.refuse.pop(("POST", CONFIGMAPS), None)
+
+    cluster.before = throttled_while_another_creates
+    with pytest.raises(Conflict):
+        ClusterApi(cluster.client()).create(other)
+    assert tried(cluster, "POST", CONFIGMAPS) == 2 and tried(cluster, "GET", RECORD) == 0
 
 
 def test_a_refusal_that_does_not_pass_is_not_tried_again(api_retries_sleep_not: CountedPace) -> None:
