@@ -27,9 +27,11 @@ Where this policy differs, and why:
   read are idempotent. A 429 was not carried out (API Priority and Fairness rejects before the handler), so
   a 409 after it is the 409 it says.
 - Bounded in time as well as in tries: TOTAL_S in all, and never past the Lease this command holds (`bound`:
-  the seconds left before it expires). A retry that would start within LEASE_MARGIN_S of that expiry is
-  not made: the call stops and says so, and the lock's callers (infra/k8s/release_lock.py still_held,
-  lost_at_look) then judge the Lease as they judge any call not answered.
+  the seconds left before it expires). A retry that could still be running within LEASE_MARGIN_S of
+  that expiry is not made (its wait and the try's own timeout, `try_s`, counted: a try that hangs until
+  its client gives it up may be carried out by the API server that late): the call stops and says so,
+  and the lock's callers (infra/k8s/release_lock.py still_held, lost_at_look) then judge the Lease as they
+  judge any call not answered.
 """
 
 from __future__ import annotations
@@ -105,13 +107,15 @@ def default_pace() -> Pace:
 @dataclass
 class Retrier:
     """Runs one call to the API under the policy above. `pace`: the clock it waits by; `bound`: the seconds
-    left before the Lease this client's command holds expires (None: it holds none)."""
+    left before the Lease this client's command holds expires (None: it holds none); `try_s`: the longest
+    one try may take before its client gives it up (its request timeout)."""
 
     pace: Pace = field(default_factory=lambda: default_pace())
     bound: Callable[[], float | None] = lambda: None
     say: Callable[[str], None] = lambda _: None
     attempts: int = ATTEMPTS
     total_s: float = TOTAL_S
+    try_s: float = 0.0
     waited: list[float] = field(default_factory=list)
     """each wait before a retry, in order (what a test reads)"""
 
@@ -174,11 +178,12 @@ class Retrier:
             why = f"the next, after {wait:.1f} s more, would pass the {self.total_s:.0f} s a call is given"
         else:
             left = self.bound()
-            if left is not None and left - wait < LEASE_MARGIN_S:
+            if left is not None and left - wait - self.try_s < LEASE_MARGIN_S:
+                within = f", within {self.try_s:.0f} s" if self.try_s else ""
                 why = (
                     f"the release lock (Lease) this command holds expires in {max(left, 0):.0f} s, before "
-                    f"the next try (after {wait:.1f} s) could be answered: stopped rather than hold the "
-                    "release past its Lease"
+                    f"the next try (after {wait:.1f} s{within}) could be answered: stopped rather than hold "
+                    "the release past its Lease"
                 )
         if not why:
             return None

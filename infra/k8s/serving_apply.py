@@ -80,6 +80,9 @@ MODEL_URI_KEY = "model-uri"
 _NOT_A_RELEASES = frozenset({"Namespace", "PersistentVolume", "PersistentVolumeClaim", "ServiceAccount"})
 POLL_S = 2.0
 PROXY_TIMEOUT_S = 15.0
+API_TIMEOUT_S = 15.0
+"""the longest one call to the API itself is waited for (urllib3 waits for ever without one): what the
+retries see as a call not answered, and what bounds a retry near the Lease's expiry (api_retry try_s)"""
 
 _VERBS = {"GET": "get", "PATCH": "patch", "POST": "create", "PUT": "update", "DELETE": "delete"}
 
@@ -92,7 +95,7 @@ class ClusterApi:
     def __init__(self, client: ApiClient, retry: Retrier | None = None) -> None:
         self.client = client
         self._server_clock: tuple[datetime, float] | None = None
-        self.retry = retry or Retrier()
+        self.retry = retry or Retrier(try_s=API_TIMEOUT_S)
 
     def server_now(self) -> datetime:
         """The API server's time: the Date header of its last answer (Go's net/http server writes one on
@@ -168,7 +171,7 @@ class ClusterApi:
                 _return_http_data_only=True,
                 _preload_content=not raw,
                 # A proxied server that hangs must not hold the guard past its look (and the Lease's renewal).
-                _request_timeout=PROXY_TIMEOUT_S if raw else None,
+                _request_timeout=PROXY_TIMEOUT_S if raw else API_TIMEOUT_S,
             )
         except AttributeError as error:
             # A TLS failure: the client's transport raises an ApiException with no body (kubernetes 36.0.3,

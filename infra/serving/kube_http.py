@@ -53,7 +53,7 @@ class KubeHttp:
         self.manager = manager
         self._context = ssl.create_default_context(cafile=str(ca)) if ca is not None else None
         self._server_clock: tuple[datetime, float] | None = None
-        self.retry = Retrier()
+        self.retry = Retrier(try_s=TIMEOUT_S)
         """the policy every call follows; the guard bounds it by its Lease (retry.bound)"""
 
     @classmethod

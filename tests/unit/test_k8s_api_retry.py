@@ -23,7 +23,7 @@ from infra.k8s.release_lock import ReleaseLock, ReleaseLocked
 from infra.k8s.serving_apply import RELEASE_RECORD, ClusterApi, record_manifest
 from infra.k8s.serving_versions import ServingRelease
 from infra.serving.guard_job import FIELD_MANAGER
-from infra.serving.kube_http import KubeHttp
+from infra.serving.kube_http import TIMEOUT_S, KubeHttp
 from tests.conftest import CountedPace
 from tests.k8s_api_fake import FakeCluster, Request, lost_connection, rolls_out
 from tests.unit.test_guard_job import ApiBridge, _serve
@@ -275,3 +275,53 @@ def test_the_guard_stops_retrying_before_its_lease_expires(
         lock.renew(force=True)
     assert tried(fake, "GET", LEASE) == 3  # the acquire's read, then two tries
     assert json.dumps(stopped.value.message).count("\\n") == 0 and lock.unexpired()
+
+
+# --------------------------------------------------------- a try's own length, not only the wait before it
+
+
+def test_a_retry_is_not_started_where_the_try_could_outlast_the_lease(
+    served: tuple[FakeCluster, ApiBridge, list[float]], tmp_path: Path
+) -> None:
+    """Each try of the guard's client may take up to its timeout (kube_http.TIMEOUT_S) before it is given
+    up: a retry whose wait leaves more than the margin but less than that timeout could still be running,
+    or be carried out by the API server, after the Lease expired and another command took the release.
+    Here each try hangs until its timeout: no try may be started that could end past LEASE_MARGIN_S before
+    the Lease's expiry."""
+    _, bridge, now = served
+    api = guard_client(bridge, tmp_path)
+    expiry = 25.0
+    api.retry.pace = Pace(lambda s: now.__setitem__(0, now[0] + s), lambda: now[0], lambda: 0.5)
+    api.retry.bound = lambda: expiry - now[0]
+    started: list[float] = []
+
+    def hangs() -> dict[str, object]:
+        started.append(now[0])
+        now[0] += TIMEOUT_S
+        raise Unavailable("the Kubernetes API cannot be reached (TimeoutError: timed out)")
+
+    with pytest.raises(Unavailable) as stopped:
+        api.retry.call("GET Lease", hangs)
+    assert all(at + TIMEOUT_S <= expiry - LEASE_MARGIN_S for at in started[1:]), started
+    assert "expires in 10 s" in stopped.value.message and started == [0.0]
+
+
+def test_every_call_of_the_clis_client_is_given_a_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without one, urllib3 waits on a socket for ever (a connection to an API server that no longer
+    answers, a black-holed route): no TimeoutError comes for the retry policy to see, and the command holds
+    its Lease's release unguarded as long as it hangs."""
+    cluster = FakeCluster()
+    recorded(cluster, ServingRelease(V1))
+    timeouts: list[object] = []
+    answer = cluster.request
+
+    def timed(method: str, url: str, **kwargs: object) -> object:
+        timeouts.append(kwargs.get("timeout"))
+        return answer(method, url, **kwargs)
+
+    monkeypatch.setattr(cluster, "request", timed)
+    api = ClusterApi(cluster.client())
+    api.get(RECORD_REF)
+    api.apply(record_manifest(NS, ServingRelease(V1), None))
+    assert timeouts and all(t is not None for t in timeouts), timeouts
+    assert api.retry.try_s >= max(getattr(t, "total", 0) or 0 for t in timeouts)
