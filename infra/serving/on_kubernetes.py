@@ -287,7 +287,17 @@ class KubernetesServing:
         guard = read_guard_record(self.api, self.namespace)
         model = str((guard or {}).get("model") or "")
         if (guard or {}).get("phase") == "starting" and model:
-            settle_unstarted(self.api, self.namespace, model, self.say)
+            # Best effort: status is a read, and an identity granted only reads is refused the Job's patch or
+            # delete; what it answers is then the status as found, the settling left to a releasing command.
+            try:
+                settle_unstarted(self.api, self.namespace, model, self.say)
+            except ClusterError as error:
+                job = str((guard or {}).get("by") or "").removeprefix("job/")
+                self.say(
+                    f"the guard Job {job}, whose start a stopped command left half done, was not settled "
+                    f"({error.message.rstrip('.')}): the next `serve deploy`, `guard`, `promote` or "
+                    "`rollback` settles it"
+                )
             guard = read_guard_record(self.api, self.namespace)
         by = str((guard or {}).get("by") or "")
         if guard is not None and by.startswith("job/"):

@@ -295,3 +295,24 @@ def test_a_start_killed_whose_lease_expired_is_undone_by_the_next_command(
     )
     assert record["phase"] == "stopped" and "was never started" in record["detail"], record
     assert read_record(ClusterApi(cluster.client()), NS)[0] == ServingRelease(V1)
+
+
+@pytest.mark.parametrize("expired", [False, True])
+def test_status_by_an_identity_that_may_only_read_still_answers(cluster: FakeCluster, expired: bool) -> None:
+    """`serve status` is a read: docs/serving.md grants readers `get` and `list`. Where the record names a
+    start a killed command left half done, status tries to settle it (unsuspend or delete the Job), and an
+    identity that may not patch or delete Jobs is refused: the status is still what it answers (the Job
+    suspended, the settling said not done and left to a command that releases), not a 403 paragraph."""
+    now = [datetime(2026, 12, 7, tzinfo=UTC)]
+    cluster.server_now = lambda: now[0]
+    name = killed_before_the_unsuspend(cluster)
+    if expired:
+        now[0] += timedelta(seconds=61)
+    denied = 'jobs.batch is forbidden: User "reader" cannot patch or delete resource "jobs"'
+    cluster.refuse[("PATCH", f"{BATCH}/{name}")] = (403, denied)
+    cluster.refuse[("DELETE", f"{BATCH}/{name}")] = (403, denied)
+    status = run_cli("serve", "status", "embedder", "--stack", "aws-k8s", "--json")
+    assert status.code == 0 and status.clean, status.err
+    assert json.loads(status.out)["guard"]["job_state"] == "suspended", status.out
+    assert f"the guard Job {name}" in status.err and "not settled" in status.err, status.err
+    assert cluster.objects[f"{BATCH}/{name}"]["spec"]["suspend"] is True
