@@ -325,3 +325,33 @@ def test_every_call_of_the_clis_client_is_given_a_timeout(monkeypatch: pytest.Mo
     api.apply(record_manifest(NS, ServingRelease(V1), None))
     assert timeouts and all(t is not None for t in timeouts), timeouts
     assert api.retry.try_s >= max(getattr(t, "total", 0) or 0 for t in timeouts)
+
+
+def test_a_renewal_read_back_is_told_apart_to_the_microsecond() -> None:
+    """Two pods of one guard Job (a pod replaced while the old one still runs) renew under one holder. This
+    command's renewal was answered 503 and not carried out; the other wrote the Lease in the same second,
+    a few microseconds apart. The read-back after the 409 must not take that Lease for this renewal."""
+    cluster = FakeCluster()
+    lock = ReleaseLock(ClusterApi(cluster.client()), NS, "embedder", "job/gpuplat-serve-guard-embedder-1a2b")
+    lock.acquire()
+    seen: list[int] = []
+
+    def the_other_pod_renews(request: Request, fake: FakeCluster) -> None:
+        if (request.verb, request.path) != ("PUT", LEASE):
+            return
+        seen.append(1)
+        if len(seen) == 1:
+            sent = json.loads(json.dumps(request.body))
+            renewed = sent["spec"]["renewTime"]
+            micros = (int(renewed[20:26]) + 7) % 1_000_000
+            sent["spec"]["renewTime"] = f"{renewed[:20]}{micros:06d}Z"
+            del sent["metadata"]["resourceVersion"]
+            fake.store(LEASE, sent)
+            fake.refuse[("PUT", LEASE)] = (503, "etcdserver: leader changed")
+        else:
+            fake.refuse.pop(("PUT", LEASE), None)
+
+    cluster.before = the_other_pod_renews
+    with pytest.raises(ReleaseLocked):
+        lock.renew(force=True)
+    assert tried(cluster, "PUT", LEASE) == 2
