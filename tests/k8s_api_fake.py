@@ -131,12 +131,26 @@ def _fields_v1(paths: set[Leaf]) -> dict[str, Any]:
 
 
 def _refused_change(live: dict[str, Any] | None, applied: dict[str, Any]) -> Response | None:
-    """What the API server refuses of an apply to an existing object: a resourceVersion in the body is a
-    precondition (409 when stale: server-side-apply.md, "Using Server-Side Apply in a controller"), and a
-    workload's spec.selector is immutable (422: apps/v1 validation, ValidateDeploymentUpdate)."""
-    if live is None:
-        return None
+    """What the API server refuses of an apply: a uid in the body names the object (409 where there is
+    none, 422 where it is another, uid being immutable); on an existing object a resourceVersion in the
+    body is a precondition (409 when stale: server-side-apply.md, "Using Server-Side Apply in a
+    controller"), and a workload's spec.selector is immutable (422: apps/v1 validation,
+    ValidateDeploymentUpdate)."""
     name = applied["metadata"]["name"]
+    uid = applied["metadata"].get("uid")
+    if live is None:
+        if uid is None:
+            return None
+        # An apply naming a uid does not create (k8s.io/apiserver pkg/endpoints/handlers/patch.go,
+        # patcher.applyPatch, v1.34).
+        message = (
+            f'Operation cannot be fulfilled on "{name}": uid mismatch: the provided object specified uid '
+            f"{uid}, and no existing object was found"
+        )
+        return Response(409, status(409, "Conflict", message), "Conflict")
+    if uid is not None and uid != live["metadata"].get("uid"):
+        message = f'"{name}" is invalid: metadata.uid: Invalid value: "{uid}": field is immutable'
+        return Response(422, status(422, "Invalid", message), "Unprocessable Entity")
     version = applied["metadata"].get("resourceVersion")
     if version is not None and version != live["metadata"]["resourceVersion"]:
         message = f'Operation cannot be fulfilled on "{name}": the object has been modified'
@@ -177,6 +191,8 @@ class FakeCluster:
     pod_answers: dict[tuple[str, int], Callable[[], str]] = field(default_factory=dict)
     """(pod, port) -> what its server answers now, through the pods/proxy subresource."""
     _version: int = 100
+    uids_given: set[str] = field(default_factory=set)
+    """the paths an object was ever stored at (one created again there gets another uid)"""
 
     def client(self) -> ApiClient:
         configuration = Configuration()
@@ -196,7 +212,14 @@ class FakeCluster:
         stored: dict[str, Any] = json.loads(json.dumps(manifest))
         meta = stored.setdefault("metadata", {})
         meta["resourceVersion"] = self.next_version()
-        meta.setdefault("uid", f"uid-{meta['name']}")
+        # A name created again is another object, with another uid.
+        meta.setdefault(
+            "uid",
+            f"uid-{meta['name']}"
+            if path not in self.uids_given
+            else f"uid-{meta['name']}-{meta['resourceVersion']}",
+        )
+        self.uids_given.add(path)
         meta.setdefault("creationTimestamp", "2026-12-06T20:00:00Z")
         generation = int((previous or {}).get("metadata", {}).get("generation") or 0)
         changed = previous is None or previous.get("spec") != stored.get("spec")

@@ -101,10 +101,19 @@ def start_guard_job(
             driver.api.apply(owned_by(manifest, created))
         driver.lock.hand_to(holder)
         handed = True
-        driver.api.apply(suspended(job, False))
+        # Its uid: this Job, not one of its name created again. A command that settled this start as undone
+        # while this one stalled (settle_unstarted) deleted it; an apply naming a uid is refused (409) where
+        # there is none (k8s.io/apiserver pkg/endpoints/handlers/patch.go, patcher.applyPatch, v1.34), and
+        # does not bring the Job back without its objects, against the record.
+        driver.api.apply(with_uid(suspended(job, False), created))
     except ClusterError as error:
         raise _not_started(driver, current, record, [*owned, job], holder, handed, error) from None
     return name
+
+
+def with_uid(manifest: dict[str, Any], live: dict[str, Any]) -> dict[str, Any]:
+    """`manifest` applied to the object `live` only (metadata.uid, a precondition of the apply)."""
+    return {**manifest, "metadata": {**manifest["metadata"], "uid": live["metadata"]["uid"]}}
 
 
 def suspended(job: dict[str, Any], suspend: bool) -> dict[str, Any]:
@@ -236,15 +245,13 @@ def settle_unstarted(api: ClusterApi, namespace: str, model: str, say: Callable[
     until = renewed + timedelta(seconds=int(spec.get("leaseDurationSeconds") or 0)) if renewed else None
     unexpired = bool(held_by) and until is not None and until > api.server_now()
     if unexpired and held_by == holder:
-        api.apply(
-            {
-                "apiVersion": "batch/v1",
-                "kind": "Job",
-                "metadata": {"name": name, "namespace": namespace},
-                "spec": {"suspend": False},
-            },
-            manager=UNSUSPEND_MANAGER,
-        )
+        unsuspend = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"suspend": False},
+        }
+        api.apply(with_uid(unsuspend, job), manager=UNSUSPEND_MANAGER)
         say(
             f"the guard Job {name}, handed the release lock by a command stopped before it started the "
             "Job, was started now: it carries the release"

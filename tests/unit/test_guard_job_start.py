@@ -21,11 +21,13 @@ from typing import Any
 
 import pytest
 
+from infra.errors import GpuPlatError
 from infra.k8s.serving_apply import ClusterApi, read_record
 from infra.k8s.serving_versions import ServingRelease
 from infra.platform.resolve import load_platform
 from infra.serving.guard_job import GUARD_RECORD, SUPERSEDED_EXIT
 from infra.serving.guard_job_objects import CODE_KEY, PLAN_KEY, guard_name
+from infra.serving.guard_job_start import settle_unstarted
 from infra.serving.on_kubernetes import KubernetesServing
 from infra.serving.registry.mlflow import ModelVersion
 from infra.spec.load import stack_file
@@ -316,3 +318,38 @@ def test_status_by_an_identity_that_may_only_read_still_answers(cluster: FakeClu
     assert json.loads(status.out)["guard"]["job_state"] == "suspended", status.out
     assert f"the guard Job {name}" in status.err and "not settled" in status.err, status.err
     assert cluster.objects[f"{BATCH}/{name}"]["spec"]["suspend"] is True
+
+
+def test_a_starter_paused_past_its_lease_does_not_bring_back_the_job_another_command_undid(
+    cluster: FakeCluster,
+) -> None:
+    """`serve guard --detach` hands the Lease to its Job, then stalls (a laptop put to sleep) past the
+    Lease's 60 s; meanwhile a `serve status` settles the start as undone: the Job deleted (its objects go
+    with it) and the record `stopped`. The starter's unsuspend, a server-side apply, must not create the
+    Job again: without its objects (garbage-collected with the old Job) and against the record. It carries
+    the Job's uid, so that the API server refuses it (409 "uid mismatch ... no existing object was found":
+    k8s.io/apiserver pkg/endpoints/handlers/patch.go, patcher.applyPatch, v1.34)."""
+    now = [datetime(2026, 12, 7, tzinfo=UTC)]
+    cluster.server_now = lambda: now[0]
+    running(cluster, ServingRelease(V1, canary=V2, canary_percent=20), 2)
+    said: list[str] = []
+
+    def stalls(request: Request, fake: FakeCluster) -> None:
+        rolls_out(request, fake)
+        unsuspending = request.verb == "PATCH" and f"{BATCH}/" in request.path
+        if unsuspending and request.body["spec"].get("suspend") is False and not said:
+            now[0] += timedelta(seconds=61)
+            fake.before = rolls_out
+            settle_unstarted(ClusterApi(fake.client()), NS, "embedder", said.append)
+            fake.before = stalls
+            assert request.path not in fake.objects and "was never started" in said[0], said
+
+    cluster.before = stalls
+    serving = KubernetesServing(load_platform(stack_file("aws-k8s")), ClusterApi(cluster.client()))
+    with pytest.raises(GpuPlatError):
+        serving.detach_guard("embedder", None)
+    assert _objects(cluster, "jobs") == [], "the Job another command deleted came back"
+    record = json.loads(
+        cluster.objects[f"/api/v1/namespaces/{NS}/configmaps/{GUARD_RECORD}"]["data"]["guard"]
+    )
+    assert record["phase"] == "stopped", record
