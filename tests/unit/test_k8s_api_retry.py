@@ -10,6 +10,8 @@ connection lost, a load balancer in front of the API server."""
 from __future__ import annotations
 
 import json
+import socket
+import ssl
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -18,7 +20,7 @@ import pytest
 from urllib3.exceptions import SSLError
 
 from infra.k8s.api_refs import ClusterError, Conflict, ObjectRef, Unavailable
-from infra.k8s.api_retry import LEASE_MARGIN_S, Pace, Retrier
+from infra.k8s.api_retry import LEASE_MARGIN_S, Pace, Retrier, retry_after_s, unanswered
 from infra.k8s.release_lock import ReleaseLock, ReleaseLocked
 from infra.k8s.serving_apply import RELEASE_RECORD, ClusterApi, record_manifest
 from infra.k8s.serving_versions import ServingRelease
@@ -355,3 +357,65 @@ def test_a_renewal_read_back_is_told_apart_to_the_microsecond() -> None:
     with pytest.raises(ReleaseLocked):
         lock.renew(force=True)
     assert tried(cluster, "PUT", LEASE) == 2
+
+
+# ------------------------------------------------------- the policy's numbers, each pinned (mutants survived)
+
+
+def _refusing(status: int | None, retry_after: float | None = None) -> Callable[[], dict[str, object]]:
+    def attempt() -> dict[str, object]:
+        raise Unavailable("the Kubernetes API answered", status, retry_after)
+
+    return attempt
+
+
+def test_the_backoff_doubles_to_its_cap_over_eleven_tries_at_most() -> None:
+    """client-go's maxRetries 10 (request.go NewRequest): 11 tries, the waits (drawn at 0.75 of the
+    backoff) doubling from 0.5 s to the 8 s cap; the time bound set out of the way."""
+    pace = CountedPace()
+    tries: list[int] = []
+    attempt = _refusing(503)
+
+    def counted() -> dict[str, object]:
+        tries.append(1)
+        return attempt()
+
+    retry = Retrier(Pace(pace.sleep, pace.monotonic, pace.draw), total_s=1000.0)
+    with pytest.raises(Unavailable, match="no try is left"):
+        retry.call("GET Lease", counted)
+    assert len(tries) == 11
+    assert pace.waits == [0.375, 0.75, 1.5, 3.0] + [6.0] * 6
+
+
+def test_the_time_bound_counts_the_wait_before_the_next_try() -> None:
+    """30 s in all: after 7 waits (23.6 s) one more of 6 s fits (29.6 s), the next would pass 30 s."""
+    pace = CountedPace()
+    retry = Retrier(Pace(pace.sleep, pace.monotonic, pace.draw))
+    with pytest.raises(Unavailable, match=r"9 tries in 30 s; the next, after 6.0 s more, would pass the 30"):
+        retry.call("GET Lease", _refusing(503))
+    assert sum(pace.waits) == pytest.approx(29.625)
+
+
+def test_a_retry_after_shorter_than_the_backoff_waits_the_backoff() -> None:
+    """withRetry.Before (with_retry.go): the longer of Retry-After and the backoff."""
+    pace = CountedPace()
+    retry = Retrier(Pace(pace.sleep, pace.monotonic, pace.draw), attempts=5)
+    with pytest.raises(Unavailable):
+        retry.call("GET Lease", _refusing(429, 1.0))
+    assert pace.waits == [1.0, 1.0, 1.5, 3.0]
+
+
+@pytest.mark.parametrize("header", ["1.5", "Wed, 21 Oct 2026 07:28:00 GMT", "", None])
+def test_a_retry_after_not_in_whole_seconds_is_not_read(header: str | None) -> None:
+    """request.go retryAfterSeconds: strconv.Atoi, nothing else."""
+    assert retry_after_s(header) is None
+    assert retry_after_s(" 3 ") == 3.0
+
+
+def test_a_tls_failure_or_a_name_that_does_not_resolve_is_not_retried_by_the_guards_client() -> None:
+    """Both are OSErrors (urllib wraps them in URLError): the stdlib path must not take them for a
+    connection that may heal."""
+    assert not unanswered(ssl.SSLCertVerificationError(1, "certificate verify failed"))
+    assert not unanswered(socket.gaierror(-2, "Name or service not known"))
+    assert unanswered(ConnectionResetError(104, "Connection reset by peer"))
+    assert unanswered(TimeoutError("timed out"))
