@@ -33,6 +33,7 @@ from datetime import timedelta
 from typing import Any
 
 from infra.errors import GpuPlatError
+from infra.k8s.api_refs import Conflict
 from infra.k8s.release_lock import LEASE_API, lease_name, parse_time
 from infra.k8s.serving import serving_objects, version_track_names
 from infra.k8s.serving_apply import ClusterApi, ClusterError, ObjectRef, ReleaseDriver, workload_kind
@@ -264,7 +265,16 @@ def settle_unstarted(api: ClusterApi, namespace: str, model: str, say: Callable[
         f"the guard Job {name} was never started (the command that started it stopped before it "
         "unsuspended it, and its release lock expired): deleted, with its objects"
     )
-    _replace_record(
-        api, live, {GUARD_RECORD_KEY: json.dumps({**guard, "phase": "stopped", "detail": reason})}
-    )
+    try:
+        _replace_record(
+            api, live, {GUARD_RECORD_KEY: json.dumps({**guard, "phase": "stopped", "detail": reason})}
+        )
+    except Conflict:
+        # Written since it was read: by another command settling this start at the same time (it deleted
+        # the Job too), or by the release's next holder. Settled either way, unless the record still names
+        # this start as starting.
+        again = _guard_of(api.get(ObjectRef("v1", "ConfigMap", GUARD_RECORD, namespace))) or {}
+        if again.get("phase") == "starting" and again.get("by") == holder:
+            raise
+        return
     say(reason)

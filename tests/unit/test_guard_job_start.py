@@ -353,3 +353,31 @@ def test_a_starter_paused_past_its_lease_does_not_bring_back_the_job_another_com
         cluster.objects[f"/api/v1/namespaces/{NS}/configmaps/{GUARD_RECORD}"]["data"]["guard"]
     )
     assert record["phase"] == "stopped", record
+
+
+def test_two_commands_settling_one_undone_start_at_once_both_go_on(cluster: FakeCluster) -> None:
+    """A `serve status` and a `serve rollback` meet the same expired half-done start at once: the one that
+    deletes the Job second meets it gone, and its write of the record `stopped` a 409 (the other wrote
+    it). The start is settled all the same: neither ends on that conflict."""
+    now = [datetime(2026, 12, 7, tzinfo=UTC)]
+    cluster.server_now = lambda: now[0]
+    name = killed_before_the_unsuspend(cluster)
+    now[0] += timedelta(seconds=61)
+    said: list[str] = []
+
+    def the_other_settles_first(request: Request, fake: FakeCluster) -> None:
+        rolls_out(request, fake)
+        if request.verb == "DELETE" and request.path == f"{BATCH}/{name}" and not said:
+            said.append("")
+            fake.before = rolls_out
+            settle_unstarted(ClusterApi(fake.client()), NS, "embedder", said.append)
+            fake.before = the_other_settles_first
+
+    cluster.before = the_other_settles_first
+    rollback = run_cli("serve", "rollback", "embedder", "--stack", "aws-k8s")
+    assert rollback.code == 0 and rollback.clean, rollback.err
+    assert f"{BATCH}/{name}" not in cluster.objects and "was never started" in said[1], said
+    record = json.loads(
+        cluster.objects[f"/api/v1/namespaces/{NS}/configmaps/{GUARD_RECORD}"]["data"]["guard"]
+    )
+    assert record["phase"] == "stopped", record
