@@ -1,0 +1,146 @@
+"""Facts live only under `ansible_facts` (ansible.cfg `inject_facts_as_vars = False`): Ansible does not copy
+them into every host's variables as `ansible_<fact>`, which cost every task, for every host, a deep copy of
+the host's facts (docs/local-platform.md, Measured). So no role, playbook or scenario may read a fact by its
+top-level name: there it would be undefined."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from ansible.config.manager import ConfigManager
+from ansible.module_utils.facts import default_collectors
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Facts that the setup module of ansible-core 2.19.14 gathered on a local platform node (Debian 12) and that
+# no fact collector lists in its `_fact_ids`, which the names below add to.
+GATHERED_OUTSIDE_FACT_IDS = frozenset(
+    [
+        "bios_date",
+        "bios_vendor",
+        "bios_version",
+        "board_asset_tag",
+        "board_name",
+        "board_serial",
+        "board_vendor",
+        "board_version",
+        "chassis_asset_tag",
+        "chassis_serial",
+        "chassis_vendor",
+        "chassis_version",
+        "device_links",
+        "distribution_file_parsed",
+        "distribution_file_path",
+        "distribution_file_variety",
+        "distribution_minor_version",
+        "domain",
+        "effective_group_id",
+        "form_factor",
+        "fqdn",
+        "hostname",
+        "hostnqn",
+        "iscsi_iqn",
+        "locally_reachable_ips",
+        "lvm",
+        "memfree_mb",
+        "memory_mb",
+        "memtotal_mb",
+        "nodename",
+        "proc_cmdline",
+        "processor_nproc",
+        "processor_threads_per_core",
+        "processor_vcpus",
+        "product_name",
+        "product_serial",
+        "product_uuid",
+        "product_version",
+        "real_group_id",
+        "selinux_python_present",
+        "swapfree_mb",
+        "swaptotal_mb",
+        "system_vendor",
+        "uptime_seconds",
+        "userspace_architecture",
+        "userspace_bits",
+    ]
+)
+# Facts that modules the roles run return (ansible.builtin.getent, package_facts, service_facts): without
+# the ansible_ prefix at the top level, ansible_facts['getent_passwd'] and the like under ansible_facts.
+MODULE_FACTS = re.compile(r"\b(getent_[a-z]+)\b|(?<![.'\"\[])\b(packages|services)\[")
+# Read under ansible_facts: ansible_facts['NAME'], ansible_facts.NAME, a path ['ansible_facts', 'NAME'].
+UNDER_FACTS = re.compile(r"""ansible_facts(\[['"]\w+['"]\]|\.\w+|['"],\s*['"]\w+['"])""")
+
+
+def fact_names() -> frozenset[str]:
+    names = set(GATHERED_OUTSIDE_FACT_IDS)
+    for collector in default_collectors.collectors:
+        names |= set(collector._fact_ids) | {collector.name}
+    return frozenset(names)
+
+
+def ansible_files() -> list[Path]:
+    tracked = subprocess.run(
+        ["git", "ls-files", "roles", "playbooks", "molecule", ".config"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    return [ROOT / name for name in tracked if name.endswith((".yml", ".yaml", ".j2"))]
+
+
+def top_level_facts(text: str, names: frozenset[str]) -> list[str]:
+    """The facts `text` reads by their top-level names (ansible_<fact>, getent_<database>, ...)."""
+    text = UNDER_FACTS.sub("", text)
+    found = [word for word in re.findall(r"\bansible_([a-z0-9_]+)", text) if word in names]
+    found += [next(group for group in match.groups() if group) for match in MODULE_FACTS.finditer(text)]
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ANSIBLE_INJECT_FACT_VARS", raising=False)
+
+
+def test_the_projects_ansible_config_keeps_facts_under_ansible_facts() -> None:
+    config = ConfigManager(conf_file=str(ROOT / "ansible.cfg"))
+    assert config.get_config_value("INJECT_FACTS_AS_VARS") is False
+
+
+def test_molecule_scenarios_keep_facts_under_ansible_facts_as_the_platform_does() -> None:
+    shared = yaml.safe_load((ROOT / ".config" / "molecule" / "config.yml").read_text())
+    assert shared["provisioner"]["config_options"]["defaults"]["inject_facts_as_vars"] is False
+    # A scenario's own config_options are merged over the shared ones: none may turn it back on.
+    for scenario in sorted(ROOT.glob("**/molecule/*/molecule.yml")):
+        own = yaml.safe_load(scenario.read_text()) or {}
+        defaults = (own.get("provisioner") or {}).get("config_options", {}).get("defaults", {})
+        assert defaults.get("inject_facts_as_vars", False) is False, scenario
+
+
+def test_no_role_playbook_or_scenario_reads_a_fact_by_its_top_level_name() -> None:
+    names = fact_names()
+    assert {"distribution", "os_family", "memtotal_mb", "hostname", "default_ipv4"} <= names
+    offenders = {
+        str(path.relative_to(ROOT)): found
+        for path in ansible_files()
+        if (found := top_level_facts(path.read_text(), names))
+    }
+    assert not offenders, f"read these under ansible_facts (ansible_facts['NAME']): {offenders}"
+
+
+@pytest.mark.parametrize(
+    ("text", "found"),
+    [
+        ("when: ansible_distribution == 'Debian'", ["distribution"]),
+        ("{{ hostvars[h]['ansible_memtotal_mb'] }}", ["memtotal_mb"]),
+        ('loop: "{{ getent_passwd | dict2items }}"', ["getent_passwd"]),
+        ("when: \"'slurmd' in packages['slurmd']\"", ["packages"]),
+        ("{{ ansible_facts['distribution'] }} {{ ansible_facts.memtotal_mb }}", []),
+        ("{{ ansible_facts['getent_passwd'] }} {{ ansible_facts.packages['x'] }}", []),
+        ("{{ hosts | map('extract', hostvars, ['ansible_facts', 'getent_passwd', user]) }}", []),
+        ("{{ ansible_check_mode }} {{ ansible_host }} {{ ansible_managed }}", []),
+    ],
+)
+def test_the_scan_tells_top_level_facts_from_facts_under_ansible_facts(text: str, found: list[str]) -> None:
+    assert top_level_facts(text, fact_names()) == found
