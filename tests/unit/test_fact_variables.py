@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ansible import constants as C
 from ansible.config.manager import ConfigManager
 from ansible.module_utils.facts import default_collectors
 
@@ -70,7 +71,21 @@ GATHERED_OUTSIDE_FACT_IDS = frozenset(
 )
 # Facts that modules the roles run return (ansible.builtin.getent, package_facts, service_facts): without
 # the ansible_ prefix at the top level, ansible_facts['getent_passwd'] and the like under ansible_facts.
-MODULE_FACTS = re.compile(r"\b(getent_[a-z]+)\b|(?<![.'\"\[])\b(packages|services)\[")
+MODULE_FACTS = re.compile(
+    r"\b(getent_[a-z]+)\b"
+    r"|(?<![.'\"\[])\b(packages|services)(?=\[|\s*\|)"
+    r"|['\"]\s+in\s+(packages|services)\b(?![.\[])"
+)
+# Facts named after each network interface of the node (ansible_eth0, ansible_ens5, ansible_enp0s3,
+# ansible_ib0, ansible_lo, ansible_bond0, ansible_docker0, ...), and those of amazon.aws.ec2_metadata_facts
+# (ansible_ec2_instance_id, ...): no collector lists them.
+NAMED_FACTS = re.compile(
+    r"lo|(eth|ens|eno|ib|bond|docker|virbr|podman|cni_podman)\d+\w*|enp\d+s\d+\w*|enx[0-9a-f]{12}|veth\w+"
+    r"|ec2_\w+"
+)
+# A fact's name put together in a template ('ansible_' ~ iface, 'ansible_%s' | format(x)): hostvars[h][...],
+# vars[...] or lookup('vars', ...) of it would be undefined, and no scan can name the fact.
+BUILT_NAMES = re.compile(r"""['"]ansible_['"]\s*[~+]|['"]ansible_%s""")
 # Read under ansible_facts: ansible_facts['NAME'], ansible_facts.NAME, a path ['ansible_facts', 'NAME'].
 UNDER_FACTS = re.compile(r"""ansible_facts(\[['"]\w+['"]\]|\.\w+|['"],\s*['"]\w+['"])""")
 
@@ -79,7 +94,11 @@ def fact_names() -> frozenset[str]:
     names = set(GATHERED_OUTSIDE_FACT_IDS)
     for collector in default_collectors.collectors:
         names |= set(collector._fact_ids) | {collector.name}
-    return frozenset(names)
+    # Not facts: Ansible's own variables (the user collector's name `user` is ansible_user, the remote user
+    # of a connection), and ansible_local, which get_vars puts at the top level with injection off too
+    # (ansible-core 2.19.14, ansible/vars/manager.py, "always 'promote' ansible_local").
+    own = {name for names_of in C.MAGIC_VARIABLE_MAPPING.values() for name in names_of}
+    return frozenset(names - {name.removeprefix("ansible_") for name in own} - {"local"})
 
 
 def ansible_files() -> list[Path]:
@@ -93,7 +112,12 @@ def ansible_files() -> list[Path]:
 def top_level_facts(text: str, names: frozenset[str]) -> list[str]:
     """The facts `text` reads by their top-level names (ansible_<fact>, getent_<database>, ...)."""
     text = UNDER_FACTS.sub("", text)
-    found = [word for word in re.findall(r"\bansible_([a-z0-9_]+)", text) if word in names]
+    found = [
+        word
+        for word in re.findall(r"\bansible_([a-z0-9_]+)", text)
+        if word in names or NAMED_FACTS.fullmatch(word)
+    ]
+    found += BUILT_NAMES.findall(text)
     found += [next(group for group in match.groups() if group) for match in MODULE_FACTS.finditer(text)]
     return found
 
@@ -118,6 +142,17 @@ def test_molecule_scenarios_keep_facts_under_ansible_facts_as_the_platform_does(
         assert defaults.get("inject_facts_as_vars", False) is False, scenario
 
 
+def test_the_scan_reads_every_kind_of_ansible_file() -> None:
+    scanned = {str(path.relative_to(ROOT)) for path in ansible_files()}
+    assert {
+        "playbooks/site.yml",
+        "roles/node_identity/templates/node.yml.j2",
+        "molecule/serving/verify.yml",
+        "molecule/shared/create.yml",
+        ".config/molecule/config.yml",
+    } <= scanned
+
+
 def test_no_role_playbook_or_scenario_reads_a_fact_by_its_top_level_name() -> None:
     names = fact_names()
     assert {"distribution", "os_family", "memtotal_mb", "hostname", "default_ipv4"} <= names
@@ -140,6 +175,26 @@ def test_no_role_playbook_or_scenario_reads_a_fact_by_its_top_level_name() -> No
         ("{{ ansible_facts['getent_passwd'] }} {{ ansible_facts.packages['x'] }}", []),
         ("{{ hosts | map('extract', hostvars, ['ansible_facts', 'getent_passwd', user]) }}", []),
         ("{{ ansible_check_mode }} {{ ansible_host }} {{ ansible_managed }}", []),
+        # Ansible's own variables, not facts: the remote user (a connection variable, no fact `user`), and
+        # ansible_local, which ansible-core puts at the top level either way (vars/manager.py get_vars).
+        ("become_user: '{{ ansible_user }}' {{ ansible_local.gpuplat | default({}) }}", []),
+        # A fact named after each network interface (ansible_eth0, ansible_ens5, ansible_ib0, ansible_lo).
+        (
+            "{{ ansible_eth0.ipv4.address }} {{ hostvars[h].ansible_ens5 }} {{ ansible_lo }} "
+            "{{ ansible_ib0 }}",
+            ["eth0", "ens5", "lo", "ib0"],
+        ),
+        ("{{ ansible_ec2_instance_id }}", ["ec2_instance_id"]),
+        ("{{ ansible_facts['eth0'] }} {{ ansible_facts.ec2_instance_id }} {{ ansible_env_x }}", []),
+        # A fact's name put together: no name to look up, so the construction itself.
+        (
+            "{{ hostvars[h]['ansible_' ~ iface] }} {{ lookup('vars', 'ansible_' + name) }}",
+            ["'ansible_' ~", "'ansible_' +"],
+        ),
+        ("when: \"'slurmd' in packages\"", ["packages"]),
+        ('loop: "{{ services | dict2items }}"', ["services"]),
+        # A registered result's or another variable's packages, not the fact.
+        ("{{ result.packages['x'] }} {{ apt_packages['x'] }} {{ 'x' in result.packages }}", []),
     ],
 )
 def test_the_scan_tells_top_level_facts_from_facts_under_ansible_facts(text: str, found: list[str]) -> None:
