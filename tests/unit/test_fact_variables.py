@@ -8,12 +8,14 @@ from __future__ import annotations
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 from ansible import constants as C
 from ansible.config.manager import ConfigManager
 from ansible.module_utils.facts import default_collectors
+from ansible.module_utils.parsing.convert_bool import boolean
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -101,6 +103,18 @@ def fact_names() -> frozenset[str]:
     return frozenset(names - {name.removeprefix("ansible_") for name in own} - {"local"})
 
 
+def turns_injection_on(config: dict[str, Any]) -> bool:
+    """Whether a Molecule config turns injection on for its playbooks: in the ansible.cfg it writes (the
+    provisioner's config_options, Molecule 26's ansible.cfg) or by ANSIBLE_INJECT_FACT_VARS in their
+    environment, which wins over the file."""
+    settings = []
+    for section, cfg in (("provisioner", "config_options"), ("ansible", "cfg")):
+        part = config.get(section) or {}
+        settings.append(((part.get(cfg) or {}).get("defaults") or {}).get("inject_facts_as_vars"))
+        settings.append((part.get("env") or {}).get("ANSIBLE_INJECT_FACT_VARS"))
+    return any(boolean(value, strict=False) for value in settings if value is not None)
+
+
 def ansible_files() -> list[Path]:
     tracked = subprocess.run(
         ["git", "ls-files", "roles", "playbooks", "molecule", ".config"],
@@ -136,10 +150,28 @@ def test_molecule_scenarios_keep_facts_under_ansible_facts_as_the_platform_does(
     shared = yaml.safe_load((ROOT / ".config" / "molecule" / "config.yml").read_text())
     assert shared["provisioner"]["config_options"]["defaults"]["inject_facts_as_vars"] is False
     # A scenario's own config_options are merged over the shared ones: none may turn it back on.
+    assert not turns_injection_on(shared)
     for scenario in sorted(ROOT.glob("**/molecule/*/molecule.yml")):
-        own = yaml.safe_load(scenario.read_text()) or {}
-        defaults = (own.get("provisioner") or {}).get("config_options", {}).get("defaults", {})
-        assert defaults.get("inject_facts_as_vars", False) is False, scenario
+        assert not turns_injection_on(yaml.safe_load(scenario.read_text()) or {}), scenario
+
+
+@pytest.mark.parametrize(
+    ("config", "on"),
+    [
+        ({}, False),
+        ({"provisioner": {"config_options": {"defaults": {"inject_facts_as_vars": False}}}}, False),
+        ({"provisioner": {"config_options": {"defaults": {"inject_facts_as_vars": True}}}}, True),
+        ({"provisioner": {"config_options": {"defaults": {"inject_facts_as_vars": "yes"}}}}, True),
+        # Molecule 26's own spelling of the same settings (molecule/config.py `_get_ansible_key_mapping`).
+        ({"ansible": {"cfg": {"defaults": {"inject_facts_as_vars": True}}}}, True),
+        # The variable wins over the ansible.cfg Molecule writes (config/base.yml INJECT_FACTS_AS_VARS).
+        ({"provisioner": {"env": {"ANSIBLE_INJECT_FACT_VARS": "true"}}}, True),
+        ({"ansible": {"env": {"ANSIBLE_INJECT_FACT_VARS": "1"}}}, True),
+        ({"provisioner": {"env": {"ANSIBLE_INJECT_FACT_VARS": "false"}}}, False),
+    ],
+)
+def test_a_scenario_that_turns_injection_back_on_is_told(config: dict[str, Any], on: bool) -> None:
+    assert turns_injection_on(config) is on
 
 
 def test_the_scan_reads_every_kind_of_ansible_file() -> None:
