@@ -88,8 +88,11 @@ NAMED_FACTS = re.compile(
 # A fact's name put together in a template ('ansible_' ~ iface, 'ansible_%s' | format(x)): hostvars[h][...],
 # vars[...] or lookup('vars', ...) of it would be undefined, and no scan can name the fact.
 BUILT_NAMES = re.compile(r"""['"]ansible_['"]\s*[~+]|['"]ansible_%s""")
-# Read under ansible_facts: ansible_facts['NAME'], ansible_facts.NAME, a path ['ansible_facts', 'NAME'].
-UNDER_FACTS = re.compile(r"""ansible_facts(\[['"]\w+['"]\]|\.\w+|['"],\s*['"]\w+['"])""")
+# Read under ansible_facts: ansible_facts['NAME'], ansible_facts.NAME, ansible_facts.get('NAME'), the same of
+# hostvars[h]['ansible_facts'], a path ['ansible_facts', 'NAME'].
+UNDER_FACTS = re.compile(
+    r"""ansible_facts(['"]\])?(\[['"]\w+['"]\]|\.get\(\s*['"]\w+['"]|\.\w+|['"],\s*['"]\w+['"])"""
+)
 
 
 def fact_names() -> frozenset[str]:
@@ -225,6 +228,13 @@ def test_no_role_playbook_or_scenario_reads_a_fact_by_its_top_level_name() -> No
         ),
         ("when: \"'slurmd' in packages\"", ["packages"]),
         ('loop: "{{ services | dict2items }}"', ["services"]),
+        # Other spellings of a fact under ansible_facts.
+        (
+            "{{ hostvars[h]['ansible_facts']['getent_passwd'] }} "
+            "{{ hostvars[h]['ansible_facts'].getent_group }}",
+            [],
+        ),
+        ("{{ ansible_facts.get('getent_passwd', {}) }} {{ ansible_facts.get(\"distribution\") }}", []),
         # A registered result's or another variable's packages, not the fact.
         ("{{ result.packages['x'] }} {{ apt_packages['x'] }} {{ 'x' in result.packages }}", []),
     ],
