@@ -8,7 +8,9 @@ finished Job kept for its logs never clashes with the next):
   list cannot be limited by name: RBAC's resourceNames do not apply to list, watch, create or
   deletecollection, kubernetes/website content/en/docs/reference/access-authn-authz/rbac.md "Referring to
   resources"), `get`/`update` on its Lease and on its record, `get`/`patch` (server-side apply) on the
-  release record, the gateways' ConfigMap and the gateways' Deployment, each by name;
+  release record and the gateways' Deployment (whose rollout it reads), `patch` only on the gateways'
+  ConfigMap (an apply needs no read), each by name: tests/unit/test_guard_job.py runs the runner under
+  this Role and finds each grant used;
 - a NetworkPolicy admitting the guard's pod (its labels) to the gateway pods' metrics port and the model
   servers' port, which the serving namespace's policies admit only to the gateways and monitoring;
 - the Job: `restartPolicy: Never` (a pod failure policy "cannot be used in combination with
@@ -96,7 +98,6 @@ def _labels(name: str) -> dict[str, str]:
 
 
 def _role(plan: JobPlan, name: str) -> dict[str, Any]:
-    configmaps = [GUARD_RECORD, RELEASE_RECORD, *_applied(plan, "ConfigMap")]
     return k8s_object(
         "rbac.authorization.k8s.io/v1",
         "Role",
@@ -111,7 +112,12 @@ def _role(plan: JobPlan, name: str) -> dict[str, Any]:
                 "resourceNames": [lease_name(plan.model)],
                 "verbs": ["get", "update"],
             },
-            {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": configmaps, "verbs": ["get"]},
+            {
+                "apiGroups": [""],
+                "resources": ["configmaps"],
+                "resourceNames": [GUARD_RECORD, RELEASE_RECORD],
+                "verbs": ["get"],
+            },
             {
                 "apiGroups": [""],
                 "resources": ["configmaps"],

@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 from urllib3.exceptions import ProtocolError
@@ -27,13 +28,14 @@ from infra.k8s.serving_apply import ClusterApi, read_record
 from infra.k8s.serving_versions import ServingRelease
 from infra.platform.resolve import load_platform
 from infra.serving.guard_job import EVIDENCE_KEY, FIELD_MANAGER, GUARD_RECORD, SUPERSEDED_EXIT, JobPlan, run
-from infra.serving.guard_job_objects import deadline_s
+from infra.serving.guard_job_objects import deadline_s, guard_objects
 from infra.serving.guard_job_plan import job_plan
 from infra.serving.kube_http import KubeHttp
 from infra.serving.load import lengthened_interval_s
 from infra.serving.on_kubernetes import read_guard_record
 from tests.conftest import fsx_facts
 from tests.k8s_api_fake import HOST, FakeCluster, rolls_out
+from tests.k8s_rbac import RequestInfo, allowing_rule, forbidden_message, request_info, unused
 from tests.unit.test_serve_guard_on_kubernetes import (
     GATEWAYS,
     Clock,
@@ -50,12 +52,17 @@ CONFIGMAPS = f"/api/v1/namespaces/{NS}/configmaps"
 
 class ApiBridge(HTTPServer):
     """Real HTTP in, the fake's transport behind: each request as the official client would hand it over.
-    A request whose bearer token is not `token` is answered 401, as the API server answers an expired one."""
+    A request whose bearer token is not `token` is answered 401, as the API server answers an expired one;
+    one that the guard's Role (`role`, once the test rendered it) does not allow is answered 403, as RBAC
+    answers (tests/k8s_rbac.py). `seen`: every authenticated request, as RBAC reads it."""
 
     def __init__(self, cluster: FakeCluster) -> None:
         super().__init__(("127.0.0.1", 0), _Bridged)
         self.cluster = cluster
         self.token = "test-token"
+        self.role: list[dict[str, Any]] | None = None
+        self.user = ""
+        self.seen: list[RequestInfo] = []
 
 
 class _Bridged(BaseHTTPRequestHandler):
@@ -65,6 +72,13 @@ class _Bridged(BaseHTTPRequestHandler):
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode() or None
         if self.headers.get("Authorization") != f"Bearer {self.server.token}":
             self._send(401, b'{"kind":"Status","message":"Unauthorized"}', {})
+            return
+        parts = urlsplit(self.path)
+        info = request_info(self.command, parts.path, dict(parse_qsl(parts.query)))
+        self.server.seen.append(info)
+        if self.server.role is not None and allowing_rule(self.server.role, info) is None:
+            said = forbidden_message(info, self.server.user)
+            self._send(403, json.dumps({"kind": "Status", "message": said, "code": 403}).encode(), {})
             return
         headers = {"authorization": "Bearer test-token", "Content-Type": self.headers.get("Content-Type")}
         try:
@@ -191,11 +205,23 @@ def release(
         cli = ReleaseLock(api, NS, "embedder", "ci@runner pid 7 ab12", now=api.server_now)
         cli.acquire()
         cli.hand_to(JOB)
+        bridge.role, bridge.user = guard_role(plan)
         return replace(plan, names=names), pods
 
     yield make
     for pods in made:
         pods.close()
+
+
+def guard_role(plan: JobPlan) -> tuple[list[dict[str, Any]], str]:
+    """The rules of the Role the CLI renders for the Job of `plan`, and the user its pod's token is."""
+    name = plan.holder.removeprefix("job/")
+    objects = guard_objects(plan, name, {"containers": [{"image": "docker.io/vllm/vllm-openai:v0.10.1"}]})
+    (role,) = [o for o in objects if o["kind"] == "Role"]
+    (binding,) = [o for o in objects if o["kind"] == "RoleBinding"]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    (subject,) = binding["subjects"]
+    return role["rules"], f"system:serviceaccount:{subject['namespace']}:{subject['name']}"
 
 
 def job_api(bridge: ApiBridge, tmp_path: Path) -> KubeHttp:
@@ -409,3 +435,17 @@ def test_a_lease_taken_at_a_look_ends_the_job_with_the_superseded_exit(
     assert "ops@laptop" in said[-1] and not any("look failed" in line for line in said), said
     record = read_guard_record(api, NS)
     assert record is not None and record["phase"] != "interrupted", record
+
+
+def test_the_role_allows_every_call_of_a_rollback_and_grants_nothing_it_does_not_make(
+    tmp_path: Path, cluster: FakeCluster, bridge: ApiBridge, clock: Clock, release: Any
+) -> None:
+    """Least privilege, proven on the runner's real requests: the bridge answers 403 to any the rendered
+    Role does not allow (in every test of this file), and a rollback, the path that changes the most (the
+    Lease taken and renewed, the pods listed, both records read, the guard's written, each object of share
+    0 applied, the gateways' rollout read), uses every grant of the Role: none is beyond need."""
+    plan, _pods = release(Traffic(clock, canary_errors=1.0))
+    assert run(job_api(bridge, tmp_path), plan, sleep=clock.sleep) == 0
+    assert bridge.role is not None and bridge.seen
+    assert all(allowing_rule(bridge.role, info) is not None for info in bridge.seen)
+    assert not unused(bridge.role, bridge.seen), sorted(unused(bridge.role, bridge.seen))
