@@ -203,6 +203,15 @@ SESSIONS = [
         package_parent="roles/slurm_elastic/files",
     ),
     Session(
+        "guard-job-objects",
+        "guard Job's objects (infra/serving/guard_job_objects.py)",
+        "infra",
+        ["infra/serving/guard_job_objects.py"],
+        # Every test file of the Job (its objects' evaluators, the runner under the rendered Role, the CLI's
+        # start): a list written by hand would miss the next one.
+        sorted(test.relative_to(ROOT).as_posix() for test in ROOT.glob("tests/unit/test_guard_job*.py")),
+    ),
+    Session(
         "job-profile",
         "job profile (infra/validate/job_profile.py)",
         "infra",
