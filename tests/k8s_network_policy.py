@@ -20,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tests.unit.test_k8s_operators import selects
+
 Policy = Mapping[str, Any]
 
 
@@ -30,22 +32,6 @@ class Pod:
     namespace_labels: Mapping[str, str] = field(default_factory=dict)
 
 
-def selects(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
-    if any(labels.get(key) != value for key, value in (selector.get("matchLabels") or {}).items()):
-        return False
-    for requirement in selector.get("matchExpressions") or []:
-        key, operator, values = requirement["key"], requirement["operator"], requirement.get("values") or []
-        held = {
-            "In": key in labels and labels[key] in values,
-            "NotIn": key not in labels or labels[key] not in values,
-            "Exists": key in labels,
-            "DoesNotExist": key not in labels,
-        }[operator]
-        if not held:
-            return False
-    return True
-
-
 def _peer_admits(peer: Mapping[str, Any], policy_namespace: str, source: Pod) -> bool:
     pods, namespaces = peer.get("podSelector"), peer.get("namespaceSelector")
     if pods is None and namespaces is None:
@@ -53,9 +39,9 @@ def _peer_admits(peer: Mapping[str, Any], policy_namespace: str, source: Pod) ->
     in_namespace = (
         source.namespace == policy_namespace
         if namespaces is None
-        else selects(namespaces, source.namespace_labels)
+        else selects(namespaces, dict(source.namespace_labels))
     )
-    return in_namespace and (pods is None or selects(pods, source.labels))
+    return in_namespace and (pods is None or selects(pods, dict(source.labels)))
 
 
 def _port_admits(port: Mapping[str, Any], number: int, protocol: str) -> bool:
@@ -73,7 +59,7 @@ def admits(policies: Sequence[Policy], source: Pod, target: Pod, port: int, prot
         for p in policies
         if p["metadata"]["namespace"] == target.namespace
         and "Ingress" in (p["spec"].get("policyTypes") or ["Ingress"])
-        and selects(p["spec"].get("podSelector") or {}, target.labels)
+        and selects(p["spec"].get("podSelector") or {}, dict(target.labels))
     ]
     if not selecting:
         return True

@@ -52,17 +52,9 @@ def cluster(monkeypatch: pytest.MonkeyPatch) -> FakeCluster:
     return fake
 
 
-def _objects(cluster: FakeCluster, kind_path: str) -> list[dict[str, Any]]:
-    return [
-        obj for path, obj in cluster.objects.items() if f"/{kind_path}/gpuplat-serve-guard-embedder-" in path
-    ]
-
-
-def test_deploy_detach_starts_the_guard_job_hands_it_the_lease_and_status_reads_its_record(
-    cluster: FakeCluster,
-) -> None:
-    running(cluster, ServingRelease(V1), 2)
-    run = run_cli(
+def _deploy_detach() -> Any:
+    """`serve deploy embedder@2 --canary 5 --detach` on the Kueue stack."""
+    return run_cli(
         "serve",
         "deploy",
         "embedder@2",
@@ -74,6 +66,23 @@ def test_deploy_detach_starts_the_guard_job_hands_it_the_lease_and_status_reads_
         "--registry-url",
         "r",
     )
+
+
+def _configmap(cluster: FakeCluster, name: str) -> dict[str, Any]:
+    return dict(cluster.objects[f"/api/v1/namespaces/{NS}/configmaps/{name}"])
+
+
+def _objects(cluster: FakeCluster, kind_path: str) -> list[dict[str, Any]]:
+    return [
+        obj for path, obj in cluster.objects.items() if f"/{kind_path}/gpuplat-serve-guard-embedder-" in path
+    ]
+
+
+def test_deploy_detach_starts_the_guard_job_hands_it_the_lease_and_status_reads_its_record(
+    cluster: FakeCluster,
+) -> None:
+    running(cluster, ServingRelease(V1), 2)
+    run = _deploy_detach()
     assert run.code == 0 and run.clean, run.err
     (job,) = _objects(cluster, "jobs")
     name = job["metadata"]["name"]
@@ -96,7 +105,7 @@ def test_deploy_detach_starts_the_guard_job_hands_it_the_lease_and_status_reads_
     (role,) = _objects(cluster, "roles")
     assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]} in role["rules"]
     assert all("resourceNames" in rule for rule in role["rules"] if rule["resources"] != ["pods"])
-    plan = json.loads(cluster.objects[f"/api/v1/namespaces/{NS}/configmaps/{name}-plan"]["data"][PLAN_KEY])
+    plan = json.loads(_configmap(cluster, f"{name}-plan")["data"][PLAN_KEY])
     assert plan["holder"] == f"job/{name}" and plan["canary"] == "embedder@2"
     assert sorted(plan["shares"]) == ["0", "5"]
     status = run_cli("serve", "status", "embedder", "--stack", "aws-k8s")
@@ -123,14 +132,10 @@ def test_guard_detach_refuses_without_a_canary_and_replaces_an_earlier_guards_re
     )
     run = run_cli("serve", "guard", "embedder", "--detach", "--past-gate", "--stack", "aws-k8s")
     assert run.code == 0 and run.clean, run.err
-    record = cluster.objects[f"/api/v1/namespaces/{NS}/configmaps/{GUARD_RECORD}"]["data"]
+    record = _configmap(cluster, GUARD_RECORD)["data"]
     assert set(record) == {"guard"} and json.loads(record["guard"])["phase"] == "starting", record
     (job,) = _objects(cluster, "jobs")
-    plan = json.loads(
-        cluster.objects[f"/api/v1/namespaces/{NS}/configmaps/{job['metadata']['name']}-plan"]["data"][
-            PLAN_KEY
-        ]
-    )
+    plan = json.loads(_configmap(cluster, f"{job['metadata']['name']}-plan")["data"][PLAN_KEY])
     assert plan["past_gate"] is True
 
 
@@ -143,8 +148,8 @@ def test_the_jobs_code_runs_on_a_python_without_the_clis_dependencies(
     assert run_cli("serve", "guard", "embedder", "--detach", "--stack", "aws-k8s").code == 0
     (job,) = _objects(cluster, "jobs")
     name = job["metadata"]["name"]
-    code = cluster.objects[f"/api/v1/namespaces/{NS}/configmaps/{name}-code"]["binaryData"][CODE_KEY]
-    plan = cluster.objects[f"/api/v1/namespaces/{NS}/configmaps/{name}-plan"]["data"][PLAN_KEY]
+    code = _configmap(cluster, f"{name}-code")["binaryData"][CODE_KEY]
+    plan = _configmap(cluster, f"{name}-plan")["data"][PLAN_KEY]
     (tmp_path / "guard.pyz").write_bytes(base64.b64decode(code))
     (tmp_path / "plan.json").write_text(plan)
     ran = subprocess.run(
@@ -180,18 +185,7 @@ def test_a_job_refused_leaves_no_lease_handed_no_unowned_objects_and_a_stopped_r
                 fake.refuse[("PATCH", job_path)] = (403, "jobs.batch is forbidden")
 
     cluster.before = refuse_the_job
-    run = run_cli(
-        "serve",
-        "deploy",
-        "embedder@2",
-        "--canary",
-        "5",
-        "--detach",
-        "--stack",
-        "aws-k8s",
-        "--registry-url",
-        "r",
-    )
+    run = _deploy_detach()
     assert run.code != 0 and run.clean, run.err
     # One paragraph, after the progress lines: what was not started, why, what to run.
     paragraph = run.err.strip().split("\nerror: ")[-1]
@@ -200,9 +194,7 @@ def test_a_job_refused_leaves_no_lease_handed_no_unowned_objects_and_a_stopped_r
     assert patches and patches[0]["spec"]["suspend"] is True  # type: ignore[index]
     lease = cluster.objects[LEASE]["spec"]
     assert lease.get("holderIdentity") != f"job/{name}", lease
-    record = json.loads(
-        cluster.objects[f"/api/v1/namespaces/{NS}/configmaps/{GUARD_RECORD}"]["data"]["guard"]
-    )
+    record = json.loads(_configmap(cluster, GUARD_RECORD)["data"]["guard"])
     assert record["phase"] == "stopped" and "forbidden" in record["detail"], record
     for kind in ("jobs", "configmaps", "serviceaccounts", "roles", "rolebindings", "networkpolicies"):
         assert all(obj["metadata"].get("ownerReferences") for obj in _objects(cluster, kind)), kind

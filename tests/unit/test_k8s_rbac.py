@@ -1,0 +1,85 @@
+"""The RBAC evaluator the guard Job's tests rely on (tests/k8s_rbac.py), on the cases its sources name."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.k8s_rbac import RequestInfo, allowing_rule, request_info, unused
+
+NS = "/api/v1/namespaces/serving"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "query", "expected"),
+    [
+        ("GET", f"{NS}/pods", {"labelSelector": "a=b"}, RequestInfo("list", "", "serving", "pods")),
+        ("GET", f"{NS}/pods", {"watch": "1"}, RequestInfo("watch", "", "serving", "pods")),
+        ("GET", f"{NS}/pods", {"watch": "false"}, RequestInfo("list", "", "serving", "pods")),
+        (
+            "GET",
+            f"{NS}/pods/p1:8000/proxy/metrics",
+            {},
+            RequestInfo("get", "", "serving", "pods", "proxy", "p1:8000"),
+        ),
+        ("POST", f"{NS}/configmaps", {}, RequestInfo("create", "", "serving", "configmaps")),
+        ("DELETE", f"{NS}/configmaps", {}, RequestInfo("deletecollection", "", "serving", "configmaps")),
+        (
+            "PUT",
+            "/apis/coordination.k8s.io/v1/namespaces/serving/leases/l",
+            {},
+            RequestInfo("update", "coordination.k8s.io", "serving", "leases", "", "l"),
+        ),
+        (
+            "PATCH",
+            "/apis/apps/v1/namespaces/serving/deployments/gateway",
+            {},
+            RequestInfo("patch", "apps", "serving", "deployments", "", "gateway"),
+        ),
+        (
+            "GET",
+            "/api/v1/namespaces/serving",
+            {},
+            RequestInfo("get", "", "serving", "namespaces", "", "serving"),
+        ),
+        ("GET", "/api/v1/nodes", {}, RequestInfo("list", "", "", "nodes")),
+    ],
+)
+def test_a_request_is_read_as_the_api_server_reads_it(
+    method: str, path: str, query: dict[str, str], expected: RequestInfo
+) -> None:
+    assert request_info(method, path, query) == expected
+
+
+def test_a_path_outside_the_resource_apis_is_refused() -> None:
+    with pytest.raises(ValueError, match="no resource request"):
+        request_info("GET", "/healthz")
+
+
+def test_names_limit_a_rule_to_requests_that_carry_one() -> None:
+    rules = [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": ["a"],
+            "verbs": ["get", "create", "list"],
+        },
+        {"apiGroups": ["apps"], "resources": ["*/scale"], "verbs": ["*"]},
+    ]
+    assert allowing_rule(rules, request_info("GET", f"{NS}/configmaps/a")) == 0
+    assert allowing_rule(rules, request_info("GET", f"{NS}/configmaps/b")) is None
+    # create and list carry no name: a rule with resourceNames never allows them.
+    assert allowing_rule(rules, request_info("POST", f"{NS}/configmaps")) is None
+    assert allowing_rule(rules, request_info("GET", f"{NS}/configmaps")) is None
+    # A subresource needs its own grant: pods/proxy, or */proxy; the resource alone does not give it.
+    scale = request_info("PUT", "/apis/apps/v1/namespaces/serving/deployments/gateway/scale")
+    assert allowing_rule(rules, scale) == 1
+    assert (
+        allowing_rule(rules, request_info("PUT", "/apis/apps/v1/namespaces/serving/deployments/gateway"))
+        is None
+    )
+    proxy = request_info("GET", f"{NS}/pods/p1:8000/proxy/metrics")
+    assert allowing_rule([{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}], proxy) is None
+    assert unused(rules, [request_info("GET", f"{NS}/configmaps/a"), scale]) == {
+        ("", "configmaps", "create", "a"),
+        ("", "configmaps", "list", "a"),
+    }
