@@ -19,9 +19,10 @@ finished Job kept for its logs never clashes with the next):
   counting against `backoffLimit`; exit 2 (a plan it cannot read) and exit 10 (another command holds the
   release) fail the Job at once; any other failure is retried, the new pod resuming from the guard's
   record. `activeDeadlineSeconds` covers every step's analysis, its rollout and a rollback's;
-  `ttlSecondsAfterFinished` (a day) removes the Job, and with it (their ownerReferences name it, the
-  garbage collector's "background cascading deletion") every object above, once it finished: the guard's
-  record (`gpuplat-serve-guard`, which `serve status` reads) stays.
+  `ttlSecondsAfterFinished` (a day) removes the Job, and with it (their ownerReferences name it: the TTL
+  controller deletes the Job with foreground propagation, kubernetes pkg/controller/ttlafterfinished/
+  ttlafterfinished_controller.go) every object above, a day after it finished: the guard's record
+  (`gpuplat-serve-guard`, which `serve status` reads) stays.
 
 The pod runs the model-server image's own python3 (the vLLM image is a Python one; the stable version's
 image, already on the inference nodes it is placed on) on the code ConfigMap; it asks for 50m CPU and

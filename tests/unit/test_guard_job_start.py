@@ -32,6 +32,7 @@ from infra.serving.on_kubernetes import KubernetesServing
 from infra.serving.registry.mlflow import ModelVersion
 from infra.spec.load import stack_file
 from tests.k8s_api_fake import FakeCluster, Request, rolls_out
+from tests.k8s_job_cleanup import collect
 from tests.k8s_schemas import assert_accepted
 from tests.unit.test_hostile_input import run_cli
 from tests.unit.test_serve_on_kubernetes import LEASE, NS, V1, V2, running
@@ -373,3 +374,29 @@ def test_two_commands_settling_one_undone_start_at_once_both_go_on(cluster: Fake
         cluster.objects[f"/api/v1/namespaces/{NS}/configmaps/{GUARD_RECORD}"]["data"]["guard"]
     )
     assert record["phase"] == "stopped", record
+
+
+def test_a_finished_job_stays_a_day_for_its_logs_then_goes_with_its_objects_and_the_record_stays(
+    cluster: FakeCluster,
+) -> None:
+    """What docs/serving.md promises of the Job's TTL, run by the TTL controller's and the garbage
+    collector's rules (tests/k8s_job_cleanup.py): a day after the Job finished, not a second less, the
+    Job and every object it made are deleted; the guard's record, which `serve status` reads, stays."""
+    running(cluster, ServingRelease(V1, canary=V2, canary_percent=20), 2)
+    assert run_cli("serve", "guard", "embedder", "--detach", "--stack", "aws-k8s").code == 0
+    (job,) = _objects(cluster, "jobs")
+    finished = datetime(2026, 12, 7, 4, 0, tzinfo=UTC)
+    done = {"type": "Complete", "status": "True", "lastTransitionTime": finished.isoformat()}
+    cluster.objects[f"{BATCH}/{job['metadata']['name']}"]["status"] = {"conditions": [done]}
+    made = {
+        path for path, obj in cluster.objects.items() if job["metadata"]["name"] in obj["metadata"]["name"]
+    }
+    assert len(made) == 7, sorted(made)  # the Job, 2 ConfigMaps, ServiceAccount, Role, RoleBinding, policy
+    day = timedelta(days=1)
+    assert not collect(cluster.objects, finished + day - timedelta(seconds=1))
+    status = run_cli("serve", "status", "embedder", "--stack", "aws-k8s")
+    assert "; its Job: complete" in status.out, status.out
+    assert collect(cluster.objects, finished + day) == made
+    assert _configmap(cluster, GUARD_RECORD)["data"]["guard"]
+    status = run_cli("serve", "status", "embedder", "--stack", "aws-k8s", "--json")
+    assert status.code == 0 and json.loads(status.out)["guard"]["job_state"] == "gone", status.out
