@@ -15,10 +15,15 @@ Read at the source (kubernetes/kubernetes, the stored snapshots named):
   `*/SUB` any resource's subresource SUB, and a rule with resourceNames matches only a request naming one
   of them, so never a list, a create or a deletecollection, which carry no name (pkg/apis/rbac/helpers.go
   refuses such rules when built: "verbs ... do not have names available");
-- a Role's rules are visited in turn and the first that allows decides; none: no opinion, a 403.
+- a Role's rules are visited in turn and the first that allows decides; none: no opinion, a 403;
+- whose rules apply: pkg/registry/rbac/validation/rule.go (DefaultRuleResolver, VisitRulesFor,
+  appliesToUser, GetRoleReferenceRules): each RoleBinding of the request's namespace with a subject that
+  is the user (kind `User` by name, `ServiceAccount` as `system:serviceaccount:NS:NAME`, NS the binding's
+  own where the subject names none; any other kind applies to no one) gives the rules of its roleRef, a
+  `Role` of the binding's namespace by name (a kind other than Role or ClusterRole: an error, no rules).
 
-Not modelled: non-resource URLs (a Role cannot grant them), ClusterRoles and aggregation, a list narrowed
-to one name by `fieldSelector=metadata.name=` (the guard sends none), impersonation."""
+Not modelled: non-resource URLs (a Role cannot grant them), Groups, ClusterRoles and aggregation, a list
+narrowed to one name by `fieldSelector=metadata.name=` (the guard sends none), impersonation."""
 
 from __future__ import annotations
 
@@ -147,3 +152,30 @@ def forbidden_message(info: RequestInfo, user: str) -> str:
     resource += f"/{info.subresource}" if info.subresource else ""
     scope = f'in the namespace "{info.namespace}"' if info.namespace else "at the cluster scope"
     return f'User "{user}" groups [] cannot {info.verb} {resource} {scope}.'
+
+
+def _applies(subject: Mapping[str, Any], user: str, namespace: str) -> bool:
+    if subject.get("kind") == "User":
+        return bool(subject.get("name") == user)
+    if subject.get("kind") == "ServiceAccount":
+        return user == f"system:serviceaccount:{subject.get('namespace') or namespace}:{subject.get('name')}"
+    return False
+
+
+def bound_rules(objects: Sequence[Mapping[str, Any]], user: str, namespace: str) -> list[Rule]:
+    """The rules `objects` (Roles, RoleBindings among others) give `user` in `namespace`."""
+    roles = {
+        o["metadata"]["name"]: o
+        for o in objects
+        if o["kind"] == "Role" and o["metadata"]["namespace"] == namespace
+    }
+    rules: list[Rule] = []
+    for binding in objects:
+        if binding["kind"] != "RoleBinding" or binding["metadata"]["namespace"] != namespace:
+            continue
+        if not any(_applies(s, user, namespace) for s in binding.get("subjects") or []):
+            continue
+        ref = binding["roleRef"]
+        if ref.get("kind") == "Role" and ref.get("name") in roles:
+            rules.extend(roles[ref["name"]].get("rules") or [])
+    return rules

@@ -35,7 +35,7 @@ from infra.serving.load import lengthened_interval_s
 from infra.serving.on_kubernetes import read_guard_record
 from tests.conftest import fsx_facts
 from tests.k8s_api_fake import HOST, FakeCluster, rolls_out
-from tests.k8s_rbac import RequestInfo, allowing_rule, forbidden_message, request_info, unused
+from tests.k8s_rbac import RequestInfo, allowing_rule, bound_rules, forbidden_message, request_info, unused
 from tests.unit.test_serve_guard_on_kubernetes import (
     GATEWAYS,
     Clock,
@@ -214,14 +214,20 @@ def release(
 
 
 def guard_role(plan: JobPlan) -> tuple[list[dict[str, Any]], str]:
-    """The rules of the Role the CLI renders for the Job of `plan`, and the user its pod's token is."""
+    """The rules the objects the CLI renders for the Job of `plan` give its pod (the user its token is,
+    from the Job's serviceAccountName, which must name the ServiceAccount rendered with it), and that user."""
     name = plan.holder.removeprefix("job/")
     objects = guard_objects(plan, name, {"containers": [{"image": "docker.io/vllm/vllm-openai:v0.10.1"}]})
-    (role,) = [o for o in objects if o["kind"] == "Role"]
-    (binding,) = [o for o in objects if o["kind"] == "RoleBinding"]
-    assert binding["roleRef"]["name"] == role["metadata"]["name"]
-    (subject,) = binding["subjects"]
-    return role["rules"], f"system:serviceaccount:{subject['namespace']}:{subject['name']}"
+    (job,) = [o for o in objects if o["kind"] == "Job"]
+    namespace, account = job["metadata"]["namespace"], job["spec"]["template"]["spec"]["serviceAccountName"]
+    accounts = [
+        (o["metadata"]["namespace"], o["metadata"]["name"]) for o in objects if o["kind"] == "ServiceAccount"
+    ]
+    assert (namespace, account) in accounts, (
+        f"no ServiceAccount {account} rendered: the Job's pods would not start"
+    )
+    user = f"system:serviceaccount:{namespace}:{account}"
+    return [dict(rule) for rule in bound_rules(objects, user, namespace)], user
 
 
 def job_api(bridge: ApiBridge, tmp_path: Path) -> KubeHttp:

@@ -6,6 +6,7 @@ tests/unit/test_guard_job.py."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 
 from infra.errors import ExitCode
 from infra.k8s.objects import LABEL_COMPONENT, MONITORING_NAMESPACE, NAMESPACE_NAME_LABEL
+from infra.k8s.release_lock import lease_name
 from infra.k8s.serving import serving_objects
 from infra.k8s.serving_versions import ServingRelease
 from infra.platform.resolve import load_platform
@@ -131,3 +133,13 @@ def test_the_guards_pod_alone_reaches_the_gateways_metrics_and_the_model_servers
     assert admits(theirs + ours, targets["gateway"], targets["model-server"], 8000)
     # No other port of theirs opened to the guard.
     assert not admits(theirs + ours, guard, targets["model-server"], 9090)
+
+
+@pytest.mark.parametrize("model", ["embedder", "e" * 80, "a" * 35 + "-" + "b" * 30, "m" * 36 + "-x" * 20])
+def test_a_jobs_name_is_a_label_value_naming_the_model_and_the_release(model: str) -> None:
+    """The Job's name is the value of its pods' `batch.kubernetes.io/job-name` label: a DNS label of 63
+    characters at most, the model's part of its Lease's name (shortened with a hash where long), then the
+    release's ID."""
+    name = guard_name(model, "abc123")
+    assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name) and len(name) <= 63, name
+    assert name == f"gpuplat-serve-guard-{lease_name(model).removeprefix('gpuplat-release-')}-abc123", name

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from tests.k8s_rbac import RequestInfo, allowing_rule, request_info, unused
+from tests.k8s_rbac import RequestInfo, allowing_rule, bound_rules, request_info, unused
 
 NS = "/api/v1/namespaces/serving"
 
@@ -83,3 +85,32 @@ def test_names_limit_a_rule_to_requests_that_carry_one() -> None:
         ("", "configmaps", "create", "a"),
         ("", "configmaps", "list", "a"),
     }
+
+
+def _binding(subject: dict[str, str], ref_kind: str = "Role") -> dict[str, Any]:
+    return {
+        "kind": "RoleBinding",
+        "metadata": {"name": "b", "namespace": "serving"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": ref_kind, "name": "r"},
+        "subjects": [subject],
+    }
+
+
+def test_a_binding_gives_its_roles_rules_to_the_service_account_it_names_only() -> None:
+    role = {"kind": "Role", "metadata": {"name": "r", "namespace": "serving"}, "rules": [{"verbs": ["get"]}]}
+    user = "system:serviceaccount:serving:guard"
+    for subject in (
+        {"kind": "ServiceAccount", "name": "guard", "namespace": "serving"},
+        {"kind": "ServiceAccount", "name": "guard"},
+    ):
+        assert bound_rules([role, _binding(subject)], user, "serving") == role["rules"], subject
+    for subject in (
+        {"kind": "ServiceAccount", "name": "guard", "namespace": "default"},
+        {"kind": "ServiceAccount", "name": "other", "namespace": "serving"},
+        {"kind": "serviceaccount", "name": "guard", "namespace": "serving"},
+        {"kind": "User", "name": "guard"},
+    ):
+        assert bound_rules([role, _binding(subject)], user, "serving") == [], subject
+    named = {"kind": "ServiceAccount", "name": "guard"}
+    assert bound_rules([role, _binding(named, "role")], user, "serving") == []
+    assert bound_rules([role, _binding(named)], user, "default") == []
