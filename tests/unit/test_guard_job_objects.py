@@ -143,3 +143,44 @@ def test_a_jobs_name_is_a_label_value_naming_the_model_and_the_release(model: st
     name = guard_name(model, "abc123")
     assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name) and len(name) <= 63, name
     assert name == f"gpuplat-serve-guard-{lease_name(model).removeprefix('gpuplat-release-')}-abc123", name
+
+
+def test_the_guards_pod_goes_where_the_stable_versions_pods_may_go(tmp_path: Path) -> None:
+    """Its image is the stable version's, already pulled on those nodes: the pod gets their node selector,
+    tolerations and affinity, whichever the stable version's pods have."""
+    platform = load_platform(stepped_stack(tmp_path))
+    plan = job_plan(platform, fsx_facts(), RELEASE, "s3://aws-k8s-models-1a2b/embedder", f"job/{NAME}")
+    stable = next(
+        o for o in serving_objects(platform, fsx_facts(), RELEASE) if o["metadata"]["name"].endswith("-v1")
+    )
+    spread = {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"a": "b"}}}
+    placed = {
+        **stable["spec"]["template"]["spec"],
+        "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [spread]}},
+    }
+    pod = _job_spec(guard_objects(plan, NAME, placed))["template"]["spec"]
+    for key in ("nodeSelector", "tolerations", "affinity"):
+        assert placed[key] and pod[key] == placed[key], key
+    assert pod["containers"][0]["image"] == placed["containers"][0]["image"]
+    bare = _job_spec(guard_objects(plan, NAME, {"containers": placed["containers"]}))["template"]["spec"]
+    assert not {"nodeSelector", "tolerations", "affinity"} & set(bare)
+
+
+def test_the_pods_command_finds_its_code_and_plan_in_the_config_maps_it_mounts(rendered: Any) -> None:
+    """Each file the container's command names lies under one of its mounts, whose volume is a ConfigMap
+    rendered with the Job, holding that file's name as a key: the zip application and the plan."""
+    objects = rendered[0]
+    pod = _job_spec(objects)["template"]["spec"]
+    (container,) = pod["containers"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    maps = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ConfigMap"}
+    found: dict[str, str] = {}
+    for argument in container["command"][1:]:
+        for mount in container["volumeMounts"]:
+            folder = mount["mountPath"].rstrip("/") + "/"
+            if argument.startswith(folder):
+                config_map = maps[volumes[mount["name"]]["configMap"]["name"]]
+                key = argument.removeprefix(folder)
+                assert key in {**config_map.get("data", {}), **config_map.get("binaryData", {})}, argument
+                found[key] = config_map["metadata"]["name"]
+    assert found == {"guard.pyz": f"{NAME}-code", "plan.json": f"{NAME}-plan"}, found
