@@ -8,8 +8,9 @@ the first that matches a pod's failure decides; none: the default, the failure c
 that makes the count exceed it). FailJob: the Job fails at once; Ignore: not counted, a replacement pod is
 made; Count: counted. `onExitCodes` matches where a container (the named one, if `containerName`) ended
 with a code In (or NotIn) its values, exit 0 never; `onPodConditions` where the pod has a condition of
-that type and status (True when not given). A podFailurePolicy "cannot be used in combination with
-restartPolicy=OnFailure" (JobSpec.podFailurePolicy): the API refuses it, as here.
+that type and status (True when not given). An unknown action skips its rule; an unknown operator is
+never satisfied ("Clients should react to an unknown ..."). A podFailurePolicy "cannot be used in
+combination with restartPolicy=OnFailure" (JobSpec.podFailurePolicy): the API refuses it, as here.
 
 Not modelled: FailIndex and indexed Jobs, the back-off delay between pods, activeDeadlineSeconds."""
 
@@ -18,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+ACTIONS = ("FailJob", "FailIndex", "Ignore", "Count")
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,9 @@ def _matches(rule: Mapping[str, Any], end: PodEnd) -> bool:
         if not found:
             return False
         inside = [c in codes["values"] for c in found]
-        return any(inside) if codes["operator"] == "In" else not all(inside)
+        if codes["operator"] == "In":
+            return any(inside)
+        return codes["operator"] == "NotIn" and not all(inside)  # an unknown operator: not satisfied
     return any(
         end.conditions.get(pattern["type"]) == (pattern.get("status") or "True")
         for pattern in rule.get("onPodConditions") or []
@@ -54,7 +59,7 @@ def _matches(rule: Mapping[str, Any], end: PodEnd) -> bool:
 def action(job_spec: Mapping[str, Any], end: PodEnd) -> str:
     """What the Job's pod failure policy does with a failed pod: FailJob, Ignore or Count."""
     for rule in (job_spec.get("podFailurePolicy") or {}).get("rules") or []:
-        if _matches(rule, end):
+        if rule.get("action") in ACTIONS and _matches(rule, end):  # an unknown action: the rule skipped
             return str(rule["action"])
     return "Count"
 
