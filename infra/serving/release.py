@@ -33,7 +33,7 @@ from infra.nodes.reach import RunningInstance, host_addresses
 from infra.nodes.role_templates import role_defaults, role_vars
 from infra.platform.resolve import ResolvedPlatform
 from infra.platform.serving_layout import CanaryGpus
-from infra.serving import carry
+from infra.serving import carry, stopped_mark
 from infra.serving.analysis import Verdict
 from infra.serving.canary import gate
 from infra.serving.carry import PROMOTED, ROLLED_BACK
@@ -716,6 +716,8 @@ class Release:
         mask and started the replica on its GPUs."""
         node, replica, devices = borrowed
         self._write_version(node, CANARY_SLOT, version, borrowed)
+        # Stopped on purpose: no page for it (infra/serving/stopped_mark.py), from before its drain.
+        self.nodes.exec(node, *stopped_mark.write_command(replica, "loan"))
         self.say(
             f"the canary borrows replica {replica} on {node} (GPUs {devices}): drained on every gateway, "
             "then stopped while the canary runs"
@@ -761,6 +763,7 @@ class Release:
         self.nodes.exec(node, "systemctl", "restart", f"{UNIT}@{replica}.service")
         self._wait_healthy(node, REPLICA_PORT + replica)
         self._on_gateways("ready", STABLE_BACKEND, target)
+        self.nodes.exec(node, *stopped_mark.remove_command(replica))  # it pages again if it dies
         self.say(f"replica {replica} on {node} has its GPUs back and serves again")
 
     def _fill_slots(self) -> None:

@@ -1,7 +1,8 @@
 """The model-server role's check of what `gpuplat serve` holds on a node before a converge changes it
 (roles/inference_server files/gpuplat_replica_loan.py, run by tasks/loan.yml): a replica lent to a canary is
 left alone, a layout that would put a replica on GPUs a canary runs on is refused with one paragraph, and
-replicas past the layout are retired. Node files written as release.py writes them."""
+replicas past the layout are retired, and a replica the layout adds serves what its peers serve. Node files
+written as release.py writes them."""
 
 from __future__ import annotations
 
@@ -66,15 +67,16 @@ def check(folder: Path, replicas: int, canary_gpus: str = "") -> dict[str, objec
 
 
 def test_a_node_without_a_canary_keeps_every_replica(tmp_path: Path) -> None:
-    assert check(node(tmp_path, 8), 8) == {"lent": [], "retire": [], "problem": ""}
+    assert check(node(tmp_path, 8), 8) == {"lent": [], "retire": [], "adopt": [], "problem": ""}
 
 
 def test_a_first_converge_finds_nothing_held(tmp_path: Path) -> None:
-    assert check(tmp_path / "absent", 8) == {"lent": [], "retire": [], "problem": ""}
+    assert check(tmp_path / "absent", 8) == {"lent": [], "retire": [], "adopt": [], "problem": ""}
 
 
 def test_the_lent_replica_is_left_alone_while_the_layout_stays(tmp_path: Path) -> None:
-    assert check(node(tmp_path, 8, loan(7, "7")), 8) == {"lent": [7], "retire": [], "problem": ""}
+    answer = check(node(tmp_path, 8, loan(7, "7")), 8)
+    assert answer == {"lent": [7], "retire": [], "adopt": [], "problem": ""}
 
 
 def test_a_loan_record_with_a_trailing_blank_or_carriage_return_is_read(tmp_path: Path) -> None:
@@ -105,7 +107,40 @@ def test_a_layout_that_puts_a_replica_on_the_spare_canarys_gpus_is_refused(tmp_p
 
 def test_replicas_past_the_layout_are_retired_where_no_canary_runs(tmp_path: Path) -> None:
     """A switch from borrow to spare (8 replicas to 7) with no release under way: replica 7 goes."""
-    assert check(node(tmp_path, 8), 7, canary_gpus="7") == {"lent": [], "retire": [7], "problem": ""}
+    answer = check(node(tmp_path, 8), 7, canary_gpus="7")
+    assert answer == {"lent": [], "retire": [7], "adopt": [], "problem": ""}
+
+
+def promoted(folder: Path, replicas: range, version: int = 3) -> Path:
+    """Each of `replicas` serving embedder@`version`, as a promote leaves them (release.py's version file)."""
+    source = to_wire_source(f"/shared/models/embedder/{version}")
+    text = version_environment(ModelVersion("embedder", version, source, "READY"), "vllm")
+    for number in replicas:
+        (folder / f"version-{number}.env").write_text(text)
+    return folder
+
+
+def test_a_replica_the_layout_adds_takes_the_version_its_peers_serve(tmp_path: Path) -> None:
+    """Borrow -> spare -> borrow (7 replicas back to 8) after a promote: replica 7 starts on the champion
+    its peers serve, from replica 0's version file, not on the stack's own model."""
+    folder = promoted(node(tmp_path, 7), range(7))
+    assert check(folder, 8) == {"lent": [], "retire": [], "adopt": [[7, 0]], "problem": ""}
+
+
+def test_a_replica_the_layout_adds_beside_peers_on_the_stacks_own_model_takes_nothing(tmp_path: Path) -> None:
+    assert check(node(tmp_path, 2), 4)["adopt"] == []
+
+
+def test_a_replica_added_while_the_peers_serve_different_versions_is_refused(tmp_path: Path) -> None:
+    """A promote that failed half-way (replica 0 on embedder@4, the rest on @3): which one the added replica
+    should serve is the release's to say, not the converge's."""
+    folder = promoted(promoted(node(tmp_path, 3), range(1, 3)), range(1), version=4)
+    answer = check(folder, 4)
+    problem = str(answer["problem"])
+    assert answer["adopt"] == [] and "replica 0: embedder@4, replica 1: embedder@3" in problem, problem
+    assert "adds replica(s) 3" in problem and "Nothing was changed on gpu-21" in problem, problem
+    assert "`gpuplat serve rollback embedder`" in problem, problem
+    assert check(folder, 3)["problem"] == ""  # the same node, nothing added: no refusal
 
 
 def test_replica_gpus_that_are_not_a_json_list_are_refused_in_one_line(

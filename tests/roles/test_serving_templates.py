@@ -406,7 +406,26 @@ def test_down_alerts_page_only_for_targets_that_answered_before() -> None:
     model (up == 0 for many minutes): no page for it, only for a target that was up and went away."""
     alerts = {r["alert"]: r["expr"] for r in rules("gpuplat-alerts.rules.yml.j2") if "alert" in r}
     for name, job in (("NodeDown", "node"), ("InferenceServerDown", "inference_server")):
-        assert f'(up{{job="{job}"}} == 0) and (max_over_time(up{{job="{job}"}}[6h]) == 1)' == alerts[name]
+        assert alerts[name].startswith(
+            f'(up{{job="{job}"}} == 0) and (max_over_time(up{{job="{job}"}}[6h]) == 1)'
+        )
+
+
+def test_no_page_for_a_replica_the_platform_stopped_on_purpose() -> None:
+    """A replica lent to a canary or retired carries its node's mark (the role's template, release.py's
+    text: the same gauge), and InferenceServerDown leaves out exactly the (host, replica) it names."""
+    from infra.serving import stopped_mark
+
+    alerts = {r["alert"]: r["expr"] for r in rules("gpuplat-alerts.rules.yml.j2") if "alert" in r}
+    assert alerts["InferenceServerDown"].endswith(
+        f" unless on(host, replica) ({stopped_mark.METRIC} == 1)"
+    ), alerts["InferenceServerDown"]
+    assert "unless" not in alerts["NodeDown"]
+    held = {"__inference_server_replica": 3, "__inference_server_stopped_reason": "retired"}
+    variables = {**infer_node_vars(4, 2), **held}
+    written = render(ROLES / "inference_server" / "templates" / "replica-stopped.prom.j2", variables)
+    assert written.splitlines()[3:] == stopped_mark.mark(3, "retired").splitlines(), written
+    assert stopped_mark.mark_file(3) == "gpuplat-inference-replica-3.prom"
 
 
 class ReplicaMetrics:

@@ -17,6 +17,7 @@ import pytest
 from infra.errors import GpuPlatError, SpecError
 from infra.nodes.inventory import platform_vars
 from infra.platform.resolve import load_platform
+from infra.serving import stopped_mark
 from infra.serving.registry.mlflow import ModelVersion, to_wire_source
 from infra.serving.release import (
     Release,
@@ -260,8 +261,10 @@ def test_a_borrowing_canary_runs_on_one_drained_and_stopped_replicas_gpus() -> N
     release = borrowing(nodes, {"champion": embedder(2)})
     release.start_canary(embedder(3))
     stop = nodes.at("infer-1", "systemctl stop", f"{UNIT}@1.service")[0]
+    # Marked stopped on purpose for the alerts (no InferenceServerDown page) before it leaves service.
+    marked = nodes.at("infer-1", stopped_mark.TEXTFILE_DIR, stopped_mark.mark(1, "loan"))
     for gateway in GATEWAYS:
-        assert nodes.at(gateway, "--backend inference drain", "c-infer-1:8001")[0] < stop
+        assert marked[0] < nodes.at(gateway, "--backend inference drain", "c-infer-1:8001")[0] < stop
     assert ("infer-1", "1") in nodes.masked and ("infer-1", "1") not in nodes.running
     canary = nodes.files[("infer-1", "version-canary.env")].splitlines()
     assert canary[0] == "# gpuplat serve: embedder@3"
@@ -286,8 +289,10 @@ def test_a_rollback_stops_the_borrowing_canary_then_gives_the_replica_back_on_th
     start = nodes.at("infer-1", "systemctl restart", f"{UNIT}@1.service")[0]
     assert share_zero < canary_drained < canary_stop < nodes.at("infer-1", "systemctl unmask")[0] < start
     healthy = nodes.at("infer-1", "/health 8001")[0]
+    unmarked = nodes.at("infer-1", "rm -f", stopped_mark.TEXTFILE_DIR, stopped_mark.mark_file(1))
     for gateway in GATEWAYS:
-        assert nodes.at(gateway, "--backend inference ready", "c-infer-1:8001")[0] > healthy > start
+        ready = nodes.at(gateway, "--backend inference ready", "c-infer-1:8001")[0]
+        assert unmarked[0] > ready > healthy > start  # pages again if it dies, once it serves
     assert nodes.files[("infer-1", "version-1.env")].startswith("# gpuplat serve: embedder@2")
     assert ("infer-1", "version-canary.env") not in nodes.files
     assert nodes.up("inference") == 4 and nodes.up("inference_canary") == 0 and not nodes.masked

@@ -11,16 +11,24 @@ release, the role must neither start the lent replica (on the canary's GPUs) nor
 canary runs on.
 
     gpuplat_replica_loan.py --config-dir DIR --version-mark MARK --loan-mark MARK --node NAME \\
-        --replicas R --replica-gpus JSON --canary-gpus GROUP
+        --replicas R --replica-gpus JSON --canary-gpus GROUP [--textfile-dir DIR --stopped-file PATTERN]
 
 (the marks: the role's __inference_server_version_mark and __inference_server_loan_mark, which
 release.py reads too)
 
 answers one JSON object: `lent`, the replicas the role leaves alone (the loan's); `retire`, the replicas the
-node has (replica-N.env) that the layout no longer gives it (N >= R), which the role drains and stops; and
-`problem`, a paragraph for the operator where the layout asked for would take GPUs the canary holds (a
-switch to spare, fewer replicas, other GPU groups), "" where there is none. Exit 0 (also with a problem:
-the role refuses with its text), 2 on bad arguments.
+node has (replica-N.env) that the layout no longer gives it (N >= R), which the role drains and stops;
+`adopt`, pairs [N, M]: replica N, which the layout adds (no replica-N.env yet: a layout grown back, a switch
+from spare to borrow), takes replica M's version file before it first starts, so that it serves the version
+its peers serve (the champion a promote rolled out) rather than the stack's own model; and `problem`, a
+paragraph for the operator where the layout asked for would take GPUs the canary holds (a switch to spare,
+fewer replicas, other GPU groups) or adds a replica while its peers serve different versions (a promote or
+rollback not finished), "" where there is none. With --textfile-dir (node_exporter's textfile collector
+directory) and --stopped-file (the file naming replica N stopped on purpose: PATTERN % N), also `marking`,
+whether that directory exists (the role says there which replica it retires), and `unmark`, the replicas
+with such a file that the role starts (a retired replica the layout adds again, a loan given back by a
+command killed before it removed the file): their files go, so that they page again if they die.
+Exit 0 (also with a problem: the role refuses with its text), 2 on bad arguments.
 """
 
 from __future__ import annotations
@@ -123,16 +131,66 @@ def problem(node: str, canary: Held, replicas: int, replica_gpus: list[str], can
     )
 
 
+def served(config_dir: Path, marks: Marks, replica: int) -> str:
+    """What a replica's version file (version-N.env, written by `gpuplat serve` only) says it serves: its
+    whole text, "" where it has none (the stack's own model)."""
+    path = config_dir / f"version-{replica}.env"
+    return path.read_text().strip() if path.is_file() else ""
+
+
+def version_named(text: str, marks: Marks) -> str:
+    """The version a version file's text names, for the operator ("the stack's own model" where none)."""
+    for line in text.splitlines():
+        if line.startswith(marks.version):
+            return line.removeprefix(marks.version).strip()
+    return "the stack's own model" if not text else "an unnamed version"
+
+
+def adoption(
+    config_dir: Path, marks: Marks, node: str, replicas: int, present: list[int]
+) -> tuple[list[list[int]], str]:
+    """The replicas the layout adds, each paired with the peer whose version file it takes ([] where the
+    peers serve the stack's own model or nothing is added), and a paragraph where the peers disagree."""
+    added = [n for n in range(replicas) if n not in present]
+    if not added or not present:
+        return [], ""
+    versions = {peer: served(config_dir, marks, peer) for peer in present}
+    if len(set(versions.values())) > 1:
+        serving = ", ".join(f"replica {peer}: {version_named(t, marks)}" for peer, t in versions.items())
+        model = next((version_named(t, marks).partition("@")[0] for t in versions.values() if t), "MODEL")
+        return [], (
+            f"{node}'s replicas serve different versions ({serving}): a `gpuplat serve` promote or rollback "
+            f"did not finish. This converge adds replica(s) {', '.join(map(str, added))}, which would serve "
+            f"none of them for certain. Nothing was changed on {node}. Finish the release first: `gpuplat "
+            f"serve rollback {model}` (or `gpuplat serve promote {model}`) puts every replica on one "
+            "version, then run `gpuplat up` again."
+        )
+    source = present[0]
+    return ([[n, source] for n in added] if versions[source] else []), ""
+
+
 def plan(
     config_dir: Path, marks: Marks, node: str, replicas: int, replica_gpus: list[str], canary_gpus: str
 ) -> dict[str, object]:
     canary = held(config_dir, marks)
     lent = [] if canary is None or canary.lent is None else [canary.lent]
+    present = replicas_present(config_dir)
+    adopt, mixed = adoption(config_dir, marks, node, replicas, present)
+    loaned = "" if canary is None else problem(node, canary, replicas, replica_gpus, canary_gpus)
     return {
         "lent": lent,
-        "retire": [n for n in replicas_present(config_dir) if n >= replicas and n not in lent],
-        "problem": "" if canary is None else problem(node, canary, replicas, replica_gpus, canary_gpus),
+        "retire": [n for n in present if n >= replicas and n not in lent],
+        "adopt": adopt,
+        "problem": " ".join(text for text in (loaned, mixed) if text),
     }
+
+
+def stopped_marks(textfile_dir: Path, pattern: str, replicas: int, lent: list[int]) -> dict[str, object]:
+    """Whether the textfile collector's directory exists, and the replicas the role starts (the layout's, but
+    the lent one) whose file says the platform stopped them on purpose."""
+    marking = textfile_dir.is_dir()
+    stale = [n for n in range(replicas) if n not in lent and (textfile_dir / (pattern % n)).is_file()]
+    return {"marking": marking, "unmark": stale if marking else []}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         "--replica-gpus", required=True, help="JSON list: each replica's CUDA_VISIBLE_DEVICES"
     )
     parser.add_argument("--canary-gpus", default="", help="the spare GPU group ('' where none)")
+    parser.add_argument("--textfile-dir", type=Path, help="node_exporter's textfile collector directory")
+    parser.add_argument("--stopped-file", default="", help="the file naming replica N stopped: PATTERN % N")
     arguments = parser.parse_args(argv)
     try:
         groups = json.loads(arguments.replica_gpus)
@@ -162,6 +222,12 @@ def main(argv: list[str] | None = None) -> int:
         [str(group) for group in groups],
         arguments.canary_gpus,
     )
+    if arguments.textfile_dir is not None:
+        if "%s" not in arguments.stopped_file:
+            parser.error(f"--stopped-file names replica N's file with %s, not {arguments.stopped_file!r}")
+        lent = answer["lent"]
+        assert isinstance(lent, list)
+        answer |= stopped_marks(arguments.textfile_dir, arguments.stopped_file, arguments.replicas, lent)
     print(json.dumps(answer))
     return 0
 
