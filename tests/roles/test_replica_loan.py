@@ -67,16 +67,22 @@ def check(folder: Path, replicas: int, canary_gpus: str = "") -> dict[str, objec
 
 
 def test_a_node_without_a_canary_keeps_every_replica(tmp_path: Path) -> None:
-    assert check(node(tmp_path, 8), 8) == {"lent": [], "retire": [], "adopt": [], "problem": ""}
+    assert check(node(tmp_path, 8), 8) == {"lent": [], "retire": [], "adopt": [], "forget": [], "problem": ""}
 
 
 def test_a_first_converge_finds_nothing_held(tmp_path: Path) -> None:
-    assert check(tmp_path / "absent", 8) == {"lent": [], "retire": [], "adopt": [], "problem": ""}
+    assert check(tmp_path / "absent", 8) == {
+        "lent": [],
+        "retire": [],
+        "adopt": [],
+        "forget": [],
+        "problem": "",
+    }
 
 
 def test_the_lent_replica_is_left_alone_while_the_layout_stays(tmp_path: Path) -> None:
     answer = check(node(tmp_path, 8, loan(7, "7")), 8)
-    assert answer == {"lent": [7], "retire": [], "adopt": [], "problem": ""}
+    assert answer == {"lent": [7], "retire": [], "adopt": [], "forget": [], "problem": ""}
 
 
 def test_a_loan_record_with_a_trailing_blank_or_carriage_return_is_read(tmp_path: Path) -> None:
@@ -108,7 +114,7 @@ def test_a_layout_that_puts_a_replica_on_the_spare_canarys_gpus_is_refused(tmp_p
 def test_replicas_past_the_layout_are_retired_where_no_canary_runs(tmp_path: Path) -> None:
     """A switch from borrow to spare (8 replicas to 7) with no release under way: replica 7 goes."""
     answer = check(node(tmp_path, 8), 7, canary_gpus="7")
-    assert answer == {"lent": [], "retire": [7], "adopt": [], "problem": ""}
+    assert answer == {"lent": [], "retire": [7], "adopt": [], "forget": [], "problem": ""}
 
 
 def promoted(folder: Path, replicas: range, version: int = 3) -> Path:
@@ -124,7 +130,7 @@ def test_a_replica_the_layout_adds_takes_the_version_its_peers_serve(tmp_path: P
     """Borrow -> spare -> borrow (7 replicas back to 8) after a promote: replica 7 starts on the champion
     its peers serve, from replica 0's version file, not on the stack's own model."""
     folder = promoted(node(tmp_path, 7), range(7))
-    assert check(folder, 8) == {"lent": [], "retire": [], "adopt": [[7, 0]], "problem": ""}
+    assert check(folder, 8) == {"lent": [], "retire": [], "adopt": [[7, 0]], "forget": [], "problem": ""}
 
 
 def test_a_replica_the_layout_adds_beside_peers_on_the_stacks_own_model_takes_nothing(tmp_path: Path) -> None:
@@ -153,3 +159,22 @@ def test_replica_gpus_that_are_not_a_json_list_are_refused_in_one_line(
         )  # fmt: skip
     assert exited.value.code == 2
     assert "--replica-gpus is a JSON list of each replica's GPUs, not '0,1'" in capsys.readouterr().err
+
+
+def test_a_replica_the_layout_adds_beside_peers_on_the_stacks_own_model_loses_a_stale_version_file(
+    tmp_path: Path,
+) -> None:
+    """A retire killed between its two removals (replica-3.env gone, version-3.env left, naming @3), the
+    peers since rolled back to the stack's own model: the layout grown back must not start replica 3 on
+    the stale version, which nothing else would remove (the unit reads version-3.env)."""
+    folder = promoted(node(tmp_path, 3), range(3, 4))
+    answer = check(folder, 4)
+    assert answer["adopt"] == [] and answer["forget"] == [3] and answer["problem"] == "", answer
+    # Peers on a champion: the added replica takes theirs over the stale file (adopt), nothing to forget.
+    assert check(promoted(folder, range(3)), 4) == {
+        "lent": [],
+        "retire": [],
+        "adopt": [[3, 0]],
+        "forget": [],
+        "problem": "",
+    }

@@ -20,14 +20,17 @@ answers one JSON object: `lent`, the replicas the role leaves alone (the loan's)
 node has (replica-N.env) that the layout no longer gives it (N >= R), which the role drains and stops;
 `adopt`, pairs [N, M]: replica N, which the layout adds (no replica-N.env yet: a layout grown back, a switch
 from spare to borrow), takes replica M's version file before it first starts, so that it serves the version
-its peers serve (the champion a promote rolled out) rather than the stack's own model; and `problem`, a
-paragraph for the operator where the layout asked for would take GPUs the canary holds (a switch to spare,
-fewer replicas, other GPU groups) or adds a replica while its peers serve different versions (a promote or
-rollback not finished), "" where there is none. With --textfile-dir (node_exporter's textfile collector
-directory) and --stopped-file (the file naming replica N stopped on purpose: PATTERN % N), also `marking`,
-whether that directory exists (the role says there which replica it retires), and `unmark`, the replicas
-with such a file that the role starts (a retired replica the layout adds again, a loan given back by a
-command killed before it removed the file): their files go, so that they page again if they die.
+its peers serve (the champion a promote rolled out) rather than the stack's own model; `forget`, the
+replicas the layout adds beside peers on the stack's own model that still have a version file (a retire
+killed between its two removals), whose version-N.env the role removes before they first start; and
+`problem`, a paragraph for the operator where the layout asked for would take GPUs the canary holds (a
+switch to spare, fewer replicas, other GPU groups) or adds a replica while its peers serve different
+versions (a promote or rollback not finished), "" where there is none. With --textfile-dir (node_exporter's
+textfile collector directory) and --stopped-file (the file naming replica N stopped on purpose: PATTERN %
+N), also `marking`, whether that directory exists (the role says there which replica it retires), and
+`unmark`, the replicas with such a file that the role starts (a retired replica the layout adds again, a
+loan given back by a command killed before it removed the file): their files go, so that they page again if
+they die.
 Exit 0 (also with a problem: the role refuses with its text), 2 on bad arguments.
 """
 
@@ -148,25 +151,31 @@ def version_named(text: str, marks: Marks) -> str:
 
 def adoption(
     config_dir: Path, marks: Marks, node: str, replicas: int, present: list[int]
-) -> tuple[list[list[int]], str]:
+) -> tuple[list[list[int]], list[int], str]:
     """The replicas the layout adds, each paired with the peer whose version file it takes ([] where the
-    peers serve the stack's own model or nothing is added), and a paragraph where the peers disagree."""
+    peers serve the stack's own model or nothing is added); those added beside peers on the stack's own
+    model that have a version file of their own (a retire killed between removing replica-N.env and
+    version-N.env), which goes, or the replica would start on that stale version; and a paragraph where
+    the peers disagree."""
     added = [n for n in range(replicas) if n not in present]
     if not added or not present:
-        return [], ""
+        return [], [], ""
     versions = {peer: served(config_dir, marks, peer) for peer in present}
     if len(set(versions.values())) > 1:
         serving = ", ".join(f"replica {peer}: {version_named(t, marks)}" for peer, t in versions.items())
         model = next((version_named(t, marks).partition("@")[0] for t in versions.values() if t), "MODEL")
-        return [], (
+        paragraph = (
             f"{node}'s replicas serve different versions ({serving}): a `gpuplat serve` promote or rollback "
             f"did not finish. This converge adds replica(s) {', '.join(map(str, added))}, which would serve "
             f"none of them for certain. Nothing was changed on {node}. Finish the release first: `gpuplat "
             f"serve rollback {model}` (or `gpuplat serve promote {model}`) puts every replica on one "
             "version, then run `gpuplat up` again."
         )
+        return [], [], paragraph
     source = present[0]
-    return ([[n, source] for n in added] if versions[source] else []), ""
+    if versions[source]:
+        return [[n, source] for n in added], [], ""
+    return [], [n for n in added if (config_dir / f"version-{n}.env").is_file()], ""
 
 
 def plan(
@@ -175,12 +184,13 @@ def plan(
     canary = held(config_dir, marks)
     lent = [] if canary is None or canary.lent is None else [canary.lent]
     present = replicas_present(config_dir)
-    adopt, mixed = adoption(config_dir, marks, node, replicas, present)
+    adopt, forget, mixed = adoption(config_dir, marks, node, replicas, present)
     loaned = "" if canary is None else problem(node, canary, replicas, replica_gpus, canary_gpus)
     return {
         "lent": lent,
         "retire": [n for n in present if n >= replicas and n not in lent],
         "adopt": adopt,
+        "forget": forget,
         "problem": " ".join(text for text in (loaned, mixed) if text),
     }
 
