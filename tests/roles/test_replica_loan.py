@@ -178,3 +178,36 @@ def test_a_replica_the_layout_adds_beside_peers_on_the_stacks_own_model_loses_a_
         "forget": [],
         "problem": "",
     }
+
+
+def marks_answer(
+    folder: Path, textfile_dir: Path, replicas: int, capsys: pytest.CaptureFixture[str]
+) -> object:
+    """The program's whole answer with the textfile collector's directory, as loan.yml calls it."""
+    gpus = json.dumps([str(number) for number in range(replicas)])
+    arguments = [
+        "--config-dir", str(folder), "--version-mark", VERSION_MARK, "--loan-mark", BORROW_MARK,
+        "--node", "gpu-21", "--replicas", str(replicas), "--replica-gpus", gpus,
+        "--textfile-dir", str(textfile_dir), "--stopped-file", "gpuplat-inference-replica-%s.prom",
+    ]  # fmt: skip
+    capsys.readouterr()
+    assert program().main(arguments) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_the_role_unmarks_the_replicas_it_starts_but_not_the_lent_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Marks for replicas 1 (lent: it stays marked, stopped), 2 (a loan given back by a command killed before
+    it removed the mark) and 9 (retired, past the layout): only 2, which the role starts, loses it."""
+    textfile = tmp_path / "textfile"
+    textfile.mkdir()
+    for replica in (1, 2, 9):
+        (textfile / f"gpuplat-inference-replica-{replica}.prom").write_text("x 1\n")
+    folder = tmp_path / "etc"
+    folder.mkdir()
+    answer = marks_answer(node(folder, 4, loan(1, "1")), textfile, 4, capsys)
+    assert answer == {
+        "lent": [1], "retire": [], "adopt": [], "forget": [], "problem": "", "marking": True, "unmark": [2]
+    }  # fmt: skip
+    assert marks_answer(folder, tmp_path / "absent", 4, capsys) == {**answer, "marking": False, "unmark": []}

@@ -7,6 +7,8 @@ promote: on the new version, the last replica the promote rolls)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -579,3 +581,29 @@ def test_the_refusal_of_a_canary_on_every_node_names_the_model_whose_canary_hold
     with pytest.raises(ServeRefused) as refused:
         _switched_to_spare(nodes, aliases).start_canary(other)
     assert "`gpuplat serve rollback embedder`" in refused.value.message, refused.value.message
+
+
+def test_the_stopped_mark_is_written_whole_under_a_name_node_exporter_does_not_read(tmp_path: Path) -> None:
+    """node_exporter's textfile collector reads every *.prom at each scrape (collector/textfile.go): the
+    mark is written under another name and renamed, so that no scrape reads half of it. `mv` is replaced by
+    one that records the *.prom files present when it is called."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    seen = tmp_path / "seen"
+    (bin_dir / "mv").write_text(
+        f'#!/bin/sh\nls "$(dirname "$2")" | grep "\\.prom$" > {seen}\nexec /bin/mv "$@"\n'
+    )
+    (bin_dir / "mv").chmod(0o755)
+    textfile = tmp_path / "textfile"
+    textfile.mkdir()
+    command = list(stopped_mark.write_command(1, "loan"))
+    command[4] = str(textfile)
+    environment = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    subprocess.run(command, check=True, env=environment)
+    assert seen.read_text() == "", "a *.prom file existed before the rename"
+    assert (textfile / stopped_mark.mark_file(1)).read_text() == stopped_mark.mark(1, "loan")
+    assert [p.name for p in textfile.iterdir()] == [stopped_mark.mark_file(1)]
+    subprocess.run(
+        [*stopped_mark.remove_command(1)[:4], str(textfile), stopped_mark.mark_file(1)], check=True
+    )
+    assert list(textfile.iterdir()) == []
