@@ -20,7 +20,10 @@ chance: a test's false rollbacks are at most its alpha.
 After the last interval the canary is promote-ready, or inconclusive with fewer than `min_requests` answered
 or a metric never judged.
 A canary server busier than a stable one (`load_ratio`, infra/serving/load.py) has its latencies judged by
-neither test: its queue, not its version, may make it slower; its errors are judged as ever.
+neither test: its queue, not its version, may make it slower; its errors are judged as ever. Where the
+ratio moves during the analysis (the servers up changed: a replica down, autoscaling) beyond what
+load.same_load pools, the latency evidence so far is dropped (`Analysis.reweigh`): its tests start again
+from the next interval, which the analysis waits for as many intervals as it asks; errors go on judging.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
 from infra.serving.counts import Counts, Histogram, Reading, SinceStart
-from infra.serving.load import LOAD_TOLERANCE, busier
+from infra.serving.load import LOAD_TOLERANCE, busier, same_load
 from infra.serving.statistics import (
     error_rate_p,
     log_evidence_above,
@@ -319,6 +322,16 @@ class Analysis:
     load_ratio: float = 1.0
     """each canary server's load over each stable server's at this share (infra/serving/load.py): above
     1 + LOAD_TOLERANCE the latencies are not judged"""
+    latency_ratio: float | None = None
+    """the load ratio the latency evidence so far was read at (None: `load_ratio`, never moved)"""
+    latency_from: int = 0
+    """the intervals closed, the one running included, when the latency evidence was last dropped: its
+    interval tests judge the intervals after, and the analysis asks `intervals` of them"""
+    latency_base: tuple[Counts, Counts] | None = None
+    """both versions' counts since the canary started when the latency evidence was last dropped: the
+    sequential latency test counts from there"""
+    restarts: list[str] = field(default_factory=list)
+    """why the latency evidence was dropped, each time"""
 
     @property
     def judges_latency(self) -> bool:
@@ -334,24 +347,63 @@ class Analysis:
     def intervals_done(self) -> int:
         return len(self.results[ERRORS])
 
+    @property
+    def intervals_asked(self) -> int:
+        """The intervals this analysis closes: `intervals`, and where its latency evidence was dropped and
+        latency is judged, as many again after that."""
+        return self.rules.intervals + (self.latency_from if self.judges_latency else 0)
+
+    def reweigh(self, ratio: float, stable: Counts, canary: Counts) -> str | None:
+        """The load ratio now `ratio` (the servers up read again at a look), with both versions' counts
+        since the canary started: where load.same_load does not pool it with the ratio the latency evidence
+        was read at, that evidence is dropped (the interval running now is not judged on latency, the
+        sequential test counts from these counts) and the reason is returned; None where nothing changed."""
+        before = self.load_ratio if self.latency_ratio is None else self.latency_ratio
+        self.load_ratio = ratio
+        if same_load(ratio, before):
+            # Moves within the tolerance are weighed against the ratio the evidence was first read at: they
+            # do not add up, unseen, to a larger one.
+            self.latency_ratio = before
+            return None
+        self.latency_ratio = ratio
+        self.latency_from = self.intervals_done + 1
+        self.latency_base = (stable, canary)
+        for metric in (LATENCY, ITL):
+            if metric in self.results:
+                self.results[metric] = []
+        reason = (
+            f"the latency analysis started again at interval {self.latency_from}: each canary server's load "
+            f"moved from {before:.2f} x a stable server's to {ratio:.2f} x (the servers up changed), and "
+            f"latencies read at one load are not evidence at the other"
+            + ("" if self.judges_latency else "; latency is not judged at this load")
+        )
+        self.restarts.append(reason)
+        return reason
+
+    def _restarted(self) -> str:
+        return f"; {self.restarts[-1]}" if self.restarts else ""
+
     def look(self, elapsed_s: float, stable: Counts, canary: Counts) -> Verdict:
         rules = self.rules
         for sequential in SEQUENTIAL if self.judges_latency else (sequential_errors,):
-            early = sequential(stable, canary, rules)
+            # The latency since its evidence was last dropped (reweigh), the errors since the start.
+            since = (stable, canary)
+            if sequential is not sequential_errors and self.latency_base is not None:
+                since = (stable.minus(self.latency_base[0]), canary.minus(self.latency_base[1]))
+            early = sequential(*since, rules)
             if early is not None:
                 return early
-        if (
-            self.intervals_done < rules.intervals
-            and elapsed_s >= (self.intervals_done + 1) * rules.interval_s
-        ):
+        asked = self.intervals_asked
+        if self.intervals_done < asked and elapsed_s >= (self.intervals_done + 1) * rules.interval_s:
             verdict = self._close_interval(stable, canary)
             if verdict is not None:
                 return verdict
-        if self.intervals_done < rules.intervals:
+        if self.intervals_done < asked:
             return Verdict(
                 CONTINUE,
-                f"{self.intervals_done} of {rules.intervals} intervals of {rules.interval_s} s analysed; the "
-                f"canary answered {canary.requests} requests ({canary.errors} errors) since it started",
+                f"{self.intervals_done} of {asked} intervals of {rules.interval_s} s analysed; the "
+                f"canary answered {canary.requests} requests ({canary.errors} errors) since it started"
+                + self._restarted(),
             )
         if canary.requests < rules.min_requests:
             return Verdict(
@@ -373,8 +425,9 @@ class Analysis:
             )
         return Verdict(
             PROMOTE_READY,
-            f"{rules.intervals} intervals passed: canary error rate {_rate(canary)}, stable {_rate(stable)}; "
-            + (self.results[LATENCY][-1].detail if self.judges_latency else self._unjudged_latency()),
+            f"{asked} intervals passed: canary error rate {_rate(canary)}, stable {_rate(stable)}; "
+            + (self.results[LATENCY][-1].detail if self.judges_latency else self._unjudged_latency())
+            + self._restarted(),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -383,6 +436,12 @@ class Analysis:
             "results": {metric: [asdict(m) for m in measured] for metric, measured in self.results.items()},
             "at_boundary": [counts.to_json() for counts in self._at_boundary],
             "load_ratio": self.load_ratio,
+            "latency_ratio": self.latency_ratio,
+            "latency_from": self.latency_from,
+            "latency_base": None
+            if self.latency_base is None
+            else [counts.to_json() for counts in self.latency_base],
+            "restarts": self.restarts,
         }
 
     @classmethod
@@ -391,14 +450,26 @@ class Analysis:
         results = {
             metric: [Measurement(**m) for m in measured] for metric, measured in data["results"].items()
         }
-        return cls(rules, results, (stable, canary), float(data.get("load_ratio", 1.0)))
+        base = data.get("latency_base")
+        latency_ratio = data.get("latency_ratio")
+        return cls(
+            rules,
+            results,
+            (stable, canary),
+            float(data.get("load_ratio", 1.0)),
+            None if latency_ratio is None else float(latency_ratio),
+            int(data.get("latency_from", 0)),
+            None if base is None else (Counts.from_json(base[0]), Counts.from_json(base[1])),
+            list(data.get("restarts", [])),
+        )
 
     def _close_interval(self, stable: Counts, canary: Counts) -> Verdict | None:
         rules = self.rules
         stable_then, canary_then = self._at_boundary
         self._at_boundary = (stable, canary)
         number = self.intervals_done + 1
-        for measure in MEASURES if self.judges_latency else (measure_errors,):
+        judged = self.judges_latency and number > self.latency_from
+        for measure in MEASURES if judged else (measure_errors,):
             measurement = measure(stable.minus(stable_then), canary.minus(canary_then), rules)
             if measurement is not None:
                 self.results.setdefault(measurement.metric, []).append(measurement)
@@ -456,16 +527,30 @@ class Guard:
         guard.analysis = Analysis.from_json(rules, data["analysis"])
         return guard
 
-    def look(self, now_s: float, stable: Counts | Reading, canary: Counts | Reading) -> Verdict:
+    def look(
+        self,
+        now_s: float,
+        stable: Counts | Reading,
+        canary: Counts | Reading,
+        load_ratio: float | None = None,
+    ) -> Verdict:
         """The verdict on these readings; one that cannot be added (a ValueError: a version's histograms over
-        different buckets) changes nothing."""
+        different buckets) changes nothing. `load_ratio`: the load ratio at this look, from the servers up
+        read again (None: as before); a move beyond load.same_load drops the latency evidence
+        (`Analysis.reweigh`)."""
         delay = self.analysis.rules.initial_delay_s
         elapsed = now_s - self.started_s - delay
         if elapsed < 0:  # warming up: the counts start when initial_delay_s is over
             self.stable, self.canary = SinceStart(stable), SinceStart(canary)
+            if load_ratio is not None:  # no evidence read yet: nothing to drop
+                self.analysis.load_ratio, self.analysis.latency_ratio = load_ratio, None
             return Verdict(CONTINUE, f"initial_delay_s {delay}: the analysis starts in {-elapsed:.0f} s")
         # Each add replaces a SinceStart's attributes, never changes them: a copy is its state before.
         stable_since, canary_since = copy.copy(self.stable), copy.copy(self.canary)
         stable_total, canary_total = stable_since.add(stable), canary_since.add(canary)
         self.stable, self.canary = stable_since, canary_since
+        if load_ratio is not None:
+            # The servers moved at some time since the last look: the counts up to this one drop with the
+            # evidence.
+            self.analysis.reweigh(load_ratio, stable_total, canary_total)
         return self.analysis.look(elapsed, stable_total, canary_total)

@@ -10,7 +10,11 @@ analysis' fields and `steps` (the spec's serving.canary, or the values the CLI w
 Each server's load (infra/serving/load.py): where the canary's share does not load its servers as the
 stable's, the loop adds an analysis at the share that does (`with_equal_load_step`), and judges the
 canary's latency only where its servers are not busier than a stable one; the servers up it weighs the
-load by are the `Carried`'s (`servers_up`), for every backend alike.
+load by are the `Carried`'s (`servers_up`), for every backend alike, read again at every look
+(`ServersUp`): a replica down or autoscaling moves the load ratio at a fixed share, and where it moves
+beyond what load.same_load pools, the latency evidence read at the other ratio is dropped
+(analysis.Analysis.reweigh); in the analysis the loop added, the share follows the servers to the one
+that loads them alike now.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import Protocol, TypeVar, runtime_checkable
 from infra.errors import ExitCode, GpuPlatError
 from infra.serving.analysis import CONTINUE, PROMOTE_READY, ROLLBACK, Canary, Guard, RulesRead, Verdict
 from infra.serving.counts import Counts, Reading
-from infra.serving.load import describe, equal_load_percent, lengthened_interval_s, load_at
+from infra.serving.load import describe, equal_load_percent, lengthened_interval_s, load_at, same_load
 from infra.serving.load import equal as equal_loads
 
 PROMOTED, GATED = "promoted", "gated"
@@ -114,6 +118,49 @@ def steps_ahead(steps: Sequence[S], share: int, past_gate: bool) -> list[tuple[i
         for number, step in enumerate(steps, 1)
         if step.percent > share or (step.percent == share and not past_gate)
     ]
+
+
+class ServersUp:
+    """The servers up (`Carried.servers_up`), read again at each look. A read that fails keeps the last count
+    for that one look: the servers up come from the same gateways as the counters, whose one failed read a
+    look survives too (LOOK_TRIES), and a count one look old pools at most one look's latencies (5 s of an
+    interval of 60) read at a ratio that may have moved; a second failure in a row fails the look, which
+    then counts towards LOOK_TRIES, rather than weighing the load by a count that may be long gone."""
+
+    def __init__(self, release: Carried, first: tuple[int, int]) -> None:
+        self.release = release
+        self.last = first
+        self.missed = False
+
+    def read(self) -> tuple[int, int]:
+        try:
+            up = self.release.servers_up()
+        except Stopped:
+            raise
+        except (GpuPlatError, ValueError, KeyError) as error:
+            if self.missed:
+                raise
+            self.missed = True
+            reason = error.message if isinstance(error, GpuPlatError) else f"{type(error).__name__}: {error}"
+            self.release.say(
+                f"the servers up not read this look ({reason}): the load weighed by the last count, "
+                f"{self.last[0]} canary and {self.last[1]} stable"
+            )
+            return self.last
+        self.missed = False
+        self.last = up
+        return up
+
+
+@dataclass
+class Weighing:
+    """What a step's analysis weighs each server's load by: the canary's `share`, the servers up read again
+    at each look, and whether the share follows them to the one that loads both versions' servers alike
+    (`follows`: the analysis the loop added, EQUAL_LOAD_STEP); `share` is the one it ends at."""
+
+    share: int
+    servers: ServersUp
+    follows: bool = False
 
 
 EQUAL_LOAD_STEP = 0
@@ -245,7 +292,8 @@ def guard(
     if not ahead:
         # No share on the record where the canary has none (0: a false 0 % beside a release's record).
         release.record(model, "analysing", "the canary's analysis", share or None)
-        verdict = analyse(release, model, duration_s, look_s, sleep, clock, load_at(share, servers))
+        weighing = Weighing(share, ServersUp(release, servers))
+        verdict = analyse(release, model, duration_s, look_s, sleep, clock, weighing)
         release.record(
             model, _phase(verdict), verdict.reason, None if verdict.action == ROLLBACK else share or None
         )
@@ -280,7 +328,12 @@ def guard(
                 f"{label}: intervals of {rules.interval_s} s, for as many canary requests each as at "
                 f"{least} %"
             )
-        verdict = analyse(release, model, duration_s, look_s, sleep, clock, load_at(share, servers), rules)
+        # The analysis the loop added at the equal-load share follows the servers (not the one at the
+        # canary's own share a release without steps begins with, numbered alike).
+        follows = number == EQUAL_LOAD_STEP and step.percent == equal_share
+        weighing = Weighing(share, ServersUp(release, servers), follows=follows)
+        verdict = analyse(release, model, duration_s, look_s, sleep, clock, weighing, rules)
+        share, servers = weighing.share, weighing.servers.last
         release.canary_start = None
         if verdict.action != PROMOTE_READY:
             release.record(
@@ -315,18 +368,21 @@ def analyse(
     look_s: float = 5.0,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
-    load: float = 1.0,
+    weighing: Weighing | None = None,
     rules: Canary | None = None,
 ) -> Verdict:
     """Analyse the running canary (infra/serving/analysis.py) on counts since its share last moved (this
     command's `deploy` or step), or since this call's first look, every `look_s`, until a verdict or
-    `duration_s` (default: the whole analysis and one look more) ends it; roll it back on 'rollback'.
-    Ending without a verdict returns 'continue'. `load`: each canary server's load over each stable
-    server's at this share (load.load_at), above which its latency is not judged. `rules`: the analysis'
-    settings (None: the release's; `step_rules`)."""
+    `duration_s` (default: the whole analysis and one look more, and the intervals it adds where it drops
+    its latency evidence) ends it; roll it back on 'rollback'. Ending without a verdict returns 'continue'.
+    `weighing`: the share and the servers up, read again at each look, that give each canary server's load
+    over each stable server's (load.load_at), above which its latency is not judged (None: equal load).
+    `rules`: the analysis' settings (None: the release's; `step_rules`)."""
     rules = rules or release.rules
+    lengthens = duration_s is None
     if duration_s is None:
         duration_s = rules.initial_delay_s + rules.analysis_s + look_s
+    load = 1.0 if weighing is None else load_at(weighing.share, weighing.servers.last)
     # Counting from this call's first look: that first reading is a look too, under the three-failed-looks
     # rule (a share step's gateways just rolled, an API that did not answer once), the analysis' start and
     # its end moved to the first reading that came.
@@ -342,7 +398,7 @@ def analyse(
     # Resumed (a restarted guard Job's pod), the evidence is judged at least once more, even where the
     # analysis' time ran out while no guard looked.
     resumed = saved is not None
-    while first or resumed or clock() - started < duration_s:
+    while first or resumed or clock() - started < duration_s + _added_s(watch, rules, lengthens):
         if not first:
             sleep(look_s)
             if release.lock_lost(model):
@@ -364,7 +420,11 @@ def analyse(
                 continue
             if not release.has_canary(model):
                 return Verdict("gone", f"'{model}' has no canary any more")
-            verdict = watch.look(clock(), *release.counters())
+            ratio = None if weighing is None else _weigh(release, model, weighing)
+            dropped = len(watch.analysis.restarts)
+            verdict = watch.look(clock(), *release.counters(), load_ratio=ratio)
+            if len(watch.analysis.restarts) > dropped:
+                release.say(watch.analysis.restarts[-1])
         except Stopped:
             raise
         except (GpuPlatError, ValueError, KeyError) as error:
@@ -388,3 +448,41 @@ def analyse(
         if verdict.action != CONTINUE:
             return verdict
     return verdict
+
+
+def _added_s(watch: Guard | None, rules: Canary, lengthens: bool) -> float:
+    """The time the intervals an analysis added (its latency evidence dropped: Analysis.reweigh) take, where
+    the analysis' length is its own (`lengthens`: no duration asked for)."""
+    if watch is None or not lengthens:
+        return 0.0
+    return (watch.analysis.intervals_asked - rules.intervals) * rules.interval_s
+
+
+def _weigh(release: Carried, model: str, weighing: Weighing) -> float:
+    """The load ratio at this look from the servers up read again; in the analysis the loop added
+    (`weighing.follows`), the share first moved to the one that loads both versions' servers alike on
+    them now, where the share it has no longer does (load.same_load against equal load). A share that
+    cannot be set (the guard Job sets only those its plan renders) is said, and kept."""
+    servers = weighing.servers.read()
+    if weighing.follows:
+        wanted = equal_load_share(servers)
+        now = load_at(weighing.share, servers)
+        if wanted is not None and wanted != weighing.share and not same_load(now, load_at(wanted, servers)):
+            try:
+                release.set_share(wanted)
+            except Stopped:
+                raise
+            except GpuPlatError as error:
+                release.say(
+                    f"the servers up moved to {servers[0]} canary and {servers[1]} stable, which {wanted} % "
+                    f"loads alike; the share stays at {weighing.share} % ({error.message})"
+                )
+            else:
+                release.say(
+                    f"the servers up moved to {servers[0]} canary and {servers[1]} stable: "
+                    f"{describe(weighing.share, *servers)}; the canary takes {wanted} % now, "
+                    f"{load_at(wanted, servers):.2f} x"
+                )
+                weighing.share = wanted
+                release.record(model, "analysing", f"the analysis at {wanted} %", wanted)
+    return load_at(weighing.share, servers)

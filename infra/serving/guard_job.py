@@ -152,6 +152,9 @@ class JobCarried:
     state: dict[str, Any] = field(default_factory=dict)
     state_version: str | None = None
     record_version: str | None = None
+    servers_read: bool = False
+    """whether `servers_up` gave the plan's count already (the guard's start): every later read is the
+    gateway pods' count then"""
 
     @property
     def rules(self) -> JobRules:
@@ -220,18 +223,26 @@ class JobCarried:
         return int(self._release().get("canary_percent") or 0)
 
     def servers_up(self) -> tuple[int, int]:
-        """The plan's: the equal-load share the loop adds must be one the plan has the objects of."""
-        return self.plan.servers
+        """At the guard's start the plan's (the equal-load share the loop adds must be one the plan has the
+        objects of); at each look after, the gateway pods' count now (PodCounters.servers_up), which the
+        load ratio follows (carry.ServersUp). None counted where the CLI counted none (it could not read
+        the gateway pods: no load is weighed)."""
+        if not self.servers_read or self.plan.servers == (0, 0):
+            self.servers_read = True
+            return self.plan.servers
+        return self._pod_counters().servers_up(self.namespace, self.say)
 
-    def counters(self) -> tuple[Reading, Reading]:
+    def _pod_counters(self) -> PodCounters:
         pods = ObjectRef("v1", "Pod", "", self.namespace)
         names = self.plan.names
-        looked = PodCounters(
+        return PodCounters(
             names,
             pods=lambda component: self.api.list(pods, f"{names.component_label}={component}"),
             read=lambda pod, port: self.read(str(pod["status"]["podIP"]), port, METRICS_PATH),
         )
-        return looked.readings(
+
+    def counters(self) -> tuple[Reading, Reading]:
+        return self._pod_counters().readings(
             self.namespace,
             self.plan.stable_slug,
             self.plan.canary_slug,

@@ -185,6 +185,13 @@ class DetachedGuard:
         names them: the evidence the CLI began is carried on)."""
         by_gateway = self.gateway_counts()
         backends, servers = self.state["backends"], self.state["servers"]
+        if self.state.get("load_servers"):
+            # The servers up as the CLI counted them (Release.figures: the least any gateway counts), again
+            # at each look: the load ratio follows a replica down or autoscaling (carry.ServersUp).
+            self.state["load_servers"] = [
+                min(figures.servers_up.get(backends[role], 0) for figures in by_gateway.values())
+                for role in ("canary", "stable")
+            ]
         found: dict[str, dict[str, Any]] = {"stable": {}, "canary": {}}
         for address, ports in servers.items():
             role_of = {port: "stable" for port in ports["stable"]} | {ports["canary"]: "canary"}
@@ -410,7 +417,11 @@ class DetachedGuard:
                     _not_set_remains(self.model, state["gateways_not_set"]),
                 )
                 return
-            verdict = guard.look(now, *self.readings())
+            readings = self.readings()
+            dropped = len(guard.analysis.restarts)
+            verdict = guard.look(now, *readings, load_ratio=self.load(state["share"]))
+            if len(guard.analysis.restarts) > dropped:
+                say(guard.analysis.restarts[-1])
         except (GpuPlatError, ValueError, KeyError) as error:
             reason = error.message if isinstance(error, GpuPlatError) else f"{type(error).__name__}: {error}"
             say(f"look failed: {reason}")

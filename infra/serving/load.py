@@ -54,6 +54,17 @@ def equal(ratio: float) -> bool:
     return 1 / (1 + LOAD_TOLERANCE) <= ratio <= 1 + LOAD_TOLERANCE
 
 
+def same_load(ratio: float, before: float) -> bool:
+    """Whether latencies read at `ratio` may be pooled with ones read at `before` (each a canary server's
+    load over a stable server's): within LOAD_TOLERANCE of each other either way, as `equal` weighs a share
+    against equal load. A replica down, or autoscaling, moves the ratio at a fixed share (1 canary beside 7
+    stable servers at 12 %: 0.955 x; beside 9: 1.23 x), and latencies read at one ratio are not evidence of
+    the version at another."""
+    if ratio == before:
+        return True
+    return 0 < ratio < math.inf and 0 < before < math.inf and equal(ratio / before)
+
+
 def equal_load_percent(canary: int, stable: int) -> int | None:
     """The whole percent, 1 to 99, that loads the canary's servers most nearly as the stable's, `equal`
     within LOAD_TOLERANCE: the largest at which they are not busier where one is (12 % on 1 canary and 7

@@ -1035,9 +1035,10 @@ class Release:
         look_s: float = 5.0,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
-        load: float = 1.0,
+        weighing: carry.Weighing | None = None,
         rules: Canary | None = None,
     ) -> Verdict:
         """carry.analyse: the running canary's analysis until a verdict or `duration_s`, its latency
-        judged where each canary server takes no more than a stable server's load (`load`, load.load_at)."""
-        return carry.analyse(self, model, duration_s, look_s, sleep, clock, load, rules)
+        judged where each canary server takes no more than a stable server's load (`weighing`: the share
+        and the servers up, read at each look; load.load_at)."""
+        return carry.analyse(self, model, duration_s, look_s, sleep, clock, weighing, rules)

@@ -55,6 +55,8 @@ class Node:
         self.shares: list[int] = []
         self.systemctl: list[tuple[str, ...]] = []
         self.latency = False
+        self.up = {STABLE: 1, CANARY: 1}
+        """each backend's servers up, as the gateway counts them"""
 
     def metrics(self) -> str:
         """Both versions' servers' /metrics: every answer under 0.1 s, 0.05 s on average."""
@@ -83,7 +85,8 @@ class Node:
                 self.shares.append(self.share)
                 return "{}"
             backends = {
-                name: {"requests": r, "errors": e, "servers_up": 1} for name, (r, e) in self.counts.items()
+                name: {"requests": r, "errors": e, "servers_up": self.up[name]}
+                for name, (r, e) in self.counts.items()
             }
             return json.dumps({"canary_percent": self.share, "backends": backends})
         if command[:2] == ("python3", "-c"):

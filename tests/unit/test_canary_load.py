@@ -253,11 +253,12 @@ class BusyNode(Node):
         super().__init__(share=share, canary_fails=False)
         self.latency = True
         self.slow = 0
+        self.up = {CANARY: 1, STABLE: 7}
 
     def traffic(self, requests: int) -> None:
         before = self.counts[CANARY][0]
         super().traffic(requests)
-        if load_at(self.share, (1, 7)) > 1.05:
+        if load_at(self.share, (self.up[CANARY], self.up[STABLE])) > 1.05:
             self.slow += self.counts[CANARY][0] - before
 
     def metrics(self) -> str:

@@ -1,0 +1,260 @@
+"""The canary's load ratio kept true while the servers up move during a release (issue 48; carry.ServersUp,
+analysis.Analysis.reweigh): a replica down or autoscaling changes each canary server's load at a fixed
+share, and latencies read at one load are not pooled with those read at another."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from infra.errors import GpuPlatError
+from infra.serving import carry
+from infra.serving.analysis import PROMOTE_READY, ROLLBACK, Analysis, Guard
+from infra.serving.counts import Counts, Histogram
+from infra.serving.guard_job import JobCarried
+from infra.serving.load import load_ratio, same_load
+from infra.serving.metrics_text import GatewayFigures
+from infra.serving.release import CANARY_BACKEND, STABLE_BACKEND, Release
+from infra.spec.models import Canary
+from tests.unit.test_canary_detached import CANARY, STABLE, guard_of, started
+from tests.unit.test_canary_detached import Clock as DetachedClock
+from tests.unit.test_canary_detached import lock_folder as lock_folder  # autouse: the lock in tmp_path
+from tests.unit.test_canary_load import FAST, SLOW, BusyNode
+from tests.unit.test_serving_release import BOUNDS, Clock, guarded
+
+RULES = {"interval_s": 10, "intervals": 2, "min_requests": 10}
+
+
+class Pool:
+    """A gateway whose servers up change at a given look, and whose canary answers as queueing makes it:
+    SLOW where its server is busier than a stable one (ratio above 1.05), FAST otherwise (an identical
+    canary). Its counters are cumulative, one look's answers added at each read."""
+
+    def __init__(self, share: int, servers: list[tuple[int, tuple[int, int]]]) -> None:
+        self.share = share
+        self.moves = servers
+        self.look = 0
+        self.stable = [0, 0, 0, 0]
+        self.canary = [0, 0, 0, 0]
+        self.sums = [0.0, 0.0]
+        self.shares: list[int] = []
+        self.failing: set[int] = set()
+        """the reads of the servers up (counted from 1) that fail"""
+        self.reads = 0
+
+    def up(self) -> tuple[int, int]:
+        self.reads += 1
+        if self.reads in self.failing:
+            raise GpuPlatError("the gateway's admin socket did not answer")
+        return self.up_now()
+
+    def read(self, latency: bool = True) -> tuple[Counts, Counts]:
+        self.look += 1
+        canary = SLOW if load_ratio(self.share, *self.up_now()) > 1.05 else FAST
+        self.stable = [total + 4 * c for total, c in zip(self.stable, FAST, strict=True)]
+        self.canary = [total + c for total, c in zip(self.canary, canary, strict=True)]
+        self.sums[0] += 6.4
+        self.sums[1] += 1.6 if canary == FAST else 3.2
+        stable_requests, canary_requests = sum(self.stable), sum(self.canary)
+        return (
+            Counts(stable_requests, 0, Histogram(BOUNDS, tuple(self.stable), self.sums[0])),
+            Counts(canary_requests, 0, Histogram(BOUNDS, tuple(self.canary), self.sums[1])),
+        )
+
+    def up_now(self) -> tuple[int, int]:
+        return [servers for at, servers in self.moves if at <= self.look][-1]
+
+    def release(self, rules: dict[str, Any]) -> tuple[Release, list[str], list[str]]:
+        release, rolled = guarded([(Counts(), Counts())], Canary.model_validate(rules))
+        said: list[str] = []
+        release.say = said.append  # type: ignore[method-assign]
+        release.readings = self.read  # type: ignore[method-assign]
+
+        def figures() -> GatewayFigures:
+            canary, stable = self.up()
+            return GatewayFigures(self.share, {}, {}, {CANARY_BACKEND: canary, STABLE_BACKEND: stable})
+
+        def set_share(percent: int) -> None:
+            self.shares.append(percent)
+            self.share = percent
+
+        release.figures = figures  # type: ignore[method-assign]
+        release.set_share = set_share  # type: ignore[method-assign]
+        return release, rolled, said
+
+
+def test_servers_up_moving_mid_analysis_drop_the_latency_read_at_the_other_load() -> None:
+    """12 % beside 7 stable servers loads the canary 0.955 x; the stable grows to 9 at the fourth look and
+    12 % loads it 1.23 x: an identical canary reads slower for its queue. Read once at the start (main),
+    the analysis judged those latencies at 0.955 x and rolled the canary back; read at each look, the latency
+    evidence is dropped when the load moves and not judged at 1.23 x."""
+    pool = Pool(12, [(0, (1, 7)), (4, (1, 9))])
+    release, rolled, said = pool.release({**RULES, "failure_limit": 0})
+    clock = Clock()
+    verdict = release.guard("embedder", sleep=clock.sleep, clock=clock)
+    assert verdict.action == PROMOTE_READY, verdict.reason
+    assert rolled == []
+    assert "latency not judged: each canary server takes 1.23 x" in verdict.reason
+    assert "the latency analysis started again" in verdict.reason
+    assert any("moved from 0.95 x a stable server's to 1.23 x" in line for line in said), said
+
+
+def test_the_equal_load_analysis_follows_the_servers_to_the_share_that_loads_them_alike() -> None:
+    """No steps, 20 % beside 7 stable servers: the guard adds the equal-load analysis at 12 %. The stable
+    grows to 9 during it: 12 % loads the canary 1.23 x, 10 % 1.00 x. The share moves to 10 %, the latency
+    evidence read at 12 % is dropped, the analysis asks its intervals again from there, and the identical
+    canary passes; the share goes back to 20 % after."""
+    pool = Pool(20, [(0, (1, 7)), (9, (1, 9))])
+    release, rolled, said = pool.release(RULES)
+    clock = Clock()
+    verdict = release.guard("embedder", sleep=clock.sleep, clock=clock)
+    assert verdict.action == PROMOTE_READY, (verdict.reason, said)
+    assert pool.shares == [12, 10, 20] and rolled == []
+    assert any("the canary takes 10 % now, 1.00 x" in line for line in said), said
+    assert ("analysing", 10) in release.__dict__["records"]
+
+
+def test_a_move_within_the_tolerance_keeps_the_evidence() -> None:
+    """0.955 x and 1.00 x are within LOAD_TOLERANCE of each other: the latencies pool."""
+    assert same_load(0.955, 1.0) and same_load(1.0, 1.0) and not same_load(0.955, 1.23)
+    assert not same_load(0.0, 1.0) and same_load(0.0, 0.0)
+    analysis = Analysis(Canary.model_validate(RULES), load_ratio=0.955)
+    assert analysis.reweigh(1.0, Counts(), Counts()) is None
+    assert analysis.load_ratio == 1.0 and analysis.latency_from == 0 and analysis.latency_ratio == 0.955
+    # Drifting by steps within the tolerance each is measured against the ratio the evidence was read at.
+    assert analysis.reweigh(0.99, Counts(), Counts()) is None
+    assert analysis.reweigh(0.92, Counts(), Counts()) is None
+    assert analysis.reweigh(1.01, Counts(), Counts()) is not None  # 1.06 x 0.955, though 1.1 x 0.92
+    assert analysis.latency_ratio == 1.01 and analysis.latency_from == 1
+
+
+def test_a_slower_canary_is_caught_on_the_latencies_read_after_the_move() -> None:
+    """The evidence is dropped, not the judgement: a canary slower at the new equal load is still rolled
+    back, by the intervals (or the sequential test) that count from the move on."""
+    rules = Canary.model_validate(RULES)
+    stable_h = [0, 0, 0, 0]
+    canary_h = [0, 0, 0, 0]
+
+    def at(look: int, slow: bool) -> tuple[Counts, Counts]:
+        for index, count in enumerate(FAST):
+            stable_h[index] += 4 * count
+        for index, count in enumerate(SLOW if slow else FAST):
+            canary_h[index] += count
+        return (
+            Counts(sum(stable_h), 0, Histogram(BOUNDS, tuple(stable_h), 6.4 * look)),
+            Counts(sum(canary_h), 0, Histogram(BOUNDS, tuple(canary_h), 3.2 * look)),
+        )
+
+    guard = Guard(rules, 0.0, Counts(), Counts(), load_ratio=1.75)
+    verdicts = [guard.look(5.0 * look, *at(look, True), load_ratio=1.75) for look in range(1, 4)]
+    assert all(v.action != ROLLBACK for v in verdicts)
+    verdicts = [guard.look(5.0 * look, *at(look, True), load_ratio=1.0) for look in range(4, 12)]
+    assert verdicts[-1].action == ROLLBACK or ROLLBACK in [v.action for v in verdicts], verdicts
+
+
+def test_the_restart_survives_the_state_a_guard_keeps() -> None:
+    analysis = Analysis(Canary.model_validate(RULES), load_ratio=0.955)
+    analysis.reweigh(1.23, Counts(10, 0), Counts(3, 0))
+    again = Analysis.from_json(analysis.rules, analysis.to_json())
+    assert (again.load_ratio, again.latency_ratio, again.latency_from) == (1.23, 1.23, 1)
+    assert again.latency_base == (Counts(10, 0), Counts(3, 0)) and again.restarts == analysis.restarts
+
+
+def test_one_failed_read_of_the_servers_up_keeps_the_last_count_two_fail_the_look() -> None:
+    said: list[str] = []
+
+    class Flaky:
+        def __init__(self) -> None:
+            self.answers: list[Any] = [
+                (1, 9),
+                GpuPlatError("no answer"),
+                (1, 8),
+                GpuPlatError("no"),
+                KeyError("x"),
+            ]
+
+        def say(self, line: str) -> None:
+            said.append(line)
+
+        def servers_up(self) -> tuple[int, int]:
+            answer = self.answers.pop(0)
+            if isinstance(answer, Exception):
+                raise answer
+            return answer  # type: ignore[no-any-return]
+
+    up = carry.ServersUp(Flaky(), (1, 7))  # type: ignore[arg-type]
+    assert up.read() == (1, 9)
+    assert up.read() == (1, 9)
+    assert "the load weighed by the last count, 1 canary and 9 stable" in said[-1]
+    assert up.read() == (1, 8)
+    assert up.read() == (1, 8)
+    with pytest.raises(KeyError):
+        up.read()
+
+
+def test_two_failed_reads_of_the_servers_up_in_a_row_are_a_failed_look_not_a_guess() -> None:
+    pool = Pool(12, [(0, (1, 7))])
+    pool.failing = {3, 5, 6}
+    release, _, said = pool.release(RULES)
+    clock = Clock()
+    verdict = release.guard("embedder", sleep=clock.sleep, clock=clock)
+    assert verdict.action == PROMOTE_READY, verdict.reason
+    assert any(line.startswith("the servers up not read this look") for line in said), said
+    assert any(line.startswith("look failed (1 of 3 in a row allowed)") for line in said), said
+
+
+class GrowingNode(BusyNode):
+    """BusyNode whose stable version grows from 7 servers up to 9 once `at` requests came (autoscaling)."""
+
+    def __init__(self, share: int, at: int) -> None:
+        super().__init__(share)
+        self.at = at
+
+    def traffic(self, requests: int) -> None:
+        if self.counts[STABLE][0] + self.counts[CANARY][0] >= self.at:
+            self.up[STABLE] = 9
+        super().traffic(requests)
+
+
+def test_the_detached_guard_reads_the_servers_up_at_each_look(tmp_path: Path) -> None:
+    """The detached guard (its own loop, on the gateway's node) at a step of 12 % beside 7 stable servers;
+    the stable grows to 9 after the first interval and the identical canary reads slower for its load
+    (1.23 x). It judged that at the ratio it was started with and rolled the canary back; now it reads the
+    servers up from its gateways at each look and leaves latency unjudged at 1.23 x."""
+    rules = Canary.model_validate(
+        {"min_requests": 4, "interval_s": 10, "intervals": 2, "failure_limit": 0, "steps": [{"percent": 12}]}
+    )
+    node = GrowingNode(share=12, at=150)
+    clock = DetachedClock(node)
+    started(tmp_path, node, clock, rules, load_servers=(1, 7))
+    guard = guard_of(tmp_path, node, clock)
+    guard.run()
+    assert node.slow > 0
+    verdict = guard.state["verdict"]
+    assert verdict["action"] == PROMOTE_READY, verdict
+    assert "the latency analysis started again" in verdict["reason"]
+    assert guard.state["load_servers"] == [1, 9]
+
+
+def test_the_guard_job_reads_the_servers_up_from_the_gateway_pods_after_its_start() -> None:
+    """The guard Job weighed the load by the servers its plan rendered, for the whole release; now the
+    plan's count only at its start (the equal-load share it adds must be one the plan renders), then the
+    gateway pods' at each look."""
+    counted: list[str] = []
+
+    class Pods:
+        def servers_up(self, namespace: str, say: Any) -> tuple[int, int]:
+            counted.append(namespace)
+            return (1, 9)
+
+    plan = SimpleNamespace(servers=(1, 7), namespace="serving")
+    job = JobCarried(api=None, plan=plan, lock=None, say=lambda line: None)  # type: ignore[arg-type]
+    job._pod_counters = Pods  # type: ignore[assignment,method-assign]
+    assert job.servers_up() == (1, 7) and counted == []
+    assert job.servers_up() == (1, 9) and counted == ["serving"]
+    unread = JobCarried(api=None, plan=SimpleNamespace(servers=(0, 0), namespace="serving"), lock=None)  # type: ignore[arg-type]
+    unread._pod_counters = Pods  # type: ignore[assignment,method-assign]
+    assert unread.servers_up() == unread.servers_up() == (0, 0) and counted == ["serving"]
