@@ -29,6 +29,14 @@ the rate (too few requests, serving.canary.expected_requests_per_s) or one overl
 out. A release is promote-ready once every step passed, ends at its first other verdict.
 
     nice -n 10 .venv/bin/python benchmarks/canary_load.py --runs 200
+
+`--pools 2-48` instead: `borrow` on every pool of 2 to 48 replicas (1 canary server beside N - 1 stable) at
+`--rate` requests/s (10), the embedder's latency, a release without steps (share_percent 20 %) and one
+through 5, 20, 50 %, with the equal-load share as the guard carries it (the analysis it adds, with the
+longer intervals of carry.step_rules), an identical canary and one 1.5 x slower at equal load; each row
+says the shares analysed and their load ratios.
+
+    nice -n 10 .venv/bin/python benchmarks/canary_load.py --pools 2-48 --runs 200
 """
 
 from __future__ import annotations
@@ -54,8 +62,8 @@ from benchmarks.canary_analysis import (
     clopper_pearson,
     simulate,
 )
-from infra.serving.analysis import CONTINUE, PROMOTE_READY, ROLLBACK, Guard
-from infra.serving.carry import steps_ahead, with_equal_load_step
+from infra.serving.analysis import CONTINUE, PROMOTE_READY, ROLLBACK, Guard, RulesRead
+from infra.serving.carry import EQUAL_LOAD_STEP, least_share, step_rules, steps_ahead, with_equal_load_step
 from infra.serving.load import equal_load_percent, load_ratio
 from infra.spec.models import Canary, CanaryStep
 
@@ -123,7 +131,9 @@ class Trial:
     """the analysis told each step's load ratio (False: as before 2026-12-07)"""
 
 
-def run_once(rng: np.random.Generator, rules: Canary, trial: Trial, share: float) -> tuple[str, float]:
+def run_once(
+    rng: np.random.Generator, rules: Canary | RulesRead, trial: Trial, share: float
+) -> tuple[str, float]:
     """One step's analysis: its verdict and when it came."""
     latency, gaps, rate, layout = trial.latency, trial.gaps, trial.rate, trial.layout
     slowdown, utilisation = trial.slowdown, trial.utilisation
@@ -197,10 +207,22 @@ def release_shares(
     return kept, left
 
 
-def run_release(rng: np.random.Generator, rules: Canary, trial: Trial, shares: list[int]) -> tuple[str, int]:
-    """The release's verdict (promote-ready once every step passed) and the share it ended at."""
+def run_release(
+    rng: np.random.Generator,
+    rules: Canary,
+    trial: Trial,
+    shares: list[int],
+    steps: tuple[int, ...] | None = None,
+) -> tuple[str, int]:
+    """The release's verdict (promote-ready once every step passed) and the share it ended at. With `steps`
+    (the stack's: () for none) each share's analysis has the guard's settings (carry.step_rules: the one
+    it adds below the smallest share has longer intervals); None: the stack's for every share."""
+    least = least_share([CanaryStep(percent=p) for p in steps or ()], rules.share_percent)
     for percent in shares:
-        verdict, _at = run_once(rng, rules, trial, percent / 100)
+        number = EQUAL_LOAD_STEP if steps is not None and percent not in steps else 1
+        servers = (trial.layout.canary_servers, trial.layout.stable_servers)
+        step = step_rules(rules, number, percent, least, servers)
+        verdict, _at = run_once(rng, step, trial, percent / 100)
         if verdict != PROMOTE_READY:
             return verdict, percent
     return PROMOTE_READY, shares[-1] if shares else 0
@@ -221,10 +243,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--per-step", action="store_true", help="each share analysed as a release alone")
     parser.add_argument("--only", default="", help="the layouts whose name this regular expression finds")
+    parser.add_argument(
+        "--pools",
+        default="",
+        help="FIRST-LAST: borrow on each pool of FIRST to LAST replicas instead, at --rate",
+    )
+    parser.add_argument("--rate", type=float, default=10.0, help="--pools' requests/s")
     args = parser.parse_args(argv)
     rules = Canary()
     load_aware = not args.load_blind
     rng = np.random.default_rng(args.seed)
+    if args.pools:
+        return pools(args, rng, rules)
     print(
         f"{time.strftime('%Y-%m-%d')}, {args.runs} releases per cell, seed {args.seed}, rho0 "
         f"{args.utilisation}, steps {', '.join(map(str, STEPS))} % and none (share_percent "
@@ -248,6 +278,64 @@ def main(argv: list[str] | None = None) -> int:
                 for shares in [[p] for p in every] if args.per_step else [every]:
                     row(args, rng, rules, load_aware, layout, (latency, gaps, rate), steps, shares, left)
     return 0
+
+
+def pools(args: argparse.Namespace, rng: np.random.Generator, rules: Canary) -> int:
+    """The `--pools` table: each borrow pool's shares analysed (their load ratios), and how often an
+    identical canary is rolled back or blocked and a 1.5 x slower one rolled back, without steps and
+    through STEPS."""
+    found = re.fullmatch(r"(\d+)-(\d+)", args.pools)
+    if found is None or not 2 <= int(found[1]) <= int(found[2]):
+        print(f"--pools takes FIRST-LAST, 2 <= FIRST <= LAST (2-48), not {args.pools!r}", file=sys.stderr)
+        return 2
+    print(
+        f"{time.strftime('%Y-%m-%d')}, {args.runs} releases per cell, seed {args.seed}, rho0 "
+        f"{args.utilisation}, borrow, {args.rate:g} requests/s, embedder; steps none (share_percent "
+        f"{rules.share_percent} %) or {', '.join(map(str, STEPS))} %"
+    )
+    print(
+        "| replicas | steps | shares analysed (load ratio; equal-load intervals) | left out | identical: "
+        "rolled back, blocked (95 % CI of both) | 1.5x slower: rolled back (95 % CI) |"
+    )
+    print("|---|---|---|---|---|---|")
+    for replicas in range(int(found[1]), int(found[2]) + 1):
+        for steps in ((), STEPS):
+            print(pool_row(args, rng, rules, replicas, steps), flush=True)
+    return 0
+
+
+def pool_row(
+    args: argparse.Namespace, rng: np.random.Generator, rules: Canary, replicas: int, steps: tuple[int, ...]
+) -> str:
+    layout = Layout(f"borrow, {replicas} replicas", 1, replicas - 1)
+    load_aware = not args.load_blind
+    shares, left = release_shares(
+        steps, layout, args.rate, rules, load_aware, args.overload, args.utilisation
+    )
+    tally: dict[float, dict[str, int]] = {1.0: {}, 1.5: {}}
+    for slowdown, outcomes in tally.items():
+        trial = Trial(EMBEDDER, None, args.rate, layout, slowdown, args.utilisation, load_aware)
+        for _ in range(args.runs):
+            verdict, _ended = run_release(rng, rules, trial, shares, steps)
+            outcomes[verdict] = outcomes.get(verdict, 0) + 1
+    same, slow = tally[1.0], tally[1.5]
+    wrong = args.runs - same.get(PROMOTE_READY, 0)
+    low, high = clopper_pearson(wrong, args.runs)
+    caught = slow.get(ROLLBACK, 0)
+    caught_low, caught_high = clopper_pearson(caught, args.runs)
+    least = least_share([CanaryStep(percent=p) for p in steps], rules.share_percent)
+    analysed = []
+    for percent in shares:
+        ratio = f"{percent} ({load_ratio(percent, 1, replicas - 1):.2f}"
+        if percent not in steps:
+            added = step_rules(rules, EQUAL_LOAD_STEP, percent, least, (1, replicas - 1))
+            ratio += f"; {added.interval_s} s"
+        analysed.append(ratio + ")")
+    return (
+        f"| {replicas} | {', '.join(map(str, steps)) or 'none'} | {', '.join(analysed)} | "
+        f"{'; '.join(left) or '-'} | {same.get(ROLLBACK, 0)}, {wrong - same.get(ROLLBACK, 0)} "
+        f"({low:.1%}-{high:.1%}) | {caught}/{args.runs} ({caught_low:.1%}-{caught_high:.1%}) |"
+    )
 
 
 def row(

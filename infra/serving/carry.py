@@ -222,20 +222,30 @@ def least_share(steps: Sequence[Step], asked: int) -> int:
     return min((step.percent for step in steps), default=asked)
 
 
-def step_rules(rules: Canary, number: int, percent: int, least: int) -> Canary:
+def step_rules(
+    rules: Canary, number: int, percent: int, least: int, servers: tuple[int, int] = (0, 0)
+) -> Canary:
     """The analysis' settings of step `number` at `percent`: the stack's, but for the analysis the loop
     adds (EQUAL_LOAD_STEP) below `least` (`least_share`), whose intervals are longer by least / percent
-    (load.lengthened_interval_s) so that the canary answers as many requests in each as at `least`."""
-    if number != EQUAL_LOAD_STEP or not 0 < percent < least:
+    (load.lengthened_interval_s) so that the canary answers as many requests in each as at `least`; and
+    longer still (load.SPARSE_FACTOR) where it is the share below equal load that whole percents leave on
+    `servers` (the canary's and the stable's up)."""
+    if number != EQUAL_LOAD_STEP:
         return rules
-    return RulesRead.of(rules).with_interval(lengthened_interval_s(rules.interval_s, percent, least))
+    sparse = percent == equal_load_share(servers) and not equal_loads(load_at(percent, servers))
+    interval_s = lengthened_interval_s(rules.interval_s, percent, least, sparse)
+    if interval_s == rules.interval_s:
+        return rules
+    return RulesRead.of(rules).with_interval(interval_s)
 
 
-def added_interval_s(rules: Rules, ahead: Sequence[tuple[int, Step]], asked: int) -> int | None:
-    """The lengthened interval of the analysis the loop adds below the stack's smallest share among the
-    steps `ahead` (`releases_steps`), None where it adds none there (`step_rules`)."""
+def added_interval_s(
+    rules: Rules, ahead: Sequence[tuple[int, Step]], asked: int, servers: tuple[int, int] = (0, 0)
+) -> int | None:
+    """The lengthened interval of the analysis the loop adds among the steps `ahead` (`releases_steps`) on
+    `servers`, None where it lengthens none (`step_rules`)."""
     least = least_share(rules.steps, asked)
-    lengthened = (step_rules(rules, number, step.percent, least) for number, step in ahead)
+    lengthened = (step_rules(rules, number, step.percent, least, servers) for number, step in ahead)
     return next((each.interval_s for each in lengthened if each is not rules), None)
 
 
@@ -322,7 +332,7 @@ def guard(
             share = step.percent
             release.say(f"{label}: the canary takes {step.percent} % of the requests")
         release.record(model, "analysing", label, share)
-        rules = step_rules(release.rules, number, step.percent, least)
+        rules = step_rules(release.rules, number, step.percent, least, servers)
         if rules is not release.rules:
             release.say(
                 f"{label}: intervals of {rules.interval_s} s, for as many canary requests each as at "

@@ -219,7 +219,7 @@ def detach_guard(release: Release, model: str, candidate: str, share: int, durat
     least = least_share(rules.steps, share)
     steps: list[tuple[int, dict[str, Any]]] = []
     for number, step in ahead:
-        step_at = step_rules(rules, number, step.percent, least)
+        step_at = step_rules(rules, number, step.percent, least, up)
         lengthened = {"interval_s": step_at.interval_s} if step_at is not rules else {}
         steps.append((number, {"percent": step.percent, "manual_gate": step.manual_gate, **lengthened}))
     unit = unit_name(model)

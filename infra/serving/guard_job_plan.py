@@ -86,7 +86,7 @@ def job_plan(
         rollout_s=rollout_s,
         servers=servers,
         back_to=share,
-        added_interval_s=added_interval_s(job_rules, ahead, share),
+        added_interval_s=added_interval_s(job_rules, ahead, share, servers),
     )
 
 

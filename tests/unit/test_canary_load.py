@@ -423,3 +423,25 @@ def test_the_detached_guard_moves_to_a_first_step_at_another_share_before_analys
     guard = guard_of(tmp_path, node, clock)
     guard.run()
     assert node.shares[:1] == [12], node.shares
+
+
+def test_the_added_analysis_below_equal_load_that_whole_percents_leave_is_longer_still() -> None:
+    """borrow on 21 replicas (1 canary, 20 stable) through steps 5, 20, 50 %: no whole percent is within
+    LOAD_TOLERANCE of equal load (4 % loads the canary 0.83 x, 5 % 1.053 x), and the analysis added at 4 %
+    had intervals of 60 x 5 / 4 = 75 s: a 1.5 x slower canary, reading about 1.28 x at that load, was caught
+    in 91 of 100 releases at 10 requests/s (benchmarks/canary_load.py --pools). Its intervals are twice
+    that now; where a share is within the tolerance (12 % beside 7) nothing changes."""
+    rules = Canary.model_validate({"steps": [{"percent": 5}, {"percent": 20}, {"percent": 50}]})
+    assert equal_load_percent(1, 20) == 4
+    added = carry.step_rules(rules, EQUAL_LOAD_STEP, 4, 5, (1, 20))
+    assert added.interval_s == 2 * 75 and added.analysis_s == 2 * 75 * rules.intervals
+    # Above the smallest share too: 6 % beside 14 stable servers loads the canary 0.89 x.
+    assert equal_load_percent(1, 14) == 6
+    assert carry.step_rules(rules, EQUAL_LOAD_STEP, 6, 5, (1, 14)).interval_s == 2 * 60
+    # Within the tolerance, or not the equal-load share, or the stack's own step: as before.
+    assert carry.step_rules(rules, EQUAL_LOAD_STEP, 12, 20, (1, 7)).interval_s == 100
+    assert carry.step_rules(rules, EQUAL_LOAD_STEP, 20, 20, (1, 20)) is rules
+    assert carry.step_rules(rules, 1, 4, 5, (1, 20)) is rules
+    assert carry.step_rules(rules, EQUAL_LOAD_STEP, 4, 5).interval_s == 75  # no servers counted
+    ahead = carry.releases_steps(rules.steps, 0, 0, False, 4)
+    assert carry.added_interval_s(rules, ahead, 0, (1, 20)) == 150
