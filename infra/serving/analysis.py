@@ -353,6 +353,12 @@ class Analysis:
         latency is judged, as many again after that."""
         return self.rules.intervals + (self.latency_from if self.judges_latency else 0)
 
+    @property
+    def added_s(self) -> int:
+        """How much longer the analysis runs for the intervals it asks beyond `intervals` (its latency
+        evidence dropped: `reweigh`)."""
+        return (self.intervals_asked - self.rules.intervals) * self.rules.interval_s
+
     def reweigh(self, ratio: float, stable: Counts, canary: Counts) -> str | None:
         """The load ratio now `ratio` (the servers up read again at a look), with both versions' counts
         since the canary started: where load.same_load does not pool it with the ratio the latency evidence

@@ -408,7 +408,7 @@ def analyse(
     # Resumed (a restarted guard Job's pod), the evidence is judged at least once more, even where the
     # analysis' time ran out while no guard looked.
     resumed = saved is not None
-    while first or resumed or clock() - started < duration_s + _added_s(watch, rules, lengthens):
+    while first or resumed or clock() - started < duration_s + _added_s(watch, lengthens):
         if not first:
             sleep(look_s)
             if release.lock_lost(model):
@@ -460,12 +460,12 @@ def analyse(
     return verdict
 
 
-def _added_s(watch: Guard | None, rules: Canary, lengthens: bool) -> float:
+def _added_s(watch: Guard | None, lengthens: bool) -> float:
     """The time the intervals an analysis added (its latency evidence dropped: Analysis.reweigh) take, where
     the analysis' length is its own (`lengthens`: no duration asked for)."""
     if watch is None or not lengthens:
         return 0.0
-    return (watch.analysis.intervals_asked - rules.intervals) * rules.interval_s
+    return watch.analysis.added_s
 
 
 def _weigh(release: Carried, model: str, weighing: Weighing) -> float:

@@ -425,6 +425,8 @@ class DetachedGuard:
         except (GpuPlatError, ValueError, KeyError) as error:
             reason = error.message if isinstance(error, GpuPlatError) else f"{type(error).__name__}: {error}"
             say(f"look failed: {reason}")
+            # The intervals a move of the servers up added (Analysis.reweigh) count in its time.
+            duration_s += guard.analysis.added_s
             if now - guard.started_s >= duration_s:
                 # Looks that fail for good (the gateway's program gone) must not hold the lock for ever:
                 # `serve rollback` and `promote` would meet it.
@@ -447,9 +449,12 @@ class DetachedGuard:
             self.step_passed(verdict)
         elif verdict.action == INCONCLUSIVE:
             self.finish(verdict, _decide(self.model))
-        elif now - guard.started_s >= duration_s:
+        elif now - guard.started_s >= duration_s + guard.analysis.added_s:
             self.finish(
-                Verdict(CONTINUE, f"no verdict within {duration_s:.0f} s: {verdict.reason}"),
+                Verdict(
+                    CONTINUE,
+                    f"no verdict within {duration_s + guard.analysis.added_s:.0f} s: {verdict.reason}",
+                ),
                 _decide(self.model),
             )
         else:
