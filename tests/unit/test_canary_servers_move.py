@@ -44,6 +44,8 @@ class Pool:
         self.failing: set[int] = set()
         """the reads of the servers up (counted from 1) that fail"""
         self.reads = 0
+        self.refused: set[int] = set()
+        """shares that cannot be set (a guard Job's plan renders only some)"""
 
     def up(self) -> tuple[int, int]:
         self.reads += 1
@@ -78,6 +80,8 @@ class Pool:
             return GatewayFigures(self.share, {}, {}, {CANARY_BACKEND: canary, STABLE_BACKEND: stable})
 
         def set_share(percent: int) -> None:
+            if percent in self.refused:
+                raise GpuPlatError(f"the guard's plan has no objects for a share of {percent} %")
             self.shares.append(percent)
             self.share = percent
 
@@ -115,6 +119,19 @@ def test_the_equal_load_analysis_follows_the_servers_to_the_share_that_loads_the
     assert pool.shares == [12, 10, 20] and rolled == []
     assert any("the canary takes 10 % now, 1.00 x" in line for line in said), said
     assert ("analysing", 10) in release.__dict__["records"]
+
+
+def test_a_share_the_guard_cannot_set_is_said_and_kept_its_latency_unjudged_where_busier() -> None:
+    """The guard Job sets only the shares its plan rendered: where the servers moved to a share it has no
+    objects for, it says so and keeps its share, whose latency at 1.23 x is not judged."""
+    pool = Pool(20, [(0, (1, 7)), (9, (1, 9))])
+    pool.refused = {10}
+    release, rolled, said = pool.release({**RULES, "failure_limit": 0})
+    clock = Clock()
+    verdict = release.guard("embedder", sleep=clock.sleep, clock=clock)
+    assert verdict.action == PROMOTE_READY and rolled == [], verdict.reason
+    assert pool.shares == [12, 20]
+    assert any("the share stays at 12 % (the guard's plan has no objects" in line for line in said), said
 
 
 def test_a_move_within_the_tolerance_keeps_the_evidence() -> None:
