@@ -93,9 +93,9 @@ them less (equal_load_percent): there a slower canary reads less slow (1.5 x at 
 about 1.28 x in an M/M/1 queue busy half the time, against max_latency_ratio 1.2) from fewer answers, and
 borrow on 21 replicas at 10 requests/s through steps 5, 20, 50 % caught a 1.5 x slower canary in 194 of
 200 releases (4 %, intervals of 75 s), and on 27 in 174 of 200 (3 %, 0.80 x, 100 s); with twice the answers
-per interval, 200 and 193 of 200 (benchmarks/canary_load.py --pools, docs/serving.md). No length helps
-below about 0.75 x (2 % on 35 to 38 replicas): there a 1.5 x slower canary reads under max_latency_ratio
-in that model whatever the answers; that needs a finer share than a whole percent."""
+per interval, 200 and 193 of 200 (benchmarks/canary_load.py --pools, docs/serving.md). Length helps
+little below about 0.8 x (2 % on 35 to 39 replicas, 38 to 184 of 200): there a 1.5 x slower canary reads
+about max_latency_ratio or under in that model; that needs a finer share than a whole percent."""
 
 
 def lengthened_interval_s(interval_s: int, percent: int, least: int, sparse: bool = False) -> int:
