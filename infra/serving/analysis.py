@@ -399,6 +399,16 @@ class Analysis:
             early = sequential(*since, rules)
             if early is not None:
                 return early
+        if self.judges_latency and self.latency_from > rules.intervals:
+            # Servers up that keep moving (a replica bouncing) would ask the intervals again for ever: the
+            # analysis asks at most its own length again, then ends without promoting.
+            return Verdict(
+                INCONCLUSIVE,
+                f"the servers up moved {len(self.restarts)} times and the latency analysis started again "
+                f"after interval {rules.intervals}: its latency could not be judged at one load within twice "
+                f"its {rules.intervals} intervals; error rate canary {_rate(canary)}, stable {_rate(stable)}"
+                + self._restarted(),
+            )
         asked = self.intervals_asked
         if self.intervals_done < asked and elapsed_s >= (self.intervals_done + 1) * rules.interval_s:
             verdict = self._close_interval(stable, canary)

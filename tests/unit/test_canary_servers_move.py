@@ -12,7 +12,7 @@ import pytest
 
 from infra.errors import GpuPlatError
 from infra.serving import carry
-from infra.serving.analysis import PROMOTE_READY, ROLLBACK, Analysis, Guard
+from infra.serving.analysis import INCONCLUSIVE, PROMOTE_READY, ROLLBACK, Analysis, Guard
 from infra.serving.counts import Counts, Histogram
 from infra.serving.guard_job import JobCarried
 from infra.serving.load import load_ratio, same_load
@@ -275,3 +275,34 @@ def test_the_guard_job_reads_the_servers_up_from_the_gateway_pods_after_its_star
     unread = JobCarried(api=None, plan=SimpleNamespace(servers=(0, 0), namespace="serving"), lock=None)  # type: ignore[arg-type]
     unread._pod_counters = Pods  # type: ignore[assignment,method-assign]
     assert unread.servers_up() == unread.servers_up() == (0, 0) and counted == ["serving"]
+
+
+class _Looks(Clock):
+    """A Clock that fails the test where the guard looks more than `limit` times (an analysis that never
+    ends would hang the suite instead)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.looks, self.limit = 0, limit
+
+    def sleep(self, seconds: float) -> None:
+        self.looks += 1
+        if self.looks > self.limit:
+            raise AssertionError(f"no verdict after {self.limit} looks ({self.now - 1000:.0f} s)")
+        super().sleep(seconds)
+
+
+def test_servers_up_moving_at_every_look_end_the_analysis_inconclusive_not_never() -> None:
+    """A replica bouncing up and down (1 canary beside 7 stable servers, then 6, at every look): 12 % loads
+    the canary 0.955 x, then 1.09 x, each beyond the tolerance of the other, so each look drops the latency
+    evidence and asks its intervals again. Unbounded (adversarial review, issue 48), the guard looked for
+    ever without a verdict, holding the release's lock; the analysis asks at most its own intervals again,
+    then ends inconclusive, which blocks promotion and exits non-zero."""
+    pool = Pool(12, [(look, (1, 7) if look % 2 == 0 else (1, 6)) for look in range(400)])
+    release, rolled, _ = pool.release(RULES)
+    clock = _Looks(200)
+    verdict = release.guard("embedder", sleep=clock.sleep, clock=clock)
+    assert verdict.action == INCONCLUSIVE, verdict.reason
+    assert "the servers up moved" in verdict.reason and rolled == []
+    # At most the analysis' own length again (2 intervals of 10 s), and one interval for the one running.
+    assert clock.now - 1000 <= 2 * 2 * 10 + 10 + 5
