@@ -332,6 +332,9 @@ class Analysis:
     sequential latency test counts from there"""
     restarts: list[str] = field(default_factory=list)
     """why the latency evidence was dropped, each time"""
+    judged_before: float | None = None
+    """the ratio the latency was judged at before the servers up moved the canary's servers to a busier one
+    (None: never): such an analysis was the one meant to judge latency, and cannot promote on errors alone"""
 
     @property
     def judges_latency(self) -> bool:
@@ -371,6 +374,8 @@ class Analysis:
             # do not add up, unseen, to a larger one.
             self.latency_ratio = before
             return None
+        if self.judged_before is None and not busier(before) and busier(ratio):
+            self.judged_before = before
         self.latency_ratio = ratio
         self.latency_from = self.intervals_done + 1
         self.latency_base = (stable, canary)
@@ -439,6 +444,16 @@ class Analysis:
                 f"{' and '.join(never)} could not be judged in any of the {rules.intervals} intervals: "
                 + "; ".join(self.results[metric][-1].detail for metric in never),
             )
+        if not self.judges_latency and self.judged_before is not None:
+            # Its latency judged where it started, then not after the servers moved: promote-ready would
+            # rest on the errors alone, and no analysis the guard planned judges the latency at this load.
+            return Verdict(
+                INCONCLUSIVE,
+                f"the latency was judged at {self.judged_before:.2f} x a stable server's load when the "
+                f"servers up moved and each canary server took {self.load_ratio:.2f} x, where it is not "
+                f"judged: the canary's latency was never judged; `gpuplat serve guard` again weighs the "
+                f"servers up now" + self._restarted(),
+            )
         return Verdict(
             PROMOTE_READY,
             f"{asked} intervals passed: canary error rate {_rate(canary)}, stable {_rate(stable)}; "
@@ -458,6 +473,7 @@ class Analysis:
             if self.latency_base is None
             else [counts.to_json() for counts in self.latency_base],
             "restarts": self.restarts,
+            "judged_before": self.judged_before,
         }
 
     @classmethod
@@ -468,6 +484,7 @@ class Analysis:
         }
         base = data.get("latency_base")
         latency_ratio = data.get("latency_ratio")
+        judged_before = data.get("judged_before")
         return cls(
             rules,
             results,
@@ -477,6 +494,7 @@ class Analysis:
             int(data.get("latency_from", 0)),
             None if base is None else (Counts.from_json(base[0]), Counts.from_json(base[1])),
             list(data.get("restarts", [])),
+            None if judged_before is None else float(judged_before),
         )
 
     def _close_interval(self, stable: Counts, canary: Counts) -> Verdict | None:
