@@ -468,12 +468,16 @@ def _added_s(watch: Guard | None, lengthens: bool) -> float:
     return watch.analysis.added_s
 
 
-def _weigh(release: Carried, model: str, weighing: Weighing) -> float:
+def _weigh(release: Carried, model: str, weighing: Weighing) -> float | None:
     """The load ratio at this look from the servers up read again; in the analysis the loop added
     (`weighing.follows`), the share first moved to the one that loads both versions' servers alike on
     them now, where the share it has no longer does (load.same_load against equal load). A share that
     cannot be set (the guard Job sets only those its plan renders) is said, and kept."""
     servers = weighing.servers.read()
+    if min(servers) < 1:
+        # A version with no server up (its one server restarting) takes no load: load.load_at's 1.00 x for
+        # it is no ratio to weigh the evidence by, which stays as it was.
+        return None
     if weighing.follows:
         wanted = equal_load_share(servers)
         now = load_at(weighing.share, servers)

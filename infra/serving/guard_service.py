@@ -419,7 +419,10 @@ class DetachedGuard:
                 return
             readings = self.readings()
             dropped = len(guard.analysis.restarts)
-            verdict = guard.look(now, *readings, load_ratio=self.load(state["share"]))
+            up = state.get("load_servers")
+            # A version with no server up takes no load (carry._weigh): the ratio stays as it was.
+            ratio = self.load(state["share"]) if up and min(int(n) for n in up) >= 1 else None
+            verdict = guard.look(now, *readings, load_ratio=ratio)
             if len(guard.analysis.restarts) > dropped:
                 say(guard.analysis.restarts[-1])
         except (GpuPlatError, ValueError, KeyError) as error:

@@ -342,3 +342,61 @@ def test_a_slower_canary_whose_servers_turn_busier_is_not_promote_ready_unjudged
     verdict = release.guard("embedder", sleep=clock.sleep, clock=clock)
     assert verdict.action == INCONCLUSIVE and rolled == [], verdict.reason
     assert "latency was judged at 0.95 x" in verdict.reason, verdict.reason
+
+
+class _SteadyPool(Pool):
+    """A Pool whose canary answers as the stable at any load (an identical version)."""
+
+    def read(self, latency: bool = True) -> tuple[Counts, Counts]:
+        self.look += 1
+        self.stable = [total + 4 * c for total, c in zip(self.stable, FAST, strict=True)]
+        self.canary = [total + c for total, c in zip(self.canary, FAST, strict=True)]
+        self.sums[0] += 6.4
+        self.sums[1] += 1.6
+        return (
+            Counts(sum(self.stable), 0, Histogram(BOUNDS, tuple(self.stable), self.sums[0])),
+            Counts(sum(self.canary), 0, Histogram(BOUNDS, tuple(self.canary), self.sums[1])),
+        )
+
+
+def test_a_version_with_no_server_up_at_one_look_is_no_load_to_weigh() -> None:
+    """50 % beside 7 stable servers loads the canary 7 x: its analysis judges errors only (the guard adds the
+    one at 12 % for latency). The canary's server restarts and is counted down at one look: load.load_at
+    reads 1.00 x where a version has none up, which is no load at all. Weighed as a move (adversarial review,
+    issue 48), it dropped the evidence twice, and the analysis that never judged latency read as one that
+    had, then stopped: inconclusive; a count with a version at 0 keeps the ratio."""
+    pool = _SteadyPool(50, [(0, (1, 7)), (3, (0, 7)), (4, (1, 7))])
+    release, rolled, said = pool.release(RULES)
+    clock = Clock()
+    verdict = release.guard("embedder", sleep=clock.sleep, clock=clock)
+    assert verdict.action == PROMOTE_READY and rolled == [], (verdict.reason, said)
+    assert not any("started again" in line for line in said), said
+
+
+class _BlinkingNode(BusyNode):
+    """BusyNode whose canary server is counted down while the requests so far are in `down` (it restarts)."""
+
+    def __init__(self, share: int, down: range) -> None:
+        super().__init__(share)
+        self.down = down
+
+    def traffic(self, requests: int) -> None:
+        self.up[CANARY] = 0 if self.counts[STABLE][0] + self.counts[CANARY][0] in self.down else 1
+        super().traffic(requests)
+
+
+def test_the_detached_guard_weighs_no_load_where_a_version_has_no_server_up(tmp_path: Path) -> None:
+    """The detached guard's own loop at a step of 50 % beside 7 stable servers (7 x: errors judged only);
+    the canary's server is counted down at one look. Weighed as 1.00 x (adversarial review, issue 48), the
+    step ended inconclusive as if its latency had been judged; the ratio stays."""
+    rules = Canary.model_validate(
+        {"min_requests": 4, "interval_s": 10, "intervals": 2, "failure_limit": 0, "steps": [{"percent": 50}]}
+    )
+    node = _BlinkingNode(share=50, down=range(100, 130))
+    clock = DetachedClock(node)
+    started(tmp_path, node, clock, rules, load_servers=(1, 7))
+    guard = guard_of(tmp_path, node, clock)
+    guard.run()
+    verdict = guard.state["verdict"]
+    assert verdict["action"] == PROMOTE_READY, verdict
+    assert "started again" not in verdict["reason"], verdict
