@@ -12,7 +12,17 @@ import pytest
 
 from infra.errors import GpuPlatError
 from infra.serving import carry
-from infra.serving.analysis import INCONCLUSIVE, PROMOTE_READY, ROLLBACK, Analysis, Guard
+from infra.serving.analysis import (
+    ERRORS,
+    INCONCLUSIVE,
+    ITL,
+    LATENCY,
+    PROMOTE_READY,
+    ROLLBACK,
+    Analysis,
+    Guard,
+    Measurement,
+)
 from infra.serving.counts import Counts, Histogram
 from infra.serving.guard_job import JobCarried
 from infra.serving.load import load_ratio, same_load
@@ -400,3 +410,45 @@ def test_the_detached_guard_weighs_no_load_where_a_version_has_no_server_up(tmp_
     verdict = guard.state["verdict"]
     assert verdict["action"] == PROMOTE_READY, verdict
     assert "started again" not in verdict["reason"], verdict
+
+
+def _looked(fast: int, slow: int, looks: int) -> tuple[Counts, Counts]:
+    """Cumulative counts after `looks` looks: the stable 4 x FAST each look, the canary FAST `fast` looks
+    then SLOW `slow` looks (in that order; 0 requests errored)."""
+    stable = [4 * c * looks for c in FAST]
+    canary = [f * fast + s * slow for f, s in zip(FAST, SLOW, strict=True)]
+    return (
+        Counts(sum(stable), 0, Histogram(BOUNDS, tuple(stable), 6.4 * looks)),
+        Counts(sum(canary), 0, Histogram(BOUNDS, tuple(canary), 1.6 * fast + 3.2 * slow)),
+    )
+
+
+def test_latency_read_before_a_move_counts_neither_in_the_interval_running_nor_the_sequential_test() -> None:
+    """1 canary beside 9 stable servers at 12 % (1.23 x: latency not judged) answers SLOW for its queue;
+    at the second look (5 s, half of interval 1) two stable servers are down (7 stable: 0.955 x) and it
+    answers FAST. Interval 1 holds both: it is not judged on latency (Analysis.latency_from), and
+    the sequential test counts from the move (latency_base); either one judging the slow half would roll
+    an identical canary back (failure_limit 0)."""
+    rules = Canary.model_validate({**RULES, "failure_limit": 0})
+    guard = Guard(rules, 0.0, Counts(), Counts(), load_ratio=1.23)
+    ratio = {1: 1.23}
+    verdict = None
+    for look in range(1, 9):
+        slow = min(look, 1)
+        verdict = guard.look(5.0 * look, *_looked(look - slow, slow, look), load_ratio=ratio.get(look, 0.955))
+        assert verdict.action != ROLLBACK, (look, verdict.reason)
+    assert verdict is not None and verdict.action == PROMOTE_READY, verdict.reason
+    assert "3 intervals passed" in verdict.reason
+
+
+def test_a_move_drops_the_latency_and_inter_token_results_read_before_it() -> None:
+    """A latency failure read at 0.955 x is no evidence at 0.83 x: it does not count towards failure_limit
+    after the move (nor do inter-token latency results)."""
+    analysis = Analysis(Canary.model_validate(RULES), load_ratio=0.955)
+    failed = Measurement(LATENCY, "failed", "slower")
+    analysis.results[LATENCY] = [failed]
+    analysis.results[ITL] = [Measurement(ITL, "failed", "slower")]
+    analysis.results[ERRORS] = [Measurement(ERRORS, "passed", "alike")]
+    analysis.reweigh(0.83, Counts(10, 0), Counts(3, 0))
+    assert analysis.results[LATENCY] == [] and analysis.results[ITL] == []
+    assert analysis.results[ERRORS] == [Measurement(ERRORS, "passed", "alike")]
