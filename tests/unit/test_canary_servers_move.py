@@ -324,15 +324,17 @@ def test_servers_up_moving_at_every_look_end_the_analysis_inconclusive_not_never
     assert clock.now - 1000 <= 2 * 2 * 10 + 10 + 5
 
 
-class _SlowerPool(Pool):
-    """A Pool whose canary is a slower version: SLOW at any load."""
+class _VersionPool(Pool):
+    """A Pool whose canary answers `answers` (SLOW: a slower version; FAST: an identical one) at any load."""
+
+    answers = SLOW
 
     def read(self, latency: bool = True) -> tuple[Counts, Counts]:
         self.look += 1
         self.stable = [total + 4 * c for total, c in zip(self.stable, FAST, strict=True)]
-        self.canary = [total + c for total, c in zip(self.canary, SLOW, strict=True)]
+        self.canary = [total + c for total, c in zip(self.canary, self.answers, strict=True)]
         self.sums[0] += 6.4
-        self.sums[1] += 3.2
+        self.sums[1] += 3.2 if self.answers == SLOW else 1.6
         return (
             Counts(sum(self.stable), 0, Histogram(BOUNDS, tuple(self.stable), self.sums[0])),
             Counts(sum(self.canary), 0, Histogram(BOUNDS, tuple(self.canary), self.sums[1])),
@@ -346,7 +348,7 @@ def test_a_slower_canary_whose_servers_turn_busier_is_not_promote_ready_unjudged
     (adversarial review, issue 48); read once at the start (main) it was rolled back. An analysis that
     started judging latency and ends where it cannot is inconclusive: `serve guard` again weighs the new
     servers (an equal-load analysis at their share)."""
-    pool = _SlowerPool(12, [(0, (1, 7)), (1, (1, 9))])
+    pool = _VersionPool(12, [(0, (1, 7)), (1, (1, 9))])
     release, rolled, _ = pool.release(RULES)
     clock = Clock()
     verdict = release.guard("embedder", sleep=clock.sleep, clock=clock)
@@ -354,19 +356,10 @@ def test_a_slower_canary_whose_servers_turn_busier_is_not_promote_ready_unjudged
     assert "latency was judged at 0.95 x" in verdict.reason, verdict.reason
 
 
-class _SteadyPool(Pool):
+class _SteadyPool(_VersionPool):
     """A Pool whose canary answers as the stable at any load (an identical version)."""
 
-    def read(self, latency: bool = True) -> tuple[Counts, Counts]:
-        self.look += 1
-        self.stable = [total + 4 * c for total, c in zip(self.stable, FAST, strict=True)]
-        self.canary = [total + c for total, c in zip(self.canary, FAST, strict=True)]
-        self.sums[0] += 6.4
-        self.sums[1] += 1.6
-        return (
-            Counts(sum(self.stable), 0, Histogram(BOUNDS, tuple(self.stable), self.sums[0])),
-            Counts(sum(self.canary), 0, Histogram(BOUNDS, tuple(self.canary), self.sums[1])),
-        )
+    answers = FAST
 
 
 def test_a_version_with_no_server_up_at_one_look_is_no_load_to_weigh() -> None:
