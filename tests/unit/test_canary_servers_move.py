@@ -416,19 +416,19 @@ def _looked(fast: int, slow: int, looks: int) -> tuple[Counts, Counts]:
     )
 
 
-def test_latency_read_before_a_move_counts_neither_in_the_interval_running_nor_the_sequential_test() -> None:
+def test_latency_read_before_a_move_counts_neither_in_the_interval_it_closes_nor_the_sequential_test() -> None:
     """1 canary beside 9 stable servers at 12 % (1.23 x: latency not judged) answers SLOW for its queue;
-    at the second look (5 s, half of interval 1) two stable servers are down (7 stable: 0.955 x) and it
-    answers FAST. Interval 1 holds both: it is not judged on latency (Analysis.latency_from), and
-    the sequential test counts from the move (latency_base); either one judging the slow half would roll
-    an identical canary back (failure_limit 0)."""
+    two stable servers go down just before the second look (7 stable: 0.955 x; the servers up are read
+    before the counters) and it answers FAST after. Interval 1, closed at that look, holds the slow
+    answers: it is not judged on latency (Analysis.latency_from), and the sequential test counts from the
+    move (latency_base); either one judging them would roll an identical canary back (failure_limit 0)."""
     rules = Canary.model_validate({**RULES, "failure_limit": 0})
     guard = Guard(rules, 0.0, Counts(), Counts(), load_ratio=1.23)
-    ratio = {1: 1.23}
     verdict = None
     for look in range(1, 9):
-        slow = min(look, 1)
-        verdict = guard.look(5.0 * look, *_looked(look - slow, slow, look), load_ratio=ratio.get(look, 0.955))
+        slow = min(look, 2)
+        ratio = 1.23 if look == 1 else 0.955
+        verdict = guard.look(5.0 * look, *_looked(look - slow, slow, look), load_ratio=ratio)
         assert verdict.action != ROLLBACK, (look, verdict.reason)
     assert verdict is not None and verdict.action == PROMOTE_READY, verdict.reason
     assert "3 intervals passed" in verdict.reason
@@ -445,3 +445,15 @@ def test_a_move_drops_the_latency_and_inter_token_results_read_before_it() -> No
     analysis.reweigh(0.83, Counts(10, 0), Counts(3, 0))
     assert analysis.results[LATENCY] == [] and analysis.results[ITL] == []
     assert analysis.results[ERRORS] == [Measurement(ERRORS, "passed", "alike")]
+
+
+def test_the_guard_waits_out_the_intervals_a_move_asks_again() -> None:
+    """12 % beside 7 stable servers (0.955 x), then 6 at the second look (0.82 x): both judged, the latency
+    evidence dropped, the analysis asks interval 1 again (3 of 10 s). Its time without --guard-s counts
+    them (carry._added_s): an identical canary is promote-ready, not 'continue' at the 25 s it first had."""
+    pool = _SteadyPool(12, [(0, (1, 7)), (2, (1, 6))])
+    release, rolled, said = pool.release(RULES)
+    clock = Clock()
+    verdict = release.guard("embedder", sleep=clock.sleep, clock=clock)
+    assert verdict.action == PROMOTE_READY and rolled == [], (verdict.reason, said)
+    assert "3 intervals passed" in verdict.reason
