@@ -416,7 +416,7 @@ def _looked(fast: int, slow: int, looks: int) -> tuple[Counts, Counts]:
     )
 
 
-def test_latency_read_before_a_move_counts_neither_in_the_interval_it_closes_nor_the_sequential_test() -> None:
+def test_latency_read_before_a_move_counts_in_neither_the_interval_it_closes_nor_sequential_test() -> None:
     """1 canary beside 9 stable servers at 12 % (1.23 x: latency not judged) answers SLOW for its queue;
     two stable servers go down just before the second look (7 stable: 0.955 x; the servers up are read
     before the counters) and it answers FAST after. Interval 1, closed at that look, holds the slow
