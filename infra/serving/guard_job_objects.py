@@ -81,15 +81,17 @@ def guard_name(model: str, release_id: str) -> str:
 
 
 def deadline_s(plan: JobPlan) -> int:
-    """Every step's analysis (its initial delay, its intervals, a look more) and rollout, and a rollback's;
-    and the one the Job adds below the stack's smallest share, with its longer intervals (the plan's
-    added_interval_s)."""
+    """Every step's analysis (its initial delay, its intervals twice, a look more) and rollout, and a
+    rollback's; and the one the Job adds below the stack's smallest share, with its longer intervals (the
+    plan's added_interval_s)."""
     rules = plan.rules
-    analysis = plan.duration_s or rules.initial_delay_s + rules.analysis_s + plan.look_s
+    # Each analysis twice over: the servers up moving during it ask its intervals again, at most once
+    # (analysis.Analysis.intervals_asked; after that it ends inconclusive).
+    analysis = plan.duration_s or rules.initial_delay_s + 2 * rules.analysis_s + plan.look_s
     steps = max(len(rules.steps), 1)
     added = 0.0
     if plan.added_interval_s is not None:
-        added_analysis = rules.initial_delay_s + plan.added_interval_s * rules.intervals + plan.look_s
+        added_analysis = rules.initial_delay_s + 2 * plan.added_interval_s * rules.intervals + plan.look_s
         added = (plan.duration_s or added_analysis) + plan.rollout_s
     return int((analysis + plan.rollout_s) * steps + added + plan.rollout_s + plan.look_s * 3)
 

@@ -25,6 +25,7 @@ from infra.serving.analysis import (
 )
 from infra.serving.counts import Counts, Histogram
 from infra.serving.guard_job import JobCarried
+from infra.serving.guard_job_objects import deadline_s
 from infra.serving.load import load_ratio, same_load
 from infra.serving.metrics_text import GatewayFigures
 from infra.serving.release import CANARY_BACKEND, STABLE_BACKEND, Release
@@ -457,3 +458,20 @@ def test_the_guard_waits_out_the_intervals_a_move_asks_again() -> None:
     verdict = release.guard("embedder", sleep=clock.sleep, clock=clock)
     assert verdict.action == PROMOTE_READY and rolled == [], (verdict.reason, said)
     assert "3 intervals passed" in verdict.reason
+
+
+def test_the_guard_jobs_deadline_counts_the_intervals_a_move_asks_again() -> None:
+    """The Job's activeDeadlineSeconds (guard_job_objects.deadline_s) counted each analysis once: 5
+    intervals of 60 s, the servers up moving in the last one (0.955 x to 0.82 x, both judged) asks them
+    again, 600 s in all, past the 320 s it allowed beside its rollouts' (adversarial review, issue 48), and
+    Kubernetes would stop the guard before its verdict where the rollouts did not leave that much."""
+    rules = {"interval_s": 60, "intervals": 5, "min_requests": 10}
+    pool = _SteadyPool(12, [(0, (1, 7)), (58, (1, 6))])
+    release, rolled, _ = pool.release(rules)
+    clock = Clock()
+    verdict = release.guard("embedder", sleep=clock.sleep, clock=clock)
+    assert verdict.action == PROMOTE_READY and rolled == [], verdict.reason
+    plan = SimpleNamespace(
+        rules=release.rules, duration_s=None, look_s=5.0, added_interval_s=None, rollout_s=0
+    )
+    assert clock.now - 1000 <= deadline_s(plan)  # type: ignore[arg-type]
