@@ -18,6 +18,7 @@ from infra.serving.counts import Counts, Histogram
 from infra.serving.detach import detach_guard
 from infra.serving.load import (
     LOAD_TOLERANCE,
+    SPARSE_FACTOR,
     describe,
     equal_load_percent,
     lengthened_interval_s,
@@ -277,17 +278,23 @@ class BusyNode(Node):
         )
 
 
-def test_detach_hands_the_guard_the_equal_load_step_and_the_servers_up(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def _detached(monkeypatch: pytest.MonkeyPatch, stable: int) -> tuple[DetachingRelease, dict[str, Any]]:
+    """`deploy --detach` at 20 % on 1 canary server beside `stable`: the state it hands the guard."""
     release = DetachingRelease()
-    release.figures = lambda: GatewayFigures(20, {}, {}, {CANARY_BACKEND: 1, STABLE_BACKEND: 7})  # type: ignore[method-assign]
+    release.figures = lambda: GatewayFigures(20, {}, {}, {CANARY_BACKEND: 1, STABLE_BACKEND: stable})  # type: ignore[method-assign]
     handed: list[dict[str, Any]] = []
     monkeypatch.setattr(
         detach, "initial_state", lambda **state: handed.append(state) or guard_service.initial_state(**state)
     )
     detach_guard(release, "embedder", "embedder@2", 20, 60)  # type: ignore[arg-type]
     (state,) = handed
+    return release, state
+
+
+def test_detach_hands_the_guard_the_equal_load_step_and_the_servers_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _, state = _detached(monkeypatch, 7)
     assert [(n, s["percent"]) for n, s in state["steps"]] == [(EQUAL_LOAD_STEP, 20), (EQUAL_LOAD_STEP, 12)]
     assert state["load_servers"] == (1, 7) and state["return_share"] == 20
     assert state["guard"].analysis.load_ratio == pytest.approx(1.75)
@@ -445,3 +452,14 @@ def test_the_added_analysis_below_equal_load_that_whole_percents_leave_is_longer
     assert carry.step_rules(rules, EQUAL_LOAD_STEP, 4, 5).interval_s == 75  # no servers counted
     ahead = carry.releases_steps(rules.steps, 0, 0, False, 4)
     assert carry.added_interval_s(rules, ahead, 0, (1, 20)) == 150
+
+
+def test_detach_hands_the_guard_the_longer_intervals_below_equal_load_that_whole_percents_leave(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """1 canary beside 20 stable servers at 20 %: the detached guard's added analysis at 4 % carries
+    intervals SPARSE_FACTOR times longer than 20 / 4 makes them, as the CLI's guard runs it."""
+    release, state = _detached(monkeypatch, 20)
+    added = {s["percent"]: s.get("interval_s") for n, s in state["steps"] if n == EQUAL_LOAD_STEP}
+    interval_s = release.rules.interval_s
+    assert added == {20: None, 4: SPARSE_FACTOR * lengthened_interval_s(interval_s, 4, 20)}, state["steps"]

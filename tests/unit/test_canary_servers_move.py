@@ -241,15 +241,16 @@ def test_two_failed_reads_of_the_servers_up_in_a_row_are_a_failed_look_not_a_gue
 
 
 class GrowingNode(BusyNode):
-    """BusyNode whose stable version grows from 7 servers up to 9 once `at` requests came (autoscaling)."""
+    """BusyNode whose stable version goes from 7 servers up to `to` (9: autoscaling) once `at` requests
+    came."""
 
-    def __init__(self, share: int, at: int) -> None:
+    def __init__(self, share: int, at: int, to: int = 9) -> None:
         super().__init__(share)
-        self.at = at
+        self.at, self.to = at, to
 
     def traffic(self, requests: int) -> None:
         if self.counts[STABLE][0] + self.counts[CANARY][0] >= self.at:
-            self.up[STABLE] = 9
+            self.up[STABLE] = self.to
         super().traffic(requests)
 
 
@@ -475,3 +476,21 @@ def test_the_guard_jobs_deadline_counts_the_intervals_a_move_asks_again() -> Non
         rules=release.rules, duration_s=None, look_s=5.0, added_interval_s=None, rollout_s=0
     )
     assert clock.now - 1000 <= deadline_s(plan)  # type: ignore[arg-type]
+
+
+def test_the_detached_guard_waits_out_the_intervals_a_move_asks_again(tmp_path: Path) -> None:
+    """The detached guard's own loop at a step of 12 % beside 7 stable servers (0.955 x), one down after the
+    first interval (0.82 x, judged too): the latency evidence is dropped and the intervals asked again,
+    past the 25 s the CLI handed it (`--detach`: the analysis and a look); its time counts them
+    (Analysis.added_s), and the identical canary is promote-ready, not 'no verdict within 25 s'."""
+    rules = Canary.model_validate(
+        {"min_requests": 4, "interval_s": 10, "intervals": 2, "failure_limit": 0, "steps": [{"percent": 12}]}
+    )
+    node = GrowingNode(share=12, at=150, to=6)
+    clock = DetachedClock(node)
+    started(tmp_path, node, clock, rules, duration_s=25, load_servers=(1, 7))
+    guard = guard_of(tmp_path, node, clock)
+    guard.run()
+    verdict = guard.state["verdict"]
+    assert verdict["action"] == PROMOTE_READY, verdict
+    assert "the latency analysis started again" in verdict["reason"]

@@ -31,7 +31,7 @@ from infra.serving.guard_job import EVIDENCE_KEY, FIELD_MANAGER, GUARD_RECORD, S
 from infra.serving.guard_job_objects import deadline_s, guard_objects
 from infra.serving.guard_job_plan import job_plan
 from infra.serving.kube_http import KubeHttp
-from infra.serving.load import lengthened_interval_s
+from infra.serving.load import SPARSE_FACTOR, lengthened_interval_s
 from infra.serving.on_kubernetes import read_guard_record
 from tests.conftest import fsx_facts
 from tests.k8s_api_fake import HOST, FakeCluster, rolls_out
@@ -455,3 +455,19 @@ def test_the_role_allows_every_call_of_a_rollback_and_grants_nothing_it_does_not
     assert bridge.role is not None and bridge.seen
     assert all(allowing_rule(bridge.role, info) is not None for info in bridge.seen)
     assert not unused(bridge.role, bridge.seen), sorted(unused(bridge.role, bridge.seen))
+
+
+def test_the_plan_carries_the_longer_intervals_below_equal_load_that_whole_percents_leave(
+    tmp_path: Path,
+) -> None:
+    """1 canary beside 20 stable servers: no whole percent loads them alike within the tolerance, the Job
+    adds 4 % (0.83 x) with intervals SPARSE_FACTOR times longer than 20 / 4 makes them (load.py), which
+    the plan must carry for the Job's deadline to count them; beside 7, 12 % is within it."""
+    platform = load_platform(stepped_stack(tmp_path))
+    current = ServingRelease(V1, canary=V2, canary_percent=20)
+    source = "s3://aws-k8s-models-1a2b/embedder"
+    sparse = job_plan(platform, fsx_facts(), current, source, JOB, servers=(1, 20))
+    dense = job_plan(platform, fsx_facts(), current, source, JOB, servers=(1, 7))
+    interval_s = sparse.rules.interval_s
+    assert sparse.added_interval_s == SPARSE_FACTOR * lengthened_interval_s(interval_s, 4, 20)
+    assert dense.added_interval_s == lengthened_interval_s(interval_s, 12, 20)
