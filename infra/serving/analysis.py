@@ -451,8 +451,8 @@ class Analysis:
                 INCONCLUSIVE,
                 f"the latency was judged at {self.judged_before:.2f} x a stable server's load when the "
                 f"servers up moved and each canary server took {self.load_ratio:.2f} x, where it is not "
-                f"judged: the canary's latency was never judged; `gpuplat serve guard` again weighs the "
-                f"servers up now" + self._restarted(),
+                f"judged: its latency evidence was dropped and none judged since; `gpuplat serve guard` "
+                f"again weighs the servers up now" + self._restarted(),
             )
         return Verdict(
             PROMOTE_READY,

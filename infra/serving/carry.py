@@ -148,6 +148,10 @@ class ServersUp:
             )
             return self.last
         self.missed = False
+        if min(up) < 1 <= min(self.last):
+            # A version with no server up (its one server restarting) takes no load: the count before it
+            # goes on weighing the load, and the next step starts from it (not from load.load_at's 1.00 x).
+            return self.last
         self.last = up
         return up
 

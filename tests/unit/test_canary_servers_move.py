@@ -494,3 +494,18 @@ def test_the_detached_guard_waits_out_the_intervals_a_move_asks_again(tmp_path: 
     verdict = guard.state["verdict"]
     assert verdict["action"] == PROMOTE_READY, verdict
     assert "the latency analysis started again" in verdict["reason"]
+
+
+def test_a_version_counted_down_at_a_steps_last_look_does_not_start_the_next_at_equal_load() -> None:
+    """Steps 12 % (0.955 x) and 50 % (7 x: errors only) beside 7 stable servers; the canary's server is
+    counted down at the first step's last look. The next step's analysis began at load.load_at's 1.00 x
+    for that count, read 7 x at its first look as a move from a judged load, and ended inconclusive
+    (adversarial review, issue 48); the count before it goes on."""
+    rules = {**RULES, "steps": [{"percent": 12}, {"percent": 50}]}
+    pool = _SteadyPool(12, [(0, (1, 7)), (4, (0, 7)), (5, (1, 7))])
+    release, rolled, said = pool.release(rules)
+    release.has_canary = lambda _model: True  # type: ignore[method-assign]
+    clock = Clock()
+    verdict = release.guard("embedder", sleep=clock.sleep, clock=clock)
+    assert verdict.action == PROMOTE_READY and rolled == [], (verdict.reason, said)
+    assert not any("started again" in line for line in said), said
