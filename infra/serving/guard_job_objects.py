@@ -9,8 +9,10 @@ finished Job kept for its logs never clashes with the next):
   deletecollection, kubernetes/website content/en/docs/reference/access-authn-authz/rbac.md "Referring to
   resources"), `get`/`update` on its Lease and on its record, `get`/`patch` (server-side apply) on the
   release record and the gateways' Deployment (whose rollout it reads), `patch` only on the gateways'
-  ConfigMap (an apply needs no read), each by name: tests/unit/test_guard_job.py runs the runner under
-  this Role and finds each grant used;
+  ConfigMap (an apply needs no read), and `create` on that ConfigMap (an apply of an object that does not
+  exist is authorized as its create, by name: apiserver pkg/endpoints/handlers/patch.go, so a rollback
+  makes it again if it was deleted by hand), each by name: tests/unit/test_guard_job.py runs the runner
+  under this Role and finds each grant used and nothing wider allowed;
 - a NetworkPolicy admitting the guard's pod (its labels) to the gateway pods' metrics port and the model
   servers' port, which the serving namespace's policies admit only to the gateways and monitoring;
 - the Job: `restartPolicy: Never` (a pod failure policy "cannot be used in combination with
@@ -132,6 +134,15 @@ def _role(plan: JobPlan, name: str) -> dict[str, Any]:
                 "resources": ["configmaps"],
                 "resourceNames": [RELEASE_RECORD, *_applied(plan, "ConfigMap")],
                 "verbs": ["patch"],
+            },
+            {
+                # An apply of an object that does not exist is authorized as its `create` too, by name
+                # (apiserver pkg/endpoints/handlers/patch.go): the gateways' ConfigMap deleted by hand is
+                # made again by a rollback. The release record is not: the guard reads it first.
+                "apiGroups": [""],
+                "resources": ["configmaps"],
+                "resourceNames": _applied(plan, "ConfigMap"),
+                "verbs": ["create"],
             },
             {
                 "apiGroups": ["apps"],

@@ -23,7 +23,9 @@ from urllib.parse import parse_qsl, urlsplit
 import pytest
 from urllib3.exceptions import ProtocolError
 
+from infra.k8s.objects import k8s_object
 from infra.k8s.release_lock import ReleaseLock, ReleaseLocked
+from infra.k8s.serving import GATEWAY_CONFIG
 from infra.k8s.serving_apply import ClusterApi, read_record
 from infra.k8s.serving_versions import ServingRelease
 from infra.platform.resolve import load_platform
@@ -74,12 +76,16 @@ class _Bridged(BaseHTTPRequestHandler):
             self._send(401, b'{"kind":"Status","message":"Unauthorized"}', {})
             return
         parts = urlsplit(self.path)
-        info = request_info(self.command, parts.path, dict(parse_qsl(parts.query)))
-        self.server.seen.append(info)
-        if self.server.role is not None and allowing_rule(self.server.role, info) is None:
-            said = forbidden_message(info, self.server.user)
-            self._send(403, json.dumps({"kind": "Status", "message": said, "code": 403}).encode(), {})
-            return
+        info = request_info(self.command, parts.path, dict(parse_qsl(parts.query, keep_blank_values=True)))
+        judged = [info]
+        if applies_a_create(self.command, self.headers.get("Content-Type"), parts.path, self.server.cluster):
+            judged.append(replace(info, verb="create"))
+        for each in judged:
+            self.server.seen.append(each)
+            if self.server.role is not None and allowing_rule(self.server.role, each) is None:
+                said = forbidden_message(each, self.server.user)
+                self._send(403, json.dumps({"kind": "Status", "message": said, "code": 403}).encode(), {})
+                return
         headers = {"authorization": "Bearer test-token", "Content-Type": self.headers.get("Content-Type")}
         try:
             answer = self.server.cluster.request(self.command, HOST + self.path, body=raw, headers=headers)
@@ -100,6 +106,16 @@ class _Bridged(BaseHTTPRequestHandler):
 
     def log_message(self, *_: Any) -> None:
         pass
+
+
+def applies_a_create(method: str, content_type: str | None, path: str, cluster: FakeCluster) -> bool:
+    """Whether the request is a server-side apply of an object the cluster does not hold, which the API
+    server authorizes as a `create` of that name too, besides the `patch`: kubernetes
+    staging/src/k8s.io/apiserver/pkg/endpoints/handlers/patch.go, PatchResource: for an apply patch type
+    only, `createValidation` is wrapped by withAuthorization with createAuthorizerAttributes {Verb:
+    "create", ..., Name: name}, the name from the request's path; it runs when the patcher finds no
+    object and creates one."""
+    return method == "PATCH" and "apply-patch" in (content_type or "") and path not in cluster.objects
 
 
 class PodServer(HTTPServer):
@@ -202,6 +218,8 @@ def release(
                 "data": {"guard": json.dumps({"model": "embedder", "phase": "starting", "by": JOB})},
             }
         )
+        # The gateways' configuration, as `serve deploy` renders it with them (infra/k8s/serving.py).
+        api.create(k8s_object("v1", "ConfigMap", GATEWAY_CONFIG, NS, data={"haproxy.cfg": "# deployed"}))
         cli = ReleaseLock(api, NS, "embedder", "ci@runner pid 7 ab12", now=api.server_now)
         cli.acquire()
         cli.hand_to(JOB)
@@ -449,12 +467,52 @@ def test_the_role_allows_every_call_of_a_rollback_and_grants_nothing_it_does_not
     """Least privilege, proven on the runner's real requests: the bridge answers 403 to any the rendered
     Role does not allow (in every test of this file), and a rollback, the path that changes the most (the
     Lease taken and renewed, the pods listed, both records read, the guard's written, each object of share
-    0 applied, the gateways' rollout read), uses every grant of the Role: none is beyond need."""
+    0 applied, the gateways' rollout read), uses every grant of the Role: none is beyond need. Its
+    gateways' ConfigMap deleted by hand, the apply of share 0 creates it again (a `create` by name)."""
+    seen = _rollback_without_the_gateway_config(tmp_path, cluster, bridge, clock, release)
+    assert bridge.role is not None and seen
+    assert all(allowing_rule(bridge.role, info) is not None for info in seen)
+    assert not unused(bridge.role, seen), sorted(unused(bridge.role, seen))
+
+
+def test_the_role_allows_nothing_wider_than_the_requests_a_rollback_makes(
+    tmp_path: Path, cluster: FakeCluster, bridge: ApiBridge, clock: Clock, release: Any
+) -> None:
+    """What the grant-by-grant test cannot see (a rule's grants each used, the rule wider: its
+    resourceNames dropped, `*` for its group or resources): every request the Role allows, over verbs,
+    groups, resources, subresources and names the guard might reach, is one the rollback made."""
+    seen = _rollback_without_the_gateway_config(tmp_path, cluster, bridge, clock, release)
+    made = {(i.verb, i.api_group, i.resource, i.subresource, i.name) for i in seen}
+    verbs = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection", "proxy")
+    groups = ("", "apps", "coordination.k8s.io", "batch", "rbac.authorization.k8s.io")
+    resources = ("pods", "configmaps", "secrets", "deployments", "statefulsets", "leases", "jobs", "roles")
+    names = {"", "gpuplat-another", *(i.name for i in seen)}
+    assert bridge.role is not None
+    wider = sorted(
+        (verb, group, resource, sub, name)
+        for verb in verbs
+        for group in groups
+        for resource in resources
+        for sub in ("", "status", "scale", "exec")
+        for name in names
+        if (verb, group, resource, sub, name) not in made
+        and (verb, group, resource, sub, "") not in made  # a list's name is no part of what RBAC reads
+        and allowing_rule(bridge.role, RequestInfo(verb, group, NS, resource, sub, name)) is not None
+    )
+    assert not wider, wider[:10]
+
+
+def _rollback_without_the_gateway_config(
+    tmp_path: Path, cluster: FakeCluster, bridge: ApiBridge, clock: Clock, release: Any
+) -> list[RequestInfo]:
+    """A rollback, the path that changes the most, its gateways' ConfigMap deleted by hand before: the
+    requests it made, as RBAC read them."""
     plan, _pods = release(Traffic(clock, canary_errors=1.0))
-    assert run(job_api(bridge, tmp_path), plan, sleep=clock.sleep) == 0
-    assert bridge.role is not None and bridge.seen
-    assert all(allowing_rule(bridge.role, info) is not None for info in bridge.seen)
-    assert not unused(bridge.role, bridge.seen), sorted(unused(bridge.role, bridge.seen))
+    del cluster.objects[f"{CONFIGMAPS}/{GATEWAY_CONFIG}"]
+    said: list[str] = []
+    assert run(job_api(bridge, tmp_path), plan, sleep=clock.sleep, say=said.append) == 0, said[-3:]
+    assert "haproxy.cfg" in cluster.objects[f"{CONFIGMAPS}/{GATEWAY_CONFIG}"]["data"]
+    return bridge.seen
 
 
 def test_the_plan_carries_the_longer_intervals_below_equal_load_that_whole_percents_leave(
