@@ -112,9 +112,15 @@ class ReleaseLock:
         holder = held[0] if held else str(spec.get("holderIdentity") or "another command")
         return ReleaseLocked(self.model, holder, held[1] if held else None)
 
-    def acquire(self) -> None:
+    def acquire(self, *, may_create: bool = True) -> None:
+        """Takes the Lease, free or expired; `may_create=False` (the guard Job, whose Role cannot create
+        it: a create is a POST, which carries no name for resourceNames to match) refuses where it is gone:
+        the command that handed it over ended, or another deleted it, and the release is no longer this
+        holder's to carry."""
         live = self.api.get(self.ref)
         now = self.now()
+        if live is None and not may_create:
+            raise ReleaseLocked(self.model, "no one (its Lease was deleted)", None)
         try:
             if live is None:
                 answer = self.api.create(self._manifest(now, 0))

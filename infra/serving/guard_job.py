@@ -339,7 +339,8 @@ def run(api: KubeHttp, plan: JobPlan, **options: Any) -> int:
     api.retry.bound = lock.seconds_left
     carried = JobCarried(api, plan, lock, **options)
     try:
-        lock.acquire()
+        # Handed over by the CLI: a Lease gone means the release is no longer the Job's (exit 10).
+        lock.acquire(may_create=False)
         state = carried.load_state().get(GUARD_RECORD_KEY) or {}
         if state.get("phase") in ENDED:
             carried.say(f"the release ended already ({state.get('phase')}: {state.get('detail')})")

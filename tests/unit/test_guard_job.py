@@ -406,6 +406,20 @@ def test_a_job_whose_lease_another_command_took_stops_without_a_change(
     )
 
 
+def test_a_job_whose_lease_was_deleted_stops_with_the_superseded_exit_not_a_403(
+    tmp_path: Path, cluster: FakeCluster, bridge: ApiBridge, clock: Clock, release: Any
+) -> None:
+    """The Lease deleted between the CLI's hand-over and the pod's start (or between two pods): the Job
+    creates none (its Role could not grant a create, a POST carrying no name), it is no longer its
+    release: exit 10, which fails the Job at once, rather than a 403 retried to backoffLimit."""
+    plan, _pods = release(Traffic(clock, canary_errors=1.0))
+    del cluster.objects[LEASE]
+    said: list[str] = []
+    assert run(job_api(bridge, tmp_path), plan, sleep=clock.sleep, say=said.append) == SUPERSEDED_EXIT
+    assert "no one (its Lease was deleted)" in said[-1], said
+    assert "forbidden" not in " ".join(said).lower() and not cluster.applied(), said
+
+
 def test_a_refused_token_is_one_paragraph_naming_the_call_and_the_guards_role(
     tmp_path: Path, cluster: FakeCluster, bridge: ApiBridge, clock: Clock, release: Any
 ) -> None:
