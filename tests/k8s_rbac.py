@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 Rule = Mapping[str, Any]
 
@@ -86,6 +87,13 @@ def request_info(method: str, path: str, query: Mapping[str, str] | None = None)
     if not name and verb == "delete":
         verb = "deletecollection"
     return RequestInfo(verb, group, namespace, resource, subresource, name)
+
+
+def request_info_of(method: str, target: str) -> RequestInfo:
+    """request_info of a request line's target, its query read as the API server reads it: a blank value
+    kept (`?watch=` asks a watch: requestinfo.go reads `watch` as false only for "false" or "0")."""
+    parts = urlsplit(target)
+    return request_info(method, parts.path, dict(parse_qsl(parts.query, keep_blank_values=True)))
 
 
 def _matches(wanted: Sequence[str], value: str) -> bool:

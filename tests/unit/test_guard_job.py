@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import urlsplit
 
 import pytest
 from urllib3.exceptions import ProtocolError
@@ -37,7 +37,7 @@ from infra.serving.load import SPARSE_FACTOR, lengthened_interval_s
 from infra.serving.on_kubernetes import read_guard_record
 from tests.conftest import fsx_facts
 from tests.k8s_api_fake import HOST, FakeCluster, rolls_out
-from tests.k8s_rbac import RequestInfo, allowing_rule, bound_rules, forbidden_message, request_info, unused
+from tests.k8s_rbac import RequestInfo, allowing_rule, bound_rules, forbidden_message, request_info_of, unused
 from tests.unit.test_serve_guard_on_kubernetes import (
     GATEWAYS,
     Clock,
@@ -75,10 +75,10 @@ class _Bridged(BaseHTTPRequestHandler):
         if self.headers.get("Authorization") != f"Bearer {self.server.token}":
             self._send(401, b'{"kind":"Status","message":"Unauthorized"}', {})
             return
-        parts = urlsplit(self.path)
-        info = request_info(self.command, parts.path, dict(parse_qsl(parts.query, keep_blank_values=True)))
+        info = request_info_of(self.command, self.path)
         judged = [info]
-        if applies_a_create(self.command, self.headers.get("Content-Type"), parts.path, self.server.cluster):
+        path = urlsplit(self.path).path
+        if applies_a_create(self.command, self.headers.get("Content-Type"), path, self.server.cluster):
             judged.append(replace(info, verb="create"))
         for each in judged:
             self.server.seen.append(each)

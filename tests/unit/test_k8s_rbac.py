@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from tests.k8s_rbac import RequestInfo, allowing_rule, bound_rules, request_info, unused
+from tests.k8s_rbac import RequestInfo, allowing_rule, bound_rules, request_info, request_info_of, unused
 
 NS = "/api/v1/namespaces/serving"
 
@@ -114,3 +114,24 @@ def test_a_binding_gives_its_roles_rules_to_the_service_account_it_names_only() 
     named = {"kind": "ServiceAccount", "name": "guard"}
     assert bound_rules([role, _binding(named, "role")], user, "serving") == []
     assert bound_rules([role, _binding(named)], user, "default") == []
+
+
+@pytest.mark.parametrize(
+    ("target", "verb"),
+    [(f"{NS}/pods?watch=", "watch"), (f"{NS}/pods?watch=0", "list"), (f"{NS}/pods?labelSelector=", "list")],
+)
+def test_a_blank_query_value_is_kept_as_the_api_server_keeps_it(target: str, verb: str) -> None:
+    """`?watch=` is a watch: requestinfo.go makes a GET without a name a list only where `watch` is absent,
+    "false" or "0"; a query parser that drops blank values would judge it a list."""
+    assert request_info_of("GET", target) == RequestInfo(verb, "", "serving", "pods")
+
+
+def test_a_rule_of_another_api_group_allows_nothing() -> None:
+    """The same resource and verb in another group (`deployments` of `apps` beside a core-group request,
+    `leases` of coordination.k8s.io beside `leases` of another group) is not allowed: rbac.go's RuleAllows
+    matches the API group too."""
+    rules = [{"apiGroups": ["apps"], "resources": ["deployments", "leases"], "verbs": ["get"]}]
+    assert allowing_rule(rules, RequestInfo("get", "apps", "serving", "deployments", "", "g")) == 0
+    assert allowing_rule(rules, RequestInfo("get", "", "serving", "deployments", "", "g")) is None
+    lease = RequestInfo("get", "coordination.k8s.io", "serving", "leases", "", "l")
+    assert allowing_rule(rules, lease) is None
