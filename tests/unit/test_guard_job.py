@@ -111,10 +111,11 @@ class _Bridged(BaseHTTPRequestHandler):
 def applies_a_create(method: str, content_type: str | None, path: str, cluster: FakeCluster) -> bool:
     """Whether the request is a server-side apply of an object the cluster does not hold, which the API
     server authorizes as a `create` of that name too, besides the `patch`: kubernetes
-    staging/src/k8s.io/apiserver/pkg/endpoints/handlers/patch.go, PatchResource: for an apply patch type
-    only, `createValidation` is wrapped by withAuthorization with createAuthorizerAttributes {Verb:
-    "create", ..., Name: name}, the name from the request's path; it runs when the patcher finds no
-    object and creates one."""
+    staging/src/k8s.io/apiserver/pkg/endpoints/handlers/patch.go (snapshot 00f75347), PatchResource: for
+    an apply patch type only, `createValidation` is wrapped by withAuthorization with
+    createAuthorizerAttributes {Verb: "create", ..., Name: name}, the name from the request's path; the
+    patcher's applyPatch calls the apply mechanism's createNewObject where the object has no UID (a JSON
+    or strategic merge patch answers NotFound there instead)."""
     return method == "PATCH" and "apply-patch" in (content_type or "") and path not in cluster.objects
 
 
