@@ -713,11 +713,9 @@ class Release:
         finish. Then the replica drained on every gateway (its requests in flight answered), masked until
         the canary gives its GPUs back (a converge must not start it on GPUs the canary holds) and stopped,
         each step again where a record named the loan already: a reboot since then lifted the runtime
-        mask and started the replica on its GPUs."""
+        mask and started the replica on its GPUs. Then the mark that the platform stopped it on purpose."""
         node, replica, devices = borrowed
         self._write_version(node, CANARY_SLOT, version, borrowed)
-        # Stopped on purpose: no page for it (infra/serving/stopped_mark.py), from before its drain.
-        self.nodes.exec(node, *stopped_mark.write_command(replica, "loan"))
         self.say(
             f"the canary borrows replica {replica} on {node} (GPUs {devices}): drained on every gateway, "
             "then stopped while the canary runs"
@@ -729,6 +727,10 @@ class Release:
         # before the stop, so that nothing starts it in between.
         self.nodes.exec(node, "systemctl", "mask", "--runtime", f"{UNIT}@{replica}.service")
         self.nodes.exec(node, "systemctl", "stop", f"{UNIT}@{replica}.service")
+        # Stopped on purpose: no page for it (infra/serving/stopped_mark.py). Only once it stopped: a command
+        # killed before the stop leaves the replica running unmarked, paged for if it dies (a kill between
+        # the stop and the mark pages for the lent replica, until the next deploy or rollback marks it).
+        self.nodes.exec(node, *stopped_mark.write_command(replica, "loan"))
 
     def _replica_devices(self, node: str, replica: int) -> str:
         """The replica's CUDA_VISIBLE_DEVICES, as the role wrote them (replica-<i>.env)."""

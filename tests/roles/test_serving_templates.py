@@ -9,6 +9,8 @@ import importlib.util
 import json
 import posixpath
 import re
+import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -426,6 +428,77 @@ def test_no_page_for_a_replica_the_platform_stopped_on_purpose() -> None:
     written = render(ROLES / "inference_server" / "templates" / "replica-stopped.prom.j2", variables)
     assert written.splitlines()[3:] == stopped_mark.mark(3, "retired").splitlines(), written
     assert stopped_mark.mark_file(3) == "gpuplat-inference-replica-3.prom"
+
+
+def _tasks(name: str) -> list[dict[str, Any]]:
+    return list(yaml.safe_load((ROLES / "inference_server" / "tasks" / name).read_text()))
+
+
+def _task(tasks: list[dict[str, Any]], starts: str) -> int:
+    return next(i for i, task in enumerate(tasks) if task["name"].startswith(starts))
+
+
+def test_the_marks_of_replicas_stopped_on_purpose_go_at_boot(tmp_path: Path) -> None:
+    """A reboot lifts the loan's runtime mask and starts the lent replica: its mark must not outlive the boot
+    (a replica that runs and dies pages). The role's tmpfiles.d line, run by Debian 12's own systemd-tmpfiles
+    as systemd-tmpfiles-setup.service runs it at boot (--create --remove --boot), removes every replica's mark
+    and nothing else of the textfile collector's directory, and only at boot: a package upgrade applies
+    tmpfiles.d without --boot, while a loan stands. Before: no such line, the mark stayed on disk."""
+    tool = shutil.which("systemd-tmpfiles")
+    if tool is None:
+        pytest.skip("systemd-tmpfiles is not installed here")
+    from infra.serving import stopped_mark
+
+    variables = infer_node_vars(2, 4)
+    variables["inference_server_textfile_dir"] = "/var/lib/prometheus/node-exporter"
+    config = tmp_path / "gpuplat-inference-stopped.conf"
+    template = ROLES / "inference_server" / "templates" / "replica-stopped.tmpfiles.j2"
+    config.write_text(render(template, variables))
+    textfile = tmp_path / "root/var/lib/prometheus/node-exporter"
+    textfile.mkdir(parents=True)
+    names = [stopped_mark.mark_file(n) for n in (0, 1, 12)]
+    for name in [*names, "apt.prom", "gpuplat-inference-replica.prom.keep"]:
+        (textfile / name).write_text("x 1\n")
+    upgrade = [tool, "--create", "--remove", f"--root={tmp_path / 'root'}", str(config)]
+    subprocess.run(upgrade, check=True)
+    assert len(list(textfile.iterdir())) == 5, "removed without --boot"
+    subprocess.run([*upgrade, "--boot"], check=True)
+    assert sorted(p.name for p in textfile.iterdir()) == ["apt.prom", "gpuplat-inference-replica.prom.keep"]
+    service = _tasks("service.yml")
+    installed = service[_task(service, "Forget the replicas stopped on purpose")]
+    assert installed["ansible.builtin.template"]["dest"] == "{{ __inference_server_stopped_tmpfiles }}"
+    assert variables["__inference_server_stopped_tmpfiles"].startswith("/etc/tmpfiles.d/")
+    assert variables["__inference_server_stopped_tmpfiles"].endswith(".conf")
+
+
+def test_a_replica_is_marked_stopped_only_once_it_stopped() -> None:
+    """A converge killed between a retire's mark and its stop would leave a running replica marked (not
+    paged for if it dies): the role marks it after the stop, as release.py marks a lent one. Before: the
+    mark came first."""
+    retire = _tasks("retire.yml")
+    stop = _task(retire, "Stop the retired replica")
+    assert retire[stop]["ansible.builtin.systemd_service"]["state"] == "stopped"
+    assert stop < _task(retire, "Say that the platform stopped the retired replica")
+
+
+def test_the_role_marks_where_node_exporter_reads_and_records_it_for_gpuplat_serve() -> None:
+    """One setting for node_exporter's textfile collector directory: inference_server_textfile_dir follows
+    node_exporter_textfile_dir (its fallback is node_exporter's default), and the role records it on the
+    node where release.py reads it (stopped_mark.RECORD) rather than a default of its own. Before: the two
+    defaults were independent, and release.py used the inference role's whatever the node had."""
+    from infra.serving import stopped_mark
+
+    declared = defaults("inference_server")["inference_server_textfile_dir"]
+    env = environment()
+    assert render_value(env, declared, {}) == defaults("node_exporter")["node_exporter_textfile_dir"]
+    assert render_value(env, declared, {"node_exporter_textfile_dir": "/srv/textfile"}) == "/srv/textfile"
+    specs = yaml.safe_load((ROLES / "inference_server" / "meta" / "argument_specs.yml").read_text())
+    assert specs["argument_specs"]["main"]["options"]["inference_server_textfile_dir"]["default"] == declared
+    service = _tasks("service.yml")
+    record = service[_task(service, "Record where the role marks")]["ansible.builtin.copy"]
+    variables = {**infer_node_vars(2, 4), "inference_server_textfile_dir": "/srv/textfile"}
+    assert render_value(env, record["dest"], variables) == stopped_mark.RECORD
+    assert render_value(env, record["content"], variables).strip() == "/srv/textfile"
 
 
 class ReplicaMetrics:

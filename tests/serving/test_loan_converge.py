@@ -41,6 +41,7 @@ from pathlib import Path
 import pytest
 
 from infra.errors import GpuPlatError
+from infra.nodes.role_templates import role_vars
 from infra.serving import stopped_mark
 from infra.serving.registry.mlflow import ModelVersion, to_wire_source
 from infra.serving.release import CANARY_SLOT, KEEP, STABLE_BACKEND, Release, ServingLayout
@@ -234,8 +235,18 @@ def test_a_loan_whose_replica_runs_again_is_left_alone_by_a_converge_and_taken_a
 ) -> None:
     """A borrow killed between its record and its drain leaves the record and the replica serving; a reboot
     since the loan lifts the runtime mask and starts the replica at boot. Either way the node has the
-    record and the replica running and in service, which this sets up from the loan."""
+    record and the replica running and in service, which this sets up from the loan, the boot's removal of
+    the marks included (the role's tmpfiles.d line, as systemd-tmpfiles-setup.service applies it): the
+    running replica must page if it dies, until a deploy stops it again."""
     on(INFER, "systemctl", "unmask", "--runtime", UNIT)
+    on(
+        INFER,
+        "systemd-tmpfiles",
+        "--remove",
+        "--boot",
+        role_vars("inference_server")["__inference_server_stopped_tmpfiles"],
+    )
+    wait_scraped(lambda: marks() == {}, "the loan's mark gone at boot")
     on(INFER, "systemctl", "start", UNIT)
     release()._on_gateways("ready", STABLE_BACKEND, f"{release().layout.addresses[INFER]}:8001")
     assert state() == ("active", "enabled") and gateway_servers() == {8000: False, 8001: False}
@@ -247,6 +258,7 @@ def test_a_loan_whose_replica_runs_again_is_left_alone_by_a_converge_and_taken_a
     assert state() == ("active", "enabled") and started_at() == before, "the converge restarted the replica"
     borrow()  # a deploy's `_borrow`, the record there already
     assert state() == ("inactive", "masked-runtime") and gateway_servers() == {8000: False, 8001: True}
+    wait_scraped(lambda: marks() == {"1": "loan"}, "the replica marked again once stopped")
     give_back()
     assert state() == ("active", "enabled") and gateway_servers() == {8000: False, 8001: False}
 

@@ -6,6 +6,7 @@ promote: on the new version, the last replica the promote rolls)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -119,6 +120,8 @@ class GpuNodes:
         self.running: set[tuple[str, str]] = set()
         self.masked: set[tuple[str, str]] = set()
         self.drained: set[str] = set()
+        self.marks: set[tuple[str, str]] = set()
+        """the replicas each node's textfile collector directory marks stopped on purpose"""
         self.serving: dict[tuple[str, str], str] = {}
         """what each running unit serves: its version file's first line when it (re)started"""
         self.kill_before: int | None = None
@@ -154,6 +157,8 @@ class GpuNodes:
         enabled: `gpuplat serve` starts it), the gateways keep their state."""
         self.masked = {unit for unit in self.masked if unit[0] != node}
         self.running = {unit for unit in self.running if unit[0] != node}
+        # The role's tmpfiles.d line removes the marks at boot (run in tests/roles/test_serving_templates.py).
+        self.marks = {unit for unit in self.marks if unit[0] != node}
         for replica in ("0", "1"):
             self._start(node, replica)
 
@@ -178,6 +183,11 @@ class GpuNodes:
             if words[2].startswith("cat"):
                 return self.files.get((node, name), "")
             self.files[(node, name)] = words[-2]
+            return ""
+        if words[:3] in (["sh", "-c", stopped_mark.WRITE], ["sh", "-c", stopped_mark.REMOVE]):
+            assert words[4] == stopped_mark.RECORD, words  # the directory the role recorded on the node
+            replica = next(str(n) for n in range(2) if words[5] == stopped_mark.mark_file(n))
+            (self.marks.add if words[2] == stopped_mark.WRITE else self.marks.discard)((node, replica))
             return ""
         if words[:2] == ["rm", "-f"]:
             self.files.pop((node, words[-1].rsplit("/", 1)[-1]), None)
@@ -263,10 +273,12 @@ def test_a_borrowing_canary_runs_on_one_drained_and_stopped_replicas_gpus() -> N
     release = borrowing(nodes, {"champion": embedder(2)})
     release.start_canary(embedder(3))
     stop = nodes.at("infer-1", "systemctl stop", f"{UNIT}@1.service")[0]
-    # Marked stopped on purpose for the alerts (no InferenceServerDown page) before it leaves service.
-    marked = nodes.at("infer-1", stopped_mark.TEXTFILE_DIR, stopped_mark.mark(1, "loan"))
+    # Marked stopped on purpose for the alerts (no InferenceServerDown page) once it stopped, not before:
+    # a kill in between would leave a running replica marked (test_a_mark_silences_only_a_stopped_replica...).
+    marked = nodes.at("infer-1", stopped_mark.RECORD, stopped_mark.mark(1, "loan"))
     for gateway in GATEWAYS:
-        assert marked[0] < nodes.at(gateway, "--backend inference drain", "c-infer-1:8001")[0] < stop
+        assert nodes.at(gateway, "--backend inference drain", "c-infer-1:8001")[0] < stop < marked[0]
+    assert nodes.marks == {("infer-1", "1")}
     assert ("infer-1", "1") in nodes.masked and ("infer-1", "1") not in nodes.running
     canary = nodes.files[("infer-1", "version-canary.env")].splitlines()
     assert canary[0] == "# gpuplat serve: embedder@3"
@@ -291,7 +303,7 @@ def test_a_rollback_stops_the_borrowing_canary_then_gives_the_replica_back_on_th
     start = nodes.at("infer-1", "systemctl restart", f"{UNIT}@1.service")[0]
     assert share_zero < canary_drained < canary_stop < nodes.at("infer-1", "systemctl unmask")[0] < start
     healthy = nodes.at("infer-1", "/health 8001")[0]
-    unmarked = nodes.at("infer-1", "rm -f", stopped_mark.TEXTFILE_DIR, stopped_mark.mark_file(1))
+    unmarked = nodes.at("infer-1", "rm -f", stopped_mark.RECORD, stopped_mark.mark_file(1))
     for gateway in GATEWAYS:
         ready = nodes.at(gateway, "--backend inference ready", "c-infer-1:8001")[0]
         assert unmarked[0] > ready > healthy > start  # pages again if it dies, once it serves
@@ -419,6 +431,29 @@ def test_a_deploy_killed_at_any_step_of_a_borrow_leaves_a_record_and_the_next_de
         release.rollback("embedder")
         assert nodes.up("inference") == 2 * len(servers) and not nodes.masked, f"kill before command {kill}"
         assert ("infer-1", "version-canary.env") not in nodes.files
+
+
+@pytest.mark.parametrize("servers", [SERVERS, ("infer-1",)], ids=["2 nodes", "1 node of 2 replicas"])
+def test_a_mark_silences_only_a_stopped_replica_whatever_step_a_borrow_is_killed_before(
+    servers: tuple[str, ...],
+) -> None:
+    """InferenceServerDown does not page for a replica its node marks stopped on purpose: a replica that
+    runs must never have the mark, or it is not paged for when it dies. SIGKILL before each command of a
+    borrowing canary's start; then the node's reboot (the runtime mask gone, the replica started at boot).
+    Before: the mark was written before the drain and the stop, so a borrow killed in between left the
+    running replica marked until a rollback or deploy; and the mark, on disk, outlived a reboot."""
+    for kill in range(_steps_of_a_borrow(servers) + 1):
+        nodes = GpuNodes(servers=servers)
+        nodes.kill_before = kill
+        with contextlib.suppress(Killed):
+            borrowing(nodes, {"champion": embedder(2)}).start_canary(embedder(3))
+        assert not nodes.marks & nodes.running, f"kill before command {kill}: {nodes.marks} run"
+        nodes.kill_before = None
+        nodes.reboot("infer-1")
+        assert ("infer-1", "1") in nodes.running and not nodes.marks, f"kill before command {kill}"
+        # The next deploy takes the replica again, and marks it once stopped.
+        borrowing(nodes, {"champion": embedder(2)}).start_canary(embedder(3))
+        assert nodes.marks == {("infer-1", "1")} and ("infer-1", "1") not in nodes.running, kill
 
 
 def test_a_node_rebooted_while_its_replica_is_lent_never_runs_the_canary_beside_it() -> None:
@@ -586,7 +621,9 @@ def test_the_refusal_of_a_canary_on_every_node_names_the_model_whose_canary_hold
 def test_the_stopped_mark_is_written_whole_under_a_name_node_exporter_does_not_read(tmp_path: Path) -> None:
     """node_exporter's textfile collector reads every *.prom at each scrape (collector/textfile.go): the
     mark is written under another name and renamed, so that no scrape reads half of it. `mv` is replaced by
-    one that records the *.prom files present when it is called."""
+    one that records the *.prom files present when it is called. The directory is the one the role recorded
+    on the node (node_exporter's), not a default of release.py's: before, a stack that set
+    node_exporter_textfile_dir alone had its loans marked where node_exporter does not read."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     seen = tmp_path / "seen"
@@ -596,14 +633,18 @@ def test_the_stopped_mark_is_written_whole_under_a_name_node_exporter_does_not_r
     (bin_dir / "mv").chmod(0o755)
     textfile = tmp_path / "textfile"
     textfile.mkdir()
+    record = tmp_path / "textfile-dir"
+    record.write_text(f"{textfile}\n")
     command = list(stopped_mark.write_command(1, "loan"))
-    command[4] = str(textfile)
+    command[4] = str(record)
     environment = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     subprocess.run(command, check=True, env=environment)
     assert seen.read_text() == "", "a *.prom file existed before the rename"
     assert (textfile / stopped_mark.mark_file(1)).read_text() == stopped_mark.mark(1, "loan")
     assert [p.name for p in textfile.iterdir()] == [stopped_mark.mark_file(1)]
-    subprocess.run(
-        [*stopped_mark.remove_command(1)[:4], str(textfile), stopped_mark.mark_file(1)], check=True
-    )
+    subprocess.run([*stopped_mark.remove_command(1)[:4], str(record), stopped_mark.mark_file(1)], check=True)
     assert list(textfile.iterdir()) == []
+    # No record (a node without node_exporter, or not converged since): nothing written, no failure.
+    record.unlink()
+    subprocess.run(command, check=True, env=environment)
+    assert list(textfile.iterdir()) == [] and list(tmp_path.glob("*.prom")) == []
