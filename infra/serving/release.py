@@ -763,9 +763,13 @@ class Release:
         # mask` action"). Debian 12 ships systemd 252, Debian 13 257.
         self.nodes.exec(node, "systemctl", "unmask", "--runtime", f"{UNIT}@{replica}.service")
         self.nodes.exec(node, "systemctl", "restart", f"{UNIT}@{replica}.service")
-        self._wait_healthy(node, REPLICA_PORT + replica)
+        # The mark goes once the replica answers, or once it has failed to: either way it pages again if it
+        # dies, and a give-back killed before the gateways' ready leaves no running replica silenced.
+        try:
+            self._wait_healthy(node, REPLICA_PORT + replica)
+        finally:
+            self.nodes.exec(node, *stopped_mark.remove_command(replica))
         self._on_gateways("ready", STABLE_BACKEND, target)
-        self.nodes.exec(node, *stopped_mark.remove_command(replica))  # it pages again if it dies
         self.say(f"replica {replica} on {node} has its GPUs back and serves again")
 
     def _fill_slots(self) -> None:

@@ -805,3 +805,36 @@ def test_a_replica_serves_what_its_version_file_names_else_the_stacks_model(engi
         assert lines[default] == 'Environment="GPUPLAT_MODEL_ARGS=--model-package all_minilm_l6_v2"'
         # Unbraced: systemd splits the value at whitespace into separate arguments.
         assert "  $GPUPLAT_MODEL_ARGS \\" in lines
+
+
+def stopped_marks_refused(variables: dict[str, Any]) -> list[str]:
+    """The conditions of inference_server's preflight check of the stopped marks' directory that fail."""
+    tasks = yaml.safe_load((ROLES / "inference_server" / "tasks" / "preflight.yml").read_text())
+    check = next(t for t in tasks if t["name"] == "Check the stopped marks go where node_exporter reads them")
+    env = environment()
+    return [
+        condition
+        for condition in check["ansible.builtin.assert"]["that"]
+        if env.from_string("{{ (" + condition + ") }}").render(**variables) != "True"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("mine", "node_exporters", "refused"),
+    [
+        ("/var/lib/prometheus/node-exporter", None, False),
+        ("/var/lib/prometheus/node-exporter", "/var/lib/prometheus/node-exporter", False),
+        ("/var/lib/prometheus/node-exporter", "/srv/textfiles", True),  # marks where nothing reads them
+        ("var/lib/prometheus/node-exporter", None, True),  # relative
+        ("/var/lib/node exporter", None, True),  # a blank splits the marking command's words
+        ("/srv/a%qb", None, True),  # systemd-tmpfiles reads % as a specifier: the boot removal fails
+        ("/srv/text*", None, True),  # a glob in the directory the marking command tests with [ -d ]
+    ],
+)
+def test_the_stopped_marks_directory_must_be_the_one_node_exporter_reads(
+    mine: str, node_exporters: str | None, refused: bool
+) -> None:
+    variables: dict[str, Any] = {"inference_server_textfile_dir": mine}
+    if node_exporters is not None:
+        variables["node_exporter_textfile_dir"] = node_exporters
+    assert bool(stopped_marks_refused(variables)) is refused, stopped_marks_refused(variables)

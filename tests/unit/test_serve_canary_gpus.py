@@ -306,7 +306,7 @@ def test_a_rollback_stops_the_borrowing_canary_then_gives_the_replica_back_on_th
     unmarked = nodes.at("infer-1", "rm -f", stopped_mark.RECORD, stopped_mark.mark_file(1))
     for gateway in GATEWAYS:
         ready = nodes.at(gateway, "--backend inference ready", "c-infer-1:8001")[0]
-        assert unmarked[0] > ready > healthy > start  # pages again if it dies, once it serves
+        assert ready > unmarked[0] > healthy > start  # pages again if it dies, once it answers
     assert nodes.files[("infer-1", "version-1.env")].startswith("# gpuplat serve: embedder@2")
     assert ("infer-1", "version-canary.env") not in nodes.files
     assert nodes.up("inference") == 4 and nodes.up("inference_canary") == 0 and not nodes.masked
@@ -454,6 +454,39 @@ def test_a_mark_silences_only_a_stopped_replica_whatever_step_a_borrow_is_killed
         # The next deploy takes the replica again, and marks it once stopped.
         borrowing(nodes, {"champion": embedder(2)}).start_canary(embedder(3))
         assert nodes.marks == {("infer-1", "1")} and ("infer-1", "1") not in nodes.running, kill
+
+
+def test_a_give_back_killed_at_any_step_or_failing_its_health_leaves_no_running_replica_marked() -> None:
+    """The mark goes once the given-back replica answers, before the gateways' ready, and where it never
+    answers: a replica that runs, or is meant to, pages if it dies. Before: the mark went after the
+    gateways' ready, so a give-back killed in between, or one whose replica failed its health wait, left a
+    running replica silenced until the next deploy or rollback."""
+    aliases = {"champion": embedder(2)}
+    probe = GpuNodes()
+    borrowing(probe, aliases).start_canary(embedder(3))
+    probe.done.clear()
+    borrowing(probe, aliases).rollback("embedder")
+    for kill in range(len(probe.done) + 1):
+        nodes = GpuNodes()
+        borrowing(nodes, aliases).start_canary(embedder(3))
+        nodes.done.clear()
+        nodes.kill_before = kill
+        with contextlib.suppress(Killed):
+            borrowing(nodes, aliases).rollback("embedder")
+        healthy = nodes.at("infer-1", "/health 8001")
+        if healthy and len(nodes.done) > healthy[0] + 1:
+            assert not nodes.marks & nodes.running, f"kill before command {kill}: {nodes.marks} run"
+    sick = GpuNodes()
+    borrowing(sick, aliases).start_canary(embedder(3))
+    giving_back = borrowing(sick, aliases)
+
+    def never_healthy(node: str, port: int) -> None:
+        raise GpuPlatError(f"{node}: the replica on port {port} never answered /health")
+
+    giving_back._wait_healthy = never_healthy  # type: ignore[method-assign]
+    with pytest.raises(GpuPlatError, match="never answered"):
+        giving_back.rollback("embedder")
+    assert ("infer-1", "1") in sick.running and not sick.marks
 
 
 def test_a_node_rebooted_while_its_replica_is_lent_never_runs_the_canary_beside_it() -> None:
