@@ -44,7 +44,8 @@ def scaled_stack(pools: int, nodes: int, name: str | None = None) -> dict[str, A
         template = copy.deepcopy(train if index % 2 == 0 else infer)
         template["name"] = f"{template['name']}-{index}"
         template.pop("count", None)
-        template.update({"min": 0 if template["role"] == "train" else 1, "max": per_pool})
+        # an inference pool keeps two replicas at its smallest: the canary borrows one replica's GPUs
+        template.update({"min": 0 if template["role"] == "train" else 2, "max": per_pool})
         generated.append(template)
     platform["pools"] = generated
     platform["serving"]["pool"] = generated[2]["name"]
