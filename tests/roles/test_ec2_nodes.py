@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import json
 import os
 import re
@@ -140,18 +141,23 @@ def session_with_shared_models(env_vars: Any = None) -> Any:
     return session
 
 
+MOTO_SERVERS = itertools.count()
+
+
 @pytest.fixture(scope="module")
 def moto_cloud() -> Iterator[Cloud]:
     """One moto server, VPC, subnet and launch template; each test gets its own stack tag.
 
     moto's backend is one per process and outlives the server: the modules that share this fixture get a
     server each, and a template name and stack tags each (the port in them), so that a test run again in
-    the same process (`make mutation` does) sees none of its earlier instances.
+    the same process (`make mutation` does) sees none of its earlier instances. Named by a number of this
+    process, not by the port: a server started after another stopped may be given the same port.
     """
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
     url = f"http://{host}:{port}"
+    serial = next(MOTO_SERVERS)
     with pytest.MonkeyPatch.context() as env:
         for key, value in CREDENTIALS.items():
             env.setenv(key, value)
@@ -161,10 +167,10 @@ def moto_cloud() -> Iterator[Cloud]:
         vpc_id = ec2.create_vpc(CidrBlock="10.20.0.0/16")["Vpc"]["VpcId"]
         subnet_id = ec2.create_subnet(VpcId=vpc_id, CidrBlock="10.20.1.0/24")["Subnet"]["SubnetId"]
         template = ec2.create_launch_template(
-            LaunchTemplateName=f"train-{port}",
+            LaunchTemplateName=f"train-{serial}",
             LaunchTemplateData={"ImageId": image_id, "InstanceType": "p5.48xlarge"},
         )
-        yield Cloud(url, ec2, template["LaunchTemplate"]["LaunchTemplateId"], subnet_id, f"stack-{port}")
+        yield Cloud(url, ec2, template["LaunchTemplate"]["LaunchTemplateId"], subnet_id, f"stack-{serial}")
     server.stop()
 
 
