@@ -27,7 +27,14 @@ from typing import Protocol, TypeVar, runtime_checkable
 from infra.errors import ExitCode, GpuPlatError
 from infra.serving.analysis import CONTINUE, PROMOTE_READY, ROLLBACK, Canary, Guard, RulesRead, Verdict
 from infra.serving.counts import Counts, Reading
-from infra.serving.load import describe, equal_load_percent, lengthened_interval_s, load_at, same_load
+from infra.serving.load import (
+    both_serving,
+    describe,
+    equal_load_percent,
+    lengthened_interval_s,
+    load_at,
+    same_load,
+)
 from infra.serving.load import equal as equal_loads
 
 PROMOTED, GATED = "promoted", "gated"
@@ -148,7 +155,7 @@ class ServersUp:
             )
             return self.last
         self.missed = False
-        if min(up) < 1 <= min(self.last):
+        if not both_serving(up) and both_serving(self.last):
             # A version with no server up (its one server restarting) takes no load: the count before it
             # goes on weighing the load, and the next step starts from it (not from load.load_at's 1.00 x).
             return self.last
@@ -182,7 +189,7 @@ class AddedStep:
 def equal_load_share(servers: tuple[int, int]) -> int | None:
     """The share that loads the canary's servers as the stable's (load.equal_load_percent) over `servers`
     (the canary's and the stable's up); None where a version has none counted up, or no share does."""
-    return equal_load_percent(*servers) if min(servers) >= 1 else None
+    return equal_load_percent(*servers) if both_serving(servers) else None
 
 
 def with_equal_load_step(
@@ -478,7 +485,7 @@ def _weigh(release: Carried, model: str, weighing: Weighing) -> float | None:
     them now, where the share it has no longer does (load.same_load against equal load). A share that
     cannot be set (the guard Job sets only those its plan renders) is said, and kept."""
     servers = weighing.servers.read()
-    if min(servers) < 1:
+    if not both_serving(servers):
         # A version with no server up (its one server restarting) takes no load: load.load_at's 1.00 x for
         # it is no ratio to weigh the evidence by, which stays as it was.
         return None

@@ -35,7 +35,7 @@ from infra.serving.analysis import CONTINUE, INCONCLUSIVE, PROMOTE_READY, ROLLBA
 from infra.serving.counts import Counts, Reading
 from infra.serving.guard_peers import CONFIRM_S, PEER_PORT, REPORT_EVERY_S, Board, serve_board
 from infra.serving.guard_state import read_whole, write_whole
-from infra.serving.load import equal, load_at
+from infra.serving.load import both_serving, equal, load_at
 from infra.serving.lock import LEASE_S, LockRefused, ReleaseLock
 from infra.serving.metrics_text import METRICS_READ, GatewayFigures, parse_metrics
 
@@ -421,7 +421,7 @@ class DetachedGuard:
             dropped = len(guard.analysis.restarts)
             up = state.get("load_servers")
             # A version with no server up takes no load (carry._weigh): the ratio stays as it was.
-            ratio = self.load(state["share"]) if up and min(int(n) for n in up) >= 1 else None
+            ratio = self.load(state["share"]) if up and both_serving((int(up[0]), int(up[1]))) else None
             verdict = guard.look(now, *readings, load_ratio=ratio)
             if len(guard.analysis.restarts) > dropped:
                 say(guard.analysis.restarts[-1])

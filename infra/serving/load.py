@@ -36,10 +36,16 @@ def load_ratio(percent: int, canary: int, stable: int) -> float:
     return (percent / canary) / ((100 - percent) / stable)
 
 
+def both_serving(servers: tuple[int, int]) -> bool:
+    """Whether each version (the canary's and the stable's servers up) has a server to take load: a version
+    with none (its one server restarting) takes no load, and there is no ratio to weigh."""
+    return min(servers) >= 1
+
+
 def load_at(percent: int, servers: tuple[int, int] | None) -> float:
     """`load_ratio` at `percent` over `servers` (the canary's and the stable's up), 1 where a version has
     none counted up (nothing to weigh) or the canary has every request."""
-    if servers is None or min(servers) < 1 or percent >= 100:
+    if servers is None or not both_serving(servers) or percent >= 100:
         return 1.0
     return load_ratio(percent, *servers)
 
