@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import subprocess
+import threading
 import time
 from typing import Any
 
@@ -49,12 +50,15 @@ def inspect(kind: str, name: str) -> dict[str, Any] | None:
     return data[0] if isinstance(data, list) and data else None
 
 
-def wait_systemd(container: str, timeout_s: float) -> None:
+def wait_systemd(container: str, timeout_s: float, stop: threading.Event | None = None) -> None:
     """Until the container's systemd has booted (running, or degraded: a unit failed, the rest is up).
-    A container that exits, or a boot that outlasts the timeout, fails with what podman knows of it."""
+    A container that exits, or a boot that outlasts the timeout, fails with what podman knows of it; so
+    does `stop` once set (the caller gave up: another node failed, or it was interrupted)."""
     deadline = time.monotonic() + timeout_s
     state = ""
     while time.monotonic() < deadline:
+        if stop is not None and stop.is_set():
+            raise GpuPlatError(f"{container}: gave up waiting for its boot (another node failed, or a stop)")
         probe = podman("exec", container, "systemctl", "is-system-running", check=False)
         state = probe.stdout.strip()
         if state in ("running", "degraded"):
@@ -62,7 +66,10 @@ def wait_systemd(container: str, timeout_s: float) -> None:
         if not state and not _running(container):
             evidence = _boot_evidence(container, probe.stderr)
             raise GpuPlatError(f"{container} stopped while booting: {evidence}")
-        time.sleep(0.5)
+        if stop is None:
+            time.sleep(0.5)
+        else:
+            stop.wait(0.5)
     raise GpuPlatError(
         f"{container} did not boot in {timeout_s:.0f} s (systemd state {state!r}): "
         f"{_boot_evidence(container, probe.stderr)}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import threading
+import time
 
 import pytest
 
@@ -16,6 +17,8 @@ from infra.backends.local.cluster import LocalCluster, NodeState
 from infra.backends.local.scale import with_running_sizes
 from infra.backends.local.status import collect_status, expected_services
 from infra.errors import GpuPlatError
+from infra.nodes import podman as podman_module
+from infra.nodes.at_once import MOST_AT_ONCE, at_once
 from infra.platform.resolve import ResolvedPlatform
 
 
@@ -76,7 +79,7 @@ def test_machines_settle_the_nodes_at_once(monkeypatch: pytest.MonkeyPatch, loca
     nodes = local.nodes
     together = threading.Barrier(len(nodes), timeout=10)
 
-    def wait_systemd(container: str, timeout_s: float) -> None:
+    def wait_systemd(container: str, timeout_s: float, stop: threading.Event) -> None:
         together.wait()
 
     monkeypatch.setattr(cluster, "wait_systemd", wait_systemd)
@@ -90,12 +93,18 @@ def test_machines_settle_the_nodes_at_once(monkeypatch: pytest.MonkeyPatch, loca
     assert local.ensure({}) == ["simulated GPUs on train-1", "host CA bundle on infer-0"]
 
 
-def test_a_node_that_does_not_boot_still_fails_the_machines_phase(
+def test_a_node_that_does_not_boot_fails_the_machines_phase_at_once(
     monkeypatch: pytest.MonkeyPatch, local: LocalCluster
 ) -> None:
-    def wait_systemd(container: str, timeout_s: float) -> None:
+    """The failure is raised as it happens, not once the slowest node has booted (or timed out), and the
+    other nodes' waits are told to give up."""
+    told_to_stop: list[str] = []
+
+    def wait_systemd(container: str, timeout_s: float, stop: threading.Event) -> None:
         if container.endswith("train-0"):
             raise GpuPlatError(f"{container} stopped while booting: exit code 1")
+        if stop.wait(20):
+            told_to_stop.append(container)
 
     monkeypatch.setattr(cluster, "wait_systemd", wait_systemd)
     monkeypatch.setattr(cluster, "simulate_gpus", lambda container, gpus: False)
@@ -104,5 +113,89 @@ def test_a_node_that_does_not_boot_still_fails_the_machines_phase(
     running = {"State": {"Running": True}, "subnets": str(local.subnet)}
     monkeypatch.setattr(cluster, "inspect", lambda kind, name: running)
     monkeypatch.setattr(cluster, "ensure_wheelhouse", lambda platform: None)
+    started = time.monotonic()
     with pytest.raises(GpuPlatError, match="train-0 stopped while booting"):
         local.ensure({})
+    assert time.monotonic() - started < 5
+    deadline = time.monotonic() + 5
+    while len(told_to_stop) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sorted(c.rsplit("-", 2)[-2] + "-" + c.rsplit("-", 1)[-1] for c in told_to_stop) == [
+        "head-0",
+        "infer-0",
+        "train-1",
+    ]
+
+
+def test_status_asks_the_nodes_at_once(monkeypatch: pytest.MonkeyPatch, local: LocalCluster) -> None:
+    """Each running node's question returns only once all three are asked (one at a time, the first would
+    wait alone and time out)."""
+    together = threading.Barrier(3, timeout=10)
+    fake_nodes(monkeypatch, local, {}, stopped={"infer-0"})
+    asked_alone = LocalCluster.exec_unchecked
+
+    def exec_unchecked(self: LocalCluster, node: str, *command: str, timeout: float = 60) -> str:
+        if command[0] == "systemctl":
+            together.wait()
+        return asked_alone(self, node, *command, timeout=timeout)
+
+    monkeypatch.setattr(LocalCluster, "exec_unchecked", exec_unchecked)
+    status = collect_status(local)
+    assert {line.node for line in status.services} == {"head-0", "train-0", "train-1"}
+
+
+def test_at_most_a_few_at_once_and_results_in_order() -> None:
+    running, most = 0, 0
+    lock = threading.Lock()
+
+    def work(item: int, stop: threading.Event) -> int:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        time.sleep(0.02)
+        with lock:
+            running -= 1
+        return item * 10
+
+    assert at_once(work, list(range(20))) == [i * 10 for i in range(20)]
+    assert most == MOST_AT_ONCE
+
+
+def test_an_interrupt_in_one_piece_is_raised_at_once_and_the_others_told_to_stop() -> None:
+    """Pieces still waiting are told to stop; pieces not started yet are dropped."""
+    started_pieces: list[int] = []
+    told_to_stop: list[int] = []
+    lock = threading.Lock()
+
+    def work(item: int, stop: threading.Event) -> int:
+        with lock:
+            started_pieces.append(item)
+        if item == 3:
+            raise KeyboardInterrupt
+        if stop.wait(20):
+            with lock:
+                told_to_stop.append(item)
+        return item
+
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        at_once(work, list(range(12)))
+    assert time.monotonic() - started < 5
+    deadline = time.monotonic() + 5
+    while len(told_to_stop) < len(started_pieces) - 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert 3 in started_pieces
+    assert sorted(told_to_stop) == sorted(p for p in started_pieces if p != 3)
+    assert len(started_pieces) <= MOST_AT_ONCE + 1
+
+
+def test_a_boot_wait_gives_up_once_told_to_stop(monkeypatch: pytest.MonkeyPatch) -> None:
+    booting = subprocess.CompletedProcess(["podman"], 1, "starting\n", "")
+    monkeypatch.setattr(podman_module, "podman", lambda *args, **_: booting)
+    stop = threading.Event()
+    threading.Timer(0.2, stop.set).start()
+    started = time.monotonic()
+    with pytest.raises(GpuPlatError, match="gave up waiting for its boot"):
+        podman_module.wait_systemd("gpuplat-local-head-0", 90, stop)
+    assert time.monotonic() - started < 3

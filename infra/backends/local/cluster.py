@@ -6,8 +6,8 @@ so Slurm can account GPUs. Everything above the machines is the real software, i
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +16,7 @@ from infra.backends.local.node_image import NODE_IMAGES, NodeImage, node_images,
 from infra.backends.local.wheelhouse import ensure_wheelhouse
 from infra.errors import EnvironmentProblem, GpuPlatError
 from infra.nodes.addresses import local_node_addresses, registry_address, stack_subnet
+from infra.nodes.at_once import at_once
 from infra.nodes.inventory import LOCAL_NODE_CA_BUNDLE, container_name
 from infra.nodes.podman import exists, inspect, podman, wait_systemd
 from infra.platform.resolve import ResolvedPlatform
@@ -155,11 +156,10 @@ class LocalCluster:
             elif not info["State"]["Running"]:
                 podman("start", node.container)
                 changed.append(f"started {node.container}")
-        # The nodes at once: three `podman exec` each (about 0.2 s apiece on a shared 2-core machine), which
-        # made most of this phase's 2 s in a `gpuplat up` that finds the four nodes running.
-        with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
-            for settled in pool.map(_settle, nodes):
-                changed += settled
+        # The nodes at once: three `podman exec` each made most of this phase's 2 s in a `gpuplat up` that
+        # finds the four nodes running.
+        for settled in at_once(_settle, nodes):
+            changed += settled
         return changed
 
     def gateway_url(self) -> str | None:
@@ -220,9 +220,9 @@ class LocalCluster:
         return removed
 
 
-def _settle(node: LocalNode) -> list[str]:
+def _settle(node: LocalNode, stop: threading.Event) -> list[str]:
     """Wait for the node's systemd, then give it what it needs from the host; what changed on it."""
-    wait_systemd(node.container, _BOOT_TIMEOUT_S)
+    wait_systemd(node.container, _BOOT_TIMEOUT_S, stop)
     changed = []
     if node.gpus and simulate_gpus(node.container, node.gpus):
         changed.append(f"simulated GPUs on {node.name}")

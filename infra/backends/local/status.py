@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from infra.backends.local.cluster import LocalCluster, NodeState
+from infra.nodes.at_once import at_once
 
 # Services each pool role runs once the playbooks have converged.
 EXPECTED_SERVICES = {
@@ -62,8 +62,9 @@ def parse_sinfo(text: str) -> list[PartitionLine]:
 
 def service_states(cluster: LocalCluster, node: str, services: list[str]) -> list[ServiceLine]:
     """One `systemctl is-active` for all of a node's services: it prints one state per unit named, in
-    their order (systemd 252, Debian 12: `systemctl is-active a b` prints a line for each and exits non-zero
-    when any is not active). A line it did not print (the node went away) reads `unknown`."""
+    their order (systemd 252, Debian 12, `src/systemctl/systemctl-is-active.c`: a line for each name; it exits
+    0 where any is active, so its status says nothing of the others and is not read). A line it did not print
+    (the node went away) reads `unknown`. Globs would be listed after the plain names: none are asked."""
     if not services:
         return []
     answer = cluster.exec_unchecked(node, "systemctl", "is-active", *services).splitlines()
@@ -91,15 +92,8 @@ def collect_status(cluster: LocalCluster) -> PlatformStatus:
         for state in states
         if state.node.name in running
     }
-    # The nodes and Slurm at once: each answer is a `podman exec` (about 0.2 s on a shared 2-core machine),
-    # one per node where it was one per service (14 on the local stack), then sinfo.
-    with ThreadPoolExecutor(max_workers=len(asked) + 1) as pool:
-        sinfo = (
-            pool.submit(cluster.exec_unchecked, controller, "sinfo", "-h", "-o", "%P|%a|%D|%G|%T")
-            if controller in running
-            else None
-        )
-        answers = list(pool.map(lambda item: service_states(cluster, *item), asked.items()))
+    # The nodes at once: one `podman exec` per node where it was one per service (14 on the local stack).
+    answers = at_once(lambda item, _stop: service_states(cluster, *item), list(asked.items()))
     for lines in answers:
         status.services.extend(lines)
     gateway = cluster.gateway_url()
@@ -114,8 +108,9 @@ def collect_status(cluster: LocalCluster) -> PlatformStatus:
     if registry is not None:
         status.endpoints["model registry (MLflow; gpuplat models)"] = registry
     status.endpoints["prometheus"] = cluster.prometheus_url()
-    if sinfo is not None:
-        status.partitions = parse_sinfo(sinfo.result())
+    if controller in running:
+        sinfo = cluster.exec_unchecked(controller, "sinfo", "-h", "-o", "%P|%a|%D|%G|%T")
+        status.partitions = parse_sinfo(sinfo)
         if not status.partitions:
             status.notes.append("Slurm is not answering on the controller yet (sinfo printed nothing)")
     return status
