@@ -39,6 +39,10 @@ CONFIRM_S = 20.0
 """how long the leader waits for every follower to report a new share applied"""
 ANSWER_LIMIT = 1 << 20
 READ_TIMEOUT_S = 10.0
+# How often the board's loop looks whether the guard stopped it: `shutdown()` waits for that look, and the
+# default, 0.5 s (CPython 3.11 Lib/socketserver.py, BaseServer.serve_forever), held every guard's end
+# (its `systemctl stop` included) half a second after its last report.
+BOARD_POLL_S = 0.05
 """a connection that sends no whole request within this is closed (the training nodes of an AWS stack reach
 the gateways' every port: a connection left open must not hold a thread for ever); socketserver's
 StreamRequestHandler sets its `timeout` on the connection (docs.python.org/3.11/library/socketserver.html,
@@ -165,7 +169,9 @@ def serve_board(
             "another program holds it; free it and start the guard again"
         ) from None
     server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="guard-board", daemon=True).start()
+    threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": BOARD_POLL_S}, name="guard-board", daemon=True
+    ).start()
     return server
 
 

@@ -20,6 +20,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from tests.threaded_server import serve_in_thread
+
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "box", "AWS_SECRET_ACCESS_KEY": "box", "AWS_SESSION_TOKEN": "box"}
 _FAULT_BODY = """<?xml version="1.0" encoding="UTF-8"?>
 <Response><Errors><Error><Code>{code}</Code><Message>{message}</Message></Error></Errors>
@@ -234,8 +236,7 @@ class FaultProxy:
         self.server = ThreadingHTTPServer((host, 0), Handler)
         self.server.daemon_threads = True
         self.url = f"http://{host}:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+        self.thread = serve_in_thread(self.server)
         _ = proxy
 
     def stop(self) -> None:

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from tests.threaded_server import serve_in_thread
+
 IMDS_ADDRESS = "169.254.169.254"
 
 
@@ -110,8 +112,7 @@ class InstanceMetadata:
 
         self.server = ThreadingHTTPServer((address, port), Handler)
         self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+        self.thread = serve_in_thread(self.server)
 
     def describe(self, address: str) -> dict[str, Any] | None:
         with self.lock:

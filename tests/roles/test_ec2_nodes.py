@@ -43,6 +43,7 @@ from gpuplat_ec2_nodes.slurm import Job, NodeInfo, Slurm, parse_jobs, parse_node
 from gpuplat_ec2_nodes.spot_watch import SpotWatch, spot_watch
 
 from tests.conftest import moto_image
+from tests.threaded_server import serve_in_thread
 
 boto3 = pytest.importorskip("boto3")
 botocore_exceptions = pytest.importorskip("botocore.exceptions")
@@ -868,8 +869,7 @@ class ImdsHandler(BaseHTTPRequestHandler):
 @pytest.fixture
 def imds() -> Iterator[FakeImds]:
     server = FakeImds()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    serve_in_thread(server)
     yield server
     server.released.set()
     server.shutdown()

@@ -41,6 +41,7 @@ import pytest
 from tests.conftest import load_script
 from tests.roles.test_serving_discovery import REGION, STACK, targets_program
 from tests.roles.test_serving_templates import ROLES, cluster, render, role_vars, scaling_agent
+from tests.threaded_server import serve_in_thread
 
 HAPROXY = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin")
 TEMPLATES = ROLES / "inference_gateway" / "templates"
@@ -101,7 +102,7 @@ class ModelServer:
                 pass  # HAProxy's health checks close without reading the whole answer
 
         self.server = Server((address, port), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        serve_in_thread(self.server)
 
     def stop(self) -> None:
         self.server.shutdown()

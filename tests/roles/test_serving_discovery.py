@@ -34,6 +34,7 @@ from tests.roles.test_serving_templates import (
     render,
     role_vars,
 )
+from tests.threaded_server import serve_in_thread
 
 yaml = pytest.importorskip("yaml")
 
@@ -267,8 +268,7 @@ class FakeHAProxy:
                 self.wfile.write(fake.answer(line).encode())
 
         self.server = socketserver.ThreadingUnixStreamServer(str(path), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+        self.thread = serve_in_thread(self.server)
 
     def close(self) -> None:
         self.server.shutdown()

@@ -23,6 +23,7 @@ yaml = pytest.importorskip("yaml")
 jinja2 = pytest.importorskip("jinja2")
 
 from tests.roles.ansible_values import render_value  # noqa: E402
+from tests.threaded_server import serve_in_thread  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLES = ROOT / "roles"
@@ -506,7 +507,6 @@ class ReplicaMetrics:
 
     def __init__(self) -> None:
         import http.server
-        import threading
 
         self.running = 0
         replica = self
@@ -523,7 +523,7 @@ class ReplicaMetrics:
                 self.wfile.write(body.encode())
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        serve_in_thread(self.server)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/metrics"
 
     def stop(self) -> None:

@@ -310,6 +310,22 @@ def test_a_guard_whose_port_is_taken_says_which_and_why() -> None:
         holder.server_close()
 
 
+def test_a_guards_board_stops_at_once_after_its_last_report() -> None:
+    """A stopped guard (`systemctl stop` included) waited for the board's loop to look again: half a
+    second after every report, the default poll of socketserver's serve_forever."""
+    server = serve_board(Board(0, {}), MODEL, {FOLLOWER: "127.0.0.1"}, port=0)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/{MODEL}"
+        with pytest.raises(OSError, match="not a follower"):  # an answered report, its last
+            ask_leader(url, "gateway-9", {})
+    finally:
+        started = time.monotonic()
+        server.shutdown()
+        stopping_s = time.monotonic() - started
+        server.server_close()
+    assert stopping_s < 0.3, stopping_s
+
+
 def test_a_connection_to_the_guards_board_that_sends_nothing_is_closed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

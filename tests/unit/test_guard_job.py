@@ -11,7 +11,6 @@ the runner again in a new client, as a new pod would)."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -38,6 +37,7 @@ from infra.serving.on_kubernetes import read_guard_record
 from tests.conftest import fsx_facts
 from tests.k8s_api_fake import HOST, FakeCluster, rolls_out
 from tests.k8s_rbac import RequestInfo, allowing_rule, bound_rules, forbidden_message, request_info_of, unused
+from tests.threaded_server import serve_in_thread
 from tests.unit.test_serve_guard_on_kubernetes import (
     GATEWAYS,
     Clock,
@@ -144,7 +144,7 @@ class _PodHandler(BaseHTTPRequestHandler):
 
 
 def _serve(server: HTTPServer) -> None:
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    serve_in_thread(server)
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -20,6 +19,7 @@ from infra.serving.golden import PROBE, misses
 from infra.serving.registry.mlflow import ModelVersion, to_wire_source
 from infra.serving.release import CHALLENGER, Release, ServeRefused, ServingLayout
 from infra.spec.models import Canary
+from tests.threaded_server import serve_in_thread
 
 VECTOR = [0.6, 0.8, 0.0]
 
@@ -49,8 +49,7 @@ def server() -> Iterator[int]:
             pass
 
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
+    serve_in_thread(httpd)
     yield httpd.server_address[1]
     httpd.shutdown()
     httpd.server_close()
