@@ -176,7 +176,10 @@ def moto_cloud() -> Iterator[Cloud]:
 
 
 @pytest.fixture
-def cloud(moto_cloud: Cloud, request: pytest.FixtureRequest) -> Cloud:
+def cloud(moto_cloud: Cloud, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Cloud:
+    # An instance moto's fleet starts without its address yet is looked at again after ADDRESS_POLL_S, 2 s
+    # of waiting for an answer that is there at the next look.
+    monkeypatch.setattr(program_ec2, "ADDRESS_POLL_S", 0.05)
     return replace(moto_cloud, stack=f"{moto_cloud.stack}-{request.node.name}"[:120])
 
 
