@@ -18,7 +18,13 @@ from infra.spec.load import CONFIG_KEY, stack_file
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
-pytest_plugins = ["tests.skip_policy", "tests.cpu_report", "tests.long_first", "pytester"]
+pytest_plugins = [
+    "tests.skip_policy",
+    "tests.cpu_report",
+    "tests.long_first",
+    "tests.xdist_workers",
+    "pytester",
+]
 
 
 @pytest.fixture(autouse=True)

@@ -1,9 +1,10 @@
 """The suite's own pytest plugins: tests/cpu_report.py (each test's CPU seconds, its child processes'
-included) and tests/long_first.py (tests marked `long` first)."""
+included), tests/long_first.py (tests marked `long` first) and tests/xdist_workers.py (`-n auto`'s count)."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -123,3 +124,15 @@ def test_under_xdist_every_worker_starts_on_its_share_of_the_long_tests(pytester
         assert names[: len(long)] == long and len(long) in (2, 5), (worker, names)
     [grouped] = [names for names in runs.values() if "grouped0" in names]
     assert {"grouped0", "grouped1", "grouped2"} <= set(grouped), runs
+
+
+def test_auto_starts_one_worker_more_than_the_cpus_unless_xdists_setting_says(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tests/xdist_workers.py, asked through the hook chain `-n auto` asks (so xdist's own answer, one
+    worker a CPU, is what this would get without the plugin)."""
+    ask = request.config.pluginmanager.hook.pytest_xdist_auto_num_workers
+    monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
+    assert ask(config=request.config) == len(os.sched_getaffinity(0)) + 1
+    monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "5")
+    assert ask(config=request.config) == 5
