@@ -82,8 +82,10 @@ test-unit: venv
 ## CPU or more: the model registry's MLflow servers (SQLite and PostgreSQL) with the role's task files,
 ## train.py as a process and under torchrun, the python_requirements role's installing converges, the
 ## training environment's converges, the plan-comment script over every stack in a checkout
+# One worker a CPU here (tests/xdist_workers.py adds one to `-n auto` for the unit tier's waits): these tests
+# keep their CPUs busy, and some time a process against a timeout.
 test-processes: venv
-	time $(BIN)/pytest -q -n auto -m processes tests/unit tests/pulumi tests/roles
+	time PYTEST_XDIST_AUTO_NUM_WORKERS=$$(nproc) $(BIN)/pytest -q -n auto -m processes tests/unit tests/pulumi tests/roles
 
 ## test-fast: the inner loop, no containers: lint, then the unit tier less the few that start a container
 test-fast: venv

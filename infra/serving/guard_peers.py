@@ -38,11 +38,11 @@ REPORT_EVERY_S = 2.0
 CONFIRM_S = 20.0
 """how long the leader waits for every follower to report a new share applied"""
 ANSWER_LIMIT = 1 << 20
-READ_TIMEOUT_S = 10.0
 # How often the board's loop looks whether the guard stopped it: `shutdown()` waits for that look, and the
 # default, 0.5 s (CPython 3.11 Lib/socketserver.py, BaseServer.serve_forever), held every guard's end
 # (its `systemctl stop` included) half a second after its last report.
 BOARD_POLL_S = 0.05
+READ_TIMEOUT_S = 10.0
 """a connection that sends no whole request within this is closed (the training nodes of an AWS stack reach
 the gateways' every port: a connection left open must not hold a thread for ever); socketserver's
 StreamRequestHandler sets its `timeout` on the connection (docs.python.org/3.11/library/socketserver.html,

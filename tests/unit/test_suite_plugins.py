@@ -131,6 +131,8 @@ def test_auto_starts_one_worker_more_than_the_cpus_unless_xdists_setting_says(
 ) -> None:
     """tests/xdist_workers.py, asked through the hook chain `-n auto` asks (so xdist's own answer, one
     worker a CPU, is what this would get without the plugin)."""
+    if not request.config.pluginmanager.hasplugin("xdist"):
+        pytest.skip("pytest-xdist is not loaded (-p no:xdist): -n auto does not exist")
     ask = request.config.pluginmanager.hook.pytest_xdist_auto_num_workers
     monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
     assert ask(config=request.config) == len(os.sched_getaffinity(0)) + 1
