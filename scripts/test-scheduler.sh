@@ -30,6 +30,8 @@ SHORT_STAGES=(create prepare converge verify)
 export CONTAINERS_CONF=${CONTAINERS_CONF:-$HERE/containers.conf}
 export PATH="$VENV/bin:$PATH"
 export ANSIBLE_FORCE_COLOR=0 PY_COLORS=0 NO_COLOR=1
+# shellcheck source=scripts/lib/molecule-mitogen.sh
+source "$HERE/lib/molecule-mitogen.sh"
 
 summary() { echo "$1 passed, $2 failed"; }
 stages_of() { if [[ $1 == bookworm ]]; then echo "${FULL_STAGES[@]}"; else echo "${SHORT_STAGES[@]}"; fi; }

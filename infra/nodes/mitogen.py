@@ -15,6 +15,11 @@ Two things differ from the nodes' own view, and are set here:
   too: only playbooks that never delegate to localhost may run this way (site.yml, not validate.yml).
 
 GPUPLAT_MITOGEN=0 turns it off (plain Ansible through gpuplat_podman, as for a non-root user).
+
+The Molecule tiers take the same settings as environment variables (`python -m infra.nodes.mitogen`, which
+scripts/lib/molecule-mitogen.sh evaluates): the strategy's, and one GPUPLAT_MOLECULE_<VARIABLE> per extra
+variable, which .config/molecule/config.yml's `provisioner.connection_options` gives every instance (and not
+localhost: Molecule writes them into each instance's entry of its inventory).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import importlib.util
 import os
 import shlex
 import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +44,7 @@ ADOPT_CONTAINER_ENVIRONMENT = (
     "os.execve(sys.executable,[sys.executable]+sys.argv[1:],e)"
 )
 SWITCH = "GPUPLAT_MITOGEN"
+MOLECULE_PREFIX = "GPUPLAT_MOLECULE_"
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,16 @@ def container_speedup(environ: dict[str, str]) -> ContainerSpeedup | None:
     )
 
 
+def molecule_environment(environ: dict[str, str]) -> dict[str, str]:
+    """The environment variables that put a Molecule scenario's instances on Mitogen (none where it is off):
+    the strategy's, and each extra variable as GPUPLAT_MOLECULE_<NAME> for .config/molecule/config.yml."""
+    speedup = container_speedup(environ)
+    if speedup is None:
+        return {}
+    named = {MOLECULE_PREFIX + name.upper(): value for name, value in speedup.extra_vars.items()}
+    return {**speedup.env, **named}
+
+
 def failure_hint(log_text: str) -> str | None:
     """What to do when a run under Mitogen failed in Mitogen itself (its plugins did not load, its connection
     broke: the log names ansible_mitogen or mitogen), or None when the log does not point at it."""
@@ -84,3 +101,14 @@ def failure_hint(log_text: str) -> str | None:
         f"{SWITCH}=0 runs the playbooks with plain Ansible; `.venv/bin/pip install -e '.[dev,ansible]'` "
         "reinstalls the pinned mitogen."
     )
+
+
+def main() -> int:
+    """Print the Molecule tiers' Mitogen settings as shell `export` lines, nothing where Mitogen is off."""
+    for name, value in molecule_environment(dict(os.environ)).items():
+        print(f"export {name}={shlex.quote(value)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -6,6 +6,8 @@ VENV=${VENV:-$ROOT/.venv}
 export PATH="$VENV/bin:$PATH"
 export CONTAINERS_CONF="$ROOT/scripts/containers.conf"
 export ANSIBLE_NOCOLOR=1 NO_COLOR=1 PY_COLORS=0 ANSIBLE_FORCE_COLOR=0
+# shellcheck source=scripts/lib/molecule-mitogen.sh
+source "$ROOT/scripts/lib/molecule-mitogen.sh"
 LOGS=$ROOT/build/$SUITE
 mkdir -p "$LOGS"
 

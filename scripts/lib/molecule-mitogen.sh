@@ -1,0 +1,15 @@
+# Shared by the scripts that run Molecule scenarios (test-roles.sh, test-scheduler.sh, test-serving.sh):
+# Mitogen for Ansible where infra/nodes/mitogen.py allows it (root, ansible_mitogen installed,
+# GPUPLAT_MITOGEN not 0), as the local platform uses it: the mitogen_linear strategy, and the GPUPLAT_MOLECULE_*
+# variables that .config/molecule/config.yml's connection_options give every instance (the setns connection
+# and an interpreter started with the container's environment). Where it is off nothing is set and the
+# instances are reached through playbooks/connection_plugins/gpuplat_podman.py.
+# Source it after setting VENV.
+# shellcheck shell=bash
+
+mitogen_settings=$("$VENV/bin/python" -m infra.nodes.mitogen 2>/dev/null) || mitogen_settings=""
+eval "$mitogen_settings"
+if [[ -n $mitogen_settings ]]; then
+  echo "Molecule: Mitogen for Ansible (setns, $ANSIBLE_STRATEGY; GPUPLAT_MITOGEN=0 turns it off)"
+fi
+unset mitogen_settings
