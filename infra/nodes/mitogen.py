@@ -19,7 +19,11 @@ GPUPLAT_MITOGEN=0 turns it off (plain Ansible through gpuplat_podman, as for a n
 The Molecule tiers take the same settings as environment variables (`python -m infra.nodes.mitogen`, which
 scripts/lib/molecule-mitogen.sh evaluates): the strategy's, and one GPUPLAT_MOLECULE_<VARIABLE> per extra
 variable, which .config/molecule/config.yml's `provisioner.connection_options` gives every instance (and not
-localhost: Molecule writes them into each instance's entry of its inventory).
+localhost: Molecule writes them into each instance's entry of its inventory). Their create and destroy
+playbooks and the verify steps delegated to localhost run there under the same strategy: at mitogen 0.3.54
+it redirects only the connection types it knows, `local` to its own mitogen_local
+(ansible_mitogen/strategy.py:119-153), and an action over any other connection (gpuplat_podman, the
+fallback) turns back into plain Ansible's (ansible_mitogen/mixins.py:86-100).
 """
 
 from __future__ import annotations
