@@ -84,8 +84,9 @@ test-unit: venv
 ## training environment's converges, the plan-comment script over every stack in a checkout
 # One worker a CPU here (tests/xdist_workers.py adds one to `-n auto` for the unit tier's waits): these tests
 # keep their CPUs busy, and some time a process against a timeout.
+test-processes: export PYTEST_XDIST_AUTO_NUM_WORKERS := $(shell nproc)
 test-processes: venv
-	time PYTEST_XDIST_AUTO_NUM_WORKERS=$$(nproc) $(BIN)/pytest -q -n auto -m processes tests/unit tests/pulumi tests/roles
+	time $(BIN)/pytest -q -n auto -m processes tests/unit tests/pulumi tests/roles
 
 ## test-fast: the inner loop, no containers: lint, then the unit tier less the few that start a container
 test-fast: venv
