@@ -174,6 +174,7 @@ SESSIONS = [
         # has no mutmut to import the mutated copy with, so they fail whatever the mutant.
         [
             "tests/unit/test_dataset_cache.py",
+            "tests/unit/test_dataset_cache_edges.py",
             "-k",
             "not (second_user or cannot_become or under_sudo or not_readable_by_every_user)",
         ],
