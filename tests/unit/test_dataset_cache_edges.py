@@ -7,12 +7,16 @@ under the cap counted to the byte (copies, other stages' reservations, the disk'
 from __future__ import annotations
 
 import collections
+import contextlib
 import fcntl
 import hashlib
+import io
 import json
 import os
 import shutil
+import signal
 import stat
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +25,7 @@ import pytest
 
 from tests.unit.test_dataset_cache import (
     INDEX,
+    PROGRAM,
     SHARD0,
     SHARD1,
     _bytes_of_one,
@@ -471,3 +476,128 @@ def test_the_cap_to_the_byte_and_what_is_in_use_is_never_evicted(tmp_path: Path)
     assert beta.returncode == 0 and beta.stderr.count("evicted") == 2, beta.stderr
     # the two least recently used (alpha, gamma) went: what is left fits the cap
     assert sorted(name for name in names if (cache / name / "v1" / "current").exists()) == ["beta", "delta"]
+
+
+# --- the command line, in this process --------------------------------------------------------------------
+
+
+def test_an_unknown_dataset_is_refused_naming_those_the_stack_has(tmp_path: Path) -> None:
+    config = _setup(tmp_path, names=("alpha", "beta"))
+    _one_error_line(_main(config, "stage", "x"), "no dataset 'x' in the stack (known: alpha, beta)")
+    document = json.loads(config.read_text())
+    document["datasets"] = []
+    config.write_text(json.dumps(document))
+    _one_error_line(_main(config, "verify", "x"), "no dataset 'x' in the stack (known: none)")
+
+
+def test_list_and_the_usage_of_the_node_configuration(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without --config the node's configuration is read; `list` exits 0; the usage hides --as-owner
+    (the program's own re-run as the owner) and shows what `run` takes."""
+    cache = load_script_quietly()
+    config = _setup(tmp_path)
+    monkeypatch.setattr(cache, "CONFIG", config)
+    listed = _main_of(cache, config, "list")
+    assert listed.returncode == 0 and listed.stdout.startswith("corpus\tv1\t-\t")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cache.main(["list"]) == 0  # type: ignore[attr-defined]
+    assert out.getvalue() == listed.stdout
+    for argv, shown in (
+        (["--help"], "gpuplat-dataset: the node's cache of the stack's datasets on local NVMe."),
+        (["run", "--help"], "command -- COMMAND [ARGS...]"),
+    ):
+        usage = io.StringIO()
+        with contextlib.redirect_stdout(usage), pytest.raises(SystemExit) as exited:
+            cache.main(argv)  # type: ignore[attr-defined]
+        lines = [" ".join(line.split()) for line in usage.getvalue().splitlines()]
+        assert exited.value.code == 0 and shown in lines and "--as-owner" not in usage.getvalue()
+
+
+def test_a_user_not_the_owner_stages_and_verifies_through_the_owners_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """main as another user (geteuid): this program again as the owner (GPUPLAT_DATASET_BECOME: this
+    Python, the test's user owning the cache), its output and exit status handed back; the owner's side
+    refuses to run as anyone else."""
+    cache = load_script_quietly()
+    config = _setup(tmp_path)
+    monkeypatch.setattr(sys, "argv", [str(PROGRAM)])
+    owner = os.geteuid()
+    monkeypatch.setattr(os, "geteuid", lambda: owner + 4242)
+    monkeypatch.setenv("GPUPLAT_DATASET_BECOME", sys.executable)
+    uncached = _main_of(cache, config, "verify", "corpus")
+    assert (uncached.returncode, uncached.stdout) == (1, "corpus v1: not cached\n")
+    copy = tmp_path / "cache" / "corpus" / "v1" / "g1"
+    staged = _main_of(cache, config, "stage", "corpus", "--check", "full")
+    assert (staged.returncode, staged.stdout) == (0, f"{copy}\n")
+    refused = _main_of(cache, config, "--as-owner", "stage", "corpus")
+    _one_error_line(refused, f"ran as uid {owner + 4242}, but {tmp_path / 'cache'} belongs to uid {owner}")
+
+
+@pytest.mark.parametrize("uid", [1, 1000])
+def test_under_sudo_run_and_a_configuration_of_the_callers_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, uid: int
+) -> None:
+    cache = load_script_quietly()
+    config = _setup(tmp_path)
+    monkeypatch.setattr(os, "getuid", lambda: uid)
+    assert _main_of(cache, config, "stage", "corpus").returncode == 0  # not under sudo: a user's own cache
+    monkeypatch.setenv("SUDO_UID", "1000")
+    _one_error_line(
+        _main_of(cache, config, "stage", "corpus"),
+        f"gpuplat-dataset: under sudo only {cache.CONFIG} is read, not {config}",  # type: ignore[attr-defined]
+    )
+    _one_error_line(
+        _main_of(cache, config, "run", "corpus", "--", "id"),
+        "gpuplat-dataset: under sudo, run is refused (it would start a command as the cache's user)",
+    )
+    monkeypatch.setattr(os, "getuid", lambda: 0)  # root under sudo: its own configuration is read
+    assert _main_of(cache, config, "stage", "corpus").returncode == 0
+
+
+def test_hold_is_the_owners_side_of_run_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through main: `hold` alone is refused; with --as-owner (as `run` starts it) it stages with the check
+    asked for, prints the held mark and no exit mark (its caller execs on the mark)."""
+    cache = load_script_quietly()
+    config = _setup(tmp_path)
+    copy = _stage(config)
+    _writable(copy / "shards" / "001.bin").write_bytes(b"SECOND SHARD" * 100)  # same size
+    _one_error_line(
+        _main_of(cache, config, "hold", "corpus"),
+        "gpuplat-dataset: hold is what `run` starts as the cache's owner; use run",
+    )
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    monkeypatch.setattr(os, "read", lambda fd, size: b"")  # the job has ended: EOF at once
+    monkeypatch.setattr(os, "dup2", lambda fd, fd2: fd2)  # this process's stdout stays the test's
+    try:
+        held = _main_of(cache, config, "--as-owner", "hold", "corpus", "--check", "full")
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    assert (held.returncode, held.stdout) == (0, f"{cache.HELD_MARK}{copy.parent / 'g2'}\n")  # type: ignore[attr-defined]
+
+
+def test_stage_finds_the_copy_another_job_staged_while_it_waited(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first look finds no copy; by the time the version's lock is had, another stage made one."""
+    from tests.conftest import load_script
+
+    taken = io.StringIO(), io.StringIO()  # stage logs to the stderr the program was loaded with
+    with contextlib.redirect_stdout(taken[0]), contextlib.redirect_stderr(taken[1]):
+        cache = load_script(PROGRAM)
+    config = _setup(tmp_path)
+    copy = _stage(config)
+    usable = cache.usable  # type: ignore[attr-defined]
+    looks: list[str] = []
+
+    def racing(version: Path, entry: object, check: str) -> tuple[Path | None, str]:
+        looks.append(check)
+        return (None, "") if len(looks) == 1 else usable(version, entry, check)
+
+    monkeypatch.setattr(cache, "usable", racing)
+    done = _main_of(cache, config, "stage", "corpus", "--check", "full", taken=taken)
+    assert (done.returncode, done.stdout, done.stderr) == (0, f"{copy}\n", f"corpus v1: cached at {copy}\n")
+    assert looks == ["full", "full"]
