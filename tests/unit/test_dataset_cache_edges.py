@@ -601,3 +601,112 @@ def test_stage_finds_the_copy_another_job_staged_while_it_waited(
     done = _main_of(cache, config, "stage", "corpus", "--check", "full", taken=taken)
     assert (done.returncode, done.stdout, done.stderr) == (0, f"{copy}\n", f"corpus v1: cached at {copy}\n")
     assert looks == ["full", "full"]
+
+
+@pytest.mark.parametrize(
+    ("document", "why"),
+    [
+        ([], "not a JSON object"),
+        ({"cache_path": 5}, "cache_path must be an absolute path"),
+        ({"cache_path": "cache"}, "cache_path must be an absolute path"),
+        ({"cache_user": "Root!"}, "cache_user must be a user name"),
+        ({"cache_max_bytes": -1}, "cache_max_bytes must be a whole number of bytes (0: no cap)"),
+        ({"cache_max_bytes": True}, "cache_max_bytes must be a whole number of bytes (0: no cap)"),
+        ({"cache_max_bytes": "5"}, "cache_max_bytes must be a whole number of bytes (0: no cap)"),
+        ({"datasets": ""}, "datasets[0] needs name, version and source"),
+        ({"datasets": [["corpus"]]}, "datasets[0] needs name, version and source"),
+        (
+            {"datasets": [{"name": "corpus", "version": "v 1", "source": "/data"}]},
+            "datasets[0]: name and version are [A-Za-z0-9._-], source an absolute path",
+        ),
+        (
+            {"datasets": [{"name": "-corpus", "version": "v1", "source": "/data"}]},
+            "datasets[0]: name and version are [A-Za-z0-9._-], source an absolute path",
+        ),
+    ],
+)
+def test_a_bad_configuration_is_one_line_naming_the_field(tmp_path: Path, document: Any, why: str) -> None:
+    config = tmp_path / "datasets.json"
+    if isinstance(document, dict):
+        document = {"cache_path": str(tmp_path / "cache"), **document}
+    config.write_text(json.dumps(document))
+    done = _main(config, "list")
+    assert (done.returncode, done.stderr) == (
+        2,
+        f"gpuplat-dataset: {config}: {why} (roles/slurm_compute writes this file)\n",
+    )
+
+
+def test_a_configuration_without_datasets_lists_none(tmp_path: Path) -> None:
+    config = tmp_path / "datasets.json"
+    config.write_text(json.dumps({"cache_path": str(tmp_path / "cache")}))
+    assert (_main(config, "list").returncode, _main(config, "list").stdout) == (0, "")
+
+
+def test_the_cache_root_made_on_first_use_is_0755_whatever_the_umask(tmp_path: Path) -> None:
+    """No cache_user (a developer's machine): the first stage makes the root, parents too; a loose umask
+    would leave it group-writable, which the next run refuses."""
+    config = _setup(tmp_path)
+    document = json.loads(config.read_text())
+    root = tmp_path / "nvme" / "gpuplat" / "cache"
+    document["cache_path"] = str(root)
+    config.write_text(json.dumps(document))
+    umask = os.umask(0o002)
+    try:
+        assert _main(config, "stage", "corpus").returncode == 0
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE(root.stat().st_mode) == 0o755
+    assert _main(config, "stage", "corpus").returncode == 0
+
+
+def test_a_cache_root_that_is_no_folder_or_not_the_cache_users_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = load_script_quietly()
+    root = tmp_path / "cache"
+    config = tmp_path / "datasets.json"
+    config.write_text(json.dumps({"cache_path": str(root), "datasets": []}))
+    root.write_text("a file")
+    assert _main_of(cache, config, "stage", "x").stderr == f"gpuplat-dataset: {root} is not a directory\n"
+    root.unlink()
+    root.mkdir(mode=0o755)
+    root.chmod(0o775)
+    assert _main_of(cache, config, "stage", "x").stderr == (
+        f"gpuplat-dataset: {root} may be written by other users (mode 775): any of them could replace what "
+        "jobs read; roles/slurm_compute makes it the cache user's, 0755\n"
+    )
+    root.chmod(0o755)
+    config.write_text(json.dumps({"cache_path": str(root), "cache_user": "gpuplat-cache", "datasets": []}))
+    uid = root.stat().st_uid
+
+    def no_entry(uid: int) -> Any:
+        raise KeyError(uid)
+
+    monkeypatch.setattr(cache.pwd, "getpwuid", no_entry)  # type: ignore[attr-defined]
+    assert _main_of(cache, config, "stage", "x").stderr == (
+        f"gpuplat-dataset: {root} belongs to uid {uid}, not to the cache user gpuplat-cache: whoever owns it "
+        "could change what every job reads; roles/slurm_compute makes it the cache user's\n"
+    )
+
+
+def test_the_owners_run_ends_with_its_exit_mark_and_an_interrupt_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--as-owner (this program run again as the owner): the last line on stdout is the exit mark, so its
+    caller tells the program's status from sudo's; not after a hold that held (its caller execs on the
+    held mark), after one that failed it is."""
+    cache = load_script_quietly()
+    mark = cache.EXIT_MARK  # type: ignore[attr-defined]
+    config = _setup(tmp_path)
+    copy = tmp_path / "cache" / "corpus" / "v1" / "g1"
+    assert _main_of(cache, config, "--as-owner", "stage", "corpus").stdout == f"{copy}\n{mark}0\n"
+    assert _main_of(cache, config, "--as-owner", "verify", "x").stdout == f"{mark}2\n"
+    assert _main_of(cache, config, "--as-owner", "hold", "x").stdout == f"{mark}2\n"
+
+    def interrupted(*args: object, **kwargs: object) -> Path:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cache, "stage", interrupted)
+    done = _main_of(cache, config, "stage", "corpus")
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", "gpuplat-dataset: interrupted\n")
