@@ -366,6 +366,19 @@ def test_stage_logs_what_it_did_and_why_it_copied_again(tmp_path: Path) -> None:
     ]
 
 
+def test_a_copy_that_failed_its_check_makes_room_for_its_own_replacement(tmp_path: Path) -> None:
+    """Under a cap with room for one copy, the corrupt copy is what a stage evicts to copy again (it was
+    refused, "no room ... of which 0 in use by running jobs", while that copy stayed counted)."""
+    config = _setup(tmp_path, cache_max_bytes=_bytes_of_one())
+    copy = _stage(config)
+    _writable(copy / "shards" / "001.bin").write_text("")
+    again = _main(config, "stage", "corpus")
+    assert again.returncode == 0, again.stderr
+    assert f"corpus v1: evicted corpus v1 ({_bytes_of_one()} bytes)" in again.stderr.splitlines()
+    assert Path(again.stdout.strip()) == copy.parent / "g2" and not copy.exists()
+    assert _main(config, "verify", "corpus").returncode == 0
+
+
 def test_stage_check_full_copies_again_what_only_a_hash_finds_changed(tmp_path: Path) -> None:
     config = _setup(tmp_path)
     copy = _stage(config)

@@ -541,7 +541,8 @@ def staging_bytes(version: Path) -> int:
 def make_room(config: Config, entry: Dataset, needed: int, log: TextIO) -> None:
     """Under the cache's lock: evict the least recently used copies no job holds until `needed` more
     bytes fit under cache_max_bytes and the disk's free space. Refused, nothing removed that must stay,
-    when they cannot."""
+    when they cannot. `entry`'s own current copy goes first: a stage copies only where it has none or
+    the one it has failed its check (stage_copy), so that copy is being replaced."""
     configured = {(d.name, d.version) for d in config.datasets}
     copies: list[tuple[float, str, str, Path, Path, int]] = []  # last use, name, version, dirs, bytes
     used = 0
@@ -554,16 +555,14 @@ def make_room(config: Config, entry: Dataset, needed: int, log: TextIO) -> None:
             except FileNotFoundError:
                 continue
             used += size
-            if (name, version_name) != (entry.name, entry.version) or generation.name != current_name(
-                version
-            ):
-                copies.append((last_use, name, version_name, version, generation, size))
+            copies.append((last_use, name, version_name, version, generation, size))
     free = shutil.disk_usage(config.cache).free
     limit = used + free - DISK_MARGIN
     if config.max_bytes:
         limit = min(limit, config.max_bytes)
-    # Versions no longer in the stack first, then the least recently used.
-    copies.sort(key=lambda c: ((c[1], c[2]) in configured, c[0]))
+    replaced = (config.version_dir(entry), current_name(config.version_dir(entry)))
+    # The copy being replaced first, then versions no longer in the stack, then the least recently used.
+    copies.sort(key=lambda c: ((c[3], c[4].name) != replaced, (c[1], c[2]) in configured, c[0]))
     in_use = 0
     for _, name, version_name, version, generation, size in copies:
         if used + needed <= limit:
