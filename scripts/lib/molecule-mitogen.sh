@@ -7,7 +7,12 @@
 # Source it after setting VENV.
 # shellcheck shell=bash
 
-mitogen_settings=$("$VENV/bin/python" -m infra.nodes.mitogen 2>/dev/null) || mitogen_settings=""
+# Settings a shell kept from an earlier source go first, so that GPUPLAT_MITOGEN=0 turns them off.
+while read -r name; do unset "$name"; done < <(compgen -e | grep '^GPUPLAT_MOLECULE_' || true)
+if [[ ${ANSIBLE_STRATEGY:-} == mitogen_linear ]]; then unset ANSIBLE_STRATEGY ANSIBLE_STRATEGY_PLUGINS; fi
+# From the checkout this file is in, whatever the directory the script was started in.
+mitogen_settings=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && "$VENV/bin/python" -m infra.nodes.mitogen 2>/dev/null) ||
+  mitogen_settings=""
 eval "$mitogen_settings"
 if [[ -n $mitogen_settings ]]; then
   echo "Molecule: Mitogen for Ansible (setns, $ANSIBLE_STRATEGY; GPUPLAT_MITOGEN=0 turns it off)"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -112,4 +113,43 @@ def test_every_molecule_tier_script_takes_the_shared_settings(script: str) -> No
     text = (ROOT / script).read_text()
     if 'source "$ROOT/scripts/lib/test-steps.sh"' in text:  # test-roles.sh, test-serving.sh
         text = (ROOT / "scripts/lib/test-steps.sh").read_text()
-    assert 'lib/molecule-mitogen.sh"\n' in text
+    # a line of its own, run unconditionally (not `: source ...` nor behind `false &&`)
+    sources = [line for line in text.splitlines() if line.endswith('lib/molecule-mitogen.sh"')]
+    assert sources and all(line.startswith("source ") for line in sources), sources
+
+
+def _sourced(environment: dict[str, str], directory: Path) -> dict[str, str]:
+    """What scripts/lib/molecule-mitogen.sh leaves set in a bash that sources it from `directory`."""
+    shown = subprocess.run(
+        [
+            "bash",
+            "-c",
+            f"source {shlex.quote(str(ROOT / 'scripts/lib/molecule-mitogen.sh'))} >/dev/null; env -0",
+        ],
+        cwd=directory,
+        env=environment,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    pairs = (entry.partition("=") for entry in shown.split("\0") if entry)
+    return {
+        name: value
+        for name, _, value in pairs
+        if name.startswith(mitogen.MOLECULE_PREFIX) or name.startswith("ANSIBLE_STRATEGY")
+    }
+
+
+def test_the_sourced_file_sets_what_the_module_says_from_any_directory_and_clears_it_when_switched_off(
+    tmp_path: Path,
+) -> None:
+    """The shell's side, run: from another directory (test-scheduler.sh sources it before its `cd`), its
+    settings are the module's own; sourced again with GPUPLAT_MITOGEN=0 in a shell that kept them, none stay
+    (a partial leftover, setns without the strategy, fails every task)."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(mitogen.MOLECULE_PREFIX)}
+    environment = {k: v for k, v in environment.items() if not k.startswith("ANSIBLE_STRATEGY")}
+    environment |= {"VENV": str(Path(sys.executable).parent.parent)}
+    environment.pop(mitogen.SWITCH, None)
+    expected = mitogen.molecule_environment(environment)
+    assert _sourced(environment, tmp_path) == expected
+    kept = environment | expected | {mitogen.SWITCH: "0"}
+    assert _sourced(kept, tmp_path) == {}
