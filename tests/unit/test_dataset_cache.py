@@ -120,11 +120,18 @@ def _main_of(
     program: Any, config: Path, *args: str, taken: tuple[io.StringIO, io.StringIO] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """_main with the program already loaded (a test that replaced some of its functions); `taken`: the
-    stdout and stderr it was loaded with."""
+    stdout and stderr it was loaded with. The signals the holder ignores (`hold_for_caller`) are given back
+    after: ignored signals are inherited by every process this worker starts later, and a later test's
+    `sleep` would then outlive its SIGTERM."""
     argv = ["--config", str(config), *args]
     out, err = taken or (io.StringIO(), io.StringIO())
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = program.main(argv)
+    handlers = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = program.main(argv)
+    finally:
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
     return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 

@@ -723,3 +723,12 @@ def test_the_owners_run_ends_with_its_exit_mark_and_an_interrupt_is_one_line(
     monkeypatch.setattr(cache, "stage", interrupted)
     done = _main_of(cache, config, "stage", "corpus")
     assert (done.returncode, done.stdout, done.stderr) == (2, "", "gpuplat-dataset: interrupted\n")
+
+
+def test_a_hold_run_in_this_process_leaves_the_workers_signals_as_they_were(tmp_path: Path) -> None:
+    """`hold` ignores SIGTERM, SIGINT and SIGHUP; run in process, that must not outlast it: a process this
+    worker starts later inherits ignored signals (a later test's `sleep 60` outlived its SIGTERM)."""
+    before = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    cache = load_script_quietly()
+    _main_of(cache, _setup(tmp_path), "--as-owner", "hold", "x")
+    assert {number: signal.getsignal(number) for number in before} == before

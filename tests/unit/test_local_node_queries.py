@@ -97,14 +97,19 @@ def test_a_node_that_does_not_boot_fails_the_machines_phase_at_once(
     monkeypatch: pytest.MonkeyPatch, local: LocalCluster
 ) -> None:
     """The failure is raised as it happens, not once the slowest node has booted (or timed out), and the
-    other nodes' waits are told to give up."""
+    other nodes' waits that had started are told to give up (those not started yet are dropped)."""
+    started_waits: list[str] = []
     told_to_stop: list[str] = []
+    lock = threading.Lock()
 
     def wait_systemd(container: str, timeout_s: float, stop: threading.Event) -> None:
+        with lock:
+            started_waits.append(container)
         if container.endswith("train-0"):
             raise GpuPlatError(f"{container} stopped while booting: exit code 1")
         if stop.wait(20):
-            told_to_stop.append(container)
+            with lock:
+                told_to_stop.append(container)
 
     monkeypatch.setattr(cluster, "wait_systemd", wait_systemd)
     monkeypatch.setattr(cluster, "simulate_gpus", lambda container, gpus: False)
@@ -118,13 +123,9 @@ def test_a_node_that_does_not_boot_fails_the_machines_phase_at_once(
         local.ensure({})
     assert time.monotonic() - started < 5
     deadline = time.monotonic() + 5
-    while len(told_to_stop) < 3 and time.monotonic() < deadline:
+    while len(told_to_stop) < len(started_waits) - 1 and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert sorted(c.rsplit("-", 2)[-2] + "-" + c.rsplit("-", 1)[-1] for c in told_to_stop) == [
-        "head-0",
-        "infer-0",
-        "train-1",
-    ]
+    assert sorted(told_to_stop) == sorted(c for c in started_waits if not c.endswith("train-0"))
 
 
 def test_status_asks_the_nodes_at_once(monkeypatch: pytest.MonkeyPatch, local: LocalCluster) -> None:
