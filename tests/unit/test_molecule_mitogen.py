@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from infra.nodes import mitogen
 from molecule import config
@@ -153,3 +154,35 @@ def test_the_sourced_file_sets_what_the_module_says_from_any_directory_and_clear
     assert _sourced(environment, tmp_path) == expected
     kept = environment | expected | {mitogen.SWITCH: "0"}
     assert _sourced(kept, tmp_path) == {}
+
+
+SYSTEMD_READY = ROOT / "molecule/shared/systemd_ready.yml"
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_every_scenario_creates_its_instances_then_waits_for_their_systemd_through_the_shared_retried_task(
+    scenario: str,
+    as_root: None,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    rendered = _rendered(scenario, _exports(capsys), monkeypatch, tmp_path)
+    assert rendered.provisioner is not None
+    create = Path(rendered.provisioner.playbooks.create)
+    tasks = [task for play in yaml.safe_load(create.read_text()) for task in play.get("tasks", [])]
+    started = next(i for i, task in enumerate(tasks) if "containers.podman.podman_container" in task)
+    imports = [
+        (create.parent / task["ansible.builtin.import_tasks"]).resolve()
+        for task in tasks[started + 1 :]
+        if "ansible.builtin.import_tasks" in task
+    ]
+    assert SYSTEMD_READY in imports, f"{create.relative_to(ROOT)} does not wait for systemd after its start"
+    assert "is-system-running" not in create.read_text(), "the wait is written once, in the shared file"
+
+
+def test_the_shared_systemd_wait_asks_again_until_the_bus_answers() -> None:
+    (wait,) = yaml.safe_load(SYSTEMD_READY.read_text())
+    assert "systemctl is-system-running --wait" in wait["ansible.builtin.command"]
+    assert wait["until"] == wait["failed_when"].replace("not in", "in")
+    assert wait["retries"] * wait["delay"] >= 30
