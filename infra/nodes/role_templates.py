@@ -7,6 +7,7 @@ another Ansible filter fails to render here (jinja2's error names it) rather tha
 
 from __future__ import annotations
 
+import copy
 import posixpath
 import re
 from functools import cache
@@ -58,6 +59,15 @@ def role_vars(role: str) -> dict[str, Any]:
 
 
 def _role_mapping(role: str, folder: str) -> dict[str, Any]:
+    """A copy of the role's file, which the caller may change: the file is parsed once per process."""
+    return copy.deepcopy(_parsed_role_mapping(role, folder))
+
+
+# The inventory, the serving objects and the templates ask for the same few roles' files again and again
+# (2079 parses in one run of the unit tier, 4 CPU-s of pure-Python YAML); they are the repository's own
+# files, not changed while a command runs.
+@cache
+def _parsed_role_mapping(role: str, folder: str) -> dict[str, Any]:
     path = ROLES_DIR / role / folder / "main.yml"
     values = yaml.safe_load(path.read_text()) or {}
     if not isinstance(values, dict):

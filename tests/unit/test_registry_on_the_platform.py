@@ -131,3 +131,26 @@ def test_the_client_hands_its_artifacts_dir_to_every_version() -> None:
         {"name": "e", "version": "1", "source": f"mlflow-artifacts:/1/{RUN}/artifacts/m"}
     )
     assert version.location == f"/shared/registry/artifacts/1/{RUN}/artifacts/m"
+
+
+def test_a_roles_file_is_parsed_once_and_each_caller_gets_its_own_copy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The inventory and the serving objects ask for the same roles' files many times a command (2079
+    parses, 4 CPU-s, in one run of the unit tier): each is parsed once, and a caller that changes what it
+    got changes nothing the next caller sees."""
+    from infra.nodes import role_templates
+
+    parses: list[str] = []
+    parse = role_templates.yaml.safe_load
+
+    def counted(text: str) -> object:
+        parses.append(text)
+        return parse(text)
+
+    monkeypatch.setattr(role_templates.yaml, "safe_load", counted)
+    first = role_defaults("model_registry")
+    first["model_registry_mlflow_version"] = "changed by a caller"
+    assert role_defaults("model_registry")["model_registry_mlflow_version"] != "changed by a caller"
+    role_defaults("model_registry")
+    assert len(parses) <= 1
