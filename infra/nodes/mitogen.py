@@ -3,8 +3,10 @@
 Plain Ansible costs a new Python process in the node for every task (0.25 CPU-s a task through
 playbooks/connection_plugins/gpuplat_podman.py); Mitogen's `setns` connection enters the container's
 namespaces once and keeps one interpreter there for the whole run (0.03 CPU-s a task, measured here on
-2026-12-05). It needs root on the controller (setns), and its strategy plugin (`mitogen_linear`): with
-any other strategy the connection does not exist.
+2026-12-05). It needs root on the controller (setns), and its strategy plugin: with any other strategy the
+connection does not exist. The runs take it as playbooks/strategy_plugins/gpuplat_mitogen_linear.py,
+Mitogen's `mitogen_linear` without its CPU pinning (which puts the controller, its workers and every module
+run in a node on one CPU of a 2-CPU machine).
 
 Two things differ from the nodes' own view, and are set here:
 - the interpreter inherits the controller's environment (the setns child is forked from it): it replaces
@@ -36,7 +38,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-STRATEGY = "mitogen_linear"
+STRATEGY = "gpuplat_mitogen_linear"
+# This project's strategy plugins (STRATEGY), which import Mitogen's.
+PROJECT_STRATEGIES = Path(__file__).resolve().parents[2] / "playbooks" / "strategy_plugins"
 # Run as the interpreter (mitogen/parent.py get_boot_command appends `-c <first stage> <args>`; the first
 # stage re-executes sys.executable, which keeps the environment): /usr/bin/python3, exec'd again with the
 # environment of the container's PID 1 (/proc of the container's mount namespace, which setns has entered);
@@ -67,7 +71,7 @@ def container_speedup(environ: dict[str, str]) -> ContainerSpeedup | None:
     podman = shutil.which("podman", path=environ.get("PATH"))
     if found is None or found.origin is None or podman is None:
         return None
-    strategies = str(Path(found.origin).parent / "plugins" / "strategy")
+    strategies = f"{PROJECT_STRATEGIES}:{Path(found.origin).parent / 'plugins' / 'strategy'}"
     earlier = environ.get("ANSIBLE_STRATEGY_PLUGINS")
     interpreter = ["/usr/bin/python3", "-I", "-c", ADOPT_CONTAINER_ENVIRONMENT]
     return ContainerSpeedup(

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -10,11 +13,13 @@ from typing import Any
 import pytest
 
 from infra.backends.local import node_image
+from infra.backends.local.cluster import BASE_IMAGE
 from infra.backends.local.node_image import imaged_pools, node_images
 from infra.backends.local.scale import with_running_sizes
 from infra.errors import GpuPlatError
 from infra.nodes import ansible_content
 from infra.nodes.inventory import inventory_documents
+from infra.nodes.podman import exists, podman
 from infra.platform.resolve import ResolvedPlatform, load_platform
 
 
@@ -101,3 +106,38 @@ def test_down_fails_naming_a_node_image_podman_kept(monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(node_image, "podman", _ImageStore([kept, gone], stuck=set()))
     assert node_image.remove_stack_images("local") == [kept, gone]
+
+
+@pytest.mark.containers
+@pytest.mark.skipif(
+    shutil.which("podman") is None or os.geteuid() != 0 or not exists("image", BASE_IMAGE),
+    reason=f"needs root, podman and the base image {BASE_IMAGE} (make image)",
+)
+def test_a_stacks_pool_images_are_its_own_not_another_stacks(tmp_path: Path) -> None:
+    """A bake removes the pool's older images with `rmi --force`, which takes the containers started from
+    them: another stack's images of a pool of the same name, and another pool's of this stack, are not
+    among them."""
+    mine, other = f"test-{uuid.uuid4().hex[:8]}", f"test-{uuid.uuid4().hex[:8]}"
+    (tmp_path / "Containerfile").write_text(f"FROM {BASE_IMAGE}\n")
+    made = []
+    for stack, pool in ((mine, "train"), (mine, "infer"), (other, "train")):
+        reference = f"{node_image.NODE_IMAGES}:{stack}-{pool}-0"
+        labels = [f"--label={node_image.STACK_LABEL}={stack}", f"--label={node_image.POOL_LABEL}={pool}"]
+        podman(
+            "build",
+            "--quiet",
+            "--tag",
+            reference,
+            *labels,
+            "--file",
+            str(tmp_path / "Containerfile"),
+            str(tmp_path),
+        )
+        made.append(reference)
+    try:
+        assert node_image.stack_images(mine, "train") == [made[0]]
+        assert sorted(node_image.stack_images(mine)) == sorted(made[:2])
+        assert node_image.stack_images(other, "infer") == []
+    finally:
+        for reference in made:
+            podman("rmi", "--force", reference, check=False)

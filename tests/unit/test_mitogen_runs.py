@@ -61,8 +61,10 @@ def test_runs_on_container_nodes_use_mitogens_setns_with_a_clean_interpreter(
     recorded = _run(tmp_path, recorder, containers=True)
     env, argv = recorded["env"], recorded["argv"]
     assert isinstance(env, dict) and isinstance(argv, list)
-    assert env["ANSIBLE_STRATEGY"] == "mitogen_linear"
-    assert Path(env["ANSIBLE_STRATEGY_PLUGINS"].split(":")[0], "mitogen_linear.py").is_file()
+    assert env["ANSIBLE_STRATEGY"] == "gpuplat_mitogen_linear"
+    project, mitogens = env["ANSIBLE_STRATEGY_PLUGINS"].split(":")[:2]
+    assert Path(project, "gpuplat_mitogen_linear.py").is_file()
+    assert Path(mitogens, "mitogen_linear.py").is_file()
     extra = _extra_vars(argv)
     assert extra["ansible_connection"] == "setns" and extra["mitogen_kind"] == "docker"
     assert Path(extra["mitogen_docker_path"]).name == "podman"
@@ -126,24 +128,20 @@ def node() -> Iterator[str]:
     podman("rm", "--force", "--time", "0", name, check=False)
 
 
-@pytest.mark.containers
-@pytest.mark.skipif(
+NEEDS_A_NODE = pytest.mark.skipif(
     shutil.which("podman") is None or os.geteuid() != 0 or not exists("image", BASE_IMAGE),
     reason=f"needs root, podman and the base image {BASE_IMAGE} (make image)",
 )
-def test_a_module_run_through_setns_sees_the_nodes_environment_not_the_controllers(
-    tmp_path: Path, node: str
-) -> None:
+
+
+def _play_on(node: str, tasks: list[dict[str, object]], tmp_path: Path, **env: str) -> None:
+    """Run `tasks` on the container `node` the way gpuplat runs site.yml there (Mitogen's setns)."""
     speedup = mitogen.container_speedup(dict(os.environ))
     assert speedup is not None
     (tmp_path / "hosts.yml").write_text(json.dumps({"all": {"hosts": {"node-0": {"ansible_host": node}}}}))
-    play = [{"hosts": "all", "gather_facts": False, "tasks": [
-        {"ansible.builtin.command": "env", "register": "seen", "changed_when": False},
-        {"ansible.builtin.copy": {"content": "{{ seen.stdout }}", "dest": "/tmp/seen"}},
-    ]}]  # fmt: skip
-    (tmp_path / "play.yml").write_text(json.dumps(play))
-    env = {**os.environ, **speedup.env, "GPUPLAT_CONTROLLER_ONLY": "1"}
-    env["ANSIBLE_CONFIG"] = str(playbook_run.PROJECT_ROOT / "ansible.cfg")
+    (tmp_path / "play.yml").write_text(json.dumps([{"hosts": "all", "gather_facts": False, "tasks": tasks}]))
+    environment = {**os.environ, **speedup.env, **env}
+    environment["ANSIBLE_CONFIG"] = str(playbook_run.PROJECT_ROOT / "ansible.cfg")
     command = [
         playbook_run.ansible_playbook_binary(),
         "-i",
@@ -152,9 +150,21 @@ def test_a_module_run_through_setns_sees_the_nodes_environment_not_the_controlle
     ]
     done = subprocess.run(
         [*command, "-e", json.dumps(speedup.extra_vars)],
-        capture_output=True, text=True, env=env, timeout=300, check=False,
+        capture_output=True, text=True, env=environment, timeout=300, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+
+
+@pytest.mark.containers
+@NEEDS_A_NODE
+def test_a_module_run_through_setns_sees_the_nodes_environment_not_the_controllers(
+    tmp_path: Path, node: str
+) -> None:
+    tasks = [
+        {"ansible.builtin.command": "env", "register": "seen", "changed_when": False},
+        {"ansible.builtin.copy": {"content": "{{ seen.stdout }}", "dest": "/tmp/seen"}},
+    ]
+    _play_on(node, tasks, tmp_path, GPUPLAT_CONTROLLER_ONLY="1")
     seen = dict(
         line.partition("=")[::2] for line in podman("exec", node, "cat", "/tmp/seen").stdout.splitlines()
     )
@@ -165,6 +175,38 @@ def test_a_module_run_through_setns_sees_the_nodes_environment_not_the_controlle
         name, _, value = variable.partition("=")
         assert seen.get(name) == value, (variable, seen)
     assert seen["HTTPS_PROXY"] == PROXY and seen["container"] == "podman"
+
+
+def _cpus(status_line: str) -> set[int]:
+    """The CPUs of a /proc/PID/status `Cpus_allowed_list:` line ("0-1,4")."""
+    found: set[int] = set()
+    for part in status_line.split(":", 1)[1].strip().split(","):
+        first, _, last = part.partition("-")
+        found.update(range(int(first), int(last or first) + 1))
+    return found
+
+
+@pytest.mark.containers
+@NEEDS_A_NODE
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to tell a pinned process")
+def test_a_worker_and_a_module_in_the_node_may_run_on_every_cpu_of_the_run(tmp_path: Path, node: str) -> None:
+    """Mitogen's own placement (ansible_mitogen/affinity.py) pins the controller, its workers and the nodes'
+    interpreters, with every module they run, to CPU 1 of a 2-CPU machine (to CPUs 2.. of a larger one);
+    the strategy gpuplat names (playbooks/strategy_plugins/gpuplat_mitogen_linear.py) places nothing."""
+    tasks = [
+        # The module's process, a child of the node's interpreter that the multiplexer started.
+        {"ansible.builtin.command": "grep Cpus_allowed_list /proc/self/status", "register": "module"},
+        # A lookup runs in the task's worker, forked from the controller: $PPID of its shell is the worker.
+        {"ansible.builtin.copy": {
+            "content": "{{ module.stdout }}\n{{ lookup('ansible.builtin.pipe', 'grep Cpus_allowed_list "
+            "/proc/$PPID/status') }}\n",
+            "dest": "/tmp/cpus",
+        }},
+    ]  # fmt: skip
+    _play_on(node, tasks, tmp_path)
+    module, worker = podman("exec", node, "cat", "/tmp/cpus").stdout.splitlines()
+    every = os.sched_getaffinity(0)
+    assert _cpus(module) == every and _cpus(worker) == every, (module, worker, every)
 
 
 def test_the_local_platforms_site_runs_and_only_those_ask_for_container_nodes(

@@ -1,7 +1,7 @@
 """The Molecule tiers under Mitogen for Ansible (infra/nodes/mitogen.py, scripts/lib/molecule-mitogen.sh):
 what `python -m infra.nodes.mitogen` exports, rendered by Molecule itself into each scenario's inventory and
-environment, reaches every instance through setns with the mitogen_linear strategy, leaves localhost alone,
-and falls back to gpuplat_podman where Mitogen is off."""
+environment, reaches every instance through setns with the gpuplat_mitogen_linear strategy, leaves localhost
+alone, and falls back to gpuplat_podman where Mitogen is off."""
 
 from __future__ import annotations
 

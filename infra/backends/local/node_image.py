@@ -99,11 +99,17 @@ def bake(image: NodeImage) -> None:
 
 
 def stack_images(stack: str, pool: str | None = None) -> list[str]:
-    filters = ["--filter", f"label={STACK_LABEL}={stack}"]
-    if pool is not None:
-        filters += ["--filter", f"label={POOL_LABEL}={pool}"]
-    listed = podman("images", *filters, "--format", "{{.Repository}}:{{.Tag}}", check=False)
-    return [line for line in listed.stdout.split() if line.startswith(NODE_IMAGES)]
+    """The stack's node images (of one pool, where given). One label filter only: podman 4.3 joins two
+    `--filter label=` with OR (stack or pool), which named every stack's images of the pool, and a bake's
+    `rmi --force` of them removed another stack's nodes started from them."""
+    shown = f'{{{{.Repository}}}}:{{{{.Tag}}}} {{{{index .Labels "{POOL_LABEL}"}}}}'
+    listed = podman("images", "--filter", f"label={STACK_LABEL}={stack}", "--format", shown, check=False)
+    found = [line.split() for line in listed.stdout.splitlines()]
+    return [
+        fields[0]
+        for fields in found
+        if fields and fields[0].startswith(NODE_IMAGES) and (pool is None or fields[1:] == [pool])
+    ]
 
 
 def remove_stack_images(stack: str) -> list[str]:
