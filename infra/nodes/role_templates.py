@@ -60,18 +60,17 @@ def role_vars(role: str) -> dict[str, Any]:
 
 def _role_mapping(role: str, folder: str) -> dict[str, Any]:
     """A copy of the role's file, which the caller may change: the file is parsed once per process."""
-    return copy.deepcopy(_parsed_role_mapping(role, folder))
+    return copy.deepcopy(_parsed_role_file(ROLES_DIR / role / folder / "main.yml"))
 
 
 # The inventory, the serving objects and the templates ask for the same few roles' files again and again
 # (2079 parses in one run of the unit tier, 4 CPU-s of pure-Python YAML); they are the repository's own
 # files, not changed while a command runs.
 @cache
-def _parsed_role_mapping(role: str, folder: str) -> dict[str, Any]:
-    path = ROLES_DIR / role / folder / "main.yml"
+def _parsed_role_file(path: Path) -> dict[str, Any]:
     values = yaml.safe_load(path.read_text()) or {}
     if not isinstance(values, dict):
-        raise ValueError(f"{path}: role {folder} are a mapping")
+        raise ValueError(f"{path}: role {path.parent.name} are a mapping")
     return values
 
 

@@ -208,10 +208,11 @@ def record(platform: ResolvedPlatform, program: Any = None) -> Recording:
     # whenever the heap has grown by a quarter, traversed all of them again (half of the CPU of a plan of
     # 50 pools / 1,000 nodes). Whatever the run leaves as garbage is collected after it.
     collecting = gc.isenabled()
-    gc.disable()
-    stack_trace = getattr(_sdk_resource, _STACK_TRACE)
-    setattr(_sdk_resource, _STACK_TRACE, _no_stack_trace)
+    stack_trace = getattr(_sdk_resource, _STACK_TRACE, None)  # an SDK without it: nothing to skip
     try:
+        gc.disable()
+        if stack_trace is not None:
+            setattr(_sdk_resource, _STACK_TRACE, _no_stack_trace)
         pulumi.runtime.settings.ROOT.set(None)
         pulumi_mocks.set_mocks(
             mocks,
@@ -223,7 +224,8 @@ def record(platform: ResolvedPlatform, program: Any = None) -> Recording:
         pulumi.runtime.settings.ROOT.set(None)
         _sync_await(run_in_stack(lambda: (program or build)(platform)))
     finally:
-        setattr(_sdk_resource, _STACK_TRACE, stack_trace)
+        if stack_trace is not None:
+            setattr(_sdk_resource, _STACK_TRACE, stack_trace)
         loop.close()
         asyncio.set_event_loop(None)
         if collecting:

@@ -1,4 +1,5 @@
-# Mitogen's linear strategy (mitogen_linear) with every process free to run on any CPU of the machine.
+# Mitogen's linear strategy (mitogen_linear) with every process free to run on any CPU of a machine with
+# fewer than 4 CPUs.
 #
 # Mitogen pins its processes to CPUs (mitogen 0.3.54, ansible_mitogen/affinity.py FixedPolicy): on a machine
 # with 2 or 3 CPUs its connection multiplexer gets CPU 0, and the controller, every worker and every child of
@@ -18,8 +19,19 @@ from __future__ import annotations
 import ansible_mitogen.affinity
 from ansible_mitogen.plugins.strategy import mitogen_linear
 
+# From 4 CPUs Mitogen's placement keeps CPUs 0 and 1 for the multiplexer and the controller and spreads the
+# workers and the nodes' interpreters over the others (affinity.py FixedPolicy.__init__, "big SMP"): kept.
+SPREADS_FROM_CPUS = 4
+
+
+def placement(current: ansible_mitogen.affinity.Policy) -> ansible_mitogen.affinity.Policy:
+    """Mitogen's placement where it spreads the work, its base Policy (places nothing) where it crowds it."""
+    if getattr(current, "cpu_count", 0) >= SPREADS_FROM_CPUS:
+        return current
+    return ansible_mitogen.affinity.Policy()
+
 
 class StrategyModule(mitogen_linear.StrategyModule):
     def run(self, iterator, play_context, result=0):
-        ansible_mitogen.affinity.policy = ansible_mitogen.affinity.Policy()
+        ansible_mitogen.affinity.policy = placement(ansible_mitogen.affinity.policy)
         return super().run(iterator, play_context, result)

@@ -83,6 +83,22 @@ def test_recording_skips_the_sdks_stack_walk_and_gives_it_back(
     assert sdk_resource._get_stack_trace is counted
 
 
+def test_recording_runs_on_an_sdk_without_the_stack_walk(
+    shipped_platforms: dict[str, ResolvedPlatform], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A later SDK may name its walk otherwise (pyproject allows any 3.x from 3.200): the plan still runs,
+    and leaves the SDK, the collector and the event loop as it found them."""
+    from pulumi.runtime import resource as sdk_resource
+
+    from infra.plan import record as recording
+
+    monkeypatch.setattr(recording, "_STACK_TRACE", "_a_name_this_sdk_does_not_have")
+    assert gc.isenabled()
+    assert len(record(shipped_platforms["aws-prod"]).resources) > 100
+    assert not hasattr(sdk_resource, "_a_name_this_sdk_does_not_have")
+    assert gc.isenabled()
+
+
 def test_report_costs_spot_below_on_demand(shipped_platforms: dict[str, ResolvedPlatform]) -> None:
     report = build_report(shipped_platforms["aws-prod"])
     spot = next(p for p in report.pools if p.name == "train-spot")

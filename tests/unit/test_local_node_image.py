@@ -108,6 +108,49 @@ def test_down_fails_naming_a_node_image_podman_kept(monkeypatch: pytest.MonkeyPa
     assert node_image.remove_stack_images("local") == [kept, gone]
 
 
+class _LabelledImageStore:
+    """podman's image store with each image's stack and pool labels, as `images --filter label=STACK=...
+    --format '... {{index .Labels POOL}}'` and `rmi` see it."""
+
+    def __init__(self, images: dict[str, tuple[str, str]]) -> None:
+        self.images = dict(images)
+        self.removed: list[str] = []
+
+    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        if args[0] == "images":
+            (stack,) = [a.split("=", 2)[2] for a in args if a.startswith(f"label={node_image.STACK_LABEL}=")]
+            shown = [f"{ref} {pool}" for ref, (of, pool) in self.images.items() if of == stack]
+            return subprocess.CompletedProcess(args, 0, "\n".join(shown) + "\n", "")
+        assert args[:2] == ("rmi", "--force"), args
+        del self.images[args[2]]
+        self.removed.append(args[2])
+        return subprocess.CompletedProcess(args, 0, "", "")
+
+
+def test_a_bake_removes_its_pools_older_images_of_its_own_stack_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`rmi --force` takes the containers started from an image: a bake of local's train pool removes
+    local's older train image, not local's infer image, another stack's train image, or the new one."""
+    image = node_image.NodeImage("local", "train", "train-0", "b" * 64)
+    older = f"{node_image.NODE_IMAGES}:local-train-{'a' * 16}"
+    kept = {
+        f"{node_image.NODE_IMAGES}:local-infer-{'c' * 16}": ("local", "infer"),
+        f"{node_image.NODE_IMAGES}:other-train-{'d' * 16}": ("other", "train"),
+    }
+    store = _LabelledImageStore({older: ("local", "train"), **kept})
+    monkeypatch.setattr(node_image, "podman", store)
+    committed: list[str] = []
+
+    def seal_and_commit(container: str, reference: str, labels: dict[str, str]) -> None:
+        store.images[reference] = (labels[node_image.STACK_LABEL], labels[node_image.POOL_LABEL])
+        committed.append(reference)
+
+    monkeypatch.setattr(node_image, "seal_and_commit", seal_and_commit)
+    node_image.bake(image)
+    assert committed == [image.reference]
+    assert store.removed == [older]
+    assert store.images == {image.reference: ("local", "train"), **kept}
+
+
 @pytest.mark.containers
 @pytest.mark.skipif(
     shutil.which("podman") is None or os.geteuid() != 0 or not exists("image", BASE_IMAGE),

@@ -4,7 +4,9 @@ environment and not the controller's."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import multiprocessing
 import os
 import re
 import shlex
@@ -15,13 +17,28 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from ansible_mitogen import affinity
 
 from infra.backends.local.cluster import BASE_IMAGE
 from infra.errors import GpuPlatError
 from infra.nodes import mitogen, playbook_run
 from infra.nodes.podman import exists, podman
+
+
+def _project_strategy() -> Any:
+    spec = importlib.util.spec_from_file_location(
+        "gpuplat_mitogen_linear", mitogen.PROJECT_STRATEGIES / f"{mitogen.STRATEGY}.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+gpuplat_strategy = _project_strategy()
 
 PROXY = "http://proxy.example:3128"
 RECAP = "PLAY RECAP ***\nnode-0 : ok=1 changed=0 unreachable=0 failed=0 skipped=0 rescued=0 ignored=0\n"
@@ -206,7 +223,19 @@ def test_a_worker_and_a_module_in_the_node_may_run_on_every_cpu_of_the_run(tmp_p
     _play_on(node, tasks, tmp_path)
     module, worker = podman("exec", node, "cat", "/tmp/cpus").stdout.splitlines()
     every = os.sched_getaffinity(0)
-    assert _cpus(module) == every and _cpus(worker) == every, (module, worker, every)
+    if multiprocessing.cpu_count() < gpuplat_strategy.SPREADS_FROM_CPUS:
+        assert _cpus(module) == every and _cpus(worker) == every, (module, worker, every)
+    else:  # Mitogen's own placement: CPUs 0 and 1 kept for its multiplexer and the controller
+        assert not _cpus(module) & {0, 1} and len(_cpus(worker)) == 1, (module, worker, every)
+
+
+@pytest.mark.parametrize(("cpus", "kept"), [(1, False), (2, False), (3, False), (4, True), (16, True)])
+def test_mitogens_placement_is_kept_only_where_it_spreads_the_work(cpus: int, kept: bool) -> None:
+    """Below 4 CPUs Mitogen reserves CPU 0 for its multiplexer and crowds everything else together."""
+    mitogens = affinity.FixedPolicy(cpu_count=cpus)
+    chosen = gpuplat_strategy.placement(mitogens)
+    assert (chosen is mitogens) == kept
+    assert kept or type(chosen) is affinity.Policy
 
 
 def test_the_local_platforms_site_runs_and_only_those_ask_for_container_nodes(

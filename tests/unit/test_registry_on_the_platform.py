@@ -5,6 +5,7 @@ artifacts (mlflow-artifacts:/...) served from where the registry stored them on 
 from __future__ import annotations
 
 import ipaddress
+from pathlib import Path
 from typing import Any
 
 import jinja2
@@ -154,3 +155,19 @@ def test_a_roles_file_is_parsed_once_and_each_caller_gets_its_own_copy(
     assert role_defaults("model_registry")["model_registry_mlflow_version"] != "changed by a caller"
     role_defaults("model_registry")
     assert len(parses) <= 1
+    # A nested value too: the copy is deep.
+    role_defaults("inference_server")["inference_server_cpu_packages"].append("changed by a caller")
+    assert "changed by a caller" not in role_defaults("inference_server")["inference_server_cpu_packages"]
+
+
+def test_a_roles_file_is_read_from_the_roles_folder_of_the_moment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The parse is kept by the file's path: another roles folder is read, not the first one's parse."""
+    from infra.nodes import role_templates
+
+    role_defaults("model_registry")
+    (tmp_path / "model_registry" / "defaults").mkdir(parents=True)
+    (tmp_path / "model_registry" / "defaults" / "main.yml").write_text("model_registry_port: 1\n")
+    monkeypatch.setattr(role_templates, "ROLES_DIR", tmp_path)
+    assert role_defaults("model_registry") == {"model_registry_port": 1}
