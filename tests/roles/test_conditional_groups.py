@@ -138,7 +138,8 @@ def inner_tags(tasks: list[dict[str, Any]], directory: Path) -> set[str]:
     found: set[str] = set()
     for task in tasks:
         found |= set(task.get("tags") or [])
-        found |= inner_tags([t for key in ("block", "rescue", "always") for t in task.get(key) or []], directory)
+        inside = [t for key in ("block", "rescue", "always") for t in task.get(key) or []]
+        found |= inner_tags(inside, directory)
         imported = next((task[k] for k in _IMPORT_TASKS if k in task), None)
         if isinstance(imported, str):
             found |= inner_tags(load(directory / imported), directory)
@@ -172,8 +173,9 @@ def problems(files: list[Path], runtime: set[str], variables: dict[str, Any]) ->
             read = read_by(condition, variables)
             if steps >= SMALLEST_GROUP and not read & (runtime | _DRY_RUN):
                 found.append(
-                    f"{path.relative_to(path.parents[2])}: {name!r} imports {steps} steps under {condition!r}, "
-                    "which no step of the run changes: include them (include_tasks with `apply: tags`), one step"
+                    f"{path.relative_to(path.parents[2])}: {name!r} imports {steps} steps under "
+                    f"{condition!r}, which no step of the run changes: include them (include_tasks with "
+                    "`apply: tags`), one step"
                 )
     return found
 
@@ -225,10 +227,13 @@ def test_conditions_decided_during_the_run_are_left_alone(tmp_path: Path) -> Non
         tmp_path,
         {
             "main.yml": (
-                "- name: Found\n  when: __found.rc == 0\n  block:\n" + block
+                "- name: Found\n  when: __found.rc == 0\n  block:\n"
+                + block
                 # through a role variable that reads a registered one
-                + "- name: Unmet\n  when: __unmet | bool\n  block:\n" + block
-                + "- name: Not a dry run\n  when: not ansible_check_mode\n  block:\n" + block
+                + "- name: Unmet\n  when: __unmet | bool\n  block:\n"
+                + block
+                + "- name: Not a dry run\n  when: not ansible_check_mode\n  block:\n"
+                + block
             )
         },
     )
@@ -249,7 +254,9 @@ def test_a_group_whose_steps_carry_tags_of_their_own_is_left_alone(tmp_path: Pat
     tagged = "- name: Step\n  ansible.builtin.debug: {}\n  tags: [install]\n"
     files = role(
         tmp_path,
-        {"main.yml": "- name: Role on\n  when: demo_enabled | bool\n  tags: [demo]\n  block:\n"
-         + indented(STEPS + tagged)},
+        {
+            "main.yml": "- name: Role on\n  when: demo_enabled | bool\n  tags: [demo]\n  block:\n"
+            + indented(STEPS + tagged)
+        },
     )
     assert problems(files, set(), {}) == []
