@@ -67,17 +67,22 @@ def all_tasks(tasks: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
             yield from all_tasks(task.get(key) or [])
 
 
-def set_during_the_run() -> set[str]:
-    """Every variable a step of a role registers or sets (set_fact)."""
+def set_by(tasks: list[dict[str, Any]]) -> set[str]:
+    """The variables these steps register or set (set_fact)."""
     names: set[str] = set()
-    for path in task_files():
-        for task in all_tasks(load(path)):
-            if isinstance(task.get("register"), str):
-                names.add(task["register"])
-            facts = next((task[k] for k in _SET_FACT if k in task), None)
-            if isinstance(facts, dict):
-                names |= {name for name in facts if name != "cacheable"}
+    for task in all_tasks(tasks):
+        if isinstance(task.get("register"), str):
+            names.add(task["register"])
+        facts = next((task[k] for k in _SET_FACT if k in task), None)
+        if isinstance(facts, dict):
+            names |= {name for name in facts if name != "cacheable"}
     return names
+
+
+def set_during_the_run() -> set[str]:
+    """Every variable a step or a handler of a role registers or sets."""
+    handlers = sorted(ROLES.glob("*/handlers/*.yml"))
+    return set().union(*(set_by(load(path)) for path in task_files() + handlers))
 
 
 def role_variables() -> dict[str, Any]:
@@ -133,6 +138,20 @@ def steps_in(tasks: list[dict[str, Any]], directory: Path) -> int:
     return count
 
 
+def expanded(tasks: list[dict[str, Any]], directory: Path) -> list[dict[str, Any]]:
+    """The steps of a list of tasks with its blocks and imported files laid out (includes stay steps)."""
+    steps: list[dict[str, Any]] = []
+    for task in tasks:
+        steps.append(task)
+        steps += expanded(
+            [t for key in ("block", "rescue", "always") for t in task.get(key) or []], directory
+        )
+        imported = next((task[k] for k in _IMPORT_TASKS if k in task), None)
+        if isinstance(imported, str):
+            steps += expanded(load(directory / imported), directory)
+    return steps
+
+
 def inner_tags(tasks: list[dict[str, Any]], directory: Path) -> set[str]:
     """The tags that the steps of a group carry themselves (through its blocks and imported files)."""
     found: set[str] = set()
@@ -158,7 +177,11 @@ def imported_groups(path: Path) -> Iterator[tuple[str, Any, int]]:
             imported = next((task[k] for k in _IMPORT_TASKS if k in task), None)
             if isinstance(imported, str):
                 inside += load(path.parent / imported)
-            if grouped and "when" in task and inner_tags(inside, path.parent) <= own:
+            # A step run once under a condition that may differ between hosts runs where the first host
+            # that meets it is, as an include, and nowhere where the first host of the play does not, as
+            # an import: not the same step, so not asked for.
+            once = any(step.get("run_once") for step in expanded(inside, path.parent))
+            if grouped and "when" in task and inner_tags(inside, path.parent) <= own and not once:
                 yield str(task.get("name")), task["when"], steps_in([task], path.parent)
             for key in ("block", "rescue", "always"):
                 yield from walk(task.get(key) or [])
@@ -260,3 +283,56 @@ def test_a_group_whose_steps_carry_tags_of_their_own_is_left_alone(tmp_path: Pat
         },
     )
     assert problems(files, set(), {}) == []
+
+
+def test_a_step_run_once_keeps_its_group_as_it_is(tmp_path: Path) -> None:
+    once = "- name: Once\n  ansible.builtin.debug: {}\n  run_once: true\n"
+    files = role(
+        tmp_path, {"main.yml": "- name: Cloud\n  when: kind == 'cloud'\n  block:\n" + indented(STEPS + once)}
+    )
+    assert problems(files, set(), {}) == []
+
+
+def test_a_condition_a_handler_decides_is_decided_during_the_run() -> None:
+    """Handlers register too (slurm_controller's reconfigure): a group under what they register is not
+    fixed."""
+    handlers = set().union(*(set_by(load(path)) for path in sorted(ROLES.glob("*/handlers/*.yml"))))
+    assert handlers and handlers <= set_during_the_run()
+
+
+def includes_with_a_condition() -> Iterator[tuple[Path, dict[str, Any]]]:
+    for path in task_files():
+        for task in expanded(load(path), path.parent):
+            included = task.get("ansible.builtin.include_tasks") or task.get("include_tasks")
+            if included is not None and "when" in task:
+                yield path, task
+
+
+def test_no_included_file_changes_the_condition_it_was_included_under() -> None:
+    """An include's condition is read once, when it is reached: a step inside that set what the condition
+    reads would leave the steps after it running where, imported, they would have been skipped."""
+    variables, found = role_variables(), []
+    for path, task in includes_with_a_condition():
+        included = task.get("ansible.builtin.include_tasks") or task.get("include_tasks")
+        name = included["file"] if isinstance(included, dict) else included
+        if "{{" in str(name):
+            continue
+        changed = set_by(expanded(load(path.parent / str(name)), path.parent))
+        if read_by(task["when"], variables) & changed:
+            found.append(f"{path.relative_to(ROLES)}: {task.get('name')!r}")
+    assert found == []
+
+
+def test_the_include_rule_sees_a_step_that_changes_its_condition(tmp_path: Path) -> None:
+    files = role(
+        tmp_path,
+        {
+            "main.yml": (
+                "- name: Key\n  ansible.builtin.include_tasks: key.yml\n  when: key_file is undefined\n"
+            ),
+            "key.yml": "- name: Set it\n  ansible.builtin.set_fact:\n    key_file: /k\n" + STEPS,
+        },
+    )
+    (main, key) = files[1], files[0]
+    task = load(main)[0]
+    assert read_by(task["when"], {}) & set_by(expanded(load(key), key.parent)) == {"key_file"}
