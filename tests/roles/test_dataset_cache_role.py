@@ -1,4 +1,4 @@
-"""roles/slurm_compute's dataset cache (tasks/job_environment.yml): a system user owns the cache, every
+"""roles/slurm_compute's dataset cache (tasks/dataset_cache.yml): a system user owns the cache, every
 user stages through a sudoers drop-in that allows exactly /usr/local/bin/gpuplat-dataset as that user,
 and /etc/gpuplat/datasets.json is what the program accepts. Rendered with Ansible's own templating from
 the role's defaults and vars; the drop-in is checked by the real visudo where it is installed
@@ -50,9 +50,8 @@ def _sudoers(**overrides: Any) -> str:
 
 
 def _tasks() -> dict[str, dict[str, Any]]:
-    document = yaml.safe_load((ROLE / "tasks" / "job_environment.yml").read_text())
-    block = next(task for task in document if "block" in task)
-    return {task["name"]: task for task in block["block"]}
+    document = yaml.safe_load((ROLE / "tasks" / "dataset_cache.yml").read_text())
+    return {task["name"]: task for task in document}
 
 
 def test_the_sudoers_drop_in_allows_only_the_program_as_the_cache_user() -> None:

@@ -202,7 +202,9 @@ def package_tasks() -> list[tuple[str, list[dict[str, Any]], int]]:
 def test_the_walker_finds_the_roles_package_tasks() -> None:
     files = {path for path, _, _ in package_tasks()}
     assert {"roles/munge/tasks/main.yml", "roles/gpu_driver/tasks/install-Debian.yml"} <= files
-    assert "roles/slurm_compute/tasks/job_environment.yml" in files  # inside a block
+    assert "roles/python_requirements/tasks/restore_archive.yml" not in files
+    assert "roles/slurm_compute/tasks/gpus-nvml.yml" in files
+    assert "roles/training_env/tasks/main.yml" in files  # inside a block
     assert len(package_tasks()) >= 30
 
 

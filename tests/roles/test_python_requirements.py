@@ -3,6 +3,7 @@ pip (files/requirements_met.py), and the roles that install into environments ru
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -17,6 +18,9 @@ yaml = pytest.importorskip("yaml")
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECK = ROOT / "roles" / "python_requirements" / "files" / "requirements_met.py"
+# How the project's roles use the check: their arguments are their own expressions, so the argument-spec
+# check (a step of its own on each host, each time) is not run again for each use, as for package_pins.
+CHECK_ROLE = {"name": "python_requirements", "rolespec_validate": False}
 
 
 def distribution(site: Path, name: str, version: str, *requires: str, extras: tuple[str, ...] = ()) -> None:
@@ -462,16 +466,12 @@ def test_an_environment_installed_or_restored_is_checked_again_as_before_its_ins
         for t in [task, *task.get("block", [])]
     ]
     names = [task.get("name") for task in tasks]
-    checks = [
-        task["vars"]
-        for task in tasks
-        if task.get("ansible.builtin.import_role", {}) == {"name": "python_requirements"}
-    ]
+    checks = [task["vars"] for task in tasks if task.get("ansible.builtin.import_role", {}) == CHECK_ROLE]
     assert len(checks) == len(again)
     for checked, name in zip(checks, again, strict=True):
         task = tasks[names.index(name)]
         assert names.index(name) > max(names.index(pip) for pip in pip_tasks)
-        assert task["ansible.builtin.include_role"] == {"name": "python_requirements"}
+        assert task["ansible.builtin.include_role"] == CHECK_ROLE
         assert task["vars"] == checked
         registered = [tasks[names.index(pip)]["register"] for pip in pip_tasks]
         when = " ".join(task["when"].split())
@@ -565,6 +565,107 @@ def archive_run(tmp_path: Path, wheel: bytes, archive_dir: bool = True) -> tuple
     ]
     run_play(tmp_path, play)
     return (environment / "token").read_text(), sorted(archives.iterdir()) if archive_dir else []
+
+
+def restore_steps(folder: Path, environments: list[dict[str, object]]) -> list[list[tuple[str, str]]]:
+    """Check and restore each environment (the role's variables) in turn on this host, as the roles do;
+    for each, the steps its restore took, (name, status), and whether it was told restored."""
+    from infra.nodes.playbook_run import ansible_playbook_binary
+
+    tasks: list[dict] = []
+    for number, role_vars in enumerate(environments):
+        tasks += [
+            {"name": f"Check {number}", "ansible.builtin.include_role": CHECK_ROLE, "vars": role_vars},
+            {
+                "name": f"Restore {number}",
+                "ansible.builtin.include_role": {"name": "python_requirements", "tasks_from": "restore.yml"},
+                "vars": role_vars,
+            },
+            {
+                "name": f"Restored {number}",
+                "ansible.builtin.debug": {"msg": TOLD},
+            },
+        ]
+    playbook = folder / "restore.yml"
+    playbook.write_text(
+        yaml.safe_dump([{"name": "restore", "hosts": "localhost", "gather_facts": True,
+                         "gather_subset": ["min"], "tasks": tasks}], sort_keys=False)
+    )  # fmt: skip
+    result = subprocess.run(
+        [ansible_playbook_binary(), "-i", "localhost,", "-c", "local", str(playbook),
+         "-e", f"ansible_python_interpreter={sys.executable}"],
+        capture_output=True, text=True, cwd=ROOT, check=False,
+        env={"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "PATH": "/usr/bin:/bin",
+             "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:]
+    steps: list[list[tuple[str, str]]] = []
+    for task in json.loads(result.stdout[result.stdout.index("{") :])["plays"][0]["tasks"]:
+        name, outcome = task["task"]["name"].split(" : ")[-1], task["hosts"].get("localhost", {})
+        status = "skipped" if outcome.get("skipped") else "changed" if outcome.get("changed") else "ok"
+        if name.startswith("Restore ") and name[8:].isdigit():
+            steps.append([])
+        elif name.startswith("Restored "):
+            steps[-1].append(("restored", str(outcome.get("msg"))))
+        elif steps and not name.startswith("Check ") and not name.startswith("Check whether the environment"):
+            steps[-1].append((name, status))
+    return steps
+
+
+def this_python(folder: Path, requirement: str) -> dict[str, object]:
+    """The role's variables for this interpreter's own environment, with an archive directory and a
+    wheelhouse that hold nothing for it."""
+    for name in ("archives", "wheels"):
+        (folder / name).mkdir(exist_ok=True)
+    return {
+        "python_requirements_python": sys.executable,
+        "python_requirements_packages": [requirement],
+        "python_requirements_environment": str(folder / "other-env"),
+        "python_requirements_install": ["install", requirement],
+        "python_requirements_wheelhouse": str(folder / "wheels"),
+        "python_requirements_archive_dir": str(folder / "archives"),
+        "python_requirements_memory_dir": "",
+    }
+
+
+TOLD = "{{ python_requirements_restored | default({}) is changed }}"
+RESET = "Forget an archive named for another environment of this host"
+RESTORE = "Name, restore and check the environment's archive"
+
+
+@pytest.mark.processes  # a converge of its own, ansible-playbook (make test-processes)
+def test_a_met_environment_takes_two_steps_of_the_restore(tmp_path: Path) -> None:
+    """Every no-change converge finds its environments met: their restore is its reset and one include,
+    skipped, not each of its steps skipped on each host. One whose check failed takes the restore's steps
+    (here with no archive kept for it: nothing restored)."""
+    pytest.importorskip("ansible")
+    met = this_python(tmp_path, f"pyyaml=={metadata.version('pyyaml')}")
+    unmet = this_python(tmp_path, "pyyaml==0.0.1")
+    first, second, third = restore_steps(tmp_path, [met, unmet, met])
+    assert first == third == [(RESET, "ok"), (RESTORE, "skipped"), ("restored", "False")]
+    assert second[:3] == [(RESET, "ok"), (RESTORE, "ok"), ("Look for the archive directory", "ok")]
+    assert second[-1] == ("restored", "False")
+
+
+@pytest.mark.processes  # converges of their own, ansible-playbook each (make test-processes)
+def test_a_met_environment_after_a_restored_one_of_the_same_host_is_not_told_restored(tmp_path: Path) -> None:
+    """The registry's and the training environment's restores run on the same node, one after the other:
+    the second, met and so skipping its restore, must not restart its service on the first's result."""
+    archive_run(tmp_path, b"wheel 1")
+    subprocess.run(["rm", "-rf", str(tmp_path / "env")], check=True)
+    archived = {
+        "python_requirements_python": f"{tmp_path / 'env'}/bin/python",
+        "python_requirements_packages": ["gpuplat-demo==1.0"],
+        "python_requirements_environment": str(tmp_path / "env"),
+        "python_requirements_install": ["install", "gpuplat-demo==1.0"],
+        "python_requirements_wheelhouse": str(tmp_path / "wheels"),
+        "python_requirements_archive_dir": str(tmp_path / "archives"),
+        "python_requirements_memory_dir": "",
+    }
+    met = this_python(tmp_path, f"pyyaml=={metadata.version('pyyaml')}")
+    restored, after = restore_steps(tmp_path, [archived, met])
+    assert restored[-1] == ("restored", "True")
+    assert after == [(RESET, "ok"), (RESTORE, "skipped"), ("restored", "False")]
 
 
 @pytest.mark.processes  # converges of their own, ansible-playbook each (make test-processes)

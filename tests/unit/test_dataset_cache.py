@@ -693,7 +693,7 @@ def test_the_programs_usage_and_where_the_role_puts_its_configuration(
         assert refused.value.code == 2
     for command, default in (("stage", "size"), ("verify", "full"), ("run", "size")):
         assert cache.parse([command, "corpus"]).check == default
-    tasks = (PROGRAM.parents[1] / "tasks" / "job_environment.yml").read_text()
+    tasks = (PROGRAM.parents[1] / "tasks" / "dataset_cache.yml").read_text()
     assert f"dest: {cache.CONFIG}\n" in tasks  # what the program reads without --config
 
 
