@@ -154,15 +154,7 @@ def expanded(tasks: list[dict[str, Any]], directory: Path) -> list[dict[str, Any
 
 def inner_tags(tasks: list[dict[str, Any]], directory: Path) -> set[str]:
     """The tags that the steps of a group carry themselves (through its blocks and imported files)."""
-    found: set[str] = set()
-    for task in tasks:
-        found |= set(task.get("tags") or [])
-        inside = [t for key in ("block", "rescue", "always") for t in task.get(key) or []]
-        found |= inner_tags(inside, directory)
-        imported = next((task[k] for k in _IMPORT_TASKS if k in task), None)
-        if isinstance(imported, str):
-            found |= inner_tags(load(directory / imported), directory)
-    return found
+    return {tag for step in expanded(tasks, directory) for tag in step.get("tags") or []}
 
 
 def imported_groups(path: Path) -> Iterator[tuple[str, Any, int]]:
